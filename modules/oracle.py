@@ -120,13 +120,13 @@ class ProgrammaticOracle(PreferenceOracle):
         seed: Seed of order randomisation and verdict sampling.
 
     Example:
-        >>> oracle = ProgrammaticOracle(beta=3.0, seed=0)
+        >>> oracle = ProgrammaticOracle(seed=0)
         >>> p = oracle.true_preference(["q"], [r"1 + 1 = 2. \\boxed{2}"], [r"1 + 1 = 3. \\boxed{3}"], ["2"])
         >>> bool(p[0] > 0.99)
         True
     """
 
-    def __init__(self, beta: float = 3.0, num_queries: int = 1, seed: int = 0) -> None:
+    def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0) -> None:
         super().__init__(num_queries, seed)
         if not math.isfinite(beta) or beta <= 0:
             raise ValueError(f"beta must be positive and finite, got {beta}")

@@ -178,11 +178,11 @@ class PreferenceEnsemble(L.LightningModule):
         num_members: int = 5,
         member_type: Literal["gpm", "bt"] = "gpm",
         embed_dim: int = 16,
-        init_scale: float = 5.0,
+        init_scale: float = 20.0,
         pooling: Literal["auto", "mean", "cls", "last"] = "auto",
         sharing: Literal["frozen", "lora", "separate"] = "frozen",
         cache_features: bool = True,
-        lr: float = 3e-3,
+        lr: float = 1e-2,
         backbone_lr: float = 2e-5,
         weight_decay: float = 0.0,
         seed: int = 0,
@@ -344,7 +344,9 @@ class PreferenceEnsemble(L.LightningModule):
             remap = torch.full((batch["input_ids"].shape[0],), -1, dtype=torch.long, device=member.device)
             remap[seqs] = torch.arange(seqs.numel(), device=member.device)
             z = self.head.embed(self._member_features(self._trim(batch, seqs), i), member=i)
-            out = out.index_put((rows,), self.head.logits(z[remap[batch["idx_a"][rows]]], z[remap[batch["idx_b"][rows]]], member=i))
+            out = out.index_put(
+                (rows,), self.head.logits(z[remap[batch["idx_a"][rows]]], z[remap[batch["idx_b"][rows]]], member=i)
+            )
         return out
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:  # noqa: D102
@@ -387,7 +389,10 @@ class PreferenceEnsemble(L.LightningModule):
         # Labels averaged over several oracle queries are binarised at 1/2 for accuracy, as the paper's binary labels.
         binary = (labels.cpu() > 0.5).double()
         report = build_report(
-            probs.cpu(), binary, prompts.cpu(), n_boot=self.hparams.report_bootstrap if full else 0,
+            probs.cpu(),
+            binary,
+            prompts.cpu(),
+            n_boot=self.hparams.report_bootstrap if full else 0,
             seed=self.hparams.seed,
         )
         flat = {
@@ -430,8 +435,12 @@ class PreferenceEnsemble(L.LightningModule):
             json.dump(json_safe(out["report"]), f, indent=2, allow_nan=False)
         os.replace(tmp, os.path.join(log_dir, "report.json"))  # atomic: an old report is never half-overwritten
         figures = make_figures(
-            out["probs"], out["labels"], out["prompts"], n_boot=self.hparams.report_bootstrap,
-            seed=self.hparams.seed, report=out["report"],
+            out["probs"],
+            out["labels"],
+            out["prompts"],
+            n_boot=self.hparams.report_bootstrap,
+            seed=self.hparams.seed,
+            report=out["report"],
         )
         experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
         for name, fig in figures.items():
@@ -467,8 +476,9 @@ class PreferenceEnsemble(L.LightningModule):
         frozen = set(self._frozen_prefixes())
         sd = checkpoint["state_dict"]
         for name in list(sd):
-            if name in frozen or (self.hparams.sharing != "separate" and name.startswith("backbone.")
-                                  and "lora_" not in name):
+            if name in frozen or (
+                self.hparams.sharing != "separate" and name.startswith("backbone.") and "lora_" not in name
+            ):
                 del sd[name]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -18,8 +18,14 @@ SMALL = {"preference_ensemble.yaml": ["--data.init_args.num_prompts=40"]}
 def test_config_runs_fast_dev_run(config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = train.main(
-        ["fit", "--config", config, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu",
-         *SMALL.get(os.path.basename(config), [])]
+        [
+            "fit",
+            "--config",
+            config,
+            "--trainer.fast_dev_run=true",
+            "--trainer.accelerator=cpu",
+            *SMALL.get(os.path.basename(config), []),
+        ]
     )
     assert cli.trainer.state.finished
     assert cli.trainer.global_step > 0
@@ -27,8 +33,14 @@ def test_config_runs_fast_dev_run(config, tmp_path, monkeypatch):
 
 def test_help_reads_as_the_manual(capsys):
     with pytest.raises(SystemExit):
-        train.main(["fit", "--model=modules.preference.PreferenceEnsemble", "--model.help",
-                    "modules.preference.PreferenceEnsemble"])
+        train.main(
+            [
+                "fit",
+                "--model=modules.preference.PreferenceEnsemble",
+                "--model.help",
+                "modules.preference.PreferenceEnsemble",
+            ]
+        )
     out = capsys.readouterr().out
     assert "--model.num_members" in out and "Ensemble size" in out
 
@@ -36,5 +48,11 @@ def test_help_reads_as_the_manual(capsys):
 def test_unknown_option_is_rejected(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
-        train.main(["fit", "--config", os.path.join(ROOT, "configs", "preference_ensemble.yaml"),
-                    "--model.init_args.num_memberz=3"])
+        train.main(
+            [
+                "fit",
+                "--config",
+                os.path.join(ROOT, "configs", "preference_ensemble.yaml"),
+                "--model.init_args.num_memberz=3",
+            ]
+        )

@@ -80,9 +80,10 @@ def test_partitions_are_disjoint_by_prompt_and_seeded(minilm_tok):
     assert [it["prompt_id"] for it in dm2.splits["val"]] == [it["prompt_id"] for it in dm.splits["val"]]
     assert len(dm.splits["train"]) + len(dm.splits["val"]) + len(dm.splits["test"]) == 60 * 10
     batch = next(iter(dm.train_dataloader()))
-    assert batch["idx_a"].max() < batch["input_ids"].shape[0] and batch["seq_keys"].unique().numel() == batch[
-        "input_ids"
-    ].shape[0]
+    assert (
+        batch["idx_a"].max() < batch["input_ids"].shape[0]
+        and batch["seq_keys"].unique().numel() == batch["input_ids"].shape[0]
+    )
 
 
 def _write(tmp_path, rows, name="pairs.jsonl"):
@@ -111,13 +112,18 @@ def test_bad_rows_name_the_row_and_field(tmp_path):
 
 
 def test_file_data_with_column_mapping_and_chosen_rejected(tmp_path, minilm_tok):
-    rows = [
-        {"q": f"prompt {i}", "chosen": f"good answer {i}", "rejected": f"bad answer {i}"} for i in range(40)
-    ]
+    rows = [{"q": f"prompt {i}", "chosen": f"good answer {i}", "rejected": f"bad answer {i}"} for i in range(40)]
     path = _write(tmp_path, rows)
     dm = PreferenceDataModule(
-        path=path, prompt_column="q", response_a_column="chosen", response_b_column="rejected", label_column=None,
-        num_members=2, batch_size=8, val_fraction=0.2, heldout_fraction=0.2,
+        path=path,
+        prompt_column="q",
+        response_a_column="chosen",
+        response_b_column="rejected",
+        label_column=None,
+        num_members=2,
+        batch_size=8,
+        val_fraction=0.2,
+        heldout_fraction=0.2,
     )
     dm._tokenizer = minilm_tok
     dm.setup("fit")
@@ -127,8 +133,9 @@ def test_file_data_with_column_mapping_and_chosen_rejected(tmp_path, minilm_tok)
 
 def test_long_prompt_is_truncated_counted_and_warned(tmp_path, minilm_tok):
     rows = [{**GOOD, "prompt": f"p{i} " + "word " * (400 if i == 3 else 3)} for i in range(20)]
-    dm = PreferenceDataModule(path=_write(tmp_path, rows), num_members=2, max_length=64, val_fraction=0.2,
-                              heldout_fraction=0.2)
+    dm = PreferenceDataModule(
+        path=_write(tmp_path, rows), num_members=2, max_length=64, val_fraction=0.2, heldout_fraction=0.2
+    )
     dm._tokenizer = minilm_tok
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

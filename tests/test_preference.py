@@ -83,11 +83,13 @@ def test_feature_cache_gives_identical_scores(ensemble):
 
 @pytest.mark.parametrize("sharing", ["lora", "separate"])
 def test_decoder_backbone_with_lora_or_separate_copies(tiny_lm_dir, sharing):
-    model = PreferenceEnsemble(backbone=tiny_lm_dir, backbone_task="causal_lm", num_members=2, sharing=sharing,
-                               lora_r=2, max_length=512)
+    model = PreferenceEnsemble(
+        backbone=tiny_lm_dir, backbone_task="causal_lm", num_members=2, sharing=sharing, lora_r=2, max_length=512
+    )
     assert model.pooling == "last"
-    dm = PreferenceDataModule(num_prompts=12, num_members=2, batch_size=8, max_length=512, val_fraction=0.2,
-                              heldout_fraction=0.2)
+    dm = PreferenceDataModule(
+        num_prompts=12, num_members=2, batch_size=8, max_length=512, val_fraction=0.2, heldout_fraction=0.2
+    )
     dm._tokenizer = model.tokenizer
     dm.setup("fit")
     batch = dm.collate([it for it in dm.splits["train"] if it["member"] == 0][:4])
@@ -110,14 +112,29 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     L.seed_everything(0)
     model = PreferenceEnsemble(num_members=3, lr=1e-2, report_bootstrap=20)
     dm = PreferenceDataModule(num_prompts=60, batch_size=64, seed=2)
-    trainer = L.Trainer(max_epochs=2, default_root_dir=tmp_path, accelerator="cpu", enable_progress_bar=False,
-                        logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="t"), deterministic=True)
+    trainer = L.Trainer(
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        enable_progress_bar=False,
+        logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="t"),
+        deterministic=True,
+    )
     trainer.fit(model, dm)
     trainer.test(model, dm)
     log_dir = trainer.log_dir
     report = json.loads(open(os.path.join(log_dir, "report.json")).read())
-    for key in ("ensemble_accuracy", "member_accuracy", "auroc", "decile_accuracy", "top10_error_rate",
-                "overall_error_rate", "variance_summary", "n_pairs", "n_prompts"):
+    for key in (
+        "ensemble_accuracy",
+        "member_accuracy",
+        "auroc",
+        "decile_accuracy",
+        "top10_error_rate",
+        "overall_error_rate",
+        "variance_summary",
+        "n_pairs",
+        "n_prompts",
+    ):
         assert key in report
     assert set(report["auroc"]) == {"variance", "decision_uncertainty", "jsd"}
     assert len(report["decile_accuracy"]) == 10 and len(report["member_accuracy"]) == 3

@@ -1,0 +1,394 @@
+"""Elo reputations of the players of a multi-model game, updated after each duel."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from callbacks._math import (
+    _check_score,
+    decayed_k_factor,
+    effective_k_factor,
+    elo_expected_score,
+    sample_std,
+    weighted_score,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+class EloRating(Callback):
+    r"""Elo reputations of named players, updated with an adapted Elo rule after every reported duel.
+
+    The reputation system of multi-LLM Stackelberg alignment (§2.3, App. C): after each duel between players a
+    and b, with score :math:`S_a \in [0, 1]` for a (1 win, 0.5 draw, 0 loss; b scores :math:`1 - S_a`),
+
+    .. math::
+        E_a = \frac{1}{1 + 10^{(R_b - R_a)/400}}, \quad R_a \leftarrow R_a + K_a (S_a - E_a), \quad
+        R_b \leftarrow R_b - K_b (S_a - E_a),
+
+    (400 is ``scale``), both from the ratings before the duel, with each player's own K factor
+
+    .. math:: K_i = \frac{K_0}{1 + n_i / d} \left(1 + \min\left(1, \frac{\sigma_i}{K_0}\right)\right)
+
+    where :math:`n_i` is the number of duels player i has played, :math:`d` = ``k_decay`` and :math:`\sigma_i`
+    the sample standard deviation (``ddof=1``, 0 with fewer than two) of its last ``volatility_window`` rating
+    changes. The paper names the two ingredients (a decaying K and the volatility of recent changes) but not the
+    formula; this one was chosen because:
+
+    - harmonic decay (K halves after ``k_decay`` duels) meets the Robbins-Monro conditions, so ratings average
+      out judge noise yet keep following a model that improves during training, whereas an exponential decay
+      freezes every rating after a fixed number of duels;
+    - volatility re-heats a rating whose recent changes scatter (it has not settled: the role volatility plays in
+      Glicko-2); normalising by :math:`K_0` makes the boost scale-free, the cap bounds it to a doubling, and since
+      each change is at most the K that made it, the boost fades as K decays, so cooling wins in the long run.
+
+    Per-player K factors (as in FIDE's rules) make a duel between a newcomer and a veteran non-zero-sum.
+
+    How the module reports a duel (the API): find the callback with :meth:`find` and call :meth:`report` with the
+    two players and a's score, or with the judges' scores and weights (for a reputation-weighted mean, pass
+    :meth:`judge_weights` of the judges). Reports are buffered and applied at the end of the training batch (every
+    ``apply_every_n_batches`` batches), at the end of each training or validation epoch, and before a checkpoint
+    is written; the module reads the current reputations with :attr:`ratings`, :meth:`rating`,
+    :meth:`expected_score`, :meth:`volatility` and :meth:`judge_weights` (for judging and opponent matching).
+    Pass Python numbers: judge verdicts are parsed text, and converting a tensor would synchronise with the device.
+
+    Ranks agree: on one process nothing is communicated; under DDP the buffered duels of all ranks are gathered
+    (an ``all_gather`` of the counts, then one of the duels unless nobody reported) and every rank applies them in
+    the same order, rank 0's first, each rank's in the order reported. Ratings are therefore identical on every
+    rank, and the checkpoint (written after a flush) holds every rank's duels.
+
+    Logged at the end of every training batch: ``{name}/<player>`` (rating) and ``{name}_volatility/<player>``.
+    On one process the per-batch work is plain Python on floats: nothing is read back from the device.
+    :meth:`plot` draws the rating trajectories (one point per applied duel) and ``figure_path`` writes that
+    figure at the end of fit.
+
+    Args:
+        players: the players' names (unique, at least two).
+        initial_rating: everyone's rating before any duel.
+        k_factor: :math:`K_0`, the K factor of a player with no duel behind it.
+        k_decay: :math:`d`, duels after which the decayed K has halved; ``None`` keeps K at ``k_factor``.
+        volatility_window: number of recent rating changes whose standard deviation is the volatility (>= 2).
+        scale: logistic scale of the expected score (400: a 400-point gap means 10:1 odds).
+        apply_every_n_batches: under DDP, gather and apply the buffered duels every n training batches (each
+            application is one collective); on one process duels are applied at every batch end at no cost.
+        figure_path: if given, rank 0 writes the trajectory figure there at the end of fit.
+        name: namespace of the logged keys and part of :attr:`state_key`.
+
+    Raises:
+        ValueError: on fewer than two players, duplicate names or an out-of-range argument; from :meth:`report`,
+            on an unknown player, a player duelling itself or a score outside [0, 1].
+
+    Example::
+
+        from lightning.pytorch import LightningModule, Trainer
+        from callbacks import EloRating
+
+        class Tournament(LightningModule):
+            def training_step(self, batch, batch_idx):
+                elo = EloRating.find(self.trainer)
+                a, b = "qwen", "llama"
+                judges = ["mistral", "gemma"]
+                verdicts = [1.0, 0.0]  # each judge's score for a, parsed from its answer
+                elo.report(a, b, verdicts, weights=elo.judge_weights(judges))
+                ...
+
+        elo = EloRating(["qwen", "llama", "mistral", "gemma"], k_factor=32.0, k_decay=50.0, volatility_window=10)
+        Trainer(callbacks=[elo]).fit(Tournament())
+        elo.ratings  # {"qwen": ..., "llama": ..., ...}
+        elo.plot("elo.png")
+    """
+
+    def __init__(
+        self,
+        players: Sequence[str],
+        initial_rating: float = 1000.0,
+        k_factor: float = 32.0,
+        k_decay: float | None = 50.0,
+        volatility_window: int = 10,
+        scale: float = 400.0,
+        apply_every_n_batches: int = 1,
+        figure_path: str | os.PathLike | None = None,
+        name: str = "elo",
+    ) -> None:
+        super().__init__()
+        players = [str(p) for p in players]
+        if len(players) < 2:
+            raise ValueError(f"EloRating needs at least two players, got {players}.")
+        if len(set(players)) != len(players):
+            raise ValueError(f"Player names must be unique, got {players}.")
+        if not math.isfinite(initial_rating):
+            raise ValueError(f"`initial_rating` must be finite, got {initial_rating}.")
+        if not k_factor > 0:
+            raise ValueError(f"`k_factor` must be > 0, got {k_factor}.")
+        if k_decay is not None and not k_decay > 0:
+            raise ValueError(f"`k_decay` must be > 0 or None, got {k_decay}.")
+        if volatility_window < 2:
+            raise ValueError(
+                f"`volatility_window` must be >= 2 (a sample standard deviation), got {volatility_window}."
+            )
+        if not scale > 0:
+            raise ValueError(f"`scale` must be > 0, got {scale}.")
+        if apply_every_n_batches < 1:
+            raise ValueError(f"`apply_every_n_batches` must be >= 1, got {apply_every_n_batches}.")
+        self.players = players
+        self.initial_rating = float(initial_rating)
+        self.k_factor = float(k_factor)
+        self.k_decay = None if k_decay is None else float(k_decay)
+        self.volatility_window = int(volatility_window)
+        self.scale = float(scale)
+        self.apply_every_n_batches = int(apply_every_n_batches)
+        self.figure_path = figure_path
+        self.name = name
+        self._index = {p: i for i, p in enumerate(players)}
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        n = len(self.players)
+        self._ratings = [self.initial_rating] * n
+        self._games = [0] * n
+        self._recent: list[deque[float]] = [deque(maxlen=self.volatility_window) for _ in range(n)]
+        self._history: list[list[float]] = [list(self._ratings)]
+        self._pending: list[tuple[int, int, float]] = []
+        self._batches = 0
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(name=self.name)
+
+    @classmethod
+    def find(cls, trainer: pl.Trainer, name: str | None = None) -> EloRating:
+        """The trainer's ``EloRating`` callback (the one called ``name`` when there are several).
+
+        Raises:
+            LookupError: if there is none, or several and ``name`` does not pick one.
+        """
+        found = [cb for cb in trainer.callbacks if isinstance(cb, cls) and (name is None or cb.name == name)]
+        if len(found) != 1:
+            raise LookupError(
+                f"Expected one {cls.__name__} callback{f' named {name!r}' if name else ''} on the trainer,"
+                f" found {len(found)}."
+            )
+        return found[0]
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # The module-facing API
+    # ---------------------------------------------------------------------------------------------------------------
+
+    def _idx(self, player: str) -> int:
+        try:
+            return self._index[player]
+        except KeyError:
+            raise ValueError(f"Unknown player {player!r}; the players are {self.players}.") from None
+
+    def report(
+        self,
+        player_a: str,
+        player_b: str,
+        score_a: float | Sequence[float],
+        weights: Sequence[float] | None = None,
+    ) -> None:
+        """Report the result of one duel; it is applied at the next flush (see the class docstring).
+
+        Args:
+            player_a: name of player a.
+            player_b: name of player b (not a).
+            score_a: a's score in [0, 1], or one score in [0, 1] per judge.
+            weights: with per-judge scores, one non-negative weight per judge (e.g. :meth:`judge_weights`);
+                the score is then their weighted mean. Equal weights when omitted.
+
+        Raises:
+            ValueError: on an unknown player, ``player_a == player_b``, a score outside [0, 1] or bad weights.
+        """
+        ia, ib = self._idx(player_a), self._idx(player_b)
+        if ia == ib:
+            raise ValueError(f"A player cannot duel itself ({player_a!r}).")
+        if isinstance(score_a, (int, float)) or (isinstance(score_a, torch.Tensor) and score_a.numel() == 1):
+            if weights is not None:
+                raise ValueError("`weights` only apply to a sequence of per-judge scores.")
+            score = _check_score(float(score_a))
+        else:
+            score = weighted_score(list(score_a), weights)
+        self._pending.append((ia, ib, score))
+
+    @property
+    def ratings(self) -> dict[str, float]:
+        """Current rating of every player (a copy)."""
+        return dict(zip(self.players, self._ratings))
+
+    def rating(self, player: str) -> float:
+        """Current rating of ``player``."""
+        return self._ratings[self._idx(player)]
+
+    def games_played(self, player: str) -> int:
+        """Number of duels of ``player`` applied so far."""
+        return self._games[self._idx(player)]
+
+    def volatility(self, player: str) -> float:
+        """Sample standard deviation of the last ``volatility_window`` rating changes of ``player``."""
+        return sample_std(self._recent[self._idx(player)])
+
+    def current_k_factor(self, player: str) -> float:
+        """K factor that ``player``'s next duel will use."""
+        i = self._idx(player)
+        return effective_k_factor(self.k_factor, self._games[i], self.k_decay, sample_std(self._recent[i]))
+
+    def decayed_k_factor(self, player: str) -> float:
+        """K factor of ``player`` without the volatility boost."""
+        return decayed_k_factor(self.k_factor, self.games_played(player), self.k_decay)
+
+    def expected_score(self, player_a: str, player_b: str) -> float:
+        """Expected score of ``player_a`` against ``player_b`` under the current ratings."""
+        return elo_expected_score(self.rating(player_a), self.rating(player_b), self.scale)
+
+    def judge_weights(self, judges: Sequence[str]) -> list[float]:
+        """Current ratings of ``judges`` (floored at 0), for a reputation-weighted mean of their scores."""
+        return [max(0.0, self.rating(j)) for j in judges]
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Ratings after each applied duel, the initial ratings first."""
+        return [dict(zip(self.players, row)) for row in self._history]
+
+    @property
+    def pending(self) -> int:
+        """Number of this rank's reported duels not applied yet."""
+        return len(self._pending)
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # Applying duels
+    # ---------------------------------------------------------------------------------------------------------------
+
+    def _apply_one(self, ia: int, ib: int, score: float) -> None:
+        k_a = effective_k_factor(self.k_factor, self._games[ia], self.k_decay, sample_std(self._recent[ia]))
+        k_b = effective_k_factor(self.k_factor, self._games[ib], self.k_decay, sample_std(self._recent[ib]))
+        surprise = score - elo_expected_score(self._ratings[ia], self._ratings[ib], self.scale)
+        for i, delta in ((ia, k_a * surprise), (ib, -k_b * surprise)):
+            self._ratings[i] += delta
+            self._recent[i].append(delta)
+            self._games[i] += 1
+        self._history.append(list(self._ratings))
+
+    def _gather(self, trainer: pl.Trainer | None) -> list[tuple[int, int, float]]:
+        local, self._pending = self._pending, []
+        if trainer is None or trainer.world_size == 1:
+            return local
+        strategy = trainer.strategy
+        device = strategy.root_device
+        counts = strategy.all_gather(torch.tensor([len(local)], device=device)).reshape(-1).tolist()
+        longest = max(counts)
+        if longest == 0:
+            return []
+        # One row per duel: player indices and score, padded to the longest list; float64 holds both exactly.
+        rows = torch.zeros(longest, 3, dtype=torch.float64)
+        if local:
+            rows[: len(local)] = torch.tensor(local, dtype=torch.float64)
+        gathered = strategy.all_gather(rows.to(device)).reshape(len(counts), longest, 3).cpu().tolist()
+        return [(int(a), int(b), s) for rank, n in enumerate(counts) for a, b, s in gathered[rank][:n]]
+
+    def apply_pending(self, trainer: pl.Trainer | None = None) -> int:
+        """Apply the buffered duels now (of every rank under DDP: call it on all ranks); returns how many.
+
+        The callback calls this itself; call it directly only when using the class outside a ``Trainer``.
+        """
+        duels = self._gather(trainer)
+        for ia, ib, score in duels:
+            self._apply_one(ia, ib, score)
+        return len(duels)
+
+    def _log(self, pl_module: pl.LightningModule) -> None:
+        for i, player in enumerate(self.players):
+            pl_module.log(f"{self.name}/{player}", self._ratings[i], on_step=True, on_epoch=False, batch_size=1)
+            volatility = sample_std(self._recent[i])
+            pl_module.log(f"{self.name}_volatility/{player}", volatility, on_step=True, on_epoch=False, batch_size=1)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batches += 1
+        if trainer.world_size == 1 or self._batches % self.apply_every_n_batches == 0:
+            self.apply_pending(trainer)
+        self._log(pl_module)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.apply_pending(trainer)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.apply_pending(trainer)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Every rank runs this hook while the checkpoint is dumped, after `state_dict()` was taken: apply the
+        # duels still buffered on any rank so that the file (written by rank 0) loses none of them.
+        if trainer.world_size > 1 or self._pending:
+            if self.apply_pending(trainer) and self.state_key in checkpoint.get("callbacks", {}):
+                checkpoint["callbacks"][self.state_key] = self.state_dict()
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.apply_pending(trainer)
+        if self.figure_path is not None and trainer.is_global_zero:
+            self.plot(self.figure_path)
+            rank_zero_info(f"EloRating: wrote the rating trajectories to {os.fspath(self.figure_path)}.")
+
+    # ---------------------------------------------------------------------------------------------------------------
+    # Figure and state
+    # ---------------------------------------------------------------------------------------------------------------
+
+    def plot(self, path: str | os.PathLike | None = None) -> Figure:
+        """Figure of every player's rating against the number of applied duels; saved to ``path`` if given."""
+        from matplotlib.figure import Figure  # lazy: only figures need matplotlib
+
+        figure = Figure(figsize=(7.0, 4.0), layout="constrained")
+        axes = figure.add_subplot()
+        steps = list(range(len(self._history)))
+        for i, player in enumerate(self.players):
+            axes.plot(steps, [row[i] for row in self._history], label=player)
+        axes.set_xlabel("duels applied")
+        axes.set_ylabel("Elo rating")
+        axes.set_title("Reputation trajectories")
+        axes.legend(loc="best", fontsize="small")
+        if path is not None:
+            figure.savefig(path)
+        return figure
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "players": list(self.players),
+            "ratings": list(self._ratings),
+            "games": list(self._games),
+            "recent": [list(d) for d in self._recent],
+            "history": [list(row) for row in self._history],
+            "pending": [list(p) for p in self._pending],
+            "batches": self._batches,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if list(state_dict["players"]) != self.players:
+            raise ValueError(
+                f"The checkpoint's EloRating was for players {state_dict['players']}, this one is for {self.players}."
+            )
+        self._ratings = [float(r) for r in state_dict["ratings"]]
+        self._games = [int(g) for g in state_dict["games"]]
+        self._recent = [deque((float(x) for x in d), maxlen=self.volatility_window) for d in state_dict["recent"]]
+        self._history = [[float(r) for r in row] for row in state_dict["history"]]
+        self._pending = [(int(a), int(b), float(s)) for a, b, s in state_dict["pending"]]
+        self._batches = int(state_dict["batches"])

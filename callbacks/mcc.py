@@ -1,0 +1,267 @@
+"""Matthews correlation of a binary judge against the truth, with its trend over evaluations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torchmetrics.classification import BinaryStatScores
+from typing_extensions import override
+
+from callbacks._math import least_squares_slope, matthews_corrcoef_from_counts
+
+_STAGES = ("train", "val", "test")
+
+
+class MCCTracker(Callback):
+    r"""Matthews correlation of a binary judge with the truth, per epoch, exact under DDP, and its trend.
+
+    The judge metric of debate RLAIF ("Metrics"): the judge is a binary classifier of "the answer is correct",
+    the truth comes from an answer checker, and
+
+    .. math:: MCC = \frac{TP \cdot TN - FP \cdot FN}{\sqrt{(TP+FP)(TP+FN)(TN+FP)(TN+FN)}}.
+
+    Reward hacking shows as MCC falling over RL steps, so besides MCC the callback logs the least-squares slope of
+    MCC over the last ``trend_window`` evaluations (per evaluation; negative means the judge is being fooled).
+    Degenerate epochs, where the truth or the verdicts hold a single class, give 0 (scikit-learn's convention),
+    never NaN.
+
+    What the module must provide: its ``training_step`` / ``validation_step`` / ``test_step`` (per ``stage``)
+    returns a mapping that holds, under ``prediction_key``, the judge's verdicts and, under ``target_key``, the
+    truth, as tensors of the same number of elements: bool or integer 0/1 (1 = "accepted" / "correct"), or, for
+    the verdicts, floating probabilities, counted as accepted when above ``threshold``. For example
+    ``return {"loss": loss, "judge": verdicts, "truth": is_correct}``.
+
+    Counts are accumulated in a ``torchmetrics`` ``BinaryStatScores`` (count states reduced by ``"sum"``), so the
+    epoch's MCC is computed from the counts of all ranks: exact under DDP, and identical on every rank. Per batch
+    the callback only adds counts on the device (no host-device synchronisation); the one synchronisation is the
+    epoch-end reduction. Evaluation values are not checked (``validate_args=False``), as that would synchronise.
+
+    Logged at the end of each epoch of ``stage`` (sanity checks skipped): ``{stage}/{name}`` (MCC),
+    ``{stage}/{name}_trend``, ``{stage}/{name}_accept_rate`` (share of verdicts that accept), and the counts
+    ``{stage}/{name}_tp``, ``_fp``, ``_tn``, ``_fn``. With the defaults: ``val/mcc``, ``val/mcc_trend``, ...
+
+    Resume: the MCC history (hence the trend) is saved. With ``stage="train"`` a checkpoint written mid-epoch also
+    holds the epoch's counts so far, summed over ranks, so the resumed epoch's MCC is exact as well.
+
+    Args:
+        prediction_key: key of the judge's verdicts in the step's output mapping.
+        target_key: key of the truth in the step's output mapping.
+        stage: ``"val"``, ``"train"`` or ``"test"``: which steps and epochs to track.
+        trend_window: number of most recent evaluations the slope is fitted on (>= 2).
+        threshold: probability above which a floating verdict counts as accepting.
+        name: metric name inside the stage namespace, and part of :attr:`state_key`.
+
+    Raises:
+        ValueError: on an unknown ``stage``, ``trend_window < 2`` or ``threshold`` outside [0, 1]; during the run,
+            if the verdicts and the truth differ in size.
+        RuntimeError: during the run, if the step's output is not a mapping holding both keys.
+
+    Example::
+
+        from lightning.pytorch import LightningModule, Trainer
+        from callbacks import MCCTracker
+
+        class Debate(LightningModule):
+            def validation_step(self, batch, batch_idx):
+                verdicts = self.judge(batch)              # bool tensor: the judge accepts Alice's answer
+                truth = batch["answer_is_correct"]        # bool tensor from the answer checker
+                return {"judge": verdicts, "truth": truth}
+
+        trainer = Trainer(callbacks=[MCCTracker("judge", "truth", stage="val", trend_window=5)])
+        trainer.fit(Debate())  # logs val/mcc, val/mcc_trend, val/mcc_accept_rate, val/mcc_tp, ...
+    """
+
+    def __init__(
+        self,
+        prediction_key: str,
+        target_key: str,
+        stage: str = "val",
+        trend_window: int = 5,
+        threshold: float = 0.5,
+        name: str = "mcc",
+    ) -> None:
+        super().__init__()
+        if stage not in _STAGES:
+            raise ValueError(f"`stage` must be one of {_STAGES}, got {stage!r}.")
+        if trend_window < 2:
+            raise ValueError(f"`trend_window` must be >= 2 (a slope needs two points), got {trend_window}.")
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"`threshold` must lie in [0, 1], got {threshold}.")
+        self.prediction_key = prediction_key
+        self.target_key = target_key
+        self.stage = stage
+        self.trend_window = int(trend_window)
+        self.threshold = float(threshold)
+        self.name = name
+        self.counts = BinaryStatScores(validate_args=False)
+        # Counts restored from a mid-epoch checkpoint (already summed over ranks), added to the epoch's total.
+        self._offset = [0, 0, 0, 0]
+        self.history: list[dict[str, float]] = []
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(stage=self.stage, name=self.name)
+
+    @property
+    def last(self) -> dict[str, float] | None:
+        """Values logged at the last evaluation (``None`` before the first)."""
+        return self.history[-1] if self.history else None
+
+    # ---------------------------------------------------------------------------------------------------------------
+
+    def _start(self, pl_module: pl.LightningModule) -> None:
+        self.counts = self.counts.to(pl_module.device)
+        self.counts.reset()
+
+    def _update(self, trainer: pl.Trainer, outputs: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        if not isinstance(outputs, Mapping) or self.prediction_key not in outputs or self.target_key not in outputs:
+            found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+            step = {"train": "training_step", "val": "validation_step", "test": "test_step"}[self.stage]
+            raise RuntimeError(
+                f"MCCTracker: `{step}` must return a mapping with the judge's verdicts under {self.prediction_key!r}"
+                f" and the truth under {self.target_key!r}; got {found}."
+            )
+        preds = torch.as_tensor(outputs[self.prediction_key]).reshape(-1)
+        target = torch.as_tensor(outputs[self.target_key]).reshape(-1)
+        if preds.numel() != target.numel():
+            raise ValueError(
+                f"MCCTracker: {preds.numel()} verdicts under {self.prediction_key!r} but {target.numel()} truth"
+                f" values under {self.target_key!r}."
+            )
+        if preds.numel() == 0:
+            return
+        # Threshold here rather than in torchmetrics: its logit check on floats reads a value back from the device.
+        preds = (preds > self.threshold).long() if preds.is_floating_point() else preds.long()
+        self.counts.update(preds.detach().to(self.counts.tp.device), target.detach().long().to(self.counts.tp.device))
+
+    def _synced_counts(self) -> list[int]:
+        # `sync_context` sums the count states over ranks (a no-op on one process) and restores the local ones.
+        with self.counts.sync_context(should_unsync=True):
+            local = [self.counts.tp, self.counts.fp, self.counts.tn, self.counts.fn]
+            values = torch.stack([t.reshape(-1).sum() for t in local]).tolist()
+        return [int(v) + o for v, o in zip(values, self._offset)]
+
+    def _end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        tp, fp, tn, fn = self._synced_counts()
+        self.counts.reset()
+        self._offset = [0, 0, 0, 0]
+        total = tp + fp + tn + fn
+        mcc = matthews_corrcoef_from_counts(tp, fp, tn, fn)
+        recent = [h["mcc"] for h in self.history[-(self.trend_window - 1) :]] + [mcc]
+        values = {
+            "mcc": mcc,
+            "trend": least_squares_slope(recent),
+            "accept_rate": (tp + fp) / total if total else 0.0,
+            "tp": float(tp),
+            "fp": float(fp),
+            "tn": float(tn),
+            "fn": float(fn),
+        }
+        self.history.append({**values, "step": float(trainer.global_step)})
+        # Identical on every rank; "max" makes Lightning's epoch-level reduction exact (and silences its warning).
+        sync = trainer.world_size > 1
+        prefix = f"{self.stage}/{self.name}"
+        for key, value in values.items():
+            pl_module.log(
+                prefix if key == "mcc" else f"{prefix}_{key}",
+                value,
+                on_step=False,
+                on_epoch=True,
+                sync_dist=sync,
+                reduce_fx="max",
+                batch_size=1,
+            )
+
+    # ---------------------------------------------------------------------------------------------------------------
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Once per fit, after any checkpoint was restored: counts of a resumed epoch live in `_offset`.
+        if self.stage == "train":
+            self._start(pl_module)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.stage == "train":
+            self._update(trainer, outputs)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stage == "train":
+            self._end(trainer, pl_module)
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stage == "val":
+            self._start(pl_module)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self.stage == "val":
+            self._update(trainer, outputs)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stage == "val":
+            self._end(trainer, pl_module)
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stage == "test":
+            self._start(pl_module)
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self.stage == "test":
+            self._update(trainer, outputs)
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stage == "test":
+            self._end(trainer, pl_module)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Every rank runs this hook while the checkpoint is dumped: store the running training epoch's counts,
+        # summed over ranks, so that resuming mid-epoch loses none of them (rank 0 writes the file).
+        if self.stage == "train" and self.state_key in checkpoint.get("callbacks", {}):
+            checkpoint["callbacks"][self.state_key]["partial_counts"] = self._synced_counts()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [dict(h) for h in self.history], "partial_counts": list(self._offset)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [dict(h) for h in state_dict["history"]]
+        self.counts.reset()
+        self._offset = [int(c) for c in state_dict.get("partial_counts", [0, 0, 0, 0])]

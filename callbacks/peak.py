@@ -1,0 +1,199 @@
+"""Keep the checkpoint of the evaluation whose pooled Beta-posterior lower bound on accuracy is highest."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from callbacks._math import pooled_lower_bound, posterior_mean
+
+
+class PeakCheckpoint(Callback):
+    r"""Checkpoint the peak: the evaluation whose rolling window has the highest Beta-posterior lower bound.
+
+    Peak selection of debate RLAIF ("Metrics", App. A). After each validation the callback records the
+    evaluation's successes and trials of a monitored accuracy, pools the last ``window`` evaluations
+    (successes :math:`S`, trials :math:`N`), and computes the ``quantile`` of the
+    :math:`\mathrm{Beta}(1 + S, 1 + N - S)` posterior (Beta(1, 1) prior); with the default 0.025 this is the
+    lower end of the 95% credible interval. When that lower bound beats the best so far, the evaluation becomes the
+    peak and the callback writes a full checkpoint to ``dirpath/filename.ckpt`` (overwriting the previous peak).
+    A noisy evaluation with a high raw accuracy but few trials therefore does not win; a sustained one does. Early
+    evaluations pool fewer than ``window`` evaluations; their fewer trials widen the posterior, which penalises them.
+
+    What the module must provide: the monitored counts as epoch-level metrics summed over the evaluation (and over
+    ranks), e.g. in ``validation_step``::
+
+        self.log("val/correct", correct.sum(), on_epoch=True, reduce_fx="sum", sync_dist=True)
+        self.log("val/total", float(correct.numel()), on_epoch=True, reduce_fx="sum", sync_dist=True)
+
+    (or a ``torchmetrics.SumMetric`` logged as an object). The callback reads them from
+    ``trainer.callback_metrics`` in ``on_validation_end`` (sanity checks, ``fast_dev_run`` and runs other than
+    ``fit`` are skipped). Rank 0's values are broadcast, so every rank takes the same decision and all ranks join
+    the checkpoint write (as ``ModelCheckpoint`` does); the cost is one broadcast per evaluation, nothing per step.
+
+    Logged to the trainer's loggers after each evaluation: ``{name}/lower_bound`` (this window),
+    ``{name}/step`` and ``{name}/epoch`` (the peak's ``global_step`` and epoch), ``{name}/value`` (the peak's lower
+    bound) and ``{name}/accuracy`` (the peak window's posterior mean). ``on_validation_end`` cannot log through
+    ``self.log``, hence the loggers; the values are also in :attr:`peak` and :attr:`evaluations`.
+
+    Args:
+        monitor_correct: name of the logged number of successes of an evaluation.
+        monitor_total: name of the logged number of trials of an evaluation.
+        window: number of most recent evaluations pooled (the paper uses 3).
+        quantile: posterior quantile used as the lower bound, in (0, 1).
+        dirpath: directory of the peak checkpoint; default ``<trainer.log_dir>/checkpoints`` (the trainer's
+            ``default_root_dir`` without a logger).
+        filename: file name of the peak checkpoint, without ``.ckpt``.
+        name: namespace of the logged keys and part of :attr:`state_key`.
+        verbose: report each new peak with ``rank_zero_info``.
+
+    Raises:
+        ValueError: if ``window < 1`` or ``quantile`` is outside (0, 1); during the run, if the counts are not
+            ``0 <= correct <= total``.
+        RuntimeError: during the run, if a monitored metric was not logged.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from callbacks import PeakCheckpoint
+
+        peak = PeakCheckpoint("val/correct", "val/total", window=3, quantile=0.025, dirpath="checkpoints")
+        trainer = Trainer(callbacks=[peak])
+        trainer.fit(debate)                    # debate logs val/correct and val/total as above
+        peak.peak                              # {"step": ..., "value": ..., "path": "checkpoints/peak.ckpt", ...}
+        best = type(debate).load_from_checkpoint(peak.best_model_path)
+    """
+
+    FILE_EXTENSION = ".ckpt"
+
+    def __init__(
+        self,
+        monitor_correct: str,
+        monitor_total: str,
+        window: int = 3,
+        quantile: float = 0.025,
+        dirpath: str | os.PathLike | None = None,
+        filename: str = "peak",
+        name: str = "peak",
+        verbose: bool = False,
+    ) -> None:
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"`window` must be >= 1, got {window}.")
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"`quantile` must lie in (0, 1), got {quantile}.")
+        self.monitor_correct = monitor_correct
+        self.monitor_total = monitor_total
+        self.window = int(window)
+        self.quantile = float(quantile)
+        self.dirpath = None if dirpath is None else os.fspath(dirpath)
+        self.filename = filename
+        self.name = name
+        self.verbose = verbose
+        self.evaluations: list[dict[str, float]] = []
+        self.peak: dict[str, Any] | None = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            monitor_correct=self.monitor_correct, monitor_total=self.monitor_total, name=self.name
+        )
+
+    @property
+    def best_model_path(self) -> str:
+        """Path of the peak checkpoint ('' before the first evaluation)."""
+        return self.peak["path"] if self.peak else ""
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        dirpath = self.dirpath
+        if dirpath is None:
+            base = trainer.log_dir if trainer.loggers else None
+            dirpath = os.path.join(base or trainer.default_root_dir, "checkpoints")
+        self.dirpath = trainer.strategy.broadcast(dirpath)
+
+    def _read(self, trainer: pl.Trainer) -> tuple[float, float]:
+        metrics = trainer.callback_metrics
+        missing = [key for key in (self.monitor_correct, self.monitor_total) if key not in metrics]
+        if missing:
+            raise RuntimeError(
+                f"PeakCheckpoint monitors {missing} but the module did not log it; logged metrics:"
+                f" {sorted(metrics)}. Log the evaluation's successes and trials with reduce_fx='sum'."
+            )
+        # One read-back per evaluation; rank 0's values decide for everyone.
+        correct, total = float(metrics[self.monitor_correct]), float(metrics[self.monitor_total])
+        correct, total = trainer.strategy.broadcast((correct, total), src=0)
+        if not (0.0 <= correct <= total and math.isfinite(total)):
+            raise ValueError(
+                f"PeakCheckpoint needs 0 <= {self.monitor_correct} <= {self.monitor_total}, got {correct} and {total}."
+                " Log counts summed over the evaluation (reduce_fx='sum'), not means."
+            )
+        return correct, total
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING:
+            return
+        correct, total = self._read(trainer)
+        pairs = [(e["successes"], e["trials"]) for e in self.evaluations] + [(correct, total)]
+        lower = pooled_lower_bound(pairs, self.window, self.quantile)
+        recent = pairs[-self.window :]
+        evaluation = {
+            "successes": correct,
+            "trials": total,
+            "lower_bound": lower,
+            "step": float(trainer.global_step),
+            "epoch": float(trainer.current_epoch),
+        }
+        self.evaluations.append(evaluation)
+        if self.peak is None or lower > self.peak["value"]:
+            assert self.dirpath is not None
+            self.peak = {
+                "value": lower,
+                "accuracy": posterior_mean(sum(s for s, _ in recent), sum(n for _, n in recent)),
+                "step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "evaluation": len(self.evaluations) - 1,
+                "path": os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION),
+            }
+            # The state above goes into the file, so the peak checkpoint knows it is the peak.
+            trainer.save_checkpoint(self.peak["path"])
+            if self.verbose:
+                rank_zero_info(
+                    f"PeakCheckpoint: new peak at step {trainer.global_step}: lower bound {lower:.4f} of the last"
+                    f" {len(recent)} evaluation(s); saved {self.peak['path']}."
+                )
+        metrics = {
+            f"{self.name}/lower_bound": lower,
+            f"{self.name}/value": self.peak["value"],
+            f"{self.name}/step": float(self.peak["step"]),
+            f"{self.name}/epoch": float(self.peak["epoch"]),
+            f"{self.name}/accuracy": self.peak["accuracy"],
+        }
+        # The x-axis Lightning itself uses for logged metrics (as LearningRateMonitor does).
+        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "evaluations": [dict(e) for e in self.evaluations],
+            "peak": None if self.peak is None else dict(self.peak),
+            "dirpath": self.dirpath,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.evaluations = [dict(e) for e in state_dict["evaluations"]]
+        self.peak = None if state_dict["peak"] is None else dict(state_dict["peak"])

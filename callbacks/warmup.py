@@ -1,0 +1,201 @@
+"""Two-timescale learning-rate warm-up for a leader and a follower optimizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from callbacks._math import warmup_learning_rates
+
+
+class TwoTimescaleWarmup(Callback):
+    r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both.
+
+    The schedule of deep-smida (Stackelberg preference games, §4.3 and App. D.1). Over ``warmup_steps``
+    training batches the leader's rate rises linearly from ``initial_lr`` to ``leader_lr`` while the ratio
+    follower/leader rises linearly from 1 to ``follower_lr / leader_lr``; the follower's rate is always the
+    leader's rate times the ratio. From batch ``warmup_steps`` on both rates stay at their targets:
+
+    .. math::
+        p_t = \min(t / T_{warm}, 1), \quad
+        \eta^L_t = \eta^L_{init} + p_t (\eta^L - \eta^L_{init}), \quad
+        \eta^F_t = \eta^L_t \, [1 + p_t (\eta^F / \eta^L - 1)].
+
+    What the module must provide: ``configure_optimizers`` returning at least two optimizers, the leader's at
+    index ``leader_optimizer`` and the follower's at ``follower_optimizer`` (the usual manual-optimization
+    layout of a two-player game). The callback owns their learning rates: before every training batch it writes
+    :math:`\eta^L_t` and :math:`\eta^F_t` into every parameter group of the two optimizers, so do not attach a
+    learning-rate scheduler to them (it would be overwritten; the callback warns).
+
+    Steps count training batches (:math:`t = 0` for the first batch ever), not ``trainer.global_step``, which in
+    manual optimization advances once per optimizer step, i.e. twice per batch in a two-player game. The count is
+    the callback's own and is saved in its state, so a run resumed with ``ckpt_path`` continues the schedule
+    where it stopped. Every rank counts the same batches, so all ranks set the same rates without communicating.
+    Per batch the callback writes Python floats into the parameter groups and logs three floats; it reads nothing
+    back from the device, so the only per-step cost beyond plain Python is Lightning's own handling of logged values.
+
+    Logged (every training batch): ``{name}/leader_lr``, ``{name}/follower_lr``, ``{name}/ratio``.
+
+    Args:
+        leader_lr: the leader's target rate :math:`\eta^L` (> 0).
+        follower_lr: the follower's target rate :math:`\eta^F` (> 0).
+        initial_lr: both players' rate at the first batch, :math:`\eta^L_{init}` (>= 0).
+        warmup_steps: :math:`T_{warm}`, number of training batches of the warm-up (0: start at the targets).
+        leader_optimizer: index of the leader's optimizer in ``trainer.optimizers``.
+        follower_optimizer: index of the follower's optimizer in ``trainer.optimizers``.
+        tau_leader: the leader's KL weight :math:`\tau^L`; with ``tau_follower``, enables the timescale check.
+        tau_follower: the follower's KL weight :math:`\tau^F`.
+        name: namespace of the logged keys and part of :attr:`state_key`, so two instances (for two pairs of
+            optimizers) can coexist.
+
+    Raises:
+        ValueError: if a rate or ``warmup_steps`` is out of range, the two optimizer indices are equal or
+            negative, only one tau is given, a tau is not positive, or, given both taus, the targets break the
+            timescale order :math:`\eta^L \tau^L < \eta^F \tau^F` of Theorem 4.3 (the follower must be the fast
+            player). At fit start, also if the module has no optimizer at one of the two indices.
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from callbacks import TwoTimescaleWarmup
+
+        # The paper's Table 2: eta_L = 8e-6, eta_F = 2e-5, from 1e-6 over 50 steps, tau_L = tau_F = 5e-4.
+        warmup = TwoTimescaleWarmup(
+            leader_lr=8e-6, follower_lr=2e-5, initial_lr=1e-6, warmup_steps=50,
+            leader_optimizer=0, follower_optimizer=1, tau_leader=5e-4, tau_follower=5e-4,
+        )
+        trainer = Trainer(callbacks=[warmup])
+        trainer.fit(game)  # game.configure_optimizers() returns [leader_opt, follower_opt]
+    """
+
+    def __init__(
+        self,
+        leader_lr: float,
+        follower_lr: float,
+        initial_lr: float,
+        warmup_steps: int,
+        leader_optimizer: int = 0,
+        follower_optimizer: int = 1,
+        tau_leader: float | None = None,
+        tau_follower: float | None = None,
+        name: str = "warmup",
+    ) -> None:
+        super().__init__()
+        if not leader_lr > 0 or not follower_lr > 0:
+            raise ValueError(f"`leader_lr` and `follower_lr` must be > 0, got {leader_lr} and {follower_lr}.")
+        if not initial_lr >= 0:
+            raise ValueError(f"`initial_lr` must be >= 0, got {initial_lr}.")
+        if int(warmup_steps) != warmup_steps or warmup_steps < 0:
+            raise ValueError(f"`warmup_steps` must be an integer >= 0, got {warmup_steps}.")
+        if leader_optimizer < 0 or follower_optimizer < 0 or leader_optimizer == follower_optimizer:
+            raise ValueError(
+                "`leader_optimizer` and `follower_optimizer` must be two different non-negative indices into"
+                f" `trainer.optimizers`, got {leader_optimizer} and {follower_optimizer}."
+            )
+        if (tau_leader is None) != (tau_follower is None):
+            raise ValueError("Give both `tau_leader` and `tau_follower` (to check the timescale order) or neither.")
+        if tau_leader is not None and tau_follower is not None:
+            if not tau_leader > 0 or not tau_follower > 0:
+                raise ValueError(
+                    f"The KL weights must be > 0, got tau_leader={tau_leader}, tau_follower={tau_follower}."
+                )
+            slow, fast = leader_lr * tau_leader, follower_lr * tau_follower
+            if not slow < fast:
+                raise ValueError(
+                    "The targets break the two-timescale order eta_L * tau_L < eta_F * tau_F (Stackelberg preference"
+                    f" games, eq. 6): leader_lr * tau_leader = {leader_lr} * {tau_leader} = {slow:.6g} is not below"
+                    f" follower_lr * tau_follower = {follower_lr} * {tau_follower} = {fast:.6g}. The follower must be"
+                    " the fast player: raise `follower_lr` or `tau_follower`, or lower `leader_lr` or `tau_leader`."
+                )
+        elif follower_lr <= leader_lr:
+            rank_zero_warn(
+                f"TwoTimescaleWarmup: follower_lr={follower_lr} <= leader_lr={leader_lr}; with equal KL weights the"
+                " follower would not be the fast player. Pass `tau_leader` and `tau_follower` to check the order."
+            )
+        self.leader_lr = float(leader_lr)
+        self.follower_lr = float(follower_lr)
+        self.initial_lr = float(initial_lr)
+        self.warmup_steps = int(warmup_steps)
+        self.leader_optimizer = leader_optimizer
+        self.follower_optimizer = follower_optimizer
+        self.tau_leader = tau_leader
+        self.tau_follower = tau_follower
+        self.name = name
+        self.batches_seen = 0
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            name=self.name, leader_optimizer=self.leader_optimizer, follower_optimizer=self.follower_optimizer
+        )
+
+    def rates(self, step: int | None = None) -> tuple[float, float, float]:
+        """``(leader_rate, follower_rate, ratio)`` at ``step`` (default: the next batch, :attr:`batches_seen`)."""
+        return warmup_learning_rates(
+            self.batches_seen if step is None else step,
+            initial_lr=self.initial_lr,
+            leader_lr=self.leader_lr,
+            follower_lr=self.follower_lr,
+            warmup_steps=self.warmup_steps,
+        )
+
+    def _apply(self, trainer: pl.Trainer) -> tuple[float, float, float]:
+        leader, follower, ratio = self.rates()
+        for index, lr in ((self.leader_optimizer, leader), (self.follower_optimizer, follower)):
+            for group in trainer.optimizers[index].param_groups:
+                group["lr"] = lr
+        return leader, follower, ratio
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        count = len(trainer.optimizers)
+        for role, index in (
+            ("leader_optimizer", self.leader_optimizer),
+            ("follower_optimizer", self.follower_optimizer),
+        ):
+            if index >= count:
+                raise ValueError(
+                    f"TwoTimescaleWarmup: `{role}={index}` but the module configured {count} optimizer(s);"
+                    " `configure_optimizers` must return the leader's and the follower's optimizers."
+                )
+        owned = {id(trainer.optimizers[self.leader_optimizer]), id(trainer.optimizers[self.follower_optimizer])}
+        if any(id(getattr(config.scheduler, "optimizer", None)) in owned for config in trainer.lr_scheduler_configs):
+            rank_zero_warn(
+                "TwoTimescaleWarmup sets the learning rates of the leader's and the follower's optimizers before every"
+                " batch; the learning-rate scheduler attached to one of them will be overridden."
+            )
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Optimizer states (and their saved rates) are restored after `on_fit_start`: set the rates of the next
+        # batch now so that anything reading them before the first batch sees the schedule.
+        leader, follower, _ = self._apply(trainer)
+        if self.batches_seen == 0:
+            rank_zero_info(
+                f"TwoTimescaleWarmup: leader {leader:.3g} -> {self.leader_lr:.3g}, follower {follower:.3g} ->"
+                f" {self.follower_lr:.3g} over {self.warmup_steps} training batches."
+            )
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        leader, follower, ratio = self._apply(trainer)
+        self.batches_seen += 1
+        # Python floats: Lightning turns them into tensors; nothing is read back from the device.
+        pl_module.log(f"{self.name}/leader_lr", leader, on_step=True, on_epoch=False, batch_size=1)
+        pl_module.log(f"{self.name}/follower_lr", follower, on_step=True, on_epoch=False, batch_size=1)
+        pl_module.log(f"{self.name}/ratio", ratio, on_step=True, on_epoch=False, batch_size=1)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches_seen": self.batches_seen}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batches_seen = int(state_dict["batches_seen"])
