@@ -74,7 +74,7 @@ def _looks_local(name_or_path: str) -> bool:
     return name_or_path.startswith((os.path.sep, ".", "~")) or os.path.exists(name_or_path)
 
 
-def _check_exists(field: str, name_or_path: str) -> None:
+def check_exists(field: str, name_or_path: str) -> None:
     """Fail fast, before any hub lookup, when a local-looking path is missing."""
     if _looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise OSError(f"{field}: the model folder {name_or_path!r} does not exist")
@@ -104,7 +104,7 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False, paddin
     from transformers import AutoTokenizer
 
     path = resolve_name_or_path(name_or_path)
-    _check_exists("tokenizer", path)
+    check_exists("tokenizer", path)
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -162,7 +162,7 @@ def load_model(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=DTYPES[dtype]
         )
     path = resolve_name_or_path(name_or_path)
-    _check_exists("backbone", path)
+    check_exists("backbone", path)
     auto = AutoModel if task == "encoder" else AutoModelForCausalLM
     try:
         model = auto.from_pretrained(path, **kwargs)

@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 
 from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.models import apply_lora, load_model, load_tokenizer
+from modules.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
 __all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
@@ -128,15 +128,27 @@ class _Collected(torchmetrics.Metric):
         self.add_state("probs", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
         self.add_state("prompts", default=[], dist_reduce_fx="cat")
+        self.add_state("rows", default=[], dist_reduce_fx="cat")
 
-    def update(self, probs: Tensor, labels: Tensor, prompts: Tensor) -> None:
+    def update(self, probs: Tensor, labels: Tensor, prompts: Tensor, rows: Tensor) -> None:
         self.probs.append(probs.detach().double())
         self.labels.append(labels.detach().double())
         self.prompts.append(prompts.detach())
+        self.rows.append(rows.detach())
 
     def compute(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Everything seen, each data row once, in row order.
+
+        A distributed sampler pads the last batch with repeated rows so that ranks get equal shares; dropping the
+        repeats by row id makes the gathered result exactly the single-process one.
+        """
         cat = torchmetrics.utilities.dim_zero_cat
-        return cat(self.probs), cat(self.labels), cat(self.prompts)
+        rows = cat(self.rows)
+        uniq, inverse = torch.unique(rows, return_inverse=True)
+        first = torch.full_like(uniq, rows.numel()).scatter_reduce(
+            0, inverse, torch.arange(rows.numel(), device=rows.device), reduce="amin"
+        )
+        return cat(self.probs)[first], cat(self.labels)[first], cat(self.prompts)[first]
 
 
 class PreferenceEnsemble(L.LightningModule):
@@ -210,7 +222,6 @@ class PreferenceEnsemble(L.LightningModule):
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.save_hyperparameters()
-        self.tokenizer = load_tokenizer(backbone, trust_remote_code=trust_remote_code, padding_side="right")
         load = dict(
             task=backbone_task,
             dtype=dtype,
@@ -220,6 +231,9 @@ class PreferenceEnsemble(L.LightningModule):
             trust_remote_code=trust_remote_code,
         )
         self.adapter_names = [f"member_{i}" for i in range(num_members)]
+
+        check_exists("backbone", resolve_name_or_path(backbone))
+        self.tokenizer = load_tokenizer(backbone, trust_remote_code=trust_remote_code, padding_side="right")
         if sharing == "separate":
             self.backbones = nn.ModuleList(load_model(backbone, **load) for _ in range(num_members))
             hidden = self.backbones[0].config.hidden_size
@@ -372,7 +386,7 @@ class PreferenceEnsemble(L.LightningModule):
     # ------------------------------------------------------------------ evaluation
     def _eval_step(self, batch: dict[str, Tensor], collector: _Collected) -> Tensor:
         probs = self(batch)
-        collector.update(probs, batch["label"], batch["prompt_id"])
+        collector.update(probs, batch["label"], batch["prompt_id"], batch["row"])
         return probs
 
     def validation_step(self, batch, batch_idx):  # noqa: D102
@@ -409,7 +423,7 @@ class PreferenceEnsemble(L.LightningModule):
         for i, acc in enumerate(report["member_accuracy"]):
             flat[f"{stage}/member_{i}_acc"] = acc
         for k, v in flat.items():
-            self.log(k, float(v), sync_dist=False, rank_zero_only=False)
+            self.log(k, float(v), sync_dist=True)  # identical on every rank (gathered): the mean is the value
         return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu()}
 
     def on_validation_epoch_end(self) -> None:  # noqa: D102
@@ -422,13 +436,13 @@ class PreferenceEnsemble(L.LightningModule):
         report = out["report"]
         report["n_truncated"] = int(getattr(self.trainer.datamodule, "num_truncated", 0) or 0)
         self.last_report = report
-        self._write_report(out)
+        # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes
+        self._write_report(out, self.trainer.log_dir or self.trainer.default_root_dir)
 
     @rank_zero_only
-    def _write_report(self, out: dict[str, Any]) -> None:
+    def _write_report(self, out: dict[str, Any], log_dir: str) -> None:
         from modules.report import json_safe, make_figures
 
-        log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         tmp = os.path.join(log_dir, "report.json.tmp")
         with open(tmp, "w") as f:
