@@ -101,20 +101,43 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     for variant in ("shared", "shared_cached", "separate"):
-        out = subprocess.run(
-            [sys.executable, __file__, "--worker", variant, "--pairs", str(args.pairs), "--members",
-             str(args.members), "--threads", str(args.threads), "--repeats", str(args.repeats)],
-            capture_output=True, text=True, env=env, check=True,
-        ).stdout.strip().splitlines()[-1]
+        out = (
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    variant,
+                    "--pairs",
+                    str(args.pairs),
+                    "--members",
+                    str(args.members),
+                    "--threads",
+                    str(args.threads),
+                    "--repeats",
+                    str(args.repeats),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
         results[variant] = json.loads(out)
         r = results[variant]
-        print(f"{variant:14s} pairs/s={r['pairs_per_s']:8.1f}  train_step_s={r['train_step_s']:.3f}  "
-              f"peak_rss_mb={r['peak_rss_mb']:7.0f}  params_m={r['params_m']:.1f}")
+        print(
+            f"{variant:14s} pairs/s={r['pairs_per_s']:8.1f}  train_step_s={r['train_step_s']:.3f}  "
+            f"peak_rss_mb={r['peak_rss_mb']:7.0f}  params_m={r['params_m']:.1f}"
+        )
     s, c, p = results["shared"], results["shared_cached"], results["separate"]
-    print(f"throughput_shared_vs_separate={s['pairs_per_s'] / p['pairs_per_s']:.2f} "
-          f"throughput_cached_vs_separate={c['pairs_per_s'] / p['pairs_per_s']:.2f} "
-          f"memory_separate_vs_shared={p['peak_rss_mb'] / s['peak_rss_mb']:.2f} "
-          f"train_step_separate_vs_shared={p['train_step_s'] / s['train_step_s']:.2f}")
+    print(
+        f"throughput_shared_vs_separate={s['pairs_per_s'] / p['pairs_per_s']:.2f} "
+        f"throughput_cached_vs_separate={c['pairs_per_s'] / p['pairs_per_s']:.2f} "
+        f"memory_separate_vs_shared={p['peak_rss_mb'] / s['peak_rss_mb']:.2f} "
+        f"train_step_separate_vs_shared={p['train_step_s'] / s['train_step_s']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -155,6 +155,7 @@ class ProgrammaticOracle(PreferenceOracle):
         return self.true_preference(prompts, firsts, seconds, references)
 
 
+_FIELD = re.compile(r"\{(prompt|first|second)\}")
 _JUDGE_TEMPLATE = (
     "You are comparing two responses to the same request. Reply with the single letter of the better response.\n\n"
     "[Request]\n{prompt}\n\n[Response A]\n{first}\n\n[Response B]\n{second}\n\nThe better response is"
@@ -164,8 +165,8 @@ _JUDGE_TEMPLATE = (
 class LLMJudgeOracle(PreferenceOracle):
     """Zero-shot LLM judge: P(first better) = p("A") / (p("A") + p("B")) at the next token, batched.
 
-    The template is filled with ``str.replace`` on the three named fields only, so braces in data can never inject
-    format fields.
+    The template is filled in one regex pass over the template, so braces in the data (``{second}`` inside a
+    prompt, ``{0}``) are kept as text and can never inject fields.
 
     Args:
         model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.models.load_model`).
@@ -207,8 +208,9 @@ class LLMJudgeOracle(PreferenceOracle):
         return ids[-1]
 
     def render(self, prompt: str, first: str, second: str) -> str:
-        """Fill the template without ``str.format`` (no injection through braces in the data)."""
-        return self.template.replace("{prompt}", prompt).replace("{first}", first).replace("{second}", second)
+        """Fill the template in one pass over the template only: text in the data is never re-substituted."""
+        values = {"prompt": prompt, "first": first, "second": second}
+        return _FIELD.sub(lambda m: values[m.group(1)], self.template)
 
     @torch.inference_mode()
     def first_wins_probability(self, prompts, firsts, seconds, references):  # noqa: D102

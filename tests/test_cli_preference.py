@@ -63,22 +63,26 @@ def test_test_with_ckpt_path_reproduces_the_report(fitted, tmp_path, monkeypatch
 def test_predict_scores_pairs_from_jsonl(fitted, tmp_path, monkeypatch):
     root, cli, log_dir = fitted
     rows = [
-        {"prompt": "Ava has 3 apples. Then, Ava buys 2 more. How many apples does Ava have now?",
-         "response_a": "Ava starts with 3 apples. After adding 2, Ava has 3 + 2 = 5 apples. The answer is \\boxed{5}.",
-         "response_b": "Ava starts with 3 apples."},
+        {
+            "prompt": "Ava has 3 apples. Then, Ava buys 2 more. How many apples does Ava have now?",
+            "response_a": "Ava starts with 3 apples. After adding 2, Ava has 3 + 2 = 5 apples. \\boxed{5}.",
+            "response_b": "Ava starts with 3 apples.",
+        },
         {"prompt": "What is 1 + 1?", "response_a": "1 + 1 = 2. \\boxed{2}", "response_b": "1 + 1 = 3. \\boxed{3}"},
     ]
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     ckpt = os.path.join(log_dir, "checkpoints", "last.ckpt")
     monkeypatch.chdir(tmp_path)
-    pred = train.main(["predict", "--config", CONFIG, *SMALL, f"--ckpt_path={ckpt}",
-                       f"--data.init_args.predict_path={pairs}"])
+    pred = train.main(
+        ["predict", "--config", CONFIG, *SMALL, f"--ckpt_path={ckpt}", f"--data.init_args.predict_path={pairs}"]
+    )
     out = [json.loads(line) for line in open(os.path.join(tmp_path, pred.trainer.log_dir, "predictions.jsonl"))]
     assert [o["row"] for o in out] == [0, 1]
     scorer = PreferenceEnsemble.load_frozen(ckpt)
-    expected = scorer.score([r["prompt"] for r in rows], [r["response_a"] for r in rows],
-                            [r["response_b"] for r in rows])
+    expected = scorer.score(
+        [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows]
+    )
     for o, e in zip(out, expected):
         assert o["member_probs"] == pytest.approx(e.tolist(), abs=1e-5)
         assert o["prob"] == pytest.approx(e.mean().item(), abs=1e-5)
@@ -86,8 +90,9 @@ def test_predict_scores_pairs_from_jsonl(fitted, tmp_path, monkeypatch):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({**rows[0], "response_b": ""}) + "\n")
     with pytest.raises(ValueError, match="row 0: field 'response_b' is empty"):
-        train.main(["predict", "--config", CONFIG, *SMALL, f"--ckpt_path={ckpt}",
-                    f"--data.init_args.predict_path={bad}"])
+        train.main(
+            ["predict", "--config", CONFIG, *SMALL, f"--ckpt_path={ckpt}", f"--data.init_args.predict_path={bad}"]
+        )
 
 
 def test_bad_backbone_path_fails_before_writing(tmp_path, monkeypatch):
@@ -100,8 +105,14 @@ def test_bad_backbone_path_fails_before_writing(tmp_path, monkeypatch):
 
 def _run(args, cwd):
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.load(open(_reports(cwd)[-1]))
 
@@ -111,8 +122,9 @@ def test_two_ddp_processes_match_one(tmp_path):
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
     one = _run([*common, "--data.init_args.batch_size=64"], tmp_path / "one")
-    two = _run([*common, "--trainer.devices=2", "--trainer.strategy=ddp", "--data.init_args.batch_size=32"],
-               tmp_path / "two")
+    two = _run(
+        [*common, "--trainer.devices=2", "--trainer.strategy=ddp", "--data.init_args.batch_size=32"], tmp_path / "two"
+    )
     # same held-out set, every pair exactly once (the sampler's padding is dropped by row id)
     assert one["n_pairs"] == two["n_pairs"] == 50 * 10
     assert one["n_prompts"] == two["n_prompts"]

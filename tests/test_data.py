@@ -155,3 +155,17 @@ def test_bad_config_values():
         PreferenceDataModule(responses_per_prompt=9)
     with pytest.raises(ValueError, match="fewer than num_members"):
         PreferenceDataModule.partition_prompts(["a", "b", "c"], 5, 0.0, 0.0, 0)
+
+
+def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
+    from modules.oracle import LLMJudgeOracle
+
+    judge = LLMJudgeOracle(tiny_lm_dir, batch_size=3, num_queries=3, seed=0)
+    text = judge.render("say {second} and {0}", "A-text", "B-text")
+    assert "say {second} and {0}" in text and text.count("A-text") == 1 and text.count("B-text") == 1
+    p = judge.first_wins_probability(["q1", "q2"], ["a", "b"], ["b", "a"], None)
+    assert p.shape == (2,) and ((p > 0) & (p < 1)).all()
+    labels = judge.label(["q"] * 5, ["x"] * 5, ["y"] * 5)
+    assert set((labels * 3).round().tolist()) <= {0.0, 1.0, 2.0, 3.0}
+    with pytest.raises(ValueError, match="must contain"):
+        LLMJudgeOracle(tiny_lm_dir, template="no fields")
