@@ -1,0 +1,35 @@
+"""A datamodule of dummy step indices, for modules whose training step needs no data (e.g. tabular SMIDA).
+
+The LightningCLI of ``train.py`` requires a datamodule; this one lets the trainer's loop (``max_steps``, epochs,
+checkpoints, logging cadence) drive an algorithm that computes its own update.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+__all__ = ["StepDataModule"]
+
+
+class StepDataModule(L.LightningDataModule):
+    """Yields the integers ``0 … steps_per_epoch − 1`` as training batches, one per step.
+
+    Args:
+        steps_per_epoch: Training steps in one epoch (the length of the dummy training set); ``max_steps`` may span
+            several epochs.
+
+    Raises:
+        ValueError: for ``steps_per_epoch < 1``.
+    """
+
+    def __init__(self, steps_per_epoch: int = 100) -> None:
+        super().__init__()
+        if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+            raise ValueError(f"steps_per_epoch must be an int >= 1, got {steps_per_epoch!r}")
+        self.steps_per_epoch = steps_per_epoch
+        self.save_hyperparameters()
+
+    def train_dataloader(self) -> DataLoader:
+        """One index per batch, in order (``batch_size=None``: no collation, the batch is the plain int)."""
+        return DataLoader(range(self.steps_per_epoch), batch_size=None, shuffle=False)

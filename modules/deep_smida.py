@@ -1,0 +1,325 @@
+"""Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
+
+Per training step, for B prompts: D leader samples ``y ~ π_θ(·|x)`` in one batched ``generate``; for each, M
+follower samples ``y′ ~ ω_φ(·|x, y)`` in one more (the follower sees the leader's reply in its system message,
+App. E.4); ``u`` for all B·D·M triplets in batches; completion log-probabilities once per model (policy with
+gradients, reference through the disabled adapter without); the estimators (22)–(25); one backward of
+``leader_loss + follower_loss`` (they touch disjoint parameters, so the gradients equal two separate backward passes
+and DDP sees one backward per forward); each player's gradient clipped to unit norm; AdamW (no weight decay) steps,
+leader descent, follower ascent. Learning rates come from the optimizers' ``lr`` or a ``TwoTimescaleWarmup``
+callback (leader optimizer 0, follower 1).
+
+A step whose utilities are not all finite is skipped, counted (``train/nonfinite_skipped``) and warned about; after
+``max_consecutive_nonfinite`` skips in a row training stops with a clear error. Empty generations are counted
+(``train/empty_leader``, ``train/empty_follower``) and scored as they are; prompts longer than ``max_prompt_tokens``
+are cut from the left and counted.
+
+Validation plays the trained pair and the reference pair (both adapters disabled) on held-out prompts with the same
+decoding, ``eval_pairs`` response pairs per prompt, and reports the ensemble-variance comparison of §5.3
+(:func:`modules.game_eval.compare_pairs`), written to ``game_eval.json`` beside the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from modules.game_eval import adversarial_mask, compare_pairs
+from modules.oracle import PreferenceOracle
+from modules.policy import PolicyBank, fill_template
+from modules.smida_estimators import smida_surrogate_losses
+from modules.utilities import EnsembleUtility, Utility
+
+__all__ = ["DeepSMIDA"]
+
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+FOLLOWER_SYSTEM = (
+    QWEN_SYSTEM + " Another assistant previously answered the user's request as follows:\n{leader_response}\n"
+    "Write a different, higher-quality answer to the user's request. Respond directly to the user as if answering "
+    "for the first time. Do not mention, quote, or reference the previous answer."
+)
+
+
+class DeepSMIDA(L.LightningModule):
+    """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
+
+    Args:
+        policy: Causal LM (hub name or local path) both players start from; its frozen weights are the references.
+        players: ``"lora"`` (one frozen base, an adapter per player) or ``"separate"`` (full copies).
+        utility: The game's utility ``u(x, y, y′)``; ``None`` builds ``EnsembleUtility(checkpoint=None)``.
+        tau_leader: τ_L.
+        tau_follower: τ_F.
+        leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
+        follower_lr: η_F.
+        samples_per_prompt: D, leader samples per prompt (≥ 2).
+        follower_samples: M, follower samples per leader sample (≥ 2).
+        temperature: Sampling temperature, also used for the log-probabilities.
+        top_p: Nucleus mass (1.0: none).
+        max_new_tokens: Tokens per generated reply (paper: 1500).
+        max_prompt_tokens: Prompt tokens kept (cut from the left, counted).
+        follower_only: Ablation of App. G.5: the leader stays at its reference.
+        system_prompt: Leader's system message.
+        follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
+        grad_clip: Per-player gradient norm clip (paper: 1.0).
+        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
+        eval_pairs: Response pairs per held-out prompt (paper: 2).
+        alphas: α levels of the online candidate yield.
+        epsilons: ε margins of the adversarial yield (needs an oracle and references).
+        oracle: Optional oracle for ε-adversarial yields on validation.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA alpha.
+        lora_target_modules: Modules to adapt.
+        dtype: Policy weights dtype.
+        gradient_checkpointing: Activation checkpointing of the policy.
+        trust_remote_code: Off unless turned on.
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        players: str = "lora",
+        utility: Utility | None = None,
+        tau_leader: float = 5e-4,
+        tau_follower: float = 5e-4,
+        leader_lr: float = 8e-6,
+        follower_lr: float = 2e-5,
+        samples_per_prompt: int = 4,
+        follower_samples: int = 4,
+        temperature: float = 0.6,
+        top_p: float = 1.0,
+        max_new_tokens: int = 1500,
+        max_prompt_tokens: int = 2048,
+        follower_only: bool = False,
+        system_prompt: str = QWEN_SYSTEM,
+        follower_system_template: str = FOLLOWER_SYSTEM,
+        grad_clip: float = 1.0,
+        max_consecutive_nonfinite: int = 10,
+        eval_pairs: int = 2,
+        alphas: tuple[float, ...] = (0.1, 0.05, 0.01),
+        epsilons: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3),
+        oracle: PreferenceOracle | None = None,
+        lora_r: int = 16,
+        lora_alpha: int = 32,
+        lora_target_modules: list[str] | None = None,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        logprob_micro_batch: int = 0,
+    ) -> None:
+        super().__init__()
+        if samples_per_prompt < 2 or follower_samples < 2:
+            raise ValueError(
+                f"samples_per_prompt (D) and follower_samples (M) must be at least 2 for the leave-one-out baselines, "
+                f"got D={samples_per_prompt}, M={follower_samples}"
+            )
+        if tau_leader <= 0 or tau_follower <= 0:
+            raise ValueError(f"tau_leader and tau_follower must be positive, got {tau_leader}, {tau_follower}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        if "{leader_response}" not in follower_system_template:
+            raise ValueError("follower_system_template must contain {leader_response}")
+        self.save_hyperparameters(ignore=["utility", "oracle"])
+        self.automatic_optimization = False
+        self.players = PolicyBank(
+            policy,
+            players=("leader", "follower"),
+            mode=players,
+            lora_r=lora_r,
+            lora_alpha=lora_alpha,
+            lora_target_modules=lora_target_modules,
+            dtype=dtype,
+            gradient_checkpointing=gradient_checkpointing,
+            trust_remote_code=trust_remote_code,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+        self.utility = utility if utility is not None else EnsembleUtility(checkpoint=None)
+        self.utility.requires_grad_(False)
+        self.oracle = oracle
+        self.strict_loading = False  # the frozen base and utility are not stored; on_load_checkpoint checks the rest
+        self.nonfinite_skipped = 0
+        self.consecutive_nonfinite = 0
+        self.empty_generations = 0
+        self._eval: dict[str, list[torch.Tensor]] = {}
+        self.last_eval: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ rollouts
+    def leader_prompts(self, prompts: list[str]) -> list[str]:
+        """Chat-formatted leader inputs."""
+        return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
+
+    def follower_prompts(self, prompts: list[str], leader_texts: list[str]) -> list[str]:
+        """Chat-formatted follower inputs with the leader's reply in the system message (App. E.4)."""
+        system = [fill_template(self.hparams.follower_system_template, leader_response=y) for y in leader_texts]
+        return [self.players.chat(s, x) for s, x in zip(system, prompts)]
+
+    def rollout(
+        self, prompts: list[str], d: int, m: int, leader: str | None = "leader", follower: str | None = "follower"
+    ):
+        """Leader samples ``[B·D]`` then follower samples ``[B·D·M]``, one generate call per player."""
+        hp = self.hparams
+        kw = dict(temperature=hp.temperature, top_p=hp.top_p, max_new_tokens=hp.max_new_tokens)
+        lead = self.players.generate(leader, self.leader_prompts(prompts), d, **kw)
+        xs = [x for x in prompts for _ in range(d)]
+        foll = self.players.generate(follower, self.follower_prompts(xs, lead.texts), m, **kw)
+        return lead, foll
+
+    def triplets(self, prompts: list[str], lead, foll, d: int, m: int) -> tuple[list[str], list[str], list[str]]:
+        """Flattened (x, y, y′) lists in ``[B, D, M]`` order."""
+        xs = [x for x in prompts for _ in range(d * m)]
+        ys = [y for y in lead.texts for _ in range(m)]
+        return xs, ys, foll.texts
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
+        hp = self.hparams
+        opt_l, opt_f = self.optimizers()
+        prompts = list(batch["prompt"])
+        b, d, m = len(prompts), hp.samples_per_prompt, hp.follower_samples
+        lead, foll = self.rollout(prompts, d, m)
+        empty_l, empty_f = lead.num_empty, foll.num_empty
+        self.empty_generations += empty_l + empty_f
+        u = self.utility(*self.triplets(prompts, lead, foll, d, m)).to(self.device).view(b, d, m)
+        self.log_dict({"train/empty_leader": float(empty_l), "train/empty_follower": float(empty_f)}, batch_size=b)
+        if not torch.isfinite(u).all():
+            self._skip_nonfinite(int((~torch.isfinite(u)).sum()), u.numel())
+            return
+        self.consecutive_nonfinite = 0
+        lp_l = self.players.logprobs("leader", lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
+        lp_f = self.players.logprobs("follower", foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
+        with torch.no_grad():
+            lp_l_ref = self.players.logprobs(None, lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
+            lp_f_ref = self.players.logprobs(None, foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
+        out = smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
+        loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
+        opt_l.zero_grad()
+        opt_f.zero_grad()
+        self.manual_backward(loss)
+        leader_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("leader"), hp.grad_clip)
+        follower_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("follower"), hp.grad_clip)
+        if not hp.follower_only:
+            opt_l.step()
+        opt_f.step()
+        self.log_dict(
+            {
+                "train/loss": (out["leader_loss"] + out["follower_loss"]).detach(),
+                "follower/utility": out["utility_mean"],
+                "leader/cost": out["a_bar"].mean(),
+                "leader/kl": out["leader_kl"],
+                "follower/kl": out["follower_kl"],
+                "leader/grad_norm": leader_norm,
+                "follower/grad_norm": follower_norm,
+                "leader/response_tokens": lead.completion_mask.sum(1).float().mean(),
+                "follower/response_tokens": foll.completion_mask.sum(1).float().mean(),
+            },
+            prog_bar=False,
+            batch_size=b,
+        )
+
+    def _skip_nonfinite(self, bad: int, total: int) -> None:
+        self.nonfinite_skipped += 1
+        self.consecutive_nonfinite += 1
+        self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=1)
+        warnings.warn(
+            f"step {self.global_step}: {bad} of {total} utilities are NaN or inf; the update is skipped "
+            f"({self.consecutive_nonfinite} in a row)",
+            stacklevel=2,
+        )
+        if self.consecutive_nonfinite >= self.hparams.max_consecutive_nonfinite:
+            raise RuntimeError(
+                f"{self.consecutive_nonfinite} consecutive steps had non-finite utilities; stopping. "
+                "The last checkpoint holds the last good state."
+            )
+
+    def configure_optimizers(self):  # noqa: D102
+        hp = self.hparams
+        leader = torch.optim.AdamW(self.players.player_parameters("leader"), lr=hp.leader_lr, weight_decay=0.0)
+        follower = torch.optim.AdamW(self.players.player_parameters("follower"), lr=hp.follower_lr, weight_decay=0.0)
+        return [leader, follower]
+
+    # ------------------------------------------------------------------ evaluation
+    def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.utility, EnsembleUtility):
+            p = self.utility.member_probs(prompts, ys, y2s)
+            return p.var(dim=-1, unbiased=False), p.mean(dim=-1)
+        u = self.utility(prompts, ys, y2s)
+        return u, torch.full_like(u, float("nan"))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
+        prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        r = self.hparams.eval_pairs
+        for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
+            lead, foll = self.rollout(prompts, r, 1, leader=lp, follower=fp)
+            xs, ys, y2s = self.triplets(prompts, lead, foll, r, 1)
+            var, mean = self._variances(xs, ys, y2s)
+            self._eval.setdefault(f"{tag}_var", []).append(var.view(len(prompts), r).to(self.device))
+            self._eval.setdefault(f"{tag}_mean", []).append(mean.view(len(prompts), r).to(self.device))
+            if self.oracle is not None and all(x is not None for x in refs):
+                refs_t = [ref for ref in refs for _ in range(r)]
+                p_star = self.oracle.label(xs, ys, y2s, refs_t).float()
+                self._eval.setdefault(f"{tag}_oracle", []).append(p_star.view(len(prompts), r).to(self.device))
+
+    def on_validation_epoch_end(self) -> None:  # noqa: D102
+        if not self._eval:
+            return
+        gathered = {k: self.all_gather(torch.cat(v)).reshape(-1, self.hparams.eval_pairs).cpu()
+                    for k, v in self._eval.items()}
+        self._eval = {}
+        hp = self.hparams
+        result = compare_pairs(gathered["trained_var"], gathered["reference_var"], hp.alphas)
+        if "trained_oracle" in gathered:
+            result["adversarial_yield"] = {}
+            for tag in ("trained", "reference"):
+                for eps in hp.epsilons:
+                    adv = adversarial_mask(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
+                    result["adversarial_yield"].setdefault(str(eps), {})[tag] = float(adv.double().mean())
+        self.last_eval = result
+        flat = {
+            "val/variance_trained": result["trained"]["mean"],
+            "val/variance_reference": result["reference"]["mean"],
+            "val/variance_gain": result["mean_gain"],
+            "val/share_prompts_higher": result["share_prompts_higher"],
+        }
+        for a, y in result["candidate_yield"].items():
+            flat[f"val/candidate_yield_{a}"] = y["trained"]
+            flat[f"val/candidate_yield_{a}_reference"] = y["reference"]
+        self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
+        self._write_eval(result, self.trainer.log_dir or self.trainer.default_root_dir)
+
+    @rank_zero_only
+    def _write_eval(self, result: dict[str, Any], log_dir: str) -> None:
+        os.makedirs(log_dir, exist_ok=True)
+        path = os.path.join(log_dir, "game_eval.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"step": int(self.global_step), **result}, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep adapters (or trained copies) and counters; drop the frozen base and the frozen utility."""
+        sd = checkpoint["state_dict"]
+        keep = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
+        for name in list(sd):
+            if name not in keep:
+                del sd[name]
+        checkpoint["smida_counters"] = {
+            "nonfinite_skipped": self.nonfinite_skipped,
+            "consecutive_nonfinite": self.consecutive_nonfinite,
+            "empty_generations": self.empty_generations,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint missing any trainable tensor; restore the counters."""
+        trainable = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
+        missing = sorted(trainable - set(checkpoint["state_dict"]))
+        if missing:
+            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
+        for k, v in checkpoint.get("smida_counters", {}).items():
+            setattr(self, k, v)

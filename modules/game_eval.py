@@ -1,0 +1,101 @@
+"""Held-out evaluation of a trained Leader–Follower pair against the reference pair (paper §3.2, §5.3, G.1, G.3).
+
+Pure tensor functions. Scores are ensemble variances of triplets laid out ``[P, R]``: P prompts × R response pairs
+per prompt (the paper: two). Candidate thresholds come from the reference pair's score quantiles (Definition 3.2):
+a triplet is an α-online candidate when ``Var ≥ F_ref^{-1}(1 − α)``. With oracle probabilities, a triplet is
+ε-adversarial when the ensemble mean strictly reverses the oracle and the oracle is more than ε from ½
+(Definition 3.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["adversarial_mask", "candidate_thresholds", "compare_pairs", "prompt_bootstrap_mean"]
+
+
+def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> dict[float, float]:
+    """``F_ref^{-1}(1 − α)`` for each α, the empirical quantile (linear interpolation) of the reference scores.
+
+    Raises:
+        ValueError: for an α outside (0, 1) or no reference scores.
+    """
+    ref = reference_scores.detach().double().flatten()
+    if ref.numel() == 0:
+        raise ValueError("candidate thresholds need at least one reference score")
+    out = {}
+    for a in alphas:
+        if not 0.0 < a < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {a}")
+        out[float(a)] = float(torch.quantile(ref, 1.0 - a))
+    return out
+
+
+def adversarial_mask(oracle_prob: Tensor, ensemble_mean: Tensor, epsilon: float) -> Tensor:
+    """Definition 3.1: ``(P* − ½)(P̄ − ½) < 0`` and ``|P* − ½| > ε``.
+
+    Raises:
+        ValueError: for ε outside [0, ½).
+    """
+    if not 0.0 <= epsilon < 0.5:
+        raise ValueError(f"epsilon must be in [0, 0.5), got {epsilon}")
+    return ((oracle_prob - 0.5) * (ensemble_mean - 0.5) < 0) & ((oracle_prob - 0.5).abs() > epsilon)
+
+
+def prompt_bootstrap_mean(values: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Prompt-bootstrap interval of the mean of ``values[P, R]`` (resampling prompts, all R pairs of each)."""
+    g = torch.Generator().manual_seed(seed)
+    per_prompt = values.double().mean(dim=1)
+    idx = torch.randint(0, per_prompt.numel(), (n_boot, per_prompt.numel()), generator=g)
+    means = per_prompt[idx].mean(dim=1)
+    lo, hi = torch.quantile(means, torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64))
+    return float(lo), float(hi)
+
+
+def compare_pairs(
+    trained: Tensor,
+    reference: Tensor,
+    alphas: Sequence[float] = (0.1, 0.05, 0.01),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """Trained pair vs reference pair on the same prompts, scores ``[P, R]`` each.
+
+    Returns:
+        ``trained``/``reference`` summaries (mean, median, mean's bootstrap interval), ``mean_gain`` with its paired
+        prompt-bootstrap interval, ``share_prompts_higher`` (prompts where the trained pair's mean score is higher),
+        ``thresholds`` per α from the reference quantiles, and ``candidate_yield`` per α for both pairs.
+
+    Raises:
+        ValueError: when the two tensors differ in shape or are not ``[P, R]``.
+    """
+    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
+        raise ValueError(
+            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
+            f"{tuple(reference.shape)}"
+        )
+    t, r = trained.double(), reference.double()
+    thresholds = candidate_thresholds(r, alphas)
+
+    def summary(v: Tensor, s: int) -> dict:
+        lo, hi = prompt_bootstrap_mean(v, n_boot, s)
+        return {"mean": float(v.mean()), "median": float(v.flatten().median()), "mean_ci": [lo, hi]}
+
+    gain_lo, gain_hi = prompt_bootstrap_mean(t - r, n_boot, seed)
+    return {
+        "n_prompts": int(t.shape[0]),
+        "pairs_per_prompt": int(t.shape[1]),
+        "trained": summary(t, seed),
+        "reference": summary(r, seed),
+        "mean_gain": float((t - r).mean()),
+        "mean_gain_ci": [gain_lo, gain_hi],
+        "share_prompts_higher": float((t.mean(dim=1) > r.mean(dim=1)).double().mean()),
+        "thresholds": {str(a): v for a, v in thresholds.items()},
+        "candidate_yield": {
+            str(a): {"trained": float((t >= v).double().mean()), "reference": float((r >= v).double().mean())}
+            for a, v in thresholds.items()
+        },
+    }

@@ -1,0 +1,118 @@
+"""Deep-SMIDA with tiny LM players: who learns, what is batched, what is skipped, what is evaluated."""
+
+import json
+import os
+
+import lightning as L
+import pytest
+import torch
+
+from modules.deep_smida import DeepSMIDA
+from modules.utilities import Utility, utility_from_member_probs
+
+
+class LengthUtility(Utility):
+    """u = share of letters in the follower's reply that differ from the leader's first letter: a real function."""
+
+    def forward(self, prompts, leader, follower):
+        return torch.tensor([len(set(y2)) / 50.0 for y2 in follower], dtype=torch.float32)
+
+
+class NaNUtility(Utility):
+    def forward(self, prompts, leader, follower):
+        return torch.full((len(prompts),), float("nan"))
+
+
+def _model(tiny_lm_dir, **kw):
+    args = dict(policy=tiny_lm_dir, utility=LengthUtility(), samples_per_prompt=2, follower_samples=2,
+                max_new_tokens=8, leader_lr=1e-2, follower_lr=1e-2, tau_leader=0.1, tau_follower=0.1, lora_r=4)
+    args.update(kw)
+    return DeepSMIDA(**args)
+
+
+def _trainer(tmp_path, steps=2, **kw):
+    return L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, limit_val_batches=0, default_root_dir=tmp_path, **kw)
+
+
+def _dm(**kw):
+    from datamodules.prompts import PromptDataModule
+
+    return PromptDataModule(num_prompts=24, batch_size=2, **kw)
+
+
+def _snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_both_adapters_learn_and_nothing_else_moves(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir)
+    calls = []
+    original = model.players.model.generate
+    model.players.model.generate = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or original(*a, **k)
+    before = _snapshot(model)
+    _trainer(tmp_path, steps=4).fit(model, _dm())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert any(".leader." in n for n in changed) and any(".follower." in n for n in changed)
+    assert all(".leader." in n or ".follower." in n for n in changed)  # base and utility frozen
+    # one generate call per player per step: B*D leader rows, then B*D*M follower rows
+    assert calls == [4, 8, 4, 8]  # max_steps counts optimizer steps: two per batch in manual optimization
+
+
+def test_follower_only_keeps_the_leader_at_its_reference(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, follower_only=True)
+    before = _snapshot(model)
+    _trainer(tmp_path, steps=2).fit(model, _dm())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".follower." in n for n in changed)
+
+
+def test_nonfinite_utility_skips_counts_and_stops(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, utility=NaNUtility(), max_consecutive_nonfinite=3)
+    before = _snapshot(model)
+    with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
+        with pytest.raises(RuntimeError, match="3 consecutive steps had non-finite utilities"):
+            _trainer(tmp_path, steps=20).fit(model, _dm())
+    assert model.nonfinite_skipped == 3
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
+    from modules.oracle import ProgrammaticOracle
+    from modules.utilities import EnsembleUtility
+
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, utility=EnsembleUtility(checkpoint=None, num_members=3),
+                   oracle=ProgrammaticOracle(num_queries=1))
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=L.pytorch.loggers.CSVLogger(tmp_path),
+                        enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=2,
+                        num_sanity_val_steps=0, val_check_interval=1)
+    trainer.fit(model, _dm())
+    result = json.load(open(os.path.join(trainer.log_dir, "game_eval.json")))
+    assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
+    assert set(result["candidate_yield"]) == {"0.1", "0.05", "0.01"}
+    assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
+    # the reference pair's yield at alpha is about alpha by construction of the thresholds (8 triplets here)
+    assert result["candidate_yield"]["0.1"]["reference"] <= 0.25
+
+
+def test_bad_settings_are_refused(tiny_lm_dir):
+    with pytest.raises(ValueError, match="at least 2"):
+        _model(tiny_lm_dir, samples_per_prompt=1)
+    with pytest.raises(ValueError, match="leader_response"):
+        _model(tiny_lm_dir, follower_system_template="no placeholder")
+    with pytest.raises(ValueError, match="unknown utility kind"):
+        utility_from_member_probs(torch.rand(2, 3), kind="nope")
+
+
+def test_utility_kinds_from_member_probs():
+    p = torch.tensor([[0.2, 0.4, 0.9]])
+    var = ((p - p.mean()) ** 2).mean()
+    assert utility_from_member_probs(p, "variance").item() == pytest.approx(4 * var.item())
+    assert utility_from_member_probs(p, "slhf").item() == pytest.approx(1 - 0.5)
+    assert utility_from_member_probs(p, "decision_uncertainty").item() == pytest.approx(0.5)
+    directed = utility_from_member_probs(p, "directed", lam=2.0, member=2)
+    assert directed.item() == pytest.approx(4 * var.item() + 2.0 * 0.1)
