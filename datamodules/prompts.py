@@ -139,8 +139,9 @@ class PromptDataModule(L.LightningDataModule):
                 for p in generate_problems(hp.num_prompts, seed=hp.seed + hp.generation_seed_offset)
             ]
         else:
-            rows = load_prompt_rows(hp.path, hp.name, hp.split, hp.prompt_column, hp.reference_column,
-                                    hp.reference_format)
+            rows = load_prompt_rows(
+                hp.path, hp.name, hp.split, hp.prompt_column, hp.reference_column, hp.reference_format
+            )
         unique = sorted({r["prompt"] for r in rows})
         random.Random(hp.seed).shuffle(unique)
         n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)
@@ -157,8 +158,9 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError("no training prompts left after the validation/test split")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(_Rows(self.splits[split]), batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          collate_fn=_collate)
+        return DataLoader(
+            _Rows(self.splits[split]), batch_size=self.hparams.batch_size, shuffle=shuffle, collate_fn=_collate
+        )
 
     def train_dataloader(self) -> DataLoader:  # noqa: D102
         return self._loader("train", True)

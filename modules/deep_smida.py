@@ -80,6 +80,9 @@ class DeepSMIDA(L.LightningModule):
         gradient_checkpointing: Activation checkpointing of the policy.
         trust_remote_code: Off unless turned on.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+        candidate_alpha: α of the candidates that ``predict`` writes.
+        candidate_threshold: Variance threshold of those candidates; ``None`` takes the reference pair's
+            ``1 − α`` quantile from the latest validation (saved in checkpoints).
     """
 
     def __init__(
@@ -113,6 +116,8 @@ class DeepSMIDA(L.LightningModule):
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
         logprob_micro_batch: int = 0,
+        candidate_alpha: float = 0.1,
+        candidate_threshold: float | None = None,
     ) -> None:
         super().__init__()
         if samples_per_prompt < 2 or follower_samples < 2:
@@ -149,6 +154,7 @@ class DeepSMIDA(L.LightningModule):
         self.empty_generations = 0
         self._eval: dict[str, list[torch.Tensor]] = {}
         self.last_eval: dict[str, Any] | None = None
+        self.reference_thresholds: dict[str, float] = {}
 
     # ------------------------------------------------------------------ rollouts
     def leader_prompts(self, prompts: list[str]) -> list[str]:
@@ -269,8 +275,9 @@ class DeepSMIDA(L.LightningModule):
     def on_validation_epoch_end(self) -> None:  # noqa: D102
         if not self._eval:
             return
-        gathered = {k: self.all_gather(torch.cat(v)).reshape(-1, self.hparams.eval_pairs).cpu()
-                    for k, v in self._eval.items()}
+        gathered = {
+            k: self.all_gather(torch.cat(v)).reshape(-1, self.hparams.eval_pairs).cpu() for k, v in self._eval.items()
+        }
         self._eval = {}
         hp = self.hparams
         result = compare_pairs(gathered["trained_var"], gathered["reference_var"], hp.alphas)
@@ -281,6 +288,7 @@ class DeepSMIDA(L.LightningModule):
                     adv = adversarial_mask(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
                     result["adversarial_yield"].setdefault(str(eps), {})[tag] = float(adv.double().mean())
         self.last_eval = result
+        self.reference_thresholds = dict(result["thresholds"])
         flat = {
             "val/variance_trained": result["trained"]["mean"],
             "val/variance_reference": result["reference"]["mean"],
@@ -314,6 +322,7 @@ class DeepSMIDA(L.LightningModule):
             "consecutive_nonfinite": self.consecutive_nonfinite,
             "empty_generations": self.empty_generations,
         }
+        checkpoint["smida_reference_thresholds"] = dict(self.reference_thresholds)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint missing any trainable tensor; restore the counters."""
@@ -323,3 +332,43 @@ class DeepSMIDA(L.LightningModule):
             raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
         for k, v in checkpoint.get("smida_counters", {}).items():
             setattr(self, k, v)
+        self.reference_thresholds = dict(checkpoint.get("smida_reference_thresholds", {}))
+
+    # ------------------------------------------------------------------ candidates for annotation
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        """α-online candidates of the trained pair, as rows of the preference datamodule's format.
+
+        Each row has ``prompt``, ``response_a`` (leader), ``response_b`` (follower), ``variance``, ``threshold``,
+        ``alpha`` and, where known, ``reference``; labelling them (an oracle or people) and adding them to the
+        ensemble's data is one more ``fit`` of ``configs/preference_ensemble.yaml``.
+        """
+        hp = self.hparams
+        threshold = hp.candidate_threshold
+        if threshold is None:
+            key = next((k for k in self.reference_thresholds if float(k) == hp.candidate_alpha), None)
+            if key is None:
+                raise ValueError(
+                    f"no reference threshold for alpha={hp.candidate_alpha}: validate first (the checkpoint keeps the "
+                    f"thresholds) or set model.init_args.candidate_threshold"
+                )
+            threshold = self.reference_thresholds[key]
+        prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        r = hp.eval_pairs
+        lead, foll = self.rollout(prompts, r, 1)
+        xs, ys, y2s = self.triplets(prompts, lead, foll, r, 1)
+        var, _ = self._variances(xs, ys, y2s)
+        rows = []
+        for i, (x, y, y2, v) in enumerate(zip(xs, ys, y2s, var.tolist())):
+            if v >= threshold:
+                rows.append(
+                    {
+                        "prompt": x,
+                        "response_a": y,
+                        "response_b": y2,
+                        "variance": v,
+                        "threshold": threshold,
+                        "alpha": hp.candidate_alpha,
+                        "reference": refs[i // r],
+                    }
+                )
+        return rows

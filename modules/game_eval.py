@@ -45,7 +45,9 @@ def adversarial_mask(oracle_prob: Tensor, ensemble_mean: Tensor, epsilon: float)
     return ((oracle_prob - 0.5) * (ensemble_mean - 0.5) < 0) & ((oracle_prob - 0.5).abs() > epsilon)
 
 
-def prompt_bootstrap_mean(values: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def prompt_bootstrap_mean(
+    values: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Prompt-bootstrap interval of the mean of ``values[P, R]`` (resampling prompts, all R pairs of each)."""
     g = torch.Generator().manual_seed(seed)
     per_prompt = values.double().mean(dim=1)

@@ -92,13 +92,18 @@ class PolicyBank(nn.Module):
             raise ValueError(f"players mode must be 'lora' or 'separate', got {mode!r}")
         self.mode, self.player_names, self.max_prompt_tokens = mode, list(players), max_prompt_tokens
         self.tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code, padding_side="left")
-        load = dict(task="causal_lm", dtype=dtype, gradient_checkpointing=gradient_checkpointing,
-                    trust_remote_code=trust_remote_code)
+        load = dict(
+            task="causal_lm",
+            dtype=dtype,
+            gradient_checkpointing=gradient_checkpointing,
+            trust_remote_code=trust_remote_code,
+        )
         if mode == "lora":
             base = load_model(name_or_path, **load)
             base.requires_grad_(False)
-            self.model = apply_lora(base, r=lora_r, alpha=lora_alpha, target_modules=lora_target_modules,
-                                    adapter_names=self.player_names)
+            self.model = apply_lora(
+                base, r=lora_r, alpha=lora_alpha, target_modules=lora_target_modules, adapter_names=self.player_names
+            )
             self._all_players_trainable()  # peft trains only the active adapter: train all players
         else:
             self.models = nn.ModuleDict({p: load_model(name_or_path, **load) for p in self.player_names})

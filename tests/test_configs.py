@@ -10,23 +10,23 @@ import train
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
-# Small data so a smoke run stays fast; every family's datamodule takes num_prompts.
-SMALL = {"preference_ensemble.yaml": ["--data.init_args.num_prompts=40"]}
+# Small data so a smoke run stays fast; paths that a config expects from an earlier job point at test fixtures.
+SMALL = {
+    "preference_ensemble.yaml": ["--data.init_args.num_prompts=40"],
+    "sft_tiny.yaml": ["--data.init_args.num_prompts=40"],
+    "deep_smida.yaml": [
+        "--data.init_args.num_prompts=40",
+        "--model.init_args.max_new_tokens=16",
+        "--model.init_args.policy={tiny_lm_dir}",
+    ],
+}
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=os.path.basename)
-def test_config_runs_fast_dev_run(config, tmp_path, monkeypatch):
+def test_config_runs_fast_dev_run(config, tmp_path, monkeypatch, tiny_lm_dir):
     monkeypatch.chdir(tmp_path)
-    cli = train.main(
-        [
-            "fit",
-            "--config",
-            config,
-            "--trainer.fast_dev_run=true",
-            "--trainer.accelerator=cpu",
-            *SMALL.get(os.path.basename(config), []),
-        ]
-    )
+    extra = [a.format(tiny_lm_dir=tiny_lm_dir) for a in SMALL.get(os.path.basename(config), [])]
+    cli = train.main(["fit", "--config", config, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu", *extra])
     assert cli.trainer.state.finished
     assert cli.trainer.global_step > 0
 

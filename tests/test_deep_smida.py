@@ -24,15 +24,33 @@ class NaNUtility(Utility):
 
 
 def _model(tiny_lm_dir, **kw):
-    args = dict(policy=tiny_lm_dir, utility=LengthUtility(), samples_per_prompt=2, follower_samples=2,
-                max_new_tokens=8, leader_lr=1e-2, follower_lr=1e-2, tau_leader=0.1, tau_follower=0.1, lora_r=4)
+    args = dict(
+        policy=tiny_lm_dir,
+        utility=LengthUtility(),
+        samples_per_prompt=2,
+        follower_samples=2,
+        max_new_tokens=8,
+        leader_lr=1e-2,
+        follower_lr=1e-2,
+        tau_leader=0.1,
+        tau_follower=0.1,
+        lora_r=4,
+    )
     args.update(kw)
     return DeepSMIDA(**args)
 
 
 def _trainer(tmp_path, steps=2, **kw):
-    return L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, limit_val_batches=0, default_root_dir=tmp_path, **kw)
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        **kw,
+    )
 
 
 def _dm(**kw):
@@ -85,11 +103,19 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     from modules.utilities import EnsembleUtility
 
     L.seed_everything(0)
-    model = _model(tiny_lm_dir, utility=EnsembleUtility(checkpoint=None, num_members=3),
-                   oracle=ProgrammaticOracle(num_queries=1))
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=L.pytorch.loggers.CSVLogger(tmp_path),
-                        enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=2,
-                        num_sanity_val_steps=0, val_check_interval=1)
+    model = _model(
+        tiny_lm_dir, utility=EnsembleUtility(checkpoint=None, num_members=3), oracle=ProgrammaticOracle(num_queries=1)
+    )
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=L.pytorch.loggers.CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+        val_check_interval=1,
+    )
     trainer.fit(model, _dm())
     result = json.load(open(os.path.join(trainer.log_dir, "game_eval.json")))
     assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
@@ -116,3 +142,30 @@ def test_utility_kinds_from_member_probs():
     assert utility_from_member_probs(p, "decision_uncertainty").item() == pytest.approx(0.5)
     directed = utility_from_member_probs(p, "directed", lam=2.0, member=2)
     assert directed.item() == pytest.approx(4 * var.item() + 2.0 * 0.1)
+
+
+def test_predict_writes_candidates_in_the_preference_format(tiny_lm_dir, tmp_path):
+    from callbacks import JsonlPredictionWriter
+    from datamodules.preference import validate_rows
+
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, candidate_threshold=0.0)  # every pair passes a zero threshold
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        limit_predict_batches=2,
+        callbacks=[JsonlPredictionWriter(str(tmp_path / "cand.jsonl"))],
+    )
+    trainer.predict(model, _dm())
+    rows = [json.loads(line) for line in open(tmp_path / "cand.jsonl")]
+    assert len(rows) == 2 * 2 * 2  # batches x prompts x pairs
+    assert all(r["threshold"] == 0.0 and r["alpha"] == 0.1 for r in rows)
+    nonempty = [dict(r, label=0.5) for r in rows if r["response_a"].strip() and r["response_b"].strip()]
+    validate_rows(nonempty)  # loadable by the preference datamodule once labelled
+    model.hparams.candidate_threshold = None
+    with pytest.raises(ValueError, match="no reference threshold for alpha=0.1"):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, limit_predict_batches=1).predict(
+            model, _dm()
+        )
