@@ -1,10 +1,11 @@
 """Tabular SMIDA (Algorithm 1) as a LightningModule: one iteration per training step, logged against Theorem C.1.
 
 The game is a utility ``u [X, Y, Y]`` with references ``π_ref [X, Y]`` and ``ω_ref [X, Y, Y]``, read from a ``.pt``
-file or generated from a random tabular preference ensemble (:func:`modules.smida.random_preference_ensemble`) with
-one of the App. F utilities. Each training step applies one exact mirror descent–ascent update
-(:class:`modules.smida.SMIDAStep`) to the iterate, which lives in buffers, so every checkpoint holds it and a resumed
-run continues bit for bit. Logged every step, for the iterate ``(π_t, ω_t)`` the step starts from (so TensorBoard's
+file or generated from a random tabular preference ensemble
+(:func:`modules.stackelberg.random_preference_ensemble`) with one of the App. F utilities. Each training step applies
+one exact mirror descent–ascent update (:class:`modules.stackelberg.SMIDAStep`) to the iterate, which lives in
+buffers, so every checkpoint holds it and a resumed run continues bit for bit. Logged every step, for the iterate
+``(π_t, ω_t)`` the step starts from (so TensorBoard's
 step axis is ``t`` and ``t = 0`` is the reference)::
 
     leader/kl          KL_ρ(π_t ‖ π*)              follower/kl          KL_{ρ,π*}(ω_t ‖ ω*)
@@ -31,7 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 
-from modules.smida import (
+from modules.stackelberg import (
     SMIDAStep,
     check_step_sizes,
     decision_uncertainty_utility,
@@ -40,6 +41,7 @@ from modules.smida import (
     kl_both,
     kl_bound_at,
     kl_bound_start,
+    log_normalise,
     random_preference_ensemble,
     slhf_utility,
     stackelberg_equilibrium,
@@ -178,8 +180,8 @@ class TabularSMIDA(L.LightningModule):
 
         # The game (persistent: a checkpoint is self-contained and a resume onto another game is caught).
         self.register_buffer("u", u)
-        self.register_buffer("log_pi_ref", torch.log_softmax(pi_ref.log(), -1))
-        self.register_buffer("log_omega_ref", torch.log_softmax(omega_ref.log(), -1))
+        self.register_buffer("log_pi_ref", log_normalise(pi_ref.log()))
+        self.register_buffer("log_omega_ref", log_normalise(omega_ref.log()))
         self.register_buffer("rho", rho / rho.sum())
         # The equilibrium is a function of the game: recomputed, not stored.
         self.register_buffer("log_pi_star", log_pi_star, persistent=False)

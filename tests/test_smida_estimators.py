@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from modules import stackelberg_equilibrium
 from modules.smida_estimators import (
     follower_advantages,
     leader_advantages,
@@ -98,7 +99,6 @@ def test_advantages_by_hand():
 
 
 def test_exact_gradient_play_approaches_the_closed_form_equilibrium():
-    smida = pytest.importorskip("modules.smida")
     u, logpi_ref, logom_ref, theta, phi = _game(3)
     theta = logpi_ref.clone().requires_grad_()
     phi = logom_ref.clone().requires_grad_()
@@ -107,6 +107,6 @@ def test_exact_gradient_play_approaches_the_closed_form_equilibrium():
         with torch.no_grad():
             theta -= 2.0 * g_theta  # leader descends, slow
             phi += 8.0 * g_phi  # follower ascends, fast
-    pi_star, om_star = smida.stackelberg_equilibrium(u, logpi_ref.exp(), logom_ref.exp(), TAU_L, TAU_F)
+    pi_star, om_star = stackelberg_equilibrium(u, logpi_ref.exp(), logom_ref.exp(), TAU_L, TAU_F)
     torch.testing.assert_close(theta.softmax(-1), pi_star, atol=1e-4, rtol=0)
     torch.testing.assert_close(phi.softmax(-1), om_star, atol=1e-4, rtol=0)
