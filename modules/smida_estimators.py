@@ -100,4 +100,3 @@ def smida_surrogate_losses(
         "follower_kl": (logp_follower - logp_follower_ref).detach().mean(),
         "utility_mean": utility.detach().mean(),
     }
-

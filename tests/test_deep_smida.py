@@ -1,5 +1,6 @@
 """Deep-SMIDA with tiny LM players: who learns, what is batched, what is skipped, what is evaluated."""
 
+import glob
 import json
 import os
 
@@ -169,3 +170,36 @@ def test_predict_writes_candidates_in_the_preference_format(tiny_lm_dir, tmp_pat
         L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, limit_predict_batches=1).predict(
             model, _dm()
         )
+
+
+def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [
+        sys.executable,
+        os.path.join(root, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(root, "configs", "deep_smida.yaml"),
+        f"--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.utility.init_args.num_members=3",
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=2",
+        "--trainer.max_steps=4",
+        "--trainer.limit_val_batches=1",
+        "--trainer.val_check_interval=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+    ]
+    env = {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = [json.load(open(p)) for p in glob.glob(str(tmp_path / "runs" / "**" / "game_eval.json"), recursive=True)]
+    assert len(evals) == 1 and evals[0]["n_prompts"] == 4  # 2 prompts per rank, gathered from both ranks
+    ckpts = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
+    sd = torch.load(ckpts[0], weights_only=False)["state_dict"]
+    assert sd and all(".leader." in k or ".follower." in k for k in sd)  # adapters only, no frozen base
