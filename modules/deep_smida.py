@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import warnings
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -155,6 +157,7 @@ class DeepSMIDA(L.LightningModule):
         self._eval: dict[str, list[torch.Tensor]] = {}
         self.last_eval: dict[str, Any] | None = None
         self.reference_thresholds: dict[str, float] = {}
+        self.phase_times: dict[str, float] = {}
 
     # ------------------------------------------------------------------ rollouts
     def leader_prompts(self, prompts: list[str]) -> list[str]:
@@ -184,35 +187,56 @@ class DeepSMIDA(L.LightningModule):
         return xs, ys, foll.texts
 
     # ------------------------------------------------------------------ training
+    @contextmanager
+    def _timed(self, phase: str) -> Any:
+        """Wall time of a phase (device-synchronised on CUDA), kept in ``self.phase_times`` and logged."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.phase_times[phase] = time.perf_counter() - start
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
         hp = self.hparams
         opt_l, opt_f = self.optimizers()
         prompts = list(batch["prompt"])
         b, d, m = len(prompts), hp.samples_per_prompt, hp.follower_samples
-        lead, foll = self.rollout(prompts, d, m)
+        self.phase_times = {}
+        with self._timed("generate"):
+            lead, foll = self.rollout(prompts, d, m)
         empty_l, empty_f = lead.num_empty, foll.num_empty
         self.empty_generations += empty_l + empty_f
-        u = self.utility(*self.triplets(prompts, lead, foll, d, m)).to(self.device).view(b, d, m)
+        with self._timed("score"):
+            u = self.utility(*self.triplets(prompts, lead, foll, d, m)).to(self.device).view(b, d, m)
         self.log_dict({"train/empty_leader": float(empty_l), "train/empty_follower": float(empty_f)}, batch_size=b)
         if not torch.isfinite(u).all():
             self._skip_nonfinite(int((~torch.isfinite(u)).sum()), u.numel())
             return
         self.consecutive_nonfinite = 0
-        lp_l = self.players.logprobs("leader", lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
-        lp_f = self.players.logprobs("follower", foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
-        with torch.no_grad():
-            lp_l_ref = self.players.logprobs(None, lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
-            lp_f_ref = self.players.logprobs(None, foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
+        self._log_candidate_shares(b)
+        with self._timed("logprob"):
+            lp_l = self.players.logprobs("leader", lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
+            lp_f = self.players.logprobs("follower", foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
+            with torch.no_grad():
+                lp_l_ref = self.players.logprobs(None, lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
+                lp_f_ref = self.players.logprobs(None, foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
         out = smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
         loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
-        opt_l.zero_grad()
-        opt_f.zero_grad()
-        self.manual_backward(loss)
-        leader_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("leader"), hp.grad_clip)
-        follower_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("follower"), hp.grad_clip)
-        if not hp.follower_only:
-            opt_l.step()
-        opt_f.step()
+        with self._timed("backward"):
+            opt_l.zero_grad()
+            opt_f.zero_grad()
+            self.manual_backward(loss)
+        with self._timed("optimizer"):
+            leader_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("leader"), hp.grad_clip)
+            follower_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("follower"), hp.grad_clip)
+            if not hp.follower_only:
+                opt_l.step()
+            opt_f.step()
+        tokens = int(lead.completion_mask.sum() + foll.completion_mask.sum())
+        self.phase_times["generated_tokens"] = float(tokens)
+        self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=b)
         self.log_dict(
             {
                 "train/loss": (out["leader_loss"] + out["follower_loss"]).detach(),
@@ -228,6 +252,18 @@ class DeepSMIDA(L.LightningModule):
             prog_bar=False,
             batch_size=b,
         )
+
+    def _log_candidate_shares(self, batch_size: int) -> None:
+        """Share of this batch's triplets above the reference thresholds of the latest validation (App. G.1)."""
+        p = getattr(self.utility, "last_member_probs", None)
+        if p is None or not self.reference_thresholds:
+            return
+        var = p.var(dim=-1, unbiased=False)
+        shares = {
+            f"train/candidate_share_{a}": float((var >= t).double().mean())
+            for a, t in self.reference_thresholds.items()
+        }
+        self.log_dict(shares, batch_size=batch_size)
 
     def _skip_nonfinite(self, bad: int, total: int) -> None:
         self.nonfinite_skipped += 1

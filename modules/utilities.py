@@ -96,6 +96,7 @@ class EnsembleUtility(Utility):
         utility_from_member_probs(torch.full((1, ensemble.hparams.num_members), 0.5), kind, scale, lam, member)
         self.ensemble = ensemble
         self.kind, self.scale, self.lam, self.member, self.batch_size = kind, scale, lam, member, batch_size
+        self.last_member_probs: Tensor | None = None
 
     def member_probs(self, prompts: Sequence[str], leader: Sequence[str], follower: Sequence[str]) -> Tensor:
         """``[N, k]`` member probabilities that the leader's response is preferred."""
@@ -104,4 +105,5 @@ class EnsembleUtility(Utility):
     @torch.no_grad()
     def forward(self, prompts, leader, follower):  # noqa: D102
         p = self.member_probs(prompts, leader, follower)
+        self.last_member_probs = p  # read by the game for diagnostics (variance shares) without scoring twice
         return utility_from_member_probs(p, self.kind, self.scale, self.lam, self.member).float()
