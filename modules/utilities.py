@@ -72,6 +72,8 @@ class EnsembleUtility(Utility):
         member: Member ``j`` of the directed objective.
         batch_size: Pairs scored per ensemble call.
         num_members: Members of the untrained ensemble when ``checkpoint`` is ``None``.
+        backbone: Backbone of the untrained ensemble (e.g. the policy's own folder, as the paper's Qwen members).
+        backbone_task: ``encoder`` or ``causal_lm`` for that backbone.
     """
 
     def __init__(
@@ -83,6 +85,8 @@ class EnsembleUtility(Utility):
         member: int = 0,
         batch_size: int = 64,
         num_members: int = 5,
+        backbone: str = "builtin:minilm-l6",
+        backbone_task: str = "encoder",
     ) -> None:
         super().__init__()
         from modules.preference import PreferenceEnsemble
@@ -90,7 +94,8 @@ class EnsembleUtility(Utility):
         if kind not in ("variance", "decision_uncertainty", "jsd", "slhf", "directed"):
             raise ValueError(f"utility kind {kind!r} is not one of variance, decision_uncertainty, jsd, slhf, directed")
         if checkpoint is None:
-            ensemble = PreferenceEnsemble(num_members=num_members).eval().requires_grad_(False)
+            ensemble = PreferenceEnsemble(backbone=backbone, backbone_task=backbone_task, num_members=num_members)
+            ensemble = ensemble.eval().requires_grad_(False)
         else:
             ensemble = PreferenceEnsemble.load_frozen(checkpoint)
         utility_from_member_probs(torch.full((1, ensemble.hparams.num_members), 0.5), kind, scale, lam, member)

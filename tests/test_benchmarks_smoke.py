@@ -1,0 +1,44 @@
+"""The GPU benchmark script runs end to end on a tiny model (so a lent GPU's minutes go to measuring)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_gpu_bench_tiny_writes_every_section(tmp_path):
+    out = tmp_path / "gpu_results.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "gpu_bench.py"),
+            "--tiny",
+            "--out",
+            str(out),
+            "--smida_tokens",
+            "8",
+            "--smida_steps",
+            "2",
+            "--smida_b",
+            "2",
+            "--smida_d",
+            "2",
+            "--smida_m",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert {"generation_eager", "generation_static_compiled", "training", "deep_smida_step"} <= set(res)
+    assert [g["batch"] for g in res["generation_eager"]] == [2, 4]
+    assert res["training"]["tokens_per_s"] > 0 and 0 < res["training"]["mfu"]
+    step = res["deep_smida_step"]
+    assert step["step"] > 0 and all(step[p] >= 0 for p in ("generate", "score", "logprob", "backward"))
