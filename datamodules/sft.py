@@ -12,12 +12,15 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+from modules.deep_smida import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from modules.policy import fill_template
 
 __all__ = ["ArithmeticSFTDataModule"]
 
 
 def _collate(items):
-    return {"prompt": [x for x, _ in items], "response": [y for _, y in items]}
+    systems, prompts, responses = zip(*items)
+    return {"system": list(systems), "prompt": list(prompts), "response": list(responses)}
 
 
 class ArithmeticSFTDataModule(L.LightningDataModule):
@@ -30,6 +33,10 @@ class ArithmeticSFTDataModule(L.LightningDataModule):
         val_fraction: Share of problems for validation.
         batch_size: Pairs per batch.
         seed: Seed (problems use ``seed + 2_000_003`` so they differ from the ensemble's and the game's).
+        follower_fraction: Share of examples in the follower's format (App. E.4): another solution of the same
+            problem in the system message, so a warm-started follower answers in kind instead of babbling.
+        system_prompt: The leader's system message (the game's default).
+        follower_system_template: The follower's system message with ``{leader_response}``.
     """
 
     def __init__(
@@ -40,6 +47,9 @@ class ArithmeticSFTDataModule(L.LightningDataModule):
         val_fraction: float = 0.05,
         batch_size: int = 32,
         seed: int = 0,
+        follower_fraction: float = 0.5,
+        system_prompt: str = QWEN_SYSTEM,
+        follower_system_template: str = FOLLOWER_SYSTEM,
     ) -> None:
         super().__init__()
         kinds = list(kinds or CORRUPTIONS)
@@ -47,12 +57,14 @@ class ArithmeticSFTDataModule(L.LightningDataModule):
         unknown = [k for k in kinds if k not in CORRUPTIONS]
         if unknown:
             raise ValueError(f"kinds: unknown {unknown}; expected some of {CORRUPTIONS}")
+        if not 0.0 <= follower_fraction <= 1.0:
+            raise ValueError(f"follower_fraction must be in [0, 1], got {follower_fraction}")
         if len(weights) != len(kinds) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"weights must be {len(kinds)} non-negative numbers with a positive sum, got {weights}")
         self.save_hyperparameters(logger=False)
         self.kinds, self.weights = kinds, weights
-        self.train_pairs: list[tuple[str, str]] = []
-        self.val_pairs: list[tuple[str, str]] = []
+        self.train_pairs: list[tuple[str, str, str]] = []
+        self.val_pairs: list[tuple[str, str, str]] = []
 
     def setup(self, stage: str | None = None) -> None:  # noqa: D102
         if self.train_pairs:
@@ -62,7 +74,11 @@ class ArithmeticSFTDataModule(L.LightningDataModule):
         pairs = []
         for p in generate_problems(hp.num_prompts, seed=hp.seed + 2_000_003):
             kind = rng.choices(self.kinds, weights=self.weights)[0]
-            pairs.append((p.question, make_response(p, kind, rng)))
+            system = hp.system_prompt
+            if rng.random() < hp.follower_fraction:
+                shown = make_response(p, rng.choices(self.kinds, weights=self.weights)[0], rng)
+                system = fill_template(hp.follower_system_template, leader_response=shown)
+            pairs.append((system, p.question, make_response(p, kind, rng)))
         n_val = max(1, round(len(pairs) * hp.val_fraction))
         self.val_pairs, self.train_pairs = pairs[:n_val], pairs[n_val:]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -505,7 +506,9 @@ class PreferenceEnsemble(L.LightningModule):
     @classmethod
     def load_frozen(cls, checkpoint_path: str, map_location: str | torch.device = "cpu") -> PreferenceEnsemble:
         """Load a trained ensemble in one call as a frozen scorer (eval mode, no gradients) for the game modules."""
-        model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=False)
+        with warnings.catch_warnings():  # the frozen base is reloaded from `backbone`, not missing by mistake
+            warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in")
+            model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=False)
         model.eval().requires_grad_(False)
         return model
 

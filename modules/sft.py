@@ -55,12 +55,18 @@ class CausalLMSFT(L.LightningModule):
         self.tokenizer = load_tokenizer(path, padding_side="right")
         self.model = load_model(path, task="causal_lm", dtype=dtype)
 
-    def encode(self, prompts: list[str], responses: list[str]) -> dict[str, torch.Tensor]:
-        """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens)."""
+    def encode(
+        self, prompts: list[str], responses: list[str], systems: list[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens).
+
+        ``systems`` gives a system message per example (the batch's ``system`` field); else ``system_prompt``.
+        """
         rows, labels = [], []
         eos = self.tokenizer.eos_token_id
-        for x, y in zip(prompts, responses):
-            messages = [{"role": "system", "content": self.hparams.system_prompt}, {"role": "user", "content": x}]
+        systems = systems or [self.hparams.system_prompt] * len(prompts)
+        for system, x, y in zip(systems, prompts, responses):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": x}]
             prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             p_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             r_ids = self.tokenizer(y, add_special_tokens=False)["input_ids"] + [eos]
@@ -81,7 +87,8 @@ class CausalLMSFT(L.LightningModule):
         return {"input_ids": input_ids, "attention_mask": mask, "labels": lab}
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        enc = {k: v.to(self.device) for k, v in self.encode(batch["prompt"], batch["response"]).items()}
+        enc = self.encode(batch["prompt"], batch["response"], batch.get("system"))
+        enc = {k: v.to(self.device) for k, v in enc.items()}
         logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), enc["labels"][:, 1:].flatten(), ignore_index=-100)
 
