@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import random
 import warnings
 from typing import Any
@@ -29,12 +28,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+from datamodules.files import open_table
 from modules.oracle import PreferenceOracle, ProgrammaticOracle
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
 __all__ = ["PreferenceDataModule", "load_preference_rows", "validate_rows"]
-
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def load_preference_rows(
@@ -56,28 +54,9 @@ def load_preference_rows(
         FileNotFoundError: naming a missing ``path``.
         ValueError: naming the missing column and the columns present.
     """
-    import datasets
-
     cols = {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b", "label": "label"}
     cols.update(columns or {})
-    if path is not None:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"data.path: {path!r} does not exist")
-        ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
-        if ext not in _FORMATS:
-            raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(_FORMATS)}")
-        ds = datasets.load_dataset(_FORMATS[ext], data_files=path, split="train")
-        where = repr(path)
-    elif name is not None:
-        ds = datasets.load_dataset(name, split=split)
-        where = f"{name}[{split}]"
-    else:
-        raise ValueError("give data.path or data.name")
-    for field, col in cols.items():
-        if col is not None and col not in ds.column_names:
-            raise ValueError(
-                f"{where}: column {col!r} (for field {field!r}) is missing; columns present: {ds.column_names}"
-            )
+    ds, _ = open_table(path, name, split, cols)
     rows = []
     for rec in ds:
         row = {field: rec[col] for field, col in cols.items() if col is not None}

@@ -6,7 +6,6 @@ module. Splits are disjoint at the prompt level and deterministic for a seed.
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
@@ -15,11 +14,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.arithmetic import generate_problems
+from datamodules.files import open_table
 from modules.answers import extract_final_answer, extract_gsm8k_answer
 
 __all__ = ["PromptDataModule", "load_prompt_rows"]
-
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def load_prompt_rows(
@@ -35,22 +33,7 @@ def load_prompt_rows(
     ``reference_format``: ``plain`` (the column is the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last
     ``\\boxed{}`` of a worked solution, as in MATH).
     """
-    import datasets
-
-    if path is not None:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"data.path: {path!r} does not exist")
-        ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
-        if ext not in _FORMATS:
-            raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(_FORMATS)}")
-        ds = datasets.load_dataset(_FORMATS[ext], data_files=path, split="train")
-        where = repr(path)
-    else:
-        ds = datasets.load_dataset(name, split=split)
-        where = f"{name}[{split}]"
-    for col in (prompt_column, reference_column):
-        if col is not None and col not in ds.column_names:
-            raise ValueError(f"{where}: column {col!r} is missing; columns present: {ds.column_names}")
+    ds, where = open_table(path, name, split, [prompt_column, reference_column])
     extract = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
     if reference_format not in extract:
         raise ValueError(f"reference_format must be one of {sorted(extract)}, got {reference_format!r}")

@@ -169,3 +169,33 @@ def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
     assert set((labels * 3).round().tolist()) <= {0.0, 1.0, 2.0, 3.0}
     with pytest.raises(ValueError, match="must contain"):
         LLMJudgeOracle(tiny_lm_dir, template="no fields")
+
+
+def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
+    from datamodules.prompts import PromptDataModule, load_prompt_rows
+
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(
+        json.dumps({"question": "q1", "answer": "3 + 4 = 7\n#### 7"})
+        + "\n"
+        + json.dumps({"question": "q2", "answer": "so \\boxed{\\frac{1}{2}}"})
+        + "\n"
+    )
+    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "gsm8k")
+    assert rows[0] == {"prompt": "q1", "reference": "7"} and rows[1]["reference"] is None
+    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "boxed")
+    assert rows[1]["reference"] == "\\frac{1}{2}"
+    with pytest.raises(ValueError, match="column 'problem' is missing"):
+        load_prompt_rows(str(path), None, "train", "problem", None)
+    with pytest.raises(ValueError, match="reference_format"):
+        load_prompt_rows(str(path), None, "train", "question", "answer", "latex")
+    dm = PromptDataModule(
+        path=str(path),
+        prompt_column="question",
+        reference_column="answer",
+        reference_format="gsm8k",
+        val_fraction=0.5,
+        batch_size=1,
+    )
+    dm.setup()
+    assert len(dm.splits["train"]) == 1 and len(dm.splits["val"]) == 1

@@ -1,0 +1,51 @@
+"""Reading a table of rows by local path or hub name through ``datasets``, with errors that name the column."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["FORMATS", "open_table"]
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def open_table(
+    path: str | None, name: str | None, split: str, columns: Mapping[str, str | None] | Iterable[str | None]
+) -> tuple[Any, str]:
+    """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
+
+    Args:
+        path: Local file; takes precedence over ``name``.
+        name: Hub dataset name.
+        split: Split of the hub dataset.
+        columns: Columns that must be present (``None`` entries are skipped); a mapping field → column also names
+            the field in the error.
+
+    Returns:
+        ``(dataset, where)`` with ``where`` a short description for error messages.
+
+    Raises:
+        FileNotFoundError: naming a missing ``path``.
+        ValueError: for an unsupported file type, neither source given, or a missing column (listing those present).
+    """
+    import datasets
+
+    if path is not None:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"data.path: {path!r} does not exist")
+        ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
+        if ext not in FORMATS:
+            raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(FORMATS)}")
+        ds, where = datasets.load_dataset(FORMATS[ext], data_files=path, split="train"), repr(path)
+    elif name is not None:
+        ds, where = datasets.load_dataset(name, split=split), f"{name}[{split}]"
+    else:
+        raise ValueError("give data.path or data.name")
+    named = columns.items() if isinstance(columns, Mapping) else ((None, c) for c in columns)
+    for field, col in named:
+        if col is not None and col not in ds.column_names:
+            what = f"column {col!r}" + (f" (for field {field!r})" if field is not None else "")
+            raise ValueError(f"{where}: {what} is missing; columns present: {ds.column_names}")
+    return ds, where
