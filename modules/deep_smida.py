@@ -33,7 +33,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from modules.game_eval import adversarial_mask, compare_pairs
+from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
 from modules.policy import PolicyBank, fill_template
 from modules.smida_estimators import smida_surrogate_losses
@@ -335,15 +335,21 @@ class DeepSMIDA(L.LightningModule):
             flat[f"val/candidate_yield_{a}"] = y["trained"]
             flat[f"val/candidate_yield_{a}_reference"] = y["reference"]
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
-        self._write_eval(result, self.trainer.log_dir or self.trainer.default_root_dir)
+        self._write_eval(result, gathered, self.trainer.log_dir or self.trainer.default_root_dir)
 
     @rank_zero_only
-    def _write_eval(self, result: dict[str, Any], log_dir: str) -> None:
+    def _write_eval(self, result: dict[str, Any], gathered: dict[str, torch.Tensor], log_dir: str) -> None:
         os.makedirs(log_dir, exist_ok=True)
         path = os.path.join(log_dir, "game_eval.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"step": int(self.global_step), **result}, f, indent=2)
         os.replace(path + ".tmp", path)
+        figures = make_game_figures(gathered["trained_var"], gathered["reference_var"], self.hparams.alphas)
+        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
+        for name, fig in figures.items():
+            fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
+            if experiment is not None and hasattr(experiment, "add_figure"):
+                experiment.add_figure(f"val/{name}", fig, global_step=self.global_step)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -124,6 +124,8 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
     # the reference pair's yield at alpha is about alpha by construction of the thresholds (8 triplets here)
     assert result["candidate_yield"]["0.1"]["reference"] <= 0.25
+    for png in ("variance_cdf.png", "candidate_yield.png"):
+        assert open(os.path.join(trainer.log_dir, png), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_settings_are_refused(tiny_lm_dir):
@@ -203,3 +205,24 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
     ckpts = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
     sd = torch.load(ckpts[0], weights_only=False)["state_dict"]
     assert sd and all(".leader." in k or ".follower." in k for k in sd)  # adapters only, no frozen base
+
+
+def test_compare_pairs_and_adversarial_by_hand():
+    from modules.game_eval import adversarial_mask, candidate_thresholds, compare_pairs
+
+    ref = torch.tensor([[0.0, 0.1], [0.2, 0.3], [0.4, 0.5], [0.6, 0.7], [0.8, 0.9]])
+    trained = ref + 0.5
+    th = candidate_thresholds(ref, [0.1])
+    assert th[0.1] == pytest.approx(torch.quantile(ref.flatten().double(), 0.9).item())  # 0.81
+    out = compare_pairs(trained, ref, alphas=(0.1,), n_boot=200)
+    assert out["mean_gain"] == pytest.approx(0.5) and out["mean_gain_ci"] == pytest.approx([0.5, 0.5])
+    assert out["share_prompts_higher"] == 1.0
+    assert out["candidate_yield"]["0.1"] == {"reference": 0.1, "trained": 0.6}  # 0.9 and 0.9..1.4 are >= 0.81
+    p_star = torch.tensor([0.9, 0.9, 0.55, 0.2])
+    p_bar = torch.tensor([0.4, 0.6, 0.3, 0.7])
+    assert adversarial_mask(p_star, p_bar, 0.0).tolist() == [True, False, True, True]
+    assert adversarial_mask(p_star, p_bar, 0.1).tolist() == [True, False, False, True]
+    with pytest.raises(ValueError, match="epsilon"):
+        adversarial_mask(p_star, p_bar, 0.5)
+    with pytest.raises(ValueError, match=r"\[P, R\]"):
+        compare_pairs(trained[:2], ref)
