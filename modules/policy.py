@@ -208,10 +208,14 @@ class PolicyBank(nn.Module):
         attention = torch.cat([enc["attention_mask"], completion_mask], dim=1)
         return Rollout(out, attention, width, completion_mask, texts)
 
-    def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:
-        """Sum of ``log softmax(logits / T)`` over completion tokens, ``[N]``; gradients flow unless under no_grad.
+    def token_logprobs(
+        self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0
+    ) -> Tensor:
+        """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        Only the completion positions are turned into log-probabilities (the prompt's logits are never normalised).
+        Only the completion positions are turned into log-probabilities (the prompt's logits are never normalised);
+        ``micro_batch`` rows at a time bound the memory of the ``[rows, C, vocab]`` logits. Gradients flow unless
+        called under ``no_grad``; ``player=None`` is the frozen reference (adapters disabled).
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)
@@ -226,5 +230,9 @@ class PolicyBank(nn.Module):
                 logits = logits[:, width - 1 : -1].float() / temperature  # predicts the completion tokens
                 target = s[:, width:]
                 lp = torch.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
-                out.append((lp * cmask[i : i + step]).sum(dim=1))
+                out.append(lp * cmask[i : i + step])
         return torch.cat(out)
+
+    def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:
+        """Sum of :meth:`token_logprobs` over the completion, ``[N]``."""
+        return self.token_logprobs(player, rollout, temperature, micro_batch).sum(dim=1)

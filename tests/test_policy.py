@@ -1,0 +1,69 @@
+"""PolicyBank: batched left-padded generation and completion-only log-probabilities, checked row by row."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from modules.policy import PolicyBank
+
+
+@pytest.fixture(scope="module")
+def bank(tiny_lm_dir):
+    torch.manual_seed(0)
+    b = PolicyBank(tiny_lm_dir, players=["alice"], lora_r=4, lora_alpha=8)
+    with torch.no_grad():  # move the adapter off its zero init so policy and reference differ
+        for p in b.player_parameters("alice"):
+            p.add_(0.05 * torch.randn_like(p))
+    return b
+
+
+def _one_row_logprobs(model, tok, prompt, completion_ids, temperature):
+    """Brute force: the unpadded prompt + completion, full log-softmax, completion positions summed."""
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    full = torch.tensor([ids + completion_ids])
+    logits = model(input_ids=full).logits[0, len(ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
+
+
+def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_lm_dir):
+    prompts = ["1+1=", "a much longer prompt here: 12*3="]
+    torch.manual_seed(1)
+    roll = bank.generate("alice", prompts, num_samples=2, max_new_tokens=6)
+    assert roll.sequences.shape[0] == 4
+    tok = bank.tokenizer
+    with torch.no_grad():
+        per_token = bank.token_logprobs("alice", roll, temperature=0.7)
+        chunked = bank.token_logprobs("alice", roll, temperature=0.7, micro_batch=1)
+        ref = bank.token_logprobs(None, roll, temperature=0.7)
+    assert torch.allclose(per_token, chunked, atol=1e-5)
+    assert (per_token[roll.completion_mask == 0] == 0).all()
+    assert torch.allclose(bank.logprobs("alice", roll, 0.7).detach(), per_token.sum(1))
+    base = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    for i in range(4):
+        n = int(roll.completion_mask[i].sum())
+        comp = roll.sequences[i, roll.prompt_width : roll.prompt_width + n].tolist()
+        with bank._use("alice") as model, torch.no_grad():
+            want = _one_row_logprobs(model, tok, prompts[i // 2], comp, 0.7)
+        assert torch.allclose(per_token[i, :n], want, atol=1e-4), i
+        with torch.no_grad():
+            want_ref = _one_row_logprobs(base, tok, prompts[i // 2], comp, 0.7)
+        assert torch.allclose(ref[i, :n], want_ref, atol=1e-4), i  # disabled adapter = the base model
+    assert not torch.allclose(per_token, ref)
+
+
+def test_greedy_batch_equals_one_prompt_at_a_time(bank):
+    prompts = ["7-2=", "the sum of 3 and 4 is "]
+    batch = bank.generate("alice", prompts, num_samples=1, max_new_tokens=5, do_sample=False)
+    for i, p in enumerate(prompts):
+        alone = bank.generate("alice", [p], num_samples=1, max_new_tokens=5, do_sample=False)
+        assert alone.texts[0] == batch.texts[i]
+
+
+def test_gradients_reach_only_the_player_adapter(bank):
+    roll = bank.generate("alice", ["2+2="], num_samples=2, max_new_tokens=4)
+    bank.zero_grad(set_to_none=True)
+    bank.token_logprobs("alice", roll).sum().backward()
+    named = dict(bank.named_parameters())
+    grads = {n for n, p in named.items() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads and all(".alice." in n for n in grads)
+    bank.zero_grad(set_to_none=True)
