@@ -7,20 +7,67 @@
 
 Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``); the resolved config is saved next
 to the logs. After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
+
+Resuming (README, "Resuming and failures"): every run saves its generator states in each checkpoint, writes
+``last.ckpt`` when stopped by SIGTERM, and writes checkpoints atomically. ``fit --ckpt_path last`` continues the newest
+``last*.ckpt`` of the config's logger folder (``<save_dir>/<name>/version_*/checkpoints``), logging into that same
+version folder; with nothing to resume from it starts afresh.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import sys
+import warnings
 
 import lightning as L
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback  # noqa: E402
+
+_LAST = re.compile(r"^last(-\d+)?\.ckpt$")
+
+
+def find_last_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest ``last*.ckpt`` under the trainer's logger folder, adopting its version folder for the logger.
+
+    Lightning's own ``ckpt_path="last"`` looks only in the checkpoint folder of the *new* run, which with a logger is
+    a fresh ``version_<n+1>``; this looks in every ``<save_dir>/<name>/version_*/checkpoints`` (or the logger's
+    fixed version), picks the newest by modification time and points the logger at that version, so logs and
+    checkpoints continue in one folder. Returns ``None`` (Lightning's lookup applies) when a ``ModelCheckpoint`` has
+    an explicit ``dirpath``, when there is no logger, or when nothing is found.
+    """
+    if any(isinstance(cb, ModelCheckpoint) and cb.dirpath is not None for cb in trainer.checkpoint_callbacks):
+        return None
+    logger = trainer.logger
+    if logger is None or getattr(logger, "save_dir", None) is None:
+        return None
+    root = os.path.join(logger.save_dir, str(logger.name or ""))
+    fixed = getattr(logger, "_version", None)
+    folder = "version_*" if fixed is None else (fixed if isinstance(fixed, str) else f"version_{fixed}")
+    found = [
+        p
+        for p in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints", "last*.ckpt"))
+        if _LAST.match(os.path.basename(p))
+    ]
+    if not found:
+        return None
+    newest = max(found, key=os.path.getmtime)
+    if fixed is None:
+        version = os.path.basename(os.path.dirname(os.path.dirname(newest)))
+        logger._version = int(version[len("version_") :]) if re.fullmatch(r"version_\d+", version) else version
+    return newest
 
 
 class AlignmentCLI(LightningCLI):
@@ -34,6 +81,24 @@ class AlignmentCLI(LightningCLI):
             help="After fit, run test on the datamodule's held-out set (best checkpoint when one is tracked).",
         )
 
+    def instantiate_trainer(self, **kwargs):  # noqa: D102
+        # Atomic checkpoint files unless a config brings its own CheckpointIO (or a strategy that writes folders).
+        config = self._get(self.config_init, "trainer", default={}) or {}
+        plugins = kwargs.get("plugins", config.get("plugins"))
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
+
+    def before_fit(self) -> None:
+        """Resolve ``--ckpt_path last`` across the logger's version folders (see :func:`find_last_checkpoint`)."""
+        config = self.config_init[self.subcommand]
+        if config.get("ckpt_path") == "last":
+            path = find_last_checkpoint(self.trainer)
+            if path is not None:
+                config["ckpt_path"] = path
+                rank_zero_info(f"resuming from {path}")
+
     def after_fit(self) -> None:
         """Test on the held-out set with the best checkpoint (or the final weights) when the family has a test set."""
         if not self.config[self.subcommand].get("test_after_fit", True) or self.trainer.interrupted:
@@ -42,11 +107,14 @@ class AlignmentCLI(LightningCLI):
             return
         ckpt = self.trainer.checkpoint_callback
         best = ckpt.best_model_path if ckpt is not None and getattr(ckpt, "best_model_path", "") else None
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=False)
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
+    # Under manual optimization ModelCheckpoint warns on every step-based save that it holds the state after the
+    # optimizer step; that is the state a resume needs.
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
     return AlignmentCLI(
         L.LightningModule,
         L.LightningDataModule,
@@ -59,10 +127,15 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                 "init_args": {"save_dir": "runs", "name": "default"},
-            }
+            },
+            # persistent: added to whatever callbacks a config lists
+            "callbacks": [RNGStateCallback(), CheckpointOnSigterm()],
         },
     )
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except SIGTERMException:
+        sys.exit(143)  # stopped by SIGTERM (128 + 15), after writing last.ckpt: not a finished run

@@ -88,13 +88,19 @@ def bench_generation(model, batch: int, new_tokens: int, prompt_len: int, compil
         _sync(device)
         dt = time.perf_counter() - t
     assert out.shape[1] == prompt_len + new_tokens
-    return {
+    result = {
         "batch": batch,
         "new_tokens": new_tokens,
         "seconds": dt,
         "tokens_per_s": batch * new_tokens / dt,
         "decode_steps_per_s": new_tokens / dt,
     }
+    if compiled:
+        # evidence that the static-cache run was really compiled (0 graphs: transformers fell back to eager)
+        from torch._dynamo.utils import counters
+
+        result["dynamo_unique_graphs"] = int(counters["stats"]["unique_graphs"])
+    return result
 
 
 def bench_training(model, batch: int, seq: int, steps: int, device) -> dict:

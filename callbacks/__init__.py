@@ -23,18 +23,31 @@ from callbacks._math import (
     weighted_score,
 )
 from callbacks.elo import EloRating
+from callbacks.fault_tolerance import (
+    AtomicCheckpointIO,
+    CheckpointOnSigterm,
+    RNGStateCallback,
+    atomic_torch_save,
+    collect_rng_state,
+    restore_rng_state,
+)
 from callbacks.mcc import MCCTracker
 from callbacks.peak import PeakCheckpoint
 from callbacks.prediction_writer import JsonlPredictionWriter
 from callbacks.warmup import TwoTimescaleWarmup
 
 __all__ = [
+    "AtomicCheckpointIO",
+    "CheckpointOnSigterm",
     "EloRating",
     "JsonlPredictionWriter",
     "MCCTracker",
     "PeakCheckpoint",
+    "RNGStateCallback",
     "TwoTimescaleWarmup",
+    "atomic_torch_save",
     "beta_lower_bound",
+    "collect_rng_state",
     "decayed_k_factor",
     "effective_k_factor",
     "elo_expected_score",
@@ -45,6 +58,7 @@ __all__ = [
     "p_best",
     "pooled_lower_bound",
     "posterior_mean",
+    "restore_rng_state",
     "sample_std",
     "warmup_learning_rates",
     "weighted_score",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["FORMATS", "open_table"]
+__all__ = ["FORMATS", "iter_rows", "open_table"]
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -28,7 +28,8 @@ def open_table(
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
-        ValueError: for an unsupported file type, neither source given, or a missing column (listing those present).
+        ValueError: for an unsupported file type, neither source given, a file that cannot be parsed (bad JSON or CSV,
+            bytes that are not UTF-8, no rows), or a missing column (listing those present).
     """
     import datasets
 
@@ -38,7 +39,17 @@ def open_table(
         ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
         if ext not in FORMATS:
             raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(FORMATS)}")
-        ds, where = datasets.load_dataset(FORMATS[ext], data_files=path, split="train"), repr(path)
+        try:
+            ds = datasets.load_dataset(FORMATS[ext], data_files=path, split="train")
+        except Exception as e:  # datasets wraps parse errors; name the file and the first cause instead
+            cause = e
+            while cause.__cause__ is not None or cause.__context__ is not None:
+                cause = cause.__cause__ or cause.__context__
+            detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+            if isinstance(cause, StopIteration) or os.path.getsize(path) == 0:
+                detail = "the file holds no rows"
+            raise ValueError(f"data.path: {path!r} cannot be read as {FORMATS[ext]} ({detail})") from e
+        where = repr(path)
     elif name is not None:
         ds, where = datasets.load_dataset(name, split=split), f"{name}[{split}]"
     else:
@@ -49,3 +60,22 @@ def open_table(
             what = f"column {col!r}" + (f" (for field {field!r})" if field is not None else "")
             raise ValueError(f"{where}: {what} is missing; columns present: {ds.column_names}")
     return ds, where
+
+
+def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
+    """``enumerate(ds)``, with text that is not UTF-8 reported as a ``ValueError`` naming the row.
+
+    Raises:
+        ValueError: ``"<where>: row <i>: text is not valid UTF-8 ..."``.
+    """
+    i = 0
+    iterator = iter(ds)
+    while True:
+        try:
+            rec = next(iterator)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: row {i}: text is not valid UTF-8 ({e.reason} at byte {e.start})") from e
+        yield i, rec
+        i += 1

@@ -28,7 +28,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
-from datamodules.files import open_table
+from datamodules.files import iter_rows, open_table
+from datamodules.resumable import ResumableDataLoader
 from modules.oracle import PreferenceOracle, ProgrammaticOracle
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
@@ -56,9 +57,9 @@ def load_preference_rows(
     """
     cols = {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b", "label": "label"}
     cols.update(columns or {})
-    ds, _ = open_table(path, name, split, cols)
+    ds, where = open_table(path, name, split, cols)
     rows = []
-    for rec in ds:
+    for _, rec in iter_rows(ds, where):
         row = {field: rec[col] for field, col in cols.items() if col is not None}
         if cols["label"] is None:
             row["label"] = 1.0
@@ -392,6 +393,15 @@ class PreferenceDataModule(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.splits:
             raise RuntimeError(f"call setup() before asking for the {split} loader")
+        if split == "train":  # resumes mid-epoch: the order comes from seed + epoch, the position is checkpointed
+            return ResumableDataLoader(
+                _TripletDataset(self.splits[split]),
+                batch_size=self.hparams.batch_size,
+                shuffle=shuffle,
+                seed=self.hparams.seed,
+                num_workers=self.hparams.num_workers,
+                collate_fn=self.collate,
+            )
         return DataLoader(
             _TripletDataset(self.splits[split]),
             batch_size=self.hparams.batch_size,

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from datamodules.arithmetic import generate_problems
-from datamodules.files import open_table
+from datamodules.files import iter_rows, open_table
+from datamodules.resumable import ResumableDataLoader
 from modules.answers import extract_final_answer, extract_gsm8k_answer
 
 __all__ = ["PromptDataModule", "load_prompt_rows"]
@@ -38,7 +39,7 @@ def load_prompt_rows(
     if reference_format not in extract:
         raise ValueError(f"reference_format must be one of {sorted(extract)}, got {reference_format!r}")
     rows = []
-    for i, rec in enumerate(ds):
+    for i, rec in iter_rows(ds, where):
         prompt = rec[prompt_column]
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}: row {i}: field {prompt_column!r} is missing or empty")
@@ -141,6 +142,14 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError("no training prompts left after the validation/test split")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        if split == "train":  # resumes mid-epoch: the order comes from seed + epoch, the position is checkpointed
+            return ResumableDataLoader(
+                _Rows(self.splits[split]),
+                batch_size=self.hparams.batch_size,
+                shuffle=shuffle,
+                seed=self.hparams.seed,
+                collate_fn=_collate,
+            )
         return DataLoader(
             _Rows(self.splits[split]), batch_size=self.hparams.batch_size, shuffle=shuffle, collate_fn=_collate
         )

@@ -12,6 +12,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+from datamodules.resumable import ResumableDataLoader
 from modules.deep_smida import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from modules.policy import fill_template
 
@@ -83,7 +84,14 @@ class ArithmeticSFTDataModule(L.LightningDataModule):
         self.val_pairs, self.train_pairs = pairs[:n_val], pairs[n_val:]
 
     def train_dataloader(self):  # noqa: D102
-        return DataLoader(self.train_pairs, batch_size=self.hparams.batch_size, shuffle=True, collate_fn=_collate)
+        # resumes mid-epoch: the order comes from seed + epoch, the position is checkpointed
+        return ResumableDataLoader(
+            self.train_pairs,
+            batch_size=self.hparams.batch_size,
+            shuffle=True,
+            seed=self.hparams.seed,
+            collate_fn=_collate,
+        )
 
     def val_dataloader(self):  # noqa: D102
         return DataLoader(self.val_pairs, batch_size=self.hparams.batch_size, shuffle=False, collate_fn=_collate)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import lightning as L
 from torch.utils.data import DataLoader
 
+from datamodules.resumable import ResumableDataLoader
+
 __all__ = ["StepDataModule"]
 
 
@@ -31,5 +33,8 @@ class StepDataModule(L.LightningDataModule):
         self.save_hyperparameters()
 
     def train_dataloader(self) -> DataLoader:
-        """One index per batch, in order (``batch_size=None``: no collation, the batch is the plain int)."""
-        return DataLoader(range(self.steps_per_epoch), batch_size=None, shuffle=False)
+        """One index per batch, in order (``batch_size=None``: no collation, the batch is the plain int).
+
+        Resumable: a run stopped mid-epoch continues with the next index.
+        """
+        return ResumableDataLoader(range(self.steps_per_epoch), batch_size=None, shuffle=False)

@@ -55,13 +55,32 @@ _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
 
 
+def _outer_braces_match(s: str) -> bool:
+    """Whether the ``{`` opening ``s`` is closed by its last character (``{1}{2}`` is not one group)."""
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch == "{"
+        depth -= ch == "}"
+        if depth == 0:
+            return i == len(s) - 1
+    return False
+
+
 def normalize_answer(answer: str) -> str:
-    """Canonical text of an answer: no ``$``, spaces, ``\\left``/``\\right``, units in ``\\text{}``, thousands commas.
+    """Canonical answer text: no ``$``/``\\$``, spaces, ``\\left``/``\\right``, ``\\text{}`` units, thousands commas.
 
     ``\\frac{a}{b}`` and ``\\dfrac{a}{b}`` become ``a/b``; a plain number loses trailing zeros (``2.50`` → ``2.5``).
     """
     s = answer.strip()
-    s = s.replace("$", "").replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
+    s = (
+        s.replace("\\$", "")
+        .replace("$", "")
+        .replace("{,}", ",")
+        .replace("\\!", "")
+        .replace("\\,", "")
+        .replace("\\;", "")
+        .replace("\\ ", "")
+    )
     s = s.replace("\\left", "").replace("\\right", "").replace("^\\circ", "").replace("^{\\circ}", "")
     s = s.replace("\\%", "").replace("%", "")
     # A unit in \text{...} after a value is dropped; a bare \text{word} answer keeps its word.
@@ -70,6 +89,8 @@ def normalize_answer(answer: str) -> str:
         s = stripped
     else:
         s = re.sub(r"\\(?:text|textbf|mathrm|mbox|textnormal)\s*\{([^{}]*)\}", r"\1", s)
+    while s.startswith("{") and s.endswith("}") and _outer_braces_match(s):
+        s = s[1:-1].strip()
     s = _FRAC.sub(r"(\1)/(\2)", s)
     s = _FRAC_SHORT.sub(r"\1/\2", s)
     s = re.sub(r"\s+", "", s)

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import time
-import warnings
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,6 +32,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from modules.faults import NonFiniteGuard
 from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
 from modules.policy import PolicyBank, fill_template
@@ -49,7 +49,7 @@ FOLLOWER_SYSTEM = (
 )
 
 
-class DeepSMIDA(L.LightningModule):
+class DeepSMIDA(NonFiniteGuard, L.LightningModule):
     """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
 
     Args:
@@ -151,8 +151,7 @@ class DeepSMIDA(L.LightningModule):
         self.utility.requires_grad_(False)
         self.oracle = oracle
         self.strict_loading = False  # the frozen base and utility are not stored; on_load_checkpoint checks the rest
-        self.nonfinite_skipped = 0
-        self.consecutive_nonfinite = 0
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
         self.empty_generations = 0
         self._eval: dict[str, list[torch.Tensor]] = {}
         self.last_eval: dict[str, Any] | None = None
@@ -160,6 +159,10 @@ class DeepSMIDA(L.LightningModule):
         self.phase_times: dict[str, float] = {}
 
     # ------------------------------------------------------------------ rollouts
+    def setup(self, stage: str) -> None:  # noqa: D102
+        # sharded strategies (FSDP, ZeRO-3): gather the players once around each generate call, not once per token
+        self.players.use_strategy(self.trainer.strategy)
+
     def leader_prompts(self, prompts: list[str]) -> list[str]:
         """Chat-formatted leader inputs."""
         return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
@@ -211,10 +214,8 @@ class DeepSMIDA(L.LightningModule):
         with self._timed("score"):
             u = self.utility(*self.triplets(prompts, lead, foll, d, m)).to(self.device).view(b, d, m)
         self.log_dict({"train/empty_leader": float(empty_l), "train/empty_follower": float(empty_f)}, batch_size=b)
-        if not torch.isfinite(u).all():
-            self._skip_nonfinite(int((~torch.isfinite(u)).sum()), u.numel())
+        if not self.check_finite(u, "utilities"):  # same decision on every rank: nobody steps
             return
-        self.consecutive_nonfinite = 0
         self._log_candidate_shares(b)
         with self._timed("logprob"):
             lp_l = self.players.logprobs("leader", lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
@@ -224,6 +225,8 @@ class DeepSMIDA(L.LightningModule):
                 lp_f_ref = self.players.logprobs(None, foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
         out = smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
         loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
+        if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
+            return
         with self._timed("backward"):
             opt_l.zero_grad()
             opt_f.zero_grad()
@@ -264,21 +267,6 @@ class DeepSMIDA(L.LightningModule):
             for a, t in self.reference_thresholds.items()
         }
         self.log_dict(shares, batch_size=batch_size)
-
-    def _skip_nonfinite(self, bad: int, total: int) -> None:
-        self.nonfinite_skipped += 1
-        self.consecutive_nonfinite += 1
-        self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=1)
-        warnings.warn(
-            f"step {self.global_step}: {bad} of {total} utilities are NaN or inf; the update is skipped "
-            f"({self.consecutive_nonfinite} in a row)",
-            stacklevel=2,
-        )
-        if self.consecutive_nonfinite >= self.hparams.max_consecutive_nonfinite:
-            raise RuntimeError(
-                f"{self.consecutive_nonfinite} consecutive steps had non-finite utilities; stopping. "
-                "The last checkpoint holds the last good state."
-            )
 
     def configure_optimizers(self):  # noqa: D102
         hp = self.hparams
@@ -323,6 +311,8 @@ class DeepSMIDA(L.LightningModule):
                 for eps in hp.epsilons:
                     adv = adversarial_mask(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
                     result["adversarial_yield"].setdefault(str(eps), {})[tag] = float(adv.double().mean())
+        if self.oracle is not None:  # verdicts that were not probabilities, replaced by coin flips (this rank)
+            result["oracle_invalid_verdicts"] = self.oracle.invalid_verdicts
         self.last_eval = result
         self.reference_thresholds = dict(result["thresholds"])
         flat = {

@@ -49,6 +49,7 @@ class PreferenceOracle(ABC):
             raise ValueError(f"num_queries must be at least 1, got {num_queries}")
         self.num_queries = num_queries
         self.generator = torch.Generator().manual_seed(seed)
+        self.invalid_verdicts = 0
 
     @abstractmethod
     def first_wins_probability(
@@ -74,10 +75,28 @@ class PreferenceOracle(ABC):
             swap = torch.rand(n, generator=self.generator) < 0.5
             firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
             seconds = [a if s else b for a, b, s in zip(responses_a, responses_b, swap.tolist())]
-            p_first = self.first_wins_probability(prompts, firsts, seconds, references)
+            p_first = self._checked(self.first_wins_probability(prompts, firsts, seconds, references), n)
             first_wins = torch.rand(n, generator=self.generator, dtype=torch.float64) < p_first
             wins += torch.where(swap, ~first_wins, first_wins).double()
         return wins / self.num_queries
+
+    def _checked(self, p_first: Tensor, n: int) -> Tensor:
+        """A verdict that is not a probability (NaN, inf, outside [0, 1]) becomes a coin flip (0.5) and is counted.
+
+        A judge that returns garbage must never crash a labelling run nor bias it silently: ``NaN < u`` is False,
+        which would quietly award every such comparison to the response shown second.
+
+        Raises:
+            ValueError: the judge returned a number of verdicts other than one per row (a bug, not bad data).
+        """
+        p_first = torch.as_tensor(p_first, dtype=torch.float64).reshape(-1)
+        if p_first.numel() != n:
+            raise ValueError(f"{type(self).__name__} returned {p_first.numel()} verdicts for {n} rows")
+        bad = ~torch.isfinite(p_first) | (p_first < 0) | (p_first > 1)
+        if bad.any():
+            self.invalid_verdicts += int(bad.sum())
+            p_first = torch.where(bad, torch.full_like(p_first, 0.5), p_first)
+        return p_first
 
 
 def solution_score(

@@ -12,18 +12,20 @@ With ``players="separate"`` each player is a full trainable copy and one frozen 
 
 from __future__ import annotations
 
+import inspect
 import re
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from modules.models import apply_lora, load_model, load_tokenizer
 
-__all__ = ["PolicyBank", "Rollout", "fill_template"]
+__all__ = ["PolicyBank", "Rollout", "fill_template", "parameter_gathering"]
 
 _FIELD = re.compile(r"\{(prompt|leader_response)\}")
 
@@ -31,6 +33,45 @@ _FIELD = re.compile(r"\{(prompt|leader_response)\}")
 def fill_template(template: str, **values: str) -> str:
     """Replace ``{prompt}`` / ``{leader_response}`` in one pass over the template; data text is never re-read."""
     return _FIELD.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:
+    """A factory of contexts in which ``module``'s sharded parameters are whole, for generation under sharding.
+
+    Autoregressive decoding calls the model once per token. Under ZeRO-3 each call would gather every layer's
+    shards again (hundreds of all-gathers per reply); gathering once around the whole ``generate`` call costs one.
+
+    * DeepSpeed ZeRO stage 3: ``deepspeed.zero.GatheredParameters(module.parameters())`` (read-only gather).
+    * FSDP (Lightning's ``FSDPStrategy``): Lightning runs ``training_step`` inside the root FSDP unit's forward, so the
+      root's parameters are already whole there and ``summon_full_params`` is refused inside a forward. Inner units
+      (an ``auto_wrap_policy``) gather themselves on each call, which is correct though slower; the factory yields
+      ``summon_full_params(recurse=True, writeback=False)`` only where it is allowed (outside a forward, e.g.
+      ``validation_step`` under ``predict``) and a no-op otherwise.
+    * Everything else (single device, DDP, ZeRO-1/2 keep whole parameters): a no-op.
+
+    Args:
+        strategy: ``trainer.strategy`` (any object; only its class name and attributes are read).
+        module: The module whose parameters generation needs (e.g. a :class:`PolicyBank`).
+    """
+    kind = type(strategy).__name__
+    if kind == "DeepSpeedStrategy":
+        stage = (getattr(strategy, "config", None) or {}).get("zero_optimization", {}).get("stage", 0)
+        if stage == 3:
+            import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+
+            return lambda: deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+    if kind == "FSDPStrategy":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: PLC0415
+        from torch.distributed.fsdp._common_utils import TrainingState  # noqa: PLC0415
+
+        def summon() -> AbstractContextManager:
+            root = strategy.model
+            if not isinstance(root, FSDP) or getattr(root, "training_state", None) != TrainingState.IDLE:
+                return nullcontext()  # inside the root's forward: its parameters are already whole
+            return FSDP.summon_full_params(root, recurse=True, writeback=False)
+
+        return summon
+    return nullcontext
 
 
 @dataclass
@@ -43,6 +84,9 @@ class Rollout:
         prompt_width: P.
         completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
         texts: Decoded completions.
+        group_size: Consecutive rows that share one prompt (``num_samples`` of :meth:`PolicyBank.generate`; 1 when
+            unknown). Log-probabilities then run the shared prompt once per group (see
+            :meth:`PolicyBank.token_logprobs`).
     """
 
     sequences: Tensor
@@ -50,6 +94,7 @@ class Rollout:
     prompt_width: int
     completion_mask: Tensor
     texts: list[str]
+    group_size: int = 1
 
     @property
     def num_empty(self) -> int:
@@ -109,6 +154,22 @@ class PolicyBank(nn.Module):
             self.models = nn.ModuleDict({p: load_model(name_or_path, **load) for p in self.player_names})
             self.reference = load_model(name_or_path, **load).eval().requires_grad_(False)
         self.truncated_prompts = 0
+        # the prompt's KV cache is shared across a group's rows unless activation checkpointing (which turns the
+        # cache off in training) is on
+        self.share_prompts = not gradient_checkpointing
+        # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
+        self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
+        self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
+
+    def use_strategy(self, strategy: Any) -> None:
+        """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).
+
+        Sharded strategies (FSDP, DeepSpeed) gather the parameters once around each ``generate`` call
+        (:func:`parameter_gathering`) and keep the adapters unmerged (their parameters must not be swapped); elsewhere
+        generation needs no gathering and runs with the LoRA update merged into swapped-in weights.
+        """
+        self.gather_for_generation = parameter_gathering(strategy, self)
+        self.merge_for_generation = type(strategy).__name__ not in ("FSDPStrategy", "DeepSpeedStrategy")
 
     def player_parameters(self, player: str) -> list[nn.Parameter]:
         """The trainable parameters of one player (its adapter, or its copy)."""
@@ -133,6 +194,45 @@ class PolicyBank(nn.Module):
         # peft's set_adapter / disable_adapter freeze the inactive adapters; a graph built earlier with another
         # player would then lose its gradients at backward time, so every player is made trainable again.
         self._all_players_trainable()
+
+    @contextmanager
+    def _for_generation(self, player: str | None) -> Iterator[nn.Module]:
+        """The player as :meth:`_use` gives it, with its LoRA update merged into fresh weights when allowed.
+
+        Decoding calls every adapted layer once per token; with ``W + s·BA`` computed once per ``generate`` call the
+        adapter costs nothing per token. The merged weights are new tensors swapped in for the base layers' and the
+        original tensors are put back afterwards, so the frozen base is bit-for-bit untouched (merging in place and
+        unmerging would not be). Off (``merge_for_generation = False``) under sharded strategies, whose parameters
+        must not be replaced.
+        """
+        from peft.tuners.lora import LoraLayer  # noqa: PLC0415
+
+        layers = (
+            []
+            if self.mode == "separate" or player is None
+            else [m for m in self.model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
+        )
+        plain = all(
+            type(m.get_base_layer()) is nn.Linear and not m.use_dora.get(player, False) for m in layers
+        )  # the W + s·BA form holds for plain LoRA on nn.Linear only (not DoRA, embeddings, convolutions)
+        if not layers or not plain or not self.merge_for_generation:
+            with self._use(player) as model:
+                yield model
+            return
+        swapped = []
+        with self._use(None) as model:  # adapters disabled: every LoRA layer calls its base layer only
+            try:
+                with torch.no_grad():
+                    for module in layers:
+                        base = module.get_base_layer()
+                        original = base.weight
+                        merged = original + module.get_delta_weight(player).to(original.dtype)
+                        base.weight = nn.Parameter(merged, requires_grad=False)
+                        swapped.append((base, original))
+                yield model
+            finally:
+                for base, original in swapped:
+                    base.weight = original
 
     def _all_players_trainable(self) -> None:
         for name, p in self.model.named_parameters():
@@ -177,21 +277,38 @@ class PolicyBank(nn.Module):
         top_p: float = 1.0,
         max_new_tokens: int = 128,
         do_sample: bool = True,
+        min_new_tokens: int = 0,
     ) -> Rollout:
-        """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``)."""
+        """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
+
+        ``min_new_tokens`` > 0 suppresses EOS until that many tokens are written (benchmarks use it to fix the
+        work per step). The call runs inside :attr:`gather_for_generation` (see :func:`parameter_gathering`), so
+        that sharded parameters are gathered once for the whole decode instead of once per token.
+        """
         device = next(self.parameters()).device
-        enc = {k: v.repeat_interleave(num_samples, dim=0).to(device) for k, v in self._encode_prompts(prompts).items()}
+        once = {k: v.to(device) for k, v in self._encode_prompts(prompts).items()}
+        enc = {k: v.repeat_interleave(num_samples, dim=0) for k, v in once.items()}
         eos = self.tokenizer.eos_token_id
-        with self._use(player) as model:
+        with self.gather_for_generation(), self._for_generation(player) as model:
             was_training = model.training
             model.eval()
+            extra = {}
+            if num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1:
+                # prefill each prompt once (all but its last token), then copy the cache to the prompt's samples:
+                # generate only runs the last prompt token and the new ones
+                ids, mask = once["input_ids"], once["attention_mask"]
+                cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
+                cache.batch_repeat_interleave(num_samples)
+                extra[self._cache_arg(model)] = cache
             out = model.generate(
                 **enc,
+                **extra,
                 do_sample=do_sample,
                 temperature=temperature if do_sample else None,
                 top_p=top_p if do_sample else None,
                 top_k=0 if do_sample else None,
                 max_new_tokens=max_new_tokens,
+                min_new_tokens=min_new_tokens or None,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=eos,
             )
@@ -201,35 +318,71 @@ class PolicyBank(nn.Module):
         is_eos = completion == eos
         # keep tokens up to and including the first EOS (generating EOS is an action too)
         after_first_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+        # pads only follow a finished row's EOS; a pad token sampled mid-reply is an action like any other
         completion_mask = (~after_first_eos).long()
-        if self.tokenizer.pad_token_id != eos:
-            completion_mask &= (completion != self.tokenizer.pad_token_id).long()
         texts = self.tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
         attention = torch.cat([enc["attention_mask"], completion_mask], dim=1)
-        return Rollout(out, attention, width, completion_mask, texts)
+        return Rollout(out, attention, width, completion_mask, texts, group_size=num_samples)
+
+    def _cache_arg(self, model: nn.Module) -> str:
+        """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
+        if not hasattr(self, "_cache_name"):
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            params = inspect.signature(type(base).forward).parameters
+            self._cache_name = "cache" if "cache" in params else "past_key_values"
+        return self._cache_name
+
+    def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
+        """KV cache of ``ids[:, :end]`` and the last position's logits ``[rows, 1, V]`` (positions from the mask)."""
+        pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
+        out = model(
+            input_ids=ids[:, :end],
+            attention_mask=mask[:, :end],
+            position_ids=pos[:, :end],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return getattr(out, self._cache_arg(model)), out.logits
 
     def token_logprobs(
         self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        Only the completion positions are turned into log-probabilities (the prompt's logits are never normalised);
-        ``micro_batch`` rows at a time bound the memory of the ``[rows, C, vocab]`` logits. Gradients flow unless
-        called under ``no_grad``; ``player=None`` is the frozen reference (adapters disabled).
+        Only the completion positions reach the LM head (``logits_to_keep``: the prompt's hidden states are never
+        projected onto the vocabulary), and ``log p = logit − logsumexp`` avoids a second ``[rows, C, vocab]``
+        tensor; ``micro_batch`` rows at a time bound the memory of those logits. When the rollout's rows come in
+        groups sharing one prompt (``rollout.group_size`` G > 1), the prompt runs once per group and its KV cache is
+        repeated to the group's rows, so the forward (and backward) covers ``B·P + B·G·C`` tokens instead of
+        ``B·G·(P + C)``; micro-batches are then rounded up to whole groups. Gradients flow unless called under
+        ``no_grad``, through the shared prompt too; ``player=None`` is the frozen reference (adapters disabled).
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)
-        n = seq.shape[0]
+        n, c = seq.shape[0], seq.shape[1] - width
+        g = rollout.group_size if self.share_prompts and width > 0 and n % max(rollout.group_size, 1) == 0 else 1
         step = micro_batch or n
+        step = -(-step // g) * g  # whole groups per chunk
+        pos_all = (att.cumsum(dim=1) - 1).clamp_min(0)
         out = []
         with self._use(player) as model:
             for i in range(0, n, step):
-                s, a = seq[i : i + step], att[i : i + step]
-                pos = (a.cumsum(dim=1) - 1).clamp_min(0)
-                logits = model(input_ids=s, attention_mask=a, position_ids=pos).logits
-                logits = logits[:, width - 1 : -1].float() / temperature  # predicts the completion tokens
+                s, a, pos = seq[i : i + step], att[i : i + step], pos_all[i : i + step]
+                if g > 1:
+                    # the prompt once per group: its cache and the logits predicting the first completion token
+                    cache, first = self._prompt_forward(model, s[::g], a[::g], width)
+                    cache.batch_repeat_interleave(g)
+                    kw = {self._cache_arg(model): cache}
+                    tail = model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw).logits
+                    logits = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
+                else:
+                    # the last C + 1 positions: P − 1 … P + C − 1 predict the C completion tokens
+                    logits = model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=c + 1).logits
+                    logits = logits[:, :-1]
+                logits = logits.float() / temperature
                 target = s[:, width:]
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                lp = picked - torch.logsumexp(logits, dim=-1)
                 out.append(lp * cmask[i : i + step])
         return torch.cat(out)
 

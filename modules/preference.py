@@ -38,6 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 
 from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from modules.faults import NonFiniteGuard
 from modules.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
@@ -152,7 +153,7 @@ class _Collected(torchmetrics.Metric):
         return cat(self.probs)[first], cat(self.labels)[first], cat(self.prompts)[first]
 
 
-class PreferenceEnsemble(L.LightningModule):
+class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
@@ -182,6 +183,8 @@ class PreferenceEnsemble(L.LightningModule):
         lora_dropout: LoRA dropout.
         lora_target_modules: Modules to adapt (``None``: peft's default for the architecture).
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
+        max_consecutive_nonfinite: A batch with a non-finite loss is skipped (no update), logged and counted;
+            this many in a row stop training with an error, the last checkpoint intact.
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class PreferenceEnsemble(L.LightningModule):
         lora_dropout: float = 0.0,
         lora_target_modules: list[str] | None = None,
         report_bootstrap: int = 200,
+        max_consecutive_nonfinite: int = 10,
     ) -> None:
         super().__init__()
         if num_members < 1:
@@ -223,6 +227,7 @@ class PreferenceEnsemble(L.LightningModule):
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.save_hyperparameters()
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
         load = dict(
             task=backbone_task,
             dtype=dtype,
@@ -264,6 +269,8 @@ class PreferenceEnsemble(L.LightningModule):
         self.cache_misses = 0
         self.strict_loading = False  # frozen base weights are not stored; on_load_checkpoint checks the rest
         self.train_acc = torchmetrics.classification.BinaryAccuracy()
+        # the epoch's running counts travel in checkpoints, so a run resumed mid-epoch reports the whole epoch
+        self.train_acc.persistent(True)
         self.val_collect = _Collected()
         self.test_collect = _Collected()
         self.last_report: dict[str, Any] | None = None
@@ -368,6 +375,8 @@ class PreferenceEnsemble(L.LightningModule):
         logits = self._own_member_logits(batch)
         # Soft-label binary cross-entropy = −log P(y_w ≻ y_l) for 0/1 labels (App. E.2), exact for averaged labels.
         loss = F.binary_cross_entropy_with_logits(logits, batch["label"])
+        if not self.check_finite(loss, "losses"):
+            return None  # no backward, no optimizer step (the same on every rank)
         self.train_acc(logits, (batch["label"] > 0.5).long())
         bs = batch["label"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
@@ -488,6 +497,7 @@ class PreferenceEnsemble(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Drop frozen base weights (reloaded from ``backbone``); adapters, heads and fine-tuned copies are kept."""
+        checkpoint["nonfinite"] = self.nonfinite_state()
         frozen = set(self._frozen_prefixes())
         sd = checkpoint["state_dict"]
         for name in list(sd):
@@ -502,13 +512,14 @@ class PreferenceEnsemble(L.LightningModule):
         missing = sorted(trainable - set(checkpoint["state_dict"]))
         if missing:
             raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}")
+        self.load_nonfinite_state(checkpoint.get("nonfinite"))
 
     @classmethod
     def load_frozen(cls, checkpoint_path: str, map_location: str | torch.device = "cpu") -> PreferenceEnsemble:
         """Load a trained ensemble in one call as a frozen scorer (eval mode, no gradients) for the game modules."""
         with warnings.catch_warnings():  # the frozen base is reloaded from `backbone`, not missing by mistake
             warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in")
-            model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=False)
+            model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=True)
         model.eval().requires_grad_(False)
         return model
 

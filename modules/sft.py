@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from modules.faults import NonFiniteGuard
 from modules.models import build_tiny_causal_lm, load_model, load_tokenizer
 
 __all__ = ["CausalLMSFT"]
 
 
-class CausalLMSFT(L.LightningModule):
+class CausalLMSFT(NonFiniteGuard, L.LightningModule):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.
 
     Args:
@@ -33,6 +34,8 @@ class CausalLMSFT(L.LightningModule):
         max_length: Tokens per example (prompt cut from the left first).
         seed: Seed of the tiny model's initialisation.
         dtype: Weights dtype.
+        max_consecutive_nonfinite: A batch with a non-finite loss is skipped (no update), logged and counted;
+            this many in a row stop training with an error, the last checkpoint intact.
     """
 
     def __init__(
@@ -46,9 +49,11 @@ class CausalLMSFT(L.LightningModule):
         max_length: int = 512,
         seed: int = 0,
         dtype: str = "float32",
+        max_consecutive_nonfinite: int = 10,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
         path = model
         if path is None:
             path = build_tiny_causal_lm(os.path.join(output_dir, "_init"), config=tiny_config, seed=seed)
@@ -94,8 +99,16 @@ class CausalLMSFT(L.LightningModule):
 
     def training_step(self, batch, batch_idx):  # noqa: D102
         loss = self._loss(batch)
+        if not self.check_finite(loss, "losses"):
+            return None  # no backward, no optimizer step (the same on every rank)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["prompt"]))
         return loss
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: D102
+        checkpoint["nonfinite"] = self.nonfinite_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: D102
+        self.load_nonfinite_state(checkpoint.get("nonfinite"))
 
     def validation_step(self, batch, batch_idx):  # noqa: D102
         self.log("val/loss", self._loss(batch), batch_size=len(batch["prompt"]), sync_dist=True)

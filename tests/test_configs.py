@@ -12,6 +12,16 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
 # Small data so a smoke run stays fast; paths that a config expects from an earlier job point at test fixtures.
 SMALL = {
+    **{
+        f"debate_{p}.yaml": [
+            "--data.init_args.num_prompts=40",
+            "--model.init_args.max_new_tokens=16",
+            "--model.init_args.reply_max_new_tokens=8",
+            "--model.init_args.policy={tiny_lm_dir}",
+        ]
+        for p in ("rlaif_a", "ab", "aba", "rlvr", "hacking")
+    },
+    "debate_sft_tiny.yaml": ["--data.init_args.num_prompts=40", "--model.init_args.model={tiny_lm_dir}"],
     "preference_ensemble.yaml": ["--data.init_args.num_prompts=40"],
     "sft_tiny.yaml": ["--data.init_args.num_prompts=40"],
     "deep_smida.yaml": [
@@ -19,6 +29,24 @@ SMALL = {
         "--model.init_args.max_new_tokens=16",
         "--model.init_args.policy={tiny_lm_dir}",
     ],
+    "grpo_tiny.yaml": [
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=2",
+        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.policy={tiny_lm_dir}",
+    ],
+    **{
+        f"pool_{algorithm}.yaml": [
+            "--model.init_args.policy={tiny_lm_dir}",
+            "--model.init_args.duels_per_iteration=3",
+            "--model.init_args.max_new_tokens=6",
+            "--model.init_args.eval_max_new_tokens=6",
+            "--data.init_args.num_problems=10",
+            "--data.init_args.num_test_problems=2",
+            "--data.init_args.batch_size=2",
+        ]
+        for algorithm in ("dpo", "grpo")
+    },
 }
 
 

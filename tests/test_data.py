@@ -199,3 +199,27 @@ def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
     )
     dm.setup()
     assert len(dm.splits["train"]) == 1 and len(dm.splits["val"]) == 1
+
+
+def test_oracle_garbage_verdicts_become_counted_coin_flips():
+    from modules.oracle import PreferenceOracle
+
+    class Garbage(PreferenceOracle):
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            return torch.tensor([float("nan"), float("inf"), 1.7, -0.2, 1.0] * (len(prompts) // 5))
+
+    oracle = Garbage(num_queries=1, seed=0)
+    n = 4000
+    labels = oracle.label(["x"] * n, ["a"] * n, ["b"] * n)
+    assert oracle.invalid_verdicts == n * 4 // 5  # NaN, inf, 1.7 and -0.2 are counted; 1.0 is a verdict
+    valid = labels[4::5]  # p_first = 1 for the shown-first response: a wins exactly when it was shown first
+    garbage = torch.cat([labels[i::5] for i in range(4)])
+    assert 0.45 < garbage.mean().item() < 0.55  # coin flips, not "second shown always wins"
+    assert set(valid.tolist()) <= {0.0, 1.0}
+
+    class Short(PreferenceOracle):
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            return torch.tensor([0.5])
+
+    with pytest.raises(ValueError, match="1 verdicts for 3 rows"):
+        Short().label(["x"] * 3, ["a"] * 3, ["b"] * 3)

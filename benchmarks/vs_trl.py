@@ -1,0 +1,322 @@
+"""The same GRPO workload run by this suite (:class:`modules.grpo.GRPO`) and by TRL's ``GRPOTrainer``, step by step.
+
+Both sides get the same random-initialised tiny Qwen2 policy saved to a folder, the same prompts in the same order
+(generated arithmetic, no shuffling), ``G`` generations per prompt with the same number of new tokens (EOS suppressed
+until ``max_new_tokens`` by a minimum length), five sequence-classification reward models (random tiny Qwen2
+classifiers, loaded by path on both sides), the same LoRA adapter (rank, alpha, peft's default target modules), the
+same β (the reference is the disabled adapter on both sides), the same clipped loss (TRL ``loss_type="grpo"``:
+sequence mean then batch mean; one update per rollout), AdamW with the same rate and gradient clipping, and the same
+number of optimizer steps, in fp32 on CPU with ``--threads`` threads. TRL is configured as fast as it allows for that
+work: the whole batch in one micro-batch (no gradient accumulation, one generation per optimizer step), no gradient
+checkpointing, no bf16, no logging, no saving. Each framework runs in its own process, the order alternates between
+repeats, and the first ``--discard`` steps of every run are dropped.
+
+    python benchmarks/vs_trl.py                                   # 3 repeats x 6 steps per framework
+    python benchmarks/vs_trl.py --trl-python /work/venv_trl/bin/python   # TRL from a separate environment
+
+It prints each phase's median time (generate, score, reference log-probs, forward + backward, optimizer) for both
+and, as its last line, ``speedup_vs_trl=<median TRL step time / median step time of ours>``. A step's time is the wall
+time between the ends of consecutive optimizer steps (data, generation, scoring, update: everything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PHASES = ("generate", "score", "ref_logprobs", "forward_backward", "optimizer")
+POLICY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
+REWARD = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
+
+
+def prepare(workdir: str, num_prompts: int, num_rewards: int) -> dict:
+    """Policy, reward models and prompts on disk (idempotent); the paths both workers read."""
+    from datamodules.arithmetic import generate_problems
+    from modules.grpo import build_tiny_reward_model
+    from modules.models import build_tiny_causal_lm
+
+    os.makedirs(workdir, exist_ok=True)
+    policy = build_tiny_causal_lm(os.path.join(workdir, "policy"), config=POLICY, seed=0)
+    rewards = [
+        build_tiny_reward_model(os.path.join(workdir, f"reward_{i}"), config=REWARD, seed=100 + i)
+        for i in range(num_rewards)
+    ]
+    prompts = [p.question for p in generate_problems(num_prompts, seed=7)]
+    path = os.path.join(workdir, "prompts.json")
+    with open(path, "w") as f:
+        json.dump(prompts, f)
+    return {"policy": policy, "rewards": rewards, "prompts": path}
+
+
+# ---------------------------------------------------------------------- ours
+def run_ours(args, paths: dict) -> list[dict]:
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    from modules.grpo import GRPO
+
+    prompts = json.load(open(paths["prompts"]))
+    L.seed_everything(args.seed)
+    model = GRPO(
+        policy=paths["policy"],
+        players="lora",
+        reward_models=paths["rewards"],
+        answer_reward=False,
+        num_generations=args.g,
+        beta=args.beta,
+        clip=0.2,
+        lr=args.lr,
+        grad_clip=1.0,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=args.tokens,
+        min_new_tokens=args.tokens,
+        chat_template=False,
+        lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+    )
+    loader = DataLoader(
+        [{"prompt": p, "reference": None} for p in prompts],
+        batch_size=args.b,
+        shuffle=False,
+        collate_fn=lambda rows: {"prompt": [r["prompt"] for r in rows], "reference": [None] * len(rows)},
+    )
+    steps: list[dict] = []
+
+    class Collect(L.Callback):
+        def __init__(self) -> None:
+            self.last = None
+
+        def on_train_batch_start(self, trainer, pl_module, *a):
+            if self.last is None:
+                self.last = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, *a):
+            now = time.perf_counter()
+            t = pl_module.phase_times
+            steps.append(
+                {
+                    "step": now - self.last,
+                    "generate": t["generate"],
+                    "score": t["score"],
+                    "ref_logprobs": t.get("ref_logprobs", 0.0),
+                    "forward_backward": t["backward"],
+                    "optimizer": t["optimizer"],
+                    "tokens": t["generated_tokens"],
+                }
+            )
+            self.last = now
+
+    trainer = L.Trainer(
+        max_steps=args.steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[Collect()],
+    )
+    torch.set_num_threads(args.threads)
+    trainer.fit(model, train_dataloaders=loader)
+    return steps
+
+
+# ---------------------------------------------------------------------- TRL
+def run_trl(args, paths: dict) -> list[dict]:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts = json.load(open(paths["prompts"]))
+    config = GRPOConfig(
+        output_dir=os.path.join(args.workdir, "trl_out"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=args.seed,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.b * args.g,  # the whole batch in one micro-batch
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        num_generations=args.g,
+        max_completion_length=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=args.beta,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+    )
+    steps: list[dict] = []
+    current: dict = {}
+    trainer = GRPOTrainer(
+        model=paths["policy"],
+        reward_funcs=list(paths["rewards"]),
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
+        peft_config=LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM"),
+    )
+
+    def timed(name: str, fn, only_no_grad: bool = False):
+        def wrapper(*a, **k):
+            if only_no_grad and torch.is_grad_enabled():
+                return fn(*a, **k)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                current[name] = current.get(name, 0.0) + time.perf_counter() - t0
+
+        return wrapper
+
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._calculate_rewards = timed("score", trainer._calculate_rewards)
+    # called under no_grad only for the reference (no old log-probs: one generation per optimizer step)
+    trainer._get_per_token_logps_and_entropies = timed(
+        "ref_logprobs", trainer._get_per_token_logps_and_entropies, only_no_grad=True
+    )
+    trainer._prepare_inputs = timed("prepare", trainer._prepare_inputs)
+    trainer.training_step = timed("training_step", trainer.training_step)
+
+    class Collect(TrainerCallback):
+        def __init__(self) -> None:
+            self.last = None
+
+        def on_step_begin(self, a, state, control, **kw):
+            if self.last is None:
+                self.last = time.perf_counter()
+
+        def on_pre_optimizer_step(self, a, state, control, **kw):
+            current["opt_start"] = time.perf_counter()
+
+        def on_optimizer_step(self, a, state, control, **kw):
+            current["optimizer"] = time.perf_counter() - current.pop("opt_start")
+
+        def on_step_end(self, a, state, control, **kw):
+            now = time.perf_counter()
+            steps.append(
+                {
+                    "step": now - self.last,
+                    "generate": current.get("generate", 0.0),
+                    "score": current.get("score", 0.0),
+                    "ref_logprobs": current.get("ref_logprobs", 0.0),
+                    # training_step = _prepare_inputs (generate, score, reference) + forward + backward
+                    "forward_backward": current["training_step"] - current["prepare"],
+                    "optimizer": current.get("optimizer", 0.0),
+                }
+            )
+            current.clear()
+            self.last = now
+
+    trainer.add_callback(Collect())
+    torch.set_num_threads(args.threads)
+    trainer.train()
+    return steps
+
+
+# ---------------------------------------------------------------------- driver
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default=os.path.join("/tmp", "ag_vs_trl"))
+    ap.add_argument("--trl-python", default=sys.executable, help="Python of an environment with TRL installed")
+    ap.add_argument("--b", type=int, default=8, help="prompts per step")
+    ap.add_argument("--g", type=int, default=4, help="generations per prompt")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per completion (fixed)")
+    ap.add_argument("--rewards", type=int, default=5, help="reward models")
+    ap.add_argument("--beta", type=float, default=0.04)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per run")
+    ap.add_argument("--discard", type=int, default=2, help="first steps of each run dropped")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--worker", choices=("ours", "trl"), default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.discard >= args.steps:
+        ap.error(f"--steps ({args.steps}) must exceed --discard ({args.discard})")
+    paths = prepare(args.workdir, args.b * args.steps, args.rewards)
+    if args.worker:
+        steps = (run_ours if args.worker == "ours" else run_trl)(args, paths)
+        print("RESULT " + json.dumps(steps), flush=True)
+        return
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": ROOT,
+    }
+    passthrough = [a for a in sys.argv[1:] if not a.startswith("--worker")]
+    kept: dict[str, list[dict]] = {"ours": [], "trl": []}
+    for rep in range(args.repeats):
+        order = ("ours", "trl") if rep % 2 == 0 else ("trl", "ours")
+        for who in order:
+            python = args.trl_python if who == "trl" else sys.executable
+            proc = subprocess.run(
+                [python, os.path.abspath(__file__), *passthrough, f"--worker={who}"],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )
+            if proc.returncode != 0:
+                sys.exit(f"{who} worker failed:\n{proc.stderr[-4000:]}")
+            line = next(s for s in reversed(proc.stdout.splitlines()) if s.startswith("RESULT "))
+            steps = json.loads(line[len("RESULT ") :])
+            if len(steps) != args.steps:
+                sys.exit(f"{who} worker recorded {len(steps)} steps, expected {args.steps}")
+            kept[who].extend(steps[args.discard :])
+            med = statistics.median(s["step"] for s in steps[args.discard :])
+            print(f"repeat {rep} {who:4s}: median step {med:.3f} s", flush=True)
+    print(
+        f"\nworkload: B={args.b} prompts x G={args.g} generations, {args.tokens} new tokens, {args.rewards} reward "
+        f"models, beta={args.beta}, LoRA r={args.lora_r}, fp32 CPU {args.threads} threads; {args.repeats} repeats x "
+        f"{args.steps - args.discard} kept steps per framework (medians, seconds)"
+    )
+    print(f"{'phase':18s} {'ours':>8s} {'TRL':>8s} {'TRL/ours':>9s}")
+    medians = {}
+    for phase in (*PHASES, "step"):
+        o = statistics.median(s[phase] for s in kept["ours"])
+        t = statistics.median(s[phase] for s in kept["trl"])
+        medians[phase] = (o, t)
+        print(f"{phase:18s} {o:8.3f} {t:8.3f} {t / o if o > 0 else float('nan'):9.2f}")
+    o, t = medians["step"]
+    print(f"speedup_vs_trl={t / o:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The instruction pool of the multi-LLM game (App. E): a development split cut 80/20, a test set kept apart.
+
+The leader samples duels from the whole candidate pool every iteration, so a training batch *is* the pool: the train
+loader yields ``iterations_per_epoch`` batches per epoch (default 1: one epoch = one game iteration), each one game
+iteration holding every candidate instruction, ``{"prompt": [...], "reference": [...], "index": tensor}``.
+Validation (the 20%) and test batches have the same keys in ``batch_size`` chunks. Without a file or hub set the
+instructions are generated arithmetic word problems (:func:`datamodules.arithmetic.generate_problems`), the
+development and test problems from different seeds.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.arithmetic import generate_problems
+from datamodules.prompts import load_prompt_rows
+from datamodules.resumable import ResumableDataLoader
+
+__all__ = ["InstructionPoolDataModule", "split_pool"]
+
+
+def split_pool(
+    rows: list[dict[str, Any]], val_fraction: float, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Deduplicate by prompt (first occurrence kept), shuffle with ``seed``, cut off ``val_fraction`` for validation.
+
+    Raises:
+        ValueError: when fewer than two distinct prompts would remain as candidate instructions.
+    """
+    seen, unique = set(), []
+    for r in rows:
+        if r["prompt"] not in seen:
+            seen.add(r["prompt"])
+            unique.append(r)
+    random.Random(seed).shuffle(unique)
+    n_val = round(len(unique) * val_fraction)
+    val, train = unique[:n_val], unique[n_val:]
+    if len(train) < 2:
+        raise ValueError(
+            f"the instruction pool needs at least two candidate instructions, got {len(train)} of {len(unique)} "
+            f"distinct prompts after the {val_fraction:.0%} validation split"
+        )
+    return train, val
+
+
+class _Rows(Dataset):
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.rows[i], "index": i}
+
+
+class _WholePool(Dataset):
+    """``iterations`` items, each the whole pool (one item = one game iteration)."""
+
+    def __init__(self, rows: list[dict[str, Any]], iterations: int = 1) -> None:
+        self.rows = rows
+        self.iterations = iterations
+
+    def __len__(self) -> int:
+        return self.iterations
+
+    def __getitem__(self, i: int) -> list[dict[str, Any]]:
+        return [{**r, "index": j} for j, r in enumerate(self.rows)]
+
+
+def _collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "prompt": [it["prompt"] for it in items],
+        "reference": [it["reference"] for it in items],
+        "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+    }
+
+
+class InstructionPoolDataModule(L.LightningDataModule):
+    """Candidate instructions (80% of a development split), validation (20%) and a separate test set.
+
+    Args:
+        path: Local jsonl/json/parquet/csv of the development split.
+        name: Hub dataset name (used when ``path`` is ``None``); neither: generated arithmetic problems.
+        split: Hub split of the development data.
+        test_path: Local file of the test set.
+        test_split: Hub split of the test set (with ``name``), e.g. ``test``.
+        prompt_column: Column with the instruction.
+        reference_column: Column with the reference answer (exact-match evaluation), optional.
+        reference_format: ``plain``, ``gsm8k`` or ``boxed``.
+        num_problems: Generated development problems (when no file or hub set is given).
+        num_test_problems: Generated test problems.
+        val_fraction: Share of the development split held out for validation (paper: 0.2).
+        batch_size: Validation/test prompts per batch.
+        iterations_per_epoch: Game iterations (training batches, each the whole pool) per epoch; validation runs at
+            the end of each epoch. 1 (the default) is the paper's one iteration per epoch.
+        seed: Seed of generation and splitting.
+        generation_seed_offset: Generated problems use ``seed + offset`` (test: ``+ 1`` more), so they differ from
+            the SFT warm start's problems.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        name: str | None = None,
+        split: str = "train",
+        test_path: str | None = None,
+        test_split: str | None = None,
+        prompt_column: str = "prompt",
+        reference_column: str | None = None,
+        reference_format: str = "plain",
+        num_problems: int = 200,
+        num_test_problems: int = 100,
+        val_fraction: float = 0.2,
+        batch_size: int = 8,
+        iterations_per_epoch: int = 1,
+        seed: int = 0,
+        generation_seed_offset: int = 2_000_003,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if isinstance(iterations_per_epoch, bool) or int(iterations_per_epoch) != iterations_per_epoch:
+            raise ValueError(f"iterations_per_epoch must be an integer, got {iterations_per_epoch!r}")
+        if iterations_per_epoch < 1:
+            raise ValueError(f"iterations_per_epoch must be positive, got {iterations_per_epoch}")
+        self.save_hyperparameters(logger=False)
+        self.splits: dict[str, list[dict[str, Any]]] = {}
+
+    def _rows(self, path: str | None, split: str | None, generated: int, seed: int) -> list[dict[str, Any]]:
+        hp = self.hparams
+        if path is None and hp.name is None:
+            return [{"prompt": p.question, "reference": str(p.answer)} for p in generate_problems(generated, seed=seed)]
+        return load_prompt_rows(
+            path, hp.name if path is None else None, split, hp.prompt_column, hp.reference_column, hp.reference_format
+        )
+
+    def setup(self, stage: str | None = None) -> None:  # noqa: D102
+        if self.splits:
+            return
+        hp = self.hparams
+        base = hp.seed + hp.generation_seed_offset
+        train, val = split_pool(self._rows(hp.path, hp.split, hp.num_problems, base), hp.val_fraction, hp.seed)
+        generated = hp.path is None and hp.name is None
+        if generated or hp.test_path is not None or hp.test_split is not None:
+            test_rows = self._rows(hp.test_path, hp.test_split, hp.num_test_problems, base + 1)
+            dev = {r["prompt"] for r in train + val}
+            test = [r for r in test_rows if r["prompt"] not in dev]  # the test set never overlaps the pool
+        else:
+            test = []
+        self.splits = {"train": train, "val": val, "test": test}
+
+    def train_dataloader(self) -> DataLoader:  # noqa: D102
+        # resumable: a checkpoint written after an iteration's batch but before its epoch ended resumes at the next
+        # iteration instead of replaying this one
+        return ResumableDataLoader(
+            _WholePool(self.splits["train"], int(self.hparams.iterations_per_epoch)),
+            batch_size=None,
+            shuffle=False,
+            seed=self.hparams.seed,
+            collate_fn=_collate,
+        )
+
+    def _loader(self, split: str) -> DataLoader:
+        return DataLoader(_Rows(self.splits[split]), batch_size=self.hparams.batch_size, collate_fn=_collate)
+
+    def val_dataloader(self) -> DataLoader:  # noqa: D102
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:  # noqa: D102
+        if not self.splits["test"]:
+            warnings.warn("no test set was given (test_path/test_split): testing on the validation split", stacklevel=2)
+            return self._loader("val")
+        return self._loader("test")

@@ -1,0 +1,137 @@
+"""A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint.
+
+Lightning saves the ``state_dict`` of a training loader that has one and hands it back through ``load_state_dict``
+before iterating on resume. :class:`ResumableDataLoader` records the epoch and the number of batches it has handed
+out in that epoch; its sampler draws each epoch's order from ``seed + epoch`` only (never the global generator), so
+after a resume it replays the same order and skips the batches already trained on. With a sized loader Lightning
+fetches one batch per step and never ahead, so "handed out" is "trained on".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+__all__ = ["ResumableDataLoader", "ResumableSampler"]
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ResumableSampler(DistributedSampler):
+    """Each epoch's order from ``seed + epoch`` (shuffled or not), split across ranks, with a skip for resuming.
+
+    A :class:`~torch.utils.data.DistributedSampler`, so Lightning neither replaces it under DDP nor forgets to call
+    :meth:`set_epoch` (it does so at the start of every training epoch, from its own epoch counter, resumes
+    included). Used without Lightning, an iteration that starts without a new :meth:`set_epoch` moves to the next
+    epoch by itself.
+
+    Args:
+        dataset: The map-style dataset (only its length is used).
+        shuffle: Shuffle within each epoch.
+        seed: Seed of the orders.
+    """
+
+    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0) -> None:
+        rank, world = _world()
+        super().__init__(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self.skip = 0
+        self._epoch_fresh = True
+
+    def set_epoch(self, epoch: int) -> None:  # noqa: D102
+        super().set_epoch(epoch)
+        self._epoch_fresh = True
+
+    def __iter__(self) -> Iterator[int]:  # noqa: D105
+        if not self._epoch_fresh:
+            self.epoch += 1
+        self._epoch_fresh = False
+        skip, self.skip = self.skip, 0
+        indices = list(super().__iter__())
+        return iter(indices[skip:])
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` with ``state_dict``/``load_state_dict`` for exact mid-epoch resumption in Lightning.
+
+    State: ``{"epoch": e, "batches": b}``, the epoch of the running (or last) iteration and the batches handed out
+    in it. After ``load_state_dict`` the next iteration of epoch ``e`` starts at batch ``b``; an iteration of any
+    other epoch starts at its beginning. The loader's own generator (seeded, used for worker seeds) keeps the
+    global torch generator untouched, so resuming does not shift anyone else's random numbers.
+
+    Args:
+        dataset: Map-style dataset.
+        batch_size: Items per batch.
+        shuffle: Shuffle each epoch (orders from ``seed + epoch``).
+        seed: Seed of the orders and of the loader's generator.
+        collate_fn: Batch collation.
+        num_workers: Worker processes.
+        drop_last: Drop the last incomplete batch.
+        **kwargs: Any other ``DataLoader`` argument (not ``sampler``, ``batch_sampler`` or ``generator``).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        for key in ("sampler", "batch_sampler", "generator"):
+            if kwargs.get(key) is not None:
+                raise ValueError(f"ResumableDataLoader sets its own {key}; do not pass one")
+            kwargs.pop(key, None)
+        kwargs.pop("shuffle", None)
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            sampler=ResumableSampler(dataset, shuffle=shuffle, seed=seed),
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            generator=torch.Generator().manual_seed(seed),
+            **kwargs,
+        )
+        self.seed = seed
+        self.shuffle = shuffle
+        self._batches = 0
+        self._resume: tuple[int, int] | None = None
+
+    def __iter__(self) -> Iterator[Any]:  # noqa: D105
+        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
+        return self._iterate(sampler)
+
+    def _iterate(self, sampler: ResumableSampler) -> Iterator[Any]:
+        # A generator: the body runs at the first next(), after Lightning's set_epoch for this epoch.
+        epoch = sampler.epoch if sampler._epoch_fresh else sampler.epoch + 1
+        skip = 0
+        if self._resume is not None:
+            saved_epoch, saved_batches = self._resume
+            self._resume = None
+            if saved_epoch == epoch:
+                skip = saved_batches
+        sampler.skip = skip * (self.batch_size or 1)  # batch_size=None: one item per batch
+        self._batches = skip
+        for batch in super().__iter__():
+            self._batches += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "batches"}``: where the training stands in the data."""
+        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
+        return {"epoch": int(sampler.epoch), "batches": int(self._batches)}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Resume in epoch ``state_dict["epoch"]`` after batch ``state_dict["batches"]`` at the next iteration."""
+        self._resume = (int(state_dict["epoch"]), int(state_dict["batches"]))
+        self._batches = int(state_dict["batches"])

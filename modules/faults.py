@@ -1,0 +1,88 @@
+"""Non-finite losses, utilities and rewards: skip the update, log and count it, stop after too many in a row.
+
+:class:`NonFiniteGuard` is a mixin for LightningModules. A module calls :meth:`NonFiniteGuard.check_finite` on the
+values an update depends on before stepping; ``False`` means: return without an update (``None`` from
+``training_step`` under automatic optimization, no ``step`` under manual optimization). The decision is taken
+for all ranks together (any rank's non-finite value skips the step everywhere), so DDP never waits for a backward
+that one rank skipped. The counters travel in checkpoints (:meth:`NonFiniteGuard.nonfinite_state`).
+
+Stopping raises ``RuntimeError``: Lightning then writes no checkpoint (``CheckpointOnSigterm`` saves on SIGTERM
+only), so the last periodic checkpoint, from before the failing streak, stays as it was.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["NonFiniteGuard"]
+
+
+class NonFiniteGuard:
+    """Mixin: call ``check_finite(values, what)`` before an update; counts skipped steps, stops after too many.
+
+    Call :meth:`init_nonfinite_guard` in ``__init__``. Logs ``train/nonfinite_skipped`` (the running total) when a
+    step is skipped, and warns with the step and the number of bad values.
+    """
+
+    nonfinite_skipped: int
+    consecutive_nonfinite: int
+    max_consecutive_nonfinite: int
+
+    def init_nonfinite_guard(self, max_consecutive_nonfinite: int) -> None:
+        """Set the limit and zero the counters.
+
+        Raises:
+            ValueError: if the limit is not a positive integer.
+        """
+        if isinstance(max_consecutive_nonfinite, bool) or int(max_consecutive_nonfinite) != max_consecutive_nonfinite:
+            raise ValueError(f"max_consecutive_nonfinite must be an integer, got {max_consecutive_nonfinite!r}")
+        if max_consecutive_nonfinite < 1:
+            raise ValueError(f"max_consecutive_nonfinite must be at least 1, got {max_consecutive_nonfinite}")
+        self.max_consecutive_nonfinite = int(max_consecutive_nonfinite)
+        self.nonfinite_skipped = 0
+        self.consecutive_nonfinite = 0
+
+    def check_finite(self, values: Tensor, what: str) -> bool:
+        """``True`` when every value (on every rank) is finite; else count, log, warn and return ``False``.
+
+        Raises:
+            RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
+        """
+        bad = int((~torch.isfinite(values.detach())).sum())
+        ok = bad == 0
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None:
+            ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
+        if ok:
+            self.consecutive_nonfinite = 0
+            return True
+        self.nonfinite_skipped += 1
+        self.consecutive_nonfinite += 1
+        step = trainer.global_step if trainer is not None else -1
+        if trainer is not None:
+            self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=1)  # type: ignore[attr-defined]
+        warnings.warn(
+            f"step {step}: {bad} of {values.numel()} {what} are NaN or inf; the update is skipped "
+            f"({self.consecutive_nonfinite} in a row)",
+            stacklevel=2,
+        )
+        if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+            raise RuntimeError(
+                f"{self.consecutive_nonfinite} consecutive steps had non-finite {what}; stopping. "
+                "The last checkpoint holds the last good state (resume from it after fixing the cause)."
+            )
+        return False
+
+    def nonfinite_state(self) -> dict[str, int]:
+        """The counters, for ``on_save_checkpoint``."""
+        return {"nonfinite_skipped": self.nonfinite_skipped, "consecutive_nonfinite": self.consecutive_nonfinite}
+
+    def load_nonfinite_state(self, state: dict[str, Any] | None) -> None:
+        """Restore the counters from :meth:`nonfinite_state` (missing entries stay as they are)."""
+        for key in ("nonfinite_skipped", "consecutive_nonfinite"):
+            if state and key in state:
+                setattr(self, key, int(state[key]))

@@ -1,0 +1,515 @@
+"""GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
+
+Per training step, for B prompts: B·G completions in one batched ``generate`` (left padding, KV cache); rewards from
+each reward model in one batched pass (models that share a tokenizer share one tokenisation) and/or the answer
+checker (RLVR: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference); group advantages
+(:func:`modules.rl_losses.group_advantages`); reference log-probabilities once per step without gradients through the
+disabled adapter; the clipped surrogate with the k3 KL (:func:`modules.rl_losses.grpo_loss`) on completion tokens
+only; AdamW. With ``updates_per_rollout`` μ > 1 the sampling policy's log-probabilities are kept (one extra forward
+without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
+
+Each phase's wall time is logged (``time/generate``, ``time/score``, ``time/ref_logprobs``, ``time/backward``: the
+policy's forward and backward, ``time/optimizer``) and kept in :attr:`GRPO.phase_times`. A step with a non-finite
+reward or loss is skipped, counted (``train/nonfinite_skipped``) and warned about; ``max_consecutive_nonfinite`` in a
+row stop training with a clear error (:class:`modules.faults.NonFiniteGuard`: one decision for all ranks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from modules.answers import answers_match, extract_final_answer
+from modules.faults import NonFiniteGuard
+from modules.models import DTYPES, check_exists, resolve_name_or_path
+from modules.policy import PolicyBank
+from modules.rl_losses import group_advantages, grpo_loss
+
+__all__ = ["GRPO", "RewardModels", "answer_rewards", "build_tiny_reward_model"]
+
+PLAYER = "policy"
+
+
+def answer_rewards(completions: Sequence[str], references: Sequence[str | None]) -> Tensor:
+    """RLVR reward: 1.0 where the completion's last ``\\boxed{}`` equals the reference answer, else 0.0.
+
+    Raises:
+        ValueError: naming the row, when a reference is missing (the checker needs one for every prompt).
+    """
+    if len(completions) != len(references):
+        raise ValueError(f"{len(completions)} completions but {len(references)} references")
+    out = []
+    for i, (text, ref) in enumerate(zip(completions, references)):
+        if ref is None:
+            raise ValueError(
+                f"row {i}: field 'reference' is missing; the answer reward needs a reference answer for every prompt "
+                "(set data.init_args.reference_column, or answer_reward: false)"
+            )
+        out.append(1.0 if answers_match(extract_final_answer(text), ref) else 0.0)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def _tokenizer_fingerprint(tok: Any) -> str:
+    """Equal for tokenizers that split text identically (same vocabulary, merges, normaliser, specials)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
+    return hashlib.sha1(f"{text}|{tok.pad_token_id}|{tok.truncation_side}".encode()).hexdigest()
+
+
+def build_tiny_reward_model(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
+    """A random-initialised tiny Qwen2 sequence classifier (one output) with the byte tokenizer, saved to a folder.
+
+    The reward-model counterpart of :func:`modules.models.build_tiny_causal_lm` (same tokenizer, so it reads the tiny
+    policy's text), for tests and benchmarks; it loads through ``from_pretrained`` like any hub reward model.
+    """
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from modules.models import TINY_QWEN2, build_byte_tokenizer
+
+    save_dir = Path(save_dir)
+    cfg_dict = {**TINY_QWEN2, **(config or {})}
+    stamp = {"config": cfg_dict, "seed": seed, "kind": "sequence_classification"}
+    stamp_file = save_dir / "alignment_games_tiny.json"
+    if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        return str(save_dir)
+    tok = build_byte_tokenizer()
+    cfg = Qwen2Config(
+        vocab_size=len(tok), num_labels=1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **cfg_dict
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(cfg)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(save_dir)
+    tok.save_pretrained(save_dir)
+    stamp_file.write_text(json.dumps(stamp))
+    return str(save_dir)
+
+
+class RewardModels(nn.Module):
+    """Frozen sequence-classification reward models (one scalar each), scored in batches.
+
+    Each model scores ``prompt + completion`` (right-padded, the score at the last real token, as TRL does). Models
+    that share a tokenizer share one tokenisation per call; each model scores the whole batch in one pass (or
+    ``batch_size`` rows at a time).
+
+    Args:
+        paths: Hub names or local folders of ``AutoModelForSequenceClassification`` checkpoints.
+        batch_size: Rows per forward (0: all rows at once).
+        max_length: Tokens kept per text (cut from the left, so the completion stays).
+        dtype: Weights dtype.
+        trust_remote_code: Off unless turned on.
+
+    Raises:
+        OSError: naming the path of a model that does not exist.
+        ValueError: when a model has more than one output.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        batch_size: int = 0,
+        max_length: int = 1024,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        from transformers import AutoModelForSequenceClassification
+
+        from modules.models import load_tokenizer
+
+        self.paths, self.batch_size, self.max_length = list(paths), batch_size, max_length
+        self.models = nn.ModuleList()
+        self.tokenizers: list[Any] = []
+        self.fingerprints: list[str] = []
+        for i, name in enumerate(self.paths):
+            path = resolve_name_or_path(name)
+            check_exists(f"reward_models[{i}]", path)
+            tok = load_tokenizer(path, trust_remote_code=trust_remote_code, padding_side="right")
+            tok.truncation_side = "left"
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+            )
+            if model.config.num_labels != 1:
+                raise ValueError(f"reward_models[{i}] ({name}) has {model.config.num_labels} outputs; one is needed")
+            model.config.pad_token_id = tok.pad_token_id  # the score is read at the last non-pad token
+            self.models.append(model.eval().requires_grad_(False))
+            self.tokenizers.append(tok)
+            self.fingerprints.append(_tokenizer_fingerprint(tok))
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def train(self, mode: bool = True) -> RewardModels:
+        """Stay in eval mode (no dropout) whatever the trainer asks."""
+        return super().train(False)
+
+    @torch.no_grad()
+    def forward(self, texts: Sequence[str]) -> Tensor:
+        """Scores ``[N, K]`` of the ``N`` texts by the ``K`` models."""
+        device = next(self.parameters()).device
+        encoded: dict[str, dict[str, Tensor]] = {}
+        cols = []
+        for model, tok, fp in zip(self.models, self.tokenizers, self.fingerprints):
+            if fp not in encoded:
+                encoded[fp] = tok(
+                    list(texts),
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    add_special_tokens=False,
+                )
+            enc = encoded[fp]
+            n = enc["input_ids"].shape[0]
+            step = self.batch_size or n
+            scores = []
+            for i in range(0, n, step):
+                ids = enc["input_ids"][i : i + step].to(device)
+                att = enc["attention_mask"][i : i + step].to(device)
+                scores.append(model(input_ids=ids, attention_mask=att).logits[:, 0].float())
+            cols.append(torch.cat(scores))
+        return torch.stack(cols, dim=1)
+
+
+class GRPO(NonFiniteGuard, L.LightningModule):
+    """Group Relative Policy Optimization of one LM policy (LoRA over a frozen base, or a full copy).
+
+    Args:
+        policy: Causal LM (hub name or local path); its frozen weights are the reference.
+        players: ``"lora"`` (one adapter over the frozen base; the disabled adapter is the reference) or
+            ``"separate"`` (a trainable full copy and a frozen reference copy).
+        reward_models: Sequence-classification reward models (paths), each one scalar; summed with
+            ``reward_weights``.
+        answer_reward: Add the RLVR reward: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference.
+        reward_weights: One weight per reward model, then one for the answer reward (default: all 1).
+        reward_batch_size: Rows per reward-model forward (0: the whole batch at once).
+        reward_max_length: Tokens per reward-model input (cut from the left).
+        num_generations: G, samples per prompt (≥ 2: the group is the baseline).
+        beta: KL coefficient β (0 skips the reference forward).
+        clip: ε of the ratio clipping.
+        updates_per_rollout: μ, optimizer steps per rollout (1: on-policy, the ratio is 1 in value).
+        scale_rewards: Divide advantages by the group std (GRPO); ``False`` keeps the mean baseline only.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        adam_betas: AdamW betas.
+        grad_clip: Gradient norm clip (``None``: none).
+        temperature: Sampling temperature, also used for the log-probabilities.
+        top_p: Nucleus mass (1.0: none).
+        max_new_tokens: Tokens per reply.
+        min_new_tokens: EOS is suppressed before this many tokens (fixes the work per step; 0: off).
+        max_prompt_tokens: Prompt tokens kept (cut from the left, counted).
+        system_prompt: System message of the chat template (``None``: none).
+        chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA alpha.
+        lora_target_modules: Modules to adapt (``None``: peft's default for the architecture).
+        dtype: Weights dtype of the policy and the reward models.
+        gradient_checkpointing: Activation checkpointing of the policy.
+        trust_remote_code: Off unless turned on.
+        logprob_micro_batch: Rows per reference (and old-policy) log-probability forward (0: all at once).
+        train_micro_batch: Rows per policy forward + backward (0: all at once); gradients are accumulated.
+        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
+        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``max_new_tokens``).
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        players: str = "lora",
+        reward_models: list[str] | None = None,
+        answer_reward: bool = True,
+        reward_weights: list[float] | None = None,
+        reward_batch_size: int = 0,
+        reward_max_length: int = 1024,
+        num_generations: int = 4,
+        beta: float = 0.04,
+        clip: float = 0.2,
+        updates_per_rollout: int = 1,
+        scale_rewards: bool = True,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float | None = 1.0,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        min_new_tokens: int = 0,
+        max_prompt_tokens: int = 1024,
+        system_prompt: str | None = None,
+        chat_template: bool = True,
+        lora_r: int = 16,
+        lora_alpha: int = 32,
+        lora_target_modules: list[str] | None = None,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        logprob_micro_batch: int = 0,
+        train_micro_batch: int = 0,
+        max_consecutive_nonfinite: int = 10,
+        eval_max_new_tokens: int | None = None,
+    ) -> None:
+        super().__init__()
+        reward_models = list(reward_models or [])
+        if not reward_models and not answer_reward:
+            raise ValueError("no reward: give reward_models, or answer_reward: true, or both")
+        n_rewards = len(reward_models) + int(answer_reward)
+        if reward_weights is not None and len(reward_weights) != n_rewards:
+            raise ValueError(
+                f"reward_weights has {len(reward_weights)} entries but there are {n_rewards} rewards "
+                f"({len(reward_models)} reward models{' + the answer reward' if answer_reward else ''})"
+            )
+        if num_generations < 2:
+            raise ValueError(f"num_generations must be at least 2 for a group baseline, got {num_generations}")
+        if beta < 0:
+            raise ValueError(f"beta must be non-negative, got {beta}")
+        if clip <= 0:
+            raise ValueError(f"clip must be positive, got {clip}")
+        if updates_per_rollout < 1:
+            raise ValueError(f"updates_per_rollout must be at least 1, got {updates_per_rollout}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        if not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValueError(f"min_new_tokens={min_new_tokens} must be in [0, max_new_tokens={max_new_tokens}]")
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.players = PolicyBank(
+            policy,
+            players=(PLAYER,),
+            mode=players,
+            lora_r=lora_r,
+            lora_alpha=lora_alpha,
+            lora_target_modules=lora_target_modules,
+            dtype=dtype,
+            gradient_checkpointing=gradient_checkpointing,
+            trust_remote_code=trust_remote_code,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+        self.reward_models = (
+            RewardModels(reward_models, reward_batch_size, reward_max_length, dtype, trust_remote_code)
+            if reward_models
+            else None
+        )
+        self.register_buffer(
+            "reward_weight", torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32), persistent=False
+        )
+        self.strict_loading = False  # frozen base and reward models are not stored; on_load_checkpoint checks the rest
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
+        self.phase_times: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ pieces
+    def setup(self, stage: str) -> None:  # noqa: D102
+        # sharded strategies: gather the policy's parameters once around each generate call, not once per token
+        self.players.use_strategy(self.trainer.strategy)
+
+    def format_prompts(self, prompts: Sequence[str]) -> list[str]:
+        """The policy's inputs: chat-rendered (with the system prompt) or the prompts as they are."""
+        if not self.hparams.chat_template:
+            return list(prompts)
+        return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
+
+    def rewards(self, inputs: Sequence[str], completions: Sequence[str], references: Sequence[str | None]) -> Tensor:
+        """Per-reward scores ``[N, K]`` (reward models first, then the answer reward), before weighting."""
+        cols = []
+        if self.reward_models is not None:
+            cols.append(self.reward_models([x + y for x, y in zip(inputs, completions)]).to(self.device))
+        if self.hparams.answer_reward:
+            cols.append(answer_rewards(completions, references).to(self.device).unsqueeze(1))
+        return torch.cat(cols, dim=1)
+
+    @contextmanager
+    def _timed(self, phase: str) -> Any:
+        """Wall time of a phase (device-synchronised on CUDA), added to ``self.phase_times``."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.phase_times[phase] = self.phase_times.get(phase, 0.0) + time.perf_counter() - start
+
+    def _no_sync(self, last: bool) -> Any:
+        """Skip the gradient all-reduce of every micro-batch but the last (DDP/FSDP ``no_sync``)."""
+        wrapped = self.trainer.strategy.model if self._trainer is not None else None
+        if last or wrapped is None or wrapped is self or not hasattr(wrapped, "no_sync"):
+            return nullcontext()
+        return wrapped.no_sync()
+
+    def _policy_loss(
+        self, rollout, advantages: Tensor, ref: Tensor | None, old: Tensor | None
+    ) -> dict[str, Tensor] | None:
+        """Forward and backward of the policy in ``train_micro_batch`` chunks; the loss and stats of the batch.
+
+        ``None`` when a chunk's loss is not finite (counted; the caller skips the optimizer step).
+        """
+        hp = self.hparams
+        n, g = rollout.sequences.shape[0], rollout.group_size
+        step = -(-(hp.train_micro_batch or n) // g) * g  # whole groups, so each chunk runs its prompts once
+        total: dict[str, Tensor] = {}
+        for i in range(0, n, step):
+            part = _slice_rollout(rollout, i, i + step)
+            with self._no_sync(last=i + step >= n):
+                lp = self.players.token_logprobs(PLAYER, part, hp.temperature)
+                loss, stats = grpo_loss(
+                    lp,
+                    part.completion_mask.to(lp.dtype),
+                    advantages[i : i + step],
+                    old_token_logprobs=None if old is None else old[i : i + step],
+                    ref_token_logprobs=None if ref is None else ref[i : i + step],
+                    clip=hp.clip,
+                    beta=hp.beta,
+                )
+                if not self.check_finite(loss.detach(), "losses"):  # same decision on every rank
+                    return None
+                # grpo_loss averages over its rows: weight each chunk by its share of the batch
+                self.manual_backward(loss * (lp.shape[0] / n))
+            w = lp.shape[0] / n
+            for k, v in {"loss": loss.detach(), **stats}.items():
+                total[k] = total.get(k, 0.0) + w * v
+        return total
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
+        hp = self.hparams
+        opt = self.optimizers()
+        prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        b, g = len(prompts), hp.num_generations
+        self.phase_times = {}
+        inputs = self.format_prompts(prompts)
+        with self._timed("generate"):
+            roll = self.players.generate(
+                PLAYER,
+                inputs,
+                g,
+                temperature=hp.temperature,
+                top_p=hp.top_p,
+                max_new_tokens=hp.max_new_tokens,
+                min_new_tokens=hp.min_new_tokens,
+            )
+        with self._timed("score"):
+            per_reward = self.rewards(
+                [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)]
+            )
+            reward = (per_reward * self.reward_weight).sum(dim=1)
+        if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps
+            return
+        advantages = group_advantages(reward, g, scale=hp.scale_rewards)
+        ref = old = None
+        with torch.no_grad():
+            if hp.beta > 0:
+                with self._timed("ref_logprobs"):
+                    ref = self.players.token_logprobs(None, roll, hp.temperature, hp.logprob_micro_batch)
+            if hp.updates_per_rollout > 1:
+                with self._timed("old_logprobs"):
+                    old = self.players.token_logprobs(PLAYER, roll, hp.temperature, hp.logprob_micro_batch)
+        for _ in range(hp.updates_per_rollout):
+            opt.zero_grad()
+            with self._timed("backward"):
+                out = self._policy_loss(roll, advantages, ref, old)
+            if out is None:
+                opt.zero_grad()
+                return
+            with self._timed("optimizer"):
+                if hp.grad_clip is not None:
+                    self.clip_gradients(opt, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
+                opt.step()
+        self.phase_times["step"] = sum(self.phase_times.values())
+        self.phase_times["generated_tokens"] = float(roll.completion_mask.sum())
+        logs = {f"time/{k}": float(v) for k, v in self.phase_times.items()}
+        logs.update(
+            {
+                "train/loss": out["loss"],
+                "train/reward": reward.mean(),
+                "train/reward_std": reward.view(b, g).std(dim=1).mean(),
+                "train/kl": out["kl"],
+                "train/clip_fraction": out["clip_fraction"],
+                "train/completion_tokens": roll.completion_mask.sum(1).float().mean(),
+                "train/empty_completions": float(roll.num_empty),
+            }
+        )
+        names = [f"rm{i}" for i in range(len(self.reward_models or []))] + (["answer"] if hp.answer_reward else [])
+        logs.update({f"train/reward_{n}": per_reward[:, i].mean() for i, n in enumerate(names)})
+        self.log_dict(logs, batch_size=b)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:  # noqa: D102
+        hp = self.hparams
+        # trainable = the adapter (or the policy copy); selected by requires_grad, which survives FSDP flattening
+        params = [p for p in self.players.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas))
+
+    # ------------------------------------------------------------------ evaluation
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``."""
+        hp = self.hparams
+        prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        inputs = self.format_prompts(prompts)
+        roll = self.players.generate(
+            PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens, do_sample=False
+        )
+        per_reward = self.rewards(inputs, roll.texts, refs)
+        logs = {"val/reward": (per_reward * self.reward_weight).sum(dim=1).mean()}
+        if all(r is not None for r in refs):
+            logs["val/accuracy"] = answer_rewards(roll.texts, refs).mean()
+        self.log_dict(logs, batch_size=len(prompts), sync_dist=True)
+
+    test_step = validation_step
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the adapter (or trained copy), the counters and the RNG states; drop the frozen weights."""
+        sd = checkpoint["state_dict"]
+        keep = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
+        for name in list(sd):
+            if name not in keep:
+                del sd[name]
+        checkpoint["grpo_counters"] = self.nonfinite_state()
+        checkpoint["grpo_rng"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint missing any trainable tensor; restore the counters and the RNG states."""
+        trainable = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
+        missing = sorted(trainable - set(checkpoint["state_dict"]))
+        if missing:
+            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
+        self.load_nonfinite_state(checkpoint.get("grpo_counters"))
+        rng = checkpoint.get("grpo_rng")
+        if rng is not None:
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+
+
+def _slice_rollout(rollout, start: int, stop: int):
+    """Rows ``[start, stop)`` of a rollout (same prompt width)."""
+    n = rollout.sequences.shape[0]
+    if start == 0 and stop >= n:
+        return rollout
+    g = rollout.group_size
+    whole_groups = start % g == 0 and (min(stop, n) - start) % g == 0
+    return type(rollout)(
+        rollout.sequences[start:stop],
+        rollout.attention_mask[start:stop],
+        rollout.prompt_width,
+        rollout.completion_mask[start:stop],
+        rollout.texts[start:stop],
+        group_size=g if whole_groups else 1,
+    )

@@ -1,0 +1,289 @@
+"""Frozen judges of the debate game: a Hugging Face causal LM, and programmatic judges behind the same interface.
+
+A judge reads finished :class:`~modules.debate.Transcript` s (visible parts only: the hidden chains of thought never
+reach it) and returns ``num_votes`` independent votes per transcript as a :class:`JudgeVotes`: 1 for Alice (her final
+answer is correct), 0 for Bob, NaN for an output it could not parse (counted by the module, left out of the share).
+
+* :class:`HFJudge`: any causal LM with its own prompt template, sampled ``num_votes`` times per transcript in ONE
+  batched ``generate`` call (``num_return_sequences``); weaker-judge options: no chain of thought, and a cap on the
+  words of its answer (paper: < 50 words).
+* :class:`ProgrammaticJudge`: offline, for tests and CPU studies. A noisy checker that agrees with the answer
+  checker with probability ``sigmoid(skill)`` and carries *known, exploitable biases*: a trigger phrase in a side's
+  visible text pushes the vote towards that side, and so can length. Each vote is a Bernoulli draw
+  ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100)`` with ``s = ±1`` from
+  the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger phrase and ``w`` its
+  visible words (Alice's answer plus rebuttal against Bob's critique). In RLAIF-A there is no Bob to answer Alice's
+  rhetoric; in a debate Bob can use the same lever, which is the mechanism debate is meant to neutralise.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from modules.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
+
+__all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge"]
+
+
+@dataclass
+class JudgeVotes:
+    """Votes of a judge on a batch of transcripts.
+
+    Attributes:
+        votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
+        texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
+    """
+
+    votes: Tensor
+    texts: list[list[str]]
+
+    @property
+    def shares(self) -> list[float]:
+        """Alice's share of the parseable votes per transcript (0.5 when none parses)."""
+        return [vote_share(row.tolist())[0] for row in self.votes]
+
+    @property
+    def unparseable(self) -> int:
+        """Votes that could not be parsed, over the batch."""
+        return int(torch.isnan(self.votes).sum())
+
+
+class DebateJudge(ABC):
+    """A frozen judge: ``judge(transcripts) -> JudgeVotes``.
+
+    Args:
+        num_votes: Independent votes per transcript (paper: 8).
+        seed: Seed of the judge's own sampling generator (its state is saved with the module's checkpoints).
+    """
+
+    def __init__(self, num_votes: int = 8, seed: int = 0) -> None:
+        if num_votes < 1:
+            raise ValueError(f"num_votes must be at least 1, got {num_votes}")
+        self.num_votes = num_votes
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @abstractmethod
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+        """Vote on each transcript ``num_votes`` times."""
+
+    def to(self, device: torch.device | str) -> DebateJudge:  # noqa: D102
+        return self
+
+    def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
+        """Judge-specific diagnostics of a batch, logged by the module as ``<stage>/judge_<key>`` (none here)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """Sampling state, for exact resumes."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: D102
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
+
+
+def _sides(t: Transcript) -> tuple[str, str]:
+    alice = " ".join(x for x in (t.visible("answer"), t.visible("rebuttal")) if x)
+    return alice, t.visible("critique")
+
+
+class ProgrammaticJudge(DebateJudge):
+    """A noisy answer checker with a known, exploitable bias (see the module docstring for the vote probability).
+
+    Args:
+        skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.
+        phrases: Trigger phrases (case-insensitive) that sway the judge towards the side whose visible text holds one.
+        phrase_weight: Log-odds added per side holding a trigger phrase (0: no phrase bias).
+        length_weight: Log-odds per 100 visible words of difference between the sides (0: no length bias).
+        num_votes: Votes per transcript.
+        seed: Seed of the vote sampling.
+    """
+
+    def __init__(
+        self,
+        skill: float = 1.5,
+        phrases: list[str] | None = None,
+        phrase_weight: float = 0.0,
+        length_weight: float = 0.0,
+        num_votes: int = 8,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(num_votes, seed)
+        self.skill, self.phrase_weight, self.length_weight = float(skill), float(phrase_weight), float(length_weight)
+        self.phrases = [p.lower() for p in (phrases or []) if p.strip()]
+        if self.phrase_weight and not self.phrases:
+            raise ValueError("phrase_weight is set but no trigger phrases are given")
+
+    def has_phrase(self, text: str) -> bool:
+        """Whether ``text`` holds a trigger phrase."""
+        low = text.lower()
+        return any(p in low for p in self.phrases)
+
+    def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
+        """Share of transcripts whose Alice side / Bob side holds a trigger phrase (the exploit's spread)."""
+        if not self.phrases or not transcripts:
+            return {}
+        sides = [_sides(t) for t in transcripts]
+        return {
+            "phrase_alice": sum(self.has_phrase(a) for a, _ in sides) / len(sides),
+            "phrase_bob": sum(self.has_phrase(b) for _, b in sides) / len(sides),
+        }
+
+    def probability(self, transcript: Transcript) -> float:
+        """Probability that one vote goes to Alice."""
+        correct = transcript.correct
+        signal = 0.0 if correct is None else (1.0 if correct else -1.0)
+        alice, bob = _sides(transcript)
+        logit = self.skill * signal
+        logit += self.phrase_weight * (float(self.has_phrase(alice)) - float(self.has_phrase(bob)))
+        logit += self.length_weight * (count_words(alice) - count_words(bob)) / 100.0
+        return 1.0 / (1.0 + math.exp(-logit))
+
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
+        p = torch.tensor([self.probability(t) for t in transcripts], dtype=torch.float64)
+        u = torch.rand((len(transcripts), self.num_votes), generator=self.generator, dtype=torch.float64)
+        return JudgeVotes((u < p.unsqueeze(1)).float(), [[] for _ in transcripts])
+
+
+JUDGE_TEMPLATE = (
+    "You are the judge of a math debate. Decide whether Alice's FINAL answer to the problem is correct; judge the "
+    "final answer, not the style.\n\nProblem: {problem}\n\n{transcript}\n\n{instructions}"
+)
+_COT = (
+    "Think step by step inside {think_open} {think_close}, then write 'Verdict: Alice' if Alice's final answer is "
+    "correct, otherwise 'Verdict: Bob'."
+)
+_NO_COT = "Do not explain. Reply with 'Verdict: Alice' if Alice's final answer is correct, otherwise 'Verdict: Bob'."
+_SECTIONS = (("answer", "Alice's solution"), ("critique", "Bob's critique"), ("rebuttal", "Alice's rebuttal"))
+
+
+class HFJudge(DebateJudge):
+    """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
+
+    The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies under their headings) and
+    ``{instructions}`` (with or without chain of thought), wrapped in the model's chat template when it has one.
+    The judge's own chain of thought is cut off by the same delimiters as the players' before the verdict is read;
+    with ``max_answer_words`` only the first that many words of its visible answer count (the weaker judge of the
+    paper answers in under 50 words).
+
+    Args:
+        model: Hub name or local path (loaded frozen through :func:`modules.models.load_model`).
+        template: Prompt template (see above).
+        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
+        max_answer_words: Words of the visible answer that count (``None``: all).
+        num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
+        temperature: Sampling temperature of the votes.
+        top_p: Nucleus mass.
+        max_new_tokens: Tokens per verdict (with chain of thought it needs room to think).
+        max_prompt_tokens: Prompt tokens kept (cut from the left, so the instructions at the end survive).
+        think_open: Opening delimiter of the judge's hidden reasoning.
+        think_close: Closing delimiter.
+        dtype: Weights dtype.
+        trust_remote_code: Off unless turned on.
+        seed: Seed of the vote sampling.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        template: str = JUDGE_TEMPLATE,
+        chain_of_thought: bool = True,
+        max_answer_words: int | None = None,
+        num_votes: int = 8,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        max_prompt_tokens: int = 2048,
+        think_open: str = "<think>",
+        think_close: str = "</think>",
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(num_votes, seed)
+        for key in ("{problem}", "{transcript}", "{instructions}"):
+            if key not in template:
+                raise ValueError(f"judge template must contain {key}")
+        if temperature <= 0:
+            raise ValueError(f"judge temperature must be positive, got {temperature}")
+        if max_answer_words is not None and max_answer_words < 1:
+            raise ValueError(f"max_answer_words must be positive or None, got {max_answer_words}")
+        from modules.models import load_model, load_tokenizer
+
+        self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
+        self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+        self.model = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
+        self.model.requires_grad_(False)
+        self.device = torch.device("cpu")
+
+    def to(self, device: torch.device | str) -> HFJudge:  # noqa: D102
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
+
+    def render(self, transcript: Transcript) -> str:
+        """The judge's prompt for one transcript (visible parts only)."""
+        body = "\n\n".join(
+            f"{title}:\n{transcript.visible(ply) or '(empty)'}" for ply, title in _SECTIONS if ply in transcript.plies
+        )
+        instructions = fill_fields(
+            _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
+        )
+        user = fill_fields(self.template, problem=transcript.problem, transcript=body, instructions=instructions)
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+            )
+        return user + "\n"
+
+    def read_vote(self, text: str) -> float:
+        """Vote of one output: its visible part (capped at ``max_answer_words``) parsed; NaN when unparseable."""
+        reply = split_reply(text, self.think_open, self.think_close, required=False)
+        visible = reply.visible
+        if not self.chain_of_thought and not reply.format_ok:
+            visible = text.strip()
+        if self.max_answer_words is not None:
+            visible = " ".join(visible.split()[: self.max_answer_words])
+        vote = parse_verdict(visible)
+        return float("nan") if vote is None else vote
+
+    @torch.inference_mode()
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
+        if not transcripts:
+            return JudgeVotes(torch.zeros((0, self.num_votes)), [])
+        ids = self.tokenizer([self.render(t) for t in transcripts], add_special_tokens=False)["input_ids"]
+        ids = [s[-self.max_prompt_tokens :] for s in ids]
+        width = max(len(s) for s in ids)
+        input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for i, s in enumerate(ids):
+            input_ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+        # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                do_sample=True,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=0,
+                num_return_sequences=self.num_votes,
+                max_new_tokens=self.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+            )
+        texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
+        return JudgeVotes(votes, [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))])

@@ -1,0 +1,148 @@
+"""Strategy overlays: they parse and compose with every family config, DDP runs GRPO in two CPU processes, and
+generation gathers FSDP-sharded parameters (raw FSDP on CPU with gloo: Lightning's FSDP strategy needs CUDA)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERLAYS = os.path.join(ROOT, "configs", "overlays")
+GRPO = os.path.join(ROOT, "configs", "grpo_tiny.yaml")
+SMIDA = os.path.join(ROOT, "configs", "deep_smida.yaml")
+
+
+def _resolved(capsys, *configs, extra=()):
+    args = ["fit"]
+    for c in configs:
+        args += ["--config", c]
+    with pytest.raises(SystemExit) as stop:
+        train.main([*args, *extra, "--print_config"])
+    assert stop.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("base", [GRPO, SMIDA], ids=os.path.basename)
+def test_each_overlay_parses_on_the_generating_families(base, capsys):
+    expect = {
+        "ddp.yaml": lambda c: c["trainer"]["strategy"]["class_path"].endswith("DDPStrategy"),
+        "fsdp.yaml": lambda c: c["trainer"]["strategy"]["init_args"]["sharding_strategy"] == "FULL_SHARD",
+        "deepspeed_zero2.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_2",
+        "deepspeed_zero3.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_3",
+        "bf16.yaml": lambda c: c["trainer"]["precision"] == "bf16-mixed",
+        "grad_ckpt.yaml": lambda c: c["model"]["init_args"]["gradient_checkpointing"] is True,
+    }
+    assert sorted(expect) == sorted(os.path.basename(p) for p in glob.glob(os.path.join(OVERLAYS, "*.yaml")))
+    for name, check in expect.items():
+        cfg = _resolved(capsys, base, os.path.join(OVERLAYS, name))
+        assert check(cfg), name
+        assert cfg["model"]["class_path"] == yaml.safe_load(open(base))["model"]["class_path"]  # family kept
+
+
+def test_overlays_compose_and_the_command_line_still_wins(capsys):
+    cfg = _resolved(
+        capsys,
+        GRPO,
+        *(os.path.join(OVERLAYS, n) for n in ("ddp.yaml", "bf16.yaml", "grad_ckpt.yaml")),
+        extra=["--trainer.devices=2", "--model.init_args.beta=0.1"],
+    )
+    assert cfg["trainer"]["strategy"]["class_path"].endswith("DDPStrategy")
+    assert cfg["trainer"]["precision"] == "bf16-mixed" and str(cfg["trainer"]["devices"]) == "2"
+    assert cfg["model"]["init_args"]["gradient_checkpointing"] is True and cfg["model"]["init_args"]["beta"] == 0.1
+    assert cfg["model"]["init_args"]["num_generations"] == 4  # the family's own settings survive the overlays
+
+
+def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
+    from modules.grpo import build_tiny_reward_model
+
+    reward = build_tiny_reward_model(tmp_path / "rm", seed=3)  # varied rewards: the answer checker scores 0 here
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "fit",
+        "--config",
+        GRPO,
+        "--config",
+        os.path.join(OVERLAYS, "ddp.yaml"),
+        f"--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=8",
+        f"--model.init_args.reward_models=[{reward}]",
+        "--model.init_args.answer_reward=false",
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=2",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.val_check_interval=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+    ]
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpts = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
+    ckpt = torch.load(ckpts[0], weights_only=False)
+    assert ckpt["global_step"] == 2
+    assert ckpt["state_dict"] and all(".policy." in k for k in ckpt["state_dict"])  # adapter only, no frozen base
+    assert any(v.abs().sum() > 0 for k, v in ckpt["state_dict"].items() if "lora_B" in k)  # it moved off zero
+
+
+def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from modules.policy import PolicyBank, parameter_gathering
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        bank = PolicyBank(policy_dir, players=["policy"], lora_r=4, lora_alpha=8)
+        with torch.no_grad():
+            for p in bank.player_parameters("policy"):
+                p.add_(0.1 * torch.randn_like(p))
+        prompts = ["3+4=", "twelve minus five is "]
+        whole = bank.generate("policy", prompts, 1, max_new_tokens=6, do_sample=False).sequences
+        wrapped = FSDP(bank, use_orig_params=True, device_id=torch.device("cpu"))
+
+        class FSDPStrategy:  # what parameter_gathering reads of Lightning's strategy: its name and .model
+            model = wrapped
+
+        bank.merge_for_generation = False  # sharded parameters must not be swapped
+        sharded = sum(p.numel() for p in bank.parameters())
+        try:
+            bank.generate("policy", prompts, 1, max_new_tokens=6, do_sample=False)
+            ungathered = "ran"
+        except Exception:  # noqa: BLE001 - any failure of the sharded weights (shape errors differ by layer)
+            ungathered = "failed"
+        bank.gather_for_generation = parameter_gathering(FSDPStrategy(), bank)
+        gathered = bank.generate("policy", prompts, 1, max_new_tokens=6, do_sample=False).sequences
+        queue.put((rank, sharded, ungathered, torch.equal(gathered, whole)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    total = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_lm_dir).parameters())
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = 29500 + os.getpid() % 1000
+    procs = [ctx.Process(target=_fsdp_worker, args=(r, 2, tiny_lm_dir, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    results = sorted(queue.get(timeout=5) for _ in procs)
+    for _rank, sharded, ungathered, equal in results:
+        assert sharded < total  # each rank holds only its shard outside a forward
+        assert ungathered == "failed"  # sharded weights cannot decode
+        assert equal  # gathered once around generate: the same tokens as the unsharded policy

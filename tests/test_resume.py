@@ -1,0 +1,261 @@
+"""Kill a run (SIGTERM, SIGKILL, mid-epoch, at an epoch boundary, during a checkpoint write), resume it with
+``fit --ckpt_path last``, and require the numbers an uninterrupted run logs. Families: ``resume_harness.FAMILIES``."""
+
+import os
+import signal
+
+import pytest
+import torch
+from resume_harness import FAMILIES, ForkServer, Runner, _KillWhenPickled, compare, resume_points
+
+from callbacks.fault_tolerance import atomic_torch_save
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_lm_dir):
+    server = None if os.environ.get("RESUME_HARNESS_SPAWN") else ForkServer()
+    yield Runner(server, tiny_lm_dir)
+    if server is not None:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def reference(runner, tmp_path_factory):
+    """The uninterrupted run of a family, shared by every test of that family."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = runner.fit(FAMILIES[name], tmp_path_factory.mktemp(f"reference_{name}"), tag="reference")
+            assert done[name].returncode == 0, done[name].log[-4000:]
+        return done[name]
+
+    return get
+
+
+def _checkpoint(run, family):
+    ckpt = torch.load(run.log_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    return ckpt, ckpt["global_step"] // family.steps_per_batch
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_killed_and_resumed_chain_logs_what_the_uninterrupted_run_logs(name, runner, reference, tmp_path):
+    family = FAMILIES[name]
+    ref = reference(name)
+    total = max(step for _, step in ref.metrics)
+    points = resume_points(family)
+    for i, kill in enumerate(family.kills):
+        run = runner.fit(family, tmp_path, kill=kill, resume=i > 0, tag=f"stage{i}")
+        expected_rc = 143 if kill.signal == "SIGTERM" else -signal.SIGKILL
+        assert run.returncode == expected_rc, f"stage {i} ({kill}): rc {run.returncode}\n{run.log[-4000:]}"
+        # what this run logged before it died is the reference's too (it started at the previous resume point)
+        assert compare(ref.metrics, run.metrics, family.rel_tol) == [], f"stage {i} ({kill})"
+        if i > 0:
+            assert min(step for _, step in run.metrics) == points[i - 1], f"stage {i} did not resume where expected"
+        ckpt, batches = _checkpoint(run, family)
+        assert batches == points[i], f"after {kill}: last.ckpt at batch {batches}, expected {points[i]}"
+        assert "RNGStateCallback" in ckpt["callbacks"]
+    final = runner.fit(family, tmp_path, resume=True, tag="final")
+    assert final.returncode == 0, final.log[-4000:]
+    assert min(step for _, step in final.metrics) == points[-1]
+    assert max(step for _, step in final.metrics) == total
+    assert compare(ref.metrics, final.metrics, family.rel_tol) == []
+    keys = {key for key, _ in final.metrics}
+    assert keys, "the resumed run logged nothing"
+
+
+@pytest.mark.parametrize("mode", ["pickle", "replace"])
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint(mode, runner, reference, tmp_path):
+    family = FAMILIES["smida_tabular"]
+    ref = reference(family.name)
+    killed = runner.fit(family, tmp_path, kill={"signal": "SIGKILL", "during_save_at": 10, "save_mode": mode})
+    assert killed.returncode == -signal.SIGKILL, killed.log[-3000:]
+    folder = killed.log_dir / "checkpoints"
+    temps = list(folder.glob(".last.ckpt.tmp-*"))
+    assert len(temps) == 1  # the write that was cut short
+    if mode == "replace":
+        torch.load(temps[0], weights_only=True)  # complete, only not yet renamed
+    ckpt, batches = _checkpoint(killed, family)
+    assert batches == 5  # the previous save, whole
+    resumed = runner.fit(family, tmp_path, resume=True)
+    assert resumed.returncode == 0, resumed.log[-3000:]
+    assert min(step for _, step in resumed.metrics) == 5
+    assert compare(ref.metrics, resumed.metrics) == []
+    assert not list(folder.glob(".last.ckpt.tmp-*"))  # the dead writer's temporary was cleaned up
+
+
+def _write_and_die(writer, path):
+    pid = os.fork()
+    if pid == 0:  # the child is killed inside torch.save
+        writer({"step": 2, "killer": _KillWhenPickled(), "w": torch.ones(1000)}, path)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_atomic_save_survives_a_kill_that_corrupts_a_plain_save(tmp_path):
+    def plain(obj, path):
+        torch.save(obj, path)
+
+    for writer, survives in ((plain, False), (atomic_torch_save, True)):
+        path = tmp_path / f"{writer.__name__}.ckpt"
+        torch.save({"step": 1, "w": torch.zeros(1000)}, path)
+        assert _write_and_die(writer, path) == -signal.SIGKILL
+        if survives:
+            assert torch.load(path, weights_only=True)["step"] == 1
+        else:
+            with pytest.raises(Exception):  # noqa: B017 - whatever torch raises on a truncated file
+                torch.load(path, weights_only=True)
+
+
+# ------------------------------------------------------------------------------------------------ faults
+class _NaNAfter:
+    """Wraps a function: its output becomes NaN from the ``after``-th call on (calls counted from 1)."""
+
+    def __init__(self, fn, after):
+        self.fn, self.after, self.calls = fn, after, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        out = self.fn(*args, **kwargs)
+        return out * float("nan") if self.calls >= self.after else out
+
+
+def _fit_until_stopped(module, datamodule, tmp_path, limit, **trainer_kw):
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from callbacks.fault_tolerance import AtomicCheckpointIO
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0, every_n_train_steps=trainer_kw.pop("every"))
+    trainer = L.Trainer(
+        max_steps=50,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ckpt],
+        plugins=[AtomicCheckpointIO()],
+        **trainer_kw,
+    )
+    before = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+    with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
+        with pytest.raises(RuntimeError, match=f"{limit} consecutive steps had non-finite"):
+            trainer.fit(module, datamodule)
+    return trainer, before, torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def _assert_stopped_with_the_last_good_checkpoint(module, before, ckpt):
+    assert module.nonfinite_skipped == module.consecutive_nonfinite == module.max_consecutive_nonfinite
+    params = {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
+    assert any(not torch.equal(params[n], before[n]) for n in params)  # the good steps did train
+    saved = {n: v for n, v in ckpt["state_dict"].items() if n in params}
+    assert saved.keys() == params.keys()
+    for name, value in saved.items():  # last.ckpt holds the weights of the last good step (skips change nothing)
+        assert torch.equal(value, params[name]), name
+
+
+def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
+    import lightning as L
+
+    from datamodules.preference import PreferenceDataModule
+    from modules.preference import PreferenceEnsemble
+
+    L.seed_everything(0)
+    model = PreferenceEnsemble(
+        backbone=tiny_lm_dir, backbone_task="causal_lm", num_members=2, max_consecutive_nonfinite=3
+    )
+    model._own_member_logits = _NaNAfter(model._own_member_logits, after=3)  # steps 1-2 good, then NaN
+    dm = PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
+    _, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 3, every=2, limit_val_batches=0)
+    _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
+
+
+def test_sft_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tmp_path):
+    import lightning as L
+
+    from datamodules.sft import ArithmeticSFTDataModule
+    from modules.sft import CausalLMSFT
+
+    L.seed_everything(0)
+    tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    model = CausalLMSFT(tiny_config=tiny, output_dir=str(tmp_path / "out"), max_length=64, max_consecutive_nonfinite=2)
+    model._loss = _NaNAfter(model._loss, after=3)
+    dm = ArithmeticSFTDataModule(num_prompts=40, batch_size=4)
+    _, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 2, every=1, limit_val_batches=0)
+    _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
+
+
+def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
+    import lightning as L
+
+    from datamodules.prompts import PromptDataModule
+    from modules.deep_smida import DeepSMIDA
+    from modules.utilities import Utility
+
+    class Letters(Utility):
+        def forward(self, prompts, leader, follower):
+            return torch.tensor([len(set(y)) / 50.0 for y in follower])
+
+    L.seed_everything(0)
+    utility = Letters()
+    model = DeepSMIDA(
+        policy=tiny_lm_dir,
+        utility=utility,
+        samples_per_prompt=2,
+        follower_samples=2,
+        max_new_tokens=4,
+        max_prompt_tokens=48,
+        lora_r=4,
+        max_consecutive_nonfinite=2,
+    )
+    model.utility.forward = _NaNAfter(utility.forward, after=3)
+    dm = PromptDataModule(num_prompts=13, batch_size=2)
+    trainer, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 2, every=4, limit_val_batches=0)
+    _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
+    # manual optimization: skipped batches step no optimizer, so the checkpoint of the last good step is the last
+    assert trainer.global_step == ckpt["global_step"] == 4
+    assert ckpt["smida_counters"]["consecutive_nonfinite"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ the pieces, alone
+def test_rng_state_round_trip_restores_every_generator():
+    import random
+
+    import numpy as np
+
+    from callbacks.fault_tolerance import RNGStateCallback
+
+    callback = RNGStateCallback()
+    state = callback.state_dict()
+    buf = __import__("io").BytesIO()
+    torch.save(state, buf)  # what a checkpoint holds must load with weights_only=True
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    first = (random.random(), np.random.rand(), torch.rand(3).tolist(), np.random.randn())
+    callback.load_state_dict(state)
+    assert (random.random(), np.random.rand(), torch.rand(3).tolist(), np.random.randn()) == first
+
+
+def test_resumable_loader_continues_the_same_order_after_a_restore():
+    from datamodules.resumable import ResumableDataLoader
+
+    def loader():
+        return ResumableDataLoader(list(range(10)), batch_size=3, shuffle=True, seed=7)
+
+    reference = loader()
+    epochs = [[b.tolist() for b in reference] for _ in range(3)]  # epochs 0, 1, 2 (next iteration = next epoch)
+    assert epochs[0] != epochs[1] and sorted(sum(epochs[1], [])) == list(range(10))
+    stopped = loader()
+    it = iter(stopped)
+    for _ in range(4):
+        next(it)  # all of epoch 0 (4 batches)
+    it = iter(stopped)
+    next(it)  # one batch of epoch 1
+    state = stopped.state_dict()
+    assert state == {"epoch": 1, "batches": 1}
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)  # what Lightning does at the start of the resumed epoch
+    assert [b.tolist() for b in resumed] == epochs[1][1:]
+    assert [b.tolist() for b in resumed] == epochs[2]  # and the epoch after it, as uninterrupted
