@@ -146,3 +146,64 @@ def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
         assert sharded < total  # each rank holds only its shard outside a forward
         assert ungathered == "failed"  # sharded weights cannot decode
         assert equal  # gathered once around generate: the same tokens as the unsharded policy
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "trained_key"),
+    [
+        (
+            "debate_ab.yaml",
+            [
+                "--model.init_args.policy={tiny_lm_dir}",
+                "--model.init_args.max_new_tokens=6",
+                "--model.init_args.reply_max_new_tokens=4",
+                "--model.init_args.max_prompt_tokens=48",
+                "--data.init_args.num_prompts=16",
+                "--data.init_args.batch_size=2",
+                "--trainer.val_check_interval=2",
+            ],
+            "lora_B",
+        ),
+        (
+            "sft_tiny.yaml",
+            [
+                '--model.init_args.tiny_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+                '"num_attention_heads": 4, "num_key_value_heads": 2}',
+                "--model.init_args.max_length=96",
+                "--model.init_args.output_dir=tiny_out",
+                "--data.init_args.num_prompts=16",
+                "--data.init_args.batch_size=2",
+                "--trainer.val_check_interval=2",
+            ],
+            "",
+        ),
+    ],
+    ids=["debate", "sft"],
+)
+def test_family_trains_in_two_ddp_processes(config, extra, trained_key, tiny_lm_dir, tmp_path):
+    """Two gloo processes run a couple of steps; rank 0's checkpoint holds the steps and weights that moved."""
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(ROOT, "configs", config),
+        "--config",
+        os.path.join(OVERLAYS, "ddp.yaml"),
+        *[a.replace("{tiny_lm_dir}", str(tiny_lm_dir)) for a in extra],
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+    ]
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpts = glob.glob(str(tmp_path / "runs" / "**" / "*.ckpt"), recursive=True)
+    assert ckpts, "no checkpoint written"
+    ckpt = torch.load(ckpts[0], weights_only=False)
+    assert ckpt["global_step"] == 2  # both ranks stepped together (a rank out of step would hang the all-reduce)
+    if trained_key:  # the adapter moved off its zero init
+        assert any(v.float().abs().sum() > 0 for k, v in ckpt["state_dict"].items() if trained_key in k)
+    else:  # rank 0 saved the fine-tuned model for the next job
+        assert (tmp_path / "tiny_out" / "config.json").exists()
