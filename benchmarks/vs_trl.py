@@ -12,7 +12,7 @@ checkpointing, no bf16, no logging, no saving. Each framework runs in its own pr
 repeats, and the first ``--discard`` steps of every run are dropped.
 
     python benchmarks/vs_trl.py                                   # 3 repeats x 6 steps per framework
-    python benchmarks/vs_trl.py --trl-python /work/venv_trl/bin/python   # TRL from a separate environment
+    python benchmarks/vs_trl.py --trl-python path/to/other/venv/bin/python   # TRL from a separate environment
 
 It prints each phase's median time (generate, score, reference log-probs, forward + backward, optimizer) for both
 and, as its last line, ``speedup_vs_trl=<median TRL step time / median step time of ours>``. A step's time is the wall

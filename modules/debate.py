@@ -1,6 +1,6 @@
 """Debate self-play against a frozen judge: the pure parts (no model, no Lightning), each tested by hand.
 
-The game of *debate RLAIF* (``../shared/papers/debate-rlaif.en.md``): Alice answers a math problem, Bob argues that
+The game of *debate RLAIF* (the debate-RLAIF paper): Alice answers a math problem, Bob argues that
 she is wrong, Alice may rebut, and a frozen judge rules on whether Alice's *final answer* is correct. Four protocols:
 
 * ``rlaif_a``: Alice's answer only; the judge's share of votes for Alice is her reward;

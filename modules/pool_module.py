@@ -370,9 +370,10 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
 
     def on_fit_start(self) -> None:  # noqa: D102
         if self.trainer.world_size > 1:
-            raise NotImplementedError(
-                "StackelbergPool plays the game on one process (every rank would draw the same duels); "
-                "use trainer.devices=1 and put the pool on one GPU (LoRA adapters over one base keep it small)"
+            raise ValueError(
+                f"trainer.devices: StackelbergPool plays the game on one process, got {self.trainer.world_size} "
+                "(every rank would draw the same duels); use trainer.devices=1 and put the pool on one GPU "
+                "(LoRA adapters over one base keep it small)"
             )
         self._elo()  # fail before any generation when the EloRating callback is missing
 

@@ -349,3 +349,12 @@ def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path,
     assert all(elo.games_played(p) == 0 for p in module.player_names)  # no reputation update
     assert module.leader_bandit.rounds == 0  # no leader update
     assert all(torch.equal(adapters[n], p) for n, p in _adapters(module).items())
+
+
+def test_more_than_one_process_is_refused_by_name(tiny_lm_dir):
+    from types import SimpleNamespace
+
+    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
+    module._trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(ValueError, match="trainer.devices.*one process, got 2"):
+        module.on_fit_start()
