@@ -23,7 +23,9 @@ appends one line per evaluation to ``debate_evals.jsonl`` in the log folder (rea
 
 Bad input never crashes a run: a problem without a reference answer is played (the LLM-judge protocols do not use
 ground truth) but left out of accuracy and MCC and counted (``train/no_reference``); RLVR gives its group reward 0
-(advantage 0). Unparseable judge outputs are counted (``train/judge_unparseable``) and left out of the share; empty
+(advantage 0). Unparseable judge outputs are counted (``train/judge_unparseable``) and left out of the share; so are
+garbage votes (``train/judge_invalid``) and the votes of a judge call past its ``timeout_s`` (``train/judge_timeouts``,
+in transcripts; a transcript with no vote left gets the share 0.5, which moves neither player); empty
 replies are counted (``train/empty_replies``) and scored as they are (an empty answer has no ``\\boxed{}``). A step
 whose rewards or loss are not finite is skipped, logged and counted (:class:`modules.faults.NonFiniteGuard`); after
 ``max_consecutive_nonfinite`` in a row training stops.
@@ -249,6 +251,8 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
             "batches_seen": 0,
             "no_reference": 0,
             "judge_unparseable": 0,
+            "judge_timeouts": 0,
+            "judge_invalid": 0,
             "empty_replies": 0,
         }
         self.phase_times: dict[str, float] = {}
@@ -385,9 +389,11 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
             torch.manual_seed(_derived_seed(self.hparams.seed, "sample", *key))
             yield
 
-    def _judge(self, transcripts: list[Transcript]) -> tuple[list[float], int]:
-        votes = self.judge(transcripts)
-        return votes.shares, votes.unparseable
+    def _judge(self, transcripts: list[Transcript]) -> tuple[list[float], dict[str, int]]:
+        votes = self.judge.vote(transcripts)
+        counts = {"judge_unparseable": votes.unparseable, "judge_timeouts": votes.timed_out}
+        counts["judge_invalid"] = votes.invalid
+        return votes.shares, counts
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor] | None:  # noqa: D102
         hp = self.hparams
@@ -402,11 +408,11 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
             roll = self.play(problems, refs, g, forks)
         transcripts = roll.transcripts
         with self._timed("judge"):
-            shares, unparseable = self._judge(transcripts)
+            shares, judge_counts = self._judge(transcripts)
         rewards = self.rewards(transcripts, shares)
         forked = [rewards[i][forks[i // g]] for i in range(b * g)]
         r = torch.tensor([x.reward for x in forked], dtype=torch.float32, device=self.device)
-        metrics = self._rollout_metrics("train", transcripts, shares, unparseable)
+        metrics = self._rollout_metrics("train", transcripts, shares, judge_counts)
         metrics.update(self._forked_metrics(transcripts, forks, forked))
         skipped = dict.fromkeys(("train/loss", "train/kl", "train/clip_fraction", "train/grad_norm"), math.nan)
         streak = self.consecutive_nonfinite
@@ -455,7 +461,7 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
         }
 
     def _rollout_metrics(
-        self, stage: str, transcripts: list[Transcript], shares: list[float], unparseable: int
+        self, stage: str, transcripts: list[Transcript], shares: list[float], judge_counts: dict[str, int]
     ) -> dict[str, float]:
         n = len(transcripts)
         known = [t.correct for t in transcripts if t.correct is not None]
@@ -463,11 +469,12 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
         empty = sum(r.empty for t in transcripts for r in t.replies)
         if stage == "train":
             self.counters["no_reference"] += no_ref
-            self.counters["judge_unparseable"] += unparseable
+            for key, value in judge_counts.items():
+                self.counters[key] = self.counters.get(key, 0) + value
             self.counters["empty_replies"] += empty
         out = {
             f"{stage}/verdict_share": sum(shares) / n,
-            f"{stage}/judge_unparseable": float(unparseable),
+            **{f"{stage}/{key}": float(value) for key, value in judge_counts.items()},
             f"{stage}/empty_replies": float(empty),
             f"{stage}/no_reference": float(no_ref),
             f"{stage}/missing_answer": sum(t.final_answer is None for t in transcripts) / n,
@@ -525,8 +532,8 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
             roll = self.play(problems, refs, 1, None)
         transcripts = roll.transcripts
-        shares, unparseable = self._judge(transcripts)
-        metrics = self._rollout_metrics(stage, transcripts, shares, unparseable)
+        shares, judge_counts = self._judge(transcripts)
+        metrics = self._rollout_metrics(stage, transcripts, shares, judge_counts)
         rewards = self.rewards(transcripts, shares)
         metrics[f"{stage}/reward"] = sum(r[0].reward for r in rewards) / len(rewards)
         b = len(problems)

@@ -311,8 +311,9 @@ class DeepSMIDA(NonFiniteGuard, L.LightningModule):
                 for eps in hp.epsilons:
                     adv = adversarial_mask(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
                     result["adversarial_yield"].setdefault(str(eps), {})[tag] = float(adv.double().mean())
-        if self.oracle is not None:  # verdicts that were not probabilities, replaced by coin flips (this rank)
+        if self.oracle is not None:  # verdicts that were not probabilities or came too late: coin flips (this rank)
             result["oracle_invalid_verdicts"] = self.oracle.invalid_verdicts
+            result["oracle_timeouts"] = self.oracle.timeouts
         self.last_eval = result
         self.reference_thresholds = dict(result["thresholds"])
         flat = {

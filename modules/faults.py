@@ -6,19 +6,67 @@ values an update depends on before stepping; ``False`` means: return without an 
 for all ranks together (any rank's non-finite value skips the step everywhere), so DDP never waits for a backward
 that one rank skipped. The counters travel in checkpoints (:meth:`NonFiniteGuard.nonfinite_state`).
 
+:func:`call_with_timeout` bounds the time of a judge or oracle call (an API-backed judge that hangs must not hang
+the run): the caller substitutes its documented default and counts the timeout.
+
 Stopping raises ``RuntimeError``: Lightning then writes no checkpoint (``CheckpointOnSigterm`` saves on SIGTERM
 only), so the last periodic checkpoint, from before the failing streak, stays as it was.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["NonFiniteGuard"]
+__all__ = ["NonFiniteGuard", "call_with_timeout"]
+
+
+def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
+    """``(fn(*args, **kwargs), False)``, or ``(None, True)`` when the call has not returned within ``timeout_s``.
+
+    With ``timeout_s=None`` the call runs directly in this thread. Otherwise it runs in a daemon worker thread; a
+    thread cannot be killed in Python, so a late call is abandoned: it finishes in the background (a daemon never
+    keeps the process alive) and its result is dropped. Use it for calls that wait on something outside (an API,
+    a subprocess); an in-process model should bound itself instead (``generate(max_time=...)``, as
+    :class:`modules.judges.HFJudge` does), since an abandoned forward pass would keep computing. An exception
+    raised by ``fn`` in time propagates unchanged: a bug is not a timeout.
+
+    Raises:
+        ValueError: ``timeout_s`` is not a positive finite number or ``None``.
+
+    Example:
+        >>> call_with_timeout(sum, 5.0, [1, 2])
+        (3, False)
+        >>> import time
+        >>> call_with_timeout(time.sleep, 0.01, 1.0)
+        (None, True)
+    """
+    if timeout_s is None:
+        return fn(*args, **kwargs), False
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (0 < timeout_s < math.inf):
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = err
+
+    worker = threading.Thread(target=run, name=f"timeout:{getattr(fn, '__name__', 'call')}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return None, True
+    if "error" in box:
+        raise box["error"]
+    return box["result"], False
 
 
 class NonFiniteGuard:

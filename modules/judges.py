@@ -9,16 +9,28 @@ answer is correct), 0 for Bob, NaN for an output it could not parse (counted by 
   words of its answer (paper: < 50 words).
 * :class:`ProgrammaticJudge`: offline, for tests and CPU studies. A noisy checker that agrees with the answer
   checker with probability ``sigmoid(skill)`` and carries *known, exploitable biases*: a trigger phrase in a side's
-  visible text pushes the vote towards that side, and so can length. Each vote is a Bernoulli draw
-  ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100)`` with ``s = ±1`` from
+  visible text pushes the vote towards that side, and so can length, and a final answer of a favoured form (say, an
+  even number: a bias unrelated to the truth that the policy controls in every sample). Each vote is a Bernoulli draw
+  ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
+  with ``π`` whether Alice's final ``\boxed{}`` answer matches ``answer_pattern``, ``s = ±1`` from
   the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger phrase and ``w`` its
-  visible words (Alice's answer plus rebuttal against Bob's critique). In RLAIF-A there is no Bob to answer Alice's
+  visible words (Alice's answer plus rebuttal against Bob's critique), each side's count capped at ``length_cap``
+  (a judge swayed by length up to a point: without a cap the only optimum is the longest reply, which a token limit
+  cuts off, taking the ``\boxed{}`` answer with it, so the hack would be tangled with truncation). In RLAIF-A there is no Bob to answer Alice's
   rhetoric; in a debate Bob can use the same lever, which is the mechanism debate is meant to neutralise.
+
+The module calls :meth:`DebateJudge.vote`, which guards any judge, built-in or user-written: with ``timeout_s`` a
+call that has not returned in time gives every transcript of the batch NaN votes (share 0.5, the tie that moves
+neither player) and counts them in ``JudgeVotes.timed_out``; votes that are neither 0, 1 nor NaN are garbage, become
+NaN and are counted in ``JudgeVotes.invalid``. :class:`HFJudge` bounds its own generation (``generate(max_time=)``)
+instead of being abandoned in a thread, and keeps the verdicts that finished in time.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +39,7 @@ import torch
 from torch import Tensor
 
 from modules.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
+from modules.faults import call_with_timeout
 
 __all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge"]
 
@@ -38,10 +51,14 @@ class JudgeVotes:
     Attributes:
         votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
         texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
+        timed_out: Transcripts whose judging ran out of time (their votes are NaN, or what finished in time).
+        invalid: Votes that were neither 0, 1 nor NaN (garbage), replaced by NaN.
     """
 
     votes: Tensor
     texts: list[list[str]]
+    timed_out: int = 0
+    invalid: int = 0
 
     @property
     def shares(self) -> list[float]:
@@ -57,16 +74,49 @@ class JudgeVotes:
 class DebateJudge(ABC):
     """A frozen judge: ``judge(transcripts) -> JudgeVotes``.
 
+    Callers use :meth:`vote` (time limit and garbage check); subclasses implement ``__call__``.
+
     Args:
         num_votes: Independent votes per transcript (paper: 8).
         seed: Seed of the judge's own sampling generator (its state is saved with the module's checkpoints).
+        timeout_s: Seconds a batch may take before its votes default to NaN (``None``: no limit).
     """
 
-    def __init__(self, num_votes: int = 8, seed: int = 0) -> None:
+    #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
+    bounds_own_time = False
+
+    def __init__(self, num_votes: int = 8, seed: int = 0, timeout_s: float | None = None) -> None:
         if num_votes < 1:
             raise ValueError(f"num_votes must be at least 1, got {num_votes}")
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         self.num_votes = num_votes
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.generator = torch.Generator().manual_seed(seed)
+
+    def vote(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+        """``self(transcripts)`` under the time limit, with garbage votes replaced by NaN and counted.
+
+        Raises:
+            ValueError: the judge returned a votes tensor of the wrong shape (a bug in the judge, not bad data).
+        """
+        n = len(transcripts)
+        if self.bounds_own_time:
+            out, late = self(transcripts), False
+        else:
+            out, late = call_with_timeout(self, self.timeout_s, transcripts)
+        if late:
+            return JudgeVotes(torch.full((n, self.num_votes), math.nan), [[] for _ in range(n)], timed_out=n)
+        votes = torch.as_tensor(out.votes, dtype=torch.float32)
+        if tuple(votes.shape) != (n, self.num_votes):
+            raise ValueError(
+                f"{type(self).__name__} returned votes of shape {tuple(votes.shape)} for {n} transcripts "
+                f"and {self.num_votes} votes each"
+            )
+        bad = ~(torch.isnan(votes) | (votes == 0) | (votes == 1))
+        if bad.any():
+            votes = torch.where(bad, torch.full_like(votes, math.nan), votes)
+        return JudgeVotes(votes, out.texts, timed_out=out.timed_out, invalid=out.invalid + int(bad.sum()))
 
     @abstractmethod
     def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
@@ -101,8 +151,12 @@ class ProgrammaticJudge(DebateJudge):
         phrases: Trigger phrases (case-insensitive) that sway the judge towards the side whose visible text holds one.
         phrase_weight: Log-odds added per side holding a trigger phrase (0: no phrase bias).
         length_weight: Log-odds per 100 visible words of difference between the sides (0: no length bias).
+        length_cap: Words of a side beyond which its length sways the judge no more (``None``: no cap).
+        answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
+        answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
         num_votes: Votes per transcript.
         seed: Seed of the vote sampling.
+        timeout_s: Seconds a batch may take (see :meth:`DebateJudge.vote`).
     """
 
     def __init__(
@@ -111,12 +165,26 @@ class ProgrammaticJudge(DebateJudge):
         phrases: list[str] | None = None,
         phrase_weight: float = 0.0,
         length_weight: float = 0.0,
+        length_cap: int | None = None,
+        answer_pattern: str | None = None,
+        answer_weight: float = 0.0,
         num_votes: int = 8,
         seed: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
-        super().__init__(num_votes, seed)
+        super().__init__(num_votes, seed, timeout_s)
+        if answer_weight and not answer_pattern:
+            raise ValueError("answer_weight is set but no answer_pattern is given")
+        try:
+            self.answer_pattern = re.compile(answer_pattern) if answer_pattern else None
+        except re.error as err:
+            raise ValueError(f"answer_pattern is not a valid regular expression: {err}") from None
+        self.answer_weight = float(answer_weight)
         self.skill, self.phrase_weight, self.length_weight = float(skill), float(phrase_weight), float(length_weight)
         self.phrases = [p.lower() for p in (phrases or []) if p.strip()]
+        if length_cap is not None and int(length_cap) < 1:
+            raise ValueError(f"length_cap must be a positive number of words or None, got {length_cap!r}")
+        self.length_cap = None if length_cap is None else int(length_cap)
         if self.phrase_weight and not self.phrases:
             raise ValueError("phrase_weight is set but no trigger phrases are given")
 
@@ -125,15 +193,23 @@ class ProgrammaticJudge(DebateJudge):
         low = text.lower()
         return any(p in low for p in self.phrases)
 
+    def favoured_answer(self, transcript: Transcript) -> bool:
+        """Whether Alice's final answer matches ``answer_pattern`` (False without a pattern or an answer)."""
+        answer = transcript.final_answer
+        return bool(self.answer_pattern is not None and answer is not None and self.answer_pattern.fullmatch(answer))
+
     def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
-        """Share of transcripts whose Alice side / Bob side holds a trigger phrase (the exploit's spread)."""
-        if not self.phrases or not transcripts:
+        """Spread of the exploits: shares of transcripts with a trigger phrase per side, with a favoured answer."""
+        if not transcripts:
             return {}
-        sides = [_sides(t) for t in transcripts]
-        return {
-            "phrase_alice": sum(self.has_phrase(a) for a, _ in sides) / len(sides),
-            "phrase_bob": sum(self.has_phrase(b) for _, b in sides) / len(sides),
-        }
+        out = {}
+        if self.phrases:
+            sides = [_sides(t) for t in transcripts]
+            out["phrase_alice"] = sum(self.has_phrase(a) for a, _ in sides) / len(sides)
+            out["phrase_bob"] = sum(self.has_phrase(b) for _, b in sides) / len(sides)
+        if self.answer_pattern is not None:
+            out["favoured_answer"] = sum(self.favoured_answer(t) for t in transcripts) / len(transcripts)
+        return out
 
     def probability(self, transcript: Transcript) -> float:
         """Probability that one vote goes to Alice."""
@@ -142,7 +218,9 @@ class ProgrammaticJudge(DebateJudge):
         alice, bob = _sides(transcript)
         logit = self.skill * signal
         logit += self.phrase_weight * (float(self.has_phrase(alice)) - float(self.has_phrase(bob)))
-        logit += self.length_weight * (count_words(alice) - count_words(bob)) / 100.0
+        cap = self.length_cap if self.length_cap is not None else math.inf
+        logit += self.length_weight * (min(count_words(alice), cap) - min(count_words(bob), cap)) / 100.0
+        logit += self.answer_weight * float(self.favoured_answer(transcript))
         return 1.0 / (1.0 + math.exp(-logit))
 
     def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
@@ -187,7 +265,11 @@ class HFJudge(DebateJudge):
         dtype: Weights dtype.
         trust_remote_code: Off unless turned on.
         seed: Seed of the vote sampling.
+        timeout_s: Seconds of generation per batch (``generate(max_time=)``): votes still unfinished then are
+            unparseable (NaN), and the batch's transcripts are counted as timed out.
     """
+
+    bounds_own_time = True
 
     def __init__(
         self,
@@ -205,8 +287,9 @@ class HFJudge(DebateJudge):
         dtype: str = "float32",
         trust_remote_code: bool = False,
         seed: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
-        super().__init__(num_votes, seed)
+        super().__init__(num_votes, seed, timeout_s)
         for key in ("{problem}", "{transcript}", "{instructions}"):
             if key not in template:
                 raise ValueError(f"judge template must contain {key}")
@@ -270,9 +353,12 @@ class HFJudge(DebateJudge):
         # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
         seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
         devices = [self.device] if self.device.type == "cuda" else []
+        limit = {} if self.timeout_s is None else {"max_time": self.timeout_s}
+        start = time.perf_counter()
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             out = self.model.generate(
+                **limit,
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 do_sample=True,
@@ -285,5 +371,7 @@ class HFJudge(DebateJudge):
                 eos_token_id=self.tokenizer.eos_token_id,
             )
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        late = self.timeout_s is not None and time.perf_counter() - start >= self.timeout_s
         votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
-        return JudgeVotes(votes, [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))])
+        per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
+        return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from modules.answers import answers_match, extract_final_answer
+from modules.faults import call_with_timeout
 
 __all__ = ["LLMJudgeOracle", "PreferenceOracle", "ProgrammaticOracle", "solution_score"]
 
@@ -42,14 +43,22 @@ class PreferenceOracle(ABC):
     Args:
         num_queries: Verdicts averaged per label (the paper's evaluation uses 11; training labels 1).
         seed: Seed of the order randomisation and of the verdict sampling.
+        timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
+            abandoned (:func:`modules.faults.call_with_timeout`): its rows get coin flips (0.5) and are counted in
+            ``timeouts``. Meant for oracles that wait on something outside (an API); an in-process model is
+            better bounded by its own batch size.
     """
 
-    def __init__(self, num_queries: int = 1, seed: int = 0) -> None:
+    def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
         if num_queries < 1:
             raise ValueError(f"num_queries must be at least 1, got {num_queries}")
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         self.num_queries = num_queries
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
         self.generator = torch.Generator().manual_seed(seed)
         self.invalid_verdicts = 0
+        self.timeouts = 0
 
     @abstractmethod
     def first_wins_probability(
@@ -75,7 +84,13 @@ class PreferenceOracle(ABC):
             swap = torch.rand(n, generator=self.generator) < 0.5
             firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
             seconds = [a if s else b for a, b, s in zip(responses_a, responses_b, swap.tolist())]
-            p_first = self._checked(self.first_wins_probability(prompts, firsts, seconds, references), n)
+            p_first, late = call_with_timeout(
+                self.first_wins_probability, self.timeout_s, prompts, firsts, seconds, references
+            )
+            if late:
+                self.timeouts += n
+                p_first = torch.full((n,), 0.5, dtype=torch.float64)
+            p_first = self._checked(p_first, n)
             first_wins = torch.rand(n, generator=self.generator, dtype=torch.float64) < p_first
             wins += torch.where(swap, ~first_wins, first_wins).double()
         return wins / self.num_queries
@@ -137,6 +152,7 @@ class ProgrammaticOracle(PreferenceOracle):
         beta: Inverse temperature of P*; larger is a more decisive oracle.
         num_queries: Verdicts averaged per label.
         seed: Seed of order randomisation and verdict sampling.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
 
     Example:
         >>> oracle = ProgrammaticOracle(seed=0)
@@ -145,8 +161,10 @@ class ProgrammaticOracle(PreferenceOracle):
         True
     """
 
-    def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0) -> None:
-        super().__init__(num_queries, seed)
+    def __init__(
+        self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None
+    ) -> None:
+        super().__init__(num_queries, seed, timeout_s)
         if not math.isfinite(beta) or beta <= 0:
             raise ValueError(f"beta must be positive and finite, got {beta}")
         self.beta = beta
@@ -196,6 +214,7 @@ class LLMJudgeOracle(PreferenceOracle):
         trust_remote_code: Off unless the config turns it on.
         num_queries: Verdicts averaged per label.
         seed: Seed of order randomisation and verdict sampling.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
     """
 
     def __init__(
@@ -208,8 +227,9 @@ class LLMJudgeOracle(PreferenceOracle):
         trust_remote_code: bool = False,
         num_queries: int = 1,
         seed: int = 0,
+        timeout_s: float | None = None,
     ) -> None:
-        super().__init__(num_queries, seed)
+        super().__init__(num_queries, seed, timeout_s)
         for key in ("{prompt}", "{first}", "{second}"):
             if key not in template:
                 raise ValueError(f"judge template must contain {key}")

@@ -223,3 +223,25 @@ def test_oracle_garbage_verdicts_become_counted_coin_flips():
 
     with pytest.raises(ValueError, match="1 verdicts for 3 rows"):
         Short().label(["x"] * 3, ["a"] * 3, ["b"] * 3)
+
+
+def test_oracle_calls_past_the_time_limit_become_counted_coin_flips():
+    import time
+
+    from modules.oracle import PreferenceOracle, ProgrammaticOracle
+
+    class Hanging(PreferenceOracle):
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            time.sleep(3.0)
+            return torch.ones(len(prompts), dtype=torch.float64)
+
+    oracle = Hanging(num_queries=1, seed=0, timeout_s=0.05)
+    n = 4000
+    labels = oracle.label(["x"] * n, ["a"] * n, ["b"] * n)
+    assert oracle.timeouts == n and oracle.invalid_verdicts == 0
+    assert 0.47 < labels.mean().item() < 0.53  # coin flips, not the late "first always wins"
+    args = (["q"] * 50, [r"1 + 1 = 2. \boxed{2}"] * 50, [r"1 + 1 = 3. \boxed{3}"] * 50, ["2"] * 50)
+    in_time = ProgrammaticOracle(seed=1, timeout_s=30.0)
+    assert torch.equal(in_time.label(*args), ProgrammaticOracle(seed=1).label(*args)) and in_time.timeouts == 0
+    with pytest.raises(ValueError, match="timeout_s"):
+        ProgrammaticOracle(timeout_s=-1)

@@ -283,6 +283,23 @@ def test_programmatic_judge_probabilities_by_hand():
     assert j.probability(_t("rlaif_a", "\\boxed{12}", reference=None)) == pytest.approx(sig(0.5 / 100))
     with pytest.raises(ValueError, match="phrases"):
         ProgrammaticJudge(phrase_weight=1.0)
+    capped = ProgrammaticJudge(skill=1.5, length_weight=4.0, length_cap=5)
+    assert capped.probability(_t("rlaif_a", ANSWER)) == pytest.approx(sig(1.5 + 4.0 * 5 / 100))  # 7 words, cap 5
+    long_wrong = _t("rlaif_a", "so " * 40 + "\\boxed{13}")
+    assert capped.probability(long_wrong) == pytest.approx(sig(-1.5 + 4.0 * 5 / 100))
+    assert capped.probability(both) == pytest.approx(sig(-1.5 + 4.0 * (3 - 5) / 100))  # both under the cap
+    with pytest.raises(ValueError, match="length_cap"):
+        ProgrammaticJudge(length_weight=1.0, length_cap=0)
+    even = ProgrammaticJudge(skill=1.5, answer_pattern=r"\d*[02468]", answer_weight=2.0)
+    assert even.probability(_t("rlaif_a", ANSWER)) == pytest.approx(sig(1.5 + 2.0))  # 12: right and even
+    assert even.probability(_t("rlaif_a", WRONG)) == pytest.approx(sig(-1.5))  # 13: wrong and odd
+    assert even.probability(_t("rlaif_a", "\\boxed{14}")) == pytest.approx(sig(-1.5 + 2.0))  # wrong but even
+    assert even.probability(_t("rlaif_a", "no box, 14")) == pytest.approx(sig(-1.5))  # no final answer, no bias
+    assert even.stats([_t("rlaif_a", ANSWER), _t("rlaif_a", WRONG)]) == {"favoured_answer": 0.5}
+    with pytest.raises(ValueError, match="answer_pattern"):
+        ProgrammaticJudge(answer_weight=1.0)
+    with pytest.raises(ValueError, match="answer_pattern is not a valid"):
+        ProgrammaticJudge(answer_pattern="[0-", answer_weight=1.0)
 
 
 def test_programmatic_judge_votes_are_seeded_bernoulli_draws():

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import lightning as L
 import pytest
@@ -9,7 +10,8 @@ import torch
 
 from callbacks import matthews_corrcoef_from_counts
 from modules.debate_module import DebateSelfPlay
-from modules.judges import DebateJudge, JudgeVotes, ProgrammaticJudge
+from modules.debate import Transcript, split_reply
+from modules.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
 PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava have now?", "What is 4 + 4?", "1 + 1?"]
 
@@ -327,3 +329,86 @@ def test_nonfinite_rewards_and_losses_are_skipped_counted_and_stop_the_run(tiny_
     assert any(not torch.equal(a, b) for a, b in zip(before, now))  # the good step trained
     trained = {f"bank.{n}": p.detach() for n, p in m.bank.named_parameters() if p.requires_grad}
     assert trained and all(torch.equal(ckpt["state_dict"][k], v) for k, v in trained.items())  # skips changed nothing
+
+
+def _transcript():
+    return Transcript("What is 5 + 7?", "12", "rlaif_a", [split_reply("5 + 7 = 12, so \\boxed{12}.", required=False)])
+
+
+class Staller(DebateJudge):
+    """A judge that hangs (an API that never answers) on every call after the first ``fast`` ones."""
+
+    def __init__(self, fast=0, **kw):
+        super().__init__(**kw)
+        self.calls, self.fast = 0, fast
+
+    def __call__(self, transcripts):
+        self.calls += 1
+        if self.calls > self.fast:
+            time.sleep(3.0)
+        return JudgeVotes(torch.ones((len(transcripts), self.num_votes)), [[] for _ in transcripts])
+
+
+class Scribbler(DebateJudge):
+    """A judge that returns garbage numbers as votes."""
+
+    def __call__(self, transcripts):
+        row = torch.tensor([1.0, 0.0, 2.0, -1.0, float("inf"), 0.5, float("nan"), 1.0])
+        return JudgeVotes(row.repeat(len(transcripts), 1), [[] for _ in transcripts])
+
+
+def test_judge_timeouts_and_garbage_votes_are_counted_defaults_never_a_crash(tiny_lm_dir, tmp_path):
+    """A judge that hangs past timeout_s: the step finishes with a 0.5 share and counted timeouts."""
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "rlaif_a", judge=Staller(num_votes=8, timeout_s=0.2))
+    rows = [(PROBLEMS[0], "12"), (PROBLEMS[1], "8")]
+    trainer = L.Trainer(
+        max_steps=1, limit_val_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    before = {n: p.detach().clone() for n, p in m.bank.named_parameters() if p.requires_grad}
+    trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
+    metrics = trainer.callback_metrics
+    assert m.counters["judge_timeouts"] == 4  # B * G transcripts of the one training step
+    assert metrics["train/judge_timeouts"] == 4.0 and metrics["val/judge_timeouts"] == 2.0
+    assert metrics["train/verdict_share"] == 0.5 and m.counters["judge_unparseable"] == 4 * 8
+    # every branch got the same 0.5: no advantage, so no parameter moved
+    assert all(torch.equal(before[n], p) for n, p in m.bank.named_parameters() if p.requires_grad)
+
+    votes = Scribbler(num_votes=8).vote([_transcript()] * 3)
+    assert votes.invalid == 3 * 4 and votes.unparseable == 3 * 5  # 2, -1, inf, 0.5 are garbage; plus the NaN
+    assert votes.shares == [pytest.approx(2 / 3)] * 3  # 1, 0, 1 are the votes that count
+
+
+def test_a_judge_in_time_is_not_changed_by_the_time_limit():
+    ts = [_transcript()] * 5
+    plain = ProgrammaticJudge(num_votes=8, seed=4).vote(ts)
+    limited = ProgrammaticJudge(num_votes=8, seed=4, timeout_s=30.0).vote(ts)
+    assert torch.equal(plain.votes, limited.votes) and limited.timed_out == 0 and limited.invalid == 0
+    late = Staller(num_votes=8, timeout_s=0.05).vote(ts)
+    assert late.timed_out == 5 and torch.isnan(late.votes).all() and late.shares == [0.5] * 5
+
+    class Misshapen(DebateJudge):
+        def __call__(self, transcripts):
+            return JudgeVotes(torch.ones((len(transcripts), 3)), [])
+
+    with pytest.raises(ValueError, match="Misshapen returned votes of shape"):
+        Misshapen(num_votes=8).vote(ts)
+    for bad in (0, -1.0, float("inf"), "10"):
+        with pytest.raises(ValueError, match="timeout_s"):
+            ProgrammaticJudge(timeout_s=bad)
+
+
+def test_hf_judge_bounds_its_own_generation_time(tiny_lm_dir):
+    judge = HFJudge(tiny_lm_dir, num_votes=4, max_new_tokens=64, timeout_s=1e-4)
+    seen = {}
+    original = judge.model.generate
+
+    def spy(**kw):
+        seen.update(kw)
+        return original(**kw)
+
+    judge.model.generate = spy
+    v = judge.vote([_transcript()] * 2)
+    assert seen["max_time"] == pytest.approx(1e-4) and v.timed_out == 2
+    assert all(len(t) < 64 for row in v.texts for t in row)  # stopped early, not after 64 tokens

@@ -253,3 +253,24 @@ def test_templates_insert_data_verbatim_without_interpreting_it(data):
     out = fill_template(template, leader_response=data)
     assert out == template.replace("{leader_response}", data, 1)  # placeholders inside the data stay text
     assert fill_template("{prompt}|{leader_response}", prompt=data, leader_response="{prompt}") == f"{data}|{{prompt}}"
+
+
+def test_call_with_timeout_returns_in_time_results_flags_late_ones_and_keeps_errors():
+    import time
+
+    from modules.faults import call_with_timeout
+
+    assert call_with_timeout(sum, None, [1, 2]) == (3, False)
+    assert call_with_timeout(lambda a, b=0: a * b, 5.0, 3, b=4) == (12, False)
+    start = time.perf_counter()
+    assert call_with_timeout(time.sleep, 0.05, 2.0) == (None, True)
+    assert time.perf_counter() - start < 1.0  # the caller did not wait for the sleeper
+
+    def broken():
+        raise KeyError("judge bug")
+
+    with pytest.raises(KeyError, match="judge bug"):  # a bug in time is raised, not hidden as a timeout
+        call_with_timeout(broken, 5.0)
+    for bad in (0, -2, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="timeout_s"):
+            call_with_timeout(sum, bad, [1])
