@@ -17,6 +17,7 @@ row stop training with a clear error (:class:`modules.faults.NonFiniteGuard`: on
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -105,6 +106,15 @@ class RewardModels(nn.Module):
     that share a tokenizer share one tokenisation per call; each model scores the whole batch in one pass (or
     ``batch_size`` rows at a time).
 
+    With ``group_size`` G > 1 (rows in groups of G sampled from one prompt, as GRPO makes them) the tokens that a
+    group's rows share are run once per group: the longest common token prefix of each group (computed on the token
+    ids, so tokenisation is exactly the unshared one) goes through the model's backbone once, its KV cache is
+    repeated to the group's rows, and only the rows' own tokens run on top, at the same positions and under the same
+    attention as before. With prompts of P tokens and completions of C, that is ``B·P + B·G·C`` tokens instead of
+    ``B·G·(P + C)``; the scores equal the unshared ones up to float rounding (tested). Used for models whose
+    ``forward`` takes a KV cache and whose backbone is ``base_model`` (decoder-only classifiers such as Qwen2's,
+    Llama's, Mistral's); others, and groups sharing fewer than 2 tokens, take the unshared path.
+
     Args:
         paths: Hub names or local folders of ``AutoModelForSequenceClassification`` checkpoints.
         batch_size: Rows per forward (0: all rows at once).
@@ -157,8 +167,8 @@ class RewardModels(nn.Module):
         return super().train(False)
 
     @torch.no_grad()
-    def forward(self, texts: Sequence[str]) -> Tensor:
-        """Scores ``[N, K]`` of the ``N`` texts by the ``K`` models."""
+    def forward(self, texts: Sequence[str], group_size: int = 1) -> Tensor:
+        """Scores ``[N, K]`` of the ``N`` texts by the ``K`` models (``group_size``: see the class docstring)."""
         device = next(self.parameters()).device
         encoded: dict[str, dict[str, Tensor]] = {}
         cols = []
@@ -174,14 +184,62 @@ class RewardModels(nn.Module):
                 )
             enc = encoded[fp]
             n = enc["input_ids"].shape[0]
-            step = self.batch_size or n
+            g = group_size if group_size > 1 and n % group_size == 0 and _takes_cache(model) else 1
+            step = -(-(self.batch_size or n) // g) * g  # whole groups per chunk
             scores = []
             for i in range(0, n, step):
                 ids = enc["input_ids"][i : i + step].to(device)
                 att = enc["attention_mask"][i : i + step].to(device)
-                scores.append(model(input_ids=ids, attention_mask=att).logits[:, 0].float())
-            cols.append(torch.cat(scores))
+                shared = _shared_prefix_scores(model, ids, att, g) if g > 1 else None
+                scores.append(shared if shared is not None else model(input_ids=ids, attention_mask=att).logits[:, 0])
+            cols.append(torch.cat(scores).float())
         return torch.stack(cols, dim=1)
+
+
+def _takes_cache(model: nn.Module) -> bool:
+    params = inspect.signature(type(model).forward).parameters
+    return hasattr(model, "base_model") and ("past_key_values" in params or "cache" in params)
+
+
+def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) -> Tensor | None:
+    """Scores of right-padded rows in groups of ``g``, each group's common token prefix run once; ``None`` when a
+    group shares fewer than 2 tokens (the caller then scores the rows as they are).
+
+    The prefixes (each group's own length, at most its shortest row minus one, so every row keeps a token) are left-
+    padded to one width and run through the backbone; their cache is repeated to the rows, whose remaining tokens are
+    right-padded after it. Positions come from the attention mask, so every real token keeps its unshared position.
+    """
+    n, width = ids.shape
+    lengths = att.sum(dim=1)
+    rows = ids.view(n // g, g, width)
+    same = (rows == rows[:, :1]).all(dim=1).long().cumprod(dim=1).sum(dim=1)  # common prefix per group
+    prefix = torch.minimum(same, lengths.view(n // g, g).min(dim=1).values - 1)
+    if int(prefix.min()) < 2:
+        return None
+    p_width = int(prefix.max())
+    p_ids = torch.zeros((n // g, p_width), dtype=ids.dtype, device=ids.device)
+    p_att = torch.zeros_like(p_ids)
+    for k, length in enumerate(prefix.tolist()):
+        p_ids[k, p_width - length :] = ids[k * g, :length]
+        p_att[k, p_width - length :] = 1
+    cut = prefix.repeat_interleave(g)
+    s_width = int((lengths - cut).max())
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    s_ids = torch.full((n, s_width), pad, dtype=ids.dtype, device=ids.device)
+    s_att = torch.zeros_like(s_ids)
+    for r in range(n):
+        rest = int(lengths[r] - cut[r])
+        s_ids[r, :rest] = ids[r, int(cut[r]) : int(lengths[r])]
+        s_att[r, :rest] = 1
+    p_pos = (p_att.cumsum(dim=1) - 1).clamp_min(0)
+    out = model.base_model(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(g)
+    full_att = torch.cat([p_att.repeat_interleave(g, dim=0), s_att], dim=1)
+    s_pos = (full_att.cumsum(dim=1) - 1).clamp_min(0)[:, p_width:]
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    logits = model(input_ids=s_ids, attention_mask=full_att, position_ids=s_pos, **{name: cache}).logits
+    return logits[:, 0]
 
 
 class GRPO(NonFiniteGuard, L.LightningModule):
@@ -320,11 +378,21 @@ class GRPO(NonFiniteGuard, L.LightningModule):
             return list(prompts)
         return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
 
-    def rewards(self, inputs: Sequence[str], completions: Sequence[str], references: Sequence[str | None]) -> Tensor:
-        """Per-reward scores ``[N, K]`` (reward models first, then the answer reward), before weighting."""
+    def rewards(
+        self,
+        inputs: Sequence[str],
+        completions: Sequence[str],
+        references: Sequence[str | None],
+        group_size: int = 1,
+    ) -> Tensor:
+        """Per-reward scores ``[N, K]`` (reward models first, then the answer reward), before weighting.
+
+        ``group_size``: rows come in groups sampled from one prompt (their shared tokens are scored once).
+        """
         cols = []
         if self.reward_models is not None:
-            cols.append(self.reward_models([x + y for x, y in zip(inputs, completions)]).to(self.device))
+            texts = [x + y for x, y in zip(inputs, completions)]
+            cols.append(self.reward_models(texts, group_size=group_size).to(self.device))
         if self.hparams.answer_reward:
             cols.append(answer_rewards(completions, references).to(self.device).unsqueeze(1))
         return torch.cat(cols, dim=1)
@@ -400,7 +468,7 @@ class GRPO(NonFiniteGuard, L.LightningModule):
             )
         with self._timed("score"):
             per_reward = self.rewards(
-                [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)]
+                [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)], group_size=g
             )
             reward = (per_reward * self.reward_weight).sum(dim=1)
         if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps

@@ -86,6 +86,25 @@ def test_reward_models_in_one_batch_equal_one_by_one(reward_dirs):
     assert rms.fingerprints[0] == rms.fingerprints[1]  # same byte tokenizer: tokenised once per call
 
 
+def test_reward_models_score_a_groups_shared_prefix_once_with_the_same_scores(reward_dirs):
+    prompts = ["What is 2 + 3? Think.", "Tom has 4 apples and buys 7 more. How many now?", "1+1?"]
+    replies = [["5", "It is 5.", "", "2 + 3 = 6, so six"], ["11 apples", "eleven", "4 + 7 = 11", "11"], ["2"] * 4]
+    texts = [p + r for p, rs in zip(prompts, replies) for r in rs]  # "" makes a row that IS its prompt
+    rms = RewardModels(reward_dirs)
+    plain = rms(texts)
+    calls = []
+    for m in rms.models:
+        m.register_forward_hook(lambda mod, args, kw, out: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    shared = rms(texts, group_size=4)
+    assert torch.allclose(shared, plain, atol=1e-5)
+    # each model ran its backbone over the 3 prefixes once and its head over the rows' own tokens only
+    assert all(shape[0] == 12 and shape[1] < max(len(t) for t in texts) for shape in calls)
+    assert torch.allclose(RewardModels(reward_dirs, batch_size=5)(texts, group_size=4), plain, atol=1e-5)
+    # rows that share nothing (a group of different prompts) are scored as they are
+    mixed = [texts[0], texts[4], texts[8], texts[1]]
+    assert torch.allclose(rms(mixed, group_size=4), rms(mixed), atol=1e-6)
+
+
 def test_answer_rewards_by_hand():
     got = answer_rewards(["so \\boxed{12}", "\\boxed{1,000}", "no box 12", "\\boxed{3"], ["12", "1000", "12", "3"])
     assert got.tolist() == [1.0, 1.0, 0.0, 0.0]
@@ -99,9 +118,9 @@ def test_a_nonfinite_reward_is_skipped_and_counted(tiny_lm_dir, reward_dirs, tmp
     calls = {"n": 0}
     real = model.rewards
 
-    def sometimes_nan(inputs, completions, references):
+    def sometimes_nan(inputs, completions, references, **kw):
         calls["n"] += 1
-        r = real(inputs, completions, references)
+        r = real(inputs, completions, references, **kw)
         if calls["n"] == 2:  # the second step's rewards hold one NaN
             r[1, 0] = float("nan")
         return r
@@ -124,7 +143,7 @@ def test_a_nonfinite_reward_is_skipped_and_counted(tiny_lm_dir, reward_dirs, tmp
 def test_consecutive_nonfinite_rewards_stop_training(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
     model = _model(tiny_lm_dir, max_consecutive_nonfinite=2)
-    model.rewards = lambda inputs, completions, references: torch.full((len(completions), 1), float("inf"))
+    model.rewards = lambda inputs, completions, references, **kw: torch.full((len(completions), 1), float("inf"))
     with pytest.warns(UserWarning, match="update is skipped"):
         with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite rewards"):
             _trainer(tmp_path, steps=10).fit(model, _dm())
