@@ -42,7 +42,6 @@ import json
 import math
 import os
 import random
-import time
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,6 +68,7 @@ from modules.faults import NonFiniteGuard
 from modules.judges import DebateJudge, ProgrammaticJudge
 from modules.policy import PolicyBank, Rollout
 from modules.rl_losses import group_advantages, grpo_loss
+from modules.timing import PhaseTimer
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 
@@ -109,7 +109,7 @@ def _rows(rollout: Rollout, idx: list[int]) -> Rollout:
     )
 
 
-class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
+class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
     """One set of weights plays Alice and Bob in RLAIF-A, Debate-AB, Debate-ABA or RLVR against a frozen judge.
 
     Args:
@@ -371,16 +371,6 @@ class DebateSelfPlay(NonFiniteGuard, L.LightningModule):
         return loss, {k: torch.tensor(v) for k, v in stats.items()}, current
 
     # ------------------------------------------------------------------------------------------------ training
-    @contextmanager
-    def _timed(self, phase: str) -> Any:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.phase_times[phase] = self.phase_times.get(phase, 0.0) + time.perf_counter() - start
-
     @contextmanager
     def _seeded(self, *key: int) -> Any:
         """Seed the players' sampling from ``(seed, *key)`` without touching the caller's global RNG state."""

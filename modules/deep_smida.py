@@ -24,8 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
-from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -37,6 +35,7 @@ from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
 from modules.policy import PolicyBank, fill_template
 from modules.smida_estimators import smida_surrogate_losses
+from modules.timing import PhaseTimer
 from modules.utilities import EnsembleUtility, Utility
 
 __all__ = ["DeepSMIDA"]
@@ -49,7 +48,7 @@ FOLLOWER_SYSTEM = (
 )
 
 
-class DeepSMIDA(NonFiniteGuard, L.LightningModule):
+class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
     """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
 
     Args:
@@ -190,17 +189,6 @@ class DeepSMIDA(NonFiniteGuard, L.LightningModule):
         return xs, ys, foll.texts
 
     # ------------------------------------------------------------------ training
-    @contextmanager
-    def _timed(self, phase: str) -> Any:
-        """Wall time of a phase (device-synchronised on CUDA), kept in ``self.phase_times`` and logged."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.phase_times[phase] = time.perf_counter() - start
-
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
         hp = self.hparams
         opt_l, opt_f = self.optimizers()

@@ -21,9 +21,8 @@ import inspect
 import json
 import os
 import random
-import time
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from modules.faults import NonFiniteGuard
 from modules.models import DTYPES, check_exists, resolve_name_or_path
 from modules.policy import PolicyBank
 from modules.rl_losses import group_advantages, grpo_loss
+from modules.timing import PhaseTimer
 
 __all__ = ["GRPO", "RewardModels", "answer_rewards", "build_tiny_reward_model"]
 
@@ -202,12 +202,12 @@ def _takes_cache(model: nn.Module) -> bool:
 
 
 def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) -> Tensor | None:
-    """Scores of right-padded rows in groups of ``g``, each group's common token prefix run once; ``None`` when a
-    group shares fewer than 2 tokens (the caller then scores the rows as they are).
+    """Scores of right-padded rows in groups of ``g``, each group's common token prefix run once.
 
-    The prefixes (each group's own length, at most its shortest row minus one, so every row keeps a token) are left-
-    padded to one width and run through the backbone; their cache is repeated to the rows, whose remaining tokens are
-    right-padded after it. Positions come from the attention mask, so every real token keeps its unshared position.
+    ``None`` when a group shares fewer than 2 tokens (the caller then scores the rows as they are). The prefixes
+    (each group's own length, at most its shortest row minus one, so every row keeps a token) are left-padded to one
+    width and run through the backbone; their cache is repeated to the rows, whose remaining tokens are right-padded
+    after it. Positions come from the attention mask, so every real token keeps its unshared position.
     """
     n, width = ids.shape
     lengths = att.sum(dim=1)
@@ -242,7 +242,7 @@ def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) ->
     return logits[:, 0]
 
 
-class GRPO(NonFiniteGuard, L.LightningModule):
+class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
     """Group Relative Policy Optimization of one LM policy (LoRA over a frozen base, or a full copy).
 
     Args:
@@ -396,17 +396,6 @@ class GRPO(NonFiniteGuard, L.LightningModule):
         if self.hparams.answer_reward:
             cols.append(answer_rewards(completions, references).to(self.device).unsqueeze(1))
         return torch.cat(cols, dim=1)
-
-    @contextmanager
-    def _timed(self, phase: str) -> Any:
-        """Wall time of a phase (device-synchronised on CUDA), added to ``self.phase_times``."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.phase_times[phase] = self.phase_times.get(phase, 0.0) + time.perf_counter() - start
 
     def _no_sync(self, last: bool) -> Any:
         """Skip the gradient all-reduce of every micro-batch but the last (DDP/FSDP ``no_sync``)."""

@@ -16,8 +16,9 @@ answer is correct), 0 for Bob, NaN for an output it could not parse (counted by 
   the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger phrase and ``w`` its
   visible words (Alice's answer plus rebuttal against Bob's critique), each side's count capped at ``length_cap``
   (a judge swayed by length up to a point: without a cap the only optimum is the longest reply, which a token limit
-  cuts off, taking the ``\boxed{}`` answer with it, so the hack would be tangled with truncation). In RLAIF-A there is no Bob to answer Alice's
-  rhetoric; in a debate Bob can use the same lever, which is the mechanism debate is meant to neutralise.
+  cuts off, taking the ``\boxed{}`` answer with it, so the hack would be tangled with truncation). In RLAIF-A there
+  is no Bob to answer Alice's rhetoric; in a debate Bob can use the same lever, which is the mechanism debate is
+  meant to neutralise.
 
 The module calls :meth:`DebateJudge.vote`, which guards any judge, built-in or user-written: with ``timeout_s`` a
 call that has not returned in time gives every transcript of the batch NaN votes (share 0.5, the tie that moves
@@ -144,7 +145,7 @@ def _sides(t: Transcript) -> tuple[str, str]:
 
 
 class ProgrammaticJudge(DebateJudge):
-    """A noisy answer checker with a known, exploitable bias (see the module docstring for the vote probability).
+    r"""A noisy answer checker with a known, exploitable bias (see the module docstring for the vote probability).
 
     Args:
         skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.

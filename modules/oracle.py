@@ -161,9 +161,7 @@ class ProgrammaticOracle(PreferenceOracle):
         True
     """
 
-    def __init__(
-        self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None
-    ) -> None:
+    def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
         super().__init__(num_queries, seed, timeout_s)
         if not math.isfinite(beta) or beta <= 0:
             raise ValueError(f"beta must be positive and finite, got {beta}")

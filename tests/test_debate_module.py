@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from callbacks import matthews_corrcoef_from_counts
-from modules.debate_module import DebateSelfPlay
 from modules.debate import Transcript, split_reply
+from modules.debate_module import DebateSelfPlay
 from modules.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
 PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava have now?", "What is 4 + 4?", "1 + 1?"]
@@ -363,7 +363,11 @@ def test_judge_timeouts_and_garbage_votes_are_counted_defaults_never_a_crash(tin
     m = _module(tiny_lm_dir, "rlaif_a", judge=Staller(num_votes=8, timeout_s=0.2))
     rows = [(PROBLEMS[0], "12"), (PROBLEMS[1], "8")]
     trainer = L.Trainer(
-        max_steps=1, limit_val_batches=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        max_steps=1,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
         default_root_dir=tmp_path,
     )
     before = {n: p.detach().clone() for n, p in m.bank.named_parameters() if p.requires_grad}
