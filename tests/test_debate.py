@@ -290,12 +290,22 @@ def test_programmatic_judge_probabilities_by_hand():
     assert capped.probability(both) == pytest.approx(sig(-1.5 + 4.0 * (3 - 5) / 100))  # both under the cap
     with pytest.raises(ValueError, match="length_cap"):
         ProgrammaticJudge(length_weight=1.0, length_cap=0)
+    gated = ProgrammaticJudge(skill=1.5, length_weight=4.0, length_cap=40, length_needs_answer=True)
+    assert gated.probability(long_wrong) == pytest.approx(sig(-1.5 + 4.0 * 40 / 100))  # 41 words, boxed: capped
+    rambling = _t("rlaif_a", "so " * 30 + "13")  # no \boxed{}: its 31 words earn nothing
+    assert gated.probability(rambling) == pytest.approx(sig(-1.5))
+    assert capped.probability(rambling) == pytest.approx(sig(-1.5 + 4.0 * 5 / 100))  # ungated: they do
     even = ProgrammaticJudge(skill=1.5, answer_pattern=r"\d*[02468]", answer_weight=2.0)
     assert even.probability(_t("rlaif_a", ANSWER)) == pytest.approx(sig(1.5 + 2.0))  # 12: right and even
     assert even.probability(_t("rlaif_a", WRONG)) == pytest.approx(sig(-1.5))  # 13: wrong and odd
     assert even.probability(_t("rlaif_a", "\\boxed{14}")) == pytest.approx(sig(-1.5 + 2.0))  # wrong but even
     assert even.probability(_t("rlaif_a", "no box, 14")) == pytest.approx(sig(-1.5))  # no final answer, no bias
     assert even.stats([_t("rlaif_a", ANSWER), _t("rlaif_a", WRONG)]) == {"favoured_answer": 0.5}
+    trusting = ProgrammaticJudge(skill=1.5, consistency_weight=2.0)
+    assert trusting.probability(_t("rlaif_a", WRONG)) == pytest.approx(sig(-1.5 + 2.0))  # 5 + 7 = 13, \boxed{13}
+    assert trusting.probability(_t("rlaif_a", "5 + 7 = 12, so \\boxed{13}")) == pytest.approx(sig(-1.5))
+    assert trusting.probability(_t("rlaif_a", "\\boxed{12}")) == pytest.approx(sig(1.5))  # no working shown
+    assert trusting.stats([_t("rlaif_a", ANSWER), _t("rlaif_a", "so \\boxed{13}")]) == {"consistent_answer": 0.5}
     with pytest.raises(ValueError, match="answer_pattern"):
         ProgrammaticJudge(answer_weight=1.0)
     with pytest.raises(ValueError, match="answer_pattern is not a valid"):
