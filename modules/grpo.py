@@ -20,17 +20,16 @@ import hashlib
 import inspect
 import json
 import os
-import random
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor, nn
 
+from callbacks.fault_tolerance import collect_rng_state, restore_rng_state
 from modules.answers import answers_match, extract_final_answer
 from modules.faults import NonFiniteGuard
 from modules.models import DTYPES, check_exists, resolve_name_or_path
@@ -532,12 +531,8 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
             if name not in keep:
                 del sd[name]
         checkpoint["grpo_counters"] = self.nonfinite_state()
-        checkpoint["grpo_rng"] = {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
-        }
+        # tensors and plain values only, so that `fit --ckpt_path` (torch.load with weights_only=True) reads it
+        checkpoint["grpo_rng"] = collect_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint missing any trainable tensor; restore the counters and the RNG states."""
@@ -546,13 +541,8 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
         if missing:
             raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
         self.load_nonfinite_state(checkpoint.get("grpo_counters"))
-        rng = checkpoint.get("grpo_rng")
-        if rng is not None:
-            torch.set_rng_state(rng["torch"])
-            if rng["cuda"] is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
-            random.setstate(rng["python"])
-            np.random.set_state(rng["numpy"])
+        if checkpoint.get("grpo_rng") is not None:
+            restore_rng_state(checkpoint["grpo_rng"])
 
 
 def _slice_rollout(rollout, start: int, stop: int):

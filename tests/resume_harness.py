@@ -260,6 +260,31 @@ FAMILIES: dict[str, Family] = {
             needs_tiny_lm=True,
         ),
         Family(
+            name="grpo",
+            config="grpo_tiny.yaml",
+            args=(
+                "--model.init_args.policy={tiny_lm_dir}",
+                # the tiny LM's folder loaded as a sequence classifier: its backbone with a score head initialised
+                # under the run's seed, so the rewards vary and the adapter moves (the answer checker alone gives
+                # a random policy 0 everywhere)
+                "--model.init_args.reward_models=[{tiny_lm_dir}]",
+                "--model.init_args.answer_reward=false",
+                "--model.init_args.num_generations=2",
+                "--model.init_args.max_new_tokens=4",
+                "--model.init_args.max_prompt_tokens=48",  # cut from the left: short sequences, fast steps
+                "--model.init_args.lora_r=4",
+                "--model.init_args.lora_alpha=8",
+                "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
+                "--trainer.max_steps=14",
+                "--trainer.val_check_interval=9",
+                "--trainer.limit_val_batches=1",
+            ),
+            batches_per_epoch=4,
+            ckpt_every=5,
+            kills=_chain(4),
+            needs_tiny_lm=True,
+        ),
+        Family(
             name="debate_ab",
             config="debate_ab.yaml",  # two plies: the fork choice, Bob's turn and the judge's generator all resume
             args=(
