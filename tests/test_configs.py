@@ -24,6 +24,13 @@ SMALL = {
     "debate_sft_tiny.yaml": ["--data.init_args.num_prompts=40", "--model.init_args.model={tiny_lm_dir}"],
     "preference_ensemble.yaml": ["--data.init_args.num_prompts=40"],
     "sft_tiny.yaml": ["--data.init_args.num_prompts=40"],
+    "sft_small.yaml": ["--data.init_args.num_prompts=40"],
+    "deep_smida_small_fo.yaml": [
+        "--data.init_args.num_prompts=40",
+        "--model.init_args.max_new_tokens=16",
+        "--model.init_args.follower_samples=2",
+        "--model.init_args.policy={tiny_lm_dir}",
+    ],
     "deep_smida.yaml": [
         "--data.init_args.num_prompts=40",
         "--model.init_args.max_new_tokens=16",
