@@ -129,6 +129,18 @@ class Rows(torch.utils.data.Dataset):
         return self.rows[i]
 
 
+def _quiet_trainer(root, max_steps, limit_val_batches):
+    """A trainer without logger, checkpoints or progress bar."""
+    return L.Trainer(
+        max_steps=max_steps,
+        limit_val_batches=limit_val_batches,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+    )
+
+
 def _loader(rows):
     collate = lambda items: {"prompt": [x[0] for x in items], "reference": [x[1] for x in items]}  # noqa: E731
     return torch.utils.data.DataLoader(Rows(rows), batch_size=len(rows), collate_fn=collate)
@@ -148,14 +160,7 @@ def test_bad_input_is_counted_never_a_crash(tiny_lm_dir, tmp_path):
 
     m.bank.generate = empty_answers
     rows = [(PROBLEMS[0], None), (PROBLEMS[1], "8")]
-    trainer = L.Trainer(
-        max_steps=1,
-        limit_val_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=1)
     trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
     c = m.counters
     assert c["batches_seen"] == 1 and c["no_reference"] == 2  # problem 0's two branches
@@ -171,14 +176,7 @@ def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
     m = _module(tiny_lm_dir, "rlvr", judge=ProgrammaticJudge(num_votes=8, seed=5))
     rows = [(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]
-    trainer = L.Trainer(
-        max_steps=2,
-        limit_val_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _quiet_trainer(tmp_path, max_steps=2, limit_val_batches=1)
     before = [p.detach().clone() for p in m.bank.player_parameters("policy")]
     trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
     records = [json.loads(line) for line in (tmp_path / "debate_evals.jsonl").read_text().splitlines()]
@@ -217,14 +215,7 @@ def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
     original = judge.model.generate
     judge.model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or original(**kw)
     m = _module(tiny_lm_dir, "debate_ab", judge=judge)
-    trainer = L.Trainer(
-        max_steps=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(m, train_dataloaders=_loader([(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]))
     assert calls == [4]  # B * G = 4 transcripts, 8 votes each, one generate call
     assert m.counters["batches_seen"] == 1
@@ -245,14 +236,7 @@ def test_full_fine_tuning_option(tiny_lm_dir):
 def _fit(tiny_lm_dir, root, max_steps, ckpt_path=None):
     L.seed_everything(0)
     m = _module(tiny_lm_dir, "debate_ab", judge=ProgrammaticJudge(num_votes=8, seed=1), lr=1e-2)
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=root,
-    )
+    trainer = _quiet_trainer(root, max_steps=max_steps, limit_val_batches=0)
     rows = [(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]  # one batch per epoch: checkpoints fall on epoch boundaries
     trainer.fit(m, train_dataloaders=_loader(rows), ckpt_path=ckpt_path)
     return m, trainer
@@ -362,14 +346,7 @@ def test_judge_timeouts_and_garbage_votes_are_counted_defaults_never_a_crash(tin
     L.seed_everything(0)
     m = _module(tiny_lm_dir, "rlaif_a", judge=Staller(num_votes=8, timeout_s=0.2))
     rows = [(PROBLEMS[0], "12"), (PROBLEMS[1], "8")]
-    trainer = L.Trainer(
-        max_steps=1,
-        limit_val_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=1)
     before = {n: p.detach().clone() for n, p in m.bank.named_parameters() if p.requires_grad}
     trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
     metrics = trainer.callback_metrics
