@@ -160,13 +160,15 @@ class InstructionPoolDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:  # noqa: D102
         # resumable: a checkpoint written after an iteration's batch but before its epoch ended resumes at the next
-        # iteration instead of replaying this one
+        # iteration instead of replaying this one. Replicated: under DDP every rank plays every iteration of the one
+        # game (StackelbergPool splits an iteration's duels across the ranks itself)
         return ResumableDataLoader(
             _WholePool(self.splits["train"], int(self.hparams.iterations_per_epoch)),
             batch_size=None,
             shuffle=False,
             seed=self.hparams.seed,
             collate_fn=_collate,
+            replicated=True,
         )
 
     def _loader(self, split: str) -> DataLoader:

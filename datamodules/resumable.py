@@ -36,10 +36,12 @@ class ResumableSampler(DistributedSampler):
         dataset: The map-style dataset (only its length is used).
         shuffle: Shuffle within each epoch.
         seed: Seed of the orders.
+        replicated: Every rank gets every item, in the same order, instead of its share (for a module whose ranks
+            play one game together and split its work themselves, such as the multi-LLM pool).
     """
 
-    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0) -> None:
-        rank, world = _world()
+    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0, replicated: bool = False) -> None:
+        rank, world = (0, 1) if replicated else _world()
         super().__init__(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.skip = 0
         self._epoch_fresh = True
@@ -73,6 +75,7 @@ class ResumableDataLoader(DataLoader):
         collate_fn: Batch collation.
         num_workers: Worker processes.
         drop_last: Drop the last incomplete batch.
+        replicated: Every rank iterates over every batch (:class:`ResumableSampler`).
         **kwargs: Any other ``DataLoader`` argument (not ``sampler``, ``batch_sampler`` or ``generator``).
     """
 
@@ -85,6 +88,7 @@ class ResumableDataLoader(DataLoader):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
         drop_last: bool = False,
+        replicated: bool = False,
         **kwargs: Any,
     ) -> None:
         for key in ("sampler", "batch_sampler", "generator"):
@@ -95,7 +99,7 @@ class ResumableDataLoader(DataLoader):
         super().__init__(
             dataset,
             batch_size=batch_size,
-            sampler=ResumableSampler(dataset, shuffle=shuffle, seed=seed),
+            sampler=ResumableSampler(dataset, shuffle=shuffle, seed=seed, replicated=replicated),
             collate_fn=collate_fn,
             num_workers=num_workers,
             drop_last=drop_last,

@@ -35,7 +35,17 @@ At the end of fit the figures of §5 are written beside the logs and to TensorBo
 (top and bottom five instructions' weight relative to uniform, Fig. 5), ``reputations.png`` (Fig. 3) and
 ``opponent_selection.png`` (Fig. 4), with every trajectory in ``pool_history.json``.
 
-The game runs on one process (``devices: 1``); more ranks are refused.
+Several processes (DDP, ``configs/overlays/ddp.yaml``) play one game together and split its work: every rank draws
+the same duels (the leader's and the matching's generator is identical on all of them), rank ``r`` generates and
+judges the duels ``d`` with ``d % world == r`` and reports their Elo verdicts, and the responses and scores are
+gathered (``all_gather_object``: texts and floats) so that every rank takes the same leader update and forms the
+same DPO pairs and GRPO batches. Each follower batch is split across the ranks (contiguous shares of its pairs, or
+each rank's own rollouts), its loss divided by the *global* batch size, and the adapters' gradients are summed
+over the ranks (one ``all_reduce`` per follower step; the DDP wrapper's own hooks are bypassed with ``no_sync``,
+since one training step makes many backward passes over different adapters): each step is the full batch's, and
+the adapters stay identical on every rank (checked after every iteration; a divergence raises).
+Only the duels' order within an Elo flush differs from one process (rank 0's first). FSDP and DeepSpeed are refused:
+they shard the base the ranks must each run whole, and the adapters are small enough to replicate.
 
 Bad input: a pool of two models (no non-competing judge) is refused; a judge whose answers never parse scores
 5.0 every time (the paper's rule), is counted per judge (``judge/parse_failure_rate/<model>``) and warned about.
@@ -60,6 +70,7 @@ import math
 import os
 import re
 import warnings
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -369,13 +380,83 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
             ) from err
 
     def on_fit_start(self) -> None:  # noqa: D102
-        if self.trainer.world_size > 1:
+        from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+
+        strategy = self.trainer.strategy
+        if self.trainer.world_size > 1 and (
+            not isinstance(strategy, DDPStrategy) or isinstance(strategy, DeepSpeedStrategy)
+        ):
             raise ValueError(
-                f"trainer.devices: StackelbergPool plays the game on one process, got {self.trainer.world_size} "
-                "(every rank would draw the same duels); use trainer.devices=1 and put the pool on one GPU "
-                "(LoRA adapters over one base keep it small)"
+                f"trainer.strategy: StackelbergPool runs on several processes under DDP only "
+                f"(configs/overlays/ddp.yaml), got {type(strategy).__name__} on {self.trainer.world_size} processes; "
+                "every rank runs the whole base and the adapters are replicated (module docstring)"
             )
         self._elo()  # fail before any generation when the EloRating callback is missing
+
+    # ------------------------------------------------------------------ ranks
+    def _world(self) -> tuple[int, int]:
+        """(rank, world size); (0, 1) outside a trainer."""
+        trainer = self._trainer
+        return (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+
+    def _mine(self, duel: int) -> bool:
+        """Whether this rank plays duel ``duel`` (duel d belongs to rank ``d % world``)."""
+        rank, world = self._world()
+        return duel % world == rank
+
+    def _share(self, lo: int, hi: int) -> tuple[int, int]:
+        """The contiguous share of the rows ``lo … hi`` of a follower batch that this rank computes."""
+        rank, world = self._world()
+        n = hi - lo
+        return lo + n * rank // world, lo + n * (rank + 1) // world
+
+    def _gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (``[obj]`` on one process)."""
+        _, world = self._world()
+        if world == 1:
+            return [obj]
+        out: list[Any] = [None] * world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def _no_sync(self) -> Any:
+        """Keep the DDP wrapper's gradient hooks out of the manual backward passes (the sum is :meth:`_reduce`'s)."""
+        wrapped = self.trainer.strategy.model if self._trainer is not None else None
+        if wrapped is None or wrapped is self or not hasattr(wrapped, "no_sync"):
+            return nullcontext()
+        return wrapped.no_sync()
+
+    def _reduce(self, params: list[Tensor], total: float, finite: bool) -> tuple[float, bool]:
+        """Sum the gradients of ``params`` and the loss over the ranks; finite only if it is on every rank."""
+        if self._world()[1] == 1:
+            return total, finite
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(p)
+            offset += g.numel()
+        stats = torch.tensor([total, 0.0 if finite else 1.0], dtype=torch.float64, device=flat.device)
+        torch.distributed.all_reduce(stats)
+        return float(stats[0]), bool(stats[1] == 0)
+
+    def _trainable_checksum(self) -> list[float]:
+        return [float(p.detach().double().sum()) for p in self.banks.parameters() if p.requires_grad]
+
+    def _check_ranks_agree(self) -> None:
+        """Under DDP, raise when a rank's adapters, leader or iteration differ from rank 0's (after each iteration).
+
+        Called inside ``training_step``, where every rank is in step (not in an epoch-end hook, where rank 0's
+        progress bar runs collectives of its own).
+        """
+        if self._world()[1] == 1:
+            return
+        leader = [] if self.leader_bandit is None else self.leader_probabilities().tolist()
+        everyone = self._gather((self._trainable_checksum(), leader, self.iteration))
+        bad = [r for r, other in enumerate(everyone) if other != everyone[0]]
+        if bad:
+            raise RuntimeError(f"StackelbergPool: ranks {bad} diverged from rank 0 (adapters, leader or iteration)")
 
     def _progress(self) -> float:
         """The annealing schedules' position: game iterations played before this one / (num_iterations - 1)."""
@@ -435,27 +516,29 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
             )
             self.history["selection"].append(sel)
             self.log_dict({f"match/selection_weight/{p}": w for p, w in zip(names, sel)}, batch_size=1)
-        # 3. responses: per model, one generate over all of its (duel, side) slots
+        # 3. responses: per model, one generate over all of its (duel, side) slots (of this rank's duels)
         g = hp.grpo_rollouts if hp.algorithm == "grpo" else 1
         texts: dict[tuple[int, int], list[str]] = {}
         rollouts: dict[str, tuple[Rollout, list[tuple[int, int]]]] = {}
         for pi, p in enumerate(names):
-            slots = [(d, s) for d, duel in enumerate(duels) for s in (0, 1) if duel[s] == pi]
+            slots = [(d, s) for d, duel in enumerate(duels) for s in (0, 1) if duel[s] == pi and self._mine(d)]
             if not slots:
                 continue
             out = self.respond(p, [instructions[idx_list[d]] for d, _ in slots], g)
             for k, slot in enumerate(slots):
                 texts[slot] = out.texts[k * g : (k + 1) * g]
             rollouts[p] = (out, slots)
-        # 4. judging: each judge scores every non-empty response of every duel it is not in
+        texts = {slot: t for part in self._gather(texts) for slot, t in part.items()}  # every rank: every duel's
+        # 4. judging: each judge scores every non-empty response of every duel it is not in (this rank's duels)
         judges_of = [[j for j in range(m) if j not in duel] if m > 1 else [0] for duel in duels]
         scores: dict[tuple[int, int, int], dict[int, float]] = {}
+        counts: dict[int, tuple[int, int]] = {}
         n_empty = 0
         for j, jn in enumerate(names):
             items = [
                 (d, s, r)
                 for d in range(len(duels))
-                if j in judges_of[d]
+                if j in judges_of[d] and self._mine(d)
                 for s in (0, 1)
                 for r in range(g)
                 if texts[(d, s)][r].strip()
@@ -463,19 +546,27 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
             verdicts = self.judge(
                 jn, [instructions[idx_list[d]] for d, _, _ in items], [texts[(d, s)][r] for d, s, r in items]
             )
-            fails = sum(1 for _, ok in verdicts if not ok)
-            self.judge_counts[jn][0] += len(verdicts)
+            counts[j] = (len(verdicts), sum(1 for _, ok in verdicts if not ok))
+            for (d, s, r), (score, _) in zip(items, verdicts):
+                scores.setdefault((d, s, r), {})[j] = score
+        gathered = self._gather((scores, counts))
+        scores = {}
+        for part, _ in gathered:  # in duel order on every rank, whichever rank judged
+            scores.update(part)
+        scores = dict(sorted(scores.items()))
+        for j, jn in enumerate(names):
+            judged = sum(c[j][0] for _, c in gathered)
+            fails = sum(c[j][1] for _, c in gathered)
+            self.judge_counts[jn][0] += judged
             self.judge_counts[jn][1] += fails
-            self.counters["judgements"] += len(verdicts)
+            self.counters["judgements"] += judged
             self.counters["parse_failures"] += fails
-            if verdicts and fails == len(verdicts) and hp.judge_mode == "generate":
+            if judged and fails == judged and hp.judge_mode == "generate":
                 warnings.warn(
-                    f"iteration {iteration}: none of judge {jn}'s {len(verdicts)} judgements parsed; each "
+                    f"iteration {iteration}: none of judge {jn}'s {judged} judgements parsed; each "
                     "counts as 5.0 (App. G)",
                     stacklevel=2,
                 )
-            for (d, s, r), (score, _) in zip(items, verdicts):
-                scores.setdefault((d, s, r), {})[j] = score
         for d in range(len(duels)):
             for s in (0, 1):
                 for r in range(g):
@@ -501,7 +592,7 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
                 rollout_scores[(d, s)] = per_rollout
                 per_side.append(sum(per_rollout) / g)
             side_scores.append((per_side[0], per_side[1]))
-            if elo is not None:
+            if elo is not None and self._mine(d):  # each duel reported once, by the rank that played it
                 judge_a = [sum(scores[(d, 0, r)][j] for r in range(g)) / g for j in judges]
                 judge_b = [sum(scores[(d, 1, r)][j] for r in range(g)) / g for j in judges]
                 elo.report(names[a], names[b], judge_verdicts(judge_a, judge_b), weights=weights)
@@ -529,7 +620,8 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
         if hp.algorithm == "dpo":
             stats = self._train_dpo(instructions, idx_list, duels, texts, side_scores, iteration)
         else:
-            stats = self._train_grpo(rollouts, rollout_scores)
+            stats = self._train_grpo(rollouts, rollout_scores, duels)
+        self._check_ranks_agree()
         mean_reward = sum(rewards) / len(rewards)
         score_gap = sum(abs(x - y) for x, y in side_scores) / len(side_scores)
         self.epoch_means["leader_reward"].update(mean_reward)
@@ -564,29 +656,34 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
             batch_size=1,
         )
 
-    def _step(self, player: str, opt, loss_fn, n: int, micro: int | None = None) -> tuple[float, int]:
-        """One optimizer step of ``player`` on ``n`` items; ``loss_fn(lo, hi)`` → summed loss.
+    def _step(
+        self, player: str, opt, loss_fn, n: int, micro: int | None = None, rows: tuple[int, int] | None = None
+    ) -> tuple[float, int]:
+        """One optimizer step of ``player`` on a batch of ``n`` items; ``loss_fn(lo, hi)`` → summed loss.
 
-        ``micro`` items (default ``micro_batch``; 0: all) per forward, gradients accumulated.
+        ``rows``: the items this rank computes (default: all, ``(0, n)``); under DDP the gradients of every rank's
+        share, each divided by the global ``n``, are summed (:meth:`_reduce`). ``micro`` items (default
+        ``micro_batch``; 0: all) per forward, gradients accumulated.
         """
         hp = self.hparams
-        step = (hp.micro_batch if micro is None else micro) or n
+        a0, b0 = rows if rows is not None else (0, n)
+        step = (hp.micro_batch if micro is None else micro) or max(1, b0 - a0)
         opt.zero_grad()
-        total = 0.0
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            loss = loss_fn(lo, hi) / n
-            if not bool(torch.isfinite(loss.detach()).all()):
-                break
-            self.manual_backward(loss)
-            total += float(loss.detach())
-        else:
-            loss = torch.tensor(total)
+        total, finite = 0.0, True
+        with self._no_sync():
+            for lo in range(a0, b0, step):
+                loss = loss_fn(lo, min(b0, lo + step)) / n
+                if not bool(torch.isfinite(loss.detach()).all()):
+                    finite = False
+                    break
+                self.manual_backward(loss)
+                total += float(loss.detach())
+        params = self.bank(player).player_parameters(player)
+        total, finite = self._reduce(params, total, finite)
         # counts, warns, logs; raises after max_consecutive_nonfinite skips in a row; a good step ends a streak
-        if not self.check_finite(loss.detach(), f"losses of follower {player}"):
+        if not self.check_finite(torch.tensor(total if finite else float("nan")), f"losses of follower {player}"):
             opt.zero_grad()
             return float("nan"), 0
-        params = self.bank(player).player_parameters(player)
         if hp.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(params, hp.grad_clip)
         opt.step()
@@ -644,29 +741,36 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
             mine = pairs if hp.dpo_pairs == "all" else [(d, w) for d, w in pairs if pi in duels[d]]
             if not mine:
                 continue
-            prompts = [self.chat(p, instructions[idx_list[d]], hp.system_prompt) for d, _ in mine]
-            chosen = [texts[(d, 0 if a_wins else 1)][0] for d, a_wins in mine]
-            rejected = [texts[(d, 1 if a_wins else 0)][0] for d, a_wins in mine]
-            # one forward per pair: chosen and rejected side by side (rows 2i, 2i + 1), their prompt run once
-            both = self.encode(
-                p,
-                [x for x in prompts for _ in (0, 1)],
-                [t for pair in zip(chosen, rejected) for t in pair],
-                group_size=2,
-            )
+            # batches of the pairs; under DDP each rank computes a contiguous share of each batch
+            batches = [(lo, min(len(mine), lo + hp.batch_size)) for lo in range(0, len(mine), hp.batch_size)]
+            shares = [self._share(lo, hi) for lo, hi in batches]
+            local = [mine[i] for a, b in shares for i in range(a, b)]
             bank = self.bank(p)
-            with torch.no_grad():  # reference: this follower as it starts the iteration (the previous iteration's)
-                ref = bank.logprobs(p, both, 1.0, hp.micro_batch).view(-1, 2)
+            both = ref = None
+            if local:
+                prompts = [self.chat(p, instructions[idx_list[d]], hp.system_prompt) for d, _ in local]
+                chosen = [texts[(d, 0 if a_wins else 1)][0] for d, a_wins in local]
+                rejected = [texts[(d, 1 if a_wins else 0)][0] for d, a_wins in local]
+                # one forward per pair: chosen and rejected side by side (rows 2i, 2i + 1), their prompt run once
+                both = self.encode(
+                    p,
+                    [x for x in prompts for _ in (0, 1)],
+                    [t for pair in zip(chosen, rejected) for t in pair],
+                    group_size=2,
+                )
+                with torch.no_grad():  # reference: this follower as it starts the iteration (the previous one's)
+                    ref = bank.logprobs(p, both, 1.0, hp.micro_batch).view(-1, 2)
             losses, acc, margin, steps = [], [], [], 0
             micro = max(1, hp.micro_batch // 2) if hp.micro_batch else 0  # pairs: two sequences each
-            for lo in range(0, len(mine), hp.batch_size):
-                hi = min(len(mine), lo + hp.batch_size)
-
-                loss_fn = partial(self._dpo_rows_loss, p, both, ref, lo, acc, margin)
-                total, ok = self._step(p, opts[p], loss_fn, hi - lo, micro)
+            offset = 0  # where this batch's share starts among this rank's pairs
+            for (lo, hi), (a, b) in zip(batches, shares):
+                loss_fn = partial(self._dpo_rows_loss, p, both, ref, offset - a, acc, margin)
+                total, ok = self._step(p, opts[p], loss_fn, hi - lo, micro, rows=(a, b))
+                offset += b - a
                 steps += ok
                 if ok:
                     losses.append(total)
+            acc, margin = (sum(part, []) for part in zip(*self._gather((acc, margin))))
             if losses:
                 stats[f"follower/dpo_loss/{p}"] = sum(losses) / len(losses)
                 stats[f"follower/reward_accuracy/{p}"] = sum(acc) / len(acc)
@@ -675,39 +779,64 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
                 # The first batch of an iteration has margin 0 by construction (policy = reference), so with one
                 # batch per iteration the loss above always reads ln 2; the margin after the iteration's updates, on
                 # the same pairs, is what shows whether the follower learned them.
-                with torch.no_grad():
-                    after = bank.logprobs(p, both, 1.0, hp.micro_batch).view(-1, 2)
-                _, cr, rr = dpo_loss(after[:, 0], after[:, 1], ref[:, 0], ref[:, 1], hp.dpo_beta)
-                stats[f"follower/margin_after/{p}"] = float((cr - rr).mean())
-                stats[f"follower/accuracy_after/{p}"] = float((cr > rr).float().mean())
+                after_margin: list[float] = []
+                if local:
+                    with torch.no_grad():
+                        after = bank.logprobs(p, both, 1.0, hp.micro_batch).view(-1, 2)
+                    _, cr, rr = dpo_loss(after[:, 0], after[:, 1], ref[:, 0], ref[:, 1], hp.dpo_beta)
+                    after_margin = (cr - rr).tolist()
+                after_margin = sum(self._gather(after_margin), [])
+                stats[f"follower/margin_after/{p}"] = sum(after_margin) / len(after_margin)
+                stats[f"follower/accuracy_after/{p}"] = sum(x > 0 for x in after_margin) / len(after_margin)
             stats[f"follower/steps/{p}"] = float(steps)
         return stats
 
-    def _train_grpo(self, rollouts, rollout_scores) -> dict[str, float]:
+    def _train_grpo(self, rollouts, rollout_scores, duels) -> dict[str, float]:
+        """GRPO steps of every combatant on batches of its rollouts in duel order (all ranks' rollouts).
+
+        Under DDP each rank holds the rollouts of its own duels: a batch's rows owned by this rank are a contiguous
+        run of its rollout (both orders follow the duels), which it computes; the others are other ranks'.
+        """
         hp = self.hparams
         g = hp.grpo_rollouts
+        _, world = self._world()
         opts = self._optimizers()
         stats: dict[str, float] = {}
-        for p, (out, slots) in rollouts.items():
-            rewards = torch.tensor([x for slot in slots for x in rollout_scores[slot]], dtype=torch.float32)
-            adv = peer_score_advantages(rewards, g).to(self.device)
-            bank = self.bank(p)
-            with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
-                old = bank.token_logprobs(p, out, hp.temperature, hp.micro_batch)
-                ref = bank.token_logprobs(None, out, hp.temperature, hp.micro_batch) if hp.grpo_beta > 0 else None
-            n = rewards.numel()
+        for pi, p in enumerate(self.player_names):
+            slots = [(d, s) for d, duel in enumerate(duels) for s in (0, 1) if duel[s] == pi]
+            if not slots:
+                continue
+            out, own = rollouts.get(p, (None, []))
+            rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
+            old = ref = adv = None
+            if own:
+                adv = peer_score_advantages(rewards, g).to(self.device)
+                bank = self.bank(p)
+                with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
+                    old = bank.token_logprobs(p, out, hp.temperature, hp.micro_batch)
+                    if hp.grpo_beta > 0:
+                        ref = bank.token_logprobs(None, out, hp.temperature, hp.micro_batch)
+            # before[i]: this rank's rows among the global rows 0 … i - 1 (a batch may cut a slot's rows)
+            before = [0]
+            for d, _ in slots:
+                step = 1 if self._mine(d) else 0
+                before.extend([before[-1] + step * k for k in range(1, g + 1)])
+            n = len(slots) * g
             losses, clipped = [], []
             for lo in range(0, n, hp.batch_size):
                 hi = min(n, lo + hp.batch_size)
-
-                loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, lo, clipped)
-                total, ok = self._step(p, opts[p], loss_fn, hi - lo)
+                a, b = before[lo], before[hi]
+                loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, 0, clipped)
+                total, ok = self._step(p, opts[p], loss_fn, hi - lo, rows=(a, b))
                 if ok:
                     losses.append(total)
+            clipped = sum(self._gather(clipped), [])
             if losses:
                 stats[f"follower/grpo_loss/{p}"] = sum(losses) / len(losses)
-                stats[f"follower/clip_fraction/{p}"] = sum(clipped) / len(clipped)
-            stats[f"follower/reward/{p}"] = float(rewards.mean())
+                if clipped:
+                    stats[f"follower/clip_fraction/{p}"] = sum(clipped) / len(clipped)
+            everyone = [x for slot in slots for x in rollout_scores[slot]]
+            stats[f"follower/reward/{p}"] = sum(everyone) / len(everyone)
         return stats
 
     def configure_optimizers(self):  # noqa: D102

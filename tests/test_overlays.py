@@ -207,3 +207,48 @@ def test_family_trains_in_two_ddp_processes(config, extra, trained_key, tiny_lm_
         assert any(v.float().abs().sum() > 0 for k, v in ckpt["state_dict"].items() if trained_key in k)
     else:  # rank 0 saved the fine-tuned model for the next job
         assert (tmp_path / "tiny_out" / "config.json").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
+def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tmp_path):
+    """Two gloo ranks split each iteration's 5 duels (3 and 2) and still play one game: every duel judged and
+    Elo-rated exactly once, the counters summed over the ranks, the adapters moved and identical on both ranks (the
+    module checks that at every epoch end and raises otherwise)."""
+    duels, iterations = 5, 2
+    g = 2 if algorithm == "grpo" else 1
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(ROOT, "configs", f"pool_{algorithm}.yaml"),
+        "--config",
+        os.path.join(OVERLAYS, "ddp.yaml"),
+        f"--model.init_args.policy={tiny_lm_dir}",
+        f"--model.init_args.duels_per_iteration={duels}",
+        f"--model.init_args.num_iterations={iterations}",
+        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.eval_max_new_tokens=4",
+        "--model.init_args.batch_size=3",  # several follower steps per iteration, shares of 1-2 rows per rank
+        "--model.init_args.lr=0.01",
+        *([f"--model.init_args.grpo_rollouts={g}"] if algorithm == "grpo" else []),
+        "--data.init_args.num_problems=20",
+        "--data.init_args.num_test_problems=4",
+        f"--trainer.max_epochs={iterations}",
+        "--trainer.limit_val_batches=1",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+    ]
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=False)
+    game = ckpt["pool_game"]
+    assert game["iteration"] == iterations
+    # 3 players: one judge per duel, two sides, g rollouts each; all ranks' judgements gathered (rank 0 alone: 3 duels)
+    counters = game["counters"]
+    assert counters["judgements"] + counters["empty_responses"] == iterations * duels * 2 * g
+    elo = next(v for k, v in ckpt["callbacks"].items() if "EloRating" in k)
+    assert sum(elo["games"]) == 2 * iterations * duels  # each duel rated once (twice would be 40)
+    assert len(game["history"]["weights"]) == iterations + 1  # one leader update per iteration, on every rank
+    assert any(v.abs().sum() > 0 for k, v in ckpt["state_dict"].items() if "lora_B" in k)  # the followers moved

@@ -351,10 +351,12 @@ def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path,
     assert all(torch.equal(adapters[n], p) for n, p in _adapters(module).items())
 
 
-def test_more_than_one_process_is_refused_by_name(tiny_lm_dir):
+def test_several_processes_other_than_ddp_are_refused_by_name(tiny_lm_dir):
     from types import SimpleNamespace
 
+    from lightning.pytorch.strategies import FSDPStrategy
+
     module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
-    module._trainer = SimpleNamespace(world_size=2)
-    with pytest.raises(ValueError, match="trainer.devices.*one process, got 2"):
+    module._trainer = SimpleNamespace(world_size=2, strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match="trainer.strategy.*DDP only.*got FSDPStrategy on 2 processes"):
         module.on_fit_start()
