@@ -20,9 +20,7 @@ import hashlib
 import inspect
 import json
 import os
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -282,11 +280,6 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
         train_micro_batch: Rows per policy forward + backward (0: all at once); gradients are accumulated.
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``max_new_tokens``).
-        overlap_scoring: On CPU with at least two torch threads, run the reward models in a worker thread while this
-            thread runs the reference log-probabilities (each with half the threads; the two are independent, and
-            the results are bit-identical to running them one after the other). Small models use two threads
-            poorly, so two one-thread streams finish sooner. ``time/score`` and ``time/ref_logprobs`` are then each
-            phase's own wall time and overlap; ``time/step`` is the step's wall time.
     """
 
     def __init__(
@@ -324,7 +317,6 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
         train_micro_batch: int = 0,
         max_consecutive_nonfinite: int = 10,
         eval_max_new_tokens: int | None = None,
-        overlap_scoring: bool = True,
     ) -> None:
         super().__init__()
         reward_models = list(reward_models or [])
@@ -444,44 +436,6 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 total[k] = total.get(k, 0.0) + w * v
         return total
 
-    def _score_and_reference(self, inputs: list[str], refs: list, roll) -> tuple[Tensor, Tensor | None]:
-        """Per-reward scores ``[B·G, K]`` and the reference token log-probabilities (``None`` when β = 0).
-
-        The two are independent; with ``overlap_scoring`` on a multi-threaded CPU they run at once (Args).
-        """
-        hp = self.hparams
-        g = hp.num_generations
-
-        def score() -> Tensor:
-            with self._timed("score"):
-                return self.rewards(
-                    [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)], group_size=g
-                )
-
-        def reference() -> Tensor | None:
-            if hp.beta <= 0:
-                return None
-            with torch.no_grad(), self._timed("ref_logprobs"):
-                return self.players.token_logprobs(None, roll, hp.temperature, hp.logprob_micro_batch)
-
-        threads = torch.get_num_threads()
-        if not (hp.overlap_scoring and hp.beta > 0 and self.device.type == "cpu" and threads >= 2):
-            return score(), reference()
-
-        def worker() -> Tensor:
-            torch.set_num_threads(threads - threads // 2)
-            return score()
-
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(worker)
-            try:
-                torch.set_num_threads(threads // 2)
-                ref = reference()
-            finally:
-                wait([future])  # the worker is done before the thread count is restored, errors or not
-                torch.set_num_threads(threads)
-            return future.result(), ref  # re-raises the worker's error
-
     # ------------------------------------------------------------------ training
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
         hp = self.hparams
@@ -489,7 +443,6 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         b, g = len(prompts), hp.num_generations
         self.phase_times = {}
-        step_start = time.perf_counter()
         inputs = self.format_prompts(prompts)
         with self._timed("generate"):
             roll = self.players.generate(
@@ -501,13 +454,19 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 max_new_tokens=hp.max_new_tokens,
                 min_new_tokens=hp.min_new_tokens,
             )
-        per_reward, ref = self._score_and_reference(inputs, refs, roll)
-        reward = (per_reward * self.reward_weight).sum(dim=1)
+        with self._timed("score"):
+            per_reward = self.rewards(
+                [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)], group_size=g
+            )
+            reward = (per_reward * self.reward_weight).sum(dim=1)
         if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps
             return
         advantages = group_advantages(reward, g, scale=hp.scale_rewards)
-        old = None
+        ref = old = None
         with torch.no_grad():
+            if hp.beta > 0:
+                with self._timed("ref_logprobs"):
+                    ref = self.players.token_logprobs(None, roll, hp.temperature, hp.logprob_micro_batch)
             if hp.updates_per_rollout > 1:
                 with self._timed("old_logprobs"):
                     old = self.players.token_logprobs(PLAYER, roll, hp.temperature, hp.logprob_micro_batch)
@@ -522,7 +481,7 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 if hp.grad_clip is not None:
                     self.clip_gradients(opt, gradient_clip_val=hp.grad_clip, gradient_clip_algorithm="norm")
                 opt.step()
-        self.phase_times["step"] = time.perf_counter() - step_start
+        self.phase_times["step"] = sum(self.phase_times.values())
         self.phase_times["generated_tokens"] = float(roll.completion_mask.sum())
         logs = {f"time/{k}": float(v) for k, v in self.phase_times.items()}
         logs.update(

@@ -258,38 +258,3 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(tiny_lm_dir
         ref_shared = bank.token_logprobs(None, roll, temperature=0.8)
         bank.share_prompts = False
         assert torch.allclose(ref_shared, bank.token_logprobs(None, roll, temperature=0.8), atol=1e-5)
-
-
-def test_overlapped_scoring_and_reference_equal_the_sequential_ones(tiny_lm_dir, reward_dirs):
-    """Reward models in a worker thread while the reference pass runs: bit-identical results, threads restored,
-    and an error in either is raised, not lost."""
-    torch.manual_seed(0)
-    model = _model(tiny_lm_dir, reward_models=reward_dirs, answer_reward=False, num_generations=3)
-    inputs = ["3 + 4 = ", "twelve minus five is "]
-    roll = model.players.generate("policy", inputs, 3, max_new_tokens=6)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        model.hparams.overlap_scoring = False
-        seq = model._score_and_reference(inputs, [None, None], roll)
-        model.phase_times = {}
-        model.hparams.overlap_scoring = True
-        calls = []
-        score = model.rewards
-        model.rewards = lambda *a, **k: calls.append(torch.get_num_threads()) or score(*a, **k)
-        par = model._score_and_reference(inputs, [None, None], roll)
-        assert torch.get_num_threads() == 2  # restored after the overlap
-        assert calls == [1]  # the worker ran with its half of the threads
-        assert set(model.phase_times) == {"score", "ref_logprobs"}
-        assert torch.equal(seq[0], par[0]) and torch.equal(seq[1], par[1])
-        assert par[0].shape == (6, 2) and par[1].shape == roll.completion_mask.shape
-
-        def broken(*a, **k):
-            raise RuntimeError("reward model failed")
-
-        model.rewards = broken
-        with pytest.raises(RuntimeError, match="reward model failed"):
-            model._score_and_reference(inputs, [None, None], roll)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
