@@ -431,11 +431,11 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
         if self._world()[1] == 1:
             return total, finite
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([g.reshape(-1).float() for g in grads])  # one buffer, summed in fp32 whatever the dtype
         torch.distributed.all_reduce(flat)
         offset = 0
         for p, g in zip(params, grads):
-            p.grad = flat[offset : offset + g.numel()].view_as(p)
+            p.grad = flat[offset : offset + g.numel()].view_as(p).to(g.dtype)
             offset += g.numel()
         stats = torch.tensor([total, 0.0 if finite else 1.0], dtype=torch.float64, device=flat.device)
         torch.distributed.all_reduce(stats)
