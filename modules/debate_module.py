@@ -64,7 +64,7 @@ from modules.debate import (
     ply_rewards,
     split_reply,
 )
-from modules.faults import NonFiniteGuard
+from modules.faults import NonFiniteGuard, reset_stale_epoch_metrics
 from modules.judges import DebateJudge, ProgrammaticJudge
 from modules.policy import PolicyBank, Rollout
 from modules.rl_losses import group_advantages, grpo_loss
@@ -384,6 +384,9 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         counts = {"judge_unparseable": votes.unparseable, "judge_timeouts": votes.timed_out}
         counts["judge_invalid"] = votes.invalid
         return votes.shares, counts
+
+    def on_train_epoch_start(self) -> None:  # noqa: D102
+        reset_stale_epoch_metrics(self.trainer, [self.epoch_reward, self.epoch_accuracy])
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor] | None:  # noqa: D102
         hp = self.hparams

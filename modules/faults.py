@@ -9,6 +9,10 @@ that one rank skipped. The counters travel in checkpoints (:meth:`NonFiniteGuard
 :func:`call_with_timeout` bounds the time of a judge or oracle call (an API-backed judge that hangs must not hang
 the run): the caller substitutes its documented default and counts the timeout.
 
+:func:`reset_stale_epoch_metrics` keeps a module's persistent per-epoch metrics right across a resume: an end-of-epoch
+checkpoint holds the finished epoch's running sums (Lightning resets them only after the save), which must not leak
+into the next epoch, while a mid-epoch checkpoint's sums must be kept.
+
 Stopping raises ``RuntimeError``: Lightning then writes no checkpoint (``CheckpointOnSigterm`` saves on SIGTERM
 only), so the last periodic checkpoint, from before the failing streak, stays as it was.
 """
@@ -24,7 +28,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["NonFiniteGuard", "call_with_timeout"]
+__all__ = ["NonFiniteGuard", "call_with_timeout", "reset_stale_epoch_metrics"]
+
+
+def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:
+    """Reset ``metrics`` (torchmetrics, persistent) at the start of a training epoch unless it resumes mid-epoch.
+
+    Call from ``on_train_epoch_start``. Lightning calls that hook before the epoch loop resets its batch counter,
+    which then holds the batches of this epoch already trained: between 0 and the epoch's length when a mid-epoch
+    checkpoint was loaded (the sums belong to this epoch: kept), else 0 (a fresh start) or the previous epoch's
+    length (a new epoch, uninterrupted or resumed from an end-of-epoch checkpoint whose sums are the finished
+    epoch's: reset). Returns whether it reset.
+    """
+    done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+    if 0 < done < trainer.num_training_batches:
+        return False
+    for metric in metrics:
+        metric.reset()
+    return True
 
 
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any, **kwargs: Any) -> tuple[Any, bool]:

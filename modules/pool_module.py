@@ -82,7 +82,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from modules.answers import answers_match
 from modules.exp3 import SCORE_MAX, SCORE_MIN, Exp3, composite_reward, linear_schedule
-from modules.faults import NonFiniteGuard
+from modules.faults import NonFiniteGuard, reset_stale_epoch_metrics
 from modules.policy import PolicyBank, Rollout
 from modules.pool import (
     DEFAULT_SCORE,
@@ -457,6 +457,9 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
         bad = [r for r, other in enumerate(everyone) if other != everyone[0]]
         if bad:
             raise RuntimeError(f"StackelbergPool: ranks {bad} diverged from rank 0 (adapters, leader or iteration)")
+
+    def on_train_epoch_start(self) -> None:  # noqa: D102
+        reset_stale_epoch_metrics(self.trainer, self.epoch_means.values())
 
     def _progress(self) -> float:
         """The annealing schedules' position: game iterations played before this one / (num_iterations - 1)."""

@@ -38,7 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 
 from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.faults import NonFiniteGuard
+from modules.faults import NonFiniteGuard, reset_stale_epoch_metrics
 from modules.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
@@ -370,6 +370,9 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
                 (rows,), self.head.logits(z[remap[batch["idx_a"][rows]]], z[remap[batch["idx_b"][rows]]], member=i)
             )
         return out
+
+    def on_train_epoch_start(self) -> None:  # noqa: D102
+        reset_stale_epoch_metrics(self.trainer, [self.train_acc])
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:  # noqa: D102
         logits = self._own_member_logits(batch)

@@ -209,14 +209,9 @@ def test_family_trains_in_two_ddp_processes(config, extra, trained_key, tiny_lm_
         assert (tmp_path / "tiny_out" / "config.json").exists()
 
 
-@pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
-def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tmp_path):
-    """Two gloo ranks split each iteration's 5 duels (3 and 2) and still play one game: every duel judged and
-    Elo-rated exactly once, the counters summed over the ranks, the adapters moved and identical on both ranks (the
-    module checks that at every epoch end and raises otherwise)."""
-    duels, iterations = 5, 2
+def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, extra=()) -> list[str]:
     g = 2 if algorithm == "grpo" else 1
-    args = [
+    return [
         sys.executable,
         os.path.join(ROOT, "train.py"),
         "fit",
@@ -234,14 +229,27 @@ def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tm
         *([f"--model.init_args.grpo_rollouts={g}"] if algorithm == "grpo" else []),
         "--data.init_args.num_problems=20",
         "--data.init_args.num_test_problems=4",
-        f"--trainer.max_epochs={iterations}",
         "--trainer.limit_val_batches=1",
         "--trainer.accelerator=cpu",
         "--trainer.devices=2",
+        *extra,
     ]
+
+
+def _run(args, cwd) -> None:
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
+def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tmp_path):
+    """Two gloo ranks split each iteration's 5 duels (3 and 2) and still play one game: every duel judged and
+    Elo-rated exactly once, the counters summed over the ranks, the adapters moved and identical on both ranks (the
+    module checks that after every iteration and raises otherwise)."""
+    duels, iterations = 5, 2
+    g = 2 if algorithm == "grpo" else 1
+    _run(_pool_ddp_args(algorithm, tiny_lm_dir, duels, iterations, [f"--trainer.max_epochs={iterations}"]), tmp_path)
     ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=False)
     game = ckpt["pool_game"]
     assert game["iteration"] == iterations
@@ -252,3 +260,32 @@ def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tm
     assert sum(elo["games"]) == 2 * iterations * duels  # each duel rated once (twice would be 40)
     assert len(game["history"]["weights"]) == iterations + 1  # one leader update per iteration, on every rank
     assert any(v.abs().sum() > 0 for k, v in ckpt["state_dict"].items() if "lora_B" in k)  # the followers moved
+
+
+def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
+    """Two ranks stopped after iteration 1 and resumed from last.ckpt end where the uninterrupted run ends: same
+    adapters, leader weights, Elo ratings and histories (each rank's generators restored, the game's shared)."""
+
+    def final(folder, epochs, resume=False):
+        extra = [f"--trainer.max_epochs={epochs}", "--model.init_args.num_iterations=2"]
+        if resume:
+            extra.append("--ckpt_path=last")
+        _run(_pool_ddp_args("grpo", tiny_lm_dir, 5, 2, extra), folder)
+        path = glob.glob(str(folder / "runs" / "**" / "last.ckpt"), recursive=True)
+        return torch.load(path[0], weights_only=False)
+
+    for folder in ("whole", "split"):
+        (tmp_path / folder).mkdir()
+    whole = final(tmp_path / "whole", 2)
+    first = final(tmp_path / "split", 1)
+    assert first["pool_game"]["iteration"] == 1
+    resumed = final(tmp_path / "split", 2, resume=True)
+    assert resumed["pool_game"]["iteration"] == whole["pool_game"]["iteration"] == 2
+    assert set(resumed["state_dict"]) == set(whole["state_dict"])
+    for k, v in whole["state_dict"].items():
+        assert torch.equal(v, resumed["state_dict"][k]), k
+    assert resumed["pool_game"]["history"] == whole["pool_game"]["history"]
+    assert resumed["pool_game"]["counters"] == whole["pool_game"]["counters"]
+    elo = lambda c: next(v for k, v in c["callbacks"].items() if "EloRating" in k)  # noqa: E731
+    assert elo(resumed)["ratings"] == elo(whole)["ratings"]
+    assert any(not torch.equal(v, first["state_dict"][k]) for k, v in whole["state_dict"].items())  # it trained on

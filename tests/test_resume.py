@@ -259,3 +259,25 @@ def test_resumable_loader_continues_the_same_order_after_a_restore():
     resumed.sampler.set_epoch(1)  # what Lightning does at the start of the resumed epoch
     assert [b.tolist() for b in resumed] == epochs[1][1:]
     assert [b.tolist() for b in resumed] == epochs[2]  # and the epoch after it, as uninterrupted
+
+
+def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
+    """The finished epoch's sums in an end-of-epoch checkpoint must not leak into the next epoch; a mid-epoch
+    checkpoint's sums must survive (the helper every module with persistent epoch means calls)."""
+    from types import SimpleNamespace
+
+    import torchmetrics
+
+    from modules.faults import reset_stale_epoch_metrics
+
+    def trainer(done, batches=5):
+        progress = SimpleNamespace(current=SimpleNamespace(completed=done))
+        return SimpleNamespace(
+            num_training_batches=batches, fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
+        )
+
+    for done, kept in ((0, False), (2, True), (4, True), (5, False)):
+        metric = torchmetrics.MeanMetric()
+        metric.update(torch.tensor([1.0, 3.0]))
+        assert reset_stale_epoch_metrics(trainer(done), [metric]) is not kept
+        assert float(metric.weight) == (2.0 if kept else 0.0), done
