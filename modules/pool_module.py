@@ -442,7 +442,8 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
         return float(stats[0]), bool(stats[1] == 0)
 
     def _trainable_checksum(self) -> list[float]:
-        return [float(p.detach().double().sum()) for p in self.banks.parameters() if p.requires_grad]
+        sums = [p.detach().double().sum() for p in self.banks.parameters() if p.requires_grad]
+        return torch.stack(sums).tolist() if sums else []  # one read-back, not one per tensor
 
     def _check_ranks_agree(self) -> None:
         """Under DDP, raise when a rank's adapters, leader or iteration differ from rank 0's (after each iteration).
