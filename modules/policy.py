@@ -25,7 +25,70 @@ from torch import Tensor, nn
 
 from modules.models import apply_lora, load_model, load_tokenizer
 
-__all__ = ["PolicyBank", "Rollout", "fill_template", "parameter_gathering"]
+__all__ = ["PolicyBank", "Rollout", "fill_template", "grouped_prefix_attention", "parameter_gathering"]
+
+GROUPED_ATTENTION = "alignment_games_grouped_prefix"
+# layer index -> (prompt keys [B, KV, P, D], prompt values, additive prompt-padding mask [B, 1, P]) of the one decode
+# running with grouped_prefix_attention (set and cleared by PolicyBank._grouped_prefix)
+_PREFIX: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def grouped_prefix_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Attention of G samples per prompt that reads each prompt's keys and values once (cascade attention).
+
+    The rows ``b*G … b*G + G - 1`` continue prompt ``b``. Their prompt part lives once per prompt in ``_PREFIX``
+    (``[B, KV, P, D]``), their own tokens in the cache (``key``/``value``: ``[B·G, KV, t, D]``). The scores against
+    both parts share one softmax (a common maximum, one denominator), so the result equals attention over the
+    prompt's cache copied to every row, as :meth:`PolicyBank.generate` did before, up to float rounding, while the
+    prompt's keys are read once per group instead of G times, and grouped-query heads are never copied. Queries
+    after the first (``q > 1``) are causal within the row's own tokens. Registered with transformers'
+    ``AttentionInterface``; ``attention_mask`` is ignored (the prompt's padding is in ``_PREFIX``, the own tokens
+    are never padding while decoding).
+    """
+    keys, values, pad = _PREFIX[module.layer_idx]
+    n, h, q, d = query.shape
+    b, kvh, p, _ = keys.shape
+    g, rep = n // b, h // kvh
+    scale = scaling if scaling is not None else d**-0.5
+    # prompt part: the G rows of a prompt become G·rep query rows of one [B, KV] head, against one copy of its keys
+    qp = query.reshape(b, g, kvh, rep * q, d).transpose(1, 2).reshape(b, kvh, g * rep * q, d)
+    sp = (qp @ keys.transpose(-1, -2)) * scale + pad.unsqueeze(1)
+    sp = sp.reshape(b, kvh, g, rep * q, p).transpose(1, 2).reshape(n, kvh, rep * q, p)
+    # own part, per row
+    ss = (query.reshape(n, kvh, rep * q, d) @ key.transpose(-1, -2)) * scale
+    if q > 1:
+        t = key.shape[2]
+        causal = torch.ones(q, t, dtype=torch.bool, device=query.device).tril(t - q)
+        ss = ss.reshape(n, kvh, rep, q, t).masked_fill(~causal, float("-inf")).reshape(n, kvh, rep * q, t)
+    top = torch.maximum(sp.amax(-1, keepdim=True), ss.amax(-1, keepdim=True))
+    ep, es = (sp - top).exp(), (ss - top).exp()
+    denom = ep.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
+    ep = ep.reshape(b, g, kvh, rep * q, p).transpose(1, 2).reshape(b, kvh, g * rep * q, p)
+    op = (ep @ values).reshape(b, kvh, g, rep * q, d).transpose(1, 2).reshape(n, kvh, rep * q, d)
+    out = (op + es @ value) / denom
+    return out.reshape(n, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def _register_grouped_attention() -> bool:
+    """Register :func:`grouped_prefix_attention` (and a no-op mask) with transformers; False where unsupported."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:
+        return False
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_prefix_attention)
+    AttentionMaskInterface.register(GROUPED_ATTENTION, lambda *args, **kwargs: None)
+    return True
+
 
 _FIELD = re.compile(r"\{(prompt|leader_response)\}")
 
@@ -160,6 +223,10 @@ class PolicyBank(nn.Module):
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
+        # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): on CPU by
+        # default, where the copied prompt cache's reads and torch.cat were a third of generate's time; True/False
+        # forces it on or off (GPU kernels for the copied cache are not measured against it yet)
+        self.grouped_decode: bool | None = None
 
     def use_strategy(self, strategy: Any) -> None:
         """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).
@@ -292,26 +359,32 @@ class PolicyBank(nn.Module):
         with self.gather_for_generation(), self._for_generation(player) as model:
             was_training = model.training
             model.eval()
-            extra = {}
-            if num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1:
-                # prefill each prompt once (all but its last token), then copy the cache to the prompt's samples:
-                # generate only runs the last prompt token and the new ones
-                ids, mask = once["input_ids"], once["attention_mask"]
-                cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
-                cache.batch_repeat_interleave(num_samples)
-                extra[self._cache_arg(model)] = cache
-            out = model.generate(
-                **enc,
-                **extra,
-                do_sample=do_sample,
-                temperature=temperature if do_sample else None,
-                top_p=top_p if do_sample else None,
-                top_k=0 if do_sample else None,
-                max_new_tokens=max_new_tokens,
-                min_new_tokens=min_new_tokens or None,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=eos,
-            )
+            shared = num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1
+            if shared and self._grouped_ok(model):
+                out = self._decode_grouped(
+                    model, once, num_samples, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
+                )
+            else:
+                extra = {}
+                if shared:
+                    # prefill each prompt once (all but its last token), then copy the cache to the prompt's samples:
+                    # generate only runs the last prompt token and the new ones
+                    ids, mask = once["input_ids"], once["attention_mask"]
+                    cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
+                    cache.batch_repeat_interleave(num_samples)
+                    extra[self._cache_arg(model)] = cache
+                out = model.generate(
+                    **enc,
+                    **extra,
+                    do_sample=do_sample,
+                    temperature=temperature if do_sample else None,
+                    top_p=top_p if do_sample else None,
+                    top_k=0 if do_sample else None,
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=min_new_tokens or None,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=eos,
+                )
             model.train(was_training)
         width = enc["input_ids"].shape[1]
         completion = out[:, width:]
@@ -331,6 +404,88 @@ class PolicyBank(nn.Module):
             params = inspect.signature(type(base).forward).parameters
             self._cache_name = "cache" if "cache" in params else "past_key_values"
         return self._cache_name
+
+    def _grouped_ok(self, model: nn.Module) -> bool:
+        """Whether sampled groups decode with :func:`grouped_prefix_attention` (see ``grouped_decode``)."""
+        wanted = self.grouped_decode
+        if wanted is None:
+            wanted = next(self.parameters()).device.type == "cpu"
+        if not wanted:
+            return False
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # models whose attention goes through transformers' AttentionInterface, on a plain (sdpa/eager) backend
+        if not getattr(base, "_supports_attention_backend", False):
+            return False
+        if getattr(base.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            return False
+        return _register_grouped_attention()
+
+    def _decode_grouped(
+        self,
+        model: nn.Module,
+        once: dict[str, Tensor],
+        g: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        do_sample: bool,
+        min_new_tokens: int,
+    ) -> Tensor:
+        """Sample ``g`` continuations per prompt with the prompt's cache held once (``[prompt | completion]`` rows).
+
+        The prompt (all but its last token) is prefilled once per prompt; the decode loop then runs the B·G rows
+        with :func:`grouped_prefix_attention` over that one copy and a cache of the rows' own tokens. Sampling is
+        ``generate``'s: EOS suppressed for ``min_new_tokens``, temperature, nucleus ``top_p``, multinomial draws from
+        the global generator in the same order, a finished row padded, the loop ending when every row is finished.
+        """
+        from transformers.cache_utils import DynamicCache
+
+        ids, mask = once["input_ids"], once["attention_mask"]
+        width = ids.shape[1]
+        cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)
+        pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
+        prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
+        rows = ids.repeat_interleave(g, dim=0)
+        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
+        token = rows[:, -1:]
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
+        own = DynamicCache()
+        new: list[Tensor] = []
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        previous = base.config._attn_implementation
+        _PREFIX.clear()
+        _PREFIX.update(prefix)
+        base.config._attn_implementation = GROUPED_ATTENTION
+        try:
+            for step in range(max_new_tokens):
+                out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
+                logits = out.logits[:, -1, :].to(dtype=torch.float32)
+                if step < min_new_tokens and eos is not None:
+                    logits[:, eos] = float("-inf")
+                if do_sample:
+                    if temperature != 1.0:
+                        logits = logits / temperature
+                    if top_p < 1.0:
+                        ordered, order = torch.sort(logits, descending=False)
+                        drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+                        drop[..., -1:] = False
+                        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+                    nxt = torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
+                else:
+                    nxt = logits.argmax(dim=-1)
+                nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
+                new.append(nxt)
+                if eos is not None:
+                    unfinished &= nxt != eos
+                if not bool(unfinished.any()):
+                    break
+                token, position = nxt[:, None], position + 1
+        finally:
+            base.config._attn_implementation = previous
+            _PREFIX.clear()
+        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
 
     def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
         """KV cache of ``ids[:, :end]`` and the last position's logits ``[rows, 1, V]`` (positions from the mask)."""

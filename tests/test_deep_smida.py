@@ -7,6 +7,7 @@ import os
 import lightning as L
 import pytest
 import torch
+from decode_spy import spy_decodes
 
 from modules.deep_smida import DeepSMIDA
 from modules.utilities import Utility, utility_from_member_probs
@@ -67,9 +68,7 @@ def _snapshot(model):
 def test_both_adapters_learn_and_nothing_else_moves(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
     model = _model(tiny_lm_dir)
-    calls = []
-    original = model.players.model.generate
-    model.players.model.generate = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or original(*a, **k)
+    calls = spy_decodes(model.players)  # rows of each batched decode
     before = _snapshot(model)
     _trainer(tmp_path, steps=4).fit(model, _dm())
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}

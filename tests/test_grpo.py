@@ -3,6 +3,7 @@
 import lightning as L
 import pytest
 import torch
+from decode_spy import spy_decodes
 
 from modules.grpo import GRPO, RewardModels, answer_rewards, build_tiny_reward_model
 
@@ -54,9 +55,7 @@ def _dm():
 def test_the_adapter_learns_and_the_base_does_not_move(tiny_lm_dir, reward_dirs, tmp_path):
     L.seed_everything(0)
     model = _model(tiny_lm_dir, reward_models=reward_dirs, reward_weights=[1.0, 0.5, 1.0])
-    calls = []
-    original = model.players.model.generate
-    model.players.model.generate = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or original(*a, **k)
+    calls = spy_decodes(model.players)  # rows of each batched decode
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     logged = []
 
