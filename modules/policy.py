@@ -61,10 +61,11 @@ def grouped_prefix_attention(
     scale = scaling if scaling is not None else d**-0.5
     # prompt part: the G rows of a prompt become G·rep query rows of one [B, KV] head, against one copy of its keys
     qp = query.reshape(b, g, kvh, rep * q, d).transpose(1, 2).reshape(b, kvh, g * rep * q, d)
-    sp = (qp @ keys.transpose(-1, -2)) * scale + pad.unsqueeze(1)
+    # scores, softmax and sums in float32 (as SDPA does for half precision); the matmuls in the model's dtype
+    sp = (qp @ keys.transpose(-1, -2)).float() * scale + pad.float().unsqueeze(1)
     sp = sp.reshape(b, kvh, g, rep * q, p).transpose(1, 2).reshape(n, kvh, rep * q, p)
     # own part, per row
-    ss = (query.reshape(n, kvh, rep * q, d) @ key.transpose(-1, -2)) * scale
+    ss = (query.reshape(n, kvh, rep * q, d) @ key.transpose(-1, -2)).float() * scale
     if q > 1:
         t = key.shape[2]
         causal = torch.ones(q, t, dtype=torch.bool, device=query.device).tril(t - q)
@@ -73,8 +74,8 @@ def grouped_prefix_attention(
     ep, es = (sp - top).exp(), (ss - top).exp()
     denom = ep.sum(-1, keepdim=True) + es.sum(-1, keepdim=True)
     ep = ep.reshape(b, g, kvh, rep * q, p).transpose(1, 2).reshape(b, kvh, g * rep * q, p)
-    op = (ep @ values).reshape(b, kvh, g, rep * q, d).transpose(1, 2).reshape(n, kvh, rep * q, d)
-    out = (op + es @ value) / denom
+    op = (ep.to(values.dtype) @ values).reshape(b, kvh, g, rep * q, d).transpose(1, 2).reshape(n, kvh, rep * q, d)
+    out = ((op.float() + (es.to(value.dtype) @ value).float()) / denom).to(query.dtype)
     return out.reshape(n, h, q, d).transpose(1, 2).contiguous(), None
 
 
@@ -443,7 +444,7 @@ class PolicyBank(nn.Module):
         ids, mask = once["input_ids"], once["attention_mask"]
         width = ids.shape[1]
         cache, _ = self._prompt_forward(model, ids, mask, width - 1)
-        pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)
+        pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
         pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
         prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
         rows = ids.repeat_interleave(g, dim=0)
