@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers.cache_utils import DynamicCache
 
 from modules.models import apply_lora, load_model, load_tokenizer
 
@@ -422,26 +421,6 @@ class PolicyBank(nn.Module):
             return False
         return _register_grouped_attention()
 
-    @contextmanager
-    def _grouped_prefix(self, model: nn.Module, cache: Any, prompt_mask: Tensor) -> Iterator[None]:
-        """Attention through :func:`grouped_prefix_attention` over ``cache`` (one prompt per group) while inside.
-
-        ``prompt_mask`` ``[B, P]`` marks the cached prompt's real tokens (left padding is 0). Inside, the model's
-        forward takes a cache of the rows' own tokens only; the backend and the prefix are restored on exit.
-        """
-        pad = torch.zeros(prompt_mask.shape[0], 1, prompt_mask.shape[1], device=prompt_mask.device)
-        pad = pad.masked_fill(prompt_mask[:, None, :] == 0, float("-inf"))  # float32, added to float32 scores
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        previous = base.config._attn_implementation
-        _PREFIX.clear()
-        _PREFIX.update({i: (layer.keys, layer.values, pad) for i, layer in enumerate(cache.layers)})
-        base.config._attn_implementation = GROUPED_ATTENTION
-        try:
-            yield
-        finally:
-            base.config._attn_implementation = previous
-            _PREFIX.clear()
-
     def _decode_grouped(
         self,
         model: nn.Module,
@@ -460,9 +439,14 @@ class PolicyBank(nn.Module):
         ``generate``'s: EOS suppressed for ``min_new_tokens``, temperature, nucleus ``top_p``, multinomial draws from
         the global generator in the same order, a finished row padded, the loop ending when every row is finished.
         """
+        from transformers.cache_utils import DynamicCache
+
         ids, mask = once["input_ids"], once["attention_mask"]
         width = ids.shape[1]
         cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
+        pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
+        prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
         rows = ids.repeat_interleave(g, dim=0)
         position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
         token = rows[:, -1:]
@@ -470,7 +454,12 @@ class PolicyBank(nn.Module):
         unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
         own = DynamicCache()
         new: list[Tensor] = []
-        with self._grouped_prefix(model, cache, mask[:, :-1]):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        previous = base.config._attn_implementation
+        _PREFIX.clear()
+        _PREFIX.update(prefix)
+        base.config._attn_implementation = GROUPED_ATTENTION
+        try:
             for step in range(max_new_tokens):
                 out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
                 logits = out.logits[:, -1, :].to(dtype=torch.float32)
@@ -494,6 +483,9 @@ class PolicyBank(nn.Module):
                 if not bool(unfinished.any()):
                     break
                 token, position = nxt[:, None], position + 1
+        finally:
+            base.config._attn_implementation = previous
+            _PREFIX.clear()
         return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
 
     def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
@@ -530,21 +522,14 @@ class PolicyBank(nn.Module):
         pos_all = (att.cumsum(dim=1) - 1).clamp_min(0)
         out = []
         with self._use(player) as model:
-            grouped = g > 1 and self._grouped_ok(model)
             for i in range(0, n, step):
                 s, a, pos = seq[i : i + step], att[i : i + step], pos_all[i : i + step]
                 if g > 1:
                     # the prompt once per group: its cache and the logits predicting the first completion token
                     cache, first = self._prompt_forward(model, s[::g], a[::g], width)
-                    if grouped:  # the rows attend to the one copy (grouped_prefix_attention)
-                        with self._grouped_prefix(model, cache, a[::g, :width]):
-                            kw = {self._cache_arg(model): DynamicCache()}
-                            tail = model(input_ids=s[:, width:], position_ids=pos[:, width:], **kw).logits
-                    else:
-                        cache.batch_repeat_interleave(g)
-                        kw = {self._cache_arg(model): cache}
-                        tail = model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw)
-                        tail = tail.logits
+                    cache.batch_repeat_interleave(g)
+                    kw = {self._cache_arg(model): cache}
+                    tail = model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw).logits
                     logits = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
                 else:
                     # the last C + 1 positions: P − 1 … P + C − 1 predict the C completion tokens
