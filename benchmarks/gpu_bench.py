@@ -167,6 +167,37 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
     return out
 
 
+def bench_grouped_decode(policy_dir: str, dtype: str, device, tiny: bool) -> dict:
+    """PolicyBank.generate of G = 4 samples per prompt, the prompt's cache copied to every row against the grouped
+    decode (one copy per group; the CPU default, opt-in on GPU until measured here): seconds per call and whether the
+    tokens agree (same seed; GPU kernels may round differently, so agreement is recorded, not required)."""
+    from modules.policy import PolicyBank
+
+    bank = PolicyBank(policy_dir, players=["policy"], lora_r=8, lora_alpha=16, dtype=dtype).to(device)
+    b, new, reps = (2, 8, 2) if tiny else (16, 128, 3)
+    prompts = [f"Problem {i}: a shop sells {i + 3} boxes of {i % 7 + 2} pens each. How many pens?" for i in range(b)]
+    out: dict = {"prompts": b, "samples": 4, "new_tokens": new}
+    sequences = {}
+    for grouped in (False, True):
+        bank.grouped_decode = grouped
+        key = "grouped" if grouped else "copied"
+        torch.manual_seed(0)
+        bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)  # warm-up
+        times = []
+        for _ in range(reps):
+            torch.manual_seed(1)
+            _sync(device)
+            t = time.perf_counter()
+            roll = bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        sequences[key] = roll.sequences
+        out[f"{key}_seconds"] = min(times)
+    out["speedup_grouped"] = out["copied_seconds"] / out["grouped_seconds"]
+    out["tokens_equal_share"] = float((sequences["copied"] == sequences["grouped"]).float().mean())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny model, short runs: a smoke test on any device")
@@ -179,7 +210,9 @@ def main() -> None:
     ap.add_argument("--smida_m", type=int, default=4)
     ap.add_argument("--smida_tokens", type=int, default=256)
     ap.add_argument("--smida_steps", type=int, default=3)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: generation,compiled,training,smida")
+    ap.add_argument(
+        "--skip", default="", help="comma list of parts to skip: generation,compiled,training,smida,grouped"
+    )
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -254,6 +287,12 @@ def main() -> None:
         results["deep_smida_policy_vocab"] = len(tok)
         results["deep_smida_step"] = bench_deep_smida(folder, args, device)
         save()
+        if "grouped" not in skip:
+            try:
+                results["grouped_decode"] = bench_grouped_decode(folder, args.dtype, device, args.tiny)
+            except Exception as err:  # noqa: BLE001 - a failure on another transformers version is a result
+                results["grouped_decode"] = {"error": f"{type(err).__name__}: {err}"[:500]}
+            save()
     results["total_seconds"] = time.perf_counter() - t0
     save()
 

@@ -42,3 +42,7 @@ def test_gpu_bench_tiny_writes_every_section(tmp_path):
     assert res["training"]["tokens_per_s"] > 0 and 0 < res["training"]["mfu"]
     step = res["deep_smida_step"]
     assert step["step"] > 0 and all(step[p] >= 0 for p in ("generate", "score", "logprob", "backward"))
+    grouped = res["grouped_decode"]
+    assert "error" not in grouped, grouped
+    assert grouped["grouped_seconds"] > 0 and grouped["copied_seconds"] > 0
+    assert grouped["tokens_equal_share"] == 1.0  # on CPU the grouped decode draws generate's tokens
