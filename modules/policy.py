@@ -13,6 +13,7 @@ With ``players="separate"`` each player is a full trainable copy and one frozen 
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -77,6 +78,24 @@ def grouped_prefix_attention(
     op = (ep.to(values.dtype) @ values).reshape(b, kvh, g, rep * q, d).transpose(1, 2).reshape(n, kvh, rep * q, d)
     out = ((op.float() + (es.to(value.dtype) @ value).float()) / denom).to(query.dtype)
     return out.reshape(n, h, q, d).transpose(1, 2).contiguous(), None
+
+
+GROUPED_DECODE_ENV = "ALIGNMENT_GAMES_GROUPED_DECODE"
+
+
+def grouped_decode_setting() -> bool | None:
+    """``PolicyBank.grouped_decode`` from the environment variable ``ALIGNMENT_GAMES_GROUPED_DECODE``.
+
+    Unset or ``auto`` → None (CPU only), ``1``/``true``/``on`` → True, ``0``/``false``/``off`` → False.
+
+    Raises:
+        ValueError: naming the variable, for any other value.
+    """
+    raw = os.environ.get(GROUPED_DECODE_ENV, "auto").strip().lower()
+    values = {"auto": None, "": None, "1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+    if raw not in values:
+        raise ValueError(f"{GROUPED_DECODE_ENV} must be one of 1, 0, true, false, on, off or auto, got {raw!r}")
+    return values[raw]
 
 
 def _register_grouped_attention() -> bool:
@@ -226,8 +245,9 @@ class PolicyBank(nn.Module):
         self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
         # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): on CPU by
         # default, where the copied prompt cache's reads and torch.cat were a third of generate's time; True/False
-        # forces it on or off (GPU kernels for the copied cache are not measured against it yet)
-        self.grouped_decode: bool | None = None
+        # forces it on or off (GPU kernels for the copied cache are not measured against it yet). The environment
+        # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0 sets it for every bank of a run (e.g. from the command line)
+        self.grouped_decode: bool | None = grouped_decode_setting()
 
     def use_strategy(self, strategy: Any) -> None:
         """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).

@@ -132,3 +132,16 @@ def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_lm_di
     from modules import policy
 
     assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not policy._PREFIX
+
+
+def test_grouped_decode_setting_from_the_environment(monkeypatch):
+    from modules.policy import GROUPED_DECODE_ENV, grouped_decode_setting
+
+    for raw, expected in (("auto", None), ("1", True), ("On", True), ("false", False), ("0", False)):
+        monkeypatch.setenv(GROUPED_DECODE_ENV, raw)
+        assert grouped_decode_setting() is expected
+    monkeypatch.delenv(GROUPED_DECODE_ENV)
+    assert grouped_decode_setting() is None
+    monkeypatch.setenv(GROUPED_DECODE_ENV, "maybe")
+    with pytest.raises(ValueError, match="ALIGNMENT_GAMES_GROUPED_DECODE must be one of.*'maybe'"):
+        grouped_decode_setting()
