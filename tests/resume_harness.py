@@ -159,6 +159,11 @@ def _chain(n: int) -> tuple[Kill, ...]:
     )
 
 
+# LoRA families on the tiny LM: small adapters, prompts cut from the left (short sequences, fast steps)
+_TINY_LORA = ("--model.init_args.max_prompt_tokens=48", "--model.init_args.lora_r=4", "--model.init_args.lora_alpha=8")
+# 14 steps (3.5 epochs of 4 batches) with one validation, at batch 9
+_FOURTEEN_STEPS = ("--trainer.max_steps=14", "--trainer.val_check_interval=9", "--trainer.limit_val_batches=1")
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -243,9 +248,7 @@ FAMILIES: dict[str, Family] = {
                 "--model.init_args.num_iterations=13",
                 "--model.init_args.max_new_tokens=4",
                 "--model.init_args.eval_max_new_tokens=4",
-                "--model.init_args.max_prompt_tokens=48",  # cut from the left: short sequences, fast steps
-                "--model.init_args.lora_r=4",
-                "--model.init_args.lora_alpha=8",
+                *_TINY_LORA,
                 "--data.init_args.num_problems=20",
                 "--data.init_args.num_test_problems=2",
                 "--data.init_args.batch_size=2",
@@ -271,13 +274,9 @@ FAMILIES: dict[str, Family] = {
                 "--model.init_args.answer_reward=false",
                 "--model.init_args.num_generations=2",
                 "--model.init_args.max_new_tokens=4",
-                "--model.init_args.max_prompt_tokens=48",  # cut from the left: short sequences, fast steps
-                "--model.init_args.lora_r=4",
-                "--model.init_args.lora_alpha=8",
+                *_TINY_LORA,
                 "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
-                "--trainer.max_steps=14",
-                "--trainer.val_check_interval=9",
-                "--trainer.limit_val_batches=1",
+                *_FOURTEEN_STEPS,
             ),
             batches_per_epoch=4,
             ckpt_every=5,
@@ -292,14 +291,10 @@ FAMILIES: dict[str, Family] = {
                 "--model.init_args.group_size=2",
                 "--model.init_args.max_new_tokens=4",
                 "--model.init_args.reply_max_new_tokens=4",
-                "--model.init_args.max_prompt_tokens=48",  # cut from the left: short sequences, fast steps
-                "--model.init_args.lora_r=4",
-                "--model.init_args.lora_alpha=8",
+                *_TINY_LORA,
                 "--data.init_args.num_prompts=16",  # 8 train problems (4 batches of 2), 8 validation
                 "--data.init_args.batch_size=2",
-                "--trainer.max_steps=14",
-                "--trainer.val_check_interval=9",  # one validation (batch 9): MCC, peak window, eval history
-                "--trainer.limit_val_batches=1",
+                *_FOURTEEN_STEPS,  # one validation (batch 9): MCC, peak window, eval history
             ),
             batches_per_epoch=4,
             ckpt_every=5,
