@@ -513,6 +513,10 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             self.epoch_accuracy.update(torch.tensor(known, dtype=torch.float32, device=self.device))
             self.log("train/accuracy_epoch", self.epoch_accuracy, on_step=False, on_epoch=True, batch_size=len(known))
 
+    def setup(self, stage: str) -> None:  # noqa: D102
+        # sharded strategies (FSDP, ZeRO-3): every ply's generate call gathers the policy once, not once per token
+        self.bank.use_strategy(self.trainer.strategy)
+
     def configure_optimizers(self):  # noqa: D102
         return torch.optim.AdamW(self.bank.player_parameters(PLAYER), lr=self.learning_rate, weight_decay=0.0)
 

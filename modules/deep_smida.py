@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from modules.faults import NonFiniteGuard
 from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
-from modules.policy import PolicyBank, fill_template
+from modules.policy import PolicyBank, fill_template, sharded_strategy_kind
 from modules.smida_estimators import smida_surrogate_losses
 from modules.timing import PhaseTimer
 from modules.utilities import EnsembleUtility, Utility
@@ -159,6 +159,12 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
 
     # ------------------------------------------------------------------ rollouts
     def setup(self, stage: str) -> None:  # noqa: D102
+        if stage == "fit" and sharded_strategy_kind(self.trainer.strategy) == "DeepSpeedStrategy":
+            raise ValueError(
+                "trainer.strategy: deep-SMIDA trains the leader and the follower with one optimizer each, and "
+                f"Lightning's DeepSpeed strategy takes exactly one (got {type(self.trainer.strategy).__name__}); use "
+                "DDP or FSDP (configs/overlays/ddp.yaml, configs/overlays/fsdp.yaml)"
+            )
         # sharded strategies (FSDP, ZeRO-3): gather the players once around each generate call, not once per token
         self.players.use_strategy(self.trainer.strategy)
 

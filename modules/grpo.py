@@ -33,7 +33,7 @@ from callbacks.fault_tolerance import collect_rng_state, restore_rng_state
 from modules.answers import answers_match, extract_final_answer
 from modules.faults import NonFiniteGuard
 from modules.models import DTYPES, check_exists, resolve_name_or_path
-from modules.policy import PolicyBank
+from modules.policy import PolicyBank, sharded_strategy_kind
 from modules.rl_losses import group_advantages, grpo_loss
 from modules.timing import PhaseTimer
 
@@ -397,9 +397,16 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
         return torch.cat(cols, dim=1)
 
     def _no_sync(self, last: bool) -> Any:
-        """Skip the gradient all-reduce of every micro-batch but the last (DDP/FSDP ``no_sync``)."""
+        """Skip the gradient all-reduce of every micro-batch but the last (DDP/FSDP ``no_sync``).
+
+        Not under DeepSpeed: its engine refuses ``no_sync`` with ZeRO-2/3 (gradients are reduced into their
+        partitions as they are produced) and keeps its own accumulation boundary, so every micro-batch's backward is
+        reduced there.
+        """
         wrapped = self.trainer.strategy.model if self._trainer is not None else None
         if last or wrapped is None or wrapped is self or not hasattr(wrapped, "no_sync"):
+            return nullcontext()
+        if sharded_strategy_kind(self.trainer.strategy) == "DeepSpeedStrategy":
             return nullcontext()
         return wrapped.no_sync()
 

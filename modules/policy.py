@@ -26,7 +26,14 @@ from torch import Tensor, nn
 
 from modules.models import apply_lora, load_model, load_tokenizer
 
-__all__ = ["PolicyBank", "Rollout", "fill_template", "grouped_prefix_attention", "parameter_gathering"]
+__all__ = [
+    "PolicyBank",
+    "Rollout",
+    "fill_template",
+    "grouped_prefix_attention",
+    "parameter_gathering",
+    "sharded_strategy_kind",
+]
 
 GROUPED_ATTENTION = "alignment_games_grouped_prefix"
 # layer index -> (prompt keys [B, KV, P, D], prompt values, additive prompt-padding mask [B, 1, P]) of the one decode
@@ -118,13 +125,25 @@ def fill_template(template: str, **values: str) -> str:
     return _FIELD.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
+def sharded_strategy_kind(strategy: Any) -> str | None:
+    """``"DeepSpeedStrategy"`` or ``"FSDPStrategy"`` when ``strategy`` is (a subclass of) one of them, else None.
+
+    Read from the class hierarchy's names, so neither DeepSpeed nor FSDP is imported where it is not used, and a
+    user's subclass (e.g. with its own launcher or checks) is treated as the strategy it extends.
+    """
+    names = {cls.__name__ for cls in type(strategy).__mro__}
+    return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy") if k in names), None)
+
+
 def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:
     """A factory of contexts in which ``module``'s sharded parameters are whole, for generation under sharding.
 
     Autoregressive decoding calls the model once per token. Under ZeRO-3 each call would gather every layer's
     shards again (hundreds of all-gathers per reply); gathering once around the whole ``generate`` call costs one.
 
-    * DeepSpeed ZeRO stage 3: ``deepspeed.zero.GatheredParameters(module.parameters())`` (read-only gather).
+    * DeepSpeed ZeRO stage 3: every parameter gathered once with ``deepspeed.zero.GatheredParameters`` while
+      DeepSpeed's per-module hooks are held off the module (see :func:`_zero3_whole`), so the decode runs on whole
+      weights without gathering or releasing anything per token.
     * FSDP (Lightning's ``FSDPStrategy``): Lightning runs ``training_step`` inside the root FSDP unit's forward, so the
       root's parameters are already whole there and ``summon_full_params`` is refused inside a forward. Inner units
       (an ``auto_wrap_policy``) gather themselves on each call, which is correct though slower; the factory yields
@@ -133,16 +152,15 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
     * Everything else (single device, DDP, ZeRO-1/2 keep whole parameters): a no-op.
 
     Args:
-        strategy: ``trainer.strategy`` (any object; only its class name and attributes are read).
+        strategy: ``trainer.strategy`` (any object; only its class names, its bases' included, and attributes are
+            read, so a subclass of Lightning's strategies counts as its base).
         module: The module whose parameters generation needs (e.g. a :class:`PolicyBank`).
     """
-    kind = type(strategy).__name__
+    kind = sharded_strategy_kind(strategy)
     if kind == "DeepSpeedStrategy":
         stage = (getattr(strategy, "config", None) or {}).get("zero_optimization", {}).get("stage", 0)
         if stage == 3:
-            import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
-
-            return lambda: deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+            return lambda: _zero3_whole(strategy, module)
     if kind == "FSDPStrategy":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: PLC0415
         from torch.distributed.fsdp._common_utils import TrainingState  # noqa: PLC0415
@@ -155,6 +173,46 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
 
         return summon
     return nullcontext
+
+
+@contextmanager
+def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
+    """ZeRO-3: ``module``'s parameters whole for the whole block, gathered once, with DeepSpeed's hooks held off.
+
+    ``GatheredParameters`` alone does not keep them whole: DeepSpeed's per-module hooks still run on every forward
+    inside the block, and the coordinator re-partitions each submodule's parameters after its forward (and waits for
+    or prefetches others), so a decode would gather every layer again for every token. So, for the block:
+
+    1. the coordinator releases everything of ``module`` (``release_and_reset_all``: in-flight prefetches are waited
+       for, nothing of it stays held);
+    2. DeepSpeed's own forward hooks are taken off ``module``'s submodules (only the handles DeepSpeed registered;
+       any other hook stays), and the hook dictionaries are put back as they were afterwards;
+    3. every parameter of ``module`` is gathered once (``GatheredParameters``) and partitioned again on exit.
+
+    The engine is ``strategy.model`` (Lightning's DeepSpeed strategy); a model without ZeRO-3 offload state (not yet
+    wrapped) gets the plain gather.
+    """
+    import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+
+    engine = getattr(strategy, "model", None)
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    params = list(module.parameters())
+    if offload is None:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+        return
+    offload.get_param_coordinator().release_and_reset_all(module)
+    ours = {h.id for h in (*offload.forward_hooks, *offload.backward_hooks)}
+    saved = [(m, m._forward_pre_hooks, m._forward_hooks) for m in module.modules()]
+    try:
+        for m, pre, post in saved:
+            m._forward_pre_hooks = type(pre)((k, v) for k, v in pre.items() if k not in ours)
+            m._forward_hooks = type(post)((k, v) for k, v in post.items() if k not in ours)
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+    finally:
+        for m, pre, post in saved:
+            m._forward_pre_hooks, m._forward_hooks = pre, post
 
 
 @dataclass
@@ -257,7 +315,7 @@ class PolicyBank(nn.Module):
         generation needs no gathering and runs with the LoRA update merged into swapped-in weights.
         """
         self.gather_for_generation = parameter_gathering(strategy, self)
-        self.merge_for_generation = type(strategy).__name__ not in ("FSDPStrategy", "DeepSpeedStrategy")
+        self.merge_for_generation = sharded_strategy_kind(strategy) is None
 
     def player_parameters(self, player: str) -> list[nn.Parameter]:
         """The trainable parameters of one player (its adapter, or its copy)."""

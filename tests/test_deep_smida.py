@@ -225,3 +225,15 @@ def test_compare_pairs_and_adversarial_by_hand():
         adversarial_mask(p_star, p_bar, 0.5)
     with pytest.raises(ValueError, match=r"\[P, R\]"):
         compare_pairs(trained[:2], ref)
+
+
+def test_deep_smida_under_deepspeed_is_refused_by_name(tiny_lm_dir):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    module = _model(tiny_lm_dir)
+    module._trainer = SimpleNamespace(strategy=DeepSpeedStrategy(stage=3))
+    with pytest.raises(ValueError, match=r"trainer.strategy: deep-SMIDA .* exactly one \(got DeepSpeedStrategy\)"):
+        module.setup("fit")
+    assert module.players.merge_for_generation  # refused before the bank was changed

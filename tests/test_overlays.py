@@ -1,5 +1,6 @@
-"""Strategy overlays: they parse and compose with every family config, DDP runs GRPO in two CPU processes, and
-generation gathers FSDP-sharded parameters (raw FSDP on CPU with gloo: Lightning's FSDP strategy needs CUDA)."""
+"""Strategy overlays: they parse and compose with every family config; the families train in two CPU processes under
+DDP; generation gathers FSDP-sharded parameters (raw FSDP on CPU with gloo: Lightning's FSDP strategy needs CUDA);
+GRPO and debate self-play train under Lightning's DeepSpeed strategy at ZeRO-2/3 on CPU (tests/cpu_deepspeed.py)."""
 
 import glob
 import os
@@ -289,3 +290,145 @@ def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
     elo = lambda c: next(v for k, v in c["callbacks"].items() if "EloRating" in k)  # noqa: E731
     assert elo(resumed)["ratings"] == elo(whole)["ratings"]
     assert any(not torch.equal(v, first["state_dict"][k]) for k, v in whole["state_dict"].items())  # it trained on
+
+
+# ------------------------------------------------------------------ DeepSpeed ZeRO-2/3 on CPU (gloo), 2 processes
+def _deepspeed_run(tmp_path, stage: int, config: str, extra: list[str], bank_attr: str = "players") -> list[dict]:
+    """Run a family's config for 2 steps under Lightning's DeepSpeed strategy on 2 CPU processes (see
+    ``tests/cpu_deepspeed.py``); every parameter is partitioned at ZeRO-3 (no persistence threshold). The probes of
+    both ranks."""
+    overlay = tmp_path / "deepspeed_cpu.yaml"
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "strategy": {
+                        "class_path": "cpu_deepspeed.CPUDeepSpeedStrategy",
+                        "init_args": {
+                            "config": {
+                                "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+                                "zero_allow_untested_optimizer": True,
+                                "train_micro_batch_size_per_gpu": 1,
+                            }
+                        },
+                    },
+                    "accelerator": "cpu",
+                    "devices": 2,
+                }
+            }
+        )
+    )
+    probe = tmp_path / "probe"
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(ROOT, "configs", config),
+        "--config",
+        str(overlay),
+        *extra,
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=0",
+        "--trainer.callbacks+=cpu_deepspeed.ShardProbe",
+        f"--trainer.callbacks.out_dir={probe}",
+        f"--trainer.callbacks.bank_attr={bank_attr}",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    return [json.load(open(probe / f"rank{r}.json")) for r in range(2)]
+
+
+def _grpo_args(tiny_lm_dir, reward) -> list[str]:
+    return [
+        f"--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.num_generations=2",
+        f"--model.init_args.reward_models=[{reward}]",
+        "--model.init_args.answer_reward=false",
+        "--model.init_args.train_micro_batch=2",  # 2 micro-batches per step: no no_sync under ZeRO
+        "--model.init_args.lr=0.01",
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=2",
+    ]
+
+
+def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path):
+    """GRPO (generation inside training_step, 2 micro-batches per step) on 2 CPU processes under ZeRO-2 and ZeRO-3.
+
+    ZeRO-3 partitions every parameter; generation must see them whole at every decoded token (gathered once, not
+    re-partitioned by DeepSpeed's hooks between tokens), and the run must end where ZeRO-2's (whole parameters) ends.
+    """
+    from modules.grpo import build_tiny_reward_model
+
+    reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
+    runs = {}
+    for stage in (2, 3):
+        (tmp_path / f"z{stage}").mkdir()
+        runs[stage] = _deepspeed_run(tmp_path / f"z{stage}", stage, "grpo_tiny.yaml", _grpo_args(tiny_lm_dir, reward))
+    for stage, ranks in runs.items():
+        for rec in ranks:
+            assert rec["global_step"] == 2
+            assert len(rec["generate_whole"]) == 2  # one generate call per step
+            assert rec["generate_calls"] >= 2 * 6  # a model call per decoded token (6 new tokens), twice
+            assert rec["generate_whole"] == [rec["total"]] * 2  # whole at every one of them
+            if stage == 3:  # partitioned: inside the steps, outside generate, a rank held almost none of the policy
+                assert all(held < rec["total"] // 4 for held in rec["held_in_steps"])
+            else:  # ZeRO-2 keeps parameters whole
+                assert rec["held_in_steps"] == [rec["total"]] * 2
+        a, b = (rec["adapters"] for rec in ranks)
+        assert a == b  # one model: both ranks hold the same adapters
+        assert any(any(v != 0.0 for v in vals) for name, vals in a.items() if "lora_B" in name)  # moved off zero
+    z2, z3 = runs[2][0]["adapters"], runs[3][0]["adapters"]
+    assert z2.keys() == z3.keys()
+    for name in z2:  # the same samples, losses and updates with sharded parameters (up to reduction order)
+        diff = (torch.tensor(z2[name]) - torch.tensor(z3[name])).abs().max()
+        assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step
+
+
+def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_path):
+    extra = [
+        f"--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.reply_max_new_tokens=4",
+        "--model.init_args.max_prompt_tokens=48",
+        "--data.init_args.num_prompts=16",
+        "--data.init_args.batch_size=2",
+    ]
+    ranks = _deepspeed_run(tmp_path, 3, "debate_ab.yaml", extra, bank_attr="bank")
+    for rec in ranks:
+        assert rec["global_step"] == 2
+        assert rec["generate_whole"] and set(rec["generate_whole"]) == {rec["total"]}  # every ply whole throughout
+        assert all(held < rec["total"] // 4 for held in rec["held_in_steps"])
+    a, b = (rec["adapters"] for rec in ranks)
+    assert a == b
+    assert any(any(v != 0.0 for v in vals) for name, vals in a.items() if "lora_B" in name)
+
+
+def test_sharded_strategies_are_recognised_through_subclasses():
+    from cpu_deepspeed import CPUDeepSpeedStrategy
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
+
+    from modules.policy import PolicyBank, sharded_strategy_kind
+
+    class MyFSDP(FSDPStrategy):  # a user's own subclass (e.g. other launch or checks) is still FSDP
+        pass
+
+    assert sharded_strategy_kind(DeepSpeedStrategy()) == "DeepSpeedStrategy"
+    assert sharded_strategy_kind(CPUDeepSpeedStrategy()) == "DeepSpeedStrategy"
+    assert sharded_strategy_kind(MyFSDP()) == "FSDPStrategy"
+    assert sharded_strategy_kind(DDPStrategy()) is None and sharded_strategy_kind(object()) is None
+    # the bank keeps adapters unmerged under a subclass too (merging would swap sharded parameters)
+    bank = PolicyBank.__new__(PolicyBank)
+    torch.nn.Module.__init__(bank)
+    for strategy, merge in ((MyFSDP(), False), (CPUDeepSpeedStrategy(stage=3), False), (DDPStrategy(), True)):
+        bank.use_strategy(strategy)
+        assert bank.merge_for_generation is merge, type(strategy).__name__

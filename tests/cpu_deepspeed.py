@@ -1,0 +1,107 @@
+"""Lightning's DeepSpeed strategy on CPU processes (gloo), for the tests only.
+
+Lightning's ``DeepSpeedStrategy`` refuses any accelerator but CUDA in three places, none of which touches what the
+tests check: ``setup_environment`` (an isinstance check), ``setup_distributed`` (device indices must equal the local
+ranks) and ``_setup_model_and_optimizer`` (DeepSpeed's device rank is the root device's index, ``None`` on CPU).
+:class:`CPUDeepSpeedStrategy` replaces just those with their CPU meaning; DeepSpeed's CPU accelerator then runs over
+gloo. Everything else is the real thing: the ZeRO config, parameter partitioning (stage 3), the engine's forward,
+backward and step under Lightning's manual optimization, and the families' own code (gathering for generation).
+
+:class:`ShardProbe` writes, per rank, what the tests read back: the parameters each rank held inside the training steps
+(0 elements for a partitioned ZeRO-3 parameter), per ``generate`` call the least it held at any model call inside it
+(the whole bank when the weights stayed gathered for every decoded token), and the adapters' final values (gathered).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from contextlib import contextmanager
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+
+
+class CPUDeepSpeedStrategy(DeepSpeedStrategy):
+    """``DeepSpeedStrategy`` with its three CUDA-only checks given their CPU meaning (see the module docstring)."""
+
+    def setup_environment(self) -> None:  # noqa: D102 - skip the CUDAAccelerator check only
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:  # noqa: D102 - CPU devices have no index to validate
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):  # noqa: D102
+        import deepspeed
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank),  # the local rank, not the CPU device's None
+            config=self.config,
+            model=model,
+            model_parameters=filter(lambda p: p.requires_grad, model.parameters()),
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
+
+
+class ShardProbe(L.Callback):
+    """Record sharding inside the training steps and generation, then the gathered adapters, to ``out_dir``."""
+
+    def __init__(self, out_dir: str, bank_attr: str = "players") -> None:
+        self.out_dir, self.bank_attr = out_dir, bank_attr
+        self.record: dict[str, Any] = {"held_in_steps": [], "total": 0, "generate_whole": []}
+
+    def on_fit_start(self, trainer, pl_module) -> None:  # noqa: D102
+        bank = getattr(pl_module, self.bank_attr)
+        self.record["total"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in bank.parameters())
+        generate = bank.generate
+
+        def probed(*args, **kwargs):
+            # what the rank holds of the bank at every model call inside generate (each decoded token's included)
+            held = []
+            # the input embedding runs in every model call, through generate's own loop or ours
+            handle = bank.model.get_input_embeddings().register_forward_pre_hook(
+                lambda m, a: held.append(sum(p.numel() for p in bank.parameters()))
+            )
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                handle.remove()
+                self.record["generate_whole"].append(min(held) if held else -1)
+                self.record["generate_calls"] = self.record.get("generate_calls", 0) + len(held)
+
+        bank.generate = probed
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
+        bank = getattr(pl_module, self.bank_attr)
+        self.record["held_in_steps"].append(sum(p.numel() for p in bank.parameters()))
+
+    def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
+        bank = getattr(pl_module, self.bank_attr)
+        params = {n: p for n, p in bank.named_parameters() if "lora_" in n}
+        with _gathered(list(params.values())):
+            self.record["adapters"] = {n: p.detach().float().flatten().tolist() for n, p in params.items()}
+        self.record["global_step"] = trainer.global_step
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(self.record, f)
+
+
+@contextmanager
+def _gathered(params: list[torch.nn.Parameter]):
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            yield
+    else:
+        yield
