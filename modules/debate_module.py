@@ -64,7 +64,7 @@ from modules.debate import (
     ply_rewards,
     split_reply,
 )
-from modules.faults import NonFiniteGuard, reset_stale_epoch_metrics
+from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 from modules.judges import DebateJudge, ProgrammaticJudge
 from modules.policy import PolicyBank, Rollout
 from modules.rl_losses import group_advantages, grpo_loss
@@ -616,9 +616,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint missing a trainable tensor; restore counters and the judge's sampling state."""
         trainable = {f"bank.{n}" for n, p in self.bank.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(checkpoint["state_dict"]))
-        if missing:
-            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
+        require_trainable_tensors(checkpoint, trainable)
         state = checkpoint.get("debate_state", {})
         self.counters.update(state.get("counters", {}))
         self.load_nonfinite_state(state.get("nonfinite"))

@@ -30,7 +30,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from modules.faults import NonFiniteGuard
+from modules.faults import NonFiniteGuard, require_trainable_tensors
 from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
 from modules.policy import PolicyBank, fill_template, sharded_strategy_kind
@@ -354,9 +354,7 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint missing any trainable tensor; restore the counters."""
         trainable = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(checkpoint["state_dict"]))
-        if missing:
-            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
+        require_trainable_tensors(checkpoint, trainable)
         for k, v in checkpoint.get("smida_counters", {}).items():
             setattr(self, k, v)
         self.reference_thresholds = dict(checkpoint.get("smida_reference_thresholds", {}))

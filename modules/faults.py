@@ -9,6 +9,9 @@ that one rank skipped. The counters travel in checkpoints (:meth:`NonFiniteGuard
 :func:`call_with_timeout` bounds the time of a judge or oracle call (an API-backed judge that hangs must not hang
 the run): the caller substitutes its documented default and counts the timeout.
 
+:func:`require_trainable_tensors` refuses a checkpoint that lacks a trainable tensor (the modules save only what
+trains, and load non-strictly so that the frozen base is reloaded from its path, not read from the checkpoint).
+
 :func:`reset_stale_epoch_metrics` keeps a module's persistent per-epoch metrics right across a resume: an end-of-epoch
 checkpoint holds the finished epoch's running sums (Lightning resets them only after the save), which must not leak
 into the next epoch, while a mid-epoch checkpoint's sums must be kept.
@@ -28,7 +31,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["NonFiniteGuard", "call_with_timeout", "reset_stale_epoch_metrics"]
+__all__ = ["NonFiniteGuard", "call_with_timeout", "require_trainable_tensors", "reset_stale_epoch_metrics"]
+
+
+def require_trainable_tensors(checkpoint: dict[str, Any], trainable: set[str]) -> None:
+    """Raise naming the first missing names when ``checkpoint["state_dict"]`` lacks any of ``trainable``.
+
+    A checkpoint without a ``state_dict`` is one whose strategy keeps the weights in its own files and has restored
+    them itself before this hook (Lightning's DeepSpeed strategy: the engine loads each rank's ZeRO shards and passes
+    only the rest of the checkpoint): nothing to check here.
+
+    Raises:
+        KeyError: listing up to five missing tensor names.
+    """
+    if "state_dict" not in checkpoint:
+        return
+    missing = sorted(trainable - set(checkpoint["state_dict"]))
+    if missing:
+        raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}")
 
 
 def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:

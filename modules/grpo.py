@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from callbacks.fault_tolerance import collect_rng_state, restore_rng_state
 from modules.answers import answers_match, extract_final_answer
-from modules.faults import NonFiniteGuard
+from modules.faults import NonFiniteGuard, require_trainable_tensors
 from modules.models import DTYPES, check_exists, resolve_name_or_path
 from modules.policy import PolicyBank, sharded_strategy_kind
 from modules.rl_losses import group_advantages, grpo_loss
@@ -544,9 +544,7 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint missing any trainable tensor; restore the counters and the RNG states."""
         trainable = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(checkpoint["state_dict"]))
-        if missing:
-            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
+        require_trainable_tensors(checkpoint, trainable)
         self.load_nonfinite_state(checkpoint.get("grpo_counters"))
         if checkpoint.get("grpo_rng") is not None:
             restore_rng_state(checkpoint["grpo_rng"])

@@ -82,7 +82,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from modules.answers import answers_match
 from modules.exp3 import SCORE_MAX, SCORE_MIN, Exp3, composite_reward, linear_schedule
-from modules.faults import NonFiniteGuard, reset_stale_epoch_metrics
+from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 from modules.policy import PolicyBank, Rollout
 from modules.pool import (
     DEFAULT_SCORE,
@@ -927,9 +927,7 @@ class StackelbergPool(NonFiniteGuard, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint missing an adapter tensor; restore the game."""
         trainable = {f"banks.{n}" for n, p in self.banks.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(checkpoint["state_dict"]))
-        if missing:
-            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}")
+        require_trainable_tensors(checkpoint, trainable)
         game = checkpoint.get("pool_game")
         if game is None:
             return

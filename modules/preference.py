@@ -38,7 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 
 from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.faults import NonFiniteGuard, reset_stale_epoch_metrics
+from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 from modules.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
@@ -512,9 +512,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint that misses any trainable tensor (non-strict loading skips only the frozen base)."""
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(checkpoint["state_dict"]))
-        if missing:
-            raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}")
+        require_trainable_tensors(checkpoint, trainable)
         self.load_nonfinite_state(checkpoint.get("nonfinite"))
 
     @classmethod

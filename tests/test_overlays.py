@@ -293,7 +293,15 @@ def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
 
 
 # ------------------------------------------------------------------ DeepSpeed ZeRO-2/3 on CPU (gloo), 2 processes
-def _deepspeed_run(tmp_path, stage: int, config: str, extra: list[str], bank_attr: str = "players") -> list[dict]:
+def _deepspeed_run(
+    tmp_path,
+    stage: int,
+    config: str,
+    extra: list[str],
+    bank_attr: str = "players",
+    probe: str = "probe",
+    steps: int = 2,
+) -> list[dict]:
     """Run a family's config for 2 steps under Lightning's DeepSpeed strategy on 2 CPU processes (see
     ``tests/cpu_deepspeed.py``); every parameter is partitioned at ZeRO-3 (no persistence threshold). The probes of
     both ranks."""
@@ -318,7 +326,7 @@ def _deepspeed_run(tmp_path, stage: int, config: str, extra: list[str], bank_att
             }
         )
     )
-    probe = tmp_path / "probe"
+    probe = tmp_path / probe
     args = [
         sys.executable,
         os.path.join(ROOT, "train.py"),
@@ -328,7 +336,7 @@ def _deepspeed_run(tmp_path, stage: int, config: str, extra: list[str], bank_att
         "--config",
         str(overlay),
         *extra,
-        "--trainer.max_steps=2",
+        f"--trainer.max_steps={steps}",
         "--trainer.limit_val_batches=0",
         "--trainer.callbacks+=cpu_deepspeed.ShardProbe",
         f"--trainer.callbacks.out_dir={probe}",
@@ -392,6 +400,23 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
     for name in z2:  # the same samples, losses and updates with sharded parameters (up to reduction order)
         diff = (torch.tensor(z2[name]) - torch.tensor(z3[name])).abs().max()
         assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step
+
+
+def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
+    """A mid-epoch ZeRO-3 checkpoint (each rank's parameter and optimizer shards in DeepSpeed's folder, the rest of
+    the game in Lightning's client state) continues to the adapters of the uninterrupted run, bit for bit."""
+    from modules.grpo import build_tiny_reward_model
+
+    reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
+    every_step = ["--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1"]
+    args = _grpo_args(tiny_lm_dir, reward)
+    whole = _deepspeed_run(tmp_path, 3, "grpo_tiny.yaml", [*args, *every_step], steps=3)
+    ckpt = next((tmp_path / "runs").rglob("epoch=0-step=1.ckpt"))
+    assert (ckpt / "checkpoint").is_dir()  # DeepSpeed's sharded checkpoint folder
+    resumed = _deepspeed_run(tmp_path, 3, "grpo_tiny.yaml", [*args, f"--ckpt_path={ckpt}"], probe="resumed", steps=3)
+    for a, b in zip(whole, resumed, strict=True):
+        assert b["global_step"] == 3 and len(b["generate_whole"]) == 2  # it went on from step 1: two more steps
+        assert a["adapters"] == b["adapters"]
 
 
 def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_path):

@@ -281,3 +281,16 @@ def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
         metric.update(torch.tensor([1.0, 3.0]))
         assert reset_stale_epoch_metrics(trainer(done), [metric]) is not kept
         assert float(metric.weight) == (2.0 if kept else 0.0), done
+
+
+def test_a_checkpoint_missing_a_trainable_tensor_is_refused_by_name():
+    from modules.faults import require_trainable_tensors
+
+    trainable = {f"players.layer{i}.lora_B" for i in range(7)}
+    require_trainable_tensors({"state_dict": dict.fromkeys(trainable | {"extra"})}, trainable)  # all there: fine
+    with pytest.raises(KeyError, match=r"lacks trainable tensors: \['players.layer3.lora_B'\]\W$"):
+        require_trainable_tensors({"state_dict": dict.fromkeys(trainable - {"players.layer3.lora_B"})}, trainable)
+    with pytest.raises(KeyError, match=r"layer0.*layer4.lora_B'\] …"):  # five named, the rest elided
+        require_trainable_tensors({"state_dict": {}}, trainable)
+    # DeepSpeed restores the weights from its own shards and passes no state_dict: nothing to check here
+    require_trainable_tensors({"epoch": 0, "loops": {}}, trainable)
