@@ -68,10 +68,13 @@ class ShardProbe(L.Callback):
         def probed(*args, **kwargs):
             # what the rank holds of the bank at every model call inside generate (each decoded token's included)
             held = []
+
+            def look(m, a):
+                held.append(sum(p.numel() for p in bank.parameters()))
+                self.record["generate_dtype"] = str(m.weight.dtype)
+
             # the input embedding runs in every model call, through generate's own loop or ours
-            handle = bank.model.get_input_embeddings().register_forward_pre_hook(
-                lambda m, a: held.append(sum(p.numel() for p in bank.parameters()))
-            )
+            handle = bank.model.get_input_embeddings().register_forward_pre_hook(look)
             try:
                 return generate(*args, **kwargs)
             finally:

@@ -402,6 +402,19 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
         assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step
 
 
+def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpointing_overlays(tiny_lm_dir, tmp_path):
+    from modules.grpo import build_tiny_reward_model
+
+    reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
+    overlays = [f"--config={os.path.join(OVERLAYS, n)}" for n in ("bf16.yaml", "grad_ckpt.yaml")]
+    for rec in _deepspeed_run(tmp_path, 3, "grpo_tiny.yaml", [*_grpo_args(tiny_lm_dir, reward), *overlays]):
+        assert rec["global_step"] == 2
+        assert rec["generate_dtype"] == "torch.bfloat16"  # DeepSpeed's bf16 engine: generation in bf16 too
+        assert rec["generate_whole"] == [rec["total"]] * 2
+        assert all(held < rec["total"] // 4 for held in rec["held_in_steps"])
+        assert any(any(v != 0.0 for v in vals) for name, vals in rec["adapters"].items() if "lora_B" in name)
+
+
 def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
     """A mid-epoch ZeRO-3 checkpoint (each rank's parameter and optimizer shards in DeepSpeed's folder, the rest of
     the game in Lightning's client state) continues to the adapters of the uninterrupted run, bit for bit."""
