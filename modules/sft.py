@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from modules.faults import NonFiniteGuard
 from modules.models import build_tiny_causal_lm, load_model, load_tokenizer
+from modules.policy import parameter_gathering
 
 __all__ = ["CausalLMSFT"]
 
@@ -116,8 +117,14 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
     def configure_optimizers(self):  # noqa: D102
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
-    def on_fit_end(self) -> None:  # noqa: D102
-        self._save()
+    def on_fit_end(self) -> None:
+        """Save the model for the next job (rank 0), gathered whole first under sharded strategies.
+
+        Under ZeRO-3 or FSDP every rank takes part in the gather (a collective; see
+        :func:`modules.policy.parameter_gathering`), then rank 0 writes the whole weights.
+        """
+        with parameter_gathering(self.trainer.strategy, self.model)():
+            self._save()
 
     @rank_zero_only
     def _save(self) -> None:

@@ -298,7 +298,7 @@ def _deepspeed_run(
     stage: int,
     config: str,
     extra: list[str],
-    bank_attr: str = "players",
+    bank_attr: str | None = "players",
     probe: str = "probe",
     steps: int = 2,
 ) -> list[dict]:
@@ -335,13 +335,16 @@ def _deepspeed_run(
         os.path.join(ROOT, "configs", config),
         "--config",
         str(overlay),
+        "--trainer.limit_val_batches=0",
         *extra,
         f"--trainer.max_steps={steps}",
-        "--trainer.limit_val_batches=0",
-        "--trainer.callbacks+=cpu_deepspeed.ShardProbe",
-        f"--trainer.callbacks.out_dir={probe}",
-        f"--trainer.callbacks.bank_attr={bank_attr}",
     ]
+    if bank_attr is not None:
+        args += [
+            "--trainer.callbacks+=cpu_deepspeed.ShardProbe",
+            f"--trainer.callbacks.out_dir={probe}",
+            f"--trainer.callbacks.bank_attr={bank_attr}",
+        ]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
@@ -352,7 +355,7 @@ def _deepspeed_run(
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
-    return [json.load(open(probe / f"rank{r}.json")) for r in range(2)]
+    return [] if bank_attr is None else [json.load(open(probe / f"rank{r}.json")) for r in range(2)]
 
 
 def _grpo_args(tiny_lm_dir, reward) -> list[str]:
@@ -440,11 +443,16 @@ def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_p
         "--model.init_args.max_prompt_tokens=48",
         "--data.init_args.num_prompts=16",
         "--data.init_args.batch_size=2",
+        "--trainer.limit_val_batches=1",  # one evaluation at step 2: MCC trackers and the peak checkpoint
+        "--trainer.val_check_interval=2",
     ]
     ranks = _deepspeed_run(tmp_path, 3, "debate_ab.yaml", extra, bank_attr="bank")
+    peak = [p for p in (tmp_path / "runs").rglob("*.ckpt") if "peak" in p.name]
+    assert peak and (peak[0] / "checkpoint").is_dir()  # the peak, saved as DeepSpeed's sharded folder
     for rec in ranks:
         assert rec["global_step"] == 2
-        assert rec["generate_whole"] and set(rec["generate_whole"]) == {rec["total"]}  # every ply whole throughout
+        # every ply of training and of the evaluation ran on the whole policy throughout
+        assert len(rec["generate_whole"]) > 2 and set(rec["generate_whole"]) == {rec["total"]}
         assert all(held < rec["total"] // 4 for held in rec["held_in_steps"])
     a, b = (rec["adapters"] for rec in ranks)
     assert a == b
@@ -470,3 +478,29 @@ def test_sharded_strategies_are_recognised_through_subclasses():
     for strategy, merge in ((MyFSDP(), False), (CPUDeepSpeedStrategy(stage=3), False), (DDPStrategy(), True)):
         bank.use_strategy(strategy)
         assert bank.merge_for_generation is merge, type(strategy).__name__
+
+
+def test_sft_saves_the_whole_model_under_deepspeed_zero3(tmp_path):
+    """SFT's model for the next job, written by rank 0 at the end of fit: under ZeRO-3 every rank gathers the
+    partitioned weights first, so the saved model equals the one ZeRO-2 (whole weights) trains to."""
+    from transformers import AutoModelForCausalLM
+
+    extra = [
+        '--model.init_args.tiny_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2}',
+        "--model.init_args.max_length=96",
+        "--model.init_args.output_dir=tiny_out",
+        "--data.init_args.num_prompts=16",
+        "--data.init_args.batch_size=2",
+    ]
+    saved = {}
+    for stage in (2, 3):
+        (tmp_path / f"z{stage}").mkdir()
+        _deepspeed_run(tmp_path / f"z{stage}", stage, "sft_tiny.yaml", extra, bank_attr=None)
+        saved[stage] = AutoModelForCausalLM.from_pretrained(tmp_path / f"z{stage}" / "tiny_out").state_dict()
+    init = AutoModelForCausalLM.from_pretrained(tmp_path / "z3" / "tiny_out" / "_init").state_dict()
+    assert saved[3].keys() == saved[2].keys() == init.keys()
+    for name, w in saved[3].items():
+        assert w.shape == init[name].shape and w.numel() > 0, name  # whole tensors, not a rank's empty partition
+        assert torch.allclose(w, saved[2][name], atol=1e-4), name
+    assert any(not torch.equal(w, init[name]) for name, w in saved[3].items())  # it trained
