@@ -28,7 +28,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
@@ -107,6 +107,17 @@ class AlignmentCLI(LightningCLI):
             return
         ckpt = self.trainer.checkpoint_callback
         best = ckpt.best_model_path if ckpt is not None and getattr(ckpt, "best_model_path", "") else None
+        if getattr(self.trainer.strategy, "zero_stage_3", False):
+            # DeepSpeed cannot load a ZeRO-3 checkpoint into the optimizer-less engine Lightning builds for testing
+            # (AttributeError '_restore_from_bit16_weights', deepspeedai/DeepSpeed#7272), and testing the final
+            # weights in that engine hung on two CPU processes: skip, and say how to test instead
+            rank_zero_warn(
+                "test_after_fit is skipped under DeepSpeed ZeRO-3: DeepSpeed cannot load a ZeRO-3 checkpoint for "
+                "testing (deepspeedai/DeepSpeed#7272). Convert the checkpoint with "
+                "lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict and run "
+                "`train.py test --ckpt_path <converted>` without ZeRO-3 (one device, DDP or ZeRO-2)."
+            )
+            return
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
 
 

@@ -2,7 +2,8 @@
 
 Lightning's ``DeepSpeedStrategy`` refuses any accelerator but CUDA in three places, none of which touches what the
 tests check: ``setup_environment`` (an isinstance check), ``setup_distributed`` (device indices must equal the local
-ranks) and ``_setup_model_and_optimizer`` (DeepSpeed's device rank is the root device's index, ``None`` on CPU).
+ranks) and ``root_device`` (its index is DeepSpeed's device rank, ``None`` for the CPU device; ``cpu:<local rank>``
+is the same device with the index DeepSpeed needs, for training and for the inference engine of validate/test).
 :class:`CPUDeepSpeedStrategy` replaces just those with their CPU meaning; DeepSpeed's CPU accelerator then runs over
 gloo. Everything else is the real thing: the ZeRO config, parameter partitioning (stage 3), the engine's forward,
 backward and step under Lightning's manual optimization, and the families' own code (gathering for generation).
@@ -14,7 +15,6 @@ backward and step under Lightning's manual optimization, and the families' own c
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from contextlib import contextmanager
@@ -38,19 +38,9 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         self.set_world_ranks()
         self._init_deepspeed_distributed()
 
-    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):  # noqa: D102
-        import deepspeed
-
-        engine, ds_optimizer, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self.local_rank),  # the local rank, not the CPU device's None
-            config=self.config,
-            model=model,
-            model_parameters=filter(lambda p: p.requires_grad, model.parameters()),
-            optimizer=optimizer,
-            lr_scheduler=lr_scheduler,
-            dist_init_required=False,
-        )
-        return engine, ds_optimizer
+    @property
+    def root_device(self) -> torch.device:  # noqa: D102 - DeepSpeed's device rank is this index: the local rank
+        return torch.device("cpu", self.local_rank)
 
 
 class ShardProbe(L.Callback):

@@ -504,3 +504,47 @@ def test_sft_saves_the_whole_model_under_deepspeed_zero3(tmp_path):
         assert w.shape == init[name].shape and w.numel() > 0, name  # whole tensors, not a rank's empty partition
         assert torch.allclose(w, saved[2][name], atol=1e-4), name
     assert any(not torch.equal(w, init[name]) for name, w in saved[3].items())  # it trained
+
+
+def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_checkpoint(tmp_path):
+    """ZeRO-3 trains the ensemble; test_after_fit is skipped with a warning (DeepSpeed cannot load a ZeRO-3
+    checkpoint for testing), and the converted checkpoint tests on one device to ZeRO-2's own test report."""
+    import json
+
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    extra = [
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=8",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_val_batches=1",
+    ]
+    reports = {}
+    for stage in (2, 3):
+        work = tmp_path / f"z{stage}"
+        work.mkdir()
+        _deepspeed_run(work, stage, "preference_ensemble.yaml", extra, bank_attr=None, steps=3)
+        found = list((work / "runs").rglob("report.json"))
+        if stage == 2:  # tested after fit with the best checkpoint
+            reports[2] = json.load(open(found[0]))
+            continue
+        assert not found  # skipped under ZeRO-3
+        converted = tmp_path / "converted.ckpt"
+        convert_zero_checkpoint_to_fp32_state_dict(str(next((work / "runs").rglob("last.ckpt"))), str(converted))
+        args = [
+            sys.executable,
+            os.path.join(ROOT, "train.py"),
+            "test",
+            "--config",
+            os.path.join(ROOT, "configs", "preference_ensemble.yaml"),
+            *extra[:2],
+            "--trainer.accelerator=cpu",
+            f"--ckpt_path={converted}",
+        ]
+        env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reports[3] = json.load(open(next((work / "runs").rglob("report.json"))))
+    for key in ("ensemble_accuracy", "overall_error_rate", "top10_error_rate"):
+        assert reports[3][key] == pytest.approx(reports[2][key], abs=1e-6), key
+    assert reports[3]["member_accuracy"] == pytest.approx(reports[2]["member_accuracy"], abs=1e-6)
