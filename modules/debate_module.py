@@ -66,7 +66,7 @@ from modules.debate import (
 )
 from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 from modules.judges import DebateJudge, ProgrammaticJudge
-from modules.policy import PolicyBank, Rollout
+from modules.policy import PolicyBank, Rollout, engine_grad_norm, fit_manual_backward_strategy, sharded_strategy_kind
 from modules.rl_losses import group_advantages, grpo_loss
 from modules.timing import PhaseTimer
 
@@ -428,8 +428,12 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 opt.zero_grad()
                 self.manual_backward(loss)
             with self._timed("optimizer"):
-                norm = torch.nn.utils.clip_grad_norm_(self.bank.player_parameters(PLAYER), hp.grad_clip)
+                deepspeed = sharded_strategy_kind(self.trainer.strategy) == "DeepSpeedStrategy"
+                if not deepspeed:  # DeepSpeed's engine clips in step (see fit_manual_backward_strategy)
+                    norm = torch.nn.utils.clip_grad_norm_(self.bank.player_parameters(PLAYER), hp.grad_clip)
                 opt.step()
+                if deepspeed:
+                    norm = engine_grad_norm(self.trainer.strategy)
         self._update_epoch_averages(r, transcripts)
         metrics.update(
             {
@@ -514,7 +518,9 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             self.log("train/accuracy_epoch", self.epoch_accuracy, on_step=False, on_epoch=True, batch_size=len(known))
 
     def setup(self, stage: str) -> None:  # noqa: D102
-        # sharded strategies (FSDP, ZeRO-3): every ply's generate call gathers the policy once, not once per token
+        if stage == "fit":  # FSDP refused; DeepSpeed clips by grad_clip in its engine
+            fit_manual_backward_strategy(self.trainer.strategy, "debate self-play", self.hparams.grad_clip)
+        # ZeRO-3: every ply's generate call gathers the policy once, not once per token
         self.bank.use_strategy(self.trainer.strategy)
 
     def configure_optimizers(self):  # noqa: D102

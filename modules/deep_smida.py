@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from modules.faults import NonFiniteGuard, require_trainable_tensors
 from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
-from modules.policy import PolicyBank, fill_template, sharded_strategy_kind
+from modules.policy import PolicyBank, fill_template, fit_manual_backward_strategy, sharded_strategy_kind
 from modules.smida_estimators import smida_surrogate_losses
 from modules.timing import PhaseTimer
 from modules.utilities import EnsembleUtility, Utility
@@ -159,13 +159,15 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
 
     # ------------------------------------------------------------------ rollouts
     def setup(self, stage: str) -> None:  # noqa: D102
+        if stage == "fit":  # FSDP refused (backward inside training_step), as for every manual-backward family
+            fit_manual_backward_strategy(self.trainer.strategy, "deep-SMIDA", None)
         if stage == "fit" and sharded_strategy_kind(self.trainer.strategy) == "DeepSpeedStrategy":
             raise ValueError(
                 "trainer.strategy: deep-SMIDA trains the leader and the follower with one optimizer each, and "
                 f"Lightning's DeepSpeed strategy takes exactly one (got {type(self.trainer.strategy).__name__}); use "
-                "DDP or FSDP (configs/overlays/ddp.yaml, configs/overlays/fsdp.yaml)"
+                "DDP (configs/overlays/ddp.yaml)"
             )
-        # sharded strategies (FSDP, ZeRO-3): gather the players once around each generate call, not once per token
+        # evaluation under FSDP (fit refuses it above): gather the players once around each generate call
         self.players.use_strategy(self.trainer.strategy)
 
     def leader_prompts(self, prompts: list[str]) -> list[str]:

@@ -33,7 +33,7 @@ from callbacks.fault_tolerance import collect_rng_state, restore_rng_state
 from modules.answers import answers_match, extract_final_answer
 from modules.faults import NonFiniteGuard, require_trainable_tensors
 from modules.models import DTYPES, check_exists, resolve_name_or_path
-from modules.policy import PolicyBank, sharded_strategy_kind
+from modules.policy import PolicyBank, fit_manual_backward_strategy, sharded_strategy_kind
 from modules.rl_losses import group_advantages, grpo_loss
 from modules.timing import PhaseTimer
 
@@ -368,6 +368,8 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
 
     # ------------------------------------------------------------------ pieces
     def setup(self, stage: str) -> None:  # noqa: D102
+        if stage == "fit":  # FSDP refused; DeepSpeed clips by grad_clip in its engine
+            fit_manual_backward_strategy(self.trainer.strategy, "GRPO", self.hparams.grad_clip)
         # sharded strategies: gather the policy's parameters once around each generate call, not once per token
         self.players.use_strategy(self.trainer.strategy)
 

@@ -29,7 +29,9 @@ from modules.models import apply_lora, load_model, load_tokenizer
 __all__ = [
     "PolicyBank",
     "Rollout",
+    "engine_grad_norm",
     "fill_template",
+    "fit_manual_backward_strategy",
     "grouped_prefix_attention",
     "parameter_gathering",
     "sharded_strategy_kind",
@@ -133,6 +135,46 @@ def sharded_strategy_kind(strategy: Any) -> str | None:
     """
     names = {cls.__name__ for cls in type(strategy).__mro__}
     return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy") if k in names), None)
+
+
+def fit_manual_backward_strategy(strategy: Any, family: str, grad_clip: float | None) -> None:
+    """Fit a family that runs its backward passes inside ``training_step`` (manual optimization) to the strategy.
+
+    Call from the LightningModule's ``setup("fit")``, before the strategy wraps the model.
+
+    * FSDP (Lightning's ``FSDPStrategy``, FSDP1) is refused. Lightning runs ``training_step`` inside the root FSDP
+      unit's forward, so every backward runs before that forward ends. With the whole model in the root unit, FSDP's
+      backward hook asserts (``Expects BACKWARD_PRE or BACKWARD_POST state but got FORWARD``); with the decoder
+      layers wrapped as inner units the steps run, but FSDP's end-of-backward callback (queued from the root's
+      outputs) never runs, and the next state-dict gather (the checkpoint) asserts on a handle left in
+      ``BACKWARD_POST``. Both reproduced on two CPU processes.
+    * DeepSpeed: ``grad_clip`` becomes the engine's ``gradient_clipping``. The engine keeps the gradients in its own
+      partitions and clips them by their global norm in ``step``, so a clip of ``p.grad`` in the module would see no
+      gradients (and Lightning's ``clip_gradients`` is a no-op under DeepSpeed).
+
+    Raises:
+        ValueError: naming ``trainer.strategy``, under FSDP.
+    """
+    kind = sharded_strategy_kind(strategy)
+    if kind == "FSDPStrategy":
+        raise ValueError(
+            f"trainer.strategy: {family} runs its backward passes inside training_step (manual optimization), which "
+            f"Lightning's FSDP strategy cannot take (got {type(strategy).__name__}): FSDP's backward hooks expect "
+            "the root unit's forward to have ended. Use DeepSpeed ZeRO-3 for sharded parameters "
+            "(configs/overlays/deepspeed_zero3.yaml) or DDP (configs/overlays/ddp.yaml)"
+        )
+    if kind == "DeepSpeedStrategy" and grad_clip is not None:
+        config = getattr(strategy, "config", None)
+        if isinstance(config, dict):
+            config["gradient_clipping"] = float(grad_clip)
+
+
+def engine_grad_norm(strategy: Any) -> float | None:
+    """The global gradient norm DeepSpeed computed in its last ``step`` (before clipping); None elsewhere."""
+    if sharded_strategy_kind(strategy) != "DeepSpeedStrategy":
+        return None
+    norm = strategy.model.get_global_grad_norm()
+    return None if norm is None else float(norm)
 
 
 def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:

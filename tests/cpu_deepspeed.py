@@ -84,6 +84,9 @@ class ShardProbe(L.Callback):
         with _gathered(list(params.values())):
             self.record["adapters"] = {n: p.detach().float().flatten().tolist() for n, p in params.items()}
         self.record["global_step"] = trainer.global_step
+        engine = trainer.strategy.model
+        if hasattr(engine, "gradient_clipping"):  # the clip DeepSpeed applies in its step
+            self.record["engine_gradient_clipping"] = float(engine.gradient_clipping())
         os.makedirs(self.out_dir, exist_ok=True)
         with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
             json.dump(self.record, f)

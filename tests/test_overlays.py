@@ -391,6 +391,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
             assert len(rec["generate_whole"]) == 2  # one generate call per step
             assert rec["generate_calls"] >= 2 * 6  # a model call per decoded token (6 new tokens), twice
             assert rec["generate_whole"] == [rec["total"]] * 2  # whole at every one of them
+            assert rec["engine_gradient_clipping"] == 1.0  # grpo_tiny's grad_clip, applied by DeepSpeed's step
             if stage == 3:  # partitioned: inside the steps, outside generate, a rank held almost none of the policy
                 assert all(held < rec["total"] // 4 for held in rec["held_in_steps"])
             else:  # ZeRO-2 keeps parameters whole
@@ -548,3 +549,48 @@ def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_ch
     for key in ("ensemble_accuracy", "overall_error_rate", "top10_error_rate"):
         assert reports[3][key] == pytest.approx(reports[2][key], abs=1e-6), key
     assert reports[3]["member_accuracy"] == pytest.approx(reports[2]["member_accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("family", ["grpo", "debate", "deep_smida"])
+def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_dir):
+    """Lightning runs training_step inside the root FSDP unit's forward; a backward there breaks FSDP's state machine
+    (see modules.policy.fit_manual_backward_strategy), so these families refuse FSDP before any work."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if family == "grpo":
+        from modules.grpo import GRPO
+
+        module = GRPO(policy=tiny_lm_dir, max_new_tokens=4, lora_r=4)
+    elif family == "debate":
+        from modules.debate_module import DebateSelfPlay
+
+        module = DebateSelfPlay(policy=tiny_lm_dir, max_new_tokens=4, lora_r=4)
+    else:
+        from modules.deep_smida import DeepSMIDA
+        from modules.utilities import Utility
+
+        class Zero(Utility):
+            def forward(self, prompts, leader, follower):
+                return torch.zeros(len(follower))
+
+        module = DeepSMIDA(policy=tiny_lm_dir, utility=Zero(), max_new_tokens=4, lora_r=4)
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match=r"trainer.strategy: .* inside training_step .* \(got FSDPStrategy\)"):
+        module.setup("fit")
+    module.setup("validate")  # evaluation alone runs no backward: allowed
+
+
+def test_deepspeed_takes_the_families_gradient_clip():
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+
+    from modules.policy import fit_manual_backward_strategy
+
+    strategy = DeepSpeedStrategy(stage=3)
+    fit_manual_backward_strategy(strategy, "GRPO", 0.5)
+    assert strategy.config["gradient_clipping"] == 0.5
+    unclipped = DeepSpeedStrategy(stage=2)
+    fit_manual_backward_strategy(unclipped, "GRPO", None)
+    assert "gradient_clipping" not in unclipped.config  # Lightning then sets its own default (0: none)
+    fit_manual_backward_strategy(DDPStrategy(), "GRPO", 0.5)  # nothing to do elsewhere
