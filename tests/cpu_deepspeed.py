@@ -84,6 +84,8 @@ class ShardProbe(L.Callback):
         with _gathered(list(params.values())):
             self.record["adapters"] = {n: p.detach().float().flatten().tolist() for n, p in params.items()}
         self.record["global_step"] = trainer.global_step
+        norm = trainer.callback_metrics.get("train/grad_norm")
+        self.record["grad_norm"] = None if norm is None else float(norm)
         engine = trainer.strategy.model
         if hasattr(engine, "gradient_clipping"):  # the clip DeepSpeed applies in its step
             self.record["engine_gradient_clipping"] = float(engine.gradient_clipping())

@@ -454,6 +454,7 @@ def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_p
         assert rec["global_step"] == 2
         # every ply of training and of the evaluation ran on the whole policy throughout
         assert len(rec["generate_whole"]) > 2 and set(rec["generate_whole"]) == {rec["total"]}
+        assert rec["grad_norm"] > 0  # the engine's global norm (a p.grad norm would read 0 under ZeRO)
         assert all(held < rec["total"] // 4 for held in rec["held_in_steps"])
     a, b = (rec["adapters"] for rec in ranks)
     assert a == b
