@@ -46,3 +46,25 @@ def test_gpu_bench_tiny_writes_every_section(tmp_path):
     assert "error" not in grouped, grouped
     assert grouped["grouped_seconds"] > 0 and grouped["copied_seconds"] > 0
     assert grouped["tokens_equal_share"] == 1.0  # on CPU the grouped decode draws generate's tokens
+
+
+def test_zero3_generate_gathers_each_parameter_once_per_call():
+    """benchmarks/zero3_generate.py on 2 CPU processes: the families' ZeRO-3 gathering partitions every parameter once
+    per generate call, while DeepSpeed's own hooks (with or without GatheredParameters around the call) partition
+    layers again for every token; all three give the same greedy tokens."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "zero3_generate.py"), "--rows", "2", "--tokens", "6"]
+        + ["--repeats", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert result["same_tokens"]
+    params, releases = result["params"], result["releases"]
+    assert releases["once"] == params  # one partition per parameter, at the end of the call
+    assert releases["gathered"] > 6 * params // 2 and releases["per_module"] > 6 * params // 2  # per token
+    assert proc.stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_module=")
