@@ -237,7 +237,12 @@ def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
     import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
 
     engine = getattr(strategy, "model", None)
-    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    owner = getattr(engine, "optimizer", None)
+    # training engine: the ZeRO-3 optimizer holds the offload state; inference engine (validate/test without an
+    # optimizer): the offload object is the engine's "optimizer" itself
+    offload = getattr(owner, "parameter_offload", None)
+    if offload is None and hasattr(owner, "get_param_coordinator") and hasattr(owner, "forward_hooks"):
+        offload = owner
     params = list(module.parameters())
     if offload is None:
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):

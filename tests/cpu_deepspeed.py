@@ -50,7 +50,7 @@ class ShardProbe(L.Callback):
         self.out_dir, self.bank_attr = out_dir, bank_attr
         self.record: dict[str, Any] = {"held_in_steps": [], "total": 0, "generate_whole": []}
 
-    def on_fit_start(self, trainer, pl_module) -> None:  # noqa: D102
+    def setup(self, trainer, pl_module, stage) -> None:  # noqa: D102 - fit, validate, test alike
         bank = getattr(pl_module, self.bank_attr)
         self.record["total"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in bank.parameters())
         generate = bank.generate
@@ -77,6 +77,10 @@ class ShardProbe(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
         bank = getattr(pl_module, self.bank_attr)
         self.record["held_in_steps"].append(sum(p.numel() for p in bank.parameters()))
+
+    def on_validation_end(self, trainer, pl_module) -> None:  # noqa: D102 - `validate` alone: write what it recorded
+        if trainer.state.fn == "validate":
+            self.on_fit_end(trainer, pl_module)
 
     def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
         bank = getattr(pl_module, self.bank_attr)

@@ -301,6 +301,7 @@ def _deepspeed_run(
     bank_attr: str | None = "players",
     probe: str = "probe",
     steps: int = 2,
+    subcommand: str = "fit",
 ) -> list[dict]:
     """Run a family's config for 2 steps under Lightning's DeepSpeed strategy on 2 CPU processes (see
     ``tests/cpu_deepspeed.py``); every parameter is partitioned at ZeRO-3 (no persistence threshold). The probes of
@@ -330,15 +331,16 @@ def _deepspeed_run(
     args = [
         sys.executable,
         os.path.join(ROOT, "train.py"),
-        "fit",
+        subcommand,
         "--config",
         os.path.join(ROOT, "configs", config),
         "--config",
         str(overlay),
         "--trainer.limit_val_batches=0",
         *extra,
-        f"--trainer.max_steps={steps}",
     ]
+    if subcommand == "fit":
+        args.append(f"--trainer.max_steps={steps}")
     if bank_attr is not None:
         args += [
             "--trainer.callbacks+=cpu_deepspeed.ShardProbe",
@@ -595,3 +597,20 @@ def test_deepspeed_takes_the_families_gradient_clip():
     fit_manual_backward_strategy(unclipped, "GRPO", None)
     assert "gradient_clipping" not in unclipped.config  # Lightning then sets its own default (0: none)
     fit_manual_backward_strategy(DDPStrategy(), "GRPO", 0.5)  # nothing to do elsewhere
+
+
+def test_debate_validates_under_deepspeed_zero3_with_the_whole_policy(tiny_lm_dir, tmp_path):
+    """`validate` alone builds DeepSpeed's inference engine (no optimizer, its offload state held elsewhere): every ply
+    must still generate on the whole policy, not fetch each layer per token through DeepSpeed's hooks."""
+    extra = [
+        f"--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.reply_max_new_tokens=4",
+        "--model.init_args.max_prompt_tokens=48",
+        "--data.init_args.num_prompts=16",
+        "--data.init_args.batch_size=2",
+        "--trainer.limit_val_batches=1",
+    ]
+    for rec in _deepspeed_run(tmp_path, 3, "debate_ab.yaml", extra, bank_attr="bank", subcommand="validate"):
+        assert rec["generate_calls"] >= 6  # a model call per decoded token of each ply
+        assert rec["generate_whole"] and set(rec["generate_whole"]) == {rec["total"]}
