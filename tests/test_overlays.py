@@ -438,14 +438,21 @@ def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
         assert a["adapters"] == b["adapters"]
 
 
-def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_path):
-    extra = [
+def _tiny_debate_args(tiny_lm_dir) -> list[str]:
+    """Debate-AB on the tiny policy: short plies, 8 batches of 2 problems."""
+    return [
         f"--model.init_args.policy={tiny_lm_dir}",
         "--model.init_args.max_new_tokens=6",
         "--model.init_args.reply_max_new_tokens=4",
         "--model.init_args.max_prompt_tokens=48",
         "--data.init_args.num_prompts=16",
         "--data.init_args.batch_size=2",
+    ]
+
+
+def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_path):
+    extra = [
+        *_tiny_debate_args(tiny_lm_dir),
         "--trainer.limit_val_batches=1",  # one evaluation at step 2: MCC trackers and the peak checkpoint
         "--trainer.val_check_interval=2",
     ]
@@ -603,12 +610,7 @@ def test_debate_validates_under_deepspeed_zero3_with_the_whole_policy(tiny_lm_di
     """`validate` alone builds DeepSpeed's inference engine (no optimizer, its offload state held elsewhere): every ply
     must still generate on the whole policy, not fetch each layer per token through DeepSpeed's hooks."""
     extra = [
-        f"--model.init_args.policy={tiny_lm_dir}",
-        "--model.init_args.max_new_tokens=6",
-        "--model.init_args.reply_max_new_tokens=4",
-        "--model.init_args.max_prompt_tokens=48",
-        "--data.init_args.num_prompts=16",
-        "--data.init_args.batch_size=2",
+        *_tiny_debate_args(tiny_lm_dir),
         "--trainer.limit_val_batches=1",
     ]
     for rec in _deepspeed_run(tmp_path, 3, "debate_ab.yaml", extra, bank_attr="bank", subcommand="validate"):
