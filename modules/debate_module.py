@@ -66,7 +66,14 @@ from modules.debate import (
 )
 from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 from modules.judges import DebateJudge, ProgrammaticJudge
-from modules.policy import PolicyBank, Rollout, engine_grad_norm, fit_manual_backward_strategy, sharded_strategy_kind
+from modules.policy import (
+    PolicyBank,
+    Rollout,
+    engine_grad_norm,
+    fit_manual_backward_strategy,
+    shard_for_strategy,
+    sharded_strategy_kind,
+)
 from modules.rl_losses import group_advantages, grpo_loss
 from modules.timing import PhaseTimer
 
@@ -516,6 +523,10 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         if known:
             self.epoch_accuracy.update(torch.tensor(known, dtype=torch.float32, device=self.device))
             self.log("train/accuracy_epoch", self.epoch_accuracy, on_step=False, on_epoch=True, batch_size=len(known))
+
+    def configure_model(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``) shard the policy over the data-parallel mesh; elsewhere nothing."""
+        shard_for_strategy(self, self.bank, "debate self-play")
 
     def setup(self, stage: str) -> None:  # noqa: D102
         if stage == "fit":  # FSDP refused; DeepSpeed clips by grad_clip in its engine

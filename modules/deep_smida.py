@@ -33,7 +33,13 @@ from lightning.pytorch.utilities import rank_zero_only
 from modules.faults import NonFiniteGuard, require_trainable_tensors
 from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
 from modules.oracle import PreferenceOracle
-from modules.policy import PolicyBank, fill_template, fit_manual_backward_strategy, sharded_strategy_kind
+from modules.policy import (
+    PolicyBank,
+    fill_template,
+    fit_manual_backward_strategy,
+    shard_for_strategy,
+    sharded_strategy_kind,
+)
 from modules.smida_estimators import smida_surrogate_losses
 from modules.timing import PhaseTimer
 from modules.utilities import EnsembleUtility, Utility
@@ -158,6 +164,10 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
         self.phase_times: dict[str, float] = {}
 
     # ------------------------------------------------------------------ rollouts
+    def configure_model(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``) shard the policy over the data-parallel mesh; elsewhere nothing."""
+        shard_for_strategy(self, self.players, "deep-SMIDA")
+
     def setup(self, stage: str) -> None:  # noqa: D102
         if stage == "fit":  # FSDP refused (backward inside training_step), as for every manual-backward family
             fit_manual_backward_strategy(self.trainer.strategy, "deep-SMIDA", None)

@@ -33,7 +33,13 @@ from callbacks.fault_tolerance import collect_rng_state, restore_rng_state
 from modules.answers import answers_match, extract_final_answer
 from modules.faults import NonFiniteGuard, require_trainable_tensors
 from modules.models import DTYPES, check_exists, resolve_name_or_path
-from modules.policy import PolicyBank, fit_manual_backward_strategy, sharded_strategy_kind
+from modules.policy import (
+    PolicyBank,
+    fit_manual_backward_strategy,
+    fsdp2_gradient_sync,
+    shard_for_strategy,
+    sharded_strategy_kind,
+)
 from modules.rl_losses import group_advantages, grpo_loss
 from modules.timing import PhaseTimer
 
@@ -367,6 +373,10 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
         self.phase_times: dict[str, float] = {}
 
     # ------------------------------------------------------------------ pieces
+    def configure_model(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``) shard the policy over the data-parallel mesh; elsewhere nothing."""
+        shard_for_strategy(self, self.players, "GRPO")
+
     def setup(self, stage: str) -> None:  # noqa: D102
         if stage == "fit":  # FSDP refused; DeepSpeed clips by grad_clip in its engine
             fit_manual_backward_strategy(self.trainer.strategy, "GRPO", self.hparams.grad_clip)
@@ -403,8 +413,10 @@ class GRPO(PhaseTimer, NonFiniteGuard, L.LightningModule):
 
         Not under DeepSpeed: its engine refuses ``no_sync`` with ZeRO-2/3 (gradients are reduced into their
         partitions as they are produced) and keeps its own accumulation boundary, so every micro-batch's backward is
-        reduced there.
+        reduced there. Under FSDP2 the policy's units skip their reduce-scatter instead (:func:`fsdp2_gradient_sync`).
         """
+        if self._trainer is not None and sharded_strategy_kind(self.trainer.strategy) == "ModelParallelStrategy":
+            return fsdp2_gradient_sync(self.players, enabled=last)
         wrapped = self.trainer.strategy.model if self._trainer is not None else None
         if last or wrapped is None or wrapped is self or not hasattr(wrapped, "no_sync"):
             return nullcontext()

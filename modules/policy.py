@@ -32,9 +32,11 @@ __all__ = [
     "engine_grad_norm",
     "fill_template",
     "fit_manual_backward_strategy",
+    "fsdp2_gradient_sync",
     "grouped_prefix_attention",
     "parameter_gathering",
     "sharded_strategy_kind",
+    "shard_for_strategy",
 ]
 
 GROUPED_ATTENTION = "alignment_games_grouped_prefix"
@@ -128,13 +130,39 @@ def fill_template(template: str, **values: str) -> str:
 
 
 def sharded_strategy_kind(strategy: Any) -> str | None:
-    """``"DeepSpeedStrategy"`` or ``"FSDPStrategy"`` when ``strategy`` is (a subclass of) one of them, else None.
+    """The sharded strategy ``strategy`` is (a subclass of), by its base's name, else None.
 
-    Read from the class hierarchy's names, so neither DeepSpeed nor FSDP is imported where it is not used, and a
-    user's subclass (e.g. with its own launcher or checks) is treated as the strategy it extends.
+    ``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` (FSDP1) or ``"ModelParallelStrategy"`` (FSDP2 ``fully_shard``,
+    e.g. :class:`modules.strategies.FSDP2Strategy`). Read from the class hierarchy's names, so neither DeepSpeed nor
+    FSDP is imported where it is not used, and a user's subclass (e.g. with its own launcher or checks) is treated as
+    the strategy it extends.
     """
     names = {cls.__name__ for cls in type(strategy).__mro__}
-    return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy") if k in names), None)
+    return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy") if k in names), None)
+
+
+def shard_for_strategy(module: Any, bank: PolicyBank, family: str) -> None:
+    """FSDP2: shard ``bank`` over the data-parallel mesh when the trainer's strategy gives the module one.
+
+    Call from the LightningModule's ``configure_model`` (Lightning's ``ModelParallelStrategy`` calls it after the
+    processes start and before the optimizers are made, and gives the module its ``device_mesh``). Elsewhere (no
+    mesh) it does nothing. Only the policy is sharded; frozen scorers (reward models, judges, preference ensembles)
+    stay whole on every rank.
+
+    Raises:
+        ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism (the families shard by FSDP
+            only; :class:`modules.strategies.FSDP2Strategy` puts every process in the data-parallel dimension).
+    """
+    mesh = getattr(module, "_device_mesh", None)
+    if mesh is None:
+        return
+    if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
+        raise ValueError(
+            f"trainer.strategy: {family} shards its policy with FSDP2 over the data-parallel dimension only, got a "
+            f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use modules.strategies.FSDP2Strategy "
+            "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
+        )
+    bank.shard(mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh)
 
 
 def fit_manual_backward_strategy(strategy: Any, family: str, grad_clip: float | None) -> None:
@@ -147,7 +175,9 @@ def fit_manual_backward_strategy(strategy: Any, family: str, grad_clip: float | 
       backward hook asserts (``Expects BACKWARD_PRE or BACKWARD_POST state but got FORWARD``); with the decoder
       layers wrapped as inner units the steps run, but FSDP's end-of-backward callback (queued from the root's
       outputs) never runs, and the next state-dict gather (the checkpoint) asserts on a handle left in
-      ``BACKWARD_POST``. Both reproduced on two CPU processes.
+      ``BACKWARD_POST``. Both reproduced on two CPU processes. FSDP2 (:class:`modules.strategies.FSDP2Strategy`, a
+      ``ModelParallelStrategy``) shards the submodules in ``configure_model`` instead and runs ``training_step`` outside
+      any forward: the families take it (:func:`shard_for_strategy`).
     * DeepSpeed: ``grad_clip`` becomes the engine's ``gradient_clipping``. The engine keeps the gradients in its own
       partitions and clips them by their global norm in ``step``, so a clip of ``p.grad`` in the module would see no
       gradients (and Lightning's ``clip_gradients`` is a no-op under DeepSpeed).
@@ -160,7 +190,7 @@ def fit_manual_backward_strategy(strategy: Any, family: str, grad_clip: float | 
         raise ValueError(
             f"trainer.strategy: {family} runs its backward passes inside training_step (manual optimization), which "
             f"Lightning's FSDP strategy cannot take (got {type(strategy).__name__}): FSDP's backward hooks expect "
-            "the root unit's forward to have ended. Use DeepSpeed ZeRO-3 for sharded parameters "
+            "the root unit's forward to have ended. Use FSDP2 (configs/overlays/fsdp2.yaml), DeepSpeed ZeRO-3 "
             "(configs/overlays/deepspeed_zero3.yaml) or DDP (configs/overlays/ddp.yaml)"
         )
     if kind == "DeepSpeedStrategy" and grad_clip is not None:
@@ -191,6 +221,8 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
       (an ``auto_wrap_policy``) gather themselves on each call, which is correct though slower; the factory yields
       ``summon_full_params(recurse=True, writeback=False)`` only where it is allowed (outside a forward, e.g.
       ``validation_step`` under ``predict``) and a no-op otherwise.
+    * FSDP2 (``ModelParallelStrategy``; the bank sharded by :meth:`PolicyBank.shard`): every ``fully_shard`` unit
+      unsharded once and kept whole for the block (see :func:`_fsdp2_whole`).
     * Everything else (single device, DDP, ZeRO-1/2 keep whole parameters): a no-op.
 
     Args:
@@ -214,7 +246,54 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
             return FSDP.summon_full_params(root, recurse=True, writeback=False)
 
         return summon
+    if kind == "ModelParallelStrategy":
+        return lambda: _fsdp2_whole(module)
     return nullcontext
+
+
+def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def _fsdp2_whole(module: nn.Module) -> Iterator[None]:
+    """FSDP2: ``module``'s ``fully_shard`` units whole for the block, each all-gathered once, resharded on exit.
+
+    Each unit's reshard-after-forward is turned off for the block (a unit would otherwise free its parameters after
+    every forward and gather them again on the next: per decoded token) and put back to what
+    :meth:`PolicyBank.shard` chose. Inside, the modules' parameters are the plain unsharded tensors FSDP2 swaps in.
+    A module never sharded (no units) gets a no-op.
+    """
+    units = _fsdp2_units(module)
+    try:
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(getattr(unit, "_ag_reshard_after_forward", True), recurse=False)
+
+
+@contextmanager
+def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
+    """FSDP2: turn the gradient reduce-scatter of ``module``'s units off (``enabled=False``) for the block.
+
+    The micro-batches of one step but the last accumulate unsharded gradients locally; the last one's backward
+    reduces the sum (FSDP2's ``set_requires_gradient_sync``, the counterpart of DDP's ``no_sync``). A no-op for a
+    module without units or with ``enabled=True``.
+    """
+    units = [] if enabled else _fsdp2_units(module)
+    try:
+        for unit in units:
+            unit.set_requires_gradient_sync(False, recurse=False)
+        yield
+    finally:
+        for unit in units:
+            unit.set_requires_gradient_sync(True, recurse=False)
 
 
 @contextmanager
@@ -363,6 +442,37 @@ class PolicyBank(nn.Module):
         """
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
+
+    def shard(self, mesh: Any) -> None:
+        """FSDP2 (``fully_shard``) over ``mesh``: each decoder block a unit, then each causal LM the root unit.
+
+        The blocks are the architecture's ``_no_split_modules`` (transformers' own list of the layers that must stay
+        whole: ``Qwen2DecoderLayer`` and the like), so a block's parameters (its LoRA adapters included) are gathered
+        together, one block at a time, and resharded after its forward. The root unit (embeddings, final norm, head)
+        keeps its parameters after the forward (``reshard_after_forward=False``): the backward needs them at once. In
+        LoRA mode the one base model is sharded (adapters, frozen weights and the disabled-adapter reference alike);
+        in separate mode every copy and the reference. Idempotent: a model already sharded is left as it is.
+
+        Raises:
+            ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
+        """
+        from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: PLC0415
+
+        models = [self.model.get_base_model()] if self.mode == "lora" else [*self.models.values(), self.reference]
+        for lm in models:
+            if isinstance(lm, FSDPModule):
+                continue
+            names = set(getattr(lm, "_no_split_modules", None) or ())
+            blocks = [m for m in lm.modules() if type(m).__name__ in names]
+            if not blocks:
+                raise ValueError(
+                    f"cannot shard {type(lm).__name__} with FSDP2: it names no _no_split_modules (its decoder blocks)"
+                )
+            for block in blocks:
+                fully_shard(block, mesh=mesh, reshard_after_forward=True)
+                block._ag_reshard_after_forward = True
+            fully_shard(lm, mesh=mesh, reshard_after_forward=False)
+            lm._ag_reshard_after_forward = False
 
     def player_parameters(self, player: str) -> list[nn.Parameter]:
         """The trainable parameters of one player (its adapter, or its copy)."""

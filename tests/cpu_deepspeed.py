@@ -52,7 +52,7 @@ class ShardProbe(L.Callback):
 
     def setup(self, trainer, pl_module, stage) -> None:  # noqa: D102 - fit, validate, test alike
         bank = getattr(pl_module, self.bank_attr)
-        self.record["total"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in bank.parameters())
+        self.record["total"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in bank.parameters())  # global sizes
         generate = bank.generate
 
         def probed(*args, **kwargs):
@@ -60,7 +60,7 @@ class ShardProbe(L.Callback):
             held = []
 
             def look(m, a):
-                held.append(sum(p.numel() for p in bank.parameters()))
+                held.append(_held(bank))
                 self.record["generate_dtype"] = str(m.weight.dtype)
 
             # the input embedding runs in every model call, through generate's own loop or ours
@@ -76,7 +76,7 @@ class ShardProbe(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
         bank = getattr(pl_module, self.bank_attr)
-        self.record["held_in_steps"].append(sum(p.numel() for p in bank.parameters()))
+        self.record["held_in_steps"].append(_held(bank))
 
     def on_validation_end(self, trainer, pl_module) -> None:  # noqa: D102 - `validate` alone: write what it recorded
         if trainer.state.fn == "validate":
@@ -85,8 +85,8 @@ class ShardProbe(L.Callback):
     def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
         bank = getattr(pl_module, self.bank_attr)
         params = {n: p for n, p in bank.named_parameters() if "lora_" in n}
-        with _gathered(list(params.values())):
-            self.record["adapters"] = {n: p.detach().float().flatten().tolist() for n, p in params.items()}
+        with _gathered(list(params.values())) as whole:
+            self.record["adapters"] = {n: p.detach().float().flatten().tolist() for n, p in zip(params, whole)}
         self.record["global_step"] = trainer.global_step
         norm = trainer.callback_metrics.get("train/grad_norm")
         self.record["grad_norm"] = None if norm is None else float(norm)
@@ -98,12 +98,20 @@ class ShardProbe(L.Callback):
             json.dump(self.record, f)
 
 
+def _held(bank: torch.nn.Module) -> int:
+    """Elements of ``bank``'s parameters this rank holds: 0 for a partitioned ZeRO-3 parameter, the local shard of an
+    FSDP2 ``DTensor`` (an unsharded FSDP2 unit's parameters are plain whole tensors)."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in bank.parameters())
+
+
 @contextmanager
 def _gathered(params: list[torch.nn.Parameter]):
-    if any(hasattr(p, "ds_id") for p in params):
+    if any(hasattr(p, "full_tensor") for p in params):  # FSDP2 DTensor shards: each gathered to its whole value
+        yield [p.full_tensor() if hasattr(p, "full_tensor") else p for p in params]
+    elif any(hasattr(p, "ds_id") for p in params):
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(params):
-            yield
+            yield params
     else:
-        yield
+        yield params

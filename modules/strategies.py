@@ -1,0 +1,99 @@
+"""Lightning strategies the families run under, where Lightning's own need a setting every run would repeat.
+
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` (FSDP2, ``torch.distributed.fsdp.fully_shard``) with
+every process in the data-parallel dimension: the families shard their policy by FSDP only (no tensor parallelism),
+and ``ModelParallelStrategy``'s default (``tensor_parallel_size="auto"``: every GPU of a node) would instead put the
+processes of a node in the tensor-parallel dimension, where they would all read the same batches.
+
+Unlike Lightning's ``FSDPStrategy`` (FSDP1), which wraps the module and runs ``training_step`` inside the root unit's
+forward, FSDP2 shards the module's own submodules in ``configure_model`` and leaves ``training_step`` outside any
+forward, so the families that call backward inside ``training_step`` (GRPO, debate self-play, deep-SMIDA) run under
+it (see :func:`modules.policy.fit_manual_backward_strategy`).
+
+Its checkpoints hold what the families keep: they drop the frozen base from the state dict (it is the file the run
+started from), and :meth:`FSDP2Strategy.load_checkpoint` loads the tensors a sharded checkpoint holds and leaves the
+rest as loaded from the base. (``ModelParallelStrategy``'s own loader asks the checkpoint for every tensor of the
+model and fails on the first frozen one.)
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.constants import default_pg_timeout
+
+__all__ = ["FSDP2Strategy"]
+
+METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
+
+    A sharded checkpoint (a folder) is loaded for the tensors it holds, after checking that it holds every trainable
+    one (a ``KeyError`` names the first missing, before anything is loaded); the state dict returned to the module's
+    ``on_load_checkpoint`` holds them (their local shards). Full checkpoints (one file) load as Lightning does.
+
+    Args:
+        save_distributed_checkpoint: Each rank writes its shards to a checkpoint folder (True, the default), or the
+            whole state is gathered to rank 0 and written as one file (False).
+        process_group_backend: ``"nccl"`` on GPUs, ``"gloo"`` on CPUs by default.
+        timeout: Of collective operations.
+    """
+
+    def __init__(
+        self,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+
+    def setup_environment(self) -> None:  # noqa: D102 - every process data-parallel
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it."""
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(checkpoint_path))
+        if not (path.is_dir() and (path / METADATA_FILE).is_file()):
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        model_state = get_model_state_dict(self.model)
+        present = {k: v for k, v in model_state.items() if f"state_dict.{k}" in saved}
+        missing = sorted(n for n, p in self.model.named_parameters() if p.requires_grad and n not in present)
+        if missing:  # before anything is loaded: the model is left as it was
+            raise KeyError(
+                f"checkpoint {path} lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}"
+            )
+        dcp.load({"state_dict": present}, checkpoint_id=path)
+        set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
+        for idx, optimizer in enumerate(self.optimizers):
+            key = f"optimizer_{idx}"
+            if not any(name.startswith(f"{key}.") for name in saved):
+                raise KeyError(f"checkpoint {path} holds no state for optimizer {idx} ({key})")
+            optim_state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            dcp.load(optim_state, checkpoint_id=path)
+            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optim_state[key])
+        checkpoint = torch.load(path / METADATA_FILE, weights_only=weights_only)
+        checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
+        return checkpoint
