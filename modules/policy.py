@@ -451,7 +451,10 @@ class PolicyBank(nn.Module):
         together, one block at a time, and resharded after its forward. The root unit (embeddings, final norm, head)
         keeps its parameters after the forward (``reshard_after_forward=False``): the backward needs them at once. In
         LoRA mode the one base model is sharded (adapters, frozen weights and the disabled-adapter reference alike);
-        in separate mode every copy and the reference. Idempotent: a model already sharded is left as it is.
+        in separate mode every copy and the reference. Idempotent: a model already sharded is left as it is. A
+        sharded bank never swaps merged weights in for generation (FSDP2 owns the modules' parameters: its hooks
+        would replace the merged tensors, and putting the originals back corrupts its state), whatever strategy
+        :meth:`use_strategy` was given.
 
         Raises:
             ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
@@ -473,6 +476,7 @@ class PolicyBank(nn.Module):
                 block._ag_reshard_after_forward = True
             fully_shard(lm, mesh=mesh, reshard_after_forward=False)
             lm._ag_reshard_after_forward = False
+        self.merge_for_generation = False
 
     def player_parameters(self, player: str) -> list[nn.Parameter]:
         """The trainable parameters of one player (its adapter, or its copy)."""

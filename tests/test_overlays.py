@@ -1,8 +1,10 @@
 """Strategy overlays: they parse and compose with every family config; the families train in two CPU processes under
 DDP; generation gathers FSDP-sharded parameters (raw FSDP on CPU with gloo: Lightning's FSDP strategy needs CUDA);
-GRPO and debate self-play train under Lightning's DeepSpeed strategy at ZeRO-2/3 on CPU (tests/cpu_deepspeed.py)."""
+GRPO and debate self-play train under Lightning's DeepSpeed strategy at ZeRO-2/3 on CPU (tests/cpu_deepspeed.py);
+GRPO, debate self-play and deep-SMIDA train under FSDP2 (modules.strategies.FSDP2Strategy) on two CPU processes."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -34,6 +36,7 @@ def test_each_overlay_parses_on_the_generating_families(base, capsys):
     expect = {
         "ddp.yaml": lambda c: c["trainer"]["strategy"]["class_path"].endswith("DDPStrategy"),
         "fsdp.yaml": lambda c: c["trainer"]["strategy"]["init_args"]["sharding_strategy"] == "FULL_SHARD",
+        "fsdp2.yaml": lambda c: c["trainer"]["strategy"]["class_path"] == "modules.strategies.FSDP2Strategy",
         "deepspeed_zero2.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_2",
         "deepspeed_zero3.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_3",
         "bf16.yaml": lambda c: c["trainer"]["precision"] == "bf16-mixed",
@@ -293,40 +296,38 @@ def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
 
 
 # ------------------------------------------------------------------ DeepSpeed ZeRO-2/3 on CPU (gloo), 2 processes
-def _deepspeed_run(
+def _deepspeed_run(tmp_path, stage: int, config: str, extra: list[str], **kwargs) -> list[dict]:
+    """Run a family's config under Lightning's DeepSpeed strategy on 2 CPU processes (see ``tests/cpu_deepspeed.py``);
+    every parameter is partitioned at ZeRO-3 (no persistence threshold). The probes of both ranks."""
+    strategy = {
+        "class_path": "cpu_deepspeed.CPUDeepSpeedStrategy",
+        "init_args": {
+            "config": {
+                "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+                "zero_allow_untested_optimizer": True,
+                "train_micro_batch_size_per_gpu": 1,
+            }
+        },
+    }
+    return _two_process_run(tmp_path, strategy, config, extra, **kwargs)
+
+
+def _two_process_run(
     tmp_path,
-    stage: int,
+    strategy: dict | str,
     config: str,
     extra: list[str],
     bank_attr: str | None = "players",
     probe: str = "probe",
     steps: int = 2,
     subcommand: str = "fit",
+    expect_error: str | None = None,
 ) -> list[dict]:
-    """Run a family's config for 2 steps under Lightning's DeepSpeed strategy on 2 CPU processes (see
-    ``tests/cpu_deepspeed.py``); every parameter is partitioned at ZeRO-3 (no persistence threshold). The probes of
-    both ranks."""
-    overlay = tmp_path / "deepspeed_cpu.yaml"
-    overlay.write_text(
-        yaml.safe_dump(
-            {
-                "trainer": {
-                    "strategy": {
-                        "class_path": "cpu_deepspeed.CPUDeepSpeedStrategy",
-                        "init_args": {
-                            "config": {
-                                "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
-                                "zero_allow_untested_optimizer": True,
-                                "train_micro_batch_size_per_gpu": 1,
-                            }
-                        },
-                    },
-                    "accelerator": "cpu",
-                    "devices": 2,
-                }
-            }
-        )
-    )
+    """Run a family's config for ``steps`` steps under ``strategy`` on 2 CPU processes, with a
+    ``cpu_deepspeed.ShardProbe`` on the bank at ``bank_attr``; the probes of both ranks. With ``expect_error`` the run
+    must fail with that text in its output (and nothing is read back)."""
+    overlay = tmp_path / f"{probe}_strategy.yaml"
+    overlay.write_text(yaml.safe_dump({"trainer": {"strategy": strategy, "accelerator": "cpu", "devices": 2}}))
     probe = tmp_path / probe
     args = [
         sys.executable,
@@ -354,8 +355,10 @@ def _deepspeed_run(
         "OMP_NUM_THREADS": "1",
     }
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    if expect_error is not None:
+        assert proc.returncode != 0 and expect_error in proc.stderr, proc.stderr[-3000:]
+        return []
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
 
     return [] if bank_attr is None else [json.load(open(probe / f"rank{r}.json")) for r in range(2)]
 
@@ -470,11 +473,104 @@ def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_p
     assert any(any(v != 0.0 for v in vals) for name, vals in a.items() if "lora_B" in name)
 
 
+# ------------------------------------------------------------------ FSDP2 (fully_shard) on CPU (gloo), 2 processes
+FSDP2 = {"class_path": "modules.strategies.FSDP2Strategy"}
+
+
+def _check_fsdp2_sharding(rec: dict, generate_calls: int) -> None:
+    """Half of the bank on each rank inside the steps; whole at every model call of every generate."""
+    assert all(held * 2 == rec["total"] for held in rec["held_in_steps"])  # every tensor split over the 2 ranks
+    assert len(rec["generate_whole"]) == generate_calls and set(rec["generate_whole"]) == {rec["total"]}
+
+
+def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, tmp_path):
+    """GRPO (2 micro-batches per step: the first skips the reduce-scatter) under FSDP2 on 2 processes: the policy is
+    sharded in the steps and whole at every decoded token, 3 steps end where DDP's end, a mid-run sharded checkpoint
+    (without the frozen base) continues bit for bit, and one lacking a trainable tensor is refused by name."""
+    from modules.grpo import build_tiny_reward_model
+
+    reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
+    args = _grpo_args(tiny_lm_dir, reward)
+    every_step = ["--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1"]
+    (tmp_path / "ddp").mkdir()
+    ddp = _two_process_run(tmp_path / "ddp", "ddp", "grpo_tiny.yaml", args, steps=3)
+    whole = _two_process_run(tmp_path, FSDP2, "grpo_tiny.yaml", [*args, *every_step], steps=3)
+    for rec in whole:
+        assert rec["global_step"] == 3
+        _check_fsdp2_sharding(rec, generate_calls=3)
+        assert rec["generate_calls"] >= 3 * 6  # a model call per decoded token
+    assert whole[0]["adapters"] == whole[1]["adapters"]  # one model: the ranks' gathered adapters agree
+    for name, want in ddp[0]["adapters"].items():  # same samples and losses; sums reduced in another order
+        diff = (torch.tensor(whole[0]["adapters"][name]) - torch.tensor(want)).abs().max()
+        assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step
+    assert any(any(v != 0.0 for v in vals) for name, vals in ddp[0]["adapters"].items() if "lora_B" in name)
+
+    ckpt = next((tmp_path / "runs").rglob("epoch=0-step=1.ckpt"))
+    shards = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # DCP's index, one file per rank, the rest
+    assert sorted(p.name for p in ckpt.iterdir()) == shards
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    weights = {k for k in saved if k.startswith("state_dict.")}
+    assert weights and all("lora_" in k for k in weights)  # the adapters only: the frozen base is the start file
+    assert any(k.startswith("optimizer_0.state.") for k in saved)  # AdamW's moments, sharded alike
+    resumed = _two_process_run(
+        tmp_path, FSDP2, "grpo_tiny.yaml", [*args, f"--ckpt_path={ckpt}"], probe="resumed", steps=3
+    )
+    for a, b in zip(whole, resumed, strict=True):
+        assert b["global_step"] == 3 and len(b["generate_whole"]) == 2  # it went on from step 1: two more steps
+        assert a["adapters"] == b["adapters"]
+    other = [*args, "--model.init_args.lora_target_modules=[q_proj,v_proj,o_proj]", f"--ckpt_path={ckpt}"]
+    _two_process_run(
+        tmp_path, FSDP2, "grpo_tiny.yaml", other, probe="other", steps=3, expect_error="lacks trainable tensors"
+    )
+
+
+@pytest.mark.parametrize("family", ["debate", "deep_smida"])
+def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_lm_dir, tmp_path):
+    """Every ply of debate self-play (training and an evaluation) and every generation of deep-SMIDA's two players
+    run on the whole policy while the steps hold half of it; both ranks end with the same adapters, which moved."""
+    if family == "debate":
+        config, bank, gens = "debate_ab.yaml", "bank", 6  # 2 steps x 2 plies + the evaluation's 2 plies
+        extra = [*_tiny_debate_args(tiny_lm_dir), "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2"]
+    else:
+        # 2 batches (2 optimizer steps each) x 2 players, + the evaluation's trained and reference pairs (4)
+        config, bank, gens = "deep_smida.yaml", "players", 8
+        extra = [
+            f"--model.init_args.policy={tiny_lm_dir}",
+            "--model.init_args.max_new_tokens=4",
+            "--model.init_args.max_prompt_tokens=48",
+            "--model.init_args.follower_samples=2",
+            f"--model.init_args.utility.init_args.backbone={tiny_lm_dir}",
+            "--model.init_args.utility.init_args.backbone_task=causal_lm",
+            "--model.init_args.utility.init_args.num_members=2",
+            "--data.init_args.num_prompts=40",  # a validation split of 4 or more: 2 prompts per rank
+            "--data.init_args.batch_size=2",
+            "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=1",
+        ]
+    steps = 2 if family == "debate" else 4
+    ranks = _two_process_run(tmp_path, FSDP2, config, extra, bank_attr=bank, steps=steps)
+    for rec in ranks:
+        assert rec["global_step"] == steps
+        _check_fsdp2_sharding(rec, generate_calls=gens)
+    if family == "debate":
+        assert all(rec["grad_norm"] > 0 for rec in ranks)  # the clip's global norm over the sharded gradients
+        assert [p for p in (tmp_path / "runs").rglob("peak.ckpt") if (p / "meta.pt").is_file()]  # sharded peak
+    else:
+        evals = [json.load(open(p)) for p in (tmp_path / "runs").rglob("game_eval.json")]
+        assert len(evals) == 1 and evals[0]["n_prompts"] == 4  # 2 prompts per rank, gathered from both
+    a, b = (rec["adapters"] for rec in ranks)
+    assert a == b
+    assert any(any(v != 0.0 for v in vals) for name, vals in a.items() if "lora_B" in name)
+
+
 def test_sharded_strategies_are_recognised_through_subclasses():
     from cpu_deepspeed import CPUDeepSpeedStrategy
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
     from modules.policy import PolicyBank, sharded_strategy_kind
+    from modules.strategies import FSDP2Strategy
 
     class MyFSDP(FSDPStrategy):  # a user's own subclass (e.g. other launch or checks) is still FSDP
         pass
@@ -482,11 +578,13 @@ def test_sharded_strategies_are_recognised_through_subclasses():
     assert sharded_strategy_kind(DeepSpeedStrategy()) == "DeepSpeedStrategy"
     assert sharded_strategy_kind(CPUDeepSpeedStrategy()) == "DeepSpeedStrategy"
     assert sharded_strategy_kind(MyFSDP()) == "FSDPStrategy"
+    assert sharded_strategy_kind(FSDP2Strategy()) == "ModelParallelStrategy"
     assert sharded_strategy_kind(DDPStrategy()) is None and sharded_strategy_kind(object()) is None
     # the bank keeps adapters unmerged under a subclass too (merging would swap sharded parameters)
     bank = PolicyBank.__new__(PolicyBank)
     torch.nn.Module.__init__(bank)
-    for strategy, merge in ((MyFSDP(), False), (CPUDeepSpeedStrategy(stage=3), False), (DDPStrategy(), True)):
+    strategies = (MyFSDP(), CPUDeepSpeedStrategy(stage=3), FSDP2Strategy(), DDPStrategy())
+    for strategy, merge in zip(strategies, (False, False, False, True), strict=True):
         bank.use_strategy(strategy)
         assert bank.merge_for_generation is merge, type(strategy).__name__
 
@@ -520,8 +618,6 @@ def test_sft_saves_the_whole_model_under_deepspeed_zero3(tmp_path):
 def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_checkpoint(tmp_path):
     """ZeRO-3 trains the ensemble; test_after_fit is skipped with a warning (DeepSpeed cannot load a ZeRO-3
     checkpoint for testing), and the converted checkpoint tests on one device to ZeRO-2's own test report."""
-    import json
-
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
     extra = [
