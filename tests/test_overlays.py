@@ -529,7 +529,8 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
 @pytest.mark.parametrize("family", ["debate", "deep_smida"])
 def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_lm_dir, tmp_path):
     """Every ply of debate self-play (training and an evaluation) and every generation of deep-SMIDA's two players
-    run on the whole policy while the steps hold half of it; both ranks end with the same adapters, which moved."""
+    (with the bf16 and gradient-checkpointing overlays) run on the whole policy while the steps hold half of it; both
+    ranks end with the same adapters, which moved."""
     if family == "debate":
         config, bank, gens = "debate_ab.yaml", "bank", 6  # 2 steps x 2 plies + the evaluation's 2 plies
         extra = [*_tiny_debate_args(tiny_lm_dir), "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2"]
@@ -548,6 +549,7 @@ def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_l
             "--data.init_args.batch_size=2",
             "--trainer.val_check_interval=2",
             "--trainer.limit_val_batches=1",
+            *(f"--config={os.path.join(OVERLAYS, n)}" for n in ("bf16.yaml", "grad_ckpt.yaml")),  # they compose
         ]
     steps = 2 if family == "debate" else 4
     ranks = _two_process_run(tmp_path, FSDP2, config, extra, bank_attr=bank, steps=steps)
