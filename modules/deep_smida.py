@@ -175,7 +175,7 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
             raise ValueError(
                 "trainer.strategy: deep-SMIDA trains the leader and the follower with one optimizer each, and "
                 f"Lightning's DeepSpeed strategy takes exactly one (got {type(self.trainer.strategy).__name__}); use "
-                "DDP (configs/overlays/ddp.yaml)"
+                "FSDP2 (configs/overlays/fsdp2.yaml) or DDP (configs/overlays/ddp.yaml)"
             )
         # evaluation under FSDP (fit refuses it above): gather the players once around each generate call
         self.players.use_strategy(self.trainer.strategy)
