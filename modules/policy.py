@@ -33,6 +33,7 @@ __all__ = [
     "fill_template",
     "fit_manual_backward_strategy",
     "fsdp2_gradient_sync",
+    "fully_shard_blocks",
     "grouped_prefix_attention",
     "parameter_gathering",
     "sharded_strategy_kind",
@@ -141,9 +142,10 @@ def sharded_strategy_kind(strategy: Any) -> str | None:
     return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy") if k in names), None)
 
 
-def shard_for_strategy(module: Any, bank: PolicyBank, family: str) -> None:
+def shard_for_strategy(module: Any, bank: PolicyBank | nn.Module, family: str) -> None:
     """FSDP2: shard ``bank`` over the data-parallel mesh when the trainer's strategy gives the module one.
 
+    ``bank`` is a :class:`PolicyBank` (:meth:`PolicyBank.shard`) or a transformers model (:func:`fully_shard_blocks`).
     Call from the LightningModule's ``configure_model`` (Lightning's ``ModelParallelStrategy`` calls it after the
     processes start and before the optimizers are made, and gives the module its ``device_mesh``). Elsewhere (no
     mesh) it does nothing. Only the policy is sharded; frozen scorers (reward models, judges, preference ensembles)
@@ -162,7 +164,11 @@ def shard_for_strategy(module: Any, bank: PolicyBank, family: str) -> None:
             f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use modules.strategies.FSDP2Strategy "
             "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
         )
-    bank.shard(mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh)
+    dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+    if isinstance(bank, PolicyBank):
+        bank.shard(dp)
+    else:
+        fully_shard_blocks(bank, dp)
 
 
 def fit_manual_backward_strategy(strategy: Any, family: str, grad_clip: float | None) -> None:
@@ -249,6 +255,30 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
     if kind == "ModelParallelStrategy":
         return lambda: _fsdp2_whole(module)
     return nullcontext
+
+
+def fully_shard_blocks(model: nn.Module, mesh: Any) -> None:
+    """FSDP2 on a transformers model: each block of ``model._no_split_modules`` a unit, then ``model`` the root unit.
+
+    The blocks are resharded after their forward; the root (embeddings, final norm, head) keeps its parameters after
+    the forward, since the backward needs them at once. A model already sharded is left as it is.
+
+    Raises:
+        ValueError: for a model without ``_no_split_modules`` (its blocks cannot be found by name).
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: PLC0415
+
+    if isinstance(model, FSDPModule):
+        return
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"cannot shard {type(model).__name__} with FSDP2: it names no _no_split_modules (its blocks)")
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        block._ag_reshard_after_forward = True
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    model._ag_reshard_after_forward = False
 
 
 def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
@@ -459,23 +489,9 @@ class PolicyBank(nn.Module):
         Raises:
             ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
         """
-        from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: PLC0415
-
         models = [self.model.get_base_model()] if self.mode == "lora" else [*self.models.values(), self.reference]
         for lm in models:
-            if isinstance(lm, FSDPModule):
-                continue
-            names = set(getattr(lm, "_no_split_modules", None) or ())
-            blocks = [m for m in lm.modules() if type(m).__name__ in names]
-            if not blocks:
-                raise ValueError(
-                    f"cannot shard {type(lm).__name__} with FSDP2: it names no _no_split_modules (its decoder blocks)"
-                )
-            for block in blocks:
-                fully_shard(block, mesh=mesh, reshard_after_forward=True)
-                block._ag_reshard_after_forward = True
-            fully_shard(lm, mesh=mesh, reshard_after_forward=False)
-            lm._ag_reshard_after_forward = False
+            fully_shard_blocks(lm, mesh)
         self.merge_for_generation = False
 
     def player_parameters(self, player: str) -> list[nn.Parameter]:

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from modules.faults import NonFiniteGuard
 from modules.models import build_tiny_causal_lm, load_model, load_tokenizer
-from modules.policy import parameter_gathering
+from modules.policy import parameter_gathering, shard_for_strategy, sharded_strategy_kind
 
 __all__ = ["CausalLMSFT"]
 
@@ -117,18 +117,30 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
     def configure_optimizers(self):  # noqa: D102
         return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
+    def configure_model(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``) shard the model, one unit per decoder block; elsewhere nothing."""
+        shard_for_strategy(self, self.model, "SFT")
+
     def on_fit_end(self) -> None:
         """Save the model for the next job (rank 0), gathered whole first under sharded strategies.
 
         Under ZeRO-3 or FSDP every rank takes part in the gather (a collective; see
-        :func:`modules.policy.parameter_gathering`), then rank 0 writes the whole weights.
+        :func:`modules.policy.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2 every rank
+        takes part in assembling the full state dict (``get_model_state_dict(full_state_dict=True)``), which rank 0
+        writes.
         """
+        if sharded_strategy_kind(self.trainer.strategy) == "ModelParallelStrategy":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            self._save(get_model_state_dict(self.model, options=options))
+            return
         with parameter_gathering(self.trainer.strategy, self.model)():
             self._save()
 
     @rank_zero_only
-    def _save(self) -> None:
+    def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         os.makedirs(self.hparams.output_dir, exist_ok=True)
-        self.model.save_pretrained(self.hparams.output_dir)
+        self.model.save_pretrained(self.hparams.output_dir, state_dict=state_dict)
         self.tokenizer.save_pretrained(self.hparams.output_dir)
         rank_zero_info(f"warm-started policy saved to {self.hparams.output_dir}")

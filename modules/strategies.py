@@ -64,7 +64,16 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it."""
+        """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it.
+
+        The rest (``meta.pt``) is read with ``weights_only=True`` like every checkpoint of the suite; asking for
+        ``weights_only=False`` raises before anything is loaded.
+        """
+        if weights_only is False:
+            raise ValueError(
+                f"weights_only: {type(self).__name__} reads sharded checkpoints with weights_only=True only "
+                "(no pickled code from a checkpoint folder)"
+            )
         import torch.distributed.checkpoint as dcp  # noqa: PLC0415
         from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
             StateDictOptions,
@@ -94,6 +103,6 @@ class FSDP2Strategy(ModelParallelStrategy):
             optim_state = {key: get_optimizer_state_dict(self.model, optimizer)}
             dcp.load(optim_state, checkpoint_id=path)
             set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optim_state[key])
-        checkpoint = torch.load(path / METADATA_FILE, weights_only=weights_only)
+        checkpoint = torch.load(path / METADATA_FILE, weights_only=True)
         checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
         return checkpoint

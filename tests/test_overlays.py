@@ -591,9 +591,10 @@ def test_sharded_strategies_are_recognised_through_subclasses():
         assert bank.merge_for_generation is merge, type(strategy).__name__
 
 
-def test_sft_saves_the_whole_model_under_deepspeed_zero3(tmp_path):
+def test_sft_saves_the_whole_model_under_deepspeed_zero3_and_fsdp2(tmp_path):
     """SFT's model for the next job, written by rank 0 at the end of fit: under ZeRO-3 every rank gathers the
-    partitioned weights first, so the saved model equals the one ZeRO-2 (whole weights) trains to."""
+    partitioned weights first, and under FSDP2 every rank assembles the full state dict, so the saved model equals
+    the one ZeRO-2 (whole weights) trains to."""
     from transformers import AutoModelForCausalLM
 
     extra = [
@@ -605,16 +606,20 @@ def test_sft_saves_the_whole_model_under_deepspeed_zero3(tmp_path):
         "--data.init_args.batch_size=2",
     ]
     saved = {}
-    for stage in (2, 3):
-        (tmp_path / f"z{stage}").mkdir()
-        _deepspeed_run(tmp_path / f"z{stage}", stage, "sft_tiny.yaml", extra, bank_attr=None)
-        saved[stage] = AutoModelForCausalLM.from_pretrained(tmp_path / f"z{stage}" / "tiny_out").state_dict()
+    for run in ("z2", "z3", "fsdp2"):
+        (tmp_path / run).mkdir()
+        if run == "fsdp2":
+            _two_process_run(tmp_path / run, FSDP2, "sft_tiny.yaml", extra, bank_attr=None)
+        else:
+            _deepspeed_run(tmp_path / run, int(run[1]), "sft_tiny.yaml", extra, bank_attr=None)
+        saved[run] = AutoModelForCausalLM.from_pretrained(tmp_path / run / "tiny_out").state_dict()
     init = AutoModelForCausalLM.from_pretrained(tmp_path / "z3" / "tiny_out" / "_init").state_dict()
-    assert saved[3].keys() == saved[2].keys() == init.keys()
-    for name, w in saved[3].items():
-        assert w.shape == init[name].shape and w.numel() > 0, name  # whole tensors, not a rank's empty partition
-        assert torch.allclose(w, saved[2][name], atol=1e-4), name
-    assert any(not torch.equal(w, init[name]) for name, w in saved[3].items())  # it trained
+    assert saved["z3"].keys() == saved["z2"].keys() == saved["fsdp2"].keys() == init.keys()
+    for run in ("z3", "fsdp2"):
+        for name, w in saved[run].items():
+            assert w.shape == init[name].shape and w.numel() > 0, name  # whole tensors, not a rank's partition
+            assert torch.allclose(w, saved["z2"][name], atol=1e-4), (run, name)
+        assert any(not torch.equal(w, init[name]) for name, w in saved[run].items())  # it trained
 
 
 def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_checkpoint(tmp_path):
