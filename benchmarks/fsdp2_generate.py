@@ -85,6 +85,7 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
                 "units": 1 + len(bank.model.get_base_model().model.layers),
             }
         )
+    dist.barrier()  # both ranks done with the group before either tears it down
     dist.destroy_process_group()
 
 

@@ -8,7 +8,8 @@ is the same device with the index DeepSpeed needs, for training and for the infe
 gloo. Everything else is the real thing: the ZeRO config, parameter partitioning (stage 3), the engine's forward,
 backward and step under Lightning's manual optimization, and the families' own code (gathering for generation).
 
-:class:`ShardProbe` writes, per rank, what the tests read back: the parameters each rank held inside the training steps
+:class:`ShardProbe` (used for the FSDP2 runs too, where a rank holds the local shards of ``DTensor`` parameters)
+writes, per rank, what the tests read back: the parameters each rank held inside the training steps
 (0 elements for a partitioned ZeRO-3 parameter), per ``generate`` call the least it held at any model call inside it
 (the whole bank when the weights stayed gathered for every decoded token), and the adapters' final values (gathered).
 """
