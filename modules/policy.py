@@ -149,7 +149,8 @@ def shard_for_strategy(module: Any, bank: PolicyBank | nn.Module, family: str) -
     Call from the LightningModule's ``configure_model`` (Lightning's ``ModelParallelStrategy`` calls it after the
     processes start and before the optimizers are made, and gives the module its ``device_mesh``). Elsewhere (no
     mesh) it does nothing. Only the policy is sharded; frozen scorers (reward models, judges, preference ensembles)
-    stay whole on every rank.
+    stay whole on every rank. The strategy's ``mixed_precision_policy`` (:class:`modules.strategies.FSDP2Strategy`'s
+    ``param_dtype`` / ``reduce_dtype``), if any, goes to every unit.
 
     Raises:
         ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism (the families shard by FSDP
@@ -165,10 +166,12 @@ def shard_for_strategy(module: Any, bank: PolicyBank | nn.Module, family: str) -
             "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
         )
     dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+    trainer = getattr(module, "_trainer", None)
+    policy = getattr(getattr(trainer, "strategy", None), "mixed_precision_policy", None)
     if isinstance(bank, PolicyBank):
-        bank.shard(dp)
+        bank.shard(dp, policy)
     else:
-        fully_shard_blocks(bank, dp)
+        fully_shard_blocks(bank, dp, policy)
 
 
 def fit_manual_backward_strategy(strategy: Any, family: str, grad_clip: float | None) -> None:
@@ -257,17 +260,19 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
     return nullcontext
 
 
-def fully_shard_blocks(model: nn.Module, mesh: Any) -> None:
+def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
     """FSDP2 on a transformers model: each block of ``model._no_split_modules`` a unit, then ``model`` the root unit.
 
     The blocks are resharded after their forward; the root (embeddings, final norm, head) keeps its parameters after
-    the forward, since the backward needs them at once. A model already sharded is left as it is.
+    the forward, since the backward needs them at once. A model already sharded is left as it is. ``mp_policy``: an
+    FSDP2 ``MixedPrecisionPolicy`` for every unit (None: FSDP2's default, the parameters' own dtype).
 
     Raises:
         ValueError: for a model without ``_no_split_modules`` (its blocks cannot be found by name).
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: PLC0415
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
 
+    mp = {"mp_policy": mp_policy if mp_policy is not None else MixedPrecisionPolicy()}
     if isinstance(model, FSDPModule):
         return
     names = set(getattr(model, "_no_split_modules", None) or ())
@@ -275,9 +280,9 @@ def fully_shard_blocks(model: nn.Module, mesh: Any) -> None:
     if not blocks:
         raise ValueError(f"cannot shard {type(model).__name__} with FSDP2: it names no _no_split_modules (its blocks)")
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, **mp)
         block._ag_reshard_after_forward = True
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, **mp)
     model._ag_reshard_after_forward = False
 
 
@@ -473,7 +478,7 @@ class PolicyBank(nn.Module):
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
 
-    def shard(self, mesh: Any) -> None:
+    def shard(self, mesh: Any, mp_policy: Any = None) -> None:
         """FSDP2 (``fully_shard``) over ``mesh``: each decoder block a unit, then each causal LM the root unit.
 
         The blocks are the architecture's ``_no_split_modules`` (transformers' own list of the layers that must stay
@@ -484,14 +489,15 @@ class PolicyBank(nn.Module):
         in separate mode every copy and the reference. Idempotent: a model already sharded is left as it is. A
         sharded bank never swaps merged weights in for generation (FSDP2 owns the modules' parameters: its hooks
         would replace the merged tensors, and putting the originals back corrupts its state), whatever strategy
-        :meth:`use_strategy` was given.
+        :meth:`use_strategy` was given. ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` for every unit (see
+        :class:`modules.strategies.FSDP2Strategy`).
 
         Raises:
             ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
         """
         models = [self.model.get_base_model()] if self.mode == "lora" else [*self.models.values(), self.reference]
         for lm in models:
-            fully_shard_blocks(lm, mesh)
+            fully_shard_blocks(lm, mesh, mp_policy)
         self.merge_for_generation = False
 
     def player_parameters(self, player: str) -> list[nn.Parameter]:

@@ -38,11 +38,22 @@ class FSDP2Strategy(ModelParallelStrategy):
     one (a ``KeyError`` names the first missing, before anything is loaded); the state dict returned to the module's
     ``on_load_checkpoint`` holds them (their local shards). Full checkpoints (one file) load as Lightning does.
 
+    Mixed precision the FSDP2 way: with ``param_dtype`` (e.g. ``"bfloat16"``) the shards stay in their own dtype
+    (fp32: the optimizer's master weights) and every all-gather casts them, so forwards, generation included, run on
+    ``param_dtype`` weights gathered at that width; ``reduce_dtype`` is the dtype gradients are reduced in (fp32 keeps
+    the sums exact to fp32). :attr:`mixed_precision_policy` is what the families pass to ``fully_shard``. Use it with
+    the trainer's ``precision: 32-true`` (autocast on top would only add casts).
+
     Args:
         save_distributed_checkpoint: Each rank writes its shards to a checkpoint folder (True, the default), or the
             whole state is gathered to rank 0 and written as one file (False).
         process_group_backend: ``"nccl"`` on GPUs, ``"gloo"`` on CPUs by default.
         timeout: Of collective operations.
+        param_dtype: Dtype the parameters are gathered and computed in (None: their own).
+        reduce_dtype: Dtype gradients are reduced in (None: ``param_dtype``'s).
+
+    Raises:
+        ValueError: naming the argument, for a dtype name not in ``modules.models.DTYPES``.
     """
 
     def __init__(
@@ -50,6 +61,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = None,
     ) -> None:
         super().__init__(
             data_parallel_size="auto",
@@ -58,6 +71,16 @@ class FSDP2Strategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: PLC0415
+
+        from modules.models import DTYPES  # noqa: PLC0415
+
+        dtypes = {}
+        for field, name in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if name is not None and name not in DTYPES:
+                raise ValueError(f"{field}: unknown dtype {name!r}; one of {sorted(DTYPES)}")
+            dtypes[field] = None if name is None else DTYPES[name]
+        self.mixed_precision_policy = MixedPrecisionPolicy(**dtypes) if any(dtypes.values()) else None
 
     def setup_environment(self) -> None:  # noqa: D102 - every process data-parallel
         self._data_parallel_size = self.num_nodes * self.num_processes

@@ -170,3 +170,27 @@ def test_fsdp2_strategy_puts_every_process_in_the_data_parallel_dimension(monkey
     strategy.num_nodes, strategy.parallel_devices = 3, [torch.device("cpu")] * 4
     strategy.setup_environment()
     assert seen == {"dp": 12}  # 3 nodes x 4 processes, all data-parallel (the base's "auto" would give 3)
+
+
+def test_fsdp2_mixed_precision_gathers_in_bf16_and_keeps_fp32_shards(group, tiny_lm_dir):
+    from torch.distributed.tensor import DTensor
+
+    from modules.strategies import FSDP2Strategy
+
+    policy = FSDP2Strategy(param_dtype="bfloat16", reduce_dtype="float32").mixed_precision_policy
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert FSDP2Strategy().mixed_precision_policy is None  # FSDP2's default: the parameters' own dtype
+    with pytest.raises(ValueError, match=r"param_dtype: unknown dtype 'bf17'"):
+        FSDP2Strategy(param_dtype="bf17")
+    bank = _bank(tiny_lm_dir)
+    bank.shard(group, policy)
+    seen = []
+    embed = bank.model.get_base_model().get_input_embeddings()
+    embed.register_forward_pre_hook(lambda m, a: seen.append(m.weight.dtype))
+    bank.use_strategy(FSDP2Strategy())
+    roll = bank.generate("leader", ["2 + 3 ="], 2, max_new_tokens=4, do_sample=False)
+    assert seen and set(seen) == {torch.bfloat16}  # every decoded token on bf16 weights
+    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in bank.parameters())  # fp32 shards
+    bank.logprobs("leader", roll, 0.7).sum().backward()
+    grads = [p.grad for p in bank.player_parameters("leader")]
+    assert all(g is not None and g.dtype == torch.float32 for g in grads)  # reduced into fp32 shards

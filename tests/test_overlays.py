@@ -528,9 +528,9 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
 
 @pytest.mark.parametrize("family", ["debate", "deep_smida"])
 def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_lm_dir, tmp_path):
-    """Every ply of debate self-play (training and an evaluation) and every generation of deep-SMIDA's two players
-    (with the bf16 and gradient-checkpointing overlays) run on the whole policy while the steps hold half of it; both
-    ranks end with the same adapters, which moved."""
+    """Every ply of debate self-play (training and an evaluation, with FSDP2's bf16 mixed precision) and every
+    generation of deep-SMIDA's two players (with the bf16 autocast and gradient-checkpointing overlays) run on the
+    whole policy while the steps hold half of it; both ranks end with the same adapters, which moved."""
     if family == "debate":
         config, bank, gens = "debate_ab.yaml", "bank", 6  # 2 steps x 2 plies + the evaluation's 2 plies
         extra = [*_tiny_debate_args(tiny_lm_dir), "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2"]
@@ -552,10 +552,14 @@ def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_l
             *(f"--config={os.path.join(OVERLAYS, n)}" for n in ("bf16.yaml", "grad_ckpt.yaml")),  # they compose
         ]
     steps = 2 if family == "debate" else 4
-    ranks = _two_process_run(tmp_path, FSDP2, config, extra, bank_attr=bank, steps=steps)
+    # debate: FSDP2's own mixed precision (shards in fp32, gathered and run in bf16, gradients reduced in fp32)
+    bf16 = {**FSDP2, "init_args": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}}
+    strategy = bf16 if family == "debate" else FSDP2
+    ranks = _two_process_run(tmp_path, strategy, config, extra, bank_attr=bank, steps=steps)
     for rec in ranks:
         assert rec["global_step"] == steps
         _check_fsdp2_sharding(rec, generate_calls=gens)
+        assert rec["generate_dtype"] == ("torch.bfloat16" if family == "debate" else "torch.float32")
     if family == "debate":
         assert all(rec["grad_norm"] > 0 for rec in ranks)  # the clip's global norm over the sharded gradients
         assert [p for p in (tmp_path / "runs").rglob("peak.ckpt") if (p / "meta.pt").is_file()]  # sharded peak
