@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 from modules.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
+from modules.policy import shard_for_strategy, sharded_strategy_kind
 from modules.text import encode_prompt_responses, pad_sequences, sequence_key
 
 __all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
@@ -312,6 +313,10 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         missing = [i for i, k in enumerate(keys) if k not in self._feature_cache]
         self.cache_hits += len(keys) - len(missing)
         self.cache_misses += len(missing)
+        if self._lockstep() and self._any_rank(bool(missing)) and not missing:
+            # another rank runs the sharded backbone (its gathers are collectives): take part with one row, unused
+            with torch.no_grad():
+                self._run_backbone(self.backbone, self._trim(batch, torch.zeros(1, dtype=torch.long)))
         if missing:
             rows = torch.tensor(missing, device=batch["input_ids"].device)
             with torch.no_grad():
@@ -319,6 +324,25 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             for i, f in zip(missing, feats):
                 self._feature_cache[keys[i]] = f
         return torch.stack([self._feature_cache[k] for k in keys])
+
+    def _lockstep(self) -> bool:
+        """Whether every rank must run each backbone the same number of times, in the same order.
+
+        Under strategies that shard the backbone's parameters (FSDP, FSDP2, DeepSpeed ZeRO-3; ZeRO-1/2 are included
+        for simplicity, at the cost of a few extra one-row forwards) each forward gathers its shards with
+        collectives, so a rank that skips a forward the others run (all its sequences cached, or no row of a member in
+        its share of the batch) would leave them waiting forever. Then the ranks agree per batch (:meth:`_any_rank`),
+        and a rank with nothing to compute runs one row and discards it.
+        """
+        if self._trainer is None or sharded_strategy_kind(self.trainer.strategy) is None:
+            return False
+        return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (a max all-reduce; every rank must call it)."""
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item() > 0)
 
     @staticmethod
     def _trim(batch: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
@@ -360,8 +384,14 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         if self.hparams.sharing == "frozen":
             return self.member_logits(batch).gather(1, member[:, None]).squeeze(1)
         out = torch.zeros(member.shape[0], device=member.device)
-        for i in member.unique().tolist():
+        lockstep = self._lockstep()
+        for i in range(self.hparams.num_members) if lockstep else member.unique().tolist():
             rows = (member == i).nonzero().squeeze(1)
+            if rows.numel() == 0:  # lockstep: no row of member i here; one row through its backbone, weight 0, so
+                # the forward's gathers and the backward's gradient reduction run on every rank alike
+                z = self.head.embed(self._member_features(self._trim(batch, batch["idx_a"][:1]), i), member=i)
+                out = out + 0.0 * z.sum()
+                continue
             seqs = torch.cat([batch["idx_a"][rows], batch["idx_b"][rows]]).unique()
             remap = torch.full((batch["input_ids"].shape[0],), -1, dtype=torch.long, device=member.device)
             remap[seqs] = torch.arange(seqs.numel(), device=member.device)
@@ -387,6 +417,33 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         if self.hparams.member_type == "gpm":
             self.log("train/lambda_mean", self.head.scale().mean(), batch_size=bs)
         return loss
+
+    def configure_model(self) -> None:
+        """Under FSDP2 (``ModelParallelStrategy``) shard the backbone(s), one unit per block; elsewhere nothing.
+
+        Each backbone (the shared one with its LoRA adapters, or every separate copy, or the frozen one) becomes
+        ``fully_shard`` units (:func:`modules.policy.fully_shard_blocks`). The heads stay whole on every rank: they
+        are a few thousand numbers, called through ``embed``/``logits`` rather than a forward FSDP2 could hook, and
+        :meth:`on_after_backward` averages their gradients over the ranks, as DDP would.
+        """
+        if self.hparams.sharing == "separate":
+            models = list(self.backbones)
+        elif self.hparams.sharing == "lora":
+            models = [self.backbone.get_base_model()]
+        else:
+            models = [self.backbone]
+        for model in models:
+            shard_for_strategy(self, model, "the preference ensemble")
+
+    def on_after_backward(self) -> None:
+        """FSDP2: average the heads' gradients over the ranks (FSDP2 reduces only the sharded backbones')."""
+        if self._trainer is None or sharded_strategy_kind(self.trainer.strategy) != "ModelParallelStrategy":
+            return
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        for p in self.head.parameters():
+            if p.grad is not None and world > 1:
+                torch.distributed.all_reduce(p.grad)
+                p.grad.div_(world)
 
     def configure_optimizers(self):  # noqa: D102
         head = [p for p in self.head.parameters() if p.requires_grad]

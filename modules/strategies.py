@@ -8,12 +8,14 @@ processes of a node in the tensor-parallel dimension, where they would all read 
 Unlike Lightning's ``FSDPStrategy`` (FSDP1), which wraps the module and runs ``training_step`` inside the root unit's
 forward, FSDP2 shards the module's own submodules in ``configure_model`` and leaves ``training_step`` outside any
 forward, so the families that call backward inside ``training_step`` (GRPO, debate self-play, deep-SMIDA) run under
-it (see :func:`modules.policy.fit_manual_backward_strategy`).
+it (see :func:`modules.policy.fit_manual_backward_strategy`), as do SFT and the preference ensemble. Every family but
+the multi-LLM pool implements ``configure_model`` for it (:func:`modules.policy.shard_for_strategy`).
 
 Its checkpoints hold what the families keep: they drop the frozen base from the state dict (it is the file the run
 started from), and :meth:`FSDP2Strategy.load_checkpoint` loads the tensors a sharded checkpoint holds and leaves the
 rest as loaded from the base. (``ModelParallelStrategy``'s own loader asks the checkpoint for every tensor of the
-model and fails on the first frozen one.)
+model and fails on the first frozen one; it also loads optimizer states for ``test``, and fails on a trainable tensor
+that never had a gradient, such as an unused pooler, which has no AdamW state.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.constants import default_pg_timeout
 
 __all__ = ["FSDP2Strategy"]
@@ -119,13 +122,17 @@ class FSDP2Strategy(ModelParallelStrategy):
             )
         dcp.load({"state_dict": present}, checkpoint_id=path)
         set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
-        for idx, optimizer in enumerate(self.optimizers):
+        fitting = self.lightning_module is not None and self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        for idx, optimizer in enumerate(self.optimizers if fitting else ()):  # test/validate: weights only
             key = f"optimizer_{idx}"
             if not any(name.startswith(f"{key}.") for name in saved):
                 raise KeyError(f"checkpoint {path} holds no state for optimizer {idx} ({key})")
             optim_state = {key: get_optimizer_state_dict(self.model, optimizer)}
-            dcp.load(optim_state, checkpoint_id=path)
-            set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optim_state[key])
+            # a trainable tensor that never had a gradient (e.g. an unused pooler) has no AdamW state to load
+            dcp.load(optim_state, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+            set_optimizer_state_dict(
+                self.model, optimizer, optim_state_dict=optim_state[key], options=StateDictOptions(strict=False)
+            )
         checkpoint = torch.load(path / METADATA_FILE, weights_only=True)
         checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
         return checkpoint

@@ -668,6 +668,38 @@ def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_ch
     assert reports[3]["member_accuracy"] == pytest.approx(reports[2]["member_accuracy"], abs=1e-6)
 
 
+def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_path):
+    """The preference ensemble under FSDP2 on 2 processes: the backbone sharded, the heads averaged across ranks.
+
+    Frozen sharing with the feature cache: the test set's last batch is padded by the sampler with sequences already
+    cached on one rank, which then had nothing to compute while the other ran the sharded backbone, and the run hung
+    in test_after_fit (``PreferenceEnsemble._lockstep``). The report equals DDP's. LoRA members: each rank holds rows
+    of only some members per batch; every member's forward and backward still runs on every rank."""
+    extra = [
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=8",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_val_batches=1",
+    ]
+    reports = {}
+    for run, strategy, more in (
+        ("ddp", "ddp", []),
+        ("fsdp2", FSDP2, []),
+        ("lora", FSDP2, ["--model.init_args.sharing=lora", "--model.init_args.num_members=3"]),
+    ):
+        work = tmp_path / run
+        work.mkdir()
+        _two_process_run(work, strategy, "preference_ensemble.yaml", [*extra, *more], bank_attr=None, steps=3)
+        reports[run] = json.load(open(next((work / "runs").rglob("report.json"))))  # tested after fit
+        if run != "ddp":
+            ckpt = next(p for p in (work / "runs").rglob("*.ckpt") if p.name != "last.ckpt")
+            assert (ckpt / "meta.pt").is_file()  # the sharded checkpoint test_after_fit loaded
+    for key in ("ensemble_accuracy", "overall_error_rate", "top10_error_rate"):
+        assert reports["fsdp2"][key] == pytest.approx(reports["ddp"][key], abs=1e-6), key
+    assert reports["fsdp2"]["member_accuracy"] == pytest.approx(reports["ddp"]["member_accuracy"], abs=1e-6)
+    assert len(reports["lora"]["member_accuracy"]) == 3
+
+
 @pytest.mark.parametrize("family", ["grpo", "debate", "deep_smida"])
 def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_dir):
     """Lightning runs training_step inside the root FSDP unit's forward; a backward there breaks FSDP's state machine
