@@ -673,30 +673,39 @@ def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_pat
 
     Frozen sharing with the feature cache: the test set's last batch is padded by the sampler with sequences already
     cached on one rank, which then had nothing to compute while the other ran the sharded backbone, and the run hung
-    in test_after_fit (``PreferenceEnsemble._lockstep``). The report equals DDP's. LoRA members: each rank holds rows
-    of only some members per batch; every member's forward and backward still runs on every rank."""
+    in test_after_fit (``PreferenceEnsemble._lockstep``). With one-file checkpoints (what ``load_frozen`` reads, for
+    the game modules) the heads and the report equal DDP's. LoRA members: each rank holds rows of only some members
+    per batch; every member's forward and backward still runs on every rank, and the sharded checkpoint is tested."""
+    from modules.preference import PreferenceEnsemble
+
     extra = [
         "--data.init_args.num_prompts=40",
         "--data.init_args.batch_size=8",
         "--trainer.max_epochs=1",
         "--trainer.limit_val_batches=1",
     ]
-    reports = {}
+    one_file = {**FSDP2, "init_args": {"save_distributed_checkpoint": False}}
+    reports, best = {}, {}
     for run, strategy, more in (
         ("ddp", "ddp", []),
-        ("fsdp2", FSDP2, []),
+        ("fsdp2", one_file, []),
         ("lora", FSDP2, ["--model.init_args.sharing=lora", "--model.init_args.num_members=3"]),
     ):
         work = tmp_path / run
         work.mkdir()
         _two_process_run(work, strategy, "preference_ensemble.yaml", [*extra, *more], bank_attr=None, steps=3)
         reports[run] = json.load(open(next((work / "runs").rglob("report.json"))))  # tested after fit
-        if run != "ddp":
-            ckpt = next(p for p in (work / "runs").rglob("*.ckpt") if p.name != "last.ckpt")
-            assert (ckpt / "meta.pt").is_file()  # the sharded checkpoint test_after_fit loaded
+        best[run] = next(p for p in (work / "runs").rglob("*.ckpt") if p.name != "last.ckpt")
+    assert best["fsdp2"].is_file() and (best["lora"] / "meta.pt").is_file()  # one file; per-rank shards
     for key in ("ensemble_accuracy", "overall_error_rate", "top10_error_rate"):
         assert reports["fsdp2"][key] == pytest.approx(reports["ddp"][key], abs=1e-6), key
     assert reports["fsdp2"]["member_accuracy"] == pytest.approx(reports["ddp"]["member_accuracy"], abs=1e-6)
+    models = {run: PreferenceEnsemble.load_frozen(str(best[run])) for run in ("ddp", "fsdp2")}
+    heads = {run: m.head.state_dict() for run, m in models.items()}
+    init = PreferenceEnsemble(**models["ddp"].hparams).head.state_dict()  # the same seeds: the untrained heads
+    for name, want in heads["ddp"].items():
+        torch.testing.assert_close(heads["fsdp2"][name], want, rtol=0, atol=1e-5, msg=name)
+        assert not torch.allclose(want, init[name], atol=1e-4), name  # 3 steps moved them
     assert len(reports["lora"]["member_accuracy"]) == 3
 
 
