@@ -33,7 +33,7 @@ from contextlib import nullcontext
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-POLICY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
+from _sharded_generate import POLICY, parse_args, run_on_two_processes  # noqa: E402 - after the path set-up
 
 
 def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> None:
@@ -106,30 +106,8 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=8, help="prompts per generate call")
-    ap.add_argument("--tokens", type=int, default=32, help="new tokens per reply (greedy)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="threads per process")
-    ap.add_argument("--workdir", default=os.path.join("/tmp", "ag_zero3_generate"))
-    args = ap.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch.multiprocessing as mp
-
-    from modules.models import build_tiny_causal_lm
-
-    policy = build_tiny_causal_lm(os.path.join(args.workdir, "policy"), config=POLICY, seed=0)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = 29500 + os.getpid() % 1000
-    procs = [ctx.Process(target=worker, args=(r, 2, args, policy, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    result = queue.get(timeout=1800)
-    for p in procs:
-        p.join(timeout=60)
-    if any(p.exitcode != 0 for p in procs):
-        sys.exit(f"a worker failed: exit codes {[p.exitcode for p in procs]}")
+    args = parse_args(__doc__, "ag_zero3_generate")
+    result = run_on_two_processes(worker, args)
     print(f"policy {POLICY}, LoRA r=8, {args.rows} rows x {args.tokens} greedy tokens, 2 CPU processes (gloo)")
     print(f"{'mode':12s} {'s/call':>8s} {'re-partitions/call':>20s}")
     for mode in ("per_module", "gathered", "once"):

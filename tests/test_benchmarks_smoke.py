@@ -48,45 +48,39 @@ def test_gpu_bench_tiny_writes_every_section(tmp_path):
     assert grouped["tokens_equal_share"] == 1.0  # on CPU the grouped decode draws generate's tokens
 
 
-def test_zero3_generate_gathers_each_parameter_once_per_call():
-    """benchmarks/zero3_generate.py on 2 CPU processes: the families' ZeRO-3 gathering partitions every parameter once
-    per generate call, while DeepSpeed's own hooks (with or without GatheredParameters around the call) partition
-    layers again for every token; all three give the same greedy tokens."""
+def _sharded_generate(script: str) -> tuple[dict, str]:
+    """Run a sharded-generation benchmark on 2 CPU processes (2 rows x 6 tokens, 1 round): its JSON line and stdout."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "zero3_generate.py"), "--rows", "2", "--tokens", "6"]
-        + ["--repeats", "1"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--rows", "2", "--tokens", "6", "--repeats", "1"],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{"))), proc.stdout
+
+
+def test_zero3_generate_gathers_each_parameter_once_per_call():
+    """benchmarks/zero3_generate.py on 2 CPU processes: the families' ZeRO-3 gathering partitions every parameter once
+    per generate call, while DeepSpeed's own hooks (with or without GatheredParameters around the call) partition
+    layers again for every token; all three give the same greedy tokens."""
+    result, stdout = _sharded_generate("zero3_generate.py")
     assert result["same_tokens"]
     params, releases = result["params"], result["releases"]
     assert releases["once"] == params  # one partition per parameter, at the end of the call
     assert releases["gathered"] > 6 * params // 2 and releases["per_module"] > 6 * params // 2  # per token
-    assert proc.stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_module=")
+    assert stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_module=")
 
 
 def test_fsdp2_generate_gathers_each_unit_once_per_call():
     """benchmarks/fsdp2_generate.py on 2 CPU processes: under the families' FSDP2 gathering each fully_shard unit is
     all-gathered once per generate call, while FSDP2's own hooks gather every block again for every token; both give
     the same greedy tokens."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "fsdp2_generate.py"), "--rows", "2", "--tokens", "6"]
-        + ["--repeats", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    result, stdout = _sharded_generate("fsdp2_generate.py")
     assert result["same_tokens"]
     units, gathers = result["units"], result["all_gathers"]
     assert gathers["once"] == units  # one all-gather per unit for the whole call
     assert gathers["per_unit"] == (units - 1) * 6 + 1  # each block per token; the root keeps its parameters
-    assert proc.stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_unit=")
+    assert stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_unit=")

@@ -19,6 +19,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERLAYS = os.path.join(ROOT, "configs", "overlays")
 GRPO = os.path.join(ROOT, "configs", "grpo_tiny.yaml")
 SMIDA = os.path.join(ROOT, "configs", "deep_smida.yaml")
+TINY_SFT = [  # SFT on a one-layer model it builds, written to tiny_out at the end of fit
+    '--model.init_args.tiny_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+    '"num_attention_heads": 4, "num_key_value_heads": 2}',
+    "--model.init_args.max_length=96",
+    "--model.init_args.output_dir=tiny_out",
+    "--data.init_args.num_prompts=16",
+    "--data.init_args.batch_size=2",
+]
 
 
 def _resolved(capsys, *configs, extra=()):
@@ -171,12 +179,7 @@ def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
         (
             "sft_tiny.yaml",
             [
-                '--model.init_args.tiny_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
-                '"num_attention_heads": 4, "num_key_value_heads": 2}',
-                "--model.init_args.max_length=96",
-                "--model.init_args.output_dir=tiny_out",
-                "--data.init_args.num_prompts=16",
-                "--data.init_args.batch_size=2",
+                *TINY_SFT,
                 "--trainer.val_check_interval=2",
             ],
             "",
@@ -601,14 +604,7 @@ def test_sft_saves_the_whole_model_under_deepspeed_zero3_and_fsdp2(tmp_path):
     the one ZeRO-2 (whole weights) trains to."""
     from transformers import AutoModelForCausalLM
 
-    extra = [
-        '--model.init_args.tiny_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
-        '"num_attention_heads": 4, "num_key_value_heads": 2}',
-        "--model.init_args.max_length=96",
-        "--model.init_args.output_dir=tiny_out",
-        "--data.init_args.num_prompts=16",
-        "--data.init_args.batch_size=2",
-    ]
+    extra = TINY_SFT
     saved = {}
     for run in ("z2", "z3", "fsdp2"):
         (tmp_path / run).mkdir()
