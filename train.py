@@ -30,10 +30,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
 from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback  # noqa: E402
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")

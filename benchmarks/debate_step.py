@@ -1,6 +1,6 @@
 """Wall time of one debate self-play step by phase: generate per ply, judge, log-prob, backward, optimizer.
 
-Runs a few training steps of :class:`modules.debate_module.DebateSelfPlay` per protocol with a tiny Qwen2 policy
+Runs a few training steps of :class:`modules.debate.DebateSelfPlay` per protocol with a tiny Qwen2 policy
 (random-initialised from a config dict, nothing downloaded) and either the programmatic judge or, with
 ``--hf_judge``, a tiny Qwen2 as the frozen LLM judge (8 sampled verdicts per transcript in one ``generate`` call):
 
@@ -22,7 +22,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 PHASES = ["generate_answer", "generate_critique", "generate_rebuttal", "judge", "logprob", "backward", "optimizer"]
 
@@ -33,9 +32,9 @@ def worker(args) -> dict:
 
     torch.set_num_threads(args.threads)
     from datamodules.debate import DebateDataModule
-    from modules.debate_module import DebateSelfPlay
-    from modules.judges import HFJudge, ProgrammaticJudge
-    from modules.models import build_tiny_causal_lm
+    from modules.debate import DebateSelfPlay
+    from modules.lm.models import build_tiny_causal_lm
+    from modules.scorers.judges import HFJudge, ProgrammaticJudge
 
     tiny = os.path.join(tempfile.gettempdir(), "ag_bench_tiny")
     policy = args.policy or build_tiny_causal_lm(

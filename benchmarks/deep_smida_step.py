@@ -22,7 +22,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def worker(args) -> dict:
@@ -32,8 +31,8 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
-    from modules.models import build_tiny_causal_lm
-    from modules.utilities import EnsembleUtility
+    from modules.lm.models import build_tiny_causal_lm
+    from modules.scorers.utility import EnsembleUtility
 
     policy = args.policy or build_tiny_causal_lm(
         os.path.join(tempfile.gettempdir(), "ag_bench_tiny"),

@@ -7,7 +7,7 @@ alternating between rounds:
 
 * ``per_unit``: no gathering context. Each block all-gathers its shards before its forward and frees them after
   (``reshard_after_forward``), so every decoded token gathers every block again;
-* ``once``: :func:`modules.policy.parameter_gathering` as the families install it under FSDP2 (every unit unsharded
+* ``once``: :func:`modules.distributed.sharding.parameter_gathering` as the families install it under FSDP2 (every unit unsharded
   once, kept whole for the call, resharded at the end).
 
 Both must give the same tokens (greedy decoding, compared). Printed per mode: seconds per call (median) and the
@@ -23,12 +23,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from _sharded_generate import POLICY, parse_args, run_on_two_processes  # noqa: E402 - after the path set-up
 
@@ -40,12 +38,14 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.device_mesh import init_device_mesh
 
-    from modules.policy import PolicyBank, parameter_gathering
+    from modules.distributed.sharding import parameter_gathering
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    bank = PolicyBank(policy_dir, players=["policy"], lora_r=8, lora_alpha=16)
+    bank = PolicyBank(ModelConfig(policy_dir, lora_r=8, lora_alpha=16), players=["policy"])
     with torch.no_grad():  # a trained-looking adapter, the same on both ranks
         for p in bank.player_parameters("policy"):
             p.add_(0.05 * torch.randn_like(p))

@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 QWEN25_15B = dict(
     vocab_size=151936,
@@ -128,7 +126,7 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
 
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
-    from modules.utilities import EnsembleUtility
+    from modules.scorers.utility import EnsembleUtility
 
     L.seed_everything(0)
     model = DeepSMIDA(
@@ -171,9 +169,10 @@ def bench_grouped_decode(policy_dir: str, dtype: str, device, tiny: bool) -> dic
     """PolicyBank.generate of G = 4 samples per prompt, the prompt's cache copied to every row against the grouped
     decode (one copy per group; the CPU default, opt-in on GPU until measured here): seconds per call and whether the
     tokens agree (same seed; GPU kernels may round differently, so agreement is recorded, not required)."""
-    from modules.policy import PolicyBank
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
 
-    bank = PolicyBank(policy_dir, players=["policy"], lora_r=8, lora_alpha=16, dtype=dtype).to(device)
+    bank = PolicyBank(ModelConfig(policy_dir, lora_r=8, lora_alpha=16, dtype=dtype), players=["policy"]).to(device)
     b, new, reps = (2, 8, 2) if tiny else (16, 128, 3)
     prompts = [f"Problem {i}: a shop sells {i + 3} boxes of {i % 7 + 2} pens each. How many pens?" for i in range(b)]
     out: dict = {"prompts": b, "samples": 4, "new_tokens": new}
@@ -269,7 +268,7 @@ def main() -> None:
         results["training"] = tr
         save()
     if "smida" not in skip:
-        from modules.models import build_byte_tokenizer
+        from modules.lm.models import build_byte_tokenizer
 
         folder = tempfile.mkdtemp(prefix="ag_gpu_policy_")
         del model

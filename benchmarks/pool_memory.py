@@ -1,5 +1,5 @@
 """Memory of a pool of m followers: one frozen base with m LoRA adapters against m separate models (each with its own
-adapter), both built by :class:`modules.pool_module.StackelbergPool` exactly as training builds them.
+adapter), both built by :class:`modules.pool.StackelbergPool` exactly as training builds them.
 
 Each layout is measured in its own process:
 
@@ -25,7 +25,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 TINY = {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3}  # the size of configs/sft_tiny.yaml
 
@@ -36,8 +35,8 @@ def worker(args) -> dict:
     import psutil
     import torch
 
-    from modules.models import load_model, load_tokenizer
-    from modules.pool_module import StackelbergPool
+    from modules.lm.models import load_model, load_tokenizer
+    from modules.pool import StackelbergPool
 
     # pay the one-off costs (lazy imports, kernels, tokenizer code) before measuring, then drop the warm-up model
     warm = StackelbergPool(policy=args.model, num_players=1, lora_r=args.lora_r, dtype=args.dtype)
@@ -90,7 +89,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     if args.model is None:
-        from modules.models import build_tiny_causal_lm
+        from modules.lm.models import build_tiny_causal_lm
 
         args.model = build_tiny_causal_lm(os.path.join(tempfile.gettempdir(), "ag_pool_mem_tiny"), config=TINY)
     results = {}

@@ -3,7 +3,7 @@
     python benchmarks/smida_tabular.py                      # |X| = 1000, |Y| = 64, float64, 2 threads
     python benchmarks/smida_tabular.py --contexts 200 --actions 32 --dtype float32
 
-Runs the vectorised :class:`modules.stackelberg.SMIDAStep` from the references until both players' worst-case KL to the
+Runs the vectorised :class:`modules.algorithms.stackelberg.SMIDAStep` from the references until both players' worst-case KL to the
 closed-form equilibrium (max over contexts, and leader actions for the follower, of both directions) is below
 ``--target``, timing each iteration alone (the KL check is outside the timer). Then times a naive implementation that
 loops over contexts in Python (each context's update vectorised over its actions, the way one would write it from the
@@ -20,16 +20,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from modules.smida_tabular import random_game  # noqa: E402
-from modules.stackelberg import SMIDAStep, kl_both, kl_bound, log_normalise, stackelberg_equilibrium  # noqa: E402
+from modules.algorithms.stackelberg import SMIDAStep, kl_both, kl_bound, log_normalise, stackelberg_equilibrium  # noqa: E402
+from modules.tabular_smida import random_game  # noqa: E402
 
 
 def loop_step(log_pi, log_omega, u, log_pi_ref, log_omega_ref, tau_l, tau_f, eta_l, eta_f):

@@ -30,7 +30,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 PHASES = ("generate", "score", "ref_logprobs", "forward_backward", "optimizer")
 POLICY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4}
@@ -40,8 +39,7 @@ REWARD = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 def prepare(workdir: str, num_prompts: int, num_rewards: int) -> dict:
     """Policy, reward models and prompts on disk (idempotent); the paths both workers read."""
     from datamodules.arithmetic import generate_problems
-    from modules.grpo import build_tiny_reward_model
-    from modules.models import build_tiny_causal_lm
+    from modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
 
     os.makedirs(workdir, exist_ok=True)
     policy = build_tiny_causal_lm(os.path.join(workdir, "policy"), config=POLICY, seed=0)
@@ -63,12 +61,12 @@ def run_ours(args, paths: dict) -> list[dict]:
     from torch.utils.data import DataLoader
 
     from modules.grpo import GRPO
+    from modules.lm.model_config import ModelConfig
 
     prompts = json.load(open(paths["prompts"]))
     L.seed_everything(args.seed)
     model = GRPO(
-        policy=paths["policy"],
-        players="lora",
+        lm=ModelConfig(paths["policy"], players="lora", lora_r=args.lora_r, lora_alpha=2 * args.lora_r),
         reward_models=paths["rewards"],
         answer_reward=False,
         num_generations=args.g,
@@ -81,8 +79,6 @@ def run_ours(args, paths: dict) -> list[dict]:
         max_new_tokens=args.tokens,
         min_new_tokens=args.tokens,
         chat_template=False,
-        lora_r=args.lora_r,
-        lora_alpha=2 * args.lora_r,
     )
     loader = DataLoader(
         [{"prompt": p, "reference": None} for p in prompts],

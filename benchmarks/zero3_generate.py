@@ -9,7 +9,7 @@ the order alternating between rounds:
   partition them again after it, so every decoded token gathers every layer again;
 * ``gathered``: ``deepspeed.zero.GatheredParameters`` over the policy around the call, DeepSpeed's hooks left on (what
   the suite did before): the hooks still partition each submodule after its forward, so this gathers per token too;
-* ``once``: :func:`modules.policy.parameter_gathering` as the families install it under ZeRO-3 (prefetches released,
+* ``once``: :func:`modules.distributed.sharding.parameter_gathering` as the families install it under ZeRO-3 (prefetches released,
   DeepSpeed's hooks held off the policy, one gather, one partition at the end).
 
 Both must give the same tokens (greedy decoding, compared). Printed per mode: seconds per call (median) and the
@@ -26,12 +26,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from _sharded_generate import POLICY, parse_args, run_on_two_processes  # noqa: E402 - after the path set-up
 
@@ -44,12 +42,14 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
     import deepspeed.runtime.zero.partition_parameters as zero_params
     import torch
 
-    from modules.policy import PolicyBank, parameter_gathering
+    from modules.distributed.sharding import parameter_gathering
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
 
     torch.set_num_threads(args.threads)
     deepspeed.init_distributed("gloo")
     torch.manual_seed(0)
-    bank = PolicyBank(policy_dir, players=["policy"], lora_r=8, lora_alpha=16)
+    bank = PolicyBank(ModelConfig(policy_dir, lora_r=8, lora_alpha=16), players=["policy"])
     with torch.no_grad():  # a trained-looking adapter, the same on both ranks
         for p in bank.player_parameters("policy"):
             p.add_(0.05 * torch.randn_like(p))

@@ -6,7 +6,16 @@ rest of the suite, resumes exactly from a checkpoint, agrees across DDP ranks an
     from callbacks import EloRating, MCCTracker, PeakCheckpoint, TwoTimescaleWarmup
 """
 
-from callbacks._math import (
+from callbacks.elo import EloRating
+from callbacks.fault_tolerance import (
+    AtomicCheckpointIO,
+    CheckpointOnSigterm,
+    RNGStateCallback,
+    atomic_torch_save,
+    collect_rng_state,
+    restore_rng_state,
+)
+from callbacks.functional import (
     beta_lower_bound,
     decayed_k_factor,
     effective_k_factor,
@@ -21,15 +30,6 @@ from callbacks._math import (
     sample_std,
     warmup_learning_rates,
     weighted_score,
-)
-from callbacks.elo import EloRating
-from callbacks.fault_tolerance import (
-    AtomicCheckpointIO,
-    CheckpointOnSigterm,
-    RNGStateCallback,
-    atomic_torch_save,
-    collect_rng_state,
-    restore_rng_state,
 )
 from callbacks.mcc import MCCTracker
 from callbacks.peak import PeakCheckpoint

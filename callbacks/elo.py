@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from callbacks._math import (
+from callbacks.functional.elo import (
     _check_score,
     decayed_k_factor,
     effective_k_factor,

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from torchmetrics.classification import BinaryStatScores
 from typing_extensions import override
 
-from callbacks._math import least_squares_slope, matthews_corrcoef_from_counts
+from callbacks.functional import least_squares_slope, matthews_corrcoef_from_counts
 
 _STAGES = ("train", "val", "test")
 

@@ -12,7 +12,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from callbacks._math import pooled_lower_bound, posterior_mean
+from callbacks.functional import pooled_lower_bound, posterior_mean
 
 
 class PeakCheckpoint(Callback):

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from callbacks._math import warmup_learning_rates
+from callbacks.functional import warmup_learning_rates
 
 
 class TwoTimescaleWarmup(Callback):

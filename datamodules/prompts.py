@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from datamodules.arithmetic import generate_problems
 from datamodules.files import iter_rows, open_table
 from datamodules.resumable import ResumableDataLoader
-from modules.answers import extract_final_answer, extract_gsm8k_answer
+from modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
 
 __all__ = ["PromptDataModule", "load_prompt_rows"]
 

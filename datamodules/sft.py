@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
 from datamodules.resumable import ResumableDataLoader
 from modules.deep_smida import FOLLOWER_SYSTEM, QWEN_SYSTEM
-from modules.policy import fill_template
+from modules.lm.text import fill_template
 
 __all__ = ["ArithmeticSFTDataModule"]
 

@@ -16,7 +16,7 @@ are cut from the left and counted.
 
 Validation plays the trained pair and the reference pair (both adapters disabled) on held-out prompts with the same
 decoding, ``eval_pairs`` response pairs per prompt, and reports the ensemble-variance comparison of §5.3
-(:func:`modules.game_eval.compare_pairs`), written to ``game_eval.json`` beside the logs.
+(:func:`modules.evaluation.game_eval.compare_pairs`), written to ``game_eval.json`` beside the logs.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from modules.faults import NonFiniteGuard, require_trainable_tensors
-from modules.game_eval import adversarial_mask, compare_pairs, make_game_figures
-from modules.oracle import PreferenceOracle
-from modules.policy import (
+from modules.algorithms.smida_estimators import smida_surrogate_losses
+from modules.evaluation.game_eval import adversarial_mask, compare_pairs, make_game_figures
+from modules.lm.policy_bank import (
     PolicyBank,
     fill_template,
     fit_manual_backward_strategy,
     shard_for_strategy,
     sharded_strategy_kind,
 )
-from modules.smida_estimators import smida_surrogate_losses
-from modules.timing import PhaseTimer
-from modules.utilities import EnsembleUtility, Utility
+from modules.scorers.oracle import PreferenceOracle
+from modules.scorers.utility import EnsembleUtility, Utility
+from modules.training.faults import NonFiniteGuard, require_trainable_tensors
+from modules.training.timing import PhaseTimer
 
 __all__ = ["DeepSMIDA"]
 

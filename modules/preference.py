@@ -37,11 +37,11 @@ import torchmetrics
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 
-from modules.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
-from modules.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
-from modules.policy import shard_for_strategy, sharded_strategy_kind
-from modules.text import encode_prompt_responses, pad_sequences, sequence_key
+from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from modules.lm.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
+from modules.distributed.sharding import shard_for_strategy, sharded_strategy_kind
+from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
+from modules.training.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 
 __all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
@@ -422,7 +422,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         """Under FSDP2 (``ModelParallelStrategy``) shard the backbone(s), one unit per block; elsewhere nothing.
 
         Each backbone (the shared one with its LoRA adapters, or every separate copy, or the frozen one) becomes
-        ``fully_shard`` units (:func:`modules.policy.fully_shard_blocks`). The heads stay whole on every rank: they
+        ``fully_shard`` units (:func:`modules.distributed.sharding.fully_shard_blocks`). The heads stay whole on every rank: they
         are a few thousand numbers, called through ``embed``/``logits`` rather than a forward FSDP2 could hook, and
         :meth:`on_after_backward` averages their gradients over the ranks, as DDP would.
         """
@@ -466,7 +466,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         self._eval_step(batch, self.test_collect)
 
     def _summary(self, stage: str, collector: _Collected, full: bool) -> dict[str, Any]:
-        from modules.report import build_report
+        from modules.evaluation.preference_report import build_report
 
         probs, labels, prompts = collector.compute()
         collector.reset()
@@ -511,7 +511,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
 
     @rank_zero_only
     def _write_report(self, out: dict[str, Any], log_dir: str) -> None:
-        from modules.report import json_safe, make_figures
+        from modules.evaluation.preference_report import json_safe, make_figures
 
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         tmp = os.path.join(log_dir, "report.json.tmp")

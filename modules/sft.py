@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from modules.faults import NonFiniteGuard
-from modules.models import build_tiny_causal_lm, load_model, load_tokenizer
-from modules.policy import parameter_gathering, shard_for_strategy, sharded_strategy_kind
+from modules.lm.models import build_tiny_causal_lm, load_model, load_tokenizer
+from modules.distributed.sharding import parameter_gathering, shard_for_strategy, sharded_strategy_kind
+from modules.training.faults import NonFiniteGuard
 
 __all__ = ["CausalLMSFT"]
 
@@ -125,7 +125,7 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
         """Save the model for the next job (rank 0), gathered whole first under sharded strategies.
 
         Under ZeRO-3 or FSDP every rank takes part in the gather (a collective; see
-        :func:`modules.policy.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2 every rank
+        :func:`modules.distributed.sharding.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2 every rank
         takes part in assembling the full state dict (``get_model_state_dict(full_state_dict=True)``), which rank 0
         writes.
         """

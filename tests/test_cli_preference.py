@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
 import train
 from modules.preference import PreferenceEnsemble
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "preference_ensemble.yaml")
 SMALL = [
     "--trainer.accelerator=cpu",

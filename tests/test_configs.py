@@ -4,10 +4,10 @@ import glob
 import os
 
 import pytest
+from helpers import ROOT
 
 import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
 # Small data so a smoke run stays fast; paths that a config expects from an earlier job point at test fixtures.
@@ -17,7 +17,7 @@ SMALL = {
             "--data.init_args.num_prompts=40",
             "--model.init_args.max_new_tokens=16",
             "--model.init_args.reply_max_new_tokens=8",
-            "--model.init_args.policy={tiny_lm_dir}",
+            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
         ]
         for p in ("rlaif_a", "ab", "aba", "rlvr", "hacking")
     },
@@ -29,22 +29,22 @@ SMALL = {
         "--data.init_args.num_prompts=40",
         "--model.init_args.max_new_tokens=16",
         "--model.init_args.follower_samples=2",
-        "--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.lm.name_or_path={tiny_lm_dir}",
     ],
     "deep_smida.yaml": [
         "--data.init_args.num_prompts=40",
         "--model.init_args.max_new_tokens=16",
-        "--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.lm.name_or_path={tiny_lm_dir}",
     ],
     "grpo_tiny.yaml": [
         "--data.init_args.num_prompts=40",
         "--data.init_args.batch_size=2",
         "--model.init_args.max_new_tokens=8",
-        "--model.init_args.policy={tiny_lm_dir}",
+        "--model.init_args.lm.name_or_path={tiny_lm_dir}",
     ],
     **{
         f"pool_{algorithm}.yaml": [
-            "--model.init_args.policy={tiny_lm_dir}",
+            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
             "--model.init_args.duels_per_iteration=3",
             "--model.init_args.max_new_tokens=6",
             "--model.init_args.eval_max_new_tokens=6",

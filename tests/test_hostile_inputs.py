@@ -14,15 +14,21 @@ import os
 import re
 
 import pytest
+from helpers import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from datamodules.preference import load_preference_rows, validate_rows
 from datamodules.prompts import PromptDataModule, load_prompt_rows
-from modules.answers import answers_match, extract_final_answer, extract_gsm8k_answer, normalize_answer, parse_number
-from modules.policy import fill_template
+from modules.algorithms.answers import (
+    answers_match,
+    extract_final_answer,
+    extract_gsm8k_answer,
+    normalize_answer,
+    parse_number,
+)
+from modules.lm.text import fill_template
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = [
     p
     for pattern in ("modules/*.py", "datamodules/*.py", "callbacks/*.py", "train.py")
@@ -183,7 +189,7 @@ def test_step_datamodule_refuses_anything_but_a_positive_int(steps):
 @FAST
 @given(limit=NUM)
 def test_nonfinite_limit_must_be_a_positive_integer(limit):
-    from modules.faults import NonFiniteGuard
+    from modules.training.faults import NonFiniteGuard
 
     guard = NonFiniteGuard()
     integral = isinstance(limit, (int, float)) and not isinstance(limit, bool) and math.isfinite(limit)
@@ -238,8 +244,8 @@ def test_no_config_turns_remote_code_on():
 
 def test_the_cli_classes_default_remote_code_off():
     from modules.deep_smida import DeepSMIDA
-    from modules.models import load_model, load_tokenizer
-    from modules.policy import PolicyBank
+    from modules.lm.models import load_model, load_tokenizer
+    from modules.lm.policy_bank import PolicyBank
     from modules.preference import PreferenceEnsemble
 
     for fn in (PreferenceEnsemble.__init__, DeepSMIDA.__init__, PolicyBank.__init__, load_model, load_tokenizer):
@@ -258,7 +264,7 @@ def test_templates_insert_data_verbatim_without_interpreting_it(data):
 def test_call_with_timeout_returns_in_time_results_flags_late_ones_and_keeps_errors():
     import time
 
-    from modules.faults import call_with_timeout
+    from modules.training.faults import call_with_timeout
 
     assert call_with_timeout(sum, None, [1, 2]) == (3, False)
     assert call_with_timeout(lambda a, b=0: a * b, 5.0, 3, b=4) == (12, False)

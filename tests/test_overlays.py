@@ -1,7 +1,7 @@
 """Strategy overlays: they parse and compose with every family config; the families train in two CPU processes under
 DDP; generation gathers FSDP-sharded parameters (raw FSDP on CPU with gloo: Lightning's FSDP strategy needs CUDA);
 GRPO and debate self-play train under Lightning's DeepSpeed strategy at ZeRO-2/3 on CPU (tests/cpu_deepspeed.py);
-GRPO, debate self-play and deep-SMIDA train under FSDP2 (modules.strategies.FSDP2Strategy) on two CPU processes."""
+GRPO, debate self-play and deep-SMIDA train under FSDP2 (modules.distributed.strategies.FSDP2Strategy) on two CPU processes."""
 
 import glob
 import json
@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 import yaml
+from helpers import ROOT
 
 import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERLAYS = os.path.join(ROOT, "configs", "overlays")
 GRPO = os.path.join(ROOT, "configs", "grpo_tiny.yaml")
 SMIDA = os.path.join(ROOT, "configs", "deep_smida.yaml")
@@ -44,7 +44,7 @@ def test_each_overlay_parses_on_the_generating_families(base, capsys):
     expect = {
         "ddp.yaml": lambda c: c["trainer"]["strategy"]["class_path"].endswith("DDPStrategy"),
         "fsdp.yaml": lambda c: c["trainer"]["strategy"]["init_args"]["sharding_strategy"] == "FULL_SHARD",
-        "fsdp2.yaml": lambda c: c["trainer"]["strategy"]["class_path"] == "modules.strategies.FSDP2Strategy",
+        "fsdp2.yaml": lambda c: c["trainer"]["strategy"]["class_path"] == "modules.distributed.strategies.FSDP2Strategy",
         "deepspeed_zero2.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_2",
         "deepspeed_zero3.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_3",
         "bf16.yaml": lambda c: c["trainer"]["precision"] == "bf16-mixed",
@@ -71,7 +71,7 @@ def test_overlays_compose_and_the_command_line_still_wins(capsys):
 
 
 def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
-    from modules.grpo import build_tiny_reward_model
+    from modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)  # varied rewards: the answer checker scores 0 here
     args = [
@@ -82,7 +82,7 @@ def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
         GRPO,
         "--config",
         os.path.join(OVERLAYS, "ddp.yaml"),
-        f"--model.init_args.policy={tiny_lm_dir}",
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.max_new_tokens=8",
         f"--model.init_args.reward_models=[{reward}]",
         "--model.init_args.answer_reward=false",
@@ -108,13 +108,15 @@ def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> No
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from modules.policy import PolicyBank, parameter_gathering
+    from modules.distributed.sharding import parameter_gathering
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        bank = PolicyBank(policy_dir, players=["policy"], lora_r=4, lora_alpha=8)
+        bank = PolicyBank(ModelConfig(policy_dir, lora_r=4, lora_alpha=8), players=["policy"])
         with torch.no_grad():
             for p in bank.player_parameters("policy"):
                 p.add_(0.1 * torch.randn_like(p))
@@ -166,10 +168,10 @@ def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
         (
             "debate_ab.yaml",
             [
-                "--model.init_args.policy={tiny_lm_dir}",
+                "--model.init_args.lm.name_or_path={tiny_lm_dir}",
                 "--model.init_args.max_new_tokens=6",
                 "--model.init_args.reply_max_new_tokens=4",
-                "--model.init_args.max_prompt_tokens=48",
+                "--model.init_args.lm.max_prompt_tokens=48",
                 "--data.init_args.num_prompts=16",
                 "--data.init_args.batch_size=2",
                 "--trainer.val_check_interval=2",
@@ -226,7 +228,7 @@ def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, ext
         os.path.join(ROOT, "configs", f"pool_{algorithm}.yaml"),
         "--config",
         os.path.join(OVERLAYS, "ddp.yaml"),
-        f"--model.init_args.policy={tiny_lm_dir}",
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         f"--model.init_args.duels_per_iteration={duels}",
         f"--model.init_args.num_iterations={iterations}",
         "--model.init_args.max_new_tokens=6",
@@ -368,7 +370,7 @@ def _two_process_run(
 
 def _grpo_args(tiny_lm_dir, reward) -> list[str]:
     return [
-        f"--model.init_args.policy={tiny_lm_dir}",
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.max_new_tokens=6",
         "--model.init_args.num_generations=2",
         f"--model.init_args.reward_models=[{reward}]",
@@ -386,7 +388,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
     ZeRO-3 partitions every parameter; generation must see them whole at every decoded token (gathered once, not
     re-partitioned by DeepSpeed's hooks between tokens), and the run must end where ZeRO-2's (whole parameters) ends.
     """
-    from modules.grpo import build_tiny_reward_model
+    from modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     runs = {}
@@ -415,7 +417,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
 
 
 def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpointing_overlays(tiny_lm_dir, tmp_path):
-    from modules.grpo import build_tiny_reward_model
+    from modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     overlays = [f"--config={os.path.join(OVERLAYS, n)}" for n in ("bf16.yaml", "grad_ckpt.yaml")]
@@ -430,7 +432,7 @@ def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpoi
 def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
     """A mid-epoch ZeRO-3 checkpoint (each rank's parameter and optimizer shards in DeepSpeed's folder, the rest of
     the game in Lightning's client state) continues to the adapters of the uninterrupted run, bit for bit."""
-    from modules.grpo import build_tiny_reward_model
+    from modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     every_step = ["--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1"]
@@ -447,10 +449,10 @@ def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
 def _tiny_debate_args(tiny_lm_dir) -> list[str]:
     """Debate-AB on the tiny policy: short plies, 8 batches of 2 problems."""
     return [
-        f"--model.init_args.policy={tiny_lm_dir}",
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.max_new_tokens=6",
         "--model.init_args.reply_max_new_tokens=4",
-        "--model.init_args.max_prompt_tokens=48",
+        "--model.init_args.lm.max_prompt_tokens=48",
         "--data.init_args.num_prompts=16",
         "--data.init_args.batch_size=2",
     ]
@@ -477,7 +479,7 @@ def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_p
 
 
 # ------------------------------------------------------------------ FSDP2 (fully_shard) on CPU (gloo), 2 processes
-FSDP2 = {"class_path": "modules.strategies.FSDP2Strategy"}
+FSDP2 = {"class_path": "modules.distributed.strategies.FSDP2Strategy"}
 
 
 def _check_fsdp2_sharding(rec: dict, generate_calls: int) -> None:
@@ -490,7 +492,7 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
     """GRPO (2 micro-batches per step: the first skips the reduce-scatter) under FSDP2 on 2 processes: the policy is
     sharded in the steps and whole at every decoded token, 3 steps end where DDP's end, a mid-run sharded checkpoint
     (without the frozen base) continues bit for bit, and one lacking a trainable tensor is refused by name."""
-    from modules.grpo import build_tiny_reward_model
+    from modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     args = _grpo_args(tiny_lm_dir, reward)
@@ -523,7 +525,7 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
     for a, b in zip(whole, resumed, strict=True):
         assert b["global_step"] == 3 and len(b["generate_whole"]) == 2  # it went on from step 1: two more steps
         assert a["adapters"] == b["adapters"]
-    other = [*args, "--model.init_args.lora_target_modules=[q_proj,v_proj,o_proj]", f"--ckpt_path={ckpt}"]
+    other = [*args, "--model.init_args.lm.lora_target_modules=[q_proj,v_proj,o_proj]", f"--ckpt_path={ckpt}"]
     _two_process_run(
         tmp_path, FSDP2, "grpo_tiny.yaml", other, probe="other", steps=3, expect_error="lacks trainable tensors"
     )
@@ -541,9 +543,9 @@ def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_l
         # 2 batches (2 optimizer steps each) x 2 players, + the evaluation's trained and reference pairs (4)
         config, bank, gens = "deep_smida.yaml", "players", 8
         extra = [
-            f"--model.init_args.policy={tiny_lm_dir}",
+            f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
             "--model.init_args.max_new_tokens=4",
-            "--model.init_args.max_prompt_tokens=48",
+            "--model.init_args.lm.max_prompt_tokens=48",
             "--model.init_args.follower_samples=2",
             f"--model.init_args.utility.init_args.backbone={tiny_lm_dir}",
             "--model.init_args.utility.init_args.backbone_task=causal_lm",
@@ -575,11 +577,12 @@ def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_l
 
 
 def test_sharded_strategies_are_recognised_through_subclasses():
-    from cpu_deepspeed import CPUDeepSpeedStrategy
+    from helpers.cpu_deepspeed import CPUDeepSpeedStrategy
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
-    from modules.policy import PolicyBank, sharded_strategy_kind
-    from modules.strategies import FSDP2Strategy
+    from modules.distributed.sharding import sharded_strategy_kind
+    from modules.distributed.strategies import FSDP2Strategy
+    from modules.lm.policy_bank import PolicyBank
 
     class MyFSDP(FSDPStrategy):  # a user's own subclass (e.g. other launch or checks) is still FSDP
         pass
@@ -708,22 +711,23 @@ def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_pat
 @pytest.mark.parametrize("family", ["grpo", "debate", "deep_smida"])
 def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_dir):
     """Lightning runs training_step inside the root FSDP unit's forward; a backward there breaks FSDP's state machine
-    (see modules.policy.fit_manual_backward_strategy), so these families refuse FSDP before any work."""
+    (see modules.distributed.sharding.check_manual_backward_strategy), so these families refuse FSDP before any work."""
     from types import SimpleNamespace
 
     from lightning.pytorch.strategies import FSDPStrategy
 
     if family == "grpo":
         from modules.grpo import GRPO
+        from modules.lm.model_config import ModelConfig
 
-        module = GRPO(policy=tiny_lm_dir, max_new_tokens=4, lora_r=4)
+        module = GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), max_new_tokens=4)
     elif family == "debate":
-        from modules.debate_module import DebateSelfPlay
+        from modules.debate import DebateSelfPlay
 
         module = DebateSelfPlay(policy=tiny_lm_dir, max_new_tokens=4, lora_r=4)
     else:
         from modules.deep_smida import DeepSMIDA
-        from modules.utilities import Utility
+        from modules.scorers.utility import Utility
 
         class Zero(Utility):
             def forward(self, prompts, leader, follower):
@@ -739,15 +743,15 @@ def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_
 def test_deepspeed_takes_the_families_gradient_clip():
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
-    from modules.policy import fit_manual_backward_strategy
+    from modules.distributed.sharding import check_manual_backward_strategy
 
     strategy = DeepSpeedStrategy(stage=3)
-    fit_manual_backward_strategy(strategy, "GRPO", 0.5)
+    check_manual_backward_strategy(strategy, "GRPO", 0.5)
     assert strategy.config["gradient_clipping"] == 0.5
     unclipped = DeepSpeedStrategy(stage=2)
-    fit_manual_backward_strategy(unclipped, "GRPO", None)
+    check_manual_backward_strategy(unclipped, "GRPO", None)
     assert "gradient_clipping" not in unclipped.config  # Lightning then sets its own default (0: none)
-    fit_manual_backward_strategy(DDPStrategy(), "GRPO", 0.5)  # nothing to do elsewhere
+    check_manual_backward_strategy(DDPStrategy(), "GRPO", 0.5)  # nothing to do elsewhere
 
 
 def test_debate_validates_under_deepspeed_zero3_with_the_whole_policy(tiny_lm_dir, tmp_path):

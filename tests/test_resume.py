@@ -6,7 +6,7 @@ import signal
 
 import pytest
 import torch
-from resume_harness import FAMILIES, ForkServer, Runner, _KillWhenPickled, compare, resume_points
+from helpers.resume_harness import FAMILIES, ForkServer, Runner, _KillWhenPickled, compare, resume_points
 
 from callbacks.fault_tolerance import atomic_torch_save
 
@@ -191,7 +191,7 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
 
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
-    from modules.utilities import Utility
+    from modules.scorers.utility import Utility
 
     class Letters(Utility):
         def forward(self, prompts, leader, follower):
@@ -268,7 +268,7 @@ def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
 
     import torchmetrics
 
-    from modules.faults import reset_stale_epoch_metrics
+    from modules.training.faults import reset_stale_epoch_metrics
 
     def trainer(done, batches=5):
         progress = SimpleNamespace(current=SimpleNamespace(completed=done))
@@ -284,7 +284,7 @@ def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
 
 
 def test_a_checkpoint_missing_a_trainable_tensor_is_refused_by_name():
-    from modules.faults import require_trainable_tensors
+    from modules.training.faults import require_trainable_tensors
 
     trainable = {f"players.layer{i}.lora_B" for i in range(7)}
     require_trainable_tensors({"state_dict": dict.fromkeys(trainable | {"extra"})}, trainable)  # all there: fine

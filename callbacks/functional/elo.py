@@ -1,0 +1,161 @@
+"""The adapted Elo reputation rule of the multi-LLM pool (multi-LLM Stackelberg alignment, §2.3 and App. C)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+
+def _check_score(score: float) -> float:
+    score = float(score)
+    if not 0.0 <= score <= 1.0:  # also rejects NaN
+        raise ValueError(f"An Elo score must lie in [0, 1] (1 = win, 0.5 = draw, 0 = loss), got {score}.")
+    return score
+
+
+def elo_expected_score(rating_a: float, rating_b: float, scale: float = 400.0) -> float:
+    r"""Expected score of player a against player b: :math:`E_a = 1 / (1 + 10^{(R_b - R_a) / s})`.
+
+    Args:
+        rating_a: rating of player a.
+        rating_b: rating of player b.
+        scale: the logistic scale :math:`s` (400 in chess: a 400-point gap means 10:1 odds).
+
+    Example::
+
+        >>> elo_expected_score(1000.0, 1000.0)
+        0.5
+    """
+    return 1.0 / (1.0 + 10.0 ** ((rating_b - rating_a) / scale))
+
+
+def elo_update(
+    rating_a: float,
+    rating_b: float,
+    score_a: float,
+    k_a: float,
+    k_b: float | None = None,
+    scale: float = 400.0,
+) -> tuple[float, float]:
+    r"""Ratings of a and b after one duel: :math:`R'_a = R_a + K_a (S_a - E_a)`, :math:`R'_b = R_b - K_b (S_a - E_a)`.
+
+    Both updates use the ratings from before the duel. With ``k_a == k_b`` the update is zero-sum.
+
+    Args:
+        rating_a: rating of player a before the duel.
+        rating_b: rating of player b before the duel.
+        score_a: a's score in [0, 1]; b scores ``1 - score_a``.
+        k_a: K factor of player a.
+        k_b: K factor of player b (defaults to ``k_a``).
+        scale: the logistic scale of :func:`elo_expected_score`.
+
+    Returns:
+        ``(new_rating_a, new_rating_b)``.
+
+    Raises:
+        ValueError: if ``score_a`` is outside [0, 1] or a K factor is negative.
+
+    Example::
+
+        >>> elo_update(1000.0, 1000.0, 1.0, k_a=32.0)
+        (1016.0, 984.0)
+    """
+    score_a = _check_score(score_a)
+    k_b = k_a if k_b is None else k_b
+    if k_a < 0 or k_b < 0:
+        raise ValueError(f"K factors must be >= 0, got k_a={k_a}, k_b={k_b}.")
+    surprise = score_a - elo_expected_score(rating_a, rating_b, scale)
+    return rating_a + k_a * surprise, rating_b - k_b * surprise
+
+
+def decayed_k_factor(k_factor: float, games_played: int, k_decay: float | None) -> float:
+    r"""K factor after ``games_played`` duels under harmonic decay: :math:`K_n = K_0 / (1 + n / d)`.
+
+    ``k_decay`` (:math:`d`) is the number of duels after which K has halved; ``None`` disables the decay.
+    Why harmonic rather than exponential: with :math:`K_n \propto 1/n` the steps satisfy the Robbins-Monro
+    conditions (:math:`\sum K_n = \infty`, :math:`\sum K_n^2 < \infty`), so a rating averages out judge noise
+    yet can still follow a player that keeps improving during training; an exponentially decaying K has a
+    finite sum and freezes every rating after a fixed number of duels.
+
+    Example::
+
+        >>> decayed_k_factor(32.0, 50, k_decay=50.0)
+        16.0
+    """
+    if games_played < 0:
+        raise ValueError(f"`games_played` must be >= 0, got {games_played}.")
+    if k_decay is None:
+        return float(k_factor)
+    return k_factor / (1.0 + games_played / k_decay)
+
+
+def sample_std(values: Iterable[float]) -> float:
+    """Sample standard deviation (``ddof=1``) of ``values``; 0.0 for fewer than two values.
+
+    Example::
+
+        >>> sample_std([1.0, 3.0])
+        1.4142135623730951
+    """
+    values = [float(v) for v in values]
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = math.fsum(values) / n
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def effective_k_factor(k_factor: float, games_played: int, k_decay: float | None, volatility: float) -> float:
+    r"""K factor of a player for its next duel: decayed K boosted by its recent volatility.
+
+    .. math:: K = K_0 / (1 + n / d) \cdot (1 + \min(1, \sigma / K_0))
+
+    where :math:`\sigma` is the sample standard deviation of the player's recent rating changes
+    (:func:`sample_std`). Why: a rating whose recent changes scatter has not settled, so it should move
+    faster (the role volatility plays in Glicko-2); dividing by :math:`K_0` makes the boost scale-free
+    (:math:`\sigma / K_0` is measured in full-surprise updates) and the cap bounds it to a doubling. Because
+    each change is at most the K that made it, :math:`\sigma` shrinks as K decays, so the boost fades and the
+    cooling of :func:`decayed_k_factor` wins in the long run.
+
+    Example::
+
+        >>> effective_k_factor(32.0, 0, k_decay=50.0, volatility=8.0)
+        40.0
+    """
+    if volatility < 0:
+        raise ValueError(f"`volatility` must be >= 0, got {volatility}.")
+    boost = 1.0 + (min(1.0, volatility / k_factor) if k_factor > 0 else 0.0)
+    return decayed_k_factor(k_factor, games_played, k_decay) * boost
+
+
+def weighted_score(scores: Sequence[float], weights: Sequence[float] | None = None) -> float:
+    """Weighted mean of judges' scores (the reputation-weighted mean of App. G when weights are reputations).
+
+    Args:
+        scores: one score in [0, 1] per judge.
+        weights: one non-negative weight per judge (equal weights when ``None``).
+
+    Raises:
+        ValueError: on an empty list, a score outside [0, 1], a negative weight, a length mismatch or weights
+            that sum to zero.
+
+    Example::
+
+        >>> weighted_score([1.0, 0.0], [3.0, 1.0])
+        0.75
+    """
+    scores = [_check_score(s) for s in scores]
+    if not scores:
+        raise ValueError("At least one judge score is needed.")
+    if weights is None:
+        weights = [1.0] * len(scores)
+    weights = [float(w) for w in weights]
+    if len(weights) != len(scores):
+        raise ValueError(f"Got {len(scores)} judge scores but {len(weights)} weights.")
+    if any(not w >= 0.0 for w in weights):
+        raise ValueError(f"Judge weights must be >= 0, got {weights}.")
+    total = math.fsum(weights)
+    if total <= 0.0:
+        raise ValueError("Judge weights sum to zero.")
+    # Clamp against rounding: a weighted mean of values in [0, 1] lies in [0, 1].
+    return min(1.0, max(0.0, math.fsum(s * w for s, w in zip(scores, weights)) / total))

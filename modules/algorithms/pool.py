@@ -1,0 +1,311 @@
+r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs.
+
+No Lightning and no models here; :mod:`modules.pool` composes them.
+
+* **Opponent matching** (§2.2). Reputations are min–max normalised over the pool (all equal: all 0), so a gap of 1
+  is strongest against weakest. A combatant ``a`` draws ``c = min(3, m − 1)`` candidate opponents uniformly without
+  replacement and picks one with probability proportional to the affinity
+  :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))`, a Gaussian kernel (bandwidth ``h``, default 0.25, our
+  choice: the paper says "soft matching" without a kernel) around the target gap ``g`` annealed from 1 (mismatched
+  opponents, clear preference pairs) to 0 (near-peers, finer distinctions). With probability 0.2 the opponent is
+  instead uniform over the others. :func:`sample_opponent` runs that process; :func:`opponent_distribution` is its
+  exact marginal (enumerating the candidate sets), used for the opponent-selection weights of Fig. 4.
+* **Judging** (App. G). :func:`parse_judgement` reads a 1–10 score from a JSON object (``{"score": 7}``), else
+  from a regex (``score: 7``, ``7/10``), else returns 5.0 flagged as a failure, which the module counts and logs.
+* **Aggregation.** :func:`reputation_weighted_mean` combines judges' scores with their reputations as weights;
+  :func:`judge_verdicts` turns each judge's two scores into a's duel score for the Elo update (1 win, ½ tie, 0 loss).
+* **Followers.** :func:`preference_pairs` keeps the non-tied duels as (chosen, rejected) for DPO;
+  :func:`peer_score_advantages` turns peer scores of a prompt's rollouts into GRPO advantages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from modules.algorithms.answers import extract_final_answer
+
+__all__ = [
+    "DEFAULT_SCORE",
+    "JudgeParse",
+    "final_answer",
+    "judge_verdicts",
+    "normalized_reputations",
+    "opponent_affinities",
+    "opponent_distribution",
+    "opponent_selection_weights",
+    "parse_judgement",
+    "peer_score_advantages",
+    "preference_pairs",
+    "reputation_weighted_mean",
+    "sample_opponent",
+]
+
+DEFAULT_SCORE = 5.0
+SCORE_RANGE = (1.0, 10.0)
+
+
+# ---------------------------------------------------------------------------------------------------- matching
+def normalized_reputations(ratings: Sequence[float]) -> list[float]:
+    """Min–max normalised ratings in [0, 1]; all zeros when every rating is equal.
+
+    Raises:
+        ValueError: for an empty or non-finite list.
+    """
+    r = [float(x) for x in ratings]
+    if not r or not all(math.isfinite(x) for x in r):
+        raise ValueError(f"ratings must be a non-empty list of finite numbers, got {r}")
+    lo, hi = min(r), max(r)
+    if hi == lo:
+        return [0.0] * len(r)
+    return [(x - lo) / (hi - lo) for x in r]
+
+
+def opponent_affinities(
+    ratings: Sequence[float], player: int, target_gap: float, bandwidth: float = 0.25
+) -> list[float]:
+    """Affinity of ``player`` for every pool member (0 for itself): a Gaussian kernel of the gap around the target."""
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    norm = normalized_reputations(ratings)
+    if not 0 <= player < len(norm):
+        raise ValueError(f"player index {player} outside a pool of {len(norm)}")
+    return [
+        0.0 if j == player else math.exp(-((abs(norm[player] - x) - target_gap) ** 2) / (2.0 * bandwidth**2))
+        for j, x in enumerate(norm)
+    ]
+
+
+def _check_matching(m: int, num_candidates: int, uniform_share: float) -> int:
+    if m < 2:
+        raise ValueError(f"opponent matching needs at least two pool members, got {m}")
+    if num_candidates < 1:
+        raise ValueError(f"num_candidates must be positive, got {num_candidates}")
+    if not 0.0 <= uniform_share <= 1.0:
+        raise ValueError(f"uniform_share must be in [0, 1], got {uniform_share}")
+    return min(num_candidates, m - 1)
+
+
+def opponent_distribution(
+    ratings: Sequence[float],
+    player: int,
+    target_gap: float,
+    num_candidates: int = 3,
+    uniform_share: float = 0.2,
+    bandwidth: float = 0.25,
+) -> list[float]:
+    """Exact probability of each opponent of ``player`` under :func:`sample_opponent` (0 for itself).
+
+    ``P(j) = u/(m−1) + (1−u) · mean over candidate sets S ∋ j of a_j / Σ_{k∈S} a_k``, enumerating all
+    ``C(m−1, c)`` sets (m ≤ 10 in practice, at most 126 sets).
+    """
+    m = len(ratings)
+    c = _check_matching(m, num_candidates, uniform_share)
+    aff = opponent_affinities(ratings, player, target_gap, bandwidth)
+    others = [j for j in range(m) if j != player]
+    sets = list(itertools.combinations(others, c))
+    out = [0.0] * m
+    for j in others:
+        out[j] += uniform_share / (m - 1)
+    for s in sets:
+        total = sum(aff[k] for k in s)
+        for k in s:
+            # every affinity is exp(-finite²) > 0 unless it underflows; then the set is uniform
+            share = aff[k] / total if total > 0 else 1.0 / len(s)
+            out[k] += (1.0 - uniform_share) * share / len(sets)
+    return out
+
+
+def sample_opponent(
+    ratings: Sequence[float],
+    player: int,
+    target_gap: float,
+    generator: torch.Generator,
+    num_candidates: int = 3,
+    uniform_share: float = 0.2,
+    bandwidth: float = 0.25,
+) -> int:
+    """Draw an opponent for ``player`` by the two-stage process of the module docstring.
+
+    Uniform over the others with probability ``uniform_share``, else the soft match among
+    ``min(num_candidates, m − 1)`` uniformly drawn candidates.
+    """
+    m = len(ratings)
+    c = _check_matching(m, num_candidates, uniform_share)
+    others = torch.tensor([j for j in range(m) if j != player])
+    if float(torch.rand((), generator=generator, dtype=torch.float64)) < uniform_share:
+        return int(others[torch.randint(len(others), (), generator=generator)])
+    cand = others[torch.randperm(len(others), generator=generator)[:c]]
+    aff = opponent_affinities(ratings, player, target_gap, bandwidth)
+    w = torch.tensor([aff[int(k)] for k in cand], dtype=torch.float64)
+    w = w if float(w.sum()) > 0 else torch.ones_like(w)
+    return int(cand[torch.multinomial(w, 1, generator=generator)])
+
+
+def opponent_selection_weights(
+    ratings: Sequence[float],
+    target_gap: float,
+    num_candidates: int = 3,
+    uniform_share: float = 0.2,
+    bandwidth: float = 0.25,
+) -> list[float]:
+    """How often each member is picked as an opponent when the combatant is uniform over the pool (sums to 1).
+
+    Uniform matching gives ``1/m`` each: the reference line of the paper's Fig. 4.
+    """
+    m = len(ratings)
+    rows = [opponent_distribution(ratings, a, target_gap, num_candidates, uniform_share, bandwidth) for a in range(m)]
+    return [sum(row[j] for row in rows) / m for j in range(m)]
+
+
+# ---------------------------------------------------------------------------------------------------- judging
+@dataclass(frozen=True)
+class JudgeParse:
+    """A parsed judgement.
+
+    Attributes:
+        score: The score in [1, 10] (``DEFAULT_SCORE`` on failure).
+        method: ``"json"``, ``"regex"`` or ``"failed"``.
+    """
+
+    score: float
+    method: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether a score was read from the text."""
+        return self.method != "failed"
+
+
+_JSON_OBJECT = re.compile(r"\{[^{}]*\}")
+_KEYED = re.compile(r"(?i)\b(?:score|rating)\b\W{0,4}?(?:is\s+)?(-?\d+(?:\.\d+)?)(?![\d.]*[eE][+-]?\d)")
+_OUT_OF_TEN = re.compile(r"(?<![\d.])(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*10(?!\d|\.\d)", re.IGNORECASE)
+
+
+def _in_range(x: float) -> bool:
+    return math.isfinite(x) and SCORE_RANGE[0] <= x <= SCORE_RANGE[1]
+
+
+def _json_score(text: str) -> float | None:
+    for match in _JSON_OBJECT.finditer(text):
+        try:
+            obj = json.loads(match.group(0))
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        for key, value in obj.items():
+            if str(key).lower() not in ("score", "rating"):
+                continue
+            if isinstance(value, bool):  # True is an int in Python, not a score
+                continue
+            try:
+                x = float(value)
+            except (TypeError, ValueError):
+                continue
+            if _in_range(x):
+                return x
+    return None
+
+
+def parse_judgement(text: str | None) -> JudgeParse:
+    """Read a 1–10 score from a judge's answer: JSON first, then a regex, else 5.0 flagged ``"failed"``.
+
+    JSON: the first ``{...}`` object (without nesting) with a ``score`` or ``rating`` key holding a number (or a
+    numeric string) in [1, 10]. Regex fallback: ``score``/``rating`` followed by a number (``Score: 7``,
+    ``"score": 7`` in an unclosed object, ``rating is 8.5``), else ``n/10`` or ``n out of 10``. A number outside
+    [1, 10] is not a score. Model output is only read as text, never evaluated.
+
+    Example:
+        >>> parse_judgement('{"score": 7}')
+        JudgeParse(score=7.0, method='json')
+        >>> parse_judgement("Score: 8/10")
+        JudgeParse(score=8.0, method='regex')
+        >>> parse_judgement("great answer")
+        JudgeParse(score=5.0, method='failed')
+    """
+    if not text:
+        return JudgeParse(DEFAULT_SCORE, "failed")
+    x = _json_score(text)
+    if x is not None:
+        return JudgeParse(x, "json")
+    for pattern in (_KEYED, _OUT_OF_TEN):
+        for match in pattern.finditer(text):
+            x = float(match.group(1))
+            if _in_range(x):
+                return JudgeParse(x, "regex")
+    return JudgeParse(DEFAULT_SCORE, "failed")
+
+
+def reputation_weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:
+    """``Σ w_j s_j / Σ w_j``; equal weights when every weight is 0 (documented: no judge has any reputation left).
+
+    Raises:
+        ValueError: for no scores, mismatched lengths, a non-finite score or a negative or non-finite weight.
+    """
+    s, w = [float(x) for x in scores], [float(x) for x in weights]
+    if not s:
+        raise ValueError("reputation_weighted_mean needs at least one judge score")
+    if len(s) != len(w):
+        raise ValueError(f"{len(s)} scores but {len(w)} weights")
+    if not all(math.isfinite(x) for x in s):
+        raise ValueError(f"judge scores must be finite, got {s}")
+    if not all(math.isfinite(x) and x >= 0 for x in w):
+        raise ValueError(f"judge weights must be finite and non-negative, got {w}")
+    total = sum(w)
+    if total == 0:
+        return sum(s) / len(s)
+    return sum(x * y for x, y in zip(s, w)) / total
+
+
+def judge_verdicts(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[float]:
+    """Each judge's duel score for a: 1 if it scored a higher, ½ on a tie, 0 if lower."""
+    if len(scores_a) != len(scores_b):
+        raise ValueError(f"{len(scores_a)} scores for a but {len(scores_b)} for b")
+    return [1.0 if x > y else 0.5 if x == y else 0.0 for x, y in zip(scores_a, scores_b)]
+
+
+# ---------------------------------------------------------------------------------------------------- evaluation
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_answer(text: str | None) -> str | None:
+    """The final answer of a math response: the last ``\\boxed{}``, else the last number in the text, else ``None``.
+
+    The number fallback makes exact match usable with models that do not box their answers; a boxed answer always
+    wins. Thousands separators are kept for :func:`modules.algorithms.answers.answers_match` to normalise.
+    """
+    boxed = extract_final_answer(text)
+    if boxed is not None:
+        return boxed
+    numbers = _NUMBER.findall(text or "")
+    return numbers[-1].rstrip(",") if numbers else None
+
+
+# ---------------------------------------------------------------------------------------------------- followers
+def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[tuple[int, bool]]:
+    """Non-tied duels as ``(duel index, a_is_chosen)``; ties give no DPO pair (§2.4)."""
+    if len(scores_a) != len(scores_b):
+        raise ValueError(f"{len(scores_a)} scores for a but {len(scores_b)} for b")
+    return [(i, x > y) for i, (x, y) in enumerate(zip(scores_a, scores_b)) if x != y]
+
+
+def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -> Tensor:
+    """GRPO advantages of rollouts from their peer scores: ``(s − group mean) / group std`` per prompt.
+
+    ``scores`` is ``[P·G]`` with a prompt's ``G = group_size`` rollouts consecutive. The peer scores are the rewards
+    (§2.4); the normalisation is :func:`modules.algorithms.rl_losses.group_advantages` (a group of equal scores gives zeros).
+    """
+    from modules.algorithms.rl_losses import group_advantages
+
+    scores = torch.as_tensor(scores, dtype=torch.float32).flatten()
+    if not torch.isfinite(scores).all():
+        raise ValueError(f"peer scores must be finite, got {scores.tolist()}")
+    return group_advantages(scores, group_size, scale=scale)

@@ -1,0 +1,203 @@
+"""The base of the language-model games (GRPO, debate, deep-SMIDA, the pool), as torchgeo's ``BaseTask`` is.
+
+It does once what every game needs: the strategy check and the sharding of its policy banks, one manual optimisation
+path (micro-batch accumulation with gradient sync on the last micro-batch only, the non-finite guard, Lightning's
+``clip_gradients``), checkpoints that hold only what trains plus the game's state under one key, the generator
+states through :class:`callbacks.RNGStateCallback`, and one atomic writer for the run's artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch import Tensor, nn
+from typing_extensions import override
+
+from callbacks.fault_tolerance import RNGStateCallback
+from modules.distributed.sharding import (
+    check_manual_backward_strategy,
+    grad_norm_after_step,
+    gradient_sync,
+    shard_for_strategy,
+)
+from modules.lm.policy_bank import PolicyBank
+from modules.training.artifacts import atomic_write_text
+from modules.training.faults import NonFiniteGuard, require_trainable_tensors
+from modules.training.timing import PhaseTimer
+
+__all__ = ["LanguageModelGame"]
+
+
+class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
+    """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
+
+    A subclass sets :attr:`family` (its name in error messages), builds its banks in ``__init__`` after calling
+    ``super().__init__(...)``, lists them in :meth:`policy_banks`, and keeps any further game state in
+    :meth:`game_state` / :meth:`load_game_state`. State-dict entries that are not trainable but must be kept (a
+    persistent metric, say) are named by prefix in :attr:`kept_state_prefixes`.
+
+    Args:
+        grad_clip: Gradient norm clip per optimizer (``None``: none).
+        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
+    """
+
+    family: ClassVar[str] = "language-model game"
+    #: where the game's own state lives in a checkpoint
+    state_key: ClassVar[str] = "game_state"
+    #: non-trainable state-dict entries kept in checkpoints, by prefix
+    kept_state_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, grad_clip: float | None = 1.0, max_consecutive_nonfinite: int = 10) -> None:
+        super().__init__()
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip must be positive or null, got {grad_clip}")
+        self.automatic_optimization = False
+        # frozen bases, judges and utilities are reloaded from their paths; on_load_checkpoint checks the rest
+        self.strict_loading = False
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
+        self.grad_clip = grad_clip
+        self.phase_times: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------------ what games give
+    def policy_banks(self) -> dict[str, PolicyBank]:
+        """The game's policy banks by attribute name (sharded, fitted to the strategy, trimmed in checkpoints)."""
+        return {name: m for name, m in self.named_children() if isinstance(m, PolicyBank)}
+
+    def game_state(self) -> dict[str, Any]:
+        """Plain values and tensors the game keeps across a resume (beyond the trainable weights)."""
+        return {}
+
+    def load_game_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`game_state` returned."""
+
+    # ------------------------------------------------------------------------------------------------ strategies
+    @override
+    def configure_model(self) -> None:
+        """Under FSDP2 shard each bank over the data-parallel mesh, one unit per decoder block; elsewhere nothing."""
+        for bank in self.policy_banks().values():
+            shard_for_strategy(self, bank, self.family)
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            check_manual_backward_strategy(self.trainer.strategy, self.family, self.grad_clip, self.num_optimizers())
+        for bank in self.policy_banks().values():  # sharded strategies gather once per generate call
+            bank.use_strategy(self.trainer.strategy)
+
+    def num_optimizers(self) -> int:
+        """How many optimizers ``configure_optimizers`` returns (DeepSpeed takes exactly one)."""
+        return 1
+
+    @override
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The generator states travel in every checkpoint through one owner, :class:`callbacks.RNGStateCallback`."""
+        return [RNGStateCallback()]
+
+    # ------------------------------------------------------------------------------------------------ optimisation
+    def accumulate(
+        self, num_rows: int, chunk: int, loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]]
+    ) -> dict[str, Tensor] | None:
+        """Forward and backward of rows ``[0, num_rows)`` in chunks; the row-weighted mean loss and stats.
+
+        ``loss_of(start, stop)`` returns the mean loss over its rows and detached statistics; each chunk's backward is
+        weighted by its share of the rows, so the gradient is that of the whole batch's mean. Gradients are
+        synchronised across processes on the last chunk only. ``None``, after zeroing the gradients, when a chunk's
+        loss is not finite on any rank (the caller skips the step).
+        """
+        chunk = num_rows if chunk <= 0 else chunk
+        total: dict[str, Tensor] = {}
+        for start in range(0, num_rows, chunk):
+            stop = min(start + chunk, num_rows)
+            with self.gradient_sync(last=stop >= num_rows):
+                loss, stats = loss_of(start, stop)
+                if not self.check_finite(loss.detach(), "losses"):  # same decision on every rank
+                    for opt in self._optimizer_list():
+                        opt.zero_grad()
+                    return None
+                weight = (stop - start) / num_rows
+                self.manual_backward(loss * weight)
+            for key, value in {"loss": loss.detach(), **stats}.items():
+                total[key] = total.get(key, 0.0) + weight * value
+        return total
+
+    @contextmanager
+    def gradient_sync(self, last: bool) -> Iterator[None]:
+        """Skip the cross-process gradient reduction unless ``last`` (see :func:`gradient_sync`)."""
+        banks = list(self.policy_banks().values())
+        with gradient_sync(self._trainer, self, banks, enabled=last):
+            yield
+
+    def optimizer_step(self, optimizer: Any, parameters: list[nn.Parameter] | None = None) -> Tensor:
+        """Clip by :attr:`grad_clip` through Lightning's ``clip_gradients``, step, and return the gradient norm.
+
+        The norm is the total 2-norm before clipping, over ``parameters`` (default: the optimizer's). Under DeepSpeed
+        the engine clips inside its step (configured from ``grad_clip`` by the strategy check) and reports the norm.
+        """
+        params = parameters if parameters is not None else [p for g in optimizer.param_groups for p in g["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if self.grad_clip is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        return grad_norm_after_step(self.trainer.strategy, norm)
+
+    def _optimizer_list(self) -> list[Any]:
+        opts = self.optimizers()
+        return list(opts) if isinstance(opts, (list, tuple)) else [opts]
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def trainable_state_names(self) -> set[str]:
+        """State-dict names of every trainable tensor of the banks."""
+        return {
+            f"{attr}.{name}"
+            for attr, bank in self.policy_banks().items()
+            for name, p in bank.named_parameters()
+            if p.requires_grad
+        }
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the trainable tensors (adapters or trained copies) and the game state; drop frozen weights."""
+        keep = self.trainable_state_names()
+        state_dict = checkpoint.get("state_dict")
+        if state_dict is not None:  # DeepSpeed keeps weights in its own files
+            for name in list(state_dict):
+                if name not in keep and not name.startswith(self.kept_state_prefixes):
+                    del state_dict[name]
+        checkpoint[self.state_key] = {"nonfinite": self.nonfinite_state(), **self.game_state()}
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint missing a trainable tensor, then restore the game state."""
+        require_trainable_tensors(checkpoint, self.trainable_state_names())
+        state = dict(checkpoint.get(self.state_key) or {})
+        self.load_nonfinite_state(state.pop("nonfinite", None))
+        self.load_game_state(state)
+
+    # ------------------------------------------------------------------------------------------------ artifacts
+    def artifact_dir(self) -> str:
+        """The run's log folder (the trainer's root folder without a logger)."""
+        return self.trainer.log_dir or self.trainer.default_root_dir
+
+    @rank_zero_only
+    def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any], append: bool = False) -> str | None:
+        """Write ``content`` (text, or JSON for a dict or list) to ``<log dir>/<name>`` atomically, on rank 0 only.
+
+        ``append`` adds one JSON line to a ``.jsonl`` file. Nothing is written in a ``fast_dev_run``. Returns the path.
+        """
+        if self.trainer.fast_dev_run:
+            return None
+        path = os.path.join(self.artifact_dir(), name)
+        text = content if isinstance(content, str) else json.dumps(content, indent=None if append else 2)
+        if append:
+            old = open(path).read() if os.path.exists(path) else ""
+            text = old + text + "\n"
+        atomic_write_text(path, text)
+        return path

@@ -1,0 +1,333 @@
+"""Everything that depends on the distributed strategy: the only place that names DDP, FSDP, FSDP2 or DeepSpeed.
+
+The families ask through these functions: which sharded strategy runs (:func:`sharded_strategy_kind`), whether a
+manual-backward family can run under it (:func:`check_manual_backward_strategy`), how to shard a policy under FSDP2
+(:func:`shard_for_strategy`), how to keep its parameters whole for a generate call (:func:`parameter_gathering`), how
+to skip the gradient reduction of all but the last micro-batch (:func:`gradient_sync`), and the gradient norm of a step
+(:func:`grad_norm_after_step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "check_manual_backward_strategy",
+    "engine_grad_norm",
+    "fsdp2_gradient_sync",
+    "fully_shard_blocks",
+    "grad_norm_after_step",
+    "gradient_sync",
+    "is_deepspeed",
+    "is_fsdp2",
+    "parameter_gathering",
+    "shard_for_strategy",
+    "sharded_strategy_kind",
+]
+
+
+def sharded_strategy_kind(strategy: Any) -> str | None:
+    """The sharded strategy ``strategy`` is (a subclass of), by its base's name, else None.
+
+    ``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` (FSDP1) or ``"ModelParallelStrategy"`` (FSDP2 ``fully_shard``,
+    e.g. :class:`modules.distributed.strategies.FSDP2Strategy`). Read from the class hierarchy's names, so neither DeepSpeed nor
+    FSDP is imported where it is not used, and a user's subclass (e.g. with its own launcher or checks) is treated as
+    the strategy it extends.
+    """
+    names = {cls.__name__ for cls in type(strategy).__mro__}
+    return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy") if k in names), None)
+
+
+def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
+    """FSDP2: shard ``bank`` over the data-parallel mesh when the trainer's strategy gives the module one.
+
+    ``bank`` is a policy bank (its own ``shard(mesh, mp_policy)``) or a transformers model
+    (:func:`fully_shard_blocks`).
+    Call from the LightningModule's ``configure_model`` (Lightning's ``ModelParallelStrategy`` calls it after the
+    processes start and before the optimizers are made, and gives the module its ``device_mesh``). Elsewhere (no
+    mesh) it does nothing. Only the policy is sharded; frozen scorers (reward models, judges, preference ensembles)
+    stay whole on every rank. The strategy's ``mixed_precision_policy`` (:class:`modules.distributed.strategies.FSDP2Strategy`'s
+    ``param_dtype`` / ``reduce_dtype``), if any, goes to every unit.
+
+    Raises:
+        ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism (the families shard by FSDP
+            only; :class:`modules.distributed.strategies.FSDP2Strategy` puts every process in the data-parallel dimension).
+    """
+    mesh = getattr(module, "_device_mesh", None)
+    if mesh is None:
+        return
+    if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
+        raise ValueError(
+            f"trainer.strategy: {family} shards its policy with FSDP2 over the data-parallel dimension only, got a "
+            f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use modules.distributed.strategies.FSDP2Strategy "
+            "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
+        )
+    dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+    trainer = getattr(module, "_trainer", None)
+    policy = getattr(getattr(trainer, "strategy", None), "mixed_precision_policy", None)
+    if hasattr(bank, "shard"):
+        bank.shard(dp, policy)
+    else:
+        fully_shard_blocks(bank, dp, policy)
+
+
+def check_manual_backward_strategy(
+    strategy: Any, family: str, grad_clip: float | None, num_optimizers: int = 1
+) -> None:
+    """Fit a family that runs its backward passes inside ``training_step`` (manual optimization) to the strategy.
+
+    Call from the LightningModule's ``setup("fit")``, before the strategy wraps the model.
+
+    * FSDP (Lightning's ``FSDPStrategy``, FSDP1) is refused. Lightning runs ``training_step`` inside the root FSDP
+      unit's forward, so every backward runs before that forward ends. With the whole model in the root unit, FSDP's
+      backward hook asserts (``Expects BACKWARD_PRE or BACKWARD_POST state but got FORWARD``); with the decoder
+      layers wrapped as inner units the steps run, but FSDP's end-of-backward callback (queued from the root's
+      outputs) never runs, and the next state-dict gather (the checkpoint) asserts on a handle left in
+      ``BACKWARD_POST``. Both reproduced on two CPU processes. FSDP2 (:class:`modules.distributed.strategies.FSDP2Strategy`, a
+      ``ModelParallelStrategy``) shards the submodules in ``configure_model`` instead and runs ``training_step`` outside
+      any forward: the families take it (:func:`shard_for_strategy`).
+    * DeepSpeed: ``grad_clip`` becomes the engine's ``gradient_clipping``. The engine keeps the gradients in its own
+      partitions and clips them by their global norm in ``step``, so a clip of ``p.grad`` in the module would see no
+      gradients (and Lightning's ``clip_gradients`` is a no-op under DeepSpeed).
+
+    * DeepSpeed takes exactly one optimizer in Lightning: a family with more (deep-SMIDA's leader and follower) is
+      refused there.
+
+    Raises:
+        ValueError: naming ``trainer.strategy``, under FSDP, or under DeepSpeed with more than one optimizer.
+    """
+    kind = sharded_strategy_kind(strategy)
+    if kind == "DeepSpeedStrategy" and num_optimizers != 1:
+        raise ValueError(
+            f"trainer.strategy: {family} trains with {num_optimizers} optimizers, and Lightning's DeepSpeed strategy "
+            f"takes exactly one (got {type(strategy).__name__}); use FSDP2 (configs/overlays/fsdp2.yaml) or DDP "
+            "(configs/overlays/ddp.yaml)"
+        )
+    if kind == "FSDPStrategy":
+        raise ValueError(
+            f"trainer.strategy: {family} runs its backward passes inside training_step (manual optimization), which "
+            f"Lightning's FSDP strategy cannot take (got {type(strategy).__name__}): FSDP's backward hooks expect "
+            "the root unit's forward to have ended. Use FSDP2 (configs/overlays/fsdp2.yaml), DeepSpeed ZeRO-3 "
+            "(configs/overlays/deepspeed_zero3.yaml) or DDP (configs/overlays/ddp.yaml)"
+        )
+    if kind == "DeepSpeedStrategy" and grad_clip is not None:
+        config = getattr(strategy, "config", None)
+        if isinstance(config, dict):
+            config["gradient_clipping"] = float(grad_clip)
+
+
+def engine_grad_norm(strategy: Any) -> float | None:
+    """The global gradient norm DeepSpeed computed in its last ``step`` (before clipping); None elsewhere."""
+    if sharded_strategy_kind(strategy) != "DeepSpeedStrategy":
+        return None
+    norm = strategy.model.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:
+    """A factory of contexts in which ``module``'s sharded parameters are whole, for generation under sharding.
+
+    Autoregressive decoding calls the model once per token. Under ZeRO-3 each call would gather every layer's
+    shards again (hundreds of all-gathers per reply); gathering once around the whole ``generate`` call costs one.
+
+    * DeepSpeed ZeRO stage 3: every parameter gathered once with ``deepspeed.zero.GatheredParameters`` while
+      DeepSpeed's per-module hooks are held off the module (see :func:`_zero3_whole`), so the decode runs on whole
+      weights without gathering or releasing anything per token.
+    * FSDP (Lightning's ``FSDPStrategy``): Lightning runs ``training_step`` inside the root FSDP unit's forward, so the
+      root's parameters are already whole there and ``summon_full_params`` is refused inside a forward. Inner units
+      (an ``auto_wrap_policy``) gather themselves on each call, which is correct though slower; the factory yields
+      ``summon_full_params(recurse=True, writeback=False)`` only where it is allowed (outside a forward, e.g.
+      ``validation_step`` under ``predict``) and a no-op otherwise.
+    * FSDP2 (``ModelParallelStrategy``; the bank sharded by :meth:`PolicyBank.shard`): every ``fully_shard`` unit
+      unsharded once and kept whole for the block (see :func:`_fsdp2_whole`).
+    * Everything else (single device, DDP, ZeRO-1/2 keep whole parameters): a no-op.
+
+    Args:
+        strategy: ``trainer.strategy`` (any object; only its class names, its bases' included, and attributes are
+            read, so a subclass of Lightning's strategies counts as its base).
+        module: The module whose parameters generation needs (e.g. a :class:`PolicyBank`).
+    """
+    kind = sharded_strategy_kind(strategy)
+    if kind == "DeepSpeedStrategy":
+        stage = (getattr(strategy, "config", None) or {}).get("zero_optimization", {}).get("stage", 0)
+        if stage == 3:
+            return lambda: _zero3_whole(strategy, module)
+    if kind == "FSDPStrategy":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: PLC0415
+        from torch.distributed.fsdp._common_utils import TrainingState  # noqa: PLC0415
+
+        def summon() -> AbstractContextManager:
+            root = strategy.model
+            if not isinstance(root, FSDP) or getattr(root, "training_state", None) != TrainingState.IDLE:
+                return nullcontext()  # inside the root's forward: its parameters are already whole
+            return FSDP.summon_full_params(root, recurse=True, writeback=False)
+
+        return summon
+    if kind == "ModelParallelStrategy":
+        return lambda: _fsdp2_whole(module)
+    return nullcontext
+
+
+def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
+    """FSDP2 on a transformers model: each block of ``model._no_split_modules`` a unit, then ``model`` the root unit.
+
+    The blocks are resharded after their forward; the root (embeddings, final norm, head) keeps its parameters after
+    the forward, since the backward needs them at once. A model already sharded is left as it is. ``mp_policy``: an
+    FSDP2 ``MixedPrecisionPolicy`` for every unit (None: FSDP2's default, the parameters' own dtype).
+
+    Raises:
+        ValueError: for a model without ``_no_split_modules`` (its blocks cannot be found by name).
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+
+    mp = {"mp_policy": mp_policy if mp_policy is not None else MixedPrecisionPolicy()}
+    if isinstance(model, FSDPModule):
+        return
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"cannot shard {type(model).__name__} with FSDP2: it names no _no_split_modules (its blocks)")
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, **mp)
+        block._ag_reshard_after_forward = True
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, **mp)
+    model._ag_reshard_after_forward = False
+
+
+def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def _fsdp2_whole(module: nn.Module) -> Iterator[None]:
+    """FSDP2: ``module``'s ``fully_shard`` units whole for the block, each all-gathered once, resharded on exit.
+
+    Each unit's reshard-after-forward is turned off for the block (a unit would otherwise free its parameters after
+    every forward and gather them again on the next: per decoded token) and put back to what
+    :meth:`PolicyBank.shard` chose. Inside, the modules' parameters are the plain unsharded tensors FSDP2 swaps in.
+    A module never sharded (no units) gets a no-op.
+    """
+    units = _fsdp2_units(module)
+    try:
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(getattr(unit, "_ag_reshard_after_forward", True), recurse=False)
+
+
+@contextmanager
+def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
+    """FSDP2: turn the gradient reduce-scatter of ``module``'s units off (``enabled=False``) for the block.
+
+    The micro-batches of one step but the last accumulate unsharded gradients locally; the last one's backward
+    reduces the sum (FSDP2's ``set_requires_gradient_sync``, the counterpart of DDP's ``no_sync``). A no-op for a
+    module without units or with ``enabled=True``.
+    """
+    units = [] if enabled else _fsdp2_units(module)
+    try:
+        for unit in units:
+            unit.set_requires_gradient_sync(False, recurse=False)
+        yield
+    finally:
+        for unit in units:
+            unit.set_requires_gradient_sync(True, recurse=False)
+
+
+@contextmanager
+def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
+    """ZeRO-3: ``module``'s parameters whole for the whole block, gathered once, with DeepSpeed's hooks held off.
+
+    ``GatheredParameters`` alone does not keep them whole: DeepSpeed's per-module hooks still run on every forward
+    inside the block, and the coordinator re-partitions each submodule's parameters after its forward (and waits for
+    or prefetches others), so a decode would gather every layer again for every token. So, for the block:
+
+    1. the coordinator releases everything of ``module`` (``release_and_reset_all``: in-flight prefetches are waited
+       for, nothing of it stays held);
+    2. DeepSpeed's own forward hooks are taken off ``module``'s submodules (only the handles DeepSpeed registered;
+       any other hook stays), and the hook dictionaries are put back as they were afterwards;
+    3. every parameter of ``module`` is gathered once (``GatheredParameters``) and partitioned again on exit.
+
+    The engine is ``strategy.model`` (Lightning's DeepSpeed strategy); a model without ZeRO-3 offload state (not yet
+    wrapped) gets the plain gather.
+    """
+    import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+
+    engine = getattr(strategy, "model", None)
+    owner = getattr(engine, "optimizer", None)
+    # training engine: the ZeRO-3 optimizer holds the offload state; inference engine (validate/test without an
+    # optimizer): the offload object is the engine's "optimizer" itself
+    offload = getattr(owner, "parameter_offload", None)
+    if offload is None and hasattr(owner, "get_param_coordinator") and hasattr(owner, "forward_hooks"):
+        offload = owner
+    params = list(module.parameters())
+    if offload is None:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+        return
+    offload.get_param_coordinator().release_and_reset_all(module)
+    ours = {h.id for h in (*offload.forward_hooks, *offload.backward_hooks)}
+    saved = [(m, m._forward_pre_hooks, m._forward_hooks) for m in module.modules()]
+    try:
+        for m, pre, post in saved:
+            m._forward_pre_hooks = type(pre)((k, v) for k, v in pre.items() if k not in ours)
+            m._forward_hooks = type(post)((k, v) for k, v in post.items() if k not in ours)
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+    finally:
+        for m, pre, post in saved:
+            m._forward_pre_hooks, m._forward_hooks = pre, post
+
+
+def is_deepspeed(strategy: Any) -> bool:
+    """Whether ``strategy`` is (a subclass of) Lightning's DeepSpeed strategy."""
+    return sharded_strategy_kind(strategy) == "DeepSpeedStrategy"
+
+
+def is_fsdp2(strategy: Any) -> bool:
+    """Whether ``strategy`` is (a subclass of) Lightning's ``ModelParallelStrategy`` (FSDP2 ``fully_shard``)."""
+    return sharded_strategy_kind(strategy) == "ModelParallelStrategy"
+
+
+def grad_norm_after_step(strategy: Any, norm: Tensor) -> Tensor:
+    """The gradient norm to log for a step: DeepSpeed's own (its engine holds the gradients), else ``norm``."""
+    engine = engine_grad_norm(strategy)
+    return norm if engine is None else torch.tensor(engine)
+
+
+@contextmanager
+def gradient_sync(trainer: Any, module: nn.Module, banks: Sequence[nn.Module], enabled: bool) -> Iterator[None]:
+    """Skip the gradient reduction of a micro-batch unless ``enabled`` (the last micro-batch of a step).
+
+    * DDP: the wrapped model's ``no_sync``.
+    * FSDP2: each bank's ``fully_shard`` units skip their reduce-scatter (:func:`fsdp2_gradient_sync`).
+    * DeepSpeed: nothing; its engine refuses ``no_sync`` with ZeRO-2/3 (gradients are reduced into their partitions
+      as they are produced) and keeps its own accumulation boundary.
+    * One process: nothing.
+    """
+    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
+    if enabled or strategy is None:
+        yield
+        return
+    if is_fsdp2(strategy):
+        with ExitStack() as stack:
+            for bank in banks:
+                stack.enter_context(fsdp2_gradient_sync(bank, enabled=False))
+            yield
+        return
+    wrapped = strategy.model
+    if wrapped is None or wrapped is module or not hasattr(wrapped, "no_sync") or is_deepspeed(strategy):
+        yield
+        return
+    with wrapped.no_sync():
+        yield

@@ -1,0 +1,138 @@
+"""Lightning strategies the families run under, where Lightning's own need a setting every run would repeat.
+
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` (FSDP2, ``torch.distributed.fsdp.fully_shard``) with
+every process in the data-parallel dimension: the families shard their policy by FSDP only (no tensor parallelism),
+and ``ModelParallelStrategy``'s default (``tensor_parallel_size="auto"``: every GPU of a node) would instead put the
+processes of a node in the tensor-parallel dimension, where they would all read the same batches.
+
+Unlike Lightning's ``FSDPStrategy`` (FSDP1), which wraps the module and runs ``training_step`` inside the root unit's
+forward, FSDP2 shards the module's own submodules in ``configure_model`` and leaves ``training_step`` outside any
+forward, so the families that call backward inside ``training_step`` (GRPO, debate self-play, deep-SMIDA) run under
+it (see :func:`modules.distributed.sharding.check_manual_backward_strategy`), as do SFT and the preference ensemble. Every family but
+the multi-LLM pool implements ``configure_model`` for it (:func:`modules.distributed.sharding.shard_for_strategy`).
+
+Its checkpoints hold what the families keep: they drop the frozen base from the state dict (it is the file the run
+started from), and :meth:`FSDP2Strategy.load_checkpoint` loads the tensors a sharded checkpoint holds and leaves the
+rest as loaded from the base. (``ModelParallelStrategy``'s own loader asks the checkpoint for every tensor of the
+model and fails on the first frozen one; it also loads optimizer states for ``test``, and fails on a trainable tensor
+that never had a gradient, such as an unused pooler, which has no AdamW state.)
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.constants import default_pg_timeout
+
+__all__ = ["FSDP2Strategy"]
+
+METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
+
+    A sharded checkpoint (a folder) is loaded for the tensors it holds, after checking that it holds every trainable
+    one (a ``KeyError`` names the first missing, before anything is loaded); the state dict returned to the module's
+    ``on_load_checkpoint`` holds them (their local shards). Full checkpoints (one file) load as Lightning does.
+
+    Mixed precision the FSDP2 way: with ``param_dtype`` (e.g. ``"bfloat16"``) the shards stay in their own dtype
+    (fp32: the optimizer's master weights) and every all-gather casts them, so forwards, generation included, run on
+    ``param_dtype`` weights gathered at that width; ``reduce_dtype`` is the dtype gradients are reduced in (fp32 keeps
+    the sums exact to fp32). :attr:`mixed_precision_policy` is what the families pass to ``fully_shard``. Use it with
+    the trainer's ``precision: 32-true`` (autocast on top would only add casts).
+
+    Args:
+        save_distributed_checkpoint: Each rank writes its shards to a checkpoint folder (True, the default), or the
+            whole state is gathered to rank 0 and written as one file (False).
+        process_group_backend: ``"nccl"`` on GPUs, ``"gloo"`` on CPUs by default.
+        timeout: Of collective operations.
+        param_dtype: Dtype the parameters are gathered and computed in (None: their own).
+        reduce_dtype: Dtype gradients are reduced in (None: ``param_dtype``'s).
+
+    Raises:
+        ValueError: naming the argument, for a dtype name not in ``modules.lm.models.DTYPES``.
+    """
+
+    def __init__(
+        self,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = None,
+    ) -> None:
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: PLC0415
+
+        from modules.lm.models import DTYPES  # noqa: PLC0415
+
+        dtypes = {}
+        for field, name in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if name is not None and name not in DTYPES:
+                raise ValueError(f"{field}: unknown dtype {name!r}; one of {sorted(DTYPES)}")
+            dtypes[field] = None if name is None else DTYPES[name]
+        self.mixed_precision_policy = MixedPrecisionPolicy(**dtypes) if any(dtypes.values()) else None
+
+    def setup_environment(self) -> None:  # noqa: D102 - every process data-parallel
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it.
+
+        The rest (``meta.pt``) is read with ``weights_only=True`` like every checkpoint of the suite; asking for
+        ``weights_only=False`` raises before anything is loaded.
+        """
+        if weights_only is False:
+            raise ValueError(
+                f"weights_only: {type(self).__name__} reads sharded checkpoints with weights_only=True only "
+                "(no pickled code from a checkpoint folder)"
+            )
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(checkpoint_path))
+        if not (path.is_dir() and (path / METADATA_FILE).is_file()):
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        model_state = get_model_state_dict(self.model)
+        present = {k: v for k, v in model_state.items() if f"state_dict.{k}" in saved}
+        missing = sorted(n for n, p in self.model.named_parameters() if p.requires_grad and n not in present)
+        if missing:  # before anything is loaded: the model is left as it was
+            raise KeyError(
+                f"checkpoint {path} lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}"
+            )
+        dcp.load({"state_dict": present}, checkpoint_id=path)
+        set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
+        fitting = self.lightning_module is not None and self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        for idx, optimizer in enumerate(self.optimizers if fitting else ()):  # test/validate: weights only
+            key = f"optimizer_{idx}"
+            if not any(name.startswith(f"{key}.") for name in saved):
+                raise KeyError(f"checkpoint {path} holds no state for optimizer {idx} ({key})")
+            optim_state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            # a trainable tensor that never had a gradient (e.g. an unused pooler) has no AdamW state to load
+            dcp.load(optim_state, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+            set_optimizer_state_dict(
+                self.model, optimizer, optim_state_dict=optim_state[key], options=StateDictOptions(strict=False)
+            )
+        checkpoint = torch.load(path / METADATA_FILE, weights_only=True)
+        checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
+        return checkpoint

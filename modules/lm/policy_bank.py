@@ -1,0 +1,430 @@
+"""Language-model players on one frozen base: LoRA adapters per player, the disabled adapter as the reference.
+
+:class:`PolicyBank` owns the models and does the two things every game needs, batched:
+
+* :meth:`PolicyBank.generate`: one ``generate`` call per player per step for all prompts × samples (left padding,
+  KV cache), returning a :class:`Rollout` whose token layout is ``[left-padded prompt | completion | right pad]``;
+* :meth:`PolicyBank.logprobs`: the sum of log-probabilities of the completion tokens only (at the sampling
+  temperature), for a player (with gradients) or the frozen reference (``player=None``: adapters disabled).
+
+With ``players="separate"`` each player is a full trainable copy and one frozen copy serves as the reference.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
+from modules.lm.decoding import _PREFIX, GROUPED_ATTENTION, _register_grouped_attention, grouped_decode_setting
+from modules.lm.model_config import ModelConfig
+
+__all__ = ["PolicyBank", "Rollout"]
+
+@dataclass
+class Rollout:
+    """Sampled sequences of one player.
+
+    Attributes:
+        sequences: ``[N, P + C]`` token ids: left-padded prompt (width P) then completion (right-padded).
+        attention_mask: ``[N, P + C]``.
+        prompt_width: P.
+        completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
+        texts: Decoded completions.
+        group_size: Consecutive rows that share one prompt (``num_samples`` of :meth:`PolicyBank.generate`; 1 when
+            unknown). Log-probabilities then run the shared prompt once per group (see
+            :meth:`PolicyBank.token_logprobs`).
+    """
+
+    sequences: Tensor
+    attention_mask: Tensor
+    prompt_width: int
+    completion_mask: Tensor
+    texts: list[str]
+    group_size: int = 1
+
+    @property
+    def num_empty(self) -> int:
+        """Completions that are empty once special tokens are dropped."""
+        return sum(1 for t in self.texts if not t.strip())
+
+
+class PolicyBank(nn.Module):
+    """The players of a game over one base model.
+
+    Args:
+        lm: Where the causal LM comes from and how it is loaded; ``lm.players`` says how the players are held:
+            ``"lora"`` (adapters over one frozen base, loaded in 4 bits with ``lm.load_in_4bit``) or ``"separate"``
+            (a trainable copy each + one frozen reference copy).
+        players: Player names (e.g. ``["leader", "follower"]``).
+    """
+
+    def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
+        super().__init__()
+        lm = ModelConfig.coerce(lm)
+        self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
+        self.tokenizer = lm.load_tokenizer(padding_side="left")
+        if self.mode == "lora":
+            self.model = lm.with_adapters(lm.load_model("causal_lm", frozen=True), self.player_names)
+            self._all_players_trainable()  # peft trains only the active adapter: train all players
+        else:
+            self.models = nn.ModuleDict({p: lm.load_model("causal_lm") for p in self.player_names})
+            self.reference = lm.load_model("causal_lm").eval().requires_grad_(False)
+        self.truncated_prompts = 0
+        # the prompt's KV cache is shared across a group's rows unless activation checkpointing (which turns the
+        # cache off in training) is on
+        self.share_prompts = not lm.gradient_checkpointing
+        # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
+        self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
+        self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
+        # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): on CPU by
+        # default, where the copied prompt cache's reads and torch.cat were a third of generate's time; True/False
+        # forces it on or off (GPU kernels for the copied cache are not measured against it yet). The environment
+        # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0 sets it for every bank of a run (e.g. from the command line)
+        self.grouped_decode: bool | None = grouped_decode_setting()
+
+    def use_strategy(self, strategy: Any) -> None:
+        """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).
+
+        Sharded strategies (FSDP, DeepSpeed) gather the parameters once around each ``generate`` call
+        (:func:`parameter_gathering`) and keep the adapters unmerged (their parameters must not be swapped); elsewhere
+        generation needs no gathering and runs with the LoRA update merged into swapped-in weights.
+        """
+        self.gather_for_generation = parameter_gathering(strategy, self)
+        self.merge_for_generation = sharded_strategy_kind(strategy) is None
+
+    def shard(self, mesh: Any, mp_policy: Any = None) -> None:
+        """FSDP2 (``fully_shard``) over ``mesh``: each decoder block a unit, then each causal LM the root unit.
+
+        The blocks are the architecture's ``_no_split_modules`` (transformers' own list of the layers that must stay
+        whole: ``Qwen2DecoderLayer`` and the like), so a block's parameters (its LoRA adapters included) are gathered
+        together, one block at a time, and resharded after its forward. The root unit (embeddings, final norm, head)
+        keeps its parameters after the forward (``reshard_after_forward=False``): the backward needs them at once. In
+        LoRA mode the one base model is sharded (adapters, frozen weights and the disabled-adapter reference alike);
+        in separate mode every copy and the reference. Idempotent: a model already sharded is left as it is. A
+        sharded bank never swaps merged weights in for generation (FSDP2 owns the modules' parameters: its hooks
+        would replace the merged tensors, and putting the originals back corrupts its state), whatever strategy
+        :meth:`use_strategy` was given. ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` for every unit (see
+        :class:`modules.distributed.strategies.FSDP2Strategy`).
+
+        Raises:
+            ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
+        """
+        models = [self.model.get_base_model()] if self.mode == "lora" else [*self.models.values(), self.reference]
+        for lm in models:
+            fully_shard_blocks(lm, mesh, mp_policy)
+        self.merge_for_generation = False
+
+    def player_parameters(self, player: str) -> list[nn.Parameter]:
+        """The trainable parameters of one player (its adapter, or its copy)."""
+        if player not in self.player_names:
+            raise KeyError(f"unknown player {player!r}; players: {self.player_names}")
+        if self.mode == "separate":
+            return list(self.models[player].parameters())
+        return [p for n, p in self.model.named_parameters() if f".{player}." in n]
+
+    @contextmanager
+    def _use(self, player: str | None) -> Iterator[nn.Module]:
+        if self.mode == "separate":
+            yield self.reference if player is None else self.models[player]
+            return
+        if player is None:
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            self.model.set_adapter(player)
+            self._all_players_trainable()
+            yield self.model
+        # peft's set_adapter / disable_adapter freeze the inactive adapters; a graph built earlier with another
+        # player would then lose its gradients at backward time, so every player is made trainable again.
+        self._all_players_trainable()
+
+    @contextmanager
+    def _for_generation(self, player: str | None) -> Iterator[nn.Module]:
+        """The player as :meth:`_use` gives it, with its LoRA update merged into fresh weights when allowed.
+
+        Decoding calls every adapted layer once per token; with ``W + s·BA`` computed once per ``generate`` call the
+        adapter costs nothing per token. The merged weights are new tensors swapped in for the base layers' and the
+        original tensors are put back afterwards, so the frozen base is bit-for-bit untouched (merging in place and
+        unmerging would not be). Off (``merge_for_generation = False``) under sharded strategies, whose parameters
+        must not be replaced.
+        """
+        from peft.tuners.lora import LoraLayer  # noqa: PLC0415
+
+        layers = (
+            []
+            if self.mode == "separate" or player is None
+            else [m for m in self.model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
+        )
+        plain = all(
+            type(m.get_base_layer()) is nn.Linear and not m.use_dora.get(player, False) for m in layers
+        )  # the W + s·BA form holds for plain LoRA on nn.Linear only (not DoRA, embeddings, convolutions)
+        if not layers or not plain or not self.merge_for_generation:
+            with self._use(player) as model:
+                yield model
+            return
+        swapped = []
+        with self._use(None) as model:  # adapters disabled: every LoRA layer calls its base layer only
+            try:
+                with torch.no_grad():
+                    for module in layers:
+                        base = module.get_base_layer()
+                        original = base.weight
+                        merged = original + module.get_delta_weight(player).to(original.dtype)
+                        base.weight = nn.Parameter(merged, requires_grad=False)
+                        swapped.append((base, original))
+                yield model
+            finally:
+                for base, original in swapped:
+                    base.weight = original
+
+    def _all_players_trainable(self) -> None:
+        for name, p in self.model.named_parameters():
+            if any(f".{q}." in name for q in self.player_names):
+                p.requires_grad_(True)
+
+    def chat(self, system: str | None, user: str) -> str:
+        """Render one conversation turn with the tokenizer's chat template, ready for the assistant's reply."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+    def _encode_prompts(self, prompts: Sequence[str]) -> dict[str, Tensor]:
+        enc = self.tokenizer(list(prompts), add_special_tokens=False)
+        ids = enc["input_ids"]
+        cut = [i for i, s in enumerate(ids) if len(s) > self.max_prompt_tokens]
+        if cut:
+            self.truncated_prompts += len(cut)
+            warnings.warn(
+                f"{len(cut)} prompts longer than max_prompt_tokens={self.max_prompt_tokens} were cut from the left",
+                stacklevel=3,
+            )
+            ids = [s[-self.max_prompt_tokens :] for s in ids]
+        width = max(len(s) for s in ids)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, s in enumerate(ids):
+            if s:
+                input_ids[i, width - len(s) :] = torch.tensor(s)
+                mask[i, width - len(s) :] = 1
+        return {"input_ids": input_ids, "attention_mask": mask}
+
+    @torch.no_grad()
+    def generate(
+        self,
+        player: str | None,
+        prompts: Sequence[str],
+        num_samples: int,
+        temperature: float = 0.6,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+        do_sample: bool = True,
+        min_new_tokens: int = 0,
+    ) -> Rollout:
+        """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
+
+        ``min_new_tokens`` > 0 suppresses EOS until that many tokens are written (benchmarks use it to fix the
+        work per step). The call runs inside :attr:`gather_for_generation` (see :func:`parameter_gathering`), so
+        that sharded parameters are gathered once for the whole decode instead of once per token.
+        """
+        device = next(self.parameters()).device
+        once = {k: v.to(device) for k, v in self._encode_prompts(prompts).items()}
+        enc = {k: v.repeat_interleave(num_samples, dim=0) for k, v in once.items()}
+        eos = self.tokenizer.eos_token_id
+        with self.gather_for_generation(), self._for_generation(player) as model:
+            was_training = model.training
+            model.eval()
+            shared = num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1
+            if shared and self._grouped_ok(model):
+                out = self._decode_grouped(
+                    model, once, num_samples, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
+                )
+            else:
+                extra = {}
+                if shared:
+                    # prefill each prompt once (all but its last token), then copy the cache to the prompt's samples:
+                    # generate only runs the last prompt token and the new ones
+                    ids, mask = once["input_ids"], once["attention_mask"]
+                    cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
+                    cache.batch_repeat_interleave(num_samples)
+                    extra[self._cache_arg(model)] = cache
+                out = model.generate(
+                    **enc,
+                    **extra,
+                    do_sample=do_sample,
+                    temperature=temperature if do_sample else None,
+                    top_p=top_p if do_sample else None,
+                    top_k=0 if do_sample else None,
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=min_new_tokens or None,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=eos,
+                )
+            model.train(was_training)
+        width = enc["input_ids"].shape[1]
+        completion = out[:, width:]
+        is_eos = completion == eos
+        # keep tokens up to and including the first EOS (generating EOS is an action too)
+        after_first_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+        # pads only follow a finished row's EOS; a pad token sampled mid-reply is an action like any other
+        completion_mask = (~after_first_eos).long()
+        texts = self.tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
+        attention = torch.cat([enc["attention_mask"], completion_mask], dim=1)
+        return Rollout(out, attention, width, completion_mask, texts, group_size=num_samples)
+
+    def _cache_arg(self, model: nn.Module) -> str:
+        """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
+        if not hasattr(self, "_cache_name"):
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            params = inspect.signature(type(base).forward).parameters
+            self._cache_name = "cache" if "cache" in params else "past_key_values"
+        return self._cache_name
+
+    def _grouped_ok(self, model: nn.Module) -> bool:
+        """Whether sampled groups decode with :func:`grouped_prefix_attention` (see ``grouped_decode``)."""
+        wanted = self.grouped_decode
+        if wanted is None:
+            wanted = next(self.parameters()).device.type == "cpu"
+        if not wanted:
+            return False
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # models whose attention goes through transformers' AttentionInterface, on a plain (sdpa/eager) backend
+        if not getattr(base, "_supports_attention_backend", False):
+            return False
+        if getattr(base.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            return False
+        return _register_grouped_attention()
+
+    def _decode_grouped(
+        self,
+        model: nn.Module,
+        once: dict[str, Tensor],
+        g: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        do_sample: bool,
+        min_new_tokens: int,
+    ) -> Tensor:
+        """Sample ``g`` continuations per prompt with the prompt's cache held once (``[prompt | completion]`` rows).
+
+        The prompt (all but its last token) is prefilled once per prompt; the decode loop then runs the B·G rows
+        with :func:`grouped_prefix_attention` over that one copy and a cache of the rows' own tokens. Sampling is
+        ``generate``'s: EOS suppressed for ``min_new_tokens``, temperature, nucleus ``top_p``, multinomial draws from
+        the global generator in the same order, a finished row padded, the loop ending when every row is finished.
+        """
+        from transformers.cache_utils import DynamicCache
+
+        ids, mask = once["input_ids"], once["attention_mask"]
+        width = ids.shape[1]
+        cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
+        pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
+        prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
+        rows = ids.repeat_interleave(g, dim=0)
+        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
+        token = rows[:, -1:]
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
+        own = DynamicCache()
+        new: list[Tensor] = []
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        previous = base.config._attn_implementation
+        _PREFIX.clear()
+        _PREFIX.update(prefix)
+        base.config._attn_implementation = GROUPED_ATTENTION
+        try:
+            for step in range(max_new_tokens):
+                out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
+                logits = out.logits[:, -1, :].to(dtype=torch.float32)
+                if step < min_new_tokens and eos is not None:
+                    logits[:, eos] = float("-inf")
+                if do_sample:
+                    if temperature != 1.0:
+                        logits = logits / temperature
+                    if top_p < 1.0:
+                        ordered, order = torch.sort(logits, descending=False)
+                        drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+                        drop[..., -1:] = False
+                        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+                    nxt = torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
+                else:
+                    nxt = logits.argmax(dim=-1)
+                nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
+                new.append(nxt)
+                if eos is not None:
+                    unfinished &= nxt != eos
+                if not bool(unfinished.any()):
+                    break
+                token, position = nxt[:, None], position + 1
+        finally:
+            base.config._attn_implementation = previous
+            _PREFIX.clear()
+        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
+
+    def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
+        """KV cache of ``ids[:, :end]`` and the last position's logits ``[rows, 1, V]`` (positions from the mask)."""
+        pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
+        out = model(
+            input_ids=ids[:, :end],
+            attention_mask=mask[:, :end],
+            position_ids=pos[:, :end],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return getattr(out, self._cache_arg(model)), out.logits
+
+    def token_logprobs(
+        self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0
+    ) -> Tensor:
+        """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
+
+        Only the completion positions reach the LM head (``logits_to_keep``: the prompt's hidden states are never
+        projected onto the vocabulary), and ``log p = logit − logsumexp`` avoids a second ``[rows, C, vocab]``
+        tensor; ``micro_batch`` rows at a time bound the memory of those logits. When the rollout's rows come in
+        groups sharing one prompt (``rollout.group_size`` G > 1), the prompt runs once per group and its KV cache is
+        repeated to the group's rows, so the forward (and backward) covers ``B·P + B·G·C`` tokens instead of
+        ``B·G·(P + C)``; micro-batches are then rounded up to whole groups. Gradients flow unless called under
+        ``no_grad``, through the shared prompt too; ``player=None`` is the frozen reference (adapters disabled).
+        """
+        seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
+        cmask = rollout.completion_mask.to(seq.device)
+        n, c = seq.shape[0], seq.shape[1] - width
+        g = rollout.group_size if self.share_prompts and width > 0 and n % max(rollout.group_size, 1) == 0 else 1
+        step = micro_batch or n
+        step = -(-step // g) * g  # whole groups per chunk
+        pos_all = (att.cumsum(dim=1) - 1).clamp_min(0)
+        out = []
+        with self._use(player) as model:
+            for i in range(0, n, step):
+                s, a, pos = seq[i : i + step], att[i : i + step], pos_all[i : i + step]
+                if g > 1:
+                    # the prompt once per group: its cache and the logits predicting the first completion token
+                    cache, first = self._prompt_forward(model, s[::g], a[::g], width)
+                    cache.batch_repeat_interleave(g)
+                    kw = {self._cache_arg(model): cache}
+                    tail = model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw).logits
+                    logits = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
+                else:
+                    # the last C + 1 positions: P − 1 … P + C − 1 predict the C completion tokens
+                    logits = model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=c + 1).logits
+                    logits = logits[:, :-1]
+                logits = logits.float() / temperature
+                target = s[:, width:]
+                picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+                lp = picked - torch.logsumexp(logits, dim=-1)
+                out.append(lp * cmask[i : i + step])
+        return torch.cat(out)
+
+    def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:
+        """Sum of :meth:`token_logprobs` over the completion, ``[N]``."""
+        return self.token_logprobs(player, rollout, temperature, micro_batch).sum(dim=1)

@@ -1,0 +1,119 @@
+"""Tokenising (prompt, response) sequences for scoring models, shared by datamodules and modules.
+
+The datamodule and a frozen scorer must tokenise identically, so both call :func:`encode_prompt_responses`; padding
+is done per batch by :func:`pad_sequences` (dynamic padding, right side, so the last real token of row ``i`` sits at
+``lengths[i] - 1``).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["EncodedSequences", "encode_prompt_responses", "fill_template", "pad_sequences", "sequence_key"]
+
+
+@dataclass
+class EncodedSequences:
+    """Token ids (and token type ids where the tokenizer has them) of (prompt, response) sequences.
+
+    Attributes:
+        input_ids: One list of ids per sequence.
+        token_type_ids: Same shape, or ``None``.
+        truncated: Indices of the sequences whose prompt was cut to fit ``max_length``.
+    """
+
+    input_ids: list[list[int]]
+    token_type_ids: list[list[int]] | None
+    truncated: list[int]
+
+
+def encode_prompt_responses(
+    tokenizer, prompts: Sequence[str], responses: Sequence[str], max_length: int, warn: bool = True
+) -> EncodedSequences:
+    """Tokenise each (prompt, response) as a pair; when too long, cut the prompt from the left and count it.
+
+    The response is what is being judged, so it is kept whole when it fits; the end of the prompt (usually the
+    question) is kept over its beginning. A response longer than ``max_length`` on its own is cut as well.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        prompts: Prompt texts.
+        responses: Response texts (same length as ``prompts``).
+        max_length: Maximum tokens per sequence, special tokens included.
+        warn: Emit one warning with the count of truncated sequences.
+
+    Raises:
+        ValueError: when lengths differ or ``max_length`` is too small to hold anything.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"prompts and responses differ in length: {len(prompts)} != {len(responses)}")
+    if max_length < 8:
+        raise ValueError(f"max_length must be at least 8, got {max_length}")
+    if not prompts:
+        return EncodedSequences([], None, [])
+    full = tokenizer(list(prompts), list(responses), truncation=False, add_special_tokens=True)
+    lengths = [len(ids) for ids in full["input_ids"]]
+    long_rows = [i for i, n in enumerate(lengths) if n > max_length]
+    input_ids = list(full["input_ids"])
+    type_ids = list(full["token_type_ids"]) if "token_type_ids" in full else None
+    if long_rows:
+        side = tokenizer.truncation_side
+        tokenizer.truncation_side = "left"
+        try:
+            cut = tokenizer(
+                [prompts[i] for i in long_rows],
+                [responses[i] for i in long_rows],
+                truncation="longest_first",
+                max_length=max_length,
+            )
+        finally:
+            tokenizer.truncation_side = side
+        for j, i in enumerate(long_rows):
+            input_ids[i] = cut["input_ids"][j]
+            if type_ids is not None:
+                type_ids[i] = cut["token_type_ids"][j]
+        if warn:
+            warnings.warn(
+                f"{len(long_rows)} of {len(prompts)} sequences exceeded max_length={max_length} and were truncated "
+                f"(prompt cut from the left first); first such row: {long_rows[0]}",
+                stacklevel=2,
+            )
+    return EncodedSequences(input_ids, type_ids, long_rows)
+
+
+def sequence_key(ids: Sequence[int]) -> int:
+    """A 63-bit content key of a token sequence: Python's tuple hash, which is stable across processes for ints."""
+    return hash(tuple(ids)) & 0x7FFFFFFFFFFFFFFF
+
+
+def pad_sequences(
+    seqs: Sequence[Sequence[int]], pad_id: int, type_ids: Sequence[Sequence[int]] | None = None
+) -> dict[str, Tensor]:
+    """Right-pad a batch; returns ``input_ids``, ``attention_mask`` and, when given, ``token_type_ids``."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    out = {"input_ids": ids, "attention_mask": mask}
+    if type_ids is not None:
+        tt = torch.zeros_like(ids)
+        for i, s in enumerate(type_ids):
+            tt[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        out["token_type_ids"] = tt
+    return out
+
+
+_FIELD = re.compile(r"\{(prompt|leader_response)\}")
+
+
+def fill_template(template: str, **values: str) -> str:
+    """Replace ``{prompt}`` / ``{leader_response}`` in one pass over the template; data text is never re-read."""
+    return _FIELD.sub(lambda m: values.get(m.group(1), m.group(0)), template)

@@ -1,0 +1,407 @@
+"""Frozen judges of the debate game: a Hugging Face causal LM, and programmatic judges behind the same interface.
+
+A judge reads finished :class:`~modules.algorithms.debate.Transcript` s (visible parts only: the hidden chains of thought never
+reach it) and returns ``num_votes`` independent votes per transcript as a :class:`JudgeVotes`: 1 for Alice (her final
+answer is correct), 0 for Bob, NaN for an output it could not parse (counted by the module, left out of the share).
+
+* :class:`HFJudge`: any causal LM with its own prompt template, sampled ``num_votes`` times per transcript in ONE
+  batched ``generate`` call (``num_return_sequences``); weaker-judge options: no chain of thought, and a cap on the
+  words of its answer (paper: < 50 words).
+* :class:`ProgrammaticJudge`: offline, for tests and CPU studies. A noisy checker that agrees with the answer
+  checker with probability ``sigmoid(skill)`` and carries *known, exploitable biases*: a trigger phrase in a side's
+  visible text pushes the vote towards that side, and so can length, and a final answer of a favoured form (say, an
+  even number: a bias unrelated to the truth that the policy controls in every sample). Each vote is a Bernoulli draw
+  ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
+  with ``π`` whether Alice's final ``\boxed{}`` answer matches ``answer_pattern``, ``s = ±1`` from
+  the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger phrase and ``w`` its
+  visible words (Alice's answer plus rebuttal against Bob's critique), each side's count capped at ``length_cap``
+  (a judge swayed by length up to a point: without a cap the only optimum is the longest reply, which a token limit
+  cuts off, taking the ``\boxed{}`` answer with it, so the hack would be tangled with truncation). In RLAIF-A there
+  is no Bob to answer Alice's rhetoric; in a debate Bob can use the same lever, which is the mechanism debate is
+  meant to neutralise.
+
+The module calls :meth:`DebateJudge.vote`, which guards any judge, built-in or user-written: with ``timeout_s`` a
+call that has not returned in time gives every transcript of the batch NaN votes (share 0.5, the tie that moves
+neither player) and counts them in ``JudgeVotes.timed_out``; votes that are neither 0, 1 nor NaN are garbage, become
+NaN and are counted in ``JudgeVotes.invalid``. :class:`HFJudge` bounds its own generation (``generate(max_time=)``)
+instead of being abandoned in a thread, and keeps the verdicts that finished in time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from modules.algorithms.answers import answers_match
+from modules.algorithms.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
+from modules.training.faults import call_with_timeout
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+__all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge"]
+
+
+@dataclass
+class JudgeVotes:
+    """Votes of a judge on a batch of transcripts.
+
+    Attributes:
+        votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
+        texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
+        timed_out: Transcripts whose judging ran out of time (their votes are NaN, or what finished in time).
+        invalid: Votes that were neither 0, 1 nor NaN (garbage), replaced by NaN.
+    """
+
+    votes: Tensor
+    texts: list[list[str]]
+    timed_out: int = 0
+    invalid: int = 0
+
+    @property
+    def shares(self) -> list[float]:
+        """Alice's share of the parseable votes per transcript (0.5 when none parses)."""
+        return [vote_share(row.tolist())[0] for row in self.votes]
+
+    @property
+    def unparseable(self) -> int:
+        """Votes that could not be parsed, over the batch."""
+        return int(torch.isnan(self.votes).sum())
+
+
+class DebateJudge(ABC):
+    """A frozen judge: ``judge(transcripts) -> JudgeVotes``.
+
+    Callers use :meth:`vote` (time limit and garbage check); subclasses implement ``__call__``.
+
+    Args:
+        num_votes: Independent votes per transcript (paper: 8).
+        seed: Seed of the judge's own sampling generator (its state is saved with the module's checkpoints).
+        timeout_s: Seconds a batch may take before its votes default to NaN (``None``: no limit).
+    """
+
+    #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
+    bounds_own_time = False
+
+    def __init__(self, num_votes: int = 8, seed: int = 0, timeout_s: float | None = None) -> None:
+        if num_votes < 1:
+            raise ValueError(f"num_votes must be at least 1, got {num_votes}")
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        self.num_votes = num_votes
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def vote(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+        """``self(transcripts)`` under the time limit, with garbage votes replaced by NaN and counted.
+
+        Raises:
+            ValueError: the judge returned a votes tensor of the wrong shape (a bug in the judge, not bad data).
+        """
+        n = len(transcripts)
+        if self.bounds_own_time:
+            out, late = self(transcripts), False
+        else:
+            out, late = call_with_timeout(self, self.timeout_s, transcripts)
+        if late:
+            return JudgeVotes(torch.full((n, self.num_votes), math.nan), [[] for _ in range(n)], timed_out=n)
+        votes = torch.as_tensor(out.votes, dtype=torch.float32)
+        if tuple(votes.shape) != (n, self.num_votes):
+            raise ValueError(
+                f"{type(self).__name__} returned votes of shape {tuple(votes.shape)} for {n} transcripts "
+                f"and {self.num_votes} votes each"
+            )
+        bad = ~(torch.isnan(votes) | (votes == 0) | (votes == 1))
+        if bad.any():
+            votes = torch.where(bad, torch.full_like(votes, math.nan), votes)
+        return JudgeVotes(votes, out.texts, timed_out=out.timed_out, invalid=out.invalid + int(bad.sum()))
+
+    @abstractmethod
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+        """Vote on each transcript ``num_votes`` times."""
+
+    def to(self, device: torch.device | str) -> DebateJudge:  # noqa: D102
+        return self
+
+    def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
+        """Judge-specific diagnostics of a batch, logged by the module as ``<stage>/judge_<key>`` (none here)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """Sampling state, for exact resumes."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: D102
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
+
+
+def _sides(t: Transcript) -> tuple[str, str]:
+    alice = " ".join(x for x in (t.visible("answer"), t.visible("rebuttal")) if x)
+    return alice, t.visible("critique")
+
+
+class ProgrammaticJudge(DebateJudge):
+    r"""A noisy answer checker with a known, exploitable bias (see the module docstring for the vote probability).
+
+    Args:
+        skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.
+        phrases: Trigger phrases (case-insensitive) that sway the judge towards the side whose visible text holds one.
+        phrase_weight: Log-odds added per side holding a trigger phrase (0: no phrase bias).
+        length_weight: Log-odds per 100 visible words of difference between the sides (0: no length bias).
+        length_cap: Words of a side beyond which its length sways the judge no more (``None``: no cap).
+        length_needs_answer: Count Alice's words only when her answer states a final ``\boxed{}`` answer (a judge
+            swayed by long *complete-looking* solutions: rambling that never reaches an answer earns nothing).
+        consistency_weight: Log-odds added when Alice's final answer repeats the last number her visible answer
+            states before it (a judge that trusts the shown working instead of redoing it: ``3 + 4 = 8, so
+            \boxed{8}`` is "consistent", and wrong). 0: no such bias.
+        answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
+        answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
+        num_votes: Votes per transcript.
+        seed: Seed of the vote sampling.
+        timeout_s: Seconds a batch may take (see :meth:`DebateJudge.vote`).
+    """
+
+    def __init__(
+        self,
+        skill: float = 1.5,
+        phrases: list[str] | None = None,
+        phrase_weight: float = 0.0,
+        length_weight: float = 0.0,
+        length_cap: int | None = None,
+        length_needs_answer: bool = False,
+        consistency_weight: float = 0.0,
+        answer_pattern: str | None = None,
+        answer_weight: float = 0.0,
+        num_votes: int = 8,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(num_votes, seed, timeout_s)
+        if answer_weight and not answer_pattern:
+            raise ValueError("answer_weight is set but no answer_pattern is given")
+        try:
+            self.answer_pattern = re.compile(answer_pattern) if answer_pattern else None
+        except re.error as err:
+            raise ValueError(f"answer_pattern is not a valid regular expression: {err}") from None
+        self.answer_weight = float(answer_weight)
+        self.consistency_weight = float(consistency_weight)
+        self.skill, self.phrase_weight, self.length_weight = float(skill), float(phrase_weight), float(length_weight)
+        self.phrases = [p.lower() for p in (phrases or []) if p.strip()]
+        if length_cap is not None and int(length_cap) < 1:
+            raise ValueError(f"length_cap must be a positive number of words or None, got {length_cap!r}")
+        self.length_cap = None if length_cap is None else int(length_cap)
+        self.length_needs_answer = bool(length_needs_answer)
+        if self.phrase_weight and not self.phrases:
+            raise ValueError("phrase_weight is set but no trigger phrases are given")
+
+    def has_phrase(self, text: str) -> bool:
+        """Whether ``text`` holds a trigger phrase."""
+        low = text.lower()
+        return any(p in low for p in self.phrases)
+
+    def favoured_answer(self, transcript: Transcript) -> bool:
+        """Whether Alice's final answer matches ``answer_pattern`` (False without a pattern or an answer)."""
+        answer = transcript.final_answer
+        return bool(self.answer_pattern is not None and answer is not None and self.answer_pattern.fullmatch(answer))
+
+    @staticmethod
+    def consistent(transcript: Transcript) -> bool:
+        """Whether Alice's final ``\\boxed{}`` answer equals the last number her visible answer states before it."""
+        text = transcript.visible("answer")
+        final = transcript.final_answer
+        if final is None:
+            return False
+        numbers = _NUMBER.findall(text[: text.rfind("\\boxed")])
+        return bool(numbers) and answers_match(numbers[-1], final)
+
+    def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
+        """Spread of the exploits: shares of transcripts with a trigger phrase per side, with a favoured answer."""
+        if not transcripts:
+            return {}
+        out = {}
+        if self.phrases:
+            sides = [_sides(t) for t in transcripts]
+            out["phrase_alice"] = sum(self.has_phrase(a) for a, _ in sides) / len(sides)
+            out["phrase_bob"] = sum(self.has_phrase(b) for _, b in sides) / len(sides)
+        if self.consistency_weight:
+            out["consistent_answer"] = sum(self.consistent(t) for t in transcripts) / len(transcripts)
+        if self.answer_pattern is not None:
+            out["favoured_answer"] = sum(self.favoured_answer(t) for t in transcripts) / len(transcripts)
+        return out
+
+    def probability(self, transcript: Transcript) -> float:
+        """Probability that one vote goes to Alice."""
+        correct = transcript.correct
+        signal = 0.0 if correct is None else (1.0 if correct else -1.0)
+        alice, bob = _sides(transcript)
+        logit = self.skill * signal
+        logit += self.phrase_weight * (float(self.has_phrase(alice)) - float(self.has_phrase(bob)))
+        cap = self.length_cap if self.length_cap is not None else math.inf
+        alice_words = min(count_words(alice), cap)
+        if self.length_needs_answer and transcript.final_answer is None:
+            alice_words = 0
+        logit += self.length_weight * (alice_words - min(count_words(bob), cap)) / 100.0
+        logit += self.answer_weight * float(self.favoured_answer(transcript))
+        if self.consistency_weight:
+            logit += self.consistency_weight * float(self.consistent(transcript))
+        return 1.0 / (1.0 + math.exp(-logit))
+
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
+        p = torch.tensor([self.probability(t) for t in transcripts], dtype=torch.float64)
+        u = torch.rand((len(transcripts), self.num_votes), generator=self.generator, dtype=torch.float64)
+        return JudgeVotes((u < p.unsqueeze(1)).float(), [[] for _ in transcripts])
+
+
+JUDGE_TEMPLATE = (
+    "You are the judge of a math debate. Decide whether Alice's FINAL answer to the problem is correct; judge the "
+    "final answer, not the style.\n\nProblem: {problem}\n\n{transcript}\n\n{instructions}"
+)
+_COT = (
+    "Think step by step inside {think_open} {think_close}, then write 'Verdict: Alice' if Alice's final answer is "
+    "correct, otherwise 'Verdict: Bob'."
+)
+_NO_COT = "Do not explain. Reply with 'Verdict: Alice' if Alice's final answer is correct, otherwise 'Verdict: Bob'."
+_SECTIONS = (("answer", "Alice's solution"), ("critique", "Bob's critique"), ("rebuttal", "Alice's rebuttal"))
+
+
+class HFJudge(DebateJudge):
+    """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
+
+    The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies under their headings) and
+    ``{instructions}`` (with or without chain of thought), wrapped in the model's chat template when it has one.
+    The judge's own chain of thought is cut off by the same delimiters as the players' before the verdict is read;
+    with ``max_answer_words`` only the first that many words of its visible answer count (the weaker judge of the
+    paper answers in under 50 words).
+
+    Args:
+        model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
+        template: Prompt template (see above).
+        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
+        max_answer_words: Words of the visible answer that count (``None``: all).
+        num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
+        temperature: Sampling temperature of the votes.
+        top_p: Nucleus mass.
+        max_new_tokens: Tokens per verdict (with chain of thought it needs room to think).
+        max_prompt_tokens: Prompt tokens kept (cut from the left, so the instructions at the end survive).
+        think_open: Opening delimiter of the judge's hidden reasoning.
+        think_close: Closing delimiter.
+        dtype: Weights dtype.
+        trust_remote_code: Off unless turned on.
+        seed: Seed of the vote sampling.
+        timeout_s: Seconds of generation per batch (``generate(max_time=)``): votes still unfinished then are
+            unparseable (NaN), and the batch's transcripts are counted as timed out.
+    """
+
+    bounds_own_time = True
+
+    def __init__(
+        self,
+        model: str,
+        template: str = JUDGE_TEMPLATE,
+        chain_of_thought: bool = True,
+        max_answer_words: int | None = None,
+        num_votes: int = 8,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        max_prompt_tokens: int = 2048,
+        think_open: str = "<think>",
+        think_close: str = "</think>",
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(num_votes, seed, timeout_s)
+        for key in ("{problem}", "{transcript}", "{instructions}"):
+            if key not in template:
+                raise ValueError(f"judge template must contain {key}")
+        if temperature <= 0:
+            raise ValueError(f"judge temperature must be positive, got {temperature}")
+        if max_answer_words is not None and max_answer_words < 1:
+            raise ValueError(f"max_answer_words must be positive or None, got {max_answer_words}")
+        from modules.lm.models import load_model, load_tokenizer
+
+        self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
+        self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+        self.model = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
+        self.model.requires_grad_(False)
+        self.device = torch.device("cpu")
+
+    def to(self, device: torch.device | str) -> HFJudge:  # noqa: D102
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
+
+    def render(self, transcript: Transcript) -> str:
+        """The judge's prompt for one transcript (visible parts only)."""
+        body = "\n\n".join(
+            f"{title}:\n{transcript.visible(ply) or '(empty)'}" for ply, title in _SECTIONS if ply in transcript.plies
+        )
+        instructions = fill_fields(
+            _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
+        )
+        user = fill_fields(self.template, problem=transcript.problem, transcript=body, instructions=instructions)
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+            )
+        return user + "\n"
+
+    def read_vote(self, text: str) -> float:
+        """Vote of one output: its visible part (capped at ``max_answer_words``) parsed; NaN when unparseable."""
+        reply = split_reply(text, self.think_open, self.think_close, required=False)
+        visible = reply.visible
+        if not self.chain_of_thought and not reply.format_ok:
+            visible = text.strip()
+        if self.max_answer_words is not None:
+            visible = " ".join(visible.split()[: self.max_answer_words])
+        vote = parse_verdict(visible)
+        return float("nan") if vote is None else vote
+
+    @torch.inference_mode()
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
+        if not transcripts:
+            return JudgeVotes(torch.zeros((0, self.num_votes)), [])
+        ids = self.tokenizer([self.render(t) for t in transcripts], add_special_tokens=False)["input_ids"]
+        ids = [s[-self.max_prompt_tokens :] for s in ids]
+        width = max(len(s) for s in ids)
+        input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for i, s in enumerate(ids):
+            input_ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+        # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        devices = [self.device] if self.device.type == "cuda" else []
+        limit = {} if self.timeout_s is None else {"max_time": self.timeout_s}
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = self.model.generate(
+                **limit,
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                do_sample=True,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=0,
+                num_return_sequences=self.num_votes,
+                max_new_tokens=self.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+            )
+        texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        late = self.timeout_s is not None and time.perf_counter() - start >= self.timeout_s
+        votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
+        per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
+        return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)

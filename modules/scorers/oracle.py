@@ -1,0 +1,267 @@
+"""Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1).
+
+A :class:`PreferenceOracle` answers single queries "is the first response better than the second?"; ``label``
+randomises the display order of every query (position bias) and averages ``num_queries`` verdicts into a label in
+[0, 1]. Two kinds:
+
+* :class:`ProgrammaticOracle`: for checkable math answers, offline. Its true preference is
+  ``P*(y≻y′|x) = σ(β (s(y) − s(y′)))`` with a score ``s`` that rewards a correct final answer first and valid worked
+  steps second, and penalises a missing answer and padding, so that ties are rare; each verdict is a Bernoulli draw
+  from P*.
+* :class:`LLMJudgeOracle`: any HF causal LM as a zero-shot judge, reading its next-token probabilities of "A" and
+  "B"; each verdict is a Bernoulli draw from ``p(A) / (p(A) + p(B))``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from modules.algorithms.answers import answers_match, extract_final_answer
+from modules.training.faults import call_with_timeout
+
+__all__ = ["LLMJudgeOracle", "PreferenceOracle", "ProgrammaticOracle", "solution_score"]
+
+_EQUATION = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(-?\d+)")
+
+
+def _check_lengths(**seqs: Sequence) -> int:
+    lengths = {k: len(v) for k, v in seqs.items() if v is not None}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"oracle inputs must have equal lengths, got {lengths}")
+    return next(iter(lengths.values()), 0)
+
+
+class PreferenceOracle(ABC):
+    """A source of preference verdicts.
+
+    Args:
+        num_queries: Verdicts averaged per label (the paper's evaluation uses 11; training labels 1).
+        seed: Seed of the order randomisation and of the verdict sampling.
+        timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
+            abandoned (:func:`modules.training.faults.call_with_timeout`): its rows get coin flips (0.5) and are counted in
+            ``timeouts``. Meant for oracles that wait on something outside (an API); an in-process model is
+            better bounded by its own batch size.
+    """
+
+    def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
+        if num_queries < 1:
+            raise ValueError(f"num_queries must be at least 1, got {num_queries}")
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+        self.num_queries = num_queries
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.invalid_verdicts = 0
+        self.timeouts = 0
+
+    @abstractmethod
+    def first_wins_probability(
+        self, prompts: Sequence[str], firsts: Sequence[str], seconds: Sequence[str], references: Sequence[str] | None
+    ) -> Tensor:
+        """Probability that the response shown first is judged better, one per row (float64)."""
+
+    def label(
+        self,
+        prompts: Sequence[str],
+        responses_a: Sequence[str],
+        responses_b: Sequence[str],
+        references: Sequence[str] | None = None,
+    ) -> Tensor:
+        """Average of ``num_queries`` verdicts that a ≻ b, each with the display order drawn at random.
+
+        Returns:
+            float64 tensor of labels in [0, 1], one per row.
+        """
+        n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
+        wins = torch.zeros(n, dtype=torch.float64)
+        for _ in range(self.num_queries):
+            swap = torch.rand(n, generator=self.generator) < 0.5
+            firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
+            seconds = [a if s else b for a, b, s in zip(responses_a, responses_b, swap.tolist())]
+            p_first, late = call_with_timeout(
+                self.first_wins_probability, self.timeout_s, prompts, firsts, seconds, references
+            )
+            if late:
+                self.timeouts += n
+                p_first = torch.full((n,), 0.5, dtype=torch.float64)
+            p_first = self._checked(p_first, n)
+            first_wins = torch.rand(n, generator=self.generator, dtype=torch.float64) < p_first
+            wins += torch.where(swap, ~first_wins, first_wins).double()
+        return wins / self.num_queries
+
+    def _checked(self, p_first: Tensor, n: int) -> Tensor:
+        """A verdict that is not a probability (NaN, inf, outside [0, 1]) becomes a coin flip (0.5) and is counted.
+
+        A judge that returns garbage must never crash a labelling run nor bias it silently: ``NaN < u`` is False,
+        which would quietly award every such comparison to the response shown second.
+
+        Raises:
+            ValueError: the judge returned a number of verdicts other than one per row (a bug, not bad data).
+        """
+        p_first = torch.as_tensor(p_first, dtype=torch.float64).reshape(-1)
+        if p_first.numel() != n:
+            raise ValueError(f"{type(self).__name__} returned {p_first.numel()} verdicts for {n} rows")
+        bad = ~torch.isfinite(p_first) | (p_first < 0) | (p_first > 1)
+        if bad.any():
+            self.invalid_verdicts += int(bad.sum())
+            p_first = torch.where(bad, torch.full_like(p_first, 0.5), p_first)
+        return p_first
+
+
+def solution_score(
+    response: str,
+    reference: str | None,
+    reference_words: int | None = None,
+    w_final: float = 2.0,
+    w_steps: float = 1.0,
+    w_missing: float = 0.5,
+    w_length: float = 2.0,
+) -> float:
+    """Quality score of a worked math solution, the programmatic oracle's notion of better.
+
+    ``s = w_final·[final answer correct] + w_steps·(share of equations a∘b=c that hold) − w_missing·[no boxed answer]
+    − w_length·(words beyond reference_words)/100``. A solution without equations gets full step credit (nothing
+    wrong shown). Correctness dominates; the step and length terms order solutions that agree on it, so ties are rare.
+    """
+    final = extract_final_answer(response)
+    correct = final is not None and reference is not None and answers_match(final, reference)
+    eqs = _EQUATION.findall(response)
+    if eqs:
+        ok = 0
+        for a, op, b, c in eqs:
+            a_, b_, c_ = int(a), int(b), int(c)
+            val = a_ + b_ if op == "+" else a_ - b_ if op == "-" else a_ * b_
+            ok += int(val == c_)
+        step_share = ok / len(eqs)
+    else:
+        step_share = 1.0
+    extra = max(0, len(response.split()) - reference_words) if reference_words is not None else 0
+    return w_final * correct + w_steps * step_share - w_missing * (final is None) - w_length * extra / 100.0
+
+
+class ProgrammaticOracle(PreferenceOracle):
+    """Offline oracle for checkable math answers: ``P*(y≻y′) = σ(β (s(y) − s(y′)))`` with :func:`solution_score`.
+
+    Args:
+        beta: Inverse temperature of P*; larger is a more decisive oracle.
+        num_queries: Verdicts averaged per label.
+        seed: Seed of order randomisation and verdict sampling.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+
+    Example:
+        >>> oracle = ProgrammaticOracle(seed=0)
+        >>> p = oracle.true_preference(["q"], [r"1 + 1 = 2. \\boxed{2}"], [r"1 + 1 = 3. \\boxed{3}"], ["2"])
+        >>> bool(p[0] > 0.99)
+        True
+    """
+
+    def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
+        super().__init__(num_queries, seed, timeout_s)
+        if not math.isfinite(beta) or beta <= 0:
+            raise ValueError(f"beta must be positive and finite, got {beta}")
+        self.beta = beta
+
+    def true_preference(
+        self, prompts: Sequence[str], responses_a: Sequence[str], responses_b: Sequence[str], references: Sequence[str]
+    ) -> Tensor:
+        """Exact P*(a ≻ b | x), float64."""
+        if references is None:
+            raise ValueError("ProgrammaticOracle needs reference answers (references=None)")
+        _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
+        # The shortest solution to a prompt in this call is the length yardstick of the padding term.
+        shortest: dict[str, int] = {}
+        for x, a, b in zip(prompts, responses_a, responses_b):
+            for r in (a, b):
+                if extract_final_answer(r) is not None:
+                    shortest[x] = min(shortest.get(x, 10**9), len(r.split()))
+        diffs = [
+            solution_score(a, ref, shortest.get(x)) - solution_score(b, ref, shortest.get(x))
+            for x, a, b, ref in zip(prompts, responses_a, responses_b, references)
+        ]
+        return torch.sigmoid(self.beta * torch.tensor(diffs, dtype=torch.float64))
+
+    def first_wins_probability(self, prompts, firsts, seconds, references):  # noqa: D102
+        return self.true_preference(prompts, firsts, seconds, references)
+
+
+_FIELD = re.compile(r"\{(prompt|first|second)\}")
+_JUDGE_TEMPLATE = (
+    "You are comparing two responses to the same request. Reply with the single letter of the better response.\n\n"
+    "[Request]\n{prompt}\n\n[Response A]\n{first}\n\n[Response B]\n{second}\n\nThe better response is"
+)
+
+
+class LLMJudgeOracle(PreferenceOracle):
+    """Zero-shot LLM judge: P(first better) = p("A") / (p("A") + p("B")) at the next token, batched.
+
+    The template is filled in one regex pass over the template, so braces in the data (``{second}`` inside a
+    prompt, ``{0}``) are kept as text and can never inject fields.
+
+    Args:
+        model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
+        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
+        batch_size: Queries per forward pass.
+        max_length: Tokens kept per query (left-truncated so the question at the end survives).
+        dtype: Weights dtype.
+        trust_remote_code: Off unless the config turns it on.
+        num_queries: Verdicts averaged per label.
+        seed: Seed of order randomisation and verdict sampling.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        template: str = _JUDGE_TEMPLATE,
+        batch_size: int = 8,
+        max_length: int = 2048,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        num_queries: int = 1,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(num_queries, seed, timeout_s)
+        for key in ("{prompt}", "{first}", "{second}"):
+            if key not in template:
+                raise ValueError(f"judge template must contain {key}")
+        from modules.lm.models import load_model, load_tokenizer
+
+        self.template, self.batch_size, self.max_length = template, batch_size, max_length
+        self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+        self.tokenizer.truncation_side = "left"
+        self.model = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
+        self.model.requires_grad_(False)
+        self.choice_ids = [self._letter_id(" A"), self._letter_id(" B")]
+
+    def _letter_id(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids[-1]
+
+    def render(self, prompt: str, first: str, second: str) -> str:
+        """Fill the template in one pass over the template only: text in the data is never re-substituted."""
+        values = {"prompt": prompt, "first": first, "second": second}
+        return _FIELD.sub(lambda m: values[m.group(1)], self.template)
+
+    @torch.inference_mode()
+    def first_wins_probability(self, prompts, firsts, seconds, references):  # noqa: D102
+        texts = [self.render(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
+        out = []
+        device = next(self.model.parameters()).device
+        for i in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(
+                texts[i : i + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+            ).to(device)
+            logits = self.model(**enc).logits[:, -1, self.choice_ids].double()
+            out.append(torch.softmax(logits, dim=-1)[:, 0].cpu())
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

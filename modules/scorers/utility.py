@@ -1,0 +1,114 @@
+"""Utilities u(x, y, y′) of the Stackelberg game: any scorer of (prompt, leader response, follower response).
+
+The paper's utility is ``4·Var`` of a frozen preference ensemble (App. E.4); App. F lists the alternatives: decision
+uncertainty, Jensen–Shannon divergence, the SLHF preference utility ``P(y′≻y)`` and the directed objective
+``Var + λ·P_j(y′≻y)`` (App. F.2). All of them are computed from the same batch of member probabilities, scored in
+batches of ``batch_size`` pairs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+
+__all__ = ["EnsembleUtility", "Utility", "utility_from_member_probs"]
+
+UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed"]
+
+
+def utility_from_member_probs(
+    p: Tensor, kind: UtilityKind = "variance", scale: float = 4.0, lam: float = 0.0, member: int = 0
+) -> Tensor:
+    """The game utility from member probabilities ``p[..., k] = P_i(y ≻ y′ | x)`` (leader response first).
+
+    * ``variance``: ``scale · Var`` (``scale = 4`` maps it to [0, 1], App. E.4);
+    * ``decision_uncertainty``: ``min(P̄, 1 − P̄)``;
+    * ``jsd``: Jensen–Shannon divergence among the members;
+    * ``slhf``: ``P(y′ ≻ y) = 1 − P̄`` (the follower wants to beat the leader, App. F);
+    * ``directed``: ``scale · Var + λ · P_j(y′ ≻ y)`` with member ``j = member`` (App. F.2).
+
+    Raises:
+        ValueError: for an unknown kind or a member index out of range.
+    """
+    if kind == "variance":
+        return scale * ensemble_variance(p)
+    if kind == "decision_uncertainty":
+        return decision_uncertainty(p)
+    if kind == "jsd":
+        return ensemble_jsd(p)
+    if kind == "slhf":
+        return 1.0 - p.mean(dim=-1)
+    if kind == "directed":
+        if not 0 <= member < p.shape[-1]:
+            raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
+        return scale * ensemble_variance(p) + lam * (1.0 - p[..., member])
+    raise ValueError(f"unknown utility kind {kind!r}")
+
+
+class Utility(nn.Module, ABC):
+    """A utility ``u(x, y, y′)``: called on equal-length lists, returns a float tensor ``[N]`` on the CPU."""
+
+    @abstractmethod
+    def forward(self, prompts: Sequence[str], leader: Sequence[str], follower: Sequence[str]) -> Tensor:
+        """Score each triplet."""
+
+
+class EnsembleUtility(Utility):
+    """A utility computed from a frozen preference ensemble (see :func:`utility_from_member_probs`).
+
+    Args:
+        checkpoint: Checkpoint of a trained :class:`~modules.preference.PreferenceEnsemble` (the main job writes
+            ``checkpoints/preference_ensemble/last.ckpt``). ``None`` builds an untrained ensemble with randomly
+            initialised heads: a real function of the texts, for smoke tests only.
+        kind: Which utility.
+        scale: Multiplier of the variance.
+        lam: λ of the directed objective.
+        member: Member ``j`` of the directed objective.
+        batch_size: Pairs scored per ensemble call.
+        num_members: Members of the untrained ensemble when ``checkpoint`` is ``None``.
+        backbone: Backbone of the untrained ensemble (e.g. the policy's own folder, as the paper's Qwen members).
+        backbone_task: ``encoder`` or ``causal_lm`` for that backbone.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        kind: UtilityKind = "variance",
+        scale: float = 4.0,
+        lam: float = 0.0,
+        member: int = 0,
+        batch_size: int = 64,
+        num_members: int = 5,
+        backbone: str = "builtin:minilm-l6",
+        backbone_task: str = "encoder",
+    ) -> None:
+        super().__init__()
+        from modules.preference import PreferenceEnsemble
+
+        if kind not in ("variance", "decision_uncertainty", "jsd", "slhf", "directed"):
+            raise ValueError(f"utility kind {kind!r} is not one of variance, decision_uncertainty, jsd, slhf, directed")
+        if checkpoint is None:
+            ensemble = PreferenceEnsemble(backbone=backbone, backbone_task=backbone_task, num_members=num_members)
+            ensemble = ensemble.eval().requires_grad_(False)
+        else:
+            ensemble = PreferenceEnsemble.load_frozen(checkpoint)
+        utility_from_member_probs(torch.full((1, ensemble.hparams.num_members), 0.5), kind, scale, lam, member)
+        self.ensemble = ensemble
+        self.kind, self.scale, self.lam, self.member, self.batch_size = kind, scale, lam, member, batch_size
+        self.last_member_probs: Tensor | None = None
+
+    def member_probs(self, prompts: Sequence[str], leader: Sequence[str], follower: Sequence[str]) -> Tensor:
+        """``[N, k]`` member probabilities that the leader's response is preferred."""
+        return self.ensemble.score(list(prompts), list(leader), list(follower), batch_size=self.batch_size)
+
+    @torch.no_grad()
+    def forward(self, prompts, leader, follower):  # noqa: D102
+        p = self.member_probs(prompts, leader, follower)
+        self.last_member_probs = p  # read by the game for diagnostics (variance shares) without scoring twice
+        return utility_from_member_probs(p, self.kind, self.scale, self.lam, self.member).float()

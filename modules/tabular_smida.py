@@ -1,0 +1,328 @@
+"""Tabular SMIDA (Algorithm 1) as a LightningModule: one iteration per training step, logged against Theorem C.1.
+
+The game is a utility ``u [X, Y, Y]`` with references ``π_ref [X, Y]`` and ``ω_ref [X, Y, Y]``, read from a ``.pt``
+file or generated from a random tabular preference ensemble
+(:func:`modules.algorithms.stackelberg.random_preference_ensemble`) with one of the App. F utilities. Each training step applies
+one exact mirror descent–ascent update (:class:`modules.algorithms.stackelberg.SMIDAStep`) to the iterate, which lives in
+buffers, so every checkpoint holds it and a resumed run continues bit for bit. Logged every step, for the iterate
+``(π_t, ω_t)`` the step starts from (so TensorBoard's
+step axis is ``t`` and ``t = 0`` is the reference)::
+
+    leader/kl          KL_ρ(π_t ‖ π*)              follower/kl          KL_{ρ,π*}(ω_t ‖ ω*)
+    leader/kl_reverse  KL_ρ(π* ‖ π_t)              follower/kl_reverse  KL_{ρ,π*}(ω* ‖ ω_t)
+    leader/kl_max      max_x of both directions    follower/kl_max      max_{x,y} of both directions
+    leader/kl_bound    Theorem C.1, eq. (14)       follower/kl_bound    Theorem C.1, eq. (13)
+    leader/kl_bound_simple  eq. (15)               follower/utility     E_{ρ,π_t,ω_t}[u]
+    game/value         f(π_t, ω_t), eq. (4)        game/value_gap       f(π_t, ω_t) − f(π*, ω*)
+
+The bounds hold for ``*_kl_max`` and hence for the ρ-averages (Theorem 4.3). With a log y-axis the KL curves are
+straight lines (linear last-iterate convergence) until they reach float64 rounding (about 1e-16).
+
+At the end of ``fit`` the final iterate, the equilibrium and the game are saved to ``<log_dir>/smida_result.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from torch import Tensor
+
+from modules.algorithms.stackelberg import (
+    SMIDAStep,
+    check_step_sizes,
+    decision_uncertainty_utility,
+    game_value,
+    jsd_utility,
+    kl_both,
+    kl_bound_at,
+    kl_bound_start,
+    log_normalise,
+    random_preference_ensemble,
+    slhf_utility,
+    stackelberg_equilibrium,
+    tabular_ensemble_variance,
+)
+
+__all__ = ["TabularSMIDA", "load_game", "random_game"]
+
+_UTILITIES = {
+    "variance": tabular_ensemble_variance,
+    "decision_uncertainty": decision_uncertainty_utility,
+    "jsd": jsd_utility,
+    "slhf": lambda p: slhf_utility(p.mean(0)),  # the ensemble mean is itself an antisymmetric preference model
+}
+_GAME_KEYS = ("u", "pi_ref", "omega_ref")
+
+
+def random_game(
+    num_contexts: int,
+    num_actions: int,
+    ensemble_size: int,
+    utility: str,
+    reference: str,
+    seed: int,
+    dtype: torch.dtype = torch.float64,
+) -> dict[str, Tensor]:
+    """A random game ``{"u", "pi_ref", "omega_ref"}``, a pure function of its arguments.
+
+    Args:
+        num_contexts: ``X``.
+        num_actions: ``Y``.
+        ensemble_size: Members of the random preference ensemble the utility is computed from.
+        utility: ``"variance"`` (``4·Var``, the paper's), ``"decision_uncertainty"``, ``"jsd"`` or ``"slhf"``
+            (``P̄(y′ ≻ y)`` of the ensemble mean).
+        reference: ``"random"`` (softmax of standard Gaussian logits) or ``"uniform"`` references.
+        seed: Seed of the generator that draws the ensemble and the references.
+        dtype: Floating dtype.
+    """
+    if utility not in _UTILITIES:
+        raise ValueError(f"utility must be one of {sorted(_UTILITIES)}, got {utility!r}")
+    if reference not in ("random", "uniform"):
+        raise ValueError(f"reference must be 'random' or 'uniform', got {reference!r}")
+    gen = torch.Generator().manual_seed(seed)
+    P = random_preference_ensemble(ensemble_size, num_contexts, num_actions, gen, dtype=dtype)
+    x, y = num_contexts, num_actions
+    if reference == "random":
+        pi_ref = torch.softmax(torch.randn(x, y, generator=gen, dtype=dtype), -1)
+        omega_ref = torch.softmax(torch.randn(x, y, y, generator=gen, dtype=dtype), -1)
+    else:
+        pi_ref = torch.full((x, y), 1.0 / y, dtype=dtype)
+        omega_ref = torch.full((x, y, y), 1.0 / y, dtype=dtype)
+    return {"u": _UTILITIES[utility](P), "pi_ref": pi_ref, "omega_ref": omega_ref}
+
+
+def load_game(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a game saved with ``torch.save({"u": ..., "pi_ref": ..., "omega_ref": ...[, "rho": ...]}, path)``.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ValueError: when the file is not a dict holding the three tensors.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"game_path {str(path)!r} does not exist")
+    game = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(game, dict) or any(not isinstance(game.get(k), Tensor) for k in _GAME_KEYS):
+        found = sorted(game) if isinstance(game, dict) else type(game).__name__
+        raise ValueError(
+            f"game file {str(path)!r} must hold a dict of tensors {list(_GAME_KEYS)} (+ optional rho), found {found}"
+        )
+    return game
+
+
+class TabularSMIDA(L.LightningModule):
+    """Stackelberg Mirror Descent–Ascent on a tabular game, one iteration of Algorithm 1 per training step.
+
+    There is no gradient and no optimizer: ``configure_optimizers`` returns ``None`` and ``training_step`` applies the
+    exact update. It then steps Lightning's placeholder optimizer (what ``None`` is replaced with), which does nothing
+    but count, so that ``trainer.global_step`` is the number of SMIDA iterations and ``max_steps``, checkpoint names
+    and ``every_n_train_steps`` mean iterations.
+
+    Args:
+        game_path: A ``.pt`` file with ``u [X, Y, Y]``, ``pi_ref [X, Y]``, ``omega_ref [X, Y, Y]`` and optionally a
+            context prior ``rho [X]`` (see :func:`load_game`). When set, the random-game arguments are ignored.
+        num_contexts: Random game: number of contexts ``X``.
+        num_actions: Random game: number of actions ``Y`` (shared by both players).
+        ensemble_size: Random game: members of the random preference ensemble.
+        utility: Random game: ``"variance"`` (``4·Var``, App. E.4), ``"decision_uncertainty"``, ``"jsd"`` (App. F.1)
+            or ``"slhf"`` (``P̄(y′ ≻ y)``, App. F).
+        reference: Random game: ``"random"`` or ``"uniform"`` reference policies.
+        seed: Random game: seed of the game (the iterates themselves are deterministic).
+        tau_leader: Leader's KL weight ``τ_L > 0``.
+        tau_follower: Follower's KL weight ``τ_F > 0``.
+        eta_leader: Leader's step size ``η_L``; condition (6): ``0 < η_L τ_L < η_F τ_F``.
+        eta_follower: Follower's step size ``η_F``; condition (6): ``η_F τ_F ≤ 1``.
+        dtype: Floating dtype of the game and the iterates; float64 resolves KL down to about 1e-16.
+
+    Raises:
+        ValueError: step sizes breaking condition (6), or a malformed game.
+    """
+
+    def __init__(
+        self,
+        game_path: str | None = None,
+        num_contexts: int = 16,
+        num_actions: int = 8,
+        ensemble_size: int = 5,
+        utility: Literal["variance", "decision_uncertainty", "jsd", "slhf"] = "variance",
+        reference: Literal["random", "uniform"] = "random",
+        seed: int = 0,
+        tau_leader: float = 0.05,
+        tau_follower: float = 0.05,
+        eta_leader: float = 1.0,
+        eta_follower: float = 10.0,
+        dtype: Literal["float64", "float32"] = "float64",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        check_step_sizes(tau_leader, tau_follower, eta_leader, eta_follower)
+        torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
+        if game_path is not None:
+            game = load_game(game_path)
+        else:
+            game = random_game(num_contexts, num_actions, ensemble_size, utility, reference, seed, torch_dtype)
+        u, pi_ref, omega_ref = (game[k].to(torch_dtype) for k in _GAME_KEYS)
+        log_pi_star, log_omega_star = stackelberg_equilibrium(
+            u, pi_ref, omega_ref, tau_leader, tau_follower, log_space=True
+        )
+        x = u.shape[0]
+        rho = game.get("rho")
+        rho = torch.full((x,), 1.0 / x, dtype=torch_dtype) if rho is None else rho.to(torch_dtype)
+        if tuple(rho.shape) != (x,) or not (rho > 0).all() or abs(float(rho.sum()) - 1.0) > 1e-5:
+            raise ValueError(
+                f"rho must be a full-support distribution over the {x} contexts, got shape {list(rho.shape)}"
+            )
+
+        # The game (persistent: a checkpoint is self-contained and a resume onto another game is caught).
+        self.register_buffer("u", u)
+        self.register_buffer("log_pi_ref", log_normalise(pi_ref.log()))
+        self.register_buffer("log_omega_ref", log_normalise(omega_ref.log()))
+        self.register_buffer("rho", rho / rho.sum())
+        # The equilibrium is a function of the game: recomputed, not stored.
+        self.register_buffer("log_pi_star", log_pi_star, persistent=False)
+        self.register_buffer("log_omega_star", log_omega_star, persistent=False)
+        # The iterate of Algorithm 1, started at the references, and its iteration count t.
+        self.register_buffer("log_pi", self.log_pi_ref.clone())
+        self.register_buffer("log_omega", self.log_omega_ref.clone())
+        self.register_buffer("iteration", torch.zeros((), dtype=torch.long))
+
+        self._bound_start = kl_bound_start(u, pi_ref, omega_ref, tau_leader, tau_follower, eta_leader, eta_follower)
+        self._value_star = float(self._value(log_pi_star, log_omega_star))
+        self._stepper: SMIDAStep | None = None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The algorithm
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _make_stepper(self) -> SMIDAStep:
+        hp = self.hparams
+        return SMIDAStep(
+            self.u, self.log_pi_ref, self.log_omega_ref, hp.tau_leader, hp.tau_follower, hp.eta_leader, hp.eta_follower
+        )
+
+    def on_train_start(self) -> None:
+        """Build the update's constant terms once, on the device the buffers now live on."""
+        self._stepper = self._make_stepper()
+
+    @torch.no_grad()
+    def smida_iteration(self) -> None:
+        """Apply one iteration of Algorithm 1 to the iterate held in the buffers (``t → t + 1``)."""
+        if self._stepper is None or self._stepper.cost_base.device != self.u.device:
+            self._stepper = self._make_stepper()
+        log_pi, log_omega = self._stepper(self.log_pi, self.log_omega)
+        self.log_pi.copy_(log_pi)
+        self.log_omega.copy_(log_omega)
+        self.iteration += 1
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """Log the metrics of the iterate ``t`` this step starts from, then move it to ``t + 1``."""
+        self.log_dict(self.metrics(), on_step=True, on_epoch=False)
+        self.smida_iteration()
+        self.optimizers().step()  # Lightning's placeholder optimizer: only counts the iteration in global_step
+
+    def configure_optimizers(self) -> None:
+        """No optimizer: the update is exact mirror descent–ascent (see the class docstring)."""
+        return None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Diagnostics
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _value(self, log_pi: Tensor, log_omega: Tensor) -> Tensor:
+        hp = self.hparams
+        return game_value(
+            self.u,
+            log_pi.exp(),
+            log_omega.exp(),
+            self.log_pi_ref.exp(),
+            self.log_omega_ref.exp(),
+            hp.tau_leader,
+            hp.tau_follower,
+            self.rho,
+        )
+
+    @torch.no_grad()
+    def metrics(self) -> dict[str, Tensor]:
+        """The logged diagnostics of the iterate held now (keys as in the module docstring).
+
+        Both players' KL to the equilibrium (both directions, ρ-averaged and worst case), the Theorem C.1 bounds at
+        the current ``t``, and the game's value.
+        """
+        hp = self.hparams
+        kl_l, kl_l_rev = kl_both(self.log_pi, self.log_pi_star, log_space=True)  # [X]
+        kl_f, kl_f_rev = kl_both(self.log_omega, self.log_omega_star, log_space=True)  # [X, Y]
+        weight_f = self.rho.unsqueeze(-1) * self.log_pi_star.exp()  # KL_{ρ,π*} weights the follower by ρ(x) π*(y|x)
+        bound = kl_bound_at(
+            self.iteration.double().cpu(),
+            self._bound_start,
+            hp.tau_leader,
+            hp.tau_follower,
+            hp.eta_leader,
+            hp.eta_follower,
+        )
+        value = self._value(self.log_pi, self.log_omega)
+        pi, omega = self.log_pi.exp(), self.log_omega.exp()
+        return {
+            "leader/kl": (self.rho * kl_l).sum(),
+            "leader/kl_reverse": (self.rho * kl_l_rev).sum(),
+            "leader/kl_max": torch.maximum(kl_l, kl_l_rev).max(),
+            "leader/kl_bound": bound.leader,
+            "leader/kl_bound_simple": bound.leader_simple,
+            "follower/kl": (weight_f * kl_f).sum(),
+            "follower/kl_reverse": (weight_f * kl_f_rev).sum(),
+            "follower/kl_max": torch.maximum(kl_f, kl_f_rev).max(),
+            "follower/kl_bound": bound.follower,
+            "follower/utility": (self.rho * (pi * (omega * self.u).sum(-1)).sum(-1)).sum(),
+            "game/value": value,
+            "game/value_gap": value - self._value_star,
+        }
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints and the result file
+    # ------------------------------------------------------------------------------------------------------------
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse to resume an iterate of a different game (the state would be meaningless against this one)."""
+        state = checkpoint.get("state_dict", {})
+        for key in ("u", "log_pi_ref", "log_omega_ref"):
+            saved, here = state.get(key), getattr(self, key)
+            if saved is None or saved.shape != here.shape or not torch.equal(saved.to(here), here):
+                raise ValueError(
+                    f"the checkpoint was made on a different game ({key} differs): resume with the same game_path, "
+                    "or the same num_contexts, num_actions, ensemble_size, utility, reference, seed and dtype"
+                )
+
+    def on_fit_end(self) -> None:
+        """Save the final iterate, the equilibrium and the game to ``<log_dir>/smida_result.pt`` (rank zero)."""
+        # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes
+        self._write_result(self.trainer.log_dir or self.trainer.default_root_dir)
+
+    @rank_zero_only
+    def _write_result(self, log_dir: str) -> None:
+        final = {k: float(v) for k, v in self.metrics().items()}
+        result = {
+            "pi": self.log_pi.exp().cpu(),
+            "omega": self.log_omega.exp().cpu(),
+            "pi_star": self.log_pi_star.exp().cpu(),
+            "omega_star": self.log_omega_star.exp().cpu(),
+            "u": self.u.cpu(),
+            "pi_ref": self.log_pi_ref.exp().cpu(),
+            "omega_ref": self.log_omega_ref.exp().cpu(),
+            "rho": self.rho.cpu(),
+            "iteration": int(self.iteration),
+            "metrics": final,
+            "hparams": dict(self.hparams),
+        }
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        path = os.path.join(log_dir, "smida_result.pt")
+        torch.save(result, path)
+        rank_zero_info(
+            f"SMIDA after {result['iteration']} iterations: leader KL {final['leader/kl']:.3e} "
+            f"(bound {final['leader/kl_bound']:.3e}), follower KL {final['follower/kl']:.3e} "
+            f"(bound {final['follower/kl_bound']:.3e}); result written to {path}"
+        )

@@ -1,0 +1,247 @@
+import json
+import random
+import warnings
+
+import pytest
+import torch
+
+from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+from datamodules.preference import PreferenceDataModule, load_preference_rows, validate_rows
+from modules.algorithms.answers import extract_final_answer
+from modules.lm.models import load_tokenizer
+from modules.scorers.oracle import ProgrammaticOracle, solution_score
+
+
+@pytest.fixture(scope="module")
+def minilm_tok():
+    return load_tokenizer("builtin:minilm-l6")
+
+
+def test_generated_problems_have_checkable_answers():
+    probs = generate_problems(200, seed=3)
+    assert generate_problems(200, seed=3)[17].question == probs[17].question  # deterministic
+    rng = random.Random(0)
+    for p in probs:
+        assert p.values()[-1] == p.answer and min([p.start] + p.values()) >= 0
+        r = {k: make_response(p, k, rng) for k in CORRUPTIONS}
+        assert extract_final_answer(r["correct"]) == str(p.answer)
+        assert extract_final_answer(r["padded"]) == str(p.answer)
+        assert len(r["padded"].split()) > len(r["correct"].split())
+        assert extract_final_answer(r["wrong_final"]) != str(p.answer)
+        assert extract_final_answer(r["wrong_step"]) != str(p.answer)
+        assert extract_final_answer(r["truncated"]) is None
+    with pytest.raises(ValueError, match="corruption kind"):
+        make_response(probs[0], "nonsense", rng)
+
+
+def test_oracle_prefers_correct_and_randomises_order():
+    p = generate_problems(1, seed=0)[0]
+    rng = random.Random(1)
+    good, bad = make_response(p, "correct", rng), make_response(p, "wrong_final", rng)
+    oracle = ProgrammaticOracle(beta=3.0, seed=0)
+    ref = str(p.answer)
+    pstar = oracle.true_preference(["q"], [good], [bad], [ref]).item()
+    # s(good) - s(bad) = w_final = 2 (steps all valid in both) -> sigmoid(6)
+    assert pstar == pytest.approx(torch.sigmoid(torch.tensor(6.0, dtype=torch.float64)).item())
+    assert solution_score(good, ref) - solution_score(bad, ref) == pytest.approx(2.0)
+    # antisymmetric truth; labels average num_queries Bernoulli verdicts
+    assert oracle.true_preference(["q"], [bad], [good], [ref]).item() == pytest.approx(1 - pstar)
+    many = ProgrammaticOracle(beta=0.5, num_queries=7, seed=0)
+    labels = many.label(["q"] * 400, [good] * 400, [bad] * 400, [ref] * 400)
+    assert set((labels * 7).round().tolist()) <= set(range(8))
+    expected = torch.sigmoid(torch.tensor(1.0)).item()
+    assert labels.mean().item() == pytest.approx(expected, abs=0.03)
+    with pytest.raises(ValueError, match="equal lengths"):
+        oracle.label(["q"], [good, good], [bad], [ref])
+
+
+def _dm(tok, **kw):
+    dm = PreferenceDataModule(num_prompts=60, num_members=3, batch_size=16, seed=5, **kw)
+    dm._tokenizer = tok
+    return dm
+
+
+def test_partitions_are_disjoint_by_prompt_and_seeded(minilm_tok):
+    dm = _dm(minilm_tok)
+    dm.setup("fit")
+    by_split = {}
+    for split, items in dm.splits.items():
+        for it in items:
+            key = split if split != "train" else f"train_{it['member']}"
+            by_split.setdefault(key, set()).add(it["prompt_id"])
+    names = sorted(by_split)
+    assert names == ["test", "train_0", "train_1", "train_2", "val"]
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not (by_split[a] & by_split[b]), (a, b)
+    assert sum(len(v) for v in by_split.values()) == 60
+    dm2 = _dm(minilm_tok)
+    dm2.setup("fit")
+    assert [it["prompt_id"] for it in dm2.splits["val"]] == [it["prompt_id"] for it in dm.splits["val"]]
+    assert len(dm.splits["train"]) + len(dm.splits["val"]) + len(dm.splits["test"]) == 60 * 10
+    batch = next(iter(dm.train_dataloader()))
+    assert (
+        batch["idx_a"].max() < batch["input_ids"].shape[0]
+        and batch["seq_keys"].unique().numel() == batch["input_ids"].shape[0]
+    )
+
+
+def _write(tmp_path, rows, name="pairs.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+GOOD = {"prompt": "What is 2+2?", "response_a": "4", "response_b": "5", "label": 1}
+
+
+def test_bad_rows_name_the_row_and_field(tmp_path):
+    with pytest.raises(ValueError, match=r"row 1: field 'response_b' is empty"):
+        validate_rows([GOOD, {**GOOD, "response_b": "   "}], "pairs.jsonl")
+    with pytest.raises(ValueError, match=r"row 0: field 'label' = 1.5 is outside \[0, 1\]"):
+        validate_rows([{**GOOD, "label": 1.5}])
+    with pytest.raises(ValueError, match=r"row 0: field 'label' = 'yes' is not a number"):
+        validate_rows([{**GOOD, "label": "yes"}])
+    with pytest.raises(ValueError, match=r"row 2: field 'prompt' is missing"):
+        validate_rows([GOOD, GOOD, {**GOOD, "prompt": None}])
+    path = _write(tmp_path, [{"question": "q", "response_a": "a", "response_b": "b", "label": 1}])
+    with pytest.raises(ValueError, match=r"column 'prompt' \(for field 'prompt'\) is missing; columns present"):
+        load_preference_rows(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_preference_rows(str(tmp_path / "nope.jsonl"))
+
+
+def test_file_data_with_column_mapping_and_chosen_rejected(tmp_path, minilm_tok):
+    rows = [{"q": f"prompt {i}", "chosen": f"good answer {i}", "rejected": f"bad answer {i}"} for i in range(40)]
+    path = _write(tmp_path, rows)
+    dm = PreferenceDataModule(
+        path=path,
+        prompt_column="q",
+        response_a_column="chosen",
+        response_b_column="rejected",
+        label_column=None,
+        num_members=2,
+        batch_size=8,
+        val_fraction=0.2,
+        heldout_fraction=0.2,
+    )
+    dm._tokenizer = minilm_tok
+    dm.setup("fit")
+    labels = [it["label"] for s in dm.splits.values() for it in s]
+    assert len(labels) == 40 and 5 < sum(labels) < 35  # order randomised, label follows the chosen one
+
+
+def test_long_prompt_is_truncated_counted_and_warned(tmp_path, minilm_tok):
+    rows = [{**GOOD, "prompt": f"p{i} " + "word " * (400 if i == 3 else 3)} for i in range(20)]
+    dm = PreferenceDataModule(
+        path=_write(tmp_path, rows), num_members=2, max_length=64, val_fraction=0.2, heldout_fraction=0.2
+    )
+    dm._tokenizer = minilm_tok
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.setup("fit")
+    assert dm.num_truncated == 2  # both sequences of the long prompt (with response_a and response_b)
+    assert any("truncated" in str(w.message) for w in caught)
+    assert max(len(s) for s in dm.sequences) == 64
+    # the response survives truncation: the sequence still ends with the response tokens and [SEP]
+    long_ids = [s for s in dm.sequences if len(s) == 64][0]
+    assert minilm_tok.decode(long_ids[-3:]).replace(" ", "") in ("4[SEP]", "5[SEP]") or long_ids[-1] == 102
+
+
+def test_bad_config_values():
+    with pytest.raises(ValueError, match="val_fraction"):
+        PreferenceDataModule(val_fraction=1.5)
+    with pytest.raises(ValueError, match="responses_per_prompt"):
+        PreferenceDataModule(responses_per_prompt=9)
+    with pytest.raises(ValueError, match="fewer than num_members"):
+        PreferenceDataModule.partition_prompts(["a", "b", "c"], 5, 0.0, 0.0, 0)
+
+
+def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
+    from modules.scorers.oracle import LLMJudgeOracle
+
+    judge = LLMJudgeOracle(tiny_lm_dir, batch_size=3, num_queries=3, seed=0)
+    text = judge.render("say {second} and {0}", "A-text", "B-text")
+    assert "say {second} and {0}" in text and text.count("A-text") == 1 and text.count("B-text") == 1
+    p = judge.first_wins_probability(["q1", "q2"], ["a", "b"], ["b", "a"], None)
+    assert p.shape == (2,) and ((p > 0) & (p < 1)).all()
+    labels = judge.label(["q"] * 5, ["x"] * 5, ["y"] * 5)
+    assert set((labels * 3).round().tolist()) <= {0.0, 1.0, 2.0, 3.0}
+    with pytest.raises(ValueError, match="must contain"):
+        LLMJudgeOracle(tiny_lm_dir, template="no fields")
+
+
+def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
+    from datamodules.prompts import PromptDataModule, load_prompt_rows
+
+    path = tmp_path / "gsm.jsonl"
+    path.write_text(
+        json.dumps({"question": "q1", "answer": "3 + 4 = 7\n#### 7"})
+        + "\n"
+        + json.dumps({"question": "q2", "answer": "so \\boxed{\\frac{1}{2}}"})
+        + "\n"
+    )
+    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "gsm8k")
+    assert rows[0] == {"prompt": "q1", "reference": "7"} and rows[1]["reference"] is None
+    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "boxed")
+    assert rows[1]["reference"] == "\\frac{1}{2}"
+    with pytest.raises(ValueError, match="column 'problem' is missing"):
+        load_prompt_rows(str(path), None, "train", "problem", None)
+    with pytest.raises(ValueError, match="reference_format"):
+        load_prompt_rows(str(path), None, "train", "question", "answer", "latex")
+    dm = PromptDataModule(
+        path=str(path),
+        prompt_column="question",
+        reference_column="answer",
+        reference_format="gsm8k",
+        val_fraction=0.5,
+        batch_size=1,
+    )
+    dm.setup()
+    assert len(dm.splits["train"]) == 1 and len(dm.splits["val"]) == 1
+
+
+def test_oracle_garbage_verdicts_become_counted_coin_flips():
+    from modules.scorers.oracle import PreferenceOracle
+
+    class Garbage(PreferenceOracle):
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            return torch.tensor([float("nan"), float("inf"), 1.7, -0.2, 1.0] * (len(prompts) // 5))
+
+    oracle = Garbage(num_queries=1, seed=0)
+    n = 4000
+    labels = oracle.label(["x"] * n, ["a"] * n, ["b"] * n)
+    assert oracle.invalid_verdicts == n * 4 // 5  # NaN, inf, 1.7 and -0.2 are counted; 1.0 is a verdict
+    valid = labels[4::5]  # p_first = 1 for the shown-first response: a wins exactly when it was shown first
+    garbage = torch.cat([labels[i::5] for i in range(4)])
+    assert 0.45 < garbage.mean().item() < 0.55  # coin flips, not "second shown always wins"
+    assert set(valid.tolist()) <= {0.0, 1.0}
+
+    class Short(PreferenceOracle):
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            return torch.tensor([0.5])
+
+    with pytest.raises(ValueError, match="1 verdicts for 3 rows"):
+        Short().label(["x"] * 3, ["a"] * 3, ["b"] * 3)
+
+
+def test_oracle_calls_past_the_time_limit_become_counted_coin_flips():
+    import time
+
+    from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
+
+    class Hanging(PreferenceOracle):
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            time.sleep(3.0)
+            return torch.ones(len(prompts), dtype=torch.float64)
+
+    oracle = Hanging(num_queries=1, seed=0, timeout_s=0.05)
+    n = 4000
+    labels = oracle.label(["x"] * n, ["a"] * n, ["b"] * n)
+    assert oracle.timeouts == n and oracle.invalid_verdicts == 0
+    assert 0.47 < labels.mean().item() < 0.53  # coin flips, not the late "first always wins"
+    args = (["q"] * 50, [r"1 + 1 = 2. \boxed{2}"] * 50, [r"1 + 1 = 3. \boxed{3}"] * 50, ["2"] * 50)
+    in_time = ProgrammaticOracle(seed=1, timeout_s=30.0)
+    assert torch.equal(in_time.label(*args), ProgrammaticOracle(seed=1).label(*args)) and in_time.timeouts == 0
+    with pytest.raises(ValueError, match="timeout_s"):
+        ProgrammaticOracle(timeout_s=-1)

@@ -1,0 +1,134 @@
+"""Pure functions of the multi-LLM pool (modules/algorithms/pool.py): matching, judge parsing, aggregation, pairs, advantages."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from modules.algorithms.pool import (
+    DEFAULT_SCORE,
+    judge_verdicts,
+    normalized_reputations,
+    opponent_affinities,
+    opponent_distribution,
+    opponent_selection_weights,
+    parse_judgement,
+    peer_score_advantages,
+    preference_pairs,
+    reputation_weighted_mean,
+    sample_opponent,
+)
+
+
+def test_normalized_reputations():
+    assert normalized_reputations([1000, 1100, 1200]) == pytest.approx([0.0, 0.5, 1.0])
+    assert normalized_reputations([1000, 1000, 1000]) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError):
+        normalized_reputations([1000, float("nan")])
+
+
+def test_opponent_distribution_hand_computed_three_models():
+    # normalised [0, 0.5, 1]; target gap 1, bandwidth 0.25: a_1 = exp(−0.25/0.125) = e^−2 = 0.1353353, a_2 = 1.
+    # m = 3: both others are the candidates; P_j = 0.2/2 + 0.8·a_j/(a_1 + a_2).
+    aff = opponent_affinities([1000, 1100, 1200], 0, target_gap=1.0)
+    assert aff == pytest.approx([0.0, math.exp(-2), 1.0])
+    p = opponent_distribution([1000, 1100, 1200], 0, target_gap=1.0)
+    share = math.exp(-2) / (1 + math.exp(-2))
+    assert p == pytest.approx([0.0, 0.1 + 0.8 * share, 0.1 + 0.8 * (1 - share)])
+    # target gap 0 (late training): the near peer is preferred
+    late = opponent_distribution([1000, 1100, 1200], 0, target_gap=0.0)
+    assert late[1] > late[2]
+
+
+def test_opponent_distribution_with_candidate_sets_hand_computed():
+    # m = 5, c = 3 candidates out of 4 others (4 sets, each leaving one out); equal affinities but for player 4.
+    # Ratings [0, 0, 0, 0, 1] normalised the same; player 0, target 1: a_1 = a_2 = a_3 = e^−8, a_4 = 1.
+    ratings = [0.0, 0.0, 0.0, 0.0, 1.0]
+    a = math.exp(-8)
+    sets_with_4 = 3  # of the 4 sets, 3 contain player 4: {1,2,4}, {1,3,4}, {2,3,4}; {1,2,3} does not
+    p4 = 0.2 / 4 + 0.8 * sets_with_4 / 4 * (1 / (1 + 2 * a))
+    p1 = 0.2 / 4 + 0.8 / 4 * (2 * a / (1 + 2 * a) + 1 / 3)  # in 2 sets with 4, and in {1,2,3}
+    p = opponent_distribution(ratings, 0, target_gap=1.0)
+    assert p[0] == 0.0 and sum(p) == pytest.approx(1.0)
+    assert p[4] == pytest.approx(p4) and p[1] == pytest.approx(p1) and p[2] == pytest.approx(p1)
+
+
+def test_sampler_matches_the_exact_marginal():
+    ratings = [1000.0, 1040.0, 1130.0, 1210.0, 1300.0]
+    exact = opponent_distribution(ratings, 2, target_gap=0.7)
+    g = torch.Generator().manual_seed(0)
+    n = 8000
+    counts = [0] * 5
+    for _ in range(n):
+        counts[sample_opponent(ratings, 2, 0.7, g)] += 1
+    assert counts[2] == 0
+    assert [c / n for c in counts] == pytest.approx(exact, abs=0.02)
+
+
+def test_selection_weights_uniform_for_equal_reputations():
+    assert opponent_selection_weights([1000.0] * 4, target_gap=1.0) == pytest.approx([0.25] * 4)
+    w = opponent_selection_weights([900.0, 1000.0, 1100.0], target_gap=1.0)
+    assert sum(w) == pytest.approx(1.0) and w[1] < 1 / 3  # the middle one is never a gap-1 opponent
+
+
+def test_matching_needs_two_members():
+    with pytest.raises(ValueError, match="at least two"):
+        opponent_distribution([1000.0], 0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "score", "method"),
+    [
+        ('{"score": 7}', 7.0, "json"),
+        ('Here is my verdict: {"reasoning": "clear", "score": 8.5} thanks', 8.5, "json"),
+        ('{"Score": "6"}', 6.0, "json"),
+        ('{"score": 7', 7.0, "regex"),  # unclosed object (e.g. cut by max_new_tokens)
+        ("Score: 9", 9.0, "regex"),
+        ("I would rate it 4/10.", 4.0, "regex"),
+        ("rating is 3 out of 10", 3.0, "regex"),
+        ('{"score": 42}', DEFAULT_SCORE, "failed"),  # out of the 1–10 range
+        ('{"score": true}', DEFAULT_SCORE, "failed"),
+        ('{"score": 1e999}', DEFAULT_SCORE, "failed"),  # not read as 1
+        ("a fine answer, well argued", DEFAULT_SCORE, "failed"),
+        ("", DEFAULT_SCORE, "failed"),
+        (None, DEFAULT_SCORE, "failed"),
+        ("ÿ\x00{{}} 12345", DEFAULT_SCORE, "failed"),
+    ],
+)
+def test_parse_judgement(text, score, method):
+    out = parse_judgement(text)
+    assert (out.score, out.method) == (score, method)
+    assert out.ok == (method != "failed")
+
+
+def test_reputation_weighted_mean():
+    assert reputation_weighted_mean([8.0, 4.0], [1200.0, 800.0]) == pytest.approx(6.4)  # (9600 + 3200)/2000
+    assert reputation_weighted_mean([8.0, 4.0], [0.0, 0.0]) == pytest.approx(6.0)  # documented: equal weights
+    for scores, weights in [([], []), ([5.0], [1.0, 2.0]), ([5.0], [-1.0]), ([float("nan")], [1.0])]:
+        with pytest.raises(ValueError):
+            reputation_weighted_mean(scores, weights)
+
+
+def test_verdicts_and_pairs():
+    assert judge_verdicts([7, 5, 6], [5, 5, 8]) == [1.0, 0.5, 0.0]
+    assert preference_pairs([7.0, 5.0, 6.0], [5.0, 5.0, 8.0]) == [(0, True), (2, False)]
+
+
+def test_peer_score_advantages():
+    # two prompts × 4 rollouts; group 1 = [2, 4, 6, 8]: mean 5, unbiased std sqrt(20/3) = 2.5819889
+    adv = peer_score_advantages(torch.tensor([2.0, 4.0, 6.0, 8.0, 5.0, 5.0, 5.0, 5.0]), group_size=4)
+    std = math.sqrt(20 / 3) + 1e-4
+    assert adv[:4].tolist() == pytest.approx([-3 / std, -1 / std, 1 / std, 3 / std], rel=1e-5)
+    assert adv[4:].tolist() == [0.0] * 4  # equal peer scores: no signal
+    with pytest.raises(ValueError, match="finite"):
+        peer_score_advantages(torch.tensor([1.0, float("nan")]), group_size=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=300) | st.sampled_from(['{"score": 1e999}', '{"score": NaN}', "score: -3", "10/10"]))
+def test_parse_judgement_never_crashes_and_stays_on_the_scale(text):
+    out = parse_judgement(text)
+    assert 1.0 <= out.score <= 10.0 and out.method in ("json", "regex", "failed")
+    assert out.ok or out.score == DEFAULT_SCORE

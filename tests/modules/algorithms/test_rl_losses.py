@@ -1,0 +1,76 @@
+"""GRPO and DPO losses against hand-computed values and exact gradients."""
+
+import math
+
+import pytest
+import torch
+
+from modules.algorithms.rl_losses import dpo_loss, group_advantages, grpo_loss
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 3.0])
+    plain = group_advantages(r, 2, scale=False)
+    assert torch.allclose(plain, torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0]))
+    scaled = group_advantages(r, 2, eps=0.0 + 1e-4)
+    std = math.sqrt(0.5)  # unbiased std of {0, 1}
+    assert scaled[0].item() == pytest.approx(0.5 / (std + 1e-4))
+    assert scaled[4].item() == 0.0 and scaled[5].item() == 0.0  # equal rewards: no signal, no 0/0
+    g3 = group_advantages(torch.tensor([0.0, 1.0, 2.0]), 3, scale=False)
+    assert torch.allclose(g3, torch.tensor([-1.0, 0.0, 1.0]))
+
+
+@pytest.mark.parametrize(("rewards", "g"), [(torch.ones(5), 2), (torch.ones(4), 1), (torch.ones(2, 2), 2)])
+def test_group_advantages_rejects_bad_shapes(rewards, g):
+    with pytest.raises(ValueError, match="group_size"):
+        group_advantages(rewards, g)
+
+
+def test_grpo_on_policy_gradient_is_advantage_weighted_mean_score():
+    torch.manual_seed(0)
+    lp = torch.randn(3, 4, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    loss, stats = grpo_loss(lp, mask, adv)
+    loss.backward()
+    # d loss / d lp[i, t] = -A_i * mask[i, t] / |o_i| / N (ratio = 1 on-policy)
+    expected = -adv[:, None] * mask / mask.sum(1, keepdim=True) / 3
+    assert torch.allclose(lp.grad, expected)
+    assert loss.item() == pytest.approx(-adv.mean().item())
+    assert stats["ratio"].item() == pytest.approx(1.0) and stats["clip_fraction"].item() == 0.0
+    assert stats["kl"].item() == 0.0
+
+
+def test_grpo_clipping_and_k3_kl_by_hand():
+    lp = torch.log(torch.tensor([[0.5, 0.5]]))
+    old = torch.log(torch.tensor([[0.25, 0.5]]))  # ratios 2.0 and 1.0
+    ref = torch.log(torch.tensor([[0.5, 0.25]]))  # r = log(ref/pi): 0 and log 0.5
+    mask = torch.ones(1, 2)
+    loss, stats = grpo_loss(lp, mask, torch.tensor([1.0]), old, ref, clip=0.2, beta=0.1)
+    kl2 = 0.5 - math.log(0.5) - 1.0
+    per_token = torch.tensor([1.2 * 1.0, 1.0 * 1.0]) - 0.1 * torch.tensor([0.0, kl2])
+    assert loss.item() == pytest.approx(-per_token.mean().item(), rel=1e-6)
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+    assert stats["kl"].item() == pytest.approx(kl2 / 2, rel=1e-6)
+    # negative advantage: min picks the unclipped 2.0·(−1) (pessimistic bound)
+    loss_neg, _ = grpo_loss(lp, mask, torch.tensor([-1.0]), old, clip=0.2)
+    assert loss_neg.item() == pytest.approx(-(-2.0 - 1.0) / 2)
+
+
+def test_grpo_errors():
+    with pytest.raises(ValueError, match="ref_token_logprobs"):
+        grpo_loss(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2), beta=0.1)
+    with pytest.raises(ValueError, match="advantages"):
+        grpo_loss(torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(3))
+
+
+def test_dpo_loss_by_hand():
+    pc, pr = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
+    rc, rr = torch.tensor([-1.5, -2.0]), torch.tensor([-2.5, -2.0])
+    loss, cr, rj = dpo_loss(pc, pr, rc, rr, beta=0.1)
+    # margins: (0.5 - (-0.5)) = 1.0 and (0 - 1) = -1.0
+    assert loss[0].item() == pytest.approx(-math.log(1 / (1 + math.exp(-0.1))))
+    assert loss[1].item() == pytest.approx(-math.log(1 / (1 + math.exp(0.1))))
+    assert torch.allclose(cr, torch.tensor([0.05, 0.0])) and torch.allclose(rj, torch.tensor([-0.05, 0.1]))
+    with pytest.raises(ValueError, match="beta"):
+        dpo_loss(pc, pr, rc, rr, beta=0.0)

@@ -1,0 +1,86 @@
+"""Comparing groups of debate runs: peak windows, merging, P(Best), gap recovery, the table and the JSON."""
+
+import json
+
+import pytest
+
+from callbacks import beta_lower_bound, posterior_mean
+from modules.evaluation.debate_compare import compare_groups, format_table, load_evaluations, main, peak_window
+
+
+def _evals(*pairs):
+    return [{"successes": s, "trials": n, "step": 10 * (i + 1)} for i, (s, n) in enumerate(pairs)]
+
+
+def test_peak_window_by_hand():
+    run = _evals((5, 10), (8, 10), (9, 10), (2, 10))
+    # pooled over the trailing 3: (5,10), (13,20), (22,30), (19,30): the third has the highest lower bound
+    p = peak_window(run, window=3)
+    assert (p["index"], p["step"], p["successes"], p["trials"]) == (2, 30, 22, 30)
+    assert p["lower_bound"] == pytest.approx(beta_lower_bound(22, 30))
+    # a lucky single evaluation on few trials does not beat a sustained one
+    assert peak_window(_evals((3, 3), (60, 80), (62, 80)), window=1)["index"] == 2
+
+
+def test_compare_groups_merges_peak_windows_and_recovers_the_gap():
+    groups = {
+        "RLAIF-A": [_evals((69, 98))],
+        "Debate-AB": [_evals((30, 49)), _evals((44, 49))],  # merged: (74, 98)
+        "RLVR": [_evals((79, 98))],
+    }
+    res = compare_groups(groups, upper="RLVR", baseline="RLAIF-A", window=1, draws=20_000, seed=1)
+    ab = res["groups"]["Debate-AB"]
+    assert (ab["successes"], ab["trials"]) == (74, 98)
+    assert ab["peak_accuracy"] == pytest.approx(posterior_mean(74, 98)) and ab["observed_mean"] == pytest.approx(
+        74 / 98
+    )
+    assert ab["gap_recovery"] == pytest.approx(0.5)  # (75/100 - 70/100) / (80/100 - 70/100)
+    assert res["groups"]["RLVR"]["p_best"] is None  # the upper bound is not a contender
+    shares = [res["groups"][k]["p_best"] for k in ("RLAIF-A", "Debate-AB")]
+    assert sum(shares) == pytest.approx(1.0) and shares[1] > shares[0]
+    table = format_table(res)
+    assert table.splitlines()[0].startswith("| protocol | peak accuracy | 95% CI lower bound")
+    assert table.splitlines()[2].startswith("| RLVR |")  # best peak accuracy first
+
+
+def test_compare_refuses_unknown_groups():
+    with pytest.raises(ValueError, match="not one of the groups"):
+        compare_groups({"A": [_evals((1, 2))]}, upper="RLVR")
+
+
+def test_command_line_writes_json(tmp_path, capsys):
+    paths = {}
+    for name, pairs in {"a": [(5, 10), (6, 10)], "ab": [(7, 10), (8, 10)], "rlvr": [(9, 10), (9, 10)]}.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "debate_evals.jsonl").write_text("\n".join(json.dumps(e) for e in _evals(*pairs)) + "\n")
+        paths[name] = str(d)
+    out = tmp_path / "cmp.json"
+    main(
+        [
+            "--group",
+            f"RLAIF-A={paths['a']}",
+            "--group",
+            f"Debate-AB={paths['ab']}",
+            "--upper",
+            f"RLVR={paths['rlvr']}",
+            "--baseline",
+            "RLAIF-A",
+            "--draws",
+            "1000",
+            "--out",
+            str(out),
+        ]
+    )
+    res = json.loads(out.read_text())
+    assert res["groups"]["Debate-AB"]["trials"] == 20 and res["draws"] == 1000
+    assert "| Debate-AB |" in capsys.readouterr().out
+
+
+def test_bad_evaluation_files_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="debate_evals.jsonl"):
+        load_evaluations(str(tmp_path))
+    bad = tmp_path / "debate_evals.jsonl"
+    bad.write_text('{"successes": 5, "trials": 3}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        load_evaluations(str(bad))

@@ -1,0 +1,148 @@
+"""PolicyBank: batched left-padded generation and completion-only log-probabilities, checked row by row."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from modules.lm.model_config import ModelConfig
+from modules.lm.policy_bank import PolicyBank
+
+
+@pytest.fixture(scope="module")
+def bank(tiny_lm_dir):
+    torch.manual_seed(0)
+    b = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["alice"])
+    with torch.no_grad():  # move the adapter off its zero init so policy and reference differ
+        for p in b.player_parameters("alice"):
+            p.add_(0.05 * torch.randn_like(p))
+    return b
+
+
+def _one_row_logprobs(model, tok, prompt, completion_ids, temperature):
+    """Brute force: the unpadded prompt + completion, full log-softmax, completion positions summed."""
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    full = torch.tensor([ids + completion_ids])
+    logits = model(input_ids=full).logits[0, len(ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
+
+
+def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_lm_dir):
+    prompts = ["1+1=", "a much longer prompt here: 12*3="]
+    torch.manual_seed(1)
+    roll = bank.generate("alice", prompts, num_samples=2, max_new_tokens=6)
+    assert roll.sequences.shape[0] == 4
+    tok = bank.tokenizer
+    with torch.no_grad():
+        per_token = bank.token_logprobs("alice", roll, temperature=0.7)
+        chunked = bank.token_logprobs("alice", roll, temperature=0.7, micro_batch=1)
+        ref = bank.token_logprobs(None, roll, temperature=0.7)
+    assert torch.allclose(per_token, chunked, atol=1e-5)
+    assert (per_token[roll.completion_mask == 0] == 0).all()
+    assert torch.allclose(bank.logprobs("alice", roll, 0.7).detach(), per_token.sum(1))
+    base = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    for i in range(4):
+        n = int(roll.completion_mask[i].sum())
+        comp = roll.sequences[i, roll.prompt_width : roll.prompt_width + n].tolist()
+        with bank._use("alice") as model, torch.no_grad():
+            want = _one_row_logprobs(model, tok, prompts[i // 2], comp, 0.7)
+        assert torch.allclose(per_token[i, :n], want, atol=1e-4), i
+        with torch.no_grad():
+            want_ref = _one_row_logprobs(base, tok, prompts[i // 2], comp, 0.7)
+        assert torch.allclose(ref[i, :n], want_ref, atol=1e-4), i  # disabled adapter = the base model
+    assert not torch.allclose(per_token, ref)
+
+
+def test_greedy_batch_equals_one_prompt_at_a_time(bank):
+    prompts = ["7-2=", "the sum of 3 and 4 is "]
+    batch = bank.generate("alice", prompts, num_samples=1, max_new_tokens=5, do_sample=False)
+    for i, p in enumerate(prompts):
+        alone = bank.generate("alice", [p], num_samples=1, max_new_tokens=5, do_sample=False)
+        assert alone.texts[0] == batch.texts[i]
+
+
+def test_gradients_reach_only_the_player_adapter(bank):
+    roll = bank.generate("alice", ["2+2="], num_samples=2, max_new_tokens=4)
+    bank.zero_grad(set_to_none=True)
+    bank.token_logprobs("alice", roll).sum().backward()
+    named = dict(bank.named_parameters())
+    grads = {n for n, p in named.items() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads and all(".alice." in n for n in grads)
+    bank.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
+    """One copy of each prompt's keys for its G rows (grouped-query heads, padded prompts, causal own tokens) gives
+    the attention of SDPA over the prompt cache copied to every row."""
+    import torch.nn.functional as F
+
+    from modules.lm import policy_bank as policy
+
+    torch.manual_seed(0)
+    b, g, h, kvh, p, t, q, d = 3, 4, 4, 2, 7, 5, 2, 8
+    keys, values = torch.randn(b, kvh, p, d), torch.randn(b, kvh, p, d)
+    pad = torch.zeros(b, 1, p)
+    pad[1, :, :3] = float("-inf")  # prompt 1 is left-padded by 3
+    own_k, own_v = torch.randn(b * g, kvh, t, d), torch.randn(b * g, kvh, t, d)
+    query = torch.randn(b * g, h, q, d)
+    keys, values, own_k, own_v, query = (x.to(dtype) for x in (keys, values, own_k, own_v, query))
+    layer = torch.nn.Module()
+    layer.layer_idx = 5
+    policy._PREFIX[5] = (keys, values, pad)
+    try:
+        out, _ = policy.grouped_prefix_attention(layer, query, own_k, own_v, None, scaling=d**-0.5)
+    finally:
+        policy._PREFIX.clear()
+    full_k = torch.cat([keys.repeat_interleave(g, 0), own_k], 2).repeat_interleave(h // kvh, 1)
+    full_v = torch.cat([values.repeat_interleave(g, 0), own_v], 2).repeat_interleave(h // kvh, 1)
+    allowed = torch.ones(b * g, 1, q, p + t, dtype=torch.bool)
+    allowed[:, :, :, p:] = torch.ones(q, t, dtype=torch.bool).tril(t - q)
+    allowed[g : 2 * g, :, :, :3] = False
+    expected = F.scaled_dot_product_attention(query, full_k, full_v, attn_mask=allowed).transpose(1, 2)
+    assert out.shape == (b * g, q, h, d) and out.dtype == dtype
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(out, expected, **tol)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": 1.0, "max_new_tokens": 12, "min_new_tokens": 12},
+        {"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 10},
+        {"do_sample": False, "max_new_tokens": 8},
+    ],
+    ids=["min_new_tokens", "top_p", "greedy"],
+)
+def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_lm_dir, kw):
+    """Sampled groups decoded with each prompt's cache held once: the tokens of transformers' generate over the
+    copied cache, draw for draw, for prompts of different lengths; the attention backend is restored afterwards."""
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in bank.player_parameters("policy"):
+            p.add_(0.3 * torch.randn_like(p))
+    prompts = ["3 + 4 =", "Twelve apples minus five apples leaves", "9*9"]
+    outs = []
+    for grouped in (False, True):
+        bank.grouped_decode = grouped
+        torch.manual_seed(7)
+        outs.append(bank.generate("policy", prompts, 3, **kw))
+    assert bank._grouped_ok(bank.model)  # the grouped path really ran (a CPU Qwen2 on sdpa)
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
+    from modules.lm import policy_bank as policy
+
+    assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not policy._PREFIX
+
+
+def test_grouped_decode_setting_from_the_environment(monkeypatch):
+    from modules.lm.decoding import GROUPED_DECODE_ENV, grouped_decode_setting
+
+    for raw, expected in (("auto", None), ("1", True), ("On", True), ("false", False), ("0", False)):
+        monkeypatch.setenv(GROUPED_DECODE_ENV, raw)
+        assert grouped_decode_setting() is expected
+    monkeypatch.delenv(GROUPED_DECODE_ENV)
+    assert grouped_decode_setting() is None
+    monkeypatch.setenv(GROUPED_DECODE_ENV, "maybe")
+    with pytest.raises(ValueError, match="ALIGNMENT_GAMES_GROUPED_DECODE must be one of.*'maybe'"):
+        grouped_decode_setting()

@@ -1,0 +1,395 @@
+"""Debate self-play module on a tiny random Qwen2: forked play, gradients only on the forked ply, bad input, lr."""
+
+import json
+import math
+import time
+
+import lightning as L
+import pytest
+import torch
+
+from callbacks import matthews_corrcoef_from_counts
+from modules.algorithms.debate import Transcript, split_reply
+from modules.debate import DebateSelfPlay
+from modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
+
+PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava have now?", "What is 4 + 4?", "1 + 1?"]
+
+
+def _module(tiny_lm_dir, protocol="debate_aba", **kw):
+    args = dict(
+        policy=tiny_lm_dir,
+        protocol=protocol,
+        group_size=2,
+        max_new_tokens=8,
+        reply_max_new_tokens=6,
+        require_thinking=False,
+        lora_r=4,
+        lora_alpha=8,
+        alice_prompt="{problem}",
+        judge=ProgrammaticJudge(num_votes=8),
+    )
+    args.update(kw)
+    return DebateSelfPlay(**args)
+
+
+def test_forked_play_one_generate_call_per_ply(tiny_lm_dir):
+    torch.manual_seed(0)
+    m = _module(tiny_lm_dir)
+    calls = []
+    original = m.bank.generate
+
+    def counting(player, prompts, num_samples, *a, **kw):
+        calls.append(len(prompts))
+        return original(player, prompts, num_samples, *a, **kw)
+
+    m.bank.generate = counting
+    roll = m.play(PROBLEMS, ["5", "8", None], group_size=2, fork_plies=[0, 1, 2])
+    # ABA, G = 2, forks at plies 0, 1, 2: rows per ply [2+1+1, 2+2+1, 2+2+2]; Alice and Bob rows share a call
+    assert calls == [4, 5, 6]
+    ts = roll.transcripts
+    assert len(ts) == 6 and all(len(t.replies) == 3 for t in ts)
+    assert ts[2].replies[0] is ts[3].replies[0]  # problem 1 forks at the critique: one shared answer
+    assert ts[4].replies[:2] == ts[5].replies[:2]  # problem 2 forks at the rebuttal: shared answer and critique
+    assert sorted(roll.chunks) == [0, 1, 2] and [idx for _, idx in roll.chunks.values()] == [[0, 1], [2, 3], [4, 5]]
+    # The forked ply's prompt holds the earlier plies' visible text: the rebuttal prompt quotes Bob's critique.
+    chunk, _ = roll.chunks[2]
+    prompt_text = m.bank.tokenizer.decode(chunk.sequences[0, : chunk.prompt_width], skip_special_tokens=True)
+    assert ts[4].visible("critique") in prompt_text and ts[4].visible("answer") in prompt_text
+
+
+def test_gradient_only_on_the_forked_ply(tiny_lm_dir):
+    """Log-probability outputs at positions outside the forked ply's reply get exactly zero gradient."""
+    torch.manual_seed(1)
+    m = _module(tiny_lm_dir, protocol="debate_ab")
+    roll = m.play(PROBLEMS[:2], ["5", "8"], group_size=2, fork_plies=[1, 1])  # both fork at Bob's critique
+    assert list(roll.chunks) == [1]
+    captured = []
+
+    def keep_logits(module, inputs, output):
+        output.retain_grad()
+        captured.append(output)
+
+    handle = m.bank.model.get_output_embeddings().register_forward_hook(keep_logits)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    loss, _, _ = m.policy_loss(roll, adv)
+    handle.remove()
+    loss.backward()
+    assert len(captured) == 1  # one forward, on the forked rows only (the answer ply's rows are never scored)
+    chunk, _ = roll.chunks[1]
+    grad = captured[0].grad.abs().sum(-1)  # [rows, positions projected onto the vocabulary]
+    width, seq_len = chunk.prompt_width, chunk.sequences.shape[1]
+    offset = seq_len - grad.shape[1]  # the LM head may see only the last positions (logits_to_keep)
+    # logit position j sits at sequence position offset + j and predicts token offset + j + 1
+    predicts_reply = torch.zeros_like(grad, dtype=torch.bool)
+    for j in range(grad.shape[1]):
+        t = offset + j + 1 - width  # index of the predicted token within the forked reply
+        if 0 <= t < chunk.completion_mask.shape[1]:
+            predicts_reply[:, j] = chunk.completion_mask[:, t].bool()
+    assert grad[~predicts_reply].max() == 0.0  # earlier plies (the prompt), padding after EOS: zero
+    assert (grad[predicts_reply] > 0).all()  # every token of the forked reply: a gradient
+    adapter = [p for p in m.bank.player_parameters("policy") if p.grad is not None]
+    assert adapter and any(p.grad.abs().sum() > 0 for p in adapter)
+
+
+def test_learning_rate_multiple_for_the_debates(tiny_lm_dir):
+    assert _module(tiny_lm_dir, "rlaif_a", lr=1e-3).configure_optimizers().param_groups[0]["lr"] == 1e-3
+    assert _module(tiny_lm_dir, "debate_ab", lr=1e-3).configure_optimizers().param_groups[0]["lr"] == 2.5e-4
+    assert _module(tiny_lm_dir, "rlvr", lr=1e-3, multi_player_lr_scale=0.5).learning_rate == 1e-3
+
+
+def test_bad_settings_are_refused(tiny_lm_dir):
+    with pytest.raises(ValueError, match="protocol"):
+        _module(tiny_lm_dir, "debate_abc")
+    with pytest.raises(ValueError, match="group_size"):
+        _module(tiny_lm_dir, group_size=1)
+    with pytest.raises(ValueError, match="trainable_plies"):
+        _module(tiny_lm_dir, "rlaif_a", trainable_plies=["critique"])
+    with pytest.raises(ValueError, match="bob_prompt"):
+        _module(tiny_lm_dir, bob_prompt="argue!")  # neither a prompt name nor a template with {solution}
+
+
+class Mumbler(DebateJudge):
+    """A judge whose every output is unparseable."""
+
+    def __call__(self, transcripts):
+        return JudgeVotes(
+            torch.full((len(transcripts), self.num_votes), float("nan")), [["hmm"] * 8] * len(transcripts)
+        )
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+def _quiet_trainer(root, max_steps, limit_val_batches):
+    """A trainer without logger, checkpoints or progress bar."""
+    return L.Trainer(
+        max_steps=max_steps,
+        limit_val_batches=limit_val_batches,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+    )
+
+
+def _loader(rows):
+    collate = lambda items: {"prompt": [x[0] for x in items], "reference": [x[1] for x in items]}  # noqa: E731
+    return torch.utils.data.DataLoader(Rows(rows), batch_size=len(rows), collate_fn=collate)
+
+
+def test_bad_input_is_counted_never_a_crash(tiny_lm_dir, tmp_path):
+    """No reference, an unparseable judge and empty replies: one full step and a validation, all counted."""
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "debate_ab", judge=Mumbler(num_votes=8))
+    original = m.bank.generate
+
+    def empty_answers(player, prompts, num_samples, *a, **kw):
+        out = original(player, prompts, num_samples, *a, **kw)
+        if kw.get("max_new_tokens", a[2] if len(a) > 2 else None) == 8:  # Alice's answer turn
+            out.texts = ["" for _ in out.texts]
+        return out
+
+    m.bank.generate = empty_answers
+    rows = [(PROBLEMS[0], None), (PROBLEMS[1], "8")]
+    trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=1)
+    trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
+    c = m.counters
+    assert c["batches_seen"] == 1 and c["no_reference"] == 2  # problem 0's two branches
+    assert c["judge_unparseable"] == 4 * 8  # B * G transcripts, 8 votes each
+    assert c["empty_replies"] >= 4  # every answer was emptied
+    metrics = trainer.callback_metrics
+    assert metrics["train/missing_answer"] == 1.0 and metrics["train/verdict_share"] == 0.5
+    assert metrics["val/total"] == 1.0 and metrics["val/correct"] == 0.0  # only the referenced problem counts
+    assert math.isfinite(float(metrics["train/reward"]))
+
+
+def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "rlvr", judge=ProgrammaticJudge(num_votes=8, seed=5))
+    rows = [(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]
+    trainer = _quiet_trainer(tmp_path, max_steps=2, limit_val_batches=1)
+    before = [p.detach().clone() for p in m.bank.player_parameters("policy")]
+    trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
+    records = [json.loads(line) for line in (tmp_path / "debate_evals.jsonl").read_text().splitlines()]
+    assert [r["batches_seen"] for r in records] == [1, 2]  # one line per validation (one per 1-batch epoch)
+    last = records[-1]
+    assert last["trials"] == 2 and last["successes"] == trainer.callback_metrics["val/correct"]
+    assert last["tp"] + last["fp"] + last["tn"] + last["fn"] == 2
+    assert last["mcc"] == matthews_corrcoef_from_counts(last["tp"], last["fp"], last["tn"], last["fn"])
+    path = tmp_path / "x.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    # the frozen base is not stored: the adapter and the running epoch averages are
+    assert all(("lora" in k) == k.startswith("bank.") for k in ckpt["state_dict"])
+    assert {k for k in ckpt["state_dict"] if not k.startswith("bank.")} == {
+        f"{m}.{s}" for m in ("epoch_reward", "epoch_accuracy") for s in ("mean_value", "weight")
+    }
+    assert ckpt["debate_state"]["counters"]["batches_seen"] == 2
+    m2 = _module(tiny_lm_dir, "rlvr", judge=ProgrammaticJudge(num_votes=8, seed=99))
+    m2.on_load_checkpoint(ckpt)
+    assert m2.counters["batches_seen"] == 2
+    assert torch.equal(m2.judge.generator.get_state(), m.judge.generator.get_state())
+    after = list(m.bank.player_parameters("policy"))
+    assert len(before) == len(after)
+    bad = dict(ckpt, state_dict={})
+    with pytest.raises(KeyError, match="trainable"):
+        m2.on_load_checkpoint(bad)
+
+
+def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
+    """The module trains against a frozen HF judge through the same interface (its votes: one call per step)."""
+    from modules.scorers.judges import HFJudge
+
+    L.seed_everything(0)
+    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, max_answer_words=50, num_votes=8, max_new_tokens=4)
+    calls = []
+    original = judge.model.generate
+    judge.model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or original(**kw)
+    m = _module(tiny_lm_dir, "debate_ab", judge=judge)
+    trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(m, train_dataloaders=_loader([(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]))
+    assert calls == [4]  # B * G = 4 transcripts, 8 votes each, one generate call
+    assert m.counters["batches_seen"] == 1
+    assert m.counters["judge_unparseable"] == int(trainer.callback_metrics["train/judge_unparseable"])
+
+
+def test_full_fine_tuning_option(tiny_lm_dir):
+    m = _module(tiny_lm_dir, "debate_ab", players="separate")
+    params = m.bank.player_parameters("policy")
+    assert sum(p.numel() for p in params) == sum(p.numel() for p in m.bank.models["policy"].parameters())
+    assert not any(p.requires_grad for p in m.bank.reference.parameters())  # the frozen reference copy
+    roll = m.play(PROBLEMS[:1], ["5"], group_size=2, fork_plies=[0])
+    loss, _, _ = m.policy_loss(roll, torch.tensor([1.0, -1.0]))
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+
+
+def _fit(tiny_lm_dir, root, max_steps, ckpt_path=None):
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "debate_ab", judge=ProgrammaticJudge(num_votes=8, seed=1), lr=1e-2)
+    trainer = _quiet_trainer(root, max_steps=max_steps, limit_val_batches=0)
+    rows = [(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]  # one batch per epoch: checkpoints fall on epoch boundaries
+    trainer.fit(m, train_dataloaders=_loader(rows), ckpt_path=ckpt_path)
+    return m, trainer
+
+
+def test_resumed_run_matches_the_uninterrupted_one(tiny_lm_dir, tmp_path):
+    """Sampling is seeded per batch and the judge's generator is checkpointed: a resume draws the same games."""
+    full, _ = _fit(tiny_lm_dir, tmp_path / "full", 4)
+    half, trainer = _fit(tiny_lm_dir, tmp_path / "half", 2)
+    trainer.save_checkpoint(tmp_path / "half.ckpt")
+    resumed, _ = _fit(tiny_lm_dir, tmp_path / "resumed", 4, ckpt_path=str(tmp_path / "half.ckpt"))
+    assert resumed.counters == full.counters
+    for a, b in zip(full.bank.player_parameters("policy"), resumed.bank.player_parameters("policy")):
+        assert torch.equal(a, b)
+    moved = any(
+        not torch.equal(a, b)
+        for a, b in zip(full.bank.player_parameters("policy"), half.bank.player_parameters("policy"))
+    )
+    assert moved  # the last two steps did train
+
+
+@pytest.mark.filterwarnings("ignore:Using ModelCheckpoint with manual optimization")
+def test_nonfinite_rewards_and_losses_are_skipped_counted_and_stop_the_run(tiny_lm_dir, tmp_path):
+    """Step 1 trains; step 2's rewards and step 3's loss are NaN: both skipped and counted, the second stops the run
+    (2 in a row), and last.ckpt (step 1) holds the adapter as it is now."""
+    import dataclasses
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "debate_ab", judge=ProgrammaticJudge(num_votes=8, seed=1), max_consecutive_nonfinite=2)
+    calls = {"rewards": 0, "loss": 0}
+    rewards, policy_loss = m.rewards, m.policy_loss
+
+    def nan_rewards(*a, **kw):
+        calls["rewards"] += 1
+        out = rewards(*a, **kw)
+        bad = calls["rewards"] == 2
+        return [[dataclasses.replace(x, reward=math.nan) if bad else x for x in row] for row in out]
+
+    def nan_loss(*a, **kw):
+        calls["loss"] += 1
+        loss, stats, current = policy_loss(*a, **kw)
+        return (loss * math.nan if calls["loss"] == 2 else loss), stats, current
+
+    m.rewards, m.policy_loss = nan_rewards, nan_loss
+    before = [p.detach().clone() for p in m.bank.player_parameters("policy")]
+    trainer = L.Trainer(
+        max_steps=50,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0, every_n_train_steps=1)],
+        default_root_dir=tmp_path,
+    )
+    with pytest.warns(UserWarning, match="NaN or inf; the update is skipped") as warned:
+        with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite losses"):
+            trainer.fit(m, train_dataloaders=_loader([(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]))
+    assert sum("rewards are NaN" in str(w.message) for w in warned) == 1
+    assert m.nonfinite_skipped == m.consecutive_nonfinite == 2 and m.counters["batches_seen"] == 3
+    assert trainer.global_step == 1  # one optimizer step: the two skipped batches stepped nothing
+    # step 2's logs (step 3 stopped the run before its own logs were collected): the count, and no stale loss
+    assert trainer.callback_metrics["train/nonfinite_skipped"] == 1.0
+    assert math.isnan(trainer.callback_metrics["train/loss"])
+    assert float(m.epoch_reward.weight) == 0.0  # one batch per epoch: the skipped steps added nothing
+    ckpt = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
+    assert float(ckpt["state_dict"]["epoch_reward.weight"]) == 4.0  # step 1's B * G rewards, mid-epoch
+    assert ckpt["global_step"] == 1 and ckpt["debate_state"]["nonfinite"] == {
+        "nonfinite_skipped": 0,
+        "consecutive_nonfinite": 0,
+    }
+    now = list(m.bank.player_parameters("policy"))
+    assert any(not torch.equal(a, b) for a, b in zip(before, now))  # the good step trained
+    trained = {f"bank.{n}": p.detach() for n, p in m.bank.named_parameters() if p.requires_grad}
+    assert trained and all(torch.equal(ckpt["state_dict"][k], v) for k, v in trained.items())  # skips changed nothing
+
+
+def _transcript():
+    return Transcript("What is 5 + 7?", "12", "rlaif_a", [split_reply("5 + 7 = 12, so \\boxed{12}.", required=False)])
+
+
+class Staller(DebateJudge):
+    """A judge that hangs (an API that never answers) on every call after the first ``fast`` ones."""
+
+    def __init__(self, fast=0, **kw):
+        super().__init__(**kw)
+        self.calls, self.fast = 0, fast
+
+    def __call__(self, transcripts):
+        self.calls += 1
+        if self.calls > self.fast:
+            time.sleep(3.0)
+        return JudgeVotes(torch.ones((len(transcripts), self.num_votes)), [[] for _ in transcripts])
+
+
+class Scribbler(DebateJudge):
+    """A judge that returns garbage numbers as votes."""
+
+    def __call__(self, transcripts):
+        row = torch.tensor([1.0, 0.0, 2.0, -1.0, float("inf"), 0.5, float("nan"), 1.0])
+        return JudgeVotes(row.repeat(len(transcripts), 1), [[] for _ in transcripts])
+
+
+def test_judge_timeouts_and_garbage_votes_are_counted_defaults_never_a_crash(tiny_lm_dir, tmp_path):
+    """A judge that hangs past timeout_s: the step finishes with a 0.5 share and counted timeouts."""
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "rlaif_a", judge=Staller(num_votes=8, timeout_s=0.2))
+    rows = [(PROBLEMS[0], "12"), (PROBLEMS[1], "8")]
+    trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=1)
+    before = {n: p.detach().clone() for n, p in m.bank.named_parameters() if p.requires_grad}
+    trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
+    metrics = trainer.callback_metrics
+    assert m.counters["judge_timeouts"] == 4  # B * G transcripts of the one training step
+    assert metrics["train/judge_timeouts"] == 4.0 and metrics["val/judge_timeouts"] == 2.0
+    assert metrics["train/verdict_share"] == 0.5 and m.counters["judge_unparseable"] == 4 * 8
+    # every branch got the same 0.5: no advantage, so no parameter moved
+    assert all(torch.equal(before[n], p) for n, p in m.bank.named_parameters() if p.requires_grad)
+
+    votes = Scribbler(num_votes=8).vote([_transcript()] * 3)
+    assert votes.invalid == 3 * 4 and votes.unparseable == 3 * 5  # 2, -1, inf, 0.5 are garbage; plus the NaN
+    assert votes.shares == [pytest.approx(2 / 3)] * 3  # 1, 0, 1 are the votes that count
+
+
+def test_a_judge_in_time_is_not_changed_by_the_time_limit():
+    ts = [_transcript()] * 5
+    plain = ProgrammaticJudge(num_votes=8, seed=4).vote(ts)
+    limited = ProgrammaticJudge(num_votes=8, seed=4, timeout_s=30.0).vote(ts)
+    assert torch.equal(plain.votes, limited.votes) and limited.timed_out == 0 and limited.invalid == 0
+    late = Staller(num_votes=8, timeout_s=0.05).vote(ts)
+    assert late.timed_out == 5 and torch.isnan(late.votes).all() and late.shares == [0.5] * 5
+
+    class Misshapen(DebateJudge):
+        def __call__(self, transcripts):
+            return JudgeVotes(torch.ones((len(transcripts), 3)), [])
+
+    with pytest.raises(ValueError, match="Misshapen returned votes of shape"):
+        Misshapen(num_votes=8).vote(ts)
+    for bad in (0, -1.0, float("inf"), "10"):
+        with pytest.raises(ValueError, match="timeout_s"):
+            ProgrammaticJudge(timeout_s=bad)
+
+
+def test_hf_judge_bounds_its_own_generation_time(tiny_lm_dir):
+    judge = HFJudge(tiny_lm_dir, num_votes=4, max_new_tokens=64, timeout_s=1e-4)
+    seen = {}
+    original = judge.model.generate
+
+    def spy(**kw):
+        seen.update(kw)
+        return original(**kw)
+
+    judge.model.generate = spy
+    v = judge.vote([_transcript()] * 2)
+    assert seen["max_time"] == pytest.approx(1e-4) and v.timed_out == 2
+    assert all(len(t) < 64 for row in v.texts for t in row)  # stopped early, not after 64 tokens

@@ -1,0 +1,239 @@
+"""Deep-SMIDA with tiny LM players: who learns, what is batched, what is skipped, what is evaluated."""
+
+import glob
+import json
+import os
+
+import lightning as L
+import pytest
+import torch
+from helpers.decode_spy import spy_decodes
+
+from modules.deep_smida import DeepSMIDA
+from modules.scorers.utility import Utility, utility_from_member_probs
+
+
+class LengthUtility(Utility):
+    """u = share of letters in the follower's reply that differ from the leader's first letter: a real function."""
+
+    def forward(self, prompts, leader, follower):
+        return torch.tensor([len(set(y2)) / 50.0 for y2 in follower], dtype=torch.float32)
+
+
+class NaNUtility(Utility):
+    def forward(self, prompts, leader, follower):
+        return torch.full((len(prompts),), float("nan"))
+
+
+def _model(tiny_lm_dir, **kw):
+    args = dict(
+        policy=tiny_lm_dir,
+        utility=LengthUtility(),
+        samples_per_prompt=2,
+        follower_samples=2,
+        max_new_tokens=8,
+        leader_lr=1e-2,
+        follower_lr=1e-2,
+        tau_leader=0.1,
+        tau_follower=0.1,
+        lora_r=4,
+    )
+    args.update(kw)
+    return DeepSMIDA(**args)
+
+
+def _trainer(tmp_path, steps=2, **kw):
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        **kw,
+    )
+
+
+def _dm(**kw):
+    from datamodules.prompts import PromptDataModule
+
+    return PromptDataModule(num_prompts=24, batch_size=2, **kw)
+
+
+def _snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_both_adapters_learn_and_nothing_else_moves(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir)
+    calls = spy_decodes(model.players)  # rows of each batched decode
+    before = _snapshot(model)
+    _trainer(tmp_path, steps=4).fit(model, _dm())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert any(".leader." in n for n in changed) and any(".follower." in n for n in changed)
+    assert all(".leader." in n or ".follower." in n for n in changed)  # base and utility frozen
+    # one generate call per player per step: B*D leader rows, then B*D*M follower rows
+    assert calls == [4, 8, 4, 8]  # max_steps counts optimizer steps: two per batch in manual optimization
+
+
+def test_follower_only_keeps_the_leader_at_its_reference(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, follower_only=True)
+    before = _snapshot(model)
+    _trainer(tmp_path, steps=2).fit(model, _dm())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".follower." in n for n in changed)
+
+
+def test_nonfinite_utility_skips_counts_and_stops(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, utility=NaNUtility(), max_consecutive_nonfinite=3)
+    before = _snapshot(model)
+    with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
+        with pytest.raises(RuntimeError, match="3 consecutive steps had non-finite utilities"):
+            _trainer(tmp_path, steps=20).fit(model, _dm())
+    assert model.nonfinite_skipped == 3
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
+    from modules.scorers.oracle import ProgrammaticOracle
+    from modules.scorers.utility import EnsembleUtility
+
+    L.seed_everything(0)
+    model = _model(
+        tiny_lm_dir, utility=EnsembleUtility(checkpoint=None, num_members=3), oracle=ProgrammaticOracle(num_queries=1)
+    )
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=L.pytorch.loggers.CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+        val_check_interval=1,
+    )
+    trainer.fit(model, _dm())
+    result = json.load(open(os.path.join(trainer.log_dir, "game_eval.json")))
+    assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
+    assert set(result["candidate_yield"]) == {"0.1", "0.05", "0.01"}
+    assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
+    # the reference pair's yield at alpha is about alpha by construction of the thresholds (8 triplets here)
+    assert result["candidate_yield"]["0.1"]["reference"] <= 0.25
+    for png in ("variance_cdf.png", "candidate_yield.png"):
+        assert open(os.path.join(trainer.log_dir, png), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_settings_are_refused(tiny_lm_dir):
+    with pytest.raises(ValueError, match="at least 2"):
+        _model(tiny_lm_dir, samples_per_prompt=1)
+    with pytest.raises(ValueError, match="leader_response"):
+        _model(tiny_lm_dir, follower_system_template="no placeholder")
+    with pytest.raises(ValueError, match="unknown utility kind"):
+        utility_from_member_probs(torch.rand(2, 3), kind="nope")
+
+
+def test_utility_kinds_from_member_probs():
+    p = torch.tensor([[0.2, 0.4, 0.9]])
+    var = ((p - p.mean()) ** 2).mean()
+    assert utility_from_member_probs(p, "variance").item() == pytest.approx(4 * var.item())
+    assert utility_from_member_probs(p, "slhf").item() == pytest.approx(1 - 0.5)
+    assert utility_from_member_probs(p, "decision_uncertainty").item() == pytest.approx(0.5)
+    directed = utility_from_member_probs(p, "directed", lam=2.0, member=2)
+    assert directed.item() == pytest.approx(4 * var.item() + 2.0 * 0.1)
+
+
+def test_predict_writes_candidates_in_the_preference_format(tiny_lm_dir, tmp_path):
+    from callbacks import JsonlPredictionWriter
+    from datamodules.preference import validate_rows
+
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, candidate_threshold=0.0)  # every pair passes a zero threshold
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        limit_predict_batches=2,
+        callbacks=[JsonlPredictionWriter(str(tmp_path / "cand.jsonl"))],
+    )
+    trainer.predict(model, _dm())
+    rows = [json.loads(line) for line in open(tmp_path / "cand.jsonl")]
+    assert len(rows) == 2 * 2 * 2  # batches x prompts x pairs
+    assert all(r["threshold"] == 0.0 and r["alpha"] == 0.1 for r in rows)
+    nonempty = [dict(r, label=0.5) for r in rows if r["response_a"].strip() and r["response_b"].strip()]
+    validate_rows(nonempty)  # loadable by the preference datamodule once labelled
+    model.hparams.candidate_threshold = None
+    with pytest.raises(ValueError, match="no reference threshold for alpha=0.1"):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, limit_predict_batches=1).predict(
+            model, _dm()
+        )
+
+
+def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import ROOT as root
+    args = [
+        sys.executable,
+        os.path.join(root, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(root, "configs", "deep_smida.yaml"),
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.utility.init_args.num_members=3",
+        "--data.init_args.num_prompts=40",
+        "--data.init_args.batch_size=2",
+        "--trainer.max_steps=4",
+        "--trainer.limit_val_batches=1",
+        "--trainer.val_check_interval=2",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+    ]
+    env = {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = [json.load(open(p)) for p in glob.glob(str(tmp_path / "runs" / "**" / "game_eval.json"), recursive=True)]
+    assert len(evals) == 1 and evals[0]["n_prompts"] == 4  # 2 prompts per rank, gathered from both ranks
+    ckpts = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
+    sd = torch.load(ckpts[0], weights_only=False)["state_dict"]
+    assert sd and all(".leader." in k or ".follower." in k for k in sd)  # adapters only, no frozen base
+
+
+def test_compare_pairs_and_adversarial_by_hand():
+    from modules.evaluation.game_eval import adversarial_mask, candidate_thresholds, compare_pairs
+
+    ref = torch.tensor([[0.0, 0.1], [0.2, 0.3], [0.4, 0.5], [0.6, 0.7], [0.8, 0.9]])
+    trained = ref + 0.5
+    th = candidate_thresholds(ref, [0.1])
+    assert th[0.1] == pytest.approx(torch.quantile(ref.flatten().double(), 0.9).item())  # 0.81
+    out = compare_pairs(trained, ref, alphas=(0.1,), n_boot=200)
+    assert out["mean_gain"] == pytest.approx(0.5) and out["mean_gain_ci"] == pytest.approx([0.5, 0.5])
+    assert out["share_prompts_higher"] == 1.0
+    assert out["candidate_yield"]["0.1"] == {"reference": 0.1, "trained": 0.6}  # 0.9 and 0.9..1.4 are >= 0.81
+    p_star = torch.tensor([0.9, 0.9, 0.55, 0.2])
+    p_bar = torch.tensor([0.4, 0.6, 0.3, 0.7])
+    assert adversarial_mask(p_star, p_bar, 0.0).tolist() == [True, False, True, True]
+    assert adversarial_mask(p_star, p_bar, 0.1).tolist() == [True, False, False, True]
+    with pytest.raises(ValueError, match="epsilon"):
+        adversarial_mask(p_star, p_bar, 0.5)
+    with pytest.raises(ValueError, match=r"\[P, R\]"):
+        compare_pairs(trained[:2], ref)
+
+
+def test_deep_smida_under_deepspeed_is_refused_by_name(tiny_lm_dir):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    module = _model(tiny_lm_dir)
+    module._trainer = SimpleNamespace(strategy=DeepSpeedStrategy(stage=3))
+    with pytest.raises(ValueError, match=r"trainer.strategy: deep-SMIDA .* exactly one \(got DeepSpeedStrategy\)"):
+        module.setup("fit")
+    assert module.players.merge_for_generation  # refused before the bank was changed

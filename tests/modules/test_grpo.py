@@ -1,0 +1,262 @@
+"""GRPO with a tiny LM policy: what learns, what is batched, how rewards are scored, what is skipped."""
+
+import lightning as L
+import pytest
+import torch
+from helpers.decode_spy import spy_decodes
+
+from modules.grpo import GRPO
+from modules.lm.model_config import ModelConfig
+from modules.lm.models import build_tiny_reward_model
+from modules.scorers.reward_models import RewardModels, answer_rewards
+
+
+@pytest.fixture(scope="module")
+def reward_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rms")
+    return [
+        build_tiny_reward_model(root / "rm0", seed=1),
+        build_tiny_reward_model(root / "rm1", config={"hidden_size": 32, "num_attention_heads": 2}, seed=2),
+    ]
+
+
+def _model(tiny_lm_dir, **kw):
+    args = dict(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
+        num_generations=2,
+        max_new_tokens=6,
+        lr=5e-2,
+        beta=0.1,
+        temperature=1.0,
+        chat_template=False,
+    )
+    args.update(kw)
+    return GRPO(**args)
+
+
+def _trainer(tmp_path, steps=2, **kw):
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        **kw,
+    )
+
+
+def _dm():
+    from datamodules.prompts import PromptDataModule
+
+    return PromptDataModule(num_prompts=24, batch_size=2)
+
+
+def test_the_adapter_learns_and_the_base_does_not_move(tiny_lm_dir, reward_dirs, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, reward_models=reward_dirs, reward_weights=[1.0, 0.5, 1.0])
+    calls = spy_decodes(model.players)  # rows of each batched decode
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    logged = []
+
+    class Collect(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *a):
+            logged.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+    _trainer(tmp_path, steps=3, callbacks=[Collect()]).fit(model, _dm())
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".policy." in n and "lora_" in n for n in changed)  # base and reward models frozen
+    assert calls == [4, 4, 4]  # one generate call per step: B * G rows
+    for key in ("time/generate", "time/score", "time/ref_logprobs", "time/backward", "time/optimizer"):
+        assert logged[-1][key] > 0
+    assert logged[-1]["train/kl"] > 0  # the adapter has moved away from the reference by step 3
+    assert "train/reward_rm1" in logged[-1] and "train/reward_answer" in logged[-1]
+
+
+def test_reward_models_in_one_batch_equal_one_by_one(reward_dirs):
+    rms = RewardModels(reward_dirs)
+    texts = ["1+1= \\boxed{2}", "a much longer text with more words in it", "x"]
+    batched = rms(texts)
+    assert batched.shape == (3, 2)
+    one_by_one = torch.cat([rms([t]) for t in texts])
+    assert torch.allclose(batched, one_by_one, atol=1e-5)
+    assert torch.allclose(RewardModels(reward_dirs, batch_size=2)(texts), batched, atol=1e-5)
+    assert not torch.allclose(batched[:, 0], batched[:, 1])  # two different models
+    assert rms.fingerprints[0] == rms.fingerprints[1]  # same byte tokenizer: tokenised once per call
+
+
+def test_reward_models_score_a_groups_shared_prefix_once_with_the_same_scores(reward_dirs):
+    prompts = ["What is 2 + 3? Think.", "Tom has 4 apples and buys 7 more. How many now?", "1+1?"]
+    replies = [["5", "It is 5.", "", "2 + 3 = 6, so six"], ["11 apples", "eleven", "4 + 7 = 11", "11"], ["2"] * 4]
+    texts = [p + r for p, rs in zip(prompts, replies) for r in rs]  # "" makes a row that IS its prompt
+    rms = RewardModels(reward_dirs)
+    plain = rms(texts)
+    calls = []
+    for m in rms.models:
+        m.register_forward_hook(lambda mod, args, kw, out: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    shared = rms(texts, group_size=4)
+    assert torch.allclose(shared, plain, atol=1e-5)
+    # each model ran its backbone over the 3 prefixes once and its head over the rows' own tokens only
+    assert all(shape[0] == 12 and shape[1] < max(len(t) for t in texts) for shape in calls)
+    assert torch.allclose(RewardModels(reward_dirs, batch_size=5)(texts, group_size=4), plain, atol=1e-5)
+    # rows that share nothing (a group of different prompts) are scored as they are
+    mixed = [texts[0], texts[4], texts[8], texts[1]]
+    assert torch.allclose(rms(mixed, group_size=4), rms(mixed), atol=1e-6)
+
+
+def test_answer_rewards_by_hand():
+    got = answer_rewards(["so \\boxed{12}", "\\boxed{1,000}", "no box 12", "\\boxed{3"], ["12", "1000", "12", "3"])
+    assert got.tolist() == [1.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="row 1: field 'reference' is missing"):
+        answer_rewards(["a", "b"], ["1", None])
+
+
+def test_a_nonfinite_reward_is_skipped_and_counted(tiny_lm_dir, reward_dirs, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, reward_models=reward_dirs[:1], answer_reward=False, max_consecutive_nonfinite=5)
+    calls = {"n": 0}
+    real = model.rewards
+
+    def sometimes_nan(inputs, completions, references, **kw):
+        calls["n"] += 1
+        r = real(inputs, completions, references, **kw)
+        if calls["n"] == 2:  # the second step's rewards hold one NaN
+            r[1, 0] = float("nan")
+        return r
+
+    model.rewards = sometimes_nan
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    steps = []
+
+    class Snap(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *a):
+            steps.append(trainer.global_step)
+
+    with pytest.warns(UserWarning, match="1 of 4 rewards are NaN or inf; the update is skipped"):
+        _trainer(tmp_path, steps=2, callbacks=[Snap()]).fit(model, _dm())
+    assert model.nonfinite_skipped == 1 and model.consecutive_nonfinite == 0
+    assert steps == [1, 1, 2]  # the second batch made no optimizer step
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_consecutive_nonfinite_rewards_stop_training(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, max_consecutive_nonfinite=2)
+    model.rewards = lambda inputs, completions, references, **kw: torch.full((len(completions), 1), float("inf"))
+    with pytest.warns(UserWarning, match="update is skipped"):
+        with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite rewards"):
+            _trainer(tmp_path, steps=10).fit(model, _dm())
+
+
+def test_several_updates_per_rollout_clip_and_micro_batches(tiny_lm_dir, reward_dirs, tmp_path):
+    L.seed_everything(0)
+    model = _model(
+        tiny_lm_dir,
+        reward_models=reward_dirs[:1],
+        answer_reward=False,
+        updates_per_rollout=3,
+        clip=0.01,
+        train_micro_batch=1,
+        logprob_micro_batch=3,
+    )
+    trainer = _trainer(tmp_path, steps=6)
+    trainer.fit(model, _dm())
+    assert trainer.global_step == 6  # three optimizer steps per batch
+    assert model.phase_times["old_logprobs"] > 0
+    assert trainer.callback_metrics["train/clip_fraction"] > 0  # the later updates leave the trust region
+
+
+def test_checkpoint_holds_the_adapter_and_counters_only(tiny_lm_dir, reward_dirs, tmp_path):
+    L.seed_everything(0)
+    model = _model(tiny_lm_dir, reward_models=reward_dirs[:1])
+    trainer = _trainer(tmp_path, steps=1)
+    trainer.fit(model, _dm())
+    model.nonfinite_skipped = 7
+    trainer.save_checkpoint(tmp_path / "c.ckpt")
+    ckpt = torch.load(tmp_path / "c.ckpt", weights_only=False)
+    assert ckpt["state_dict"] and all(".policy." in k for k in ckpt["state_dict"])
+    fresh = _model(tiny_lm_dir, reward_models=reward_dirs[:1])
+    fresh.on_load_checkpoint(ckpt)
+    fresh.load_state_dict(ckpt["state_dict"], strict=False)
+    assert fresh.nonfinite_skipped == 7
+    for n, p in model.players.named_parameters():
+        assert torch.equal(p, dict(fresh.players.named_parameters())[n])
+    with pytest.raises(KeyError, match="lacks trainable tensors"):
+        fresh.on_load_checkpoint({"state_dict": {}})
+
+
+def test_bad_settings_are_refused(tiny_lm_dir, tmp_path):
+    with pytest.raises(ValueError, match="no reward"):
+        _model(tiny_lm_dir, answer_reward=False)
+    with pytest.raises(ValueError, match="reward_weights has 2 entries but there are 1 rewards"):
+        _model(tiny_lm_dir, reward_weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="num_generations must be at least 2"):
+        _model(tiny_lm_dir, num_generations=1)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        _model(tiny_lm_dir, min_new_tokens=10)
+    with pytest.raises(OSError, match=r"reward_models\[0\]"):
+        _model(tiny_lm_dir, reward_models=[str(tmp_path / "missing")])
+
+
+def test_min_new_tokens_fixes_the_reply_length(tiny_lm_dir):
+    model = _model(tiny_lm_dir, min_new_tokens=6)
+    torch.manual_seed(0)
+    roll = model.players.generate("policy", ["1+1="], 3, max_new_tokens=6, min_new_tokens=6, temperature=1.0)
+    assert roll.completion_mask.sum(1).tolist() == [6, 6, 6]
+
+
+def test_merged_adapter_generation_matches_and_leaves_the_base_untouched(tiny_lm_dir):
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
+
+    torch.manual_seed(0)
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    with torch.no_grad():
+        for p in bank.player_parameters("policy"):
+            p.add_(0.1 * torch.randn_like(p))
+    base = {n: (p, p.detach().clone()) for n, p in bank.named_parameters() if "base_layer" in n}
+    prompts = ["3+4=", "twelve minus five is "]
+    merged = bank.generate("policy", prompts, 1, max_new_tokens=8, do_sample=False)
+    bank.merge_for_generation = False
+    unmerged = bank.generate("policy", prompts, 1, max_new_tokens=8, do_sample=False)
+    assert merged.texts == unmerged.texts
+    assert torch.equal(merged.sequences, unmerged.sequences)
+    after = dict(bank.named_parameters())
+    assert all(after[n] is obj and torch.equal(obj, copy) for n, (obj, copy) in base.items())  # same tensors, bits
+    reference = bank.generate(None, prompts, 1, max_new_tokens=8, do_sample=False)
+    assert not torch.equal(reference.sequences, merged.sequences)  # the adapter was really applied
+
+
+def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(tiny_lm_dir):
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
+
+    torch.manual_seed(0)
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    with torch.no_grad():
+        for p in bank.player_parameters("policy"):
+            p.add_(0.1 * torch.randn_like(p))
+    roll = bank.generate("policy", ["3+4=", "a longer prompt: twelve minus five is "], 3, max_new_tokens=7)
+    assert roll.group_size == 3
+
+    def run(share, micro):
+        bank.share_prompts = share
+        bank.zero_grad(set_to_none=True)
+        lp = bank.token_logprobs("policy", roll, temperature=0.8, micro_batch=micro)
+        (lp * torch.linspace(-1, 1, lp.shape[1])).sum().backward()
+        grads = {n: p.grad.clone() for n, p in bank.named_parameters() if p.grad is not None}
+        return lp.detach(), grads
+
+    full, full_grads = run(False, 0)
+    for micro in (0, 2):  # 2 rows is rounded up to one whole group of 3
+        shared, shared_grads = run(True, micro)
+        assert torch.allclose(shared, full, atol=1e-5)
+        assert full_grads.keys() == shared_grads.keys() and full_grads
+        for n, gr in full_grads.items():
+            assert torch.allclose(shared_grads[n], gr, atol=1e-5), n
+    with torch.no_grad():
+        bank.share_prompts = True
+        ref_shared = bank.token_logprobs(None, roll, temperature=0.8)
+        bank.share_prompts = False
+        assert torch.allclose(ref_shared, bank.token_logprobs(None, roll, temperature=0.8), atol=1e-5)

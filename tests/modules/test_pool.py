@@ -1,0 +1,362 @@
+"""The multi-LLM pool module (modules/pool.py) on a tiny random Qwen2: bad input, counted behaviour, training."""
+
+import json
+
+import lightning as L
+import pytest
+import torch
+
+from callbacks import EloRating
+from datamodules.pool import InstructionPoolDataModule, split_pool
+from modules.algorithms.pool import final_answer
+from modules.pool import StackelbergPool, make_pool_figures
+
+SMALL = dict(
+    duels_per_iteration=3,
+    num_iterations=2,
+    max_new_tokens=6,
+    eval_max_new_tokens=6,
+    judge_max_new_tokens=6,
+    judge_template="{prompt} {response}",
+    lora_r=4,
+    lora_alpha=8,
+    lr=1e-2,
+    batch_size=4,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the tiny model's ops are too small to gain from more, and on a shared CPU two spinning
+    threads made this file 8x slower (143 s against 17 s, both measured under the same load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def short_pool(tmp_path):
+    """Eight short arithmetic questions (short sequences keep the byte-level tiny model fast)."""
+    path = tmp_path / "pool.jsonl"
+    rows = [{"question": f"{a}+{a + 1}=?", "answer": str(2 * a + 1)} for a in range(8)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(path)
+
+
+def _data(path, iterations_per_epoch=1):
+    return InstructionPoolDataModule(
+        path=str(path),
+        prompt_column="question",
+        reference_column="answer",
+        val_fraction=0.25,
+        batch_size=4,
+        iterations_per_epoch=iterations_per_epoch,
+    )
+
+
+def _fit(module, data, epochs=1, elo=True, limit_val_batches=0, tmp_path=None):
+    L.seed_everything(0)  # sampling (an empty response is a non-tied pair) must not vary from run to run
+    callbacks = [EloRating(module.player_names)] if elo else []
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=limit_val_batches,
+        callbacks=callbacks,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=_data(data))
+    return trainer
+
+
+def _adapters(module):
+    return {n: p.detach().clone() for n, p in module.banks.named_parameters() if p.requires_grad}
+
+
+def _frozen(module):
+    return {n: p.detach().clone() for n, p in module.banks.named_parameters() if not p.requires_grad}
+
+
+@pytest.mark.parametrize("m", [2, 0])
+def test_a_pool_without_a_non_competing_judge_is_refused(m, tiny_lm_dir):
+    with pytest.raises(ValueError, match="no non-competing judge"):
+        StackelbergPool(policy=tiny_lm_dir, num_players=m)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("algorithm", "ppo"), ("leader", "greedy"), ("judge_mode", "vibes"), ("dpo_pairs", "some")]
+)
+def test_bad_options_name_the_field(field, value, tiny_lm_dir):
+    with pytest.raises(ValueError, match=field):
+        StackelbergPool(policy=tiny_lm_dir, **{field: value})
+
+
+def test_missing_elo_callback_is_a_clear_error(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
+    with pytest.raises(LookupError, match="EloRating"):
+        _fit(module, short_pool, elo=False, tmp_path=tmp_path)
+
+
+def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, tmp_path, short_pool):
+    # A random tiny model never writes a score: every judgement is 5.0, counted, every duel ties, so there is no DPO
+    # pair and no follower moves; the leader still updates (a tie is a valid duel outcome).
+    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="generate", **SMALL)
+    before = _adapters(module)
+    with pytest.warns(UserWarning, match="none of judge"):
+        trainer = _fit(module, short_pool, tmp_path=tmp_path)
+    c = module.counters
+    assert c["judgements"] == c["parse_failures"] > 0
+    assert c["iterations_without_pairs"] == 1
+    assert trainer.callback_metrics["judge/parse_failure_rate"] == 1.0
+    assert all(torch.equal(before[n], p) for n, p in _adapters(module).items())
+    assert trainer.global_step == 0
+    assert len(module.history["weights"]) == 2  # before and after the iteration
+    assert (tmp_path / "pool_history.json").exists() and (tmp_path / "instruction_weights.png").exists()
+
+
+def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", judge_prefill='{"score": ', **SMALL)
+    real_respond = module.respond
+
+    def respond(player, instructions, n):
+        if player != "m1":
+            return real_respond(player, instructions, n)
+        prompts = [module.chat(player, x) for x in instructions for _ in range(n)]
+        return module.encode(player, prompts, [""] * len(prompts))
+
+    module.respond = respond
+    adapters, frozen = _adapters(module), _frozen(module)
+    trainer = _fit(module, short_pool, tmp_path=tmp_path)
+    elo = EloRating.find(trainer)
+    assert module.counters["empty_responses"] == elo.games_played("m1") > 0  # one response per m1 duel (DPO)
+    assert elo.rating("m1") < 1000.0  # it lost every duel it played
+    assert module.counters["parse_failures"] == 0
+    assert trainer.global_step > 0
+    after = _adapters(module)
+    moved = {n.split(".")[-2] for n in after if not torch.equal(after[n], adapters[n])}
+    assert moved == {"m0", "m1", "m2"}  # dpo_pairs="all": every follower learns from every non-tied pair
+    assert all(trainer.callback_metrics[f"follower/margin_after/{p}"] > 0 for p in ("m0", "m1", "m2"))
+    assert all(torch.equal(frozen[n], p) for n, p in _frozen(module).items())  # the shared base never moves
+
+
+def test_checkpoint_restores_the_game(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", **SMALL)
+    trainer = _fit(module, short_pool, tmp_path=tmp_path)
+    path = tmp_path / "pool.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    assert not any("base_layer" in k for k in ckpt["state_dict"])  # the frozen base is not stored
+    fresh = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", **SMALL)
+    fresh.on_load_checkpoint(ckpt)
+    fresh.load_state_dict(ckpt["state_dict"], strict=False)
+    assert torch.equal(fresh.leader_probabilities(), module.leader_probabilities())
+    assert fresh.history == module.history and fresh.counters == module.counters
+    assert torch.equal(fresh.generator.get_state(), module.generator.get_state())
+    assert fresh.iteration == module.iteration == 1
+    assert {"epoch_means.leader_reward.mean_value", "epoch_means.follower_loss.weight"} <= set(ckpt["state_dict"])
+    assert all(torch.equal(_adapters(fresh)[n], p) for n, p in _adapters(module).items())
+    del ckpt["state_dict"][next(iter(ckpt["state_dict"]))]
+    with pytest.raises(KeyError, match="lacks trainable"):
+        fresh.on_load_checkpoint(ckpt)
+
+
+def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(
+        policy=tiny_lm_dir,
+        algorithm="grpo",
+        grpo_rollouts=2,
+        judge_mode="constrained",
+        **{**SMALL, "duels_per_iteration": 2},
+    )
+    before = _adapters(module)
+    trainer = _fit(module, short_pool, tmp_path=tmp_path)
+    assert trainer.global_step > 0
+    after = _adapters(module)
+    moved = {n.split(".")[-2] for n in after if not torch.equal(after[n], before[n])}
+    keys = [k for k in trainer.callback_metrics if k.startswith("follower/grpo_loss/")]
+    assert moved and {k.rsplit("/", 1)[1] for k in keys} == moved  # exactly the models that played were trained
+
+
+def test_self_rewarding_baseline_with_uniform_leader_and_validation(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(policy=tiny_lm_dir, num_players=1, leader="uniform", judge_mode="constrained", **SMALL)
+    trainer = _fit(module, short_pool, elo=False, limit_val_batches=1, tmp_path=tmp_path)
+    assert module.history["selection"] == []
+    k = len(module.history["weights"][0])
+    assert module.history["weights"][-1] == pytest.approx([1 / k] * k)
+    assert set(trainer.callback_metrics) >= {"val/acc/m0", "val/acc_macro"}
+
+
+def test_pool_split_and_final_answer():
+    rows = [{"prompt": f"q{i}", "reference": str(i)} for i in range(10)] + [{"prompt": "q0", "reference": "0"}]
+    train, val = split_pool(rows, 0.2, seed=0)
+    assert len(train) == 8 and len(val) == 2 and not {r["prompt"] for r in train} & {r["prompt"] for r in val}
+    with pytest.raises(ValueError, match="at least two"):
+        split_pool(rows[:2], 0.5, seed=0)
+    assert final_answer(r"so \boxed{12} and 13") == "12"
+    assert final_answer("The total is 1,250 apples.") == "1,250"
+    assert final_answer("no number") is None
+
+
+def test_figures_from_a_history():
+    history = {
+        "weights": [[0.25] * 4, [0.4, 0.2, 0.2, 0.2]],
+        "ratings": [[1000.0] * 3, [1010.0, 990.0, 1000.0]],
+        "selection": [[1 / 3] * 3],
+        "rewards": [0.5],
+    }
+    figs = make_pool_figures(history, ["m0", "m1", "m2"])
+    assert set(figs) == {"instruction_weights", "reputations", "opponent_selection"}
+
+
+def test_separate_models_each_get_a_bank(tiny_lm_dir):
+    module = StackelbergPool(models=[tiny_lm_dir] * 3, **SMALL)
+    assert len(module.banks) == 3 and module.player_names == ["m0", "m1", "m2"]
+    params = [{id(p) for p in module.bank(n).player_parameters(n)} for n in module.player_names]
+    assert all(params) and not (params[0] & params[1] or params[1] & params[2])
+    out = module.respond("m2", ["1+2=?"], 2)
+    assert len(out.texts) == 2
+    scores = module.judge("m0", ["1+2=?", "1+2=?"], ["3", ""])
+    assert [s for s, _ in scores] == [5.0, 5.0]  # a random model never writes a score: counted as 5.0
+
+
+def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short_pool):
+    kw = dict(policy=tiny_lm_dir, judge_mode="constrained", **SMALL)
+
+    def trainer(epochs, module, root):
+        return L.Trainer(
+            max_epochs=epochs,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=[EloRating(module.player_names)],
+            default_root_dir=root,
+        )
+
+    L.seed_everything(0)
+    full = StackelbergPool(**kw)
+    t_full = trainer(2, full, tmp_path / "full")
+    t_full.fit(full, datamodule=_data(short_pool))
+
+    L.seed_everything(0)
+    first = StackelbergPool(**kw)
+    t_first = trainer(1, first, tmp_path / "first")
+    t_first.fit(first, datamodule=_data(short_pool))
+    t_first.save_checkpoint(tmp_path / "one.ckpt")
+
+    L.seed_everything(123)  # whatever the seed, the checkpoint's RNG state takes over
+    resumed = StackelbergPool(**kw)
+    t_resumed = trainer(2, resumed, tmp_path / "resumed")
+    t_resumed.fit(resumed, datamodule=_data(short_pool), ckpt_path=tmp_path / "one.ckpt", weights_only=False)
+
+    assert torch.equal(resumed.leader_probabilities(), full.leader_probabilities())
+    assert resumed.history["weights"] == full.history["weights"]
+    assert EloRating.find(t_resumed).ratings == EloRating.find(t_full).ratings
+    a, b = _adapters(resumed), _adapters(full)
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in b)
+
+
+def test_paired_dpo_rows_give_the_log_probabilities_of_separate_rollouts(tiny_lm_dir):
+    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
+    bank, prompts = module.bank("m1"), [module.chat("m1", "1+2=?"), module.chat("m1", "10+20=?")]
+    chosen, rejected = ["3", "three"], ["4", ""]
+    both = module.encode("m1", [x for x in prompts for _ in (0, 1)], ["3", "4", "three", ""], group_size=2)
+    with torch.no_grad():
+        paired = bank.logprobs("m1", both, 1.0).view(-1, 2)
+        alone = [bank.logprobs("m1", module.encode("m1", prompts, t), 1.0) for t in (chosen, rejected)]
+    assert both.group_size == 2
+    assert torch.allclose(paired[:, 0], alone[0], atol=1e-5) and torch.allclose(paired[:, 1], alone[1], atol=1e-5)
+    with pytest.raises(ValueError, match="groups of 2 sharing one prompt"):
+        module.encode("m1", prompts, chosen, group_size=2)
+
+
+def test_iterations_per_epoch_must_be_a_positive_integer():
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="iterations_per_epoch"):
+            InstructionPoolDataModule(iterations_per_epoch=bad)
+
+
+class _NaNAfter:
+    """Wraps a loss: NaN from the ``after``-th call on (calls counted from 1)."""
+
+    def __init__(self, fn, after):
+        self.fn, self.after, self.calls = fn, after, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        out = self.fn(*args, **kwargs)
+        return out * float("nan") if self.calls >= self.after else out
+
+
+def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_checkpoint(
+    tiny_lm_dir, tmp_path, short_pool
+):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from callbacks.fault_tolerance import AtomicCheckpointIO
+
+    L.seed_everything(0)
+    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
+    module._dpo_rows_loss = _NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[EloRating(module.player_names), ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)],
+        plugins=[AtomicCheckpointIO()],
+    )
+    with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
+        with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite losses of follower m1"):
+            trainer.fit(module, datamodule=_data(short_pool, iterations_per_epoch=3))
+    assert module.nonfinite_skipped == module.consecutive_nonfinite == 2  # m0 and m1 of iteration 1
+    ckpt = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == trainer.global_step == 3 and ckpt["pool_game"]["iteration"] == 1
+    assert ckpt["pool_game"]["nonfinite"] == {"nonfinite_skipped": 0, "consecutive_nonfinite": 0}
+    for name, value in _adapters(module).items():  # the skipped steps changed nothing after the last good one
+        assert torch.equal(ckpt["state_dict"][f"banks.{name}"], value), name
+
+
+def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
+    module.judge = lambda judge, instructions, responses: [(float("nan"), True)] * len(instructions)
+    adapters = _adapters(module)
+    elo = EloRating(module.player_names)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[elo],
+    )
+    with pytest.warns(UserWarning, match="peer scores"):
+        with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite peer scores"):
+            trainer.fit(module, datamodule=_data(short_pool, iterations_per_epoch=2))
+    assert module.iteration == module.nonfinite_skipped == 2 and trainer.global_step == 0
+    assert all(elo.games_played(p) == 0 for p in module.player_names)  # no reputation update
+    assert module.leader_bandit.rounds == 0  # no leader update
+    assert all(torch.equal(adapters[n], p) for n, p in _adapters(module).items())
+
+
+def test_several_processes_other_than_ddp_are_refused_by_name(tiny_lm_dir):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
+    module._trainer = SimpleNamespace(world_size=2, strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match="trainer.strategy.*DDP only.*got FSDPStrategy on 2 processes"):
+        module.on_fit_start()
