@@ -8,10 +8,8 @@
 Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``); the resolved config is saved next
 to the logs. After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
 
-Resuming (README, "Resuming and failures"): every run saves its generator states in each checkpoint, writes
-``last.ckpt`` when stopped by SIGTERM, and writes checkpoints atomically. ``fit --ckpt_path last`` continues the newest
-``last*.ckpt`` of the config's logger folder (``<save_dir>/<name>/version_*/checkpoints``), logging into that same
-version folder; with nothing to resume from it starts afresh.
+Resuming: README, "Resuming and failures"; ``fit --ckpt_path last`` continues the newest ``last*.ckpt`` of the
+config's logger folder (:func:`find_last_checkpoint`), or starts afresh.
 """
 
 from __future__ import annotations
@@ -29,8 +27,9 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
-from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback  # noqa: E402
+from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
 
@@ -38,11 +37,10 @@ _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     """The newest ``last*.ckpt`` under the trainer's logger folder, adopting its version folder for the logger.
 
-    Lightning's own ``ckpt_path="last"`` looks only in the checkpoint folder of the *new* run, which with a logger is
-    a fresh ``version_<n+1>``; this looks in every ``<save_dir>/<name>/version_*/checkpoints`` (or the logger's
-    fixed version), picks the newest by modification time and points the logger at that version, so logs and
-    checkpoints continue in one folder. Returns ``None`` (Lightning's lookup applies) when a ``ModelCheckpoint`` has
-    an explicit ``dirpath``, when there is no logger, or when nothing is found.
+    Lightning's own lookup sees only the *new* run's fresh ``version_<n+1>``; this searches every
+    ``<save_dir>/<name>/version_*/checkpoints``, so logs and checkpoints continue in one folder. Returns ``None``
+    (Lightning's lookup applies) with an explicit ``ModelCheckpoint`` ``dirpath``, without a logger, or when nothing
+    is found.
     """
     if any(isinstance(cb, ModelCheckpoint) and cb.dirpath is not None for cb in trainer.checkpoint_callbacks):
         return None
@@ -69,7 +67,8 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
 class AlignmentCLI(LightningCLI):
     """LightningCLI with ``--test_after_fit`` and TensorBoard as the default logger."""
 
-    def add_arguments_to_parser(self, parser) -> None:  # noqa: D102
+    @override
+    def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--test_after_fit",
             type=bool,
@@ -77,7 +76,8 @@ class AlignmentCLI(LightningCLI):
             help="After fit, run test on the datamodule's held-out set (best checkpoint when one is tracked).",
         )
 
-    def instantiate_trainer(self, **kwargs):  # noqa: D102
+    @override
+    def instantiate_trainer(self, **kwargs):
         # Atomic checkpoint files unless a config brings its own CheckpointIO (or a strategy that writes folders).
         config = self._get(self.config_init, "trainer", default={}) or {}
         plugins = kwargs.get("plugins", config.get("plugins"))
@@ -104,9 +104,7 @@ class AlignmentCLI(LightningCLI):
         ckpt = self.trainer.checkpoint_callback
         best = ckpt.best_model_path if ckpt is not None and getattr(ckpt, "best_model_path", "") else None
         if getattr(self.trainer.strategy, "zero_stage_3", False):
-            # DeepSpeed cannot load a ZeRO-3 checkpoint into the optimizer-less engine Lightning builds for testing
-            # (AttributeError '_restore_from_bit16_weights', deepspeedai/DeepSpeed#7272), and testing the final
-            # weights in that engine hung on two CPU processes: skip, and say how to test instead
+            # DeepSpeed cannot load a ZeRO-3 checkpoint into Lightning's optimizer-less test engine (#7272)
             rank_zero_warn(
                 "test_after_fit is skipped under DeepSpeed ZeRO-3: DeepSpeed cannot load a ZeRO-3 checkpoint for "
                 "testing (deepspeedai/DeepSpeed#7272). Convert the checkpoint with "
@@ -119,8 +117,7 @@ class AlignmentCLI(LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
-    # Under manual optimization ModelCheckpoint warns on every step-based save that it holds the state after the
-    # optimizer step; that is the state a resume needs.
+    # The state after the optimizer step, which this warning is about, is the state a resume needs.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
     return AlignmentCLI(
         L.LightningModule,

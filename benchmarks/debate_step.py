@@ -33,6 +33,7 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     from datamodules.debate import DebateDataModule
     from modules.debate import DebateSelfPlay
+    from modules.lm.model_config import ModelConfig
     from modules.lm.models import build_tiny_causal_lm
     from modules.scorers.judges import HFJudge, ProgrammaticJudge
 
@@ -47,14 +48,13 @@ def worker(args) -> dict:
     )
     L.seed_everything(0)
     model = DebateSelfPlay(
-        policy=policy,
+        lm=ModelConfig(policy, dtype=args.dtype),
         protocol=args.protocol,
         judge=judge,
         group_size=args.g,
         max_new_tokens=args.tokens,
         reply_max_new_tokens=args.reply_tokens,
         require_thinking=False,
-        dtype=args.dtype,
         lr=1e-4,
     )
     times = []

@@ -31,6 +31,7 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
+    from modules.lm.model_config import ModelConfig
     from modules.lm.models import build_tiny_causal_lm
     from modules.scorers.utility import EnsembleUtility
 
@@ -40,13 +41,11 @@ def worker(args) -> dict:
     )
     L.seed_everything(0)
     model = DeepSMIDA(
-        policy=policy,
-        players=args.players,
+        lm=ModelConfig(policy, players=args.players, dtype=args.dtype),
         utility=EnsembleUtility(checkpoint=None),
         samples_per_prompt=args.d,
         follower_samples=args.m,
         max_new_tokens=args.tokens,
-        dtype=args.dtype,
         leader_lr=1e-4,
         follower_lr=2e-4,
     )

@@ -7,8 +7,8 @@ alternating between rounds:
 
 * ``per_unit``: no gathering context. Each block all-gathers its shards before its forward and frees them after
   (``reshard_after_forward``), so every decoded token gathers every block again;
-* ``once``: :func:`modules.distributed.sharding.parameter_gathering` as the families install it under FSDP2 (every unit unsharded
-  once, kept whole for the call, resharded at the end).
+* ``once``: :func:`~modules.distributed.sharding.parameter_gathering`, as the families use it under FSDP2 (every
+  unit unsharded once, kept whole for the call, resharded at the end).
 
 Both must give the same tokens (greedy decoding, compared). Printed per mode: seconds per call (median) and the
 all-gathers per call (``torch.distributed.all_gather_single``, FSDP2's default all-gather, counted); the last line is

@@ -126,16 +126,16 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
 
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
+    from modules.lm.model_config import ModelConfig
     from modules.scorers.utility import EnsembleUtility
 
     L.seed_everything(0)
     model = DeepSMIDA(
-        policy=policy_dir,
+        lm=ModelConfig(policy_dir, dtype=args.dtype),
         utility=EnsembleUtility(checkpoint=None),
         samples_per_prompt=args.smida_d,
         follower_samples=args.smida_m,
         max_new_tokens=args.smida_tokens,
-        dtype=args.dtype,
         leader_lr=8e-6,
         follower_lr=2e-5,
     )

@@ -35,21 +35,22 @@ def worker(args) -> dict:
     import psutil
     import torch
 
+    from modules.lm.model_config import ModelConfig
     from modules.lm.models import load_model, load_tokenizer
     from modules.pool import StackelbergPool
 
+    lm = ModelConfig(name_or_path=args.model, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, dtype=args.dtype)
     # pay the one-off costs (lazy imports, kernels, tokenizer code) before measuring, then drop the warm-up model
-    warm = StackelbergPool(policy=args.model, num_players=1, lora_r=args.lora_r, dtype=args.dtype)
+    warm = StackelbergPool(lm=lm, num_players=1)
     load_tokenizer(args.model), load_model(args.model, task="causal_lm")
     del warm
     gc.collect()
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
-    kw = dict(lora_r=args.lora_r, lora_alpha=2 * args.lora_r, dtype=args.dtype)
     if args.layout == "shared":
-        pool = StackelbergPool(policy=args.model, num_players=args.m, **kw)
+        pool = StackelbergPool(lm=lm, num_players=args.m)
     else:
-        pool = StackelbergPool(models=[args.model] * args.m, **kw)
+        pool = StackelbergPool(lm=lm, models=[args.model] * args.m)  # each member its own base, over the same lm
     gc.collect()
     rss1 = proc.memory_info().rss
     seen, total, trainable = set(), 0, 0

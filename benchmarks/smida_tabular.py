@@ -3,16 +3,15 @@
     python benchmarks/smida_tabular.py                      # |X| = 1000, |Y| = 64, float64, 2 threads
     python benchmarks/smida_tabular.py --contexts 200 --actions 32 --dtype float32
 
-Runs the vectorised :class:`modules.algorithms.stackelberg.SMIDAStep` from the references until both players' worst-case KL to the
-closed-form equilibrium (max over contexts, and leader actions for the follower, of both directions) is below
+Runs the vectorised :class:`modules.algorithms.stackelberg.SMIDAStep` from the references until both players' worst-case
+KL to the closed-form equilibrium (max over contexts, and leader actions for the follower, of both directions) is below
 ``--target``, timing each iteration alone (the KL check is outside the timer). Then times a naive implementation that
 loops over contexts in Python (each context's update vectorised over its actions, the way one would write it from the
 pseudo-code) on ``--loop-contexts`` contexts, and one that loops over contexts and leader actions (Algorithm 1's "for
-every (x, y)") on ``--pair-loop-contexts``; checks they compute the same iterate and scales their times to all
-contexts. Everything is also timed on 1 thread; the ratios compare each implementation at its faster thread count
-(see the comment in ``main``).
-Prints the game, ``seconds_per_iteration`` (median after warm-up), ``iterations_to_kl``, and last the ratio
-``speedup_vs_loop``.
+every (x, y)") on ``--pair-loop-contexts``; checks they compute the same iterate and scales their times to all contexts.
+Everything is also timed on 1 thread; the ratios compare each implementation at its faster thread count (see the comment
+in ``main``). Prints the game, ``seconds_per_iteration`` (median after warm-up), ``iterations_to_kl``, and last the
+ratio ``speedup_vs_loop``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from modules.algorithms.stackelberg import SMIDAStep, kl_both, kl_bound, log_normalise, stackelberg_equilibrium  # noqa: E402
-from modules.tabular_smida import random_game  # noqa: E402
+from modules.algorithms.tabular_games import random_game  # noqa: E402
 
 
 def loop_step(log_pi, log_omega, u, log_pi_ref, log_omega_ref, tau_l, tau_f, eta_l, eta_f):
@@ -117,7 +116,7 @@ def main() -> None:
         "M entries of u per second)",
         flush=True,
     )
-    bound = kl_bound(u, pi_ref, omega_ref, *taus_etas, args.max_iterations)
+    bound = kl_bound(u, pi_ref, omega_ref, taus_etas, args.max_iterations)
     below = ((bound.leader < args.target) & (bound.follower < args.target)).nonzero()
     predicted = int(below[0]) if len(below) else None
     print(

@@ -9,8 +9,8 @@ the order alternating between rounds:
   partition them again after it, so every decoded token gathers every layer again;
 * ``gathered``: ``deepspeed.zero.GatheredParameters`` over the policy around the call, DeepSpeed's hooks left on (what
   the suite did before): the hooks still partition each submodule after its forward, so this gathers per token too;
-* ``once``: :func:`modules.distributed.sharding.parameter_gathering` as the families install it under ZeRO-3 (prefetches released,
-  DeepSpeed's hooks held off the policy, one gather, one partition at the end).
+* ``once``: :func:`~modules.distributed.sharding.parameter_gathering`, as the families use it under ZeRO-3
+  (prefetches released, DeepSpeed's hooks held off the policy, one gather, one partition at the end).
 
 Both must give the same tokens (greedy decoding, compared). Printed per mode: seconds per call (median) and the
 parameter re-partitions per call (DeepSpeed's ``free_param`` calls, counted); the last line is

@@ -1,11 +1,10 @@
 """Reusable Lightning callbacks for game-theoretic alignment, and the plain math behind them.
 
-Each callback works on any ``LightningModule`` that provides what its docstring asks for, imports nothing from the
-rest of the suite, resumes exactly from a checkpoint, agrees across DDP ranks and logs under its own namespace::
-
-    from callbacks import EloRating, MCCTracker, PeakCheckpoint, TwoTimescaleWarmup
+Each works on any ``LightningModule`` that provides what its docstring asks for, imports nothing from the rest of
+the suite, resumes exactly from a checkpoint, agrees across DDP ranks and logs under its own namespace.
 """
 
+from callbacks import functional
 from callbacks.elo import EloRating
 from callbacks.fault_tolerance import (
     AtomicCheckpointIO,
@@ -15,22 +14,7 @@ from callbacks.fault_tolerance import (
     collect_rng_state,
     restore_rng_state,
 )
-from callbacks.functional import (
-    beta_lower_bound,
-    decayed_k_factor,
-    effective_k_factor,
-    elo_expected_score,
-    elo_update,
-    gap_recovery,
-    least_squares_slope,
-    matthews_corrcoef_from_counts,
-    p_best,
-    pooled_lower_bound,
-    posterior_mean,
-    sample_std,
-    warmup_learning_rates,
-    weighted_score,
-)
+from callbacks.functional import *  # noqa: F403 - the math helpers, listed in functional.__all__
 from callbacks.mcc import MCCTracker
 from callbacks.peak import PeakCheckpoint
 from callbacks.prediction_writer import JsonlPredictionWriter
@@ -46,20 +30,7 @@ __all__ = [
     "RNGStateCallback",
     "TwoTimescaleWarmup",
     "atomic_torch_save",
-    "beta_lower_bound",
     "collect_rng_state",
-    "decayed_k_factor",
-    "effective_k_factor",
-    "elo_expected_score",
-    "elo_update",
-    "gap_recovery",
-    "least_squares_slope",
-    "matthews_corrcoef_from_counts",
-    "p_best",
-    "pooled_lower_bound",
-    "posterior_mean",
     "restore_rng_state",
-    "sample_std",
-    "warmup_learning_rates",
-    "weighted_score",
 ]
+__all__ += functional.__all__

@@ -43,35 +43,15 @@ class EloRating(Callback):
 
     where :math:`n_i` is the number of duels player i has played, :math:`d` = ``k_decay`` and :math:`\sigma_i`
     the sample standard deviation (``ddof=1``, 0 with fewer than two) of its last ``volatility_window`` rating
-    changes. The paper names the two ingredients (a decaying K and the volatility of recent changes) but not the
-    formula; this one was chosen because:
+    changes (why this formula: README, "Elo reputations"). Per-player K factors make a duel non-zero-sum.
 
-    - harmonic decay (K halves after ``k_decay`` duels) meets the Robbins-Monro conditions, so ratings average
-      out judge noise yet keep following a model that improves during training, whereas an exponential decay
-      freezes every rating after a fixed number of duels;
-    - volatility re-heats a rating whose recent changes scatter (it has not settled: the role volatility plays in
-      Glicko-2); normalising by :math:`K_0` makes the boost scale-free, the cap bounds it to a doubling, and since
-      each change is at most the K that made it, the boost fades as K decays, so cooling wins in the long run.
-
-    Per-player K factors (as in FIDE's rules) make a duel between a newcomer and a veteran non-zero-sum.
-
-    How the module reports a duel (the API): find the callback with :meth:`find` and call :meth:`report` with the
-    two players and a's score, or with the judges' scores and weights (for a reputation-weighted mean, pass
-    :meth:`judge_weights` of the judges). Reports are buffered and applied at the end of the training batch (every
-    ``apply_every_n_batches`` batches), at the end of each training or validation epoch, and before a checkpoint
-    is written; the module reads the current reputations with :attr:`ratings`, :meth:`rating`,
-    :meth:`expected_score`, :meth:`volatility` and :meth:`judge_weights` (for judging and opponent matching).
-    Pass Python numbers: judge verdicts are parsed text, and converting a tensor would synchronise with the device.
-
-    Ranks agree: on one process nothing is communicated; under DDP the buffered duels of all ranks are gathered
-    (an ``all_gather`` of the counts, then one of the duels unless nobody reported) and every rank applies them in
-    the same order, rank 0's first, each rank's in the order reported. Ratings are therefore identical on every
-    rank, and the checkpoint (written after a flush) holds every rank's duels.
+    The module finds the callback with :meth:`find` and calls :meth:`report` (pass Python numbers: converting a
+    tensor would synchronise with the device). Reports are buffered and applied at the end of the training batch
+    (every ``apply_every_n_batches`` batches), of each training or validation epoch, and before a checkpoint is
+    written; under DDP all ranks' duels are gathered and applied in rank order, so ratings agree on every rank. Give
+    it to the ``Trainer``, not through ``configure_callbacks`` (that would hang under DDP; README, "Elo reputations").
 
     Logged at the end of every training batch: ``{name}/<player>`` (rating) and ``{name}_volatility/<player>``.
-    On one process the per-batch work is plain Python on floats: nothing is read back from the device.
-    :meth:`plot` draws the rating trajectories (one point per applied duel) and ``figure_path`` writes that
-    figure at the end of fit.
 
     Args:
         players: the players' names (unique, at least two).
@@ -88,25 +68,6 @@ class EloRating(Callback):
     Raises:
         ValueError: on fewer than two players, duplicate names or an out-of-range argument; from :meth:`report`,
             on an unknown player, a player duelling itself or a score outside [0, 1].
-
-    Example::
-
-        from lightning.pytorch import LightningModule, Trainer
-        from callbacks import EloRating
-
-        class Tournament(LightningModule):
-            def training_step(self, batch, batch_idx):
-                elo = EloRating.find(self.trainer)
-                a, b = "qwen", "llama"
-                judges = ["mistral", "gemma"]
-                verdicts = [1.0, 0.0]  # each judge's score for a, parsed from its answer
-                elo.report(a, b, verdicts, weights=elo.judge_weights(judges))
-                ...
-
-        elo = EloRating(["qwen", "llama", "mistral", "gemma"], k_factor=32.0, k_decay=50.0, volatility_window=10)
-        Trainer(callbacks=[elo]).fit(Tournament())
-        elo.ratings  # {"qwen": ..., "llama": ..., ...}
-        elo.plot("elo.png")
     """
 
     def __init__(
@@ -181,10 +142,6 @@ class EloRating(Callback):
                 f" found {len(found)}."
             )
         return found[0]
-
-    # ---------------------------------------------------------------------------------------------------------------
-    # The module-facing API
-    # ---------------------------------------------------------------------------------------------------------------
 
     def _idx(self, player: str) -> int:
         try:
@@ -266,10 +223,6 @@ class EloRating(Callback):
         """Number of this rank's reported duels not applied yet."""
         return len(self._pending)
 
-    # ---------------------------------------------------------------------------------------------------------------
-    # Applying duels
-    # ---------------------------------------------------------------------------------------------------------------
-
     def _apply_one(self, ia: int, ib: int, score: float) -> None:
         k_a = effective_k_factor(self.k_factor, self._games[ia], self.k_decay, sample_std(self._recent[ia]))
         k_b = effective_k_factor(self.k_factor, self._games[ib], self.k_decay, sample_std(self._recent[ib]))
@@ -300,7 +253,8 @@ class EloRating(Callback):
     def apply_pending(self, trainer: pl.Trainer | None = None) -> int:
         """Apply the buffered duels now (of every rank under DDP: call it on all ranks); returns how many.
 
-        The callback calls this itself; call it directly only when using the class outside a ``Trainer``.
+        Call it directly outside a ``Trainer``, or when a module owns the ratings as an attribute (then where every
+        rank is in step, and with :meth:`state_dict` in the module's own state).
         """
         duels = self._gather(trainer)
         for ia, ib, score in duels:
@@ -334,8 +288,7 @@ class EloRating(Callback):
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Every rank runs this hook while the checkpoint is dumped, after `state_dict()` was taken: apply the
-        # duels still buffered on any rank so that the file (written by rank 0) loses none of them.
+        # Runs on every rank after `state_dict()` was taken: the file must lose no rank's buffered duels.
         if trainer.world_size > 1 or self._pending:
             if self.apply_pending(trainer) and self.state_key in checkpoint.get("callbacks", {}):
                 checkpoint["callbacks"][self.state_key] = self.state_dict()
@@ -346,10 +299,6 @@ class EloRating(Callback):
         if self.figure_path is not None and trainer.is_global_zero:
             self.plot(self.figure_path)
             rank_zero_info(f"EloRating: wrote the rating trajectories to {os.fspath(self.figure_path)}.")
-
-    # ---------------------------------------------------------------------------------------------------------------
-    # Figure and state
-    # ---------------------------------------------------------------------------------------------------------------
 
     def plot(self, path: str | os.PathLike | None = None) -> Figure:
         """Figure of every player's rating against the number of applied duels; saved to ``path`` if given."""

@@ -2,15 +2,9 @@
 
 Three pieces, each usable on its own with any ``LightningModule`` (``train.py`` wires all three by default):
 
-* :class:`RNGStateCallback` saves the Python, NumPy, torch (CPU and CUDA) generator states of every rank in each
-  checkpoint and restores them on resume, so sampling, dropout and shuffling continue as if never stopped.
-* :class:`CheckpointOnSigterm` writes ``last.ckpt`` when Lightning stops on SIGTERM (preemption, ``scancel``,
-  ``kill``). Lightning turns SIGTERM into a clean stop after the running batch but saves nothing by itself.
-* :class:`AtomicCheckpointIO` writes each checkpoint to a temporary file in the target folder, ``fsync`` s it and
-  renames it over the target, so a kill during a save leaves the previous checkpoint whole.
-
-The plain functions behind them (:func:`collect_rng_state`, :func:`restore_rng_state`, :func:`atomic_torch_save`)
-have no Lightning in them.
+* :class:`RNGStateCallback`: every rank's generator states saved in each checkpoint and restored on resume.
+* :class:`CheckpointOnSigterm`: ``last.ckpt`` written when Lightning stops on SIGTERM (preemption, ``scancel``).
+* :class:`AtomicCheckpointIO`: a kill during a save leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
@@ -39,11 +33,6 @@ __all__ = [
     "collect_rng_state",
     "restore_rng_state",
 ]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# RNG states
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def collect_rng_state() -> dict[str, Any]:
@@ -98,19 +87,8 @@ def _world() -> tuple[int, int]:
 class RNGStateCallback(Callback):
     """Save every rank's generator states in each checkpoint and restore them when a run resumes.
 
-    With the generators restored, a resumed run draws the same samples (generation, dropout, shuffling with the
-    global generator, random corruptions) as the run that was stopped, so on deterministic CPU settings it logs the
-    same numbers. The states are taken when the checkpoint is written and set again as soon as the checkpoint is
-    loaded, before the training data loader is iterated, which is the order of events of the uninterrupted run.
-
-    What the module must provide: nothing. Under DDP each rank's states are gathered when a checkpoint is written
-    (one ``all_gather_object`` per checkpoint, nothing per step) and rank ``r`` restores entry ``r``; a resume on a
-    different number of ranks restores the ranks that exist in both and warns.
-
-    Example::
-
-        trainer = Trainer(callbacks=[RNGStateCallback(), ModelCheckpoint(save_last=True)])
-        trainer.fit(model, ckpt_path="last")
+    A resumed run then draws the same samples (generation, dropout, shuffling) as the run that was stopped. Under
+    DDP rank ``r`` restores entry ``r``; a resume on a different number of ranks restores the ranks in both and warns.
     """
 
     @property
@@ -141,30 +119,13 @@ class RNGStateCallback(Callback):
             restore_rng_state(ranks[rank])
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# A checkpoint on SIGTERM
-# ----------------------------------------------------------------------------------------------------------------
-
-
 class CheckpointOnSigterm(Callback):
     """Write ``last.ckpt`` when ``fit`` stops on SIGTERM, so a preempted run resumes from where it stopped.
 
-    Lightning handles SIGTERM by finishing the running training batch and raising ``SIGTERMException``; it saves
-    nothing unless told to. This callback then saves a full checkpoint into the folder of the trainer's
-    ``ModelCheckpoint`` (else ``<default_root_dir>/checkpoints``) under that callback's ``last`` name, where
-    ``fit --ckpt_path last`` looks. It saves only mid-epoch: when the signal lands in the last batch of an epoch,
-    Lightning raises only after the end-of-epoch work, and Lightning 2.6 resumes from a checkpoint taken there one
-    logging step and one epoch's data order off; the last periodic checkpoint is kept instead (the batches since are
-    replayed, exactly).
-
-    Only SIGTERM saves: any other exception may arrive in the middle of an update (one player stepped, the other
-    not), so the last periodic checkpoint is kept instead. A SIGTERM that arrives during validation stops the
-    validation without saving (Lightning cannot resume a validation half-way); the last periodic checkpoint stays.
-    Sanity checks, ``fast_dev_run`` and stages other than ``fit`` never save.
-
-    Example::
-
-        trainer = Trainer(callbacks=[CheckpointOnSigterm(), ModelCheckpoint(save_last=True, every_n_train_steps=50)])
+    The checkpoint goes to :meth:`target_path`, where ``fit --ckpt_path last`` looks. The last periodic checkpoint
+    is kept instead (README, "Resuming and failures") when the signal lands in an epoch's last batch (Lightning
+    resumes from there one epoch's data order off), during validation, or on any other exception (which may arrive
+    mid-update). Sanity checks, ``fast_dev_run`` and stages other than ``fit`` never save.
     """
 
     def __init__(self) -> None:
@@ -177,8 +138,7 @@ class CheckpointOnSigterm(Callback):
         ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
         if ckpt is not None and ckpt.dirpath is not None:
             return os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION)
-        # no ModelCheckpoint folder: the logger's run folder (never the working directory, which may be a repo);
-        # the logger's own ``log_dir`` is used, not ``trainer.log_dir``, which is a collective under DDP
+        # the logger's run folder, never the working directory (``trainer.log_dir`` is a collective under DDP)
         logger_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
         return os.path.join(logger_dir or trainer.default_root_dir, "checkpoints", "last.ckpt")
 
@@ -186,8 +146,7 @@ class CheckpointOnSigterm(Callback):
         path = self.target_path(trainer)
         ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
         if ckpt is not None and ckpt.save_last:
-            # the file becomes that callback's own `last`: after the resume it overwrites it instead of writing
-            # `last-v1.ckpt` beside it
+            # the callback's own `last`, so after the resume it is overwritten instead of getting a `last-v1.ckpt`
             ckpt.last_model_path = path
         trainer.save_checkpoint(path)
         self.saved_path = path
@@ -206,16 +165,11 @@ class CheckpointOnSigterm(Callback):
             )
             return
         if trainer.fit_loop.epoch_loop.done:
-            # raised after the end-of-epoch work, with the epoch counted complete: not a state Lightning resumes
-            # from exactly (see the class docstring)
+            # raised after the end-of-epoch work: not a state Lightning resumes from exactly
             rank_zero_warn("SIGTERM at the end of an epoch: no checkpoint written; resume from the last periodic one.")
             return
         self._save(trainer)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Atomic checkpoint files
-# ----------------------------------------------------------------------------------------------------------------
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 
@@ -258,11 +212,8 @@ def _fsync_dir(folder: str) -> None:
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)`` such that ``path`` holds either its old content or the complete new one.
 
-    The object is written to ``.<name>.tmp-<pid>`` in the same folder (so the rename never crosses file systems),
-    flushed and ``fsync`` ed, then renamed over ``path`` with :func:`os.replace` (atomic on POSIX and Windows), and the
-    folder is ``fsync`` ed so the rename survives a crash. A process killed at any point leaves ``path`` untouched;
-    its temporary is removed by the next save of the same file. The temporary's name never ends in ``.ckpt``, so
-    ``ckpt_path="last"`` cannot pick it up.
+    Written to ``.<name>.tmp-<pid>`` in the same folder (the rename never crosses file systems; the name never ends
+    in ``.ckpt``), ``fsync`` ed and renamed over ``path``; the next save removes a killed process's temporary.
     """
     path = os.fspath(path)
     folder = os.path.dirname(path)
@@ -286,15 +237,8 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable writes of local checkpoints (:func:`atomic_torch_save`).
 
-    Lightning's default serialises the checkpoint into memory and moves a temporary from the system's temp folder
-    into place; when that folder is on another file system (a node-local ``/tmp``, checkpoints on shared storage)
-    the move is a copy that a kill can cut short, and nothing is ``fsync`` ed. Here the temporary lives beside the
-    target and is renamed over it. Remote paths (``s3://`` …) keep Lightning's transaction. Loading is unchanged
-    (``weights_only`` as the caller asks; ``fit --ckpt_path`` uses torch's default, ``weights_only=True``).
-
-    Example::
-
-        trainer = Trainer(plugins=[AtomicCheckpointIO()])
+    Lightning's default moves a temporary from the system's temp folder, a copy a kill can cut short when that is
+    another file system. Remote paths (``s3://`` …) keep Lightning's transaction; loading is unchanged.
     """
 
     @override

@@ -16,36 +16,27 @@ from callbacks.functional import least_squares_slope, matthews_corrcoef_from_cou
 _STAGES = ("train", "val", "test")
 
 
+def _evaluation_stage(trainer: pl.Trainer) -> str:
+    """``"test"`` inside ``trainer.test``, else ``"val"`` (validation, sanity check included)."""
+    return "test" if trainer.testing else "val"
+
+
 class MCCTracker(Callback):
     r"""Matthews correlation of a binary judge with the truth, per epoch, exact under DDP, and its trend.
 
-    The judge metric of debate RLAIF ("Metrics"): the judge is a binary classifier of "the answer is correct",
-    the truth comes from an answer checker, and
+    The judge metric of debate RLAIF ("Metrics"; formula: :func:`~callbacks.functional.matthews_corrcoef_from_counts`).
+    Reward hacking shows as MCC falling, so the callback also logs the least-squares slope of MCC over the last
+    ``trend_window`` evaluations. An epoch with a single class gives 0 (scikit-learn's convention), never NaN.
 
-    .. math:: MCC = \frac{TP \cdot TN - FP \cdot FN}{\sqrt{(TP+FP)(TP+FN)(TN+FP)(TN+FN)}}.
-
-    Reward hacking shows as MCC falling over RL steps, so besides MCC the callback logs the least-squares slope of
-    MCC over the last ``trend_window`` evaluations (per evaluation; negative means the judge is being fooled).
-    Degenerate epochs, where the truth or the verdicts hold a single class, give 0 (scikit-learn's convention),
-    never NaN.
-
-    What the module must provide: its ``training_step`` / ``validation_step`` / ``test_step`` (per ``stage``)
-    returns a mapping that holds, under ``prediction_key``, the judge's verdicts and, under ``target_key``, the
-    truth, as tensors of the same number of elements: bool or integer 0/1 (1 = "accepted" / "correct"), or, for
-    the verdicts, floating probabilities, counted as accepted when above ``threshold``. For example
-    ``return {"loss": loss, "judge": verdicts, "truth": is_correct}``.
-
-    Counts are accumulated in a ``torchmetrics`` ``BinaryStatScores`` (count states reduced by ``"sum"``), so the
-    epoch's MCC is computed from the counts of all ranks: exact under DDP, and identical on every rank. Per batch
-    the callback only adds counts on the device (no host-device synchronisation); the one synchronisation is the
-    epoch-end reduction. Evaluation values are not checked (``validate_args=False``), as that would synchronise.
+    The module's ``training_step`` / ``validation_step`` / ``test_step`` (per ``stage``) returns a mapping holding
+    the verdicts under ``prediction_key`` and the truth under ``target_key``, tensors of the same number of elements:
+    bool or 0/1, or, for the verdicts, probabilities (accepted above ``threshold``). Counts are summed over ranks at
+    the epoch's end only (exact under DDP; nothing is read back from the device per batch).
 
     Logged at the end of each epoch of ``stage`` (sanity checks skipped): ``{stage}/{name}`` (MCC),
     ``{stage}/{name}_trend``, ``{stage}/{name}_accept_rate`` (share of verdicts that accept), and the counts
-    ``{stage}/{name}_tp``, ``_fp``, ``_tn``, ``_fn``. With the defaults: ``val/mcc``, ``val/mcc_trend``, ...
-
-    Resume: the MCC history (hence the trend) is saved. With ``stage="train"`` a checkpoint written mid-epoch also
-    holds the epoch's counts so far, summed over ranks, so the resumed epoch's MCC is exact as well.
+    ``{stage}/{name}_tp``, ``_fp``, ``_tn``, ``_fn``. The history (hence the trend) and, with ``stage="train"``, a
+    running epoch's counts are saved in checkpoints.
 
     Args:
         prediction_key: key of the judge's verdicts in the step's output mapping.
@@ -59,20 +50,6 @@ class MCCTracker(Callback):
         ValueError: on an unknown ``stage``, ``trend_window < 2`` or ``threshold`` outside [0, 1]; during the run,
             if the verdicts and the truth differ in size.
         RuntimeError: during the run, if the step's output is not a mapping holding both keys.
-
-    Example::
-
-        from lightning.pytorch import LightningModule, Trainer
-        from callbacks import MCCTracker
-
-        class Debate(LightningModule):
-            def validation_step(self, batch, batch_idx):
-                verdicts = self.judge(batch)              # bool tensor: the judge accepts Alice's answer
-                truth = batch["answer_is_correct"]        # bool tensor from the answer checker
-                return {"judge": verdicts, "truth": truth}
-
-        trainer = Trainer(callbacks=[MCCTracker("judge", "truth", stage="val", trend_window=5)])
-        trainer.fit(Debate())  # logs val/mcc, val/mcc_trend, val/mcc_accept_rate, val/mcc_tp, ...
     """
 
     def __init__(
@@ -111,8 +88,6 @@ class MCCTracker(Callback):
     def last(self) -> dict[str, float] | None:
         """Values logged at the last evaluation (``None`` before the first)."""
         return self.history[-1] if self.history else None
-
-    # ---------------------------------------------------------------------------------------------------------------
 
     def _start(self, pl_module: pl.LightningModule) -> None:
         self.counts = self.counts.to(pl_module.device)
@@ -181,8 +156,6 @@ class MCCTracker(Callback):
                 batch_size=1,
             )
 
-    # ---------------------------------------------------------------------------------------------------------------
-
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Once per fit, after any checkpoint was restored: counts of a resumed epoch live in `_offset`.
@@ -201,9 +174,11 @@ class MCCTracker(Callback):
         if self.stage == "train":
             self._end(trainer, pl_module)
 
+    # Validation and test share their hooks: the running loop tells which of the two stages it is.
+
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.stage == "val":
+        if self.stage == _evaluation_stage(trainer):
             self._start(pl_module)
 
     @override
@@ -216,43 +191,23 @@ class MCCTracker(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self.stage == "val":
+        if self.stage == _evaluation_stage(trainer):
             self._update(trainer, outputs)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.stage == "val":
+        if self.stage == _evaluation_stage(trainer):
             self._end(trainer, pl_module)
 
-    @override
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.stage == "test":
-            self._start(pl_module)
-
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if self.stage == "test":
-            self._update(trainer, outputs)
-
-    @override
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.stage == "test":
-            self._end(trainer, pl_module)
+    on_test_epoch_start = on_validation_epoch_start
+    on_test_batch_end = on_validation_batch_end
+    on_test_epoch_end = on_validation_epoch_end
 
     @override
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Every rank runs this hook while the checkpoint is dumped: store the running training epoch's counts,
-        # summed over ranks, so that resuming mid-epoch loses none of them (rank 0 writes the file).
+        # Runs on every rank: store the running training epoch's counts, summed over ranks, for a mid-epoch resume.
         if self.stage == "train" and self.state_key in checkpoint.get("callbacks", {}):
             checkpoint["callbacks"][self.state_key]["partial_counts"] = self._synced_counts()
 

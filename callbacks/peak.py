@@ -18,14 +18,10 @@ from callbacks.functional import pooled_lower_bound, posterior_mean
 class PeakCheckpoint(Callback):
     r"""Checkpoint the peak: the evaluation whose rolling window has the highest Beta-posterior lower bound.
 
-    Peak selection of debate RLAIF ("Metrics", App. A). After each validation the callback records the
-    evaluation's successes and trials of a monitored accuracy, pools the last ``window`` evaluations
-    (successes :math:`S`, trials :math:`N`), and computes the ``quantile`` of the
-    :math:`\mathrm{Beta}(1 + S, 1 + N - S)` posterior (Beta(1, 1) prior); with the default 0.025 this is the
-    lower end of the 95% credible interval. When that lower bound beats the best so far, the evaluation becomes the
-    peak and the callback writes a full checkpoint to ``dirpath/filename.ckpt`` (overwriting the previous peak).
-    A noisy evaluation with a high raw accuracy but few trials therefore does not win; a sustained one does. Early
-    evaluations pool fewer than ``window`` evaluations; their fewer trials widen the posterior, which penalises them.
+    Peak selection of debate RLAIF ("Metrics", App. A): after each validation the successes :math:`S` and trials
+    :math:`N` of the last ``window`` evaluations are pooled and the ``quantile`` of the
+    :math:`\mathrm{Beta}(1 + S, 1 + N - S)` posterior is taken. When it beats the best so far, a full checkpoint is
+    written to ``dirpath/filename.ckpt`` (overwriting the previous peak).
 
     What the module must provide: the monitored counts as epoch-level metrics summed over the evaluation (and over
     ranks), e.g. in ``validation_step``::
@@ -33,15 +29,12 @@ class PeakCheckpoint(Callback):
         self.log("val/correct", correct.sum(), on_epoch=True, reduce_fx="sum", sync_dist=True)
         self.log("val/total", float(correct.numel()), on_epoch=True, reduce_fx="sum", sync_dist=True)
 
-    (or a ``torchmetrics.SumMetric`` logged as an object). The callback reads them from
-    ``trainer.callback_metrics`` in ``on_validation_end`` (sanity checks, ``fast_dev_run`` and runs other than
-    ``fit`` are skipped). Rank 0's values are broadcast, so every rank takes the same decision and all ranks join
-    the checkpoint write (as ``ModelCheckpoint`` does); the cost is one broadcast per evaluation, nothing per step.
+    Sanity checks, ``fast_dev_run`` and runs other than ``fit`` are skipped; rank 0's values are broadcast, so all
+    ranks take the same decision.
 
-    Logged to the trainer's loggers after each evaluation: ``{name}/lower_bound`` (this window),
-    ``{name}/step`` and ``{name}/epoch`` (the peak's ``global_step`` and epoch), ``{name}/value`` (the peak's lower
-    bound) and ``{name}/accuracy`` (the peak window's posterior mean). ``on_validation_end`` cannot log through
-    ``self.log``, hence the loggers; the values are also in :attr:`peak` and :attr:`evaluations`.
+    Logged to the trainer's loggers (``on_validation_end`` cannot use ``self.log``): ``{name}/lower_bound`` (this
+    window), ``{name}/step``, ``{name}/epoch``, ``{name}/value`` (the peak's lower bound) and ``{name}/accuracy``
+    (the peak window's posterior mean); also in :attr:`peak` and :attr:`evaluations`.
 
     Args:
         monitor_correct: name of the logged number of successes of an evaluation.
@@ -58,17 +51,6 @@ class PeakCheckpoint(Callback):
         ValueError: if ``window < 1`` or ``quantile`` is outside (0, 1); during the run, if the counts are not
             ``0 <= correct <= total``.
         RuntimeError: during the run, if a monitored metric was not logged.
-
-    Example::
-
-        from lightning.pytorch import Trainer
-        from callbacks import PeakCheckpoint
-
-        peak = PeakCheckpoint("val/correct", "val/total", window=3, quantile=0.025, dirpath="checkpoints")
-        trainer = Trainer(callbacks=[peak])
-        trainer.fit(debate)                    # debate logs val/correct and val/total as above
-        peak.peak                              # {"step": ..., "value": ..., "path": "checkpoints/peak.ckpt", ...}
-        best = type(debate).load_from_checkpoint(peak.best_model_path)
     """
 
     FILE_EXTENSION = ".ckpt"

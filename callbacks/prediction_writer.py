@@ -17,8 +17,7 @@ __all__ = ["JsonlPredictionWriter"]
 class JsonlPredictionWriter(BasePredictionWriter):
     """Append each predicted row to ``<log_dir>/<filename>`` (one file per rank when several run).
 
-    Works with any LightningModule whose ``predict_step`` returns a list of JSON-serialisable dicts. Rows are
-    written batch by batch and flushed, so an interrupted ``predict`` keeps what it has scored.
+    For a ``predict_step`` that returns a list of JSON-serialisable dicts; each batch is flushed as it comes.
 
     Args:
         filename: File name inside the trainer's log folder, or an absolute path.

@@ -15,28 +15,19 @@ from callbacks.functional import warmup_learning_rates
 class TwoTimescaleWarmup(Callback):
     r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both.
 
-    The schedule of deep-smida (Stackelberg preference games, §4.3 and App. D.1). Over ``warmup_steps``
-    training batches the leader's rate rises linearly from ``initial_lr`` to ``leader_lr`` while the ratio
-    follower/leader rises linearly from 1 to ``follower_lr / leader_lr``; the follower's rate is always the
-    leader's rate times the ratio. From batch ``warmup_steps`` on both rates stay at their targets:
+    The schedule of deep-smida (Stackelberg preference games, §4.3 and App. D.1):
 
     .. math::
         p_t = \min(t / T_{warm}, 1), \quad
         \eta^L_t = \eta^L_{init} + p_t (\eta^L - \eta^L_{init}), \quad
         \eta^F_t = \eta^L_t \, [1 + p_t (\eta^F / \eta^L - 1)].
 
-    What the module must provide: ``configure_optimizers`` returning at least two optimizers, the leader's at
-    index ``leader_optimizer`` and the follower's at ``follower_optimizer`` (the usual manual-optimization
-    layout of a two-player game). The callback owns their learning rates: before every training batch it writes
-    :math:`\eta^L_t` and :math:`\eta^F_t` into every parameter group of the two optimizers, so do not attach a
-    learning-rate scheduler to them (it would be overwritten; the callback warns).
+    The module's ``configure_optimizers`` returns the leader's optimizer at index ``leader_optimizer`` and the
+    follower's at ``follower_optimizer``. The callback owns their learning rates (it writes every parameter group
+    before each training batch), so attach no scheduler to them (it would be overwritten; the callback warns).
 
-    Steps count training batches (:math:`t = 0` for the first batch ever), not ``trainer.global_step``, which in
-    manual optimization advances once per optimizer step, i.e. twice per batch in a two-player game. The count is
-    the callback's own and is saved in its state, so a run resumed with ``ckpt_path`` continues the schedule
-    where it stopped. Every rank counts the same batches, so all ranks set the same rates without communicating.
-    Per batch the callback writes Python floats into the parameter groups and logs three floats; it reads nothing
-    back from the device, so the only per-step cost beyond plain Python is Lightning's own handling of logged values.
+    :math:`t` counts training batches (0 for the first ever), not ``trainer.global_step`` (twice per batch under
+    manual optimization); the count is saved in the callback's state, so a resumed run continues the schedule.
 
     Logged (every training batch): ``{name}/leader_lr``, ``{name}/follower_lr``, ``{name}/ratio``.
 
@@ -57,19 +48,6 @@ class TwoTimescaleWarmup(Callback):
             negative, only one tau is given, a tau is not positive, or, given both taus, the targets break the
             timescale order :math:`\eta^L \tau^L < \eta^F \tau^F` of Theorem 4.3 (the follower must be the fast
             player). At fit start, also if the module has no optimizer at one of the two indices.
-
-    Example::
-
-        from lightning.pytorch import Trainer
-        from callbacks import TwoTimescaleWarmup
-
-        # The paper's Table 2: eta_L = 8e-6, eta_F = 2e-5, from 1e-6 over 50 steps, tau_L = tau_F = 5e-4.
-        warmup = TwoTimescaleWarmup(
-            leader_lr=8e-6, follower_lr=2e-5, initial_lr=1e-6, warmup_steps=50,
-            leader_optimizer=0, follower_optimizer=1, tau_leader=5e-4, tau_follower=5e-4,
-        )
-        trainer = Trainer(callbacks=[warmup])
-        trainer.fit(game)  # game.configure_optimizers() returns [leader_opt, follower_opt]
     """
 
     def __init__(
@@ -172,8 +150,7 @@ class TwoTimescaleWarmup(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Optimizer states (and their saved rates) are restored after `on_fit_start`: set the rates of the next
-        # batch now so that anything reading them before the first batch sees the schedule.
+        # Optimizer states (and their saved rates) are restored after `on_fit_start`: set the schedule's rates now.
         leader, follower, _ = self._apply(trainer)
         if self.batches_seen == 0:
             rank_zero_info(

@@ -1,11 +1,7 @@
 """Arithmetic word problems with worked solutions and systematically corrupted ones.
 
-The offline default data of the suite: every problem has a checkable integer answer, so a programmatic oracle
-(:class:`modules.scorers.oracle.ProgrammaticOracle`) can label any pair of solutions, and debate/RLVR modules can reward a
-final answer without a model. Everything is a pure function of the seed.
-
-A solution is a sequence of sentences, one per operation, each carrying an explicit equation ``a op b = c``, and ends
-with ``The answer is \\boxed{n}.`` The corruption kinds:
+The offline default data: every answer is a checkable integer, everything a pure function of the seed. A solution
+has one sentence per operation, each with an equation ``a op b = c``, and ends with ``The answer is \\boxed{n}.``:
 
 * ``correct``: the worked solution;
 * ``padded``: the correct solution with filler sentences that add nothing;

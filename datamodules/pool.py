@@ -17,6 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
 from datamodules.arithmetic import generate_problems
 from datamodules.prompts import load_prompt_rows
@@ -143,7 +144,8 @@ class InstructionPoolDataModule(L.LightningDataModule):
             path, hp.name if path is None else None, split, hp.prompt_column, hp.reference_column, hp.reference_format
         )
 
-    def setup(self, stage: str | None = None) -> None:  # noqa: D102
+    @override
+    def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
         hp = self.hparams
@@ -158,7 +160,8 @@ class InstructionPoolDataModule(L.LightningDataModule):
             test = []
         self.splits = {"train": train, "val": val, "test": test}
 
-    def train_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def train_dataloader(self) -> DataLoader:
         # resumable: a checkpoint written after an iteration's batch but before its epoch ended resumes at the next
         # iteration instead of replaying this one. Replicated: under DDP every rank plays every iteration of the one
         # game (StackelbergPool splits an iteration's duels across the ranks itself)
@@ -174,10 +177,12 @@ class InstructionPoolDataModule(L.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         return DataLoader(_Rows(self.splits[split]), batch_size=self.hparams.batch_size, collate_fn=_collate)
 
-    def val_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def val_dataloader(self) -> DataLoader:
         return self._loader("val")
 
-    def test_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def test_dataloader(self) -> DataLoader:
         if not self.splits["test"]:
             warnings.warn("no test set was given (test_path/test_split): testing on the validation split", stacklevel=2)
             return self._loader("val")

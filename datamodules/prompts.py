@@ -1,7 +1,6 @@
 """Prompts (with optional reference answers) for the games: generated arithmetic problems, a local file or a hub set.
 
-Batches are dicts of lists: ``{"prompt": [...], "reference": [...], "index": tensor}``; generation happens in the
-module. Splits are disjoint at the prompt level and deterministic for a seed.
+Batches are :func:`collate_prompts`'s; splits are disjoint at the prompt level and deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -11,14 +10,15 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from datamodules.arithmetic import generate_problems
 from datamodules.files import iter_rows, open_table
-from datamodules.resumable import ResumableDataLoader
+from datamodules.resumable import split_loader
 from modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
 
-__all__ = ["PromptDataModule", "load_prompt_rows"]
+__all__ = ["PromptDataModule", "collate_prompts", "index_rows", "load_prompt_rows"]
 
 
 def load_prompt_rows(
@@ -50,18 +50,13 @@ def load_prompt_rows(
     return rows
 
 
-class _Rows(Dataset):
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.rows[i], "index": i}
+def index_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``rows``, each with its position under ``"index"`` (the items :func:`collate_prompts` batches)."""
+    return [{**r, "index": i} for i, r in enumerate(rows)]
 
 
-def _collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+def collate_prompts(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Batch indexed rows as ``{"prompt": [...], "reference": [...], "index": tensor}``."""
     return {
         "prompt": [it["prompt"] for it in items],
         "reference": [it["reference"] for it in items],
@@ -113,7 +108,8 @@ class PromptDataModule(L.LightningDataModule):
         self.save_hyperparameters(logger=False)
         self.splits: dict[str, list[dict[str, Any]]] = {}
 
-    def setup(self, stage: str | None = None) -> None:  # noqa: D102
+    @override
+    def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
         hp = self.hparams
@@ -142,26 +138,27 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError("no training prompts left after the validation/test split")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        if split == "train":  # resumes mid-epoch: the order comes from seed + epoch, the position is checkpointed
-            return ResumableDataLoader(
-                _Rows(self.splits[split]),
-                batch_size=self.hparams.batch_size,
-                shuffle=shuffle,
-                seed=self.hparams.seed,
-                collate_fn=_collate,
-            )
-        return DataLoader(
-            _Rows(self.splits[split]), batch_size=self.hparams.batch_size, shuffle=shuffle, collate_fn=_collate
+        return split_loader(
+            index_rows(self.splits[split]),
+            self.hparams.batch_size,
+            collate_prompts,
+            train=split == "train",
+            shuffle=shuffle,
+            seed=self.hparams.seed,
         )
 
-    def train_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def train_dataloader(self) -> DataLoader:
         return self._loader("train", True)
 
-    def val_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def val_dataloader(self) -> DataLoader:
         return self._loader("val", False)
 
-    def test_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def test_dataloader(self) -> DataLoader:
         return self._loader("test" if self.splits["test"] else "val", False)
 
-    def predict_dataloader(self) -> DataLoader:  # noqa: D102
+    @override
+    def predict_dataloader(self) -> DataLoader:
         return self._loader("test" if self.splits["test"] else "val", False)

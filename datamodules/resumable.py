@@ -1,21 +1,19 @@
 """A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint.
 
-Lightning saves the ``state_dict`` of a training loader that has one and hands it back through ``load_state_dict``
-before iterating on resume. :class:`ResumableDataLoader` records the epoch and the number of batches it has handed
-out in that epoch; its sampler draws each epoch's order from ``seed + epoch`` only (never the global generator), so
-after a resume it replays the same order and skips the batches already trained on. With a sized loader Lightning
-fetches one batch per step and never ahead, so "handed out" is "trained on".
+:class:`ResumableDataLoader` records the epoch and the batches handed out in it (Lightning fetches one batch per
+step, never ahead, so "handed out" is "trained on"); each epoch's order comes from ``seed + epoch`` only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from typing_extensions import override
 
-__all__ = ["ResumableDataLoader", "ResumableSampler"]
+__all__ = ["ResumableDataLoader", "ResumableSampler", "split_loader"]
 
 
 def _world() -> tuple[int, int]:
@@ -27,10 +25,8 @@ def _world() -> tuple[int, int]:
 class ResumableSampler(DistributedSampler):
     """Each epoch's order from ``seed + epoch`` (shuffled or not), split across ranks, with a skip for resuming.
 
-    A :class:`~torch.utils.data.DistributedSampler`, so Lightning neither replaces it under DDP nor forgets to call
-    :meth:`set_epoch` (it does so at the start of every training epoch, from its own epoch counter, resumes
-    included). Used without Lightning, an iteration that starts without a new :meth:`set_epoch` moves to the next
-    epoch by itself.
+    A :class:`~torch.utils.data.DistributedSampler`, so Lightning neither replaces it under DDP nor forgets
+    :meth:`set_epoch`; without Lightning, an iteration without a new :meth:`set_epoch` moves to the next epoch.
 
     Args:
         dataset: The map-style dataset (only its length is used).
@@ -46,7 +42,8 @@ class ResumableSampler(DistributedSampler):
         self.skip = 0
         self._epoch_fresh = True
 
-    def set_epoch(self, epoch: int) -> None:  # noqa: D102
+    @override
+    def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         self._epoch_fresh = True
 
@@ -63,9 +60,8 @@ class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` with ``state_dict``/``load_state_dict`` for exact mid-epoch resumption in Lightning.
 
     State: ``{"epoch": e, "batches": b}``, the epoch of the running (or last) iteration and the batches handed out
-    in it. After ``load_state_dict`` the next iteration of epoch ``e`` starts at batch ``b``; an iteration of any
-    other epoch starts at its beginning. The loader's own generator (seeded, used for worker seeds) keeps the
-    global torch generator untouched, so resuming does not shift anyone else's random numbers.
+    in it. After ``load_state_dict`` the next iteration of epoch ``e`` starts at batch ``b``, of any other epoch at
+    its beginning. The global torch generator is never used.
 
     Args:
         dataset: Map-style dataset.
@@ -139,3 +135,24 @@ class ResumableDataLoader(DataLoader):
         """Resume in epoch ``state_dict["epoch"]`` after batch ``state_dict["batches"]`` at the next iteration."""
         self._resume = (int(state_dict["epoch"]), int(state_dict["batches"]))
         self._batches = int(state_dict["batches"])
+
+
+def split_loader(
+    dataset: Dataset | Sequence[Any],
+    batch_size: int,
+    collate_fn: Callable[[list[Any]], Any],
+    *,
+    train: bool,
+    shuffle: bool = False,
+    seed: int = 0,
+    num_workers: int = 0,
+) -> DataLoader:
+    """The loader of one split: a :class:`ResumableDataLoader` for training, else a plain ``DataLoader``.
+
+    A list of items serves as the dataset.
+    """
+    if train:
+        return ResumableDataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, num_workers=num_workers, collate_fn=collate_fn
+        )
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn)

@@ -183,8 +183,15 @@ class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
 
     # ------------------------------------------------------------------------------------------------ artifacts
     def artifact_dir(self) -> str:
-        """The run's log folder (the trainer's root folder without a logger)."""
-        return self.trainer.log_dir or self.trainer.default_root_dir
+        """The run's log folder (the trainer's root folder without a logger).
+
+        Read from the first logger, not ``trainer.log_dir``: that property is a broadcast, which the rank-zero-only
+        writers cannot call (rank 0 would wait for ranks that never come).
+        """
+        logger = self.trainer.loggers[0] if self.trainer.loggers else None
+        if logger is None:
+            return self.trainer.default_root_dir
+        return getattr(logger, "log_dir", None) or logger.save_dir or self.trainer.default_root_dir
 
     @rank_zero_only
     def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any], append: bool = False) -> str | None:

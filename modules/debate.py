@@ -1,108 +1,55 @@
 """Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
 
-Per training step, for B problems (``protocol`` one of RLAIF-A, Debate-AB, Debate-ABA, RLVR):
-
-1. **Fork after a prefix.** Each problem draws a trainable ply uniformly (:func:`modules.algorithms.debate.choose_fork_plies`);
-   plies before it are sampled once, the forked ply ``G`` times, later plies once per branch. Every ply is ONE
-   ``generate`` call for the whole batch (Alice's and Bob's replies come from the same weights, so one call per
-   ply holds both roles' rows).
-2. **Judge.** The ``B·G`` finished transcripts (visible parts only) go to the frozen judge in one call that
-   returns ``num_votes`` votes each; Alice's share ``r`` of the parseable votes is her verdict, Bob's ``1 − r``.
-3. **Rewards** of the forked plies (:func:`modules.algorithms.debate.ply_rewards`): verdict, word-limit penalty on critique
-   and rebuttal, ``−1`` for an invalid thinking format, a negative override for a missing ``\\boxed{}``; RLVR
-   uses the answer checker instead of the judge.
-4. **Policy gradient on the forked ply only**, with the group baseline over the ``G`` branches
-   (:func:`modules.algorithms.rl_losses.group_advantages`) and the clipped GRPO surrogate, optionally KL to the reference
-   (the disabled adapter) (:func:`modules.algorithms.rl_losses.grpo_loss`). Tokens outside the forked ply are only context.
-
-The single-player learning rate ``lr`` is used by RLAIF-A and RLVR; the debate protocols use
-``lr · multi_player_lr_scale`` (paper: 1/4). Validation plays each held-out problem once per ply without forking,
-logs Alice's accuracy (``val/correct``, ``val/total`` as sums, for :class:`callbacks.PeakCheckpoint`) and returns
-the judge's verdicts and the truth for :class:`callbacks.MCCTracker` (the training steps return them too), and
-appends one line per evaluation to ``debate_evals.jsonl`` in the log folder (read by :mod:`modules.evaluation.debate_compare`).
-
-Bad input never crashes a run: a problem without a reference answer is played (the LLM-judge protocols do not use
-ground truth) but left out of accuracy and MCC and counted (``train/no_reference``); RLVR gives its group reward 0
-(advantage 0). Unparseable judge outputs are counted (``train/judge_unparseable``) and left out of the share; so are
-garbage votes (``train/judge_invalid``) and the votes of a judge call past its ``timeout_s`` (``train/judge_timeouts``,
-in transcripts; a transcript with no vote left gets the share 0.5, which moves neither player); empty
-replies are counted (``train/empty_replies``) and scored as they are (an empty answer has no ``\\boxed{}``). A step
-whose rewards or loss are not finite is skipped, logged and counted (:class:`modules.training.faults.NonFiniteGuard`); after
-``max_consecutive_nonfinite`` in a row training stops.
-
-Resume: sampling is seeded from ``(seed, batches_seen)`` (players and fork choice), and a checkpoint holds the
-adapter, the counters, the judge's generator state, the non-finite counters and the running per-epoch averages
-(``train/reward_epoch``, ``train/accuracy_epoch``: persistent torchmetrics), so a run resumed from a checkpoint, even
-mid-epoch, draws and logs what the uninterrupted run would have.
+Per step each problem forks at one trainable ply drawn uniformly: the plies before it are sampled once, the forked
+ply ``group_size`` times and every later ply once per branch, one ``generate`` call per ply for the whole batch. The
+judge votes on the finished transcripts in one call, the rules of :mod:`modules.algorithms.debate` turn Alice's share
+of the votes into per-ply rewards, and the clipped GRPO surrogate with the group baseline trains the forked ply only.
+Validation plays each problem once, logs ``val/correct`` and ``val/total`` (for :class:`callbacks.PeakCheckpoint`),
+returns verdicts and truth (for :class:`callbacks.MCCTracker`) and appends a line to ``debate_evals.jsonl`` (read by
+:mod:`modules.evaluation.debate_compare`). Bad input is counted, never a crash. Sampling is seeded from
+``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the per-epoch averages, so a
+resumed run draws and logs what the uninterrupted one would. The game itself: README, "Debate self-play".
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 from contextlib import contextmanager
 from typing import Any
 
-import lightning as L
 import torch
 import torchmetrics
-from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
 
 from callbacks.functional import matthews_corrcoef_from_counts
 from modules.algorithms.debate import (
-    PLAYER_OF_PLY,
     PLIES,
     PROMPTS,
     PROTOCOLS,
+    ForkedRollout,
+    PlyReward,
     Transcript,
     branch_rows,
     choose_fork_plies,
+    derived_seed,
     fill_fields,
     fork_counts,
+    forked_ply_metrics,
     ply_rewards,
     split_reply,
+    transcript_metrics,
 )
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.lm.policy_bank import (
-    PolicyBank,
-    Rollout,
-    engine_grad_norm,
-    fit_manual_backward_strategy,
-    shard_for_strategy,
-    sharded_strategy_kind,
-)
+from modules.base import LanguageModelGame
+from modules.lm.model_config import ModelConfig
+from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.scorers.judges import DebateJudge, ProgrammaticJudge
-from modules.training.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
-from modules.training.timing import PhaseTimer
+from modules.training.faults import reset_stale_epoch_metrics
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 
 PLAYER = "policy"
-
-
-class ForkedRollout:
-    """What one forked step produced: the transcripts and, per ply, the rows that were forked there.
-
-    Attributes:
-        transcripts: ``[B·G]`` transcripts in ``[problem, branch]`` order.
-        fork_plies: The forked ply of each problem.
-        chunks: Per ply index, ``(rollout of the forked rows, their indices into transcripts)``; plies where no
-            problem forked are absent.
-        rollouts: The full generate output of every ply (for token counts and benchmarks).
-    """
-
-    def __init__(self, transcripts, fork_plies, chunks, rollouts) -> None:
-        self.transcripts: list[Transcript] = transcripts
-        self.fork_plies: list[int] = fork_plies
-        self.chunks: dict[int, tuple[Rollout, list[int]]] = chunks
-        self.rollouts: list[Rollout] = rollouts
-
-
-def _derived_seed(*key: object) -> int:
-    """A seed that depends only on ``key`` (unlike ``hash`` of a string, which changes between processes)."""
-    return random.Random("/".join(map(str, key))).getrandbits(62)
 
 
 def _rows(rollout: Rollout, idx: list[int]) -> Rollout:
@@ -116,15 +63,14 @@ def _rows(rollout: Rollout, idx: list[int]) -> Rollout:
     )
 
 
-class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
+class DebateSelfPlay(LanguageModelGame):
     """One set of weights plays Alice and Bob in RLAIF-A, Debate-AB, Debate-ABA or RLVR against a frozen judge.
 
     Args:
-        policy: Causal LM (hub name or local path) the player starts from; its frozen weights are the reference.
+        lm: The policy: where it comes from, how it loads, its LoRA adapter or full copy (``players: separate``)
+            (:class:`ModelConfig`). Its frozen weights are the reference.
         protocol: ``rlaif_a``, ``debate_ab``, ``debate_aba`` or ``rlvr``.
         judge: The frozen judge; ``None`` builds a :class:`modules.scorers.judges.ProgrammaticJudge` with its defaults.
-        players: ``"lora"`` (one adapter over the frozen base; the disabled adapter is the reference) or
-            ``"separate"`` (full fine-tuning of a copy, a frozen copy as reference).
         group_size: ``G``, branches sampled at the forked ply (≥ 2; the group baseline needs two).
         lr: Single-player learning rate (RLAIF-A, RLVR).
         multi_player_lr_scale: Debate protocols train at ``lr`` times this (paper: 1/4).
@@ -151,25 +97,21 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             with ``{problem}`` and ``{solution}``.
         rebuttal_prompt: Alice's rebuttal prompt: ``alice_rebuttal`` or a template with ``{critique}``.
         trainable_plies: Plies that may be forked (``None``: all plies of the protocol), e.g. ``["critique"]``.
-        grad_clip: Gradient norm clip.
+        grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
-        lora_r: LoRA rank.
-        lora_alpha: LoRA alpha.
-        lora_target_modules: Modules to adapt.
-        dtype: Policy weights dtype.
-        gradient_checkpointing: Activation checkpointing of the policy.
-        trust_remote_code: Off unless turned on.
-        max_prompt_tokens: Prompt tokens kept (cut from the left, counted).
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
     """
 
+    family = "debate self-play"
+    # the epoch's running averages travel in checkpoints, so a run resumed mid-epoch reports the whole epoch
+    kept_state_prefixes = ("epoch_reward.", "epoch_accuracy.")
+
     def __init__(
         self,
-        policy: str,
+        lm: ModelConfig,
         protocol: str = "debate_ab",
         judge: DebateJudge | None = None,
-        players: str = "lora",
         group_size: int = 4,
         lr: float = 1e-4,
         multi_player_lr_scale: float = 0.25,
@@ -193,19 +135,13 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         bob_prompt: str = "bob_honest_broker",
         rebuttal_prompt: str = "alice_rebuttal",
         trainable_plies: list[str] | None = None,
-        grad_clip: float = 1.0,
+        grad_clip: float | None = 1.0,
         max_consecutive_nonfinite: int = 10,
         seed: int = 0,
-        lora_r: int = 16,
-        lora_alpha: int = 32,
-        lora_target_modules: list[str] | None = None,
-        dtype: str = "float32",
-        gradient_checkpointing: bool = False,
-        trust_remote_code: bool = False,
-        max_prompt_tokens: int = 2048,
         logprob_micro_batch: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        lm = ModelConfig.coerce(lm)
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if group_size < 2:
@@ -230,26 +166,12 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             "critique": self._template("bob_prompt", bob_prompt, ["{problem}", "{solution}"]),
             "rebuttal": self._template("rebuttal_prompt", rebuttal_prompt, ["{critique}"]),
         }
-        self.save_hyperparameters(ignore=["judge"])
-        self.automatic_optimization = False
+        self.save_hyperparameters(ignore=["lm", "judge"])
+        self.hparams["lm"] = lm.as_dict()
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
-        self.bank = PolicyBank(
-            policy,
-            players=(PLAYER,),
-            mode=players,
-            lora_r=lora_r,
-            lora_alpha=lora_alpha,
-            lora_target_modules=lora_target_modules,
-            dtype=dtype,
-            gradient_checkpointing=gradient_checkpointing,
-            trust_remote_code=trust_remote_code,
-            max_prompt_tokens=max_prompt_tokens,
-        )
+        self.bank = PolicyBank(lm, players=(PLAYER,))
         self.judge = judge if judge is not None else ProgrammaticJudge()
-        self.strict_loading = False  # the frozen base and the judge are not stored; on_load_checkpoint checks the rest
-        self.init_nonfinite_guard(max_consecutive_nonfinite)
-        # the epoch's running averages travel in checkpoints, so a run resumed mid-epoch reports the whole epoch
         self.epoch_reward = torchmetrics.MeanMetric()
         self.epoch_accuracy = torchmetrics.MeanMetric()
         for metric in (self.epoch_reward, self.epoch_accuracy):
@@ -262,7 +184,6 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             "judge_invalid": 0,
             "empty_replies": 0,
         }
-        self.phase_times: dict[str, float] = {}
         self._val: dict[str, float] = {}
         self.eval_history: list[dict[str, float]] = []
 
@@ -280,7 +201,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
     def learning_rate(self) -> float:
         """The rate in use: ``lr`` for one player, ``lr · multi_player_lr_scale`` for the debates."""
         hp = self.hparams
-        return hp.lr * (hp.multi_player_lr_scale if self.hparams.protocol in ("debate_ab", "debate_aba") else 1.0)
+        return hp.lr * (hp.multi_player_lr_scale if hp.protocol in ("debate_ab", "debate_aba") else 1.0)
 
     # ------------------------------------------------------------------------------------------------ playing
     def render(self, ply: str, transcript: Transcript) -> str:
@@ -288,10 +209,6 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         hp = self.hparams
         fields = transcript.prompt_fields(hp.word_limit, hp.think_open, hp.think_close)
         return self.bank.chat(hp.system_prompt, fill_fields(self.templates[ply], **fields))
-
-    def _split(self, text: str):
-        hp = self.hparams
-        return split_reply(text, hp.think_open, hp.think_close, hp.require_thinking)
 
     def play(
         self, problems: list[str], references: list[str | None], group_size: int, fork_plies: list[int] | None = None
@@ -320,7 +237,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 out = self.bank.generate(PLAYER, prompts, 1, hp.temperature, hp.top_p, tokens)
             rollouts.append(out)
             rows = branch_rows(counts, g) if g > 1 else list(range(b))
-            replies = [self._split(text) for text in out.texts]
+            replies = [split_reply(text, hp.think_open, hp.think_close, hp.require_thinking) for text in out.texts]
             for i in range(b):
                 for k in range(g):
                     branches[i][k].replies.append(replies[rows[i * g + k]])
@@ -331,7 +248,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         transcripts = [t for per_problem in branches for t in per_problem]
         return ForkedRollout(transcripts, list(fork_plies), chunks, rollouts)
 
-    def rewards(self, transcripts: list[Transcript], shares: list[float]) -> list[list]:
+    def rewards(self, transcripts: list[Transcript], shares: list[float]) -> list[list[PlyReward]]:
         """:func:`modules.algorithms.debate.ply_rewards` of every transcript with this module's settings."""
         hp = self.hparams
         return [
@@ -383,7 +300,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         """Seed the players' sampling from ``(seed, *key)`` without touching the caller's global RNG state."""
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(_derived_seed(self.hparams.seed, "sample", *key))
+            torch.manual_seed(derived_seed(self.hparams.seed, "sample", *key))
             yield
 
     def _judge(self, transcripts: list[Transcript]) -> tuple[list[float], dict[str, int]]:
@@ -392,10 +309,12 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         counts["judge_invalid"] = votes.invalid
         return votes.shares, counts
 
-    def on_train_epoch_start(self) -> None:  # noqa: D102
+    @override
+    def on_train_epoch_start(self) -> None:
         reset_stale_epoch_metrics(self.trainer, [self.epoch_reward, self.epoch_accuracy])
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor] | None:  # noqa: D102
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor] | None:
         hp = self.hparams
         opt = self.optimizers()
         problems, refs = list(batch["prompt"]), list(batch["reference"])
@@ -403,7 +322,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         step_key = self.counters["batches_seen"]
         self.counters["batches_seen"] += 1
         self.phase_times = {}
-        forks = choose_fork_plies(b, self.trainable, random.Random(_derived_seed(hp.seed, "fork", step_key)))
+        forks = choose_fork_plies(b, self.trainable, random.Random(derived_seed(hp.seed, "fork", step_key)))
         with self._seeded(0, step_key):
             roll = self.play(problems, refs, g, forks)
         transcripts = roll.transcripts
@@ -413,7 +332,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         forked = [rewards[i][forks[i // g]] for i in range(b * g)]
         r = torch.tensor([x.reward for x in forked], dtype=torch.float32, device=self.device)
         metrics = self._rollout_metrics("train", transcripts, shares, judge_counts)
-        metrics.update(self._forked_metrics(transcripts, forks, forked))
+        metrics.update(forked_ply_metrics(self.plies, self.trainable, forks, forked))
         skipped = dict.fromkeys(("train/loss", "train/kl", "train/clip_fraction", "train/grad_norm"), math.nan)
         streak = self.consecutive_nonfinite
         if not self.check_finite(r, "rewards"):  # same decision on every rank: nobody steps
@@ -435,12 +354,7 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 opt.zero_grad()
                 self.manual_backward(loss)
             with self._timed("optimizer"):
-                deepspeed = sharded_strategy_kind(self.trainer.strategy) == "DeepSpeedStrategy"
-                if not deepspeed:  # DeepSpeed's engine clips in step (see fit_manual_backward_strategy)
-                    norm = torch.nn.utils.clip_grad_norm_(self.bank.player_parameters(PLAYER), hp.grad_clip)
-                opt.step()
-                if deepspeed:
-                    norm = engine_grad_norm(self.trainer.strategy)
+                norm = self.optimizer_step(opt, self.bank.player_parameters(PLAYER))
         self._update_epoch_averages(r, transcripts)
         metrics.update(
             {
@@ -467,52 +381,14 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
     def _rollout_metrics(
         self, stage: str, transcripts: list[Transcript], shares: list[float], judge_counts: dict[str, int]
     ) -> dict[str, float]:
-        n = len(transcripts)
-        known = [t.correct for t in transcripts if t.correct is not None]
-        no_ref = n - len(known)
-        empty = sum(r.empty for t in transcripts for r in t.replies)
+        """:func:`~modules.algorithms.debate.transcript_metrics` and the judge's own; training adds to the counters."""
+        out = transcript_metrics(stage, transcripts, shares, judge_counts)
         if stage == "train":
-            self.counters["no_reference"] += no_ref
             for key, value in judge_counts.items():
                 self.counters[key] = self.counters.get(key, 0) + value
-            self.counters["empty_replies"] += empty
-        out = {
-            f"{stage}/verdict_share": sum(shares) / n,
-            **{f"{stage}/{key}": float(value) for key, value in judge_counts.items()},
-            f"{stage}/empty_replies": float(empty),
-            f"{stage}/no_reference": float(no_ref),
-            f"{stage}/missing_answer": sum(t.final_answer is None for t in transcripts) / n,
-            f"{stage}/format_invalid": sum(not r.format_ok for t in transcripts for r in t.replies)
-            / max(1, sum(len(t.replies) for t in transcripts)),
-        }
-        if known:
-            out[f"{stage}/accuracy"] = sum(known) / len(known)
-        elif stage == "train":
-            out["train/accuracy"] = math.nan  # every step logs every key (Lightning repeats a missing one's last value)
+            for key in ("no_reference", "empty_replies"):
+                self.counters[key] += int(out[f"train/{key}"])
         out.update({f"{stage}/judge_{k}": float(v) for k, v in self.judge.stats(transcripts).items()})
-        for j, ply in enumerate(self.plies):
-            out[f"{stage}/words_{ply}"] = sum(t.replies[j].words for t in transcripts) / n
-        if self.hparams.protocol in ("debate_ab", "debate_aba"):
-            out[f"{stage}/bob_win_rate"] = sum(s < 0.5 for s in shares) / n
-        return out
-
-    def _forked_metrics(self, transcripts, forks, forked) -> dict[str, float]:
-        g = self.hparams.group_size
-        out: dict[str, float] = {"train/reward": sum(x.reward for x in forked) / len(forked)}
-        for who in sorted({PLAYER_OF_PLY[self.plies[j]] for j in self.trainable}):  # the roles that may fork
-            rows = [x for i, x in enumerate(forked) if PLAYER_OF_PLY[self.plies[forks[i // g]]] == who]
-            # NaN when no problem forked at this role's plies: Lightning would repeat the last value of a missing key
-            out[f"train/reward_{who}"] = sum(x.reward for x in rows) / len(rows) if rows else math.nan
-        penalised = [x for i, x in enumerate(forked) if self.plies[forks[i // g]] != "answer"]
-        if any(self.plies[j] != "answer" for j in self.trainable):  # critique or rebuttal may fork
-            out["train/word_penalty"] = (
-                sum(x.word_penalty for x in penalised) / len(penalised) if penalised else math.nan
-            )
-        out["train/format_override"] = sum(x.format_override for x in forked) / len(forked)
-        out["train/missing_answer_override"] = sum(
-            x.missing_answer for i, x in enumerate(forked) if self.plies[forks[i // g]] != "critique"
-        ) / max(1, sum(self.plies[forks[i // g]] != "critique" for i in range(len(forked))))
-        out["train/fork_alice_share"] = sum(PLAYER_OF_PLY[self.plies[k]] == "alice" for k in forks) / len(forks)
         return out
 
     def _update_epoch_averages(self, rewards: torch.Tensor, transcripts: list[Transcript]) -> None:
@@ -524,20 +400,12 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             self.epoch_accuracy.update(torch.tensor(known, dtype=torch.float32, device=self.device))
             self.log("train/accuracy_epoch", self.epoch_accuracy, on_step=False, on_epoch=True, batch_size=len(known))
 
-    def configure_model(self) -> None:
-        """Under FSDP2 (``ModelParallelStrategy``) shard the policy over the data-parallel mesh; elsewhere nothing."""
-        shard_for_strategy(self, self.bank, "debate self-play")
-
-    def setup(self, stage: str) -> None:  # noqa: D102
-        if stage == "fit":  # FSDP refused; DeepSpeed clips by grad_clip in its engine
-            fit_manual_backward_strategy(self.trainer.strategy, "debate self-play", self.hparams.grad_clip)
-        # ZeRO-3: every ply's generate call gathers the policy once, not once per token
-        self.bank.use_strategy(self.trainer.strategy)
-
-    def configure_optimizers(self):  # noqa: D102
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.bank.player_parameters(PLAYER), lr=self.learning_rate, weight_decay=0.0)
 
-    def on_fit_start(self) -> None:  # noqa: D102
+    @override
+    def on_fit_start(self) -> None:
         self.judge.to(self.device)
 
     # ------------------------------------------------------------------------------------------------ evaluation
@@ -556,39 +424,39 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
         self.log(f"{stage}/correct", float(sum(known)), reduce_fx="sum", sync_dist=True, batch_size=1)
         self.log(f"{stage}/total", float(len(known)), reduce_fx="sum", sync_dist=True, batch_size=1)
         out = self._mcc_outputs(transcripts, shares)
-        if stage == "val":
-            acc = self._val
-            for key, v in (("successes", sum(known)), ("trials", len(known))):
-                acc[key] = acc.get(key, 0.0) + float(v)
-            verdict = out["judge"] > 0.5
-            truth = out["truth"].bool()
-            for key, v in (
-                ("tp", verdict & truth),
-                ("fp", verdict & ~truth),
-                ("tn", ~verdict & ~truth),
-                ("fn", ~verdict & truth),
-            ):
-                acc[key] = acc.get(key, 0.0) + float(v.sum())
-            acc["reward_sum"] = acc.get("reward_sum", 0.0) + metrics[f"{stage}/reward"] * b
-            acc["n"] = acc.get("n", 0.0) + b
+        if stage == "val":  # summed over the evaluation for debate_evals.jsonl
+            verdict, truth = out["judge"] > 0.5, out["truth"].bool()
+            cells = {"tp": verdict & truth, "fp": verdict & ~truth, "tn": ~verdict & ~truth, "fn": ~verdict & truth}
+            counts = {
+                "successes": sum(known),
+                "trials": len(known),
+                **{k: c.sum() for k, c in cells.items()},
+                "reward_sum": metrics[f"{stage}/reward"] * b,
+                "n": b,
+            }
+            for key, v in counts.items():
+                self._val[key] = self._val.get(key, 0.0) + float(v)
         return out
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:  # noqa: D102
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         return self._evaluate("val", batch, batch_idx)
 
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:  # noqa: D102
+    @override
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         return self._evaluate("test", batch, batch_idx)
 
-    def on_validation_epoch_start(self) -> None:  # noqa: D102
+    @override
+    def on_validation_epoch_start(self) -> None:
         self._val = {}
 
-    def on_validation_epoch_end(self) -> None:  # noqa: D102
+    @override
+    def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking or not self._val:
             return
         keys = sorted(self._val)
         totals = self.all_gather(torch.tensor([self._val[k] for k in keys], dtype=torch.float64, device=self.device))
-        totals = totals.reshape(-1, len(keys)).sum(0).tolist()
-        v = dict(zip(keys, totals))
+        v = dict(zip(keys, totals.reshape(-1, len(keys)).sum(0).tolist()))
         record = {
             "step": int(self.global_step),
             "batches_seen": int(self.counters["batches_seen"]),
@@ -596,46 +464,26 @@ class DebateSelfPlay(PhaseTimer, NonFiniteGuard, L.LightningModule):
             "trials": v["trials"],
             "accuracy": v["successes"] / v["trials"] if v["trials"] else float("nan"),
             "mcc": matthews_corrcoef_from_counts(v["tp"], v["fp"], v["tn"], v["fn"]),
-            "tp": v["tp"],
-            "fp": v["fp"],
-            "tn": v["tn"],
-            "fn": v["fn"],
+            **{k: v[k] for k in ("tp", "fp", "tn", "fn")},
             "reward": v["reward_sum"] / v["n"] if v["n"] else float("nan"),
             "protocol": self.hparams.protocol,
         }
         self.eval_history.append(record)
-        self._write_eval(record, self.trainer.log_dir or self.trainer.default_root_dir)
-
-    @rank_zero_only
-    def _write_eval(self, record: dict[str, Any], log_dir: str) -> None:
-        if self.trainer.fast_dev_run:
-            return
-        os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, "debate_evals.jsonl"), "a") as f:
-            f.write(json.dumps({k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in record.items()}))
-            f.write("\n")
+        nan_free = {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in record.items()}
+        self.write_artifact("debate_evals.jsonl", nan_free, append=True)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the adapter (or trained copy), counters, evaluation history and the judge's sampling state."""
-        sd = checkpoint["state_dict"]
-        keep = {f"bank.{n}" for n, p in self.bank.named_parameters() if p.requires_grad}
-        for name in list(sd):
-            if name not in keep and not name.startswith(("epoch_reward.", "epoch_accuracy.")):
-                del sd[name]
-        checkpoint["debate_state"] = {
+    @override
+    def game_state(self) -> dict[str, Any]:
+        """The counters, the evaluation history and the judge's sampling state."""
+        return {
             "counters": dict(self.counters),
-            "nonfinite": self.nonfinite_state(),
             "eval_history": [dict(e) for e in self.eval_history],
             "judge": self.judge.state_dict(),
         }
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint missing a trainable tensor; restore counters and the judge's sampling state."""
-        trainable = {f"bank.{n}" for n, p in self.bank.named_parameters() if p.requires_grad}
-        require_trainable_tensors(checkpoint, trainable)
-        state = checkpoint.get("debate_state", {})
+    @override
+    def load_game_state(self, state: dict[str, Any]) -> None:
         self.counters.update(state.get("counters", {}))
-        self.load_nonfinite_state(state.get("nonfinite"))
         self.eval_history = [dict(e) for e in state.get("eval_history", [])]
         self.judge.load_state_dict(state.get("judge", {}))

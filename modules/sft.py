@@ -1,8 +1,10 @@
 """Supervised warm start of a causal LM on (prompt, response) pairs, loss on response tokens only.
 
-Used to make tiny offline policies write text-like replies before a game starts (the references of the games are
-then these warm-started models). At the end of ``fit`` the model and tokenizer are saved with ``save_pretrained``
-into ``output_dir``, so the games load them through the same ``from_pretrained`` path as a hub checkpoint.
+Makes tiny offline policies write text-like replies before a game starts (the games' references are then these
+warm-started models), or fine-tunes a hub model, in full or (``lora: true``) as LoRA adapters over its frozen base
+(QLoRA with ``lm.load_in_4bit``). At the end of ``fit`` the model (or the adapter) and the tokenizer are saved with
+``save_pretrained`` into ``output_dir``, so the games load them through the same ``from_pretrained`` path as a hub
+checkpoint (an adapter through ``peft.PeftModel.from_pretrained`` over its base).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from torch import nn
+from typing_extensions import override
 
-from modules.lm.models import build_tiny_causal_lm, load_model, load_tokenizer
-from modules.distributed.sharding import parameter_gathering, shard_for_strategy, sharded_strategy_kind
-from modules.training.faults import NonFiniteGuard
+from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
+from modules.lm.model_config import ModelConfig
+from modules.lm.models import build_tiny_causal_lm
+from modules.training.faults import NonFiniteGuard, require_trainable_tensors
 
 __all__ = ["CausalLMSFT"]
 
@@ -26,22 +31,26 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.
 
     Args:
-        model: Hub name or local path; ``None`` builds a tiny random Qwen2 from ``tiny_config`` (offline default).
-        tiny_config: Overrides of the tiny Qwen2 config dict (``hidden_size``, ``num_hidden_layers``, ...).
-        output_dir: Where the fine-tuned model and tokenizer are saved at the end of ``fit``.
+        lm: The model to fine-tune and how it loads (:class:`ModelConfig`: ``dtype``, ``attn_implementation``,
+            ``revision``, ``gradient_checkpointing``, ...; with ``lora``, its LoRA settings and ``load_in_4bit``).
+            ``None`` builds a tiny random Qwen2 from ``tiny_config`` (the offline default).
+        lora: Train a LoRA adapter over the frozen base instead of every weight, and save only the adapter.
+        tiny_config: Overrides of the tiny Qwen2 config dict (``hidden_size``, ``num_hidden_layers``, ...), with
+            ``lm: null``.
+        output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit``.
         system_prompt: System message of every example.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         max_length: Tokens per example (prompt cut from the left first).
         seed: Seed of the tiny model's initialisation.
-        dtype: Weights dtype.
         max_consecutive_nonfinite: A batch with a non-finite loss is skipped (no update), logged and counted;
             this many in a row stop training with an error, the last checkpoint intact.
     """
 
     def __init__(
         self,
-        model: str | None = None,
+        lm: ModelConfig | None = None,
+        lora: bool = False,
         tiny_config: dict[str, Any] | None = None,
         output_dir: str = "artifacts/tiny_policy",
         system_prompt: str = "You are a helpful assistant.",
@@ -49,17 +58,24 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
         weight_decay: float = 0.0,
         max_length: int = 512,
         seed: int = 0,
-        dtype: str = "float32",
         max_consecutive_nonfinite: int = 10,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        lm = None if lm is None else ModelConfig.coerce(lm)
+        if lm is not None and lm.load_in_4bit and not lora:
+            raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")
+        self.save_hyperparameters(ignore=["lm"])
+        self.hparams["lm"] = None if lm is None else lm.as_dict()
         self.init_nonfinite_guard(max_consecutive_nonfinite)
-        path = model
-        if path is None:
-            path = build_tiny_causal_lm(os.path.join(output_dir, "_init"), config=tiny_config, seed=seed)
-        self.tokenizer = load_tokenizer(path, padding_side="right")
-        self.model = load_model(path, task="causal_lm", dtype=dtype)
+        if lm is None:
+            lm = ModelConfig(build_tiny_causal_lm(os.path.join(output_dir, "_init"), config=tiny_config, seed=seed))
+        self.tokenizer = lm.load_tokenizer(padding_side="right")
+        if lora:
+            self.model = lm.with_adapters(lm.load_model("causal_lm", frozen=True), ["default"])
+        else:
+            self.model = lm.load_model("causal_lm")
+        # with an adapter only it is saved in checkpoints; the frozen base is reloaded from its path
+        self.strict_loading = not lora
 
     def encode(
         self, prompts: list[str], responses: list[str], systems: list[str] | None = None
@@ -93,43 +109,67 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
         return {"input_ids": input_ids, "attention_mask": mask, "labels": lab}
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Mean cross-entropy over the batch's response tokens."""
         enc = self.encode(batch["prompt"], batch["response"], batch.get("system"))
         enc = {k: v.to(self.device) for k, v in enc.items()}
         logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), enc["labels"][:, 1:].flatten(), ignore_index=-100)
 
-    def training_step(self, batch, batch_idx):  # noqa: D102
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
         loss = self._loss(batch)
         if not self.check_finite(loss, "losses"):
             return None  # no backward, no optimizer step (the same on every rank)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["prompt"]))
         return loss
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: D102
-        checkpoint["nonfinite"] = self.nonfinite_state()
+    def trainable_state_names(self) -> set[str]:
+        """State-dict names of the trained tensors (every weight, or the adapter's)."""
+        return {f"model.{n}" for n, p in self.model.named_parameters() if p.requires_grad}
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # noqa: D102
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["nonfinite"] = self.nonfinite_state()
+        state_dict = checkpoint.get("state_dict")
+        if self.hparams.lora and state_dict is not None:  # the frozen base is reloaded from its path
+            keep = self.trainable_state_names()
+            for name in [n for n in state_dict if n not in keep]:
+                del state_dict[name]
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hparams.lora:
+            require_trainable_tensors(checkpoint, self.trainable_state_names())
         self.load_nonfinite_state(checkpoint.get("nonfinite"))
 
-    def validation_step(self, batch, batch_idx):  # noqa: D102
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.log("val/loss", self._loss(batch), batch_size=len(batch["prompt"]), sync_dist=True)
 
-    def configure_optimizers(self):  # noqa: D102
-        return torch.optim.AdamW(self.model.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]  # every weight, or the adapter
+        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
+    def _backbone(self) -> nn.Module:
+        """The transformers model (under the adapter with ``lora``)."""
+        return self.model.get_base_model() if self.hparams.lora else self.model
+
+    @override
     def configure_model(self) -> None:
-        """Under FSDP2 (``ModelParallelStrategy``) shard the model, one unit per decoder block; elsewhere nothing."""
-        shard_for_strategy(self, self.model, "SFT")
+        """Under FSDP2 shard the model (adapters included), one unit per decoder block; elsewhere nothing."""
+        shard_for_strategy(self, self._backbone(), "SFT")
 
+    @override
     def on_fit_end(self) -> None:
-        """Save the model for the next job (rank 0), gathered whole first under sharded strategies.
+        """Save the model (or adapter) for the next job (rank 0), gathered whole first under sharded strategies.
 
         Under ZeRO-3 or FSDP every rank takes part in the gather (a collective; see
-        :func:`modules.distributed.sharding.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2 every rank
-        takes part in assembling the full state dict (``get_model_state_dict(full_state_dict=True)``), which rank 0
-        writes.
+        :func:`modules.distributed.sharding.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2
+        every rank takes part in assembling the full state dict (``get_model_state_dict(full_state_dict=True)``),
+        which rank 0 writes (peft keeps the adapter's tensors of it).
         """
-        if sharded_strategy_kind(self.trainer.strategy) == "ModelParallelStrategy":
+        if is_fsdp2(self.trainer.strategy):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -140,7 +180,8 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
 
     @rank_zero_only
     def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        os.makedirs(self.hparams.output_dir, exist_ok=True)
-        self.model.save_pretrained(self.hparams.output_dir, state_dict=state_dict)
-        self.tokenizer.save_pretrained(self.hparams.output_dir)
-        rank_zero_info(f"warm-started policy saved to {self.hparams.output_dir}")
+        out = self.hparams.output_dir
+        os.makedirs(out, exist_ok=True)
+        self.model.save_pretrained(out, state_dict=state_dict)
+        self.tokenizer.save_pretrained(out)
+        rank_zero_info(f"warm-started {'adapter' if self.hparams.lora else 'policy'} saved to {out}")

@@ -1,24 +1,17 @@
 """Tabular SMIDA (Algorithm 1) as a LightningModule: one iteration per training step, logged against Theorem C.1.
 
-The game is a utility ``u [X, Y, Y]`` with references ``π_ref [X, Y]`` and ``ω_ref [X, Y, Y]``, read from a ``.pt``
-file or generated from a random tabular preference ensemble
-(:func:`modules.algorithms.stackelberg.random_preference_ensemble`) with one of the App. F utilities. Each training step applies
-one exact mirror descent–ascent update (:class:`modules.algorithms.stackelberg.SMIDAStep`) to the iterate, which lives in
-buffers, so every checkpoint holds it and a resumed run continues bit for bit. Logged every step, for the iterate
-``(π_t, ω_t)`` the step starts from (so TensorBoard's
-step axis is ``t`` and ``t = 0`` is the reference)::
+The game (``u [X, Y, Y]``, ``π_ref [X, Y]``, ``ω_ref [X, Y, Y]``) is read from a ``.pt`` file or drawn by
+:func:`modules.algorithms.tabular_games.random_game`. Each step applies one exact update
+(:class:`modules.algorithms.stackelberg.SMIDAStep`) to the iterate, which lives in buffers, so a resumed run continues
+bit for bit. Logged every step for the iterate ``(π_t, ω_t)`` the step starts from (TensorBoard's step is ``t``)::
 
-    leader/kl          KL_ρ(π_t ‖ π*)              follower/kl          KL_{ρ,π*}(ω_t ‖ ω*)
-    leader/kl_reverse  KL_ρ(π* ‖ π_t)              follower/kl_reverse  KL_{ρ,π*}(ω* ‖ ω_t)
-    leader/kl_max      max_x of both directions    follower/kl_max      max_{x,y} of both directions
-    leader/kl_bound    Theorem C.1, eq. (14)       follower/kl_bound    Theorem C.1, eq. (13)
-    leader/kl_bound_simple  eq. (15)               follower/utility     E_{ρ,π_t,ω_t}[u]
-    game/value         f(π_t, ω_t), eq. (4)        game/value_gap       f(π_t, ω_t) − f(π*, ω*)
+    leader/kl, leader/kl_reverse      KL_ρ(π_t ‖ π*), KL_ρ(π* ‖ π_t); leader/kl_max: max_x of both
+    follower/kl, follower/kl_reverse  KL_{ρ,π*}(ω_t ‖ ω*) and reverse; follower/kl_max: max_{x,y} of both
+    leader/kl_bound(_simple), follower/kl_bound   Theorem C.1, eqs. (14), (15), (13)
+    follower/utility  E_{ρ,π_t,ω_t}[u];  game/value  f(π_t, ω_t) (eq. 4);  game/value_gap  f(π_t, ω_t) − f(π*, ω*)
 
-The bounds hold for ``*_kl_max`` and hence for the ρ-averages (Theorem 4.3). With a log y-axis the KL curves are
-straight lines (linear last-iterate convergence) until they reach float64 rounding (about 1e-16).
-
-At the end of ``fit`` the final iterate, the equilibrium and the game are saved to ``<log_dir>/smida_result.pt``.
+The bounds hold for ``*_kl_max`` and hence for the ρ-averages (Theorem 4.3). At the end of ``fit`` the final iterate,
+the equilibrium and the game are saved to ``<log_dir>/smida_result.pt``.
 """
 
 from __future__ import annotations
@@ -31,87 +24,22 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
+from typing_extensions import override
 
 from modules.algorithms.stackelberg import (
     SMIDAStep,
+    StepSizes,
     check_step_sizes,
-    decision_uncertainty_utility,
     game_value,
-    jsd_utility,
     kl_both,
     kl_bound_at,
     kl_bound_start,
     log_normalise,
-    random_preference_ensemble,
-    slhf_utility,
     stackelberg_equilibrium,
-    tabular_ensemble_variance,
 )
+from modules.algorithms.tabular_games import GAME_KEYS, load_game, random_game
 
-__all__ = ["TabularSMIDA", "load_game", "random_game"]
-
-_UTILITIES = {
-    "variance": tabular_ensemble_variance,
-    "decision_uncertainty": decision_uncertainty_utility,
-    "jsd": jsd_utility,
-    "slhf": lambda p: slhf_utility(p.mean(0)),  # the ensemble mean is itself an antisymmetric preference model
-}
-_GAME_KEYS = ("u", "pi_ref", "omega_ref")
-
-
-def random_game(
-    num_contexts: int,
-    num_actions: int,
-    ensemble_size: int,
-    utility: str,
-    reference: str,
-    seed: int,
-    dtype: torch.dtype = torch.float64,
-) -> dict[str, Tensor]:
-    """A random game ``{"u", "pi_ref", "omega_ref"}``, a pure function of its arguments.
-
-    Args:
-        num_contexts: ``X``.
-        num_actions: ``Y``.
-        ensemble_size: Members of the random preference ensemble the utility is computed from.
-        utility: ``"variance"`` (``4·Var``, the paper's), ``"decision_uncertainty"``, ``"jsd"`` or ``"slhf"``
-            (``P̄(y′ ≻ y)`` of the ensemble mean).
-        reference: ``"random"`` (softmax of standard Gaussian logits) or ``"uniform"`` references.
-        seed: Seed of the generator that draws the ensemble and the references.
-        dtype: Floating dtype.
-    """
-    if utility not in _UTILITIES:
-        raise ValueError(f"utility must be one of {sorted(_UTILITIES)}, got {utility!r}")
-    if reference not in ("random", "uniform"):
-        raise ValueError(f"reference must be 'random' or 'uniform', got {reference!r}")
-    gen = torch.Generator().manual_seed(seed)
-    P = random_preference_ensemble(ensemble_size, num_contexts, num_actions, gen, dtype=dtype)
-    x, y = num_contexts, num_actions
-    if reference == "random":
-        pi_ref = torch.softmax(torch.randn(x, y, generator=gen, dtype=dtype), -1)
-        omega_ref = torch.softmax(torch.randn(x, y, y, generator=gen, dtype=dtype), -1)
-    else:
-        pi_ref = torch.full((x, y), 1.0 / y, dtype=dtype)
-        omega_ref = torch.full((x, y, y), 1.0 / y, dtype=dtype)
-    return {"u": _UTILITIES[utility](P), "pi_ref": pi_ref, "omega_ref": omega_ref}
-
-
-def load_game(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Read a game saved with ``torch.save({"u": ..., "pi_ref": ..., "omega_ref": ...[, "rho": ...]}, path)``.
-
-    Raises:
-        FileNotFoundError: when ``path`` does not exist.
-        ValueError: when the file is not a dict holding the three tensors.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"game_path {str(path)!r} does not exist")
-    game = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(game, dict) or any(not isinstance(game.get(k), Tensor) for k in _GAME_KEYS):
-        found = sorted(game) if isinstance(game, dict) else type(game).__name__
-        raise ValueError(
-            f"game file {str(path)!r} must hold a dict of tensors {list(_GAME_KEYS)} (+ optional rho), found {found}"
-        )
-    return game
+__all__ = ["TabularSMIDA"]
 
 
 class TabularSMIDA(L.LightningModule):
@@ -166,7 +94,7 @@ class TabularSMIDA(L.LightningModule):
             game = load_game(game_path)
         else:
             game = random_game(num_contexts, num_actions, ensemble_size, utility, reference, seed, torch_dtype)
-        u, pi_ref, omega_ref = (game[k].to(torch_dtype) for k in _GAME_KEYS)
+        u, pi_ref, omega_ref = (game[k].to(torch_dtype) for k in GAME_KEYS)
         log_pi_star, log_omega_star = stackelberg_equilibrium(
             u, pi_ref, omega_ref, tau_leader, tau_follower, log_space=True
         )
@@ -191,7 +119,8 @@ class TabularSMIDA(L.LightningModule):
         self.register_buffer("log_omega", self.log_omega_ref.clone())
         self.register_buffer("iteration", torch.zeros((), dtype=torch.long))
 
-        self._bound_start = kl_bound_start(u, pi_ref, omega_ref, tau_leader, tau_follower, eta_leader, eta_follower)
+        self._step_sizes = StepSizes(tau_leader, tau_follower, eta_leader, eta_follower)
+        self._bound_start = kl_bound_start(u, pi_ref, omega_ref, self._step_sizes)
         self._value_star = float(self._value(log_pi_star, log_omega_star))
         self._stepper: SMIDAStep | None = None
 
@@ -200,11 +129,9 @@ class TabularSMIDA(L.LightningModule):
     # ------------------------------------------------------------------------------------------------------------
 
     def _make_stepper(self) -> SMIDAStep:
-        hp = self.hparams
-        return SMIDAStep(
-            self.u, self.log_pi_ref, self.log_omega_ref, hp.tau_leader, hp.tau_follower, hp.eta_leader, hp.eta_follower
-        )
+        return SMIDAStep(self.u, self.log_pi_ref, self.log_omega_ref, *self._step_sizes)
 
+    @override
     def on_train_start(self) -> None:
         """Build the update's constant terms once, on the device the buffers now live on."""
         self._stepper = self._make_stepper()
@@ -219,12 +146,14 @@ class TabularSMIDA(L.LightningModule):
         self.log_omega.copy_(log_omega)
         self.iteration += 1
 
+    @override
     def training_step(self, batch: Any, batch_idx: int) -> None:
         """Log the metrics of the iterate ``t`` this step starts from, then move it to ``t + 1``."""
         self.log_dict(self.metrics(), on_step=True, on_epoch=False)
         self.smida_iteration()
         self.optimizers().step()  # Lightning's placeholder optimizer: only counts the iteration in global_step
 
+    @override
     def configure_optimizers(self) -> None:
         """No optimizer: the update is exact mirror descent–ascent (see the class docstring)."""
         return None
@@ -253,18 +182,10 @@ class TabularSMIDA(L.LightningModule):
         Both players' KL to the equilibrium (both directions, ρ-averaged and worst case), the Theorem C.1 bounds at
         the current ``t``, and the game's value.
         """
-        hp = self.hparams
         kl_l, kl_l_rev = kl_both(self.log_pi, self.log_pi_star, log_space=True)  # [X]
         kl_f, kl_f_rev = kl_both(self.log_omega, self.log_omega_star, log_space=True)  # [X, Y]
         weight_f = self.rho.unsqueeze(-1) * self.log_pi_star.exp()  # KL_{ρ,π*} weights the follower by ρ(x) π*(y|x)
-        bound = kl_bound_at(
-            self.iteration.double().cpu(),
-            self._bound_start,
-            hp.tau_leader,
-            hp.tau_follower,
-            hp.eta_leader,
-            hp.eta_follower,
-        )
+        bound = kl_bound_at(self.iteration.double().cpu(), self._bound_start, self._step_sizes)
         value = self._value(self.log_pi, self.log_omega)
         pi, omega = self.log_pi.exp(), self.log_omega.exp()
         return {
@@ -286,6 +207,7 @@ class TabularSMIDA(L.LightningModule):
     # Checkpoints and the result file
     # ------------------------------------------------------------------------------------------------------------
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse to resume an iterate of a different game (the state would be meaningless against this one)."""
         state = checkpoint.get("state_dict", {})
@@ -297,6 +219,7 @@ class TabularSMIDA(L.LightningModule):
                     "or the same num_contexts, num_actions, ensemble_size, utility, reference, seed and dtype"
                 )
 
+    @override
     def on_fit_end(self) -> None:
         """Save the final iterate, the equilibrium and the game to ``<log_dir>/smida_result.pt`` (rank zero)."""
         # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes

@@ -98,8 +98,8 @@ def test_predict_scores_pairs_from_jsonl(fitted, tmp_path, monkeypatch):
 def test_bad_backbone_path_fails_before_writing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # jsonargparse re-raises the module's OSError as a ValueError; the message names the field and the folder
-    with pytest.raises((OSError, ValueError), match=r"backbone: the model folder '.*missing' does not exist"):
-        train.main(["fit", "--config", CONFIG, *SMALL, f"--model.init_args.backbone={tmp_path / 'missing'}"])
+    with pytest.raises((OSError, ValueError), match=r"lm.name_or_path: the model folder '.*missing' does not exist"):
+        train.main(["fit", "--config", CONFIG, *SMALL, f"--model.init_args.lm.name_or_path={tmp_path / 'missing'}"])
     assert not os.path.exists(tmp_path / "runs")
 
 

@@ -21,7 +21,7 @@ SMALL = {
         ]
         for p in ("rlaif_a", "ab", "aba", "rlvr", "hacking")
     },
-    "debate_sft_tiny.yaml": ["--data.init_args.num_prompts=40", "--model.init_args.model={tiny_lm_dir}"],
+    "debate_sft_tiny.yaml": ["--data.init_args.num_prompts=40", "--model.init_args.lm.name_or_path={tiny_lm_dir}"],
     "preference_ensemble.yaml": ["--data.init_args.num_prompts=40"],
     "sft_tiny.yaml": ["--data.init_args.num_prompts=40"],
     "sft_small.yaml": ["--data.init_args.num_prompts=40"],

@@ -243,12 +243,14 @@ def test_no_config_turns_remote_code_on():
 
 
 def test_the_cli_classes_default_remote_code_off():
-    from modules.deep_smida import DeepSMIDA
-    from modules.lm.models import load_model, load_tokenizer
-    from modules.lm.policy_bank import PolicyBank
-    from modules.preference import PreferenceEnsemble
+    import dataclasses
 
-    for fn in (PreferenceEnsemble.__init__, DeepSMIDA.__init__, PolicyBank.__init__, load_model, load_tokenizer):
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.models import load_model, load_tokenizer
+
+    default = {f.name: f.default for f in dataclasses.fields(ModelConfig)}["trust_remote_code"]
+    assert default is False and ModelConfig("a/b").trust_remote_code is False
+    for fn in (load_model, load_tokenizer):
         assert inspect.signature(fn).parameters["trust_remote_code"].default is False
 
 

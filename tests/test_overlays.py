@@ -1,7 +1,8 @@
 """Strategy overlays: they parse and compose with every family config; the families train in two CPU processes under
 DDP; generation gathers FSDP-sharded parameters (raw FSDP on CPU with gloo: Lightning's FSDP strategy needs CUDA);
-GRPO and debate self-play train under Lightning's DeepSpeed strategy at ZeRO-2/3 on CPU (tests/cpu_deepspeed.py);
-GRPO, debate self-play and deep-SMIDA train under FSDP2 (modules.distributed.strategies.FSDP2Strategy) on two CPU processes."""
+GRPO and debate self-play train under Lightning's DeepSpeed strategy at ZeRO-2/3 on CPU (helpers/cpu_deepspeed.py);
+GRPO, debate self-play and deep-SMIDA train under FSDP2 (modules.distributed.strategies.FSDP2Strategy) on two CPU
+processes."""
 
 import glob
 import json
@@ -44,11 +45,11 @@ def test_each_overlay_parses_on_the_generating_families(base, capsys):
     expect = {
         "ddp.yaml": lambda c: c["trainer"]["strategy"]["class_path"].endswith("DDPStrategy"),
         "fsdp.yaml": lambda c: c["trainer"]["strategy"]["init_args"]["sharding_strategy"] == "FULL_SHARD",
-        "fsdp2.yaml": lambda c: c["trainer"]["strategy"]["class_path"] == "modules.distributed.strategies.FSDP2Strategy",
+        "fsdp2.yaml": lambda c: c["trainer"]["strategy"]["class_path"].endswith("distributed.strategies.FSDP2Strategy"),
         "deepspeed_zero2.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_2",
         "deepspeed_zero3.yaml": lambda c: c["trainer"]["strategy"] == "deepspeed_stage_3",
         "bf16.yaml": lambda c: c["trainer"]["precision"] == "bf16-mixed",
-        "grad_ckpt.yaml": lambda c: c["model"]["init_args"]["gradient_checkpointing"] is True,
+        "grad_ckpt.yaml": lambda c: c["model"]["init_args"]["lm"]["gradient_checkpointing"] is True,
     }
     assert sorted(expect) == sorted(os.path.basename(p) for p in glob.glob(os.path.join(OVERLAYS, "*.yaml")))
     for name, check in expect.items():
@@ -66,7 +67,9 @@ def test_overlays_compose_and_the_command_line_still_wins(capsys):
     )
     assert cfg["trainer"]["strategy"]["class_path"].endswith("DDPStrategy")
     assert cfg["trainer"]["precision"] == "bf16-mixed" and str(cfg["trainer"]["devices"]) == "2"
-    assert cfg["model"]["init_args"]["gradient_checkpointing"] is True and cfg["model"]["init_args"]["beta"] == 0.1
+    lm = cfg["model"]["init_args"]["lm"]
+    assert lm["gradient_checkpointing"] is True and cfg["model"]["init_args"]["beta"] == 0.1
+    assert lm["lora_r"] == 8  # the family config's lm block survives the overlay's
     assert cfg["model"]["init_args"]["num_generations"] == 4  # the family's own settings survive the overlays
 
 
@@ -260,13 +263,12 @@ def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tm
     g = 2 if algorithm == "grpo" else 1
     _run(_pool_ddp_args(algorithm, tiny_lm_dir, duels, iterations, [f"--trainer.max_epochs={iterations}"]), tmp_path)
     ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=False)
-    game = ckpt["pool_game"]
+    game = ckpt["game_state"]
     assert game["iteration"] == iterations
     # 3 players: one judge per duel, two sides, g rollouts each; all ranks' judgements gathered (rank 0 alone: 3 duels)
     counters = game["counters"]
     assert counters["judgements"] + counters["empty_responses"] == iterations * duels * 2 * g
-    elo = next(v for k, v in ckpt["callbacks"].items() if "EloRating" in k)
-    assert sum(elo["games"]) == 2 * iterations * duels  # each duel rated once (twice would be 40)
+    assert sum(game["elo"]["games"]) == 2 * iterations * duels  # each duel rated once (twice would be 40)
     assert len(game["history"]["weights"]) == iterations + 1  # one leader update per iteration, on every rank
     assert any(v.abs().sum() > 0 for k, v in ckpt["state_dict"].items() if "lora_B" in k)  # the followers moved
 
@@ -287,25 +289,24 @@ def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
         (tmp_path / folder).mkdir()
     whole = final(tmp_path / "whole", 2)
     first = final(tmp_path / "split", 1)
-    assert first["pool_game"]["iteration"] == 1
+    assert first["game_state"]["iteration"] == 1
     resumed = final(tmp_path / "split", 2, resume=True)
-    assert resumed["pool_game"]["iteration"] == whole["pool_game"]["iteration"] == 2
+    assert resumed["game_state"]["iteration"] == whole["game_state"]["iteration"] == 2
     assert set(resumed["state_dict"]) == set(whole["state_dict"])
     for k, v in whole["state_dict"].items():
         assert torch.equal(v, resumed["state_dict"][k]), k
-    assert resumed["pool_game"]["history"] == whole["pool_game"]["history"]
-    assert resumed["pool_game"]["counters"] == whole["pool_game"]["counters"]
-    elo = lambda c: next(v for k, v in c["callbacks"].items() if "EloRating" in k)  # noqa: E731
-    assert elo(resumed)["ratings"] == elo(whole)["ratings"]
+    assert resumed["game_state"]["history"] == whole["game_state"]["history"]
+    assert resumed["game_state"]["counters"] == whole["game_state"]["counters"]
+    assert resumed["game_state"]["elo"]["ratings"] == whole["game_state"]["elo"]["ratings"]
     assert any(not torch.equal(v, first["state_dict"][k]) for k, v in whole["state_dict"].items())  # it trained on
 
 
 # ------------------------------------------------------------------ DeepSpeed ZeRO-2/3 on CPU (gloo), 2 processes
 def _deepspeed_run(tmp_path, stage: int, config: str, extra: list[str], **kwargs) -> list[dict]:
-    """Run a family's config under Lightning's DeepSpeed strategy on 2 CPU processes (see ``tests/cpu_deepspeed.py``);
+    """Run a family's config under Lightning's DeepSpeed strategy on 2 CPU processes (``helpers/cpu_deepspeed.py``);
     every parameter is partitioned at ZeRO-3 (no persistence threshold). The probes of both ranks."""
     strategy = {
-        "class_path": "cpu_deepspeed.CPUDeepSpeedStrategy",
+        "class_path": "helpers.cpu_deepspeed.CPUDeepSpeedStrategy",
         "init_args": {
             "config": {
                 "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
@@ -349,7 +350,7 @@ def _two_process_run(
         args.append(f"--trainer.max_steps={steps}")
     if bank_attr is not None:
         args += [
-            "--trainer.callbacks+=cpu_deepspeed.ShardProbe",
+            "--trainer.callbacks+=helpers.cpu_deepspeed.ShardProbe",
             f"--trainer.callbacks.out_dir={probe}",
             f"--trainer.callbacks.bank_attr={bank_attr}",
         ]
@@ -672,9 +673,10 @@ def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_pat
 
     Frozen sharing with the feature cache: the test set's last batch is padded by the sampler with sequences already
     cached on one rank, which then had nothing to compute while the other ran the sharded backbone, and the run hung
-    in test_after_fit (``PreferenceEnsemble._lockstep``). With one-file checkpoints (what ``load_frozen`` reads, for
-    the game modules) the heads and the report equal DDP's. LoRA members: each rank holds rows of only some members
-    per batch; every member's forward and backward still runs on every rank, and the sharded checkpoint is tested."""
+    in test_after_fit (``modules.distributed.collectives.lockstep``). With one-file checkpoints (what ``load_frozen``
+    reads, for the game modules) the heads and the report equal DDP's. LoRA members: each rank holds rows of only some
+    members per batch; every member's forward and backward still runs on every rank, and the sharded checkpoint is
+    tested."""
     from modules.preference import PreferenceEnsemble
 
     extra = [
@@ -723,17 +725,19 @@ def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_
         module = GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), max_new_tokens=4)
     elif family == "debate":
         from modules.debate import DebateSelfPlay
+        from modules.lm.model_config import ModelConfig
 
-        module = DebateSelfPlay(policy=tiny_lm_dir, max_new_tokens=4, lora_r=4)
+        module = DebateSelfPlay(lm=ModelConfig(tiny_lm_dir, lora_r=4), max_new_tokens=4)
     else:
         from modules.deep_smida import DeepSMIDA
+        from modules.lm.model_config import ModelConfig
         from modules.scorers.utility import Utility
 
         class Zero(Utility):
             def forward(self, prompts, leader, follower):
                 return torch.zeros(len(follower))
 
-        module = DeepSMIDA(policy=tiny_lm_dir, utility=Zero(), max_new_tokens=4, lora_r=4)
+        module = DeepSMIDA(lm=ModelConfig(tiny_lm_dir, lora_r=4), utility=Zero(), max_new_tokens=4)
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())
     with pytest.raises(ValueError, match=r"trainer.strategy: .* inside training_step .* \(got FSDPStrategy\)"):
         module.setup("fit")

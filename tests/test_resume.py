@@ -159,11 +159,12 @@ def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good
     import lightning as L
 
     from datamodules.preference import PreferenceDataModule
+    from modules.lm.model_config import ModelConfig
     from modules.preference import PreferenceEnsemble
 
     L.seed_everything(0)
     model = PreferenceEnsemble(
-        backbone=tiny_lm_dir, backbone_task="causal_lm", num_members=2, max_consecutive_nonfinite=3
+        ModelConfig(tiny_lm_dir), backbone_task="causal_lm", num_members=2, max_consecutive_nonfinite=3
     )
     model._own_member_logits = _NaNAfter(model._own_member_logits, after=3)  # steps 1-2 good, then NaN
     dm = PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
@@ -191,6 +192,7 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
 
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
+    from modules.lm.model_config import ModelConfig
     from modules.scorers.utility import Utility
 
     class Letters(Utility):
@@ -200,13 +202,11 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
     L.seed_everything(0)
     utility = Letters()
     model = DeepSMIDA(
-        policy=tiny_lm_dir,
+        lm=ModelConfig(tiny_lm_dir, max_prompt_tokens=48, lora_r=4),
         utility=utility,
         samples_per_prompt=2,
         follower_samples=2,
         max_new_tokens=4,
-        max_prompt_tokens=48,
-        lora_r=4,
         max_consecutive_nonfinite=2,
     )
     model.utility.forward = _NaNAfter(utility.forward, after=3)
@@ -215,7 +215,7 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
     # manual optimization: skipped batches step no optimizer, so the checkpoint of the last good step is the last
     assert trainer.global_step == ckpt["global_step"] == 4
-    assert ckpt["smida_counters"]["consecutive_nonfinite"] == 0
+    assert ckpt["game_state"]["nonfinite"]["consecutive_nonfinite"] == 0
 
 
 # ------------------------------------------------------------------------------------------------ the pieces, alone

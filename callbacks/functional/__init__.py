@@ -1,10 +1,4 @@
-"""The math behind the callbacks, as plain functions with no Lightning or torch, testable exactly and reusable.
-
-- :mod:`.warmup`: the two-timescale leader/follower learning-rate warm-up.
-- :mod:`.elo`: the adapted Elo reputation rule with judge weights.
-- :mod:`.mcc`: judge MCC from confusion counts and its trend.
-- :mod:`.beta`: Beta posteriors for peak selection, P(Best) and gap recovery.
-"""
+"""The math behind the callbacks (warm-up, Elo, MCC, Beta posteriors), as plain functions with no Lightning or torch."""
 
 from callbacks.functional.beta import beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
 from callbacks.functional.elo import (

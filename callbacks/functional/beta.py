@@ -27,8 +27,7 @@ def beta_lower_bound(successes: float, trials: float, quantile: float = 0.025) -
     Raises:
         ValueError: unless ``0 <= successes <= trials`` and ``0 < quantile < 1``.
 
-    Example::
-
+    Example:
         >>> round(beta_lower_bound(0, 9, quantile=0.5), 6)  # Beta(1, 10): 1 - 0.5 ** (1 / 10)
         0.066967
     """
@@ -47,8 +46,7 @@ def pooled_lower_bound(evaluations: Sequence[Group], window: int, quantile: floa
     Raises:
         ValueError: on an empty ``evaluations`` or ``window < 1``.
 
-    Example::
-
+    Example:
         >>> pooled_lower_bound([(90, 100), (5, 10), (6, 10)], window=2) == beta_lower_bound(11, 20)
         True
     """
@@ -89,8 +87,7 @@ def p_best(
     Raises:
         ValueError: with no group, ``draws < 1`` or invalid counts.
 
-    Example::
-
+    Example:
         >>> p_best({"debate": (740, 1000), "rlaif": (700, 1000)})["debate"] > 0.95
         True
     """
@@ -119,8 +116,7 @@ def gap_recovery(debate: Group, baseline: Group, upper_bound: Group) -> float:
     Raises:
         ValueError: if the upper bound's and the baseline's posterior means are equal (no gap to recover).
 
-    Example::
-
+    Example:
         >>> gap_recovery(debate=(74, 98), baseline=(69, 98), upper_bound=(79, 98))
         0.5
     """

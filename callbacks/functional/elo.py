@@ -21,8 +21,7 @@ def elo_expected_score(rating_a: float, rating_b: float, scale: float = 400.0) -
         rating_b: rating of player b.
         scale: the logistic scale :math:`s` (400 in chess: a 400-point gap means 10:1 odds).
 
-    Example::
-
+    Example:
         >>> elo_expected_score(1000.0, 1000.0)
         0.5
     """
@@ -55,8 +54,7 @@ def elo_update(
     Raises:
         ValueError: if ``score_a`` is outside [0, 1] or a K factor is negative.
 
-    Example::
-
+    Example:
         >>> elo_update(1000.0, 1000.0, 1.0, k_a=32.0)
         (1016.0, 984.0)
     """
@@ -72,13 +70,10 @@ def decayed_k_factor(k_factor: float, games_played: int, k_decay: float | None) 
     r"""K factor after ``games_played`` duels under harmonic decay: :math:`K_n = K_0 / (1 + n / d)`.
 
     ``k_decay`` (:math:`d`) is the number of duels after which K has halved; ``None`` disables the decay.
-    Why harmonic rather than exponential: with :math:`K_n \propto 1/n` the steps satisfy the Robbins-Monro
-    conditions (:math:`\sum K_n = \infty`, :math:`\sum K_n^2 < \infty`), so a rating averages out judge noise
-    yet can still follow a player that keeps improving during training; an exponentially decaying K has a
-    finite sum and freezes every rating after a fixed number of duels.
+    Harmonic, not exponential, decay meets the Robbins-Monro conditions, so a rating can still follow a player that
+    keeps improving.
 
-    Example::
-
+    Example:
         >>> decayed_k_factor(32.0, 50, k_decay=50.0)
         16.0
     """
@@ -92,8 +87,7 @@ def decayed_k_factor(k_factor: float, games_played: int, k_decay: float | None) 
 def sample_std(values: Iterable[float]) -> float:
     """Sample standard deviation (``ddof=1``) of ``values``; 0.0 for fewer than two values.
 
-    Example::
-
+    Example:
         >>> sample_std([1.0, 3.0])
         1.4142135623730951
     """
@@ -111,14 +105,9 @@ def effective_k_factor(k_factor: float, games_played: int, k_decay: float | None
     .. math:: K = K_0 / (1 + n / d) \cdot (1 + \min(1, \sigma / K_0))
 
     where :math:`\sigma` is the sample standard deviation of the player's recent rating changes
-    (:func:`sample_std`). Why: a rating whose recent changes scatter has not settled, so it should move
-    faster (the role volatility plays in Glicko-2); dividing by :math:`K_0` makes the boost scale-free
-    (:math:`\sigma / K_0` is measured in full-surprise updates) and the cap bounds it to a doubling. Because
-    each change is at most the K that made it, :math:`\sigma` shrinks as K decays, so the boost fades and the
-    cooling of :func:`decayed_k_factor` wins in the long run.
+    (:func:`sample_std`): a rating that still scatters moves faster (as in Glicko-2), at most twice as fast.
 
-    Example::
-
+    Example:
         >>> effective_k_factor(32.0, 0, k_decay=50.0, volatility=8.0)
         40.0
     """
@@ -139,8 +128,7 @@ def weighted_score(scores: Sequence[float], weights: Sequence[float] | None = No
         ValueError: on an empty list, a score outside [0, 1], a negative weight, a length mismatch or weights
             that sum to zero.
 
-    Example::
-
+    Example:
         >>> weighted_score([1.0, 0.0], [3.0, 1.0])
         0.75
     """

@@ -16,8 +16,7 @@ def matthews_corrcoef_from_counts(tp: float, fp: float, tn: float, fn: float) ->
     Raises:
         ValueError: if a count is negative.
 
-    Example::
-
+    Example:
         >>> matthews_corrcoef_from_counts(tp=5, fp=0, tn=5, fn=0)
         1.0
     """
@@ -32,8 +31,7 @@ def matthews_corrcoef_from_counts(tp: float, fp: float, tn: float, fn: float) ->
 def least_squares_slope(values: Sequence[float]) -> float:
     """Least-squares slope of ``values`` against their index 0, 1, ..., n - 1; 0.0 for fewer than two values.
 
-    Example::
-
+    Example:
         >>> least_squares_slope([1.0, 2.0, 4.0])
         1.5
     """

@@ -30,8 +30,7 @@ def warmup_learning_rates(
     Raises:
         ValueError: if ``step`` or ``warmup_steps`` is negative or ``leader_lr`` is not positive.
 
-    Example::
-
+    Example:
         >>> warmup_learning_rates(2, initial_lr=1.0, leader_lr=3.0, follower_lr=6.0, warmup_steps=4)
         (2.0, 3.0, 1.5)
     """

@@ -1,8 +1,6 @@
 """Checking final answers of math solutions: plain functions, no model, no ``eval``.
 
-``extract_final_answer`` reads the content of the last ``\\boxed{...}`` (nested braces handled);
-``answers_match`` compares two answers after normalising numbers and common LaTeX. Model output is only ever parsed
-as text, never evaluated as code.
+Model output is only ever parsed as text, never evaluated as code.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def extract_final_answer(text: str | None) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None``.
-
-    An unclosed last box yields ``None`` (a truncated answer is no answer).
+    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None`` (also when unclosed).
 
     Example:
         >>> extract_final_answer(r"so \\boxed{\\frac{1}{2}} and then \\boxed{3}")
@@ -120,9 +116,7 @@ def parse_number(answer: str) -> Fraction | None:
 
 
 def answers_match(prediction: str | None, reference: str | None) -> bool:
-    """Whether two final answers agree: equal as exact numbers when both parse, else equal as normalised text.
-
-    ``None`` or empty never matches.
+    """Whether two final answers agree: equal as exact numbers when both parse, else as normalised text (never empty).
 
     Example:
         >>> answers_match(r"\\dfrac{1}{2}", "0.5"), answers_match("1,000", "1000.00"), answers_match("3", "4")

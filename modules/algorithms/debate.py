@@ -1,24 +1,12 @@
 """Debate self-play against a frozen judge: the pure parts (no model, no Lightning), each tested by hand.
 
-The game of *debate RLAIF* (the debate-RLAIF paper): Alice answers a math problem, Bob argues that
-she is wrong, Alice may rebut, and a frozen judge rules on whether Alice's *final answer* is correct. Four protocols:
+Alice answers a math problem, Bob argues that she is wrong, Alice may rebut, and a frozen judge rules on whether
+Alice's final answer is correct (:data:`PROTOCOLS`: README, "Debate self-play"). Only the visible part of a reply
+(:func:`split_reply`) reaches the judge and the other player; rewards per ply are :func:`ply_rewards`.
 
-* ``rlaif_a``: Alice's answer only; the judge's share of votes for Alice is her reward;
-* ``debate_ab``: Alice's answer, then Bob's critique; constant-sum rewards ``r`` and ``1 − r``;
-* ``debate_aba``: as AB plus Alice's rebuttal, which gets Alice's reward;
-* ``rlvr``: the structure of A with the answer checker's 1/0 as the reward (the upper bound).
-
-Every reply is split into a hidden chain of thought and a visible part (:func:`split_reply`, delimiters
-configurable); only the visible part reaches the judge and the other player. Rewards per ply
-(:func:`ply_rewards`): the verdict share, minus a soft additive word-limit penalty on the critique and the rebuttal
-(:func:`word_penalty`), overridden by ``format_reward`` (−1) when the thinking format is invalid and by
-``missing_answer_reward`` (< 0) when Alice's answer has no ``\\boxed{}``. Each component is returned separately so
-the module can log it.
-
-Training forks after a prefix (:func:`choose_fork_plies`, :func:`fork_counts`, :func:`branch_rows`): per problem
-one trainable ply is drawn uniformly, the plies before it are sampled once (a fixed prefix), the forked ply ``G``
-times, and every later ply once per branch, so each problem ends with ``G`` complete transcripts whose rewards form
-one group of the GRPO baseline; only the forked ply gets a gradient.
+Training forks after a prefix (:func:`choose_fork_plies`, :func:`fork_counts`, :func:`branch_rows`): per problem one
+trainable ply is drawn uniformly, the plies before it are sampled once, the forked ply ``G`` times and every later ply
+once per branch, so the ``G`` transcripts form one GRPO group; only the forked ply gets a gradient.
 """
 
 from __future__ import annotations
@@ -28,24 +16,33 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from modules.algorithms.answers import answers_match, extract_final_answer
 
+if TYPE_CHECKING:
+    from modules.lm.policy_bank import Rollout
+
 __all__ = [
+    "PLAYER_OF_PLY",
     "PLIES",
     "PROMPTS",
     "PROTOCOLS",
+    "ForkedRollout",
     "PlyReward",
     "Reply",
     "Transcript",
     "branch_rows",
     "choose_fork_plies",
     "count_words",
+    "derived_seed",
     "fill_fields",
     "fork_counts",
+    "forked_ply_metrics",
     "parse_verdict",
     "ply_rewards",
     "split_reply",
+    "transcript_metrics",
     "vote_share",
     "word_penalty",
 ]
@@ -60,9 +57,7 @@ PLIES: dict[str, tuple[str, ...]] = {
 }
 PLAYER_OF_PLY = {"answer": "alice", "critique": "bob", "rebuttal": "alice"}
 
-# Named prompt variants (user messages). Fields: {problem}, {solution} (Alice's visible answer), {critique} (Bob's
-# visible critique), {word_limit}, {think_open}, {think_close}. Filled in one pass over the template, so braces in the
-# data (a "\boxed{...}" in a solution) are never re-read as fields.
+# Named prompt variants (user messages), filled by :func:`fill_fields`: braces in the data are never re-read as fields.
 PROMPTS: dict[str, str] = {
     "alice": (
         "Solve the problem. First think inside {think_open} {think_close}; only what follows is shown. End with the "
@@ -170,10 +165,8 @@ def split_reply(
 ) -> Reply:
     """Split a reply into hidden chain of thought and visible part, and check the thinking format.
 
-    The format is valid when the reply is ``[whitespace] think_open … think_close visible`` with exactly one of
-    each delimiter, or, when ``required`` is false, when neither delimiter occurs (then everything is visible).
-    Nothing hidden ever leaks: with an invalid format the visible part is what follows the last ``think_close``,
-    or nothing when there is none (an unclosed chain of thought shows nothing).
+    Valid: ``[whitespace] think_open … think_close visible`` with one of each delimiter, or, unless ``required``, no
+    delimiter at all. Nothing hidden ever leaks: an invalid reply shows only what follows the last ``think_close``.
 
     Args:
         text: The generated reply (``None`` counts as empty).
@@ -241,8 +234,7 @@ def parse_verdict(text: str | None) -> float | None:
 def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:
     """Alice's share of the parseable votes and the number of unparseable ones.
 
-    Unparseable votes (``None`` or NaN) are counted and left out; with none parseable the share is 0.5 (a tie that
-    moves neither player). Alice gets the share ``r``, Bob ``1 − r``: the rewards are constant-sum.
+    Unparseable votes (``None`` or NaN) are left out; with none parseable the share is 0.5 (a tie).
 
     Example:
         >>> vote_share([1, 1, 1, 1, 1, 1, 0, 0]), vote_share([1, None, 0, float("nan")]), vote_share([None])
@@ -348,8 +340,6 @@ def ply_rewards(
       minus the rebuttal's own word penalty;
     * any ply with an invalid thinking format gets ``format_reward`` instead (−1 in the paper).
 
-    Before penalties and overrides Alice's and Bob's verdicts sum to 1 (constant-sum).
-
     Args:
         transcript: A transcript with one reply per ply of its protocol.
         share: Alice's share of the judge's votes (ignored by RLVR, which uses the checker).
@@ -432,3 +422,85 @@ def branch_rows(counts: Sequence[int], group_size: int) -> list[int]:
         rows.extend(offset + (g if c == group_size else 0) for g in range(group_size))
         offset += c
     return rows
+
+
+def derived_seed(*key: object) -> int:
+    """A seed that depends only on ``key`` (unlike ``hash`` of a string, which changes between processes).
+
+    Example:
+        >>> derived_seed(0, "fork", 3) == derived_seed(0, "fork", 3) != derived_seed(0, "fork", 4)
+        True
+    """
+    return random.Random("/".join(map(str, key))).getrandbits(62)
+
+
+@dataclass
+class ForkedRollout:
+    """What one forked step produced: the transcripts and, per ply, the rows that were forked there.
+
+    Attributes:
+        transcripts: ``[B·G]`` transcripts in ``[problem, branch]`` order.
+        fork_plies: The forked ply of each problem.
+        chunks: Per ply index, ``(rollout of the forked rows, their indices into transcripts)``; plies where no
+            problem forked are absent.
+        rollouts: The full generate output of every ply (for token counts and benchmarks).
+    """
+
+    transcripts: list[Transcript]
+    fork_plies: list[int]
+    chunks: dict[int, tuple[Rollout, list[int]]]
+    rollouts: list[Rollout]
+
+
+# ------------------------------------------------------------------------------------------------------------ metrics
+def transcript_metrics(
+    stage: str, transcripts: Sequence[Transcript], shares: Sequence[float], judge_counts: dict[str, int]
+) -> dict[str, float]:
+    """Per-step statistics of finished transcripts, keyed ``<stage>/<name>``.
+
+    A training step without references logs NaN accuracy (Lightning would repeat a missing key's last value).
+    """
+    n = len(transcripts)
+    known = [t.correct for t in transcripts if t.correct is not None]
+    replies = [r for t in transcripts for r in t.replies]
+    out = {
+        f"{stage}/verdict_share": sum(shares) / n,
+        **{f"{stage}/{key}": float(value) for key, value in judge_counts.items()},
+        f"{stage}/empty_replies": float(sum(r.empty for r in replies)),
+        f"{stage}/no_reference": float(n - len(known)),
+        f"{stage}/missing_answer": sum(t.final_answer is None for t in transcripts) / n,
+        f"{stage}/format_invalid": sum(not r.format_ok for r in replies) / max(1, len(replies)),
+    }
+    if known:
+        out[f"{stage}/accuracy"] = sum(known) / len(known)
+    elif stage == "train":
+        out["train/accuracy"] = math.nan
+    plies = transcripts[0].plies
+    for j, ply in enumerate(plies):
+        out[f"{stage}/words_{ply}"] = sum(t.replies[j].words for t in transcripts) / n
+    if len(plies) > 1:  # Bob plays
+        out[f"{stage}/bob_win_rate"] = sum(s < 0.5 for s in shares) / n
+    return out
+
+
+def forked_ply_metrics(
+    plies: Sequence[str], trainable: Sequence[int], fork_plies: Sequence[int], forked: Sequence[PlyReward]
+) -> dict[str, float]:
+    """Reward statistics of the forked plies: ``forked`` holds one :class:`PlyReward` per ``[problem, branch]`` row.
+
+    A role or penalty that could fork but did not this step logs NaN (Lightning repeats a missing key's last value).
+    """
+    g = len(forked) // len(fork_plies)
+    ply_of = [plies[fork_plies[i // g]] for i in range(len(forked))]
+    out: dict[str, float] = {"train/reward": sum(x.reward for x in forked) / len(forked)}
+    for who in sorted({PLAYER_OF_PLY[plies[j]] for j in trainable}):  # the roles that may fork
+        rows = [x for x, ply in zip(forked, ply_of) if PLAYER_OF_PLY[ply] == who]
+        out[f"train/reward_{who}"] = sum(x.reward for x in rows) / len(rows) if rows else math.nan
+    if any(plies[j] != "answer" for j in trainable):  # critique or rebuttal may fork
+        penalised = [x for x, ply in zip(forked, ply_of) if ply != "answer"]
+        out["train/word_penalty"] = sum(x.word_penalty for x in penalised) / len(penalised) if penalised else math.nan
+    out["train/format_override"] = sum(x.format_override for x in forked) / len(forked)
+    alice = [x for x, ply in zip(forked, ply_of) if ply != "critique"]
+    out["train/missing_answer_override"] = sum(x.missing_answer for x in alice) / max(1, len(alice))
+    out["train/fork_alice_share"] = sum(PLAYER_OF_PLY[plies[k]] == "alice" for k in fork_plies) / len(fork_plies)
+    return out

@@ -1,8 +1,6 @@
 """Disagreement scores of an ensemble of pairwise preference models (paper §3.1 and App. F.1).
 
-Every function takes the members' probabilities ``p[..., k]`` that y≻y′ given x (one per member, last dimension) and
-reduces over the members. They are pure tensor functions so that the ensemble module, the evaluation report and the
-game utilities of later modules share exactly one definition.
+Every function reduces the members' probabilities ``p[..., k]`` that y≻y′ given x over the last dimension.
 """
 
 from __future__ import annotations
@@ -22,9 +20,6 @@ def _check(p: Tensor) -> None:
 
 def ensemble_variance(p: Tensor) -> Tensor:
     """Population variance of the members' probabilities, denominator k (App. E.3).
-
-    Because every member is antisymmetric, ``Var(x, y, y') = Var(x, y', y)``; ``4 * Var`` lies in [0, 1] and is the
-    paper's game utility (App. E.4).
 
     Args:
         p: Member probabilities, shape ``[..., k]``.

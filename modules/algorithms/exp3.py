@@ -1,35 +1,16 @@
 r"""The Stackelberg leader of multi-LLM alignment: EXP3 over instructions and its composite reward (§2.1, App. C).
 
-Pure Python/PyTorch, no Lightning: :class:`Exp3` keeps a log-weight per instruction, samples the duels of an
-iteration and updates from importance-weighted reward estimates; :func:`composite_reward` is the leader's reward of
-one duel from its two reputation-weighted peer scores (1–10 scale).
+Choices where the paper leaves a formula open:
 
-Choices where the paper leaves a formula open (each is tested in ``tests/test_exp3.py``):
-
-* **EXP3 update.** Auer et al.'s (2002) Exp3 with rewards in [0, 1]: :math:`p_i = (1-\gamma)\,w_i/\sum_j w_j +
-  \gamma/K` and, for a duel on instruction :math:`I` with reward :math:`r`, :math:`\log w_I \mathrel{+}= (\gamma/K)
-  \, r / p_I`. The paper's cost analysis (App. H) is "an O(K) update per duel", so every duel is one EXP3 round; the
-  D duels of an iteration are drawn together from one distribution, so each is importance-weighted by the
-  probability it was drawn with (the distribution *before* the iteration's update), and the D rounds add up:
-  :math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i`. Each round's step :math:`(\gamma/K)\,r/p_I`
-  is at most 1 because :math:`p_I \ge \gamma/K`, the condition of Exp3's regret bound.
-* **Floor.** The uniform mixing is the floor: every instruction keeps :math:`p_i \ge \gamma/K > 0` whatever its
-  weight, so no instruction is ever starved (the paper's "nonzero floor"). Log-weights are shifted by their
-  maximum after each update (probabilities unchanged), so they never overflow.
-* **Difficulty reward** :func:`difficulty_reward`: with the two responses' scores :math:`s_a, s_b` on [1, 10],
-  :math:`r_\text{diff} = (10 - \bar s)/9` (harder instructions, lower mean score, earn more) unless even the better
-  response scores below ``min_score`` (3.0), then :math:`r_\text{diff} = 0`. Reason: the paper favours "learnable
-  difficulty" and penalises "tasks below a minimum score threshold"; judging the *best* response against the
-  threshold keeps an instruction where one model already succeeds (its DPO pair has an acceptable chosen answer)
-  and drops one where every answer fails (nothing to learn from).
-* **Preference reward** :func:`preference_reward`: a Gaussian bump
-  :math:`r_\text{pref} = \exp(-(g - g^*)^2 / (2 h^2))` of the normalised gap :math:`g = |s_a - s_b| / 9 \in [0, 1]`
-  around the ideal gap :math:`g^*`, bandwidth :math:`h = 0.15`. Normalising by the range of the scale makes the
-  paper's numbers (0.6, 0.15) fractions of the scale, the only reading under which a gap of 0.6 is attainable.
-* **Annealing** :func:`linear_schedule`: :math:`g^*` moves linearly from 0.6 to 0.15 with the training progress
-  :math:`t/(T-1)` (iteration t of T; the paper says "annealed" without a shape; linear is the simplest and is the
-  same schedule the opponent matching uses for its target gap).
-* **Composite** :func:`composite_reward`: :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref} \in [0, 1]`, EXP3's range.
+* **EXP3 update.** Auer et al.'s (2002) Exp3, every duel one round (App. H: "an O(K) update per duel"). The D duels
+  of an iteration are drawn together, so each is importance-weighted by the distribution *before* the update:
+  :math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i`. The uniform mixing :math:`\gamma/K` is the
+  paper's "nonzero floor" and keeps each step at most 1.
+* **Difficulty reward**: :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``
+  (an instruction where every answer fails has nothing to learn from).
+* **Preference reward**: a Gaussian bump of the gap normalised by the scale's range, :math:`g = |s_a - s_b| / 9`,
+  so the paper's gaps (0.6, 0.15) are attainable; the ideal gap is annealed linearly over training.
+* **Composite**: :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref} \in [0, 1]`, EXP3's range.
 """
 
 from __future__ import annotations
@@ -136,9 +117,8 @@ def composite_reward(
 class Exp3:
     r"""EXP3 over K arms (instructions) with uniform mixing γ, batched rounds and importance-weighted estimates.
 
-    See the module docstring for the update and why. Sample an iteration's duels with :meth:`sample`, then call
-    :meth:`update` once with their indices and rewards: the importance weights use :meth:`probabilities` at the
-    time of the call, which is the distribution the duels were drawn from as long as nothing updated in between.
+    Sample an iteration's duels with :meth:`sample`, then call :meth:`update` once with their indices and rewards
+    (the importance weights use :meth:`probabilities` at the time of the call).
 
     Args:
         num_arms: K, the number of instructions (≥ 1).

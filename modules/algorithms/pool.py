@@ -1,21 +1,15 @@
 r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs.
 
-No Lightning and no models here; :mod:`modules.pool` composes them.
-
-* **Opponent matching** (§2.2). Reputations are min–max normalised over the pool (all equal: all 0), so a gap of 1
-  is strongest against weakest. A combatant ``a`` draws ``c = min(3, m − 1)`` candidate opponents uniformly without
-  replacement and picks one with probability proportional to the affinity
-  :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))`, a Gaussian kernel (bandwidth ``h``, default 0.25, our
-  choice: the paper says "soft matching" without a kernel) around the target gap ``g`` annealed from 1 (mismatched
-  opponents, clear preference pairs) to 0 (near-peers, finer distinctions). With probability 0.2 the opponent is
-  instead uniform over the others. :func:`sample_opponent` runs that process; :func:`opponent_distribution` is its
-  exact marginal (enumerating the candidate sets), used for the opponent-selection weights of Fig. 4.
-* **Judging** (App. G). :func:`parse_judgement` reads a 1–10 score from a JSON object (``{"score": 7}``), else
-  from a regex (``score: 7``, ``7/10``), else returns 5.0 flagged as a failure, which the module counts and logs.
-* **Aggregation.** :func:`reputation_weighted_mean` combines judges' scores with their reputations as weights;
-  :func:`judge_verdicts` turns each judge's two scores into a's duel score for the Elo update (1 win, ½ tie, 0 loss).
-* **Followers.** :func:`preference_pairs` keeps the non-tied duels as (chosen, rejected) for DPO;
-  :func:`peer_score_advantages` turns peer scores of a prompt's rollouts into GRPO advantages.
+* **Matching** (§2.2): :func:`sample_opponent` draws ``min(3, m − 1)`` candidates and picks one by a Gaussian kernel
+  :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the annealed
+  target gap ``g`` (bandwidth ``h`` is our choice: the paper says "soft matching"), or uniformly with probability 0.2;
+  :func:`opponent_distribution` is its exact marginal (Fig. 4); :func:`match_duels` draws a round's duels and
+  :func:`duel_judges` names their judges.
+* **Judging** (App. G): :func:`fill_judge_template`; :func:`parse_judgement` reads a 1–10 score (JSON, then a regex,
+  else 5.0 flagged as a failure).
+* **Aggregation**: :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
+  :func:`aggregate_duel` for one duel's table of scores.
+* **Followers**: :func:`preference_pairs` (DPO's chosen/rejected) and :func:`peer_score_advantages` (GRPO).
 """
 
 from __future__ import annotations
@@ -33,10 +27,15 @@ from torch import Tensor
 from modules.algorithms.answers import extract_final_answer
 
 __all__ = [
+    "DEFAULT_JUDGE_TEMPLATE",
     "DEFAULT_SCORE",
     "JudgeParse",
+    "aggregate_duel",
+    "duel_judges",
+    "fill_judge_template",
     "final_answer",
     "judge_verdicts",
+    "match_duels",
     "normalized_reputations",
     "opponent_affinities",
     "opponent_distribution",
@@ -50,6 +49,13 @@ __all__ = [
 
 DEFAULT_SCORE = 5.0
 SCORE_RANGE = (1.0, 10.0)
+# App. G: the judge sees the question and one response and answers a 1-10 score as JSON.
+DEFAULT_JUDGE_TEMPLATE = (
+    "Please act as an impartial judge and evaluate the quality of the response provided by an AI assistant to the "
+    "question below. Consider correctness, helpfulness and clarity. Rate the response on a scale of 1 to 10 and "
+    'answer only with a JSON object of the form {"score": <integer from 1 to 10>}.\n\n'
+    "[Question]\n{prompt}\n\n[Response]\n{response}"
+)
 
 
 # ---------------------------------------------------------------------------------------------------- matching
@@ -165,7 +171,41 @@ def opponent_selection_weights(
     return [sum(row[j] for row in rows) / m for j in range(m)]
 
 
+def match_duels(
+    ratings: Sequence[float],
+    num_duels: int,
+    target_gap: float,
+    generator: torch.Generator,
+    num_candidates: int = 3,
+    uniform_share: float = 0.2,
+    bandwidth: float = 0.25,
+) -> list[tuple[int, int]]:
+    """``num_duels`` pairs ``(a, b)``: a uniformly drawn combatant and its :func:`sample_opponent`.
+
+    A pool of one plays itself, ``(0, 0)``, without drawing anything (the self-rewarding baseline).
+    """
+    m = len(ratings)
+    if m == 1:
+        return [(0, 0)] * num_duels
+    duels = []
+    for _ in range(num_duels):
+        a = int(torch.randint(m, (), generator=generator))
+        b = sample_opponent(ratings, a, target_gap, generator, num_candidates, uniform_share, bandwidth)
+        duels.append((a, b))
+    return duels
+
+
+def duel_judges(duels: Sequence[tuple[int, int]], m: int) -> list[list[int]]:
+    """Each duel's judges: every pool member outside it (the one model itself in a pool of one)."""
+    return [[j for j in range(m) if j not in duel] if m > 1 else [0] for duel in duels]
+
+
 # ---------------------------------------------------------------------------------------------------- judging
+def fill_judge_template(template: str, prompt: str, response: str) -> str:
+    """``template`` with ``{prompt}`` and ``{response}`` filled in one pass, so text in the prompt is never a field."""
+    return re.sub(r"\{(prompt|response)\}", lambda m: {"prompt": prompt, "response": response}[m.group(1)], template)
+
+
 @dataclass(frozen=True)
 class JudgeParse:
     """A parsed judgement.
@@ -272,6 +312,19 @@ def judge_verdicts(scores_a: Sequence[float], scores_b: Sequence[float]) -> list
     return [1.0 if x > y else 0.5 if x == y else 0.0 for x, y in zip(scores_a, scores_b)]
 
 
+def aggregate_duel(
+    table: Sequence[Sequence[Sequence[float]]], weights: Sequence[float]
+) -> tuple[list[list[float]], list[float]]:
+    """One duel's scores from ``table[s][r][k]``, judge k's score of side s's (0: a, 1: b) response r.
+
+    Returns each response's score, the judges' mean weighted by ``weights`` (``[side][response]``), and each judge's
+    verdict for a (:func:`judge_verdicts` of its mean scores of the two sides' responses).
+    """
+    per_side = [[reputation_weighted_mean(row, weights) for row in side] for side in table]
+    means = [[sum(row[k] for row in side) / len(side) for k in range(len(weights))] for side in table]
+    return per_side, judge_verdicts(means[0], means[1])
+
+
 # ---------------------------------------------------------------------------------------------------- evaluation
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -301,7 +354,7 @@ def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -
     """GRPO advantages of rollouts from their peer scores: ``(s − group mean) / group std`` per prompt.
 
     ``scores`` is ``[P·G]`` with a prompt's ``G = group_size`` rollouts consecutive. The peer scores are the rewards
-    (§2.4); the normalisation is :func:`modules.algorithms.rl_losses.group_advantages` (a group of equal scores gives zeros).
+    (§2.4); the normalisation is :func:`modules.algorithms.rl_losses.group_advantages` (equal scores give zeros).
     """
     from modules.algorithms.rl_losses import group_advantages
 

@@ -1,8 +1,6 @@
 """Policy-optimisation losses shared by the games: GRPO-style group advantages and clipped loss, and sigmoid DPO.
 
-Pure tensor code with no model and no Lightning, so each is tested against hand-computed numbers (and DPO against
-TRL's sigmoid loss). The modules that train LM players compute log-probabilities with
-:meth:`modules.lm.policy_bank.PolicyBank.token_logprobs` (completion tokens only) and pass them here.
+Log-probabilities come from :meth:`modules.lm.policy_bank.PolicyBank.token_logprobs` (completion tokens only).
 """
 
 from __future__ import annotations
@@ -17,9 +15,7 @@ __all__ = ["dpo_loss", "group_advantages", "grpo_loss"]
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> Tensor:
     """Group-relative advantages: each reward minus its group's mean, optionally divided by the group's std.
 
-    Rows are grouped consecutively: rows ``[g·G, (g+1)·G)`` form group ``g`` (the layout of
-    ``PolicyBank.generate(..., num_samples=G)``). The std is the unbiased one (as in GRPO and TRL), and ``eps`` keeps
-    a group of equal rewards at advantage 0 instead of 0/0.
+    Rows ``[g·G, (g+1)·G)`` form group ``g`` (the layout of ``PolicyBank.generate``); the std is the unbiased one.
 
     Args:
         rewards: ``[N]`` with ``N`` a multiple of ``group_size``.
@@ -57,10 +53,7 @@ def grpo_loss(
     ``ρ_t = exp(log π_θ(o_t) − log π_old(o_t))``; the per-token objective is
     ``min(ρ_t A, clip(ρ_t, 1 − ε, 1 + ε) A) − β·KL_t`` with the k3 estimator
     ``KL_t = exp(r_t) − r_t − 1``, ``r_t = log π_ref(o_t) − log π_θ(o_t)`` (unbiased and non-negative). With
-    ``old_token_logprobs=None`` the rollout is on-policy and ``π_old`` is ``π_θ`` detached, so ``ρ = 1`` in value
-    and the gradient is exactly ``A ∇ log π_θ`` (one update per rollout, the setting of both games here).
-    The sequence-mean-then-batch-mean reduction is the original GRPO's; it keeps long and short replies equally
-    weighted per sample.
+    ``old_token_logprobs=None`` the rollout is on-policy (``π_old`` is ``π_θ`` detached, so ``ρ = 1`` in value).
 
     Args:
         token_logprobs: ``[N, C]`` log π_θ of each completion token (with gradients).

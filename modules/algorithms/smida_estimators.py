@@ -1,10 +1,7 @@
 """Deep-SMIDA policy-gradient estimators, eqs. (22)–(25) of the Stackelberg preference-games paper (App. D).
 
-Rollouts per step: B contexts × D leader samples × M follower samples per leader sample. Given per-sample utilities
-and sequence log-probabilities (policy and frozen reference, at the sampling temperature), these functions return the
-advantages that multiply ``∇ log π`` in the unbiased estimators, and surrogate losses whose gradients are the
-estimators (leader descent, follower ascent expressed as the minimisation of ``−J^F``). Pure tensor code: no model,
-no Lightning, so the estimators are tested against exact gradients on small softmax policies.
+Rollouts per step: B contexts × D leader samples × M follower samples per leader sample. From utilities and
+sequence log-probabilities these return the advantages of the estimators and surrogate losses whose gradients they are.
 """
 
 from __future__ import annotations
@@ -71,9 +68,7 @@ def smida_surrogate_losses(
 ) -> dict[str, Tensor]:
     """Surrogate losses whose gradients are the deep-SMIDA estimators (23) and (25).
 
-    ``leader_loss`` is minimised (gradient = ``∇̂_θ J^L``, the leader descends); ``follower_loss = −(estimator)``
-    is minimised so that the follower ascends ``J^F``. Each average runs over contexts, leader samples and follower
-    samples as in the paper's ``1/D Σ_l 1/M Σ_j`` with a minibatch mean over contexts.
+    Both are minimised: the leader descends ``J^L``, and ``follower_loss = −(estimator)`` makes the follower ascend.
 
     Args:
         utility: ``[B, D, M]``.

@@ -34,10 +34,8 @@ __all__ = [
 def sharded_strategy_kind(strategy: Any) -> str | None:
     """The sharded strategy ``strategy`` is (a subclass of), by its base's name, else None.
 
-    ``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` (FSDP1) or ``"ModelParallelStrategy"`` (FSDP2 ``fully_shard``,
-    e.g. :class:`modules.distributed.strategies.FSDP2Strategy`). Read from the class hierarchy's names, so neither DeepSpeed nor
-    FSDP is imported where it is not used, and a user's subclass (e.g. with its own launcher or checks) is treated as
-    the strategy it extends.
+    ``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` (FSDP1) or ``"ModelParallelStrategy"`` (FSDP2). Read from the class
+    hierarchy's names, so nothing is imported and a user's subclass counts as the strategy it extends.
     """
     names = {cls.__name__ for cls in type(strategy).__mro__}
     return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy") if k in names), None)
@@ -46,17 +44,13 @@ def sharded_strategy_kind(strategy: Any) -> str | None:
 def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
     """FSDP2: shard ``bank`` over the data-parallel mesh when the trainer's strategy gives the module one.
 
-    ``bank`` is a policy bank (its own ``shard(mesh, mp_policy)``) or a transformers model
-    (:func:`fully_shard_blocks`).
-    Call from the LightningModule's ``configure_model`` (Lightning's ``ModelParallelStrategy`` calls it after the
-    processes start and before the optimizers are made, and gives the module its ``device_mesh``). Elsewhere (no
-    mesh) it does nothing. Only the policy is sharded; frozen scorers (reward models, judges, preference ensembles)
-    stay whole on every rank. The strategy's ``mixed_precision_policy`` (:class:`modules.distributed.strategies.FSDP2Strategy`'s
-    ``param_dtype`` / ``reduce_dtype``), if any, goes to every unit.
+    ``bank`` is a policy bank (its own ``shard(mesh, mp_policy)``) or a transformers model (:func:`fully_shard_blocks`).
+    Call from the LightningModule's ``configure_model``; without a mesh it does nothing. Frozen scorers stay whole on
+    every rank. The strategy's ``mixed_precision_policy``, if any, goes to every unit.
 
     Raises:
         ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism (the families shard by FSDP
-            only; :class:`modules.distributed.strategies.FSDP2Strategy` puts every process in the data-parallel dimension).
+            only; :class:`~.strategies.FSDP2Strategy` puts every process in the data-parallel dimension).
     """
     mesh = getattr(module, "_device_mesh", None)
     if mesh is None:
@@ -64,7 +58,8 @@ def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
     if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
         raise ValueError(
             f"trainer.strategy: {family} shards its policy with FSDP2 over the data-parallel dimension only, got a "
-            f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use modules.distributed.strategies.FSDP2Strategy "
+            f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use "
+            "modules.distributed.strategies.FSDP2Strategy "
             "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
         )
     dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
@@ -83,20 +78,11 @@ def check_manual_backward_strategy(
 
     Call from the LightningModule's ``setup("fit")``, before the strategy wraps the model.
 
-    * FSDP (Lightning's ``FSDPStrategy``, FSDP1) is refused. Lightning runs ``training_step`` inside the root FSDP
-      unit's forward, so every backward runs before that forward ends. With the whole model in the root unit, FSDP's
-      backward hook asserts (``Expects BACKWARD_PRE or BACKWARD_POST state but got FORWARD``); with the decoder
-      layers wrapped as inner units the steps run, but FSDP's end-of-backward callback (queued from the root's
-      outputs) never runs, and the next state-dict gather (the checkpoint) asserts on a handle left in
-      ``BACKWARD_POST``. Both reproduced on two CPU processes. FSDP2 (:class:`modules.distributed.strategies.FSDP2Strategy`, a
-      ``ModelParallelStrategy``) shards the submodules in ``configure_model`` instead and runs ``training_step`` outside
+    * FSDP1 (``FSDPStrategy``) is refused: Lightning runs ``training_step`` inside the root unit's forward, so each
+      backward runs before that forward ends and FSDP's backward hooks assert. FSDP2 runs ``training_step`` outside
       any forward: the families take it (:func:`shard_for_strategy`).
-    * DeepSpeed: ``grad_clip`` becomes the engine's ``gradient_clipping``. The engine keeps the gradients in its own
-      partitions and clips them by their global norm in ``step``, so a clip of ``p.grad`` in the module would see no
-      gradients (and Lightning's ``clip_gradients`` is a no-op under DeepSpeed).
-
-    * DeepSpeed takes exactly one optimizer in Lightning: a family with more (deep-SMIDA's leader and follower) is
-      refused there.
+    * DeepSpeed: ``grad_clip`` becomes the engine's ``gradient_clipping`` (the engine keeps the gradients in its own
+      partitions, so a clip of ``p.grad`` would see none). It takes exactly one optimizer in Lightning.
 
     Raises:
         ValueError: naming ``trainer.strategy``, under FSDP, or under DeepSpeed with more than one optimizer.
@@ -132,24 +118,16 @@ def engine_grad_norm(strategy: Any) -> float | None:
 def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:
     """A factory of contexts in which ``module``'s sharded parameters are whole, for generation under sharding.
 
-    Autoregressive decoding calls the model once per token. Under ZeRO-3 each call would gather every layer's
-    shards again (hundreds of all-gathers per reply); gathering once around the whole ``generate`` call costs one.
+    Gathering once around the whole ``generate`` call costs one all-gather instead of one per decoded token.
 
-    * DeepSpeed ZeRO stage 3: every parameter gathered once with ``deepspeed.zero.GatheredParameters`` while
-      DeepSpeed's per-module hooks are held off the module (see :func:`_zero3_whole`), so the decode runs on whole
-      weights without gathering or releasing anything per token.
-    * FSDP (Lightning's ``FSDPStrategy``): Lightning runs ``training_step`` inside the root FSDP unit's forward, so the
-      root's parameters are already whole there and ``summon_full_params`` is refused inside a forward. Inner units
-      (an ``auto_wrap_policy``) gather themselves on each call, which is correct though slower; the factory yields
-      ``summon_full_params(recurse=True, writeback=False)`` only where it is allowed (outside a forward, e.g.
-      ``validation_step`` under ``predict``) and a no-op otherwise.
-    * FSDP2 (``ModelParallelStrategy``; the bank sharded by :meth:`PolicyBank.shard`): every ``fully_shard`` unit
-      unsharded once and kept whole for the block (see :func:`_fsdp2_whole`).
+    * DeepSpeed ZeRO-3: :func:`_zero3_whole`.
+    * FSDP1: ``summon_full_params(recurse=True, writeback=False)`` outside a forward; inside one (``training_step``)
+      the root's parameters are already whole and inner units gather themselves, so a no-op.
+    * FSDP2: every ``fully_shard`` unit unsharded once for the block (:func:`_fsdp2_whole`).
     * Everything else (single device, DDP, ZeRO-1/2 keep whole parameters): a no-op.
 
     Args:
-        strategy: ``trainer.strategy`` (any object; only its class names, its bases' included, and attributes are
-            read, so a subclass of Lightning's strategies counts as its base).
+        strategy: ``trainer.strategy`` (a subclass of Lightning's strategies counts as its base).
         module: The module whose parameters generation needs (e.g. a :class:`PolicyBank`).
     """
     kind = sharded_strategy_kind(strategy)
@@ -176,9 +154,8 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
 def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
     """FSDP2 on a transformers model: each block of ``model._no_split_modules`` a unit, then ``model`` the root unit.
 
-    The blocks are resharded after their forward; the root (embeddings, final norm, head) keeps its parameters after
-    the forward, since the backward needs them at once. A model already sharded is left as it is. ``mp_policy``: an
-    FSDP2 ``MixedPrecisionPolicy`` for every unit (None: FSDP2's default, the parameters' own dtype).
+    The root keeps its parameters after the forward (the backward needs them at once); a sharded model is left as it
+    is. ``mp_policy``: an FSDP2 ``MixedPrecisionPolicy`` for every unit (None: the parameters' own dtype).
 
     Raises:
         ValueError: for a model without ``_no_split_modules`` (its blocks cannot be found by name).
@@ -209,10 +186,7 @@ def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
 def _fsdp2_whole(module: nn.Module) -> Iterator[None]:
     """FSDP2: ``module``'s ``fully_shard`` units whole for the block, each all-gathered once, resharded on exit.
 
-    Each unit's reshard-after-forward is turned off for the block (a unit would otherwise free its parameters after
-    every forward and gather them again on the next: per decoded token) and put back to what
-    :meth:`PolicyBank.shard` chose. Inside, the modules' parameters are the plain unsharded tensors FSDP2 swaps in.
-    A module never sharded (no units) gets a no-op.
+    Reshard-after-forward is off for the block (else every decoded token would gather again), then put back.
     """
     units = _fsdp2_units(module)
     try:
@@ -230,9 +204,7 @@ def _fsdp2_whole(module: nn.Module) -> Iterator[None]:
 def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
     """FSDP2: turn the gradient reduce-scatter of ``module``'s units off (``enabled=False``) for the block.
 
-    The micro-batches of one step but the last accumulate unsharded gradients locally; the last one's backward
-    reduces the sum (FSDP2's ``set_requires_gradient_sync``, the counterpart of DDP's ``no_sync``). A no-op for a
-    module without units or with ``enabled=True``.
+    FSDP2's counterpart of DDP's ``no_sync``; a no-op for a module without units or with ``enabled=True``.
     """
     units = [] if enabled else _fsdp2_units(module)
     try:
@@ -248,25 +220,16 @@ def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
 def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
     """ZeRO-3: ``module``'s parameters whole for the whole block, gathered once, with DeepSpeed's hooks held off.
 
-    ``GatheredParameters`` alone does not keep them whole: DeepSpeed's per-module hooks still run on every forward
-    inside the block, and the coordinator re-partitions each submodule's parameters after its forward (and waits for
-    or prefetches others), so a decode would gather every layer again for every token. So, for the block:
-
-    1. the coordinator releases everything of ``module`` (``release_and_reset_all``: in-flight prefetches are waited
-       for, nothing of it stays held);
-    2. DeepSpeed's own forward hooks are taken off ``module``'s submodules (only the handles DeepSpeed registered;
-       any other hook stays), and the hook dictionaries are put back as they were afterwards;
-    3. every parameter of ``module`` is gathered once (``GatheredParameters``) and partitioned again on exit.
-
-    The engine is ``strategy.model`` (Lightning's DeepSpeed strategy); a model without ZeRO-3 offload state (not yet
-    wrapped) gets the plain gather.
+    ``GatheredParameters`` alone is not enough: DeepSpeed's per-module hooks would re-partition each submodule after
+    its forward, so every token would gather again. So the coordinator releases ``module``, DeepSpeed's own forward
+    hooks are taken off its submodules (others stay) and put back on exit. A model without ZeRO-3 offload state (not
+    yet wrapped) gets the plain gather.
     """
     import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
 
     engine = getattr(strategy, "model", None)
     owner = getattr(engine, "optimizer", None)
-    # training engine: the ZeRO-3 optimizer holds the offload state; inference engine (validate/test without an
-    # optimizer): the offload object is the engine's "optimizer" itself
+    # the ZeRO-3 optimizer holds the offload state; in an inference engine the offload object is the "optimizer"
     offload = getattr(owner, "parameter_offload", None)
     if offload is None and hasattr(owner, "get_param_coordinator") and hasattr(owner, "forward_hooks"):
         offload = owner
@@ -311,8 +274,7 @@ def gradient_sync(trainer: Any, module: nn.Module, banks: Sequence[nn.Module], e
 
     * DDP: the wrapped model's ``no_sync``.
     * FSDP2: each bank's ``fully_shard`` units skip their reduce-scatter (:func:`fsdp2_gradient_sync`).
-    * DeepSpeed: nothing; its engine refuses ``no_sync`` with ZeRO-2/3 (gradients are reduced into their partitions
-      as they are produced) and keeps its own accumulation boundary.
+    * DeepSpeed: nothing; its engine refuses ``no_sync`` with ZeRO-2/3 and keeps its own accumulation boundary.
     * One process: nothing.
     """
     strategy = getattr(trainer, "strategy", None) if trainer is not None else None

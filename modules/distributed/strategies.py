@@ -1,21 +1,8 @@
-"""Lightning strategies the families run under, where Lightning's own need a setting every run would repeat.
+"""FSDP2Strategy: Lightning's ``ModelParallelStrategy`` with every process data-parallel, loading partial checkpoints.
 
-:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` (FSDP2, ``torch.distributed.fsdp.fully_shard``) with
-every process in the data-parallel dimension: the families shard their policy by FSDP only (no tensor parallelism),
-and ``ModelParallelStrategy``'s default (``tensor_parallel_size="auto"``: every GPU of a node) would instead put the
-processes of a node in the tensor-parallel dimension, where they would all read the same batches.
-
-Unlike Lightning's ``FSDPStrategy`` (FSDP1), which wraps the module and runs ``training_step`` inside the root unit's
-forward, FSDP2 shards the module's own submodules in ``configure_model`` and leaves ``training_step`` outside any
-forward, so the families that call backward inside ``training_step`` (GRPO, debate self-play, deep-SMIDA) run under
-it (see :func:`modules.distributed.sharding.check_manual_backward_strategy`), as do SFT and the preference ensemble. Every family but
-the multi-LLM pool implements ``configure_model`` for it (:func:`modules.distributed.sharding.shard_for_strategy`).
-
-Its checkpoints hold what the families keep: they drop the frozen base from the state dict (it is the file the run
-started from), and :meth:`FSDP2Strategy.load_checkpoint` loads the tensors a sharded checkpoint holds and leaves the
-rest as loaded from the base. (``ModelParallelStrategy``'s own loader asks the checkpoint for every tensor of the
-model and fails on the first frozen one; it also loads optimizer states for ``test``, and fails on a trainable tensor
-that never had a gradient, such as an unused pooler, which has no AdamW state.)
+``ModelParallelStrategy``'s default would put a node's processes in the tensor-parallel dimension, all reading the
+same batches. Lightning's own loader asks a checkpoint for every tensor (the families drop the frozen base);
+:meth:`FSDP2Strategy.load_checkpoint` loads what the checkpoint holds.
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.constants import default_pg_timeout
+from typing_extensions import override
 
 __all__ = ["FSDP2Strategy"]
 
@@ -38,14 +26,10 @@ class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
 
     A sharded checkpoint (a folder) is loaded for the tensors it holds, after checking that it holds every trainable
-    one (a ``KeyError`` names the first missing, before anything is loaded); the state dict returned to the module's
-    ``on_load_checkpoint`` holds them (their local shards). Full checkpoints (one file) load as Lightning does.
+    one (a ``KeyError`` names the first missing). Full checkpoints (one file) load as Lightning does.
 
-    Mixed precision the FSDP2 way: with ``param_dtype`` (e.g. ``"bfloat16"``) the shards stay in their own dtype
-    (fp32: the optimizer's master weights) and every all-gather casts them, so forwards, generation included, run on
-    ``param_dtype`` weights gathered at that width; ``reduce_dtype`` is the dtype gradients are reduced in (fp32 keeps
-    the sums exact to fp32). :attr:`mixed_precision_policy` is what the families pass to ``fully_shard``. Use it with
-    the trainer's ``precision: 32-true`` (autocast on top would only add casts).
+    With ``param_dtype`` the shards keep their own dtype (the optimizer's master weights) and every all-gather casts
+    them; use it with the trainer's ``precision: 32-true`` (autocast on top would only add casts).
 
     Args:
         save_distributed_checkpoint: Each rank writes its shards to a checkpoint folder (True, the default), or the
@@ -85,10 +69,12 @@ class FSDP2Strategy(ModelParallelStrategy):
             dtypes[field] = None if name is None else DTYPES[name]
         self.mixed_precision_policy = MixedPrecisionPolicy(**dtypes) if any(dtypes.values()) else None
 
-    def setup_environment(self) -> None:  # noqa: D102 - every process data-parallel
+    @override
+    def setup_environment(self) -> None:  # every process data-parallel
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it.
 

@@ -1,14 +1,8 @@
 """Compare groups of debate runs as the paper's Table 1 does: merged peak windows, P(Best), gap recovery.
 
-Each run is a log folder holding ``debate_evals.jsonl`` (one line per validation, written by
-:class:`modules.debate.DebateSelfPlay`: ``successes`` and ``trials`` of Alice's accuracy, ``step``, ``mcc``)
-or the file itself. Per run the peak is the evaluation whose rolling window of ``window`` evaluations has the highest
-``quantile`` of the Beta(1 + S, 1 + N − S) posterior (the rule of :class:`callbacks.PeakCheckpoint`); a group's runs
-are merged by adding the successes and trials of their peak windows. Reported per group: the merged posterior mean
-(peak accuracy), the 95% lower bound, the observed mean, and P(Best), the share of ``draws`` joint posterior draws
-in which the group is highest (the upper-bound group, RLVR, excluded); per non-baseline group the gap recovery
-``(debate − baseline) / (upper − baseline)`` on posterior means. Rollouts of one problem are correlated, so treating
-them as independent trials makes P(Best) over-confident (the paper's caveat, App. A.3).
+Each run is a log folder holding ``debate_evals.jsonl`` (written by :class:`modules.debate.DebateSelfPlay`) or the
+file itself. Per run the peak is chosen by the rule of :class:`callbacks.PeakCheckpoint`; a group's runs are merged
+by adding the counts of their peak windows. Correlated rollouts make P(Best) over-confident (App. A.3).
 
     python -m modules.evaluation.debate_compare \\
         --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\

@@ -1,10 +1,7 @@
 """Held-out evaluation of a trained Leader–Follower pair against the reference pair (paper §3.2, §5.3, G.1, G.3).
 
-Pure tensor functions. Scores are ensemble variances of triplets laid out ``[P, R]``: P prompts × R response pairs
-per prompt (the paper: two). Candidate thresholds come from the reference pair's score quantiles (Definition 3.2):
-a triplet is an α-online candidate when ``Var ≥ F_ref^{-1}(1 − α)``. With oracle probabilities, a triplet is
-ε-adversarial when the ensemble mean strictly reverses the oracle and the oracle is more than ε from ½
-(Definition 3.1).
+Scores are ensemble variances laid out ``[P, R]``: P prompts × R response pairs per prompt. A triplet is an α-online
+candidate when ``Var ≥ F_ref^{-1}(1 − α)`` of the reference pair's scores (Definition 3.2).
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["adversarial_mask", "candidate_thresholds", "compare_pairs", "make_game_figures", "prompt_bootstrap_mean"]
+__all__ = ["adversarial_mask", "candidate_thresholds", "compare_pairs", "prompt_bootstrap_mean"]
 
 
 def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> dict[float, float]:
@@ -101,47 +98,3 @@ def compare_pairs(
             for a, v in thresholds.items()
         },
     }
-
-
-def make_game_figures(trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01)) -> dict:
-    """Figures of §5.3 / G.1: the score CDFs of both pairs, and the candidate yield of both pairs over α.
-
-    The CDF figure marks the reference-quantile thresholds; in the yield figure the reference pair's yield is ≈ α by
-    construction.
-
-    Returns:
-        ``{"variance_cdf": Figure, "candidate_yield": Figure}`` (matplotlib, Agg canvas, no pyplot state).
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    t, r = trained.double().flatten(), reference.double().flatten()
-    thresholds = candidate_thresholds(r, alphas)
-    cdf = Figure(figsize=(6, 4))
-    FigureCanvasAgg(cdf)
-    ax = cdf.add_subplot()
-    for v, label, style in ((t, "trained pair", "-"), (r, "reference pair", "--")):
-        xs = torch.sort(v).values
-        ax.step(xs.tolist(), (torch.arange(1, xs.numel() + 1) / xs.numel()).tolist(), style, where="post", label=label)
-    for a, th in thresholds.items():
-        ax.axvline(th, color="grey", lw=0.8, ls=":")
-        ax.text(th, 0.02, f"α={a}", rotation=90, fontsize=7, va="bottom")
-    ax.set_xlabel("ensemble variance")
-    ax.set_ylabel("empirical CDF")
-    ax.legend()
-    grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64)
-    yields_t, yields_r = [], []
-    for a in grid.tolist():
-        th = float(torch.quantile(r, 1.0 - a))
-        yields_t.append(float((t >= th).double().mean()))
-        yields_r.append(float((r >= th).double().mean()))
-    fy = Figure(figsize=(6, 4))
-    FigureCanvasAgg(fy)
-    ax = fy.add_subplot()
-    ax.plot(grid.tolist(), yields_t, "-", label="trained pair")
-    ax.plot(grid.tolist(), yields_r, "--", label="reference pair")
-    ax.plot([0, 0.5], [0, 0.5], ":", color="grey", label="nominal α")
-    ax.set_xlabel("α (reference-quantile threshold)")
-    ax.set_ylabel("α-online candidate yield")
-    ax.legend()
-    return {"variance_cdf": cdf, "candidate_yield": fy}

@@ -1,36 +1,23 @@
 """Evaluation report of a preference-model ensemble on held-out triplets (paper §5.2, App. E.3 Table 1, App. F.1).
 
-Pure tensor code, independent of Lightning: the ensemble module gathers, on held-out data, the members' probabilities
-``P_i(y≻y′|x)`` (``[N, k]``), the binary oracle labels (1 if y≻y′) and the prompt ids, and calls :func:`build_report`
-for the numbers of ``report.json`` and :func:`make_figures` / :func:`save_figures` for the figures.
+Pure tensor code: from the members' probabilities ``P_i(y≻y′|x)`` ``[N, k]``, the binary oracle labels (1 if y≻y′) and
+the prompt ids, :func:`build_report` computes ``report.json`` (figures: :mod:`modules.evaluation.figures`).
 
-Conventions used throughout:
-
-* An *error* is a triplet on which the ensemble-mean prediction disagrees with the oracle label. The ensemble (and
-  each member) predicts y≻y′ when its probability is ``>= 0.5``; an exact tie at 0.5 is therefore predicted as 1.
-* Every disagreement score ranks triplets "higher = more suspicious". Error detection asks how well a score ranks
-  errors above correct predictions.
-* Ties in a score are broken by the original item order wherever a ranking is cut (deciles, top fractions), using a
-  stable sort, so that results are deterministic; the AUROC counts ties as one half (Mann–Whitney).
-* Prompt-bootstrap intervals resample whole prompts with replacement (all triplets of a drawn prompt enter, with
-  multiplicity), because triplets that share a prompt are not independent.
-* Computations run on the CPU in float64; results are plain Python floats, ints, lists and dicts.
+An *error* is a triplet where the ensemble-mean prediction (y≻y′ when ``>= 0.5``) disagrees with the label. Where a
+ranking is cut, ties keep the item order (stable sort). Bootstrap intervals resample whole prompts: triplets that
+share a prompt are not independent. Computations run on the CPU in float64.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-
-if TYPE_CHECKING:  # pragma: no cover
-    from matplotlib.figure import Figure
 
 __all__ = [
     "DEFAULT_FRACTIONS",
@@ -41,10 +28,8 @@ __all__ = [
     "error_auroc",
     "error_rate_curve",
     "json_safe",
-    "make_figures",
     "prompt_bootstrap",
     "roc_curve_points",
-    "save_figures",
     "top_fraction_error_rate",
     "variance_summary",
 ]
@@ -59,14 +44,6 @@ DEFAULT_FRACTIONS: tuple[float, ...] = tuple(round(0.01 * i, 2) for i in range(1
 VARIANCE_THRESHOLD = 0.02
 
 _PERCENTILES = (25, 75, 90, 95, 99)
-_FIGURE_NAMES = ("decile_accuracy", "roc_curves", "error_rate_vs_fraction")
-_SCORE_LABELS = {"variance": "variance", "decision_uncertainty": "decision uncertainty", "jsd": "JSD"}
-_SCORE_COLOURS = {"variance": "tab:green", "decision_uncertainty": "tab:blue", "jsd": "tab:red"}
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# input checking
-# ----------------------------------------------------------------------------------------------------------------------
 
 
 def _vector(x: Any, name: str, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -115,10 +92,9 @@ def _scores_and_errors(scores: Any, errors: Any, errors_name: str = "errors") ->
 
 
 def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
-    """Number of items ``ceil(f * n)`` selected for each fraction ``f`` in (0, 1], at least 1.
+    """Number of items ``ceil(f * n)`` (at least 1) for each fraction ``f`` in (0, 1].
 
-    ``f * n`` is rounded to 9 decimals before the ceiling so that binary rounding (``0.07 * 100 = 7.000000000000001``)
-    does not select one item too many.
+    ``f * n`` is rounded to 9 decimals first, so that ``0.07 * 100 = 7.000000000000001`` does not select 8 items.
     """
     f = torch.as_tensor(fractions, dtype=torch.float64).detach().cpu().reshape(-1)
     if f.numel() == 0:
@@ -129,24 +105,17 @@ def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
     return torch.tensor(counts, dtype=torch.long)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# error detection
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def error_auroc(scores: Tensor, errors: Tensor) -> float:
     """AUROC of a score at ranking errors above correct predictions (paper §5.2, Fawcett 2006).
 
-    Computed exactly as the normalised Mann–Whitney U statistic: the fraction of (error, correct) pairs in which the
-    error has the higher score, ties counting one half. Equal to ``sklearn.metrics.roc_auc_score(errors, scores)``.
+    The normalised Mann–Whitney U statistic, equal to ``sklearn.metrics.roc_auc_score(errors, scores)``.
 
     Args:
         scores: Disagreement scores, shape ``[N]`` (higher = more likely an error).
         errors: 1 (or True) where the ensemble errs, 0 where it is correct, shape ``[N]``.
 
     Returns:
-        The AUROC in [0, 1]. When only one class is present (no errors, or no correct predictions) the AUROC is
-        undefined and 0.5 (chance) is returned, so that bootstrap replicates and tiny validation sets never fail.
+        The AUROC in [0, 1]; 0.5 (chance) when only one class is present, so bootstrap replicates never fail.
 
     Raises:
         ValueError: If an input is empty, not 1-D, of mismatched length, non-binary (``errors``) or NaN (``scores``).
@@ -168,17 +137,11 @@ def error_auroc(scores: Tensor, errors: Tensor) -> float:
 def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
     """ROC curve of a score as an error detector: one point per distinct score threshold.
 
-    The curve starts at (0, 0), moves through the thresholds in decreasing order of score (all items tied at a
-    threshold enter together, which is what makes the trapezoid area equal :func:`error_auroc`) and ends at (1, 1).
-
-    Args:
-        scores: Disagreement scores, shape ``[N]``.
-        errors: 1 where the ensemble errs, 0 where it is correct, shape ``[N]``.
+    Tied items enter together, so the trapezoid area equals :func:`error_auroc`. Arguments as :func:`error_auroc`.
 
     Returns:
-        ``(fpr, tpr)``, float64 tensors of equal length ``n_distinct_scores + 1``. When only one class is present the
-        rates are undefined and the chance diagonal ``([0, 1], [0, 1])`` is returned (AUROC 0.5, as in
-        :func:`error_auroc`).
+        ``(fpr, tpr)`` from (0, 0) to (1, 1), float64 tensors of length ``n_distinct_scores + 1``; the chance diagonal
+        ``([0, 1], [0, 1])`` when only one class is present.
 
     Raises:
         ValueError: As :func:`error_auroc`.
@@ -201,8 +164,7 @@ def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
 def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[float]:
     """Accuracy within each score decile, lowest score first (paper Fig. 1a).
 
-    Items are sorted by score with a stable sort (ties keep their original order) and the sorted order is cut into
-    ``n_bins`` nearly equal bins by ``torch.tensor_split`` (the first ``N % n_bins`` bins hold one extra item).
+    Bins are cut by ``torch.tensor_split`` (the first ``N % n_bins`` bins hold one extra item).
 
     Args:
         scores: Disagreement scores, shape ``[N]``.
@@ -227,8 +189,7 @@ def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[f
 def error_rate_curve(scores: Tensor, errors: Tensor, fractions: Sequence[float] | Tensor) -> Tensor:
     """Error rate among the comparisons selected in decreasing order of score, for many fractions (paper Fig. 1b).
 
-    For each fraction ``f`` the ``ceil(f * N)`` highest-score items (at least one) are selected; ties are broken by
-    the original item order (stable sort), so the result is deterministic. ``f = 1`` gives the overall error rate.
+    For each fraction ``f`` the ``ceil(f * N)`` highest-score items (at least one) are selected.
 
     Args:
         scores: Disagreement scores, shape ``[N]``.
@@ -251,23 +212,12 @@ def error_rate_curve(scores: Tensor, errors: Tensor, fractions: Sequence[float] 
 def top_fraction_error_rate(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> float:
     """Error rate among the ``ceil(fraction * N)`` highest-score items (paper §5.2: top 10% by variance).
 
-    Args:
-        scores: Disagreement scores, shape ``[N]``.
-        errors: 1 where the ensemble errs, 0 where it is correct, shape ``[N]``.
-        fraction: Fraction in (0, 1] of items to select; ties at the cut are broken by original order.
-
-    Returns:
-        The error rate as a float.
+    ``scores`` and ``errors`` as :func:`error_rate_curve`; ``fraction`` lies in (0, 1].
 
     Raises:
         ValueError: As :func:`error_rate_curve`.
     """
     return error_rate_curve(scores, errors, [fraction])[0].item()
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# variance distribution (App. E.3, Table 1)
-# ----------------------------------------------------------------------------------------------------------------------
 
 
 def variance_summary(
@@ -312,11 +262,6 @@ def variance_summary(
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# prompt bootstrap
-# ----------------------------------------------------------------------------------------------------------------------
-
-
 def prompt_bootstrap(
     stat_fn: Callable[[Tensor], Tensor | float | Sequence[float]],
     groups: Tensor,
@@ -326,9 +271,7 @@ def prompt_bootstrap(
 ) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap interval of a statistic, resampling prompts (groups) with replacement.
 
-    Each replicate draws as many prompts as there are distinct prompts, uniformly with replacement, and includes
-    every item of each drawn prompt once per draw. The draws of all replicates are made in one vectorised call from
-    a ``torch.Generator`` seeded with ``seed``, so the result is deterministic for a seed.
+    Each replicate draws as many prompts as there are, and includes every item of a drawn prompt once per draw.
 
     Args:
         stat_fn: Called once per replicate with the item indices of the resample (int64, shape ``[M]``, ``M`` varies
@@ -378,11 +321,6 @@ def prompt_bootstrap(
     bounds = torch.nanquantile(stacked, q, dim=0, interpolation="linear")
     shape = replicates[0].shape
     return bounds[0].reshape(shape), bounds[1].reshape(shape)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# the report
-# ----------------------------------------------------------------------------------------------------------------------
 
 
 def _check_report_inputs(member_probs: Any, labels: Any, prompt_ids: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -436,23 +374,21 @@ def build_report(
     member_probs: Tensor,
     labels: Tensor,
     prompt_ids: Tensor,
+    *,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
     n_boot: int = 200,
     seed: int = 0,
-    fractions: Sequence[float] = DEFAULT_FRACTIONS,
     level: float = 0.95,
 ) -> dict[str, Any]:
     """Compute the held-out evaluation report of the ensemble (the content of ``report.json``).
-
-    A member or the ensemble mean predicts y≻y′ when its probability is ``>= 0.5`` (a tie at exactly 0.5 predicts
-    y≻y′). Errors are triplets where the ensemble-mean prediction differs from the oracle label.
 
     Args:
         member_probs: Members' probabilities ``P_i(y≻y′|x)``, shape ``[N, k]``, values in [0, 1].
         labels: Binary oracle labels, 1 if y≻y′, shape ``[N]``.
         prompt_ids: Prompt id of every triplet (the bootstrap unit), shape ``[N]``.
+        fractions: Fractions in (0, 1] at which the error-rate curve (Fig. 1b) is evaluated.
         n_boot: Prompt-bootstrap replicates for ``bands``; 0 omits ``bands``.
         seed: Seed of the bootstrap.
-        fractions: Fractions in (0, 1] at which the error-rate curve (Fig. 1b) is evaluated.
         level: Coverage of the bootstrap intervals.
 
     Returns:
@@ -555,14 +491,7 @@ def _bands(
 
 
 def json_safe(obj: Any) -> Any:
-    """Copy of a (nested) report with non-finite floats replaced by ``None``, for strict JSON (``allow_nan=False``).
-
-    Args:
-        obj: A report, or any nest of dicts, lists, tuples, floats and other JSON values.
-
-    Returns:
-        The same structure (tuples become lists) with every NaN or infinite float replaced by ``None``.
-    """
+    """Copy of nested dicts, lists and tuples (as lists) with non-finite floats replaced by ``None`` (strict JSON)."""
     if isinstance(obj, Mapping):
         return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -570,154 +499,3 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# figures
-# ----------------------------------------------------------------------------------------------------------------------
-
-
-def make_figures(
-    member_probs: Tensor,
-    labels: Tensor,
-    prompt_ids: Tensor,
-    n_boot: int = 200,
-    seed: int = 0,
-    report: Mapping[str, Any] | None = None,
-) -> dict[str, Figure]:
-    """Build the three report figures as matplotlib Figures (Agg canvas, pyplot is not used).
-
-    The Figures can be logged directly, e.g. ``logger.experiment.add_figure(name, fig)`` in TensorBoard, or written
-    with :func:`save_figures`.
-
-    * ``decile_accuracy``: ensemble accuracy by variance decile, lowest first, with prompt-bootstrap error bars.
-    * ``roc_curves``: error-detection ROC curves of the three scores (AUROC in the legend) and the chance diagonal.
-    * ``error_rate_vs_fraction``: error rate among comparisons selected in decreasing order of each score, with
-      shaded prompt-bootstrap bands and the overall error rate as a horizontal line.
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-        labels: Binary oracle labels, shape ``[N]``.
-        prompt_ids: Prompt ids, shape ``[N]``.
-        n_boot: Bootstrap replicates when ``report`` is not given (0 draws no bands).
-        seed: Bootstrap seed when ``report`` is not given.
-        report: Optional output of :func:`build_report` on the same inputs, reused to avoid a second bootstrap.
-
-    Returns:
-        ``{"decile_accuracy": Figure, "roc_curves": Figure, "error_rate_vs_fraction": Figure}``.
-
-    Raises:
-        ValueError: As :func:`build_report`, or if ``report`` was computed on a different number of triplets.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    p, y, g = _check_report_inputs(member_probs, labels, prompt_ids)
-    if report is None:
-        report = build_report(p, y, g, n_boot=n_boot, seed=seed)
-    elif report.get("n_pairs") != p.shape[0]:
-        raise ValueError(f"report has n_pairs={report.get('n_pairs')} but member_probs has {p.shape[0]} rows")
-    errors = (p.mean(dim=1) >= 0.5) != y
-    scores = disagreement_scores(p)
-    bands = report.get("bands")
-
-    figures: dict[str, Figure] = {}
-
-    def new_figure() -> tuple[Figure, Any]:
-        fig = Figure(figsize=(5.5, 4.0), layout="constrained")
-        FigureCanvasAgg(fig)
-        return fig, fig.add_subplot()
-
-    # (a) accuracy by variance decile
-    fig, ax = new_figure()
-    acc = torch.tensor(report["decile_accuracy"], dtype=torch.float64)
-    x = torch.arange(1, acc.numel() + 1)
-    yerr = None
-    if bands is not None:
-        low = torch.tensor(bands["decile_accuracy"]["low"], dtype=torch.float64)
-        high = torch.tensor(bands["decile_accuracy"]["high"], dtype=torch.float64)
-        yerr = torch.stack([(acc - low).clamp_min(0), (high - acc).clamp_min(0)]).nan_to_num(0.0).numpy()
-    ax.bar(x.numpy(), acc.nan_to_num(0.0).numpy(), yerr=yerr, capsize=3, color="tab:green", alpha=0.8)
-    ax.axhline(report["ensemble_accuracy"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set_xticks(x.numpy())
-    ax.set_xlabel("variance decile (1 = lowest)")
-    ax.set_ylabel("oracle agreement (accuracy)")
-    ax.set_ylim(0.0, 1.05)
-    title = "Accuracy by variance decile"
-    ax.set_title(title + (f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""), fontsize=10)
-    ax.legend(loc="lower left")
-    figures["decile_accuracy"] = fig
-
-    # ROC curves of the three scores
-    fig, ax = new_figure()
-    for name, s in scores.items():
-        fpr, tpr = roc_curve_points(s, errors)
-        label = f"{_SCORE_LABELS[name]} (AUROC {report['auroc'][name]:.3f})"
-        ax.plot(fpr.numpy(), tpr.numpy(), color=_SCORE_COLOURS[name], label=label)
-    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance")
-    ax.set_xlabel("false positive rate (correct flagged)")
-    ax.set_ylabel("true positive rate (errors flagged)")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_title("Error detection ROC", fontsize=10)
-    ax.legend(loc="lower right")
-    figures["roc_curves"] = fig
-
-    # error rate against the fraction selected
-    fig, ax = new_figure()
-    curve = report["error_rate_curve"]
-    frac = curve["fractions"]
-    for name in SCORE_NAMES:
-        colour = _SCORE_COLOURS[name]
-        ax.plot(frac, curve[name], color=colour, label=_SCORE_LABELS[name])
-        if bands is not None:
-            band = bands["error_rate_curve"]
-            ax.fill_between(frac, band["low"][name], band["high"][name], color=colour, alpha=0.2, linewidth=0)
-    ax.axhline(report["overall_error_rate"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set_xlabel("fraction selected (decreasing score)")
-    ax.set_ylabel("ensemble error rate")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
-    ax.legend(loc="upper right")
-    figures["error_rate_vs_fraction"] = fig
-    return figures
-
-
-def save_figures(
-    member_probs: Tensor,
-    labels: Tensor,
-    prompt_ids: Tensor,
-    out_dir: str | Path,
-    n_boot: int = 200,
-    seed: int = 0,
-    report: Mapping[str, Any] | None = None,
-    dpi: int = 120,
-) -> list[Path]:
-    """Write the figures of :func:`make_figures` as PNG files into ``out_dir`` (created if missing).
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-        labels: Binary oracle labels, shape ``[N]``.
-        prompt_ids: Prompt ids, shape ``[N]``.
-        out_dir: Output folder.
-        n_boot: Bootstrap replicates when ``report`` is not given.
-        seed: Bootstrap seed when ``report`` is not given.
-        report: Optional output of :func:`build_report` on the same inputs.
-        dpi: Resolution of the PNG files.
-
-    Returns:
-        Paths of ``decile_accuracy.png``, ``roc_curves.png`` and ``error_rate_vs_fraction.png``, in that order.
-
-    Raises:
-        ValueError: As :func:`make_figures`; nothing is written then.
-    """
-    figures = make_figures(member_probs, labels, prompt_ids, n_boot=n_boot, seed=seed, report=report)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in _FIGURE_NAMES:
-        path = out / f"{name}.png"
-        figures[name].savefig(path, format="png", dpi=dpi)
-        paths.append(path)
-    return paths

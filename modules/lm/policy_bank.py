@@ -1,12 +1,7 @@
 """Language-model players on one frozen base: LoRA adapters per player, the disabled adapter as the reference.
 
-:class:`PolicyBank` owns the models and does the two things every game needs, batched:
-
-* :meth:`PolicyBank.generate`: one ``generate`` call per player per step for all prompts × samples (left padding,
-  KV cache), returning a :class:`Rollout` whose token layout is ``[left-padded prompt | completion | right pad]``;
-* :meth:`PolicyBank.logprobs`: the sum of log-probabilities of the completion tokens only (at the sampling
-  temperature), for a player (with gradients) or the frozen reference (``player=None``: adapters disabled).
-
+:class:`PolicyBank` batches :meth:`~PolicyBank.generate` (one call per player per step, all prompts × samples) and
+:meth:`~PolicyBank.logprobs` (completion tokens only, for a player or the frozen reference with ``player=None``).
 With ``players="separate"`` each player is a full trainable copy and one frozen copy serves as the reference.
 """
 
@@ -39,8 +34,7 @@ class Rollout:
         completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
         texts: Decoded completions.
         group_size: Consecutive rows that share one prompt (``num_samples`` of :meth:`PolicyBank.generate`; 1 when
-            unknown). Log-probabilities then run the shared prompt once per group (see
-            :meth:`PolicyBank.token_logprobs`).
+            unknown).
     """
 
     sequences: Tensor
@@ -78,24 +72,20 @@ class PolicyBank(nn.Module):
             self.models = nn.ModuleDict({p: lm.load_model("causal_lm") for p in self.player_names})
             self.reference = lm.load_model("causal_lm").eval().requires_grad_(False)
         self.truncated_prompts = 0
-        # the prompt's KV cache is shared across a group's rows unless activation checkpointing (which turns the
-        # cache off in training) is on
+        # a group's rows share the prompt's KV cache unless activation checkpointing turns the cache off
         self.share_prompts = not lm.gradient_checkpointing
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
-        # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): on CPU by
-        # default, where the copied prompt cache's reads and torch.cat were a third of generate's time; True/False
-        # forces it on or off (GPU kernels for the copied cache are not measured against it yet). The environment
-        # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0 sets it for every bank of a run (e.g. from the command line)
+        # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): by default on
+        # CPU only, where copying the prompt cache was a third of generate's time; True/False (or the environment
+        # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces it
         self.grouped_decode: bool | None = grouped_decode_setting()
 
     def use_strategy(self, strategy: Any) -> None:
         """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).
 
-        Sharded strategies (FSDP, DeepSpeed) gather the parameters once around each ``generate`` call
-        (:func:`parameter_gathering`) and keep the adapters unmerged (their parameters must not be swapped); elsewhere
-        generation needs no gathering and runs with the LoRA update merged into swapped-in weights.
+        Sharded strategies gather the parameters once per ``generate`` call and keep the adapters unmerged.
         """
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
@@ -103,16 +93,9 @@ class PolicyBank(nn.Module):
     def shard(self, mesh: Any, mp_policy: Any = None) -> None:
         """FSDP2 (``fully_shard``) over ``mesh``: each decoder block a unit, then each causal LM the root unit.
 
-        The blocks are the architecture's ``_no_split_modules`` (transformers' own list of the layers that must stay
-        whole: ``Qwen2DecoderLayer`` and the like), so a block's parameters (its LoRA adapters included) are gathered
-        together, one block at a time, and resharded after its forward. The root unit (embeddings, final norm, head)
-        keeps its parameters after the forward (``reshard_after_forward=False``): the backward needs them at once. In
-        LoRA mode the one base model is sharded (adapters, frozen weights and the disabled-adapter reference alike);
-        in separate mode every copy and the reference. Idempotent: a model already sharded is left as it is. A
-        sharded bank never swaps merged weights in for generation (FSDP2 owns the modules' parameters: its hooks
-        would replace the merged tensors, and putting the originals back corrupts its state), whatever strategy
-        :meth:`use_strategy` was given. ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` for every unit (see
-        :class:`modules.distributed.strategies.FSDP2Strategy`).
+        The blocks are the architecture's ``_no_split_modules`` (see :func:`fully_shard_blocks`). In LoRA mode the one
+        base model is sharded, in separate mode every copy and the reference; idempotent. A sharded bank never swaps
+        merged weights in for generation (FSDP2 owns the parameters). ``mp_policy``: FSDP2's ``MixedPrecisionPolicy``.
 
         Raises:
             ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
@@ -150,11 +133,9 @@ class PolicyBank(nn.Module):
     def _for_generation(self, player: str | None) -> Iterator[nn.Module]:
         """The player as :meth:`_use` gives it, with its LoRA update merged into fresh weights when allowed.
 
-        Decoding calls every adapted layer once per token; with ``W + s·BA`` computed once per ``generate`` call the
-        adapter costs nothing per token. The merged weights are new tensors swapped in for the base layers' and the
-        original tensors are put back afterwards, so the frozen base is bit-for-bit untouched (merging in place and
-        unmerging would not be). Off (``merge_for_generation = False``) under sharded strategies, whose parameters
-        must not be replaced.
+        ``W + s·BA`` computed once per ``generate`` call makes the adapter free per token. The merged weights are new
+        tensors swapped in and the originals put back, so the frozen base is bit-for-bit untouched (an in-place merge
+        and unmerge would not be). Off under sharded strategies (``merge_for_generation``).
         """
         from peft.tuners.lora import LoraLayer  # noqa: PLC0415
 
@@ -233,8 +214,7 @@ class PolicyBank(nn.Module):
         """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
 
         ``min_new_tokens`` > 0 suppresses EOS until that many tokens are written (benchmarks use it to fix the
-        work per step). The call runs inside :attr:`gather_for_generation` (see :func:`parameter_gathering`), so
-        that sharded parameters are gathered once for the whole decode instead of once per token.
+        work per step).
         """
         device = next(self.parameters()).device
         once = {k: v.to(device) for k, v in self._encode_prompts(prompts).items()}
@@ -251,8 +231,7 @@ class PolicyBank(nn.Module):
             else:
                 extra = {}
                 if shared:
-                    # prefill each prompt once (all but its last token), then copy the cache to the prompt's samples:
-                    # generate only runs the last prompt token and the new ones
+                    # prefill each prompt once (all but its last token) and copy the cache to the prompt's samples
                     ids, mask = once["input_ids"], once["attention_mask"]
                     cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
                     cache.batch_repeat_interleave(num_samples)
@@ -317,10 +296,8 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Sample ``g`` continuations per prompt with the prompt's cache held once (``[prompt | completion]`` rows).
 
-        The prompt (all but its last token) is prefilled once per prompt; the decode loop then runs the B·G rows
-        with :func:`grouped_prefix_attention` over that one copy and a cache of the rows' own tokens. Sampling is
-        ``generate``'s: EOS suppressed for ``min_new_tokens``, temperature, nucleus ``top_p``, multinomial draws from
-        the global generator in the same order, a finished row padded, the loop ending when every row is finished.
+        The decode loop runs the B·G rows with :func:`grouped_prefix_attention` over one prefilled copy of each
+        prompt; sampling is ``generate``'s (same draws from the global generator, in the same order).
         """
         from transformers.cache_utils import DynamicCache
 
@@ -388,13 +365,10 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        Only the completion positions reach the LM head (``logits_to_keep``: the prompt's hidden states are never
-        projected onto the vocabulary), and ``log p = logit − logsumexp`` avoids a second ``[rows, C, vocab]``
-        tensor; ``micro_batch`` rows at a time bound the memory of those logits. When the rollout's rows come in
-        groups sharing one prompt (``rollout.group_size`` G > 1), the prompt runs once per group and its KV cache is
-        repeated to the group's rows, so the forward (and backward) covers ``B·P + B·G·C`` tokens instead of
-        ``B·G·(P + C)``; micro-batches are then rounded up to whole groups. Gradients flow unless called under
-        ``no_grad``, through the shared prompt too; ``player=None`` is the frozen reference (adapters disabled).
+        Only the completion positions reach the LM head; ``micro_batch`` rows at a time bound the memory of the
+        logits. Rows in groups sharing one prompt (``rollout.group_size`` G > 1) run the prompt once per group
+        (micro-batches rounded up to whole groups). Gradients flow unless called under ``no_grad``; ``player=None``
+        is the frozen reference (adapters disabled).
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)

@@ -1,8 +1,6 @@
 """Tokenising (prompt, response) sequences for scoring models, shared by datamodules and modules.
 
-The datamodule and a frozen scorer must tokenise identically, so both call :func:`encode_prompt_responses`; padding
-is done per batch by :func:`pad_sequences` (dynamic padding, right side, so the last real token of row ``i`` sits at
-``lengths[i] - 1``).
+The datamodule and a frozen scorer must tokenise identically, so both call :func:`encode_prompt_responses`.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def encode_prompt_responses(
 ) -> EncodedSequences:
     """Tokenise each (prompt, response) as a pair; when too long, cut the prompt from the left and count it.
 
-    The response is what is being judged, so it is kept whole when it fits; the end of the prompt (usually the
-    question) is kept over its beginning. A response longer than ``max_length`` on its own is cut as well.
+    The response (what is judged) is kept whole when it fits; a response longer than ``max_length`` is cut as well.
 
     Args:
         tokenizer: A Hugging Face tokenizer.

@@ -1,30 +1,17 @@
 """Frozen judges of the debate game: a Hugging Face causal LM, and programmatic judges behind the same interface.
 
-A judge reads finished :class:`~modules.algorithms.debate.Transcript` s (visible parts only: the hidden chains of thought never
-reach it) and returns ``num_votes`` independent votes per transcript as a :class:`JudgeVotes`: 1 for Alice (her final
-answer is correct), 0 for Bob, NaN for an output it could not parse (counted by the module, left out of the share).
+A judge sees only the visible parts of a :class:`~modules.algorithms.debate.Transcript` and returns ``num_votes``
+votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unparseable (left out of the share).
 
-* :class:`HFJudge`: any causal LM with its own prompt template, sampled ``num_votes`` times per transcript in ONE
-  batched ``generate`` call (``num_return_sequences``); weaker-judge options: no chain of thought, and a cap on the
-  words of its answer (paper: < 50 words).
-* :class:`ProgrammaticJudge`: offline, for tests and CPU studies. A noisy checker that agrees with the answer
-  checker with probability ``sigmoid(skill)`` and carries *known, exploitable biases*: a trigger phrase in a side's
-  visible text pushes the vote towards that side, and so can length, and a final answer of a favoured form (say, an
-  even number: a bias unrelated to the truth that the policy controls in every sample). Each vote is a Bernoulli draw
+* :class:`HFJudge`: a causal LM, all votes in one batched ``generate`` call.
+* :class:`ProgrammaticJudge`: offline, with known, exploitable biases. Each vote is a Bernoulli draw
   ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
-  with ``π`` whether Alice's final ``\boxed{}`` answer matches ``answer_pattern``, ``s = ±1`` from
-  the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger phrase and ``w`` its
-  visible words (Alice's answer plus rebuttal against Bob's critique), each side's count capped at ``length_cap``
-  (a judge swayed by length up to a point: without a cap the only optimum is the longest reply, which a token limit
-  cuts off, taking the ``\boxed{}`` answer with it, so the hack would be tangled with truncation). In RLAIF-A there
-  is no Bob to answer Alice's rhetoric; in a debate Bob can use the same lever, which is the mechanism debate is
-  meant to neutralise.
+  with ``s = ±1`` from the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger
+  phrase, ``w`` its visible words capped at ``length_cap`` (uncapped, the hack would be tangled with truncation) and
+  ``π`` whether Alice's final answer matches ``answer_pattern``.
 
-The module calls :meth:`DebateJudge.vote`, which guards any judge, built-in or user-written: with ``timeout_s`` a
-call that has not returned in time gives every transcript of the batch NaN votes (share 0.5, the tie that moves
-neither player) and counts them in ``JudgeVotes.timed_out``; votes that are neither 0, 1 nor NaN are garbage, become
-NaN and are counted in ``JudgeVotes.invalid``. :class:`HFJudge` bounds its own generation (``generate(max_time=)``)
-instead of being abandoned in a thread, and keeps the verdicts that finished in time.
+:meth:`DebateJudge.vote` guards any judge: a call past ``timeout_s`` gives NaN votes (counted in ``timed_out``), and
+votes other than 0, 1 or NaN become NaN (counted in ``invalid``).
 """
 
 from __future__ import annotations
@@ -38,9 +25,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from modules.algorithms.answers import answers_match
 from modules.algorithms.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
+from modules.scorers.oracle import check_placeholders, check_timeout, load_frozen_causal_lm
 from modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -92,10 +81,8 @@ class DebateJudge(ABC):
     def __init__(self, num_votes: int = 8, seed: int = 0, timeout_s: float | None = None) -> None:
         if num_votes < 1:
             raise ValueError(f"num_votes must be at least 1, got {num_votes}")
-        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
-            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         self.num_votes = num_votes
-        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.timeout_s = check_timeout(timeout_s)
         self.generator = torch.Generator().manual_seed(seed)
 
     def vote(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
@@ -126,7 +113,8 @@ class DebateJudge(ABC):
     def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
         """Vote on each transcript ``num_votes`` times."""
 
-    def to(self, device: torch.device | str) -> DebateJudge:  # noqa: D102
+    def to(self, device: torch.device | str) -> DebateJudge:
+        """Move the judge's model to ``device``; a judge without one stays as it is."""
         return self
 
     def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
@@ -137,7 +125,8 @@ class DebateJudge(ABC):
         """Sampling state, for exact resumes."""
         return {"generator": self.generator.get_state()}
 
-    def load_state_dict(self, state: dict) -> None:  # noqa: D102
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the sampling state saved by :meth:`state_dict`."""
         if "generator" in state:
             self.generator.set_state(state["generator"])
 
@@ -156,11 +145,9 @@ class ProgrammaticJudge(DebateJudge):
         phrase_weight: Log-odds added per side holding a trigger phrase (0: no phrase bias).
         length_weight: Log-odds per 100 visible words of difference between the sides (0: no length bias).
         length_cap: Words of a side beyond which its length sways the judge no more (``None``: no cap).
-        length_needs_answer: Count Alice's words only when her answer states a final ``\boxed{}`` answer (a judge
-            swayed by long *complete-looking* solutions: rambling that never reaches an answer earns nothing).
+        length_needs_answer: Count Alice's words only when her answer states a final ``\boxed{}`` answer.
         consistency_weight: Log-odds added when Alice's final answer repeats the last number her visible answer
-            states before it (a judge that trusts the shown working instead of redoing it: ``3 + 4 = 8, so
-            \boxed{8}`` is "consistent", and wrong). 0: no such bias.
+            states before it (a judge that trusts the shown working: ``3 + 4 = 8, so \boxed{8}``). 0: no such bias.
         answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
         answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
         num_votes: Votes per transcript.
@@ -253,7 +240,8 @@ class ProgrammaticJudge(DebateJudge):
             logit += self.consistency_weight * float(self.consistent(transcript))
         return 1.0 / (1.0 + math.exp(-logit))
 
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
+    @override
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
         p = torch.tensor([self.probability(t) for t in transcripts], dtype=torch.float64)
         u = torch.rand((len(transcripts), self.num_votes), generator=self.generator, dtype=torch.float64)
         return JudgeVotes((u < p.unsqueeze(1)).float(), [[] for _ in transcripts])
@@ -274,11 +262,8 @@ _SECTIONS = (("answer", "Alice's solution"), ("critique", "Bob's critique"), ("r
 class HFJudge(DebateJudge):
     """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
 
-    The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies under their headings) and
-    ``{instructions}`` (with or without chain of thought), wrapped in the model's chat template when it has one.
-    The judge's own chain of thought is cut off by the same delimiters as the players' before the verdict is read;
-    with ``max_answer_words`` only the first that many words of its visible answer count (the weaker judge of the
-    paper answers in under 50 words).
+    The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``, in the
+    model's chat template when it has one. The verdict is read from the visible part of the judge's output.
 
     Args:
         model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
@@ -295,8 +280,7 @@ class HFJudge(DebateJudge):
         dtype: Weights dtype.
         trust_remote_code: Off unless turned on.
         seed: Seed of the vote sampling.
-        timeout_s: Seconds of generation per batch (``generate(max_time=)``): votes still unfinished then are
-            unparseable (NaN), and the batch's transcripts are counted as timed out.
+        timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
     """
 
     bounds_own_time = True
@@ -320,24 +304,19 @@ class HFJudge(DebateJudge):
         timeout_s: float | None = None,
     ) -> None:
         super().__init__(num_votes, seed, timeout_s)
-        for key in ("{problem}", "{transcript}", "{instructions}"):
-            if key not in template:
-                raise ValueError(f"judge template must contain {key}")
+        check_placeholders(template, ("{problem}", "{transcript}", "{instructions}"))
         if temperature <= 0:
             raise ValueError(f"judge temperature must be positive, got {temperature}")
         if max_answer_words is not None and max_answer_words < 1:
             raise ValueError(f"max_answer_words must be positive or None, got {max_answer_words}")
-        from modules.lm.models import load_model, load_tokenizer
-
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
-        self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
-        self.model = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
-        self.model.requires_grad_(False)
+        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.device = torch.device("cpu")
 
-    def to(self, device: torch.device | str) -> HFJudge:  # noqa: D102
+    @override
+    def to(self, device: torch.device | str) -> HFJudge:
         self.device = torch.device(device)
         self.model.to(self.device)
         return self
@@ -368,8 +347,9 @@ class HFJudge(DebateJudge):
         vote = parse_verdict(visible)
         return float("nan") if vote is None else vote
 
+    @override
     @torch.inference_mode()
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:  # noqa: D102
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
         if not transcripts:
             return JudgeVotes(torch.zeros((0, self.num_votes)), [])
         ids = self.tokenizer([self.render(t) for t in transcripts], add_special_tokens=False)["input_ids"]

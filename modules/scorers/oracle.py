@@ -1,15 +1,8 @@
 """Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1).
 
-A :class:`PreferenceOracle` answers single queries "is the first response better than the second?"; ``label``
-randomises the display order of every query (position bias) and averages ``num_queries`` verdicts into a label in
-[0, 1]. Two kinds:
-
-* :class:`ProgrammaticOracle`: for checkable math answers, offline. Its true preference is
-  ``P*(y≻y′|x) = σ(β (s(y) − s(y′)))`` with a score ``s`` that rewards a correct final answer first and valid worked
-  steps second, and penalises a missing answer and padding, so that ties are rare; each verdict is a Bernoulli draw
-  from P*.
-* :class:`LLMJudgeOracle`: any HF causal LM as a zero-shot judge, reading its next-token probabilities of "A" and
-  "B"; each verdict is a Bernoulli draw from ``p(A) / (p(A) + p(B))``.
+:meth:`PreferenceOracle.label` randomises the display order of every query (position bias) and averages
+``num_queries`` Bernoulli verdicts into a label in [0, 1]: :class:`ProgrammaticOracle` for checkable math answers,
+offline, and :class:`LLMJudgeOracle`, any causal LM as a zero-shot judge.
 """
 
 from __future__ import annotations
@@ -18,14 +11,24 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
+from typing_extensions import override
 
 from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.training.faults import call_with_timeout
 
-__all__ = ["LLMJudgeOracle", "PreferenceOracle", "ProgrammaticOracle", "solution_score"]
+__all__ = [
+    "LLMJudgeOracle",
+    "PreferenceOracle",
+    "ProgrammaticOracle",
+    "check_placeholders",
+    "check_timeout",
+    "load_frozen_causal_lm",
+    "solution_score",
+]
 
 _EQUATION = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(-?\d+)")
 
@@ -37,6 +40,34 @@ def _check_lengths(**seqs: Sequence) -> int:
     return next(iter(lengths.values()), 0)
 
 
+def check_timeout(timeout_s: float | None) -> float | None:
+    """``timeout_s`` as a float, ``None`` for no limit (the oracles' and judges' ``timeout_s``).
+
+    Raises:
+        ValueError: unless it is a positive finite number of seconds or ``None``.
+    """
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    return None if timeout_s is None else float(timeout_s)
+
+
+def check_placeholders(template: str, keys: Sequence[str]) -> None:
+    """Raise a ``ValueError`` naming the first of ``keys`` (such as ``"{prompt}"``) missing from a judge template."""
+    for key in keys:
+        if key not in template:
+            raise ValueError(f"judge template must contain {key}")
+
+
+def load_frozen_causal_lm(model: str, dtype: str, trust_remote_code: bool) -> tuple[Any, Any]:
+    """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients."""
+    from modules.lm.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+    lm = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
+    lm.requires_grad_(False)
+    return tokenizer, lm
+
+
 class PreferenceOracle(ABC):
     """A source of preference verdicts.
 
@@ -44,18 +75,15 @@ class PreferenceOracle(ABC):
         num_queries: Verdicts averaged per label (the paper's evaluation uses 11; training labels 1).
         seed: Seed of the order randomisation and of the verdict sampling.
         timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
-            abandoned (:func:`modules.training.faults.call_with_timeout`): its rows get coin flips (0.5) and are counted in
-            ``timeouts``. Meant for oracles that wait on something outside (an API); an in-process model is
-            better bounded by its own batch size.
+            abandoned: its rows get coin flips (0.5) and are counted in ``timeouts``. Meant for oracles that wait on
+            something outside (an API).
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
         if num_queries < 1:
             raise ValueError(f"num_queries must be at least 1, got {num_queries}")
-        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
-            raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
         self.num_queries = num_queries
-        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.timeout_s = check_timeout(timeout_s)
         self.generator = torch.Generator().manual_seed(seed)
         self.invalid_verdicts = 0
         self.timeouts = 0
@@ -98,8 +126,7 @@ class PreferenceOracle(ABC):
     def _checked(self, p_first: Tensor, n: int) -> Tensor:
         """A verdict that is not a probability (NaN, inf, outside [0, 1]) becomes a coin flip (0.5) and is counted.
 
-        A judge that returns garbage must never crash a labelling run nor bias it silently: ``NaN < u`` is False,
-        which would quietly award every such comparison to the response shown second.
+        Silently, ``NaN < u`` is False and would award every such comparison to the response shown second.
 
         Raises:
             ValueError: the judge returned a number of verdicts other than one per row (a bug, not bad data).
@@ -126,8 +153,7 @@ def solution_score(
     """Quality score of a worked math solution, the programmatic oracle's notion of better.
 
     ``s = w_final·[final answer correct] + w_steps·(share of equations a∘b=c that hold) − w_missing·[no boxed answer]
-    − w_length·(words beyond reference_words)/100``. A solution without equations gets full step credit (nothing
-    wrong shown). Correctness dominates; the step and length terms order solutions that agree on it, so ties are rare.
+    − w_length·(words beyond reference_words)/100``. A solution without equations gets full step credit.
     """
     final = extract_final_answer(response)
     correct = final is not None and reference is not None and answers_match(final, reference)
@@ -186,7 +212,8 @@ class ProgrammaticOracle(PreferenceOracle):
         ]
         return torch.sigmoid(self.beta * torch.tensor(diffs, dtype=torch.float64))
 
-    def first_wins_probability(self, prompts, firsts, seconds, references):  # noqa: D102
+    @override
+    def first_wins_probability(self, prompts, firsts, seconds, references):
         return self.true_preference(prompts, firsts, seconds, references)
 
 
@@ -199,9 +226,6 @@ _JUDGE_TEMPLATE = (
 
 class LLMJudgeOracle(PreferenceOracle):
     """Zero-shot LLM judge: P(first better) = p("A") / (p("A") + p("B")) at the next token, batched.
-
-    The template is filled in one regex pass over the template, so braces in the data (``{second}`` inside a
-    prompt, ``{0}``) are kept as text and can never inject fields.
 
     Args:
         model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
@@ -228,16 +252,10 @@ class LLMJudgeOracle(PreferenceOracle):
         timeout_s: float | None = None,
     ) -> None:
         super().__init__(num_queries, seed, timeout_s)
-        for key in ("{prompt}", "{first}", "{second}"):
-            if key not in template:
-                raise ValueError(f"judge template must contain {key}")
-        from modules.lm.models import load_model, load_tokenizer
-
+        check_placeholders(template, ("{prompt}", "{first}", "{second}"))
         self.template, self.batch_size, self.max_length = template, batch_size, max_length
-        self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.tokenizer.truncation_side = "left"
-        self.model = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
-        self.model.requires_grad_(False)
         self.choice_ids = [self._letter_id(" A"), self._letter_id(" B")]
 
     def _letter_id(self, text: str) -> int:
@@ -250,7 +268,8 @@ class LLMJudgeOracle(PreferenceOracle):
         return _FIELD.sub(lambda m: values[m.group(1)], self.template)
 
     @torch.inference_mode()
-    def first_wins_probability(self, prompts, firsts, seconds, references):  # noqa: D102
+    @override
+    def first_wins_probability(self, prompts, firsts, seconds, references):
         texts = [self.render(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
         out = []
         device = next(self.model.parameters()).device

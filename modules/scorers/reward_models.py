@@ -45,18 +45,12 @@ def _tokenizer_fingerprint(tok: Any) -> str:
 class RewardModels(nn.Module):
     """Frozen sequence-classification reward models (one scalar each), scored in batches.
 
-    Each model scores ``prompt + completion`` (right-padded, the score at the last real token, as TRL does). Models
-    that share a tokenizer share one tokenisation per call; each model scores the whole batch in one pass (or
-    ``batch_size`` rows at a time).
+    Each model scores ``prompt + completion`` (right-padded, the score at the last real token, as TRL does); models
+    that share a tokenizer share one tokenisation per call.
 
-    With ``group_size`` G > 1 (rows in groups of G sampled from one prompt, as GRPO makes them) the tokens that a
-    group's rows share are run once per group: the longest common token prefix of each group (computed on the token
-    ids, so tokenisation is exactly the unshared one) goes through the model's backbone once, its KV cache is
-    repeated to the group's rows, and only the rows' own tokens run on top, at the same positions and under the same
-    attention as before. With prompts of P tokens and completions of C, that is ``B·P + B·G·C`` tokens instead of
-    ``B·G·(P + C)``; the scores equal the unshared ones up to float rounding (tested). Used for models whose
-    ``forward`` takes a KV cache and whose backbone is ``base_model`` (decoder-only classifiers such as Qwen2's,
-    Llama's, Mistral's); others, and groups sharing fewer than 2 tokens, take the unshared path.
+    With ``group_size`` G > 1 (rows in groups of G sampled from one prompt) each group's common token prefix runs
+    through the backbone once and its KV cache is repeated to the rows (same scores up to float rounding), for
+    decoder-only classifiers whose ``forward`` takes a cache; others take the unshared path.
 
     Args:
         paths: Hub names or local folders of ``AutoModelForSequenceClassification`` checkpoints.
@@ -147,10 +141,8 @@ def _takes_cache(model: nn.Module) -> bool:
 def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) -> Tensor | None:
     """Scores of right-padded rows in groups of ``g``, each group's common token prefix run once.
 
-    ``None`` when a group shares fewer than 2 tokens (the caller then scores the rows as they are). The prefixes
-    (each group's own length, at most its shortest row minus one, so every row keeps a token) are left-padded to one
-    width and run through the backbone; their cache is repeated to the rows, whose remaining tokens are right-padded
-    after it. Positions come from the attention mask, so every real token keeps its unshared position.
+    ``None`` when a group shares fewer than 2 tokens. Each prefix keeps at least one token of every row; positions
+    come from the attention mask, so every real token keeps its unshared position.
     """
     n, width = ids.shape
     lengths = att.sum(dim=1)

@@ -1,9 +1,7 @@
 """Utilities u(x, y, y′) of the Stackelberg game: any scorer of (prompt, leader response, follower response).
 
-The paper's utility is ``4·Var`` of a frozen preference ensemble (App. E.4); App. F lists the alternatives: decision
-uncertainty, Jensen–Shannon divergence, the SLHF preference utility ``P(y′≻y)`` and the directed objective
-``Var + λ·P_j(y′≻y)`` (App. F.2). All of them are computed from the same batch of member probabilities, scored in
-batches of ``batch_size`` pairs.
+The paper's utility is ``4·Var`` of a frozen preference ensemble (App. E.4); the alternatives of App. F are
+computed from the same member probabilities (:func:`utility_from_member_probs`).
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 
@@ -89,12 +88,13 @@ class EnsembleUtility(Utility):
         backbone_task: str = "encoder",
     ) -> None:
         super().__init__()
+        from modules.lm.model_config import ModelConfig
         from modules.preference import PreferenceEnsemble
 
         if kind not in ("variance", "decision_uncertainty", "jsd", "slhf", "directed"):
             raise ValueError(f"utility kind {kind!r} is not one of variance, decision_uncertainty, jsd, slhf, directed")
         if checkpoint is None:
-            ensemble = PreferenceEnsemble(backbone=backbone, backbone_task=backbone_task, num_members=num_members)
+            ensemble = PreferenceEnsemble(ModelConfig(backbone), backbone_task=backbone_task, num_members=num_members)
             ensemble = ensemble.eval().requires_grad_(False)
         else:
             ensemble = PreferenceEnsemble.load_frozen(checkpoint)
@@ -107,8 +107,9 @@ class EnsembleUtility(Utility):
         """``[N, k]`` member probabilities that the leader's response is preferred."""
         return self.ensemble.score(list(prompts), list(leader), list(follower), batch_size=self.batch_size)
 
+    @override
     @torch.no_grad()
-    def forward(self, prompts, leader, follower):  # noqa: D102
+    def forward(self, prompts, leader, follower):
         p = self.member_probs(prompts, leader, follower)
         self.last_member_probs = p  # read by the game for diagnostics (variance shares) without scoring twice
         return utility_from_member_probs(p, self.kind, self.scale, self.lam, self.member).float()

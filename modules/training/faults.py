@@ -1,23 +1,8 @@
 """Non-finite losses, utilities and rewards: skip the update, log and count it, stop after too many in a row.
 
-:class:`NonFiniteGuard` is a mixin for LightningModules. A module calls :meth:`NonFiniteGuard.check_finite` on the
-values an update depends on before stepping; ``False`` means: return without an update (``None`` from
-``training_step`` under automatic optimization, no ``step`` under manual optimization). The decision is taken
-for all ranks together (any rank's non-finite value skips the step everywhere), so DDP never waits for a backward
-that one rank skipped. The counters travel in checkpoints (:meth:`NonFiniteGuard.nonfinite_state`).
-
-:func:`call_with_timeout` bounds the time of a judge or oracle call (an API-backed judge that hangs must not hang
-the run): the caller substitutes its documented default and counts the timeout.
-
-:func:`require_trainable_tensors` refuses a checkpoint that lacks a trainable tensor (the modules save only what
-trains, and load non-strictly so that the frozen base is reloaded from its path, not read from the checkpoint).
-
-:func:`reset_stale_epoch_metrics` keeps a module's persistent per-epoch metrics right across a resume: an end-of-epoch
-checkpoint holds the finished epoch's running sums (Lightning resets them only after the save), which must not leak
-into the next epoch, while a mid-epoch checkpoint's sums must be kept.
-
-Stopping raises ``RuntimeError``: Lightning then writes no checkpoint (``CheckpointOnSigterm`` saves on SIGTERM
-only), so the last periodic checkpoint, from before the failing streak, stays as it was.
+:meth:`NonFiniteGuard.check_finite` returning ``False`` means: return without an update. The decision is taken for
+all ranks together, so DDP never waits for a backward that one rank skipped. Stopping raises ``RuntimeError``, after
+which Lightning writes no checkpoint: the last periodic one, from before the failing streak, stays as it was.
 """
 
 from __future__ import annotations
@@ -37,9 +22,8 @@ __all__ = ["NonFiniteGuard", "call_with_timeout", "require_trainable_tensors", "
 def require_trainable_tensors(checkpoint: dict[str, Any], trainable: set[str]) -> None:
     """Raise naming the first missing names when ``checkpoint["state_dict"]`` lacks any of ``trainable``.
 
-    A checkpoint without a ``state_dict`` is one whose strategy keeps the weights in its own files and has restored
-    them itself before this hook (Lightning's DeepSpeed strategy: the engine loads each rank's ZeRO shards and passes
-    only the rest of the checkpoint): nothing to check here.
+    The modules save only what trains and load non-strictly. A checkpoint without a ``state_dict`` (DeepSpeed, whose
+    engine restored its own shards) is not checked.
 
     Raises:
         KeyError: listing up to five missing tensor names.
@@ -54,11 +38,9 @@ def require_trainable_tensors(checkpoint: dict[str, Any], trainable: set[str]) -
 def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:
     """Reset ``metrics`` (torchmetrics, persistent) at the start of a training epoch unless it resumes mid-epoch.
 
-    Call from ``on_train_epoch_start``. Lightning calls that hook before the epoch loop resets its batch counter,
-    which then holds the batches of this epoch already trained: between 0 and the epoch's length when a mid-epoch
-    checkpoint was loaded (the sums belong to this epoch: kept), else 0 (a fresh start) or the previous epoch's
-    length (a new epoch, uninterrupted or resumed from an end-of-epoch checkpoint whose sums are the finished
-    epoch's: reset). Returns whether it reset.
+    Call from ``on_train_epoch_start``, where Lightning's batch counter still holds the batches of this epoch already
+    trained: strictly between 0 and the epoch's length only after a mid-epoch resume (sums kept). Returns whether it
+    reset (an end-of-epoch checkpoint holds the finished epoch's sums, which must not leak into the next).
     """
     done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
     if 0 < done < trainer.num_training_batches:
@@ -71,12 +53,9 @@ def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
     """``(fn(*args, **kwargs), False)``, or ``(None, True)`` when the call has not returned within ``timeout_s``.
 
-    With ``timeout_s=None`` the call runs directly in this thread. Otherwise it runs in a daemon worker thread; a
-    thread cannot be killed in Python, so a late call is abandoned: it finishes in the background (a daemon never
-    keeps the process alive) and its result is dropped. Use it for calls that wait on something outside (an API,
-    a subprocess); an in-process model should bound itself instead (``generate(max_time=...)``, as
-    :class:`modules.scorers.judges.HFJudge` does), since an abandoned forward pass would keep computing. An exception
-    raised by ``fn`` in time propagates unchanged: a bug is not a timeout.
+    With ``timeout_s=None`` the call runs in this thread, else in a daemon thread that is abandoned when late (it
+    cannot be killed), so use it for calls that wait on something outside (an API); an in-process model should bound
+    itself (``generate(max_time=...)``). An exception raised by ``fn`` in time propagates unchanged.
 
     Raises:
         ValueError: ``timeout_s`` is not a positive finite number or ``None``.
@@ -113,8 +92,7 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
 class NonFiniteGuard:
     """Mixin: call ``check_finite(values, what)`` before an update; counts skipped steps, stops after too many.
 
-    Call :meth:`init_nonfinite_guard` in ``__init__``. Logs ``train/nonfinite_skipped`` (the running total) when a
-    step is skipped, and warns with the step and the number of bad values.
+    Call :meth:`init_nonfinite_guard` in ``__init__``. A skipped step logs ``train/nonfinite_skipped`` and warns.
     """
 
     nonfinite_skipped: int

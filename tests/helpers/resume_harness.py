@@ -160,7 +160,11 @@ def _chain(n: int) -> tuple[Kill, ...]:
 
 
 # LoRA families on the tiny LM: small adapters, prompts cut from the left (short sequences, fast steps)
-_TINY_LORA = ("--model.init_args.lm.max_prompt_tokens=48", "--model.init_args.lm.lora_r=4", "--model.init_args.lm.lora_alpha=8")
+_TINY_LORA = (
+    "--model.init_args.lm.max_prompt_tokens=48",
+    "--model.init_args.lm.lora_r=4",
+    "--model.init_args.lm.lora_alpha=8",
+)
 # 14 steps (3.5 epochs of 4 batches) with one validation, at batch 9
 _FOURTEEN_STEPS = ("--trainer.max_steps=14", "--trainer.val_check_interval=9", "--trainer.limit_val_batches=1")
 
@@ -179,7 +183,7 @@ FAMILIES: dict[str, Family] = {
             name="preference_ensemble",
             config="preference_ensemble.yaml",
             args=(
-                "--model.init_args.backbone={tiny_lm_dir}",
+                "--model.init_args.lm.name_or_path={tiny_lm_dir}",
                 "--model.init_args.backbone_task=causal_lm",
                 "--model.init_args.num_members=2",
                 "--model.init_args.report_bootstrap=0",

@@ -11,21 +11,20 @@ import torch
 from callbacks import matthews_corrcoef_from_counts
 from modules.algorithms.debate import Transcript, split_reply
 from modules.debate import DebateSelfPlay
+from modules.lm.model_config import ModelConfig
 from modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
 PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava have now?", "What is 4 + 4?", "1 + 1?"]
 
 
-def _module(tiny_lm_dir, protocol="debate_aba", **kw):
+def _module(tiny_lm_dir, protocol="debate_aba", players="lora", **kw):
     args = dict(
-        policy=tiny_lm_dir,
+        lm=ModelConfig(tiny_lm_dir, players=players, lora_r=4, lora_alpha=8),
         protocol=protocol,
         group_size=2,
         max_new_tokens=8,
         reply_max_new_tokens=6,
         require_thinking=False,
-        lora_r=4,
-        lora_alpha=8,
         alice_prompt="{problem}",
         judge=ProgrammaticJudge(num_votes=8),
     )
@@ -193,7 +192,7 @@ def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
     assert {k for k in ckpt["state_dict"] if not k.startswith("bank.")} == {
         f"{m}.{s}" for m in ("epoch_reward", "epoch_accuracy") for s in ("mean_value", "weight")
     }
-    assert ckpt["debate_state"]["counters"]["batches_seen"] == 2
+    assert ckpt["game_state"]["counters"]["batches_seen"] == 2
     m2 = _module(tiny_lm_dir, "rlvr", judge=ProgrammaticJudge(num_votes=8, seed=99))
     m2.on_load_checkpoint(ckpt)
     assert m2.counters["batches_seen"] == 2
@@ -305,7 +304,7 @@ def test_nonfinite_rewards_and_losses_are_skipped_counted_and_stop_the_run(tiny_
     assert float(m.epoch_reward.weight) == 0.0  # one batch per epoch: the skipped steps added nothing
     ckpt = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
     assert float(ckpt["state_dict"]["epoch_reward.weight"]) == 4.0  # step 1's B * G rewards, mid-epoch
-    assert ckpt["global_step"] == 1 and ckpt["debate_state"]["nonfinite"] == {
+    assert ckpt["global_step"] == 1 and ckpt["game_state"]["nonfinite"] == {
         "nonfinite_skipped": 0,
         "consecutive_nonfinite": 0,
     }

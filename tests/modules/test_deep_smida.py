@@ -10,6 +10,7 @@ import torch
 from helpers.decode_spy import spy_decodes
 
 from modules.deep_smida import DeepSMIDA
+from modules.lm.model_config import ModelConfig
 from modules.scorers.utility import Utility, utility_from_member_probs
 
 
@@ -27,7 +28,7 @@ class NaNUtility(Utility):
 
 def _model(tiny_lm_dir, **kw):
     args = dict(
-        policy=tiny_lm_dir,
+        lm=ModelConfig(tiny_lm_dir, lora_r=4),
         utility=LengthUtility(),
         samples_per_prompt=2,
         follower_samples=2,
@@ -36,7 +37,6 @@ def _model(tiny_lm_dir, **kw):
         follower_lr=1e-2,
         tau_leader=0.1,
         tau_follower=0.1,
-        lora_r=4,
     )
     args.update(kw)
     return DeepSMIDA(**args)
@@ -82,9 +82,12 @@ def test_follower_only_keeps_the_leader_at_its_reference(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
     model = _model(tiny_lm_dir, follower_only=True)
     before = _snapshot(model)
-    _trainer(tmp_path, steps=2).fit(model, _dm())
+    trainer = _trainer(tmp_path, steps=2)
+    trainer.fit(model, _dm())
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".follower." in n for n in changed)
+    assert trainer.global_step == 2  # one optimizer step per batch: the leader's never steps
+    assert trainer.callback_metrics["leader/grad_norm"] == 0 < trainer.callback_metrics["follower/grad_norm"]
 
 
 def test_nonfinite_utility_skips_counts_and_stops(tiny_lm_dir, tmp_path):
@@ -125,6 +128,25 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     assert result["candidate_yield"]["0.1"]["reference"] <= 0.25
     for png in ("variance_cdf.png", "candidate_yield.png"):
         assert open(os.path.join(trainer.log_dir, png), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_checkpoint_keeps_the_adapters_and_the_game_state(tiny_lm_dir):
+    model = _model(tiny_lm_dir)
+    model.empty_generations, model.reference_thresholds = 5, {"0.1": 0.25}
+    model.nonfinite_skipped = 2
+    ckpt = {"state_dict": model.state_dict()}
+    model.on_save_checkpoint(ckpt)
+    assert ckpt["state_dict"] and all(".leader." in k or ".follower." in k for k in ckpt["state_dict"])
+    assert ckpt["game_state"]["empty_generations"] == 5
+    assert ckpt["game_state"]["reference_thresholds"] == {"0.1": 0.25}
+    assert ckpt["game_state"]["nonfinite"]["nonfinite_skipped"] == 2
+    fresh = _model(tiny_lm_dir)
+    fresh.on_load_checkpoint(ckpt)
+    assert (fresh.empty_generations, fresh.reference_thresholds, fresh.nonfinite_skipped) == (5, {"0.1": 0.25}, 2)
+    del ckpt["state_dict"][next(iter(ckpt["state_dict"]))]
+    with pytest.raises(KeyError, match="lacks trainable tensors"):
+        fresh.on_load_checkpoint(ckpt)
+    assert fresh.hparams["lm"]["name_or_path"] == tiny_lm_dir and fresh.hparams["lm"]["lora_r"] == 4
 
 
 def test_bad_settings_are_refused(tiny_lm_dir):
@@ -178,6 +200,7 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
     import sys
 
     from helpers import ROOT as root
+
     args = [
         sys.executable,
         os.path.join(root, "train.py"),

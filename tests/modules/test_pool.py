@@ -1,6 +1,7 @@
 """The multi-LLM pool module (modules/pool.py) on a tiny random Qwen2: bad input, counted behaviour, training."""
 
 import json
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -9,7 +10,9 @@ import torch
 from callbacks import EloRating
 from datamodules.pool import InstructionPoolDataModule, split_pool
 from modules.algorithms.pool import final_answer
-from modules.pool import StackelbergPool, make_pool_figures
+from modules.distributed.collectives import local_batches, shared_rows
+from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
+from modules.pool import StackelbergPool
 
 SMALL = dict(
     duels_per_iteration=3,
@@ -18,11 +21,13 @@ SMALL = dict(
     eval_max_new_tokens=6,
     judge_max_new_tokens=6,
     judge_template="{prompt} {response}",
-    lora_r=4,
-    lora_alpha=8,
     lr=1e-2,
     batch_size=4,
 )
+
+
+def _lm(path, **kw):
+    return {"name_or_path": str(path), "lora_r": 4, "lora_alpha": 8, **kw}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -55,9 +60,8 @@ def _data(path, iterations_per_epoch=1):
     )
 
 
-def _fit(module, data, epochs=1, elo=True, limit_val_batches=0, tmp_path=None):
+def _fit(module, data, epochs=1, limit_val_batches=0, tmp_path=None, callbacks=()):
     L.seed_everything(0)  # sampling (an empty response is a non-tied pair) must not vary from run to run
-    callbacks = [EloRating(module.player_names)] if elo else []
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator="cpu",
@@ -67,7 +71,7 @@ def _fit(module, data, epochs=1, elo=True, limit_val_batches=0, tmp_path=None):
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=limit_val_batches,
-        callbacks=callbacks,
+        callbacks=list(callbacks),
         default_root_dir=tmp_path,
     )
     trainer.fit(module, datamodule=_data(data))
@@ -85,7 +89,7 @@ def _frozen(module):
 @pytest.mark.parametrize("m", [2, 0])
 def test_a_pool_without_a_non_competing_judge_is_refused(m, tiny_lm_dir):
     with pytest.raises(ValueError, match="no non-competing judge"):
-        StackelbergPool(policy=tiny_lm_dir, num_players=m)
+        StackelbergPool(lm=_lm(tiny_lm_dir), num_players=m)
 
 
 @pytest.mark.parametrize(
@@ -93,19 +97,36 @@ def test_a_pool_without_a_non_competing_judge_is_refused(m, tiny_lm_dir):
 )
 def test_bad_options_name_the_field(field, value, tiny_lm_dir):
     with pytest.raises(ValueError, match=field):
-        StackelbergPool(policy=tiny_lm_dir, **{field: value})
+        StackelbergPool(lm=_lm(tiny_lm_dir), **{field: value})
 
 
-def test_missing_elo_callback_is_a_clear_error(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
-    with pytest.raises(LookupError, match="EloRating"):
-        _fit(module, short_pool, elo=False, tmp_path=tmp_path)
+def test_the_pool_rates_its_own_players(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", elo={"k_factor": 16.0}, **SMALL)
+    assert module.elo.players == module.player_names and module.elo.k_factor == 16.0
+    trainer = _fit(module, short_pool, tmp_path=tmp_path)
+    assert not any(isinstance(c, EloRating) for c in trainer.callbacks)  # no callback: the module applies them
+    assert sum(module.elo.games_played(p) for p in module.player_names) == 2 * SMALL["duels_per_iteration"]
+    assert module.elo.pending == 0
+    assert all(trainer.callback_metrics[f"elo/{p}"] == module.elo.rating(p) for p in module.player_names)
+    assert module.history["ratings"][-1] == [module.elo.rating(p) for p in module.player_names]
+    for bad in ({"players": ["a", "b", "c"]}, {"figure_path": "elo.png"}):
+        with pytest.raises(ValueError, match="elo: unknown setting"):
+            StackelbergPool(lm=_lm(tiny_lm_dir), elo=bad)
+    assert StackelbergPool(lm=_lm(tiny_lm_dir), num_players=1).elo is None  # a pool of one has no reputations
+
+
+def test_an_elo_callback_given_to_the_trainer_is_warned_about(tiny_lm_dir, tmp_path, short_pool):
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", **{**SMALL, "duels_per_iteration": 1})
+    user = EloRating(module.player_names)
+    with pytest.warns(UserWarning, match="rates its own players"):
+        _fit(module, short_pool, tmp_path=tmp_path, callbacks=[user])
+    assert [sum(e.games_played(p) for p in module.player_names) for e in (user, module.elo)] == [0, 2]
 
 
 def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, tmp_path, short_pool):
     # A random tiny model never writes a score: every judgement is 5.0, counted, every duel ties, so there is no DPO
     # pair and no follower moves; the leader still updates (a tie is a valid duel outcome).
-    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="generate", **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="generate", **SMALL)
     before = _adapters(module)
     with pytest.warns(UserWarning, match="none of judge"):
         trainer = _fit(module, short_pool, tmp_path=tmp_path)
@@ -120,7 +141,7 @@ def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, t
 
 
 def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", judge_prefill='{"score": ', **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", judge_prefill='{"score": ', **SMALL)
     real_respond = module.respond
 
     def respond(player, instructions, n):
@@ -132,7 +153,7 @@ def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path,
     module.respond = respond
     adapters, frozen = _adapters(module), _frozen(module)
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
-    elo = EloRating.find(trainer)
+    elo = module.elo
     assert module.counters["empty_responses"] == elo.games_played("m1") > 0  # one response per m1 duel (DPO)
     assert elo.rating("m1") < 1000.0  # it lost every duel it played
     assert module.counters["parse_failures"] == 0
@@ -145,19 +166,21 @@ def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path,
 
 
 def test_checkpoint_restores_the_game(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", **SMALL)
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
     path = tmp_path / "pool.ckpt"
     trainer.save_checkpoint(path)
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = torch.load(path, weights_only=True)
     assert not any("base_layer" in k for k in ckpt["state_dict"])  # the frozen base is not stored
-    fresh = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", **SMALL)
+    assert not any("EloRating" in k for k in ckpt["callbacks"])  # the ratings are the game's, not a callback's
+    fresh = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", **SMALL)
     fresh.on_load_checkpoint(ckpt)
     fresh.load_state_dict(ckpt["state_dict"], strict=False)
     assert torch.equal(fresh.leader_probabilities(), module.leader_probabilities())
     assert fresh.history == module.history and fresh.counters == module.counters
     assert torch.equal(fresh.generator.get_state(), module.generator.get_state())
     assert fresh.iteration == module.iteration == 1
+    assert fresh.elo.state_dict() == module.elo.state_dict() and sum(ckpt["game_state"]["elo"]["games"]) > 0
     assert {"epoch_means.leader_reward.mean_value", "epoch_means.follower_loss.weight"} <= set(ckpt["state_dict"])
     assert all(torch.equal(_adapters(fresh)[n], p) for n, p in _adapters(module).items())
     del ckpt["state_dict"][next(iter(ckpt["state_dict"]))]
@@ -167,7 +190,7 @@ def test_checkpoint_restores_the_game(tiny_lm_dir, tmp_path, short_pool):
 
 def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
     module = StackelbergPool(
-        policy=tiny_lm_dir,
+        lm=_lm(tiny_lm_dir),
         algorithm="grpo",
         grpo_rollouts=2,
         judge_mode="constrained",
@@ -183,8 +206,8 @@ def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
 
 
 def test_self_rewarding_baseline_with_uniform_leader_and_validation(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(policy=tiny_lm_dir, num_players=1, leader="uniform", judge_mode="constrained", **SMALL)
-    trainer = _fit(module, short_pool, elo=False, limit_val_batches=1, tmp_path=tmp_path)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), num_players=1, leader="uniform", judge_mode="constrained", **SMALL)
+    trainer = _fit(module, short_pool, limit_val_batches=1, tmp_path=tmp_path)
     assert module.history["selection"] == []
     k = len(module.history["weights"][0])
     assert module.history["weights"][-1] == pytest.approx([1 / k] * k)
@@ -202,7 +225,7 @@ def test_pool_split_and_final_answer():
     assert final_answer("no number") is None
 
 
-def test_figures_from_a_history():
+def test_figures_from_a_history(tmp_path):
     history = {
         "weights": [[0.25] * 4, [0.4, 0.2, 0.2, 0.2]],
         "ratings": [[1000.0] * 3, [1010.0, 990.0, 1000.0]],
@@ -211,11 +234,20 @@ def test_figures_from_a_history():
     }
     figs = make_pool_figures(history, ["m0", "m1", "m2"])
     assert set(figs) == {"instruction_weights", "reputations", "opponent_selection"}
+    added = []
+    logger = SimpleNamespace(experiment=SimpleNamespace(add_figure=lambda tag, fig, global_step: added.append(tag)))
+    record, *paths = write_pool_artifacts(str(tmp_path), {"players": ["m0", "m1", "m2"], **history}, figs, logger, 3)
+    assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths) and len(paths) == 3
+    assert added == [f"pool/{name}" for name in figs]
+    assert json.loads(open(record).read())["weights"] == history["weights"]
 
 
 def test_separate_models_each_get_a_bank(tiny_lm_dir):
-    module = StackelbergPool(models=[tiny_lm_dir] * 3, **SMALL)
+    # each member a path or ModelConfig fields over `lm`: m1 overrides the LoRA rank
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), models=[tiny_lm_dir, {"lora_r": 2}, str(tiny_lm_dir)], **SMALL)
     assert len(module.banks) == 3 and module.player_names == ["m0", "m1", "m2"]
+    ranks = [{p.shape[0] for n, p in module.bank(m).model.named_parameters() if "lora_A" in n} for m in ("m0", "m1")]
+    assert ranks == [{4}, {2}] and module.model_names == [str(tiny_lm_dir)] * 3
     params = [{id(p) for p in module.bank(n).player_parameters(n)} for n in module.player_names]
     assert all(params) and not (params[0] & params[1] or params[1] & params[2])
     out = module.respond("m2", ["1+2=?"], 2)
@@ -225,7 +257,7 @@ def test_separate_models_each_get_a_bank(tiny_lm_dir):
 
 
 def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short_pool):
-    kw = dict(policy=tiny_lm_dir, judge_mode="constrained", **SMALL)
+    kw = dict(lm=_lm(tiny_lm_dir), judge_mode="constrained", **SMALL)
 
     def trainer(epochs, module, root):
         return L.Trainer(
@@ -237,8 +269,7 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short
             enable_model_summary=False,
             num_sanity_val_steps=0,
             limit_val_batches=0,
-            callbacks=[EloRating(module.player_names)],
-            default_root_dir=root,
+            default_root_dir=root,  # no EloRating callback: the pool rates its players and checkpoints the ratings
         )
 
     L.seed_everything(0)
@@ -259,13 +290,16 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short
 
     assert torch.equal(resumed.leader_probabilities(), full.leader_probabilities())
     assert resumed.history["weights"] == full.history["weights"]
-    assert EloRating.find(t_resumed).ratings == EloRating.find(t_full).ratings
+    assert not any(isinstance(c, EloRating) for c in t_first.callbacks)
+    assert torch.load(tmp_path / "one.ckpt", weights_only=True)["game_state"]["elo"] == first.elo.state_dict()
+    assert resumed.elo.state_dict() == full.elo.state_dict()  # ratings, duel counts, volatility windows, history
+    assert resumed.elo.ratings != first.elo.ratings  # and it rated on after the resume
     a, b = _adapters(resumed), _adapters(full)
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in b)
 
 
 def test_paired_dpo_rows_give_the_log_probabilities_of_separate_rollouts(tiny_lm_dir):
-    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), **SMALL)
     bank, prompts = module.bank("m1"), [module.chat("m1", "1+2=?"), module.chat("m1", "10+20=?")]
     chosen, rejected = ["3", "three"], ["4", ""]
     both = module.encode("m1", [x for x in prompts for _ in (0, 1)], ["3", "4", "three", ""], group_size=2)
@@ -304,7 +338,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
     from callbacks.fault_tolerance import AtomicCheckpointIO
 
     L.seed_everything(0)
-    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
     module._dpo_rows_loss = _NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
     trainer = L.Trainer(
         max_epochs=1,
@@ -313,7 +347,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[EloRating(module.player_names), ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)],
+        callbacks=[ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)],
         plugins=[AtomicCheckpointIO()],
     )
     with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
@@ -321,17 +355,16 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
             trainer.fit(module, datamodule=_data(short_pool, iterations_per_epoch=3))
     assert module.nonfinite_skipped == module.consecutive_nonfinite == 2  # m0 and m1 of iteration 1
     ckpt = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=True)
-    assert ckpt["global_step"] == trainer.global_step == 3 and ckpt["pool_game"]["iteration"] == 1
-    assert ckpt["pool_game"]["nonfinite"] == {"nonfinite_skipped": 0, "consecutive_nonfinite": 0}
+    assert ckpt["global_step"] == trainer.global_step == 3 and ckpt["game_state"]["iteration"] == 1
+    assert ckpt["game_state"]["nonfinite"] == {"nonfinite_skipped": 0, "consecutive_nonfinite": 0}
     for name, value in _adapters(module).items():  # the skipped steps changed nothing after the last good one
         assert torch.equal(ckpt["state_dict"][f"banks.{name}"], value), name
 
 
 def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(policy=tiny_lm_dir, judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
     module.judge = lambda judge, instructions, responses: [(float("nan"), True)] * len(instructions)
-    adapters = _adapters(module)
-    elo = EloRating(module.player_names)
+    adapters, elo = _adapters(module), module.elo
     trainer = L.Trainer(
         max_epochs=1,
         accelerator="cpu",
@@ -340,7 +373,6 @@ def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path,
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[elo],
     )
     with pytest.warns(UserWarning, match="peer scores"):
         with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite peer scores"):
@@ -352,11 +384,21 @@ def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path,
 
 
 def test_several_processes_other_than_ddp_are_refused_by_name(tiny_lm_dir):
-    from types import SimpleNamespace
-
     from lightning.pytorch.strategies import FSDPStrategy
 
-    module = StackelbergPool(policy=tiny_lm_dir, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), **SMALL)
     module._trainer = SimpleNamespace(world_size=2, strategy=FSDPStrategy())
     with pytest.raises(ValueError, match="trainer.strategy.*DDP only.*got FSDPStrategy on 2 processes"):
-        module.on_fit_start()
+        module.setup("fit")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_each_follower_batch_is_split_into_contiguous_shares_that_tile_it(world):
+    n, batch = 11, 4
+    owned = [shared_rows(SimpleNamespace(global_rank=r, world_size=world), n, batch) for r in range(world)]
+    assert all(sum(o[i] for o in owned) == 1 for i in range(n))  # every row computed by exactly one rank
+    for o in owned:
+        local = local_batches(o, batch)
+        assert [size for size, _ in local] == [4, 4, 3]
+        assert [b - a for _, (a, b) in local] == [sum(o[lo : lo + batch]) for lo in range(0, n, batch)]
+        assert local[-1][1][1] == sum(o) and all(x[1][1] == y[1][0] for x, y in zip(local, local[1:]))

@@ -1,7 +1,9 @@
+import lightning as L
 import pytest
 import torch
 
 from datamodules.sft import ArithmeticSFTDataModule
+from modules.lm.model_config import ModelConfig
 from modules.sft import CausalLMSFT
 
 
@@ -21,7 +23,7 @@ def test_sft_data_mixes_leader_and_follower_formats():
 
 
 def test_sft_loss_only_on_response_tokens(tiny_lm_dir):
-    model = CausalLMSFT(model=tiny_lm_dir, max_length=256)
+    model = CausalLMSFT(lm=ModelConfig(tiny_lm_dir), max_length=256)
     enc = model.encode(["What is 1+1?"], ["2"], ["sys"])
     labels = enc["labels"][0]
     kept = labels[labels != -100].tolist()
@@ -32,3 +34,55 @@ def test_sft_loss_only_on_response_tokens(tiny_lm_dir):
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_sft_loads_through_the_model_config(tiny_lm_dir, tmp_path):
+    model = CausalLMSFT(lm={"name_or_path": tiny_lm_dir, "dtype": "bfloat16", "attn_implementation": "eager"})
+    assert next(model.model.parameters()).dtype == torch.bfloat16
+    assert model.model.config._attn_implementation == "eager"
+    assert model.hparams["lm"]["name_or_path"] == tiny_lm_dir and model.hparams["lora"] is False
+    with pytest.raises(ValueError, match="set lora: true"):
+        CausalLMSFT(lm=ModelConfig(tiny_lm_dir, load_in_4bit=True))
+    tiny = CausalLMSFT(lm=None, tiny_config={"num_hidden_layers": 1}, output_dir=str(tmp_path / "t"))
+    assert tiny.model.config.num_hidden_layers == 1 and tiny.hparams["lm"] is None
+
+
+def test_sft_with_lora_trains_and_saves_only_the_adapter(tiny_lm_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    L.seed_everything(0)
+    out = tmp_path / "adapter"
+    lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
+    model = CausalLMSFT(lm=lm, lora=True, output_dir=str(out), max_length=96, lr=1e-2)
+    before = {n: p.detach().clone() for n, p in model.model.named_parameters()}
+    trainable = {n for n, p in model.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    )
+    trainer.fit(model, ArithmeticSFTDataModule(num_prompts=24, batch_size=4))
+    changed = {n for n, p in model.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and changed <= trainable  # the base is unchanged
+    assert any("lora_B" in n for n in changed)  # the adapter moved away from its zero init
+    # the folder is an adapter (and the tokenizer), not the full weights
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+    assert not (out / "model.safetensors").exists() and (out / "tokenizer_config.json").is_file()
+    base = AutoModelForCausalLM.from_pretrained(tiny_lm_dir)
+    loaded = PeftModel.from_pretrained(base, out)
+    trained = model.model.state_dict()
+    for name, w in loaded.state_dict().items():
+        assert torch.equal(w, trained[name]), name
+    # the checkpoint holds the adapter only, and a fresh module resumes from it
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert set(ckpt["state_dict"]) == {f"model.{n}" for n in trainable}
+    resumed = CausalLMSFT(lm=lm, lora=True, output_dir=str(out), max_length=96)
+    resumed.on_load_checkpoint(ckpt)
+    resumed.load_state_dict(ckpt["state_dict"], strict=False)
+    assert all(torch.equal(p, model.model.get_parameter(n)) for n, p in resumed.model.named_parameters())

@@ -18,25 +18,29 @@ from modules.algorithms.stackelberg import (
     SMIDAStep,
     check_step_sizes,
     conditional_cost,
-    decision_uncertainty_utility,
-    directed_utility,
     equilibrium_value,
     game_value,
-    jsd_utility,
     kl,
     kl_both,
     kl_bound,
     kl_bound_start,
     log_normalise,
     oscillations,
-    random_preference_ensemble,
-    slhf_utility,
     smida,
     smida_step,
     stackelberg_equilibrium,
+)
+from modules.algorithms.tabular_games import (
+    decision_uncertainty_utility,
+    directed_utility,
+    jsd_utility,
+    load_game,
+    random_game,
+    random_preference_ensemble,
+    slhf_utility,
     tabular_ensemble_variance,
 )
-from modules.tabular_smida import TabularSMIDA, load_game, random_game
+from modules.tabular_smida import TabularSMIDA
 
 CONFIG = os.path.join(ROOT, "configs", "smida_tabular.yaml")
 F64 = torch.float64
@@ -80,7 +84,7 @@ GAMES = [
 def test_smida_reaches_the_closed_form_within_the_bound_at_every_step(x, y, tau_l, tau_f, eta_l, eta_f, utility):
     u, pi_ref, omega_ref = game(x, y, seed=x * 10 + y, utility=utility)
     pi_star, omega_star = stackelberg_equilibrium(u, pi_ref, omega_ref, tau_l, tau_f)
-    start = kl_bound_start(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f)
+    start = kl_bound_start(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f))
     # The proof bounds the oscillation of log(π_t / π*), not only the KL: below 1e-12 the probabilities agree to ~1e-12.
     steps = steps_to(start, tau_l, eta_l, 1e-12)
     pi, omega, (pis, omegas) = smida(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, steps, return_trajectory=True)
@@ -90,7 +94,7 @@ def test_smida_reaches_the_closed_form_within_the_bound_at_every_step(x, y, tau_
     assert torch.equal(pis[-1], pi) and torch.equal(omegas[-1], omega) and len(pis) == steps + 1
     torch.testing.assert_close(pis[0], pi_ref)  # Algorithm 1 starts at the references
 
-    bound = kl_bound(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, steps)
+    bound = kl_bound(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f), steps)
     leader = max_kl(pis, pi_star.expand_as(pis))
     follower = max_kl(omegas, omega_star.expand_as(omegas))
     assert (leader <= bound.leader + FLOOR).all()
@@ -125,7 +129,7 @@ def test_every_iterate_is_under_the_theorem_c1_bound_property(x, y, seed, tau_l,
         u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, steps, pi0, omega0, return_trajectory=True
     )
     pi_star, omega_star = stackelberg_equilibrium(u, pi_ref, omega_ref, tau_l, tau_f)
-    bound = kl_bound(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, steps, pi0, omega0)
+    bound = kl_bound(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f), steps, pi0, omega0)
     assert (max_kl(pis, pi_star.expand_as(pis)) <= bound.leader * (1 + 1e-9) + FLOOR).all()
     assert (max_kl(omegas, omega_star.expand_as(omegas)) <= bound.follower * (1 + 1e-9) + FLOOR).all()
     assert (bound.leader <= bound.leader_simple * (1 + 1e-12)).all()
@@ -144,8 +148,8 @@ def test_bound_constants_are_the_oscillations_of_theorem_c1():
     assert d_l <= d and d_f <= d
     # started at the references, M_0 = D_L / τ_L and V_0 = D_F / τ_F are the oscillations of the initial log-ratios
     eta_l, eta_f = 0.2, 2.0
-    named = kl_bound_start(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f)
-    generic = kl_bound_start(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, pi0=pi_ref, omega0=omega_ref)
+    named = kl_bound_start(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f))
+    generic = kl_bound_start(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f), pi0=pi_ref, omega0=omega_ref)
     assert float(named.leader) == pytest.approx(d_l / tau_l, abs=1e-12)
     assert float(named.follower) == pytest.approx(d_f / tau_f, abs=1e-12)
     assert float(generic.leader) == pytest.approx(float(named.leader), abs=1e-12)
@@ -153,7 +157,7 @@ def test_bound_constants_are_the_oscillations_of_theorem_c1():
     kappa = (eta_f * tau_f) / (eta_l * tau_l)
     assert float(named.leader_simple) == pytest.approx(d / tau_l * kappa / (kappa - 1))
     # eq. (13) and (14) by hand at t = 3
-    b = kl_bound(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, 3)
+    b = kl_bound(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f), 3)
     q_l, q_f = 1 - eta_l * tau_l, 1 - eta_f * tau_f
     assert float(b.follower[3]) == pytest.approx(q_f**3 * d_f / tau_f)
     leader = q_l**3 * d_l / tau_l + eta_l * d_f * (q_l**2 + q_l * q_f + q_f**2)
@@ -173,7 +177,7 @@ def test_module_iterations_equal_the_pure_function_bit_for_bit(tmp_path):
     star = stackelberg_equilibrium(u, pi_ref, omega_ref, 0.1, 0.2, log_space=True)
     assert torch.equal(model.log_pi_star, star[0]) and torch.equal(model.log_omega_star, star[1])
     m = model.metrics()
-    bound = kl_bound(u, pi_ref, omega_ref, 0.1, 0.2, 1.0, 3.0, 7)
+    bound = kl_bound(u, pi_ref, omega_ref, (0.1, 0.2, 1.0, 3.0), 7)
     assert float(m["leader/kl_bound"]) == pytest.approx(float(bound.leader[7]), rel=1e-12)
     assert float(m["follower/kl_bound"]) == pytest.approx(float(bound.follower[7]), rel=1e-12)
     assert float(m["leader/kl_max"]) <= float(m["leader/kl_bound"])
@@ -313,7 +317,7 @@ def test_condition_6_violations_are_refused(taus_etas, match):
     with pytest.raises(ValueError, match=match):
         smida(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, 5)
     with pytest.raises(ValueError, match=match):
-        kl_bound(u, pi_ref, omega_ref, tau_l, tau_f, eta_l, eta_f, 5)
+        kl_bound(u, pi_ref, omega_ref, (tau_l, tau_f, eta_l, eta_f), 5)
     with pytest.raises(ValueError, match=match):
         TabularSMIDA(
             num_contexts=2, num_actions=3, tau_leader=tau_l, tau_follower=tau_f, eta_leader=eta_l, eta_follower=eta_f

@@ -367,7 +367,8 @@ def test_programmatic_judge_reports_the_exploits_spread():
 
 # ---------------------------------------------------------------------------------------------------- data
 def test_debate_datamodule_splits_half_and_half_without_overlap():
-    from datamodules.debate import DebateDataModule, SingleStepSFTDataModule, single_step_problems
+    from datamodules.debate import DebateDataModule, single_step_problems
+    from datamodules.sft import SingleStepSFTDataModule
 
     dm = DebateDataModule(problems="single_step", num_prompts=200, val_fraction=0.5, batch_size=4)
     dm.setup()

@@ -1,4 +1,4 @@
-"""Pure functions of the multi-LLM pool (modules/algorithms/pool.py): matching, judge parsing, aggregation, pairs, advantages."""
+"""Pure functions of the multi-LLM pool (modules/algorithms/pool.py): matching, judging, aggregation, pairs."""
 
 import math
 
@@ -9,7 +9,11 @@ from hypothesis import strategies as st
 
 from modules.algorithms.pool import (
     DEFAULT_SCORE,
+    aggregate_duel,
+    duel_judges,
+    fill_judge_template,
     judge_verdicts,
+    match_duels,
     normalized_reputations,
     opponent_affinities,
     opponent_distribution,
@@ -114,6 +118,36 @@ def test_reputation_weighted_mean():
 def test_verdicts_and_pairs():
     assert judge_verdicts([7, 5, 6], [5, 5, 8]) == [1.0, 0.5, 0.0]
     assert preference_pairs([7.0, 5.0, 6.0], [5.0, 5.0, 8.0]) == [(0, True), (2, False)]
+
+
+def test_match_duels_draws_a_uniform_combatant_then_its_opponent():
+    ratings = [1000.0, 1100.0, 1200.0, 1300.0]
+    duels = match_duels(ratings, 6, 0.5, torch.Generator().manual_seed(3), num_candidates=2)
+    replay, g = [], torch.Generator().manual_seed(3)  # the same draws, one duel at a time
+    for _ in range(6):
+        a = int(torch.randint(4, (), generator=g))
+        replay.append((a, sample_opponent(ratings, a, 0.5, g, num_candidates=2)))
+    assert duels == replay and all(a != b for a, b in duels)
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    assert match_duels([1000.0], 3, 1.0, g) == [(0, 0)] * 3 and torch.equal(g.get_state(), state)  # draws nothing
+
+
+def test_duel_judges_are_the_members_outside_the_duel():
+    assert duel_judges([(0, 1), (2, 0)], 4) == [[2, 3], [1, 3]]
+    assert duel_judges([(0, 0)], 1) == [[0]]  # a pool of one judges itself
+
+
+def test_aggregate_duel_hand_computed():
+    # two judges (weights 3 and 1), two rollouts per side; table[side][rollout][judge]
+    table = [[[8.0, 4.0], [6.0, 2.0]], [[5.0, 9.0], [5.0, 5.0]]]
+    per_rollout, verdicts = aggregate_duel(table, [3.0, 1.0])
+    assert per_rollout == [[7.0, 5.0], [6.0, 5.0]]  # (3·8 + 4)/4, (3·6 + 2)/4; (15 + 9)/4, 5
+    assert verdicts == [1.0, 0.0]  # judge 0: a 7 vs b 5; judge 1: a 3 vs b 7
+
+
+def test_judge_template_is_filled_once():
+    assert fill_judge_template("Q: {prompt} A: {response}", "{response}?", "x") == "Q: {response}? A: x"
 
 
 def test_peer_score_advantages():

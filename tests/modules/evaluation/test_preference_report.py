@@ -9,16 +9,15 @@ from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from modules.algorithms.disagreement import ensemble_jsd
+from modules.evaluation.figures import make_figures, save_figures
 from modules.evaluation.preference_report import (
     build_report,
     decile_accuracy,
     error_auroc,
     error_rate_curve,
     json_safe,
-    make_figures,
     prompt_bootstrap,
     roc_curve_points,
-    save_figures,
     top_fraction_error_rate,
     variance_summary,
 )

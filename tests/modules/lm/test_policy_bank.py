@@ -76,7 +76,7 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     the attention of SDPA over the prompt cache copied to every row."""
     import torch.nn.functional as F
 
-    from modules.lm import policy_bank as policy
+    from modules.lm import decoding as policy
 
     torch.manual_seed(0)
     b, g, h, kvh, p, t, q, d = 3, 4, 4, 2, 7, 5, 2, 8
@@ -130,7 +130,7 @@ def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_lm_di
     assert bank._grouped_ok(bank.model)  # the grouped path really ran (a CPU Qwen2 on sdpa)
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
-    from modules.lm import policy_bank as policy
+    from modules.lm import decoding as policy
 
     assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not policy._PREFIX
 

@@ -1,0 +1,219 @@
+"""Tabular games for SMIDA: the App. E.4 and F utilities of a tabular preference ensemble, and random games.
+
+A tabular ensemble is ``P [k, X, Y, Y]`` with ``P[i, x, y, y′] = P_i(y ≻ y′ | x)``, every member antisymmetric
+(eq. 27). The utilities turn it into the game's ``u [X, Y, Y]``: :func:`tabular_ensemble_variance` (``4·Var``, the
+paper's), :func:`slhf_utility`, :func:`decision_uncertainty_utility`, :func:`jsd_utility`, :func:`directed_utility`.
+:func:`random_preference_ensemble` draws an ensemble, :func:`random_game` a whole game ``{u, pi_ref, omega_ref}``, and
+:func:`load_game` reads one saved with ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch import Tensor
+
+from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from modules.algorithms.stackelberg import _SUM_TOLERANCE
+
+__all__ = [
+    "GAME_KEYS",
+    "UTILITIES",
+    "decision_uncertainty_utility",
+    "directed_utility",
+    "jsd_utility",
+    "load_game",
+    "random_game",
+    "random_preference_ensemble",
+    "slhf_utility",
+    "tabular_ensemble_variance",
+]
+
+
+def _check_preferences(name: str, p: Tensor, ensemble: bool) -> None:
+    want = 4 if ensemble else 3
+    shape = "[k, X, Y, Y]" if ensemble else "[X, Y, Y]"
+    if not isinstance(p, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
+    if p.ndim != want or p.shape[-1] != p.shape[-2] or 0 in p.shape:
+        raise ValueError(f"{name} must have shape {shape} with P[..., y, y′] = P(y ≻ y′ | x), got {list(p.shape)}")
+    if not p.is_floating_point() or not ((p >= 0) & (p <= 1)).all():
+        raise ValueError(f"{name} must hold probabilities in [0, 1]")
+    gap = (p + p.transpose(-1, -2) - 1.0).abs().max()
+    if gap > _SUM_TOLERANCE:
+        raise ValueError(
+            f"{name} must be antisymmetric, P(y ≻ y′) + P(y′ ≻ y) = 1, as the paper's preference models are "
+            f"(eq. 27); the largest violation is {float(gap):.3g}"
+        )
+
+
+def tabular_ensemble_variance(P: Tensor) -> Tensor:
+    """The paper's utility ``u = 4·Var_i P_i(y ≻ y′ | x)`` of a tabular ensemble (§3.1, App. E.4), ``[X, Y, Y]``.
+
+    Population variance (denominator k) times 4, the scale the paper trains with (App. E.4), in [0, 1] like the
+    other utilities; ``Var`` with ``τ / 4`` is the same game. Symmetric in ``(y, y′)`` and zero on ``y′ = y``.
+
+    Args:
+        P: Members' preference matrices ``[k, X, Y, Y]``, ``P[i, x, y, y′] = P_i(y ≻ y′ | x)``, antisymmetric.
+    """
+    _check_preferences("P", P, ensemble=True)
+    return 4.0 * ensemble_variance(P.movedim(0, -1))
+
+
+def slhf_utility(P: Tensor) -> Tensor:
+    """``u(x, y, y′) = P(y′ ≻ y | x)``, ``[X, Y, Y]``: the Follower seeks a reply preferred to the Leader's (App. F).
+
+    Args:
+        P: One preference model's matrices ``[X, Y, Y]``, ``P[x, y, y′] = P(y ≻ y′ | x)``, antisymmetric (for an
+            ensemble pass e.g. its mean ``P.mean(0)``).
+    """
+    _check_preferences("P", P, ensemble=False)
+    return P.transpose(-1, -2).clone()
+
+
+def decision_uncertainty_utility(P: Tensor) -> Tensor:
+    """``u = min(P̄, 1 − P̄) = ½ − |P̄ − ½|`` of the ensemble mean (App. F.1), ``[X, Y, Y]``.
+
+    Antisymmetry makes ``u(x, y, y) = ½`` its maximum: copying the Leader is always a best response (App. F.1).
+
+    Args:
+        P: ``[k, X, Y, Y]`` antisymmetric member matrices.
+    """
+    _check_preferences("P", P, ensemble=True)
+    return decision_uncertainty(P.movedim(0, -1))
+
+
+def jsd_utility(P: Tensor) -> Tensor:
+    """Jensen–Shannon divergence ``H(P̄) − mean_i H(P_i)`` among the members' Bernoulli predictions (App. F.1).
+
+    Zero when all members agree (in particular on ``y′ = y``), at most ``log 2``. Shape ``[X, Y, Y]``.
+
+    Args:
+        P: ``[k, X, Y, Y]`` antisymmetric member matrices.
+    """
+    _check_preferences("P", P, ensemble=True)
+    return ensemble_jsd(P.movedim(0, -1))
+
+
+def directed_utility(P: Tensor, member: int, lam: float) -> Tensor:
+    """The directed objective of App. F.2, ``4·Var + λ P_j(y′ ≻ y | x)`` for member ``j`` (``[X, Y, Y]``).
+
+    On the ``4·Var`` scale this is the paper's ``Var + λ_paper P_j`` with ``λ_paper = λ / 4``, scaled by 4.
+
+    Args:
+        P: ``[k, X, Y, Y]`` antisymmetric member matrices.
+        member: Index ``j`` of the targeted member.
+        lam: ``λ ≥ 0``.
+    """
+    _check_preferences("P", P, ensemble=True)
+    if not -P.shape[0] <= member < P.shape[0]:
+        raise ValueError(f"member must index one of the {P.shape[0]} members, got {member}")
+    if not lam >= 0:
+        raise ValueError(f"lam must be >= 0, got {lam}")
+    return tabular_ensemble_variance(P) + lam * P[member].transpose(-1, -2)
+
+
+def random_preference_ensemble(
+    k: int,
+    X: int,
+    Y: int,
+    generator: torch.Generator | None = None,
+    *,
+    scale: float = 2.0,
+    spread: float = 1.0,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """A random tabular ensemble of ``k`` antisymmetric preference models, ``[k, X, Y, Y]``.
+
+    Member ``i`` has ``P_i(y ≻ y′ | x) = σ(S_i(x, y, y′))`` with skew-symmetric Gaussian scores ``S_i = scale · A +
+    spread · B_i`` (``A`` shared). Antisymmetry holds bit for bit: the partner of ``p = σ(|S|) ≥ ½`` is ``1 − p``,
+    exact for ``p ≥ ½`` (Sterbenz).
+
+    Args:
+        k: Ensemble size ``>= 1``.
+        X: Number of contexts ``>= 1``.
+        Y: Number of actions ``>= 1``.
+        generator: Source of randomness (a seeded ``torch.Generator`` for reproducible games).
+        scale: Standard deviation of the shared skew scores.
+        spread: Standard deviation of each member's own skew scores (0: the members agree exactly).
+        dtype: Floating dtype of the result.
+    """
+    for name, value in (("k", k), ("X", X), ("Y", Y)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    def skew(*shape: int) -> Tensor:
+        a = torch.randn(*shape, Y, Y, generator=generator, dtype=dtype)
+        return (a - a.transpose(-1, -2)) / math.sqrt(2.0)  # (a − b) = −(b − a) exactly; unit variance off-diagonal
+
+    scores = scale * skew(1, X) + spread * skew(k, X)
+    larger = torch.sigmoid(scores.abs())
+    return torch.where(scores >= 0, larger, 1.0 - larger)
+
+
+#: The utilities :func:`random_game` can build a game from, by name (what ``TabularSMIDA(utility=...)`` accepts).
+UTILITIES = {
+    "variance": tabular_ensemble_variance,
+    "decision_uncertainty": decision_uncertainty_utility,
+    "jsd": jsd_utility,
+    "slhf": lambda p: slhf_utility(p.mean(0)),  # the ensemble mean is itself an antisymmetric preference model
+}
+#: The tensors every game holds (a saved game may add a context prior ``rho``).
+GAME_KEYS = ("u", "pi_ref", "omega_ref")
+
+
+def random_game(
+    num_contexts: int,
+    num_actions: int,
+    ensemble_size: int,
+    utility: str,
+    reference: str,
+    seed: int,
+    dtype: torch.dtype = torch.float64,
+) -> dict[str, Tensor]:
+    """A random game ``{"u", "pi_ref", "omega_ref"}``, a pure function of its arguments.
+
+    Args:
+        num_contexts: ``X``.
+        num_actions: ``Y``.
+        ensemble_size: Members of the random preference ensemble the utility is computed from.
+        utility: ``"variance"`` (``4·Var``, the paper's), ``"decision_uncertainty"``, ``"jsd"`` or ``"slhf"``
+            (``P̄(y′ ≻ y)`` of the ensemble mean).
+        reference: ``"random"`` (softmax of standard Gaussian logits) or ``"uniform"`` references.
+        seed: Seed of the generator that draws the ensemble and the references.
+        dtype: Floating dtype.
+    """
+    if utility not in UTILITIES:
+        raise ValueError(f"utility must be one of {sorted(UTILITIES)}, got {utility!r}")
+    if reference not in ("random", "uniform"):
+        raise ValueError(f"reference must be 'random' or 'uniform', got {reference!r}")
+    gen = torch.Generator().manual_seed(seed)
+    P = random_preference_ensemble(ensemble_size, num_contexts, num_actions, gen, dtype=dtype)
+    x, y = num_contexts, num_actions
+    if reference == "random":
+        pi_ref = torch.softmax(torch.randn(x, y, generator=gen, dtype=dtype), -1)
+        omega_ref = torch.softmax(torch.randn(x, y, y, generator=gen, dtype=dtype), -1)
+    else:
+        pi_ref = torch.full((x, y), 1.0 / y, dtype=dtype)
+        omega_ref = torch.full((x, y, y), 1.0 / y, dtype=dtype)
+    return {"u": UTILITIES[utility](P), "pi_ref": pi_ref, "omega_ref": omega_ref}
+
+
+def load_game(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a game saved with ``torch.save({"u": ..., "pi_ref": ..., "omega_ref": ...[, "rho": ...]}, path)``.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ValueError: when the file is not a dict holding the three tensors.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"game_path {str(path)!r} does not exist")
+    game = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(game, dict) or any(not isinstance(game.get(k), Tensor) for k in GAME_KEYS):
+        found = sorted(game) if isinstance(game, dict) else type(game).__name__
+        raise ValueError(
+            f"game file {str(path)!r} must hold a dict of tensors {list(GAME_KEYS)} (+ optional rho), found {found}"
+        )
+    return game

@@ -1,0 +1,209 @@
+"""Figures of the evaluations, as matplotlib Figures on an Agg canvas (pyplot's global state is never touched).
+
+:func:`make_figures` / :func:`save_figures` draw the preference ensemble's report (paper §5.2, Fig. 1),
+:func:`make_game_figures` a trained Leader–Follower pair against the reference pair (§5.3, G.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from modules.evaluation.game_eval import candidate_thresholds
+from modules.evaluation.preference_report import (
+    SCORE_NAMES,
+    _check_report_inputs,
+    build_report,
+    disagreement_scores,
+    roc_curve_points,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["make_figures", "make_game_figures", "save_figures"]
+
+_FIGURE_NAMES = ("decile_accuracy", "roc_curves", "error_rate_vs_fraction")
+_SCORE_LABELS = {"variance": "variance", "decision_uncertainty": "decision uncertainty", "jsd": "JSD"}
+_SCORE_COLOURS = {"variance": "tab:green", "decision_uncertainty": "tab:blue", "jsd": "tab:red"}
+
+
+def _new_axes(figsize: tuple[float, float], layout: str | None = None) -> tuple[Figure, Any]:
+    """A Figure with its own Agg canvas (thread-safe, no pyplot) and one subplot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def make_figures(
+    member_probs: Tensor,
+    labels: Tensor,
+    prompt_ids: Tensor,
+    *,
+    report: Mapping[str, Any] | None = None,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> dict[str, Figure]:
+    """Build the three report figures.
+
+    * ``decile_accuracy``: ensemble accuracy by variance decile, lowest first, with prompt-bootstrap error bars.
+    * ``roc_curves``: error-detection ROC curves of the three scores (AUROC in the legend) and the chance diagonal.
+    * ``error_rate_vs_fraction``: error rate among comparisons selected in decreasing order of each score, with
+      shaded prompt-bootstrap bands and the overall error rate as a horizontal line.
+
+    Args:
+        member_probs: Members' probabilities, shape ``[N, k]``.
+        labels: Binary oracle labels, shape ``[N]``.
+        prompt_ids: Prompt ids, shape ``[N]``.
+        report: Optional output of :func:`~modules.evaluation.preference_report.build_report` on the same inputs,
+            reused to avoid a second bootstrap.
+        n_boot: Bootstrap replicates when ``report`` is not given (0 draws no bands).
+        seed: Bootstrap seed when ``report`` is not given.
+
+    Returns:
+        ``{"decile_accuracy": Figure, "roc_curves": Figure, "error_rate_vs_fraction": Figure}``.
+
+    Raises:
+        ValueError: As ``build_report``, or if ``report`` was computed on a different number of triplets.
+    """
+    p, y, g = _check_report_inputs(member_probs, labels, prompt_ids)
+    if report is None:
+        report = build_report(p, y, g, n_boot=n_boot, seed=seed)
+    elif report.get("n_pairs") != p.shape[0]:
+        raise ValueError(f"report has n_pairs={report.get('n_pairs')} but member_probs has {p.shape[0]} rows")
+    errors = (p.mean(dim=1) >= 0.5) != y
+    return {
+        "decile_accuracy": _decile_figure(report),
+        "roc_curves": _roc_figure(report, disagreement_scores(p), errors),
+        "error_rate_vs_fraction": _error_rate_figure(report),
+    }
+
+
+def _decile_figure(report: Mapping[str, Any]) -> Figure:
+    bands = report.get("bands")
+    fig, ax = _new_axes((5.5, 4.0), "constrained")
+    acc = torch.tensor(report["decile_accuracy"], dtype=torch.float64)
+    x = torch.arange(1, acc.numel() + 1)
+    yerr = None
+    if bands is not None:
+        low = torch.tensor(bands["decile_accuracy"]["low"], dtype=torch.float64)
+        high = torch.tensor(bands["decile_accuracy"]["high"], dtype=torch.float64)
+        yerr = torch.stack([(acc - low).clamp_min(0), (high - acc).clamp_min(0)]).nan_to_num(0.0).numpy()
+    ax.bar(x.numpy(), acc.nan_to_num(0.0).numpy(), yerr=yerr, capsize=3, color="tab:green", alpha=0.8)
+    ax.axhline(report["ensemble_accuracy"], color="black", linestyle="--", linewidth=1, label="overall")
+    ax.set_xticks(x.numpy())
+    ax.set_xlabel("variance decile (1 = lowest)")
+    ax.set_ylabel("oracle agreement (accuracy)")
+    ax.set_ylim(0.0, 1.05)
+    title = "Accuracy by variance decile"
+    ax.set_title(title + (f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""), fontsize=10)
+    ax.legend(loc="lower left")
+    return fig
+
+
+def _roc_figure(report: Mapping[str, Any], scores: Mapping[str, Tensor], errors: Tensor) -> Figure:
+    fig, ax = _new_axes((5.5, 4.0), "constrained")
+    for name, s in scores.items():
+        fpr, tpr = roc_curve_points(s, errors)
+        label = f"{_SCORE_LABELS[name]} (AUROC {report['auroc'][name]:.3f})"
+        ax.plot(fpr.numpy(), tpr.numpy(), color=_SCORE_COLOURS[name], label=label)
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance")
+    ax.set_xlabel("false positive rate (correct flagged)")
+    ax.set_ylabel("true positive rate (errors flagged)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("Error detection ROC", fontsize=10)
+    ax.legend(loc="lower right")
+    return fig
+
+
+def _error_rate_figure(report: Mapping[str, Any]) -> Figure:
+    bands = report.get("bands")
+    fig, ax = _new_axes((5.5, 4.0), "constrained")
+    curve = report["error_rate_curve"]
+    frac = curve["fractions"]
+    for name in SCORE_NAMES:
+        colour = _SCORE_COLOURS[name]
+        ax.plot(frac, curve[name], color=colour, label=_SCORE_LABELS[name])
+        if bands is not None:
+            band = bands["error_rate_curve"]
+            ax.fill_between(frac, band["low"][name], band["high"][name], color=colour, alpha=0.2, linewidth=0)
+    ax.axhline(report["overall_error_rate"], color="black", linestyle="--", linewidth=1, label="overall")
+    ax.set_xlabel("fraction selected (decreasing score)")
+    ax.set_ylabel("ensemble error rate")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
+    ax.legend(loc="upper right")
+    return fig
+
+
+def save_figures(
+    member_probs: Tensor, labels: Tensor, prompt_ids: Tensor, out_dir: str | Path, *, dpi: int = 120, **kwargs: Any
+) -> list[Path]:
+    """Write the figures of :func:`make_figures` as PNG files into ``out_dir`` (created if missing).
+
+    Args:
+        member_probs: Members' probabilities, shape ``[N, k]``.
+        labels: Binary oracle labels, shape ``[N]``.
+        prompt_ids: Prompt ids, shape ``[N]``.
+        out_dir: Output folder.
+        dpi: Resolution of the PNG files.
+        **kwargs: ``report``, ``n_boot``, ``seed`` of :func:`make_figures`.
+
+    Returns:
+        Paths of ``decile_accuracy.png``, ``roc_curves.png`` and ``error_rate_vs_fraction.png``, in that order.
+
+    Raises:
+        ValueError: As :func:`make_figures`; nothing is written then.
+    """
+    figures = make_figures(member_probs, labels, prompt_ids, **kwargs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in _FIGURE_NAMES:
+        path = out / f"{name}.png"
+        figures[name].savefig(path, format="png", dpi=dpi)
+        paths.append(path)
+    return paths
+
+
+def make_game_figures(trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01)) -> dict:
+    """Figures of §5.3 / G.1: the score CDFs of both pairs, and the candidate yield of both pairs over α.
+
+    Returns:
+        ``{"variance_cdf": Figure, "candidate_yield": Figure}``.
+    """
+    t, r = trained.double().flatten(), reference.double().flatten()
+    thresholds = candidate_thresholds(r, alphas)
+    cdf, ax = _new_axes((6, 4))
+    for v, label, style in ((t, "trained pair", "-"), (r, "reference pair", "--")):
+        xs = torch.sort(v).values
+        ax.step(xs.tolist(), (torch.arange(1, xs.numel() + 1) / xs.numel()).tolist(), style, where="post", label=label)
+    for a, th in thresholds.items():
+        ax.axvline(th, color="grey", lw=0.8, ls=":")
+        ax.text(th, 0.02, f"α={a}", rotation=90, fontsize=7, va="bottom")
+    ax.set_xlabel("ensemble variance")
+    ax.set_ylabel("empirical CDF")
+    ax.legend()
+    grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64)
+    yields_t, yields_r = [], []
+    for a in grid.tolist():
+        th = float(torch.quantile(r, 1.0 - a))
+        yields_t.append(float((t >= th).double().mean()))
+        yields_r.append(float((r >= th).double().mean()))
+    fy, ax = _new_axes((6, 4))
+    ax.plot(grid.tolist(), yields_t, "-", label="trained pair")
+    ax.plot(grid.tolist(), yields_r, "--", label="reference pair")
+    ax.plot([0, 0.5], [0, 0.5], ":", color="grey", label="nominal α")
+    ax.set_xlabel("α (reference-quantile threshold)")
+    ax.set_ylabel("α-online candidate yield")
+    ax.legend()
+    return {"variance_cdf": cdf, "candidate_yield": fy}

@@ -1,0 +1,79 @@
+"""The multi-LLM pool's peer judges: a pool member scores one response 1–10, parsed or read off its distribution.
+
+* ``generate`` (App. G): the judge answers greedily; :func:`~modules.algorithms.pool.parse_judgement` reads the score
+  (JSON, regex, else 5.0 flagged as a failure).
+* ``constrained``: the mean of the judge's distribution over the ten allowed answers, for models too small to write
+  JSON; nothing to parse (a non-finite mean, from a diverged judge, counts as 5.0, flagged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
+from modules.algorithms.pool import DEFAULT_SCORE, parse_judgement
+from modules.lm.policy_bank import PolicyBank, Rollout
+from modules.lm.text import pad_sequences
+
+__all__ = ["encode_texts", "peer_scores"]
+
+
+def encode_texts(
+    bank: PolicyBank, prompts: Sequence[str], completions: Sequence[str], eos: bool = True, group_size: int = 1
+) -> Rollout:
+    """A :class:`Rollout` of given texts in ``bank``'s tokenizer (EOS appended unless ``eos=False``), on its device.
+
+    ``group_size`` G > 1 declares that consecutive groups of G rows share one prompt.
+
+    Raises:
+        ValueError: when the rows do not come in groups of ``group_size`` with one prompt each.
+    """
+    if group_size > 1 and (
+        len(prompts) % group_size or any(prompts[i] != prompts[i - i % group_size] for i in range(len(prompts)))
+    ):
+        raise ValueError(f"encode: the {len(prompts)} rows are not groups of {group_size} sharing one prompt")
+    tok, enc, device = bank.tokenizer, bank._encode_prompts(prompts), next(bank.parameters()).device
+    ids = [s + [tok.eos_token_id] * eos for s in tok(list(completions), add_special_tokens=False)["input_ids"]]
+    comp = pad_sequences([s or [tok.pad_token_id] for s in ids], tok.pad_token_id)  # at least one column
+    mask = comp["attention_mask"] * torch.tensor([[int(bool(s))] for s in ids], dtype=torch.long)
+    seq = torch.cat([enc["input_ids"], comp["input_ids"]], dim=1).to(device)
+    att = torch.cat([enc["attention_mask"], mask], dim=1).to(device)
+    return Rollout(seq, att, enc["input_ids"].shape[1], mask.to(device), list(completions), group_size)
+
+
+def peer_scores(
+    bank: PolicyBank, judge: str, prompts: Sequence[str], mode: str, prefill: str = "", max_new_tokens: int = 32
+) -> list[tuple[float, bool]]:
+    """Player ``judge``'s score in [1, 10] of each judge prompt (already ending in ``prefill``), and whether it read.
+
+    ``mode`` is ``"generate"`` or ``"constrained"`` (module docstring).
+    """
+    if not prompts:
+        return []
+    if mode == "constrained":
+        return [
+            (s, True) if math.isfinite(s) else (DEFAULT_SCORE, False)
+            for s in _constrained(bank, judge, prompts, prefill)
+        ]
+    out = bank.generate(judge, list(prompts), 1, max_new_tokens=max_new_tokens, do_sample=False)
+    return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
+
+
+@torch.no_grad()
+def _constrained(bank: PolicyBank, judge: str, prompts: Sequence[str], prefill: str) -> list[float]:
+    """Mean score under the judge's distribution restricted to the answers ``1`` … ``10``.
+
+    Each answer is closed by ``}`` when the prefill opens a JSON object (else by EOS), so that ``1`` is not a prefix
+    of ``10``.
+    """
+    close = "}" if "{" in prefill else ""
+    values = list(range(int(SCORE_MIN), int(SCORE_MAX) + 1))
+    rows_p = [p for p in prompts for _ in values]
+    rows_c = [f"{v}{close}" for _ in prompts for v in values]
+    rollout = encode_texts(bank, rows_p, rows_c, eos=not close, group_size=len(values))
+    lp = bank.logprobs(judge, rollout, temperature=1.0).view(len(prompts), len(values))
+    probs = torch.softmax(lp.double(), dim=1)
+    return (probs @ torch.tensor(values, dtype=torch.float64, device=probs.device)).tolist()

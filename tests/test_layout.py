@@ -1,0 +1,125 @@
+"""The layering the tree promises, read from the source: pure math imports no Lightning, callbacks import nothing of
+the suite, only the distributed subpackage names a strategy, and the top of ``modules/`` is the catalogue of families.
+"""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+ROOT_PATH = Path(ROOT)
+PURE = ["modules/algorithms", "callbacks/functional"]
+STRATEGY_NAMES = {
+    "DDPStrategy",
+    "FSDPStrategy",
+    "DeepSpeedStrategy",
+    "ModelParallelStrategy",
+    "FSDP2Strategy",
+    "FullyShardedDataParallel",
+    "fully_shard",
+}
+STRATEGY_MODULES = (
+    "deepspeed",
+    "torch.distributed.fsdp",
+    "lightning.pytorch.strategies",
+    "lightning.fabric.strategies",
+)
+FAMILIES = {"base", "debate", "deep_smida", "grpo", "pool", "preference", "sft", "tabular_smida"}
+
+
+def _sources(*folders: str) -> list[Path]:
+    return sorted(p for f in folders for p in (ROOT_PATH / f).rglob("*.py"))
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (prose may name a strategy)."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def strategy_mentions(path: Path) -> list[str]:
+    """Names of strategy classes or imports of strategy packages in ``path``'s code (docstrings and comments aside)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = _docstrings(tree)
+    found = [m for m in _imports(tree) if m.startswith(STRATEGY_MODULES)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in STRATEGY_NAMES:
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in STRATEGY_NAMES:
+            found.append(node.attr)
+        elif isinstance(node, ast.alias) and node.name.split(".")[-1] in STRATEGY_NAMES:
+            found.append(node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found.extend(n for n in STRATEGY_NAMES if n == node.value.strip())
+    return found
+
+
+@pytest.mark.parametrize("path", _sources(*PURE), ids=lambda p: str(p.relative_to(ROOT_PATH)))
+def test_pure_math_imports_no_lightning(path):
+    bad = [m for m in _imports(ast.parse(path.read_text())) if m.split(".")[0] in ("lightning", "pytorch_lightning")]
+    assert not bad, f"{path.relative_to(ROOT_PATH)} imports {bad}"
+
+
+@pytest.mark.parametrize("path", _sources("callbacks"), ids=lambda p: str(p.relative_to(ROOT_PATH)))
+def test_callbacks_import_nothing_of_the_suite(path):
+    bad = [m for m in _imports(ast.parse(path.read_text())) if m.split(".")[0] in ("modules", "datamodules", "train")]
+    assert not bad, f"{path.relative_to(ROOT_PATH)} imports {bad}"
+
+
+def test_only_the_distributed_subpackage_names_a_strategy():
+    outside = [p for p in _sources("modules", "datamodules", "callbacks") if "distributed" not in p.parts]
+    offenders = {str(p.relative_to(ROOT_PATH)): m for p in outside if (m := strategy_mentions(p))}
+    assert not offenders, f"strategy names outside modules/distributed/: {offenders}"
+
+
+def test_the_strategy_scan_sees_a_strategy_name(tmp_path):
+    """The scan above can fail: code naming a strategy is caught, a docstring naming one is not."""
+    code = tmp_path / "x.py"
+    code.write_text('"""Runs under DeepSpeedStrategy."""\nfrom lightning.pytorch.strategies import DDPStrategy\n')
+    assert strategy_mentions(code) == ["lightning.pytorch.strategies", "DDPStrategy"]
+    code.write_text('"""Runs under DeepSpeedStrategy."""\nkind = "ModelParallelStrategy"\n')
+    assert strategy_mentions(code) == ["ModelParallelStrategy"]
+    code.write_text('"""Runs under DeepSpeedStrategy."""\n')
+    assert strategy_mentions(code) == []
+
+
+def test_the_top_of_modules_is_the_catalogue_of_families():
+    top = {p.stem for p in (ROOT_PATH / "modules").glob("*.py")} - {"__init__"}
+    assert top == FAMILIES
+    folders = {p.name for p in (ROOT_PATH / "modules").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == {"algorithms", "distributed", "evaluation", "lm", "scorers", "training"}
+
+
+def test_no_module_file_is_over_600_lines():
+    long = {
+        str(p.relative_to(ROOT_PATH)): n
+        for p in _sources("modules", "datamodules", "callbacks")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert not long
+
+
+def test_no_source_edits_sys_path():
+    edits = [
+        str(p.relative_to(ROOT_PATH))
+        for p in [*_sources("modules", "datamodules", "callbacks", "tests", "benchmarks"), ROOT_PATH / "train.py"]
+        if re.search(r"sys\.path(\.insert|\.append|\.extend|\[| *[+]?=)", p.read_text())
+    ]
+    assert not edits
