@@ -35,6 +35,7 @@ def worker(args) -> dict:
     from modules.debate import DebateSelfPlay
     from modules.lm.model_config import ModelConfig
     from modules.lm.models import build_tiny_causal_lm
+    from modules.lm.sampling import Sampling
     from modules.scorers.judges import HFJudge, ProgrammaticJudge
 
     tiny = os.path.join(tempfile.gettempdir(), "ag_bench_tiny")
@@ -42,7 +43,9 @@ def worker(args) -> dict:
         tiny, config={"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3}
     )
     judge = (
-        HFJudge(args.judge or policy, num_votes=8, max_new_tokens=args.judge_tokens, dtype=args.dtype)
+        HFJudge(
+            args.judge or policy, num_votes=8, sampling=Sampling(max_new_tokens=args.judge_tokens), dtype=args.dtype
+        )
         if args.hf_judge
         else ProgrammaticJudge(num_votes=8)
     )
@@ -52,7 +55,7 @@ def worker(args) -> dict:
         protocol=args.protocol,
         judge=judge,
         group_size=args.g,
-        max_new_tokens=args.tokens,
+        sampling=Sampling(temperature=0.6, max_new_tokens=args.tokens),
         reply_max_new_tokens=args.reply_tokens,
         require_thinking=False,
         lr=1e-4,

@@ -33,6 +33,7 @@ def worker(args) -> dict:
     from modules.deep_smida import DeepSMIDA
     from modules.lm.model_config import ModelConfig
     from modules.lm.models import build_tiny_causal_lm
+    from modules.lm.sampling import Sampling
     from modules.scorers.utility import EnsembleUtility
 
     policy = args.policy or build_tiny_causal_lm(
@@ -45,7 +46,7 @@ def worker(args) -> dict:
         utility=EnsembleUtility(checkpoint=None),
         samples_per_prompt=args.d,
         follower_samples=args.m,
-        max_new_tokens=args.tokens,
+        sampling=Sampling(temperature=0.6, max_new_tokens=args.tokens),
         leader_lr=1e-4,
         follower_lr=2e-4,
     )

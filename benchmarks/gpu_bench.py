@@ -127,6 +127,7 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
     from modules.lm.model_config import ModelConfig
+    from modules.lm.sampling import Sampling
     from modules.scorers.utility import EnsembleUtility
 
     L.seed_everything(0)
@@ -135,7 +136,7 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
         utility=EnsembleUtility(checkpoint=None),
         samples_per_prompt=args.smida_d,
         follower_samples=args.smida_m,
-        max_new_tokens=args.smida_tokens,
+        sampling=Sampling(temperature=0.6, max_new_tokens=args.smida_tokens),
         leader_lr=8e-6,
         follower_lr=2e-5,
     )

@@ -62,6 +62,7 @@ def run_ours(args, paths: dict) -> list[dict]:
 
     from modules.grpo import GRPO
     from modules.lm.model_config import ModelConfig
+    from modules.lm.sampling import Sampling
 
     prompts = json.load(open(paths["prompts"]))
     L.seed_everything(args.seed)
@@ -74,10 +75,7 @@ def run_ours(args, paths: dict) -> list[dict]:
         clip=0.2,
         lr=args.lr,
         grad_clip=1.0,
-        temperature=1.0,
-        top_p=1.0,
-        max_new_tokens=args.tokens,
-        min_new_tokens=args.tokens,
+        sampling=Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.tokens, min_new_tokens=args.tokens),
         chat_template=False,
     )
     loader = DataLoader(

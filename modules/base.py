@@ -8,11 +8,13 @@ states through :class:`callbacks.RNGStateCallback`, and one atomic writer for th
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import lightning as L
 import torch
@@ -32,7 +34,26 @@ from modules.training.artifacts import atomic_write_text
 from modules.training.faults import NonFiniteGuard, require_trainable_tensors
 from modules.training.timing import PhaseTimer
 
-__all__ = ["LanguageModelGame"]
+__all__ = ["LanguageModelGame", "argument_group"]
+
+G = TypeVar("G")
+
+
+def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:
+    """``value`` itself, or the dataclass ``cls`` built from a dict of its fields (as a checkpoint's hparams hold it).
+
+    Raises:
+        ValueError: naming an unknown field of the group ``name``.
+    """
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise TypeError(f"{name}: expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{name}: unknown field(s) {unknown}; known: {sorted(known)}")
+    return cls(**value)
 
 
 class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
@@ -64,6 +85,15 @@ class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         self.grad_clip = grad_clip
         self.phase_times: dict[str, float] = {}
+
+    def save_hyperparameters_and_groups(self, groups: dict[str, Any], ignore: Sequence[str] = ()) -> None:
+        """The calling ``__init__``'s arguments as hparams, with its argument groups (dataclasses) as plain dicts.
+
+        Plain values only, so that a checkpoint's hparams never name a class to import (checkpoints load with
+        ``weights_only=True``); ``ignore`` names arguments that are objects (judges, utilities) and are not saved.
+        """
+        self.save_hyperparameters(ignore=[*groups, *ignore], frame=inspect.currentframe().f_back)
+        self.hparams.update({k: dataclasses.asdict(v) for k, v in groups.items()})
 
     # ------------------------------------------------------------------------------------------------ what games give
     def policy_banks(self) -> dict[str, PolicyBank]:

@@ -41,9 +41,10 @@ from modules.algorithms.debate import (
     transcript_metrics,
 )
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame
+from modules.base import LanguageModelGame, argument_group
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
+from modules.lm.sampling import Sampling
 from modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from modules.training.faults import reset_stale_epoch_metrics
 
@@ -78,10 +79,9 @@ class DebateSelfPlay(LanguageModelGame):
         kl_beta: Weight of the k3 KL to the reference on the forked ply (0: no reference pass).
         updates_per_batch: Optimizer steps on each batch of rollouts (> 1 makes the ratio clipping act).
         scale_advantages: Divide group advantages by the group's std (GRPO) or not (mean baseline only).
-        temperature: Sampling temperature of the players, also used for the log-probabilities.
-        top_p: Nucleus mass.
-        max_new_tokens: Tokens of Alice's answer turn.
-        reply_max_new_tokens: Tokens of critique and rebuttal turns (``None``: ``max_new_tokens``).
+        sampling: How the players sample (:class:`Sampling`: temperature, also that of the log-probabilities, top-p,
+            tokens of Alice's answer turn, and ``min_new_tokens`` of every turn).
+        reply_max_new_tokens: Tokens of critique and rebuttal turns (``None``: ``sampling.max_new_tokens``).
         word_limit: Words allowed in critique and rebuttal, stated in the prompt and enforced by the penalty
             (paper: 50, 100 or 150; ``None``: no limit).
         word_penalty_coef: Penalty per word over the limit.
@@ -119,9 +119,7 @@ class DebateSelfPlay(LanguageModelGame):
         kl_beta: float = 0.0,
         updates_per_batch: int = 1,
         scale_advantages: bool = True,
-        temperature: float = 0.6,
-        top_p: float = 1.0,
-        max_new_tokens: int = 512,
+        sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
         reply_max_new_tokens: int | None = None,
         word_limit: int | None = 100,
         word_penalty_coef: float = 0.01,
@@ -146,8 +144,6 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if group_size < 2:
             raise ValueError(f"group_size (G) must be at least 2 for the group baseline, got {group_size}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
         if lr <= 0 or multi_player_lr_scale <= 0:
             raise ValueError(f"lr and multi_player_lr_scale must be positive, got {lr}, {multi_player_lr_scale}")
         if updates_per_batch < 1:
@@ -166,8 +162,8 @@ class DebateSelfPlay(LanguageModelGame):
             "critique": self._template("bob_prompt", bob_prompt, ["{problem}", "{solution}"]),
             "rebuttal": self._template("rebuttal_prompt", rebuttal_prompt, ["{critique}"]),
         }
-        self.save_hyperparameters(ignore=["lm", "judge"])
-        self.hparams["lm"] = lm.as_dict()
+        self.sampling = argument_group(Sampling, sampling, "sampling")
+        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["judge"])
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
@@ -232,9 +228,12 @@ class DebateSelfPlay(LanguageModelGame):
             prompts = [
                 self.render(ply, branches[i][k if c == g else 0]) for i, c in enumerate(counts) for k in range(c)
             ]
-            tokens = hp.max_new_tokens if ply == "answer" else (hp.reply_max_new_tokens or hp.max_new_tokens)
+            s = self.sampling
+            tokens = s.max_new_tokens if ply == "answer" else (hp.reply_max_new_tokens or s.max_new_tokens)
             with self._timed(f"generate_{ply}"):
-                out = self.bank.generate(PLAYER, prompts, 1, hp.temperature, hp.top_p, tokens)
+                out = self.bank.generate(
+                    PLAYER, prompts, 1, s.temperature, s.top_p, tokens, True, min(s.min_new_tokens, tokens)
+                )
             rollouts.append(out)
             rows = branch_rows(counts, g) if g > 1 else list(range(b))
             replies = [split_reply(text, hp.think_open, hp.think_close, hp.require_thinking) for text in out.texts]
@@ -279,11 +278,11 @@ class DebateSelfPlay(LanguageModelGame):
         stats = {"kl": 0.0, "clip_fraction": 0.0}
         current = {}
         for j, (chunk, idx) in rollout.chunks.items():
-            lp = self.bank.token_logprobs(PLAYER, chunk, hp.temperature, hp.logprob_micro_batch)
+            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, hp.logprob_micro_batch)
             ref = None
             if hp.kl_beta > 0:
                 with torch.no_grad():
-                    ref = self.bank.token_logprobs(None, chunk, hp.temperature, hp.logprob_micro_batch)
+                    ref = self.bank.token_logprobs(None, chunk, self.sampling.temperature, hp.logprob_micro_batch)
             mask = chunk.completion_mask.to(lp.device)
             adv = advantages[torch.tensor(idx, device=advantages.device)].to(lp.device)
             part, st = grpo_loss(lp, mask, adv, None if old is None else old[j], ref, clip=hp.clip, beta=hp.kl_beta)

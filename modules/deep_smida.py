@@ -25,12 +25,13 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.smida_estimators import smida_surrogate_losses
-from modules.base import LanguageModelGame
+from modules.base import LanguageModelGame, argument_group
 from modules.evaluation.figures import make_game_figures
 from modules.evaluation.game_eval import adversarial_mask, compare_pairs
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank
 from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from modules.lm.sampling import Sampling
 from modules.lm.text import fill_template
 from modules.scorers.oracle import PreferenceOracle
 from modules.scorers.utility import EnsembleUtility, Utility
@@ -51,9 +52,8 @@ class DeepSMIDA(LanguageModelGame):
         follower_lr: η_F.
         samples_per_prompt: D, leader samples per prompt (≥ 2).
         follower_samples: M, follower samples per leader sample (≥ 2).
-        temperature: Sampling temperature, also used for the log-probabilities.
-        top_p: Nucleus mass (1.0: none).
-        max_new_tokens: Tokens per generated reply (paper: 1500).
+        sampling: How both players sample (:class:`Sampling`: temperature, also that of the log-probabilities,
+            top-p, tokens per reply; the paper's 0.6 and 1500).
         follower_only: Ablation of App. G.5: the leader stays at its reference.
         system_prompt: Leader's system message.
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
@@ -81,9 +81,7 @@ class DeepSMIDA(LanguageModelGame):
         follower_lr: float = 2e-5,
         samples_per_prompt: int = 4,
         follower_samples: int = 4,
-        temperature: float = 0.6,
-        top_p: float = 1.0,
-        max_new_tokens: int = 1500,
+        sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=1500),
         follower_only: bool = False,
         system_prompt: str = QWEN_SYSTEM,
         follower_system_template: str = FOLLOWER_SYSTEM,
@@ -106,12 +104,10 @@ class DeepSMIDA(LanguageModelGame):
             )
         if tau_leader <= 0 or tau_follower <= 0:
             raise ValueError(f"tau_leader and tau_follower must be positive, got {tau_leader}, {tau_follower}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
         if "{leader_response}" not in follower_system_template:
             raise ValueError("follower_system_template must contain {leader_response}")
-        self.save_hyperparameters(ignore=["lm", "utility", "oracle"])
-        self.hparams["lm"] = lm.as_dict()
+        self.sampling = argument_group(Sampling, sampling, "sampling")
+        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["utility", "oracle"])
         self.players = PolicyBank(lm, players=("leader", "follower"))
         self.utility = utility if utility is not None else EnsembleUtility(checkpoint=None)
         self.utility.requires_grad_(False)
@@ -148,8 +144,7 @@ class DeepSMIDA(LanguageModelGame):
         self, prompts: list[str], d: int, m: int, leader: str | None = "leader", follower: str | None = "follower"
     ):
         """Leader samples ``[B·D]`` then follower samples ``[B·D·M]``, one generate call per player."""
-        hp = self.hparams
-        kw = dict(temperature=hp.temperature, top_p=hp.top_p, max_new_tokens=hp.max_new_tokens)
+        kw = self.sampling.generate_kwargs()
         lead = self.players.generate(leader, self.leader_prompts(prompts), d, **kw)
         xs = [x for x in prompts for _ in range(d)]
         foll = self.players.generate(follower, self.follower_prompts(xs, lead.texts), m, **kw)
@@ -180,11 +175,17 @@ class DeepSMIDA(LanguageModelGame):
             return
         self._log_candidate_shares(b)
         with self._timed("logprob"):
-            lp_l = self.players.logprobs("leader", lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
-            lp_f = self.players.logprobs("follower", foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
+            lp_l = self.players.logprobs("leader", lead, self.sampling.temperature, hp.logprob_micro_batch).view(b, d)
+            lp_f = self.players.logprobs("follower", foll, self.sampling.temperature, hp.logprob_micro_batch).view(
+                b, d, m
+            )
             with torch.no_grad():
-                lp_l_ref = self.players.logprobs(None, lead, hp.temperature, hp.logprob_micro_batch).view(b, d)
-                lp_f_ref = self.players.logprobs(None, foll, hp.temperature, hp.logprob_micro_batch).view(b, d, m)
+                lp_l_ref = self.players.logprobs(None, lead, self.sampling.temperature, hp.logprob_micro_batch).view(
+                    b, d
+                )
+                lp_f_ref = self.players.logprobs(None, foll, self.sampling.temperature, hp.logprob_micro_batch).view(
+                    b, d, m
+                )
         out = smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
         loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
         if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability

@@ -24,9 +24,10 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame
+from modules.base import LanguageModelGame, argument_group
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
+from modules.lm.sampling import Sampling
 from modules.scorers.reward_models import RewardModels, answer_rewards
 
 __all__ = ["GRPO"]
@@ -55,16 +56,14 @@ class GRPO(LanguageModelGame):
         weight_decay: AdamW weight decay.
         adam_betas: AdamW betas.
         grad_clip: Gradient norm clip (``None``: none).
-        temperature: Sampling temperature, also used for the log-probabilities.
-        top_p: Nucleus mass (1.0: none).
-        max_new_tokens: Tokens per reply.
-        min_new_tokens: EOS is suppressed before this many tokens (fixes the work per step; 0: off).
+        sampling: How replies are sampled (:class:`Sampling`: temperature, also that of the log-probabilities,
+            top-p, tokens per reply, and ``min_new_tokens``, which fixes the work per step).
         system_prompt: System message of the chat template (``None``: none).
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
         logprob_micro_batch: Rows per reference (and old-policy) log-probability forward (0: all at once).
         train_micro_batch: Rows per policy forward + backward (0: all at once); gradients are accumulated.
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
-        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``max_new_tokens``).
+        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
     """
 
     family = "GRPO"
@@ -86,10 +85,7 @@ class GRPO(LanguageModelGame):
         weight_decay: float = 0.0,
         adam_betas: tuple[float, float] = (0.9, 0.999),
         grad_clip: float | None = 1.0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 256,
-        min_new_tokens: int = 0,
+        sampling: Sampling = Sampling(),
         system_prompt: str | None = None,
         chat_template: bool = True,
         logprob_micro_batch: int = 0,
@@ -116,12 +112,8 @@ class GRPO(LanguageModelGame):
             raise ValueError(f"clip must be positive, got {clip}")
         if updates_per_rollout < 1:
             raise ValueError(f"updates_per_rollout must be at least 1, got {updates_per_rollout}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
-        if not 0 <= min_new_tokens <= max_new_tokens:
-            raise ValueError(f"min_new_tokens={min_new_tokens} must be in [0, max_new_tokens={max_new_tokens}]")
-        self.save_hyperparameters(ignore=["lm"])
-        self.hparams["lm"] = lm.as_dict()
+        self.sampling = argument_group(Sampling, sampling, "sampling")
+        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling})
         self.players = PolicyBank(lm, players=(PLAYER,))
         self.reward_models = (
             RewardModels(reward_models, reward_batch_size, reward_max_length, lm.dtype, lm.trust_remote_code)
@@ -167,7 +159,7 @@ class GRPO(LanguageModelGame):
 
         def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
             part = _slice_rollout(rollout, start, stop)
-            lp = self.players.token_logprobs(PLAYER, part, hp.temperature)
+            lp = self.players.token_logprobs(PLAYER, part, self.sampling.temperature)
             return grpo_loss(
                 lp,
                 part.completion_mask.to(lp.dtype),
@@ -189,15 +181,7 @@ class GRPO(LanguageModelGame):
         self.phase_times = {}
         inputs = self.format_prompts(prompts)
         with self._timed("generate"):
-            roll = self.players.generate(
-                PLAYER,
-                inputs,
-                g,
-                temperature=hp.temperature,
-                top_p=hp.top_p,
-                max_new_tokens=hp.max_new_tokens,
-                min_new_tokens=hp.min_new_tokens,
-            )
+            roll = self.players.generate(PLAYER, inputs, g, **self.sampling.generate_kwargs())
         with self._timed("score"):
             per_reward = self.rewards(
                 [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)], group_size=g
@@ -210,10 +194,10 @@ class GRPO(LanguageModelGame):
         with torch.no_grad():
             if hp.beta > 0:
                 with self._timed("ref_logprobs"):
-                    ref = self.players.token_logprobs(None, roll, hp.temperature, hp.logprob_micro_batch)
+                    ref = self.players.token_logprobs(None, roll, self.sampling.temperature, hp.logprob_micro_batch)
             if hp.updates_per_rollout > 1:
                 with self._timed("old_logprobs"):
-                    old = self.players.token_logprobs(PLAYER, roll, hp.temperature, hp.logprob_micro_batch)
+                    old = self.players.token_logprobs(PLAYER, roll, self.sampling.temperature, hp.logprob_micro_batch)
         for _ in range(hp.updates_per_rollout):
             opt.zero_grad()
             with self._timed("backward"):
@@ -254,7 +238,7 @@ class GRPO(LanguageModelGame):
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         inputs = self.format_prompts(prompts)
         roll = self.players.generate(
-            PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or hp.max_new_tokens, do_sample=False
+            PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or self.sampling.max_new_tokens, do_sample=False
         )
         per_reward = self.rewards(inputs, roll.texts, refs)
         logs = {"val/reward": (per_reward * self.reward_weight).sum(dim=1).mean()}

@@ -17,7 +17,6 @@ Validation and test: greedy answers, exact match of the final answer per model a
 from __future__ import annotations
 
 import warnings
-from functools import partial
 from typing import Any
 
 import torch
@@ -29,13 +28,14 @@ from typing_extensions import override
 from callbacks import EloRating
 from modules.algorithms import pool as rules
 from modules.algorithms.answers import answers_match
-from modules.algorithms.exp3 import SCORE_MIN, Exp3, composite_reward, linear_schedule
-from modules.base import LanguageModelGame
+from modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
+from modules.base import LanguageModelGame, argument_group
 from modules.distributed import collectives
 from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
-from modules.scorers.peer_judges import encode_texts, peer_scores
+from modules.lm.sampling import Sampling
+from modules.scorers.peer_judges import PeerJudging, encode_texts, peer_scores
 from modules.training.faults import reset_stale_epoch_metrics
 from modules.training.pool_followers import FollowerUpdates
 
@@ -79,26 +79,13 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         num_iterations: Iterations the annealing schedules span (paper: 8); set ``trainer.max_epochs`` times the
             datamodule's ``iterations_per_epoch`` to match.
         gamma: EXP3 exploration rate γ (also the probability floor γ/K).
-        difficulty_weight: λ1 of the composite reward.
-        preference_weight: λ2.
-        min_score: Threshold of the difficulty reward.
-        reward_bandwidth: Width of the preference reward's Gaussian bump.
-        ideal_gap_start: Ideal normalised score gap at the first iteration.
-        ideal_gap_end: At the last iteration.
-        match_gap_start: Target normalised reputation gap of opponent matching at the first iteration.
-        match_gap_end: At the last iteration.
-        match_bandwidth: Width of the matching kernel.
-        uniform_opponent_share: Share of duels with a uniformly random opponent.
-        num_candidates: Candidate opponents each combatant draws.
-        temperature: Response sampling temperature.
-        top_p: Response nucleus mass.
-        max_new_tokens: Tokens per response.
+        leader_reward: The leader's composite reward of a duel (:class:`CompositeReward`: λ1, λ2, the difficulty
+            threshold, the preference bump and its annealed ideal gap).
+        matchmaking: Opponent matching by reputation (:class:`~modules.algorithms.pool.Matchmaking`: candidates,
+            uniform share, kernel width and the annealed target gap).
+        sampling: How responses are sampled (:class:`Sampling`; the paper's temperature 0.7 and top-p 0.9).
         system_prompt: System message of responses and evaluation answers.
-        judge_template: Judge prompt with ``{prompt}`` and ``{response}``.
-        judge_mode: ``"generate"`` (greedy answer, parsed: JSON, regex, else 5.0, counted) or ``"constrained"`` (the
-            mean of the judge's distribution over the ten answers: for models too small to write JSON).
-        judge_prefill: Text the judge's answer is started with (e.g. ``{"score": ``), also prepended before parsing.
-        judge_max_new_tokens: Tokens per generated judgement.
+        judging: How a member judges a response (:class:`PeerJudging`: template, mode, prefill, token budget).
         lr: Learning rate of every follower (paper: 1e-6).
         dpo_beta: β of DPO.
         dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
@@ -127,25 +114,11 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         duels_per_iteration: int = 64,
         num_iterations: int = 8,
         gamma: float = 0.2,
-        difficulty_weight: float = 0.3,
-        preference_weight: float = 0.7,
-        min_score: float = 3.0,
-        reward_bandwidth: float = 0.15,
-        ideal_gap_start: float = 0.6,
-        ideal_gap_end: float = 0.15,
-        match_gap_start: float = 1.0,
-        match_gap_end: float = 0.0,
-        match_bandwidth: float = 0.25,
-        uniform_opponent_share: float = 0.2,
-        num_candidates: int = 3,
-        temperature: float = 0.7,
-        top_p: float = 0.9,
-        max_new_tokens: int = 512,
+        leader_reward: CompositeReward = CompositeReward(),
+        matchmaking: rules.Matchmaking = rules.Matchmaking(),
+        sampling: Sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=512),
         system_prompt: str = DEFAULT_SYSTEM,
-        judge_template: str = rules.DEFAULT_JUDGE_TEMPLATE,
-        judge_mode: str = "generate",
-        judge_prefill: str = "",
-        judge_max_new_tokens: int = 32,
+        judging: PeerJudging = PeerJudging(),
         lr: float = 1e-6,
         dpo_beta: float = 0.1,
         dpo_pairs: str = "all",
@@ -162,9 +135,13 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
-        self.save_hyperparameters(ignore=["lm"])
+        self.leader_reward = argument_group(CompositeReward, leader_reward, "leader_reward")
+        self.matchmaking = argument_group(rules.Matchmaking, matchmaking, "matchmaking")
+        self.sampling = argument_group(Sampling, sampling, "sampling")
+        self.judging = argument_group(PeerJudging, judging, "judging")
+        groups = ("leader_reward", "matchmaking", "sampling", "judging")
+        self.save_hyperparameters_and_groups({"lm": lm, **{k: getattr(self, k) for k in groups}})
         _check_settings(m, self.hparams)
-        self.hparams["lm"] = lm.as_dict()
         self.player_names = [f"m{i}" for i in range(m)]
         if models:
             configs = [ModelConfig.coerce({**lm.as_dict(), **_override(x)}) for x in models]
@@ -205,11 +182,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
 
     def respond(self, player: str, instructions: list[str], n: int) -> Rollout:
         """``n`` sampled responses per instruction (rows ``i*n + s``), temperature and top-p of the config."""
-        hp = self.hparams
-        prompts = [self.chat(player, x, hp.system_prompt) for x in instructions]
-        return self.bank(player).generate(
-            player, prompts, n, temperature=hp.temperature, top_p=hp.top_p, max_new_tokens=hp.max_new_tokens
-        )
+        prompts = [self.chat(player, x, self.hparams.system_prompt) for x in instructions]
+        return self.bank(player).generate(player, prompts, n, **self.sampling.generate_kwargs())
 
     def encode(
         self, player: str, prompts: list[str], completions: list[str], eos: bool = True, group_size: int = 1
@@ -219,10 +193,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
 
     def judge(self, judge: str, instructions: list[str], responses: list[str]) -> list[tuple[float, bool]]:
         """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
-        hp = self.hparams
-        fill = partial(rules.fill_judge_template, hp.judge_template)
-        prompts = [self.chat(judge, fill(x, y)) + hp.judge_prefill for x, y in zip(instructions, responses)]
-        return peer_scores(self.bank(judge), judge, prompts, hp.judge_mode, hp.judge_prefill, hp.judge_max_new_tokens)
+        j = self.judging
+        prompts = [self.chat(judge, j.user_message(x, y)) + j.prefill for x, y in zip(instructions, responses)]
+        return peer_scores(self.bank(judge), judge, prompts, j)
 
     # ------------------------------------------------------------------------------------------------ Lightning
     @override
@@ -312,14 +285,10 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
 
     def _match(self, ratings: list[float], progress: float, num_duels: int) -> tuple[list[tuple[int, int]], float]:
         """2. The duels ``(a, b)`` by reputation-based soft matching, and the annealed target gap."""
-        hp = self.hparams
-        gap = linear_schedule(hp.match_gap_start, hp.match_gap_end, progress)
-        kw = dict(
-            num_candidates=hp.num_candidates, uniform_share=hp.uniform_opponent_share, bandwidth=hp.match_bandwidth
-        )
-        duels = rules.match_duels(ratings, num_duels, gap, self.generator, **kw)
+        gap = self.matchmaking.target_gap(progress)
+        duels = self.matchmaking.duels(ratings, num_duels, gap, self.generator)
         if len(ratings) > 1:
-            weights = rules.opponent_selection_weights(ratings, gap, **kw)
+            weights = self.matchmaking.selection_weights(ratings, gap)
             self.history["selection"].append(weights)
             self.log_dict({f"match/selection_weight/{p}": w for p, w in zip(self.player_names, weights)}, batch_size=1)
         return duels, gap
@@ -376,7 +345,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             self.judge_counts[name][1] += fails
             self.counters["judgements"] += judged
             self.counters["parse_failures"] += fails
-            if judged and fails == judged and self.hparams.judge_mode == "generate":
+            if judged and fails == judged and self.judging.mode == "generate":
                 msg = f"iteration {iteration}: none of judge {name}'s {judged} judgements parsed; each counts as 5.0"
                 warnings.warn(f"{msg} (App. G)", stacklevel=3)
 
@@ -399,9 +368,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     def _update_leader(self, chosen: list[int], side_scores: list, progress: float) -> tuple[list[float], Tensor]:
         """6. The duels' composite rewards and the EXP3 update; the leader's new distribution."""
         hp = self.hparams
-        weights = (hp.difficulty_weight, hp.preference_weight, hp.min_score, hp.reward_bandwidth)
-        gaps = (hp.ideal_gap_start, hp.ideal_gap_end)
-        rewards = [composite_reward(sa, sb, progress, *weights, *gaps) for sa, sb in side_scores]
+        rewards = [self.leader_reward(sa, sb, progress) for sa, sb in side_scores]
         if hp.leader == "exp3":
             self.leader_bandit.update(chosen, rewards)
         probs = self.leader_probabilities()
@@ -531,7 +498,6 @@ def _check_settings(m: int, hp: Any) -> None:
     choices = {
         "algorithm": ("dpo", "grpo"),
         "leader": ("exp3", "uniform"),
-        "judge_mode": ("generate", "constrained"),
         "dpo_pairs": ("all", "own"),
     }
     for field, allowed in choices.items():
@@ -541,10 +507,6 @@ def _check_settings(m: int, hp: Any) -> None:
         raise ValueError("duels_per_iteration, batch_size and num_iterations must be positive")
     if hp.algorithm == "grpo" and hp.grpo_rollouts < 2:
         raise ValueError(f"grpo_rollouts must be at least 2 for a group baseline, got {hp.grpo_rollouts}")
-    if "{prompt}" not in hp.judge_template or "{response}" not in hp.judge_template:
-        raise ValueError("judge_template must contain {prompt} and {response}")
-    if hp.temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {hp.temperature}")
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")

@@ -15,7 +15,7 @@ SMALL = {
     **{
         f"debate_{p}.yaml": [
             "--data.init_args.num_prompts=40",
-            "--model.init_args.max_new_tokens=16",
+            "--model.init_args.sampling.max_new_tokens=16",
             "--model.init_args.reply_max_new_tokens=8",
             "--model.init_args.lm.name_or_path={tiny_lm_dir}",
         ]
@@ -27,26 +27,26 @@ SMALL = {
     "sft_small.yaml": ["--data.init_args.num_prompts=40"],
     "deep_smida_small_fo.yaml": [
         "--data.init_args.num_prompts=40",
-        "--model.init_args.max_new_tokens=16",
+        "--model.init_args.sampling.max_new_tokens=16",
         "--model.init_args.follower_samples=2",
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
     ],
     "deep_smida.yaml": [
         "--data.init_args.num_prompts=40",
-        "--model.init_args.max_new_tokens=16",
+        "--model.init_args.sampling.max_new_tokens=16",
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
     ],
     "grpo_tiny.yaml": [
         "--data.init_args.num_prompts=40",
         "--data.init_args.batch_size=2",
-        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.sampling.max_new_tokens=8",
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
     ],
     **{
         f"pool_{algorithm}.yaml": [
             "--model.init_args.lm.name_or_path={tiny_lm_dir}",
             "--model.init_args.duels_per_iteration=3",
-            "--model.init_args.max_new_tokens=6",
+            "--model.init_args.sampling.max_new_tokens=6",
             "--model.init_args.eval_max_new_tokens=6",
             "--data.init_args.num_problems=10",
             "--data.init_args.num_test_problems=2",

@@ -86,7 +86,7 @@ def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
         "--config",
         os.path.join(OVERLAYS, "ddp.yaml"),
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
-        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.sampling.max_new_tokens=8",
         f"--model.init_args.reward_models=[{reward}]",
         "--model.init_args.answer_reward=false",
         "--data.init_args.num_prompts=40",
@@ -172,7 +172,7 @@ def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
             "debate_ab.yaml",
             [
                 "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-                "--model.init_args.max_new_tokens=6",
+                "--model.init_args.sampling.max_new_tokens=6",
                 "--model.init_args.reply_max_new_tokens=4",
                 "--model.init_args.lm.max_prompt_tokens=48",
                 "--data.init_args.num_prompts=16",
@@ -234,7 +234,7 @@ def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, ext
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         f"--model.init_args.duels_per_iteration={duels}",
         f"--model.init_args.num_iterations={iterations}",
-        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.sampling.max_new_tokens=6",
         "--model.init_args.eval_max_new_tokens=4",
         "--model.init_args.batch_size=3",  # several follower steps per iteration, shares of 1-2 rows per rank
         "--model.init_args.lr=0.01",
@@ -372,7 +372,7 @@ def _two_process_run(
 def _grpo_args(tiny_lm_dir, reward) -> list[str]:
     return [
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
-        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.sampling.max_new_tokens=6",
         "--model.init_args.num_generations=2",
         f"--model.init_args.reward_models=[{reward}]",
         "--model.init_args.answer_reward=false",
@@ -451,7 +451,7 @@ def _tiny_debate_args(tiny_lm_dir) -> list[str]:
     """Debate-AB on the tiny policy: short plies, 8 batches of 2 problems."""
     return [
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
-        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.sampling.max_new_tokens=6",
         "--model.init_args.reply_max_new_tokens=4",
         "--model.init_args.lm.max_prompt_tokens=48",
         "--data.init_args.num_prompts=16",
@@ -545,7 +545,7 @@ def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_l
         config, bank, gens = "deep_smida.yaml", "players", 8
         extra = [
             f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
-            "--model.init_args.max_new_tokens=4",
+            "--model.init_args.sampling.max_new_tokens=4",
             "--model.init_args.lm.max_prompt_tokens=48",
             "--model.init_args.follower_samples=2",
             f"--model.init_args.utility.init_args.backbone={tiny_lm_dir}",
@@ -718,16 +718,18 @@ def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_
 
     from lightning.pytorch.strategies import FSDPStrategy
 
+    from modules.lm.sampling import Sampling
+
     if family == "grpo":
         from modules.grpo import GRPO
         from modules.lm.model_config import ModelConfig
 
-        module = GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), max_new_tokens=4)
+        module = GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), sampling=Sampling(max_new_tokens=4))
     elif family == "debate":
         from modules.debate import DebateSelfPlay
         from modules.lm.model_config import ModelConfig
 
-        module = DebateSelfPlay(lm=ModelConfig(tiny_lm_dir, lora_r=4), max_new_tokens=4)
+        module = DebateSelfPlay(lm=ModelConfig(tiny_lm_dir, lora_r=4), sampling=Sampling(max_new_tokens=4))
     else:
         from modules.deep_smida import DeepSMIDA
         from modules.lm.model_config import ModelConfig
@@ -737,7 +739,7 @@ def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_
             def forward(self, prompts, leader, follower):
                 return torch.zeros(len(follower))
 
-        module = DeepSMIDA(lm=ModelConfig(tiny_lm_dir, lora_r=4), utility=Zero(), max_new_tokens=4)
+        module = DeepSMIDA(lm=ModelConfig(tiny_lm_dir, lora_r=4), utility=Zero(), sampling=Sampling(max_new_tokens=4))
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())
     with pytest.raises(ValueError, match=r"trainer.strategy: .* inside training_step .* \(got FSDPStrategy\)"):
         module.setup("fit")

@@ -193,6 +193,7 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
     from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
     from modules.lm.model_config import ModelConfig
+    from modules.lm.sampling import Sampling
     from modules.scorers.utility import Utility
 
     class Letters(Utility):
@@ -206,7 +207,7 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
         utility=utility,
         samples_per_prompt=2,
         follower_samples=2,
-        max_new_tokens=4,
+        sampling=Sampling(temperature=0.6, max_new_tokens=4),
         max_consecutive_nonfinite=2,
     )
     model.utility.forward = _NaNAfter(utility.forward, after=3)

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
+    "CompositeReward",
     "Exp3",
-    "composite_reward",
     "difficulty_reward",
     "linear_schedule",
     "normalized_gap",
@@ -84,34 +85,52 @@ def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidt
     return math.exp(-((g - ideal_gap) ** 2) / (2.0 * bandwidth**2))
 
 
-def composite_reward(
-    score_a: float,
-    score_b: float,
-    progress: float,
-    difficulty_weight: float = 0.3,
-    preference_weight: float = 0.7,
-    min_score: float = 3.0,
-    bandwidth: float = 0.15,
-    gap_start: float = 0.6,
-    gap_end: float = 0.15,
-) -> float:
-    """The leader's reward of one duel: ``0.3 r_diff + 0.7 r_pref`` with the ideal gap annealed by ``progress``.
+@dataclass(frozen=True)
+class CompositeReward:
+    """The leader's reward of one duel: ``λ1 r_diff + λ2 r_pref`` with the ideal gap annealed by training progress.
 
-    Args:
-        score_a: Reputation-weighted peer score of the first response, in [1, 10].
-        score_b: Same for the second response.
-        progress: Training progress in [0, 1] (iteration / (iterations - 1)).
-        difficulty_weight: λ1.
-        preference_weight: λ2.
+    Call it as ``reward(score_a, score_b, progress)`` with the two reputation-weighted peer scores in [1, 10] and the
+    training progress in [0, 1] (iteration / (iterations - 1)).
+
+    Attributes:
+        difficulty_weight: λ1 (the paper's 0.3).
+        preference_weight: λ2 (the paper's 0.7).
         min_score: Threshold of the difficulty reward.
         bandwidth: Width of the preference bump.
         gap_start: Ideal normalised gap at the start of training.
         gap_end: Ideal normalised gap at the end.
+
+    Raises:
+        ValueError: for a negative weight or a non-positive bandwidth.
+
+    Example:
+        >>> round(CompositeReward()(7.4, 2.0, progress=0.0), 6)
+        0.876667
     """
-    ideal = linear_schedule(gap_start, gap_end, progress)
-    return difficulty_weight * difficulty_reward(score_a, score_b, min_score) + preference_weight * preference_reward(
-        score_a, score_b, ideal, bandwidth
-    )
+
+    difficulty_weight: float = 0.3
+    preference_weight: float = 0.7
+    min_score: float = 3.0
+    bandwidth: float = 0.15
+    gap_start: float = 0.6
+    gap_end: float = 0.15
+
+    def __post_init__(self) -> None:
+        if self.difficulty_weight < 0 or self.preference_weight < 0:
+            raise ValueError(
+                f"difficulty_weight and preference_weight must be >= 0, got {self.difficulty_weight}, "
+                f"{self.preference_weight}"
+            )
+        if not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
+
+    def __call__(self, score_a: float, score_b: float, progress: float) -> float:
+        """The reward of one duel with scores ``score_a``, ``score_b`` at training ``progress``."""
+        ideal = linear_schedule(self.gap_start, self.gap_end, progress)
+        difficulty = difficulty_reward(score_a, score_b, self.min_score)
+        return self.difficulty_weight * difficulty + self.preference_weight * preference_reward(
+            score_a, score_b, ideal, self.bandwidth
+        )
 
 
 class Exp3:

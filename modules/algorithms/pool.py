@@ -1,10 +1,10 @@
 r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs.
 
-* **Matching** (§2.2): :func:`sample_opponent` draws ``min(3, m − 1)`` candidates and picks one by a Gaussian kernel
-  :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the annealed
-  target gap ``g`` (bandwidth ``h`` is our choice: the paper says "soft matching"), or uniformly with probability 0.2;
-  :func:`opponent_distribution` is its exact marginal (Fig. 4); :func:`match_duels` draws a round's duels and
-  :func:`duel_judges` names their judges.
+* **Matching** (§2.2): :meth:`Matchmaking.sample` draws ``min(3, m − 1)`` candidates and picks one by a Gaussian
+  kernel :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the
+  annealed target gap ``g`` (bandwidth ``h`` is our choice: the paper says "soft matching"), or uniformly with
+  probability 0.2; :meth:`Matchmaking.distribution` is its exact marginal (Fig. 4); :meth:`Matchmaking.duels` draws a
+  round's duels and :func:`duel_judges` names their judges.
 * **Judging** (App. G): :func:`fill_judge_template`; :func:`parse_judgement` reads a 1–10 score (JSON, then a regex,
   else 5.0 flagged as a failure).
 * **Aggregation**: :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from modules.algorithms.answers import extract_final_answer
+from modules.algorithms.exp3 import linear_schedule
 
 __all__ = [
     "DEFAULT_JUDGE_TEMPLATE",
@@ -35,16 +36,12 @@ __all__ = [
     "fill_judge_template",
     "final_answer",
     "judge_verdicts",
-    "match_duels",
+    "Matchmaking",
     "normalized_reputations",
-    "opponent_affinities",
-    "opponent_distribution",
-    "opponent_selection_weights",
     "parse_judgement",
     "peer_score_advantages",
     "preference_pairs",
     "reputation_weighted_mean",
-    "sample_opponent",
 ]
 
 DEFAULT_SCORE = 5.0
@@ -74,125 +71,118 @@ def normalized_reputations(ratings: Sequence[float]) -> list[float]:
     return [(x - lo) / (hi - lo) for x in r]
 
 
-def opponent_affinities(
-    ratings: Sequence[float], player: int, target_gap: float, bandwidth: float = 0.25
-) -> list[float]:
-    """Affinity of ``player`` for every pool member (0 for itself): a Gaussian kernel of the gap around the target."""
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
-    norm = normalized_reputations(ratings)
-    if not 0 <= player < len(norm):
-        raise ValueError(f"player index {player} outside a pool of {len(norm)}")
-    return [
-        0.0 if j == player else math.exp(-((abs(norm[player] - x) - target_gap) ** 2) / (2.0 * bandwidth**2))
-        for j, x in enumerate(norm)
-    ]
+@dataclass(frozen=True)
+class Matchmaking:
+    """Reputation-based soft matching (§2.2): who meets whom, with the target gap annealed over training.
 
+    Attributes:
+        num_candidates: Candidates drawn per match (``min(num_candidates, m − 1)``; the paper's 3).
+        uniform_share: Probability of a uniform opponent instead of the soft match (the paper's 0.2).
+        bandwidth: Width ``h`` of the Gaussian kernel on normalised reputations (our choice: the paper says "soft").
+        gap_start: Target normalised reputation gap at the start of training (far opponents first).
+        gap_end: Target gap at the end (near peers last).
 
-def _check_matching(m: int, num_candidates: int, uniform_share: float) -> int:
-    if m < 2:
-        raise ValueError(f"opponent matching needs at least two pool members, got {m}")
-    if num_candidates < 1:
-        raise ValueError(f"num_candidates must be positive, got {num_candidates}")
-    if not 0.0 <= uniform_share <= 1.0:
-        raise ValueError(f"uniform_share must be in [0, 1], got {uniform_share}")
-    return min(num_candidates, m - 1)
-
-
-def opponent_distribution(
-    ratings: Sequence[float],
-    player: int,
-    target_gap: float,
-    num_candidates: int = 3,
-    uniform_share: float = 0.2,
-    bandwidth: float = 0.25,
-) -> list[float]:
-    """Exact probability of each opponent of ``player`` under :func:`sample_opponent` (0 for itself).
-
-    ``P(j) = u/(m−1) + (1−u) · mean over candidate sets S ∋ j of a_j / Σ_{k∈S} a_k``, enumerating all
-    ``C(m−1, c)`` sets (m ≤ 10 in practice, at most 126 sets).
+    Raises:
+        ValueError: for a non-positive ``num_candidates`` or ``bandwidth``, or ``uniform_share`` outside [0, 1].
     """
-    m = len(ratings)
-    c = _check_matching(m, num_candidates, uniform_share)
-    aff = opponent_affinities(ratings, player, target_gap, bandwidth)
-    others = [j for j in range(m) if j != player]
-    sets = list(itertools.combinations(others, c))
-    out = [0.0] * m
-    for j in others:
-        out[j] += uniform_share / (m - 1)
-    for s in sets:
-        total = sum(aff[k] for k in s)
-        for k in s:
-            # every affinity is exp(-finite²) > 0 unless it underflows; then the set is uniform
-            share = aff[k] / total if total > 0 else 1.0 / len(s)
-            out[k] += (1.0 - uniform_share) * share / len(sets)
-    return out
 
+    num_candidates: int = 3
+    uniform_share: float = 0.2
+    bandwidth: float = 0.25
+    gap_start: float = 1.0
+    gap_end: float = 0.0
 
-def sample_opponent(
-    ratings: Sequence[float],
-    player: int,
-    target_gap: float,
-    generator: torch.Generator,
-    num_candidates: int = 3,
-    uniform_share: float = 0.2,
-    bandwidth: float = 0.25,
-) -> int:
-    """Draw an opponent for ``player`` by the two-stage process of the module docstring.
+    def __post_init__(self) -> None:
+        if self.num_candidates < 1:
+            raise ValueError(f"num_candidates must be positive, got {self.num_candidates}")
+        if not 0.0 <= self.uniform_share <= 1.0:
+            raise ValueError(f"uniform_share must be in [0, 1], got {self.uniform_share}")
+        if not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
 
-    Uniform over the others with probability ``uniform_share``, else the soft match among
-    ``min(num_candidates, m − 1)`` uniformly drawn candidates.
-    """
-    m = len(ratings)
-    c = _check_matching(m, num_candidates, uniform_share)
-    others = torch.tensor([j for j in range(m) if j != player])
-    if float(torch.rand((), generator=generator, dtype=torch.float64)) < uniform_share:
-        return int(others[torch.randint(len(others), (), generator=generator)])
-    cand = others[torch.randperm(len(others), generator=generator)[:c]]
-    aff = opponent_affinities(ratings, player, target_gap, bandwidth)
-    w = torch.tensor([aff[int(k)] for k in cand], dtype=torch.float64)
-    w = w if float(w.sum()) > 0 else torch.ones_like(w)
-    return int(cand[torch.multinomial(w, 1, generator=generator)])
+    def target_gap(self, progress: float) -> float:
+        """The target gap at training ``progress`` in [0, 1], linear from ``gap_start`` to ``gap_end``."""
+        return linear_schedule(self.gap_start, self.gap_end, progress)
 
+    def affinities(self, ratings: Sequence[float], player: int, target_gap: float) -> list[float]:
+        """Affinity of ``player`` for every member (0 for itself): a Gaussian kernel of the gap around the target."""
+        norm = normalized_reputations(ratings)
+        if not 0 <= player < len(norm):
+            raise ValueError(f"player index {player} outside a pool of {len(norm)}")
+        h = self.bandwidth
+        return [
+            0.0 if j == player else math.exp(-((abs(norm[player] - x) - target_gap) ** 2) / (2.0 * h**2))
+            for j, x in enumerate(norm)
+        ]
 
-def opponent_selection_weights(
-    ratings: Sequence[float],
-    target_gap: float,
-    num_candidates: int = 3,
-    uniform_share: float = 0.2,
-    bandwidth: float = 0.25,
-) -> list[float]:
-    """How often each member is picked as an opponent when the combatant is uniform over the pool (sums to 1).
+    def _candidates(self, m: int) -> int:
+        if m < 2:
+            raise ValueError(f"opponent matching needs at least two pool members, got {m}")
+        return min(self.num_candidates, m - 1)
 
-    Uniform matching gives ``1/m`` each: the reference line of the paper's Fig. 4.
-    """
-    m = len(ratings)
-    rows = [opponent_distribution(ratings, a, target_gap, num_candidates, uniform_share, bandwidth) for a in range(m)]
-    return [sum(row[j] for row in rows) / m for j in range(m)]
+    def distribution(self, ratings: Sequence[float], player: int, target_gap: float) -> list[float]:
+        """Exact probability of each opponent of ``player`` under :meth:`sample` (0 for itself).
 
+        ``P(j) = u/(m−1) + (1−u) · mean over candidate sets S ∋ j of a_j / Σ_{k∈S} a_k``, enumerating all
+        ``C(m−1, c)`` sets (m ≤ 10 in practice, at most 126 sets).
+        """
+        m, u = len(ratings), self.uniform_share
+        c = self._candidates(m)
+        aff = self.affinities(ratings, player, target_gap)
+        others = [j for j in range(m) if j != player]
+        sets = list(itertools.combinations(others, c))
+        out = [0.0] * m
+        for j in others:
+            out[j] += u / (m - 1)
+        for s in sets:
+            total = sum(aff[k] for k in s)
+            for k in s:
+                # every affinity is exp(-finite²) > 0 unless it underflows; then the set is uniform
+                share = aff[k] / total if total > 0 else 1.0 / len(s)
+                out[k] += (1.0 - u) * share / len(sets)
+        return out
 
-def match_duels(
-    ratings: Sequence[float],
-    num_duels: int,
-    target_gap: float,
-    generator: torch.Generator,
-    num_candidates: int = 3,
-    uniform_share: float = 0.2,
-    bandwidth: float = 0.25,
-) -> list[tuple[int, int]]:
-    """``num_duels`` pairs ``(a, b)``: a uniformly drawn combatant and its :func:`sample_opponent`.
+    def sample(self, ratings: Sequence[float], player: int, target_gap: float, generator: torch.Generator) -> int:
+        """Draw an opponent for ``player`` by the two-stage process of the module docstring.
 
-    A pool of one plays itself, ``(0, 0)``, without drawing anything (the self-rewarding baseline).
-    """
-    m = len(ratings)
-    if m == 1:
-        return [(0, 0)] * num_duels
-    duels = []
-    for _ in range(num_duels):
-        a = int(torch.randint(m, (), generator=generator))
-        b = sample_opponent(ratings, a, target_gap, generator, num_candidates, uniform_share, bandwidth)
-        duels.append((a, b))
-    return duels
+        Uniform over the others with probability ``uniform_share``, else the soft match among
+        ``min(num_candidates, m − 1)`` uniformly drawn candidates.
+        """
+        m = len(ratings)
+        c = self._candidates(m)
+        others = torch.tensor([j for j in range(m) if j != player])
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < self.uniform_share:
+            return int(others[torch.randint(len(others), (), generator=generator)])
+        cand = others[torch.randperm(len(others), generator=generator)[:c]]
+        aff = self.affinities(ratings, player, target_gap)
+        w = torch.tensor([aff[int(k)] for k in cand], dtype=torch.float64)
+        w = w if float(w.sum()) > 0 else torch.ones_like(w)
+        return int(cand[torch.multinomial(w, 1, generator=generator)])
+
+    def selection_weights(self, ratings: Sequence[float], target_gap: float) -> list[float]:
+        """How often each member is picked as an opponent when the combatant is uniform over the pool (sums to 1).
+
+        Uniform matching gives ``1/m`` each: the reference line of the paper's Fig. 4.
+        """
+        m = len(ratings)
+        rows = [self.distribution(ratings, a, target_gap) for a in range(m)]
+        return [sum(row[j] for row in rows) / m for j in range(m)]
+
+    def duels(
+        self, ratings: Sequence[float], num_duels: int, target_gap: float, generator: torch.Generator
+    ) -> list[tuple[int, int]]:
+        """``num_duels`` pairs ``(a, b)``: a uniformly drawn combatant and its :meth:`sample`.
+
+        A pool of one plays itself, ``(0, 0)``, without drawing anything (the self-rewarding baseline).
+        """
+        m = len(ratings)
+        if m == 1:
+            return [(0, 0)] * num_duels
+        duels = []
+        for _ in range(num_duels):
+            a = int(torch.randint(m, (), generator=generator))
+            duels.append((a, self.sample(ratings, a, target_gap, generator)))
+        return duels
 
 
 def duel_judges(duels: Sequence[tuple[int, int]], m: int) -> list[list[int]]:

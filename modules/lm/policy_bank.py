@@ -23,6 +23,7 @@ from modules.lm.model_config import ModelConfig
 
 __all__ = ["PolicyBank", "Rollout"]
 
+
 @dataclass
 class Rollout:
     """Sampled sequences of one player.

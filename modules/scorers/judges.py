@@ -29,6 +29,7 @@ from typing_extensions import override
 
 from modules.algorithms.answers import answers_match
 from modules.algorithms.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
+from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, check_timeout, load_frozen_causal_lm
 from modules.training.faults import call_with_timeout
 
@@ -271,9 +272,8 @@ class HFJudge(DebateJudge):
         chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
         max_answer_words: Words of the visible answer that count (``None``: all).
         num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
-        temperature: Sampling temperature of the votes.
-        top_p: Nucleus mass.
-        max_new_tokens: Tokens per verdict (with chain of thought it needs room to think).
+        sampling: How the votes are sampled (:class:`Sampling`; ``max_new_tokens`` per verdict: with chain of thought
+            it needs room to think).
         max_prompt_tokens: Prompt tokens kept (cut from the left, so the instructions at the end survive).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
@@ -292,9 +292,7 @@ class HFJudge(DebateJudge):
         chain_of_thought: bool = True,
         max_answer_words: int | None = None,
         num_votes: int = 8,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 256,
+        sampling: Sampling = Sampling(),
         max_prompt_tokens: int = 2048,
         think_open: str = "<think>",
         think_close: str = "</think>",
@@ -305,12 +303,10 @@ class HFJudge(DebateJudge):
     ) -> None:
         super().__init__(num_votes, seed, timeout_s)
         check_placeholders(template, ("{problem}", "{transcript}", "{instructions}"))
-        if temperature <= 0:
-            raise ValueError(f"judge temperature must be positive, got {temperature}")
         if max_answer_words is not None and max_answer_words < 1:
             raise ValueError(f"max_answer_words must be positive or None, got {max_answer_words}")
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
-        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.sampling = sampling
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.device = torch.device("cpu")
@@ -372,11 +368,12 @@ class HFJudge(DebateJudge):
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 do_sample=True,
-                temperature=self.temperature,
-                top_p=self.top_p,
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
                 top_k=0,
                 num_return_sequences=self.num_votes,
-                max_new_tokens=self.max_new_tokens,
+                max_new_tokens=self.sampling.max_new_tokens,
+                min_new_tokens=self.sampling.min_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.tokenizer.eos_token_id,
             )

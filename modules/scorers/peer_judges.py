@@ -10,15 +10,51 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
-from modules.algorithms.pool import DEFAULT_SCORE, parse_judgement
+from modules.algorithms.pool import DEFAULT_JUDGE_TEMPLATE, DEFAULT_SCORE, fill_judge_template, parse_judgement
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.text import pad_sequences
 
-__all__ = ["encode_texts", "peer_scores"]
+__all__ = ["PeerJudging", "encode_texts", "peer_scores"]
+
+MODES = ("generate", "constrained")
+
+
+@dataclass(frozen=True)
+class PeerJudging:
+    """How a pool member judges a response: the prompt it reads and how its 1–10 score is read off.
+
+    Attributes:
+        template: Judge prompt with ``{prompt}`` and ``{response}`` (App. G's by default).
+        mode: ``"generate"`` (greedy answer, parsed: JSON, regex, else 5.0, counted) or ``"constrained"`` (the mean of
+            the judge's distribution over the ten answers: for models too small to write JSON).
+        prefill: Text the judge's answer is started with (e.g. ``{"score": ``), also prepended before parsing.
+        max_new_tokens: Tokens per generated judgement.
+
+    Raises:
+        ValueError: for an unknown mode, a template without both fields, or a non-positive token budget.
+    """
+
+    template: str = DEFAULT_JUDGE_TEMPLATE
+    mode: str = "generate"
+    prefill: str = ""
+    max_new_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"judging.mode must be one of {MODES}, got {self.mode!r}")
+        if "{prompt}" not in self.template or "{response}" not in self.template:
+            raise ValueError("judging.template must contain {prompt} and {response}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"judging.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+
+    def user_message(self, instruction: str, response: str) -> str:
+        """The judge's user message for one (instruction, response)."""
+        return fill_judge_template(self.template, instruction, response)
 
 
 def encode_texts(
@@ -44,21 +80,20 @@ def encode_texts(
     return Rollout(seq, att, enc["input_ids"].shape[1], mask.to(device), list(completions), group_size)
 
 
-def peer_scores(
-    bank: PolicyBank, judge: str, prompts: Sequence[str], mode: str, prefill: str = "", max_new_tokens: int = 32
-) -> list[tuple[float, bool]]:
-    """Player ``judge``'s score in [1, 10] of each judge prompt (already ending in ``prefill``), and whether it read.
+def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: PeerJudging) -> list[tuple[float, bool]]:
+    """Player ``judge``'s score in [1, 10] of each judge prompt (already ending in the prefill), and whether it read.
 
-    ``mode`` is ``"generate"`` or ``"constrained"`` (module docstring).
+    ``judging.mode`` is ``"generate"`` or ``"constrained"`` (module docstring).
     """
     if not prompts:
         return []
-    if mode == "constrained":
+    prefill = judging.prefill
+    if judging.mode == "constrained":
         return [
             (s, True) if math.isfinite(s) else (DEFAULT_SCORE, False)
             for s in _constrained(bank, judge, prompts, prefill)
         ]
-    out = bank.generate(judge, list(prompts), 1, max_new_tokens=max_new_tokens, do_sample=False)
+    out = bank.generate(judge, list(prompts), 1, max_new_tokens=judging.max_new_tokens, do_sample=False)
     return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
 
 

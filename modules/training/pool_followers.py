@@ -27,7 +27,7 @@ class FollowerUpdates:
     """Mixin of :class:`modules.pool.StackelbergPool`: phase 7, the followers' optimizer steps.
 
     It uses the pool's ``player_names``, ``bank``/``chat``/``encode``, ``counters`` and ``epoch_means``, its
-    hyper-parameters (``batch_size``, ``micro_batch``, ``dpo_beta``, ``dpo_pairs``, ``grpo_*``, ``temperature``,
+    hyper-parameters (``batch_size``, ``micro_batch``, ``dpo_beta``, ``dpo_pairs``, ``grpo_*``, ``sampling``,
     ``system_prompt``) and :class:`modules.base.LanguageModelGame`'s step machinery. Each method returns the numbers
     to log.
     """
@@ -114,9 +114,9 @@ class FollowerUpdates:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
             adv = rules.peer_score_advantages(rewards, g).to(self.device)
             with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
-                old = self.bank(p).token_logprobs(p, out, hp.temperature, hp.micro_batch)
+                old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, hp.micro_batch)
                 if hp.grpo_beta > 0:
-                    ref = self.bank(p).token_logprobs(None, out, hp.temperature, hp.micro_batch)
+                    ref = self.bank(p).token_logprobs(None, out, self.sampling.temperature, hp.micro_batch)
         owned = [collectives.owns(self._trainer, d) for d, _ in slots for _ in range(g)]  # in duel order, as `out`
         clipped: list[float] = []
         loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, clipped)
@@ -134,7 +134,7 @@ class FollowerUpdates:
         """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows)."""
         hp, rows = self.hparams, slice(a, b)
         sub = _rows(out, rows)
-        lp = self.bank(p).token_logprobs(p, sub, hp.temperature)
+        lp = self.bank(p).token_logprobs(p, sub, self.sampling.temperature)
         mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[rows]
         loss, st = grpo_loss(lp, mask, adv[rows], old[rows], ref_rows, hp.grpo_clip, hp.grpo_beta)
         clipped.append(float(st["clip_fraction"]))

@@ -205,7 +205,7 @@ FAMILIES: dict[str, Family] = {
             config="deep_smida.yaml",
             args=(
                 "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-                "--model.init_args.max_new_tokens=4",
+                "--model.init_args.sampling.max_new_tokens=4",
                 "--model.init_args.lm.max_prompt_tokens=48",  # cut from the left: short sequences, fast steps
                 "--model.init_args.follower_samples=2",
                 "--model.init_args.utility.init_args.backbone={tiny_lm_dir}",
@@ -250,7 +250,7 @@ FAMILIES: dict[str, Family] = {
                 "--model.init_args.lm.name_or_path={tiny_lm_dir}",
                 "--model.init_args.duels_per_iteration=2",
                 "--model.init_args.num_iterations=13",
-                "--model.init_args.max_new_tokens=4",
+                "--model.init_args.sampling.max_new_tokens=4",
                 "--model.init_args.eval_max_new_tokens=4",
                 *_TINY_LORA,
                 "--data.init_args.num_problems=20",
@@ -277,7 +277,7 @@ FAMILIES: dict[str, Family] = {
                 "--model.init_args.reward_models=[{tiny_lm_dir}]",
                 "--model.init_args.answer_reward=false",
                 "--model.init_args.num_generations=2",
-                "--model.init_args.max_new_tokens=4",
+                "--model.init_args.sampling.max_new_tokens=4",
                 *_TINY_LORA,
                 "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
                 *_FOURTEEN_STEPS,
@@ -293,7 +293,7 @@ FAMILIES: dict[str, Family] = {
             args=(
                 "--model.init_args.lm.name_or_path={tiny_lm_dir}",
                 "--model.init_args.group_size=2",
-                "--model.init_args.max_new_tokens=4",
+                "--model.init_args.sampling.max_new_tokens=4",
                 "--model.init_args.reply_max_new_tokens=4",
                 *_TINY_LORA,
                 "--data.init_args.num_prompts=16",  # 8 train problems (4 batches of 2), 8 validation

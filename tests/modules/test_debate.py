@@ -12,6 +12,7 @@ from callbacks import matthews_corrcoef_from_counts
 from modules.algorithms.debate import Transcript, split_reply
 from modules.debate import DebateSelfPlay
 from modules.lm.model_config import ModelConfig
+from modules.lm.sampling import Sampling
 from modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
 PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava have now?", "What is 4 + 4?", "1 + 1?"]
@@ -22,7 +23,7 @@ def _module(tiny_lm_dir, protocol="debate_aba", players="lora", **kw):
         lm=ModelConfig(tiny_lm_dir, players=players, lora_r=4, lora_alpha=8),
         protocol=protocol,
         group_size=2,
-        max_new_tokens=8,
+        sampling=Sampling(temperature=0.6, max_new_tokens=8),
         reply_max_new_tokens=6,
         require_thinking=False,
         alice_prompt="{problem}",
@@ -209,7 +210,9 @@ def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
     from modules.scorers.judges import HFJudge
 
     L.seed_everything(0)
-    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, max_answer_words=50, num_votes=8, max_new_tokens=4)
+    judge = HFJudge(
+        tiny_lm_dir, chain_of_thought=False, max_answer_words=50, num_votes=8, sampling=Sampling(max_new_tokens=4)
+    )
     calls = []
     original = judge.model.generate
     judge.model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or original(**kw)
@@ -380,7 +383,7 @@ def test_a_judge_in_time_is_not_changed_by_the_time_limit():
 
 
 def test_hf_judge_bounds_its_own_generation_time(tiny_lm_dir):
-    judge = HFJudge(tiny_lm_dir, num_votes=4, max_new_tokens=64, timeout_s=1e-4)
+    judge = HFJudge(tiny_lm_dir, num_votes=4, sampling=Sampling(max_new_tokens=64), timeout_s=1e-4)
     seen = {}
     original = judge.model.generate
 

@@ -11,6 +11,7 @@ from helpers.decode_spy import spy_decodes
 
 from modules.deep_smida import DeepSMIDA
 from modules.lm.model_config import ModelConfig
+from modules.lm.sampling import Sampling
 from modules.scorers.utility import Utility, utility_from_member_probs
 
 
@@ -32,7 +33,7 @@ def _model(tiny_lm_dir, **kw):
         utility=LengthUtility(),
         samples_per_prompt=2,
         follower_samples=2,
-        max_new_tokens=8,
+        sampling=Sampling(temperature=0.6, max_new_tokens=8),
         leader_lr=1e-2,
         follower_lr=1e-2,
         tau_leader=0.1,
@@ -208,7 +209,7 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
         "--config",
         os.path.join(root, "configs", "deep_smida.yaml"),
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
-        "--model.init_args.max_new_tokens=8",
+        "--model.init_args.sampling.max_new_tokens=8",
         "--model.init_args.utility.init_args.num_members=3",
         "--data.init_args.num_prompts=40",
         "--data.init_args.batch_size=2",

@@ -8,6 +8,7 @@ from helpers.decode_spy import spy_decodes
 from modules.grpo import GRPO
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_reward_model
+from modules.lm.sampling import Sampling
 from modules.scorers.reward_models import RewardModels, answer_rewards
 
 
@@ -24,10 +25,9 @@ def _model(tiny_lm_dir, **kw):
     args = dict(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
         num_generations=2,
-        max_new_tokens=6,
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
         lr=5e-2,
         beta=0.1,
-        temperature=1.0,
         chat_template=False,
     )
     args.update(kw)
@@ -194,13 +194,13 @@ def test_bad_settings_are_refused(tiny_lm_dir, tmp_path):
     with pytest.raises(ValueError, match="num_generations must be at least 2"):
         _model(tiny_lm_dir, num_generations=1)
     with pytest.raises(ValueError, match="min_new_tokens"):
-        _model(tiny_lm_dir, min_new_tokens=10)
+        _model(tiny_lm_dir, sampling=Sampling(max_new_tokens=6, min_new_tokens=10))
     with pytest.raises(OSError, match=r"reward_models\[0\]"):
         _model(tiny_lm_dir, reward_models=[str(tmp_path / "missing")])
 
 
 def test_min_new_tokens_fixes_the_reply_length(tiny_lm_dir):
-    model = _model(tiny_lm_dir, min_new_tokens=6)
+    model = _model(tiny_lm_dir, sampling=Sampling(max_new_tokens=6, min_new_tokens=6))
     torch.manual_seed(0)
     roll = model.players.generate("policy", ["1+1="], 3, max_new_tokens=6, min_new_tokens=6, temperature=1.0)
     assert roll.completion_mask.sum(1).tolist() == [6, 6, 6]

@@ -9,21 +9,26 @@ import torch
 
 from callbacks import EloRating
 from datamodules.pool import InstructionPoolDataModule, split_pool
-from modules.algorithms.pool import final_answer
+from modules.algorithms.exp3 import CompositeReward
+from modules.algorithms.pool import Matchmaking, final_answer
 from modules.distributed.collectives import local_batches, shared_rows
 from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
+from modules.lm.sampling import Sampling
 from modules.pool import StackelbergPool
+from modules.scorers.peer_judges import PeerJudging
 
 SMALL = dict(
     duels_per_iteration=3,
     num_iterations=2,
-    max_new_tokens=6,
+    sampling=Sampling(temperature=0.7, top_p=0.9, max_new_tokens=6),
     eval_max_new_tokens=6,
-    judge_max_new_tokens=6,
-    judge_template="{prompt} {response}",
     lr=1e-2,
     batch_size=4,
 )
+
+
+def _judging(mode: str = "generate", prefill: str = "") -> PeerJudging:
+    return PeerJudging(template="{prompt} {response}", mode=mode, prefill=prefill, max_new_tokens=6)
 
 
 def _lm(path, **kw):
@@ -92,16 +97,44 @@ def test_a_pool_without_a_non_competing_judge_is_refused(m, tiny_lm_dir):
         StackelbergPool(lm=_lm(tiny_lm_dir), num_players=m)
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("algorithm", "ppo"), ("leader", "greedy"), ("judge_mode", "vibes"), ("dpo_pairs", "some")]
-)
+@pytest.mark.parametrize(("field", "value"), [("algorithm", "ppo"), ("leader", "greedy"), ("dpo_pairs", "some")])
 def test_bad_options_name_the_field(field, value, tiny_lm_dir):
     with pytest.raises(ValueError, match=field):
         StackelbergPool(lm=_lm(tiny_lm_dir), **{field: value})
 
 
+@pytest.mark.parametrize(
+    ("group", "kwargs", "message"),
+    [
+        (PeerJudging, {"mode": "vibes"}, "judging.mode"),
+        (PeerJudging, {"template": "{prompt} only"}, "judging.template"),
+        (PeerJudging, {"max_new_tokens": 0}, "judging.max_new_tokens"),
+        (Sampling, {"temperature": 0.0}, "sampling.temperature"),
+        (Sampling, {"top_p": 1.5}, "sampling.top_p"),
+        (Matchmaking, {"uniform_share": 1.2}, "uniform_share"),
+        (Matchmaking, {"num_candidates": 0}, "num_candidates"),
+        (CompositeReward, {"bandwidth": 0.0}, "bandwidth"),
+        (CompositeReward, {"difficulty_weight": -0.1}, "difficulty_weight"),
+    ],
+)
+def test_bad_argument_groups_name_the_field(group, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        group(**kwargs)
+
+
+def test_argument_groups_reach_the_game_and_the_checkpoint(tiny_lm_dir):
+    """The groups' fields drive the game, and hparams hold them as plain values (nothing a checkpoint must unpickle)."""
+    match = Matchmaking(num_candidates=1, gap_start=0.4, gap_end=0.2)
+    reward = CompositeReward(difficulty_weight=1.0, preference_weight=0.0)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), matchmaking=match, leader_reward=reward, **SMALL)
+    assert module.matchmaking.target_gap(0.5) == pytest.approx(0.3)
+    assert module.leader_reward(4.0, 6.0, 0.0) == pytest.approx(5.0 / 9.0)  # (10 - 5) / 9: difficulty alone
+    assert module.hparams["matchmaking"]["num_candidates"] == 1 and module.hparams["sampling"]["max_new_tokens"] == 6
+    assert all(isinstance(module.hparams[k], dict) for k in ("matchmaking", "leader_reward", "sampling", "judging"))
+
+
 def test_the_pool_rates_its_own_players(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", elo={"k_factor": 16.0}, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), elo={"k_factor": 16.0}, **SMALL)
     assert module.elo.players == module.player_names and module.elo.k_factor == 16.0
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
     assert not any(isinstance(c, EloRating) for c in trainer.callbacks)  # no callback: the module applies them
@@ -116,7 +149,9 @@ def test_the_pool_rates_its_own_players(tiny_lm_dir, tmp_path, short_pool):
 
 
 def test_an_elo_callback_given_to_the_trainer_is_warned_about(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", **{**SMALL, "duels_per_iteration": 1})
+    module = StackelbergPool(
+        lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **{**SMALL, "duels_per_iteration": 1}
+    )
     user = EloRating(module.player_names)
     with pytest.warns(UserWarning, match="rates its own players"):
         _fit(module, short_pool, tmp_path=tmp_path, callbacks=[user])
@@ -126,7 +161,7 @@ def test_an_elo_callback_given_to_the_trainer_is_warned_about(tiny_lm_dir, tmp_p
 def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, tmp_path, short_pool):
     # A random tiny model never writes a score: every judgement is 5.0, counted, every duel ties, so there is no DPO
     # pair and no follower moves; the leader still updates (a tie is a valid duel outcome).
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="generate", **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("generate"), **SMALL)
     before = _adapters(module)
     with pytest.warns(UserWarning, match="none of judge"):
         trainer = _fit(module, short_pool, tmp_path=tmp_path)
@@ -141,7 +176,7 @@ def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, t
 
 
 def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", judge_prefill='{"score": ', **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained", '{"score": '), **SMALL)
     real_respond = module.respond
 
     def respond(player, instructions, n):
@@ -166,14 +201,14 @@ def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path,
 
 
 def test_checkpoint_restores_the_game(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **SMALL)
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
     path = tmp_path / "pool.ckpt"
     trainer.save_checkpoint(path)
     ckpt = torch.load(path, weights_only=True)
     assert not any("base_layer" in k for k in ckpt["state_dict"])  # the frozen base is not stored
     assert not any("EloRating" in k for k in ckpt["callbacks"])  # the ratings are the game's, not a callback's
-    fresh = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", **SMALL)
+    fresh = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **SMALL)
     fresh.on_load_checkpoint(ckpt)
     fresh.load_state_dict(ckpt["state_dict"], strict=False)
     assert torch.equal(fresh.leader_probabilities(), module.leader_probabilities())
@@ -193,7 +228,7 @@ def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
         lm=_lm(tiny_lm_dir),
         algorithm="grpo",
         grpo_rollouts=2,
-        judge_mode="constrained",
+        judging=_judging("constrained"),
         **{**SMALL, "duels_per_iteration": 2},
     )
     before = _adapters(module)
@@ -206,7 +241,9 @@ def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
 
 
 def test_self_rewarding_baseline_with_uniform_leader_and_validation(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), num_players=1, leader="uniform", judge_mode="constrained", **SMALL)
+    module = StackelbergPool(
+        lm=_lm(tiny_lm_dir), num_players=1, leader="uniform", judging=_judging("constrained"), **SMALL
+    )
     trainer = _fit(module, short_pool, limit_val_batches=1, tmp_path=tmp_path)
     assert module.history["selection"] == []
     k = len(module.history["weights"][0])
@@ -257,7 +294,7 @@ def test_separate_models_each_get_a_bank(tiny_lm_dir):
 
 
 def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short_pool):
-    kw = dict(lm=_lm(tiny_lm_dir), judge_mode="constrained", **SMALL)
+    kw = dict(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **SMALL)
 
     def trainer(epochs, module, root):
         return L.Trainer(
@@ -338,7 +375,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
     from callbacks.fault_tolerance import AtomicCheckpointIO
 
     L.seed_everything(0)
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
     module._dpo_rows_loss = _NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
     trainer = L.Trainer(
         max_epochs=1,
@@ -362,7 +399,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 
 
 def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path, short_pool):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judge_mode="constrained", max_consecutive_nonfinite=2, **SMALL)
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
     module.judge = lambda judge, instructions, responses: [(float("nan"), True)] * len(instructions)
     adapters, elo = _adapters(module), module.elo
     trainer = L.Trainer(

@@ -24,6 +24,7 @@ from modules.algorithms.debate import (
     vote_share,
     word_penalty,
 )
+from modules.lm.sampling import Sampling
 from modules.scorers.judges import HFJudge, JudgeVotes, ProgrammaticJudge
 
 
@@ -329,17 +330,19 @@ def test_judge_votes_shares_count_unparseable():
 
 
 def test_hf_judge_reads_visible_capped_verdicts(tiny_lm_dir):
-    judge = HFJudge(tiny_lm_dir, chain_of_thought=True, max_answer_words=5, num_votes=8, max_new_tokens=4)
+    judge = HFJudge(
+        tiny_lm_dir, chain_of_thought=True, max_answer_words=5, num_votes=8, sampling=Sampling(max_new_tokens=4)
+    )
     assert judge.read_vote("<think>Verdict: Bob</think> Verdict: Alice") == 1.0  # its own CoT is cut off
     assert math.isnan(judge.read_vote("<think>never closed Verdict: Alice"))
     assert math.isnan(judge.read_vote("one two three four five Verdict: Alice"))  # past the answer-length cap
-    weak = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=8, max_new_tokens=4)
+    weak = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=8, sampling=Sampling(max_new_tokens=4))
     assert weak.read_vote("Verdict: Bob") == 0.0
     assert "Do not explain" in weak.render(_t("debate_ab", ANSWER, "no"))
 
 
 def test_hf_judge_samples_all_votes_in_one_generate_call(tiny_lm_dir):
-    judge = HFJudge(tiny_lm_dir, num_votes=8, max_new_tokens=6, seed=0)
+    judge = HFJudge(tiny_lm_dir, num_votes=8, sampling=Sampling(max_new_tokens=6), seed=0)
     calls = []
     original = judge.model.generate
 

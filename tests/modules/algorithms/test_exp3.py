@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modules import Exp3
-from modules.algorithms.exp3 import composite_reward, difficulty_reward, linear_schedule, preference_reward
+from modules.algorithms.exp3 import CompositeReward, difficulty_reward, linear_schedule, preference_reward
 
 
 def test_initial_probabilities_are_uniform():
@@ -123,13 +123,13 @@ def test_preference_reward():
 
 def test_composite_reward_anneals_the_ideal_gap():
     # start (ideal 0.6): gap 0.6 → r_pref 1; r_diff = (10 − 4.7)/9 = 0.5888889 → 0.3·0.5888889 + 0.7 = 0.8766667
-    assert composite_reward(7.4, 2.0, progress=0.0) == pytest.approx(0.8766667, rel=1e-6)
+    assert CompositeReward()(7.4, 2.0, progress=0.0) == pytest.approx(0.8766667, rel=1e-6)
     # end (ideal 0.15): gap 1.35/9 = 0.15 → r_pref 1; r_diff = (10 − 4.325)/9 = 0.6305556 → 0.8891667
-    assert composite_reward(5.0, 3.65, progress=1.0) == pytest.approx(0.8891667, rel=1e-6)
+    assert CompositeReward()(5.0, 3.65, progress=1.0) == pytest.approx(0.8891667, rel=1e-6)
     # the same duel is worth less once the ideal gap has moved away from it
-    assert composite_reward(7.4, 2.0, progress=1.0) < composite_reward(7.4, 2.0, progress=0.0)
+    assert CompositeReward()(7.4, 2.0, progress=1.0) < CompositeReward()(7.4, 2.0, progress=0.0)
     for a, b, t in [(1, 1, 0), (10, 1, 0.3), (5, 5, 1), (10, 10, 0.5)]:
-        assert 0.0 <= composite_reward(a, b, t) <= 1.0
+        assert 0.0 <= CompositeReward()(a, b, t) <= 1.0
 
 
 @settings(max_examples=60, deadline=None)

@@ -9,21 +9,19 @@ from hypothesis import strategies as st
 
 from modules.algorithms.pool import (
     DEFAULT_SCORE,
+    Matchmaking,
     aggregate_duel,
     duel_judges,
     fill_judge_template,
     judge_verdicts,
-    match_duels,
     normalized_reputations,
-    opponent_affinities,
-    opponent_distribution,
-    opponent_selection_weights,
     parse_judgement,
     peer_score_advantages,
     preference_pairs,
     reputation_weighted_mean,
-    sample_opponent,
 )
+
+MATCH = Matchmaking()  # the paper's: 3 candidates, uniform share 0.2; our kernel width 0.25
 
 
 def test_normalized_reputations():
@@ -36,13 +34,13 @@ def test_normalized_reputations():
 def test_opponent_distribution_hand_computed_three_models():
     # normalised [0, 0.5, 1]; target gap 1, bandwidth 0.25: a_1 = exp(−0.25/0.125) = e^−2 = 0.1353353, a_2 = 1.
     # m = 3: both others are the candidates; P_j = 0.2/2 + 0.8·a_j/(a_1 + a_2).
-    aff = opponent_affinities([1000, 1100, 1200], 0, target_gap=1.0)
+    aff = MATCH.affinities([1000, 1100, 1200], 0, target_gap=1.0)
     assert aff == pytest.approx([0.0, math.exp(-2), 1.0])
-    p = opponent_distribution([1000, 1100, 1200], 0, target_gap=1.0)
+    p = MATCH.distribution([1000, 1100, 1200], 0, target_gap=1.0)
     share = math.exp(-2) / (1 + math.exp(-2))
     assert p == pytest.approx([0.0, 0.1 + 0.8 * share, 0.1 + 0.8 * (1 - share)])
     # target gap 0 (late training): the near peer is preferred
-    late = opponent_distribution([1000, 1100, 1200], 0, target_gap=0.0)
+    late = MATCH.distribution([1000, 1100, 1200], 0, target_gap=0.0)
     assert late[1] > late[2]
 
 
@@ -54,32 +52,32 @@ def test_opponent_distribution_with_candidate_sets_hand_computed():
     sets_with_4 = 3  # of the 4 sets, 3 contain player 4: {1,2,4}, {1,3,4}, {2,3,4}; {1,2,3} does not
     p4 = 0.2 / 4 + 0.8 * sets_with_4 / 4 * (1 / (1 + 2 * a))
     p1 = 0.2 / 4 + 0.8 / 4 * (2 * a / (1 + 2 * a) + 1 / 3)  # in 2 sets with 4, and in {1,2,3}
-    p = opponent_distribution(ratings, 0, target_gap=1.0)
+    p = MATCH.distribution(ratings, 0, target_gap=1.0)
     assert p[0] == 0.0 and sum(p) == pytest.approx(1.0)
     assert p[4] == pytest.approx(p4) and p[1] == pytest.approx(p1) and p[2] == pytest.approx(p1)
 
 
 def test_sampler_matches_the_exact_marginal():
     ratings = [1000.0, 1040.0, 1130.0, 1210.0, 1300.0]
-    exact = opponent_distribution(ratings, 2, target_gap=0.7)
+    exact = MATCH.distribution(ratings, 2, target_gap=0.7)
     g = torch.Generator().manual_seed(0)
     n = 8000
     counts = [0] * 5
     for _ in range(n):
-        counts[sample_opponent(ratings, 2, 0.7, g)] += 1
+        counts[MATCH.sample(ratings, 2, 0.7, g)] += 1
     assert counts[2] == 0
     assert [c / n for c in counts] == pytest.approx(exact, abs=0.02)
 
 
 def test_selection_weights_uniform_for_equal_reputations():
-    assert opponent_selection_weights([1000.0] * 4, target_gap=1.0) == pytest.approx([0.25] * 4)
-    w = opponent_selection_weights([900.0, 1000.0, 1100.0], target_gap=1.0)
+    assert MATCH.selection_weights([1000.0] * 4, target_gap=1.0) == pytest.approx([0.25] * 4)
+    w = MATCH.selection_weights([900.0, 1000.0, 1100.0], target_gap=1.0)
     assert sum(w) == pytest.approx(1.0) and w[1] < 1 / 3  # the middle one is never a gap-1 opponent
 
 
 def test_matching_needs_two_members():
     with pytest.raises(ValueError, match="at least two"):
-        opponent_distribution([1000.0], 0, 1.0)
+        MATCH.distribution([1000.0], 0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -122,15 +120,16 @@ def test_verdicts_and_pairs():
 
 def test_match_duels_draws_a_uniform_combatant_then_its_opponent():
     ratings = [1000.0, 1100.0, 1200.0, 1300.0]
-    duels = match_duels(ratings, 6, 0.5, torch.Generator().manual_seed(3), num_candidates=2)
+    two = Matchmaking(num_candidates=2)
+    duels = two.duels(ratings, 6, 0.5, torch.Generator().manual_seed(3))
     replay, g = [], torch.Generator().manual_seed(3)  # the same draws, one duel at a time
     for _ in range(6):
         a = int(torch.randint(4, (), generator=g))
-        replay.append((a, sample_opponent(ratings, a, 0.5, g, num_candidates=2)))
+        replay.append((a, two.sample(ratings, a, 0.5, g)))
     assert duels == replay and all(a != b for a, b in duels)
     g = torch.Generator().manual_seed(0)
     state = g.get_state()
-    assert match_duels([1000.0], 3, 1.0, g) == [(0, 0)] * 3 and torch.equal(g.get_state(), state)  # draws nothing
+    assert two.duels([1000.0], 3, 1.0, g) == [(0, 0)] * 3 and torch.equal(g.get_state(), state)  # draws nothing
 
 
 def test_duel_judges_are_the_members_outside_the_duel():

@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from modules.lm.model_config import ModelConfig
+from modules.lm.sampling import Sampling
 
 
 @pytest.mark.parametrize(
@@ -79,7 +80,7 @@ def spies(monkeypatch):
 def _grpo(lm):
     from modules.grpo import GRPO
 
-    return GRPO(lm=lm, max_new_tokens=4)
+    return GRPO(lm=lm, sampling=Sampling(max_new_tokens=4))
 
 
 def _deep_smida(lm):
@@ -90,7 +91,7 @@ def _deep_smida(lm):
         def forward(self, prompts, leader, follower):
             return torch.zeros(len(prompts))
 
-    return DeepSMIDA(lm=lm, utility=Constant(), max_new_tokens=4)
+    return DeepSMIDA(lm=lm, utility=Constant(), sampling=Sampling(max_new_tokens=4))
 
 
 def _sft(lm):
@@ -102,7 +103,7 @@ def _sft(lm):
 def _debate(lm):
     from modules.debate import DebateSelfPlay
 
-    return DebateSelfPlay(lm=lm, max_new_tokens=4)
+    return DebateSelfPlay(lm=lm, sampling=Sampling(max_new_tokens=4))
 
 
 def _preference(lm):
