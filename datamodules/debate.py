@@ -70,7 +70,7 @@ class DebateDataModule(PromptDataModule):
     @override
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
-        if self.splits or self.problems == "arithmetic" or hp.path is not None or hp.name is not None:
+        if self.splits or self.problems == "arithmetic" or not self.source.generated:
             super().setup(stage)
             return
         rows = single_step_problems(

@@ -12,7 +12,12 @@ FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "cs
 
 
 def open_table(
-    path: str | None, name: str | None, split: str, columns: Mapping[str, str | None] | Iterable[str | None]
+    path: str | None,
+    name: str | None,
+    split: str,
+    columns: Mapping[str, str | None] | Iterable[str | None],
+    config_name: str | None = None,
+    revision: str | None = None,
 ) -> tuple[Any, str]:
     """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
 
@@ -22,6 +27,8 @@ def open_table(
         split: Split of the hub dataset.
         columns: Columns that must be present (``None`` entries are skipped); a mapping field → column also names
             the field in the error.
+        config_name: Subset of the hub dataset (GSM8K's ``"main"``).
+        revision: Git revision of the hub dataset (a tag or commit, for a reproducible run).
 
     Returns:
         ``(dataset, where)`` with ``where`` a short description for error messages.
@@ -51,7 +58,8 @@ def open_table(
             raise ValueError(f"data.path: {path!r} cannot be read as {FORMATS[ext]} ({detail})") from e
         where = repr(path)
     elif name is not None:
-        ds, where = datasets.load_dataset(name, split=split), f"{name}[{split}]"
+        ds = datasets.load_dataset(name, config_name, split=split, revision=revision)
+        where = f"{name}{'/' + config_name if config_name else ''}[{split}]"
     else:
         raise ValueError("give data.path or data.name")
     named = columns.items() if isinstance(columns, Mapping) else ((None, c) for c in columns)

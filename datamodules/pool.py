@@ -10,6 +10,7 @@ development and test problems from different seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import warnings
 from typing import Any
@@ -19,8 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from datamodules.arithmetic import generate_problems
-from datamodules.prompts import load_prompt_rows
+from datamodules.prompts import PromptSource, generated_rows
 from datamodules.resumable import ResumableDataLoader
 
 __all__ = ["InstructionPoolDataModule", "split_pool"]
@@ -87,15 +87,11 @@ class InstructionPoolDataModule(L.LightningDataModule):
     """Candidate instructions (80% of a development split), validation (20%) and a separate test set.
 
     Args:
-        path: Local jsonl/json/parquet/csv of the development split.
-        name: Hub dataset name (used when ``path`` is ``None``); neither: generated arithmetic problems.
-        split: Hub split of the development data.
-        test_path: Local file of the test set.
-        test_split: Hub split of the test set (with ``name``), e.g. ``test``.
-        prompt_column: Column with the instruction.
-        reference_column: Column with the reference answer (exact-match evaluation), optional.
-        reference_format: ``plain``, ``gsm8k`` or ``boxed``.
-        num_problems: Generated development problems (when no file or hub set is given).
+        source: The development split (:class:`~datamodules.prompts.PromptSource`; its reference column, if any,
+            gives the exact-match evaluation); neither file nor hub set: generated arithmetic problems.
+        test_source: The test set (e.g. the same hub set with ``split: test``); ``None``: generated test problems when
+            the development split is generated, else no test set.
+        num_problems: Generated development problems (when ``source`` names no file or hub set).
         num_test_problems: Generated test problems.
         val_fraction: Share of the development split held out for validation (paper: 0.2).
         batch_size: Validation/test prompts per batch.
@@ -108,14 +104,8 @@ class InstructionPoolDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        path: str | None = None,
-        name: str | None = None,
-        split: str = "train",
-        test_path: str | None = None,
-        test_split: str | None = None,
-        prompt_column: str = "prompt",
-        reference_column: str | None = None,
-        reference_format: str = "plain",
+        source: PromptSource = PromptSource(),
+        test_source: PromptSource | None = None,
         num_problems: int = 200,
         num_test_problems: int = 100,
         val_fraction: float = 0.2,
@@ -133,16 +123,13 @@ class InstructionPoolDataModule(L.LightningDataModule):
             raise ValueError(f"iterations_per_epoch must be an integer, got {iterations_per_epoch!r}")
         if iterations_per_epoch < 1:
             raise ValueError(f"iterations_per_epoch must be positive, got {iterations_per_epoch}")
-        self.save_hyperparameters(logger=False)
+        self.source = PromptSource.coerce(source)
+        self.test_source = None if test_source is None else PromptSource.coerce(test_source)
+        self.save_hyperparameters(ignore=["source", "test_source"], logger=False)
+        # plain values: checkpoints load weights-only
+        test = None if self.test_source is None else dataclasses.asdict(self.test_source)
+        self.hparams.update(source=dataclasses.asdict(self.source), test_source=test)
         self.splits: dict[str, list[dict[str, Any]]] = {}
-
-    def _rows(self, path: str | None, split: str | None, generated: int, seed: int) -> list[dict[str, Any]]:
-        hp = self.hparams
-        if path is None and hp.name is None:
-            return [{"prompt": p.question, "reference": str(p.answer)} for p in generate_problems(generated, seed=seed)]
-        return load_prompt_rows(
-            path, hp.name if path is None else None, split, hp.prompt_column, hp.reference_column, hp.reference_format
-        )
 
     @override
     def setup(self, stage: str | None = None) -> None:
@@ -150,10 +137,11 @@ class InstructionPoolDataModule(L.LightningDataModule):
             return
         hp = self.hparams
         base = hp.seed + hp.generation_seed_offset
-        train, val = split_pool(self._rows(hp.path, hp.split, hp.num_problems, base), hp.val_fraction, hp.seed)
-        generated = hp.path is None and hp.name is None
-        if generated or hp.test_path is not None or hp.test_split is not None:
-            test_rows = self._rows(hp.test_path, hp.test_split, hp.num_test_problems, base + 1)
+        generated = self.source.generated
+        rows = generated_rows(hp.num_problems, base) if generated else self.source.load()
+        train, val = split_pool(rows, hp.val_fraction, hp.seed)
+        if generated or self.test_source is not None:
+            test_rows = self.test_source.load() if self.test_source else generated_rows(hp.num_test_problems, base + 1)
             dev = {r["prompt"] for r in train + val}
             test = [r for r in test_rows if r["prompt"] not in dev]  # the test set never overlaps the pool
         else:

@@ -5,7 +5,9 @@ Batches are :func:`collate_prompts`'s; splits are disjoint at the prompt level a
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -18,36 +20,75 @@ from datamodules.files import iter_rows, open_table
 from datamodules.resumable import split_loader
 from modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
 
-__all__ = ["PromptDataModule", "collate_prompts", "index_rows", "load_prompt_rows"]
+__all__ = ["PromptDataModule", "PromptSource", "collate_prompts", "generated_rows", "index_rows"]
+
+REFERENCE_FORMATS = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
 
 
-def load_prompt_rows(
-    path: str | None,
-    name: str | None,
-    split: str,
-    prompt_column: str,
-    reference_column: str | None,
-    reference_format: str = "plain",
-) -> list[dict[str, Any]]:
-    """Rows ``{"prompt", "reference"}`` from a local file or hub dataset; errors name the column or row.
+@dataclass(frozen=True)
+class PromptSource:
+    """Where a game's prompts come from: a local file, a hub dataset, or neither (generated arithmetic problems).
 
-    ``reference_format``: ``plain`` (the column is the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last
-    ``\\boxed{}`` of a worked solution, as in MATH).
+    Attributes:
+        path: Local jsonl/json/parquet/csv (e.g. GSM8K's ``question``/``answer``); takes precedence over ``name``.
+        name: Hub dataset name (used when ``path`` is ``None``).
+        config_name: Hub subset (GSM8K needs ``"main"``).
+        revision: Hub revision (a tag or commit).
+        split: Hub split.
+        prompt_column: Column with the prompt.
+        reference_column: Column with the reference answer (optional).
+        reference_format: ``plain`` (the column is the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last
+            ``\\boxed{}`` of a worked solution, as in MATH).
+
+    Raises:
+        ValueError: for an unknown ``reference_format``.
     """
-    ds, where = open_table(path, name, split, [prompt_column, reference_column])
-    extract = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
-    if reference_format not in extract:
-        raise ValueError(f"reference_format must be one of {sorted(extract)}, got {reference_format!r}")
-    rows = []
-    for i, rec in iter_rows(ds, where):
-        prompt = rec[prompt_column]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{where}: row {i}: field {prompt_column!r} is missing or empty")
-        ref = None
-        if reference_column is not None and rec[reference_column] is not None:
-            ref = extract[reference_format](str(rec[reference_column]))
-        rows.append({"prompt": prompt, "reference": ref})
-    return rows
+
+    path: str | None = None
+    name: str | None = None
+    config_name: str | None = None
+    revision: str | None = None
+    split: str = "train"
+    prompt_column: str = "prompt"
+    reference_column: str | None = None
+    reference_format: str = "plain"
+
+    def __post_init__(self) -> None:
+        if self.reference_format not in REFERENCE_FORMATS:
+            raise ValueError(
+                f"reference_format must be one of {sorted(REFERENCE_FORMATS)}, got {self.reference_format!r}"
+            )
+
+    @classmethod
+    def coerce(cls, value: PromptSource | dict[str, Any]) -> PromptSource:
+        """``value`` itself, or a source from a dict of its fields (as a checkpoint's hparams hold it)."""
+        return value if isinstance(value, cls) else cls(**value)
+
+    @property
+    def generated(self) -> bool:
+        """Whether neither a file nor a hub set is named."""
+        return self.path is None and self.name is None
+
+    def load(self) -> list[dict[str, Any]]:
+        """Rows ``{"prompt", "reference"}`` of the file or hub split; errors name the file, row and column."""
+        columns = [self.prompt_column, self.reference_column]
+        ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
+        extract = REFERENCE_FORMATS[self.reference_format]
+        rows = []
+        for i, rec in iter_rows(ds, where):
+            prompt = rec[self.prompt_column]
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"{where}: row {i}: field {self.prompt_column!r} is missing or empty")
+            ref = None
+            if self.reference_column is not None and rec[self.reference_column] is not None:
+                ref = extract(str(rec[self.reference_column]))
+            rows.append({"prompt": prompt, "reference": ref})
+        return rows
+
+
+def generated_rows(num: int, seed: int) -> list[dict[str, Any]]:
+    """``num`` generated arithmetic problems as rows ``{"prompt", "reference"}``."""
+    return [{"prompt": p.question, "reference": str(p.answer)} for p in generate_problems(num, seed=seed)]
 
 
 def index_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -68,13 +109,8 @@ class PromptDataModule(L.LightningDataModule):
     """Train/validation/test prompts for a game.
 
     Args:
-        path: Local jsonl/json/parquet/csv of prompts (e.g. GSM8K's ``question``/``answer``).
-        name: Hub dataset name (used when ``path`` is ``None``); neither: generated arithmetic problems.
-        split: Hub split.
-        prompt_column: Column with the prompt.
-        reference_column: Column with the reference answer (optional).
-        reference_format: ``plain``, ``gsm8k`` or ``boxed``.
-        num_prompts: Generated problems when no file or hub set is given.
+        source: Where the prompts come from (:class:`PromptSource`: a file, a hub set, or generated problems).
+        num_prompts: Generated problems when the source names no file or hub set.
         val_fraction: Share of prompts for validation (held-out evaluation of the game).
         test_fraction: Share of prompts for test.
         batch_size: Prompts per step (the paper's B).
@@ -85,12 +121,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        path: str | None = None,
-        name: str | None = None,
-        split: str = "train",
-        prompt_column: str = "prompt",
-        reference_column: str | None = None,
-        reference_format: str = "plain",
+        source: PromptSource = PromptSource(),
         num_prompts: int = 400,
         val_fraction: float = 0.25,
         test_fraction: float = 0.0,
@@ -105,7 +136,9 @@ class PromptDataModule(L.LightningDataModule):
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.save_hyperparameters(logger=False)
+        self.source = PromptSource.coerce(source)
+        self.save_hyperparameters(ignore=["source"], logger=False)
+        self.hparams["source"] = dataclasses.asdict(self.source)  # plain values: checkpoints load weights-only
         self.splits: dict[str, list[dict[str, Any]]] = {}
 
     @override
@@ -113,15 +146,10 @@ class PromptDataModule(L.LightningDataModule):
         if self.splits:
             return
         hp = self.hparams
-        if hp.path is None and hp.name is None:
-            rows = [
-                {"prompt": p.question, "reference": str(p.answer)}
-                for p in generate_problems(hp.num_prompts, seed=hp.seed + hp.generation_seed_offset)
-            ]
+        if self.source.generated:
+            rows = generated_rows(hp.num_prompts, hp.seed + hp.generation_seed_offset)
         else:
-            rows = load_prompt_rows(
-                hp.path, hp.name, hp.split, hp.prompt_column, hp.reference_column, hp.reference_format
-            )
+            rows = self.source.load()
         unique = sorted({r["prompt"] for r in rows})
         random.Random(hp.seed).shuffle(unique)
         n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)

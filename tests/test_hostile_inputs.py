@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from datamodules.preference import load_preference_rows, validate_rows
-from datamodules.prompts import PromptDataModule, load_prompt_rows
+from datamodules.prompts import PromptDataModule, PromptSource
 from modules.algorithms.answers import (
     answers_match,
     extract_final_answer,
@@ -133,6 +133,10 @@ def test_huge_fields_load_whole(tmp_path):
     assert len(rows[0]["prompt"]) == 2_000_000
 
 
+def _gsm8k_file(path):
+    return PromptSource(path=path, prompt_column="question", reference_column="answer", reference_format="gsm8k")
+
+
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
@@ -146,7 +150,7 @@ def test_huge_fields_load_whole(tmp_path):
 def test_bad_prompt_files_fail_with_the_file_row_and_field(tmp_path, raw, match):
     path = _write(tmp_path / "prompts.jsonl", raw)
     with pytest.raises(ValueError, match=match):
-        load_prompt_rows(path, None, "train", "question", "answer", "gsm8k")
+        _gsm8k_file(path).load()
 
 
 def test_prompt_references_that_do_not_parse_become_none_not_a_crash(tmp_path):
@@ -157,7 +161,7 @@ def test_prompt_references_that_do_not_parse_become_none_not_a_crash(tmp_path):
         {"question": "q3", "answer": None},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "gsm8k")
+    rows = _gsm8k_file(str(path)).load()
     assert [r["reference"] for r in rows] == [None, None, None]
 
 

@@ -172,7 +172,7 @@ def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
 
 
 def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
-    from datamodules.prompts import PromptDataModule, load_prompt_rows
+    from datamodules.prompts import PromptDataModule, PromptSource
 
     path = tmp_path / "gsm.jsonl"
     path.write_text(
@@ -181,19 +181,17 @@ def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
         + json.dumps({"question": "q2", "answer": "so \\boxed{\\frac{1}{2}}"})
         + "\n"
     )
-    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "gsm8k")
+    gsm = PromptSource(path=str(path), prompt_column="question", reference_column="answer", reference_format="gsm8k")
+    rows = gsm.load()
     assert rows[0] == {"prompt": "q1", "reference": "7"} and rows[1]["reference"] is None
-    rows = load_prompt_rows(str(path), None, "train", "question", "answer", "boxed")
-    assert rows[1]["reference"] == "\\frac{1}{2}"
+    rows = PromptSource(path=str(path), prompt_column="question", reference_column="answer", reference_format="boxed")
+    assert rows.load()[1]["reference"] == "\\frac{1}{2}"
     with pytest.raises(ValueError, match="column 'problem' is missing"):
-        load_prompt_rows(str(path), None, "train", "problem", None)
+        PromptSource(path=str(path), prompt_column="problem").load()
     with pytest.raises(ValueError, match="reference_format"):
-        load_prompt_rows(str(path), None, "train", "question", "answer", "latex")
+        PromptSource(path=str(path), prompt_column="question", reference_column="answer", reference_format="latex")
     dm = PromptDataModule(
-        path=str(path),
-        prompt_column="question",
-        reference_column="answer",
-        reference_format="gsm8k",
+        source=gsm,
         val_fraction=0.5,
         batch_size=1,
     )
@@ -245,3 +243,30 @@ def test_oracle_calls_past_the_time_limit_become_counted_coin_flips():
     assert torch.equal(in_time.label(*args), ProgrammaticOracle(seed=1).label(*args)) and in_time.timeouts == 0
     with pytest.raises(ValueError, match="timeout_s"):
         ProgrammaticOracle(timeout_s=-1)
+
+
+def test_a_hub_prompt_source_passes_its_subset_and_revision_to_load_dataset(monkeypatch):
+    import datasets
+
+    from datamodules.prompts import PromptSource
+
+    calls = []
+
+    def fake_load_dataset(name, config_name=None, split=None, revision=None):
+        calls.append((name, config_name, split, revision))
+        return datasets.Dataset.from_list([{"question": "2 + 2?", "answer": "4\n#### 4"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    source = PromptSource(
+        name="openai/gsm8k",
+        config_name="main",
+        revision="e53f048",
+        split="test",
+        prompt_column="question",
+        reference_column="answer",
+        reference_format="gsm8k",
+    )
+    assert source.load() == [{"prompt": "2 + 2?", "reference": "4"}]
+    assert calls == [("openai/gsm8k", "main", "test", "e53f048")]
+    with pytest.raises(ValueError, match=r"openai/gsm8k/main\[test\]: column 'problem' is missing"):
+        PromptSource(name="openai/gsm8k", config_name="main", split="test", prompt_column="problem").load()

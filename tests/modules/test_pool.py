@@ -9,6 +9,7 @@ import torch
 
 from callbacks import EloRating
 from datamodules.pool import InstructionPoolDataModule, split_pool
+from datamodules.prompts import PromptSource
 from modules.algorithms.exp3 import CompositeReward
 from modules.algorithms.pool import Matchmaking, final_answer
 from modules.distributed.collectives import local_batches, shared_rows
@@ -56,9 +57,7 @@ def short_pool(tmp_path):
 
 def _data(path, iterations_per_epoch=1):
     return InstructionPoolDataModule(
-        path=str(path),
-        prompt_column="question",
-        reference_column="answer",
+        source=PromptSource(path=str(path), prompt_column="question", reference_column="answer"),
         val_fraction=0.25,
         batch_size=4,
         iterations_per_epoch=iterations_per_epoch,
