@@ -16,11 +16,10 @@ import warnings
 from typing import Any
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from datamodules.prompts import PromptSource, generated_rows
+from datamodules.prompts import PromptSource, collate_prompts, generated_rows, index_rows
 from datamodules.resumable import ResumableDataLoader
 
 __all__ = ["InstructionPoolDataModule", "split_pool"]
@@ -50,17 +49,6 @@ def split_pool(
     return train, val
 
 
-class _Rows(Dataset):
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.rows[i], "index": i}
-
-
 class _WholePool(Dataset):
     """``iterations`` items, each the whole pool (one item = one game iteration)."""
 
@@ -72,15 +60,7 @@ class _WholePool(Dataset):
         return self.iterations
 
     def __getitem__(self, i: int) -> list[dict[str, Any]]:
-        return [{**r, "index": j} for j, r in enumerate(self.rows)]
-
-
-def _collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "prompt": [it["prompt"] for it in items],
-        "reference": [it["reference"] for it in items],
-        "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
-    }
+        return index_rows(self.rows)
 
 
 class InstructionPoolDataModule(L.LightningDataModule):
@@ -158,12 +138,13 @@ class InstructionPoolDataModule(L.LightningDataModule):
             batch_size=None,
             shuffle=False,
             seed=self.hparams.seed,
-            collate_fn=_collate,
+            collate_fn=collate_prompts,
             replicated=True,
         )
 
     def _loader(self, split: str) -> DataLoader:
-        return DataLoader(_Rows(self.splits[split]), batch_size=self.hparams.batch_size, collate_fn=_collate)
+        rows = index_rows(self.splits[split])
+        return DataLoader(rows, batch_size=self.hparams.batch_size, collate_fn=collate_prompts)
 
     @override
     def val_dataloader(self) -> DataLoader:
@@ -172,6 +153,6 @@ class InstructionPoolDataModule(L.LightningDataModule):
     @override
     def test_dataloader(self) -> DataLoader:
         if not self.splits["test"]:
-            warnings.warn("no test set was given (test_path/test_split): testing on the validation split", stacklevel=2)
+            warnings.warn("no test set was given (test_source): testing on the validation split", stacklevel=2)
             return self._loader("val")
         return self._loader("test")

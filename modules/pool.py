@@ -3,7 +3,7 @@
 One training batch is one game iteration over the whole instruction pool, in seven phases:
 
 1. **Choose**: the leader (:class:`~modules.algorithms.exp3.Exp3`, or uniform: SPARTA) draws D duel instructions.
-2. **Match**: a uniform combatant meets an opponent by reputation (:func:`~modules.algorithms.pool.match_duels`).
+2. **Match**: a uniform combatant meets an opponent by reputation (:meth:`~modules.algorithms.pool.Matchmaking.duels`).
 3. **Answer**: each combatant answers its duels (G rollouts under GRPO), one ``generate`` per model.
 4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0).
 5. **Aggregate**: Elo-weighted means of the judges' scores; each judge's verdict updates the Elo reputations.
@@ -37,7 +37,7 @@ from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
 from modules.scorers.peer_judges import PeerJudging, encode_texts, peer_scores
 from modules.training.faults import reset_stale_epoch_metrics
-from modules.training.pool_followers import FollowerUpdates
+from modules.training.pool_followers import FollowerTraining, FollowerUpdates
 
 __all__ = ["StackelbergPool"]
 
@@ -73,7 +73,6 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             configs, so that what the members share (dtype, LoRA rank, attention) is said once, in ``lm``.
         elo: The reputations' update rule: :class:`callbacks.EloRating`'s ``initial_rating``, ``k_factor``,
             ``k_decay``, ``volatility_window`` and ``scale`` (its defaults when ``None``).
-        algorithm: ``"dpo"`` or ``"grpo"`` follower training.
         leader: ``"exp3"`` (Stackelberg) or ``"uniform"`` (SPARTA baseline).
         duels_per_iteration: D, duels drawn per iteration (paper: 64).
         num_iterations: Iterations the annealing schedules span (paper: 8); set ``trainer.max_epochs`` times the
@@ -86,14 +85,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         sampling: How responses are sampled (:class:`Sampling`; the paper's temperature 0.7 and top-p 0.9).
         system_prompt: System message of responses and evaluation answers.
         judging: How a member judges a response (:class:`PeerJudging`: template, mode, prefill, token budget).
-        lr: Learning rate of every follower (paper: 1e-6).
-        dpo_beta: β of DPO.
-        dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
-        batch_size: Effective batch of a follower update (pairs for DPO, rollouts for GRPO; paper: 16).
-        micro_batch: Sequences per forward inside a batch (0: the whole batch); gradients are accumulated.
-        grpo_rollouts: G, rollouts per combatant and duel under GRPO (paper: 4).
-        grpo_beta: KL coefficient of GRPO (paper: 0; > 0 uses the disabled adapter as reference).
-        grpo_clip: Ratio clip of GRPO.
+        followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO, learning rate, batch and the
+            algorithm's settings).
         grad_clip: Per-follower gradient norm clip (``None``: none).
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
         seed: Seed of the leader's and the matching's generator (saved in checkpoints).
@@ -109,7 +102,6 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         num_players: int = 3,
         models: list[str | dict[str, Any]] | None = None,
         elo: dict[str, Any] | None = None,
-        algorithm: str = "dpo",
         leader: str = "exp3",
         duels_per_iteration: int = 64,
         num_iterations: int = 8,
@@ -119,14 +111,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         sampling: Sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=512),
         system_prompt: str = DEFAULT_SYSTEM,
         judging: PeerJudging = PeerJudging(),
-        lr: float = 1e-6,
-        dpo_beta: float = 0.1,
-        dpo_pairs: str = "all",
-        batch_size: int = 16,
-        micro_batch: int = 0,
-        grpo_rollouts: int = 4,
-        grpo_beta: float = 0.0,
-        grpo_clip: float = 0.2,
+        followers: FollowerTraining = FollowerTraining(),
         grad_clip: float | None = 1.0,
         eval_max_new_tokens: int = 256,
         seed: int = 0,
@@ -139,7 +124,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.matchmaking = argument_group(rules.Matchmaking, matchmaking, "matchmaking")
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.judging = argument_group(PeerJudging, judging, "judging")
-        groups = ("leader_reward", "matchmaking", "sampling", "judging")
+        self.followers = argument_group(FollowerTraining, followers, "followers")
+        groups = ("leader_reward", "matchmaking", "sampling", "judging", "followers")
         self.save_hyperparameters_and_groups({"lm": lm, **{k: getattr(self, k) for k in groups}})
         _check_settings(m, self.hparams)
         self.player_names = [f"m{i}" for i in range(m)]
@@ -214,7 +200,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        lr = self.hparams.lr
+        lr = self.followers.lr
         return [
             torch.optim.AdamW(self.bank(p).player_parameters(p), lr=lr, weight_decay=0.0) for p in self.player_names
         ]
@@ -257,7 +243,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         chosen = self._choose_instructions(len(instructions))
         duels, target_gap = self._match(ratings, progress, len(chosen))
         questions, judges = [instructions[i] for i in chosen], rules.duel_judges(duels, len(names))
-        g = hp.grpo_rollouts if hp.algorithm == "grpo" else 1
+        g = self.followers.grpo_rollouts if self.followers.algorithm == "grpo" else 1
         with self._timed("answer"):
             texts, rollouts = self._answer(duels, questions, g)
         with self._timed("judge"):
@@ -267,7 +253,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         side_scores, rollout_scores = self._aggregate(duels, judges, scores, g)
         rewards, probs = self._update_leader(chosen, side_scores, progress)
         with self._timed("followers"):
-            if hp.algorithm == "dpo":
+            if self.followers.algorithm == "dpo":
                 stats = self._train_dpo(questions, duels, texts, side_scores, iteration)
             else:
                 stats = self._train_grpo(rollouts, rollout_scores, duels)
@@ -495,18 +481,10 @@ def _check_settings(m: int, hp: Any) -> None:
             f"num_players/models: a pool of {m} model(s) has no non-competing judge for its duels; use at least 3 "
             "(or 1 for the self-rewarding baseline, where the model judges itself)"
         )
-    choices = {
-        "algorithm": ("dpo", "grpo"),
-        "leader": ("exp3", "uniform"),
-        "dpo_pairs": ("all", "own"),
-    }
-    for field, allowed in choices.items():
-        if hp[field] not in allowed:
-            raise ValueError(f"{field} must be one of {allowed}, got {hp[field]!r}")
-    if hp.duels_per_iteration < 1 or hp.batch_size < 1 or hp.num_iterations < 1:
-        raise ValueError("duels_per_iteration, batch_size and num_iterations must be positive")
-    if hp.algorithm == "grpo" and hp.grpo_rollouts < 2:
-        raise ValueError(f"grpo_rollouts must be at least 2 for a group baseline, got {hp.grpo_rollouts}")
+    if hp.leader not in ("exp3", "uniform"):
+        raise ValueError(f"leader must be one of ('exp3', 'uniform'), got {hp.leader!r}")
+    if hp.duels_per_iteration < 1 or hp.num_iterations < 1:
+        raise ValueError("duels_per_iteration and num_iterations must be positive")
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")

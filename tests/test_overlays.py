@@ -236,9 +236,9 @@ def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, ext
         f"--model.init_args.num_iterations={iterations}",
         "--model.init_args.sampling.max_new_tokens=6",
         "--model.init_args.eval_max_new_tokens=4",
-        "--model.init_args.batch_size=3",  # several follower steps per iteration, shares of 1-2 rows per rank
-        "--model.init_args.lr=0.01",
-        *([f"--model.init_args.grpo_rollouts={g}"] if algorithm == "grpo" else []),
+        "--model.init_args.followers.batch_size=3",  # several follower steps per iteration, 1-2 rows per rank
+        "--model.init_args.followers.lr=0.01",
+        *([f"--model.init_args.followers.grpo_rollouts={g}"] if algorithm == "grpo" else []),
         "--data.init_args.num_problems=20",
         "--data.init_args.num_test_problems=4",
         "--trainer.limit_val_batches=1",

@@ -9,6 +9,7 @@ backward per forward, which a step that trains one of several adapters from uneq
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -20,16 +21,65 @@ from modules.algorithms.rl_losses import dpo_loss, grpo_loss
 from modules.distributed import collectives
 from modules.lm.policy_bank import Rollout
 
-__all__ = ["FollowerUpdates"]
+__all__ = ["FollowerTraining", "FollowerUpdates"]
+
+
+@dataclass(frozen=True)
+class FollowerTraining:
+    """Phase 7 of the pool: how each follower learns from the iteration's duels (one AdamW per follower).
+
+    Attributes:
+        algorithm: ``"dpo"`` (on the non-tied duels) or ``"grpo"`` (on the peer scores of its rollouts).
+        lr: Learning rate of every follower (paper: 1e-6).
+        batch_size: Effective batch of an update (pairs for DPO, rollouts for GRPO; paper: 16).
+        micro_batch: Sequences per forward inside a batch (0: the whole batch); gradients are accumulated.
+        dpo_beta: β of DPO.
+        dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
+        grpo_rollouts: G, rollouts per combatant and duel under GRPO (paper: 4).
+        grpo_beta: KL coefficient of GRPO (paper: 0; > 0 uses the disabled adapter as reference).
+        grpo_clip: Ratio clip of GRPO.
+
+    Raises:
+        ValueError: naming a field out of range.
+    """
+
+    algorithm: str = "dpo"
+    lr: float = 1e-6
+    batch_size: int = 16
+    micro_batch: int = 0
+    dpo_beta: float = 0.1
+    dpo_pairs: str = "all"
+    grpo_rollouts: int = 4
+    grpo_beta: float = 0.0
+    grpo_clip: float = 0.2
+
+    def __post_init__(self) -> None:
+        for field, allowed in (("algorithm", ("dpo", "grpo")), ("dpo_pairs", ("all", "own"))):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"followers.{field} must be one of {allowed}, got {getattr(self, field)!r}")
+        if not self.lr > 0:
+            raise ValueError(f"followers.lr must be positive, got {self.lr}")
+        if self.batch_size < 1 or self.micro_batch < 0:
+            raise ValueError(
+                f"followers.batch_size must be positive and micro_batch >= 0, got {self.batch_size}, {self.micro_batch}"
+            )
+        if self.algorithm == "grpo" and self.grpo_rollouts < 2:
+            raise ValueError(
+                f"followers.grpo_rollouts must be at least 2 for a group baseline, got {self.grpo_rollouts}"
+            )
+        if self.dpo_beta <= 0 or self.grpo_beta < 0 or self.grpo_clip <= 0:
+            raise ValueError(
+                f"followers: dpo_beta ({self.dpo_beta}) and grpo_clip ({self.grpo_clip}) must be positive, grpo_beta "
+                f"({self.grpo_beta}) non-negative"
+            )
 
 
 class FollowerUpdates:
     """Mixin of :class:`modules.pool.StackelbergPool`: phase 7, the followers' optimizer steps.
 
     It uses the pool's ``player_names``, ``bank``/``chat``/``encode``, ``counters`` and ``epoch_means``, its
-    hyper-parameters (``batch_size``, ``micro_batch``, ``dpo_beta``, ``dpo_pairs``, ``grpo_*``, ``sampling``,
-    ``system_prompt``) and :class:`modules.base.LanguageModelGame`'s step machinery. Each method returns the numbers
-    to log.
+    :class:`FollowerTraining` (``followers``), ``sampling`` and ``system_prompt``, and
+    :class:`modules.base.LanguageModelGame`'s step machinery. Each method returns the numbers to log.
     """
 
     def _train_dpo(self, questions, duels, texts, side_scores, iteration: int) -> dict[str, float]:
@@ -40,14 +90,14 @@ class FollowerUpdates:
             warnings.warn(f"iteration {iteration}: every duel tied; no DPO pair, followers not updated", stacklevel=3)
         stats: dict[str, float] = {"duel/pairs": float(len(pairs))}
         for (pi, p), opt in zip(enumerate(self.player_names), self._optimizer_list()):
-            mine = pairs if self.hparams.dpo_pairs == "all" else [(d, w) for d, w in pairs if pi in duels[d]]
+            mine = pairs if self.followers.dpo_pairs == "all" else [(d, w) for d, w in pairs if pi in duels[d]]
             if mine:
                 stats.update(self._dpo_follower(p, opt, mine, questions, texts))
         return stats
 
     def _dpo_follower(self, p: str, opt: Any, pairs: list[tuple[int, bool]], questions, texts) -> dict[str, float]:
         """Follower ``p``'s DPO steps on ``pairs`` in batches; each rank computes a contiguous share of each batch."""
-        hp = self.hparams
+        hp = self.followers
         owned = collectives.shared_rows(self._trainer, len(pairs), hp.batch_size)
         local = [x for x, mine in zip(pairs, owned) if mine]
         both, ref = self._dpo_rows(p, local, questions, texts) if local else (None, None)
@@ -83,13 +133,13 @@ class FollowerUpdates:
         rows = [texts[(d, side)][0] for d, a_wins in pairs for side in ((0, 1) if a_wins else (1, 0))]
         both = self.encode(p, [x for x in prompts for _ in (0, 1)], rows, group_size=2)
         with torch.no_grad():
-            ref = self.bank(p).logprobs(p, both, 1.0, self.hparams.micro_batch).view(-1, 2)
+            ref = self.bank(p).logprobs(p, both, 1.0, self.followers.micro_batch).view(-1, 2)
         return both, ref
 
     def _dpo_rows_loss(self, p: str, both: Rollout, ref: Tensor, acc: list, margin: list, a: int, b: int) -> Tensor:
         """Summed DPO loss of this rank's pairs ``a … b`` of ``p`` (log-probabilities at temperature 1)."""
         lp = self.bank(p).logprobs(p, _rows(both, slice(2 * a, 2 * b)), 1.0).view(-1, 2)
-        loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.hparams.dpo_beta)
+        loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.followers.dpo_beta)
         acc.extend((cr > rr).float().tolist())
         margin.extend((cr - rr).tolist())
         return loss.sum()
@@ -108,7 +158,7 @@ class FollowerUpdates:
 
         A batch's rows owned by this rank are a contiguous run of its rollout (both orders follow the duels).
         """
-        hp, g = self.hparams, self.hparams.grpo_rollouts
+        hp, g = self.followers, self.followers.grpo_rollouts
         old = ref = adv = None
         if own:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
@@ -132,7 +182,7 @@ class FollowerUpdates:
 
     def _grpo_rows_loss(self, p: str, out: Rollout, adv: Tensor, old: Tensor, ref: Tensor | None, clipped: list, a, b):
         """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows)."""
-        hp, rows = self.hparams, slice(a, b)
+        hp, rows = self.followers, slice(a, b)
         sub = _rows(out, rows)
         lp = self.bank(p).token_logprobs(p, sub, self.sampling.temperature)
         mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[rows]
@@ -157,7 +207,7 @@ class FollowerUpdates:
         finite on some rank (the step is skipped and counted).
         """
         a0, b0 = rows
-        chunk = (self.hparams.micro_batch if micro is None else micro) or max(1, b0 - a0)
+        chunk = (self.followers.micro_batch if micro is None else micro) or max(1, b0 - a0)
         opt.zero_grad()
         total, finite = 0.0, True
         with self.gradient_sync(last=False):

@@ -17,14 +17,14 @@ from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifa
 from modules.lm.sampling import Sampling
 from modules.pool import StackelbergPool
 from modules.scorers.peer_judges import PeerJudging
+from modules.training.pool_followers import FollowerTraining
 
 SMALL = dict(
     duels_per_iteration=3,
     num_iterations=2,
     sampling=Sampling(temperature=0.7, top_p=0.9, max_new_tokens=6),
     eval_max_new_tokens=6,
-    lr=1e-2,
-    batch_size=4,
+    followers=FollowerTraining(lr=1e-2, batch_size=4),
 )
 
 
@@ -96,10 +96,9 @@ def test_a_pool_without_a_non_competing_judge_is_refused(m, tiny_lm_dir):
         StackelbergPool(lm=_lm(tiny_lm_dir), num_players=m)
 
 
-@pytest.mark.parametrize(("field", "value"), [("algorithm", "ppo"), ("leader", "greedy"), ("dpo_pairs", "some")])
-def test_bad_options_name_the_field(field, value, tiny_lm_dir):
-    with pytest.raises(ValueError, match=field):
-        StackelbergPool(lm=_lm(tiny_lm_dir), **{field: value})
+def test_bad_options_name_the_field(tiny_lm_dir):
+    with pytest.raises(ValueError, match="leader"):
+        StackelbergPool(lm=_lm(tiny_lm_dir), leader="greedy")
 
 
 @pytest.mark.parametrize(
@@ -114,6 +113,10 @@ def test_bad_options_name_the_field(field, value, tiny_lm_dir):
         (Matchmaking, {"num_candidates": 0}, "num_candidates"),
         (CompositeReward, {"bandwidth": 0.0}, "bandwidth"),
         (CompositeReward, {"difficulty_weight": -0.1}, "difficulty_weight"),
+        (FollowerTraining, {"algorithm": "ppo"}, "followers.algorithm"),
+        (FollowerTraining, {"dpo_pairs": "some"}, "followers.dpo_pairs"),
+        (FollowerTraining, {"lr": -1e-3}, "followers.lr"),
+        (FollowerTraining, {"algorithm": "grpo", "grpo_rollouts": 1}, "followers.grpo_rollouts"),
     ],
 )
 def test_bad_argument_groups_name_the_field(group, kwargs, message):
@@ -129,7 +132,11 @@ def test_argument_groups_reach_the_game_and_the_checkpoint(tiny_lm_dir):
     assert module.matchmaking.target_gap(0.5) == pytest.approx(0.3)
     assert module.leader_reward(4.0, 6.0, 0.0) == pytest.approx(5.0 / 9.0)  # (10 - 5) / 9: difficulty alone
     assert module.hparams["matchmaking"]["num_candidates"] == 1 and module.hparams["sampling"]["max_new_tokens"] == 6
-    assert all(isinstance(module.hparams[k], dict) for k in ("matchmaking", "leader_reward", "sampling", "judging"))
+    groups = ("matchmaking", "leader_reward", "sampling", "judging", "followers")
+    assert all(isinstance(module.hparams[k], dict) for k in groups)
+    # a checkpoint's hparams (plain dicts) rebuild the same groups
+    again = StackelbergPool(**{k: module.hparams[k] for k in ("lm", *groups)})
+    assert all(getattr(again, k) == getattr(module, k) for k in groups)
 
 
 def test_the_pool_rates_its_own_players(tiny_lm_dir, tmp_path, short_pool):
@@ -225,10 +232,12 @@ def test_checkpoint_restores_the_game(tiny_lm_dir, tmp_path, short_pool):
 def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
     module = StackelbergPool(
         lm=_lm(tiny_lm_dir),
-        algorithm="grpo",
-        grpo_rollouts=2,
         judging=_judging("constrained"),
-        **{**SMALL, "duels_per_iteration": 2},
+        **{
+            **SMALL,
+            "duels_per_iteration": 2,
+            "followers": FollowerTraining("grpo", lr=1e-2, batch_size=4, grpo_rollouts=2),
+        },
     )
     before = _adapters(module)
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
