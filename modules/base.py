@@ -34,9 +34,31 @@ from modules.training.artifacts import atomic_write_text
 from modules.training.faults import NonFiniteGuard, require_trainable_tensors
 from modules.training.timing import PhaseTimer
 
-__all__ = ["LanguageModelGame", "argument_group"]
+__all__ = ["LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
 
 G = TypeVar("G")
+
+
+def require_positive(**values: float) -> None:
+    """Refuse, by name, the first value that is not > 0 (NaN included): rates, temperatures, clip ranges.
+
+    Raises:
+        ValueError: ``"<name> must be positive, got <value>"``.
+    """
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def require_at_least(**values: tuple[float, float]) -> None:
+    """Refuse, by name, the first ``name=(value, minimum)`` with ``value`` below ``minimum`` (NaN included).
+
+    Raises:
+        ValueError: ``"<name> must be at least <minimum>, got <value>"``.
+    """
+    for name, (value, minimum) in values.items():
+        if not value >= minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
 
 
 def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:

@@ -25,7 +25,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.smida_estimators import smida_surrogate_losses
-from modules.base import LanguageModelGame, argument_group
+from modules.base import LanguageModelGame, argument_group, require_positive
 from modules.evaluation.figures import make_game_figures
 from modules.evaluation.game_eval import adversarial_mask, compare_pairs
 from modules.lm.model_config import ModelConfig
@@ -102,8 +102,7 @@ class DeepSMIDA(LanguageModelGame):
                 f"samples_per_prompt (D) and follower_samples (M) must be at least 2 for the leave-one-out baselines, "
                 f"got D={samples_per_prompt}, M={follower_samples}"
             )
-        if tau_leader <= 0 or tau_follower <= 0:
-            raise ValueError(f"tau_leader and tau_follower must be positive, got {tau_leader}, {tau_follower}")
+        require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)
         if "{leader_response}" not in follower_system_template:
             raise ValueError("follower_system_template must contain {leader_response}")
         self.sampling = argument_group(Sampling, sampling, "sampling")

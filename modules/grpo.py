@@ -24,7 +24,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame, argument_group
+from modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
@@ -104,14 +104,11 @@ class GRPO(LanguageModelGame):
                 f"reward_weights has {len(reward_weights)} entries but there are {n_rewards} rewards "
                 f"({len(reward_models)} reward models{' + the answer reward' if answer_reward else ''})"
             )
-        if num_generations < 2:
-            raise ValueError(f"num_generations must be at least 2 for a group baseline, got {num_generations}")
-        if beta < 0:
-            raise ValueError(f"beta must be non-negative, got {beta}")
-        if clip <= 0:
-            raise ValueError(f"clip must be positive, got {clip}")
-        if updates_per_rollout < 1:
-            raise ValueError(f"updates_per_rollout must be at least 1, got {updates_per_rollout}")
+        # a group of two is the smallest with a baseline
+        require_at_least(
+            num_generations=(num_generations, 2), updates_per_rollout=(updates_per_rollout, 1), beta=(beta, 0)
+        )
+        require_positive(clip=clip, lr=lr)
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling})
         self.players = PolicyBank(lm, players=(PLAYER,))

@@ -30,7 +30,7 @@ from typing_extensions import override
 from modules.algorithms.answers import answers_match
 from modules.algorithms.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
 from modules.lm.sampling import Sampling
-from modules.scorers.oracle import check_placeholders, check_timeout, load_frozen_causal_lm
+from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -80,11 +80,8 @@ class DebateJudge(ABC):
     bounds_own_time = False
 
     def __init__(self, num_votes: int = 8, seed: int = 0, timeout_s: float | None = None) -> None:
-        if num_votes < 1:
-            raise ValueError(f"num_votes must be at least 1, got {num_votes}")
         self.num_votes = num_votes
-        self.timeout_s = check_timeout(timeout_s)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.timeout_s, self.generator = sampling_state("num_votes", num_votes, seed, timeout_s)
 
     def vote(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
         """``self(transcripts)`` under the time limit, with garbage votes replaced by NaN and counted.

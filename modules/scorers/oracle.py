@@ -25,8 +25,8 @@ __all__ = [
     "PreferenceOracle",
     "ProgrammaticOracle",
     "check_placeholders",
-    "check_timeout",
     "load_frozen_causal_lm",
+    "sampling_state",
     "solution_score",
 ]
 
@@ -40,15 +40,20 @@ def _check_lengths(**seqs: Sequence) -> int:
     return next(iter(lengths.values()), 0)
 
 
-def check_timeout(timeout_s: float | None) -> float | None:
-    """``timeout_s`` as a float, ``None`` for no limit (the oracles' and judges' ``timeout_s``).
+def sampling_state(
+    count_name: str, count: int, seed: int, timeout_s: float | None
+) -> tuple[float | None, torch.Generator]:
+    """The checked time limit and the seeded generator of an oracle or judge that samples ``count`` verdicts a row.
 
     Raises:
-        ValueError: unless it is a positive finite number of seconds or ``None``.
+        ValueError: naming ``count_name`` when ``count`` < 1, or ``timeout_s`` unless it is a positive finite number
+            of seconds or ``None``.
     """
+    if count < 1:
+        raise ValueError(f"{count_name} must be at least 1, got {count}")
     if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
-    return None if timeout_s is None else float(timeout_s)
+    return (None if timeout_s is None else float(timeout_s)), torch.Generator().manual_seed(seed)
 
 
 def check_placeholders(template: str, keys: Sequence[str]) -> None:
@@ -80,11 +85,8 @@ class PreferenceOracle(ABC):
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
-        if num_queries < 1:
-            raise ValueError(f"num_queries must be at least 1, got {num_queries}")
         self.num_queries = num_queries
-        self.timeout_s = check_timeout(timeout_s)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.timeout_s, self.generator = sampling_state("num_queries", num_queries, seed, timeout_s)
         self.invalid_verdicts = 0
         self.timeouts = 0
 

@@ -155,6 +155,10 @@ def test_bad_settings_are_refused(tiny_lm_dir):
         _model(tiny_lm_dir, samples_per_prompt=1)
     with pytest.raises(ValueError, match="leader_response"):
         _model(tiny_lm_dir, follower_system_template="no placeholder")
+    with pytest.raises(ValueError, match="leader_lr must be positive"):
+        _model(tiny_lm_dir, leader_lr=-8e-6)
+    with pytest.raises(ValueError, match="tau_follower must be positive"):
+        _model(tiny_lm_dir, tau_follower=0.0)
     with pytest.raises(ValueError, match="unknown utility kind"):
         utility_from_member_probs(torch.rand(2, 3), kind="nope")
 

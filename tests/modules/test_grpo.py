@@ -193,6 +193,15 @@ def test_bad_settings_are_refused(tiny_lm_dir, tmp_path):
         _model(tiny_lm_dir, reward_weights=[1.0, 2.0])
     with pytest.raises(ValueError, match="num_generations must be at least 2"):
         _model(tiny_lm_dir, num_generations=1)
+    for field, bad, message in [
+        ("lr", -1e-3, "lr must be positive"),  # a negative rate would be gradient ascent
+        ("lr", float("nan"), "lr must be positive"),
+        ("clip", 0.0, "clip must be positive"),
+        ("beta", -0.1, "beta must be at least 0"),
+        ("updates_per_rollout", 0, "updates_per_rollout must be at least 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _model(tiny_lm_dir, **{field: bad})
     with pytest.raises(ValueError, match="min_new_tokens"):
         _model(tiny_lm_dir, sampling=Sampling(max_new_tokens=6, min_new_tokens=10))
     with pytest.raises(OSError, match=r"reward_models\[0\]"):
