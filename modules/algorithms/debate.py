@@ -32,6 +32,7 @@ __all__ = [
     "PlyReward",
     "Reply",
     "Transcript",
+    "VERDICTS",
     "branch_rows",
     "choose_fork_plies",
     "count_words",
@@ -43,6 +44,7 @@ __all__ = [
     "ply_rewards",
     "split_reply",
     "transcript_metrics",
+    "verdict_of",
     "vote_share",
     "word_penalty",
 ]
@@ -243,6 +245,31 @@ def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:
     valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
     bad = len(votes) - len(valid)
     return (sum(valid) / len(valid) if valid else 0.5), bad
+
+
+VERDICTS = ("alice", "bob", "tie", "unparsed")
+
+
+def verdict_of(votes: Sequence[float | None]) -> str:
+    """How one transcript's votes become the judge's verdict on "Alice's final answer is correct" (for MCC).
+
+    The tie rule: ``"alice"`` when more than half of the parseable votes go to Alice, ``"bob"`` when fewer than
+    half do, ``"tie"`` when exactly half do (4 of 8, or 3 of 6 with two unparseable), and ``"unparsed"`` when no vote
+    parses (all failed to parse or the judge timed out). A tie or an unparsed transcript is no verdict: the judge's
+    MCC leaves it out of the confusion matrix and counts it apart, rather than reading it as "Alice is wrong". The
+    reward still uses :func:`vote_share` (0.5 for both).
+
+    Example:
+        >>> verdict_of([1, 1, 1, 1, 1, 0, 0, 0]), verdict_of([1, 1, 1, 1, 0, 0, 0, 0]), verdict_of([None, float("nan")])
+        ('alice', 'tie', 'unparsed')
+    """
+    valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
+    if not valid:
+        return "unparsed"
+    for_alice = sum(valid)
+    if 2 * for_alice > len(valid):
+        return "alice"
+    return "bob" if 2 * for_alice < len(valid) else "tie"
 
 
 # ------------------------------------------------------------------------------------------------------- transcripts

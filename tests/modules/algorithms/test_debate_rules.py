@@ -22,6 +22,7 @@ from modules.algorithms.debate import (
     parse_verdict,
     ply_rewards,
     split_reply,
+    verdict_of,
     vote_share,
     word_penalty,
 )
@@ -152,6 +153,33 @@ def test_parse_verdict(text, vote):
     assert parse_verdict(text) == vote
 
 
+PAPER_VOTES = "The judge is sampled independently 8 times per rollout; e.g. 6 of 8 for Alice → Alice 0.75, Bob 0.25."
+
+
+@pytest.mark.parametrize(
+    ("votes", "verdict"),
+    [
+        ([1, 1, 1, 1, 1, 1, 0, 0], "alice"),  # PAPER_VOTES' example: 6 of 8
+        ([1, 1, 1, 1, 1, 0, 0, 0], "alice"),
+        ([1, 1, 1, 1, 0, 0, 0, 0], "tie"),  # 4/4: no verdict, not "Alice is wrong"
+        ([1, 1, 1, 0, 0, 0, 0, 0], "bob"),
+        ([1, 1, 1, 0, 0, 0, None, float("nan")], "tie"),  # 3 of the 6 that parsed
+        ([1, 1, 0, None, None, None, None, None], "alice"),
+        ([None] * 8, "unparsed"),  # all failed to parse
+        ([float("nan")] * 8, "unparsed"),  # a timed-out judge's votes
+    ],
+)
+def test_verdict_of_eight_votes(votes, verdict):
+    assert verdict_of(votes) == verdict
+    share, _ = vote_share(votes)
+    assert (share > 0.5) == (verdict == "alice")  # the reward's share and the verdict agree where there is one
+
+
+def test_judge_votes_give_the_verdicts():
+    votes = torch.tensor([[1.0, 1, 1, 1, 0, 0, 0, 0], [float("nan")] * 8, [1.0, 1, 1, 1, 1, 1, 0, 0]])
+    assert JudgeVotes(votes, [[], [], []]).verdicts == ["tie", "unparsed", "alice"]
+
+
 def test_vote_share_counts_unparseable_and_is_constant_sum():
     assert vote_share([1, 1, 1, 1, 1, 1, 0, 0]) == (0.75, 0)  # the paper's example: 6 of 8 -> 0.75 / 0.25
     share, bad = vote_share([1.0, float("nan"), None, 0.0, 1.0])
@@ -207,7 +235,7 @@ def test_the_quoted_rules_are_the_papers_words():
     if not paper.exists():
         pytest.skip(f"{paper} is not here")
     text = " ".join(paper.read_text(encoding="utf-8").replace("**", "").split())  # bold markup is not wording
-    for quote in (PAPER_REBUTTAL, PAPER_FORMAT, PAPER_FINAL, PAPER_JUDGE):
+    for quote in (PAPER_REBUTTAL, PAPER_FORMAT, PAPER_FINAL, PAPER_JUDGE, PAPER_VOTES):
         assert quote in text
 
 
