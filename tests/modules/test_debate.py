@@ -459,3 +459,53 @@ def test_final_answers_ties_and_unparsed_verdicts_in_the_evaluation(tiny_lm_dir,
     assert (peak.evaluations[0]["successes"], peak.evaluations[0]["trials"]) == (4.0, 4.0)
     # training: 4 problems x 2 branches, the tie and the unparsed problem's branches counted
     assert (m.counters["judge_ties"], m.counters["judge_unparsed"]) == (2, 2)
+
+
+def test_two_ddp_processes_count_each_validation_problem_once(tiny_lm_dir, tmp_path):
+    """3 validation problems on 2 processes: the sampler pads them to 4, yet every count holds each problem once."""
+    import glob
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT as root
+
+    from datamodules.debate import DebateDataModule
+
+    data = {"problems": "single_step", "num_prompts": 10, "val_fraction": 0.3, "batch_size": 2}
+    dm = DebateDataModule(**data)
+    dm.setup("fit")
+    n_val = len(dm.splits["val"])
+    assert n_val % 2 == 1  # does not divide by the number of processes
+    args = [
+        sys.executable,
+        os.path.join(root, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(root, "configs", "debate_ab.yaml"),
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        "--model.init_args.max_new_tokens=6",
+        "--model.init_args.reply_max_new_tokens=4",
+        "--model.init_args.lm.max_prompt_tokens=48",
+        *[f"--data.init_args.{k}={v}" for k, v in data.items()],
+        "--trainer.max_steps=1",
+        "--trainer.val_check_interval=1",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+    ]
+    env = {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "runs" / "**" / "debate_evals.jsonl"), recursive=True)
+    (record,) = [json.loads(line) for line in open(path).read().splitlines()]
+    assert record["trials"] == n_val  # 4 rows were played, one problem twice
+    assert sum(record[k] for k in ("tp", "fp", "tn", "fn", "ties", "unparsed")) == n_val
+    ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=False)
+    states = ckpt["callbacks"]
+    (peak,) = [s for k, s in states.items() if k.startswith("PeakCheckpoint")]
+    assert peak["evaluations"][0]["trials"] == n_val
+    val_mcc = MCCTracker("judge", "truth", stage="val", trend_window=3, id_key="judge_item").state_key
+    last = states[val_mcc]["history"][-1]
+    assert [last[k] for k in ("tp", "fp", "tn", "fn")] == [record[k] for k in ("tp", "fp", "tn", "fn")]
