@@ -26,11 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from callbacks import MCCTracker, PeakCheckpoint
-
-HELPERS = Path(__file__).resolve().parent
-sys.path.insert(0, str(HELPERS.parent))  # run as a script: `helpers` importable like under pytest
-
-from helpers.callback_helpers import REPO_ROOT, IndexDataset, make_trainer, val_tables  # noqa: E402
+from helpers.callback_helpers import REPO_ROOT, IndexDataset, make_trainer, val_tables
 
 ITEMS = 101
 EPOCHS = 2
@@ -90,7 +86,9 @@ def item_ddp_results() -> list[dict[str, Any]]:
     """Run the job once per test session; both ranks' results."""
     outdir = tempfile.mkdtemp(prefix="items-ddp-")
     atexit.register(shutil.rmtree, outdir, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    # the repository, and tests/ for `helpers` (pytest puts the folder of tests/conftest.py on the path)
+    paths = [str(REPO_ROOT), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), outdir],
