@@ -15,6 +15,7 @@ from callbacks.fault_tolerance import (
     restore_rng_state,
 )
 from callbacks.functional import *  # noqa: F403 - the math helpers, listed in functional.__all__
+from callbacks.items import ItemRecords, first_occurrences, gather_unique_items
 from callbacks.mcc import MCCTracker
 from callbacks.peak import PeakCheckpoint
 from callbacks.prediction_writer import JsonlPredictionWriter
@@ -24,6 +25,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "CheckpointOnSigterm",
     "EloRating",
+    "ItemRecords",
     "JsonlPredictionWriter",
     "MCCTracker",
     "PeakCheckpoint",
@@ -31,6 +33,8 @@ __all__ = [
     "TwoTimescaleWarmup",
     "atomic_torch_save",
     "collect_rng_state",
+    "first_occurrences",
+    "gather_unique_items",
     "restore_rng_state",
 ]
 __all__ += functional.__all__

@@ -12,6 +12,7 @@ from torchmetrics.classification import BinaryStatScores
 from typing_extensions import override
 
 from callbacks.functional import least_squares_slope, matthews_corrcoef_from_counts
+from callbacks.items import ItemRecords
 
 _STAGES = ("train", "val", "test")
 
@@ -31,7 +32,13 @@ class MCCTracker(Callback):
     The module's ``training_step`` / ``validation_step`` / ``test_step`` (per ``stage``) returns a mapping holding
     the verdicts under ``prediction_key`` and the truth under ``target_key``, tensors of the same number of elements:
     bool or 0/1, or, for the verdicts, probabilities (accepted above ``threshold``). Counts are summed over ranks at
-    the epoch's end only (exact under DDP; nothing is read back from the device per batch).
+    the epoch's end only (nothing is read back from the device per batch).
+
+    Under DDP Lightning's distributed sampler pads the evaluation data with repeated items when its size does not
+    divide by the number of processes, and plain counts hold the repeats. With ``id_key`` the mapping also holds each
+    verdict's item id (e.g. the dataset index) under that key; the records are gathered from every rank at the
+    epoch's end and each id is counted once (its first record in rank order), so the counts are exactly those of
+    one process. Ids must then be unique per item within an epoch (not per rollout of the same problem).
 
     Logged at the end of each epoch of ``stage`` (sanity checks skipped): ``{stage}/{name}`` (MCC),
     ``{stage}/{name}_trend``, ``{stage}/{name}_accept_rate`` (share of verdicts that accept), and the counts
@@ -45,11 +52,13 @@ class MCCTracker(Callback):
         trend_window: number of most recent evaluations the slope is fitted on (>= 2).
         threshold: probability above which a floating verdict counts as accepting.
         name: metric name inside the stage namespace, and part of :attr:`state_key`.
+        id_key: key of the verdicts' integer item ids in the step's output mapping; ``None`` (default) counts every
+            verdict returned, repeats included.
 
     Raises:
         ValueError: on an unknown ``stage``, ``trend_window < 2`` or ``threshold`` outside [0, 1]; during the run,
-            if the verdicts and the truth differ in size.
-        RuntimeError: during the run, if the step's output is not a mapping holding both keys.
+            if the verdicts, the truth and the item ids differ in size.
+        RuntimeError: during the run, if the step's output is not a mapping holding the keys.
     """
 
     def __init__(
@@ -60,6 +69,7 @@ class MCCTracker(Callback):
         trend_window: int = 5,
         threshold: float = 0.5,
         name: str = "mcc",
+        id_key: str | None = None,
     ) -> None:
         super().__init__()
         if stage not in _STAGES:
@@ -74,7 +84,11 @@ class MCCTracker(Callback):
         self.trend_window = int(trend_window)
         self.threshold = float(threshold)
         self.name = name
+        self.id_key = id_key
         self.counts = BinaryStatScores(validate_args=False)
+        self.items = ItemRecords(("preds", "target"))
+        # With `id_key`: the records of a running training epoch restored from a checkpoint (unique across ranks).
+        self._offset_items: dict[str, list[float]] = {}
         # Counts restored from a mid-epoch checkpoint (already summed over ranks), added to the epoch's total.
         self._offset = [0, 0, 0, 0]
         self.history: list[dict[str, float]] = []
@@ -92,16 +106,19 @@ class MCCTracker(Callback):
     def _start(self, pl_module: pl.LightningModule) -> None:
         self.counts = self.counts.to(pl_module.device)
         self.counts.reset()
+        self.items.reset()
 
     def _update(self, trainer: pl.Trainer, outputs: Any) -> None:
         if trainer.sanity_checking:
             return
-        if not isinstance(outputs, Mapping) or self.prediction_key not in outputs or self.target_key not in outputs:
+        keys = [self.prediction_key, self.target_key] + ([self.id_key] if self.id_key is not None else [])
+        if not isinstance(outputs, Mapping) or any(key not in outputs for key in keys):
             found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
             step = {"train": "training_step", "val": "validation_step", "test": "test_step"}[self.stage]
+            ids = f" and their item ids under {self.id_key!r}" if self.id_key is not None else ""
             raise RuntimeError(
                 f"MCCTracker: `{step}` must return a mapping with the judge's verdicts under {self.prediction_key!r}"
-                f" and the truth under {self.target_key!r}; got {found}."
+                f", the truth under {self.target_key!r}{ids}; got {found}."
             )
         preds = torch.as_tensor(outputs[self.prediction_key]).reshape(-1)
         target = torch.as_tensor(outputs[self.target_key]).reshape(-1)
@@ -114,9 +131,27 @@ class MCCTracker(Callback):
             return
         # Threshold here rather than in torchmetrics: its logit check on floats reads a value back from the device.
         preds = (preds > self.threshold).long() if preds.is_floating_point() else preds.long()
+        if self.id_key is not None:
+            ids = torch.as_tensor(outputs[self.id_key]).reshape(-1)
+            if ids.numel() != preds.numel():
+                raise ValueError(
+                    f"MCCTracker: {ids.numel()} item ids under {self.id_key!r} for {preds.numel()} verdicts under"
+                    f" {self.prediction_key!r}."
+                )
+            self.items.update(ids.to(preds.device), preds=preds, target=target.to(preds.device))
+            return
         self.counts.update(preds.detach().to(self.counts.tp.device), target.detach().long().to(self.counts.tp.device))
 
+    def _unique_items(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The epoch's records from every rank (a collective), each item once, restored ones first."""
+        return self.items.compute(self.counts.tp.device, extra=self._offset_items)
+
     def _synced_counts(self) -> list[int]:
+        if self.id_key is not None:
+            _, v = self._unique_items()
+            preds, target = v["preds"] > 0, v["target"] > 0
+            cells = [preds & target, preds & ~target, ~preds & ~target, ~preds & target]
+            return [int(x) for x in torch.stack([c.sum() for c in cells]).tolist()]
         # `sync_context` sums the count states over ranks (a no-op on one process) and restores the local ones.
         with self.counts.sync_context(should_unsync=True):
             local = [self.counts.tp, self.counts.fp, self.counts.tn, self.counts.fn]
@@ -128,7 +163,9 @@ class MCCTracker(Callback):
             return
         tp, fp, tn, fn = self._synced_counts()
         self.counts.reset()
+        self.items.reset()
         self._offset = [0, 0, 0, 0]
+        self._offset_items = {}
         total = tp + fp + tn + fn
         mcc = matthews_corrcoef_from_counts(tp, fp, tn, fn)
         recent = [h["mcc"] for h in self.history[-(self.trend_window - 1) :]] + [mcc]
@@ -209,14 +246,24 @@ class MCCTracker(Callback):
     ) -> None:
         # Runs on every rank: store the running training epoch's counts, summed over ranks, for a mid-epoch resume.
         if self.stage == "train" and self.state_key in checkpoint.get("callbacks", {}):
-            checkpoint["callbacks"][self.state_key]["partial_counts"] = self._synced_counts()
+            state = checkpoint["callbacks"][self.state_key]
+            if self.id_key is not None:  # the records themselves, so a repeat after the resume is still dropped
+                ids, v = self._unique_items()
+                state["partial_items"] = {"ids": ids.tolist(), **{k: x.tolist() for k, x in v.items()}}
+            else:
+                state["partial_counts"] = self._synced_counts()
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(h) for h in self.history], "partial_counts": list(self._offset)}
+        state: dict[str, Any] = {"history": [dict(h) for h in self.history], "partial_counts": list(self._offset)}
+        if self.id_key is not None:
+            state["partial_items"] = {k: list(v) for k, v in self._offset_items.items()}
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history = [dict(h) for h in state_dict["history"]]
         self.counts.reset()
+        self.items.reset()
         self._offset = [int(c) for c in state_dict.get("partial_counts", [0, 0, 0, 0])]
+        self._offset_items = {k: list(v) for k, v in state_dict.get("partial_items", {}).items()}

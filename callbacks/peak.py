@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from callbacks.functional import pooled_lower_bound, posterior_mean
+from callbacks.items import ItemRecords
 
 
 class PeakCheckpoint(Callback):
@@ -29,6 +32,14 @@ class PeakCheckpoint(Callback):
         self.log("val/correct", correct.sum(), on_epoch=True, reduce_fx="sum", sync_dist=True)
         self.log("val/total", float(correct.numel()), on_epoch=True, reduce_fx="sum", sync_dist=True)
 
+    Sums over ranks count the items that Lightning's distributed sampler repeats to pad the data (when its size does
+    not divide by the number of processes). To count each item once, give ``success_key`` and ``id_key`` instead of
+    the monitors and return per-item outcomes and ids from ``validation_step``::
+
+        return {"correct": correct, "item": batch["index"]}  # PeakCheckpoint(success_key="correct", id_key="item")
+
+    The records are gathered from every rank after the evaluation and each id is counted once.
+
     Sanity checks, ``fast_dev_run`` and runs other than ``fit`` are skipped; rank 0's values are broadcast, so all
     ranks take the same decision.
 
@@ -37,8 +48,8 @@ class PeakCheckpoint(Callback):
     (the peak window's posterior mean); also in :attr:`peak` and :attr:`evaluations`.
 
     Args:
-        monitor_correct: name of the logged number of successes of an evaluation.
-        monitor_total: name of the logged number of trials of an evaluation.
+        monitor_correct: name of the logged number of successes of an evaluation (``None`` with ``success_key``).
+        monitor_total: name of the logged number of trials of an evaluation (``None`` with ``success_key``).
         window: number of most recent evaluations pooled (the paper uses 3).
         quantile: posterior quantile used as the lower bound, in (0, 1).
         dirpath: directory of the peak checkpoint; default ``<trainer.log_dir>/checkpoints`` (the trainer's
@@ -46,27 +57,43 @@ class PeakCheckpoint(Callback):
         filename: file name of the peak checkpoint, without ``.ckpt``.
         name: namespace of the logged keys and part of :attr:`state_key`.
         verbose: report each new peak with ``rank_zero_info``.
+        success_key: key of the per-item outcomes (bool or 0/1) in ``validation_step``'s output mapping, read instead
+            of the monitors.
+        id_key: key of the outcomes' integer item ids in the same mapping (needed with ``success_key``): each item
+            counts once across ranks and batches.
 
     Raises:
-        ValueError: if ``window < 1`` or ``quantile`` is outside (0, 1); during the run, if the counts are not
-            ``0 <= correct <= total``.
-        RuntimeError: during the run, if a monitored metric was not logged.
+        ValueError: if ``window < 1``, ``quantile`` is outside (0, 1), or not exactly one of the two monitors and
+            ``success_key``/``id_key`` is given; during the run, if the counts are not ``0 <= correct <= total``, or
+            outcomes and ids differ in size.
+        RuntimeError: during the run, if a monitored metric was not logged or the step's output lacks a key.
     """
 
     FILE_EXTENSION = ".ckpt"
 
     def __init__(
         self,
-        monitor_correct: str,
-        monitor_total: str,
+        monitor_correct: str | None = None,
+        monitor_total: str | None = None,
         window: int = 3,
         quantile: float = 0.025,
         dirpath: str | os.PathLike | None = None,
         filename: str = "peak",
         name: str = "peak",
         verbose: bool = False,
+        success_key: str | None = None,
+        id_key: str | None = None,
     ) -> None:
         super().__init__()
+        monitors = monitor_correct is not None and monitor_total is not None
+        if (success_key is None) != (id_key is None):
+            raise ValueError(f"`success_key` and `id_key` go together, got {success_key!r} and {id_key!r}.")
+        if monitors == (success_key is not None) or (not monitors and (monitor_correct or monitor_total)):
+            raise ValueError(
+                "Give either `monitor_correct` and `monitor_total` (logged sums) or `success_key` and `id_key`"
+                f" (per-item outcomes); got monitor_correct={monitor_correct!r}, monitor_total={monitor_total!r},"
+                f" success_key={success_key!r}, id_key={id_key!r}."
+            )
         if window < 1:
             raise ValueError(f"`window` must be >= 1, got {window}.")
         if not 0.0 < quantile < 1.0:
@@ -79,12 +106,17 @@ class PeakCheckpoint(Callback):
         self.filename = filename
         self.name = name
         self.verbose = verbose
+        self.success_key = success_key
+        self.id_key = id_key
+        self.items = ItemRecords(("success",))
         self.evaluations: list[dict[str, float]] = []
         self.peak: dict[str, Any] | None = None
 
     @property
     @override
     def state_key(self) -> str:
+        if self.success_key is not None:
+            return self._generate_state_key(success_key=self.success_key, id_key=self.id_key, name=self.name)
         return self._generate_state_key(
             monitor_correct=self.monitor_correct, monitor_total=self.monitor_total, name=self.name
         )
@@ -103,6 +135,50 @@ class PeakCheckpoint(Callback):
             base = trainer.log_dir if trainer.loggers else None
             dirpath = os.path.join(base or trainer.default_root_dir, "checkpoints")
         self.dirpath = trainer.strategy.broadcast(dirpath)
+
+    def _counting(self, trainer: pl.Trainer) -> bool:
+        """Whether this evaluation is one the callback reads (same answer on every rank)."""
+        return not (trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING)
+
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.items.reset()
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self.success_key is None or not self._counting(trainer):
+            return
+        if not isinstance(outputs, Mapping) or self.success_key not in outputs or self.id_key not in outputs:
+            found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+            raise RuntimeError(
+                f"PeakCheckpoint: `validation_step` must return a mapping with per-item outcomes under"
+                f" {self.success_key!r} and their item ids under {self.id_key!r}; got {found}."
+            )
+        success = torch.as_tensor(outputs[self.success_key]).reshape(-1)
+        ids = torch.as_tensor(outputs[self.id_key]).reshape(-1)
+        if success.numel() != ids.numel():
+            raise ValueError(
+                f"PeakCheckpoint: {success.numel()} outcomes under {self.success_key!r} but {ids.numel()} item ids"
+                f" under {self.id_key!r}."
+            )
+        self.items.update(ids.to(success.device), success=success)
+
+    def _read_items(self, pl_module: pl.LightningModule) -> tuple[float, float]:
+        """Successes and trials of the evaluation's items from every rank, each item once (a collective)."""
+        _, values = self.items.compute(pl_module.device)
+        self.items.reset()
+        success = values["success"]
+        if bool(((success != 0) & (success != 1)).any()):
+            raise ValueError(f"PeakCheckpoint: outcomes under {self.success_key!r} must be bool or 0/1.")
+        return float(success.sum()), float(success.numel())
 
     def _read(self, trainer: pl.Trainer) -> tuple[float, float]:
         metrics = trainer.callback_metrics
@@ -124,9 +200,9 @@ class PeakCheckpoint(Callback):
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING:
+        if not self._counting(trainer):
             return
-        correct, total = self._read(trainer)
+        correct, total = self._read_items(pl_module) if self.success_key is not None else self._read(trainer)
         pairs = [(e["successes"], e["trials"]) for e in self.evaluations] + [(correct, total)]
         lower = pooled_lower_bound(pairs, self.window, self.quantile)
         recent = pairs[-self.window :]

@@ -4,11 +4,16 @@ Per step each problem forks at one trainable ply drawn uniformly: the plies befo
 ply ``group_size`` times and every later ply once per branch, one ``generate`` call per ply for the whole batch. The
 judge votes on the finished transcripts in one call, the rules of :mod:`modules.algorithms.debate` turn Alice's share
 of the votes into per-ply rewards, and the clipped GRPO surrogate with the group baseline trains the forked ply only.
-Validation plays each problem once, logs ``val/correct`` and ``val/total`` (for :class:`callbacks.PeakCheckpoint`),
-returns verdicts and truth (for :class:`callbacks.MCCTracker`) and appends a line to ``debate_evals.jsonl`` (read by
-:mod:`modules.evaluation.debate_compare`). Bad input is counted, never a crash. Sampling is seeded from
-``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the per-epoch averages, so a
-resumed run draws and logs what the uninterrupted one would. The game itself: README, "Debate self-play".
+Validation plays each problem once and returns verdicts, truth and item ids (for :class:`callbacks.MCCTracker`) and
+per-item outcomes (for :class:`callbacks.PeakCheckpoint`); at its end it gathers one record per problem from every
+rank, each problem once (a distributed sampler repeats some to pad the data), logs the exact ``val/correct``,
+``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and appends a line to
+``debate_evals.jsonl`` (read by :mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
+:func:`~modules.algorithms.debate.verdict_of`: a tie (half the parseable votes each way) or a transcript with no
+parseable vote is no verdict, so MCC leaves it out and counts it apart. Bad input is counted, never a crash.
+Sampling is seeded from ``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the
+per-epoch averages, so a resumed run draws and logs what the uninterrupted one would. The game itself: README,
+"Debate self-play".
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torchmetrics
 from typing_extensions import override
 
 from callbacks.functional import matthews_corrcoef_from_counts
+from callbacks.items import ItemRecords
 from modules.algorithms.debate import (
     PLIES,
     PROMPTS,
@@ -178,9 +184,11 @@ class DebateSelfPlay(LanguageModelGame):
             "judge_unparseable": 0,
             "judge_timeouts": 0,
             "judge_invalid": 0,
+            "judge_ties": 0,
+            "judge_unparsed": 0,
             "empty_replies": 0,
         }
-        self._val: dict[str, float] = {}
+        self._records = ItemRecords(self._RECORD_COLUMNS)
         self.eval_history: list[dict[str, float]] = []
 
     @staticmethod
@@ -302,11 +310,20 @@ class DebateSelfPlay(LanguageModelGame):
             torch.manual_seed(derived_seed(self.hparams.seed, "sample", *key))
             yield
 
-    def _judge(self, transcripts: list[Transcript]) -> tuple[list[float], dict[str, int]]:
+    def _judge(self, transcripts: list[Transcript]) -> tuple[list[float], dict[str, int], list[str]]:
+        """Alice's vote shares, the judge's counts and the verdicts (:func:`~modules.algorithms.debate.verdict_of`).
+
+        ``judge_ties`` and ``judge_unparsed`` count the transcripts with a reference (those MCC would score) whose
+        votes tie or of which no vote parses.
+        """
         votes = self.judge.vote(transcripts)
+        verdicts = votes.verdicts
         counts = {"judge_unparseable": votes.unparseable, "judge_timeouts": votes.timed_out}
         counts["judge_invalid"] = votes.invalid
-        return votes.shares, counts
+        referenced = [v for v, t in zip(verdicts, transcripts) if t.correct is not None]
+        counts["judge_ties"] = referenced.count("tie")
+        counts["judge_unparsed"] = referenced.count("unparsed")
+        return votes.shares, counts, verdicts
 
     @override
     def on_train_epoch_start(self) -> None:
@@ -326,7 +343,7 @@ class DebateSelfPlay(LanguageModelGame):
             roll = self.play(problems, refs, g, forks)
         transcripts = roll.transcripts
         with self._timed("judge"):
-            shares, judge_counts = self._judge(transcripts)
+            shares, judge_counts, verdicts = self._judge(transcripts)
         rewards = self.rewards(transcripts, shares)
         forked = [rewards[i][forks[i // g]] for i in range(b * g)]
         r = torch.tensor([x.reward for x in forked], dtype=torch.float32, device=self.device)
@@ -336,7 +353,7 @@ class DebateSelfPlay(LanguageModelGame):
         streak = self.consecutive_nonfinite
         if not self.check_finite(r, "rewards"):  # same decision on every rank: nobody steps
             self.log_dict({**metrics, **skipped}, batch_size=b)
-            return self._mcc_outputs(transcripts, shares)
+            return self._mcc_outputs(transcripts, verdicts)
         self.consecutive_nonfinite = streak  # the streak ends only when the loss is finite too
         adv = group_advantages(r, g, scale=hp.scale_advantages)
         old = None
@@ -346,7 +363,7 @@ class DebateSelfPlay(LanguageModelGame):
             if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
                 if update == 0:
                     self.log_dict({**metrics, **skipped}, batch_size=b)
-                    return self._mcc_outputs(transcripts, shares)
+                    return self._mcc_outputs(transcripts, verdicts)
                 break  # the earlier updates of this batch stand; the next batch starts fresh
             old = current if old is None else old
             with self._timed("backward"):
@@ -367,15 +384,29 @@ class DebateSelfPlay(LanguageModelGame):
         self.phase_times["generated_tokens"] = float(sum(int(x.completion_mask.sum()) for x in roll.rollouts))
         metrics.update({f"time/{k}": float(v) for k, v in self.phase_times.items()})
         self.log_dict(metrics, batch_size=b)
-        return self._mcc_outputs(transcripts, shares)
+        return self._mcc_outputs(transcripts, verdicts)
 
-    def _mcc_outputs(self, transcripts: list[Transcript], shares: list[float]) -> dict[str, torch.Tensor]:
-        """Verdicts (Alice's vote share; MCCTracker accepts above 0.5) and truth, for rows with a reference."""
-        keep = [i for i, t in enumerate(transcripts) if t.correct is not None]
-        return {
-            "judge": torch.tensor([shares[i] for i in keep], dtype=torch.float32, device=self.device),
+    def _mcc_outputs(
+        self, transcripts: list[Transcript], verdicts: list[str], items: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """What the callbacks read from a step's output.
+
+        ``judge`` (1 accepts, 0 rejects) and ``truth`` of the transcripts with a reference and a verdict (ties and
+        unparsed left out); given the items' ids, those ids (``judge_item``), and every referenced transcript's
+        correctness (``correct``) and id (``correct_item``).
+        """
+        known = [i for i, t in enumerate(transcripts) if t.correct is not None]
+        keep = [i for i in known if verdicts[i] in ("alice", "bob")]
+        out = {
+            "judge": torch.tensor([verdicts[i] == "alice" for i in keep], dtype=torch.float32, device=self.device),
             "truth": torch.tensor([bool(transcripts[i].correct) for i in keep], dtype=torch.long, device=self.device),
         }
+        if items is not None:
+            index = items.to(self.device)
+            out["judge_item"] = index[torch.tensor(keep, dtype=torch.long, device=self.device)]
+            out["correct"] = torch.tensor([bool(transcripts[i].correct) for i in known], device=self.device).long()
+            out["correct_item"] = index[torch.tensor(known, dtype=torch.long, device=self.device)]
+        return out
 
     def _rollout_metrics(
         self, stage: str, transcripts: list[Transcript], shares: list[float], judge_counts: dict[str, int]
@@ -408,34 +439,79 @@ class DebateSelfPlay(LanguageModelGame):
         self.judge.to(self.device)
 
     # ------------------------------------------------------------------------------------------------ evaluation
+    _RECORD_COLUMNS = ("referenced", "correct", "accepts", "tie", "unparsed", "reward")
+
     def _evaluate(self, stage: str, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         problems, refs = list(batch["prompt"]), list(batch["reference"])
+        if "index" not in batch:
+            raise KeyError(
+                "DebateSelfPlay: evaluation batches need each problem's dataset index under 'index' (as"
+                " datamodules.prompts.collate_prompts gives), to count every problem once across processes"
+            )
+        items = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
+        if items.numel() != len(problems):
+            raise ValueError(f"DebateSelfPlay: {items.numel()} ids under 'index' for {len(problems)} problems")
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
             roll = self.play(problems, refs, 1, None)
         transcripts = roll.transcripts
-        shares, judge_counts = self._judge(transcripts)
+        shares, judge_counts, verdicts = self._judge(transcripts)
         metrics = self._rollout_metrics(stage, transcripts, shares, judge_counts)
         rewards = self.rewards(transcripts, shares)
-        metrics[f"{stage}/reward"] = sum(r[0].reward for r in rewards) / len(rewards)
-        b = len(problems)
-        self.log_dict(metrics, batch_size=b, sync_dist=True)
-        known = [t.correct for t in transcripts if t.correct is not None]
-        self.log(f"{stage}/correct", float(sum(known)), reduce_fx="sum", sync_dist=True, batch_size=1)
-        self.log(f"{stage}/total", float(len(known)), reduce_fx="sum", sync_dist=True, batch_size=1)
-        out = self._mcc_outputs(transcripts, shares)
-        if stage == "val":  # summed over the evaluation for debate_evals.jsonl
-            verdict, truth = out["judge"] > 0.5, out["truth"].bool()
-            cells = {"tp": verdict & truth, "fp": verdict & ~truth, "tn": ~verdict & ~truth, "fn": ~verdict & truth}
-            counts = {
-                "successes": sum(known),
-                "trials": len(known),
-                **{k: c.sum() for k, c in cells.items()},
-                "reward_sum": metrics[f"{stage}/reward"] * b,
-                "n": b,
-            }
-            for key, v in counts.items():
-                self._val[key] = self._val.get(key, 0.0) + float(v)
-        return out
+        # exact per-problem values are logged at the evaluation's end, each problem once (see _end_evaluation)
+        for key in ("accuracy", "judge_ties", "judge_unparsed"):
+            metrics.pop(f"{stage}/{key}", None)
+        self.log_dict(metrics, batch_size=len(problems), sync_dist=True)
+        known = [t.correct is not None for t in transcripts]
+        self._records.update(
+            items,
+            referenced=torch.tensor(known, device=self.device),
+            correct=torch.tensor([bool(t.correct) for t in transcripts], device=self.device),
+            accepts=torch.tensor([v == "alice" for v in verdicts], device=self.device),
+            tie=torch.tensor([v == "tie" for v in verdicts], device=self.device),
+            unparsed=torch.tensor([v == "unparsed" for v in verdicts], device=self.device),
+            reward=torch.tensor([r[0].reward for r in rewards], dtype=torch.float64, device=self.device),
+        )
+        return self._mcc_outputs(transcripts, verdicts, items)
+
+    def _end_evaluation(self, stage: str) -> dict[str, float] | None:
+        """Gather the evaluation's per-problem records (each problem once), log the exact counts, return them.
+
+        A collective: every rank calls it at the end of each evaluation. ``tp``/``fp``/``tn``/``fn`` hold the
+        problems with a reference and a verdict; ``ties`` and ``unparsed`` the referenced ones without a verdict.
+        """
+        _, v = self._records.compute(self.device)
+        self._records.reset()
+        if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
+            return None
+        ref, truth, accepts = v["referenced"] > 0, v["correct"] > 0, v["accepts"] > 0
+        decisive = ref & (v["tie"] == 0) & (v["unparsed"] == 0)
+        cells = {
+            "tp": decisive & accepts & truth,
+            "fp": decisive & accepts & ~truth,
+            "tn": decisive & ~accepts & ~truth,
+            "fn": decisive & ~accepts & truth,
+            "successes": ref & truth,
+            "trials": ref,
+            "ties": ref & (v["tie"] > 0),
+            "unparsed": ref & (v["unparsed"] > 0),
+        }
+        keys = sorted(cells)
+        values = torch.stack([cells[k].sum() for k in keys] + [v["reward"].sum()]).tolist()
+        counts = {k: float(x) for k, x in zip(keys + ["reward_sum"], values)}
+        counts["n"] = float(v["reward"].numel())
+        logged = {
+            f"{stage}/correct": counts["successes"],
+            f"{stage}/total": counts["trials"],
+            f"{stage}/judge_ties": counts["ties"],
+            f"{stage}/judge_unparsed": counts["unparsed"],
+        }
+        if counts["trials"]:
+            logged[f"{stage}/accuracy"] = counts["successes"] / counts["trials"]
+        if counts["n"]:
+            logged[f"{stage}/reward"] = counts["reward_sum"] / counts["n"]
+        # identical on every rank (gathered); "max" keeps Lightning's epoch-level reduction exact
+        self.log_dict(logged, sync_dist=self.trainer.world_size > 1, reduce_fx="max", batch_size=1)
+        return counts
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
@@ -447,15 +523,21 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def on_validation_epoch_start(self) -> None:
-        self._val = {}
+        self._records.reset()
+
+    @override
+    def on_test_epoch_start(self) -> None:
+        self._records.reset()
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        self._end_evaluation("test")
 
     @override
     def on_validation_epoch_end(self) -> None:
-        if self.trainer.sanity_checking or not self._val:
+        v = self._end_evaluation("val")
+        if v is None:
             return
-        keys = sorted(self._val)
-        totals = self.all_gather(torch.tensor([self._val[k] for k in keys], dtype=torch.float64, device=self.device))
-        v = dict(zip(keys, totals.reshape(-1, len(keys)).sum(0).tolist()))
         record = {
             "step": int(self.global_step),
             "batches_seen": int(self.counters["batches_seen"]),
@@ -463,7 +545,7 @@ class DebateSelfPlay(LanguageModelGame):
             "trials": v["trials"],
             "accuracy": v["successes"] / v["trials"] if v["trials"] else float("nan"),
             "mcc": matthews_corrcoef_from_counts(v["tp"], v["fp"], v["tn"], v["fn"]),
-            **{k: v[k] for k in ("tp", "fp", "tn", "fn")},
+            **{k: v[k] for k in ("tp", "fp", "tn", "fn", "ties", "unparsed")},
             "reward": v["reward_sum"] / v["n"] if v["n"] else float("nan"),
             "protocol": self.hparams.protocol,
         }

@@ -10,7 +10,8 @@ the step (:class:`~modules.training.faults.NonFiniteGuard`); empty generations a
 
 Validation plays the trained pair and the reference pair on held-out prompts, ``eval_pairs`` pairs per prompt, and
 writes the ensemble-variance comparison of §5.3 (:func:`modules.evaluation.game_eval.compare_pairs`) to
-``game_eval.json`` beside the logs.
+``game_eval.json`` beside the logs. The rows of every rank are gathered by the prompts' dataset index, each prompt
+once, so the repeats a distributed sampler adds to pad the data are not counted.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
+from callbacks.items import gather_unique_items
 from modules.algorithms.smida_estimators import smida_surrogate_losses
 from modules.base import LanguageModelGame, argument_group, require_positive
 from modules.evaluation.figures import make_game_figures
@@ -249,6 +251,15 @@ class DeepSMIDA(LanguageModelGame):
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        if "index" not in batch:
+            raise KeyError(
+                "DeepSMIDA: validation batches need each prompt's dataset index under 'index' (as"
+                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
+            )
+        index = torch.as_tensor(batch["index"]).reshape(-1).long()
+        if index.numel() != len(prompts):
+            raise ValueError(f"DeepSMIDA: {index.numel()} ids under 'index' for {len(prompts)} prompts")
+        self._eval.setdefault("index", []).append(index.to(self.device))
         r = self.hparams.eval_pairs
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
             lead, foll = self.rollout(prompts, r, 1, leader=lp, follower=fp)
@@ -265,9 +276,10 @@ class DeepSMIDA(LanguageModelGame):
     def on_validation_epoch_end(self) -> None:
         if not self._eval:
             return
-        gathered = {
-            k: self.all_gather(torch.cat(v)).reshape(-1, self.hparams.eval_pairs).cpu() for k, v in self._eval.items()
-        }
+        # One row per prompt from every rank, each prompt once: a distributed sampler repeats prompts to pad the data.
+        index = torch.cat(self._eval.pop("index"))
+        _, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in self._eval.items()})
+        gathered = {k: v.reshape(-1, self.hparams.eval_pairs).cpu() for k, v in unique.items()}
         self._eval = {}
         hp = self.hparams
         result = compare_pairs(gathered["trained_var"], gathered["reference_var"], hp.alphas)

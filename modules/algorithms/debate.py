@@ -32,6 +32,7 @@ __all__ = [
     "PlyReward",
     "Reply",
     "Transcript",
+    "VERDICTS",
     "branch_rows",
     "choose_fork_plies",
     "count_words",
@@ -43,6 +44,7 @@ __all__ = [
     "ply_rewards",
     "split_reply",
     "transcript_metrics",
+    "verdict_of",
     "vote_share",
     "word_penalty",
 ]
@@ -245,6 +247,31 @@ def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:
     return (sum(valid) / len(valid) if valid else 0.5), bad
 
 
+VERDICTS = ("alice", "bob", "tie", "unparsed")
+
+
+def verdict_of(votes: Sequence[float | None]) -> str:
+    """How one transcript's votes become the judge's verdict on "Alice's final answer is correct" (for MCC).
+
+    The tie rule: ``"alice"`` when more than half of the parseable votes go to Alice, ``"bob"`` when fewer than
+    half do, ``"tie"`` when exactly half do (4 of 8, or 3 of 6 with two unparseable), and ``"unparsed"`` when no vote
+    parses (all failed to parse or the judge timed out). A tie or an unparsed transcript is no verdict: the judge's
+    MCC leaves it out of the confusion matrix and counts it apart, rather than reading it as "Alice is wrong". The
+    reward still uses :func:`vote_share` (0.5 for both).
+
+    Example:
+        >>> verdict_of([1, 1, 1, 1, 1, 0, 0, 0]), verdict_of([1, 1, 1, 1, 0, 0, 0, 0]), verdict_of([None, float("nan")])
+        ('alice', 'tie', 'unparsed')
+    """
+    valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
+    if not valid:
+        return "unparsed"
+    for_alice = sum(valid)
+    if 2 * for_alice > len(valid):
+        return "alice"
+    return "bob" if 2 * for_alice < len(valid) else "tie"
+
+
 # ------------------------------------------------------------------------------------------------------- transcripts
 @dataclass
 class Transcript:
@@ -280,8 +307,17 @@ class Transcript:
 
     @property
     def final_answer(self) -> str | None:
-        """The last ``\\boxed{}`` of Alice's visible answer, or ``None``."""
-        return extract_final_answer(self.visible("answer"))
+        """Alice's final answer: the last ``\\boxed{}`` of her visible turns, or ``None``.
+
+        The paper's definition ("The final answer is the last ``\\boxed{...}``"): in Debate-ABA a rebuttal that
+        boxes an answer replaces the one of her answer turn (the judge rules on it), and a rebuttal without a box
+        keeps it. Accuracy, the checker's truth for MCC, the missing-answer override and the judges all read this.
+        """
+        for ply in ("rebuttal", "answer"):  # Alice's plies, latest first
+            boxed = extract_final_answer(self.visible(ply))
+            if boxed is not None:
+                return boxed
+        return None
 
     @property
     def correct(self) -> bool | None:
@@ -305,14 +341,14 @@ class Transcript:
 
 @dataclass(frozen=True)
 class PlyReward:
-    """The reward of one ply and its components.
+    """The reward of one ply and its components: those of the ply's player for the whole game (:func:`ply_rewards`).
 
     Attributes:
         reward: What the policy gradient uses.
         verdict: The share of the vote (Alice's ``r`` or Bob's ``1 − r``; the checker's 1/0 in RLVR).
-        word_penalty: The soft word-limit penalty subtracted (critique and rebuttal only).
-        format_override: Whether the invalid-format reward replaced everything.
-        missing_answer: Whether the missing-``\\boxed{}`` reward replaced the verdict (Alice's turns).
+        word_penalty: The player's soft word-limit penalty subtracted (of the critique, or of the rebuttal).
+        format_override: Whether the invalid-format reward replaced the player's total.
+        missing_answer: Whether the missing-``\\boxed{}`` reward replaced the verdict (Alice's plies).
     """
 
     reward: float
@@ -331,22 +367,28 @@ def ply_rewards(
     missing_answer_reward: float = -0.5,
     format_reward: float = -1.0,
 ) -> list[PlyReward]:
-    """The reward of every ply of a finished transcript.
+    """The reward of every ply of a finished transcript: each ply gets its player's total reward for the game.
 
-    * answer (Alice): the verdict share ``r`` (RLVR: 1 if the checker accepts her final answer, else 0); replaced
-      by ``missing_answer_reward`` when her visible answer has no ``\\boxed{}``;
-    * critique (Bob): ``1 − r`` minus the word penalty of his visible critique;
-    * rebuttal (Alice): her answer turn's reward before its format override (``r`` or the missing-answer value),
-      minus the rebuttal's own word penalty;
-    * any ply with an invalid thinking format gets ``format_reward`` instead (−1 in the paper).
+    The paper rewards players, not plies: "the rebuttal turn gets the same reward as her answer turn" and "an
+    invalid thinking-trace format replaces that player's total reward with a hard −1". So:
+
+    * Alice (answer and rebuttal): the verdict share ``r`` (RLVR: 1 if the checker accepts her final answer, else
+      0), replaced by ``missing_answer_reward`` when she boxed no final answer, minus the word penalty of her
+      rebuttal (her answer turn has no word limit); ``format_reward`` instead when any of her plies has an invalid
+      thinking format;
+    * Bob (critique): ``1 − r`` minus the word penalty of his critique; ``format_reward`` instead when it has an
+      invalid thinking format.
 
     Args:
         transcript: A transcript with one reply per ply of its protocol.
         share: Alice's share of the judge's votes (ignored by RLVR, which uses the checker).
         word_limit: Words allowed in critique and rebuttal (``None``: no limit).
         word_penalty_coef: Penalty per word over the limit.
-        missing_answer_reward: Alice's reward when her answer has no final ``\\boxed{}``; must be negative.
-        format_reward: The reward of a ply with an invalid thinking format.
+        missing_answer_reward: Alice's reward when she boxed no final answer; must be negative.
+        format_reward: A player's total reward when one of their plies has an invalid thinking format (paper: −1).
+
+    Returns:
+        One :class:`PlyReward` per ply, in ply order; the plies of one player carry the same values.
 
     Raises:
         ValueError: for a transcript with the wrong number of replies, a share outside [0, 1] or a non-negative
@@ -365,22 +407,25 @@ def ply_rewards(
         alice_verdict = 1.0 if transcript.correct else 0.0
     else:
         alice_verdict = float(share)
-    missing = transcript.final_answer is None
-    alice_base = missing_answer_reward if missing else alice_verdict
-    out = []
+    verdict = {"alice": alice_verdict, "bob": 1.0 - alice_verdict}
+    penalty = {"alice": 0.0, "bob": 0.0}
+    format_ok = {"alice": True, "bob": True}
     for ply, reply in zip(plies, transcript.replies):
-        if ply == "answer":
-            verdict, penalty, base, miss = alice_verdict, 0.0, alice_base, missing
-        elif ply == "critique":
-            verdict = 1.0 - alice_verdict
-            penalty = word_penalty(reply.words, word_limit, word_penalty_coef)
-            base, miss = verdict - penalty, False
-        else:  # rebuttal
-            verdict = alice_verdict
-            penalty = word_penalty(reply.words, word_limit, word_penalty_coef)
-            base, miss = alice_base - penalty, missing
-        reward = base if reply.format_ok else format_reward
-        out.append(PlyReward(float(reward), float(verdict), float(penalty), not reply.format_ok, miss))
+        who = PLAYER_OF_PLY[ply]
+        if ply != "answer":  # word limits bind critique and rebuttal only
+            penalty[who] += word_penalty(reply.words, word_limit, word_penalty_coef)
+        format_ok[who] = format_ok[who] and reply.format_ok
+    missing = {"alice": transcript.final_answer is None, "bob": False}
+    total = {}
+    for who in ("alice", "bob"):
+        base = missing_answer_reward if missing[who] else verdict[who]
+        total[who] = base - penalty[who] if format_ok[who] else format_reward
+    out = []
+    for ply in plies:
+        who = PLAYER_OF_PLY[ply]
+        out.append(
+            PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
+        )
     return out
 
 

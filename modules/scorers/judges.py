@@ -28,7 +28,15 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.answers import answers_match
-from modules.algorithms.debate import Transcript, count_words, fill_fields, parse_verdict, split_reply, vote_share
+from modules.algorithms.debate import (
+    Transcript,
+    count_words,
+    fill_fields,
+    parse_verdict,
+    split_reply,
+    verdict_of,
+    vote_share,
+)
 from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from modules.training.faults import call_with_timeout
@@ -58,6 +66,11 @@ class JudgeVotes:
     def shares(self) -> list[float]:
         """Alice's share of the parseable votes per transcript (0.5 when none parses)."""
         return [vote_share(row.tolist())[0] for row in self.votes]
+
+    @property
+    def verdicts(self) -> list[str]:
+        """The verdict of each transcript under the tie rule of :func:`~modules.algorithms.debate.verdict_of`."""
+        return [verdict_of(row.tolist()) for row in self.votes]
 
     @property
     def unparseable(self) -> int:

@@ -3,6 +3,7 @@ import pytest
 import torch
 from helpers.callback_helpers import (
     GameModule,
+    IndexDataset,
     SyncSpy,
     ddp_results,
     make_trainer,
@@ -10,9 +11,11 @@ from helpers.callback_helpers import (
     train_labels,
     val_tables,
 )
+from helpers.item_ddp import EPOCHS as ITEM_EPOCHS
+from helpers.item_ddp import ITEMS, item_ddp_results
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sklearn.metrics import matthews_corrcoef
+from sklearn.metrics import confusion_matrix, matthews_corrcoef
 
 from callbacks import MCCTracker, least_squares_slope, matthews_corrcoef_from_counts
 
@@ -208,3 +211,55 @@ def test_readme_example_runs(tmp_path, monkeypatch):
         verdicts = (module.judge(x).squeeze(-1) > 0).long()
     assert len(tracker.history) == 3
     assert tracker.last["mcc"] == pytest.approx(matthews_corrcoef(truth.numpy(), verdicts.numpy()), abs=1e-12)
+
+
+def test_item_ids_count_each_item_once_on_one_process(tmp_path):
+    """Repeated item ids (a padded evaluation) count once: the first record wins, as across ranks."""
+    tracker = MCCTracker("judge", "truth", stage="val", id_key="item")
+
+    class Repeats(GameModule):
+        def validation_step(self, batch, batch_idx):
+            out = super().validation_step(batch, batch_idx)
+            return {**out, "item": batch["index"]}
+
+        def val_dataloader(self):  # items 0..31 and then items 0..7 again, as a sampler's padding would repeat
+            data = torch.utils.data.ConcatDataset(
+                [IndexDataset(32, seed=1), torch.utils.data.Subset(IndexDataset(32, seed=1), range(8))]
+            )
+            return torch.utils.data.DataLoader(data, batch_size=8)
+
+    make_trainer(tmp_path, [tracker], max_epochs=1, limit_train_batches=1).fit(Repeats())
+    judge, truth = val_tables(0, 32)
+    tn, fp, fn, tp = confusion_matrix(truth.numpy(), judge.numpy(), labels=[0, 1]).ravel()
+    record = tracker.last
+    assert [record[k] for k in ("tp", "fp", "tn", "fn")] == [tp, fp, tn, fn]
+    assert record["mcc"] == pytest.approx(matthews_corrcoef(truth.numpy(), judge.numpy()), abs=1e-12)
+
+
+def test_item_ids_missing_or_of_another_size_raise(tmp_path):
+    tracker = MCCTracker("judge", "truth", id_key="item")
+    trainer = make_trainer(tmp_path, [tracker], max_epochs=1, limit_train_batches=1)
+    with pytest.raises(RuntimeError, match="item ids under 'item'"):
+        trainer.fit(GameModule())
+    with pytest.raises(ValueError, match="3 item ids under 'item' for 2 verdicts"):
+        tracker._update(
+            trainer, {"judge": torch.tensor([1, 0]), "truth": torch.tensor([1, 1]), "item": torch.arange(3)}
+        )
+
+
+def test_ddp_two_processes_count_101_items_once():
+    """101 items on 2 processes (the sampler pads to 102): with item ids, the counts are sklearn's on the 101."""
+    rank0, rank1 = item_ddp_results()
+    assert rank0["world_size"] == 2
+    exact = MCCTracker("judge", "truth", stage="val", id_key="item").state_key
+    padded = MCCTracker("judge", "truth", stage="val", name="mcc_padded").state_key
+    assert rank0["states"][exact] == rank1["states"][exact]
+    history = rank0["states"][exact]["history"]
+    assert len(history) == ITEM_EPOCHS
+    for epoch, record in enumerate(history):
+        judge, truth = val_tables(epoch, ITEMS)
+        tn, fp, fn, tp = confusion_matrix(truth.numpy(), judge.numpy(), labels=[0, 1]).ravel()
+        assert [record[k] for k in ("tp", "fp", "tn", "fn")] == [tp, fp, tn, fn]
+        assert record["mcc"] == pytest.approx(matthews_corrcoef(truth.numpy(), judge.numpy()), abs=1e-12)
+        # the control: without ids the padded item is counted twice
+        assert sum(rank0["states"][padded]["history"][epoch][k] for k in ("tp", "fp", "tn", "fn")) == ITEMS + 1

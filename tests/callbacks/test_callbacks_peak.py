@@ -4,6 +4,8 @@ import math
 import pytest
 import torch
 from helpers.callback_helpers import SeriesModule, ddp_results, make_trainer, run_docs_example, val_tables
+from helpers.item_ddp import EPOCHS as ITEM_EPOCHS
+from helpers.item_ddp import ITEMS, item_ddp_results
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger
 from scipy import stats
@@ -210,3 +212,33 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     assert len(peak.evaluations) == 4
     assert peak.peak["value"] == max(e["lower_bound"] for e in peak.evaluations)
     assert (tmp_path / "checkpoints" / "peak.ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "Give either"),
+        ({"monitor_correct": "c"}, "Give either"),
+        ({"monitor_correct": "c", "monitor_total": "t", "success_key": "ok", "id_key": "item"}, "Give either"),
+        ({"success_key": "ok"}, "go together"),
+    ],
+)
+def test_monitors_or_item_outcomes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PeakCheckpoint(**kwargs)
+    assert PeakCheckpoint(success_key="ok", id_key="item").state_key != PeakCheckpoint("c", "t").state_key
+
+
+def test_ddp_two_processes_count_101_items_once():
+    """101 items on 2 processes (the sampler pads to 102): with item ids, every evaluation has 101 trials."""
+    rank0, rank1 = item_ddp_results()
+    key = PeakCheckpoint(success_key="truth", id_key="item").state_key
+    assert rank0["states"][key] == rank1["states"][key]
+    evaluations = rank0["states"][key]["evaluations"]
+    assert len(evaluations) == ITEM_EPOCHS
+    for epoch, record in enumerate(evaluations):
+        _, truth = val_tables(epoch, ITEMS)
+        assert (record["successes"], record["trials"]) == (float(truth.sum()), float(ITEMS))
+        assert record["lower_bound"] == pytest.approx(
+            stats.beta.ppf(0.025, 1 + truth.sum().item(), 1 + ITEMS - truth.sum().item()), rel=1e-12
+        )

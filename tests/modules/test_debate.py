@@ -8,7 +8,8 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import matthews_corrcoef_from_counts
+from callbacks import MCCTracker, PeakCheckpoint, matthews_corrcoef_from_counts
+from datamodules.prompts import collate_prompts, index_rows
 from modules.algorithms.debate import Transcript, split_reply
 from modules.debate import DebateSelfPlay
 from modules.lm.model_config import ModelConfig
@@ -120,7 +121,7 @@ class Mumbler(DebateJudge):
 
 class Rows(torch.utils.data.Dataset):
     def __init__(self, rows):
-        self.rows = rows
+        self.rows = rows  # {"prompt", "reference", "index"} items
 
     def __len__(self):
         return len(self.rows)
@@ -142,8 +143,8 @@ def _quiet_trainer(root, max_steps, limit_val_batches):
 
 
 def _loader(rows):
-    collate = lambda items: {"prompt": [x[0] for x in items], "reference": [x[1] for x in items]}  # noqa: E731
-    return torch.utils.data.DataLoader(Rows(rows), batch_size=len(rows), collate_fn=collate)
+    items = index_rows([{"prompt": problem, "reference": reference} for problem, reference in rows])
+    return torch.utils.data.DataLoader(Rows(items), batch_size=len(rows), collate_fn=collate_prompts)
 
 
 def test_bad_input_is_counted_never_a_crash(tiny_lm_dir, tmp_path):
@@ -395,3 +396,119 @@ def test_hf_judge_bounds_its_own_generation_time(tiny_lm_dir):
     v = judge.vote([_transcript()] * 2)
     assert seen["max_time"] == pytest.approx(1e-4) and v.timed_out == 2
     assert all(len(t) < 64 for row in v.texts for t in row)  # stopped early, not after 64 tokens
+
+
+class Scripted(DebateJudge):
+    """A judge whose votes per problem are fixed: a 4/4 tie, all unparseable, 6 of 8 and 2 of 8 for Alice."""
+
+    VOTES = {
+        "2 + 3?": [1, 1, 1, 1, 0, 0, 0, 0],
+        "4 + 4?": [float("nan")] * 8,
+        "1 + 6?": [1, 1, 1, 1, 1, 1, 0, 0],
+        "3 + 6?": [1, 1, 0, 0, 0, 0, 0, 0],
+    }
+
+    def __call__(self, transcripts):
+        votes = torch.tensor([self.VOTES[t.problem] for t in transcripts], dtype=torch.float32)
+        return JudgeVotes(votes, [[] for _ in transcripts])
+
+
+def test_final_answers_ties_and_unparsed_verdicts_in_the_evaluation(tiny_lm_dir, tmp_path):
+    """Items 5 and 6 of issue 18 end to end: Alice's rebuttal corrects every answer, so by the paper's definition
+    ("The final answer is the last \\boxed{...}") every problem is solved; the judge's 4/4 split and its unparseable
+    votes are no verdict, so MCC scores two problems (one accepted, one rejected) and counts a tie and an unparsed.
+    """
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "debate_aba", judge=Scripted(num_votes=8))
+    rows = [("2 + 3?", "5"), ("4 + 4?", "8"), ("1 + 6?", "7"), ("3 + 6?", "9")]
+    answers = dict(rows)
+    original = m.bank.generate
+
+    def scripted(player, prompts, num_samples, *a, **kw):
+        out = original(player, prompts, num_samples, *a, **kw)
+        texts = []
+        for prompt in prompts:
+            problem = next(p for p in answers if p in prompt)
+            if "Bob's critique" in prompt:  # Alice's rebuttal corrects her answer
+                texts.append(f"I slipped, it is \\boxed{{{answers[problem]}}}.")
+            elif "Alice's solution" in prompt:  # Bob
+                texts.append("That is wrong.")
+            else:  # Alice's answer turn: always off by ten
+                texts.append(f"\\boxed{{{int(answers[problem]) + 10}}}")
+        out.texts = texts
+        return out
+
+    m.bank.generate = scripted
+    mcc = MCCTracker("judge", "truth", stage="val", id_key="judge_item")
+    peak = PeakCheckpoint(success_key="correct", id_key="correct_item", window=1, dirpath=tmp_path / "peak")
+    trainer = L.Trainer(
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        callbacks=[mcc, peak],
+    )
+    trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
+    metrics = trainer.callback_metrics
+    # the final answer (the rebuttal's box) is what accuracy reads: all four right
+    assert (metrics["val/correct"], metrics["val/total"], metrics["val/accuracy"]) == (4.0, 4.0, 1.0)
+    assert (metrics["val/judge_ties"], metrics["val/judge_unparsed"]) == (1.0, 1.0)
+    (record,) = [json.loads(line) for line in (tmp_path / "debate_evals.jsonl").read_text().splitlines()]
+    expected = {"tp": 1, "fp": 0, "tn": 0, "fn": 1, "ties": 1, "unparsed": 1, "successes": 4, "trials": 4}
+    assert {k: record[k] for k in expected} == expected
+    assert [mcc.last[k] for k in ("tp", "fp", "tn", "fn")] == [1.0, 0.0, 0.0, 1.0]
+    assert (peak.evaluations[0]["successes"], peak.evaluations[0]["trials"]) == (4.0, 4.0)
+    # training: 4 problems x 2 branches, the tie and the unparsed problem's branches counted
+    assert (m.counters["judge_ties"], m.counters["judge_unparsed"]) == (2, 2)
+
+
+def test_two_ddp_processes_count_each_validation_problem_once(tiny_lm_dir, tmp_path):
+    """3 validation problems on 2 processes: the sampler pads them to 4, yet every count holds each problem once."""
+    import glob
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT as root
+
+    from datamodules.debate import DebateDataModule
+
+    data = {"problems": "single_step", "num_prompts": 10, "val_fraction": 0.3, "batch_size": 2}
+    dm = DebateDataModule(**data)
+    dm.setup("fit")
+    n_val = len(dm.splits["val"])
+    assert n_val % 2 == 1  # does not divide by the number of processes
+    args = [
+        sys.executable,
+        os.path.join(root, "train.py"),
+        "fit",
+        "--config",
+        os.path.join(root, "configs", "debate_ab.yaml"),
+        f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        "--model.init_args.sampling.max_new_tokens=6",
+        "--model.init_args.reply_max_new_tokens=4",
+        "--model.init_args.lm.max_prompt_tokens=48",
+        *[f"--data.init_args.{k}={v}" for k, v in data.items()],
+        "--trainer.max_steps=1",
+        "--trainer.val_check_interval=1",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+    ]
+    env = {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = glob.glob(str(tmp_path / "runs" / "**" / "debate_evals.jsonl"), recursive=True)
+    (record,) = [json.loads(line) for line in open(path).read().splitlines()]
+    assert record["trials"] == n_val  # 4 rows were played, one problem twice
+    assert sum(record[k] for k in ("tp", "fp", "tn", "fn", "ties", "unparsed")) == n_val
+    ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=False)
+    states = ckpt["callbacks"]
+    (peak,) = [s for k, s in states.items() if k.startswith("PeakCheckpoint")]
+    assert peak["evaluations"][0]["trials"] == n_val
+    val_mcc = MCCTracker("judge", "truth", stage="val", trend_window=3, id_key="judge_item").state_key
+    last = states[val_mcc]["history"][-1]
+    assert [last[k] for k in ("tp", "fp", "tn", "fn")] == [record[k] for k in ("tp", "fp", "tn", "fn")]

@@ -201,10 +201,18 @@ def test_predict_writes_candidates_in_the_preference_format(tiny_lm_dir, tmp_pat
 
 
 def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
+    """Two processes on 3 validation prompts: the sampler pads them to 4, game_eval.json holds each prompt once."""
     import subprocess
     import sys
 
     from helpers import ROOT as root
+
+    from datamodules.prompts import PromptDataModule
+
+    dm = PromptDataModule(num_prompts=30, val_fraction=0.1, batch_size=2)
+    dm.setup("fit")
+    n_val = len(dm.splits["val"])
+    assert n_val % 2 == 1  # does not divide by the number of processes
 
     args = [
         sys.executable,
@@ -215,10 +223,9 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.sampling.max_new_tokens=8",
         "--model.init_args.utility.init_args.num_members=3",
-        "--data.init_args.num_prompts=40",
+        "--data.init_args.num_prompts=30",
         "--data.init_args.batch_size=2",
         "--trainer.max_steps=4",
-        "--trainer.limit_val_batches=1",
         "--trainer.val_check_interval=2",
         "--trainer.accelerator=cpu",
         "--trainer.devices=2",
@@ -228,7 +235,7 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     evals = [json.load(open(p)) for p in glob.glob(str(tmp_path / "runs" / "**" / "game_eval.json"), recursive=True)]
-    assert len(evals) == 1 and evals[0]["n_prompts"] == 4  # 2 prompts per rank, gathered from both ranks
+    assert len(evals) == 1 and evals[0]["n_prompts"] == n_val  # 2 rows per rank, the padded repeat dropped
     ckpts = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
     sd = torch.load(ckpts[0], weights_only=False)["state_dict"]
     assert sd and all(".leader." in k or ".follower." in k for k in sd)  # adapters only, no frozen base

@@ -2,6 +2,7 @@
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from modules.algorithms.debate import (
     parse_verdict,
     ply_rewards,
     split_reply,
+    verdict_of,
     vote_share,
     word_penalty,
 )
@@ -152,6 +154,33 @@ def test_parse_verdict(text, vote):
     assert parse_verdict(text) == vote
 
 
+PAPER_VOTES = "The judge is sampled independently 8 times per rollout; e.g. 6 of 8 for Alice → Alice 0.75, Bob 0.25."
+
+
+@pytest.mark.parametrize(
+    ("votes", "verdict"),
+    [
+        ([1, 1, 1, 1, 1, 1, 0, 0], "alice"),  # PAPER_VOTES' example: 6 of 8
+        ([1, 1, 1, 1, 1, 0, 0, 0], "alice"),
+        ([1, 1, 1, 1, 0, 0, 0, 0], "tie"),  # 4/4: no verdict, not "Alice is wrong"
+        ([1, 1, 1, 0, 0, 0, 0, 0], "bob"),
+        ([1, 1, 1, 0, 0, 0, None, float("nan")], "tie"),  # 3 of the 6 that parsed
+        ([1, 1, 0, None, None, None, None, None], "alice"),
+        ([None] * 8, "unparsed"),  # all failed to parse
+        ([float("nan")] * 8, "unparsed"),  # a timed-out judge's votes
+    ],
+)
+def test_verdict_of_eight_votes(votes, verdict):
+    assert verdict_of(votes) == verdict
+    share, _ = vote_share(votes)
+    assert (share > 0.5) == (verdict == "alice")  # the reward's share and the verdict agree where there is one
+
+
+def test_judge_votes_give_the_verdicts():
+    votes = torch.tensor([[1.0, 1, 1, 1, 0, 0, 0, 0], [float("nan")] * 8, [1.0, 1, 1, 1, 1, 1, 0, 0]])
+    assert JudgeVotes(votes, [[], [], []]).verdicts == ["tie", "unparsed", "alice"]
+
+
 def test_vote_share_counts_unparseable_and_is_constant_sum():
     assert vote_share([1, 1, 1, 1, 1, 1, 0, 0]) == (0.75, 0)  # the paper's example: 6 of 8 -> 0.75 / 0.25
     share, bad = vote_share([1.0, float("nan"), None, 0.0, 1.0])
@@ -192,30 +221,78 @@ def test_rewards_debate_ab():
     assert (a.reward, a.missing_answer, b.reward) == (-0.5, True, 0.75)  # Bob's reward is untouched
 
 
+# The paper's rules, quoted from its "Task and protocols" and "Rewards" sections (digest of the debate RLAIF paper).
+PAPER_REBUTTAL = "Debate-ABA — as AB plus Alice's rebuttal; the rebuttal turn gets the same reward as her answer turn."
+PAPER_FORMAT = "Format: an invalid thinking-trace format replaces that player's total reward with a hard −1."
+PAPER_FINAL = (
+    "The final answer is the last `\\boxed{...}`; a missing one overrides the reward with a strictly negative value."
+)
+PAPER_JUDGE = "The judge rules on whether Alice's *final answer* is correct, not on whether the reasoning is."
+
+
+def test_the_quoted_rules_are_the_papers_words():
+    """The quotes above are verbatim lines of the paper's digest, where the shared papers folder is present."""
+    paper = Path(__file__).resolve().parents[3].parent / "shared" / "papers" / "debate-rlaif.en.md"
+    if not paper.exists():
+        pytest.skip(f"{paper} is not here")
+    text = " ".join(paper.read_text(encoding="utf-8").replace("**", "").split())  # bold markup is not wording
+    for quote in (PAPER_REBUTTAL, PAPER_FORMAT, PAPER_FINAL, PAPER_JUDGE, PAPER_VOTES):
+        assert quote in text
+
+
 def test_rewards_debate_aba_rebuttal_gets_alices_reward():
+    # PAPER_REBUTTAL: one reward for both of Alice's turns, her rebuttal's word penalty included (0.25 - 0.03).
     a, b, c = ply_rewards(_t("debate_aba", ANSWER, "It is wrong.", WORDS_53), 0.25, word_limit=50)
-    assert (a.reward, b.reward) == (0.25, 0.75)
+    assert b.reward == 0.75
     assert (c.verdict, c.word_penalty, c.reward) == (0.25, pytest.approx(0.03), pytest.approx(0.22))
+    assert a == c
     *_, c = ply_rewards(_t("debate_aba", "no box", "wrong", "still none"), 0.5, missing_answer_reward=-0.4)
     assert c.reward == -0.4 and c.missing_answer
 
 
 def test_format_override_replaces_the_whole_reward():
-    t = Transcript(
-        "q",
-        "12",
-        "debate_aba",
-        [
-            split_reply("<think>x</think> \\boxed{12}"),
-            split_reply("<think>unclosed " + WORDS_60),  # invalid: -1, whatever the verdict and penalty
-            split_reply("<think>ok</think> " + WORDS_60),
-        ],
-    )
-    a, b, c = ply_rewards(t, 0.25, word_limit=50, format_reward=-1.0)
-    assert (a.reward, b.reward, b.format_override) == (0.25, -1.0, True)
-    assert c.reward == pytest.approx(0.25 - 0.10) and not c.format_override
+    """PAPER_FORMAT and PAPER_REBUTTAL: an invalid ply costs its player −1 on every ply, the other player nothing."""
+    assert "replaces that player's total reward with a hard −1" in PAPER_FORMAT
+    valid_answer = split_reply("<think>x</think> \\boxed{12}")
+    valid_critique = split_reply("<think>ok</think> " + WORDS_60)  # 60 words, 10 over the limit
+    valid_rebuttal = split_reply("<think>ok</think> " + WORDS_53)  # 53 words, 3 over the limit
+    invalid = split_reply("<think>unclosed " + WORDS_60)
+    assert valid_answer.format_ok and valid_critique.format_ok and valid_rebuttal.format_ok and not invalid.format_ok
+
+    def rewards(*replies):
+        t = Transcript("q", "12", "debate_aba", list(replies))
+        return [x.reward for x in ply_rewards(t, 0.25, word_limit=50, format_reward=-1.0)]
+
+    # All valid: Alice 0.25 - 0.03 on both of her turns, Bob 0.75 - 0.10.
+    assert rewards(valid_answer, valid_critique, valid_rebuttal) == pytest.approx([0.22, 0.65, 0.22])
+    # An invalid answer turn: Alice's total is −1, so her (valid) rebuttal gets −1 too; Bob keeps his.
+    assert rewards(invalid, valid_critique, valid_rebuttal) == pytest.approx([-1.0, 0.65, -1.0])
+    # An invalid rebuttal: her (valid) answer turn gets −1 too.
+    assert rewards(valid_answer, valid_critique, invalid) == pytest.approx([-1.0, 0.65, -1.0])
+    # An invalid critique: Bob's total is −1, whatever the verdict and penalty; Alice keeps hers.
+    assert rewards(valid_answer, invalid, valid_rebuttal) == pytest.approx([0.22, -1.0, 0.22])
+    t = Transcript("q", "12", "debate_aba", [valid_answer, valid_critique, invalid])
+    assert [x.format_override for x in ply_rewards(t, 0.25)] == [True, False, True]
+    t = _t("debate_ab", ANSWER, "fine")
     t.replies[0] = split_reply("no think block \\boxed{12}", required=True)
     assert ply_rewards(t, 0.9)[0].reward == -1.0  # the format override wins over the verdict
+
+
+def test_final_answer_is_the_last_box_of_alices_turns():
+    """PAPER_FINAL and PAPER_JUDGE: a rebuttal that corrects the answer makes the correction her final answer."""
+    corrected = _t("debate_aba", WRONG, "5 + 7 is not 13.", "Right, I slipped: \\boxed{12}.")
+    assert corrected.final_answer == "12" and corrected.correct is True
+    # a rebuttal without a box keeps the answer turn's box; a box in Bob's critique is never Alice's answer
+    kept = _t("debate_aba", WRONG, "It is \\boxed{12}.", "I stand by it.")
+    assert kept.final_answer == "13" and kept.correct is False
+    late = _t("debate_aba", "I am not sure.", "no answer", "Then: \\boxed{12}")
+    assert late.final_answer == "12"
+    # the rewards read the same definition: the checker (RLVR-style truth) and the missing-answer rule
+    a, _, c = ply_rewards(late, 0.5, missing_answer_reward=-0.4)
+    assert not a.missing_answer and a.reward == c.reward == 0.5
+    # and so does the judge: a perfect checker votes for the corrected answer
+    judge = ProgrammaticJudge(num_votes=8, skill=50.0)
+    assert judge.vote([corrected]).shares == [1.0] and judge.vote([kept]).shares == [0.0]
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,136 @@
+"""Each evaluation item counted once across ranks: records keyed by an item id, gathered and de-duplicated.
+
+Lightning's distributed sampler pads the evaluation data with repeated items so that every rank gets the same number
+(101 items on 2 ranks: 102 rows, item 0 twice). Counts summed over ranks then hold the repeats. A record that carries
+the item's id (a dataset index) can be gathered from every rank and kept once, which makes the result exactly the
+single-process one, whatever the sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["ItemRecords", "first_occurrences", "gather_unique_items"]
+
+
+def first_occurrences(ids: Tensor) -> Tensor:
+    """Positions of the first occurrence of each distinct id of the 1-D tensor ``ids``, in increasing id order.
+
+    Example:
+        >>> first_occurrences(torch.tensor([4, 1, 4, 2, 1])).tolist()
+        [1, 3, 0]
+    """
+    if ids.dim() != 1:
+        raise ValueError(f"item ids must be one-dimensional, got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        return torch.zeros(0, dtype=torch.long, device=ids.device)
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    positions = torch.arange(ids.numel(), device=ids.device)
+    return torch.full_like(uniq, ids.numel()).scatter_reduce(0, inverse, positions, reduce="amin")
+
+
+def _gather(tensor: Tensor) -> Tensor:
+    """``tensor`` of every rank concatenated along dim 0 in rank order (itself on one process); sizes may differ."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return tensor
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return tensor
+    local = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
+    sizes = [torch.zeros_like(local) for _ in range(world)]
+    torch.distributed.all_gather(sizes, local)
+    longest = int(max(int(s) for s in sizes))
+    padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    torch.distributed.all_gather(parts, padded)
+    return torch.cat([p[: int(s)] for p, s in zip(parts, sizes)])
+
+
+def gather_unique_items(ids: Tensor, columns: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Gather per-item records from every rank and keep each item id once (its first record in rank order).
+
+    A collective under torch.distributed: every rank must call it, in the same order, with the same column names
+    (row counts may differ, zero included). On one process it only drops repeated ids.
+
+    Args:
+        ids: ``[n]`` integer item ids of this rank's records.
+        columns: Per-record values, each ``[n, ...]``, same trailing shape and dtype on every rank.
+
+    Returns:
+        The unique ids in increasing order and the columns' matching rows.
+
+    Raises:
+        ValueError: if ids are not one-dimensional integers or a column's length differs from the ids'.
+    """
+    if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"item ids must be a one-dimensional integer tensor, got {ids.dtype} of {tuple(ids.shape)}")
+    for name, col in columns.items():
+        if col.shape[0] != ids.shape[0]:
+            raise ValueError(f"column {name!r} has {col.shape[0]} rows for {ids.shape[0]} item ids")
+    all_ids = _gather(ids.long())
+    keep = first_occurrences(all_ids)
+    return all_ids[keep], {name: _gather(col)[keep] for name, col in sorted(columns.items())}
+
+
+class ItemRecords:
+    """Per-item records of one epoch, kept on the device and gathered once, each item id once, at the end.
+
+    :meth:`update` only appends tensors (nothing is read back from the device per batch); :meth:`compute` is a
+    collective (see :func:`gather_unique_items`). ``extra`` records, e.g. restored from a checkpoint and already
+    unique across ranks, are put first, so that they win over a repeat of the same item.
+
+    Args:
+        columns: Names of the per-record values (each a 1-D tensor in :meth:`update`).
+    """
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = tuple(columns)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the epoch's records."""
+        self._ids: list[Tensor] = []
+        self._values: dict[str, list[Tensor]] = {c: [] for c in self.columns}
+
+    def update(self, ids: Tensor, **values: Tensor) -> None:
+        """Append one batch's records: ``ids`` ``[n]`` and one ``[n]`` tensor per column.
+
+        Raises:
+            ValueError: naming the field, if a column is missing, unknown or of another length than ``ids``.
+        """
+        if set(values) != set(self.columns):
+            raise ValueError(f"item records need the columns {sorted(self.columns)}, got {sorted(values)}")
+        ids = torch.as_tensor(ids).reshape(-1)
+        if ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"item ids must be integers, got {ids.dtype}")
+        for name, value in values.items():
+            if value.numel() != ids.numel():
+                raise ValueError(f"{value.numel()} values under {name!r} for {ids.numel()} item ids")
+        self._ids.append(ids.detach().long())
+        for name, value in values.items():
+            self._values[name].append(value.detach().reshape(-1).double().to(ids.device))
+
+    def compute(self, device: torch.device, extra: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """All ranks' records, each item id once, as ``(ids, {column: values})`` in increasing id order.
+
+        Args:
+            device: Where the (possibly empty) local records are gathered from (the module's device).
+            extra: ``{"ids": [...], column: [...]}`` lists of records to put before this rank's own (rank 0 only
+                needs them; every rank may pass the same ones).
+        """
+        ids = torch.cat(self._ids).to(device) if self._ids else torch.zeros(0, dtype=torch.long, device=device)
+        values = {
+            c: torch.cat(v).to(device) if v else torch.zeros(0, dtype=torch.float64, device=device)
+            for c, v in self._values.items()
+        }
+        if extra and extra.get("ids"):
+            ids = torch.cat([torch.tensor(extra["ids"], dtype=torch.long, device=device), ids])
+            values = {
+                c: torch.cat([torch.tensor(extra[c], dtype=torch.float64, device=device), v]) for c, v in values.items()
+            }
+        return gather_unique_items(ids, values)
