@@ -14,7 +14,35 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ItemRecords", "first_occurrences", "gather_unique_items"]
+__all__ = ["ItemRecords", "first_occurrences", "gather_unique_items", "read_step_outputs"]
+
+
+def read_step_outputs(outputs: Any, wanted: Mapping[str, str], owner: str, step: str) -> dict[str, Tensor]:
+    """The values under each key of ``wanted`` in what a step returned, as 1-D tensors of one length.
+
+    Args:
+        outputs: What the LightningModule's step returned.
+        wanted: Each key with what it holds, in the plural (``{"judge": "verdicts"}``), for the errors.
+        owner: The callback's name, for the errors.
+        step: The step's name (``validation_step``), for the errors.
+
+    Raises:
+        RuntimeError: when ``outputs`` is not a mapping holding every key, listing what it holds.
+        ValueError: when two of the values differ in length, naming both.
+    """
+    if not isinstance(outputs, Mapping) or any(key not in outputs for key in wanted):
+        found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+        needs = ", ".join(f"{what} under {key!r}" for key, what in wanted.items())
+        raise RuntimeError(f"{owner}: `{step}` must return a mapping with {needs}; got {found}.")
+    values = {key: torch.as_tensor(outputs[key]).reshape(-1) for key in wanted}
+    first, *others = wanted
+    for key in others:
+        if values[key].numel() != values[first].numel():
+            raise ValueError(
+                f"{owner}: {values[first].numel()} {wanted[first]} under {first!r} but {values[key].numel()} "
+                f"{wanted[key]} under {key!r}."
+            )
+    return values
 
 
 def first_occurrences(ids: Tensor) -> Tensor:

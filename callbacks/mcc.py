@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,7 +11,7 @@ from torchmetrics.classification import BinaryStatScores
 from typing_extensions import override
 
 from callbacks.functional import least_squares_slope, matthews_corrcoef_from_counts
-from callbacks.items import ItemRecords
+from callbacks.items import ItemRecords, read_step_outputs
 
 _STAGES = ("train", "val", "test")
 
@@ -111,34 +110,18 @@ class MCCTracker(Callback):
     def _update(self, trainer: pl.Trainer, outputs: Any) -> None:
         if trainer.sanity_checking:
             return
-        keys = [self.prediction_key, self.target_key] + ([self.id_key] if self.id_key is not None else [])
-        if not isinstance(outputs, Mapping) or any(key not in outputs for key in keys):
-            found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
-            step = {"train": "training_step", "val": "validation_step", "test": "test_step"}[self.stage]
-            ids = f" and their item ids under {self.id_key!r}" if self.id_key is not None else ""
-            raise RuntimeError(
-                f"MCCTracker: `{step}` must return a mapping with the judge's verdicts under {self.prediction_key!r}"
-                f", the truth under {self.target_key!r}{ids}; got {found}."
-            )
-        preds = torch.as_tensor(outputs[self.prediction_key]).reshape(-1)
-        target = torch.as_tensor(outputs[self.target_key]).reshape(-1)
-        if preds.numel() != target.numel():
-            raise ValueError(
-                f"MCCTracker: {preds.numel()} verdicts under {self.prediction_key!r} but {target.numel()} truth"
-                f" values under {self.target_key!r}."
-            )
+        wanted = {self.prediction_key: "verdicts", self.target_key: "truth values"}
+        if self.id_key is not None:
+            wanted[self.id_key] = "item ids"
+        step = {"train": "training_step", "val": "validation_step", "test": "test_step"}[self.stage]
+        values = read_step_outputs(outputs, wanted, "MCCTracker", step)
+        preds, target = values[self.prediction_key], values[self.target_key]
         if preds.numel() == 0:
             return
         # Threshold here rather than in torchmetrics: its logit check on floats reads a value back from the device.
         preds = (preds > self.threshold).long() if preds.is_floating_point() else preds.long()
         if self.id_key is not None:
-            ids = torch.as_tensor(outputs[self.id_key]).reshape(-1)
-            if ids.numel() != preds.numel():
-                raise ValueError(
-                    f"MCCTracker: {ids.numel()} item ids under {self.id_key!r} for {preds.numel()} verdicts under"
-                    f" {self.prediction_key!r}."
-                )
-            self.items.update(ids.to(preds.device), preds=preds, target=target.to(preds.device))
+            self.items.update(values[self.id_key].to(preds.device), preds=preds, target=target.to(preds.device))
             return
         self.counts.update(preds.detach().to(self.counts.tp.device), target.detach().long().to(self.counts.tp.device))
 

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from callbacks.functional import pooled_lower_bound, posterior_mean
-from callbacks.items import ItemRecords
+from callbacks.items import ItemRecords, read_step_outputs
 
 
 class PeakCheckpoint(Callback):
@@ -156,20 +154,10 @@ class PeakCheckpoint(Callback):
     ) -> None:
         if self.success_key is None or not self._counting(trainer):
             return
-        if not isinstance(outputs, Mapping) or self.success_key not in outputs or self.id_key not in outputs:
-            found = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
-            raise RuntimeError(
-                f"PeakCheckpoint: `validation_step` must return a mapping with per-item outcomes under"
-                f" {self.success_key!r} and their item ids under {self.id_key!r}; got {found}."
-            )
-        success = torch.as_tensor(outputs[self.success_key]).reshape(-1)
-        ids = torch.as_tensor(outputs[self.id_key]).reshape(-1)
-        if success.numel() != ids.numel():
-            raise ValueError(
-                f"PeakCheckpoint: {success.numel()} outcomes under {self.success_key!r} but {ids.numel()} item ids"
-                f" under {self.id_key!r}."
-            )
-        self.items.update(ids.to(success.device), success=success)
+        wanted = {self.success_key: "per-item outcomes", self.id_key: "item ids"}
+        values = read_step_outputs(outputs, wanted, "PeakCheckpoint", "validation_step")
+        success = values[self.success_key]
+        self.items.update(values[self.id_key].to(success.device), success=success)
 
     def _read_items(self, pl_module: pl.LightningModule) -> tuple[float, float]:
         """Successes and trials of the evaluation's items from every rank, each item once (a collective)."""

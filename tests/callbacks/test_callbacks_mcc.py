@@ -241,7 +241,7 @@ def test_item_ids_missing_or_of_another_size_raise(tmp_path):
     trainer = make_trainer(tmp_path, [tracker], max_epochs=1, limit_train_batches=1)
     with pytest.raises(RuntimeError, match="item ids under 'item'"):
         trainer.fit(GameModule())
-    with pytest.raises(ValueError, match="3 item ids under 'item' for 2 verdicts"):
+    with pytest.raises(ValueError, match="2 verdicts under 'judge' but 3 item ids under 'item'"):
         tracker._update(
             trainer, {"judge": torch.tensor([1, 0]), "truth": torch.tensor([1, 1]), "item": torch.arange(3)}
         )
