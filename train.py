@@ -98,7 +98,8 @@ class AlignmentCLI(LightningCLI):
         path = self.config_init[self.subcommand].get("ckpt_path")
         if not path or not os.path.isfile(path):  # "best"/"last" (Lightning's), a sharded folder: checked on load
             return
-        check_checkpoint_matches(self.model, read_checkpoint(path), source=f"--ckpt_path {path}")
+        # mapped, not read: only the names and shapes are needed here (Lightning reads the tensors when it restores)
+        check_checkpoint_matches(self.model, read_checkpoint(path, mmap=True), source=f"--ckpt_path {path}")
 
     def before_validate(self) -> None:
         """Check ``--ckpt_path`` before validating."""

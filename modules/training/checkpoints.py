@@ -109,15 +109,17 @@ def check_checkpoint_matches(
             )
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """A one-file checkpoint's contents, tensors and plain values only (``weights_only=True``).
+
+    ``mmap`` maps the tensors instead of reading them (enough to check names and shapes of a large checkpoint).
 
     Raises:
         FileNotFoundError: naming the path when it is not a file.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {str(path)!r} is not a file")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 class CheckpointLoading:
