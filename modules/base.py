@@ -151,6 +151,11 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         # every parameter the step would move, not only ``parameters`` (the norm's): a NaN anywhere must not land
         if not self.check_gradients(stepped):
             optimizer.zero_grad(set_to_none=True)
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            if scaler is not None and scaler.is_enabled():
+                # fp16 "16-mixed": its GradScaler never sees this overflow (its step is not called), so lower its
+                # scale here as its own step would have; else the next steps overflow again
+                scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
             return torch.full((), float("nan"))
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
