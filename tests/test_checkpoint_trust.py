@@ -166,3 +166,22 @@ def test_tensors_that_do_not_fit_the_config_are_refused_naming_both(work, marker
     torch.save(ckpt, tmp_path / "missing.ckpt")
     with pytest.raises(KeyError, match=r"lacks trainable tensors .*\['head\.rho'\]"):
         PreferenceEnsemble.load_frozen(str(tmp_path / "missing.ckpt"), num_members=2)
+
+
+def test_every_familys_load_from_checkpoint_ignores_the_stored_hyper_parameters(work, marker, tmp_path, tiny_lm_dir):
+    from modules.grpo import GRPO
+    from modules.lm.model_config import ModelConfig
+    from modules.tabular_smida import TabularSMIDA
+
+    ckpt = torch.load(work["tabular"], map_location="cpu", weights_only=True)
+    ckpt["hyper_parameters"].update(game_path=str(tmp_path / "elsewhere.pt"), dtype="float32", num_actions=3)
+    torch.save(ckpt, tmp_path / "tabular.ckpt")
+    model = TabularSMIDA.load_from_checkpoint(tmp_path / "tabular.ckpt")  # the arguments given: none, the defaults
+    assert model.hparams["game_path"] is None and model.log_pi.dtype == torch.float64
+    assert torch.equal(model.log_pi, ckpt["state_dict"]["log_pi"]) and int(model.iteration) == 2
+    with pytest.raises(ValueError, match=r"weights_only"):
+        TabularSMIDA.load_from_checkpoint(tmp_path / "tabular.ckpt", weights_only=False)
+    # the language-model games' base refuses another family's checkpoint the same way
+    lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
+    with pytest.raises(ValueError, match=r"modules\.preference\.PreferenceEnsemble.*modules\.grpo\.GRPO"):
+        GRPO.load_from_checkpoint(work["last"], lm=lm, chat_template=False)
