@@ -45,13 +45,16 @@ def count_nonfinite(tensors: Iterable[Tensor | None]) -> tuple[int, int]:
         >>> count_nonfinite([torch.tensor([1.0, float("nan")]), None, torch.tensor([float("inf")])])
         (2, 3)
     """
-    bad = total = 0
+    counts: dict[torch.device, list[Tensor]] = {}
+    total = 0
     for tensor in tensors:
         if tensor is None or not torch.is_floating_point(tensor):
             continue
         local = _local(tensor.detach())
-        bad += int((~torch.isfinite(local)).sum())
+        counts.setdefault(local.device, []).append((~torch.isfinite(local)).sum())
         total += local.numel()
+    # one host sync per device, not one per tensor (a model has hundreds of gradient tensors)
+    bad = sum(int(torch.stack(per_device).sum()) for per_device in counts.values())
     return bad, total
 
 
