@@ -10,6 +10,12 @@ to the logs. After ``fit`` the held-out set is tested (``--test_after_fit false`
 
 Resuming: README, "Resuming and failures"; ``fit --ckpt_path last`` continues the newest ``last*.ckpt`` of the
 config's logger folder (:func:`find_last_checkpoint`), or starts afresh.
+
+Checkpoints: the config given is the config that runs. A checkpoint's stored hyper-parameters are never parsed over
+it (LightningCLI does that by default, which let an edited checkpoint name a model folder with code to run); a
+checkpoint of another family, or whose tensors do not fit the config's model, is refused before anything runs
+(:func:`modules.training.checkpoints.check_checkpoint_matches`). ``--ckpt_path <file>`` and ``--ckpt_path last``
+behave alike.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
+from modules.training.checkpoints import check_checkpoint_matches, read_checkpoint
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
 
@@ -77,6 +84,36 @@ class AlignmentCLI(LightningCLI):
         )
 
     @override
+    def _parse_ckpt_path(self) -> None:
+        """Do not read the checkpoint's hyper-parameters into the config: the config given is the config that runs.
+
+        LightningCLI's version parses them over the config, so a checkpoint could set ``trust_remote_code``, a model
+        path, a dtype or the model's class (and command-line model options were silently overridden with an
+        explicit path but not with ``last``). The checkpoint is checked against the model instead
+        (:meth:`_check_checkpoint`).
+        """
+
+    def _check_checkpoint(self) -> None:
+        """Refuse a ``--ckpt_path`` file of another family, or whose tensors do not fit the model, before running."""
+        path = self.config_init[self.subcommand].get("ckpt_path")
+        if not path or not os.path.isfile(path):  # "best"/"last" (Lightning's), a sharded folder: checked on load
+            return
+        # mapped, not read: only the names and shapes are needed here (Lightning reads the tensors when it restores)
+        check_checkpoint_matches(self.model, read_checkpoint(path, mmap=True), source=f"--ckpt_path {path}")
+
+    def before_validate(self) -> None:
+        """Check ``--ckpt_path`` before validating."""
+        self._check_checkpoint()
+
+    def before_test(self) -> None:
+        """Check ``--ckpt_path`` before testing."""
+        self._check_checkpoint()
+
+    def before_predict(self) -> None:
+        """Check ``--ckpt_path`` before predicting."""
+        self._check_checkpoint()
+
+    @override
     def instantiate_trainer(self, **kwargs):
         # Atomic checkpoint files unless a config brings its own CheckpointIO (or a strategy that writes folders).
         config = self._get(self.config_init, "trainer", default={}) or {}
@@ -87,13 +124,17 @@ class AlignmentCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def before_fit(self) -> None:
-        """Resolve ``--ckpt_path last`` across the logger's version folders (see :func:`find_last_checkpoint`)."""
+        """Resolve ``--ckpt_path last`` across the logger's version folders (see :func:`find_last_checkpoint`).
+
+        Then check the checkpoint against the model, as an explicit path is (:meth:`_check_checkpoint`).
+        """
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") == "last":
             path = find_last_checkpoint(self.trainer)
             if path is not None:
                 config["ckpt_path"] = path
                 rank_zero_info(f"resuming from {path}")
+        self._check_checkpoint()
 
     def after_fit(self) -> None:
         """Test on the held-out set with the best checkpoint (or the final weights) when the family has a test set."""

@@ -31,7 +31,8 @@ from modules.distributed.sharding import (
 )
 from modules.lm.policy_bank import PolicyBank
 from modules.training.artifacts import atomic_write_text
-from modules.training.faults import NonFiniteGuard, require_trainable_tensors
+from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
 from modules.training.timing import PhaseTimer
 
 __all__ = ["LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
@@ -78,7 +79,7 @@ def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:
     return cls(**value)
 
 
-class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
+class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.LightningModule):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
     A subclass sets :attr:`family` (its name in error messages), builds its banks in ``__init__`` after calling
@@ -187,17 +188,33 @@ class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
             yield
 
     def optimizer_step(self, optimizer: Any, parameters: list[nn.Parameter] | None = None) -> Tensor:
-        """Clip by :attr:`grad_clip` through Lightning's ``clip_gradients``, step, and return the gradient norm.
+        """Check the gradients, clip by :attr:`grad_clip` through Lightning's ``clip_gradients``, step; the norm.
 
-        The norm is the total 2-norm before clipping, over ``parameters`` (default: the optimizer's). Under DeepSpeed
-        the engine clips inside its step (configured from ``grad_clip`` by the strategy check) and reports the norm.
+        The norm is the total 2-norm before clipping, over ``parameters`` (default: the optimizer's). When a gradient
+        of the optimizer's parameters is NaN or inf on any rank (a finite loss can still overflow in the backward),
+        the gradients are dropped and the optimizer does not step: its weights and moments stay as they were,
+        ``global_step`` does not advance (so ``max_steps`` counts applied updates), the skip is counted and logged
+        (``train/nonfinite_skipped``), and ``max_consecutive_nonfinite`` skips in a row stop the run; the norm
+        returned is then NaN. Under DeepSpeed the engine holds the gradients (not checked here) and clips inside its
+        step (configured from ``grad_clip`` by the strategy check) and reports the norm.
         """
         params = parameters if parameters is not None else [p for g in optimizer.param_groups for p in g["params"]]
+        stepped = [p for g in optimizer.param_groups for p in g["params"]]
+        # every parameter the step would move, not only ``parameters`` (the norm's): a NaN anywhere must not land
+        if not self.check_gradients(stepped):
+            optimizer.zero_grad(set_to_none=True)
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            if scaler is not None and scaler.is_enabled():
+                # fp16 "16-mixed": its GradScaler never sees this overflow (its step is not called), so lower its
+                # scale here as its own step would have; else the next steps overflow again
+                scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
+            return torch.full((), float("nan"))
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         if self.grad_clip is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
+        self.record_update()
         return grad_norm_after_step(self.trainer.strategy, norm)
 
     def _optimizer_list(self) -> list[Any]:
@@ -216,7 +233,11 @@ class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the trainable tensors (adapters or trained copies) and the game state; drop frozen weights."""
+        """Keep the trainable tensors (adapters or trained copies) and the game state; drop frozen weights.
+
+        The checkpoint records the family that wrote it, and is refused (``RuntimeError``, nothing written) when a
+        kept tensor or an optimizer moment is NaN or inf.
+        """
         keep = self.trainable_state_names()
         state_dict = checkpoint.get("state_dict")
         if state_dict is not None:  # DeepSpeed keeps weights in its own files
@@ -224,11 +245,13 @@ class LanguageModelGame(PhaseTimer, NonFiniteGuard, L.LightningModule):
                 if name not in keep and not name.startswith(self.kept_state_prefixes):
                     del state_dict[name]
         checkpoint[self.state_key] = {"nonfinite": self.nonfinite_state(), **self.game_state()}
+        stamp_family(self, checkpoint)
+        refuse_nonfinite_checkpoint(checkpoint, self.family)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint missing a trainable tensor, then restore the game state."""
-        require_trainable_tensors(checkpoint, self.trainable_state_names())
+        """Refuse a checkpoint of another family or whose tensors do not fit, then restore the game state."""
+        check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
         state = dict(checkpoint.get(self.state_key) or {})
         self.load_nonfinite_state(state.pop("nonfinite", None))
         self.load_game_state(state)

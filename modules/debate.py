@@ -350,11 +350,9 @@ class DebateSelfPlay(LanguageModelGame):
         metrics = self._rollout_metrics("train", transcripts, shares, judge_counts)
         metrics.update(forked_ply_metrics(self.plies, self.trainable, forks, forked))
         skipped = dict.fromkeys(("train/loss", "train/kl", "train/clip_fraction", "train/grad_norm"), math.nan)
-        streak = self.consecutive_nonfinite
         if not self.check_finite(r, "rewards"):  # same decision on every rank: nobody steps
             self.log_dict({**metrics, **skipped}, batch_size=b)
             return self._mcc_outputs(transcripts, verdicts)
-        self.consecutive_nonfinite = streak  # the streak ends only when the loss is finite too
         adv = group_advantages(r, g, scale=hp.scale_advantages)
         old = None
         for update in range(hp.updates_per_batch):

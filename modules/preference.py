@@ -38,7 +38,8 @@ from modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import check_exists, resolve_name_or_path
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
-from modules.training.faults import NonFiniteGuard, require_trainable_tensors, reset_stale_epoch_metrics
+from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint, reset_stale_epoch_metrics
 
 __all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
@@ -153,7 +154,7 @@ class _Collected(torchmetrics.Metric):
         return cat(self.probs)[first], cat(self.labels)[first], cat(self.prompts)[first]
 
 
-class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
+class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
@@ -177,8 +178,9 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
-        max_consecutive_nonfinite: A batch with a non-finite loss is skipped (no update), logged and counted;
-            this many in a row stop training with an error, the last checkpoint intact.
+        max_consecutive_nonfinite: A batch with a non-finite loss or gradient is skipped (no update, optimizer state
+            untouched, not counted in ``global_step``: see :class:`~modules.training.faults.AutomaticStepGuard`),
+            logged and counted; this many in a row stop training with an error, the last checkpoint intact.
     """
 
     def __init__(
@@ -518,9 +520,17 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
     def _frozen_prefixes(self) -> list[str]:
         return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]
 
+    def trainable_state_names(self) -> set[str]:
+        """State-dict names of the tensors that train (heads, adapters or fine-tuned copies)."""
+        return {n for n, p in self.named_parameters() if p.requires_grad}
+
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Drop frozen base weights (reloaded from ``lm``); adapters, heads and fine-tuned copies are kept."""
+        """Drop frozen base weights (reloaded from ``lm``); adapters, heads and fine-tuned copies are kept.
+
+        The checkpoint records the family, and is refused (``RuntimeError``, nothing written) when a kept tensor or
+        an optimizer moment is NaN or inf.
+        """
         checkpoint["nonfinite"] = self.nonfinite_state()
         frozen = set(self._frozen_prefixes())
         sd = checkpoint["state_dict"]
@@ -529,20 +539,30 @@ class PreferenceEnsemble(NonFiniteGuard, L.LightningModule):
                 self.hparams.sharing != "separate" and name.startswith("backbone.") and "lora_" not in name
             ):
                 del sd[name]
+        stamp_family(self, checkpoint)
+        refuse_nonfinite_checkpoint(checkpoint, "the preference ensemble")
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint that misses any trainable tensor (non-strict loading skips only the frozen base)."""
-        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-        require_trainable_tensors(checkpoint, trainable)
+        """Refuse a checkpoint of another family, or missing a trainable tensor, or whose tensors do not fit."""
+        check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
         self.load_nonfinite_state(checkpoint.get("nonfinite"))
 
     @classmethod
-    def load_frozen(cls, checkpoint_path: str, map_location: str | torch.device = "cpu") -> PreferenceEnsemble:
-        """Load a trained ensemble in one call as a frozen scorer (eval mode, no gradients) for the game modules."""
+    def load_frozen(
+        cls, checkpoint_path: str, map_location: str | torch.device = "cpu", **kwargs: Any
+    ) -> PreferenceEnsemble:
+        """A trained ensemble as a frozen scorer (eval mode, no gradients) for the game modules.
+
+        The ensemble is built from ``kwargs`` (the arguments of :class:`PreferenceEnsemble`, as in the config of the
+        run that trained it: ``lm``, ``num_members``, ``member_type``, ``embed_dim``, ``sharing``, ...), never from
+        the hyper-parameters stored in the checkpoint, which could name a model folder with code to run; only its
+        tensors are read (``weights_only=True``). A checkpoint of another family, or whose tensors do not fit the
+        ensemble built (say another ``num_members``), is refused naming both.
+        """
         with warnings.catch_warnings():  # the frozen base is reloaded from `lm`, not missing by mistake
             warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in")
-            model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=True)
+            model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=True, **kwargs)
         model.eval().requires_grad_(False)
         return model
 

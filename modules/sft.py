@@ -22,12 +22,13 @@ from typing_extensions import override
 from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
-from modules.training.faults import NonFiniteGuard, require_trainable_tensors
+from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
 
 __all__ = ["CausalLMSFT"]
 
 
-class CausalLMSFT(NonFiniteGuard, L.LightningModule):
+class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.
 
     Args:
@@ -43,8 +44,9 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
         weight_decay: AdamW weight decay.
         max_length: Tokens per example (prompt cut from the left first).
         seed: Seed of the tiny model's initialisation.
-        max_consecutive_nonfinite: A batch with a non-finite loss is skipped (no update), logged and counted;
-            this many in a row stop training with an error, the last checkpoint intact.
+        max_consecutive_nonfinite: A batch with a non-finite loss or gradient is skipped (no update, optimizer state
+            untouched, not counted in ``global_step``: see :class:`~modules.training.faults.AutomaticStepGuard`),
+            logged and counted; this many in a row stop training with an error, the last checkpoint intact.
     """
 
     def __init__(
@@ -129,17 +131,24 @@ class CausalLMSFT(NonFiniteGuard, L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the adapter only with ``lora`` (the base is reloaded from its path); record the family; refuse NaN.
+
+        Raises:
+            RuntimeError: a kept tensor or an optimizer moment is NaN or inf (nothing is written).
+        """
         checkpoint["nonfinite"] = self.nonfinite_state()
         state_dict = checkpoint.get("state_dict")
         if self.hparams.lora and state_dict is not None:  # the frozen base is reloaded from its path
             keep = self.trainable_state_names()
             for name in [n for n in state_dict if n not in keep]:
                 del state_dict[name]
+        stamp_family(self, checkpoint)
+        refuse_nonfinite_checkpoint(checkpoint, "SFT")
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.hparams.lora:
-            require_trainable_tensors(checkpoint, self.trainable_state_names())
+        """Refuse a checkpoint of another family, or missing a trained tensor, or whose tensors do not fit."""
+        check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
         self.load_nonfinite_state(checkpoint.get("nonfinite"))
 
     @override

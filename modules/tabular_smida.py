@@ -38,11 +38,13 @@ from modules.algorithms.stackelberg import (
     stackelberg_equilibrium,
 )
 from modules.algorithms.tabular_games import GAME_KEYS, load_game, random_game
+from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from modules.training.faults import NonFiniteGuard
 
 __all__ = ["TabularSMIDA"]
 
 
-class TabularSMIDA(L.LightningModule):
+class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     """Stackelberg Mirror Descent–Ascent on a tabular game, one iteration of Algorithm 1 per training step.
 
     There is no gradient and no optimizer: ``configure_optimizers`` returns ``None`` and ``training_step`` applies the
@@ -65,6 +67,10 @@ class TabularSMIDA(L.LightningModule):
         eta_leader: Leader's step size ``η_L``; condition (6): ``0 < η_L τ_L < η_F τ_F``.
         eta_follower: Follower's step size ``η_F``; condition (6): ``η_F τ_F ≤ 1``.
         dtype: Floating dtype of the game and the iterates; float64 resolves KL down to about 1e-16.
+        max_consecutive_nonfinite: An iteration whose new iterate holds a NaN or a ``+inf`` log-probability (a game
+            with infinite utilities, say) is not applied: the iterate stays, ``global_step`` does not advance, and
+            the skip is logged (``train/nonfinite_skipped``) and counted; this many in a row stop the run with an
+            error. (``-inf`` is a zero probability, which a reference without full support gives.)
 
     Raises:
         ValueError: step sizes breaking condition (6), or a malformed game.
@@ -84,10 +90,12 @@ class TabularSMIDA(L.LightningModule):
         eta_leader: float = 1.0,
         eta_follower: float = 10.0,
         dtype: Literal["float64", "float32"] = "float64",
+        max_consecutive_nonfinite: int = 10,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
         check_step_sizes(tau_leader, tau_follower, eta_leader, eta_follower)
         torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
         if game_path is not None:
@@ -137,21 +145,30 @@ class TabularSMIDA(L.LightningModule):
         self._stepper = self._make_stepper()
 
     @torch.no_grad()
-    def smida_iteration(self) -> None:
-        """Apply one iteration of Algorithm 1 to the iterate held in the buffers (``t → t + 1``)."""
+    def smida_iteration(self) -> bool:
+        """Apply one iteration of Algorithm 1 to the iterate held in the buffers (``t → t + 1``).
+
+        Returns ``False``, with the iterate and ``t`` unchanged, when the new iterate holds a NaN or ``+inf``
+        log-probability (counted, logged and warned about; see ``max_consecutive_nonfinite``).
+        """
         if self._stepper is None or self._stepper.cost_base.device != self.u.device:
             self._stepper = self._make_stepper()
         log_pi, log_omega = self._stepper(self.log_pi, self.log_omega)
+        if not self.check_finite(_invalid_log_probabilities(log_pi, log_omega), "log-probabilities of the iterate"):
+            return False
         self.log_pi.copy_(log_pi)
         self.log_omega.copy_(log_omega)
         self.iteration += 1
+        self.record_update()
+        return True
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> None:
         """Log the metrics of the iterate ``t`` this step starts from, then move it to ``t + 1``."""
         self.log_dict(self.metrics(), on_step=True, on_epoch=False)
-        self.smida_iteration()
-        self.optimizers().step()  # Lightning's placeholder optimizer: only counts the iteration in global_step
+        if self.smida_iteration():
+            # Lightning's placeholder optimizer: only counts the iteration in global_step (a skip does not)
+            self.optimizers().step()
 
     @override
     def configure_optimizers(self) -> None:
@@ -208,8 +225,28 @@ class TabularSMIDA(L.LightningModule):
     # ------------------------------------------------------------------------------------------------------------
 
     @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Record the family and the skip counters; refuse an iterate with NaN or ``+inf`` log-probabilities.
+
+        Raises:
+            RuntimeError: naming the buffer (nothing is written).
+        """
+        checkpoint["nonfinite"] = self.nonfinite_state()
+        stamp_family(self, checkpoint)
+        state = checkpoint.get("state_dict") or {}
+        bad = [k for k in ("log_pi", "log_omega") if k in state and _invalid_log_probabilities(state[k]).isnan().any()]
+        bad += [k for k in ("u", "rho") if k in state and not torch.isfinite(state[k]).all()]
+        if bad:
+            raise RuntimeError(
+                f"tabular SMIDA: refusing to write a checkpoint whose tensors hold NaN or inf: {bad}; resume from the "
+                "previous checkpoint"
+            )
+
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse to resume an iterate of a different game (the state would be meaningless against this one)."""
+        """Refuse a checkpoint of another family, and an iterate of a different game (meaningless against this one)."""
+        check_checkpoint_matches(self, checkpoint, {"log_pi", "log_omega"})
+        self.load_nonfinite_state(checkpoint.get("nonfinite"))
         state = checkpoint.get("state_dict", {})
         for key in ("u", "log_pi_ref", "log_omega_ref"):
             saved, here = state.get(key), getattr(self, key)
@@ -249,3 +286,9 @@ class TabularSMIDA(L.LightningModule):
             f"(bound {final['leader/kl_bound']:.3e}), follower KL {final['follower/kl']:.3e} "
             f"(bound {final['follower/kl_bound']:.3e}); result written to {path}"
         )
+
+
+def _invalid_log_probabilities(*log_probs: Tensor) -> Tensor:
+    """NaN where a log-probability is NaN or ``+inf``, 0 elsewhere (``-inf``, a zero probability, is valid)."""
+    flat = torch.cat([x.flatten() for x in log_probs])
+    return torch.where(flat.isnan() | flat.isposinf(), torch.nan, 0.0).to(flat.dtype)

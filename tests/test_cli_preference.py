@@ -79,7 +79,7 @@ def test_predict_scores_pairs_from_jsonl(fitted, tmp_path, monkeypatch):
     )
     out = [json.loads(line) for line in open(os.path.join(tmp_path, pred.trainer.log_dir, "predictions.jsonl"))]
     assert [o["row"] for o in out] == [0, 1]
-    scorer = PreferenceEnsemble.load_frozen(ckpt)
+    scorer = PreferenceEnsemble.load_frozen(ckpt, num_members=3)  # the config of the run that trained it
     expected = scorer.score(
         [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows]
     )

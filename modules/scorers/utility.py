@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -61,18 +61,27 @@ class Utility(nn.Module, ABC):
 class EnsembleUtility(Utility):
     """A utility computed from a frozen preference ensemble (see :func:`utility_from_member_probs`).
 
+    The ensemble is built from these arguments (``backbone``, ``backbone_task``, ``num_members`` and ``ensemble``),
+    never from the hyper-parameters stored in ``checkpoint``, which could name a model folder with code to run; the
+    checkpoint gives only tensors, and one that does not fit the ensemble built is refused naming both (see
+    :meth:`~modules.preference.PreferenceEnsemble.load_frozen`).
+
     Args:
         checkpoint: Checkpoint of a trained :class:`~modules.preference.PreferenceEnsemble` (the main job writes
-            ``checkpoints/preference_ensemble/last.ckpt``). ``None`` builds an untrained ensemble with randomly
-            initialised heads: a real function of the texts, for smoke tests only.
+            ``runs/preference_ensemble/version_*/checkpoints/last.ckpt``); the arguments here must describe the
+            ensemble it was trained as. ``None`` builds an untrained ensemble with randomly initialised heads: a real
+            function of the texts, for smoke tests only.
         kind: Which utility.
         scale: Multiplier of the variance.
         lam: λ of the directed objective.
         member: Member ``j`` of the directed objective.
         batch_size: Pairs scored per ensemble call.
-        num_members: Members of the untrained ensemble when ``checkpoint`` is ``None``.
-        backbone: Backbone of the untrained ensemble (e.g. the policy's own folder, as the paper's Qwen members).
+        num_members: Members of the ensemble.
+        backbone: Backbone of the ensemble (e.g. the policy's own folder, as the paper's Qwen members).
         backbone_task: ``encoder`` or ``causal_lm`` for that backbone.
+        ensemble: Further :class:`~modules.preference.PreferenceEnsemble` arguments, as in the trained run's config
+            (``member_type``, ``embed_dim``, ``sharing``, ``pooling``, ``max_length``, or a whole ``lm``, which then
+            replaces ``backbone``).
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class EnsembleUtility(Utility):
         num_members: int = 5,
         backbone: str = "builtin:minilm-l6",
         backbone_task: str = "encoder",
+        ensemble: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         from modules.lm.model_config import ModelConfig
@@ -93,13 +103,14 @@ class EnsembleUtility(Utility):
 
         if kind not in ("variance", "decision_uncertainty", "jsd", "slhf", "directed"):
             raise ValueError(f"utility kind {kind!r} is not one of variance, decision_uncertainty, jsd, slhf, directed")
+        args: dict[str, Any] = {"lm": ModelConfig(backbone), "backbone_task": backbone_task, "num_members": num_members}
+        args.update(ensemble or {})
         if checkpoint is None:
-            ensemble = PreferenceEnsemble(ModelConfig(backbone), backbone_task=backbone_task, num_members=num_members)
-            ensemble = ensemble.eval().requires_grad_(False)
+            model = PreferenceEnsemble(**args).eval().requires_grad_(False)
         else:
-            ensemble = PreferenceEnsemble.load_frozen(checkpoint)
-        utility_from_member_probs(torch.full((1, ensemble.hparams.num_members), 0.5), kind, scale, lam, member)
-        self.ensemble = ensemble
+            model = PreferenceEnsemble.load_frozen(checkpoint, **args)
+        utility_from_member_probs(torch.full((1, model.hparams.num_members), 0.5), kind, scale, lam, member)
+        self.ensemble = model
         self.kind, self.scale, self.lam, self.member, self.batch_size = kind, scale, lam, member, batch_size
         self.last_member_probs: Tensor | None = None
 

@@ -1,8 +1,13 @@
-"""Non-finite losses, utilities and rewards: skip the update, log and count it, stop after too many in a row.
+"""Non-finite losses, utilities, rewards and gradients: skip the update, log and count it, stop after too many in a row.
 
 :meth:`NonFiniteGuard.check_finite` returning ``False`` means: return without an update. The decision is taken for
-all ranks together, so DDP never waits for a backward that one rank skipped. Stopping raises ``RuntimeError``, after
-which Lightning writes no checkpoint: the last periodic one, from before the failing streak, stays as it was.
+all ranks together, so DDP never waits for a backward that one rank skipped. :meth:`NonFiniteGuard.check_gradients`
+does the same for the gradients after a backward (a finite loss can still give a NaN gradient, as an fp16/bf16
+overflow in the backward does): the manual families call it from ``LanguageModelGame.optimizer_step``, the automatic
+ones through :class:`AutomaticStepGuard`. A streak of skips ends only when an update is applied
+(:meth:`NonFiniteGuard.record_update`). Stopping raises ``RuntimeError``, after which Lightning writes no checkpoint:
+the last periodic one, from before the failing streak, stays as it was, and :func:`refuse_nonfinite_checkpoint`
+makes sure no checkpoint ever holds a non-finite trainable tensor or optimizer moment.
 """
 
 from __future__ import annotations
@@ -10,13 +15,75 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["NonFiniteGuard", "call_with_timeout", "require_trainable_tensors", "reset_stale_epoch_metrics"]
+__all__ = [
+    "AutomaticStepGuard",
+    "NonFiniteGuard",
+    "call_with_timeout",
+    "count_nonfinite",
+    "refuse_nonfinite_checkpoint",
+    "require_trainable_tensors",
+    "reset_stale_epoch_metrics",
+]
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """The local shard of a ``DTensor`` (FSDP2), the tensor itself otherwise: counting never runs a collective."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def count_nonfinite(tensors: Iterable[Tensor | None]) -> tuple[int, int]:
+    """``(non-finite entries, entries)`` over the floating-point tensors given (``None`` and integers skipped).
+
+    Example:
+        >>> count_nonfinite([torch.tensor([1.0, float("nan")]), None, torch.tensor([float("inf")])])
+        (2, 3)
+    """
+    counts: dict[torch.device, list[Tensor]] = {}
+    total = 0
+    for tensor in tensors:
+        if tensor is None or not torch.is_floating_point(tensor):
+            continue
+        local = _local(tensor.detach())
+        counts.setdefault(local.device, []).append((~torch.isfinite(local)).sum())
+        total += local.numel()
+    # one host sync per device, not one per tensor (a model has hundreds of gradient tensors)
+    bad = sum(int(torch.stack(per_device).sum()) for per_device in counts.values())
+    return bad, total
+
+
+def refuse_nonfinite_checkpoint(checkpoint: dict[str, Any], family: str) -> None:
+    """Raise when the checkpoint's weights or optimizer moments hold a NaN or inf, before anything is written.
+
+    Call it at the end of ``on_save_checkpoint`` (after the frozen weights were dropped). The skip of non-finite
+    gradients keeps such values out of the weights; this is the last line: a checkpoint that ``--ckpt_path last``
+    would resume from must never carry them. Checks every floating tensor of ``checkpoint["state_dict"]`` and of each
+    optimizer's per-parameter ``state`` (Adam's ``exp_avg``/``exp_avg_sq``, ...).
+
+    Raises:
+        RuntimeError: naming the first tensors with non-finite values.
+    """
+    found = []
+    for name, value in (checkpoint.get("state_dict") or {}).items():
+        if isinstance(value, Tensor) and count_nonfinite([value])[0]:
+            found.append(f"state_dict[{name!r}]")
+    for i, opt in enumerate(checkpoint.get("optimizer_states") or []):
+        for param, state in ((opt or {}).get("state") or {}).items():
+            for key, value in (state or {}).items():
+                if isinstance(value, Tensor) and count_nonfinite([value])[0]:
+                    found.append(f"optimizer_states[{i}].state[{param}][{key!r}]")
+    if found:
+        raise RuntimeError(
+            f"{family}: refusing to write a checkpoint whose tensors hold NaN or inf: {found[:5]}"
+            f"{' …' if len(found) > 5 else ''}. Resume from the previous checkpoint, which was written before the "
+            "values went bad."
+        )
 
 
 def require_trainable_tensors(checkpoint: dict[str, Any], trainable: set[str]) -> None:
@@ -116,26 +183,63 @@ class NonFiniteGuard:
     def check_finite(self, values: Tensor, what: str) -> bool:
         """``True`` when every value (on every rank) is finite; else count, log, warn and return ``False``.
 
+        A ``True`` does not end a streak of skipped steps: only an applied update does (:meth:`record_update`), so a
+        step whose loss is finite but whose gradients are not still counts toward the limit.
+
         Raises:
             RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
         """
-        bad = int((~torch.isfinite(values.detach())).sum())
+        values = values.detach()
+        bad = int((~torch.isfinite(values)).sum())
+        return self._decide(bad, values.numel(), what)
+
+    def check_gradients(self, parameters: Iterable[Tensor], what: str = "gradients") -> bool:
+        """``True`` when every gradient of ``parameters`` (on every rank) is finite; else count, log, warn, ``False``.
+
+        Call after the backward and before the optimizer step; on ``False`` the caller drops the gradients and does
+        not step, so neither the weights nor the optimizer's moments see them. Under DDP the gradients checked are the
+        reduced ones; under FSDP2 each rank checks its shard and the decision is taken for all ranks together.
+
+        Raises:
+            RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
+        """
+        bad, total = count_nonfinite(p.grad for p in parameters)
+        return self._decide(bad, total, what)
+
+    def record_update(self) -> None:
+        """An update was applied: the streak of skipped steps ends, unless another update of this batch was skipped.
+
+        A game with several optimizers (deep-SMIDA's leader and follower, the pool's followers) steps each on its own;
+        one that keeps getting NaN gradients while the others step must still reach the limit.
+        """
+        key = self._batch_key()
+        if key is None or key != getattr(self, "_last_skip_key", None):
+            self.consecutive_nonfinite = 0
+
+    def _batch_key(self) -> int | None:
+        """Which training batch this is (Lightning's count of batches started), ``None`` outside a trainer."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None:
+            return None
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
+
+    def _decide(self, bad: int, total: int, what: str) -> bool:
         ok = bad == 0
         trainer = getattr(self, "_trainer", None)
         if trainer is not None:
             ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
         if ok:
-            self.consecutive_nonfinite = 0
             return True
         self.nonfinite_skipped += 1
         self.consecutive_nonfinite += 1
+        self._last_skip_key = self._batch_key()
         step = trainer.global_step if trainer is not None else -1
         if trainer is not None:
             self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=1)  # type: ignore[attr-defined]
         warnings.warn(
-            f"step {step}: {bad} of {values.numel()} {what} are NaN or inf; the update is skipped "
+            f"step {step}: {bad} of {total} {what} are NaN or inf; the update is skipped "
             f"({self.consecutive_nonfinite} in a row)",
-            stacklevel=2,
+            stacklevel=3,
         )
         if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
             raise RuntimeError(
@@ -153,3 +257,55 @@ class NonFiniteGuard:
         for key in ("nonfinite_skipped", "consecutive_nonfinite"):
             if state and key in state:
                 setattr(self, key, int(state[key]))
+
+
+class AutomaticStepGuard(NonFiniteGuard):
+    """Mixin for automatic optimisation: non-finite gradients never reach the weights, and skips never cost a step.
+
+    After Lightning's backward (and, under a ``GradScaler``, its unscale), :meth:`on_before_optimizer_step` checks
+    the optimizer's gradients; when one is NaN or inf on any rank they are all dropped (set to ``None``), so the
+    optimizer's step changes neither a weight nor a moment (PyTorch's optimizers skip parameters without a gradient),
+    and the skip is counted, logged and warned about like a non-finite loss. A scaler still sees its own overflow
+    and lowers its scale.
+
+    ``max_steps``: Lightning counts every ``optimizer_step`` call of automatic optimisation in ``global_step``, also
+    one that changed nothing. :meth:`optimizer_step` takes a skipped step (a non-finite loss, for which
+    ``training_step`` returned ``None``, or non-finite gradients) back out of that count, so ``global_step`` and
+    ``max_steps`` count applied updates, as under manual optimisation: a run with skips trains ``max_steps`` updates
+    on more batches, and checkpoints named by step do not skip numbers. ``max_epochs`` still means passes over the
+    data (a skipped batch is not retried).
+
+    Put it before ``LightningModule`` in the bases and call :meth:`init_nonfinite_guard` in ``__init__``.
+    """
+
+    _gradients_dropped: bool = False
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Drop every gradient of ``optimizer`` when one is not finite (on any rank); count the skip."""
+        super().on_before_optimizer_step(optimizer)  # type: ignore[misc]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not self.check_gradients(params):
+            for p in params:
+                p.grad = None
+            self._gradients_dropped = True
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """Lightning's step; a skipped one (counted during it) is taken back out of ``global_step``."""
+        skipped_before = self.nonfinite_skipped
+        self._gradients_dropped = False
+        optimizer.step(closure=optimizer_closure)
+        if self.nonfinite_skipped != skipped_before or self._gradients_dropped:
+            self._uncount_optimizer_step()
+        else:
+            self.record_update()
+
+    def _uncount_optimizer_step(self) -> None:
+        # Lightning marks the step ready before this hook and completed after it (loops/optimization/automatic.py,
+        # ``_optimizer_step``); taking one off both here leaves the pair equal once it has marked it completed.
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None:
+            return
+        progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
+        for tracker in (progress.total, progress.current):
+            tracker.ready -= 1
+            tracker.completed -= 1

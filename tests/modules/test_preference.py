@@ -135,7 +135,7 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     trainer.save_checkpoint(ckpt)
     sd = torch.load(ckpt, weights_only=False)["state_dict"]
     assert not any(k.startswith("backbone.") for k in sd)  # frozen base is not copied into checkpoints
-    frozen = PreferenceEnsemble.load_frozen(ckpt)
+    frozen = PreferenceEnsemble.load_frozen(ckpt, num_members=3)
     assert not any(p.requires_grad for p in frozen.parameters()) and not frozen.training
     xs, ya, yb = ["What is 2 + 3?"], ["2 + 3 = 5. The answer is \\boxed{5}."], ["2 + 3 = 6. \\boxed{6}"]
     torch.testing.assert_close(frozen.score(xs, ya, yb), model.eval().score(xs, ya, yb))
@@ -144,4 +144,4 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     del broken["state_dict"]["head.rho"]
     torch.save(broken, tmp_path / "broken.ckpt")
     with pytest.raises(KeyError, match="head.rho"):
-        PreferenceEnsemble.load_frozen(str(tmp_path / "broken.ckpt"))
+        PreferenceEnsemble.load_frozen(str(tmp_path / "broken.ckpt"), num_members=3)
