@@ -106,13 +106,26 @@ def _debate(lm):
     return DebateSelfPlay(lm=lm, sampling=Sampling(max_new_tokens=4))
 
 
+def _pool(lm):
+    from modules.pool import StackelbergPool
+
+    return StackelbergPool(lm=lm, num_players=3, sampling=Sampling(max_new_tokens=4))
+
+
 def _preference(lm):
     from modules.preference import PreferenceEnsemble
 
     return PreferenceEnsemble(lm=lm, backbone_task="causal_lm", sharing="lora", num_members=2, cache_features=False)
 
 
-FAMILIES = {"grpo": _grpo, "deep_smida": _deep_smida, "sft": _sft, "debate": _debate, "preference": _preference}
+FAMILIES = {
+    "grpo": _grpo,
+    "deep_smida": _deep_smida,
+    "sft": _sft,
+    "debate": _debate,
+    "pool": _pool,
+    "preference": _preference,
+}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
