@@ -5,6 +5,7 @@ import json
 import os
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from helpers.decode_spy import spy_decodes
@@ -247,7 +248,14 @@ def test_compare_pairs_and_adversarial_by_hand():
     ref = torch.tensor([[0.0, 0.1], [0.2, 0.3], [0.4, 0.5], [0.6, 0.7], [0.8, 0.9]])
     trained = ref + 0.5
     th = candidate_thresholds(ref, [0.1])
-    assert th[0.1] == pytest.approx(torch.quantile(ref.flatten().double(), 0.9).item())  # 0.81
+    # ten sorted scores 0.0..0.9, the 0.9 quantile at position 0.9 * (10 - 1) = 8.1: 0.8 + 0.1 * (0.9 - 0.8)
+    assert th[0.1] == pytest.approx(0.81)
+    # unsorted, uneven scores against numpy's linear interpolation (an implementation other than torch's)
+    scores = [3.0, -1.0, 7.5, 0.25, 2.0, 11.0, -4.0]
+    uneven = candidate_thresholds(torch.tensor(scores).reshape(7, 1), [0.05, 0.3, 0.5, 0.9])
+    for alpha, threshold in uneven.items():
+        assert threshold == pytest.approx(float(np.quantile(scores, 1 - alpha, method="linear")))
+    assert uneven[0.5] == 2.0  # the median of seven
     out = compare_pairs(trained, ref, alphas=(0.1,), n_boot=200)
     assert out["mean_gain"] == pytest.approx(0.5) and out["mean_gain_ci"] == pytest.approx([0.5, 0.5])
     assert out["share_prompts_higher"] == 1.0
