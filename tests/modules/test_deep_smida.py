@@ -2,6 +2,7 @@
 
 import glob
 import json
+import math
 import os
 import types
 
@@ -127,6 +128,12 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
     assert set(result["candidate_yield"]) == {"0.1", "0.05", "0.01"}
     assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
+    # how many queries each oracle label averages, and that none of the programmatic oracle's was left out
+    assert (result["oracle_num_queries"], result["oracle_invalid_verdicts"], result["oracle_unlabelled_rows"]) == (
+        1,
+        0,
+        0,
+    )
     # the reference pair's yield at alpha is about alpha by construction of the thresholds (8 triplets here)
     assert result["candidate_yield"]["0.1"]["reference"] <= 0.25
     for png in ("variance_cdf.png", "candidate_yield.png"):
@@ -339,7 +346,7 @@ def test_follower_raises_and_leader_lowers_the_expected_utility(tiny_lm_dir, tmp
 
 
 def test_compare_pairs_and_adversarial_by_hand():
-    from modules.evaluation.game_eval import adversarial_mask, candidate_thresholds, compare_pairs
+    from modules.evaluation.game_eval import adversarial_mask, adversarial_yield, candidate_thresholds, compare_pairs
 
     ref = torch.tensor([[0.0, 0.1], [0.2, 0.3], [0.4, 0.5], [0.6, 0.7], [0.8, 0.9]])
     trained = ref + 0.5
@@ -362,6 +369,13 @@ def test_compare_pairs_and_adversarial_by_hand():
     assert adversarial_mask(p_star, p_bar, 0.1).tolist() == [True, False, False, True]
     with pytest.raises(ValueError, match="epsilon"):
         adversarial_mask(p_star, p_bar, 0.5)
+    # the yield is over the labelled triplets (§5.3.2): a NaN label (no valid oracle verdict) counts in neither
+    # the adversarial triplets nor the total; 4 triplets above, 3 adversarial at ε = 0, then two unlabelled ones
+    unlabelled = torch.tensor([float("nan"), float("nan")])
+    p_star_all, p_bar_all = torch.cat([p_star, unlabelled]), torch.cat([p_bar, torch.tensor([0.9, 0.1])])
+    assert adversarial_yield(p_star_all, p_bar_all, 0.0) == 0.75  # 3 of 4, not 3 of 6
+    assert adversarial_yield(p_star_all, p_bar_all, 0.1) == 0.5  # 2 of 4
+    assert math.isnan(adversarial_yield(unlabelled, torch.tensor([0.9, 0.1]), 0.0))
     with pytest.raises(ValueError, match=r"\[P, R\]"):
         compare_pairs(trained[:2], ref)
 
