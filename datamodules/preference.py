@@ -161,6 +161,8 @@ class PreferenceDataModule(L.LightningDataModule):
         self.keys: list[int] = []
         self.prompts_by_split: dict[str, int] = {}
         self.num_truncated = 0
+        self.labelled_by: PreferenceOracle | None = None  # the oracle that labelled the rows, if one did
+        self.num_unlabelled = 0
         self.pad_id = 0
         self._tokenizer = None
 
@@ -181,10 +183,34 @@ class PreferenceDataModule(L.LightningDataModule):
                 refs.append(str(p.answer))
         oracle = self.oracle or ProgrammaticOracle(seed=hp.seed)
         labels = oracle.label(prompts, resp_a, resp_b, refs).tolist()
-        return [
+        rows = [
             {"prompt": x, "response_a": a, "response_b": b, "label": y, "reference": r}
             for x, a, b, y, r in zip(prompts, resp_a, resp_b, labels, refs)
         ]
+        return self._labelled_rows(rows, oracle)
+
+    def _labelled_rows(self, rows: list[dict[str, Any]], oracle: PreferenceOracle) -> list[dict[str, Any]]:
+        """The rows that ``oracle`` gave a label, the others (no valid verdict: a NaN label) dropped and counted."""
+        self.labelled_by = oracle
+        kept = [r for r in rows if not math.isnan(r["label"])]
+        self.num_unlabelled = len(rows) - len(kept)
+        if self.num_unlabelled:
+            warnings.warn(
+                f"{self.num_unlabelled} of {len(rows)} pairs got no valid oracle verdict in {oracle.num_queries} "
+                "queries and were dropped",
+                stacklevel=3,
+            )
+        return kept
+
+    def oracle_summary(self) -> dict[str, Any] | None:
+        """What the report says of the labels: the oracle's summary and the pairs it left unlabelled.
+
+        The labelling oracle's :meth:`~modules.scorers.oracle.PreferenceOracle.summary` with ``pairs_dropped``, the
+        pairs dropped for want of a valid verdict; ``None`` when the labels came with the data.
+        """
+        if self.labelled_by is None:
+            return None
+        return {**self.labelled_by.summary(), "pairs_dropped": self.num_unlabelled}
 
     def read_rows(self) -> list[dict[str, Any]]:
         """Rows of the configured source, validated (errors name the row and field)."""
@@ -213,6 +239,7 @@ class PreferenceDataModule(L.LightningDataModule):
             )
             for r, y in zip(rows, labels.tolist()):
                 r["label"] = y
+            rows = self._labelled_rows(rows, self.oracle)
         rows = validate_rows(rows, source)
         if hp.label_column is None:
             # chosen/rejected data: put half of the pairs in the other order so position carries no signal

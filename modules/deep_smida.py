@@ -29,7 +29,7 @@ from callbacks.items import gather_unique_items
 from modules.algorithms.smida_estimators import smida_surrogate_losses
 from modules.base import LanguageModelGame, argument_group, require_positive
 from modules.evaluation.figures import make_game_figures
-from modules.evaluation.game_eval import adversarial_mask, compare_pairs
+from modules.evaluation.game_eval import adversarial_yield, compare_pairs
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank
 from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
@@ -286,12 +286,14 @@ class DeepSMIDA(LanguageModelGame):
         if "trained_oracle" in gathered:
             result["adversarial_yield"] = {}
             for tag in ("trained", "reference"):
-                for eps in hp.epsilons:
-                    adv = adversarial_mask(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
-                    result["adversarial_yield"].setdefault(str(eps), {})[tag] = float(adv.double().mean())
-        if self.oracle is not None:  # verdicts that were not probabilities or came too late: coin flips (this rank)
+                for eps in hp.epsilons:  # over the labelled triplets: one without a valid verdict has no label
+                    share = adversarial_yield(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
+                    result["adversarial_yield"].setdefault(str(eps), {})[tag] = share
+        if self.oracle is not None:  # verdicts that were not probabilities or came too late: left out (this rank)
+            result["oracle_num_queries"] = self.oracle.num_queries
             result["oracle_invalid_verdicts"] = self.oracle.invalid_verdicts
             result["oracle_timeouts"] = self.oracle.timeouts
+            result["oracle_unlabelled_rows"] = self.oracle.unlabelled_rows
         self.last_eval = result
         self.reference_thresholds = dict(result["thresholds"])
         flat = {

@@ -6,7 +6,8 @@ One training batch is one game iteration over the whole instruction pool, in sev
 2. **Match**: a uniform combatant meets an opponent by reputation (:meth:`~modules.algorithms.pool.Matchmaking.duels`).
 3. **Answer**: each combatant answers its duels (G rollouts under GRPO), one ``generate`` per model.
 4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0).
-5. **Aggregate**: Elo-weighted means of the judges' scores; each judge's verdict updates the Elo reputations.
+5. **Aggregate**: reputation-weighted means of the judges' scores (weights from the Elo ratings by
+   :class:`~modules.algorithms.pool.ReputationWeighting`); the judges' weighted verdict updates the Elo reputations.
 6. **Lead**: the composite reward of each duel's two scores updates EXP3.
 7. **Follow**: DPO on the non-tied duels or GRPO on the peer scores, one AdamW per follower; then **log**.
 
@@ -85,6 +86,10 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         sampling: How responses are sampled (:class:`Sampling`; the paper's temperature 0.7 and top-p 0.9).
         system_prompt: System message of responses and evaluation answers.
         judging: How a member judges a response (:class:`PeerJudging`: template, mode, prefill, token budget).
+        reputation: How the judges' Elo ratings weight their scores and verdicts
+            (:class:`~modules.algorithms.pool.ReputationWeighting`): ``rule: raw``, the paper's literal rule and the
+            default (the ratings themselves, which stay near 1000, so the weights are nearly equal), or
+            ``rule: elo_odds`` (``10^((R − R̄)/scale)``, normalised: reputation has an effect).
         followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO, learning rate, batch and the
             algorithm's settings).
         grad_clip: Per-follower gradient norm clip (``None``: none).
@@ -111,6 +116,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         sampling: Sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=512),
         system_prompt: str = DEFAULT_SYSTEM,
         judging: PeerJudging = PeerJudging(),
+        reputation: rules.ReputationWeighting = rules.ReputationWeighting(),
         followers: FollowerTraining = FollowerTraining(),
         grad_clip: float | None = 1.0,
         eval_max_new_tokens: int = 256,
@@ -124,8 +130,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.matchmaking = argument_group(rules.Matchmaking, matchmaking, "matchmaking")
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.judging = argument_group(PeerJudging, judging, "judging")
+        self.reputation = argument_group(rules.ReputationWeighting, reputation, "reputation")
         self.followers = argument_group(FollowerTraining, followers, "followers")
-        groups = ("leader_reward", "matchmaking", "sampling", "judging", "followers")
+        groups = ("leader_reward", "matchmaking", "sampling", "judging", "reputation", "followers")
         self.save_hyperparameters_and_groups({"lm": lm, **{k: getattr(self, k) for k in groups}})
         _check_settings(m, self.hparams)
         self.player_names = [f"m{i}" for i in range(m)]
@@ -340,7 +347,10 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         names, elo = self.player_names, self.elo
         side_scores, rollout_scores = [], {}
         for d, (a, b) in enumerate(duels):
-            weights = elo.judge_weights([names[j] for j in judges[d]]) if elo is not None else [1.0] * len(judges[d])
+            if elo is not None:
+                weights = self.reputation.weights([elo.rating(names[j]) for j in judges[d]])
+            else:
+                weights = [1.0] * len(judges[d])
             table = [[[scores[(d, s, r)][j] for j in judges[d]] for r in range(g)] for s in (0, 1)]
             per_rollout, verdicts = rules.aggregate_duel(table, weights)
             rollout_scores[(d, 0)], rollout_scores[(d, 1)] = per_rollout

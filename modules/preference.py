@@ -467,7 +467,11 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     def on_test_epoch_end(self) -> None:
         out = self._summary("test", self.test_collect, full=True)
         report = out["report"]
-        report["n_truncated"] = int(getattr(self.trainer.datamodule, "num_truncated", 0) or 0)
+        datamodule = self.trainer.datamodule
+        report["n_truncated"] = int(getattr(datamodule, "num_truncated", 0) or 0)
+        # how the labels were made: the oracle's queries per label and what it left out (None: labels from the data)
+        oracle_summary = getattr(datamodule, "oracle_summary", None)
+        report["oracle"] = oracle_summary() if callable(oracle_summary) else None
         self.last_report = report
         # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes
         self._write_report(out, self.trainer.log_dir or self.trainer.default_root_dir)

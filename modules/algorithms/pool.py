@@ -7,7 +7,8 @@ r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching
   round's duels and :func:`duel_judges` names their judges.
 * **Judging** (App. G): :func:`fill_judge_template`; :func:`parse_judgement` reads a 1–10 score (JSON, then a regex,
   else 5.0 flagged as a failure).
-* **Aggregation**: :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
+* **Aggregation**: :class:`ReputationWeighting` (judges' ratings to weights: the paper's raw ratings, or their Elo
+  odds), :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
   :func:`aggregate_duel` for one duel's table of scores.
 * **Followers**: :func:`preference_pairs` (DPO's chosen/rejected) and :func:`peer_score_advantages` (GRPO).
 """
@@ -37,6 +38,8 @@ __all__ = [
     "final_answer",
     "judge_verdicts",
     "Matchmaking",
+    "REPUTATION_RULES",
+    "ReputationWeighting",
     "normalized_reputations",
     "parse_judgement",
     "peer_score_advantages",
@@ -272,6 +275,62 @@ def parse_judgement(text: str | None) -> JudgeParse:
             if _in_range(x):
                 return JudgeParse(x, "regex")
     return JudgeParse(DEFAULT_SCORE, "failed")
+
+
+REPUTATION_RULES = ("raw", "elo_odds")
+
+
+@dataclass(frozen=True)
+class ReputationWeighting:
+    r"""How the judges' reputations (Elo ratings) become the weights of their scores (§2.3, App. G).
+
+    * ``"raw"`` (the default): the paper's literal rule, "a reputation-weighted mean, using each judge's current
+      reputation score" (App. G): the rating itself, floored at 0. Ratings start equal (1000) and move by tens, so
+      two judges 100 points apart weigh 1050 against 950, about 10 % apart: the mean is close to the plain mean.
+    * ``"elo_odds"``: a normalisation that lets reputation matter, :math:`w_j \propto 10^{(R_j - \bar R)/s}`,
+      i.e. a softmax of :math:`(R_j - \bar R) \ln 10 / s`. It is the judge's strength in Elo's own expected-score
+      formula (:math:`E_{ab} = 1 / (1 + 10^{(R_b - R_a)/s})`), so a judge rated ``s`` points above another weighs
+      10 times as much, and 100 points above, 1.78 times (with ``s = 400``). A common shift of all ratings (the
+      starting 1000) changes nothing, and the weights sum to 1.
+
+    Attributes:
+        rule: ``"raw"`` or ``"elo_odds"``.
+        scale: ``s`` of ``"elo_odds"``, in rating points per factor of 10 (the Elo scale; the pool's ``elo.scale``
+            is 400 unless set otherwise). Unused by ``"raw"``.
+
+    Raises:
+        ValueError: for an unknown rule or a non-positive scale.
+
+    Example:
+        >>> ReputationWeighting("elo_odds").weights([1400.0, 1000.0])
+        [0.9090909090909091, 0.09090909090909091]
+    """
+
+    rule: str = "raw"
+    scale: float = 400.0
+
+    def __post_init__(self) -> None:
+        if self.rule not in REPUTATION_RULES:
+            raise ValueError(f"reputation.rule must be one of {REPUTATION_RULES}, got {self.rule!r}")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"reputation.scale must be a positive number, got {self.scale}")
+
+    def weights(self, ratings: Sequence[float]) -> list[float]:
+        """The judges' weights from their current ratings (for :func:`reputation_weighted_mean`).
+
+        Raises:
+            ValueError: for no rating or a non-finite one.
+        """
+        r = [float(x) for x in ratings]
+        if not r or not all(math.isfinite(x) for x in r):
+            raise ValueError(f"judge ratings must be a non-empty list of finite numbers, got {r}")
+        if self.rule == "raw":
+            return [max(0.0, x) for x in r]
+        # a softmax: subtracting the largest rating keeps every power at most 1 (no overflow)
+        top = max(r)
+        odds = [10.0 ** ((x - top) / self.scale) for x in r]
+        total = sum(odds)
+        return [x / total for x in odds]
 
 
 def reputation_weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:

@@ -6,12 +6,13 @@ candidate when ``Var ≥ F_ref^{-1}(1 − α)`` of the reference pair's scores (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["adversarial_mask", "candidate_thresholds", "compare_pairs", "prompt_bootstrap_mean"]
+__all__ = ["adversarial_mask", "adversarial_yield", "candidate_thresholds", "compare_pairs", "prompt_bootstrap_mean"]
 
 
 def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> dict[float, float]:
@@ -29,6 +30,17 @@ def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> d
             raise ValueError(f"alpha must be in (0, 1), got {a}")
         out[float(a)] = float(torch.quantile(ref, 1.0 - a))
     return out
+
+
+def adversarial_yield(oracle_prob: Tensor, ensemble_mean: Tensor, epsilon: float) -> float:
+    """The share of the labelled triplets that are ε-adversarial (:func:`adversarial_mask`).
+
+    §5.3.2 reports "the fraction of all labelled triplets": a triplet without an oracle label (NaN: no valid
+    verdict) is left out of both counts; NaN when none is labelled.
+    """
+    labelled = torch.isfinite(oracle_prob)
+    adversarial = adversarial_mask(oracle_prob, ensemble_mean, epsilon)[labelled]
+    return float(adversarial.double().mean()) if adversarial.numel() else math.nan
 
 
 def adversarial_mask(oracle_prob: Tensor, ensemble_mean: Tensor, epsilon: float) -> Tensor:

@@ -1,8 +1,9 @@
 """Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1).
 
-:meth:`PreferenceOracle.label` randomises the display order of every query (position bias) and averages
-``num_queries`` Bernoulli verdicts into a label in [0, 1]: :class:`ProgrammaticOracle` for checkable math answers,
-offline, and :class:`LLMJudgeOracle`, any causal LM as a zero-shot judge.
+:meth:`PreferenceOracle.label` randomises the display order of every query (position bias) and averages the valid
+Bernoulli verdicts of ``num_queries`` queries into a label in [0, 1] (§5.3.2: "averaging the valid binary verdicts
+from 11 oracle queries"): :class:`ProgrammaticOracle` for checkable math answers, offline, and
+:class:`LLMJudgeOracle`, any causal LM as a zero-shot judge.
 """
 
 from __future__ import annotations
@@ -77,11 +78,16 @@ class PreferenceOracle(ABC):
     """A source of preference verdicts.
 
     Args:
-        num_queries: Verdicts averaged per label (the paper's evaluation uses 11; training labels 1).
+        num_queries: Order-randomised queries per label (the paper's evaluation uses 11; training labels 1).
         seed: Seed of the order randomisation and of the verdict sampling.
         timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
-            abandoned: its rows get coin flips (0.5) and are counted in ``timeouts``. Meant for oracles that wait on
-            something outside (an API).
+            abandoned: its verdicts are invalid, and its rows are counted in ``timeouts``. Meant for oracles that
+            wait on something outside (an API).
+
+    Attributes:
+        invalid_verdicts: Verdicts that were not a probability (NaN, inf, outside [0, 1]), left out of the labels.
+        timeouts: Verdicts abandoned because their call came too late, left out as well.
+        unlabelled_rows: Rows of which no query gave a valid verdict: their label is NaN (no estimate).
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
@@ -89,6 +95,7 @@ class PreferenceOracle(ABC):
         self.timeout_s, self.generator = sampling_state("num_queries", num_queries, seed, timeout_s)
         self.invalid_verdicts = 0
         self.timeouts = 0
+        self.unlabelled_rows = 0
 
     @abstractmethod
     def first_wins_probability(
@@ -103,13 +110,20 @@ class PreferenceOracle(ABC):
         responses_b: Sequence[str],
         references: Sequence[str] | None = None,
     ) -> Tensor:
-        """Average of ``num_queries`` verdicts that a ≻ b, each with the display order drawn at random.
+        """The mean of the valid verdicts that a ≻ b among ``num_queries`` queries, each in a random display order.
+
+        A verdict is invalid when its probability is not one (NaN, inf, outside [0, 1]) or its call timed out; it is
+        counted and left out of its row's mean, as the paper averages "the valid binary verdicts" of its queries
+        (§5.3.2). A row without any valid verdict has no estimate: its label is NaN, and it is counted in
+        ``unlabelled_rows`` (callers drop such rows). When every verdict is valid, the label is the plain mean of
+        the ``num_queries`` verdicts.
 
         Returns:
-            float64 tensor of labels in [0, 1], one per row.
+            float64 tensor of labels in [0, 1] (NaN for an unlabelled row), one per row.
         """
         n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
         wins = torch.zeros(n, dtype=torch.float64)
+        valid = torch.zeros(n, dtype=torch.float64)
         for _ in range(self.num_queries):
             swap = torch.rand(n, generator=self.generator) < 0.5
             firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
@@ -119,16 +133,22 @@ class PreferenceOracle(ABC):
             )
             if late:
                 self.timeouts += n
-                p_first = torch.full((n,), 0.5, dtype=torch.float64)
-            p_first = self._checked(p_first, n)
+                p_first, ok = torch.full((n,), 0.5, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
+            else:
+                p_first, ok = self._checked(p_first, n)
+            # drawn for every row, valid or not, so that an invalid verdict leaves the other rows' draws unchanged
             first_wins = torch.rand(n, generator=self.generator, dtype=torch.float64) < p_first
-            wins += torch.where(swap, ~first_wins, first_wins).double()
-        return wins / self.num_queries
+            wins += (torch.where(swap, ~first_wins, first_wins) & ok).double()
+            valid += ok.double()
+        unlabelled = valid == 0
+        self.unlabelled_rows += int(unlabelled.sum())
+        return torch.where(unlabelled, torch.full_like(wins, math.nan), wins / valid.clamp(min=1.0))
 
-    def _checked(self, p_first: Tensor, n: int) -> Tensor:
-        """A verdict that is not a probability (NaN, inf, outside [0, 1]) becomes a coin flip (0.5) and is counted.
+    def _checked(self, p_first: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """The verdicts and which are valid; one that is not a probability (NaN, inf, outside [0, 1]) is counted.
 
-        Silently, ``NaN < u`` is False and would award every such comparison to the response shown second.
+        An invalid verdict's probability is replaced by ½, a placeholder that keeps the sampling defined; the label
+        never counts it (silently, ``NaN < u`` is False and would award the comparison to the response shown second).
 
         Raises:
             ValueError: the judge returned a number of verdicts other than one per row (a bug, not bad data).
@@ -137,10 +157,18 @@ class PreferenceOracle(ABC):
         if p_first.numel() != n:
             raise ValueError(f"{type(self).__name__} returned {p_first.numel()} verdicts for {n} rows")
         bad = ~torch.isfinite(p_first) | (p_first < 0) | (p_first > 1)
-        if bad.any():
-            self.invalid_verdicts += int(bad.sum())
-            p_first = torch.where(bad, torch.full_like(p_first, 0.5), p_first)
-        return p_first
+        self.invalid_verdicts += int(bad.sum())
+        return torch.where(bad, torch.full_like(p_first, 0.5), p_first), ~bad
+
+    def summary(self) -> dict[str, Any]:
+        """What a report says of this oracle: its class, queries per label and the verdicts and rows left out."""
+        return {
+            "oracle": type(self).__name__,
+            "num_queries": self.num_queries,
+            "invalid_verdicts": self.invalid_verdicts,
+            "timeouts": self.timeouts,
+            "unlabelled_rows": self.unlabelled_rows,
+        }
 
 
 def solution_score(

@@ -62,12 +62,14 @@ def test_logged_rates_during_warmup(tmp_path):
     warmup = TwoTimescaleWarmup(ETA_L, ETA_F, ETA_INIT, warmup_steps=40)
     trainer = make_trainer(tmp_path, [warmup], max_epochs=1, limit_val_batches=0)  # 12 batches: still warming up
     trainer.fit(module)
-    leader, follower, ratio = warmup_learning_rates(11, ETA_INIT, ETA_L, ETA_F, 40)
+    # The 12th batch ran at t = 11, progress 11 / 40 = 0.275 (App. D.1 by hand): leader 1e-3 + 0.275 * 7e-3,
+    # ratio 1 + 0.275 * (2.5 - 1), follower their product.
     metrics = trainer.callback_metrics
-    assert float(metrics["warmup/leader_lr"]) == pytest.approx(leader, rel=1e-6)
-    assert float(metrics["warmup/follower_lr"]) == pytest.approx(follower, rel=1e-6)
-    assert float(metrics["warmup/ratio"]) == pytest.approx(ratio, rel=1e-6)
-    assert warmup.rates() == pytest.approx(warmup_learning_rates(12, ETA_INIT, ETA_L, ETA_F, 40))
+    assert float(metrics["warmup/leader_lr"]) == pytest.approx(2.925e-3, rel=1e-6)
+    assert float(metrics["warmup/follower_lr"]) == pytest.approx(4.1315625e-3, rel=1e-6)
+    assert float(metrics["warmup/ratio"]) == pytest.approx(1.4125, rel=1e-6)
+    # the next batch, t = 12, progress 0.3: 1e-3 + 2.1e-3, ratio 1.45, follower 3.1e-3 * 1.45
+    assert warmup.rates() == pytest.approx((3.1e-3, 4.495e-3, 1.45), rel=1e-12)
 
 
 def test_swapped_optimizer_indices(tmp_path):
@@ -155,9 +157,10 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     example = run_docs_example("warmup = TwoTimescaleWarmup(")
     warmup, trainer = example["warmup"], example["trainer"]
     assert warmup.batches_seen == 16 and trainer.global_step == 32
-    assert warmup.rates() == pytest.approx(warmup_learning_rates(16, 1e-6, 8e-6, 2e-5, 50))
+    # t = 16 of 50, progress 0.32: leader 1e-6 + 0.32 * 7e-6, ratio 1 + 0.32 * 1.5, follower their product
+    assert warmup.rates() == pytest.approx((3.24e-6, 4.7952e-6, 1.48), rel=1e-12)
     lr = trainer.optimizers[0].param_groups[0]["lr"]
-    assert lr == pytest.approx(warmup_learning_rates(15, 1e-6, 8e-6, 2e-5, 50)[0])
+    assert lr == pytest.approx(3.1e-6, rel=1e-12)  # the last batch ran at t = 15: 1e-6 + 0.3 * 7e-6
 
 
 def test_readme_cli_config_instantiates():

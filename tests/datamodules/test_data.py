@@ -1,4 +1,5 @@
 import json
+import math
 import random
 import warnings
 
@@ -199,21 +200,66 @@ def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
     assert len(dm.splits["train"]) == 1 and len(dm.splits["val"]) == 1
 
 
-def test_oracle_garbage_verdicts_become_counted_coin_flips():
+class Alternating:
+    """Verdicts by hand: on even queries a is better, on odd queries b (certain verdicts, whatever the order);
+    ``invalid[row]`` names the queries whose verdict for that row is garbage (NaN, inf, 1.7, -0.2 in turn)."""
+
+    GARBAGE = (float("nan"), float("inf"), 1.7, -0.2)
+
+    def __init__(self, invalid):
+        self.invalid, self.calls = invalid, 0
+
+    def __call__(self, prompts, firsts, seconds, references):
+        q, self.calls = self.calls, self.calls + 1
+        a_wins = q % 2 == 0
+        out = [1.0 if (first == "a") == a_wins else 0.0 for first in firsts]
+        for row, queries in self.invalid.items():
+            if q in queries:
+                out[row] = self.GARBAGE[(row + q) % 4]
+        return torch.tensor(out, dtype=torch.float64)
+
+
+def test_oracle_averages_the_valid_verdicts_and_leaves_the_invalid_out():
+    """§5.3.2: "averaging the valid binary verdicts" of the queries. Four queries say a, b, a, b; per row, the
+    queries with a garbage verdict: none (mean 1/2), {1} (a, a, b: 2/3), {0, 2} (b, b: 0), all (no label), {3}."""
     from modules.scorers.oracle import PreferenceOracle
 
-    class Garbage(PreferenceOracle):
-        def first_wins_probability(self, prompts, firsts, seconds, references):
-            return torch.tensor([float("nan"), float("inf"), 1.7, -0.2, 1.0] * (len(prompts) // 5))
+    class Scripted(PreferenceOracle):
+        def __init__(self, invalid, **kw):
+            super().__init__(**kw)
+            self.verdicts = Alternating(invalid)
 
-    oracle = Garbage(num_queries=1, seed=0)
-    n = 4000
-    labels = oracle.label(["x"] * n, ["a"] * n, ["b"] * n)
-    assert oracle.invalid_verdicts == n * 4 // 5  # NaN, inf, 1.7 and -0.2 are counted; 1.0 is a verdict
-    valid = labels[4::5]  # p_first = 1 for the shown-first response: a wins exactly when it was shown first
-    garbage = torch.cat([labels[i::5] for i in range(4)])
-    assert 0.45 < garbage.mean().item() < 0.55  # coin flips, not "second shown always wins"
-    assert set(valid.tolist()) <= {0.0, 1.0}
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            return self.verdicts(prompts, firsts, seconds, references)
+
+    oracle = Scripted({1: {1}, 2: {0, 2}, 3: {0, 1, 2, 3}, 4: {3}}, num_queries=4, seed=0)
+    labels = oracle.label(["x"] * 5, ["a"] * 5, ["b"] * 5)
+    assert labels[[0, 1, 2, 4]].tolist() == pytest.approx([0.5, 2 / 3, 0.0, 2 / 3], abs=1e-12)
+    assert math.isnan(labels[3])  # no valid verdict: no estimate
+    assert (oracle.invalid_verdicts, oracle.unlabelled_rows, oracle.timeouts) == (8, 1, 0)
+    assert oracle.summary() == {
+        "oracle": "Scripted",
+        "num_queries": 4,
+        "invalid_verdicts": 8,
+        "timeouts": 0,
+        "unlabelled_rows": 1,
+    }
+
+    # sampled verdicts: a row's garbage leaves the other rows' draws, and so their labels, exactly as they were
+    class Noisy(PreferenceOracle):
+        def __init__(self, bad_rows, **kw):
+            super().__init__(**kw)
+            self.bad_rows = bad_rows
+
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            p = torch.tensor([0.7 if f == "a" else 0.3 for f in firsts], dtype=torch.float64)
+            p[self.bad_rows] = float("nan")
+            return p
+
+    clean = Noisy([], num_queries=5, seed=3).label(["x"] * 40, ["a"] * 40, ["b"] * 40)
+    dirty = Noisy([0, 7], num_queries=5, seed=3).label(["x"] * 40, ["a"] * 40, ["b"] * 40)
+    keep = [i for i in range(40) if i not in (0, 7)]
+    assert torch.equal(clean[keep], dirty[keep]) and dirty[[0, 7]].isnan().all()
 
     class Short(PreferenceOracle):
         def first_wins_probability(self, prompts, firsts, seconds, references):
@@ -223,26 +269,80 @@ def test_oracle_garbage_verdicts_become_counted_coin_flips():
         Short().label(["x"] * 3, ["a"] * 3, ["b"] * 3)
 
 
-def test_oracle_calls_past_the_time_limit_become_counted_coin_flips():
+def test_oracle_calls_past_the_time_limit_give_no_verdict():
     import time
 
     from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
-    class Hanging(PreferenceOracle):
-        def first_wins_probability(self, prompts, firsts, seconds, references):
-            time.sleep(3.0)
-            return torch.ones(len(prompts), dtype=torch.float64)
+    class SlowSecondCall(PreferenceOracle):
+        """a is always better; the second of three calls comes too late."""
 
-    oracle = Hanging(num_queries=1, seed=0, timeout_s=0.05)
-    n = 4000
+        calls = 0
+
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            self.calls += 1
+            if self.calls == 2:
+                time.sleep(1.0)
+            return torch.tensor([1.0 if f == "a" else 0.0 for f in firsts], dtype=torch.float64)
+
+    oracle = SlowSecondCall(num_queries=3, seed=0, timeout_s=0.05)
+    n = 200
     labels = oracle.label(["x"] * n, ["a"] * n, ["b"] * n)
-    assert oracle.timeouts == n and oracle.invalid_verdicts == 0
-    assert 0.47 < labels.mean().item() < 0.53  # coin flips, not the late "first always wins"
+    assert oracle.timeouts == n and oracle.invalid_verdicts == 0 and oracle.unlabelled_rows == 0
+    assert labels.tolist() == [1.0] * n  # the two verdicts in time, both for a; a coin flip would pull some to 2/3
+    late = SlowSecondCall(num_queries=1, seed=0, timeout_s=0.05)
+    late.calls = 1  # its only call is the slow one
+    assert late.label(["x"] * 3, ["a"] * 3, ["b"] * 3).isnan().all() and late.unlabelled_rows == 3
     args = (["q"] * 50, [r"1 + 1 = 2. \boxed{2}"] * 50, [r"1 + 1 = 3. \boxed{3}"] * 50, ["2"] * 50)
     in_time = ProgrammaticOracle(seed=1, timeout_s=30.0)
     assert torch.equal(in_time.label(*args), ProgrammaticOracle(seed=1).label(*args)) and in_time.timeouts == 0
     with pytest.raises(ValueError, match="timeout_s"):
         ProgrammaticOracle(timeout_s=-1)
+
+
+def test_programmatic_labels_are_those_of_the_oracle_before_invalid_verdicts_were_left_out():
+    """The programmatic oracle's verdicts are all valid, so the main job's labels cannot move: these are the labels
+    of the code before the change (commit 66b5ab0), for 1 and 3 queries."""
+    rows = PreferenceDataModule(
+        num_prompts=4, responses_per_prompt=3, seed=1, oracle=ProgrammaticOracle(beta=2.0, num_queries=3, seed=7)
+    ).generate_rows()
+    third = 1 / 3
+    assert [r["label"] for r in rows] == [1.0, 1.0, 0.0, 0.0, 0.0, third, 0.0, 1.0, 1.0, 0.0, 0.0, third]
+    # the main job's oracle (β 10, 1 query, seed 0) on 30 of its problems, and the paper's 11 queries
+    dm = PreferenceDataModule(num_prompts=30, seed=0, oracle=ProgrammaticOracle(beta=10.0, num_queries=1, seed=0))
+    labels = [r["label"] for r in dm.generate_rows()]
+    assert (len(labels), sum(labels)) == (300, 153.0)
+    eleven = PreferenceDataModule(num_prompts=30, seed=0, oracle=ProgrammaticOracle(beta=10.0, num_queries=11, seed=0))
+    labels_11 = [r["label"] for r in eleven.generate_rows()]
+    assert labels_11[:12] == [0.0, 0.0, 10 / 11, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 3 / 11, 0.0]
+    assert sum(labels_11) == pytest.approx(154.18181818181822, abs=1e-12)
+    assert dm.oracle_summary() == {
+        "oracle": "ProgrammaticOracle",
+        "num_queries": 1,
+        "invalid_verdicts": 0,
+        "timeouts": 0,
+        "unlabelled_rows": 0,
+        "pairs_dropped": 0,
+    }
+
+
+def test_pairs_without_a_valid_verdict_are_dropped_and_counted():
+    from modules.scorers.oracle import PreferenceOracle
+
+    class Silent(PreferenceOracle):
+        """No verdict for the first pair of every call."""
+
+        def first_wins_probability(self, prompts, firsts, seconds, references):
+            p = torch.full((len(prompts),), 0.9, dtype=torch.float64)
+            p[0] = float("nan")
+            return p
+
+    dm = PreferenceDataModule(num_prompts=5, responses_per_prompt=3, seed=0, oracle=Silent(num_queries=2))
+    with pytest.warns(UserWarning, match="1 of 15 pairs got no valid oracle verdict in 2 queries"):
+        rows = dm.generate_rows()
+    assert len(rows) == 14 and all(0.0 <= r["label"] <= 1.0 for r in rows)
+    assert dm.oracle_summary()["pairs_dropped"] == 1 and dm.oracle_summary()["unlabelled_rows"] == 1
+    assert PreferenceDataModule(path="unused.jsonl").oracle_summary() is None  # labels from the data: no oracle
 
 
 def test_a_hub_prompt_source_passes_its_subset_and_revision_to_load_dataset(monkeypatch):

@@ -8,7 +8,7 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import MCCTracker, PeakCheckpoint, matthews_corrcoef_from_counts
+from callbacks import MCCTracker, PeakCheckpoint
 from datamodules.prompts import collate_prompts, index_rows
 from modules.algorithms.debate import Transcript, split_reply
 from modules.debate import DebateSelfPlay
@@ -173,19 +173,48 @@ def test_bad_input_is_counted_never_a_crash(tiny_lm_dir, tmp_path):
     assert math.isfinite(float(metrics["train/reward"]))
 
 
+class Confusion(ProgrammaticJudge):
+    """A programmatic judge (its generator is checkpointed) with fixed votes per problem: 6/8 accept, 2/8 reject."""
+
+    ACCEPT = {"1 + 2?": True, "1 + 3?": True, "1 + 4?": True, "2 + 2?": True, "2 + 3?": False, "2 + 4?": False}
+
+    def __call__(self, transcripts):
+        votes = [[1.0] * 6 + [0.0] * 2 if self.ACCEPT[t.problem] else [1.0] * 2 + [0.0] * 6 for t in transcripts]
+        return JudgeVotes(torch.tensor(votes), [[] for _ in transcripts])
+
+
 def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
+    """Two steps with scripted answers and verdicts: the evaluation's confusion counts are the hand-made truth."""
+    from sklearn.metrics import matthews_corrcoef
+
     L.seed_everything(0)
-    m = _module(tiny_lm_dir, "rlvr", judge=ProgrammaticJudge(num_votes=8, seed=5))
-    rows = [(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]
+    m = _module(tiny_lm_dir, "rlvr", judge=Confusion(num_votes=8, seed=5))
+    # (problem, reference, Alice's answer): the first three right, the last three off by ten
+    script = [("1 + 2?", "3", "3"), ("1 + 3?", "4", "4"), ("1 + 4?", "5", "5")]
+    script += [("2 + 2?", "4", "14"), ("2 + 3?", "5", "15"), ("2 + 4?", "6", "16")]
+    rows = [(problem, reference) for problem, reference, _ in script]
+    original = m.bank.generate
+
+    def scripted(player, prompts, num_samples, *a, **kw):
+        out = original(player, prompts, num_samples, *a, **kw)
+        out.texts = [f"\\boxed{{{next(ans for p, _, ans in script if p in prompt)}}}" for prompt in prompts]
+        return out
+
+    m.bank.generate = scripted
     trainer = _quiet_trainer(tmp_path, max_steps=2, limit_val_batches=1)
     before = [p.detach().clone() for p in m.bank.player_parameters("policy")]
     trainer.fit(m, train_dataloaders=_loader(rows), val_dataloaders=_loader(rows))
     records = [json.loads(line) for line in (tmp_path / "debate_evals.jsonl").read_text().splitlines()]
     assert [r["batches_seen"] for r in records] == [1, 2]  # one line per validation (one per 1-batch epoch)
     last = records[-1]
-    assert last["trials"] == 2 and last["successes"] == trainer.callback_metrics["val/correct"]
-    assert last["tp"] + last["fp"] + last["tn"] + last["fn"] == 2
-    assert last["mcc"] == matthews_corrcoef_from_counts(last["tp"], last["fp"], last["tn"], last["fn"])
+    assert last["trials"] == 6 and last["successes"] == 3 == trainer.callback_metrics["val/correct"]
+    # four distinct counts, so any two cells swapped shows: right & accepted 3, wrong & accepted 1 (2 + 2),
+    # wrong & rejected 2 (2 + 3, 2 + 4), right & rejected none
+    counts = {k: last[k] for k in ("tp", "fp", "tn", "fn", "ties", "unparsed")}
+    assert counts == {"tp": 3, "fp": 1, "tn": 2, "fn": 0, "ties": 0, "unparsed": 0}
+    truth, accepted = [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]
+    assert last["mcc"] == pytest.approx(matthews_corrcoef(truth, accepted))
+    assert last["mcc"] == pytest.approx(6 / 72**0.5)  # (3 * 2 - 1 * 0) / sqrt(4 * 2 * 3 * 3)
     path = tmp_path / "x.ckpt"
     trainer.save_checkpoint(path)
     ckpt = torch.load(path, weights_only=False)

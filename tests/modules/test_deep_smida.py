@@ -2,9 +2,12 @@
 
 import glob
 import json
+import math
 import os
+import types
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from helpers.decode_spy import spy_decodes
@@ -125,6 +128,12 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
     assert set(result["candidate_yield"]) == {"0.1", "0.05", "0.01"}
     assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
+    # how many queries each oracle label averages, and that none of the programmatic oracle's was left out
+    assert (result["oracle_num_queries"], result["oracle_invalid_verdicts"], result["oracle_unlabelled_rows"]) == (
+        1,
+        0,
+        0,
+    )
     # the reference pair's yield at alpha is about alpha by construction of the thresholds (8 triplets here)
     assert result["candidate_yield"]["0.1"]["reference"] <= 0.25
     for png in ("variance_cdf.png", "candidate_yield.png"):
@@ -241,13 +250,115 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
     assert sd and all(".leader." in k or ".follower." in k for k in sd)  # adapters only, no frozen base
 
 
+TABLE = torch.tensor([[0.2, 0.9], [0.6, 0.1]], dtype=torch.float64)  # u(y, y′), two actions each
+
+
+class TableUtility(Utility):
+    """``u(x, y, y′) = TABLE[y, y′]`` for the replies ``action-y`` and ``action-y′``."""
+
+    def forward(self, prompts, leader, follower):
+        return torch.tensor([float(TABLE[int(y[-1]), int(y2[-1])]) for y, y2 in zip(leader, follower)])
+
+
+class TabularPlayers(torch.nn.Module):
+    """A stand-in for the policy bank with softmax policies over two one-token replies: ``π_θ(y)`` and ``ω_φ(y′|y)``.
+
+    Both start at (and keep as references) the uniform policy, so expected utilities are exact sums.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.leader = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        self.follower = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+
+    def player_parameters(self, name):
+        return [getattr(self, name)]
+
+    def chat(self, system, prompt):
+        return f"{system}\n{prompt}"
+
+    def _logits(self, player, context):
+        table = self.leader if player == "leader" else self.follower[context]
+        return table if player is not None else torch.zeros_like(table)
+
+    def generate(self, player, prompts, n, **kw):
+        # the follower's prompt quotes the leader's reply: that is its context y
+        contexts = [int(p.split("action-")[1][0]) if player == "follower" else 0 for p in prompts for _ in range(n)]
+        with torch.no_grad():
+            probs = torch.stack([self._logits(player, c).softmax(-1) for c in contexts])
+        actions = torch.multinomial(probs, 1).flatten().tolist()
+        return types.SimpleNamespace(
+            texts=[f"action-{a}" for a in actions],
+            num_empty=0,
+            completion_mask=torch.ones(len(actions), 1),
+            player=player,
+            contexts=contexts,
+            actions=actions,
+        )
+
+    def logprobs(self, player, rollout, temperature, micro_batch):
+        role = rollout.player if player is not None else None
+        return torch.stack(
+            [
+                (self._logits(role, c) if role else torch.zeros(2, dtype=torch.float64)).log_softmax(-1)[a]
+                for c, a in zip(rollout.contexts, rollout.actions)
+            ]
+        )
+
+
+def _expected_utility(leader_logits, follower_logits):
+    """``E_{y∼π} E_{y′∼ω(·|y)} TABLE[y, y′]``, exactly."""
+    pi, omega = leader_logits.softmax(-1), follower_logits.softmax(-1)
+    return float((pi[:, None] * omega * TABLE).sum())
+
+
+def test_follower_raises_and_leader_lowers_the_expected_utility(tiny_lm_dir, tmp_path):
+    """Sign wiring of the module's training step on a 2 × 2 game with a known answer: the follower's best response
+    to ``y = 0`` is ``y′ = 1`` (0.9 > 0.2) and to ``y = 1`` is ``y′ = 0`` (0.6 > 0.1); the leader, a minimiser, picks
+    ``y = 1`` (its cost is lower against the uniform follower, 0.35 < 0.55, and against the best response, 0.6 < 0.9).
+    """
+    torch.manual_seed(0)
+    model = _model(
+        tiny_lm_dir,
+        utility=TableUtility(),
+        samples_per_prompt=4,
+        follower_samples=4,
+        leader_lr=0.05,
+        follower_lr=0.2,
+        tau_leader=1e-3,
+        tau_follower=1e-3,
+    )
+    model.players = TabularPlayers()
+    before = (model.players.leader.detach().clone(), model.players.follower.detach().clone())
+    prompts = [{"prompt": f"question {i}"} for i in range(4 * 12)]
+    loader = torch.utils.data.DataLoader(
+        prompts, batch_size=4, collate_fn=lambda rows: {"prompt": [r["prompt"] for r in rows]}
+    )
+    _trainer(tmp_path, steps=2 * 12).fit(model, loader)  # two optimizer steps per batch
+    leader, follower = model.players.leader.detach(), model.players.follower.detach()
+    start = _expected_utility(*before)
+    assert start == pytest.approx(0.45)  # the uniform pair: (0.2 + 0.9 + 0.6 + 0.1) / 4
+    assert _expected_utility(before[0], follower) > start + 0.1  # the follower alone raises it
+    assert _expected_utility(leader, before[1]) < start - 0.02  # the leader alone lowers it
+    omega = follower.softmax(-1)
+    assert omega[0, 1] > 0.8 and omega[1, 0] > 0.8  # towards the best responses
+    assert leader.softmax(-1)[1] > 0.6
+
+
 def test_compare_pairs_and_adversarial_by_hand():
-    from modules.evaluation.game_eval import adversarial_mask, candidate_thresholds, compare_pairs
+    from modules.evaluation.game_eval import adversarial_mask, adversarial_yield, candidate_thresholds, compare_pairs
 
     ref = torch.tensor([[0.0, 0.1], [0.2, 0.3], [0.4, 0.5], [0.6, 0.7], [0.8, 0.9]])
     trained = ref + 0.5
     th = candidate_thresholds(ref, [0.1])
-    assert th[0.1] == pytest.approx(torch.quantile(ref.flatten().double(), 0.9).item())  # 0.81
+    # ten sorted scores 0.0..0.9, the 0.9 quantile at position 0.9 * (10 - 1) = 8.1: 0.8 + 0.1 * (0.9 - 0.8)
+    assert th[0.1] == pytest.approx(0.81)
+    # unsorted, uneven scores against numpy's linear interpolation (an implementation other than torch's)
+    scores = [3.0, -1.0, 7.5, 0.25, 2.0, 11.0, -4.0]
+    uneven = candidate_thresholds(torch.tensor(scores).reshape(7, 1), [0.05, 0.3, 0.5, 0.9])
+    for alpha, threshold in uneven.items():
+        assert threshold == pytest.approx(float(np.quantile(scores, 1 - alpha, method="linear")))
+    assert uneven[0.5] == 2.0  # the median of seven
     out = compare_pairs(trained, ref, alphas=(0.1,), n_boot=200)
     assert out["mean_gain"] == pytest.approx(0.5) and out["mean_gain_ci"] == pytest.approx([0.5, 0.5])
     assert out["share_prompts_higher"] == 1.0
@@ -258,6 +369,13 @@ def test_compare_pairs_and_adversarial_by_hand():
     assert adversarial_mask(p_star, p_bar, 0.1).tolist() == [True, False, False, True]
     with pytest.raises(ValueError, match="epsilon"):
         adversarial_mask(p_star, p_bar, 0.5)
+    # the yield is over the labelled triplets (§5.3.2): a NaN label (no valid oracle verdict) counts in neither
+    # the adversarial triplets nor the total; 4 triplets above, 3 adversarial at ε = 0, then two unlabelled ones
+    unlabelled = torch.tensor([float("nan"), float("nan")])
+    p_star_all, p_bar_all = torch.cat([p_star, unlabelled]), torch.cat([p_bar, torch.tensor([0.9, 0.1])])
+    assert adversarial_yield(p_star_all, p_bar_all, 0.0) == 0.75  # 3 of 4, not 3 of 6
+    assert adversarial_yield(p_star_all, p_bar_all, 0.1) == 0.5  # 2 of 4
+    assert math.isnan(adversarial_yield(unlabelled, torch.tensor([0.9, 0.1]), 0.0))
     with pytest.raises(ValueError, match=r"\[P, R\]"):
         compare_pairs(trained[:2], ref)
 

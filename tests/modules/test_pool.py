@@ -1,6 +1,7 @@
 """The multi-LLM pool module (modules/pool.py) on a tiny random Qwen2: bad input, counted behaviour, training."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import lightning as L
@@ -11,7 +12,7 @@ from callbacks import EloRating
 from datamodules.pool import InstructionPoolDataModule, split_pool
 from datamodules.prompts import PromptSource
 from modules.algorithms.exp3 import CompositeReward
-from modules.algorithms.pool import Matchmaking, final_answer
+from modules.algorithms.pool import Matchmaking, ReputationWeighting, final_answer
 from modules.distributed.collectives import local_batches, shared_rows
 from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from modules.lm.sampling import Sampling
@@ -117,6 +118,8 @@ def test_bad_options_name_the_field(tiny_lm_dir):
         (FollowerTraining, {"dpo_pairs": "some"}, "followers.dpo_pairs"),
         (FollowerTraining, {"lr": -1e-3}, "followers.lr"),
         (FollowerTraining, {"algorithm": "grpo", "grpo_rollouts": 1}, "followers.grpo_rollouts"),
+        (ReputationWeighting, {"rule": "elo"}, "reputation.rule"),
+        (ReputationWeighting, {"scale": -400.0}, "reputation.scale"),
     ],
 )
 def test_bad_argument_groups_name_the_field(group, kwargs, message):
@@ -128,11 +131,16 @@ def test_argument_groups_reach_the_game_and_the_checkpoint(tiny_lm_dir):
     """The groups' fields drive the game, and hparams hold them as plain values (nothing a checkpoint must unpickle)."""
     match = Matchmaking(num_candidates=1, gap_start=0.4, gap_end=0.2)
     reward = CompositeReward(difficulty_weight=1.0, preference_weight=0.0)
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), matchmaking=match, leader_reward=reward, **SMALL)
+    reputation = ReputationWeighting("elo_odds", scale=200.0)
+    module = StackelbergPool(
+        lm=_lm(tiny_lm_dir), matchmaking=match, leader_reward=reward, reputation=reputation, **SMALL
+    )
     assert module.matchmaking.target_gap(0.5) == pytest.approx(0.3)
+    assert module.reputation.weights([1200.0, 1000.0]) == pytest.approx([10 / 11, 1 / 11])  # 10^(200/200) : 1
+    assert StackelbergPool(lm=_lm(tiny_lm_dir), **SMALL).reputation.rule == "raw"  # the default: the paper's rule
     assert module.leader_reward(4.0, 6.0, 0.0) == pytest.approx(5.0 / 9.0)  # (10 - 5) / 9: difficulty alone
     assert module.hparams["matchmaking"]["num_candidates"] == 1 and module.hparams["sampling"]["max_new_tokens"] == 6
-    groups = ("matchmaking", "leader_reward", "sampling", "judging", "followers")
+    groups = ("matchmaking", "leader_reward", "sampling", "judging", "reputation", "followers")
     assert all(isinstance(module.hparams[k], dict) for k in groups)
     # a checkpoint's hparams (plain dicts) rebuild the same groups
     again = StackelbergPool(**{k: module.hparams[k] for k in ("lm", *groups)})
@@ -341,6 +349,116 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short
     assert resumed.elo.ratings != first.elo.ratings  # and it rated on after the resume
     a, b = _adapters(resumed), _adapters(full)
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in b)
+
+
+BASE_SCORE = [5.0, 6.0, 4.0, 7.0]  # each author's response quality
+JUDGE_BIAS = [0.0, 2.0, -3.0, 1.0]  # each judge's leniency: the judges disagree, so their weights matter
+RATINGS = [1000.0, 1300.0, 800.0, 1000.0]
+
+
+def _scripted_pool(module):
+    """Every model answers ``reply of <name>`` and judge ``j`` scores author ``a``'s reply ``BASE[a] + BIAS[j]``."""
+
+    def respond(player, instructions, n):
+        prompts = [module.chat(player, x, module.hparams.system_prompt) for x in instructions for _ in range(n)]
+        return module.encode(player, prompts, [f"reply of {player}"] * len(prompts))
+
+    def judge(name, instructions, responses):
+        j = module.player_names.index(name)
+        return [(BASE_SCORE[int(r.rsplit("m", 1)[1])] + JUDGE_BIAS[j], True) for r in responses]
+
+    module.respond, module.judge = respond, judge
+
+
+def _paper_reward(score_a, score_b):
+    """The composite reward at progress 0 by the paper's terms (§2.1, App. C): 0.3 difficulty + 0.7 preference."""
+    difficulty = (10.0 - (score_a + score_b) / 2.0) / 9.0 if max(score_a, score_b) >= 3.0 else 0.0
+    preference = math.exp(-((abs(score_a - score_b) / 9.0 - 0.6) ** 2) / (2.0 * 0.15**2))
+    return 0.3 * difficulty + 0.7 * preference
+
+
+@pytest.mark.parametrize("rule", ["raw", "elo_odds"])
+def test_the_leader_learns_from_the_composite_reward_of_reputation_weighted_scores(
+    rule, tiny_lm_dir, tmp_path, short_pool, monkeypatch
+):
+    """Phases 4-6 end to end: EXP3's update receives, for each chosen instruction, the composite reward of the two
+    sides' reputation-weighted peer scores (weights by hand: the ratings, or 10^((R - mean) / 400) normalised)."""
+    from modules.algorithms.exp3 import Exp3
+
+    module = StackelbergPool(
+        lm=_lm(tiny_lm_dir), num_players=4, reputation=ReputationWeighting(rule), **{**SMALL, "duels_per_iteration": 4}
+    )
+    _scripted_pool(module)
+    module.elo.load_state_dict({**module.elo.state_dict(), "ratings": RATINGS})
+    updates, drawn = [], {}
+    original_update, original_match, original_choose = Exp3.update, module._match, module._choose_instructions
+
+    def update(bandit, indices, rewards):
+        updates.append((list(indices), list(rewards)))
+        original_update(bandit, indices, rewards)
+
+    monkeypatch.setattr(Exp3, "update", update)
+    module._match = lambda *a: drawn.setdefault("duels", original_match(*a))
+    module._choose_instructions = lambda *a: drawn.setdefault("chosen", original_choose(*a))
+    _fit(module, short_pool, tmp_path=tmp_path)
+
+    mean = sum(RATINGS) / len(RATINGS)
+    weight = {"raw": lambda r: r, "elo_odds": lambda r: 10.0 ** ((r - mean) / 400.0)}[rule]
+    expected, plain = [], []
+    for a, b in drawn["duels"][0]:
+        judges = [j for j in range(4) if j not in (a, b)]
+        w = [weight(RATINGS[j]) for j in judges]
+        sides = [sum(wj * (BASE_SCORE[x] + JUDGE_BIAS[j]) for wj, j in zip(w, judges)) / sum(w) for x in (a, b)]
+        expected.append(_paper_reward(*sides))
+        plain.append(_paper_reward(*[sum(BASE_SCORE[x] + JUDGE_BIAS[j] for j in judges) / 2 for x in (a, b)]))
+    ((indices, rewards),) = updates  # one iteration, one update
+    assert indices == drawn["chosen"]
+    assert rewards == pytest.approx(expected, abs=1e-9)
+    # the weights made a difference here (far more than the tolerance above), so plain means would fail the test;
+    # raw ratings barely move them (item 8), Elo odds do
+    gap = max(abs(x - y) for x, y in zip(expected, plain))
+    assert gap > {"raw": 1e-3, "elo_odds": 0.02}[rule]
+
+
+def test_the_dpo_reference_is_the_previous_iterations_model(tiny_lm_dir, tmp_path, short_pool):
+    """§2.4: "DPO uses the previous iteration's checkpoint as its reference policy". The reference log-probabilities
+    of iteration 2 are those of the adapters as iteration 1 left them, not the base's nor the initial adapters'."""
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), num_players=4, **{**SMALL, "duels_per_iteration": 4})
+    _scripted_pool(module)
+    snapshots = [_adapters(module)]  # the adapters before iteration 1, then after each iteration
+    references = []
+    original_rows = module._dpo_rows
+
+    def dpo_rows(p, pairs, questions, texts):
+        both, ref = original_rows(p, pairs, questions, texts)
+        references.append((module.iteration, p, both, ref.clone()))
+        return both, ref
+
+    class AfterEachIteration(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            snapshots.append(_adapters(pl_module))
+
+    module._dpo_rows = dpo_rows
+    _fit(module, short_pool, epochs=2, tmp_path=tmp_path, callbacks=[AfterEachIteration()])
+    assert len(snapshots) == 3 and sorted({it for it, *_ in references}) == [1, 2]
+    final = _adapters(module)
+
+    def logprobs_with(adapters, p, both):
+        with torch.no_grad():
+            for name, param in module.banks.named_parameters():
+                if name in adapters:
+                    param.copy_(adapters[name])
+            return module.bank(p).logprobs(p, both, 1.0).view(-1, 2)
+
+    for iteration, p, both, ref in references:
+        torch.testing.assert_close(ref, logprobs_with(snapshots[iteration - 1], p, both), atol=1e-5, rtol=0)
+        if iteration == 2:
+            # neither the initial adapters nor the frozen base: iteration 1 moved this follower
+            assert (ref - logprobs_with(snapshots[0], p, both)).abs().max() > 1e-3
+            with torch.no_grad():
+                base = module.bank(p).logprobs(None, both, 1.0).view(-1, 2)
+            assert (ref - base).abs().max() > 1e-3
+    logprobs_with(final, "m0", references[0][2])  # leave the trained adapters in place
 
 
 def test_paired_dpo_rows_give_the_log_probabilities_of_separate_rollouts(tiny_lm_dir):

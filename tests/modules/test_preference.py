@@ -1,7 +1,9 @@
 import json
+import math
 import os
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +24,33 @@ def test_j_is_skew_symmetric_block_diagonal():
     assert j[0, 1] == 1 and j[1, 0] == -1 and j[0, 2] == 0 and j[2, 3] == 1
     with pytest.raises(ValueError, match="even"):
         skew_symmetric_block_matrix(5)
+
+
+def test_gpm_head_values_follow_eq_27():
+    """Eq. (27), ``P_i(a ≻ b) = σ(λ_i ⟨J z_i(a), z_i(b)⟩)`` with ``z = Wh / ‖Wh‖``: by hand for member 0 and against
+    numpy for member 1; dropping the L2 normalisation or λ changes both."""
+    from modules.preference import GPMHead
+
+    head = GPMHead(hidden_size=3, num_members=2, embed_dim=2, init_scale=1.0, seeds=[0, 1])
+    weights = [[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], [[0.5, 0.0, 1.0], [0.0, -2.0, 0.5]]]
+    lambdas = [2.0, 0.5]
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor(weights))
+        head.rho.copy_(torch.tensor([math.log(math.expm1(x)) for x in lambdas]))  # softplus(rho) = λ
+    h = torch.tensor([[3.0, 4.0, 7.0], [0.0, 5.0, 1.0]])  # responses a and b
+    z = head.embed(h)  # [k, 2, d]
+    logits = head.logits(z[:, :1], z[:, 1:])  # [1, k]
+    # member 0: z_a = (3, 4) / 5, z_b = (0, 1); J z_a = (0.8, -0.6); ⟨J z_a, z_b⟩ = -0.6; λ = 2: logit -1.2
+    assert float(logits[0, 0]) == pytest.approx(-1.2, abs=1e-6)
+    assert float(torch.sigmoid(logits[0, 0])) == pytest.approx(1 / (1 + math.exp(1.2)), abs=1e-7)  # 0.2314752
+    w, ha, hb = np.array(weights[1]), np.array([3.0, 4.0, 7.0]), np.array([0.0, 5.0, 1.0])
+    za, zb = w @ ha / np.linalg.norm(w @ ha), w @ hb / np.linalg.norm(w @ hb)
+    j = np.array([[0.0, 1.0], [-1.0, 0.0]])
+    assert float(logits[0, 1]) == pytest.approx(lambdas[1] * float((j @ za) @ zb), abs=1e-6)
+    # one member at a time (the per-member path of LoRA and separate backbones) gives the same numbers
+    for i in range(2):
+        zi = head.embed(h, member=i)
+        assert float(head.logits(zi[:1], zi[1:], member=i)[0]) == pytest.approx(float(logits[0, i]), abs=1e-6)
 
 
 @pytest.mark.parametrize("member_type", ["gpm", "bt"])

@@ -31,11 +31,14 @@ def test_update_matches_hand_computed_values():
     # the next update is importance-weighted by the *new* probabilities: 1/0.2268589 · 0.05 added to log w_1
     before = bandit.log_weights.clone()
     bandit.update([1], [1.0])
-    step = (bandit.log_weights - bandit.log_weights.max()) - (before - before.max())
-    assert float(bandit.log_weights[1] - before[1] - (bandit.log_weights[0] - before[0])) == pytest.approx(
-        0.05 / 0.2268589, rel=1e-5
-    )
-    assert float(step.sum()) != 0.0
+    # log-weights are kept up to a common shift: the change, relative to arm 0's, is 0.05 / 0.2268589 = 0.2204013 on
+    # arm 1 and exactly nothing elsewhere
+    step = (bandit.log_weights - before) - (bandit.log_weights[0] - before[0])
+    assert step.tolist() == pytest.approx([0.0, 0.2204013, 0.0, 0.0], abs=1e-6)
+    # log w = [0.3, 0.2204013, 0.16, 0]: e^x = 1.3498588, 1.2465769, 1.1735109, 1 (sum 4.7699466);
+    # p_i = 0.8 e^x_i / 4.7699466 + 0.05
+    assert bandit.probabilities().tolist() == pytest.approx([0.2763939, 0.2590718, 0.2468174, 0.2177168], abs=1e-6)
+    assert bandit.rounds == 4
 
 
 def test_zero_rewards_leave_probabilities_unchanged():

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from modules.algorithms.pool import (
     DEFAULT_SCORE,
     Matchmaking,
+    ReputationWeighting,
     aggregate_duel,
     duel_judges,
     fill_judge_template,
@@ -111,6 +113,41 @@ def test_reputation_weighted_mean():
     for scores, weights in [([], []), ([5.0], [1.0, 2.0]), ([5.0], [-1.0]), ([float("nan")], [1.0])]:
         with pytest.raises(ValueError):
             reputation_weighted_mean(scores, weights)
+
+
+def test_reputation_weighting_raw_is_the_paper_rule_and_elo_odds_gives_reputation_an_effect():
+    """Item 8 of issue 18: three judges rated 1000, 1050 and 950 (tens apart, as Elo ratings are) score 4, 8, 6."""
+    ratings, scores = [1000.0, 1050.0, 950.0], [4.0, 8.0, 6.0]
+    raw = ReputationWeighting().weights(ratings)
+    assert ReputationWeighting().rule == "raw" and raw == [1000.0, 1050.0, 950.0]  # App. G: the ratings themselves
+    assert ReputationWeighting().weights([-20.0, 5.0]) == [0.0, 5.0]  # floored at 0
+    # raw: (4000 + 8400 + 5700) / 3000 = 6.0333, barely off the plain mean 6.0
+    assert reputation_weighted_mean(scores, raw) == pytest.approx(6.0333333, abs=1e-6)
+    odds = ReputationWeighting("elo_odds").weights(ratings)
+    # 10^(0/400), 10^(50/400), 10^(-50/400) = 1, 1.3335214, 0.7498942, over their sum 3.0834156
+    assert odds == pytest.approx([0.3243157, 0.4324819, 0.2432024], abs=1e-7)
+    # the same weights as a softmax of (R - mean) ln 10 / 400, by numpy
+    logits = (np.array(ratings) - np.mean(ratings)) * np.log(10.0) / 400.0
+    assert odds == pytest.approx((np.exp(logits) / np.exp(logits).sum()).tolist(), abs=1e-12)
+    # 0.3243157 * 4 + 0.4324819 * 8 + 0.2432024 * 6: the best-rated judge's 8 pulls the score up
+    assert reputation_weighted_mean(scores, odds) == pytest.approx(6.2163325, abs=1e-6)
+    shifted = ReputationWeighting("elo_odds").weights([x + 500.0 for x in ratings])
+    assert shifted == pytest.approx(odds, abs=1e-12)  # the starting rating plays no part
+    assert ReputationWeighting("elo_odds", scale=100.0).weights([1100.0, 1000.0]) == pytest.approx([10 / 11, 1 / 11])
+    # the whole duel: judges' verdicts and per-response scores follow the same weights
+    per_rollout, verdicts = aggregate_duel([[[4.0, 8.0, 6.0]], [[6.0, 6.0, 6.0]]], odds)
+    assert per_rollout == [[pytest.approx(6.2163325, abs=1e-6)], [pytest.approx(6.0)]] and verdicts == [0.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"rule": "softmax"}, "reputation.rule"), ({"scale": 0.0}, "reputation.scale"), ({"scale": math.inf}, "scale")],
+)
+def test_reputation_weighting_refuses_bad_settings_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ReputationWeighting(**kwargs)
+    with pytest.raises(ValueError, match="finite"):
+        ReputationWeighting().weights([1000.0, float("nan")])
 
 
 def test_verdicts_and_pairs():

@@ -72,9 +72,48 @@ def test_estimators_are_unbiased_for_the_exact_gradients():
         assert (exact.abs() > 1e-3).any()
 
 
+def _enumerated_follower_gradients(u, logits, logits_ref, tau, baseline):
+    """Exact mean and covariance trace of eq. (23)'s gradient over all M = 2 draws of a 3-action follower.
+
+    ``baseline``: ``"none"`` (the plain ``A``), ``"module"`` (the advantage ``follower_advantages`` returns, with its
+    leave-one-out baseline) or ``"own mean"`` (``A`` less the mean that includes the sample itself).
+    """
+    mean, second = torch.zeros(3, dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    probs = logits.softmax(-1)
+    for y1 in range(3):
+        for y2 in range(3):
+            phi = logits.clone().requires_grad_()
+            y = torch.tensor([y1, y2])
+            logp = phi.log_softmax(-1)[y].reshape(1, 1, 2)
+            a, _, module_adv = follower_advantages(
+                u[y].reshape(1, 1, 2), logp, logits_ref.log_softmax(-1)[y].reshape(1, 1, 2), tau
+            )
+            adv = {"none": a, "module": module_adv, "own mean": a - a.mean(-1, keepdim=True)}[baseline]
+            (g,) = torch.autograd.grad((adv.detach() * logp).mean(), phi)
+            weight = probs[y1] * probs[y2]
+            mean, second = mean + weight * g, second + weight * (g * g).sum()
+    return mean, second - (mean * mean).sum()
+
+
 def test_the_baselines_are_needed_only_for_variance():
-    # Dropping the leave-one-out baseline keeps the mean but a wrong baseline (depending on the sample) biases it:
-    # check the leave-one-out identity directly.
+    """Eq. (23) by exact enumeration: the leave-one-out baseline leaves the expected gradient exactly where it is
+    without a baseline (the true gradient of E_ω[u] − τ_F KL(ω ‖ ω_ref)) and lowers the variance; a baseline that
+    includes the sample's own value (the plain mean) biases it."""
+    u = torch.tensor([5.0, 6.0, 5.5], dtype=torch.float64)  # utilities far from 0: a baseline matters for variance
+    logits = torch.tensor([0.2, -0.4, 0.1], dtype=torch.float64)
+    logits_ref = torch.tensor([0.0, 0.3, -0.2], dtype=torch.float64)
+    tau = 0.5
+    phi = logits.clone().requires_grad_()
+    logw, logw_ref = phi.log_softmax(-1), logits_ref.log_softmax(-1)
+    objective = (logw.exp() * u).sum() - tau * (logw.exp() * (logw - logw_ref)).sum()
+    (exact,) = torch.autograd.grad(objective, phi)
+    plain_mean, plain_var = _enumerated_follower_gradients(u, logits, logits_ref, tau, "none")
+    loo_mean, loo_var = _enumerated_follower_gradients(u, logits, logits_ref, tau, "module")
+    torch.testing.assert_close(plain_mean, exact, atol=1e-12, rtol=0)
+    torch.testing.assert_close(loo_mean, exact, atol=1e-12, rtol=0)  # the baseline changes no expectation
+    assert loo_var < 0.1 * plain_var  # and removes most of the variance of utilities near 5
+    own_mean, _ = _enumerated_follower_gradients(u, logits, logits_ref, tau, "own mean")
+    assert (own_mean - exact).abs().max() > 0.01  # a sample-dependent baseline is biased: the identity matters
     v = torch.tensor([[1.0, 2.0, 6.0]])
     assert leave_one_out_baseline(v).tolist() == [[4.0, 3.5, 1.5]]
     with pytest.raises(ValueError, match="at least 2"):
