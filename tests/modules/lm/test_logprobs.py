@@ -202,3 +202,25 @@ def test_default_chunk_fits_the_budget_and_unhandled_logit_scales_are_refused():
     model.config.logit_scale = 0.5
     with pytest.raises(ValueError, match="config.logit_scale=0.5"):
         head_token_logprobs(model, torch.zeros(1, 16), torch.zeros(1, dtype=torch.long))
+
+
+def test_final_logit_softcapping_is_applied_per_chunk_as_the_model_does():
+    """Gemma 2 caps its logits after the output layer (``cap · tanh(logits / cap)``): the chunks do too."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(**SHAPE, head_dim=8, final_logit_softcapping=0.5)  # a cap that bends these logits
+    model = Gemma2ForCausalLM(config)
+    ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
+    with head_inputs(model) as seen:
+        model(input_ids=ids)
+    got = head_token_logprobs(model, seen[0][:, :-1], ids[:, 1:], temperature=0.8, chunk_tokens=3)
+    got.sum().backward()
+    got_grads = _grads(list(model.parameters()))
+    logits = model(input_ids=ids).logits[:, :-1].float() / 0.8
+    assert logits.abs().max() <= 0.5 / 0.8 + 1e-6  # the model's own logits are capped
+    want = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    want.sum().backward()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    for g, w in zip(got_grads, _grads(list(model.parameters()))):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
