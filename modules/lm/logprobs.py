@@ -137,6 +137,14 @@ def head_token_logprobs(
         temperature: Divides the logits before the log-softmax.
         chunk_tokens: Tokens per chunk; ``None``: :func:`chunk_tokens_for` the vocabulary.
 
+    Returns:
+        fp32 log-probabilities shaped like ``targets``, with gradients to ``hidden`` and the head's trainable
+        parameters when gradients are enabled.
+
+    Raises:
+        ValueError: for a model without output embeddings, or one whose config scales its logits
+            (``logit_scale``, ``logits_scaling``), which a bare call of the output layer would leave out.
+
     With gradients enabled each chunk is checkpointed: its logits are freed after the forward and recomputed in the
     backward with the adapter the forward used, even when another player's adapter is active by then.
     """
