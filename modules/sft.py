@@ -14,12 +14,12 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 from typing_extensions import override
 
 from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
+from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
@@ -78,6 +78,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             self.model = lm.load_model("causal_lm")
         # with an adapter only it is saved in checkpoints; the frozen base is reloaded from its path
         self.strict_loading = not lora
+        # tokens whose logits are formed at once by the loss; None: as many as fit LOGIT_CHUNK_BYTES of fp32
+        self.logit_chunk_tokens: int | None = None
 
     def encode(
         self, prompts: list[str], responses: list[str], systems: list[str] | None = None
@@ -111,11 +113,21 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         return {"input_ids": input_ids, "attention_mask": mask, "labels": lab}
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Mean cross-entropy over the batch's response tokens."""
+        """Mean cross-entropy over the batch's response tokens.
+
+        Only the response positions reach the output layer, a chunk of tokens at a time (:mod:`modules.lm.logprobs`):
+        the logits over the vocabulary are never held for the whole batch.
+        """
         enc = self.encode(batch["prompt"], batch["response"], batch.get("system"))
         enc = {k: v.to(self.device) for k, v in enc.items()}
-        logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), enc["labels"][:, 1:].flatten(), ignore_index=-100)
+        with head_inputs(self.model) as seen:
+            self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+        labels = enc["labels"][:, 1:]
+        scored = labels != -100
+        logprobs = head_token_logprobs(
+            self.model, seen[0][:, :-1][scored], labels[scored], 1.0, self.logit_chunk_tokens
+        )
+        return -logprobs.mean()
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import ROOT
 
 
@@ -84,3 +85,23 @@ def test_fsdp2_generate_gathers_each_unit_once_per_call():
     assert gathers["once"] == units  # one all-gather per unit for the whole call
     assert gathers["per_unit"] == (units - 1) * 6 + 1  # each block per token; the root keeps its parameters
     assert stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_unit=")
+
+
+def test_logprob_memory_benchmark_measures_both_paths_at_tiny_size():
+    """``benchmarks/logprob_memory.py --tiny``: both paths run forward + backward, and its last line is the ratio."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "logprob_memory.py"), "--tiny"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(next(line for line in lines if line.startswith("{")))
+    assert result["full_peak_bytes"] >= result["one_fp32_logits_bytes"] > 0
+    assert 0 < result["chunked_peak_bytes"] < result["full_peak_bytes"]  # chunks of 4 of 32 tokens
+    name, ratio = lines[-1].split("=")
+    assert name == "logprob_mem_ratio_vs_full"
+    assert float(ratio) == pytest.approx(result["chunked_peak_bytes"] / result["full_peak_bytes"], abs=1e-4)

@@ -259,7 +259,8 @@ def build_tiny_causal_lm(save_dir: str | os.PathLike, config: dict[str, Any] | N
 
     Args:
         save_dir: Folder to write ``config.json``, ``model.safetensors`` and the tokenizer files into.
-        config: Overrides of :data:`TINY_QWEN2` (any ``Qwen2Config`` field).
+        config: Overrides of :data:`TINY_QWEN2` (any ``Qwen2Config`` field; ``vocab_size`` at least the tokenizer's
+            260 entries).
         seed: Seed of the random initialisation.
     """
     from transformers import Qwen2ForCausalLM
@@ -290,8 +291,9 @@ def _build_tiny(save_dir: str | os.PathLike, model_class: Any, config: Any, seed
     tok = build_byte_tokenizer()
     # a decoder starts and ends on EOS; a classifier has one output
     extra = {"num_labels": 1} if kind == "sequence_classification" else {"bos_token_id": tok.eos_token_id}
+    # a config may ask for a larger vocabulary than the tokenizer's (a real model's shape); ids past it stay unused
     cfg = Qwen2Config(
-        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **extra, **cfg_dict
+        **{"vocab_size": len(tok), **cfg_dict}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **extra
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

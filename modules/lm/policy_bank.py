@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
 from modules.lm.decoding import _PREFIX, GROUPED_ATTENTION, _register_grouped_attention, grouped_decode_setting
+from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 
 __all__ = ["PolicyBank", "Rollout"]
@@ -82,6 +83,8 @@ class PolicyBank(nn.Module):
         # CPU only, where copying the prompt cache was a third of generate's time; True/False (or the environment
         # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces it
         self.grouped_decode: bool | None = grouped_decode_setting()
+        # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
+        self.logit_chunk_tokens: int | None = None
 
     def use_strategy(self, strategy: Any) -> None:
         """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).
@@ -366,10 +369,12 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        Only the completion positions reach the LM head; ``micro_batch`` rows at a time bound the memory of the
-        logits. Rows in groups sharing one prompt (``rollout.group_size`` G > 1) run the prompt once per group
-        (micro-batches rounded up to whole groups). Gradients flow unless called under ``no_grad``; ``player=None``
-        is the frozen reference (adapters disabled).
+        The model runs to its final hidden states only; the completion positions' logits are formed
+        ``logit_chunk_tokens`` tokens at a time and recomputed in the backward (:mod:`modules.lm.logprobs`), so no
+        ``[N, C, V]`` logits are ever held. ``micro_batch`` rows at a time go through the decoder together. Rows in
+        groups sharing one prompt (``rollout.group_size`` G > 1) run the prompt once per group (micro-batches rounded
+        up to whole groups). Gradients flow unless called under ``no_grad``; ``player=None`` is the frozen reference
+        (adapters disabled).
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)
@@ -382,21 +387,20 @@ class PolicyBank(nn.Module):
         with self._use(player) as model:
             for i in range(0, n, step):
                 s, a, pos = seq[i : i + step], att[i : i + step], pos_all[i : i + step]
-                if g > 1:
-                    # the prompt once per group: its cache and the logits predicting the first completion token
-                    cache, first = self._prompt_forward(model, s[::g], a[::g], width)
-                    cache.batch_repeat_interleave(g)
-                    kw = {self._cache_arg(model): cache}
-                    tail = model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw).logits
-                    logits = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
-                else:
-                    # the last C + 1 positions: P − 1 … P + C − 1 predict the C completion tokens
-                    logits = model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=c + 1).logits
-                    logits = logits[:, :-1]
-                logits = logits.float() / temperature
-                target = s[:, width:]
-                picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-                lp = picked - torch.logsumexp(logits, dim=-1)
+                with head_inputs(model) as seen:
+                    if g > 1:
+                        # the prompt once per group: its cache and the state predicting the first completion token
+                        cache, _ = self._prompt_forward(model, s[::g], a[::g], width)
+                        cache.batch_repeat_interleave(g)
+                        kw = {self._cache_arg(model): cache}
+                        model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw)
+                        first, tail = seen
+                        hidden = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
+                    else:
+                        # the last C + 1 positions: P − 1 … P + C − 1 predict the C completion tokens
+                        model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=c + 1)
+                        hidden = seen[0][:, :-1]
+                lp = head_token_logprobs(model, hidden, s[:, width:], temperature, self.logit_chunk_tokens)
                 out.append(lp * cmask[i : i + step])
         return torch.cat(out)
 

@@ -311,6 +311,7 @@ class LLMJudgeOracle(PreferenceOracle):
                 truncation=True,
                 max_length=self.max_length,
             ).to(device)
-            logits = self.model(**enc).logits[:, -1, self.choice_ids].double()
+            # the last position only: the whole sequence's logits over a real vocabulary would be gigabytes
+            logits = self.model(**enc, logits_to_keep=1).logits[:, -1, self.choice_ids].double()
             out.append(torch.softmax(logits, dim=-1)[:, 0].cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

@@ -172,6 +172,24 @@ def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
         LLMJudgeOracle(tiny_lm_dir, template="no fields")
 
 
+def test_llm_judge_oracle_reads_the_last_position_as_the_whole_sequence_logits_do(tiny_lm_dir):
+    """The judge projects only the last position onto the vocabulary: the same A/B probabilities as every position's
+    logits, over batches with left padding."""
+    from modules.scorers.oracle import LLMJudgeOracle
+
+    judge = LLMJudgeOracle(tiny_lm_dir, batch_size=2)
+    prompts, firsts, seconds = ["q1", "a longer question 2", "q3"], ["a", "bb", "c"], ["b", "a", "a longer answer"]
+    got = judge.first_wins_probability(prompts, firsts, seconds, None)
+    texts = [judge.render(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
+    want = []
+    for i in range(0, 3, 2):
+        enc = judge.tokenizer(texts[i : i + 2], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            logits = judge.model(**enc).logits[:, -1, judge.choice_ids].double()
+        want.append(torch.softmax(logits, dim=-1)[:, 0])
+    torch.testing.assert_close(got, torch.cat(want), rtol=0, atol=1e-6)
+
+
 def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
     from datamodules.prompts import PromptDataModule, PromptSource
 

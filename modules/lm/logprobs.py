@@ -1,0 +1,185 @@
+"""Log-probabilities of chosen tokens under a causal LM's head, in memory bounded by a chunk of tokens.
+
+A causal LM's ``forward`` projects every kept position onto the whole vocabulary: at a vocabulary of 151,936 entries
+``[N, T, V]`` fp32 logits are tens of GB, and autograd keeps them (and the log-softmax's copies) until the backward.
+Here the model runs with its output layer fed no positions (:func:`head_inputs` captures the final hidden states that
+layer was given), then :func:`head_token_logprobs` applies the output layer to a chunk of tokens at a time, takes the
+fp32 log-softmax and keeps only the chosen token's entry. Each chunk runs under non-reentrant activation checkpointing,
+so nothing of size ``V`` is kept for the backward, which recomputes one chunk's logits at a time: peak memory is
+O(chunk × V), not O(N × T × V).
+
+The output layer is called as the module the model holds (a LoRA-wrapped head, tied embeddings, DeepSpeed's or
+FSDP2's parameter gathering all apply as in the model's own forward), and it computes in the weights' dtype as the
+model would; only the log-softmax is in fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["LOGIT_CHUNK_BYTES", "chunk_tokens_for", "head_inputs", "head_token_logprobs", "output_layer"]
+
+LOGIT_CHUNK_BYTES = 128 * 2**20
+"""Default size of one chunk's fp32 logits (about 220 tokens at a vocabulary of 151,936): large enough that the
+matrix products stay efficient on a GPU, small enough that a few copies of it are a fraction of a GPU's memory."""
+
+# logit transforms some architectures apply after the output layer that a bare head call would miss; the chunked path
+# reproduces final_logit_softcapping (Gemma 2/3) and refuses the multiplicative scales it has not been tested against
+_UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")
+
+
+def chunk_tokens_for(vocab_size: int, chunk_bytes: int = LOGIT_CHUNK_BYTES) -> int:
+    """Tokens per chunk so that one chunk's fp32 logits take at most ``chunk_bytes`` (at least one token)."""
+    return max(1, chunk_bytes // (4 * vocab_size))
+
+
+def _base(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def output_layer(model: nn.Module) -> nn.Module:
+    """The module that maps final hidden states to logits (peft's wrapper of it when the head is adapted)."""
+    head = _base(model).get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(_base(model)).__name__} has no output embeddings: it is not a causal LM")
+    return head
+
+
+def _softcap(model: nn.Module) -> float | None:
+    """``final_logit_softcapping`` of the model's config, after refusing logit scales the chunked path lacks."""
+    config = getattr(_base(model), "config", None)
+    for name in _UNSUPPORTED_SCALES:
+        value = getattr(config, name, None)
+        if value is not None and value != 1:
+            raise ValueError(
+                f"{type(_base(model)).__name__} scales its logits by config.{name}={value}; the chunked "
+                "log-probabilities apply the output layer alone and would leave that scale out"
+            )
+    return getattr(config, "final_logit_softcapping", None)
+
+
+@contextmanager
+def head_inputs(model: nn.Module) -> Iterator[list[Tensor]]:
+    """Within the block, ``model``'s output layer gets no positions; the hidden states it was given are collected.
+
+    Each forward of ``model`` in the block appends the final hidden states the output layer would have projected
+    (``[rows, kept positions, H]``, after ``logits_to_keep``) to the yielded list, and returns empty logits
+    ``[rows, 0, V]``: the projection onto the vocabulary is left to :func:`head_token_logprobs`. Capturing inside the
+    model's own forward keeps the hidden states the model computes (final norm, adapters, sharded parameters
+    gathered by the strategy's hooks) without naming its decoder.
+    """
+    seen: list[Tensor] = []
+
+    def keep_none(module: nn.Module, args: tuple) -> tuple:
+        # transformers' causal LMs call their output layer with the hidden states as the one positional argument
+        seen.append(args[0])
+        return (args[0][..., :0, :], *args[1:])
+
+    handle = output_layer(model).register_forward_pre_hook(keep_none)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def _adapter_state(head: nn.Module) -> list[tuple[nn.Module, Any, Any]]:
+    """Which adapter each peft layer inside ``head`` applies now (empty for a plain layer)."""
+    return [
+        (m, copy.copy(m._active_adapter), m._disable_adapters)  # a copy: a list of names could change in place
+        for m in head.modules()
+        if hasattr(m, "_active_adapter") and hasattr(m, "_disable_adapters")
+    ]
+
+
+@contextmanager
+def _applying(state: list[tuple[nn.Module, Any, Any]]) -> Iterator[None]:
+    """Put ``state`` (from :func:`_adapter_state`) on its layers for the block, then what they had before."""
+    before = [(m, m._active_adapter, m._disable_adapters) for m, _, _ in state]
+    try:
+        for m, active, disabled in state:
+            m._active_adapter, m._disable_adapters = active, disabled
+        yield
+    finally:
+        for m, active, disabled in before:
+            m._active_adapter, m._disable_adapters = active, disabled
+
+
+def _chunk_logprobs(
+    head: nn.Module, hidden: Tensor, targets: Tensor, temperature: float, softcap: float | None
+) -> Tensor:
+    logits = head(hidden)
+    if softcap is not None:  # as the architectures that have it apply it: on the model-dtype logits
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits.float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def head_token_logprobs(
+    model: nn.Module,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+) -> Tensor:
+    """``log softmax(head(hidden) / T)[target]`` per token, fp32, shaped like ``targets``, a chunk at a time.
+
+    Args:
+        model: The causal LM (or the peft model around it) whose output layer gives the logits.
+        hidden: ``[..., H]`` final hidden states (from :func:`head_inputs`).
+        targets: ``[...]`` token ids, one per hidden state.
+        temperature: Divides the logits before the log-softmax.
+        chunk_tokens: Tokens per chunk; ``None``: :func:`chunk_tokens_for` the vocabulary.
+
+    Returns:
+        fp32 log-probabilities shaped like ``targets``, with gradients to ``hidden`` and the head's trainable
+        parameters when gradients are enabled.
+
+    Raises:
+        ValueError: for a model without output embeddings, or one whose config scales its logits
+            (``logit_scale``, ``logits_scaling``), which a bare call of the output layer would leave out.
+
+    With gradients enabled each chunk is checkpointed: its logits are freed after the forward and recomputed in the
+    backward with the adapter the forward used, even when another player's adapter is active by then.
+    """
+    head = output_layer(model)
+    softcap = _softcap(model)
+    flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    vocab = _base(model).config.vocab_size if hasattr(_base(model), "config") else head.weight.shape[0]
+    step = chunk_tokens or chunk_tokens_for(vocab)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    state = _adapter_state(head) if grad else []
+
+    def contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
+        return nullcontext(), _applying(state)
+
+    out = []
+    for start in range(0, flat_h.shape[0], step):
+        h, t = flat_h[start : start + step], flat_t[start : start + step]
+        if grad:
+            # no metadata check of the recomputed tensors: a strategy that partitions parameters (ZeRO-3) saves the
+            # head's weight as its Parameter, whose data it swaps out after the recompute and back before the
+            # head's backward, so the check would see the swapped-out shape; the values are the forward's
+            lp = checkpoint(
+                _chunk_logprobs,
+                head,
+                h,
+                t,
+                temperature,
+                softcap,
+                use_reentrant=False,
+                context_fn=contexts,
+                determinism_check="none",
+            )
+        else:
+            lp = _chunk_logprobs(head, h, t, temperature, softcap)
+        out.append(lp)
+    if not out:
+        return torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    return torch.cat(out).view(targets.shape)
