@@ -203,10 +203,13 @@ def split_reply(
 
 
 # ----------------------------------------------------------------------------------------------------------- verdicts
-_VERDICT = re.compile(
-    r"verdict\s*[:：\-]?\s*[*_\"'`(\[]*\s*(alice|bob|correct|incorrect|right|wrong|yes|no)\b", re.IGNORECASE
+_WORD = r"(not\s+)?(alice|bob|correct|incorrect|right|wrong|yes|no)\b"
+# "<name>['s answer] is wrong": a named player followed by a negative judgement of that player, which inverts the vote
+_NEGATED = (
+    r"((?:['’]s\s+(?:final\s+)?(?:answer|solution))?\s+(?:is|was)\s+(?:not\s+(?:correct|right)|incorrect|wrong))?"
 )
-_BARE = re.compile(r"^[*_\"'`(\[\s]*(alice|bob|correct|incorrect|right|wrong|yes|no)\b", re.IGNORECASE)
+_VERDICT = re.compile(r"verdict\s*[:：\-]?\s*[*_\"'`(\[]*\s*" + _WORD + _NEGATED, re.IGNORECASE)
+_BARE = re.compile(r"^[*_\"'`(\[\s]*" + _WORD + _NEGATED, re.IGNORECASE)
 _FOR_ALICE = {"alice", "correct", "right", "yes"}
 
 
@@ -214,23 +217,33 @@ def parse_verdict(text: str | None) -> float | None:
     """A judge's vote read from its visible output: 1.0 for Alice (her answer is right), 0.0 for Bob, else ``None``.
 
     The last ``Verdict: X`` wins (X one of Alice/Bob, correct/incorrect, right/wrong, yes/no, any case, optional
-    markdown around it); without one, an output that *starts* with such a word counts. Anything else is unparseable:
-    the caller counts it and leaves it out of the vote share (:func:`vote_share`).
+    markdown around it); without one, an output that *starts* with such a word counts. A negation inverts the vote:
+    ``not correct``, and a named player judged wrong (``Verdict: Alice is wrong``, ``Alice's answer is incorrect``,
+    ``Bob is wrong``). Anything else is unparseable: the caller counts it and leaves it out of the vote share
+    (:func:`vote_share`).
 
     Example:
         >>> parse_verdict("Bob is nitpicking. Verdict: **Alice**"), parse_verdict("incorrect."), parse_verdict("hmm")
         (1.0, 0.0, None)
+        >>> parse_verdict("Verdict: Alice's answer is incorrect"), parse_verdict("Verdict: Bob is wrong")
+        (0.0, 1.0)
     """
     if not text:
         return None
     found = _VERDICT.findall(text)
-    word = found[-1] if found else None
-    if word is None:
+    if found:
+        negation, word, negated = found[-1]
+    else:
         m = _BARE.match(text)
-        word = m.group(1) if m else None
-    if word is None:
-        return None
-    return 1.0 if word.lower() in _FOR_ALICE else 0.0
+        if m is None:
+            return None
+        negation, word, negated = m.groups()
+    vote = word.lower() in _FOR_ALICE
+    if negation:
+        vote = not vote
+    if negated and word.lower() in ("alice", "bob"):
+        vote = not vote
+    return float(vote)
 
 
 def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:

@@ -145,6 +145,16 @@ def test_fill_fields_does_not_reread_data():
         ("Correct.", 1.0),
         ("incorrect", 0.0),
         ("Alice wins", 1.0),
+        # negations (issue 17): a named player judged wrong is a vote against that player
+        ("Verdict: Alice is wrong", 0.0),
+        ("Verdict: Alice's answer is incorrect", 0.0),
+        ("Verdict: Alice's final answer is not correct.", 0.0),
+        ("Verdict: Bob is wrong", 1.0),
+        ("Verdict: Bob was incorrect", 1.0),
+        ("Verdict: not correct", 0.0),
+        ("Verdict: Alice is right", 1.0),
+        ("Verdict: Alice, because Bob is wrong", 1.0),  # the negative judges Bob, not the verdict's name
+        ("Alice is wrong.", 0.0),
         ("I think the solution", None),
         ("", None),
         (None, None),
