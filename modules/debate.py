@@ -47,7 +47,7 @@ from modules.algorithms.debate import (
     transcript_metrics,
 )
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame, argument_group
+from modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
@@ -150,14 +150,10 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if group_size < 2:
             raise ValueError(f"group_size (G) must be at least 2 for the group baseline, got {group_size}")
-        if lr <= 0 or multi_player_lr_scale <= 0:
-            raise ValueError(f"lr and multi_player_lr_scale must be positive, got {lr}, {multi_player_lr_scale}")
-        if updates_per_batch < 1:
-            raise ValueError(f"updates_per_batch must be at least 1, got {updates_per_batch}")
+        require_positive(lr=lr, multi_player_lr_scale=multi_player_lr_scale)
+        require_at_least(updates_per_batch=(updates_per_batch, 1), kl_beta=(kl_beta, 0.0))
         if missing_answer_reward >= 0:
             raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
-        if kl_beta < 0:
-            raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
         plies = PLIES[protocol]
         trainable = list(plies) if trainable_plies is None else list(trainable_plies)
         unknown = [p for p in trainable if p not in plies]

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from modules.base import require_at_least, require_positive
 from modules.distributed.collectives import any_rank, average_gradients, lockstep
 from modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from modules.lm.model_config import ModelConfig
@@ -211,8 +212,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             raise ValueError(f"sharing must be 'frozen', 'lora' or 'separate', got {sharing!r}")
         if member_type == "gpm":
             skew_symmetric_block_matrix(embed_dim)  # validates d
-        if init_scale <= 0:
-            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        # a negative rate would train by gradient ascent and exit 0
+        require_positive(init_scale=init_scale, lr=lr, backbone_lr=backbone_lr)
+        require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1))
         lm = ModelConfig("builtin:minilm-l6", lora_r=8, lora_alpha=16) if lm is None else ModelConfig.coerce(lm)
         self.save_hyperparameters(ignore=["lm"])
         self.hparams["lm"] = lm.as_dict()

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 from typing_extensions import override
 
+from modules.base import require_at_least, require_positive
 from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
@@ -63,6 +64,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         max_consecutive_nonfinite: int = 10,
     ) -> None:
         super().__init__()
+        require_positive(lr=lr)
+        require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1))
         lm = None if lm is None else ModelConfig.coerce(lm)
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")

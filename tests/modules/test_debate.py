@@ -105,6 +105,14 @@ def test_bad_settings_are_refused(tiny_lm_dir):
         _module(tiny_lm_dir, "rlaif_a", trainable_plies=["critique"])
     with pytest.raises(ValueError, match="bob_prompt"):
         _module(tiny_lm_dir, bob_prompt="argue!")  # neither a prompt name nor a template with {solution}
+    for field, bad, message in [
+        ("lr", -1e-4, "lr must be positive"),
+        ("multi_player_lr_scale", 0.0, "multi_player_lr_scale must be positive"),
+        ("kl_beta", -0.1, "kl_beta must be at least 0"),
+        ("updates_per_batch", 0, "updates_per_batch must be at least 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            _module(tiny_lm_dir, **{field: bad})
 
 
 class Mumbler(DebateJudge):

@@ -174,3 +174,19 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     torch.save(broken, tmp_path / "broken.ckpt")
     with pytest.raises(KeyError, match="head.rho"):
         PreferenceEnsemble.load_frozen(str(tmp_path / "broken.ckpt"), num_members=3)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("lr", -1e-2, "lr must be positive"),  # gradient ascent, which used to train and exit 0
+        ("backbone_lr", 0.0, "backbone_lr must be positive"),
+        ("init_scale", float("nan"), "init_scale must be positive"),
+        ("weight_decay", -0.1, "weight_decay must be at least 0"),
+    ],
+)
+def test_bad_rates_are_refused_by_name(field, bad, message):
+    from modules.preference import PreferenceEnsemble
+
+    with pytest.raises(ValueError, match=message):
+        PreferenceEnsemble(**{field: bad})

@@ -43,6 +43,10 @@ def test_sft_loads_through_the_model_config(tiny_lm_dir, tmp_path):
     assert model.hparams["lm"]["name_or_path"] == tiny_lm_dir and model.hparams["lora"] is False
     with pytest.raises(ValueError, match="set lora: true"):
         CausalLMSFT(lm=ModelConfig(tiny_lm_dir, load_in_4bit=True))
+    for field, bad, message in [("lr", -3e-3, "lr must be positive"), ("weight_decay", -0.1, "weight_decay must be")]:
+        with pytest.raises(ValueError, match=message):  # checked before anything is built or written
+            CausalLMSFT(lm=None, output_dir=str(tmp_path / "never"), **{field: bad})
+    assert not (tmp_path / "never").exists()
     tiny = CausalLMSFT(lm=None, tiny_config={"num_hidden_layers": 1}, output_dir=str(tmp_path / "t"))
     assert tiny.model.config.num_hidden_layers == 1 and tiny.hparams["lm"] is None
 
