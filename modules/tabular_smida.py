@@ -17,7 +17,6 @@ the equilibrium and the game are saved to ``<log_dir>/smida_result.pt``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -26,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
+from callbacks.fault_tolerance import atomic_torch_save
 from modules.algorithms.stackelberg import (
     SMIDAStep,
     StepSizes,
@@ -278,9 +278,8 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
             "metrics": final,
             "hparams": dict(self.hparams),
         }
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
         path = os.path.join(log_dir, "smida_result.pt")
-        torch.save(result, path)
+        atomic_torch_save(result, path)  # a reader never sees half a file
         rank_zero_info(
             f"SMIDA after {result['iteration']} iterations: leader KL {final['leader/kl']:.3e} "
             f"(bound {final['leader/kl_bound']:.3e}), follower KL {final['follower/kl']:.3e} "
