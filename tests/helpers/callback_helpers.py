@@ -213,20 +213,20 @@ def callback_states(trainer: pl.Trainer) -> dict[str, Any]:
 
 
 def docs_block(must_contain: str, language: str = "python") -> str:
-    """The code block of the callbacks' README section (in ``README.md``) that contains
+    """The code block of the callbacks' guide (``docs/callbacks.md``, linked from ``README.md``) that contains
     ``must_contain``."""
-    for path in (REPO_ROOT / "README.md",):
+    for path in (REPO_ROOT / "docs" / "callbacks.md",):
         if path.exists():
             for block in re.findall(rf"```{language}\n(.*?)```", path.read_text(), flags=re.S):
                 if must_contain in block:
                     return block
-    raise LookupError(f"No {language} block with {must_contain!r} in the callbacks' README section.")
+    raise LookupError(f"No {language} block with {must_contain!r} in the callbacks' guide (docs/callbacks.md).")
 
 
 def run_docs_example(must_contain: str) -> dict[str, Any]:
-    """Execute the README's example that contains ``must_contain``; returns its global names."""
+    """Execute the callbacks' guide's example that contains ``must_contain``; returns its global names."""
     namespace: dict[str, Any] = {"__name__": "readme_example"}
-    exec(compile(docs_block(must_contain), "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(docs_block(must_contain), "docs/callbacks.md", "exec"), namespace)  # noqa: S102
     return namespace
 
 

@@ -130,7 +130,7 @@ class Family:
         args: Small CLI overrides (``{tiny_lm_dir}`` is filled in); include ``--trainer.max_steps``.
         batches_per_epoch: Training batches per epoch with those overrides.
         ckpt_every: Checkpoint cadence in training batches (``every_n_train_steps`` = this × steps_per_batch). Keep
-            it off the last batch of an epoch and off the batches that trigger validation (see README: a step
+            it off the last batch of an epoch and off the batches that trigger validation (see docs/resuming.md: a step
             checkpoint written just before that work resumes without it).
         steps_per_batch: ``global_step`` per batch (2 for a two-optimizer manual-optimization game, else 1).
         kills: The chain of interruptions (the last run then finishes).
