@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT
 
 ROOT_PATH = Path(ROOT)
