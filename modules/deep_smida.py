@@ -29,7 +29,7 @@ from callbacks.items import gather_unique_items
 from modules.algorithms.smida_estimators import smida_surrogate_losses
 from modules.base import LanguageModelGame, argument_group, require_positive
 from modules.evaluation.figures import make_game_figures
-from modules.evaluation.game_eval import adversarial_yield, compare_pairs
+from modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank
 from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
@@ -289,6 +289,17 @@ class DeepSMIDA(LanguageModelGame):
                 for eps in hp.epsilons:  # over the labelled triplets: one without a valid verdict has no label
                     share = adversarial_yield(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
                     result["adversarial_yield"].setdefault(str(eps), {})[tag] = share
+            # the joint yield (Fig. 2b) and the candidates' precision (Fig. 5), both pairs on the reference thresholds
+            result["oracle_errors"] = {
+                tag: adversarial_report(
+                    gathered[f"{tag}_var"],
+                    gathered[f"{tag}_oracle"],
+                    gathered[f"{tag}_mean"],
+                    result["thresholds"],
+                    hp.epsilons,
+                )
+                for tag in ("trained", "reference")
+            }
         if self.oracle is not None:  # verdicts that were not probabilities or came too late: left out (this rank)
             result["oracle_num_queries"] = self.oracle.num_queries
             result["oracle_invalid_verdicts"] = self.oracle.invalid_verdicts
@@ -305,6 +316,10 @@ class DeepSMIDA(LanguageModelGame):
         for a, y in result["candidate_yield"].items():
             flat[f"val/candidate_yield_{a}"] = y["trained"]
             flat[f"val/candidate_yield_{a}_reference"] = y["reference"]
+        for tag, suffix in (("trained", ""), ("reference", "_reference")):
+            per_eps = result.get("oracle_errors", {}).get(tag, {}).get(str(hp.epsilons[0]))  # the smallest margin
+            for a, (share, _, _) in (per_eps or {"joint": {}})["joint"].items():
+                flat[f"val/joint_yield_{a}{suffix}"] = share
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
         self.write_artifact("game_eval.json", {"step": int(self.global_step), **result})
         self._write_figures(gathered)

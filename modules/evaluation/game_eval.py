@@ -12,7 +12,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["adversarial_mask", "adversarial_yield", "candidate_thresholds", "compare_pairs", "prompt_bootstrap_mean"]
+__all__ = [
+    "adversarial_mask",
+    "adversarial_report",
+    "adversarial_yield",
+    "candidate_thresholds",
+    "compare_pairs",
+    "prompt_bootstrap_mean",
+    "prompt_bootstrap_share",
+]
 
 
 def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> dict[float, float]:
@@ -64,6 +72,77 @@ def prompt_bootstrap_mean(
     means = per_prompt[idx].mean(dim=1)
     lo, hi = torch.quantile(means, torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64))
     return float(lo), float(hi)
+
+
+def prompt_bootstrap_share(
+    hits: Tensor, counted: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """A share ``Σ hits / Σ counted`` over ``[P, R]`` masks, with its prompt-bootstrap interval.
+
+    Prompts are resampled with all their R triplets, and the share is recomputed as a ratio of sums in each resample:
+    the number of counted triplets differs between prompts (a triplet without a valid oracle verdict, or one that is not
+    a candidate, is not counted), so the mean of per-prompt shares would weight prompts wrongly. A resample that counts
+    nothing is left out of the quantiles.
+
+    Returns:
+        ``(share, low, high)``; NaNs when nothing is counted.
+
+    Raises:
+        ValueError: when the masks differ in shape or are not ``[P, R]``, or a hit is not counted.
+    """
+    if hits.shape != counted.shape or hits.ndim != 2:
+        raise ValueError(f"hits and counted must share a [P, R] shape, got {tuple(hits.shape)}, {tuple(counted.shape)}")
+    if bool((hits & ~counted).any()):
+        raise ValueError("every hit must be a counted triplet")
+    num, den = hits.double().sum(dim=1), counted.double().sum(dim=1)
+    if float(den.sum()) == 0:
+        return math.nan, math.nan, math.nan
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, num.numel(), (n_boot, num.numel()), generator=g)
+    boot_num, boot_den = num[idx].sum(dim=1), den[idx].sum(dim=1)
+    shares = (boot_num / boot_den)[boot_den > 0]
+    q = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(shares, q)
+    return float(num.sum() / den.sum()), float(lo), float(hi)
+
+
+def adversarial_report(
+    variance: Tensor,
+    oracle_prob: Tensor,
+    ensemble_mean: Tensor,
+    thresholds: dict[str, float],
+    epsilons: Sequence[float],
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """Oracle-confirmed errors among one pair's triplets ``[P, R]`` (§5.3.2, Fig. 2b; App. G.3, Fig. 5).
+
+    Over the labelled triplets (a finite oracle probability), for each ε and each α of ``thresholds`` (the reference
+    pair's ``F_ref^{-1}(1 − α)``, shared by both pairs as in §5.3.1):
+
+    - ``adversarial``: the share that is ε-adversarial (Definition 3.1), "the fraction of all labelled triplets";
+    - ``joint``: the share that is both an α-online candidate (``Var ≥`` threshold, Definition 3.2) and ε-adversarial,
+      the joint yield of Fig. 2(b);
+    - ``precision``: among labelled α-online candidates, the share that is ε-adversarial (Fig. 5), and
+      ``enrichment``, precision over the plain adversarial share ("a 1.53-fold enrichment over random selection").
+
+    Each share comes as ``[value, low, high]`` with a prompt-bootstrap interval (:func:`prompt_bootstrap_share`).
+    """
+    labelled = torch.isfinite(oracle_prob)
+    out: dict = {"labelled": int(labelled.sum())}
+    for eps in epsilons:
+        adversarial = adversarial_mask(oracle_prob, ensemble_mean, eps) & labelled
+        plain = prompt_bootstrap_share(adversarial, labelled, n_boot, seed)
+        per_eps: dict = {"adversarial": list(plain), "joint": {}, "precision": {}, "enrichment": {}, "candidates": {}}
+        for alpha, threshold in thresholds.items():
+            candidate = (variance >= threshold) & labelled
+            per_eps["candidates"][alpha] = int(candidate.sum())
+            per_eps["joint"][alpha] = list(prompt_bootstrap_share(adversarial & candidate, labelled, n_boot, seed))
+            precision = prompt_bootstrap_share(adversarial & candidate, candidate, n_boot, seed)
+            per_eps["precision"][alpha] = list(precision)
+            per_eps["enrichment"][alpha] = precision[0] / plain[0] if plain[0] > 0 else math.nan
+        out[str(eps)] = per_eps
+    return out
 
 
 def compare_pairs(

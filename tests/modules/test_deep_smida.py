@@ -128,6 +128,14 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
     assert set(result["candidate_yield"]) == {"0.1", "0.05", "0.01"}
     assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
+    errors = result["oracle_errors"]
+    assert set(errors) == {"trained", "reference"} and errors["trained"]["labelled"] == 8
+    for tag in errors:  # the joint yield never exceeds the plain adversarial share nor the candidate yield
+        for eps in ("0.0", "0.1", "0.2", "0.3"):
+            joint = errors[tag][eps]["joint"]["0.1"]
+            assert joint[0] <= errors[tag][eps]["adversarial"][0] + 1e-12
+            assert joint[0] <= result["candidate_yield"]["0.1"][tag] + 1e-12
+            assert joint[1] <= joint[0] <= joint[2]
     # how many queries each oracle label averages, and that none of the programmatic oracle's was left out
     assert (result["oracle_num_queries"], result["oracle_invalid_verdicts"], result["oracle_unlabelled_rows"]) == (
         1,
@@ -390,3 +398,39 @@ def test_deep_smida_under_deepspeed_is_refused_by_name(tiny_lm_dir):
     with pytest.raises(ValueError, match=r"trainer.strategy: deep-SMIDA .* exactly one \(got DeepSpeedStrategy\)"):
         module.setup("fit")
     assert module.players.merge_for_generation  # refused before the bank was changed
+
+
+def test_joint_yield_and_precision_by_hand():
+    """Fig. 2(b)'s joint yield and Fig. 5's precision on a case counted by hand, both over the labelled triplets."""
+    from modules.evaluation.game_eval import adversarial_report, prompt_bootstrap_share
+
+    nan = float("nan")
+    # two prompts × three triplets; the last triplet of prompt 1 has no valid oracle verdict
+    variance = torch.tensor([[0.9, 0.2, 0.8], [0.7, 0.1, 0.95]])
+    p_star = torch.tensor([[0.9, 0.9, 0.2], [0.3, 0.8, nan]])
+    p_bar = torch.tensor([[0.3, 0.2, 0.6], [0.6, 0.9, 0.1]])
+    # adversarial at ε = 0: (0,0) yes, (0,1) yes, (0,2) yes, (1,0) yes, (1,1) no (both above ½), (1,2) unlabelled
+    # candidates at threshold 0.75: (0,0) 0.9, (0,2) 0.8; (1,2) 0.95 is unlabelled; (1,0) 0.7 is below
+    out = adversarial_report(variance, p_star, p_bar, {"0.1": 0.75}, epsilons=(0.0, 0.35), n_boot=200)
+    assert out["labelled"] == 5
+    e0 = out["0.0"]
+    assert e0["adversarial"][0] == pytest.approx(4 / 5)
+    assert e0["candidates"]["0.1"] == 2
+    assert e0["joint"]["0.1"][0] == pytest.approx(2 / 5)  # both candidates are adversarial, out of 5 labelled
+    assert e0["precision"]["0.1"][0] == pytest.approx(2 / 2)
+    assert e0["enrichment"]["0.1"] == pytest.approx(1.0 / (4 / 5))
+    # ε = 0.35 keeps only |P* − ½| > 0.35: (0,0) 0.9 and (0,1) 0.9; of the candidates only (0,0)
+    e35 = out["0.35"]
+    assert e35["adversarial"][0] == pytest.approx(2 / 5)
+    assert e35["joint"]["0.1"][0] == pytest.approx(1 / 5)
+    assert e35["precision"]["0.1"][0] == pytest.approx(1 / 2)
+    # intervals: a ratio of sums over resampled prompts; prompt 0 alone gives 3/3, prompt 1 alone 1/2, so every
+    # resample's adversarial share lies in [1/2, 1] and both ends occur with 200 resamples of 2 prompts
+    lo, hi = e0["adversarial"][1:]
+    assert (lo, hi) == (pytest.approx(0.5), pytest.approx(1.0))
+    # a share that every prompt has alike has a degenerate interval
+    hits = torch.tensor([[True, False], [False, True], [True, False]])
+    assert prompt_bootstrap_share(hits, torch.ones_like(hits)) == pytest.approx((0.5, 0.5, 0.5))
+    assert all(math.isnan(v) for v in prompt_bootstrap_share(hits & False, hits & False))
+    with pytest.raises(ValueError, match="every hit must be a counted"):
+        prompt_bootstrap_share(hits, torch.zeros_like(hits))
