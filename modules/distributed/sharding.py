@@ -21,6 +21,7 @@ __all__ = [
     "engine_grad_norm",
     "fsdp2_gradient_sync",
     "fully_shard_blocks",
+    "full_tensors",
     "grad_norm_after_step",
     "gradient_sync",
     "is_deepspeed",
@@ -149,6 +150,39 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
     if kind == "ModelParallelStrategy":
         return lambda: _fsdp2_whole(module)
     return nullcontext
+
+
+def full_tensors(strategy: Any, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Whole CPU copies of ``tensors`` (parameters, by name), gathered from their shards; a collective when sharded.
+
+    Every rank must call it with the same names in the same order. FSDP2 parameters (``DTensor``) are all-gathered
+    one by one in their own dtype (the fp32 shards, not a ``param_dtype`` cast); ZeRO-3 parameters are gathered with
+    ``GatheredParameters``; whole parameters (one device, DDP, ZeRO-1/2) are copied.
+
+    Raises:
+        ValueError: naming ``trainer.strategy`` under Lightning's FSDP (FSDP1): its original parameters are views of
+            flat shards, and a whole copy needs ``summon_full_params`` over the root unit, which is not done here.
+    """
+    if sharded_strategy_kind(strategy) == "FSDPStrategy":
+        raise ValueError(
+            f"trainer.strategy: exporting weights under Lightning's FSDP ({type(strategy).__name__}) is not supported; "
+            "train with FSDP2 (configs/overlays/fsdp2.yaml), DeepSpeed or DDP, or export from a one-file checkpoint "
+            "with `python train.py export`"
+        )
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    partitioned = [t for t in tensors.values() if hasattr(t, "ds_id")]  # ZeRO-3 marks its partitioned parameters
+    gather: AbstractContextManager = nullcontext()
+    if partitioned:
+        import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+
+        gather = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+    out = {}
+    with gather, torch.no_grad():
+        for name, tensor in tensors.items():
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            out[name] = whole.detach().to("cpu", copy=True).contiguous()
+    return out
 
 
 def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
