@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -32,7 +32,7 @@ from modules.distributed.sharding import (
 from modules.lm.policy_bank import PolicyBank
 from modules.training.artifacts import atomic_write_text
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
-from modules.training.export import Player, export_module
+from modules.training.export import Player, export_at_fit_end
 from modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
 from modules.training.timing import PhaseTimer
 
@@ -307,12 +307,4 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         Every rank gathers the weights (a collective under FSDP2 and ZeRO-3); rank 0 writes, replacing the export of
         an earlier run in the same folder. Not in a ``fast_dev_run``.
         """
-        if self.trainer.fast_dev_run:
-            return
-        out = os.path.join(self.artifact_dir(), "export") if self.trainer.is_global_zero else ""
-        source = {"global_step": self.global_step, "written_at": "end of fit"}
-        written = export_module(
-            self, out, self.trainer.strategy, write=self.trainer.is_global_zero, replace=True, source=source
-        )
-        rank_zero_info(f"{self.family}: exported {written} to {out}")
-        self.trainer.strategy.barrier("export")
+        export_at_fit_end(self, self.artifact_dir() if self.trainer.is_global_zero else None, self.family)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "check_exportable",
     "check_manual_backward_strategy",
     "engine_grad_norm",
     "fsdp2_gradient_sync",
@@ -152,6 +153,21 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
     return nullcontext
 
 
+def check_exportable(strategy: Any) -> None:
+    """Refuse a strategy :func:`full_tensors` cannot gather from: Lightning's FSDP (FSDP1).
+
+    Raises:
+        ValueError: naming ``trainer.strategy``; its original parameters are views of flat shards, and a whole copy
+            needs ``summon_full_params`` over the root unit, which is not done here.
+    """
+    if sharded_strategy_kind(strategy) == "FSDPStrategy":
+        raise ValueError(
+            f"trainer.strategy: exporting weights under Lightning's FSDP ({type(strategy).__name__}) is not supported; "
+            "train with FSDP2 (configs/overlays/fsdp2.yaml), DeepSpeed or DDP, or export a one-file checkpoint with "
+            "`python train.py export` (docs/export.md)"
+        )
+
+
 def full_tensors(strategy: Any, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """Whole CPU copies of ``tensors`` (parameters, by name), gathered from their shards; a collective when sharded.
 
@@ -160,15 +176,9 @@ def full_tensors(strategy: Any, tensors: dict[str, Tensor]) -> dict[str, Tensor]
     ``GatheredParameters``; whole parameters (one device, DDP, ZeRO-1/2) are copied.
 
     Raises:
-        ValueError: naming ``trainer.strategy`` under Lightning's FSDP (FSDP1): its original parameters are views of
-            flat shards, and a whole copy needs ``summon_full_params`` over the root unit, which is not done here.
+        ValueError: naming ``trainer.strategy`` under Lightning's FSDP (:func:`check_exportable`).
     """
-    if sharded_strategy_kind(strategy) == "FSDPStrategy":
-        raise ValueError(
-            f"trainer.strategy: exporting weights under Lightning's FSDP ({type(strategy).__name__}) is not supported; "
-            "train with FSDP2 (configs/overlays/fsdp2.yaml), DeepSpeed or DDP, or export from a one-file checkpoint "
-            "with `python train.py export`"
-        )
+    check_exportable(strategy)
     from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
     partitioned = [t for t in tensors.values() if hasattr(t, "ds_id")]  # ZeRO-3 marks its partitioned parameters

@@ -30,12 +30,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from modules.distributed.sharding import full_tensors
+from modules.distributed.sharding import check_exportable, full_tensors
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import resolve_name_or_path
 from modules.training.checkpoints import family_name
 
-__all__ = ["EXPORT_RECORD", "Player", "export_command", "export_module", "select_players"]
+__all__ = [
+    "EXPORT_RECORD",
+    "Player",
+    "check_out_folder",
+    "export_at_fit_end",
+    "export_command",
+    "export_module",
+    "record_of",
+    "select_players",
+]
 
 #: the record written into every exported folder
 EXPORT_RECORD = "export.json"
@@ -109,7 +118,7 @@ def gather_weights(player: Player, strategy: Any = None) -> dict[str, Tensor]:
     )
 
 
-def _record(player: Player, kind: str, source: dict[str, Any]) -> dict[str, Any]:
+def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, Any]:
     """What ``export.json`` says: the base (as configured, as resolved, its revision and commit), the adapter."""
     base_config = getattr(_base_model(player.model), "config", None)
     return {
@@ -149,7 +158,7 @@ def _write_player(player: Player, weights: dict[str, Tensor], folder: str, sourc
         kind = "lora_adapter"
     player.tokenizer.save_pretrained(folder)
     with open(os.path.join(folder, EXPORT_RECORD), "w") as f:
-        json.dump(_record(player, kind, source), f, indent=2)
+        json.dump(record_of(player, kind, source), f, indent=2)
 
 
 def _write_merged(player: Player, adapter_folder: str, folder: str, source: dict[str, Any]) -> None:
@@ -161,7 +170,7 @@ def _write_merged(player: Player, adapter_folder: str, folder: str, source: dict
     merged.save_pretrained(folder)
     player.tokenizer.save_pretrained(folder)
     with open(os.path.join(folder, EXPORT_RECORD), "w") as f:
-        json.dump(_record(player, "merged_model", source), f, indent=2)
+        json.dump(record_of(player, "merged_model", source), f, indent=2)
 
 
 def check_out_folder(out: str | os.PathLike) -> None:
@@ -227,6 +236,32 @@ def export_module(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return [p.name for p in chosen]
+
+
+def export_at_fit_end(module: Any, log_dir: str | None, label: str) -> list[str]:
+    """At the end of ``fit``: every player to ``<log_dir>/export`` (replacing an earlier run's); the names written.
+
+    Call from the family's ``on_fit_end`` on every rank (the gather is a collective under sharded strategies);
+    ``log_dir`` matters on rank 0 only. Nothing in a ``fast_dev_run``. A strategy whose weights cannot be gathered
+    here (Lightning's FSDP) is warned about, naming ``train.py export``, and nothing is written: training has ended
+    well, and the checkpoint exports.
+    """
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn  # noqa: PLC0415
+
+    trainer = module.trainer
+    if trainer.fast_dev_run:
+        return []
+    try:
+        check_exportable(trainer.strategy)
+    except ValueError as err:
+        rank_zero_warn(f"{label}: the players were not exported at the end of fit: {err}")
+        return []
+    out = os.path.join(log_dir or trainer.default_root_dir, "export") if trainer.is_global_zero else ""
+    source = {"global_step": trainer.global_step, "written_at": "end of fit"}
+    written = export_module(module, out, trainer.strategy, write=trainer.is_global_zero, replace=True, source=source)
+    rank_zero_info(f"{label}: exported {written} to {out}")
+    trainer.strategy.barrier("export")
+    return written
 
 
 def _put_in_place(stage: str, out: str, replace: bool) -> None:

@@ -21,6 +21,15 @@ from modules.training.export import EXPORT_RECORD, export_module
 PROMPTS = ["What is 2 + 3?", "Name a colour.", "x"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the tiny model's ops gain nothing from more, and the machine's cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class LengthUtility(Utility):
     """u = distinct characters of the follower's reply / 50: a real function of the text."""
 
@@ -229,3 +238,103 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
     torch.save(other, tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="written by modules.debate.DebateSelfPlay.*config's model is modules.grpo"):
         train.dispatch([*run[:-1], str(tmp_path / "new"), "--ckpt_path", str(tmp_path / "other.ckpt")])
+
+
+# ------------------------------------------------------------------------------------------------ other layouts
+def test_full_copies_are_exported_as_models_with_the_suites_logprobs(tiny_lm_dir, tmp_path):
+    """``players: separate``: each player's folder is a whole transformers model; there is nothing to merge."""
+    from transformers import AutoModelForCausalLM
+
+    model = DeepSMIDA(
+        lm=ModelConfig(tiny_lm_dir, players="separate"),
+        utility=LengthUtility(),
+        samples_per_prompt=2,
+        follower_samples=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
+    )
+    for i, copy in enumerate(model.players.models.values()):  # each copy trained its own way
+        with torch.no_grad():
+            for p in copy.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
+    export_module(model, tmp_path / "x", merge=True)
+    assert sorted(os.listdir(tmp_path / "x")) == ["follower", "leader"]  # no merged/: the players are whole
+    for player in ("leader", "follower"):
+        assert json.loads((tmp_path / "x" / player / EXPORT_RECORD).read_text())["kind"] == "full_model"
+        roll = _rollout(model.players, player)
+        plain = AutoModelForCausalLM.from_pretrained(tmp_path / "x" / player)
+        torch.testing.assert_close(_plain_logprobs(plain, roll), _suite_logprobs(model.players, player, roll))
+
+
+def test_pool_players_on_their_own_bases_record_each_base(tiny_lm_dir, tmp_path):
+    from modules.lm.models import build_tiny_causal_lm
+    from modules.pool import StackelbergPool
+
+    other = build_tiny_causal_lm(tmp_path / "other_base", seed=7)
+    pool = StackelbergPool(
+        lm={"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8},
+        models=[tiny_lm_dir, other, tiny_lm_dir],
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
+    )
+    for i, bank in enumerate(pool.banks):
+        _perturb(bank, seed=10 * i)
+    export_module(pool, tmp_path / "x")
+    bases = {
+        p: json.loads((tmp_path / "x" / p / EXPORT_RECORD).read_text())["base_model_name_or_path"]
+        for p in pool.player_names
+    }
+    assert bases == {"m0": tiny_lm_dir, "m1": other, "m2": tiny_lm_dir}
+    _check_loads_to_the_suites_logprobs(pool.bank("m1"), str(tmp_path / "x"), "m1", other, merged=False)
+
+
+def test_sft_records_its_base_and_its_checkpoint_exports(tiny_lm_dir, tmp_path):
+    """SFT's own save (output_dir) carries the same record; ``train.py export`` takes an SFT checkpoint too."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from datamodules.sft import ArithmeticSFTDataModule
+    from modules.sft import CausalLMSFT
+
+    L.seed_everything(0)
+    lm = {"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8}
+    model = CausalLMSFT(lm=ModelConfig(**lm), lora=True, output_dir=str(tmp_path / "sft"), max_length=64, lr=1e-2)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    )
+    trainer.fit(model, ArithmeticSFTDataModule(num_prompts=8, batch_size=4))
+    record = json.loads((tmp_path / "sft" / EXPORT_RECORD).read_text())
+    assert (record["base_model_name_or_path"], record["kind"], record["global_step"]) == (
+        tiny_lm_dir,
+        "lora_adapter",
+        1,
+    )
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".sft_save")]
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "class_path": "modules.sft.CausalLMSFT",
+                    "init_args": {"lm": lm, "lora": True, "output_dir": str(tmp_path / "sft2")},
+                }
+            }
+        )
+    )
+    out = tmp_path / "out"
+    train.dispatch(
+        ["export", "--config", str(config), "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), "--out", str(out)]
+    )
+    # the command's adapter is the one SFT saved at the end of fit: the same tensors
+    assert (
+        load_file(out / "policy" / "adapter_model.safetensors").keys()
+        == load_file(tmp_path / "sft" / "adapter_model.safetensors").keys()
+    )
+    for key, value in load_file(out / "policy" / "adapter_model.safetensors").items():
+        assert torch.equal(value, load_file(tmp_path / "sft" / "adapter_model.safetensors")[key])
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm_dir), out / "policy")
+    assert any("lora_B" in n and p.abs().sum() > 0 for n, p in loaded.named_parameters())
