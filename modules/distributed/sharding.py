@@ -168,10 +168,11 @@ def check_exportable(strategy: Any) -> None:
         )
 
 
-def full_tensors(strategy: Any, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+def full_tensors(strategy: Any, tensors: dict[str, Tensor], keep: bool = True) -> dict[str, Tensor]:
     """Whole CPU copies of ``tensors`` (parameters, by name), gathered from their shards; a collective when sharded.
 
-    Every rank must call it with the same names in the same order. FSDP2 parameters (``DTensor``) are all-gathered
+    Every rank must call it with the same names in the same order; a rank with ``keep=False`` (one that writes
+    nothing) takes part in the gathers and gets ``{}``, holding no copy. FSDP2 parameters (``DTensor``) are all-gathered
     one by one in their own dtype (the fp32 shards, not a ``param_dtype`` cast); ZeRO-3 parameters are gathered with
     ``GatheredParameters``; whole parameters (one device, DDP, ZeRO-1/2) are copied.
 
@@ -191,7 +192,8 @@ def full_tensors(strategy: Any, tensors: dict[str, Tensor]) -> dict[str, Tensor]
     with gather, torch.no_grad():
         for name, tensor in tensors.items():
             whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-            out[name] = whole.detach().to("cpu", copy=True).contiguous()
+            if keep:
+                out[name] = whole.detach().to("cpu", copy=True).contiguous()
     return out
 
 

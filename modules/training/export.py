@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from modules.distributed.sharding import check_exportable, full_tensors
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import resolve_name_or_path
-from modules.training.checkpoints import family_name
+from modules.training.checkpoints import CheckpointLoading, family_name
 
 __all__ = [
     "EXPORT_RECORD",
@@ -98,21 +98,24 @@ def select_players(module: nn.Module, names: Sequence[str] | None = None) -> lis
     return [by_name[n] for n in dict.fromkeys(names)]
 
 
-def gather_weights(player: Player, strategy: Any = None) -> dict[str, Tensor]:
+def gather_weights(player: Player, strategy: Any = None, keep: bool = True) -> dict[str, Tensor]:
     """The player's trained tensors, whole, on CPU: its adapter's (peft names) or its copy's full state dict.
 
-    A collective under sharded strategies: every rank calls it, for the same players in the same order.
+    A collective under sharded strategies: every rank calls it, for the same players in the same order; ranks with
+    ``keep=False`` take part and get ``{}``.
     """
     if player.adapter is None:
         names = set(player.model.state_dict().keys())
         named = dict(player.model.named_parameters())
         named.update({n: b for n, b in player.model.named_buffers() if n in names})
-        return full_tensors(strategy, named)
+        return full_tensors(strategy, named, keep)
     from peft import get_peft_model_state_dict  # noqa: PLC0415
 
     part = f".{player.adapter}."  # a whole name component: adapter "m1" is not "m10"
     own = {n: p for n, p in player.model.named_parameters() if part in n}
-    whole = full_tensors(strategy, own)
+    whole = full_tensors(strategy, own, keep)
+    if not keep:
+        return {}
     return get_peft_model_state_dict(
         player.model, state_dict=whole, adapter_name=player.adapter, save_embedding_layers=False
     )
@@ -218,7 +221,7 @@ def export_module(
     if not replace:
         check_out_folder(out)
     chosen = select_players(module, players)
-    weights = {p.name: gather_weights(p, strategy) for p in chosen}  # every rank: a collective when sharded
+    weights = {p.name: gather_weights(p, strategy, keep=write) for p in chosen}  # every rank: a collective
     if not write:
         return [p.name for p in chosen]
     source = {"family": family_name(module), **(source or {})}
@@ -327,15 +330,27 @@ def export_command(args: Sequence[str]) -> list[str]:
         raise FileNotFoundError(f"--ckpt_path: checkpoint {ckpt!r} is not a file")
     check_out_folder(cfg.out)
 
+    failures: list[BaseException] = []  # jsonargparse wraps what the instantiator raises: re-raised as it was
+
     def from_checkpoint(cls: type, *a: Any, **kwargs: Any) -> Any:
-        if not hasattr(cls, "load_from_checkpoint") or a:
-            raise TypeError(f"model: {cls.__qualname__} cannot be exported (it loads no checkpoint by arguments)")
-        return cls.load_from_checkpoint(ckpt, **kwargs)  # weights_only=True, configured by kwargs only
+        try:
+            # only the suite's loader: Lightning's own would build the model from the checkpoint's hyper-parameters
+            if not issubclass(cls, CheckpointLoading) or a:
+                raise TypeError(f"model: {cls.__qualname__} has no language-model players to export")
+            return cls.load_from_checkpoint(ckpt, **kwargs)  # weights_only=True, configured by kwargs only
+        except Exception as err:
+            failures.append(err)
+            raise
 
     import lightning as L  # noqa: PLC0415
 
     parser.add_instantiator(from_checkpoint, L.LightningModule, subclasses=True)
-    model = parser.instantiate_classes(cfg).model
+    try:
+        model = parser.instantiate_classes(cfg).model
+    except Exception:
+        if failures:
+            raise failures[0] from None
+        raise
     step = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("global_step")
     written = export_module(
         model,

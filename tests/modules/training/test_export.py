@@ -238,6 +238,15 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
     torch.save(other, tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="written by modules.debate.DebateSelfPlay.*config's model is modules.grpo"):
         train.dispatch([*run[:-1], str(tmp_path / "new"), "--ckpt_path", str(tmp_path / "other.ckpt")])
+    # ... and one whose adapters do not fit the config's (another LoRA rank), naming the tensor and both shapes
+    rank8 = yaml.safe_load(open(config))
+    rank8["model"]["init_args"]["lm"]["lora_r"] = 8
+    (tmp_path / "rank8.yaml").write_text(yaml.safe_dump(rank8))
+    with pytest.raises(ValueError, match=r"lora_A.policy.weight' has shape \[4, 64\] in the checkpoint but \[8, 64\]"):
+        train.dispatch(
+            ["export", "--config", str(tmp_path / "rank8.yaml"), "--ckpt_path", ckpt, "--out", str(tmp_path / "n")]
+        )
+    assert not (tmp_path / "new").exists() and not (tmp_path / "n").exists()
 
 
 # ------------------------------------------------------------------------------------------------ other layouts
@@ -338,3 +347,16 @@ def test_sft_records_its_base_and_its_checkpoint_exports(tiny_lm_dir, tmp_path):
         assert torch.equal(value, load_file(tmp_path / "sft" / "adapter_model.safetensors")[key])
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm_dir), out / "policy")
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in loaded.named_parameters())
+
+
+def test_a_model_without_players_is_refused(grpo_run, tmp_path):
+    """Tabular SMIDA and the like have no players; a model outside the suite's loader never reaches Lightning's own
+    ``load_from_checkpoint`` (which would configure it from the checkpoint's hyper-parameters)."""
+    with pytest.raises(TypeError, match="Linear has no language-model players to export"):
+        export_module(torch.nn.Linear(2, 2), tmp_path / "x")
+    _, ckpt, _ = grpo_run
+    config = tmp_path / "boring.yaml"
+    config.write_text(yaml.safe_dump({"model": {"class_path": "lightning.pytorch.demos.boring_classes.BoringModel"}}))
+    with pytest.raises(TypeError, match="BoringModel has no language-model players"):
+        train.dispatch(["export", "--config", str(config), "--ckpt_path", ckpt, "--out", str(tmp_path / "y")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
