@@ -360,3 +360,15 @@ def test_a_model_without_players_is_refused(grpo_run, tmp_path):
     with pytest.raises(TypeError, match="BoringModel has no language-model players"):
         train.dispatch(["export", "--config", str(config), "--ckpt_path", ckpt, "--out", str(tmp_path / "y")])
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_replace_puts_a_new_export_over_an_old_one(tiny_lm_dir, tmp_path):
+    """The end of ``fit`` of a run resumed in the same folder replaces the earlier export, leaving nothing beside."""
+    model = _smida(tiny_lm_dir)
+    export_module(model, tmp_path / "export", replace=True)
+    old = load_file(tmp_path / "export" / "leader" / "adapter_model.safetensors")
+    _perturb(model.players, seed=99)
+    export_module(model, tmp_path / "export", replace=True, players=["leader"])
+    assert os.listdir(tmp_path) == ["export"] and os.listdir(tmp_path / "export") == ["leader"]
+    new = load_file(tmp_path / "export" / "leader" / "adapter_model.safetensors")
+    assert any(not torch.equal(new[k], old[k]) for k in old if "lora_B" in k)
