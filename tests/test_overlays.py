@@ -522,7 +522,7 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
         _check_fsdp2_sharding(rec, generate_calls=3)
         assert rec["generate_calls"] >= 3 * 6  # a model call per decoded token
     assert whole[0]["adapters"] == whole[1]["adapters"]  # one model: the ranks' gathered adapters agree
-    _check_exported(tmp_path, whole[0]["adapters"])  # the end of fit gathered the shards before writing
+    _check_exported(tmp_path / "runs", whole[0]["adapters"])  # the end of fit gathered the shards before writing
     for name, want in ddp[0]["adapters"].items():  # same samples and losses; sums reduced in another order
         diff = (torch.tensor(whole[0]["adapters"][name]) - torch.tensor(want)).abs().max()
         assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step

@@ -245,14 +245,14 @@ def export_at_fit_end(module: Any, log_dir: str | None, label: str) -> list[str]
     """At the end of ``fit``: every player to ``<log_dir>/export`` (replacing an earlier run's); the names written.
 
     Call from the family's ``on_fit_end`` on every rank (the gather is a collective under sharded strategies);
-    ``log_dir`` matters on rank 0 only. Nothing in a ``fast_dev_run``. A strategy whose weights cannot be gathered
-    here (Lightning's FSDP) is warned about, naming ``train.py export``, and nothing is written: training has ended
-    well, and the checkpoint exports.
+    ``log_dir`` matters on rank 0 only. Nothing in a ``fast_dev_run``, or without players. A strategy whose weights
+    cannot be gathered here (Lightning's FSDP) is warned about, naming ``train.py export``, and nothing is written:
+    training has ended well, and the checkpoint exports.
     """
     from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn  # noqa: PLC0415
 
     trainer = module.trainer
-    if trainer.fast_dev_run:
+    if trainer.fast_dev_run or not module.export_players():  # nothing trained as a language model: nothing to write
         return []
     try:
         check_exportable(trainer.strategy)
