@@ -4,6 +4,7 @@
     python train.py test --config configs/preference_ensemble.yaml --ckpt_path runs/.../checkpoints/last.ckpt
     python train.py fit --help                    # every option of every family, with its documentation
     python train.py fit --config configs/preference_ensemble.yaml --print_config
+    python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 
 Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``); the resolved config is saved next
 to the logs. After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
@@ -179,7 +180,20 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     )
 
 
+def dispatch(args: list[str] | None = None) -> bool:
+    """Run a subcommand LightningCLI does not have (``export``: :mod:`modules.training.export`); whether one ran."""
+    args = sys.argv[1:] if args is None else args
+    if not args or args[0] != "export":
+        return False
+    from modules.training.export import export_command  # noqa: PLC0415
+
+    export_command(args[1:])
+    return True
+
+
 if __name__ == "__main__":
+    if dispatch():
+        sys.exit(0)
     try:
         main()
     except SIGTERMException:

@@ -32,6 +32,7 @@ from modules.distributed.sharding import (
 from modules.lm.policy_bank import PolicyBank
 from modules.training.artifacts import atomic_write_text
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from modules.training.export import Player, export_at_fit_end
 from modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
 from modules.training.timing import PhaseTimer
 
@@ -283,3 +284,27 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
             text = old + text + "\n"
         atomic_write_text(path, text)
         return path
+
+    # ------------------------------------------------------------------------------------------------ export
+    def export_players(self) -> list[Player]:
+        """Every bank's players: LoRA adapters over the bank's base, or (``players: separate``) full copies."""
+        return [
+            Player(
+                name,
+                bank.lm,
+                bank.model if bank.mode == "lora" else bank.models[name],
+                name if bank.mode == "lora" else None,
+                bank.tokenizer,
+            )
+            for bank in self.policy_banks().values()
+            for name in bank.player_names
+        ]
+
+    @override
+    def on_fit_end(self) -> None:
+        """Write every player's adapter as a peft folder under ``<log dir>/export/`` (:mod:`modules.training.export`).
+
+        Every rank gathers the weights (a collective under FSDP2 and ZeRO-3); rank 0 writes, replacing the export of
+        an earlier run in the same folder. Not in a ``fast_dev_run``.
+        """
+        export_at_fit_end(self, self.artifact_dir() if self.trainer.is_global_zero else None, self.family)

@@ -9,7 +9,10 @@ checkpoint (an adapter through ``peft.PeftModel.from_pretrained`` over its base)
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import lightning as L
@@ -23,7 +26,8 @@ from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_fo
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
-from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, family_name, stamp_family
+from modules.training.export import EXPORT_RECORD, Player, record_of
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
 
 __all__ = ["CausalLMSFT"]
@@ -74,6 +78,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         if lm is None:
             lm = ModelConfig(build_tiny_causal_lm(os.path.join(output_dir, "_init"), config=tiny_config, seed=seed))
+        self.lm = lm  # the base, recorded beside the saved model (export.json)
         self.tokenizer = lm.load_tokenizer(padding_side="right")
         if lora:
             self.model = lm.with_adapters(lm.load_model("causal_lm", frozen=True), ["default"])
@@ -202,10 +207,26 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         with parameter_gathering(self.trainer.strategy, self.model)():
             self._save()
 
+    def export_players(self) -> list[Player]:
+        """The fine-tuned model as one player, ``policy``: its adapter (``lora``) or its whole weights."""
+        return [Player("policy", self.lm, self.model, "default" if self.hparams.lora else None, self.tokenizer)]
+
     @rank_zero_only
     def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Write into a folder beside ``output_dir``, then move each file in (never a torn file; ``_init`` kept)."""
         out = self.hparams.output_dir
         os.makedirs(out, exist_ok=True)
-        self.model.save_pretrained(out, state_dict=state_dict)
-        self.tokenizer.save_pretrained(out)
+        stage = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".sft_save.", suffix=".tmp")
+        try:
+            self.model.save_pretrained(stage, state_dict=state_dict)
+            self.tokenizer.save_pretrained(stage)
+            (player,) = self.export_players()
+            kind = "lora_adapter" if self.hparams.lora else "full_model"
+            record = record_of(player, kind, {"family": family_name(self), "global_step": self.global_step})
+            with open(os.path.join(stage, EXPORT_RECORD), "w") as f:
+                json.dump(record, f, indent=2)
+            for name in os.listdir(stage):
+                os.replace(os.path.join(stage, name), os.path.join(out, name))
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
         rank_zero_info(f"warm-started {'adapter' if self.hparams.lora else 'policy'} saved to {out}")

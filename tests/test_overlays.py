@@ -369,6 +369,21 @@ def _two_process_run(
     return [] if bank_attr is None else [json.load(open(probe / f"rank{r}.json")) for r in range(2)]
 
 
+def _check_exported(root, adapters: dict, player: str = "policy") -> None:
+    """The adapter the end of ``fit`` exported (gathered whole, written by rank 0) is the trained one, value for value.
+
+    ``adapters``: a probe's gathered adapters, by the bank's parameter names (``model.<...>.lora_A.<player>.weight``).
+    """
+    from safetensors.torch import load_file
+
+    (path,) = root.rglob(f"export/{player}/adapter_model.safetensors")
+    saved = load_file(path)
+    want = {n.removeprefix("model.").replace(f".{player}.", "."): v for n, v in adapters.items()}
+    assert saved.keys() == want.keys()
+    for name, tensor in saved.items():
+        assert tensor.float().flatten().tolist() == want[name], name
+
+
 def _grpo_args(tiny_lm_dir, reward) -> list[str]:
     return [
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
@@ -410,6 +425,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
         a, b = (rec["adapters"] for rec in ranks)
         assert a == b  # one model: both ranks hold the same adapters
         assert any(any(v != 0.0 for v in vals) for name, vals in a.items() if "lora_B" in name)  # moved off zero
+        _check_exported(tmp_path / f"z{stage}", a)  # the end of fit gathered the partitions before writing
     z2, z3 = runs[2][0]["adapters"], runs[3][0]["adapters"]
     assert z2.keys() == z3.keys()
     for name in z2:  # the same samples, losses and updates with sharded parameters (up to reduction order)
@@ -506,6 +522,7 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
         _check_fsdp2_sharding(rec, generate_calls=3)
         assert rec["generate_calls"] >= 3 * 6  # a model call per decoded token
     assert whole[0]["adapters"] == whole[1]["adapters"]  # one model: the ranks' gathered adapters agree
+    _check_exported(tmp_path / "runs", whole[0]["adapters"])  # the end of fit gathered the shards before writing
     for name, want in ddp[0]["adapters"].items():  # same samples and losses; sums reduced in another order
         diff = (torch.tensor(whole[0]["adapters"][name]) - torch.tensor(want)).abs().max()
         assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step

@@ -17,10 +17,12 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "check_exportable",
     "check_manual_backward_strategy",
     "engine_grad_norm",
     "fsdp2_gradient_sync",
     "fully_shard_blocks",
+    "full_tensors",
     "grad_norm_after_step",
     "gradient_sync",
     "is_deepspeed",
@@ -149,6 +151,50 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
     if kind == "ModelParallelStrategy":
         return lambda: _fsdp2_whole(module)
     return nullcontext
+
+
+def check_exportable(strategy: Any) -> None:
+    """Refuse a strategy :func:`full_tensors` cannot gather from: Lightning's FSDP (FSDP1).
+
+    Raises:
+        ValueError: naming ``trainer.strategy``; its original parameters are views of flat shards, and a whole copy
+            needs ``summon_full_params`` over the root unit, which is not done here.
+    """
+    if sharded_strategy_kind(strategy) == "FSDPStrategy":
+        raise ValueError(
+            f"trainer.strategy: exporting weights under Lightning's FSDP ({type(strategy).__name__}) is not supported; "
+            "train with FSDP2 (configs/overlays/fsdp2.yaml), DeepSpeed or DDP, or export a one-file checkpoint with "
+            "`python train.py export` (docs/export.md)"
+        )
+
+
+def full_tensors(strategy: Any, tensors: dict[str, Tensor], keep: bool = True) -> dict[str, Tensor]:
+    """Whole CPU copies of ``tensors`` (parameters, by name), gathered from their shards; a collective when sharded.
+
+    Every rank must call it with the same names in the same order; a rank with ``keep=False`` (one that writes
+    nothing) takes part in the gathers and gets ``{}``, holding no copy. FSDP2 parameters (``DTensor``) are all-gathered
+    one by one in their own dtype (the fp32 shards, not a ``param_dtype`` cast); ZeRO-3 parameters are gathered with
+    ``GatheredParameters``; whole parameters (one device, DDP, ZeRO-1/2) are copied.
+
+    Raises:
+        ValueError: naming ``trainer.strategy`` under Lightning's FSDP (:func:`check_exportable`).
+    """
+    check_exportable(strategy)
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    partitioned = [t for t in tensors.values() if hasattr(t, "ds_id")]  # ZeRO-3 marks its partitioned parameters
+    gather: AbstractContextManager = nullcontext()
+    if partitioned:
+        import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+
+        gather = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+    out = {}
+    with gather, torch.no_grad():
+        for name, tensor in tensors.items():
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if keep:
+                out[name] = whole.detach().to("cpu", copy=True).contiguous()
+    return out
 
 
 def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:

@@ -65,6 +65,7 @@ class PolicyBank(nn.Module):
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
         lm = ModelConfig.coerce(lm)
+        self.lm = lm  # where the base came from: recorded beside exported adapters (modules.training.export)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
         self.tokenizer = lm.load_tokenizer(padding_side="left")
         if self.mode == "lora":

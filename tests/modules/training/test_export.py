@@ -1,0 +1,374 @@
+"""Export: the players' adapters as peft folders that plain peft/transformers load to the suite's own log-probs."""
+
+import dataclasses
+import json
+import os
+
+import lightning as L
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import train
+from modules.deep_smida import DeepSMIDA
+from modules.grpo import GRPO
+from modules.lm.model_config import ModelConfig
+from modules.lm.sampling import Sampling
+from modules.scorers.utility import Utility
+from modules.training.export import EXPORT_RECORD, export_module
+
+PROMPTS = ["What is 2 + 3?", "Name a colour.", "x"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the tiny model's ops gain nothing from more, and the machine's cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class LengthUtility(Utility):
+    """u = distinct characters of the follower's reply / 50: a real function of the text."""
+
+    def forward(self, prompts, leader, follower):
+        return torch.tensor([len(set(y)) / 50.0 for y in follower], dtype=torch.float32)
+
+
+def _perturb(bank, seed):
+    """Non-zero LoRA B (peft starts it at zero, where every adapter is the base): a different draw per player."""
+    for i, player in enumerate(bank.player_names):
+        gen = torch.Generator().manual_seed(seed + i)
+        with torch.no_grad():
+            for name, p in bank.model.named_parameters():
+                if f".{player}." in name and "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
+def _smida(tiny_lm_dir):
+    model = DeepSMIDA(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4),
+        utility=LengthUtility(),
+        samples_per_prompt=2,
+        follower_samples=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
+    )
+    _perturb(model.players, seed=1)
+    return model
+
+
+def _rollout(bank, player, seed=0):
+    torch.manual_seed(seed)
+    return bank.generate(player, PROMPTS, 2, temperature=1.0, max_new_tokens=6)
+
+
+def _plain_logprobs(model, rollout):
+    """Per-token log-probs of each row's completion by a plain forward of its unpadded tokens: ``[N, C]``."""
+    out = torch.zeros(rollout.completion_mask.shape)
+    width = rollout.prompt_width
+    for i in range(rollout.sequences.shape[0]):
+        ids = rollout.sequences[i][rollout.attention_mask[i].bool()]
+        p, c = int(rollout.attention_mask[i, :width].sum()), int(rollout.completion_mask[i].sum())
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float(), dim=-1)
+        out[i, :c] = lp[p - 1 : p + c - 1].gather(1, ids[p : p + c, None])[:, 0]
+    return out
+
+
+def _suite_logprobs(bank, player, rollout):
+    with torch.no_grad():
+        return bank.token_logprobs(player, rollout, temperature=1.0)
+
+
+def _check_loads_to_the_suites_logprobs(bank, out, player, base_dir, merged=True):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    roll = _rollout(bank, player)
+    suite = _suite_logprobs(bank, player, roll)
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), os.path.join(out, player))
+    torch.testing.assert_close(_plain_logprobs(adapter, roll), suite, atol=1e-5, rtol=0)
+    if merged:
+        merged_model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged", player))
+        torch.testing.assert_close(_plain_logprobs(merged_model, roll), suite, atol=1e-5, rtol=0)
+    # the adapter matters: the base alone is far from these numbers (so the comparison above can fail)
+    base = _plain_logprobs(AutoModelForCausalLM.from_pretrained(base_dir), roll)
+    assert (base - suite).abs().max() > 1e-2
+
+
+def test_exported_adapters_and_merged_models_give_the_suites_logprobs(tiny_lm_dir, tmp_path):
+    model = _smida(tiny_lm_dir)
+    out = tmp_path / "export"
+    assert export_module(model, out, merge=True) == ["leader", "follower"]
+    for player in ("leader", "follower"):
+        _check_loads_to_the_suites_logprobs(model.players, str(out), player, tiny_lm_dir)
+        record = json.loads((out / player / EXPORT_RECORD).read_text())
+        assert record["base_model_name_or_path"] == tiny_lm_dir and record["adapter"] == player
+        assert record["kind"] == "lora_adapter" and record["family"] == "modules.deep_smida.DeepSMIDA"
+        assert json.loads((out / "merged" / player / EXPORT_RECORD).read_text())["kind"] == "merged_model"
+        assert (out / player / "tokenizer_config.json").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # the staging folder is gone
+
+
+def test_two_players_adapters_are_their_own_weights(tiny_lm_dir, tmp_path):
+    model = _smida(tiny_lm_dir)
+    export_module(model, tmp_path / "x")
+    saved = {p: load_file(tmp_path / "x" / p / "adapter_model.safetensors") for p in ("leader", "follower")}
+    assert saved["leader"].keys() == saved["follower"].keys() and saved["leader"]
+    for key in saved["leader"]:
+        assert not torch.equal(saved["leader"][key], saved["follower"][key])
+    params = dict(model.players.model.named_parameters())
+    for player, tensors in saved.items():
+        for key, value in tensors.items():  # peft's names without the adapter's: ...lora_A.weight
+            own = params[key.replace(".lora_A.", f".lora_A.{player}.").replace(".lora_B.", f".lora_B.{player}.")]
+            assert torch.equal(value, own.detach())
+
+
+def test_the_record_names_the_base_and_its_revision(tiny_lm_dir, tmp_path):
+    model = _smida(tiny_lm_dir)
+    model.players.lm = dataclasses.replace(model.players.lm, revision="v1.2")
+    export_module(model, tmp_path / "x", players=["follower"])
+    assert sorted(os.listdir(tmp_path / "x")) == ["follower"]
+    record = json.loads((tmp_path / "x" / "follower" / EXPORT_RECORD).read_text())
+    assert (record["base_model_name_or_path"], record["base_revision"]) == (tiny_lm_dir, "v1.2")
+    adapter_config = json.loads((tmp_path / "x" / "follower" / "adapter_config.json").read_text())
+    assert (adapter_config["base_model_name_or_path"], adapter_config["revision"]) == (tiny_lm_dir, "v1.2")
+    assert adapter_config["r"] == 4 and adapter_config["inference_mode"] is True
+
+
+def test_bad_players_and_out_folders_are_refused(tiny_lm_dir, tmp_path):
+    model = _smida(tiny_lm_dir)
+    with pytest.raises(KeyError, match=r"unknown player\(s\) \['nobody'\].*'follower', 'leader'"):
+        export_module(model, tmp_path / "a", players=["nobody"])
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="full.*not an empty folder"):
+        export_module(model, tmp_path / "full")
+    assert os.listdir(tmp_path / "full") == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    export_module(model, tmp_path / "empty", players=["leader"])  # an empty folder is taken
+    assert os.listdir(tmp_path / "empty") == ["leader"]
+
+
+def test_fit_writes_the_players_adapters_under_the_log_dir(tiny_lm_dir, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from datamodules.prompts import PromptDataModule
+
+    L.seed_everything(0)
+    model = _smida(tiny_lm_dir)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(model, PromptDataModule(num_prompts=8, batch_size=1))
+    out = tmp_path / "run" / "version_0" / "export"
+    assert sorted(os.listdir(out)) == ["follower", "leader"]
+    record = json.loads((out / "leader" / EXPORT_RECORD).read_text())
+    assert record["global_step"] == trainer.global_step and record["written_at"] == "end of fit"
+    _check_loads_to_the_suites_logprobs(model.players, str(out), "leader", tiny_lm_dir, merged=False)
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def _grpo_args(tiny_lm_dir):
+    return dict(
+        lm={"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8},
+        num_generations=2,
+        sampling={"temperature": 1.0, "max_new_tokens": 6},
+        chat_template=False,
+    )
+
+
+@pytest.fixture
+def grpo_run(tiny_lm_dir, tmp_path):
+    """A GRPO module with non-zero adapters, its one-file checkpoint (as a fit saves it) and its config."""
+    args = _grpo_args(tiny_lm_dir)
+    model = GRPO(**{**args, "lm": ModelConfig(**args["lm"]), "sampling": Sampling(**args["sampling"])})
+    _perturb(model.players, seed=5)
+    checkpoint = {"state_dict": model.state_dict(), "global_step": 7, "hyper_parameters": dict(model.hparams)}
+    model.on_save_checkpoint(checkpoint)  # trimmed to the adapters and stamped, as Lightning's save does
+    ckpt = tmp_path / "last.ckpt"
+    torch.save(checkpoint, ckpt)
+    config = tmp_path / "grpo.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "seed_everything": 0,
+                "trainer": {"max_steps": 3, "accelerator": "gpu"},  # read, never built: no GPU needed to export
+                "model": {"class_path": "modules.grpo.GRPO", "init_args": args},
+                "data": {"class_path": "datamodules.prompts.PromptDataModule", "init_args": {"num_prompts": 8}},
+            }
+        )
+    )
+    return model, str(ckpt), str(config)
+
+
+def test_the_export_command_writes_a_checkpoints_adapter_and_merged_model(grpo_run, tiny_lm_dir, tmp_path):
+    model, ckpt, config = grpo_run
+    out = tmp_path / "out"
+    assert train.dispatch(["export", "--config", config, "--ckpt_path", ckpt, "--out", str(out), "--merge", "true"])
+    assert sorted(os.listdir(out)) == ["merged", "policy"]
+    _check_loads_to_the_suites_logprobs(model.players, str(out), "policy", tiny_lm_dir)
+    record = json.loads((out / "policy" / EXPORT_RECORD).read_text())
+    assert record["checkpoint"] == os.path.abspath(ckpt) and record["global_step"] == 7
+    assert not train.dispatch(["fit", "--config", config])  # other subcommands are LightningCLI's
+
+
+def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
+    _, ckpt, config = grpo_run
+    run = ["export", "--config", config, "--out", str(tmp_path / "out")]
+    with pytest.raises(FileNotFoundError, match="--ckpt_path: checkpoint .*missing.ckpt' is not a file"):
+        train.dispatch([*run, "--ckpt_path", str(tmp_path / "missing.ckpt")])
+    with pytest.raises(IsADirectoryError, match="sharded checkpoint folder"):
+        train.dispatch([*run, "--ckpt_path", str(tmp_path)])
+    with pytest.raises(KeyError, match=r"unknown player\(s\) \['leader'\].*\['policy'\]"):
+        train.dispatch([*run, "--ckpt_path", ckpt, "--players", "[leader]"])
+    (tmp_path / "out" / "x").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="out.*not an empty folder"):
+        train.dispatch([*run, "--ckpt_path", ckpt])
+    # a checkpoint of another family is refused by the trust rule before any tensor is loaded
+    other = torch.load(ckpt, weights_only=True)
+    other["family"] = "modules.debate.DebateSelfPlay"
+    torch.save(other, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="written by modules.debate.DebateSelfPlay.*config's model is modules.grpo"):
+        train.dispatch([*run[:-1], str(tmp_path / "new"), "--ckpt_path", str(tmp_path / "other.ckpt")])
+    # ... and one whose adapters do not fit the config's (another LoRA rank), naming the tensor and both shapes
+    rank8 = yaml.safe_load(open(config))
+    rank8["model"]["init_args"]["lm"]["lora_r"] = 8
+    (tmp_path / "rank8.yaml").write_text(yaml.safe_dump(rank8))
+    with pytest.raises(ValueError, match=r"lora_A.policy.weight' has shape \[4, 64\] in the checkpoint but \[8, 64\]"):
+        train.dispatch(
+            ["export", "--config", str(tmp_path / "rank8.yaml"), "--ckpt_path", ckpt, "--out", str(tmp_path / "n")]
+        )
+    assert not (tmp_path / "new").exists() and not (tmp_path / "n").exists()
+
+
+# ------------------------------------------------------------------------------------------------ other layouts
+def test_full_copies_are_exported_as_models_with_the_suites_logprobs(tiny_lm_dir, tmp_path):
+    """``players: separate``: each player's folder is a whole transformers model; there is nothing to merge."""
+    from transformers import AutoModelForCausalLM
+
+    model = DeepSMIDA(
+        lm=ModelConfig(tiny_lm_dir, players="separate"),
+        utility=LengthUtility(),
+        samples_per_prompt=2,
+        follower_samples=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
+    )
+    for i, copy in enumerate(model.players.models.values()):  # each copy trained its own way
+        with torch.no_grad():
+            for p in copy.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.02)
+    export_module(model, tmp_path / "x", merge=True)
+    assert sorted(os.listdir(tmp_path / "x")) == ["follower", "leader"]  # no merged/: the players are whole
+    for player in ("leader", "follower"):
+        assert json.loads((tmp_path / "x" / player / EXPORT_RECORD).read_text())["kind"] == "full_model"
+        roll = _rollout(model.players, player)
+        plain = AutoModelForCausalLM.from_pretrained(tmp_path / "x" / player)
+        torch.testing.assert_close(_plain_logprobs(plain, roll), _suite_logprobs(model.players, player, roll))
+
+
+def test_pool_players_on_their_own_bases_record_each_base(tiny_lm_dir, tmp_path):
+    from modules.lm.models import build_tiny_causal_lm
+    from modules.pool import StackelbergPool
+
+    other = build_tiny_causal_lm(tmp_path / "other_base", seed=7)
+    pool = StackelbergPool(
+        lm={"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8},
+        models=[tiny_lm_dir, other, tiny_lm_dir],
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
+    )
+    for i, bank in enumerate(pool.banks):
+        _perturb(bank, seed=10 * i)
+    export_module(pool, tmp_path / "x")
+    bases = {
+        p: json.loads((tmp_path / "x" / p / EXPORT_RECORD).read_text())["base_model_name_or_path"]
+        for p in pool.player_names
+    }
+    assert bases == {"m0": tiny_lm_dir, "m1": other, "m2": tiny_lm_dir}
+    _check_loads_to_the_suites_logprobs(pool.bank("m1"), str(tmp_path / "x"), "m1", other, merged=False)
+
+
+def test_sft_records_its_base_and_its_checkpoint_exports(tiny_lm_dir, tmp_path):
+    """SFT's own save (output_dir) carries the same record; ``train.py export`` takes an SFT checkpoint too."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from datamodules.sft import ArithmeticSFTDataModule
+    from modules.sft import CausalLMSFT
+
+    L.seed_everything(0)
+    lm = {"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8}
+    model = CausalLMSFT(lm=ModelConfig(**lm), lora=True, output_dir=str(tmp_path / "sft"), max_length=64, lr=1e-2)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    )
+    trainer.fit(model, ArithmeticSFTDataModule(num_prompts=8, batch_size=4))
+    record = json.loads((tmp_path / "sft" / EXPORT_RECORD).read_text())
+    assert (record["base_model_name_or_path"], record["kind"], record["global_step"]) == (
+        tiny_lm_dir,
+        "lora_adapter",
+        1,
+    )
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".sft_save")]
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "class_path": "modules.sft.CausalLMSFT",
+                    "init_args": {"lm": lm, "lora": True, "output_dir": str(tmp_path / "sft2")},
+                }
+            }
+        )
+    )
+    out = tmp_path / "out"
+    train.dispatch(
+        ["export", "--config", str(config), "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"), "--out", str(out)]
+    )
+    # the command's adapter is the one SFT saved at the end of fit: the same tensors
+    assert (
+        load_file(out / "policy" / "adapter_model.safetensors").keys()
+        == load_file(tmp_path / "sft" / "adapter_model.safetensors").keys()
+    )
+    for key, value in load_file(out / "policy" / "adapter_model.safetensors").items():
+        assert torch.equal(value, load_file(tmp_path / "sft" / "adapter_model.safetensors")[key])
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm_dir), out / "policy")
+    assert any("lora_B" in n and p.abs().sum() > 0 for n, p in loaded.named_parameters())
+
+
+def test_a_model_without_players_is_refused(grpo_run, tmp_path):
+    """Tabular SMIDA and the like have no players; a model outside the suite's loader never reaches Lightning's own
+    ``load_from_checkpoint`` (which would configure it from the checkpoint's hyper-parameters)."""
+    with pytest.raises(TypeError, match="Linear has no language-model players to export"):
+        export_module(torch.nn.Linear(2, 2), tmp_path / "x")
+    _, ckpt, _ = grpo_run
+    config = tmp_path / "boring.yaml"
+    config.write_text(yaml.safe_dump({"model": {"class_path": "lightning.pytorch.demos.boring_classes.BoringModel"}}))
+    with pytest.raises(TypeError, match="BoringModel has no language-model players"):
+        train.dispatch(["export", "--config", str(config), "--ckpt_path", ckpt, "--out", str(tmp_path / "y")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_replace_puts_a_new_export_over_an_old_one(tiny_lm_dir, tmp_path):
+    """The end of ``fit`` of a run resumed in the same folder replaces the earlier export, leaving nothing beside."""
+    model = _smida(tiny_lm_dir)
+    export_module(model, tmp_path / "export", replace=True)
+    old = load_file(tmp_path / "export" / "leader" / "adapter_model.safetensors")
+    _perturb(model.players, seed=99)
+    export_module(model, tmp_path / "export", replace=True, players=["leader"])
+    assert os.listdir(tmp_path) == ["export"] and os.listdir(tmp_path / "export") == ["leader"]
+    new = load_file(tmp_path / "export" / "leader" / "adapter_model.safetensors")
+    assert any(not torch.equal(new[k], old[k]) for k in old if "lora_B" in k)
