@@ -63,6 +63,8 @@ DATA_FAMILIES = (
 )
 # Options LightningCLI adds for a module that lets the CLI build its optimizer; every family here builds its own.
 _OWN_OPTIMIZERS = ("--optimizer", "--lr_scheduler")
+# How jsonargparse begins its report of a class that could not be built (the class's own exception is its cause).
+_UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 
 
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
@@ -127,6 +129,24 @@ class AlignmentCLI(LightningCLI):
             default=True,
             help="After fit, run test on the datamodule's held-out set (best checkpoint when one is tracked).",
         )
+
+    @override
+    def instantiate_classes(self) -> None:
+        """Build the model, data and trainer; a family's own refusal is raised as itself.
+
+        jsonargparse reports an exception raised in a family's ``__init__`` inside its "Does not validate against any
+        of the Union subtypes" summary with the whole namespace; the family's message (which names the field and the
+        fix) is what the user needs, so that exception is raised instead, with its own traceback.
+        """
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            cause: BaseException = err
+            while str(cause).startswith(_UNION_SUMMARY) and (cause.__cause__ or cause.__context__) is not None:
+                cause = cause.__cause__ or cause.__context__  # one summary per nested class (model, its utility)
+            if cause is err:
+                raise
+            raise cause from None
 
     @override
     def _parse_ckpt_path(self) -> None:
