@@ -247,7 +247,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """One game iteration, phase by phase (module docstring); every rank plays it (class docstring)."""
-        hp, names = self.hparams, self.player_names
+        names = self.player_names
         instructions = list(batch["prompt"])
         self._ensure_leader(len(instructions))
         # the annealing schedules' position: iterations played before this one / (num_iterations - 1)
