@@ -2,7 +2,8 @@
 
     python train.py fit --config configs/preference_ensemble.yaml
     python train.py test --config configs/preference_ensemble.yaml --ckpt_path runs/.../checkpoints/last.ckpt
-    python train.py fit --help                    # every option of every family, with its documentation
+    python train.py fit --help                    # trainer options and the families; docs/configuration.md
+    python train.py fit --model.help DeepSMIDA    # every option of one family, with its documentation
     python train.py fit --config configs/preference_ensemble.yaml --print_config
 
 Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``); the resolved config is saved next
