@@ -2,7 +2,8 @@
 
     python train.py fit --config configs/preference_ensemble.yaml
     python train.py test --config configs/preference_ensemble.yaml --ckpt_path runs/.../checkpoints/last.ckpt
-    python train.py fit --help                    # every option of every family, with its documentation
+    python train.py fit --help                    # trainer options and the families; docs/configuration.md
+    python train.py fit --model.help DeepSMIDA    # every option of one family, with its documentation
     python train.py fit --config configs/preference_ensemble.yaml --print_config
     python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 
@@ -22,6 +23,7 @@ behave alike.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import re
 import sys
@@ -40,6 +42,31 @@ from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, R
 from modules.training.checkpoints import check_checkpoint_matches, read_checkpoint
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
+
+# The families: imported before the parser is built, so `fit --help` lists them as the known subclasses of
+# ``--model``/``--data`` and short class names (``--model GRPO``) resolve. Cheap: none imports peft, datasets or
+# sklearn at import time (they load when a model or data set is built).
+MODEL_FAMILIES = (
+    "modules.preference",
+    "modules.sft",
+    "modules.tabular_smida",
+    "modules.deep_smida",
+    "modules.grpo",
+    "modules.pool",
+    "modules.debate",
+)
+DATA_FAMILIES = (
+    "datamodules.preference",
+    "datamodules.sft",
+    "datamodules.steps",
+    "datamodules.prompts",
+    "datamodules.debate",
+    "datamodules.pool",
+)
+# Options LightningCLI adds for a module that lets the CLI build its optimizer; every family here builds its own.
+_OWN_OPTIMIZERS = ("--optimizer", "--lr_scheduler")
+# How jsonargparse begins its report of a class that could not be built (the class's own exception is its cause).
+_UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 
 
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
@@ -73,7 +100,28 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
 
 
 class AlignmentCLI(LightningCLI):
-    """LightningCLI with ``--test_after_fit`` and TensorBoard as the default logger."""
+    """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
+
+    Every family builds its own optimizers (one per player, or none for tabular SMIDA), so :func:`main` builds the
+    CLI without LightningCLI's ``--optimizer``/``--lr_scheduler`` groups, which would replace them; given anyway,
+    they are refused naming the family options that set the rates.
+    """
+
+    @override
+    def parse_arguments(self, parser, args) -> None:
+        """Refuse ``--optimizer``/``--lr_scheduler`` with the reason, before jsonargparse's generic error."""
+        given = sys.argv[1:] if args is None else args
+        if isinstance(given, (list, tuple)):
+            for arg in given:
+                name = str(arg).split("=", 1)[0].split(".", 1)[0]
+                if name in _OWN_OPTIMIZERS:
+                    parser.error(
+                        f"{name} is not an option: every family builds its own optimizers (one per player), and "
+                        "LightningCLI's would replace them. Set the rates on the model instead: "
+                        "--model.init_args.lr (preference, SFT, GRPO, debate), leader_lr/follower_lr (deep-SMIDA), "
+                        "followers.lr (pool), eta_leader/eta_follower (tabular SMIDA); see docs/configuration.md"
+                    )
+        super().parse_arguments(parser, args)
 
     @override
     def add_arguments_to_parser(self, parser) -> None:
@@ -83,6 +131,24 @@ class AlignmentCLI(LightningCLI):
             default=True,
             help="After fit, run test on the datamodule's held-out set (best checkpoint when one is tracked).",
         )
+
+    @override
+    def instantiate_classes(self) -> None:
+        """Build the model, data and trainer; a family's own refusal is raised as itself.
+
+        jsonargparse reports an exception raised in a family's ``__init__`` inside its "Does not validate against any
+        of the Union subtypes" summary with the whole namespace; the family's message (which names the field and the
+        fix) is what the user needs, so that exception is raised instead, with its own traceback.
+        """
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            cause: BaseException = err
+            while str(cause).startswith(_UNION_SUMMARY) and (cause.__cause__ or cause.__context__) is not None:
+                cause = cause.__cause__ or cause.__context__  # one summary per nested class (model, its utility)
+            if cause is err:
+                raise
+            raise cause from None
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -159,6 +225,8 @@ class AlignmentCLI(LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
+    for name in (*MODEL_FAMILIES, *DATA_FAMILIES):  # known subclasses: listed by --help, resolved by short name
+        importlib.import_module(name)
     # The state after the optimizer step, which this warning is about, is the state a resume needs.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
     return AlignmentCLI(
@@ -166,6 +234,7 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         L.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        auto_configure_optimizers=False,  # the families own their optimizers (see AlignmentCLI)
         args=args,
         run=run,
         save_config_kwargs={"overwrite": True},

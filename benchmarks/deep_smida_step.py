@@ -43,7 +43,7 @@ def worker(args) -> dict:
     L.seed_everything(0)
     model = DeepSMIDA(
         lm=ModelConfig(policy, players=args.players, dtype=args.dtype),
-        utility=EnsembleUtility(checkpoint=None),
+        utility=EnsembleUtility(allow_untrained=True),  # timing only: the heads need no training
         samples_per_prompt=args.d,
         follower_samples=args.m,
         sampling=Sampling(temperature=0.6, max_new_tokens=args.tokens),

@@ -133,7 +133,7 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
     L.seed_everything(0)
     model = DeepSMIDA(
         lm=ModelConfig(policy_dir, dtype=args.dtype),
-        utility=EnsembleUtility(checkpoint=None),
+        utility=EnsembleUtility(allow_untrained=True),  # timing only: the heads need no training
         samples_per_prompt=args.smida_d,
         follower_samples=args.smida_m,
         sampling=Sampling(temperature=0.6, max_new_tokens=args.smida_tokens),

@@ -12,6 +12,39 @@ from typing_extensions import override
 from callbacks.functional import warmup_learning_rates
 
 
+def _optimizer_rate(optimizer: Any, role: str) -> float:
+    """The one learning rate of ``optimizer``'s parameter groups (the ``role`` player's target when not given)."""
+    rates = {float(group["lr"]) for group in optimizer.param_groups}
+    if len(rates) != 1:
+        raise ValueError(
+            f"TwoTimescaleWarmup: the {role}'s optimizer has parameter groups with the rates {sorted(rates)}; give"
+            f" `{role}_lr` (the callback sets one rate for all its groups)."
+        )
+    return rates.pop()
+
+
+def _check_timescales(
+    leader_lr: float, follower_lr: float, tau_leader: float | None, tau_follower: float | None
+) -> None:
+    """Refuse targets that break the two-timescale order (given both taus), or warn without taus (class docstring)."""
+    if not leader_lr > 0 or not follower_lr > 0:
+        raise ValueError(f"`leader_lr` and `follower_lr` must be > 0, got {leader_lr} and {follower_lr}.")
+    if tau_leader is not None and tau_follower is not None:
+        slow, fast = leader_lr * tau_leader, follower_lr * tau_follower
+        if not slow < fast:
+            raise ValueError(
+                "The targets break the two-timescale order eta_L * tau_L < eta_F * tau_F (Stackelberg preference"
+                f" games, eq. 6): leader_lr * tau_leader = {leader_lr} * {tau_leader} = {slow:.6g} is not below"
+                f" follower_lr * tau_follower = {follower_lr} * {tau_follower} = {fast:.6g}. The follower must be"
+                " the fast player: raise `follower_lr` or `tau_follower`, or lower `leader_lr` or `tau_leader`."
+            )
+    elif follower_lr <= leader_lr:
+        rank_zero_warn(
+            f"TwoTimescaleWarmup: follower_lr={follower_lr} <= leader_lr={leader_lr}; with equal KL weights the"
+            " follower would not be the fast player. Pass `tau_leader` and `tau_follower` to check the order."
+        )
+
+
 class TwoTimescaleWarmup(Callback):
     r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both.
 
@@ -31,14 +64,19 @@ class TwoTimescaleWarmup(Callback):
 
     Logged (every training batch): ``{name}/leader_lr``, ``{name}/follower_lr``, ``{name}/ratio``.
 
+    The targets and the KL weights can be left to the module, so that they are stated once: a target not given is
+    the rate its optimizer was built with (read at fit start, before a resumed run restores the optimizers' saved
+    rates), and the taus not given are the module's ``hparams.tau_leader``/``hparams.tau_follower`` when it has both.
+
     Args:
-        leader_lr: the leader's target rate :math:`\eta^L` (> 0).
-        follower_lr: the follower's target rate :math:`\eta^F` (> 0).
+        leader_lr: the leader's target rate :math:`\eta^L` (> 0); ``None``: the leader optimizer's rate.
+        follower_lr: the follower's target rate :math:`\eta^F` (> 0); ``None``: the follower optimizer's rate.
         initial_lr: both players' rate at the first batch, :math:`\eta^L_{init}` (>= 0).
         warmup_steps: :math:`T_{warm}`, number of training batches of the warm-up (0: start at the targets).
         leader_optimizer: index of the leader's optimizer in ``trainer.optimizers``.
         follower_optimizer: index of the follower's optimizer in ``trainer.optimizers``.
         tau_leader: the leader's KL weight :math:`\tau^L`; with ``tau_follower``, enables the timescale check.
+            ``None`` (both): the module's ``hparams.tau_leader``/``tau_follower`` when it has both, else no check.
         tau_follower: the follower's KL weight :math:`\tau^F`.
         name: namespace of the logged keys and part of :attr:`state_key`, so two instances (for two pairs of
             optimizers) can coexist.
@@ -47,15 +85,16 @@ class TwoTimescaleWarmup(Callback):
         ValueError: if a rate or ``warmup_steps`` is out of range, the two optimizer indices are equal or
             negative, only one tau is given, a tau is not positive, or, given both taus, the targets break the
             timescale order :math:`\eta^L \tau^L < \eta^F \tau^F` of Theorem 4.3 (the follower must be the fast
-            player). At fit start, also if the module has no optimizer at one of the two indices.
+            player); the targets and taus taken from the module are checked at fit start. At fit start, also if the
+            module has no optimizer at one of the two indices, or one whose parameter groups have different rates.
     """
 
     def __init__(
         self,
-        leader_lr: float,
-        follower_lr: float,
-        initial_lr: float,
-        warmup_steps: int,
+        leader_lr: float | None = None,
+        follower_lr: float | None = None,
+        initial_lr: float = 0.0,
+        warmup_steps: int = 0,
         leader_optimizer: int = 0,
         follower_optimizer: int = 1,
         tau_leader: float | None = None,
@@ -63,8 +102,9 @@ class TwoTimescaleWarmup(Callback):
         name: str = "warmup",
     ) -> None:
         super().__init__()
-        if not leader_lr > 0 or not follower_lr > 0:
-            raise ValueError(f"`leader_lr` and `follower_lr` must be > 0, got {leader_lr} and {follower_lr}.")
+        for field, rate in (("leader_lr", leader_lr), ("follower_lr", follower_lr)):
+            if rate is not None and not rate > 0:
+                raise ValueError(f"`{field}` must be > 0, got {rate}.")
         if not initial_lr >= 0:
             raise ValueError(f"`initial_lr` must be >= 0, got {initial_lr}.")
         if int(warmup_steps) != warmup_steps or warmup_steps < 0:
@@ -76,26 +116,13 @@ class TwoTimescaleWarmup(Callback):
             )
         if (tau_leader is None) != (tau_follower is None):
             raise ValueError("Give both `tau_leader` and `tau_follower` (to check the timescale order) or neither.")
-        if tau_leader is not None and tau_follower is not None:
-            if not tau_leader > 0 or not tau_follower > 0:
-                raise ValueError(
-                    f"The KL weights must be > 0, got tau_leader={tau_leader}, tau_follower={tau_follower}."
-                )
-            slow, fast = leader_lr * tau_leader, follower_lr * tau_follower
-            if not slow < fast:
-                raise ValueError(
-                    "The targets break the two-timescale order eta_L * tau_L < eta_F * tau_F (Stackelberg preference"
-                    f" games, eq. 6): leader_lr * tau_leader = {leader_lr} * {tau_leader} = {slow:.6g} is not below"
-                    f" follower_lr * tau_follower = {follower_lr} * {tau_follower} = {fast:.6g}. The follower must be"
-                    " the fast player: raise `follower_lr` or `tau_follower`, or lower `leader_lr` or `tau_leader`."
-                )
-        elif follower_lr <= leader_lr:
-            rank_zero_warn(
-                f"TwoTimescaleWarmup: follower_lr={follower_lr} <= leader_lr={leader_lr}; with equal KL weights the"
-                " follower would not be the fast player. Pass `tau_leader` and `tau_follower` to check the order."
-            )
-        self.leader_lr = float(leader_lr)
-        self.follower_lr = float(follower_lr)
+        if tau_leader is not None and tau_follower is not None and (not tau_leader > 0 or not tau_follower > 0):
+            raise ValueError(f"The KL weights must be > 0, got tau_leader={tau_leader}, tau_follower={tau_follower}.")
+        if leader_lr is not None and follower_lr is not None:
+            _check_timescales(leader_lr, follower_lr, tau_leader, tau_follower)
+        self.leader_lr = None if leader_lr is None else float(leader_lr)  # the targets as given (None: the module's)
+        self.follower_lr = None if follower_lr is None else float(follower_lr)
+        self.targets = (self.leader_lr, self.follower_lr)  # resolved at fit start
         self.initial_lr = float(initial_lr)
         self.warmup_steps = int(warmup_steps)
         self.leader_optimizer = leader_optimizer
@@ -113,12 +140,19 @@ class TwoTimescaleWarmup(Callback):
         )
 
     def rates(self, step: int | None = None) -> tuple[float, float, float]:
-        """``(leader_rate, follower_rate, ratio)`` at ``step`` (default: the next batch, :attr:`batches_seen`)."""
+        """``(leader_rate, follower_rate, ratio)`` at ``step`` (default: the next batch, :attr:`batches_seen`).
+
+        Raises:
+            RuntimeError: before fit start when a target is left to the module's optimizers.
+        """
+        leader_lr, follower_lr = self.targets
+        if leader_lr is None or follower_lr is None:
+            raise RuntimeError("TwoTimescaleWarmup: the targets come from the module's optimizers, read at fit start")
         return warmup_learning_rates(
             self.batches_seen if step is None else step,
             initial_lr=self.initial_lr,
-            leader_lr=self.leader_lr,
-            follower_lr=self.follower_lr,
+            leader_lr=leader_lr,
+            follower_lr=follower_lr,
             warmup_steps=self.warmup_steps,
         )
 
@@ -141,6 +175,20 @@ class TwoTimescaleWarmup(Callback):
                     f"TwoTimescaleWarmup: `{role}={index}` but the module configured {count} optimizer(s);"
                     " `configure_optimizers` must return the leader's and the follower's optimizers."
                 )
+        # optimizer states (and rates) are restored after on_fit_start: these are the rates the module built them with
+        self.targets = tuple(
+            _optimizer_rate(trainer.optimizers[index], role) if given is None else given
+            for given, index, role in (
+                (self.leader_lr, self.leader_optimizer, "leader"),
+                (self.follower_lr, self.follower_optimizer, "follower"),
+            )
+        )
+        taus = (self.tau_leader, self.tau_follower)
+        hparams = getattr(pl_module, "hparams", {})
+        if self.tau_leader is None and "tau_leader" in hparams and "tau_follower" in hparams:
+            taus = (float(hparams["tau_leader"]), float(hparams["tau_follower"]))
+        if self.leader_lr is None or self.follower_lr is None or taus != (self.tau_leader, self.tau_follower):
+            _check_timescales(*self.targets, *taus)
         owned = {id(trainer.optimizers[self.leader_optimizer]), id(trainer.optimizers[self.follower_optimizer])}
         if any(id(getattr(config.scheduler, "optimizer", None)) in owned for config in trainer.lr_scheduler_configs):
             rank_zero_warn(
@@ -154,8 +202,8 @@ class TwoTimescaleWarmup(Callback):
         leader, follower, _ = self._apply(trainer)
         if self.batches_seen == 0:
             rank_zero_info(
-                f"TwoTimescaleWarmup: leader {leader:.3g} -> {self.leader_lr:.3g}, follower {follower:.3g} ->"
-                f" {self.follower_lr:.3g} over {self.warmup_steps} training batches."
+                f"TwoTimescaleWarmup: leader {leader:.3g} -> {self.targets[0]:.3g}, follower {follower:.3g} ->"
+                f" {self.targets[1]:.3g} over {self.warmup_steps} training batches."
             )
 
     @override

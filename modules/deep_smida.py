@@ -47,7 +47,8 @@ class DeepSMIDA(LanguageModelGame):
     Args:
         lm: The policy both players start from, how it loads and the players' LoRA adapters (:class:`ModelConfig`;
             ``players: lora`` or ``separate``); its frozen weights are the references.
-        utility: The game's utility ``u(x, y, y′)``; ``None`` builds ``EnsembleUtility(checkpoint=None)``.
+        utility: The game's utility ``u(x, y, y′)``; ``None`` is refused (an untrained ensemble: ask for one by name,
+            ``EnsembleUtility(allow_untrained=True)``).
         tau_leader: τ_L.
         tau_follower: τ_F.
         leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
@@ -109,8 +110,9 @@ class DeepSMIDA(LanguageModelGame):
             raise ValueError("follower_system_template must contain {leader_response}")
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["utility", "oracle"])
+        utility = utility if utility is not None else EnsembleUtility()  # refuses, before the players load
         self.players = PolicyBank(lm, players=("leader", "follower"))
-        self.utility = utility if utility is not None else EnsembleUtility(checkpoint=None)
+        self.utility = utility
         self.utility.requires_grad_(False)
         self.oracle = oracle
         self.empty_generations = 0

@@ -76,8 +76,10 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             ``k_decay``, ``volatility_window`` and ``scale`` (its defaults when ``None``).
         leader: ``"exp3"`` (Stackelberg) or ``"uniform"`` (SPARTA baseline).
         duels_per_iteration: D, duels drawn per iteration (paper: 64).
-        num_iterations: Iterations the annealing schedules span (paper: 8); set ``trainer.max_epochs`` times the
-            datamodule's ``iterations_per_epoch`` to match.
+        num_iterations: Iterations the annealing schedules span (paper: 8). ``None`` (the default): the iterations
+            the trainer plays, ``trainer.max_epochs`` times the training batches of an epoch (the datamodule's
+            ``iterations_per_epoch``), so the length is stated once, in the trainer. Given, it is used as is (a
+            warning names both when the trainer plays another number).
         gamma: EXP3 exploration rate γ (also the probability floor γ/K).
         leader_reward: The leader's composite reward of a duel (:class:`CompositeReward`: λ1, λ2, the difficulty
             threshold, the preference bump and its annealed ideal gap).
@@ -109,7 +111,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         elo: dict[str, Any] | None = None,
         leader: str = "exp3",
         duels_per_iteration: int = 64,
-        num_iterations: int = 8,
+        num_iterations: int | None = None,
         gamma: float = 0.2,
         leader_reward: CompositeReward = CompositeReward(),
         matchmaking: rules.Matchmaking = rules.Matchmaking(),
@@ -155,6 +157,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         for metric in self.epoch_means.values():
             metric.persistent(True)
         self.iteration = 0  # game iterations played (training batches)
+        self.num_iterations = num_iterations  # None: the trainer's, fixed at train start (schedule_length)
         self.history: dict[str, list[Any]] = {"weights": [], "ratings": [], "selection": [], "rewards": []}
         self.counters = {"judgements": 0, "parse_failures": 0, "empty_responses": 0, "iterations_without_pairs": 0}
         self.judge_counts = {p: [0, 0] for p in self.player_names}  # judgements, failures
@@ -213,6 +216,14 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         ]
 
     @override
+    def on_train_start(self) -> None:
+        """Fix the annealing schedules' length (:func:`schedule_length`) once the epoch's batches are known."""
+        super().on_train_start()
+        self.num_iterations = schedule_length(
+            self.hparams.num_iterations, self.trainer.max_epochs, self.trainer.num_training_batches
+        )
+
+    @override
     def on_train_epoch_start(self) -> None:
         reset_stale_epoch_metrics(self.trainer, self.epoch_means.values())
 
@@ -236,11 +247,11 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """One game iteration, phase by phase (module docstring); every rank plays it (class docstring)."""
-        hp, names = self.hparams, self.player_names
+        names = self.player_names
         instructions = list(batch["prompt"])
         self._ensure_leader(len(instructions))
         # the annealing schedules' position: iterations played before this one / (num_iterations - 1)
-        progress, iteration = self.iteration / max(1, hp.num_iterations - 1), self.iteration
+        progress, iteration = self.iteration / max(1, self.num_iterations - 1), self.iteration
         self.iteration += 1
         self.phase_times = {}
         ratings = [self.elo.rating(p) for p in names] if self.elo is not None else [0.0] * len(names)
@@ -493,11 +504,41 @@ def _check_settings(m: int, hp: Any) -> None:
         )
     if hp.leader not in ("exp3", "uniform"):
         raise ValueError(f"leader must be one of ('exp3', 'uniform'), got {hp.leader!r}")
-    if hp.duels_per_iteration < 1 or hp.num_iterations < 1:
+    if hp.duels_per_iteration < 1 or (hp.num_iterations is not None and hp.num_iterations < 1):
         raise ValueError("duels_per_iteration and num_iterations must be positive")
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")
+
+
+def schedule_length(num_iterations: int | None, max_epochs: int | None, batches_per_epoch: float) -> int:
+    """The iterations the annealing schedules span: ``num_iterations``, or the trainer's ``max_epochs × batches``.
+
+    Args:
+        num_iterations: The model's setting; ``None`` derives it from the trainer.
+        max_epochs: ``trainer.max_epochs`` (``None`` or ``-1``: unbounded).
+        batches_per_epoch: ``trainer.num_training_batches`` (one batch is one game iteration).
+
+    Raises:
+        ValueError: naming both settings when ``num_iterations`` is ``None`` and the trainer's length is unbounded.
+    """
+    known = max_epochs is not None and max_epochs >= 0 and batches_per_epoch != float("inf")
+    played = int(max_epochs * batches_per_epoch) if known else None
+    if num_iterations is None:
+        if played is None or played < 1:
+            raise ValueError(
+                "num_iterations: not given, and the trainer's length is unbounded (trainer.max_epochs "
+                f"{max_epochs}); set trainer.max_epochs (one epoch = the datamodule's iterations_per_epoch "
+                "iterations) or model.init_args.num_iterations"
+            )
+        return played
+    if played is not None and played != num_iterations:
+        rank_zero_warn(
+            f"num_iterations={num_iterations}, but the trainer plays {played} iterations (trainer.max_epochs "
+            f"{max_epochs} x {int(batches_per_epoch)} per epoch): the annealing schedules do not end with the run; "
+            "leave num_iterations unset to take the trainer's"
+        )
+    return int(num_iterations)
 
 
 def _override(entry: str | dict[str, Any]) -> dict[str, Any]:

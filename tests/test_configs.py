@@ -10,6 +10,8 @@ import train
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
+# deep-SMIDA refuses an untrained utility unless asked by name; a smoke run asks (no ensemble is trained first)
+UNTRAINED = "--model.init_args.utility.init_args.allow_untrained=true"
 # Small data so a smoke run stays fast; paths that a config expects from an earlier job point at test fixtures.
 SMALL = {
     **{
@@ -30,11 +32,13 @@ SMALL = {
         "--model.init_args.sampling.max_new_tokens=16",
         "--model.init_args.follower_samples=2",
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        UNTRAINED,
     ],
     "deep_smida.yaml": [
         "--data.init_args.num_prompts=40",
         "--model.init_args.sampling.max_new_tokens=16",
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        UNTRAINED,
     ],
     "grpo_tiny.yaml": [
         "--data.init_args.num_prompts=40",

@@ -568,6 +568,7 @@ def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_l
             f"--model.init_args.utility.init_args.backbone={tiny_lm_dir}",
             "--model.init_args.utility.init_args.backbone_task=causal_lm",
             "--model.init_args.utility.init_args.num_members=2",
+            "--model.init_args.utility.init_args.allow_untrained=true",
             "--data.init_args.num_prompts=40",  # a validation split of 4 or more: 2 prompts per rank
             "--data.init_args.batch_size=2",
             "--trainer.val_check_interval=2",

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from modules.training.provenance import looks_local, missing_artifact
+
 __all__ = [
     "BUILTIN_MODELS",
     "DTYPES",
@@ -63,20 +65,21 @@ def resolve_name_or_path(name_or_path: str) -> str:
     return name_or_path
 
 
-def _looks_local(name_or_path: str) -> bool:
-    return name_or_path.startswith((os.path.sep, ".", "~")) or os.path.exists(name_or_path)
-
-
 def check_exists(field: str, name_or_path: str) -> None:
-    """Fail fast, before any hub lookup, when a local-looking path is missing."""
-    if _looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
-        raise OSError(f"{field}: the model folder {name_or_path!r} does not exist")
+    """Fail fast, before any hub lookup, when a local-looking path is missing (naming the config that makes it).
+
+    Raises:
+        OSError: when ``name_or_path`` looks local (:func:`~modules.training.provenance.looks_local`: under
+            ``artifacts/`` or ``runs/``, ``./``-relative, absolute, ...) and is not a folder.
+    """
+    if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
+        raise OSError(missing_artifact(field, name_or_path))
 
 
 def _explain_load_error(field: str, name_or_path: str, err: Exception) -> OSError:
     hint = (
         f"the folder {name_or_path!r} holds no loadable model files"
-        if _looks_local(name_or_path)
+        if looks_local(name_or_path)
         else f"{name_or_path!r} is not a local folder and could not be fetched from the model hub "
         "(no internet, or HF_HUB_OFFLINE set?)"
     )

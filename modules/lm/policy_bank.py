@@ -21,6 +21,7 @@ from modules.distributed.sharding import fully_shard_blocks, parameter_gathering
 from modules.lm.decoding import _PREFIX, GROUPED_ATTENTION, _register_grouped_attention, grouped_decode_setting
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
+from modules.lm.models import check_exists, resolve_name_or_path
 
 __all__ = ["PolicyBank", "Rollout"]
 
@@ -67,6 +68,7 @@ class PolicyBank(nn.Module):
         lm = ModelConfig.coerce(lm)
         self.lm = lm  # where the base came from: recorded beside exported adapters (modules.training.export)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
+        check_exists("lm.name_or_path", resolve_name_or_path(lm.name_or_path))  # names the field and its config
         self.tokenizer = lm.load_tokenizer(padding_side="left")
         if self.mode == "lora":
             self.model = lm.with_adapters(lm.load_model("causal_lm", frozen=True), self.player_names)

@@ -18,6 +18,15 @@ from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, 
 
 __all__ = ["EnsembleUtility", "Utility", "utility_from_member_probs"]
 
+# Why a utility without a checkpoint is refused, and the two ways out (a trained ensemble, or asking by name).
+UNTRAINED_REFUSAL = (
+    "EnsembleUtility: no checkpoint, so the game would be played against an untrained ensemble with random heads. "
+    "Train one with `python train.py fit --config configs/preference_ensemble.yaml` (the main job) and give "
+    "--model.init_args.utility.init_args.checkpoint=runs/preference_ensemble/version_<n>/checkpoints/last.ckpt; "
+    "for a smoke test, ask for the untrained one by name with "
+    "--model.init_args.utility.init_args.allow_untrained=true"
+)
+
 UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed"]
 
 
@@ -69,8 +78,7 @@ class EnsembleUtility(Utility):
     Args:
         checkpoint: Checkpoint of a trained :class:`~modules.preference.PreferenceEnsemble` (the main job writes
             ``runs/preference_ensemble/version_*/checkpoints/last.ckpt``); the arguments here must describe the
-            ensemble it was trained as. ``None`` builds an untrained ensemble with randomly initialised heads: a real
-            function of the texts, for smoke tests only.
+            ensemble it was trained as. ``None`` is refused unless ``allow_untrained`` asks for an untrained one.
         kind: Which utility.
         scale: Multiplier of the variance.
         lam: λ of the directed objective.
@@ -82,6 +90,13 @@ class EnsembleUtility(Utility):
         ensemble: Further :class:`~modules.preference.PreferenceEnsemble` arguments, as in the trained run's config
             (``member_type``, ``embed_dim``, ``sharing``, ``pooling``, ``max_length``, or a whole ``lm``, which then
             replaces ``backbone``).
+        allow_untrained: With no ``checkpoint``, build an untrained ensemble with randomly initialised heads (a real
+            function of the texts, for smoke tests only) instead of refusing to start. A game against it trains the
+            players on noise.
+
+    Raises:
+        ValueError: without ``checkpoint`` unless ``allow_untrained``, naming both options and the config that trains
+            an ensemble; for an unknown ``kind``.
     """
 
     def __init__(
@@ -96,6 +111,7 @@ class EnsembleUtility(Utility):
         backbone: str = "builtin:minilm-l6",
         backbone_task: str = "encoder",
         ensemble: dict[str, Any] | None = None,
+        allow_untrained: bool = False,
     ) -> None:
         super().__init__()
         from modules.lm.model_config import ModelConfig
@@ -106,6 +122,8 @@ class EnsembleUtility(Utility):
         args: dict[str, Any] = {"lm": ModelConfig(backbone), "backbone_task": backbone_task, "num_members": num_members}
         args.update(ensemble or {})
         if checkpoint is None:
+            if not allow_untrained:
+                raise ValueError(UNTRAINED_REFUSAL)
             model = PreferenceEnsemble(**args).eval().requires_grad_(False)
         else:
             model = PreferenceEnsemble.load_frozen(checkpoint, **args)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from modules.training.provenance import made_by
+
 __all__ = [
     "FAMILY_KEY",
     "CheckpointLoading",
@@ -115,10 +117,12 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
     ``mmap`` maps the tensors instead of reading them (enough to check names and shapes of a large checkpoint).
 
     Raises:
-        FileNotFoundError: naming the path when it is not a file.
+        FileNotFoundError: naming the path when it is not a file (and the config that makes it, when one does).
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {str(path)!r} is not a file")
+        raise FileNotFoundError(
+            f"checkpoint {str(path)!r} is not a file{'' if os.path.exists(path) else made_by(path)}"
+        )
     return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 

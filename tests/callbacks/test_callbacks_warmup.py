@@ -182,3 +182,53 @@ def test_math_docstring_examples():
 
     results = [doctest.testmod(m) for m in (beta, elo, mcc, warmup)]
     assert sum(r.attempted for r in results) >= 12 and all(r.failed == 0 for r in results)
+
+
+class TauGame(GameModule):
+    """:class:`GameModule` (leader 0.123 in both groups, follower 0.456) with the KL weights in its hparams."""
+
+    def __init__(self, tau_leader: float, tau_follower: float) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def test_targets_and_taus_default_to_the_modules(tmp_path):
+    module = TauGame(tau_leader=0.05, tau_follower=0.05)
+    warmup = TwoTimescaleWarmup(initial_lr=0.01, warmup_steps=4)  # targets and taus stated once, in the module
+    make_trainer(tmp_path, [warmup], max_steps=12, limit_val_batches=0).fit(module)
+    assert warmup.targets == (0.123, 0.456)
+    assert (warmup.leader_lr, warmup.follower_lr) == (None, None)  # as given: a second fit reads its own module
+    # hand values of App. D.1 with eta_init 0.01, eta_L 0.123, eta_F 0.456, T 4: at t = 2, p = 1/2
+    leader = 0.01 + 0.5 * (0.123 - 0.01)
+    assert module.lr_history[0] == ([0.01, 0.01], [0.01])
+    assert module.lr_history[2][0] == pytest.approx([leader] * 2, rel=1e-12)
+    assert module.lr_history[2][1] == pytest.approx([leader * (1 + 0.5 * (0.456 / 0.123 - 1))], rel=1e-12)
+    assert module.lr_history[5] == ([0.123, 0.123], [0.456])
+
+
+def test_taus_from_the_module_check_the_timescale_order_at_fit_start(tmp_path):
+    # 0.123 * 1.0 is not below 0.456 * 0.1: the follower would be the slow player
+    warmup = TwoTimescaleWarmup(initial_lr=0.01, warmup_steps=4)
+    with pytest.raises(ValueError, match="two-timescale order"):
+        make_trainer(tmp_path, [warmup], max_steps=2, limit_val_batches=0).fit(TauGame(1.0, 0.1))
+
+
+class MixedRates(GameModule):
+    def configure_optimizers(self):
+        leader, follower = super().configure_optimizers()
+        leader.param_groups[1]["lr"] = 0.5
+        return [leader, follower]
+
+
+def test_a_target_from_groups_of_different_rates_is_refused_naming_the_argument(tmp_path):
+    with pytest.raises(ValueError, match=r"leader's optimizer .* give `leader_lr`"):
+        make_trainer(tmp_path, [TwoTimescaleWarmup()], max_steps=2, limit_val_batches=0).fit(MixedRates())
+    warmup = TwoTimescaleWarmup(leader_lr=0.2, initial_lr=0.01)  # given: the groups' rates do not matter
+    make_trainer(tmp_path, [warmup], max_steps=2, limit_val_batches=0).fit(MixedRates())
+    assert warmup.targets == (0.2, 0.456)
+
+
+def test_rates_before_fit_need_given_targets():
+    with pytest.raises(RuntimeError, match="fit start"):
+        TwoTimescaleWarmup(initial_lr=0.01).rates()
+    assert TwoTimescaleWarmup(0.1, 0.2, 0.01, 0).rates() == (0.1, 0.2, 2.0)

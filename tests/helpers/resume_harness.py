@@ -211,6 +211,7 @@ FAMILIES: dict[str, Family] = {
                 "--model.init_args.utility.init_args.backbone={tiny_lm_dir}",
                 "--model.init_args.utility.init_args.backbone_task=causal_lm",
                 "--model.init_args.utility.init_args.num_members=2",
+                "--model.init_args.utility.init_args.allow_untrained=true",
                 "--data.init_args.num_prompts=9",
                 "--data.init_args.batch_size=2",
                 "--trainer.max_steps=20",  # 10 batches: two optimizer steps each

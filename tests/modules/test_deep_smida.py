@@ -110,9 +110,8 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     from modules.scorers.utility import EnsembleUtility
 
     L.seed_everything(0)
-    model = _model(
-        tiny_lm_dir, utility=EnsembleUtility(checkpoint=None, num_members=3), oracle=ProgrammaticOracle(num_queries=1)
-    )
+    utility = EnsembleUtility(num_members=3, allow_untrained=True)
+    model = _model(tiny_lm_dir, utility=utility, oracle=ProgrammaticOracle(num_queries=1))
     trainer = L.Trainer(
         max_steps=1,
         accelerator="cpu",
@@ -240,6 +239,7 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.sampling.max_new_tokens=8",
         "--model.init_args.utility.init_args.num_members=3",
+        "--model.init_args.utility.init_args.allow_untrained=true",
         "--data.init_args.num_prompts=30",
         "--data.init_args.batch_size=2",
         "--trainer.max_steps=4",

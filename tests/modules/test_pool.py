@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 from types import SimpleNamespace
 
 import lightning as L
@@ -565,3 +566,28 @@ def test_each_follower_batch_is_split_into_contiguous_shares_that_tile_it(world)
         assert [size for size, _ in local] == [4, 4, 3]
         assert [b - a for _, (a, b) in local] == [sum(o[lo : lo + batch]) for lo in range(0, n, batch)]
         assert local[-1][1][1] == sum(o) and all(x[1][1] == y[1][0] for x, y in zip(local, local[1:]))
+
+
+def test_the_schedule_length_is_the_trainers_unless_given():
+    from modules.pool import schedule_length
+
+    assert schedule_length(None, 4, 1) == 4  # the configs: one iteration per epoch
+    assert schedule_length(None, 2, 3) == 6  # iterations_per_epoch 3
+    for unbounded in (None, -1):
+        with pytest.raises(ValueError, match=r"num_iterations: not given.*trainer\.max_epochs"):
+            schedule_length(None, unbounded, 1)
+    assert schedule_length(8, -1, 1) == 8  # given: no trainer length needed
+    with pytest.warns(UserWarning, match=r"num_iterations=8, but the trainer plays 4 iterations"):
+        assert schedule_length(8, 4, 1) == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert schedule_length(4, 4, 1) == 4  # agreeing: nothing to say
+
+
+def test_an_unset_schedule_spans_the_trainers_iterations(tiny_lm_dir, tmp_path, short_pool):
+    small = {k: v for k, v in SMALL.items() if k != "num_iterations"}
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **small)
+    assert module.hparams.num_iterations is None and module.num_iterations is None
+    _fit(module, short_pool, epochs=2, tmp_path=tmp_path)
+    assert module.num_iterations == 2 and module.iteration == 2  # trainer.max_epochs x one iteration per epoch
+    assert module.hparams.num_iterations is None  # the checkpoint records "the trainer's", not a number

@@ -1,0 +1,88 @@
+"""Which shipped config makes a local artifact, so that a missing one is reported with the command that makes it.
+
+Two kinds of artifacts come from the configs under ``configs/``: model folders written by ``output_dir``
+(``artifacts/tiny_policy`` by ``configs/sft_tiny.yaml``) and run folders under the logger's
+``<save_dir>/<name>`` (``runs/preference_ensemble/...`` by ``configs/preference_ensemble.yaml``). The configs are read
+when a path is missing, never before, so the answer follows the configs as they are edited.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CONFIGS_DIR", "LOCAL_ROOTS", "looks_local", "made_by", "missing_artifact", "producing_config"]
+
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The suite's output folders: a path under one of them is a local artifact, never a model hub name.
+LOCAL_ROOTS = ("artifacts", "runs")
+
+
+def _norm(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory when it lies under it, normalised, with ``/`` separators."""
+    text = os.path.normpath(os.path.expanduser(os.fspath(path)))
+    if os.path.isabs(text):
+        rel = os.path.relpath(text, os.getcwd())
+        text = text if rel.startswith("..") else rel
+    return text.replace(os.sep, "/")
+
+
+def looks_local(name_or_path: str | os.PathLike) -> bool:
+    """Whether ``name_or_path`` names a local path rather than a hub repository (``org/name``).
+
+    Local: an absolute, ``.``- or ``~``-relative path, an existing path, a path under one of :data:`LOCAL_ROOTS`, or
+    a path of more than two parts (a hub name has at most one ``/``).
+    """
+    text = os.fspath(name_or_path)
+    if text.startswith((os.path.sep, ".", "~")) or os.path.exists(text):
+        return True
+    parts = text.replace(os.sep, "/").split("/")
+    return parts[0] in LOCAL_ROOTS or len(parts) > 2
+
+
+def _get(config: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(config, dict):
+            return None
+        config = config.get(key)
+    return config
+
+
+def producing_config(path: str | os.PathLike, configs_dir: str | os.PathLike = CONFIGS_DIR) -> str | None:
+    """The config under ``configs_dir`` that writes ``path``, as ``configs/<file>.yaml``; ``None`` when none does.
+
+    A config writes ``path`` when its ``model.init_args.output_dir`` is ``path`` or a folder above it, or when
+    ``path`` lies under its logger's ``<save_dir>/<name>``. Unreadable configs are skipped.
+    """
+    import yaml
+
+    target = _norm(path)
+    for file in sorted(glob.glob(os.path.join(glob.escape(os.fspath(configs_dir)), "*.yaml"))):
+        try:
+            with open(file, encoding="utf-8") as f:
+                config = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            continue
+        roots = [_get(config, "model", "init_args", "output_dir")]
+        logger = _get(config, "trainer", "logger", "init_args")
+        if isinstance(logger, dict) and logger.get("save_dir") and logger.get("name"):
+            roots.append(os.path.join(str(logger["save_dir"]), str(logger["name"])))
+        for root in roots:
+            if isinstance(root, str) and root:
+                root = _norm(root)
+                if target == root or target.startswith(root + "/"):
+                    return f"configs/{os.path.basename(file)}"
+    return None
+
+
+def made_by(path: str | os.PathLike) -> str:
+    """``"; it is made by `python train.py fit --config <config>`: run that first"``, or ``""`` when no config does."""
+    config = producing_config(path)
+    return "" if config is None else f"; it is made by `python train.py fit --config {config}`: run that first"
+
+
+def missing_artifact(field: str, path: str | os.PathLike, what: str = "model folder") -> str:
+    """The message for a missing local ``path`` given as ``field``: what is missing and, if known, what makes it."""
+    return f"{field}: the {what} {os.fspath(path)!r} does not exist{made_by(path)}"

@@ -1,0 +1,211 @@
+"""The command line does not mislead: no optimizer options that would break the families, every family listed and
+resolvable by its short name, every shipped config parses, missing artifacts and untrained utilities refused with the
+command that fixes them, and ``--help`` without the heavy optional packages."""
+
+import glob
+import importlib
+import inspect
+import os
+import pkgutil
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import yaml
+from helpers import ROOT
+
+import train
+
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+UNTRAINED = "--model.init_args.utility.init_args.allow_untrained=true"
+
+
+def _families(package: str, base: type) -> set[str]:
+    """The public ``base`` subclasses defined in ``package``'s top-level modules, found by walking the package."""
+    found = set()
+    for info in pkgutil.iter_modules([os.path.join(ROOT, package)]):
+        module = importlib.import_module(f"{package}.{info.name}")
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, base) and obj.__module__ == module.__name__:
+                if not name.startswith("_") and not inspect.isabstract(obj):
+                    found.add(f"{obj.__module__}.{name}")
+    return found
+
+
+def _run(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(args)
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def test_fit_help_lists_every_model_and_data_family(capsys):
+    models = _families("modules", L.LightningModule)
+    data = _families("datamodules", L.LightningDataModule)
+    # the classes the shipped configs name are among them (an independent list of what must be reachable)
+    named = {yaml.safe_load(open(c))[k]["class_path"] for c in CONFIGS for k in ("model", "data")}
+    assert named <= models | data
+    assert {"modules.grpo.GRPO", "modules.tabular_smida.TabularSMIDA", "datamodules.steps.StepDataModule"} <= named
+    code, out, _ = _run(["fit", "--help"], capsys)
+    assert code == 0
+    listed = " ".join(out.split())  # argparse wraps the list of known subclasses
+    for family in sorted(models | data):
+        assert family in listed, f"{family} is not listed by fit --help"
+    assert "--optimizer" not in out and "--lr_scheduler" not in out
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "model_path", "data_path"),
+    [
+        ("GRPO", "PromptDataModule", "modules.grpo.GRPO", "datamodules.prompts.PromptDataModule"),
+        ("TabularSMIDA", "StepDataModule", "modules.tabular_smida.TabularSMIDA", "datamodules.steps.StepDataModule"),
+        (
+            "CausalLMSFT",
+            "ArithmeticSFTDataModule",
+            "modules.sft.CausalLMSFT",
+            "datamodules.sft.ArithmeticSFTDataModule",
+        ),
+    ],
+)
+def test_short_class_names_resolve_for_model_and_data(model, data, model_path, data_path, capsys):
+    extra = ["--model.lm.name_or_path=artifacts/tiny_policy"] if model == "GRPO" else []
+    code, out, err = _run(["fit", f"--model={model}", *extra, f"--data={data}", "--print_config"], capsys)
+    assert code == 0, err
+    config = yaml.safe_load(out)
+    assert config["model"]["class_path"] == model_path
+    assert config["data"]["class_path"] == data_path
+
+
+@pytest.mark.parametrize("option", ["--optimizer=Adam", "--optimizer.lr=0.1", "--lr_scheduler=StepLR"])
+def test_optimizer_options_are_refused_naming_the_family_rates(option, capsys):
+    config = os.path.join(ROOT, "configs", "smida_tabular.yaml")
+    code, _, err = _run(["fit", "--config", config, option], capsys)
+    assert code == 2
+    name = option.split("=")[0].split(".")[0]
+    assert f"{name} is not an option" in err
+    assert "leader_lr/follower_lr" in err and "eta_leader/eta_follower" in err
+
+
+def test_an_optimizer_in_a_config_file_is_refused(tmp_path, capsys):
+    extra = tmp_path / "optimizer.yaml"
+    extra.write_text("optimizer:\n  class_path: torch.optim.Adam\n")
+    code, _, err = _run(
+        ["fit", "--config", os.path.join(ROOT, "configs", "smida_tabular.yaml"), "--config", str(extra)], capsys
+    )
+    assert code == 2 and "optimizer" in err
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=os.path.basename)
+def test_every_config_prints_its_config(config, capsys):
+    code, out, err = _run(["fit", "--config", config, "--print_config"], capsys)
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    given = yaml.safe_load(open(config))
+    assert printed["model"]["class_path"] == given["model"]["class_path"]
+    assert printed["data"]["class_path"] == given["data"]["class_path"]
+    assert "optimizer" not in printed and "lr_scheduler" not in printed
+
+
+def test_configs_state_each_value_once():
+    """What the code derives is not repeated: the pool's schedule length, the warm-up's targets and taus."""
+    for config in CONFIGS:
+        given = yaml.safe_load(open(config))
+        init = given["model"].get("init_args") or {}
+        if given["model"]["class_path"] == "modules.pool.StackelbergPool":
+            assert "num_iterations" not in init, config  # trainer.max_epochs x iterations_per_epoch
+            assert "players" not in (init.get("elo") or {}), config  # the pool's own players
+        for callback in given.get("trainer", {}).get("callbacks") or []:
+            if callback["class_path"].endswith("TwoTimescaleWarmup"):
+                stated = set(callback.get("init_args") or {})
+                assert not stated & {"leader_lr", "follower_lr", "tau_leader", "tau_follower"}, config
+
+
+def test_deep_smida_without_a_trained_utility_refuses_to_start(tmp_path, monkeypatch, tiny_lm_dir):
+    monkeypatch.chdir(tmp_path)
+    config = os.path.join(ROOT, "configs", "deep_smida.yaml")
+    lm = f"--model.init_args.lm.name_or_path={tiny_lm_dir}"
+    with pytest.raises(ValueError, match="allow_untrained=true") as err:
+        train.main(["fit", "--config", config, lm, "--trainer.fast_dev_run=true"])
+    message = str(err.value)
+    assert message.startswith("EnsembleUtility: no checkpoint")  # the family's refusal, not jsonargparse's summary
+    assert "configs/preference_ensemble.yaml" in message and "utility.init_args.checkpoint=" in message
+    # asked for by name, it is built (parse and instantiate only)
+    small = {"backbone": tiny_lm_dir, "backbone_task": "causal_lm", "num_members": 2}
+    utility = [f"--model.init_args.utility.init_args.{k}={v}" for k, v in small.items()]
+    cli = train.main(["--config", config, lm, UNTRAINED, *utility], run=False)  # no subcommand without run
+    assert cli.model.utility.ensemble.hparams.num_members == 2
+
+
+def test_the_utility_refusal_comes_before_the_players_load():
+    from modules.deep_smida import DeepSMIDA
+    from modules.scorers.utility import EnsembleUtility
+
+    with pytest.raises(ValueError, match="allow_untrained"):
+        EnsembleUtility()
+    # a missing policy folder is not reached: the utility is refused first, before anything is loaded
+    with pytest.raises(ValueError, match="no checkpoint"):
+        DeepSMIDA(lm="artifacts/no_such_policy")
+
+
+@pytest.mark.parametrize(
+    ("config", "maker"),
+    [
+        ("grpo_tiny.yaml", "configs/sft_tiny.yaml"),
+        ("debate_ab.yaml", "configs/debate_sft_tiny.yaml"),
+        ("deep_smida_small_fo.yaml", "configs/sft_small.yaml"),
+    ],
+)
+def test_a_missing_artifact_names_the_config_that_makes_it(config, maker, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no artifacts/ here
+    extra = [UNTRAINED] if config.startswith("deep_smida") else []  # past the utility's own refusal
+    with pytest.raises(OSError, match="does not exist") as err:
+        train.main(["fit", "--config", os.path.join(ROOT, "configs", config), *extra, "--trainer.fast_dev_run=true"])
+    message = str(err.value)
+    assert message.startswith("lm.name_or_path: the model folder 'artifacts/")
+    assert f"`python train.py fit --config {maker}`" in message
+    assert "hub" not in message
+
+
+def test_provenance_of_local_paths(tmp_path, monkeypatch):
+    from modules.training.checkpoints import read_checkpoint
+    from modules.training.provenance import looks_local, producing_config
+
+    monkeypatch.chdir(tmp_path)
+    assert producing_config("artifacts/tiny_policy") == "configs/sft_tiny.yaml"
+    assert producing_config("./artifacts/small_policy/") == "configs/sft_small.yaml"
+    assert producing_config(tmp_path / "artifacts" / "tiny_debate_policy") == "configs/debate_sft_tiny.yaml"
+    ckpt = "runs/preference_ensemble/version_0/checkpoints/last.ckpt"
+    assert producing_config(ckpt) == "configs/preference_ensemble.yaml"
+    assert producing_config("artifacts/tiny_policy_v2") is None  # a prefix of a name is not the folder
+    assert producing_config("Qwen/Qwen2.5-1.5B-Instruct") is None
+    with pytest.raises(FileNotFoundError, match="configs/preference_ensemble.yaml"):
+        read_checkpoint(ckpt)
+    # hub names stay hub names; the suite's output folders and deeper paths are local
+    assert not looks_local("Qwen/Qwen2.5-1.5B-Instruct") and not looks_local("gpt2")
+    assert looks_local("artifacts/tiny_policy") and looks_local("runs/x") and looks_local("a/b/c")
+    # a config of one's own: read from the folder given, by its output_dir
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "warm.yaml").write_text("model:\n  init_args:\n    output_dir: artifacts/mine\n")
+    assert producing_config("artifacts/mine", configs_dir=tmp_path / "mine") == "configs/warm.yaml"
+
+
+def test_help_works_without_the_heavy_optional_packages():
+    """``python train.py --help`` and ``fit --help`` in one fresh interpreter, which then lists what was imported."""
+    probe = (
+        "import runpy, sys\n"
+        "for argv in (['train.py', '--help'], ['train.py', 'fit', '--help']):\n"
+        "    sys.argv = argv\n"
+        "    try:\n"
+        "        runpy.run_path('train.py', run_name='__main__')\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), e.code\n"
+        "heavy = ('peft', 'datasets', 'sklearn', 'sentence_transformers', 'bitsandbytes', 'deepspeed')\n"
+        "print('HEAVY', [m for m in heavy if m in sys.modules])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "{fit,validate,test,predict" in proc.stdout  # the subcommands, from the top-level help
+    assert "modules.deep_smida.DeepSMIDA" in " ".join(proc.stdout.split())
+    assert proc.stdout.strip().splitlines()[-1] == "HEAVY []"
