@@ -424,7 +424,7 @@ class PolicyBank(nn.Module):
             step_fn = self._compiled_step
         rows = ids.repeat_interleave(g, dim=0)
         position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
-        token = rows[:, -1:]
+        token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
         new: list[Tensor] = []
