@@ -38,6 +38,7 @@ from modules.distributed.collectives import any_rank, average_gradients, lockste
 from modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import check_exists, resolve_name_or_path
+from modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint, reset_stale_epoch_metrics
@@ -398,6 +399,17 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             models = [self.backbone]
         for model in models:
             shard_for_strategy(self, model, "the preference ensemble")
+
+    @override
+    def setup(self, stage: str) -> None:
+        """Under ``bf16-mixed`` (one device, DDP) hold a shared backbone's frozen weights in bf16, cast once.
+
+        Autocast would cast them again at every forward (:func:`modules.lm.precision.cast_frozen_parameters`).
+        """
+        super().setup(stage)
+        dtype = frozen_weights_dtype(self.trainer.strategy)
+        if dtype is not None and self.hparams.sharing != "separate":
+            cast_frozen_parameters(self.backbone, dtype)
 
     @override
     def on_after_backward(self) -> None:

@@ -28,7 +28,7 @@ from modules.lm.decoding import (
 )
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
-from modules.lm.precision import autocast_dtype, cast_frozen_parameters
+from modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
 
 __all__ = ["PolicyBank", "Rollout"]
 
@@ -106,8 +106,8 @@ class PolicyBank(nn.Module):
         """
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
-        dtype = autocast_dtype(getattr(strategy, "precision_plugin", None))
-        if dtype is not None and sharded_strategy_kind(strategy) is None:
+        dtype = frozen_weights_dtype(strategy)
+        if dtype is not None:
             self.cast_frozen(dtype)
 
     def cast_frozen(self, dtype: torch.dtype) -> int:

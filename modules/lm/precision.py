@@ -11,7 +11,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["AUTO", "autocast_dtype", "cast_frozen_parameters", "cuda_bf16_available", "resolve_dtype", "set_tf32"]
+__all__ = [
+    "AUTO",
+    "autocast_dtype",
+    "cast_frozen_parameters",
+    "cuda_bf16_available",
+    "frozen_weights_dtype",
+    "resolve_dtype",
+    "set_tf32",
+]
 
 AUTO = "auto"
 
@@ -67,6 +75,18 @@ def autocast_dtype(precision_plugin: Any) -> torch.dtype | None:
     if type(precision_plugin) is MixedPrecision and precision_plugin.precision == "bf16-mixed":
         return torch.bfloat16
     return None
+
+
+def frozen_weights_dtype(strategy: Any) -> torch.dtype | None:
+    """The dtype to hold frozen weights in under ``strategy``: :func:`autocast_dtype` of its precision plugin, or None.
+
+    None under sharded strategies (FSDP, FSDP2, DeepSpeed): they own the parameters and their mixed precision.
+    """
+    from modules.distributed.sharding import sharded_strategy_kind
+
+    if sharded_strategy_kind(strategy) is not None:
+        return None
+    return autocast_dtype(getattr(strategy, "precision_plugin", None))
 
 
 def cast_frozen_parameters(module: nn.Module, dtype: torch.dtype) -> int:
