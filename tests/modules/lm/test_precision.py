@@ -134,3 +134,15 @@ def test_only_the_plain_bf16_autocast_plugin_asks_for_a_cast():
     assert autocast_dtype(MixedPrecision("bf16-mixed", "cpu")) is torch.bfloat16
     assert autocast_dtype(MixedPrecision("16-mixed", "cpu")) is None  # fp16 weights would carry an fp16 residual
     assert autocast_dtype(Precision()) is None and autocast_dtype(None) is None
+
+
+def test_sft_under_bf16_mixed_holds_its_frozen_base_in_bf16_and_its_adapter_in_fp32(tiny_lm_dir):
+    from modules.sft import CausalLMSFT
+
+    sft = CausalLMSFT(lm=ModelConfig(tiny_lm_dir), lora=True)
+    sft._trainer = SimpleNamespace(strategy=_strategy(MixedPrecision("bf16-mixed", "cpu")))
+    sft.setup("fit")
+    trainable = {n for n, p in sft.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".default." in n for n in trainable)
+    for n, p in sft.model.named_parameters():
+        assert p.dtype == (torch.float32 if n in trainable else torch.bfloat16), n
