@@ -18,5 +18,6 @@ def spy_decodes(bank) -> list[int]:
 
         return spy
 
-    bank.model.generate, bank._decode_grouped, bank._decode_static = on_generate, on_cascade(grouped), on_cascade(static)
+    bank.model.generate = on_generate
+    bank._decode_grouped, bank._decode_static = on_cascade(grouped), on_cascade(static)
     return calls
