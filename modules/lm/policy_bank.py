@@ -87,9 +87,9 @@ class PolicyBank(nn.Module):
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
-        # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): by default on
-        # CPU only, where copying the prompt cache was a third of generate's time; True/False (or the environment
-        # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces it
+        # under lm.decode auto, sampled groups decode with grouped_prefix_attention (each prompt's cache read once per
+        # group) on CPU, where copying the prompt cache was a third of generate's time, and with the static cascade
+        # elsewhere; True/False (or the environment variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces grouped/generate
         self.grouped_decode: bool | None = grouped_decode_setting()
         # lm.decode: auto / generate / grouped / static (see ModelConfig); lm.compile_decode compiles the static step
         self.decode, self.compile_decode = lm.decode, lm.compile_decode
