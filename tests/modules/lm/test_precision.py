@@ -146,3 +146,45 @@ def test_sft_under_bf16_mixed_holds_its_frozen_base_in_bf16_and_its_adapter_in_f
     assert trainable and all(".default." in n for n in trainable)
     for n, p in sft.model.named_parameters():
         assert p.dtype == (torch.float32 if n in trainable else torch.bfloat16), n
+
+
+def test_grpo_trains_under_bf16_mixed_with_a_bf16_base_and_fp32_adapters(tiny_lm_dir, tmp_path):
+    """Lightning's bf16-mixed on CPU, end to end: setup casts the frozen base to bf16 (the values autocast would use,
+    never changed by training), the adapter stays fp32 and moves, and AdamW's moments are fp32."""
+    import lightning as L
+
+    from datamodules.prompts import PromptDataModule
+    from modules.grpo import GRPO
+    from modules.lm.models import build_tiny_reward_model
+    from modules.lm.sampling import Sampling
+
+    L.seed_everything(0)
+    model = GRPO(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
+        num_generations=2,
+        sampling=Sampling(temperature=1.0, max_new_tokens=4),
+        lr=5e-2,
+        reward_models=[build_tiny_reward_model(tmp_path / "rm", seed=1)],  # rewards that differ within a group
+        answer_reward=False,
+        chat_template=False,
+    )
+    before = {n: p.detach().clone() for n, p in model.players.named_parameters()}
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, PromptDataModule(num_prompts=24, batch_size=2))
+    for n, p in model.players.named_parameters():
+        if ".policy." in n:
+            assert p.dtype == torch.float32, n
+        else:
+            assert p.dtype == torch.bfloat16 and torch.equal(p, before[n].to(torch.bfloat16)), n
+    assert any(not torch.equal(p, before[n]) for n, p in model.players.named_parameters() if "lora_B" in n)
+    state = trainer.optimizers[0].state
+    assert state and {s[k].dtype for s in state.values() for k in ("exp_avg", "exp_avg_sq")} == {torch.float32}
