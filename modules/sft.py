@@ -23,7 +23,7 @@ from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_fo
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
-from modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
+from modules.lm.precision import cast_frozen_for_strategy
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
 
@@ -192,9 +192,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         Autocast would cast it again at every forward (:func:`modules.lm.precision.cast_frozen_parameters`).
         """
         super().setup(stage)
-        dtype = frozen_weights_dtype(self.trainer.strategy)
-        if dtype is not None:
-            cast_frozen_parameters(self.model, dtype)
+        cast_frozen_for_strategy(self.model, self.trainer.strategy)
 
     @override
     def on_fit_end(self) -> None:

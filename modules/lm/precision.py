@@ -14,6 +14,7 @@ from torch import nn
 __all__ = [
     "AUTO",
     "autocast_dtype",
+    "cast_frozen_for_strategy",
     "cast_frozen_parameters",
     "cuda_bf16_available",
     "frozen_weights_dtype",
@@ -106,3 +107,9 @@ def cast_frozen_parameters(module: nn.Module, dtype: torch.dtype) -> int:
         p.data = p.data.to(dtype)
         done += 1
     return done
+
+
+def cast_frozen_for_strategy(module: nn.Module, strategy: Any) -> int:
+    """:func:`cast_frozen_parameters` to :func:`frozen_weights_dtype` of ``strategy`` where it names one; else 0."""
+    dtype = frozen_weights_dtype(strategy)
+    return 0 if dtype is None else cast_frozen_parameters(module, dtype)

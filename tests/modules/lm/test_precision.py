@@ -136,15 +136,28 @@ def test_only_the_plain_bf16_autocast_plugin_asks_for_a_cast():
     assert autocast_dtype(Precision()) is None and autocast_dtype(None) is None
 
 
-def test_sft_under_bf16_mixed_holds_its_frozen_base_in_bf16_and_its_adapter_in_fp32(tiny_lm_dir):
+def _sft(lm):
     from modules.sft import CausalLMSFT
 
-    sft = CausalLMSFT(lm=ModelConfig(tiny_lm_dir), lora=True)
-    sft._trainer = SimpleNamespace(strategy=_strategy(MixedPrecision("bf16-mixed", "cpu")))
-    sft.setup("fit")
-    trainable = {n for n, p in sft.model.named_parameters() if p.requires_grad}
-    assert trainable and all(".default." in n for n in trainable)
-    for n, p in sft.model.named_parameters():
+    return CausalLMSFT(lm=lm, lora=True), "setup", "model", ".default."
+
+
+def _preference(lm):
+    from modules.preference import PreferenceEnsemble
+
+    module = PreferenceEnsemble(lm=lm, backbone_task="causal_lm", sharing="lora", num_members=2, cache_features=False)
+    return module, "configure_model", "backbone", ".member_"
+
+
+@pytest.mark.parametrize("build", [_sft, _preference], ids=["sft", "preference"])
+def test_sft_and_preference_under_bf16_mixed_hold_the_frozen_base_in_bf16_and_adapters_in_fp32(build, tiny_lm_dir):
+    module, hook, attr, adapter = build(ModelConfig(tiny_lm_dir))
+    module._trainer = SimpleNamespace(strategy=_strategy(MixedPrecision("bf16-mixed", "cpu")))
+    getattr(module, hook)(*(["fit"] if hook == "setup" else []))
+    model = getattr(module, attr)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(adapter in n for n in trainable)
+    for n, p in model.named_parameters():
         assert p.dtype == (torch.float32 if n in trainable else torch.bfloat16), n
 
 
