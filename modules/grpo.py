@@ -27,6 +27,7 @@ from modules.algorithms.rl_losses import group_advantages, grpo_loss
 from modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
+from modules.lm.precision import resolve_dtype
 from modules.lm.sampling import Sampling
 from modules.scorers.reward_models import RewardModels, answer_rewards
 
@@ -113,7 +114,13 @@ class GRPO(LanguageModelGame):
         self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling})
         self.players = PolicyBank(lm, players=(PLAYER,))
         self.reward_models = (
-            RewardModels(reward_models, reward_batch_size, reward_max_length, lm.dtype, lm.trust_remote_code)
+            RewardModels(
+                reward_models,
+                reward_batch_size,
+                reward_max_length,
+                resolve_dtype(lm.dtype, frozen=True),
+                lm.trust_remote_code,
+            )
             if reward_models
             else None
         )

@@ -38,6 +38,7 @@ from modules.distributed.collectives import any_rank, average_gradients, lockste
 from modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import check_exists, resolve_name_or_path
+from modules.lm.precision import cast_frozen_for_strategy
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint, reset_stale_epoch_metrics
@@ -383,12 +384,13 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
 
     @override
     def configure_model(self) -> None:
-        """Under FSDP2 (``ModelParallelStrategy``) shard the backbone(s), one unit per block; elsewhere nothing.
+        """Under FSDP2 shard the backbone(s), one unit per block; under bf16-mixed hold frozen weights in bf16.
 
         Each backbone (the shared one with its LoRA adapters, or every separate copy, or the frozen one) becomes
         ``fully_shard`` units (:func:`modules.distributed.sharding.fully_shard_blocks`). The heads stay whole on every
         rank: they are a few thousand numbers, called through ``embed``/``logits`` rather than a forward FSDP2 could
-        hook, and :meth:`on_after_backward` averages their gradients over the ranks, as DDP would.
+        hook, and :meth:`on_after_backward` averages their gradients over the ranks, as DDP would. The bf16 cast is
+        :func:`modules.lm.precision.cast_frozen_for_strategy`, of a shared backbone only.
         """
         if self.hparams.sharing == "separate":
             models = list(self.backbones)
@@ -398,6 +400,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             models = [self.backbone]
         for model in models:
             shard_for_strategy(self, model, "the preference ensemble")
+        if self.hparams.sharing != "separate":  # bf16-mixed: frozen weights held in bf16, not recast every forward
+            cast_frozen_for_strategy(self.backbone, self.trainer.strategy)
 
     @override
     def on_after_backward(self) -> None:

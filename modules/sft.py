@@ -26,6 +26,7 @@ from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_fo
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
+from modules.lm.precision import cast_frozen_for_strategy
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, family_name, stamp_family
 from modules.training.export import EXPORT_RECORD, Player, record_of
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
@@ -188,6 +189,15 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     def configure_model(self) -> None:
         """Under FSDP2 shard the model (adapters included), one unit per decoder block; elsewhere nothing."""
         shard_for_strategy(self, self._backbone(), "SFT")
+
+    @override
+    def setup(self, stage: str) -> None:
+        """Under ``bf16-mixed`` (one device, DDP) hold the frozen base under the adapter in bf16, cast once.
+
+        Autocast would cast it again at every forward (:func:`modules.lm.precision.cast_frozen_parameters`).
+        """
+        super().setup(stage)
+        cast_frozen_for_strategy(self.model, self.trainer.strategy)
 
     @override
     def on_fit_end(self) -> None:

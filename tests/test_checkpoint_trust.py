@@ -91,7 +91,7 @@ def test_an_explicit_ckpt_path_never_configures_the_model(work, marker, tmp_path
     monkeypatch.chdir(tmp_path)
     cli = train.main(["test", "--config", CONFIG, *SMALL, f"--ckpt_path={work['poisoned']}"])
     lm = cli.model.hparams["lm"]
-    assert lm["name_or_path"] == "builtin:minilm-l6" and lm["trust_remote_code"] is False and lm["dtype"] == "float32"
+    assert lm["name_or_path"] == "builtin:minilm-l6" and lm["trust_remote_code"] is False and lm["dtype"] == "auto"
     assert cli.model.hparams["backbone_task"] == "encoder"
     assert _run_config(cli)["model"]["init_args"]["lm"]["name_or_path"] == "builtin:minilm-l6"  # the config ran
     assert os.path.isfile(os.path.join(cli.trainer.log_dir, "report.json"))  # and the checkpoint's tensors tested

@@ -12,7 +12,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["GROUPED_ATTENTION", "GROUPED_DECODE_ENV", "grouped_decode_setting", "grouped_prefix_attention"]
+__all__ = [
+    "GROUPED_ATTENTION",
+    "GROUPED_DECODE_ENV",
+    "cascade_attention",
+    "grouped_decode_setting",
+    "grouped_prefix_attention",
+    "next_tokens",
+]
 
 GROUPED_ATTENTION = "alignment_games_grouped_prefix"
 # layer index -> (prompt keys [B, KV, P, D], prompt values, additive prompt-padding mask [B, 1, P]) of the one decode
@@ -42,6 +49,35 @@ def grouped_prefix_attention(
     are never padding while decoding).
     """
     keys, values, pad = _PREFIX[module.layer_idx]
+    return cascade_attention(query, keys, values, pad, key, value, scaling), None
+
+
+def cascade_attention(
+    query: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    pad: Tensor,
+    key: Tensor,
+    value: Tensor,
+    scaling: float | None = None,
+    own_mask: Tensor | None = None,
+) -> Tensor:
+    """Attention of ``[B·G, H, q, D]`` queries over a prompt part held once per prompt and each row's own part.
+
+    Args:
+        query: ``[B·G, H, q, D]``; rows ``b*G … b*G + G - 1`` continue prompt ``b``.
+        keys: The prompts' keys ``[B, KV, P, D]``.
+        values: The prompts' values ``[B, KV, P, D]``.
+        pad: Additive mask of the prompt part ``[B, 1, P]`` (``-inf`` on padding).
+        key: The rows' own keys ``[B·G, KV, t, D]``.
+        value: The rows' own values ``[B·G, KV, t, D]``.
+        scaling: Score scale; ``None``: ``D ** -0.5``.
+        own_mask: Additive mask ``[t]`` of the own part, shared by every row (``-inf`` on slots not yet written, as
+            a cache allocated at full length has); ``None``: every own slot is valid (causal within them for q > 1).
+
+    Returns:
+        ``[B·G, q, H, D]`` in the query's dtype.
+    """
     n, h, q, d = query.shape
     b, kvh, p, _ = keys.shape
     g, rep = n // b, h // kvh
@@ -53,7 +89,9 @@ def grouped_prefix_attention(
     sp = sp.reshape(b, kvh, g, rep * q, p).transpose(1, 2).reshape(n, kvh, rep * q, p)
     # own part, per row
     ss = (query.reshape(n, kvh, rep * q, d) @ key.transpose(-1, -2)).float() * scale
-    if q > 1:
+    if own_mask is not None:
+        ss = ss + own_mask
+    elif q > 1:
         t = key.shape[2]
         causal = torch.ones(q, t, dtype=torch.bool, device=query.device).tril(t - q)
         ss = ss.reshape(n, kvh, rep, q, t).masked_fill(~causal, float("-inf")).reshape(n, kvh, rep * q, t)
@@ -63,7 +101,31 @@ def grouped_prefix_attention(
     ep = ep.reshape(b, g, kvh, rep * q, p).transpose(1, 2).reshape(b, kvh, g * rep * q, p)
     op = (ep.to(values.dtype) @ values).reshape(b, kvh, g, rep * q, d).transpose(1, 2).reshape(n, kvh, rep * q, d)
     out = ((op.float() + (es.to(value.dtype) @ value).float()) / denom).to(query.dtype)
-    return out.reshape(n, h, q, d).transpose(1, 2).contiguous(), None
+    return out.reshape(n, h, q, d).transpose(1, 2).contiguous()
+
+
+def next_tokens(
+    logits: Tensor, step: int, min_new_tokens: int, eos: int | None, do_sample: bool, temperature: float, top_p: float
+) -> Tensor:
+    """The next token of every row from its last logits ``[N, V]``, as transformers' ``generate`` draws it.
+
+    EOS is held back for the first ``min_new_tokens`` steps; sampling divides by the temperature, keeps the top-p
+    nucleus and draws with ``torch.multinomial`` from the global generator (the draws of ``generate``, in its order,
+    so a seeded run and a resumed one give the same tokens); greedy takes the arg-max.
+    """
+    logits = logits.to(dtype=torch.float32)
+    if step < min_new_tokens and eos is not None:
+        logits[:, eos] = float("-inf")
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=False)
+        drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+        drop[..., -1:] = False
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
 
 
 GROUPED_DECODE_ENV = "ALIGNMENT_GAMES_GROUPED_DECODE"
@@ -84,13 +146,21 @@ def grouped_decode_setting() -> bool | None:
     return values[raw]
 
 
-def _register_grouped_attention() -> bool:
-    """Register :func:`grouped_prefix_attention` (and a no-op mask) with transformers; False where unsupported."""
+def _register_grouped_attention(name: str = GROUPED_ATTENTION, function: Any = None) -> bool:
+    """Register an attention (by default :func:`grouped_prefix_attention`) and a no-op mask with transformers.
+
+    False where this transformers has no attention interface.
+    """
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError:
         return False
-    AttentionInterface.register(GROUPED_ATTENTION, grouped_prefix_attention)
-    AttentionMaskInterface.register(GROUPED_ATTENTION, lambda *args, **kwargs: None)
+    AttentionInterface.register(name, function or grouped_prefix_attention)
+    AttentionMaskInterface.register(name, _no_mask)
     return True
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The mask of the cascade attentions: none (their masks travel with their caches)."""
+    return None

@@ -4,7 +4,7 @@ In a config it is the ``lm`` argument of GRPO, debate, deep-SMIDA, the pool and 
 
     lm:
       name_or_path: Qwen/Qwen2.5-1.5B-Instruct
-      dtype: bfloat16
+      dtype: auto                 # bf16 frozen base on a bf16 GPU, fp32 on CPU (docs/precision.md)
       attn_implementation: sdpa
       load_in_4bit: true          # QLoRA: a 4-bit frozen base under the adapters (bitsandbytes, CUDA)
       lora_r: 16
@@ -17,9 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from modules.lm.models import DTYPES, apply_lora, load_model, load_tokenizer
+from modules.lm.precision import AUTO, resolve_dtype, set_tf32
 
 __all__ = ["ModelConfig"]
 
@@ -31,7 +33,12 @@ class ModelConfig:
     Attributes:
         name_or_path: Hub name, local folder, or ``builtin:`` alias, read by ``from_pretrained``.
         revision: Hub revision (branch, tag or commit); ``None``: the default branch.
-        dtype: Weights dtype: ``float32``, ``bfloat16`` or ``float16`` (``fp32``/``bf16``/``fp16`` too).
+        dtype: Weights dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16`` (``fp32``/``bf16``/``fp16`` too).
+            ``auto``: a frozen model (the base under the adapters, a frozen reference copy) in ``bfloat16`` on a CUDA
+            device with bf16, everything else in ``float32`` (trainable weights, every model on CPU). LoRA adapters
+            are ``float32`` whatever the base's dtype, so their optimizer moments are too.
+        tf32: On a CUDA machine, fp32 matmuls run on TF32 tensor cores (``set_float32_matmul_precision("high")``);
+            ``false`` asks for full fp32 (``"highest"``). Nothing changes on CPU.
         attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` lets transformers choose.
         trust_remote_code: Run the repository's own model code; off unless you trust the repository.
         load_in_4bit: NF4 quantisation of the frozen base through bitsandbytes (QLoRA; CUDA only). Needs
@@ -46,11 +53,18 @@ class ModelConfig:
         lora_modules_to_save: Modules trained in full beside the adapters (e.g. ``lm_head``).
         lora_extra: More ``peft.LoraConfig`` fields (e.g. ``{use_rslora: true}``), passed as they are.
         max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
+        decode: How a policy samples: ``generate`` (transformers' ``generate``, a group's prompt cache copied to each
+            of its rows), ``grouped`` (each prompt's cache read once per group, a growing cache of the rows' own
+            tokens), ``static`` (the same cascade over caches allocated once at full length: fixed shapes that
+            ``torch.compile`` and CUDA graphs can serve) or ``auto`` (``grouped`` on CPU, ``static`` on GPU).
+        compile_decode: Compile the per-token forward of the ``static`` decode with ``torch.compile`` (CUDA graphs
+            through ``mode="reduce-overhead"`` on CUDA). Needs ``decode`` ``static`` or ``auto``.
     """
 
     name_or_path: str
     revision: str | None = None
-    dtype: str = "float32"
+    dtype: str = AUTO
+    tf32: bool = True
     attn_implementation: str | None = None
     trust_remote_code: bool = False
     load_in_4bit: bool = False
@@ -63,12 +77,18 @@ class ModelConfig:
     lora_modules_to_save: list[str] | None = None
     lora_extra: dict[str, Any] | None = None
     max_prompt_tokens: int = 2048
+    decode: Literal["auto", "generate", "grouped", "static"] = "auto"
+    compile_decode: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name_or_path, str) or not self.name_or_path:
             raise ValueError(f"lm.name_or_path: give a hub name or a folder, got {self.name_or_path!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"lm.dtype: {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.dtype not in DTYPES and self.dtype != AUTO:
+            raise ValueError(f"lm.dtype: {self.dtype!r} is not one of {[AUTO, *sorted(DTYPES)]}")
+        if self.decode not in ("auto", "generate", "grouped", "static"):
+            raise ValueError(f"lm.decode: must be auto, generate, grouped or static, got {self.decode!r}")
+        if self.compile_decode and self.decode not in ("auto", "static"):
+            raise ValueError(f"lm.compile_decode: compiles the static decode only; lm.decode is {self.decode!r}")
         if self.players not in ("lora", "separate"):
             raise ValueError(f"lm.players: must be 'lora' or 'separate', got {self.players!r}")
         if self.lora_r <= 0:
@@ -113,12 +133,16 @@ class ModelConfig:
         )
 
     def load_model(self, task: Literal["encoder", "causal_lm"] = "causal_lm", frozen: bool = False) -> nn.Module:
-        """The model through ``from_pretrained`` with every loading option; ``frozen`` may load it in 4 bits."""
+        """The model through ``from_pretrained`` with every loading option (and TF32 set on CUDA, see ``tf32``).
+
+        ``frozen``: no parameter of it will be trained, so it may load in 4 bits, and in bf16 under ``dtype: auto``.
+        """
+        set_tf32(self.tf32)
         return load_model(
             self.name_or_path,
             task=task,
             revision=self.revision,
-            dtype=self.dtype,
+            dtype=resolve_dtype(self.dtype, frozen),
             attn_implementation=self.attn_implementation,
             gradient_checkpointing=self.gradient_checkpointing,
             load_in_4bit=self.load_in_4bit and frozen,
@@ -140,6 +164,14 @@ class ModelConfig:
         )
 
     def with_adapters(self, model: nn.Module, adapter_names: Sequence[str]) -> nn.Module:
-        """``model`` frozen and wrapped in peft with one adapter per name (see :func:`modules.lm.models.apply_lora`)."""
+        """``model`` frozen and wrapped in peft with one adapter per name (see :func:`modules.lm.models.apply_lora`).
+
+        Every adapter (and every module trained in full beside them) is held in fp32 whatever the base's dtype, so the
+        optimizer's moments are fp32 too; peft itself casts only the first adapter it makes.
+        """
         model.requires_grad_(False)
-        return apply_lora(model, self.lora_config(), adapter_names=list(adapter_names))
+        wrapped = apply_lora(model, self.lora_config(), adapter_names=list(adapter_names))
+        for name, p in wrapped.named_parameters():
+            if p.is_floating_point() and p.dtype != torch.float32 and any(f".{a}." in name for a in adapter_names):
+                p.data = p.data.float()
+        return wrapped

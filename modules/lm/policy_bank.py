@@ -18,10 +18,18 @@ import torch
 from torch import Tensor, nn
 
 from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
-from modules.lm.decoding import _PREFIX, GROUPED_ATTENTION, _register_grouped_attention, grouped_decode_setting
+from modules.lm import static_decode
+from modules.lm.decoding import (
+    _PREFIX,
+    GROUPED_ATTENTION,
+    _register_grouped_attention,
+    grouped_decode_setting,
+    next_tokens,
+)
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import check_exists, resolve_name_or_path
+from modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
 
 __all__ = ["PolicyBank", "Rollout"]
 
@@ -75,17 +83,22 @@ class PolicyBank(nn.Module):
             self._all_players_trainable()  # peft trains only the active adapter: train all players
         else:
             self.models = nn.ModuleDict({p: lm.load_model("causal_lm") for p in self.player_names})
-            self.reference = lm.load_model("causal_lm").eval().requires_grad_(False)
+            self.reference = lm.load_model("causal_lm", frozen=True).eval().requires_grad_(False)
         self.truncated_prompts = 0
         # a group's rows share the prompt's KV cache unless activation checkpointing turns the cache off
         self.share_prompts = not lm.gradient_checkpointing
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
-        # sampled groups decode with grouped_prefix_attention (each prompt's cache read once per group): by default on
-        # CPU only, where copying the prompt cache was a third of generate's time; True/False (or the environment
-        # variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces it
+        # under lm.decode auto, sampled groups decode with grouped_prefix_attention (each prompt's cache read once per
+        # group) on CPU, where copying the prompt cache was a third of generate's time, and with the static cascade
+        # elsewhere; True/False (or the environment variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces grouped/generate
         self.grouped_decode: bool | None = grouped_decode_setting()
+        # lm.decode: auto / generate / grouped / static (see ModelConfig); lm.compile_decode compiles the static step
+        self.decode, self.compile_decode = lm.decode, lm.compile_decode
+        self.static_bucket = 64  # prompt widths padded to a multiple of this in a compiled static decode
+        self._static_caches: dict[int, Any] | None = None  # kept between calls only when compiled (fixed addresses)
+        self._compiled_step: Callable | None = None
         # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
         self.logit_chunk_tokens: int | None = None
 
@@ -96,6 +109,20 @@ class PolicyBank(nn.Module):
         """
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
+        dtype = frozen_weights_dtype(strategy)
+        if dtype is not None:
+            self.cast_frozen(dtype)
+
+    def cast_frozen(self, dtype: torch.dtype) -> int:
+        """Hold the frozen weights (the base under the adapters, the reference copy) in ``dtype``; return how many.
+
+        Under Lightning's ``bf16-mixed`` (``use_strategy`` calls this) autocast would cast frozen fp32 weights again
+        at every forward and every decoded token, since it caches casts of trainable weights only. Adapters and
+        trainable copies keep their dtype (fp32), and so do their optimizer moments.
+        """
+        self._all_players_trainable()
+        frozen = self.model if self.mode == "lora" else self.reference
+        return cast_frozen_parameters(frozen, dtype)
 
     def shard(self, mesh: Any, mp_policy: Any = None) -> None:
         """FSDP2 (``fully_shard``) over ``mesh``: each decoder block a unit, then each causal LM the root unit.
@@ -230,14 +257,13 @@ class PolicyBank(nn.Module):
         with self.gather_for_generation(), self._for_generation(player) as model:
             was_training = model.training
             model.eval()
-            shared = num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1
-            if shared and self._grouped_ok(model):
-                out = self._decode_grouped(
-                    model, once, num_samples, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
-                )
+            mode = self._decode_mode(model, num_samples, once["input_ids"].shape[1])
+            if mode != "generate":
+                decode = self._decode_static if mode == "static" else self._decode_grouped
+                out = decode(model, once, num_samples, temperature, top_p, max_new_tokens, do_sample, min_new_tokens)
             else:
                 extra = {}
-                if shared:
+                if num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1:
                     # prefill each prompt once (all but its last token) and copy the cache to the prompt's samples
                     ids, mask = once["input_ids"], once["attention_mask"]
                     cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
@@ -275,13 +301,32 @@ class PolicyBank(nn.Module):
             self._cache_name = "cache" if "cache" in params else "past_key_values"
         return self._cache_name
 
+    def _decode_mode(self, model: nn.Module, num_samples: int, width: int) -> str:
+        """Which decode runs: ``generate``, ``grouped`` or ``static`` (see ``ModelConfig.decode``).
+
+        ``auto``: ``grouped_decode`` (True: grouped, False: generate) where it is set, else grouped on CPU and static
+        elsewhere. Grouped needs sampled groups (G > 1); both cascades a prompt cache (``share_prompts``, prompts
+        wider than one token) and an attention backend they can stand in for; otherwise ``generate`` runs.
+        """
+        mode = self.decode
+        if mode == "auto":
+            if self.grouped_decode is not None:
+                mode = "grouped" if self.grouped_decode else "generate"
+            else:
+                mode = "grouped" if next(self.parameters()).device.type == "cpu" else "static"
+        if mode == "generate" or not self.share_prompts or width < 2 or (mode == "grouped" and num_samples < 2):
+            return "generate"
+        return mode if self._cascade_ok(model) else "generate"
+
     def _grouped_ok(self, model: nn.Module) -> bool:
         """Whether sampled groups decode with :func:`grouped_prefix_attention` (see ``grouped_decode``)."""
         wanted = self.grouped_decode
         if wanted is None:
             wanted = next(self.parameters()).device.type == "cpu"
-        if not wanted:
-            return False
+        return bool(wanted) and self._cascade_ok(model)
+
+    def _cascade_ok(self, model: nn.Module) -> bool:
+        """Whether ``model`` can run a cascade attention: transformers' attention interface on sdpa or eager."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # models whose attention goes through transformers' AttentionInterface, on a plain (sdpa/eager) backend
         if not getattr(base, "_supports_attention_backend", False):
@@ -329,20 +374,7 @@ class PolicyBank(nn.Module):
         try:
             for step in range(max_new_tokens):
                 out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
-                logits = out.logits[:, -1, :].to(dtype=torch.float32)
-                if step < min_new_tokens and eos is not None:
-                    logits[:, eos] = float("-inf")
-                if do_sample:
-                    if temperature != 1.0:
-                        logits = logits / temperature
-                    if top_p < 1.0:
-                        ordered, order = torch.sort(logits, descending=False)
-                        drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
-                        drop[..., -1:] = False
-                        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-                    nxt = torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(1)
-                else:
-                    nxt = logits.argmax(dim=-1)
+                nxt = next_tokens(out.logits[:, -1, :], step, min_new_tokens, eos, do_sample, temperature, top_p)
                 nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
                 new.append(nxt)
                 if eos is not None:
@@ -353,6 +385,74 @@ class PolicyBank(nn.Module):
         finally:
             base.config._attn_implementation = previous
             _PREFIX.clear()
+        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
+
+    def _decode_static(
+        self,
+        model: nn.Module,
+        once: dict[str, Tensor],
+        g: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        do_sample: bool,
+        min_new_tokens: int,
+    ) -> Tensor:
+        """:meth:`_decode_grouped` over caches allocated once at full length (:mod:`modules.lm.static_decode`).
+
+        Each prompt's cache is held once for its ``g`` rows (never copied to them), the rows' own keys go to
+        ``max_new_tokens`` preallocated slots, and every step has the same shapes, so with ``compile_decode`` the step
+        runs under ``torch.compile`` (CUDA graphs on CUDA). Sampling is ``generate``'s, draw for draw.
+        """
+        ids, mask = once["input_ids"], once["attention_mask"]
+        width = ids.shape[1]
+        prompt_cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        compiled = self.compile_decode
+        caches = static_decode.build_caches(
+            prompt_cache,
+            mask[:, :-1],
+            g,
+            max_new_tokens,
+            self.static_bucket if compiled else 1,
+            reuse=self._static_caches if compiled else None,
+        )
+        del prompt_cache
+        step_fn = static_decode.step_logits
+        if compiled:
+            if caches is not self._static_caches:
+                static_decode.mark_static(caches)
+                self._static_caches = caches
+            if self._compiled_step is None:
+                self._compiled_step = static_decode.compiled_step(ids.device)
+            step_fn = self._compiled_step
+        rows = ids.repeat_interleave(g, dim=0)
+        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
+        token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile)
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
+        new: list[Tensor] = []
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        previous = base.config._attn_implementation
+        static_decode.register_static_attention()
+        static_decode._STATE.clear()
+        static_decode._STATE.update(caches)
+        base.config._attn_implementation = static_decode.STATIC_ATTENTION
+        step_slot = caches[0].step
+        try:
+            for step in range(max_new_tokens):
+                step_slot.fill_(step)
+                logits = step_fn(model, token, position)
+                nxt = next_tokens(logits, step, min_new_tokens, eos, do_sample, temperature, top_p)
+                nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
+                new.append(nxt)
+                if eos is not None:
+                    unfinished &= nxt != eos
+                if not bool(unfinished.any()):
+                    break
+                token, position = nxt[:, None], position + 1
+        finally:
+            base.config._attn_implementation = previous
+            static_decode._STATE.clear()
         return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
 
     def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:

@@ -146,3 +146,92 @@ def test_grouped_decode_setting_from_the_environment(monkeypatch):
     monkeypatch.setenv(GROUPED_DECODE_ENV, "maybe")
     with pytest.raises(ValueError, match="ALIGNMENT_GAMES_GROUPED_DECODE must be one of.*'maybe'"):
         grouped_decode_setting()
+
+
+@pytest.mark.parametrize(
+    "kw, g",
+    [
+        ({"temperature": 1.0, "max_new_tokens": 12, "min_new_tokens": 12}, 3),
+        ({"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 10}, 3),
+        ({"do_sample": False, "max_new_tokens": 8}, 3),
+        ({"temperature": 0.9, "max_new_tokens": 6}, 1),
+    ],
+    ids=["min_new_tokens", "top_p", "greedy", "one_per_prompt"],
+)
+def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(tiny_lm_dir, kw, g, monkeypatch):
+    """``lm.decode: static`` (caches allocated once at full length): the tokens of transformers' generate, draw for
+    draw from the same seed, greedy and sampled; a group's prompt cache is held once (never repeated to its rows),
+    and the attention backend is restored afterwards."""
+    from transformers.cache_utils import DynamicCache
+
+    from modules.lm import static_decode
+
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in bank.player_parameters("policy"):
+            p.add_(0.3 * torch.randn_like(p))
+    prompts = ["3 + 4 =", "Twelve apples minus five apples leaves", "9*9"]
+    repeats, shapes = [], []
+    original_repeat, original_build = DynamicCache.batch_repeat_interleave, static_decode.build_caches
+    monkeypatch.setattr(
+        DynamicCache, "batch_repeat_interleave", lambda c, n: (repeats.append(n), original_repeat(c, n))
+    )
+
+    def build(*args, **kwargs):
+        caches = original_build(*args, **kwargs)
+        shapes.append((caches[0].prefix_keys.shape[0], caches[0].own_keys.shape[0]))
+        return caches
+
+    monkeypatch.setattr(static_decode, "build_caches", build)
+    outs = []
+    for mode in ("generate", "static"):
+        bank.decode = mode
+        torch.manual_seed(7)
+        outs.append(bank.generate("policy", prompts, g, **kw))
+    assert repeats == ([g] if g > 1 else [])  # only generate copied the prompt cache to the rows
+    assert shapes == [(len(prompts), len(prompts) * g)]  # static: the prompt part once per prompt
+    assert torch.equal(outs[0].sequences, outs[1].sequences)
+    assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
+    assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not static_decode._STATE
+
+
+def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_lm_dir, monkeypatch):
+    """``lm.compile_decode``: the decode step traces as one graph (``fullgraph=True``; the eager backend, so the test
+    runs in seconds), the tokens stay generate's, and a second call of the same shapes refills the same buffers (what
+    CUDA graphs need) with prompt widths padded to a bucket."""
+    from modules.lm import static_decode
+
+    monkeypatch.setattr(static_decode, "compile_options", lambda device: {"backend": "eager", "fullgraph": True})
+    torch._dynamo.reset()
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8, compile_decode=True), players=["policy"])
+    bank.decode = "static"
+    kw = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 6}
+    runs = []
+    for prompts in (["3 + 4 =", "a longer prompt: 12*3="], ["9*9", "7 - 2 ="]):
+        torch.manual_seed(3)
+        compiled = bank.generate("policy", prompts, 2, **kw)
+        caches = bank._static_caches
+        bank.decode, bank.compile_decode = "generate", False
+        torch.manual_seed(3)
+        assert torch.equal(compiled.sequences, bank.generate("policy", prompts, 2, **kw).sequences)
+        bank.decode, bank.compile_decode = "static", True
+        runs.append((caches, caches[0].own_keys.data_ptr()))
+    assert runs[0][0] is runs[1][0] and runs[0][1] == runs[1][1]  # the same buffers, refilled
+    assert runs[0][0][0].prefix_keys.shape[2] == bank.static_bucket  # both prompt widths within one bucket
+
+
+def test_decode_mode_per_device_and_option(tiny_lm_dir):
+    """``auto``: grouped on CPU (static elsewhere); ``grouped_decode`` False keeps generate; grouped needs G > 1; a
+    prompt of one token, or gradient checkpointing (no prompt cache), falls back to generate."""
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    m = bank.model
+    assert bank.decode == "auto" and bank._decode_mode(m, 4, 5) == "grouped"
+    bank.grouped_decode = False
+    assert bank._decode_mode(m, 4, 5) == "generate"
+    bank.grouped_decode = None
+    assert bank._decode_mode(m, 1, 5) == "generate" and bank._decode_mode(m, 4, 1) == "generate"
+    bank.decode = "static"
+    assert bank._decode_mode(m, 1, 5) == "static" and bank._decode_mode(m, 4, 1) == "generate"
+    bank.share_prompts = False
+    assert bank._decode_mode(m, 4, 5) == "generate"

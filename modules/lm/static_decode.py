@@ -1,0 +1,165 @@
+"""Static-cache grouped decoding: every cache allocated once at full length, so each decoded token has one shape.
+
+The cascade of :mod:`modules.lm.decoding` (a group's prompt keys read once, never copied to its rows) over caches
+that do not grow: the prompt part padded to a bucket, the rows' own part ``max_new_tokens`` slots long with the
+unwritten slots masked. Every step runs the same shapes on the same buffers, which is what ``torch.compile`` and CUDA
+graphs (``mode="reduce-overhead"``) need to serve it. :class:`~modules.lm.policy_bank.PolicyBank` runs it with
+``lm.decode: static`` (the GPU default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from modules.lm.decoding import _register_grouped_attention, cascade_attention
+
+__all__ = ["STATIC_ATTENTION", "StaticCascade", "compile_options", "register_static_attention", "step_logits"]
+
+STATIC_ATTENTION = "alignment_games_static_cascade"
+# layer index -> the StaticCascade of the one decode running with static_cascade_attention (set and cleared by it)
+_STATE: dict[int, StaticCascade] = {}
+
+
+@dataclass
+class StaticCascade:
+    """One layer's caches of a static decode.
+
+    Attributes:
+        prefix_keys: ``[B, KV, Pb, D]``: each prompt's keys once, padded to the bucket ``Pb``.
+        prefix_values: ``[B, KV, Pb, D]``.
+        prefix_mask: ``[B, 1, Pb]`` additive: ``-inf`` on the prompt's padding and the bucket's.
+        own_keys: ``[B·G, KV, T, D]``: the rows' own tokens, slot ``s`` written at step ``s``; zeros before.
+        own_values: ``[B·G, KV, T, D]``.
+        step: ``[1]`` int64: the slot the running step writes (the same tensor in every layer, set in place).
+    """
+
+    prefix_keys: Tensor
+    prefix_values: Tensor
+    prefix_mask: Tensor
+    own_keys: Tensor
+    own_values: Tensor
+    step: Tensor
+
+
+def static_cascade_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Write this step's key and value into slot ``step`` of the own cache, then attend over both parts.
+
+    Registered with transformers' ``AttentionInterface`` as :data:`STATIC_ATTENTION`; the model runs without a cache
+    of its own (``use_cache=False``), so ``key``/``value`` are this token's only (``[B·G, KV, 1, D]``).
+    ``attention_mask`` is ignored: the prompt's padding is in the prefix mask, the own slots are masked by ``step``.
+    """
+    s = _STATE[module.layer_idx]
+    s.own_keys.index_copy_(2, s.step, key.to(s.own_keys.dtype))
+    s.own_values.index_copy_(2, s.step, value.to(s.own_values.dtype))
+    slots = torch.arange(s.own_keys.shape[2], device=query.device)
+    own_mask = torch.zeros(slots.shape, device=query.device).masked_fill(slots > s.step, float("-inf"))
+    out = cascade_attention(
+        query, s.prefix_keys, s.prefix_values, s.prefix_mask, s.own_keys, s.own_values, scaling, own_mask
+    )
+    return out, None
+
+
+def register_static_attention() -> bool:
+    """Register :func:`static_cascade_attention` with transformers; False where unsupported."""
+    return _register_grouped_attention(STATIC_ATTENTION, static_cascade_attention)
+
+
+def build_caches(
+    prompt_cache: Any,
+    prompt_mask: Tensor,
+    group: int,
+    max_new_tokens: int,
+    bucket: int,
+    reuse: dict[int, StaticCascade] | None = None,
+) -> dict[int, StaticCascade]:
+    """Static caches of every layer filled from the prefilled prompt cache (``P = width - 1`` tokens per prompt).
+
+    Args:
+        prompt_cache: transformers' cache of the prompts' first ``P`` tokens (``layers[i].keys``: ``[B, KV, P, D]``).
+        prompt_mask: ``[B, P]`` attention mask of those tokens (0 on left padding).
+        group: Rows per prompt (G).
+        max_new_tokens: Own slots per row (T): the prompt's last token, then the tokens written.
+        bucket: The prompt part is padded up to a multiple of it, so that prompt widths within a bucket share one
+            shape (one compiled graph); 1: no padding.
+        reuse: Caches of an earlier call; refilled in place when every shape, dtype and device matches, so a
+            compiled step keeps its buffers' addresses (no recompile, no CUDA-graph re-record).
+    """
+    b, p = prompt_mask.shape
+    pb = -(-p // bucket) * bucket
+    layers = prompt_cache.layers
+    _, kvh, _, d = layers[0].keys.shape
+    dtype, device = layers[0].keys.dtype, prompt_mask.device
+    shapes = ((b, kvh, pb, d), (b, 1, pb), (b * group, kvh, max_new_tokens, d))
+    fits = reuse is not None and len(reuse) == len(layers)
+    fits = fits and all(
+        (c.prefix_keys.shape, c.prefix_mask.shape, c.own_keys.shape) == shapes
+        and c.own_keys.dtype == dtype
+        and c.own_keys.device == device
+        for c in reuse.values()
+    )
+    if fits:
+        caches = reuse
+    else:
+        step = torch.zeros(1, dtype=torch.long, device=device)
+        mask = torch.empty(shapes[1], device=device)
+        caches = {
+            i: StaticCascade(
+                torch.empty(shapes[0], dtype=dtype, device=device),
+                torch.empty(shapes[0], dtype=dtype, device=device),
+                mask,
+                torch.empty(shapes[2], dtype=dtype, device=device),
+                torch.empty(shapes[2], dtype=dtype, device=device),
+                step,
+            )
+            for i in range(len(layers))
+        }
+    first = caches[0]
+    first.step.zero_()
+    # -inf on left padding and on the bucket's padding on the right: no weight, whatever those slots hold
+    first.prefix_mask.fill_(float("-inf"))
+    first.prefix_mask[:, 0, :p].masked_fill_(prompt_mask != 0, 0.0)
+    for i, layer in enumerate(layers):
+        c = caches[i]
+        # zeros, not stale or uninitialised values: a masked slot weighs 0, and 0 times a NaN would still be NaN
+        for t in (c.prefix_keys, c.prefix_values, c.own_keys, c.own_values):
+            t.zero_()
+        c.prefix_keys[:, :, :p].copy_(layer.keys)
+        c.prefix_values[:, :, :p].copy_(layer.values)
+    return caches
+
+
+def step_logits(model: nn.Module, token: Tensor, position: Tensor) -> Tensor:
+    """One decode step: the last logits ``[N, V]`` in fp32 of ``token`` (``[N, 1]``) at ``position`` (``[N, 1]``)."""
+    out = model(input_ids=token, position_ids=position, use_cache=False)
+    return out.logits[:, -1, :].float()
+
+
+def compile_options(device: torch.device) -> dict[str, Any]:
+    """``torch.compile`` keywords of the decode step: CUDA graphs on CUDA (``reduce-overhead``), inductor elsewhere."""
+    return {"mode": "reduce-overhead" if device.type == "cuda" else "default", "dynamic": False}
+
+
+def compiled_step(device: torch.device) -> Callable[[nn.Module, Tensor, Tensor], Tensor]:
+    """:func:`step_logits` under ``torch.compile`` with :func:`compile_options` (compiles on its first call)."""
+    return torch.compile(step_logits, **compile_options(device))
+
+
+def mark_static(caches: dict[int, StaticCascade]) -> None:
+    """Tell torch.compile the caches keep their addresses, so CUDA graphs write into them instead of copying them."""
+    for c in caches.values():
+        for t in (c.prefix_keys, c.prefix_values, c.prefix_mask, c.own_keys, c.own_values):
+            torch._dynamo.mark_static_address(t)
