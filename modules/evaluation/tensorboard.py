@@ -31,8 +31,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def escape_markdown(text: str, max_chars: int = 2000) -> str:
     """``text`` as markdown that renders as exactly that text: no markup, HTML or layout of its own survives.
 
-    Punctuation becomes numeric HTML entities, leading spaces and tabs non-breaking spaces (no indented code block),
-    line breaks hard breaks; control characters are dropped. Longer text is cut at ``max_chars`` with a note.
+    Punctuation becomes numeric HTML entities, leading spaces and tabs (4 each) non-breaking spaces (no indented
+    code block), a blank line one non-breaking space (no paragraph break), line breaks hard breaks; trailing blanks
+    of a line and control characters are dropped. Longer text is cut at ``max_chars`` with a note.
 
     Example:
         >>> escape_markdown("# 1*2 <b>")
@@ -45,14 +46,16 @@ def escape_markdown(text: str, max_chars: int = 2000) -> str:
         text = text[:max_chars]
     lines = []
     for line in text.split("\n"):
-        body = line.lstrip(" \t")
-        indent = line[: len(line) - len(body)].replace("\t", "    ")
-        lines.append("&#160;" * len(indent) + _PUNCTUATION.sub(lambda m: f"&#{ord(m.group())};", body))
+        body = line.strip(" \t")  # trailing blanks would merge into the hard break anyway
+        indent = line[: len(line) - len(line.lstrip(" \t"))].replace("\t", "    ")
+        # a blank line would end the paragraph (and the field with it): it holds one non-breaking space instead
+        lead = "&#160;" * max(len(indent), not body)
+        lines.append(lead + _PUNCTUATION.sub(lambda m: f"&#{ord(m.group())};", body))
     return "  \n".join(lines) + cut  # two trailing spaces: a hard line break
 
 
 def _value(value: Any) -> str:
-    """A field's value as markdown: numbers to 4 significant digits, everything else escaped text."""
+    """A field's value as markdown: numbers to 4 significant digits, text escaped, ``None`` and ``""`` in italics."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, float):
@@ -61,7 +64,9 @@ def _value(value: Any) -> str:
         return str(value)
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
         return ", ".join(_value(float(v)) for v in value)
-    return escape_markdown("" if value is None else str(value))
+    if value is None:
+        return "*(none)*"
+    return escape_markdown(str(value)) or "*(empty)*"  # an empty reply is shown as such, not as a missing field
 
 
 def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
