@@ -306,24 +306,30 @@ def test_deep_smida_shows_leader_follower_pairs_and_utilities(tiny_lm_dir, tmp_p
 PLAYERS_OF_POOL = ("m0", "m1", "m2")
 
 
-def test_pool_shows_duels_exp3_elo_and_histograms(tiny_lm_dir, tmp_path):
+def pool_data(tmp_path) -> InstructionPoolDataModule:
+    """Eight short sums (short sequences keep the byte-level tiny model fast): six to duel on, two to validate."""
     path = tmp_path / "pool.jsonl"
     path.write_text("\n".join(json.dumps({"question": f"{a}+{a + 1}=?", "answer": str(2 * a + 1)}) for a in range(8)))
-    data = InstructionPoolDataModule(
-        source=PromptSource(path=str(path), prompt_column="question", reference_column="answer"),
-        val_fraction=0.25,
-        batch_size=4,
-    )
+    source = PromptSource(path=str(path), prompt_column="question", reference_column="answer")
+    return InstructionPoolDataModule(source=source, val_fraction=0.25, batch_size=4)
+
+
+def pool(tiny_lm_dir, **kw) -> StackelbergPool:
     L.seed_everything(0)
-    model = StackelbergPool(
+    args = dict(
         lm={"name_or_path": str(tiny_lm_dir), "lora_r": 4, "lora_alpha": 8},
         duels_per_iteration=3,
         num_iterations=2,
         sampling=Sampling(temperature=0.7, top_p=0.9, max_new_tokens=6),
         eval_max_new_tokens=6,
         judging=PeerJudging(template="{prompt} {response}", mode="constrained", max_new_tokens=6),
-        followers=FollowerTraining("grpo", lr=1e-2, batch_size=4, grpo_rollouts=2),
     )
+    return StackelbergPool(**{**args, **kw})
+
+
+def test_pool_shows_duels_exp3_elo_and_histograms(tiny_lm_dir, tmp_path):
+    data = pool_data(tmp_path)
+    model = pool(tiny_lm_dir, followers=FollowerTraining("grpo", lr=1e-2, batch_size=4, grpo_rollouts=2))
     logger = config_logger(tmp_path, "pool_grpo.yaml")
     trainer(logger, tmp_path, max_epochs=2, limit_val_batches=1).fit(model, datamodule=data)
     acc = events(logger)
@@ -358,6 +364,23 @@ def test_pool_shows_duels_exp3_elo_and_histograms(tiny_lm_dir, tmp_path):
         assert len(hists) == 2 and all(h.num == count for _, h in hists), tag
     for _, h in histogram(acc, "follower/advantage_hist"):  # groups of two: ±a, summing to zero (float32)
         assert h.sum == pytest.approx(0.0, abs=1e-3) and h.min == -h.max
+
+
+def test_pool_of_one_with_a_uniform_leader_and_dpo(tiny_lm_dir, tmp_path):
+    """The self-rewarding baseline: the model duels and judges itself; SPARTA's flat distribution; no Elo, no GRPO."""
+    data = pool_data(tmp_path)
+    model = pool(tiny_lm_dir, num_players=1, leader="uniform", followers=FollowerTraining(lr=1e-2, batch_size=4))
+    logger = config_logger(tmp_path, "pool_dpo.yaml")
+    trainer(logger, tmp_path, max_epochs=1, limit_val_batches=1).fit(model, datamodule=data)
+    acc = events(logger)
+    (samples,) = rendered_samples(acc, "train/duels")  # one validation
+    assert len(samples) == 3
+    for s in samples:
+        assert {"reply a (m0)", "reply b (m0)"} <= set(s) and s["judge scores, a vs b"].startswith("m0: ")
+    ((_, h),) = histogram(acc, "leader/exp3_probs")
+    assert list(h.bucket) == pytest.approx([1 / 6] * 6)  # six instructions to duel on, uniformly
+    assert "custom_scalars__config__" not in acc.Tags()["tensors"]  # no ratings in a pool of one
+    assert not [k for k in acc.Tags()["histograms"] if k.startswith("follower/")]  # DPO has no rollout advantages
 
 
 def custom_chart(acc: ea.EventAccumulator, title: str) -> list[str]:
