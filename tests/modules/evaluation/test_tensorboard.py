@@ -164,6 +164,25 @@ def test_only_rank_zero_with_a_tensorboard_logger_writes(tmp_path):
     assert tensorboard_writer(None) is None
 
 
+def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path, monkeypatch):
+    import glob
+
+    import train
+
+    loggers = []
+    for path in sorted(glob.glob(f"{ROOT}/configs/*.yaml")):
+        with open(path) as f:
+            logger = (yaml.safe_load(f).get("trainer") or {}).get("logger")
+        if isinstance(logger, dict) and logger["class_path"].endswith("TensorBoardLogger"):
+            loggers.append(path)
+            assert logger["init_args"].get("default_hp_metric") is False, path
+    assert len(loggers) >= 15  # every shipped config logs to TensorBoard
+    monkeypatch.chdir(tmp_path)  # the default logger of a config that names none: train.py's
+    args = ["--model=modules.tabular_smida.TabularSMIDA", "--data=datamodules.steps.StepDataModule"]  # run=False
+    cli = train.main(args, run=False)
+    assert isinstance(cli.trainer.logger, TensorBoardLogger) and cli.trainer.logger._default_hp_metric is False
+
+
 # ------------------------------------------------------------------------------------------------ GRPO
 def grpo(tiny_lm_dir, **kw):
     args = dict(
