@@ -241,7 +241,8 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         trainer_defaults={
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                "init_args": {"save_dir": "runs", "name": "default"},
+                # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md
+                "init_args": {"save_dir": "runs", "name": "default", "default_hp_metric": False},
             },
             # persistent: added to whatever callbacks a config lists
             "callbacks": [RNGStateCallback(), CheckpointOnSigterm()],

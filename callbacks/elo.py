@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
@@ -52,6 +54,8 @@ class EloRating(Callback):
     it to the ``Trainer``, not through ``configure_callbacks`` (that would hang under DDP; README, "Elo reputations").
 
     Logged at the end of every training batch: ``{name}/<player>`` (rating) and ``{name}_volatility/<player>``.
+    With a ``TensorBoardLogger``, rank 0 also writes a custom-scalars layout at the start of fit
+    (:meth:`tensorboard_layout`): every player's rating in one chart, and every volatility in another.
 
     Args:
         players: the players' names (unique, at least two).
@@ -260,6 +264,31 @@ class EloRating(Callback):
         for ia, ib, score in duels:
             self._apply_one(ia, ib, score)
         return len(duels)
+
+    def tensorboard_layout(self) -> dict[str, dict[str, list[Any]]]:
+        """TensorBoard's custom-scalars layout of the logged keys: all ratings in one chart, all volatilities in one.
+
+        In the format of ``SummaryWriter.add_custom_scalars``; each tag is an anchored regex of one logged key.
+        """
+
+        def tags(prefix: str) -> list[str]:
+            return [f"^{re.escape(f'{prefix}/{p}')}$" for p in self.players]
+
+        return {
+            f"{self.name} (Elo)": {
+                "ratings": ["Multiline", tags(self.name)],
+                "volatility": ["Multiline", tags(f"{self.name}_volatility")],
+            }
+        }
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # TensorBoard reads the first layout of a run: written once, here, on rank 0 (no other rank has a writer)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    logger.experiment.add_custom_scalars(self.tensorboard_layout())
+                    break
 
     def _log(self, pl_module: pl.LightningModule) -> None:
         for i, player in enumerate(self.players):

@@ -29,6 +29,7 @@ from modules.distributed.sharding import (
     gradient_sync,
     shard_for_strategy,
 )
+from modules.evaluation.tensorboard import GameBoard
 from modules.lm.policy_bank import PolicyBank
 from modules.training.artifacts import atomic_write_text
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
@@ -88,9 +89,13 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     :meth:`game_state` / :meth:`load_game_state`. State-dict entries that are not trainable but must be kept (a
     persistent metric, say) are named by prefix in :attr:`kept_state_prefixes`.
 
+    What the game shows in TensorBoard beyond scalars goes through :attr:`board` (a
+    :class:`~modules.evaluation.tensorboard.GameBoard`); the samples a validation kept are written at its end.
+
     Args:
         grad_clip: Gradient norm clip per optimizer (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
+        log_samples: Samples per validation shown as text in TensorBoard (0: none).
     """
 
     family: ClassVar[str] = "language-model game"
@@ -99,7 +104,9 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     #: non-trainable state-dict entries kept in checkpoints, by prefix
     kept_state_prefixes: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, grad_clip: float | None = 1.0, max_consecutive_nonfinite: int = 10) -> None:
+    def __init__(
+        self, grad_clip: float | None = 1.0, max_consecutive_nonfinite: int = 10, log_samples: int = 4
+    ) -> None:
         super().__init__()
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip must be positive or null, got {grad_clip}")
@@ -109,6 +116,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         self.grad_clip = grad_clip
         self.phase_times: dict[str, float] = {}
+        self.board = GameBoard(log_samples)
 
     def save_hyperparameters_and_groups(self, groups: dict[str, Any], ignore: Sequence[str] = ()) -> None:
         """The calling ``__init__``'s arguments as hparams, with its argument groups (dataclasses) as plain dicts.
@@ -153,6 +161,16 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     def configure_callbacks(self) -> list[L.Callback]:
         """The generator states travel in every checkpoint through one owner, :class:`callbacks.RNGStateCallback`."""
         return [RNGStateCallback()]
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Write the step's buffered TensorBoard histograms when the step logs (see :attr:`board`)."""
+        self.board.write_values_if_due(self)
+
+    @override
+    def on_validation_end(self) -> None:
+        """Write the samples kept for TensorBoard (rank zero, TensorBoard logger only; see :attr:`board`)."""
+        self.board.write_samples(self)
 
     # ------------------------------------------------------------------------------------------------ optimisation
     def accumulate(

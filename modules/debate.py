@@ -48,6 +48,7 @@ from modules.algorithms.debate import (
 )
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
 from modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from modules.evaluation.tensorboard import debate_row
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
@@ -107,6 +108,7 @@ class DebateSelfPlay(LanguageModelGame):
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+        log_samples: Validation transcripts shown per validation in TensorBoard (``val/debates``; 0: none).
     """
 
     family = "debate self-play"
@@ -143,8 +145,9 @@ class DebateSelfPlay(LanguageModelGame):
         max_consecutive_nonfinite: int = 10,
         seed: int = 0,
         logprob_micro_batch: int = 0,
+        log_samples: int = 4,
     ) -> None:
-        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
         lm = ModelConfig.coerce(lm)
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -350,6 +353,7 @@ class DebateSelfPlay(LanguageModelGame):
             self.log_dict({**metrics, **skipped}, batch_size=b)
             return self._mcc_outputs(transcripts, verdicts)
         adv = group_advantages(r, g, scale=hp.scale_advantages)
+        self.board.add_values(self, {"train/reward_hist": r, "train/advantage_hist": adv})
         old = None
         for update in range(hp.updates_per_batch):
             with self._timed("logprob"):
@@ -451,6 +455,8 @@ class DebateSelfPlay(LanguageModelGame):
         shares, judge_counts, verdicts = self._judge(transcripts)
         metrics = self._rollout_metrics(stage, transcripts, shares, judge_counts)
         rewards = self.rewards(transcripts, shares)
+        if stage == "val":
+            self.board.add_samples(self, "val/debates", map(debate_row, transcripts, shares, verdicts, rewards))
         # exact per-problem values are logged at the evaluation's end, each problem once (see _end_evaluation)
         for key in ("accuracy", "judge_ties", "judge_unparsed"):
             metrics.pop(f"{stage}/{key}", None)

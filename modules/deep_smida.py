@@ -70,6 +70,8 @@ class DeepSMIDA(LanguageModelGame):
         candidate_alpha: α of the candidates that ``predict`` writes.
         candidate_threshold: Variance threshold of those candidates; ``None`` takes the reference pair's
             ``1 − α`` quantile from the latest validation (saved in checkpoints).
+        log_samples: Validation pairs of the trained leader and follower shown per validation in TensorBoard
+            (``val/leader_follower``; 0: none).
     """
 
     family = "deep-SMIDA"
@@ -97,8 +99,9 @@ class DeepSMIDA(LanguageModelGame):
         logprob_micro_batch: int = 0,
         candidate_alpha: float = 0.1,
         candidate_threshold: float | None = None,
+        log_samples: int = 4,
     ) -> None:
-        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
         lm = ModelConfig.coerce(lm)
         if samples_per_prompt < 2 or follower_samples < 2:
             raise ValueError(
@@ -190,6 +193,7 @@ class DeepSMIDA(LanguageModelGame):
                     b, d, m
                 )
         out = smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
+        self.board.add_values(self, {"follower/utility_hist": u, "leader/cost_hist": out["a_bar"]})
         loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
         if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
             return
@@ -267,6 +271,10 @@ class DeepSMIDA(LanguageModelGame):
             lead, foll = self.rollout(prompts, r, 1, leader=lp, follower=fp)
             xs, ys, y2s = self.triplets(prompts, lead, foll, r, 1)
             var, mean = self._variances(xs, ys, y2s)
+            if tag == "trained" and self.board.wants_samples(self, "val/leader_follower"):
+                refs_r, stats = [ref for ref in refs for _ in range(r)], zip(var.tolist(), mean.tolist())
+                rows = zip(xs, refs_r, ys, y2s, stats)
+                self.board.add_samples(self, "val/leader_follower", (_pair_row(*row) for row in rows))
             self._eval.setdefault(f"{tag}_var", []).append(var.view(len(prompts), r).to(self.device))
             self._eval.setdefault(f"{tag}_mean", []).append(mean.view(len(prompts), r).to(self.device))
             if self.oracle is not None and all(x is not None for x in refs):
@@ -379,6 +387,18 @@ class DeepSMIDA(LanguageModelGame):
                     }
                 )
         return rows
+
+
+def _pair_row(prompt: str, reference: str | None, leader: str, follower: str, stats: tuple[float, float]) -> dict:
+    """One validation pair as a TensorBoard text row.
+
+    With the ensemble's variance and mean preference of the pair, or the utility when the game's utility is not an
+    ensemble's (see :meth:`DeepSMIDA._variances`).
+    """
+    row = {"prompt": prompt, "reference": reference, "leader reply": leader, "follower reply": follower}
+    if math.isnan(stats[1]):
+        return {**row, "utility": stats[0]}
+    return {**row, "ensemble variance": stats[0], "mean P(leader ≻ follower)": stats[1]}
 
 
 def _grad_norm(parameters: list[torch.nn.Parameter]) -> Tensor:

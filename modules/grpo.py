@@ -65,6 +65,7 @@ class GRPO(LanguageModelGame):
         train_micro_batch: Rows per policy forward + backward (0: all at once); gradients are accumulated.
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
+        log_samples: Greedy validation replies shown per validation in TensorBoard (``val/generations``; 0: none).
     """
 
     family = "GRPO"
@@ -93,8 +94,11 @@ class GRPO(LanguageModelGame):
         train_micro_batch: int = 0,
         max_consecutive_nonfinite: int = 10,
         eval_max_new_tokens: int | None = None,
+        log_samples: int = 4,
     ) -> None:
-        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        super().__init__(
+            grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite, log_samples=log_samples
+        )
         lm = ModelConfig.coerce(lm)
         reward_models = list(reward_models or [])
         if not reward_models and not answer_reward:
@@ -194,6 +198,7 @@ class GRPO(LanguageModelGame):
         if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps
             return
         advantages = group_advantages(reward, g, scale=hp.scale_rewards)
+        self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})
         ref = old = None
         with torch.no_grad():
             if hp.beta > 0:
@@ -245,10 +250,16 @@ class GRPO(LanguageModelGame):
             PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or self.sampling.max_new_tokens, do_sample=False
         )
         per_reward = self.rewards(inputs, roll.texts, refs)
-        logs = {"val/reward": (per_reward * self.reward_weight).sum(dim=1).mean()}
+        reward = (per_reward * self.reward_weight).sum(dim=1)
+        logs = {"val/reward": reward.mean()}
         if all(r is not None for r in refs):
             logs["val/accuracy"] = answer_rewards(roll.texts, refs).mean()
         self.log_dict(logs, batch_size=len(prompts), sync_dist=True)
+        if not self.trainer.testing and self.board.wants_samples(self, "val/generations"):
+            rows = zip(prompts, refs, roll.texts, reward.tolist())
+            self.board.add_samples(
+                self, "val/generations", ({"prompt": x, "reference": r, "reply": y, "reward": v} for x, r, y, v in rows)
+            )
 
     test_step = validation_step
 

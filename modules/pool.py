@@ -98,6 +98,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
         seed: Seed of the leader's and the matching's generator (saved in checkpoints).
         max_consecutive_nonfinite: Stop after this many skipped updates in a row.
+        log_samples: Duels of the latest iteration shown at each validation in TensorBoard (``train/duels``: the
+            instruction, both replies, every judge's scores, the weighted scores, the leader's reward; 0: none).
     """
 
     family = "multi-LLM pool"
@@ -124,8 +126,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         eval_max_new_tokens: int = 256,
         seed: int = 0,
         max_consecutive_nonfinite: int = 10,
+        log_samples: int = 4,
     ) -> None:
-        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
         self.leader_reward = argument_group(CompositeReward, leader_reward, "leader_reward")
@@ -205,6 +208,12 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             )
 
     @override
+    def on_fit_start(self) -> None:
+        """TensorBoard's custom-scalars tab: all Elo ratings in one chart (:meth:`EloRating.tensorboard_layout`)."""
+        if self.elo is not None:
+            self.board.write_layout(self, self.elo.tensorboard_layout())
+
+    @override
     def num_optimizers(self) -> int:
         return len(self.player_names)
 
@@ -270,6 +279,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             return
         side_scores, rollout_scores = self._aggregate(duels, judges, scores, g)
         rewards, probs = self._update_leader(chosen, side_scores, progress)
+        self._show_duels(questions, duels, judges, texts, scores, side_scores, rewards)
         with self._timed("followers"):
             if self.followers.algorithm == "dpo":
                 stats = self._train_dpo(questions, duels, texts, side_scores, iteration)
@@ -383,6 +393,26 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.history["rewards"].append(sum(rewards) / len(rewards))
         return rewards, probs
 
+    def _show_duels(self, questions, duels, judges, texts, scores, side_scores, rewards) -> None:
+        """Keep the iteration's first duels for TensorBoard's text tab (written at the next validation)."""
+        names, g = self.player_names, len(texts[(0, 0)])
+        rollout = f", rollout 1 of {g}" if g > 1 else ""
+
+        def row(d: int) -> dict[str, Any]:
+            a, b = duels[d]
+            mean = [[sum(scores[(d, s, r)][j] for r in range(g)) / g for s in (0, 1)] for j in judges[d]]
+            votes = "; ".join(f"{names[j]}: {x:.3g} vs {y:.3g}" for j, (x, y) in zip(judges[d], mean))
+            return {
+                "instruction": questions[d],
+                f"reply a ({names[a]}{rollout})": texts[(d, 0)][0],
+                f"reply b ({names[b]}{rollout})": texts[(d, 1)][0],
+                "judge scores, a vs b": votes,
+                "reputation-weighted scores, a and b": side_scores[d],
+                "leader reward": rewards[d],
+            }
+
+        self.board.add_samples(self, "train/duels", map(row, range(len(duels))), replace=True)
+
     def _log_iteration(self, probs: Tensor, rewards: list, side_scores: list, target_gap: float, stats: dict) -> None:
         """The iteration's leader, duel, judge and follower numbers, the epoch means and the phase times."""
         names, k = self.player_names, probs.numel()
@@ -413,6 +443,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
                 logs.update({f"elo/{p}": self.elo.rating(p), f"elo_volatility/{p}": self.elo.volatility(p)})
         logs.update({f"time/{phase}": float(t) for phase, t in self.phase_times.items()})
         self.log_dict({**logs, **stats}, batch_size=1)
+        self.board.write_distribution(self, "leader/exp3_probs", probs)  # every iteration: the leader's distribution
+        self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def _evaluate(self, batch: dict[str, Any], metrics: nn.ModuleDict) -> None:

@@ -79,7 +79,8 @@ class FollowerUpdates:
 
     It uses the pool's ``player_names``, ``bank``/``chat``/``encode``, ``counters`` and ``epoch_means``, its
     :class:`FollowerTraining` (``followers``), ``sampling`` and ``system_prompt``, and
-    :class:`modules.base.LanguageModelGame`'s step machinery. Each method returns the numbers to log.
+    :class:`modules.base.LanguageModelGame`'s step machinery and TensorBoard ``board``. Each method returns the numbers
+    to log.
     """
 
     def _train_dpo(self, questions, duels, texts, side_scores, iteration: int) -> dict[str, float]:
@@ -163,6 +164,7 @@ class FollowerUpdates:
         if own:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
             adv = rules.peer_score_advantages(rewards, g).to(self.device)
+            self.board.add_values(self, {"follower/reward_hist": rewards, "follower/advantage_hist": adv})
             with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
                 old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, hp.micro_batch)
                 if hp.grpo_beta > 0:

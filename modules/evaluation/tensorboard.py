@@ -1,0 +1,233 @@
+"""What a game shows in TensorBoard beyond its scalars: sampled text, value histograms, a distribution over arms.
+
+The games (GRPO, debate, deep-SMIDA, the pool) each hold one :class:`GameBoard` and hand it what they already
+produced: the first rows of a validation (never a draw from a generator, so the RNG streams and exact resumes are
+untouched), the step's rewards and advantages, the leader's probabilities. It writes only on rank zero and only to a
+``TensorBoardLogger``; with another logger, none, or a ``fast_dev_run`` (Lightning's dummy logger) it does nothing.
+Text is markdown-escaped (:func:`escape_markdown`) so a generated reply cannot restyle or break TensorBoard's page.
+User guide: ``docs/tensorboard.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+__all__ = ["GameBoard", "escape_markdown", "samples_markdown", "tensorboard_writer"]
+
+# every ASCII punctuation character may start markdown (lists, headings, emphasis, code, tables, links, setext
+# underlines, HTML): each becomes a numeric entity, which markdown passes through and the browser shows as itself
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def escape_markdown(text: str, max_chars: int = 2000) -> str:
+    """``text`` as markdown that renders as exactly that text: no markup, HTML or layout of its own survives.
+
+    Punctuation becomes numeric HTML entities, leading spaces and tabs (4 each) non-breaking spaces (no indented
+    code block), a blank line one non-breaking space (no paragraph break), line breaks hard breaks; trailing blanks
+    of a line and control characters are dropped. Longer text is cut at ``max_chars`` with a note.
+
+    Example:
+        >>> escape_markdown("# 1*2 <b>")
+        '&#35; 1&#42;2 &#60;b&#62;'
+    """
+    text = _CONTROL.sub("", str(text).replace("\r\n", "\n").replace("\r", "\n"))
+    cut = ""
+    if len(text) > max_chars:
+        cut = f" … ({len(text) - max_chars} more characters)"
+        text = text[:max_chars]
+    lines = []
+    for line in text.split("\n"):
+        body = line.strip(" \t")  # trailing blanks would merge into the hard break anyway
+        indent = line[: len(line) - len(line.lstrip(" \t"))].replace("\t", "    ")
+        # a blank line would end the paragraph (and the field with it): it holds one non-breaking space instead
+        lead = "&#160;" * max(len(indent), not body)
+        lines.append(lead + _PUNCTUATION.sub(lambda m: f"&#{ord(m.group())};", body))
+    return "  \n".join(lines) + cut  # two trailing spaces: a hard line break
+
+
+def _value(value: Any) -> str:
+    """A field's value as markdown: numbers to 4 significant digits, text escaped, ``None`` and ``""`` in italics."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, (bool, int)):
+        return str(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return ", ".join(_value(float(v)) for v in value)
+    if value is None:
+        return "*(none)*"
+    return escape_markdown(str(value)) or "*(empty)*"  # an empty reply is shown as such, not as a missing field
+
+
+def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One markdown document: each row a numbered section of ``**field**`` and its escaped value, rows ruled off.
+
+    Field names are escaped too (they may hold a model's name).
+    """
+    parts = []
+    for i, row in enumerate(rows, start=1):
+        fields = [f"**{escape_markdown(k, 200)}**  \n{_value(v)}" for k, v in row.items()]
+        parts.append(f"#### {i}\n\n" + "\n\n".join(fields))
+    return "\n\n---\n\n".join(parts)
+
+
+def tensorboard_writer(trainer: L.Trainer | None) -> Any | None:
+    """The ``SummaryWriter`` of the trainer's first ``TensorBoardLogger`` on rank zero; ``None`` otherwise."""
+    if trainer is None or not trainer.is_global_zero:
+        return None
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            return logger.experiment
+    return None
+
+
+def logging_step(trainer: L.Trainer) -> int:
+    """The step Lightning gives the scalars logged now (batches that stepped: one per batch, not per optimizer).
+
+    Read as Lightning's own ``LearningRateMonitor`` reads it, so histograms and text line up with the scalars.
+    """
+    loop = getattr(trainer, "fit_loop", None)
+    if trainer.state.fn == "fit" and loop is not None:
+        return int(loop.epoch_loop._batches_that_stepped)
+    return int(trainer.global_step)
+
+
+class GameBoard:
+    """A game's TensorBoard extras: validation samples as text, training values as histograms, a leader's arms.
+
+    Nothing here touches a generator or the module's state that trains or is checkpointed; every method returns at
+    once off rank zero or without a ``TensorBoardLogger``.
+
+    Args:
+        num_samples: Rows of text per tag and validation (0: no text).
+
+    Raises:
+        ValueError: if ``num_samples`` is negative.
+    """
+
+    def __init__(self, num_samples: int = 4) -> None:
+        if num_samples < 0:
+            raise ValueError(f"log_samples must be at least 0, got {num_samples}")
+        self.num_samples = int(num_samples)
+        self._samples: dict[str, list[dict[str, Any]]] = {}
+        self._values: dict[str, list[np.ndarray]] = {}
+
+    # ------------------------------------------------------------------------------------------------ text
+    def wants_samples(self, module: L.LightningModule, tag: str) -> bool:
+        """Whether ``tag`` still takes rows (so a caller can skip building them)."""
+        if self.num_samples == 0 or tensorboard_writer(module._trainer) is None:
+            return False
+        return len(self._samples.get(tag, [])) < self.num_samples
+
+    def add_samples(
+        self, module: L.LightningModule, tag: str, rows: Iterable[Mapping[str, Any]], replace: bool = False
+    ) -> None:
+        """Keep rows for ``tag`` up to ``num_samples`` (the first ones; ``replace`` drops the kept ones first)."""
+        if replace:
+            self._samples.pop(tag, None)
+        if not self.wants_samples(module, tag):
+            return
+        kept = self._samples.setdefault(tag, [])
+        for row in rows:
+            if len(kept) >= self.num_samples:
+                break
+            kept.append(dict(row))
+
+    def write_samples(self, module: L.LightningModule) -> None:
+        """Write each tag's kept rows as one markdown text at the current step, then forget them."""
+        writer = tensorboard_writer(module._trainer)
+        samples, self._samples = self._samples, {}
+        if writer is None:
+            return
+        step = logging_step(module.trainer)
+        for tag, rows in samples.items():
+            if rows:
+                writer.add_text(tag, samples_markdown(rows), global_step=step)
+
+    # ------------------------------------------------------------------------------------------------ histograms
+    def add_values(self, module: L.LightningModule, values: Mapping[str, Any]) -> None:
+        """Buffer values per tag until :meth:`write_values_if_due` writes them as histograms.
+
+        Non-finite values are left out (a histogram cannot bin them; the games count them apart).
+        """
+        if tensorboard_writer(module._trainer) is None:
+            return
+        for tag, value in values.items():
+            array = np.asarray(torch.as_tensor(value).detach().double().cpu().reshape(-1).numpy())
+            self._values.setdefault(tag, []).append(array[np.isfinite(array)])
+
+    def write_values_if_due(self, module: L.LightningModule) -> None:
+        """At the end of a training batch that logs scalars, write each tag's buffer as one histogram.
+
+        So a histogram holds every value since the previous one (``trainer.log_every_n_steps`` batches).
+        """
+        trainer = module._trainer
+        if self._values and (trainer._logger_connector.should_update_logs or trainer.fast_dev_run):
+            self.flush_values(module)  # asked as Lightning's own LearningRateMonitor asks
+
+    def flush_values(self, module: L.LightningModule) -> None:
+        """Write the buffered values now (one histogram per tag holding any), then forget them."""
+        writer = tensorboard_writer(module._trainer)
+        values, self._values = self._values, {}
+        if writer is None:
+            return
+        step = logging_step(module.trainer)
+        for tag, parts in values.items():
+            array = np.concatenate(parts)
+            if array.size:
+                writer.add_histogram(tag, array, global_step=step)
+
+    def write_distribution(self, module: L.LightningModule, tag: str, probabilities: Any) -> None:
+        """A distribution over arms ``0 … K-1`` as a histogram: bucket ``i`` spans ``[i - ½, i + ½)``, height ``p_i``.
+
+        TensorBoard's histogram tab then shows the distribution itself per step (not a histogram of its values).
+        """
+        writer = tensorboard_writer(module._trainer)
+        if writer is None:
+            return
+        p = np.asarray(torch.as_tensor(probabilities).detach().double().cpu().reshape(-1).numpy())
+        arms = np.arange(p.size, dtype=np.float64)
+        writer.add_histogram_raw(
+            tag,
+            min=-0.5,
+            max=p.size - 0.5,
+            num=float(p.sum()),
+            sum=float((arms * p).sum()),
+            sum_squares=float((arms**2 * p).sum()),
+            bucket_limits=(arms + 0.5).tolist(),
+            bucket_counts=p.tolist(),
+            global_step=logging_step(module.trainer),
+        )
+
+    def write_layout(self, module: L.LightningModule, layout: dict[str, dict[str, list[Any]]]) -> None:
+        """Write a custom-scalars layout (``{category: {chart: ["Multiline", [tag regexes]]}}``).
+
+        TensorBoard reads a run's first one, so a game writes one, whole, at the start of fit.
+        """
+        writer = tensorboard_writer(module._trainer)
+        if writer is not None:
+            writer.add_custom_scalars(layout)
+
+
+def debate_row(transcript: Any, share: float, verdict: str, rewards: Sequence[Any]) -> dict[str, Any]:
+    """One debate as a text row: the problem, its reference, every ply's full reply and reward, the judge's ruling.
+
+    ``transcript`` is a :class:`~modules.algorithms.debate.Transcript`, ``rewards`` its
+    :class:`~modules.algorithms.debate.PlyReward` per ply, ``share`` Alice's share of the judge's votes.
+    """
+    row: dict[str, Any] = {"problem": transcript.problem, "reference": transcript.reference}
+    for ply, reply, reward in zip(transcript.plies, transcript.replies, rewards):
+        row[ply] = reply.raw
+        row[f"{ply} reward"] = float(reward.reward)
+    row.update({"judge verdict": verdict, "Alice's vote share": float(share), "Alice correct": transcript.correct})
+    return row
