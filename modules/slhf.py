@@ -93,6 +93,7 @@ class SLHF(WinRateValidation, DeepSMIDA):
         )
         if eval_pairs < 1:
             raise ValueError(f"eval_pairs must be at least 1, got {eval_pairs}")
+        self.hparams["follower_only"] = False  # read by deep-SMIDA's step; not an argument here (both players learn)
 
     @property
     def preference(self) -> Utility:
