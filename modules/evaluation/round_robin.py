@@ -90,8 +90,11 @@ def round_robin_table(
             lo, hi = torch.nanquantile(boot, q).tolist()
             cell = {"rate": rate, "ci": [lo, hi], "n_prompts": int(keep.sum())}
         rates[a][b] = cell
-        rates[b][a] = {"rate": 1.0 - cell["rate"], "ci": [1.0 - cell["ci"][1], 1.0 - cell["ci"][0]],
-                       "n_prompts": cell["n_prompts"]}  # fmt: skip
+        rates[b][a] = {
+            "rate": 1.0 - cell["rate"],
+            "ci": [1.0 - cell["ci"][1], 1.0 - cell["ci"][0]],
+            "n_prompts": cell["n_prompts"],
+        }
     r = next(iter(shapes.values()))[1]
     return {"names": names, "n_prompts": n, "pairs_per_prompt": r, "level": level, "n_boot": n_boot, "rates": rates}
 
@@ -211,7 +214,9 @@ def _sample_all(bank: Any, policies: list[str], prompts: list[str], args: argpar
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m modules.evaluation.round_robin", description=__doc__.split("\n")[0])
     p.add_argument("--runs", nargs="+", required=True, help="NAME=CHECKPOINT[:PLAYER], e.g. smida=runs/.../last.ckpt")
-    p.add_argument("--lm", required=True, help="the frozen base every run was trained from (e.g. artifacts/tiny_policy)")
+    p.add_argument(
+        "--lm", required=True, help="the frozen base every run was trained from (e.g. artifacts/tiny_policy)"
+    )
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--no-reference", action="store_true", help="leave the reference policy out of the table")
@@ -276,8 +281,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         runs={name: {"checkpoint": path, "player": players[name]} for name, path, _ in runs},
         lm=args.lm,
         data={"num_prompts": args.num_prompts, "val_fraction": args.val_fraction, "seed": args.data_seed},
-        oracle={"class": "ProgrammaticOracle", "num_queries": args.oracle_queries, "beta": args.oracle_beta,
-                "unlabelled_rows": oracle.unlabelled_rows},  # fmt: skip
+        oracle={
+            "class": "ProgrammaticOracle",
+            "num_queries": args.oracle_queries,
+            "beta": args.oracle_beta,
+            "unlabelled_rows": oracle.unlabelled_rows,
+        },
         sampling={"temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens},
         seed=args.seed,
         wall_s=round(time.perf_counter() - start, 1),

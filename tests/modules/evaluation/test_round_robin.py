@@ -38,7 +38,9 @@ def test_table_bootstrap_against_an_independent_resampling():
     t = round_robin_table({("x", "y"): v}, ["x", "y"], n_boot=500, seed=7)
     idx = torch.randint(0, 50, (500, 50), generator=torch.Generator().manual_seed(7))
     means = v.mean(1)[idx].mean(1)
-    assert t["rates"]["x"]["y"]["ci"] == pytest.approx(torch.quantile(means, torch.tensor([0.025, 0.975]).double()).tolist())
+    assert t["rates"]["x"]["y"]["ci"] == pytest.approx(
+        torch.quantile(means, torch.tensor([0.025, 0.975]).double()).tolist()
+    )
 
 
 def test_table_refuses_bad_input():
