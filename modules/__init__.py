@@ -5,6 +5,7 @@ The pure functions are importable from here; LightningModules live in their own 
 """
 
 from modules.algorithms.answers import answers_match, extract_final_answer
+from modules.algorithms.baselines import geometric_mixture_logprobs, nash_md_pg_surrogate_loss, slhf_surrogate_losses
 from modules.algorithms.debate import count_words, parse_verdict, ply_rewards, split_reply, vote_share, word_penalty
 from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from modules.algorithms.exp3 import Exp3
@@ -19,9 +20,12 @@ __all__ = [
     "ensemble_jsd",
     "ensemble_variance",
     "extract_final_answer",
+    "geometric_mixture_logprobs",
+    "nash_md_pg_surrogate_loss",
     "parse_verdict",
     "ply_rewards",
     "smida",
+    "slhf_surrogate_losses",
     "smida_surrogate_losses",
     "split_reply",
     "stackelberg_equilibrium",

@@ -192,7 +192,7 @@ class DeepSMIDA(LanguageModelGame):
                 lp_f_ref = self.players.logprobs(None, foll, self.sampling.temperature, hp.logprob_micro_batch).view(
                     b, d, m
                 )
-        out = smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
+        out = self.surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref)
         self.board.add_values(self, {"follower/utility_hist": u, "leader/cost_hist": out["a_bar"]})
         loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
         if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
@@ -226,6 +226,16 @@ class DeepSMIDA(LanguageModelGame):
             prog_bar=False,
             batch_size=b,
         )
+
+    def surrogate_losses(
+        self, u: Tensor, lp_l: Tensor, lp_l_ref: Tensor, lp_f: Tensor, lp_f_ref: Tensor
+    ) -> dict[str, Tensor]:
+        """Both players' surrogate losses from the scores ``[B, D, M]`` and log-probabilities (eqs. 22–25).
+
+        The one place a game built on this rollout differs (SLHF reads the scores as P0's preferences).
+        """
+        hp = self.hparams
+        return smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
 
     def _log_candidate_shares(self, batch_size: int) -> None:
         """Share of this batch's triplets above the reference thresholds of the latest validation (App. G.1)."""

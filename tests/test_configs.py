@@ -40,6 +40,14 @@ SMALL = {
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
         UNTRAINED,
     ],
+    **{
+        f"{name}.yaml": [
+            "--data.init_args.num_prompts=40",
+            "--model.init_args.sampling.max_new_tokens=16",
+            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        ]
+        for name in ("nlhf", "slhf")
+    },
     "grpo_tiny.yaml": [
         "--data.init_args.num_prompts=40",
         "--data.init_args.batch_size=2",

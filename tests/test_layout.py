@@ -26,7 +26,7 @@ STRATEGY_MODULES = (
     "lightning.pytorch.strategies",
     "lightning.fabric.strategies",
 )
-FAMILIES = {"base", "debate", "deep_smida", "grpo", "pool", "preference", "sft", "tabular_smida"}
+FAMILIES = {"base", "debate", "deep_smida", "grpo", "nlhf", "pool", "preference", "sft", "slhf", "tabular_smida"}
 
 
 def _sources(*folders: str) -> list[Path]:

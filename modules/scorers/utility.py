@@ -27,7 +27,8 @@ UNTRAINED_REFUSAL = (
     "--model.init_args.utility.init_args.allow_untrained=true"
 )
 
-UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed"]
+UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference"]
+UTILITY_KINDS = ("variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference")
 
 
 def utility_from_member_probs(
@@ -39,7 +40,9 @@ def utility_from_member_probs(
     * ``decision_uncertainty``: ``min(P̄, 1 − P̄)``;
     * ``jsd``: Jensen–Shannon divergence among the members;
     * ``slhf``: ``P(y′ ≻ y) = 1 − P̄`` (the follower wants to beat the leader, App. F);
-    * ``directed``: ``scale · Var + λ · P_j(y′ ≻ y)`` with member ``j = member`` (App. F.2).
+    * ``directed``: ``scale · Var + λ · P_j(y′ ≻ y)`` with member ``j = member`` (App. F.2);
+    * ``preference``: ``P_j(y ≻ y′)`` of member ``j = member`` alone, the first response's win probability: the one
+      frozen preference model P0 of the NLHF and SLHF baselines (App. G.4), which read it as a preference.
 
     Raises:
         ValueError: for an unknown kind or a member index out of range.
@@ -56,6 +59,10 @@ def utility_from_member_probs(
         if not 0 <= member < p.shape[-1]:
             raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
         return scale * ensemble_variance(p) + lam * (1.0 - p[..., member])
+    if kind == "preference":
+        if not 0 <= member < p.shape[-1]:
+            raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
+        return p[..., member]
     raise ValueError(f"unknown utility kind {kind!r}")
 
 
@@ -82,7 +89,7 @@ class EnsembleUtility(Utility):
         kind: Which utility.
         scale: Multiplier of the variance.
         lam: λ of the directed objective.
-        member: Member ``j`` of the directed objective.
+        member: Member ``j`` of the directed objective, or the one preference model of ``kind: preference``.
         batch_size: Pairs scored per ensemble call.
         num_members: Members of the ensemble.
         backbone: Backbone of the ensemble (e.g. the policy's own folder, as the paper's Qwen members).
@@ -117,8 +124,8 @@ class EnsembleUtility(Utility):
         from modules.lm.model_config import ModelConfig
         from modules.preference import PreferenceEnsemble
 
-        if kind not in ("variance", "decision_uncertainty", "jsd", "slhf", "directed"):
-            raise ValueError(f"utility kind {kind!r} is not one of variance, decision_uncertainty, jsd, slhf, directed")
+        if kind not in UTILITY_KINDS:
+            raise ValueError(f"utility kind {kind!r} is not one of {', '.join(UTILITY_KINDS)}")
         args: dict[str, Any] = {"lm": ModelConfig(backbone), "backbone_task": backbone_task, "num_members": num_members}
         args.update(ensemble or {})
         if checkpoint is None:

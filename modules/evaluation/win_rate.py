@@ -1,0 +1,90 @@
+"""Held-out validation of the preference baselines: the trained policy against the frozen reference.
+
+:class:`WinRateValidation` is a mixin for a :class:`~modules.base.LanguageModelGame` with a ``players`` bank, a
+``preference`` scorer (``P0(first ≻ second)``), an optional ``oracle`` and ``hparams.eval_pairs``; the player that is
+evaluated is :attr:`eval_player`. It writes ``baseline_eval.json`` (:func:`win_rate_summary`) and logs
+``val/p0_win_rate`` and ``val/oracle_win_rate``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from callbacks.items import gather_unique_items
+from modules.evaluation.game_eval import prompt_bootstrap_mean
+
+__all__ = ["WinRateValidation", "win_rate_summary"]
+
+
+def win_rate_summary(rates: Tensor, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Mean of preference rates ``[P, R]`` with a 95% prompt-bootstrap interval; NaN (unlabelled) rows dropped.
+
+    Raises:
+        ValueError: when ``rates`` is not ``[P, R]``.
+    """
+    if rates.ndim != 2:
+        raise ValueError(f"rates must be [prompts, pairs], got shape {tuple(rates.shape)}")
+    keep = ~torch.isnan(rates.double()).any(dim=1)
+    v = rates.double()[keep]
+    if v.numel() == 0:
+        return {"mean": math.nan, "mean_ci": [math.nan, math.nan], "n_prompts": 0}
+    lo, hi = prompt_bootstrap_mean(v, n_boot, seed)
+    return {"mean": float(v.mean()), "mean_ci": [lo, hi], "n_prompts": int(v.shape[0])}
+
+
+class WinRateValidation:
+    """Validation of a preference-trained policy against the frozen reference on held-out prompts (mixin)."""
+
+    #: the bank's player that is evaluated
+    eval_player: str = "policy"
+
+    def _win_rate_buffers(self) -> dict[str, list[Tensor]]:
+        if not hasattr(self, "_wr_eval"):
+            self._wr_eval: dict[str, list[Tensor]] = {}
+        return self._wr_eval
+
+    def eval_prompts(self, prompts: list[str]) -> list[str]:
+        """Chat-formatted inputs of the evaluated player (the reference answers the same)."""
+        return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """``eval_pairs`` answers of the player and of the reference per prompt, scored by P0 and the oracle."""
+        prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        if "index" not in batch:
+            raise KeyError(f"{self.family}: validation batches need each prompt's dataset index under 'index'")
+        index = torch.as_tensor(batch["index"]).reshape(-1).long()
+        if index.numel() != len(prompts):
+            raise ValueError(f"{self.family}: {index.numel()} ids under 'index' for {len(prompts)} prompts")
+        buf = self._win_rate_buffers()
+        r, kw = self.hparams.eval_pairs, self.sampling.generate_kwargs()
+        chats = self.eval_prompts(prompts)
+        trained = self.players.generate(self.eval_player, chats, r, **kw)
+        reference = self.players.generate(None, chats, r, **kw)
+        xs = [x for x in prompts for _ in range(r)]
+        p0 = self.preference(xs, trained.texts, reference.texts).double()
+        buf.setdefault("index", []).append(index.to(self.device))
+        buf.setdefault("p0", []).append(p0.view(len(prompts), r).to(self.device))
+        if self.oracle is not None and all(x is not None for x in refs):
+            label = self.oracle.label(xs, trained.texts, reference.texts, [x for x in refs for _ in range(r)])
+            buf.setdefault("oracle", []).append(label.view(len(prompts), r).to(self.device))
+
+    def on_validation_epoch_end(self) -> None:
+        """Each prompt once across ranks; means with prompt-bootstrap intervals to ``baseline_eval.json``."""
+        buf = self._win_rate_buffers()
+        if not buf:
+            return
+        index = torch.cat(buf.pop("index"))
+        _, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in buf.items()})
+        buf.clear()
+        r = self.hparams.eval_pairs
+        result: dict[str, Any] = {"step": int(self.global_step), "player": self.eval_player, "pairs_per_prompt": r}
+        for key, v in unique.items():
+            result[key] = win_rate_summary(v.reshape(-1, r).cpu())
+        self.last_eval = result
+        flat = {f"val/{k}_win_rate": result[k]["mean"] for k in ("p0", "oracle") if k in result}
+        self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
+        self.write_artifact("baseline_eval.json", result)

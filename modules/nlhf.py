@@ -1,0 +1,145 @@
+"""NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
+
+Per training step, for B prompts: D samples ``y ~ π_θ(·|x)`` in one batched ``generate``; D opponent samples
+``y′ ~ π^β(·|x)`` from the token-level geometric mixture ``π_θ^{1−β} π_ref^β`` (:mod:`modules.lm.mixture`); the frozen
+preference model's ``P0(y ≻ y′ | x)``; log-probabilities of ``y`` under the policy (with gradients) and the reference
+(the disabled adapter); the Nash-MD-PG estimate (:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`);
+the gradient clipped by ``grad_clip``; one AdamW step. Validation plays the policy against the reference on held-out
+prompts (:class:`~modules.evaluation.win_rate.WinRateValidation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from typing_extensions import override
+
+from modules.algorithms.baselines import nash_md_pg_surrogate_loss
+from modules.base import LanguageModelGame, argument_group, require_positive
+from modules.evaluation.win_rate import WinRateValidation
+from modules.lm.mixture import generate_mixture
+from modules.lm.model_config import ModelConfig
+from modules.lm.policy_bank import PolicyBank
+from modules.lm.prompts import QWEN_SYSTEM
+from modules.lm.sampling import Sampling
+from modules.scorers.oracle import PreferenceOracle
+from modules.scorers.utility import EnsembleUtility, Utility
+
+__all__ = ["NashMDPG"]
+
+
+class NashMDPG(WinRateValidation, LanguageModelGame):
+    """An LM policy trained by Nash-MD-PG against a frozen preference model P0 (the paper's NLHF baseline).
+
+    Args:
+        lm: The policy and its reference (:class:`ModelConfig`; ``players: lora`` gives one adapter, ``policy``,
+            over the frozen base, whose disabled adapter is the reference μ).
+        preference: ``P0(first ≻ second | x)`` on (prompt, first, second) lists: one frozen preference model
+            (``EnsembleUtility(kind="preference")``); ``None`` builds an untrained one (smoke tests only).
+        tau: τ, the weight of ``KL(π_θ ‖ μ)``.
+        beta: β, the reference's weight in the opponent's geometric mixture (0: self-play, 1: the reference).
+        lr: The policy's learning rate (AdamW, no weight decay).
+        samples_per_prompt: D, policy samples per prompt, each paired with one mixture sample.
+        sampling: How both the policy and the mixture sample (temperature, also that of the log-probabilities).
+        system_prompt: The policy's system message.
+        grad_clip: Gradient norm clip (``None``: none).
+        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
+        eval_pairs: Policy–reference answer pairs per held-out prompt.
+        oracle: Optional oracle for the held-out preference rate against the reference.
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+    """
+
+    family = "NLHF (Nash-MD-PG)"
+    eval_player = "policy"
+
+    def __init__(
+        self,
+        lm: ModelConfig,
+        preference: Utility | None = None,
+        tau: float = 0.05,
+        beta: float = 0.125,
+        lr: float = 4e-4,
+        samples_per_prompt: int = 2,
+        sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
+        system_prompt: str = QWEN_SYSTEM,
+        grad_clip: float | None = 1.0,
+        max_consecutive_nonfinite: int = 10,
+        eval_pairs: int = 2,
+        oracle: PreferenceOracle | None = None,
+        logprob_micro_batch: int = 0,
+    ) -> None:
+        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        lm = ModelConfig.coerce(lm)
+        require_positive(tau=tau, lr=lr)
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta (the reference's weight in the mixture) must be in [0, 1], got {beta}")
+        if samples_per_prompt < 1 or eval_pairs < 1:
+            raise ValueError(
+                f"samples_per_prompt and eval_pairs must be at least 1, got {samples_per_prompt}, {eval_pairs}"
+            )
+        self.sampling = argument_group(Sampling, sampling, "sampling")
+        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["preference", "oracle"])
+        self.players = PolicyBank(lm, players=("policy",))
+        self.preference = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")
+        self.preference.requires_grad_(False)
+        self.oracle = oracle
+        self.empty_generations = 0
+        self.last_eval: dict[str, Any] | None = None
+
+    @override
+    def game_state(self) -> dict[str, Any]:
+        return {"empty_generations": self.empty_generations}
+
+    @override
+    def load_game_state(self, state: dict[str, Any]) -> None:
+        self.empty_generations = int(state.get("empty_generations", 0))
+
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        hp = self.hparams
+        opt = self.optimizers()
+        prompts = list(batch["prompt"])
+        b, d, temp = len(prompts), hp.samples_per_prompt, self.sampling.temperature
+        chats = self.eval_prompts(prompts)
+        self.phase_times = {}
+        with self._timed("generate"):
+            own = self.players.generate("policy", chats, d, **self.sampling.generate_kwargs())
+            opponent = generate_mixture(
+                self.players, "policy", chats, d, hp.beta, temp, self.sampling.top_p, self.sampling.max_new_tokens
+            )
+        self.empty_generations += own.num_empty + opponent.num_empty
+        with self._timed("score"):
+            xs = [x for x in prompts for _ in range(d)]
+            pref = self.preference(xs, own.texts, opponent.texts).to(self.device).float()
+        if not self.check_finite(pref, "preferences"):  # same decision on every rank: nobody steps
+            return
+        with self._timed("logprob"):
+            lp = self.players.logprobs("policy", own, temp, hp.logprob_micro_batch)
+            with torch.no_grad():
+                lp_ref = self.players.logprobs(None, own, temp, hp.logprob_micro_batch)
+        out = nash_md_pg_surrogate_loss(pref, lp, lp_ref, hp.tau)
+        if not self.check_finite(out["loss"].detach(), "losses"):
+            return
+        with self._timed("backward"):
+            opt.zero_grad()
+            self.manual_backward(out["loss"])
+        with self._timed("optimizer"):
+            norm = self.optimizer_step(opt, self.players.player_parameters("policy"))
+        self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=b)
+        self.log_dict(
+            {
+                "train/loss": out["loss"].detach(),
+                "policy/win_rate": out["win_rate"],  # P0(y ≻ y′) against the mixture
+                "policy/kl": out["kl"],
+                "policy/grad_norm": norm,
+                "policy/response_tokens": own.completion_mask.sum(1).float().mean(),
+                "train/empty_policy": float(own.num_empty),
+                "train/empty_opponent": float(opponent.num_empty),
+            },
+            batch_size=b,
+        )
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.players.player_parameters("policy"), lr=self.hparams.lr, weight_decay=0.0)

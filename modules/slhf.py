@@ -1,0 +1,117 @@
+"""SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0.
+
+The rollout is deep-SMIDA's (D leader samples per prompt, M follower samples per leader sample, the follower seeing
+the leader's reply); the score of each triplet is ``P0(y ≻ y′ | x)`` and the updates are SLHF's in the Stackelberg
+paper's minimisation form (:func:`~modules.algorithms.baselines.slhf_surrogate_losses`): the Leader raises its
+chance of beating the Follower's refinement, the Follower raises its chance of beating the Leader, both KL-regularised
+to the frozen initialisation, on two timescales (the ``TwoTimescaleWarmup`` callback or the two learning rates).
+Validation plays the trained Leader against the reference on held-out prompts
+(:class:`~modules.evaluation.win_rate.WinRateValidation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from typing_extensions import override
+
+from modules.algorithms.baselines import slhf_surrogate_losses
+from modules.deep_smida import DeepSMIDA
+from modules.evaluation.win_rate import WinRateValidation
+from modules.lm.model_config import ModelConfig
+from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from modules.lm.sampling import Sampling
+from modules.scorers.oracle import PreferenceOracle
+from modules.scorers.utility import EnsembleUtility, Utility
+
+__all__ = ["SLHF"]
+
+
+class SLHF(WinRateValidation, DeepSMIDA):
+    """Leader and Follower trained by SLHF's StackelbergGDA against one frozen preference model P0.
+
+    Args:
+        lm: The policy both players start from (:class:`ModelConfig`); its frozen weights are the references.
+        preference: ``P0(first ≻ second | x)``: one frozen preference model (``EnsembleUtility(kind="preference")``);
+            ``None`` builds an untrained one (smoke tests only).
+        tau_leader: τ_L.
+        tau_follower: τ_F.
+        leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
+        follower_lr: η_F (faster than η_L: the Follower's timescale, App. C.2).
+        samples_per_prompt: D, leader samples per prompt (≥ 2, for the leave-one-out baselines).
+        follower_samples: M, follower samples per leader sample (≥ 2).
+        sampling: How both players sample.
+        system_prompt: Leader's system message.
+        follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
+        grad_clip: Per-player gradient norm clip (``None``: none).
+        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
+        eval_pairs: Leader–reference answer pairs per held-out prompt.
+        oracle: Optional oracle for the held-out preference rate against the reference.
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+    """
+
+    family = "SLHF (StackelbergGDA)"
+    eval_player = "leader"
+
+    def __init__(
+        self,
+        lm: ModelConfig,
+        preference: Utility | None = None,
+        tau_leader: float = 0.05,
+        tau_follower: float = 0.05,
+        leader_lr: float = 4e-4,
+        follower_lr: float = 1e-3,
+        samples_per_prompt: int = 2,
+        follower_samples: int = 4,
+        sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
+        system_prompt: str = QWEN_SYSTEM,
+        follower_system_template: str = FOLLOWER_SYSTEM,
+        grad_clip: float | None = 1.0,
+        max_consecutive_nonfinite: int = 10,
+        eval_pairs: int = 2,
+        oracle: PreferenceOracle | None = None,
+        logprob_micro_batch: int = 0,
+    ) -> None:
+        super().__init__(
+            lm=lm,
+            utility=preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference"),
+            tau_leader=tau_leader,
+            tau_follower=tau_follower,
+            leader_lr=leader_lr,
+            follower_lr=follower_lr,
+            samples_per_prompt=samples_per_prompt,
+            follower_samples=follower_samples,
+            sampling=sampling,
+            system_prompt=system_prompt,
+            follower_system_template=follower_system_template,
+            grad_clip=grad_clip,
+            max_consecutive_nonfinite=max_consecutive_nonfinite,
+            eval_pairs=eval_pairs,
+            oracle=oracle,
+            logprob_micro_batch=logprob_micro_batch,
+        )
+        if eval_pairs < 1:
+            raise ValueError(f"eval_pairs must be at least 1, got {eval_pairs}")
+        self.hparams["follower_only"] = False  # read by deep-SMIDA's step; not an argument here (both players learn)
+
+    @property
+    def preference(self) -> Utility:
+        """P0, held as the game's ``utility`` (scored once per triplet, leader's response first)."""
+        return self.utility
+
+    @override
+    def surrogate_losses(
+        self, u: Tensor, lp_l: Tensor, lp_l_ref: Tensor, lp_f: Tensor, lp_f_ref: Tensor
+    ) -> dict[str, Tensor]:
+        hp = self.hparams
+        out = slhf_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
+        self.log("leader/win_rate", out["leader_win_rate"], batch_size=u.shape[0])  # P0(y ≻ y′)
+        return out
+
+    @override
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        raise NotImplementedError(
+            "SLHF writes no annotation candidates (that is deep-SMIDA's predict); compare trained policies with "
+            "python -m modules.evaluation.round_robin"
+        )
