@@ -389,7 +389,9 @@ class PreferenceDataModule(L.LightningDataModule):
             for r in rows:
                 r["label"] = 0.5  # placeholder so validation checks the texts; the oracle sets the label next
             rows = validate_rows(rows, source)
-            refs = [r.get("reference") for r in rows] if hp.reference_column is not None else None
+            refs = None
+            if hp.reference_column is not None:  # as text, like the generated rows' (a file may hold numbers)
+                refs = [None if r.get("reference") is None else str(r["reference"]) for r in rows]
             labels = self.oracle.label(
                 [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows], refs
             )

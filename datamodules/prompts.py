@@ -90,8 +90,7 @@ class PromptSource:
             ValueError: naming the file, row and column of a missing or empty prompt, a conversational prompt that is
                 not one user message, a reference that is neither text nor a number, or a missing or empty category.
         """
-        columns = {"prompt": self.prompt_column, "reference": self.reference_column}
-        columns["category"] = self.category_column
+        columns = [self.prompt_column, self.reference_column, self.category_column]
         ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
         extract = REFERENCE_FORMATS[self.reference_format]
         rows = []

@@ -36,7 +36,7 @@ def main():
     # the README's own-data recipe: a chosen/rejected file with its own column names
     _write(
         "pairs_question_chosen_rejected.jsonl",
-        [{"question": p.question, "chosen": c, "rejected": r} for p, c, r in pairs],
+        [{"question": p.question, "chosen": c, "rejected": r, "answer": p.answer} for p, c, r in pairs],
     )
     # TRL's preference format, standard, conversational and conversational with an implicit prompt
     _write("trl_preference_standard.jsonl", [{"prompt": p.question, "chosen": c, "rejected": r} for p, c, r in pairs])
