@@ -379,8 +379,10 @@ class PreferenceDataModule(L.LightningDataModule):
             "response_b": hp.response_b_column,
             "label": hp.label_column,
         }
-        if hp.relabel and hp.reference_column is not None:
-            columns["reference"] = hp.reference_column
+        if hp.relabel:  # the oracle's labels replace the file's, which need not exist
+            columns["label"] = None
+            if hp.reference_column is not None:
+                columns["reference"] = hp.reference_column
         rows, columns, source = read_preference_table(
             hp.path, hp.name, hp.split, columns, hp.format, hp.config_name, hp.revision
         )

@@ -97,6 +97,13 @@ def test_relabelling_is_asked_for_by_name_and_uses_the_references(minilm):
     assert dm.oracle.seen_references == [str(s["answer"]) for s in _jsonl("pairs_question_chosen_rejected.jsonl")]
 
 
+def test_relabelling_needs_no_label_column(tmp_path, minilm):
+    rows = [{"prompt": f"q{i}", "response_a": "a" * (i % 3 + 1), "response_b": "bb", "answer": i} for i in range(6)]
+    dm, out = _rows(minilm, path=_write(tmp_path, rows), oracle=Shorter(), relabel=True, reference_column="answer")
+    assert [r["label"] for r in out] == [float(_key(r["response_a"]) < _key(r["response_b"])) for r in out]
+    assert dm.oracle.seen_references == [str(i) for i in range(6)]
+
+
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
