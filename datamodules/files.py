@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["FORMATS", "iter_rows", "open_table"]
+__all__ = ["FORMATS", "check_columns", "iter_rows", "open_table"]
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -62,12 +62,22 @@ def open_table(
         where = f"{name}{'/' + config_name if config_name else ''}[{split}]"
     else:
         raise ValueError("give data.path or data.name")
+    check_columns(ds.column_names, where, columns)
+    return ds, where
+
+
+def check_columns(present: Iterable[str], where: str, columns: Mapping[str, str | None] | Iterable[str | None]) -> None:
+    """Refuse a table that lacks one of ``columns`` (``None`` entries skipped), naming it and the columns present.
+
+    Raises:
+        ValueError: ``"<where>: column 'c' (for field 'f') is missing; columns present: [...]"``.
+    """
+    present = list(present)
     named = columns.items() if isinstance(columns, Mapping) else ((None, c) for c in columns)
     for field, col in named:
-        if col is not None and col not in ds.column_names:
+        if col is not None and col not in present:
             what = f"column {col!r}" + (f" (for field {field!r})" if field is not None else "")
-            raise ValueError(f"{where}: {what} is missing; columns present: {ds.column_names}")
-    return ds, where
+            raise ValueError(f"{where}: {what} is missing; columns present: {present}")
 
 
 def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:

@@ -12,20 +12,63 @@ import itertools
 import math
 import random
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
-from datamodules.files import iter_rows, open_table
+from datamodules.files import check_columns, iter_rows, open_table
+from datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
 from datamodules.resumable import split_loader
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
-__all__ = ["PreferenceDataModule", "load_preference_rows", "validate_rows"]
+__all__ = [
+    "PREFERENCE_FORMATS",
+    "PreferenceDataModule",
+    "load_preference_rows",
+    "read_preference_table",
+    "resolve_preference_columns",
+    "rows_as_text",
+    "validate_rows",
+]
+
+
+PREFERENCE_FORMATS = ("auto", "columns", "trl")
+
+
+def resolve_preference_columns(
+    present: Sequence[str], data_format: str, columns: dict[str, str | None]
+) -> dict[str, str | None]:
+    """The columns to read, as a mapping field → column, for a table whose columns are ``present``.
+
+    Args:
+        present: The table's column names.
+        data_format: ``columns`` (the configured ``columns``), ``trl`` (TRL's preference names: ``chosen`` and
+            ``rejected``, the chosen one preferred, and ``prompt`` when present, else an implicit prompt) or ``auto``
+            (``trl`` when the table has ``chosen`` and ``rejected`` but not the configured ``response_a`` column).
+        columns: The configured mapping of ``prompt``, ``response_a``, ``response_b``, ``label`` (and optionally
+            ``reference``) to columns; a ``prompt`` of ``None`` is an implicit prompt, a ``label`` of ``None``
+            chosen/rejected data.
+
+    Raises:
+        ValueError: for an unknown ``data_format``.
+    """
+    if data_format not in PREFERENCE_FORMATS:
+        raise ValueError(f"data.format must be one of {list(PREFERENCE_FORMATS)}, got {data_format!r}")
+    trl_like = {"chosen", "rejected"} <= set(present) and columns["response_a"] not in present
+    if data_format == "trl" or (data_format == "auto" and trl_like):
+        resolved = {"prompt": "prompt" if "prompt" in present else None, "response_a": "chosen"}
+        resolved.update(response_b="rejected", label=None)
+        if columns.get("reference") is not None:
+            resolved["reference"] = columns["reference"]
+        return resolved
+    return dict(columns)
 
 
 def load_preference_rows(
@@ -34,29 +77,94 @@ def load_preference_rows(
     split: str = "train",
     columns: dict[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
+    """The rows of :func:`read_preference_table` with the configured ``columns`` (no format detection)."""
+    return read_preference_table(path, name, split, columns)[0]
+
+
+def read_preference_table(
+    path: str | None = None,
+    name: str | None = None,
+    split: str = "train",
+    columns: dict[str, str | None] | None = None,
+    data_format: str = "columns",
+    config_name: str | None = None,
+    revision: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, str | None], str]:
     """Read rows through ``datasets`` and map columns to ``prompt``, ``response_a``, ``response_b``, ``label``.
+
+    Values are returned as stored: text, or lists of messages (TRL's conversational format), for
+    :func:`rows_as_text` to render.
 
     Args:
         path: Local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``).
         name: Hub dataset name (used when ``path`` is ``None``).
         split: Split to read.
         columns: Mapping from the canonical field to the dataset's column; a ``label`` of ``None`` means
-            ``response_a`` is always the preferred one (chosen/rejected data).
+            ``response_a`` is always the preferred one (chosen/rejected data), a ``prompt`` of ``None`` that the
+            prompt is the shared beginning of the two responses (TRL's implicit prompt).
+        data_format: See :func:`resolve_preference_columns`.
+        config_name: Hub subset.
+        revision: Hub revision (a tag or commit).
+
+    Returns:
+        ``(rows, columns, where)``: the rows, the columns read (after ``data_format``) and the source's description.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
         ValueError: naming the missing column and the columns present.
     """
-    cols = {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b", "label": "label"}
+    cols: dict[str, str | None] = {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b"}
+    cols["label"] = "label"
     cols.update(columns or {})
-    ds, where = open_table(path, name, split, cols)
+    ds, where = open_table(path, name, split, {}, config_name, revision)
+    cols = resolve_preference_columns(ds.column_names, data_format, cols)
+    check_columns(ds.column_names, where, cols)
     rows = []
     for _, rec in iter_rows(ds, where):
         row = {field: rec[col] for field, col in cols.items() if col is not None}
         if cols["label"] is None:
             row["label"] = 1.0
         rows.append(row)
-    return rows
+    return rows, cols, where
+
+
+def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data") -> list[dict[str, Any]]:
+    """Rows with text ``prompt``, ``response_a`` and ``response_b``: implicit prompts split off, messages rendered.
+
+    A row without a ``prompt`` key takes the shared beginning of its two responses as the prompt
+    (:func:`~datamodules.formats.extract_implicit_prompt`). A row where any of the three is a list of messages is
+    conversational: a text prompt becomes one user message, a text response one assistant message, and the texts are
+    those of :func:`~datamodules.formats.render_prompt_completion` (the chat template, or its plain fallback). Other
+    values are left for :func:`validate_rows` to refuse.
+
+    Raises:
+        ValueError: naming the row and field of a malformed message list, or of an implicit prompt between a text and
+            a conversation.
+    """
+    out = []
+    for i, row in enumerate(rows):
+        row = dict(row)
+        where = f"{source}: row {i}"
+        if "prompt" not in row:
+            a, b = row.get("response_a"), row.get("response_b")
+            if isinstance(a, str) != isinstance(b, str) or not isinstance(a, (str, list, tuple)):
+                raise ValueError(f"{where}: an implicit prompt needs two texts or two conversations as responses")
+            row["prompt"], row["response_a"], row["response_b"] = extract_implicit_prompt(a, b)
+        if any(isinstance(row.get(f), (list, tuple)) for f in ("prompt", "response_a", "response_b")):
+            msgs = {}
+            for field, role in (("prompt", "user"), ("response_a", "assistant"), ("response_b", "assistant")):
+                value = row.get(field)
+                if isinstance(value, str):
+                    msgs[field] = [{"role": role, "content": value}]
+                elif isinstance(value, (list, tuple)) and (len(value) or field == "prompt"):
+                    msgs[field] = as_messages(value, f"{where}, field {field!r}") if len(value) else []
+                else:
+                    raise ValueError(f"{where}: field {field!r} must be text or a list of messages, got {value!r:.80}")
+            prompt, row["response_a"] = render_prompt_completion(tokenizer, msgs["prompt"], msgs["response_a"], where)
+            _, row["response_b"] = render_prompt_completion(tokenizer, msgs["prompt"], msgs["response_b"], where)
+            row["prompt"] = prompt
+        out.append(row)
+    return out
 
 
 def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict[str, Any]]:
@@ -86,6 +194,33 @@ def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict
     return out
 
 
+def check_relabelling(
+    has_data: bool, relabel: bool, oracle: PreferenceOracle | None, reference_column: str | None
+) -> None:
+    """Refuse relabelling options that cannot apply, naming the option to set.
+
+    Raises:
+        ValueError: ``relabel`` without file or hub data or without an ``oracle``; a ``reference_column`` without
+            ``relabel`` (it is read for nothing else); the programmatic oracle relabelling without a
+            ``reference_column``.
+    """
+    if relabel and not has_data:
+        raise ValueError(
+            "data.relabel: generated data are always labelled by data.oracle; relabel needs data.path or data.name"
+        )
+    if relabel and oracle is None:
+        raise ValueError("data.relabel: true needs data.oracle (the oracle that relabels the pairs)")
+    if reference_column is not None and not relabel:
+        raise ValueError(
+            f"data.reference_column={reference_column!r} is read only to relabel the pairs with the oracle; "
+            "set data.relabel: true, or drop reference_column to keep the file's labels"
+        )
+    if relabel and isinstance(oracle, ProgrammaticOracle) and reference_column is None:
+        raise ValueError(
+            "data.relabel with the ProgrammaticOracle needs the reference answers: set data.reference_column"
+        )
+
+
 class PreferenceDataModule(L.LightningDataModule):
     """Prompt-disjoint partitions of preference triplets for a k-member ensemble.
 
@@ -96,7 +231,14 @@ class PreferenceDataModule(L.LightningDataModule):
         path: Local jsonl/json/parquet/csv of triplets; ``None`` with ``name`` ``None`` generates arithmetic data.
         name: Hub dataset name.
         split: Split of the hub dataset.
-        prompt_column: Column holding the prompt.
+        config_name: Subset of the hub dataset.
+        revision: Revision of the hub dataset (a tag or commit, for a reproducible run).
+        format: How the file's columns are read: ``columns`` (the column options below), ``trl`` (TRL's preference
+            format: ``chosen``/``rejected``, with ``prompt`` or an implicit prompt, text or message lists) or
+            ``auto`` (``trl`` when the file has ``chosen`` and ``rejected`` but no ``response_a_column``).
+        prompt_column: Column holding the prompt; ``None``: an implicit prompt, the shared beginning of the two
+            responses (TRL's rule). Any of the three columns may hold lists of ``{"role", "content"}`` messages,
+            rendered with the tokenizer's chat template (or ``role: content`` lines when it has none).
         response_a_column: Column holding the first response (the chosen one when ``label_column`` is ``None``).
         response_b_column: Column holding the second response.
         label_column: Column holding P(a ≻ b) in [0, 1] (0/1 labels are fine); ``None`` for chosen/rejected data,
@@ -111,9 +253,12 @@ class PreferenceDataModule(L.LightningDataModule):
         num_prompts: Generated problems (offline default data).
         responses_per_prompt: Generated solutions per problem, from the corruption kinds in order; every pair of
             them becomes a triplet.
-        oracle: Labels generated data (default :class:`~modules.scorers.oracle.ProgrammaticOracle`); with file or
-            hub data and a ``reference_column`` it relabels every pair, the paper's synthetic-oracle setup.
-        reference_column: Column with the reference final answer, for relabelling with the oracle.
+        oracle: Labels generated data (default :class:`~modules.scorers.oracle.ProgrammaticOracle`). File or hub
+            data keep their own labels unless ``relabel`` is set.
+        relabel: Relabel every pair of the file or hub data with ``oracle``, the paper's synthetic-oracle setup
+            (the file's labels, if any, are then ignored).
+        reference_column: Column with the reference final answer, read only with ``relabel`` (the programmatic
+            oracle needs it).
         predict_path: jsonl of pairs (prompt, response_a, response_b) to score in ``predict``.
         tokenizer: Tokenizer name or path; ``None`` takes the model's tokenizer.
     """
@@ -123,7 +268,10 @@ class PreferenceDataModule(L.LightningDataModule):
         path: str | None = None,
         name: str | None = None,
         split: str = "train",
-        prompt_column: str = "prompt",
+        config_name: str | None = None,
+        revision: str | None = None,
+        format: str = "auto",
+        prompt_column: str | None = "prompt",
         response_a_column: str = "response_a",
         response_b_column: str = "response_b",
         label_column: str | None = "label",
@@ -137,6 +285,7 @@ class PreferenceDataModule(L.LightningDataModule):
         num_prompts: int = 1500,
         responses_per_prompt: int = 5,
         oracle: PreferenceOracle | None = None,
+        relabel: bool = False,
         reference_column: str | None = None,
         predict_path: str | None = None,
         tokenizer: str | None = None,
@@ -153,6 +302,9 @@ class PreferenceDataModule(L.LightningDataModule):
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if num_members is not None and num_members < 1:
             raise ValueError(f"num_members must be positive, got {num_members}")
+        if format not in PREFERENCE_FORMATS:
+            raise ValueError(f"data.format must be one of {list(PREFERENCE_FORMATS)}, got {format!r}")
+        check_relabelling(path is not None or name is not None, relabel, oracle, reference_column)
         self.save_hyperparameters(ignore=["oracle"], logger=False)  # the saved config.yaml records them
         self.oracle = oracle
         self.splits: dict[str, list[dict[str, Any]]] = {}
@@ -213,7 +365,11 @@ class PreferenceDataModule(L.LightningDataModule):
         return {**self.labelled_by.summary(), "pairs_dropped": self.num_unlabelled}
 
     def read_rows(self) -> list[dict[str, Any]]:
-        """Rows of the configured source, validated (errors name the row and field)."""
+        """Rows of the configured source as text, validated (errors name the row and field).
+
+        Generated rows are labelled by the oracle; file or hub rows keep their labels, or are relabelled by the
+        oracle with ``relabel``. Chosen/rejected rows (no label column) are put half in the other order.
+        """
         hp = self.hparams
         if hp.path is None and hp.name is None:
             return self.generate_rows()
@@ -223,31 +379,48 @@ class PreferenceDataModule(L.LightningDataModule):
             "response_b": hp.response_b_column,
             "label": hp.label_column,
         }
-        if hp.reference_column is not None:
-            columns["reference"] = hp.reference_column
-        rows = load_preference_rows(hp.path, hp.name, hp.split, columns)
-        source = hp.path or f"{hp.name}[{hp.split}]"
-        if self.oracle is not None:
-            refs = [r.get("reference") for r in rows] if hp.reference_column else None
-            for i, r in enumerate(rows):
+        if hp.relabel:  # the oracle's labels replace the file's, which need not exist
+            columns["label"] = None
+            if hp.reference_column is not None:
+                columns["reference"] = hp.reference_column
+        rows, columns, source = read_preference_table(
+            hp.path, hp.name, hp.split, columns, hp.format, hp.config_name, hp.revision
+        )
+        rows = rows_as_text(rows, self._tokenizer_if_conversational(rows), source)
+        if hp.relabel:
+            for r in rows:
                 r["label"] = 0.5  # placeholder so validation checks the texts; the oracle sets the label next
-                for field in ("prompt", "response_a", "response_b"):
-                    if not isinstance(r.get(field), str):
-                        raise ValueError(f"{source}: row {i}: field {field!r} is missing or not text")
+            rows = validate_rows(rows, source)
+            refs = None
+            if hp.reference_column is not None:  # as text, like the generated rows' (a file may hold numbers)
+                refs = [None if r.get("reference") is None else str(r["reference"]) for r in rows]
             labels = self.oracle.label(
                 [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows], refs
             )
             for r, y in zip(rows, labels.tolist()):
                 r["label"] = y
             rows = self._labelled_rows(rows, self.oracle)
-        rows = validate_rows(rows, source)
-        if hp.label_column is None:
+        else:
+            if self.oracle is not None:
+                rank_zero_info(
+                    "data.oracle labels generated data only; the labels of "
+                    f"{source} are kept (data.relabel: true relabels them with the oracle)"
+                )
+            rows = validate_rows(rows, source)
+        if columns["label"] is None:
             # chosen/rejected data: put half of the pairs in the other order so position carries no signal
             rng = random.Random(hp.seed)
             for r in rows:
                 if rng.random() < 0.5:
                     r["response_a"], r["response_b"], r["label"] = r["response_b"], r["response_a"], 1.0 - r["label"]
         return rows
+
+    def _tokenizer_if_conversational(self, rows: list[dict[str, Any]]) -> Any:
+        """The tokenizer when a row holds messages (their chat template renders them), else ``None``."""
+        fields = ("prompt", "response_a", "response_b")
+        if any(isinstance(r.get(f), (list, tuple)) for r in rows for f in fields):
+            return self._resolve_tokenizer()
+        return None
 
     # ------------------------------------------------------------------ partitions
     @staticmethod
@@ -328,7 +501,7 @@ class PreferenceDataModule(L.LightningDataModule):
             if self.hparams.predict_path is None:
                 raise ValueError("predict needs data.predict_path (a jsonl of prompt, response_a, response_b)")
             if "predict" not in self.splits:
-                rows = load_preference_rows(
+                rows, _, source = read_preference_table(
                     self.hparams.predict_path,
                     columns={
                         "prompt": self.hparams.prompt_column,
@@ -336,8 +509,9 @@ class PreferenceDataModule(L.LightningDataModule):
                         "response_b": self.hparams.response_b_column,
                         "label": None,
                     },
+                    data_format=self.hparams.format,
                 )
-                rows = validate_rows(rows, self.hparams.predict_path)
+                rows = validate_rows(rows_as_text(rows, self._tokenizer_if_conversational(rows), source), source)
                 pairs = self._encode(rows)
                 self.splits["predict"] = [
                     {"seq_a": a, "seq_b": b, "label": float("nan"), "prompt_id": i, "member": -1, "row": i}

@@ -17,10 +17,19 @@ from typing_extensions import override
 
 from datamodules.arithmetic import generate_problems
 from datamodules.files import iter_rows, open_table
+from datamodules.formats import as_messages, is_messages
 from datamodules.resumable import split_loader
 from modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
 
-__all__ = ["PromptDataModule", "PromptSource", "collate_prompts", "generated_rows", "index_rows"]
+__all__ = [
+    "PromptDataModule",
+    "PromptSource",
+    "collate_prompts",
+    "generated_rows",
+    "index_rows",
+    "prompt_text",
+    "scalar_text",
+]
 
 REFERENCE_FORMATS = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
 
@@ -35,10 +44,14 @@ class PromptSource:
         config_name: Hub subset (GSM8K needs ``"main"``).
         revision: Hub revision (a tag or commit).
         split: Hub split.
-        prompt_column: Column with the prompt.
-        reference_column: Column with the reference answer (optional).
+        prompt_column: Column with the prompt: text, or TRL's conversational prompt (a list of messages) holding
+            one user message (after an optional system message), whose content is taken.
+        reference_column: Column with the reference answer (optional): text or a number; a row whose value is
+            null, or does not parse in ``reference_format``, has the reference ``None``.
         reference_format: ``plain`` (the column is the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last
             ``\\boxed{}`` of a worked solution, as in MATH).
+        category_column: Column with each prompt's category (optional; text or a number), carried in the rows and
+            batches as ``category`` (the instruction pool logs its leader's weight per category).
 
     Raises:
         ValueError: for an unknown ``reference_format``.
@@ -52,6 +65,7 @@ class PromptSource:
     prompt_column: str = "prompt"
     reference_column: str | None = None
     reference_format: str = "plain"
+    category_column: str | None = None
 
     def __post_init__(self) -> None:
         if self.reference_format not in REFERENCE_FORMATS:
@@ -70,20 +84,56 @@ class PromptSource:
         return self.path is None and self.name is None
 
     def load(self) -> list[dict[str, Any]]:
-        """Rows ``{"prompt", "reference"}`` of the file or hub split; errors name the file, row and column."""
-        columns = [self.prompt_column, self.reference_column]
+        """Rows ``{"prompt", "reference"}`` (and ``"category"``) of the file or hub split.
+
+        Raises:
+            ValueError: naming the file, row and column of a missing or empty prompt, a conversational prompt that is
+                not one user message, a reference that is neither text nor a number, or a missing or empty category.
+        """
+        columns = [self.prompt_column, self.reference_column, self.category_column]
         ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
         extract = REFERENCE_FORMATS[self.reference_format]
         rows = []
         for i, rec in iter_rows(ds, where):
-            prompt = rec[self.prompt_column]
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{where}: row {i}: field {self.prompt_column!r} is missing or empty")
-            ref = None
+            row = {"prompt": prompt_text(rec[self.prompt_column], f"{where}: row {i}: field {self.prompt_column!r}")}
+            row["reference"] = None
             if self.reference_column is not None and rec[self.reference_column] is not None:
-                ref = extract(str(rec[self.reference_column]))
-            rows.append({"prompt": prompt, "reference": ref})
+                ref = scalar_text(rec[self.reference_column], f"{where}: row {i}: field {self.reference_column!r}")
+                row["reference"] = extract(ref)
+            if self.category_column is not None:
+                row["category"] = scalar_text(
+                    rec[self.category_column], f"{where}: row {i}: field {self.category_column!r}"
+                )
+            rows.append(row)
         return rows
+
+
+def prompt_text(value: Any, where: str) -> str:
+    """A prompt as text: text itself, or the content of a conversation of one user message (after a system one).
+
+    Raises:
+        ValueError: naming ``where`` for a missing or empty prompt or another kind of conversation.
+    """
+    if is_messages(value):
+        messages = [m for m in as_messages(value, where) if m["role"] != "system"]
+        if len(messages) != 1 or messages[0]["role"] != "user":
+            roles = [m["role"] for m in value]
+            raise ValueError(f"{where}: a conversational prompt must be one user message (roles here: {roles})")
+        value = messages[0]["content"]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where} is missing or empty")
+    return value
+
+
+def scalar_text(value: Any, where: str) -> str:
+    """A reference or category as non-empty text (numbers are written out; ``True``/``False`` are refused).
+
+    Raises:
+        ValueError: naming ``where`` for a missing, empty or non-scalar value.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
+        raise ValueError(f"{where} must be non-empty text or a number, got {value!r:.80}")
+    return str(value)
 
 
 def generated_rows(num: int, seed: int) -> list[dict[str, Any]]:
@@ -97,12 +147,18 @@ def index_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def collate_prompts(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Batch indexed rows as ``{"prompt": [...], "reference": [...], "index": tensor}``."""
-    return {
+    """Batch indexed rows as ``{"prompt": [...], "reference": [...], "index": tensor}`` (and ``"category"``).
+
+    ``"category"`` is there when a row has one (rows of a source with a ``category_column``).
+    """
+    batch = {
         "prompt": [it["prompt"] for it in items],
         "reference": [it["reference"] for it in items],
         "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
     }
+    if any("category" in it for it in items):
+        batch["category"] = [it.get("category") for it in items]
+    return batch
 
 
 class PromptDataModule(L.LightningDataModule):

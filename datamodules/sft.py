@@ -4,11 +4,13 @@
   ensemble sometimes disagrees about its replies.
 * :class:`SingleStepSFTDataModule`: filler sentences independent of correctness give a biased judge a behaviour to
   reward that is unrelated to being right (the reward-hacking study).
+* :class:`SFTFileDataModule`: your own data, a file or hub set in TRL's prompt-completion or messages format.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader
@@ -16,13 +18,16 @@ from typing_extensions import override
 
 from datamodules.arithmetic import _FILLER, CORRUPTIONS, generate_problems, make_response
 from datamodules.debate import single_step_problems, single_step_solution
+from datamodules.files import check_columns, iter_rows, open_table
+from datamodules.formats import as_messages, split_last_reply
 from datamodules.resumable import ResumableDataLoader
 from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from modules.lm.text import fill_template
 
-__all__ = ["ArithmeticSFTDataModule", "SingleStepSFTDataModule"]
+__all__ = ["SFT_FORMATS", "ArithmeticSFTDataModule", "SFTFileDataModule", "SingleStepSFTDataModule", "sft_example"]
 
-Triple = tuple[str, str, str]
+Triple = tuple[str | None, str | list[dict[str, Any]], str]
+SFT_FORMATS = ("auto", "prompt_completion", "messages")
 
 
 def _collate(items: list[Triple]) -> dict[str, list[str]]:
@@ -52,6 +57,8 @@ class _TriplesDataModule(L.LightningDataModule):
         pairs = self.triples()
         n_val = max(1, round(len(pairs) * self.hparams.val_fraction))
         self.val_pairs, self.train_pairs = pairs[:n_val], pairs[n_val:]
+        if not self.train_pairs:
+            raise ValueError(f"{len(pairs)} example(s) leave none for training after {n_val} for validation")
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
@@ -169,3 +176,128 @@ class SingleStepSFTDataModule(_TriplesDataModule):
             filler = rng.choice(_FILLER) if rng.random() < hp.filler_fraction else None
             pairs.append((hp.system_prompt, p["prompt"], single_step_solution(p, result, filler)))
         return pairs
+
+
+def sft_example(
+    rec: dict[str, Any], data_format: str, columns: dict[str, str], where: str
+) -> tuple[str | list[dict[str, Any]], str]:
+    """One record as ``(prompt, completion)``: the prompt text or messages, the completion text.
+
+    Args:
+        rec: The record.
+        data_format: ``prompt_completion`` (TRL's prompt-completion format, standard or conversational: a
+            conversational completion is one assistant message, whose content is taken) or ``messages`` (a whole
+            conversation: the prompt is everything before its last assistant message, the completion that message).
+        columns: The ``prompt``, ``completion`` and ``messages`` columns.
+        where: The file and row, for errors.
+
+    Raises:
+        ValueError: naming ``where`` and the field of a missing, empty or malformed prompt, completion or
+            conversation.
+    """
+    if data_format == "messages":
+        field = columns["messages"]
+        context, reply = split_last_reply(
+            as_messages(rec[field], f"{where}: field {field!r}"), f"{where}: field {field!r}"
+        )
+        prompt, completion = context, reply[0]["content"]
+    else:
+        prompt, completion = rec[columns["prompt"]], rec[columns["completion"]]
+        if isinstance(prompt, (list, tuple)):
+            prompt = as_messages(prompt, f"{where}: field {columns['prompt']!r}")
+        elif not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{where}: field {columns['prompt']!r} is missing or empty")
+        if isinstance(completion, (list, tuple)):
+            reply = as_messages(completion, f"{where}: field {columns['completion']!r}")
+            if len(reply) != 1 or reply[0]["role"] != "assistant":
+                roles = [m["role"] for m in reply]
+                raise ValueError(
+                    f"{where}: field {columns['completion']!r} must be one assistant message (roles here: {roles})"
+                )
+            completion = reply[0]["content"]
+    if not isinstance(completion, str) or not completion.strip():
+        field = columns["messages"] if data_format == "messages" else columns["completion"]
+        raise ValueError(f"{where}: field {field!r}: the completion is missing or empty")
+    return prompt, completion
+
+
+class SFTFileDataModule(_TriplesDataModule):
+    """Your own SFT data: a jsonl/json/parquet/csv file or a hub set in TRL's prompt-completion or messages format.
+
+    Rows are shuffled with ``seed``; the first ``val_fraction`` of them (at least one) validate. The loss is on the
+    completion only (:class:`~modules.sft.CausalLMSFT`); conversational prompts are rendered with the model's chat
+    template (or ``role: content`` lines when it has none).
+
+    Args:
+        path: Local file; takes precedence over ``name``.
+        name: Hub dataset name.
+        split: Hub split.
+        config_name: Hub subset.
+        revision: Hub revision (a tag or commit).
+        format: ``prompt_completion`` (``prompt`` text or messages, ``completion`` text or one assistant message),
+            ``messages`` (a conversation per row; trained on its last assistant message, the turns before it the
+            prompt) or ``auto`` (``messages`` when the table has ``messages_column`` and no ``prompt_column``).
+        prompt_column: Column with the prompt.
+        completion_column: Column with the completion.
+        messages_column: Column with the conversation (``messages`` format).
+        system_prompt: System message of examples without their own; ``None``: the model's ``system_prompt``.
+        val_fraction: Share of examples for validation.
+        batch_size: Examples per batch.
+        seed: Seed of the shuffle.
+
+    Raises:
+        ValueError: for an unknown ``format`` or ``val_fraction`` outside [0, 1); reading, a missing column (listing
+            those present) or a bad row (naming row and field).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        name: str | None = None,
+        split: str = "train",
+        config_name: str | None = None,
+        revision: str | None = None,
+        format: str = "auto",
+        prompt_column: str = "prompt",
+        completion_column: str = "completion",
+        messages_column: str = "messages",
+        system_prompt: str | None = None,
+        val_fraction: float = 0.05,
+        batch_size: int = 16,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if format not in SFT_FORMATS:
+            raise ValueError(f"data.format must be one of {list(SFT_FORMATS)}, got {format!r}")
+        if path is None and name is None:
+            raise ValueError("SFTFileDataModule needs data.path (a local file) or data.name (a hub dataset)")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.save_hyperparameters(logger=False)
+
+    @override
+    def triples(self) -> list[Triple]:
+        hp = self.hparams
+        ds, where = open_table(hp.path, hp.name, hp.split, {}, hp.config_name, hp.revision)
+        data_format = hp.format
+        if data_format == "auto":
+            messages_only = hp.messages_column in ds.column_names and hp.prompt_column not in ds.column_names
+            data_format = "messages" if messages_only else "prompt_completion"
+        columns = {"prompt": hp.prompt_column, "completion": hp.completion_column, "messages": hp.messages_column}
+        needed = (
+            {"messages": columns["messages"]}
+            if data_format == "messages"
+            else {
+                "prompt": columns["prompt"],
+                "completion": columns["completion"],
+            }
+        )
+        check_columns(ds.column_names, where, needed)
+        triples = []
+        for i, rec in iter_rows(ds, where):
+            prompt, completion = sft_example(rec, data_format, columns, f"{where}: row {i}")
+            triples.append((hp.system_prompt, prompt, completion))
+        random.Random(hp.seed).shuffle(triples)
+        return triples

@@ -164,6 +164,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.history: dict[str, list[Any]] = {"weights": [], "ratings": [], "selection": [], "rewards": []}
         self.counters = {"judgements": 0, "parse_failures": 0, "empty_responses": 0, "iterations_without_pairs": 0}
         self.judge_counts = {p: [0, 0] for p in self.player_names}  # judgements, failures
+        self.categories: list[str | None] | None = None  # the instructions' categories, when the data have them
 
     # ------------------------------------------------------------------------------------------------ models
     @override
@@ -258,6 +259,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         """One game iteration, phase by phase (module docstring); every rank plays it (class docstring)."""
         names = self.player_names
         instructions = list(batch["prompt"])
+        self.categories = list(batch["category"]) if "category" in batch else None
         self._ensure_leader(len(instructions))
         # the annealing schedules' position: iterations played before this one / (num_iterations - 1)
         progress, iteration = self.iteration / max(1, self.num_iterations - 1), self.iteration
@@ -442,6 +444,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             if self.elo is not None:
                 logs.update({f"elo/{p}": self.elo.rating(p), f"elo_volatility/{p}": self.elo.volatility(p)})
         logs.update({f"time/{phase}": float(t) for phase, t in self.phase_times.items()})
+        if self.categories is not None:  # the curriculum by category: the leader's mass on each
+            for c, w in rules.category_weights(probs.tolist(), self.categories).items():
+                logs[f"leader/category_weight/{c.replace('/', '_')}"] = w
         self.log_dict({**logs, **stats}, batch_size=1)
         self.board.write_distribution(self, "leader/exp3_probs", probs)  # every iteration: the leader's distribution
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
@@ -490,6 +495,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
             **self.history,
             "counters": {**self.counters, "nonfinite_skipped": self.nonfinite_skipped},
             "judge_counts": {p: {"judgements": c[0], "parse_failures": c[1]} for p, c in self.judge_counts.items()},
+            "categories": self.categories,
         }
         # not write_artifact: it reads the trainer's log_dir on rank 0 alone, and under DDP that is a broadcast
         folder = self.artifact_dir()

@@ -27,6 +27,7 @@ from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
 from modules.lm.precision import cast_frozen_for_strategy
+from modules.lm.text import render_chat
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, family_name, stamp_family
 from modules.training.export import EXPORT_RECORD, Player, record_of
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
@@ -45,7 +46,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         tiny_config: Overrides of the tiny Qwen2 config dict (``hidden_size``, ``num_hidden_layers``, ...), with
             ``lm: null``.
         output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit``.
-        system_prompt: System message of every example.
+        system_prompt: System message of every example that brings none of its own (see :meth:`encode`).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         max_length: Tokens per example (prompt cut from the left first).
@@ -91,18 +92,29 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.logit_chunk_tokens: int | None = None
 
     def encode(
-        self, prompts: list[str], responses: list[str], systems: list[str] | None = None
+        self,
+        prompts: list[str | list[dict[str, str]]],
+        responses: list[str],
+        systems: list[str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens).
 
-        ``systems`` gives a system message per example (the batch's ``system`` field); else ``system_prompt``.
+        A prompt is text (one user message) or a list of ``{"role", "content"}`` messages (a conversation so far).
+        ``systems`` gives a system message per example (the batch's ``system`` field; ``None`` entries and ``None``
+        take ``system_prompt``); a conversation that opens with its own system message keeps it instead. The prompt is
+        rendered with the tokenizer's chat template, or ``role: content`` lines when it has none
+        (:func:`~modules.lm.text.plain_chat`).
         """
         rows, labels = [], []
         eos = self.tokenizer.eos_token_id
-        systems = systems or [self.hparams.system_prompt] * len(prompts)
+        systems = systems or [None] * len(prompts)
         for system, x, y in zip(systems, prompts, responses):
-            messages = [{"role": "system", "content": system}, {"role": "user", "content": x}]
-            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            system = {"role": "system", "content": self.hparams.system_prompt if system is None else system}
+            if isinstance(x, str):
+                messages = [system, {"role": "user", "content": x}]
+            else:
+                messages = list(x) if x and x[0]["role"] == "system" else [system, *x]
+            prompt = render_chat(self.tokenizer, messages, add_generation_prompt=True)
             p_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             r_ids = self.tokenizer(y, add_special_tokens=False)["input_ids"] + [eos]
             room = self.hparams.max_length - len(r_ids)

@@ -11,6 +11,7 @@ r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching
   odds), :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
   :func:`aggregate_duel` for one duel's table of scores.
 * **Followers**: :func:`preference_pairs` (DPO's chosen/rejected) and :func:`peer_score_advantages` (GRPO).
+* **Curriculum by category**: :func:`category_weights` (the leader's probability mass per instruction category).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_SCORE",
     "JudgeParse",
     "aggregate_duel",
+    "category_weights",
     "duel_judges",
     "fill_judge_template",
     "final_answer",
@@ -411,3 +413,21 @@ def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -
     if not torch.isfinite(scores).all():
         raise ValueError(f"peer scores must be finite, got {scores.tolist()}")
     return group_advantages(scores, group_size, scale=scale)
+
+
+def category_weights(probs: Sequence[float], categories: Sequence[str | None]) -> dict[str, float]:
+    """The leader's probability mass on each instruction category, the categories in first-seen order.
+
+    Which kinds of instruction the leader's curriculum favours (§5's analysis, by category instead of by instruction).
+    Instructions without a category count under ``"none"``.
+
+    Raises:
+        ValueError: when ``probs`` and ``categories`` differ in length.
+    """
+    if len(probs) != len(categories):
+        raise ValueError(f"{len(probs)} probabilities for {len(categories)} categories")
+    out: dict[str, float] = {}
+    for p, c in zip(probs, categories):
+        key = "none" if c is None else str(c)
+        out[key] = out.get(key, 0.0) + float(p)
+    return out

@@ -9,11 +9,20 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["EncodedSequences", "encode_prompt_responses", "fill_template", "pad_sequences", "sequence_key"]
+__all__ = [
+    "EncodedSequences",
+    "encode_prompt_responses",
+    "fill_template",
+    "pad_sequences",
+    "plain_chat",
+    "render_chat",
+    "sequence_key",
+]
 
 
 @dataclass
@@ -114,3 +123,26 @@ _FIELD = re.compile(r"\{(prompt|leader_response)\}")
 def fill_template(template: str, **values: str) -> str:
     """Replace ``{prompt}`` / ``{leader_response}`` in one pass over the template; data text is never re-read."""
     return _FIELD.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def plain_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+    """The plain rendering for tokenizers without a chat template: one ``role: content`` line per message.
+
+    With ``add_generation_prompt`` the text ends in ``"assistant: "``, so a reply rendered as the suffix of the whole
+    conversation (:func:`datamodules.formats.render_prompt_completion`) is the reply's content and a newline.
+
+    Example:
+        >>> plain_chat([{"role": "user", "content": "Hi?"}], add_generation_prompt=True)
+        'user: Hi?\\nassistant: '
+    """
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return text + ("assistant: " if add_generation_prompt else "")
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+    """``messages`` as text: the tokenizer's chat template, or :func:`plain_chat` when it has none (or is ``None``)."""
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    return plain_chat(messages, add_generation_prompt)
