@@ -45,6 +45,7 @@ SMALL = {
             "--data.init_args.num_prompts=40",
             "--model.init_args.sampling.max_new_tokens=16",
             "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+            "--model.init_args.preference.init_args.allow_untrained=true",
         ]
         for name in ("nlhf", "slhf")
     },
