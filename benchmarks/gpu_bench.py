@@ -334,7 +334,7 @@ def section_deep_smida(args, out: _Partial) -> None:
     # that sampled ids decode to text the utility reads; the 151,936-entry projection is measured by real_shape.
     folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
     b, d, m, new = (2, 2, 2, 8) if args.tiny else (4, 4, 4, 256)
-    max_steps = 2  # the first includes the warm-up; both are kept
+    batches = 2  # the first includes the warm-up; both are kept
     out["shape"] = {"B": b, "D": d, "M": m, "max_new_tokens": new, "vocab": 260}
     L.seed_everything(0)
     lm = ModelConfig(folder, dtype=args.dtype)
@@ -357,7 +357,7 @@ def section_deep_smida(args, out: _Partial) -> None:
             out["steps"] = steps  # the first includes warm-up; a deadline kill keeps the steps done
 
     trainer = L.Trainer(
-        max_steps=max_steps,
+        max_steps=2 * batches,  # two optimizers: Lightning counts two steps per batch
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
