@@ -14,6 +14,8 @@ PyTorch, transformers, Lightning and peft (deep-SMIDA's utility is an ensemble o
 * ``training``: forward + backward + AdamW of a LoRA step and of a full-parameter step; MFU (:func:`mfu`).
 * ``deep_smida``: one :class:`modules.deep_smida.DeepSMIDA` step by phase at the 1.5B shape.
 * ``real_shape``: ``benchmarks/real_shape.py``'s families at the full Qwen2.5-0.5B shape, peak memory per phase.
+* ``grouped_decode``: ``PolicyBank.generate`` with the prompt's KV cache copied to each of G = 4 rows against the
+  grouped decode (one copy per group), at the 1.5B shape.
 
 Derived figures are computed by the driver against three sets of constants, all recorded: the H200 datasheet
 (989 TFLOP/s dense bf16, 4.8 TB/s), the references used so far (790 TFLOP/s, 4.3 TB/s: what such a machine
@@ -41,11 +43,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTIONS = (
     ("env", 25),
     ("decode_eager", 60),
-    ("training", 50),
+    ("training", 45),
     ("deep_smida", 80),
-    ("real_shape", 100),
-    ("decode_static", 55),
-    ("decode_compiled", 90),
+    ("real_shape", 90),
+    ("decode_static", 45),
+    ("grouped_decode", 40),
+    ("decode_compiled", 75),
 )
 DATASHEET = {"bf16_dense_tflops": 989.0, "hbm_tb_s": 4.8}  # H200 SXM datasheet
 REFERENCE = {"bf16_dense_tflops": 790.0, "hbm_tb_s": 4.3}  # attained on such a machine: the constants used so far
@@ -387,7 +390,38 @@ def section_real_shape(args, out: _Partial) -> None:
     out["result"] = real_shape.main(argv)
 
 
+def section_grouped_decode(args, out: _Partial) -> None:
+    """PolicyBank.generate of G = 4 samples per prompt, the prompt's cache copied to every row against the grouped
+    decode (one copy per group; the CPU default, opt-in on GPU until measured here): seconds per call and whether the
+    tokens agree (same seed; GPU kernels may round differently, so agreement is recorded, not required)."""
+    torch, device, dtype = _setup(args)
+    from modules.lm.model_config import ModelConfig
+    from modules.lm.policy_bank import PolicyBank
+
+    folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
+    bank = PolicyBank(ModelConfig(folder, lora_r=8, lora_alpha=16, dtype=args.dtype), players=["policy"]).to(device)
+    b, new = (2, 8) if args.tiny else (16, 128)
+    prompts = [f"Problem {i}: a shop sells {i + 3} boxes of {i % 7 + 2} pens each. How many pens?" for i in range(b)]
+    out["shape"] = {"prompts": b, "samples": 4, "new_tokens": new}
+    sequences = {}
+    for grouped in (False, True):
+        bank.grouped_decode = grouped
+        key = "grouped" if grouped else "copied"
+        torch.manual_seed(0)
+        bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=8, min_new_tokens=8)  # warm-up
+        torch.manual_seed(1)
+        _sync(device)
+        t = time.perf_counter()
+        roll = bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
+        _sync(device)
+        out[f"{key}_seconds"] = time.perf_counter() - t
+        sequences[key] = roll.sequences
+    out["speedup_grouped"] = out["copied_seconds"] / out["grouped_seconds"]
+    out["tokens_equal_share"] = float((sequences["copied"] == sequences["grouped"]).float().mean())
+
+
 SECTION_FUNCS = {
+    "grouped_decode": section_grouped_decode,
     "env": section_env,
     "decode_eager": lambda a, o: section_decode(a, o, "eager"),
     "decode_static": lambda a, o: section_decode(a, o, "static"),

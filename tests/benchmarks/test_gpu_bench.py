@@ -97,6 +97,9 @@ def test_gpu_sh_runs_every_section_with_only_the_four_packages(isolated, tmp_pat
     assert all(training[k]["mfu_measured"] > 0 for k in ("full", "lora"))
     steps = sec["deep_smida"]["result"]["steps"]
     assert len(steps) == 2 and all(s[p] > 0 for s in steps for p in ("generate", "score", "logprob", "backward"))
+    grouped = sec["grouped_decode"]["result"]
+    assert grouped["grouped_seconds"] > 0 and grouped["copied_seconds"] > 0
+    assert grouped["tokens_equal_share"] == 1.0  # on CPU the grouped decode draws generate's tokens
     families = sec["real_shape"]["result"]["result"]["families"]
     assert set(families) == {"grpo", "deep_smida", "debate", "pool"}
     assert all(f["step"]["peak_bytes"] > 0 for f in families.values())
