@@ -80,12 +80,7 @@ def prepare(args) -> dict:
         "small": build_tiny_causal_lm(os.path.join(work, "small_decoder"), config=SMALL_DECODER, seed=1),
         "shape": shape,
     }
-    problems = generate_problems(64, seed=7)
-    paths["prompts"] = [p.question for p in problems]
-    pool_file = os.path.join(work, "pool.jsonl")
-    with open(pool_file, "w") as f:
-        f.write("\n".join(json.dumps({"question": p.question, "answer": str(p.answer)}) for p in problems))
-    paths["pool_data"] = pool_file
+    paths["prompts"] = [p.question for p in generate_problems(64, seed=7)]
     return paths
 
 
@@ -170,7 +165,6 @@ def run_family(args, paths: dict) -> dict:
         data = {"datamodule": DebateDataModule(problems="single_step", num_prompts=64, batch_size=b)}
     elif args.worker == "pool":
         from datamodules.pool import InstructionPoolDataModule
-        from datamodules.prompts import PromptSource
         from modules.pool import StackelbergPool
         from modules.scorers.peer_judges import PeerJudging
         from modules.training.pool_followers import FollowerTraining
@@ -189,14 +183,10 @@ def run_family(args, paths: dict) -> dict:
                 algorithm="grpo", grpo_rollouts=max(2, args.rows // 2), batch_size=args.rows, lr=1e-5
             ),
         )
-        data = {
-            "datamodule": InstructionPoolDataModule(
-                source=PromptSource(path=paths["pool_data"], prompt_column="question", reference_column="answer"),
-                val_fraction=0.25,
-                batch_size=4,
-                iterations_per_epoch=1,
-            )
-        }
+        # generated arithmetic problems (a file source would need the datasets package, absent on the GPU machine)
+        data = {"datamodule": InstructionPoolDataModule(num_problems=64, num_test_problems=8, batch_size=4)}
+        # its end-of-training figures are not part of a step and need matplotlib (absent on the GPU machine)
+        model.on_train_end = lambda: None
     else:
         raise ValueError(f"unknown family {args.worker!r}")
     meter.instrument(model)
