@@ -1,60 +1,117 @@
-"""GPU measurements in one process: generation against the HBM bound, training MFU, one deep-SMIDA step by phase.
+"""GPU measurements for a lent machine, each section in its own process with its own deadline.
 
-Meant for a single H200 with PyTorch, transformers and Lightning installed and no internet (``bash
-benchmarks/gpu.sh``); ``--tiny`` runs the same code on a tiny model on any device as a smoke test. Writes
-``gpu_results.json``.
+``bash benchmarks/gpu.sh`` runs this driver (which imports only the standard library). It runs each section as
+``python3 benchmarks/gpu_bench.py --section NAME`` with a deadline (``SECTIONS``; never past the overall limit), so a
+crash, a hung compile or an out-of-memory error in one section loses only that section; a section saves its partial
+results after each measurement, and ``gpu_results.json`` is rewritten after every section. Sections need only
+PyTorch, transformers, Lightning and peft (deep-SMIDA's utility is an ensemble over the policy's own base).
 
-* Generation: a random-initialised model of the Qwen2.5-1.5B architecture in bf16, batch 16 and 64, 512 new tokens
-  (``min_new_tokens`` = ``max_new_tokens`` so every run decodes the same number of steps), eager with the dynamic KV
-  cache, and static cache with ``torch.compile``. Decode steps/s are compared with the bandwidth bound
-  ``HBM bandwidth / weight bytes`` (about 1,390 steps/s for 3.09 GB at 4.3 TB/s).
-* Training: forward + backward + AdamW on ``train_batch × train_len`` tokens in bf16; MFU = 6·N·tokens/s / peak.
-* Deep-SMIDA: three steps of :class:`modules.deep_smida.DeepSMIDA` (LoRA players over the same random architecture,
-  an untrained 5-head ensemble over a frozen copy of it as utility), wall time per phase, first step dropped.
+* ``env``: device, library versions, a measured bf16 matmul TFLOP/s and HBM copy TB/s.
+* ``decode_eager`` / ``decode_static`` / ``decode_compiled``: ``generate`` of a random Qwen2.5-1.5B-shaped model in
+  bf16 at batch 1, 16 and 64 (``--new_tokens`` after a ``--prompt_len`` prompt, every row decoding all of them), with
+  the dynamic cache, the static cache, and the static cache with the decode step compiled; decode steps/s against
+  the HBM bound, which counts the weights and the KV cache read at every step (:func:`decode_bound_steps_per_s`).
+* ``training``: forward + backward + AdamW of a LoRA step and of a full-parameter step; MFU (:func:`mfu`).
+* ``deep_smida``: one :class:`modules.deep_smida.DeepSMIDA` step by phase at the 1.5B shape.
+* ``real_shape``: ``benchmarks/real_shape.py``'s families at the full Qwen2.5-0.5B shape, peak memory per phase.
+* ``grouped_decode``: ``PolicyBank.generate`` with the prompt's KV cache copied to each of G = 4 rows against the
+  grouped decode (one copy per group), at the 1.5B shape.
+
+Derived figures are computed by the driver against three sets of constants, all recorded: the H200 datasheet
+(989 TFLOP/s dense bf16, 4.8 TB/s), the references used so far (790 TFLOP/s, 4.3 TB/s: what such a machine
+attains), and what ``env`` measured in this run.
+
+    bash benchmarks/gpu.sh                               # everything, under 8 minutes on one H200
+    python3 benchmarks/gpu_bench.py --tiny --out r.json  # the same code at a tiny size, on any device
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
+import subprocess
+import sys
 import tempfile
 import time
 
-import torch
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-QWEN25_15B = dict(
-    vocab_size=151936,
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    max_position_embeddings=32768,
-    rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-6,
+# (name, deadline in seconds on an H200; see the RESULTS section for what each is expected to take)
+SECTIONS = (
+    ("env", 25),
+    ("decode_eager", 60),
+    ("training", 45),
+    ("deep_smida", 80),
+    ("real_shape", 90),
+    ("decode_static", 45),
+    ("grouped_decode", 40),
+    ("decode_compiled", 75),
 )
-TINY = dict(
-    vocab_size=260,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    tie_word_embeddings=True,
-)
+DATASHEET = {"bf16_dense_tflops": 989.0, "hbm_tb_s": 4.8}  # H200 SXM datasheet
+REFERENCE = {"bf16_dense_tflops": 790.0, "hbm_tb_s": 4.3}  # attained on such a machine: the constants used so far
+LIBRARIES = ("torch", "transformers", "lightning", "peft")
+
+QWEN25_15B = {
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+}
+TINY = {
+    "vocab_size": 260,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
 
 
-def _sync(device: torch.device) -> None:
+# ---------------------------------------------------------------------- pure arithmetic (tested by hand values)
+def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
+    """Bytes of K and V one token adds to the cache: 2 x layers x KV heads x head dim x element size."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
+
+
+def decode_bound_steps_per_s(
+    weight_bytes: int, kv_token_bytes: int, batch: int, prompt_len: int, new_tokens: int, hbm_tb_s: float
+) -> float:
+    """Decode steps per second if every step only read the weights and the KV cache at HBM bandwidth.
+
+    A step reads every weight once and the cache of every row; a row's context grows from ``prompt_len`` to
+    ``prompt_len + new_tokens``, ``prompt_len + new_tokens / 2`` on average over the run.
+    """
+    per_step = weight_bytes + batch * (prompt_len + new_tokens / 2) * kv_token_bytes
+    return hbm_tb_s * 1e12 / per_step
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float) -> float:
+    """Model FLOP utilisation: achieved FLOP/s over the peak."""
+    return flops_per_token * tokens_per_s / (peak_tflops * 1e12)
+
+
+# ---------------------------------------------------------------------- section helpers
+def _sync(device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def build(cfg: dict, device: torch.device, dtype: torch.dtype):
+def _build(cfg: dict, device, dtype):
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(**cfg, attn_implementation="sdpa")
@@ -68,60 +125,206 @@ def build(cfg: dict, device: torch.device, dtype: torch.dtype):
     return model.eval()
 
 
-def bench_generation(model, batch: int, new_tokens: int, prompt_len: int, compiled: bool, device) -> dict:
-    vocab = model.config.vocab_size
-    ids = torch.randint(3, vocab, (batch, prompt_len), device=device)
-    kw = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None)
+class _Partial:
+    """A section's results, saved to its file after every measurement (a deadline kill keeps what was done)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.data = path, {}
+
+    def __setitem__(self, key, value) -> None:
+        self.data[key] = value
+        with open(self.path + ".tmp", "w") as f:
+            json.dump(self.data, f)
+        os.replace(self.path + ".tmp", self.path)
+
+    def __getitem__(self, key):
+        return self.data[key]
+
+
+def _setup(args):
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    return torch, device, dtype
+
+
+def section_env(args, out: _Partial) -> None:
+    torch, device, dtype = _setup(args)
+    out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    out["cuda"] = torch.version.cuda
+    out["capability"] = list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    n = 256 if args.tiny else 8192
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    reps, t = (2 if args.tiny else 50), time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    out["measured_bf16_dense_tflops"] = 2 * n**3 * reps / (time.perf_counter() - t) / 1e12
+    del a, b
+    numel = (1 << 20) if args.tiny else (1 << 30)  # 2 GiB of bf16 per copy on the GPU
+    src = torch.empty(numel, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    reps, t = (2 if args.tiny else 20), time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    _sync(device)
+    out["measured_hbm_tb_s"] = 2 * src.numel() * src.element_size() * reps / (time.perf_counter() - t) / 1e12
+
+
+# Decode variants: generate keyword arguments, and whether the decode step is compiled. HOOK: when modules/lm
+# (ModelConfig, decoding) gains its own static-cache / compiled decode options, add a variant here that calls it
+# and a "decode_<variant>" entry to SECTIONS; the timing, bound and compile counting below stay as they are.
+DECODE_VARIANTS = {
+    "eager": ({}, False),
+    "static": ({"cache_implementation": "static", "disable_compile": True}, False),
+    "compiled": ({"cache_implementation": "static", "disable_compile": True}, True),
+}
+
+
+def section_decode(args, out: _Partial, variant: str) -> None:
+    import functools
+
+    torch, device, dtype = _setup(args)
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    cfg = TINY if args.tiny else QWEN25_15B
+    model = _build(cfg, device, dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    out["weight_bytes"] = weight_bytes
+    out["kv_bytes_per_token"] = kv_bytes_per_token(cfg, torch.finfo(dtype).bits // 8)
+    extra, compiled = DECODE_VARIANTS[variant]
+    counters = None
     if compiled:
-        # transformers compiles the decoding forward itself when the cache is static (on CUDA)
-        kw["cache_implementation"] = "static"
-    gen = model.generate
-    with torch.inference_mode():
-        gen(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up (and compilation)
-        if compiled:
-            gen(ids, **kw)
-        _sync(device)
-        t = time.perf_counter()
-        out = gen(ids, **kw)
-        _sync(device)
-        dt = time.perf_counter() - t
-    assert out.shape[1] == prompt_len + new_tokens
-    result = {
-        "batch": batch,
-        "new_tokens": new_tokens,
-        "seconds": dt,
-        "tokens_per_s": batch * new_tokens / dt,
-        "decode_steps_per_s": new_tokens / dt,
-    }
-    if compiled:
-        # evidence that the static-cache run was really compiled (0 graphs: transformers fell back to eager)
         from torch._dynamo.utils import counters
 
-        result["dynamo_unique_graphs"] = int(counters["stats"]["unique_graphs"])
-    return result
+        eager_forward = model.forward
+        # the decode step (one new token per row) compiled; the prefill stays eager, as transformers does itself
+        step = torch.compile(
+            eager_forward,
+            backend="eager" if args.tiny else "inductor",
+            mode=None if args.tiny else "reduce-overhead",
+            fullgraph=not args.tiny,
+            dynamic=False,
+        )
+
+        @functools.wraps(eager_forward)
+        def forward(*a, **k):
+            ids = k.get("input_ids", a[0] if a else None)
+            return step(*a, **k) if ids is not None and ids.shape[1] == 1 else eager_forward(*a, **k)
+
+        model.forward = forward
+
+    class StopAfter(StoppingCriteria):
+        """Ends the warm-up after a few steps while the cache keeps the timed run's length (one compile, not two)."""
+
+        def __init__(self, length: int) -> None:
+            self.length = length
+
+        def __call__(self, input_ids, scores, **kw):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, device=input_ids.device)
+
+    runs = []
+    for batch in args.batches:
+        ids = torch.randint(3, cfg["vocab_size"], (batch, args.prompt_len), device=device)
+        kw = dict(
+            do_sample=False,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            pad_token_id=0,
+            eos_token_id=None,
+            **extra,
+        )
+        graphs = lambda: int(counters["stats"]["unique_graphs"]) if counters is not None else 0  # noqa: E731
+        before = graphs()
+        with torch.inference_mode():
+            warm = StoppingCriteriaList([StopAfter(args.prompt_len + 8)])
+            model.generate(ids, **kw, stopping_criteria=warm)  # warm-up (and the compile) at the timed shapes
+            if compiled:
+                model.generate(ids, **kw, stopping_criteria=warm)  # reduce-overhead records its graph on a rerun
+            after_warmup = graphs()
+            _sync(device)
+            t = time.perf_counter()
+            seq = model.generate(ids, **kw)
+            _sync(device)
+            dt = time.perf_counter() - t
+        if seq.shape[1] != args.prompt_len + args.new_tokens:
+            raise RuntimeError(f"generated {seq.shape[1] - args.prompt_len} tokens, expected {args.new_tokens}")
+        run = {
+            "batch": batch,
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "seconds": dt,
+            "decode_steps_per_s": args.new_tokens / dt,
+            "tokens_per_s": batch * args.new_tokens / dt,
+        }
+        if compiled:
+            run["graphs_compiled_in_warmup"] = after_warmup - before
+            run["graphs_compiled_in_timed_run"] = graphs() - after_warmup  # 0: the warm-up compiled the right shape
+        runs.append(run)
+        out["runs"] = runs
 
 
-def bench_training(model, batch: int, seq: int, steps: int, device) -> dict:
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
-    ids = torch.randint(3, model.config.vocab_size, (batch, seq), device=device)
-    times = []
-    for _ in range(steps):
-        _sync(device)
-        t = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    model.eval()
-    del opt
-    dt = sorted(times[1:])[len(times[1:]) // 2]
-    return {"batch": batch, "seq_len": seq, "step_seconds": dt, "tokens_per_s": batch * seq / dt}
+def section_training(args, out: _Partial) -> None:
+    torch, device, dtype = _setup(args)
+    cfg = TINY if args.tiny else QWEN25_15B
+    batch, seq, steps = (2, 32, 3) if args.tiny else (8, 2048, 5)
+
+    def measure(model, params) -> dict:
+        opt = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda")
+        ids = torch.randint(3, cfg["vocab_size"], (batch, seq), device=device)
+        times = []
+        for _ in range(steps):
+            _sync(device)
+            t = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        kept = sorted(times[1:])
+        dt = kept[len(kept) // 2]
+        return {"batch": batch, "seq_len": seq, "step_seconds": dt, "tokens_per_s": batch * seq / dt}
+
+    model = _build(cfg, device, dtype).train()
+    n = sum(p.numel() for p in model.parameters())
+    out["params"] = n
+    full = measure(model, list(model.parameters()))
+    full["flops_per_token"] = 6 * n  # forward 2N, backward 4N (activation and weight gradients)
+    out["full"] = full
+    from peft import LoraConfig, get_peft_model
+
+    model.zero_grad(set_to_none=True)
+    lora = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM"))
+    step = measure(lora, [p for p in lora.parameters() if p.requires_grad])
+    step["flops_per_token"] = 4 * n  # no weight gradients for the frozen base: forward 2N + activation grads 2N
+    out["lora"] = step
 
 
-def bench_deep_smida(policy_dir: str, args, device) -> dict:
+def _policy_folder(cfg: dict, dtype) -> str:
+    """A random model of ``cfg``'s shape with the suite's byte tokenizer, saved in bf16 (a 1.5B model: 3 GB)."""
+    import torch
+
+    from modules.lm.models import build_byte_tokenizer
+
+    tok = build_byte_tokenizer()
+    folder = tempfile.mkdtemp(prefix="ag_gpu_policy_")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = _build({**cfg, "vocab_size": len(tok)}, device, dtype)
+    model.config.eos_token_id = model.config.bos_token_id = tok.eos_token_id
+    model.config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def section_deep_smida(args, out: _Partial) -> None:
+    torch, device, dtype = _setup(args)
     import lightning as L
 
     from datamodules.prompts import PromptDataModule
@@ -130,171 +333,225 @@ def bench_deep_smida(policy_dir: str, args, device) -> dict:
     from modules.lm.sampling import Sampling
     from modules.scorers.utility import EnsembleUtility
 
+    # The Qwen tokenizer is not on the machine: the same architecture with the byte tokenizer (vocabulary 260), so
+    # that sampled ids decode to text the utility reads; the 151,936-entry projection is measured by real_shape.
+    folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
+    b, d, m, new = (2, 2, 2, 8) if args.tiny else (4, 4, 4, 256)
+    batches = 2  # the first includes the warm-up; both are kept
+    out["shape"] = {"B": b, "D": d, "M": m, "max_new_tokens": new, "vocab": 260}
     L.seed_everything(0)
+    lm = ModelConfig(folder, dtype=args.dtype)
+    # the paper's utility: an ensemble whose members share the policy's own base (no encoder package)
+    utility = EnsembleUtility(
+        checkpoint=None, backbone=folder, backbone_task="causal_lm", ensemble={"lm": lm}, allow_untrained=True
+    )  # timing only: the heads need no training
     model = DeepSMIDA(
-        lm=ModelConfig(policy_dir, dtype=args.dtype),
-        utility=EnsembleUtility(allow_untrained=True),  # timing only: the heads need no training
-        samples_per_prompt=args.smida_d,
-        follower_samples=args.smida_m,
-        sampling=Sampling(temperature=0.6, max_new_tokens=args.smida_tokens),
+        lm=lm,
+        utility=utility,
+        samples_per_prompt=d,
+        follower_samples=m,
+        sampling=Sampling(temperature=0.6, max_new_tokens=new, min_new_tokens=new),
         leader_lr=8e-6,
         follower_lr=2e-5,
     )
-    times = []
+    steps = []
 
     class Collect(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, *a):
-            times.append(dict(pl_module.phase_times))
+            steps.append(dict(pl_module.phase_times))
+            out["steps"] = steps  # the first includes warm-up; a deadline kill keeps the steps done
 
     trainer = L.Trainer(
-        max_steps=2 * args.smida_steps,
+        max_steps=2 * batches,  # two optimizers: Lightning counts two steps per batch
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
+        enable_model_summary=False,
         limit_val_batches=0,
+        num_sanity_val_steps=0,
         callbacks=[Collect()],
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
     )
-    trainer.fit(model, PromptDataModule(num_prompts=64, batch_size=args.smida_b))
-    kept = times[1:] or times
-    phases = ["generate", "score", "logprob", "backward", "optimizer"]
-    out = {p: sum(t[p] for t in kept) / len(kept) for p in phases}
-    out["step"] = sum(out[p] for p in phases)
-    out["generated_tokens_per_s"] = sum(t["generated_tokens"] for t in kept) / sum(t["generate"] for t in kept)
-    out["shape"] = {"B": args.smida_b, "D": args.smida_d, "M": args.smida_m, "max_new_tokens": args.smida_tokens}
-    return out
+    trainer.fit(model, PromptDataModule(num_prompts=64, batch_size=b))
 
 
-def bench_grouped_decode(policy_dir: str, dtype: str, device, tiny: bool) -> dict:
+def section_real_shape(args, out: _Partial) -> None:
+    """benchmarks/real_shape.py's families (not TRL: not installed on the GPU machine) at the full 0.5B depth."""
+    import torch
+
+    from benchmarks import real_shape
+
+    cuda = torch.cuda.is_available()
+    argv = ["--families", "grpo,deep_smida,debate,pool", "--workdir", tempfile.mkdtemp(prefix="ag_rs_")]
+    argv += ["--tiny", "--layers", "2"] if args.tiny else ["--layers", "24", "--utility_backbone", "policy"]
+    if cuda:
+        argv += ["--device", "cuda", "--dtype", args.dtype]
+    argv += ["--no_logprob"] if args.tiny else []
+    out["argv"] = argv
+    out["result"] = real_shape.main(argv)
+
+
+def section_grouped_decode(args, out: _Partial) -> None:
     """PolicyBank.generate of G = 4 samples per prompt, the prompt's cache copied to every row against the grouped
     decode (one copy per group; the CPU default, opt-in on GPU until measured here): seconds per call and whether the
     tokens agree (same seed; GPU kernels may round differently, so agreement is recorded, not required)."""
+    torch, device, dtype = _setup(args)
     from modules.lm.model_config import ModelConfig
     from modules.lm.policy_bank import PolicyBank
 
-    bank = PolicyBank(ModelConfig(policy_dir, lora_r=8, lora_alpha=16, dtype=dtype), players=["policy"]).to(device)
-    b, new, reps = (2, 8, 2) if tiny else (16, 128, 3)
+    folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
+    bank = PolicyBank(ModelConfig(folder, lora_r=8, lora_alpha=16, dtype=args.dtype), players=["policy"]).to(device)
+    b, new = (2, 8) if args.tiny else (16, 128)
     prompts = [f"Problem {i}: a shop sells {i + 3} boxes of {i % 7 + 2} pens each. How many pens?" for i in range(b)]
-    out: dict = {"prompts": b, "samples": 4, "new_tokens": new}
+    out["shape"] = {"prompts": b, "samples": 4, "new_tokens": new}
     sequences = {}
     for grouped in (False, True):
         bank.grouped_decode = grouped
         key = "grouped" if grouped else "copied"
         torch.manual_seed(0)
-        bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)  # warm-up
-        times = []
-        for _ in range(reps):
-            torch.manual_seed(1)
-            _sync(device)
-            t = time.perf_counter()
-            roll = bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
-            _sync(device)
-            times.append(time.perf_counter() - t)
+        bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=8, min_new_tokens=8)  # warm-up
+        torch.manual_seed(1)
+        _sync(device)
+        t = time.perf_counter()
+        roll = bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
+        _sync(device)
+        out[f"{key}_seconds"] = time.perf_counter() - t
         sequences[key] = roll.sequences
-        out[f"{key}_seconds"] = min(times)
     out["speedup_grouped"] = out["copied_seconds"] / out["grouped_seconds"]
     out["tokens_equal_share"] = float((sequences["copied"] == sequences["grouped"]).float().mean())
-    return out
+
+
+SECTION_FUNCS = {
+    "grouped_decode": section_grouped_decode,
+    "env": section_env,
+    "decode_eager": lambda a, o: section_decode(a, o, "eager"),
+    "decode_static": lambda a, o: section_decode(a, o, "static"),
+    "decode_compiled": lambda a, o: section_decode(a, o, "compiled"),
+    "training": section_training,
+    "deep_smida": section_deep_smida,
+    "real_shape": section_real_shape,
+}
+
+
+# ---------------------------------------------------------------------- driver (standard library only)
+def derive(results: dict) -> None:
+    """Bounds, fractions of them and MFU against the datasheet, the reference and the measured constants."""
+    sets = {"datasheet": DATASHEET, "reference": REFERENCE}
+    env = results["sections"].get("env", {}).get("result", {})
+    if "measured_hbm_tb_s" in env:
+        sets["measured"] = {
+            "bf16_dense_tflops": env["measured_bf16_dense_tflops"],
+            "hbm_tb_s": env["measured_hbm_tb_s"],
+        }
+    results["constants"] = sets
+    for variant in ("eager", "static", "compiled"):
+        sec = results["sections"].get(f"decode_{variant}", {}).get("result", {})
+        for run in sec.get("runs", []):
+            for name, c in sets.items():
+                bound = decode_bound_steps_per_s(
+                    sec["weight_bytes"], sec["kv_bytes_per_token"], run["batch"], run["prompt_len"],
+                    run["new_tokens"], c["hbm_tb_s"],
+                )  # fmt: skip
+                run[f"bound_steps_per_s_{name}"] = bound
+                run[f"fraction_of_bound_{name}"] = run["decode_steps_per_s"] / bound
+    training = results["sections"].get("training", {}).get("result", {})
+    for kind in ("full", "lora"):
+        if kind in training:
+            for name, c in sets.items():
+                t = training[kind]
+                t[f"mfu_{name}"] = mfu(t["flops_per_token"], t["tokens_per_s"], c["bf16_dense_tflops"])
+
+
+def drive(args) -> int:
+    start = time.monotonic()
+    out_path = os.path.abspath(args.out)
+    log_path = os.path.abspath(args.log or os.path.join(os.path.dirname(out_path), "gpu_bench.log"))
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    versions = {}
+    for lib in LIBRARIES:
+        try:
+            versions[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            versions[lib] = None
+    results = {
+        "config": "tiny" if args.tiny else "Qwen2.5-1.5B shape (random init), bf16",
+        "python": platform.python_version(),
+        "versions": versions,
+        "limit_seconds": args.limit,
+        "sections": {},
+    }
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = skip - set(SECTION_FUNCS)
+    if unknown:
+        sys.exit(f"--skip: unknown sections {sorted(unknown)}; known: {', '.join(SECTION_FUNCS)}")
+
+    def save() -> None:
+        derive(results)
+        with open(out_path + ".tmp", "w") as f:
+            json.dump(results, f, indent=2)
+        os.replace(out_path + ".tmp", out_path)
+
+    with open(log_path, "a") as log:
+        for name, deadline in SECTIONS:
+            if name in skip:
+                results["sections"][name] = {"status": "skipped"}
+                continue
+            left = args.limit - args.margin - (time.monotonic() - start)
+            timeout = min(deadline * args.deadline_scale, left)
+            if timeout < 5:
+                results["sections"][name] = {"status": "not run: overall limit reached"}
+                save()
+                continue
+            part = os.path.join(tempfile.gettempdir(), f"gpu_bench_{os.getpid()}_{name}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--part", part, "--dtype", args.dtype]
+            cmd += ["--tiny"] if args.tiny else []
+            log.write(f"\n===== {name} (deadline {timeout:.0f} s) =====\n")
+            log.flush()
+            t = time.monotonic()
+            env = {**os.environ, "PYTHONPATH": ROOT}  # the sections import the suite (modules, benchmarks)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+            )
+            try:
+                rc = proc.wait(timeout=timeout)
+                status = "ok" if rc == 0 else f"error: exit {rc} (see the log)"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)  # the section and anything it started (compile workers)
+                proc.wait()
+                status = f"deadline: killed after {timeout:.0f} s"
+            entry = {"status": status, "seconds": round(time.monotonic() - t, 1)}
+            if os.path.exists(part):
+                with open(part) as f:
+                    entry["result"] = json.load(f)
+                os.remove(part)
+            results["sections"][name] = entry
+            results["elapsed_seconds"] = round(time.monotonic() - start, 1)
+            save()
+            print(f"[gpu_bench] {name}: {status} in {entry['seconds']} s", file=sys.stderr, flush=True)
+    save()
+    print(json.dumps(results, indent=2), flush=True)
+    return 0 if all(s["status"] in ("ok", "skipped") for s in results["sections"].values()) else 1
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny model, short runs: a smoke test on any device")
     ap.add_argument("--out", default="gpu_results.json")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--hbm_tb_s", type=float, default=4.3, help="HBM bandwidth, TB/s (H200: 4.8 spec, 4.3 used)")
-    ap.add_argument("--peak_tflops", type=float, default=790.0, help="dense bf16 peak TFLOP/s for MFU")
-    ap.add_argument("--smida_b", type=int, default=4)
-    ap.add_argument("--smida_d", type=int, default=4)
-    ap.add_argument("--smida_m", type=int, default=4)
-    ap.add_argument("--smida_tokens", type=int, default=256)
-    ap.add_argument("--smida_steps", type=int, default=3)
-    ap.add_argument(
-        "--skip", default="", help="comma list of parts to skip: generation,compiled,training,smida,grouped"
-    )
+    ap.add_argument("--log", default=None, help="default: gpu_bench.log beside --out")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--limit", type=float, default=470.0, help="overall seconds, imports included")
+    ap.add_argument("--margin", type=float, default=8.0, help="seconds kept to write the results at the end")
+    ap.add_argument("--deadline_scale", type=float, default=1.0, help="multiplies every section's deadline")
+    ap.add_argument("--skip", default="", help=f"comma list of sections to skip: {', '.join(SECTION_FUNCS)}")
+    ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    skip = set(filter(None, args.skip.split(",")))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    cfg = TINY if args.tiny else QWEN25_15B
-    new_tokens, prompt_len = (16, 8) if args.tiny else (512, 64)
-    batches = (2, 4) if args.tiny else (16, 64)
-    results: dict = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "config": "tiny" if args.tiny else "Qwen2.5-1.5B (random init)",
-        "dtype": args.dtype,
-    }
-
-    def save() -> None:
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(results, f, indent=2)
-        os.replace(args.out + ".tmp", args.out)
-        print(json.dumps(results, indent=2), flush=True)
-
-    t0 = time.perf_counter()
-    model = build(cfg, device, dtype)
-    n_params = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bound = args.hbm_tb_s * 1e12 / weight_bytes
-    results.update(
-        params=n_params,
-        weight_gb=weight_bytes / 1e9,
-        bandwidth_bound_steps_per_s=bound,
-        build_seconds=time.perf_counter() - t0,
-    )
-    save()
-    if "generation" not in skip:
-        results["generation_eager"] = [
-            bench_generation(model, b, new_tokens, prompt_len, False, device) for b in batches
-        ]
-        for r in results["generation_eager"]:
-            r["fraction_of_bound"] = r["decode_steps_per_s"] / bound
-        save()
-    if "compiled" not in skip:
-        try:
-            results["generation_static_compiled"] = [
-                bench_generation(model, b, new_tokens, prompt_len, True, device) for b in batches
-            ]
-            for r in results["generation_static_compiled"]:
-                r["fraction_of_bound"] = r["decode_steps_per_s"] / bound
-        except Exception as err:  # noqa: BLE001 - a failed compile is a result to record, not a crash
-            results["generation_static_compiled"] = {"error": f"{type(err).__name__}: {err}"[:500]}
-        save()
-    if "training" not in skip:
-        tb, ts = (2, 32) if args.tiny else (8, 2048)
-        tr = bench_training(model, tb, ts, 4 if args.tiny else 6, device)
-        tr["mfu"] = 6 * n_params * tr["tokens_per_s"] / (args.peak_tflops * 1e12)
-        results["training"] = tr
-        save()
-    if "smida" not in skip:
-        from modules.lm.models import build_byte_tokenizer
-
-        folder = tempfile.mkdtemp(prefix="ag_gpu_policy_")
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        # The Qwen tokenizer is not available offline: the policy is the same architecture with the project's
-        # byte-level tokenizer, so its vocabulary (and lm head) is that tokenizer's; recorded in the results.
-        tok = build_byte_tokenizer()
-        policy = build({**cfg, "vocab_size": len(tok)}, torch.device("cpu"), dtype)
-        policy.config.eos_token_id = tok.eos_token_id
-        policy.config.pad_token_id = tok.pad_token_id
-        policy.save_pretrained(folder)
-        tok.save_pretrained(folder)
-        del policy
-        results["deep_smida_policy_vocab"] = len(tok)
-        results["deep_smida_step"] = bench_deep_smida(folder, args, device)
-        save()
-        if "grouped" not in skip:
-            try:
-                results["grouped_decode"] = bench_grouped_decode(folder, args.dtype, device, args.tiny)
-            except Exception as err:  # noqa: BLE001 - a failure on another transformers version is a result
-                results["grouped_decode"] = {"error": f"{type(err).__name__}: {err}"[:500]}
-            save()
-    results["total_seconds"] = time.perf_counter() - t0
-    save()
+    if args.section is None:
+        sys.exit(drive(args))
+    args.batches = (1, 2) if args.tiny else (1, 16, 64)
+    args.prompt_len, args.new_tokens = (8, 12) if args.tiny else (64, 256)
+    SECTION_FUNCS[args.section](args, _Partial(args.part))
 
 
 if __name__ == "__main__":

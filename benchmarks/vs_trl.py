@@ -11,11 +11,15 @@ work: the whole batch in one micro-batch (no gradient accumulation, one generati
 checkpointing, no bf16, no logging, no saving. Each framework runs in its own process, the order alternates between
 repeats, and the first ``--discard`` steps of every run are dropped.
 
-    python benchmarks/vs_trl.py                                   # 3 repeats x 6 steps per framework
+    python benchmarks/vs_trl.py                      # 64, 128 (3 repeats x 6 steps), 256 new tokens (3 x 5 steps)
+    python benchmarks/vs_trl.py --tokens 256 --repeats 2 --steps 5                # one length
     python benchmarks/vs_trl.py --trl-python path/to/other/venv/bin/python   # TRL from a separate environment
 
-It prints each phase's median time (generate, score, reference log-probs, forward + backward, optimizer) for both
-and, as its last line, ``speedup_vs_trl=<median TRL step time / median step time of ours>``. A step's time is the wall
+Every step of both sides must generate exactly ``B x G x tokens`` tokens (checked; a run that generated fewer would be
+faster by doing less). For each completion length it prints each phase's median time (generate, score, reference
+log-probs, forward + backward, optimizer) for both and the interquartile range of the step-time ratio (every TRL step
+against every step of ours from the same repeat); then one line per length, and, as its last line,
+``speedup_vs_trl=<median TRL step time / median step time of ours>`` at 64 tokens. A step's time is the wall
 time between the ends of consecutive optimizer steps (data, generation, scoring, update: everything).
 """
 
@@ -198,7 +202,15 @@ def run_trl(args, paths: dict) -> list[dict]:
     trainer._get_per_token_logps_and_entropies = timed(
         "ref_logprobs", trainer._get_per_token_logps_and_entropies, only_no_grad=True
     )
-    trainer._prepare_inputs = timed("prepare", trainer._prepare_inputs)
+    prepare = timed("prepare", trainer._prepare_inputs)
+
+    def prepare_and_count(*a, **k):
+        inputs = prepare(*a, **k)
+        # the micro-batch is the whole batch, so this counts every generated token of the step
+        current["tokens"] = current.get("tokens", 0.0) + float(inputs["completion_mask"].sum())
+        return inputs
+
+    trainer._prepare_inputs = prepare_and_count
     trainer.training_step = timed("training_step", trainer.training_step)
 
     class Collect(TrainerCallback):
@@ -226,6 +238,7 @@ def run_trl(args, paths: dict) -> list[dict]:
                     # training_step = _prepare_inputs (generate, score, reference) + forward + backward
                     "forward_backward": current["training_step"] - current["prepare"],
                     "optimizer": current.get("optimizer", 0.0),
+                    "tokens": current.get("tokens", 0.0),
                 }
             )
             current.clear()
@@ -244,7 +257,9 @@ def main() -> None:
     ap.add_argument("--trl-python", default=sys.executable, help="Python of an environment with TRL installed")
     ap.add_argument("--b", type=int, default=8, help="prompts per step")
     ap.add_argument("--g", type=int, default=4, help="generations per prompt")
-    ap.add_argument("--tokens", type=int, default=64, help="new tokens per completion (fixed)")
+    ap.add_argument("--tokens", type=int, default=None, help="one completion length instead of the sweep")
+    ap.add_argument("--lengths", default="64,128,256", help="completion lengths of the sweep (comma list)")
+    ap.add_argument("--long-steps", type=int, default=5, help="optimizer steps per run at lengths above 128")
     ap.add_argument("--rewards", type=int, default=5, help="reward models")
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--lr", type=float, default=1e-5)
@@ -256,10 +271,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", choices=("ours", "trl"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.discard >= args.steps:
-        ap.error(f"--steps ({args.steps}) must exceed --discard ({args.discard})")
-    paths = prepare(args.workdir, args.b * args.steps, args.rewards)
     if args.worker:
+        paths = prepare(args.workdir, args.b * args.steps, args.rewards)
         steps = (run_ours if args.worker == "ours" else run_trl)(args, paths)
         print("RESULT " + json.dumps(steps), flush=True)
         return
@@ -274,14 +287,49 @@ def main() -> None:
         "CUDA_VISIBLE_DEVICES": "",
         "PYTHONPATH": ROOT,
     }
-    passthrough = [a for a in sys.argv[1:] if not a.startswith("--worker")]
+    lengths = [args.tokens] if args.tokens else [int(x) for x in args.lengths.split(",")]
+    results = {}
+    for tokens in lengths:
+        steps = args.steps if args.tokens or tokens <= 128 else args.long_steps
+        if args.discard >= steps:
+            ap.error(f"steps ({steps}) must exceed --discard ({args.discard})")
+        results[tokens] = run_length(args, env, tokens, steps)
+    print()
+    for tokens, r in results.items():
+        print(
+            f"tokens={tokens} speedup={r['speedup']:.2f} ratio_iqr=[{r['q1']:.2f}, {r['q3']:.2f}] "
+            + " ".join(f"{p}={r['phase_ratios'][p]:.2f}x" for p in PHASES if p != "optimizer")
+        )
+    headline = results[64] if 64 in results else results[lengths[0]]
+    print(f"speedup_vs_trl={headline['speedup']:.2f}")
+
+
+def run_length(args, env: dict, tokens: int, steps: int) -> dict:
+    """All repeats of both frameworks at one completion length; prints the phase table, returns the ratios."""
+    common = [
+        f"--workdir={args.workdir}",
+        f"--b={args.b}",
+        f"--g={args.g}",
+        f"--tokens={tokens}",
+        f"--rewards={args.rewards}",
+        f"--beta={args.beta}",
+        f"--lr={args.lr}",
+        f"--lora-r={args.lora_r}",
+        f"--steps={steps}",
+        f"--discard={args.discard}",
+        f"--threads={args.threads}",
+        f"--seed={args.seed}",
+    ]
+    expected_tokens = args.b * args.g * tokens  # min_new_tokens = max_new_tokens: every row decodes `tokens`
     kept: dict[str, list[dict]] = {"ours": [], "trl": []}
+    pair_ratios: list[float] = []
     for rep in range(args.repeats):
         order = ("ours", "trl") if rep % 2 == 0 else ("trl", "ours")
+        this_rep: dict[str, list[dict]] = {}
         for who in order:
             python = args.trl_python if who == "trl" else sys.executable
             proc = subprocess.run(
-                [python, os.path.abspath(__file__), *passthrough, f"--worker={who}"],
+                [python, os.path.abspath(__file__), *common, f"--worker={who}"],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -290,26 +338,37 @@ def main() -> None:
             if proc.returncode != 0:
                 sys.exit(f"{who} worker failed:\n{proc.stderr[-4000:]}")
             line = next(s for s in reversed(proc.stdout.splitlines()) if s.startswith("RESULT "))
-            steps = json.loads(line[len("RESULT ") :])
-            if len(steps) != args.steps:
-                sys.exit(f"{who} worker recorded {len(steps)} steps, expected {args.steps}")
-            kept[who].extend(steps[args.discard :])
-            med = statistics.median(s["step"] for s in steps[args.discard :])
-            print(f"repeat {rep} {who:4s}: median step {med:.3f} s", flush=True)
+            run = json.loads(line[len("RESULT ") :])
+            if len(run) != steps:
+                sys.exit(f"{who} worker recorded {len(run)} steps, expected {steps}")
+            counts = sorted({s["tokens"] for s in run})
+            if counts != [expected_tokens]:
+                # a faster step that generated fewer tokens would be less work, not more speed
+                sys.exit(f"{who} worker generated {counts} tokens per step, expected {expected_tokens}")
+            this_rep[who] = run[args.discard :]
+            kept[who].extend(this_rep[who])
+            med = statistics.median(s["step"] for s in this_rep[who])
+            print(f"tokens {tokens} repeat {rep} {who:4s}: median step {med:.3f} s", flush=True)
+        # every TRL step against every step of ours from the same repeat (the same spell of machine load)
+        pair_ratios += [t["step"] / o["step"] for t in this_rep["trl"] for o in this_rep["ours"]]
     print(
-        f"\nworkload: B={args.b} prompts x G={args.g} generations, {args.tokens} new tokens, {args.rewards} reward "
-        f"models, beta={args.beta}, LoRA r={args.lora_r}, fp32 CPU {args.threads} threads; {args.repeats} repeats x "
-        f"{args.steps - args.discard} kept steps per framework (medians, seconds)"
+        f"\nworkload: B={args.b} prompts x G={args.g} generations, {tokens} new tokens ({expected_tokens} generated "
+        f"tokens per step on both sides), {args.rewards} reward models, beta={args.beta}, LoRA r={args.lora_r}, fp32 "
+        f"CPU {args.threads} threads; {args.repeats} repeats x {steps - args.discard} kept steps per framework "
+        "(medians, seconds)"
     )
     print(f"{'phase':18s} {'ours':>8s} {'TRL':>8s} {'TRL/ours':>9s}")
-    medians = {}
+    medians, ratios = {}, {}
     for phase in (*PHASES, "step"):
         o = statistics.median(s[phase] for s in kept["ours"])
         t = statistics.median(s[phase] for s in kept["trl"])
         medians[phase] = (o, t)
-        print(f"{phase:18s} {o:8.3f} {t:8.3f} {t / o if o > 0 else float('nan'):9.2f}")
+        ratios[phase] = t / o if o > 0 else float("nan")
+        print(f"{phase:18s} {o:8.3f} {t:8.3f} {ratios[phase]:9.2f}")
+    q1, _, q3 = statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) > 1 else pair_ratios * 3
     o, t = medians["step"]
-    print(f"speedup_vs_trl={t / o:.2f}")
+    print(f"tokens={tokens}: step ratio TRL/ours {t / o:.2f}, interquartile range of step ratios [{q1:.2f}, {q3:.2f}]")
+    return {"speedup": t / o, "q1": q1, "q3": q3, "phase_ratios": ratios, "medians": medians}
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import overload
 
 import numpy as np
-from scipy import stats
 
 Group = tuple[float, float]  # (successes, trials)
 
@@ -34,6 +33,8 @@ def beta_lower_bound(successes: float, trials: float, quantile: float = 0.025) -
     successes, trials = _check_counts(successes, trials)
     if not 0.0 < quantile < 1.0:
         raise ValueError(f"`quantile` must lie in (0, 1), got {quantile}.")
+    from scipy import stats  # here, not at the top: the GRPO/deep-SMIDA import chain must not need scipy
+
     return float(stats.beta.ppf(quantile, 1.0 + successes, 1.0 + trials - successes))
 
 
