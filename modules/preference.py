@@ -450,6 +450,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             f"{stage}/ensemble_acc": report["ensemble_accuracy"],
             f"{stage}/overall_error_rate": report["overall_error_rate"],
             f"{stage}/top10_error_rate": report["top10_error_rate"],
+            f"{stage}/top10_lift": report["top10_lift"],
             f"{stage}/auroc_variance": report["auroc"]["variance"],
             f"{stage}/auroc_decision_uncertainty": report["auroc"]["decision_uncertainty"],
             f"{stage}/auroc_jsd": report["auroc"]["jsd"],

@@ -31,6 +31,7 @@ __all__ = [
     "prompt_bootstrap",
     "roc_curve_points",
     "top_fraction_error_rate",
+    "top_fraction_lift",
     "variance_summary",
 ]
 
@@ -220,6 +221,16 @@ def top_fraction_error_rate(scores: Tensor, errors: Tensor, fraction: float = 0.
     return error_rate_curve(scores, errors, [fraction])[0].item()
 
 
+def top_fraction_lift(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> float:
+    """The error rate among the top ``fraction`` by score over the overall error rate (paper §5.2: 40.6% / 24.3%).
+
+    Above 1 when the score concentrates errors in its upper tail; NaN when there is no error at all.
+    """
+    s, e = _scores_and_errors(scores, errors)
+    overall = e.to(torch.float64).mean().item()
+    return top_fraction_error_rate(s, e, fraction) / overall if overall > 0 else math.nan
+
+
 def variance_summary(
     variance: Tensor, errors: Tensor | None = None, threshold: float = VARIANCE_THRESHOLD
 ) -> dict[str, float]:
@@ -395,7 +406,8 @@ def build_report(
         JSON-ready dict (plain floats, ints, lists, dicts) with the required keys ``ensemble_accuracy``,
         ``member_accuracy`` (list of k), ``auroc`` (``variance``, ``decision_uncertainty``, ``jsd``),
         ``decile_accuracy`` (10 values, lowest variance first), ``top10_error_rate`` (by variance),
-        ``overall_error_rate``, ``variance_summary`` (see :func:`variance_summary`, with errors), ``n_pairs``,
+        ``overall_error_rate``, ``top10_lift`` (their ratio, with a band), ``variance_summary`` (see
+        :func:`variance_summary`, with errors), ``n_pairs``,
         ``n_prompts``; and the extra keys ``n_members``, ``n_errors``, ``member_nll`` (list), ``ensemble_nll``,
         ``top10_error_rate_by_score`` (per score), ``error_rate_curve`` (``fractions`` and one list per score) and,
         when ``n_boot > 0``, ``bands``: ``n_boot``, ``level``, ``seed`` and ``{"low": ..., "high": ...}`` prompt-
@@ -424,6 +436,7 @@ def build_report(
         "auroc": {name: error_auroc(s, errors) for name, s in scores.items()},
         "decile_accuracy": decile_accuracy(variance, correct),
         "top10_error_rate": top_fraction_error_rate(variance, errors, 0.1),
+        "top10_lift": top_fraction_lift(variance, errors, 0.1),
         "overall_error_rate": errors.to(torch.float64).mean().item(),
         "variance_summary": variance_summary(variance, errors),
         "n_pairs": int(p.shape[0]),
@@ -454,8 +467,8 @@ def _bands(
     errors = ~correct
     names = list(scores)
     n_curve = len(fractions)
-    # Layout of the flat statistic vector: [accuracy, deciles(10), auroc(3), top10(3), curves(3 * n_curve)].
-    sizes = [1, 10, len(names), len(names), len(names) * n_curve]
+    # Layout of the flat statistic vector: [accuracy, deciles(10), auroc(3), top10(3), lift(1), curves(3 * n_curve)].
+    sizes = [1, 10, len(names), len(names), 1, len(names) * n_curve]
 
     def stat(idx: Tensor) -> Tensor:
         c, e = correct[idx], errors[idx]
@@ -465,6 +478,7 @@ def _bands(
             decile_accuracy(s["variance"], c),
             [error_auroc(s[name], e) for name in names],
             [top_fraction_error_rate(s[name], e, 0.1) for name in names],
+            [top_fraction_lift(s["variance"], e, 0.1)],
         ]
         flat = torch.tensor([v for part in parts for v in part], dtype=torch.float64)
         curves = [error_rate_curve(s[name], e, fractions) for name in names]
@@ -473,13 +487,14 @@ def _bands(
     low, high = prompt_bootstrap(stat, groups, n_boot=n_boot, seed=seed, level=level)
     out: dict[str, Any] = {"n_boot": int(n_boot), "level": float(level), "seed": int(seed)}
     for bound_name, bound in (("low", low), ("high", high)):
-        acc, deciles, auroc, top10, curves = torch.split(bound, sizes)
+        acc, deciles, auroc, top10, lift, curves = torch.split(bound, sizes)
         curves = curves.reshape(len(names), n_curve)
         entries = {
             "ensemble_accuracy": acc.item(),
             "decile_accuracy": deciles.tolist(),
             "auroc": dict(zip(names, auroc.tolist())),
             "top10_error_rate_by_score": dict(zip(names, top10.tolist())),
+            "top10_lift": lift.item(),
             "error_rate_curve": {name: curves[i].tolist() for i, name in enumerate(names)},
         }
         for key, value in entries.items():

@@ -19,6 +19,7 @@ from modules.evaluation.preference_report import (
     prompt_bootstrap,
     roc_curve_points,
     top_fraction_error_rate,
+    top_fraction_lift,
     variance_summary,
 )
 
@@ -154,6 +155,28 @@ def test_top_fraction_error_rate_hand_computed():
     errors = torch.zeros(100, dtype=torch.long)
     errors[93:] = 1
     assert top_fraction_error_rate(torch.arange(100).double(), errors, fraction=0.07) == 1.0
+
+
+def test_top_fraction_lift_hand_computed_and_banded():
+    """§5.2's headline: the top-10% error rate over the overall one (the paper's 40.6% / 24.3% = 1.67)."""
+    scores = torch.arange(30).double()
+    errors = torch.zeros(30, dtype=torch.long)
+    errors[[29, 27, 26, 0, 1]] = 1  # top 3: two errors (2/3), overall 5/30
+    assert top_fraction_lift(scores, errors) == pytest.approx((2 / 3) / (5 / 30), abs=1e-12)  # 4.0
+    assert math.isnan(top_fraction_lift(scores, torch.zeros(30, dtype=torch.long)))
+    # in the report: the same ratio, and a prompt-bootstrap band around it (one item per prompt here)
+    probs = torch.stack(
+        [torch.full((30,), 0.5) + 0.01 * scores / 30 * (torch.arange(5.0)[:, None] - 2).T[:, i] for i in range(5)],
+        dim=1,
+    ).clamp(0, 1)
+    labels = (probs.mean(1) < 0.5).long()
+    labels[:15] = (probs.mean(1)[:15] >= 0.5).long()  # errors only where mean >= 0.5 among the first 15
+    report = build_report(probs, labels, torch.arange(30), n_boot=100)
+    variance = probs.var(dim=1, unbiased=False)
+    errors = ((probs.mean(1) >= 0.5).long() != labels).long()
+    assert report["top10_lift"] == pytest.approx(top_fraction_lift(variance, errors), abs=1e-12)
+    band = report["bands"]["top10_lift"]
+    assert band["low"] <= report["top10_lift"] <= band["high"]
 
 
 def test_error_rate_curve_hand_computed_and_ties_broken_by_item_order():
