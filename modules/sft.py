@@ -10,6 +10,7 @@ checkpoint (an adapter through ``peft.PeftModel.from_pretrained`` over its base)
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import lightning as L
@@ -23,6 +24,7 @@ from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_fo
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
+from modules.training.artifacts import atomic_folder
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
 
@@ -205,7 +207,13 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     @rank_zero_only
     def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         out = self.hparams.output_dir
-        os.makedirs(out, exist_ok=True)
-        self.model.save_pretrained(out, state_dict=state_dict)
-        self.tokenizer.save_pretrained(out)
+        parent = os.path.dirname(os.path.abspath(out))
+        os.makedirs(parent, exist_ok=True)
+        # written whole beside the folder and swapped in: a kill mid-save leaves the previous artifact intact
+        with atomic_folder(out) as tmp:
+            self.model.save_pretrained(tmp, state_dict=state_dict)
+            self.tokenizer.save_pretrained(tmp)
+            init = os.path.join(out, "_init")  # the tiny base (lm: null) an adapter refers to: kept
+            if os.path.isdir(init):
+                shutil.copytree(init, os.path.join(tmp, "_init"))
         rank_zero_info(f"warm-started {'adapter' if self.hparams.lora else 'policy'} saved to {out}")
