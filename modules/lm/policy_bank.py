@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
+from modules.lm.base_identity import base_identity
 from modules.lm.decoding import _PREFIX, GROUPED_ATTENTION, _register_grouped_attention, grouped_decode_setting
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
@@ -65,6 +66,8 @@ class PolicyBank(nn.Module):
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
         lm = ModelConfig.coerce(lm)
+        # which frozen base the adapters train on (path, revision, hash of its config and weights index)
+        self.base_identity = base_identity(lm.name_or_path, lm.revision)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
         self.tokenizer = lm.load_tokenizer(padding_side="left")
         if self.mode == "lora":
