@@ -42,7 +42,6 @@ CHILD = textwrap.dedent(
     import os, sys, warnings
     warnings.filterwarnings("ignore")
     import torch
-    sys.path.insert(0, os.environ["TEST_DIR"])
     from test_sharded_save import _OneRank, _checkpoint
     import modules.training.artifacts as artifacts
 
@@ -73,7 +72,8 @@ def _checkpoint(value: float, step: int) -> dict:
 
 
 def _run_child(path: str, kill_at: str) -> int:
-    env = {**os.environ, "TEST_DIR": os.path.dirname(os.path.abspath(__file__)), "PYTHONPATH": ROOT}
+    here = os.path.dirname(os.path.abspath(__file__))  # the child imports this file's helpers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, here])}
     proc = subprocess.run([sys.executable, "-c", CHILD, path, kill_at], env=env, capture_output=True, text=True)
     assert proc.returncode in (0, 17), proc.stderr[-3000:]
     return proc.returncode
