@@ -7,8 +7,9 @@ of the votes into per-ply rewards, and the clipped GRPO surrogate with the group
 Validation plays each problem once and returns verdicts, truth and item ids (for :class:`callbacks.MCCTracker`) and
 per-item outcomes (for :class:`callbacks.PeakCheckpoint`); at its end it gathers one record per problem from every
 rank, each problem once (a distributed sampler repeats some to pad the data), logs the exact ``val/correct``,
-``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and rewrites
-``debate_evals.jsonl`` from its evaluation history, one line per evaluation, so a resumed run lists each once (read by :mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
+``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and rewrites ``debate_evals.jsonl``
+from its evaluation history, one line per evaluation, so a resumed run lists each once (read by
+:mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
 :func:`~modules.algorithms.debate.verdict_of`: a tie (half the parseable votes each way) or a transcript with no
 parseable vote is no verdict, so MCC leaves it out and counts it apart. Bad input is counted, never a crash.
 Sampling is seeded from ``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the
