@@ -22,6 +22,7 @@ behave alike.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib
 import os
@@ -39,9 +40,29 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
-from modules.training.checkpoints import check_checkpoint_matches, read_checkpoint
+from callbacks.run_config import RunConfigRecord
+from modules.training.artifacts import recover_folder
+from modules.training.checkpoints import (
+    check_checkpoint_matches,
+    check_checkpoint_source,
+    check_resume_config,
+    read_checkpoint,
+    read_checkpoint_or_explain,
+)
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
+_INTERRUPTED = re.compile(r"^\.(?P<name>last(-\d+)?\.ckpt)\.(previous|partial)$")
+
+
+def recover_interrupted_saves(folder: str) -> None:
+    """Finish or undo sharded ``last*.ckpt`` saves in ``folder`` that a kill cut short (see ``recover_folder``)."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(folder):
+            m = _INTERRUPTED.match(entry)
+            if m:
+                with contextlib.suppress(OSError):  # another rank may be recovering the same folder
+                    recover_folder(os.path.join(folder, m.group("name")))
+
 
 # The families: imported before the parser is built, so `fit --help` lists them as the known subclasses of
 # ``--model``/``--data`` and short class names (``--model GRPO``) resolve. Cheap: none imports peft, datasets or
@@ -85,6 +106,8 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     root = os.path.join(logger.save_dir, str(logger.name or ""))
     fixed = getattr(logger, "_version", None)
     folder = "version_*" if fixed is None else (fixed if isinstance(fixed, str) else f"version_{fixed}")
+    for checkpoints in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints")):
+        recover_interrupted_saves(checkpoints)
     found = [
         p
         for p in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints", "last*.ckpt"))
@@ -97,6 +120,17 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
         version = os.path.basename(os.path.dirname(os.path.dirname(newest)))
         logger._version = int(version[len("version_") :]) if re.fullmatch(r"version_\d+", version) else version
     return newest
+
+
+def add_resume_arguments(parser) -> None:
+    """``--trusted_checkpoint_sources``: URL prefixes a remote ``--ckpt_path`` may come from (none by default)."""
+    parser.add_argument(
+        "--trusted_checkpoint_sources",
+        type=list[str],
+        default=[],
+        help="URL prefixes (e.g. https://host/models/) a remote --ckpt_path may be fetched from; any other remote "
+        "path is refused. Checkpoints are read with weights_only=True wherever they come from.",
+    )
 
 
 class AlignmentCLI(LightningCLI):
@@ -131,6 +165,7 @@ class AlignmentCLI(LightningCLI):
             default=True,
             help="After fit, run test on the datamodule's held-out set (best checkpoint when one is tracked).",
         )
+        add_resume_arguments(parser)
 
     @override
     def instantiate_classes(self) -> None:
@@ -161,8 +196,15 @@ class AlignmentCLI(LightningCLI):
         """
 
     def _check_checkpoint(self) -> None:
-        """Refuse a ``--ckpt_path`` file of another family, or whose tensors do not fit the model, before running."""
-        path = self.config_init[self.subcommand].get("ckpt_path")
+        """Refuse a ``--ckpt_path`` file of another family, or whose tensors do not fit the model, before running.
+
+        A remote path is refused unless ``--trusted_checkpoint_sources`` names it; a truncated file is named with
+        the newest intact checkpoint beside it.
+        """
+        config = self.config_init[self.subcommand]
+        path = config.get("ckpt_path")
+        if path:
+            check_checkpoint_source(str(path), config.get("trusted_checkpoint_sources") or ())
         if not path or not os.path.isfile(path):  # "best"/"last" (Lightning's), a sharded folder: checked on load
             return
         # mapped, not read: only the names and shapes are needed here (Lightning reads the tensors when it restores)
@@ -201,7 +243,30 @@ class AlignmentCLI(LightningCLI):
             if path is not None:
                 config["ckpt_path"] = path
                 rank_zero_info(f"resuming from {path}")
+                self._check_same_run(path, self._config_yaml())
+        self._record_config()
         self._check_checkpoint()
+
+    def _config_yaml(self) -> str | None:
+        """The resolved config of this run as YAML text (``None``, with a warning, when it cannot be dumped)."""
+        try:
+            return self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False, skip_check=True)
+        except Exception as err:  # noqa: BLE001 - a config the parser cannot dump is recorded as absent
+            rank_zero_warn(f"the run's config could not be recorded in its checkpoints ({err})")
+            return None
+
+    def _record_config(self) -> None:
+        """Record the resolved config in every checkpoint this fit writes (``callbacks.run_config``)."""
+        text = self._config_yaml()
+        if text is not None:
+            self.trainer.callbacks.append(RunConfigRecord(text))
+
+    @staticmethod
+    def _check_same_run(path: str, config_yaml: str | None) -> None:
+        """Refuse ``--ckpt_path last``'s checkpoint when it is unreadable or another experiment's (naming why)."""
+        checkpoint = read_checkpoint_or_explain(path)
+        if config_yaml is None or not check_resume_config(checkpoint, config_yaml, source=f"--ckpt_path last ({path})"):
+            rank_zero_warn(f"{path} records no run config: not checked to belong to this experiment")
 
     def after_fit(self) -> None:
         """Test on the held-out set with the best checkpoint (or the final weights) when the family has a test set."""

@@ -238,8 +238,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable writes of local checkpoints (:func:`atomic_torch_save`).
 
     Lightning's default moves a temporary from the system's temp folder, a copy a kill can cut short when that is
-    another file system. Remote paths (``s3://`` …) keep Lightning's transaction; loading is unchanged.
+    another file system. Remote paths (``s3://`` …) keep Lightning's transaction. Loading reads tensors and plain
+    values only (``weights_only=True``); asking for ``weights_only=False`` raises.
     """
+
+    @override
+    def load_checkpoint(self, path: Any, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        if weights_only is False:
+            raise ValueError(
+                f"weights_only: {type(self).__name__} reads checkpoints with weights_only=True only (no pickled code); "
+                f"refused for {path}"
+            )
+        return super().load_checkpoint(path, *args, weights_only=True, **kwargs)
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:

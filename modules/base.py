@@ -30,6 +30,7 @@ from modules.distributed.sharding import (
     shard_for_strategy,
 )
 from modules.evaluation.tensorboard import GameBoard
+from modules.lm.base_identity import check_base_identity
 from modules.lm.policy_bank import PolicyBank
 from modules.training.artifacts import atomic_write_text
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
@@ -37,9 +38,12 @@ from modules.training.export import Player, export_at_fit_end
 from modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
 from modules.training.timing import PhaseTimer
 
-__all__ = ["LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
+__all__ = ["BASE_IDENTITY_KEY", "LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
 
 G = TypeVar("G")
+
+#: where a checkpoint records, per policy bank, the frozen base it was trained on (modules.lm.base_identity)
+BASE_IDENTITY_KEY = "base_identity"
 
 
 def require_positive(**values: float) -> None:
@@ -254,8 +258,8 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the trainable tensors (adapters or trained copies) and the game state; drop frozen weights.
 
-        The checkpoint records the family that wrote it, and is refused (``RuntimeError``, nothing written) when a
-        kept tensor or an optimizer moment is NaN or inf.
+        The checkpoint records the family that wrote it and each bank's frozen base (:data:`BASE_IDENTITY_KEY`),
+        and is refused (``RuntimeError``, nothing written) when a kept tensor or an optimizer moment is NaN or inf.
         """
         keep = self.trainable_state_names()
         state_dict = checkpoint.get("state_dict")
@@ -264,13 +268,21 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
                 if name not in keep and not name.startswith(self.kept_state_prefixes):
                     del state_dict[name]
         checkpoint[self.state_key] = {"nonfinite": self.nonfinite_state(), **self.game_state()}
+        checkpoint[BASE_IDENTITY_KEY] = {name: dict(bank.base_identity) for name, bank in self.policy_banks().items()}
         stamp_family(self, checkpoint)
         refuse_nonfinite_checkpoint(checkpoint, self.family)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another family or whose tensors do not fit, then restore the game state."""
+        """Refuse a checkpoint of another family, that does not fit, or of another base; restore the game state.
+
+        The base is compared through the checkpoint's :data:`BASE_IDENTITY_KEY` record, when it has one.
+        """
         check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
+        banks = self.policy_banks()
+        for name, stored in (checkpoint.get(BASE_IDENTITY_KEY) or {}).items():
+            if name in banks:
+                check_base_identity(stored, banks[name].base_identity, f"{self.family} ({name})")
         state = dict(checkpoint.get(self.state_key) or {})
         self.load_nonfinite_state(state.pop("nonfinite", None))
         self.load_game_state(state)

@@ -7,8 +7,9 @@ of the votes into per-ply rewards, and the clipped GRPO surrogate with the group
 Validation plays each problem once and returns verdicts, truth and item ids (for :class:`callbacks.MCCTracker`) and
 per-item outcomes (for :class:`callbacks.PeakCheckpoint`); at its end it gathers one record per problem from every
 rank, each problem once (a distributed sampler repeats some to pad the data), logs the exact ``val/correct``,
-``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and appends a line to
-``debate_evals.jsonl`` (read by :mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
+``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and rewrites ``debate_evals.jsonl``
+from its evaluation history, one line per evaluation, so a resumed run lists each once (read by
+:mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
 :func:`~modules.algorithms.debate.verdict_of`: a tie (half the parseable votes each way) or a transcript with no
 parseable vote is no verdict, so MCC leaves it out and counts it apart. Bad input is counted, never a crash.
 Sampling is seeded from ``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the
@@ -18,6 +19,7 @@ per-epoch averages, so a resumed run draws and logs what the uninterrupted one w
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from contextlib import contextmanager
@@ -550,8 +552,13 @@ class DebateSelfPlay(LanguageModelGame):
             "protocol": self.hparams.protocol,
         }
         self.eval_history.append(record)
-        nan_free = {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in record.items()}
-        self.write_artifact("debate_evals.jsonl", nan_free, append=True)
+        # the whole history rewritten, not one line appended: a resumed run (history restored from its checkpoint)
+        # drops the evaluations made after that checkpoint, and each evaluation is in the file once
+        lines = [
+            {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in e.items()}
+            for e in self.eval_history
+        ]
+        self.write_artifact("debate_evals.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     @override

@@ -129,12 +129,17 @@ class DeepSMIDA(LanguageModelGame):
 
     @override
     def game_state(self) -> dict[str, Any]:
-        return {"empty_generations": self.empty_generations, "reference_thresholds": dict(self.reference_thresholds)}
+        state = {"empty_generations": self.empty_generations, "reference_thresholds": dict(self.reference_thresholds)}
+        if self.oracle is not None:  # its generator and counters: a resumed validation draws and counts the same
+            state["oracle"] = self.oracle.state_dict()
+        return state
 
     @override
     def load_game_state(self, state: dict[str, Any]) -> None:
         self.empty_generations = int(state.get("empty_generations", 0))
         self.reference_thresholds = dict(state.get("reference_thresholds", {}))
+        if self.oracle is not None and "oracle" in state:
+            self.oracle.load_state_dict(state["oracle"])
 
     # ------------------------------------------------------------------ rollouts
     def leader_prompts(self, prompts: list[str]) -> list[str]:

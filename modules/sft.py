@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import lightning as L
@@ -28,6 +27,7 @@ from modules.lm.model_config import ModelConfig
 from modules.lm.models import build_tiny_causal_lm
 from modules.lm.precision import cast_frozen_for_strategy
 from modules.lm.text import render_chat
+from modules.training.artifacts import atomic_folder
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, family_name, stamp_family
 from modules.training.export import EXPORT_RECORD, Player, record_of
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
@@ -235,20 +235,20 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
 
     @rank_zero_only
     def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write into a folder beside ``output_dir``, then move each file in (never a torn file; ``_init`` kept)."""
+        """Write the whole folder beside ``output_dir`` and swap it in (never a torn artifact; ``_init`` kept)."""
         out = self.hparams.output_dir
-        os.makedirs(out, exist_ok=True)
-        stage = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".sft_save.", suffix=".tmp")
-        try:
-            self.model.save_pretrained(stage, state_dict=state_dict)
-            self.tokenizer.save_pretrained(stage)
+        parent = os.path.dirname(os.path.abspath(out))
+        os.makedirs(parent, exist_ok=True)
+        # written whole beside the folder and swapped in: a kill mid-save leaves the previous artifact intact
+        with atomic_folder(out) as tmp:
+            self.model.save_pretrained(tmp, state_dict=state_dict)
+            self.tokenizer.save_pretrained(tmp)
             (player,) = self.export_players()
             kind = "lora_adapter" if self.hparams.lora else "full_model"
             record = record_of(player, kind, {"family": family_name(self), "global_step": self.global_step})
-            with open(os.path.join(stage, EXPORT_RECORD), "w") as f:
+            with open(os.path.join(tmp, EXPORT_RECORD), "w") as f:
                 json.dump(record, f, indent=2)
-            for name in os.listdir(stage):
-                os.replace(os.path.join(stage, name), os.path.join(out, name))
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            init = os.path.join(out, "_init")  # the tiny base (lm: null) an adapter refers to: kept
+            if os.path.isdir(init):
+                shutil.copytree(init, os.path.join(tmp, "_init"))
         rank_zero_info(f"warm-started {'adapter' if self.hparams.lora else 'policy'} saved to {out}")

@@ -25,7 +25,10 @@ METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a shard
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
 
-    A sharded checkpoint (a folder) is loaded for the tensors it holds, after checking that it holds every trainable
+    A sharded checkpoint (a folder) is written whole into ``.<name>.partial`` beside its target and swapped in by
+    rank 0 (:func:`modules.training.artifacts.swap_folder_in`): a kill at any moment of a save leaves the previous
+    checkpoint whole. It is read without unpickling code (:mod:`modules.distributed.dcp_safe`) and loaded for the
+    tensors it holds, after checking that it holds every trainable
     one (a ``KeyError`` names the first missing). Full checkpoints (one file) load as Lightning does.
 
     With ``param_dtype`` the shards keep their own dtype (the optimizer's master weights) and every all-gather casts
@@ -75,6 +78,38 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
     @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Write a sharded checkpoint beside ``filepath`` (every rank its shards, rank 0 ``meta.pt``), then swap it in.
+
+        A one-file checkpoint (``save_distributed_checkpoint=False``) goes through the checkpoint IO (atomic under
+        ``train.py``'s ``AtomicCheckpointIO``).
+        """
+        if not self._save_distributed_checkpoint:
+            super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
+        from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save  # noqa: PLC0415
+
+        from modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in  # noqa: PLC0415
+
+        path = Path(self.broadcast(str(filepath)))
+        tmp = Path(folder_beside(path))
+        if self.global_rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_folder_beside(path)
+        self.barrier("fsdp2_save_prepared")
+        converted = {"state_dict": checkpoint.pop("state_dict")}
+        converted.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        _distributed_checkpoint_save(converted, tmp)
+        if self.global_rank == 0:
+            torch.save(checkpoint, tmp / METADATA_FILE)
+        self.barrier("fsdp2_save_written")
+        if self.global_rank == 0:
+            swap_folder_in(tmp, path)
+        self.barrier("fsdp2_save_swapped")
+
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it.
 
@@ -95,10 +130,20 @@ class FSDP2Strategy(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        path = Path(self.broadcast(checkpoint_path))
+        from modules.distributed.dcp_safe import (  # noqa: PLC0415
+            SafeFileSystemReader,
+            WeightsOnlyLoadPlanner,
+            read_dcp_metadata,
+        )
+        from modules.training.artifacts import recover_folder  # noqa: PLC0415
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
+            recover_folder(path)
+        self.barrier("fsdp2_load_recovered")
         if not (path.is_dir() and (path / METADATA_FILE).is_file()):
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved = read_dcp_metadata(path).state_dict_metadata
         model_state = get_model_state_dict(self.model)
         present = {k: v for k, v in model_state.items() if f"state_dict.{k}" in saved}
         missing = sorted(n for n, p in self.model.named_parameters() if p.requires_grad and n not in present)
@@ -106,7 +151,7 @@ class FSDP2Strategy(ModelParallelStrategy):
             raise KeyError(
                 f"checkpoint {path} lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}"
             )
-        dcp.load({"state_dict": present}, checkpoint_id=path)
+        dcp.load({"state_dict": present}, storage_reader=SafeFileSystemReader(path), planner=WeightsOnlyLoadPlanner())
         set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
         fitting = self.lightning_module is not None and self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         for idx, optimizer in enumerate(self.optimizers if fitting else ()):  # test/validate: weights only
@@ -115,7 +160,11 @@ class FSDP2Strategy(ModelParallelStrategy):
                 raise KeyError(f"checkpoint {path} holds no state for optimizer {idx} ({key})")
             optim_state = {key: get_optimizer_state_dict(self.model, optimizer)}
             # a trainable tensor that never had a gradient (e.g. an unused pooler) has no AdamW state to load
-            dcp.load(optim_state, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+            dcp.load(
+                optim_state,
+                storage_reader=SafeFileSystemReader(path),
+                planner=WeightsOnlyLoadPlanner(allow_partial_load=True),
+            )
             set_optimizer_state_dict(
                 self.model, optimizer, optim_state_dict=optim_state[key], options=StateDictOptions(strict=False)
             )

@@ -19,8 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from callbacks.functional import beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
+from modules.training.artifacts import atomic_write_text
 
-__all__ = ["compare_groups", "format_table", "load_evaluations", "main", "peak_window"]
+__all__ = ["compare_groups", "dedup_evaluations", "format_table", "load_evaluations", "main", "peak_window"]
 
 
 def load_evaluations(path: str) -> list[dict[str, Any]]:
@@ -45,6 +46,25 @@ def load_evaluations(path: str) -> list[dict[str, Any]]:
             out.append(rec)
     if not out:
         raise ValueError(f"{file}: no evaluations")
+    return dedup_evaluations(out)
+
+
+def dedup_evaluations(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Each evaluation once: a later record of the same ``(step, batches_seen)`` replaces the earlier in its place.
+
+    A run resumed from a checkpoint older than its last evaluation evaluates that step again (a log appended by an
+    older version of the suite then holds both); the later one is the run's. Records without a ``step`` are kept.
+    """
+    out: list[Mapping[str, Any]] = []
+    where: dict[tuple[Any, Any], int] = {}
+    for rec in records:
+        key = (rec.get("step"), rec.get("batches_seen"))
+        if key[0] is not None and key in where:
+            out[where[key]] = rec
+            continue
+        if key[0] is not None:
+            where[key] = len(out)
+        out.append(rec)
     return out
 
 
@@ -190,9 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     result["runs"] = {name: runs for name, runs in specs}
     print(format_table(result))
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(args.out + ".tmp", args.out)
+    atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"written to {args.out}")
     return result
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
 from modules.lm import static_decode
+from modules.lm.base_identity import base_identity
 from modules.lm.decoding import (
     _PREFIX,
     GROUPED_ATTENTION,
@@ -75,6 +76,8 @@ class PolicyBank(nn.Module):
         super().__init__()
         lm = ModelConfig.coerce(lm)
         self.lm = lm  # where the base came from: recorded beside exported adapters (modules.training.export)
+        # which frozen base the adapters train on (path, revision, hash of its config and weights index)
+        self.base_identity = base_identity(lm.name_or_path, lm.revision)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
         check_exists("lm.name_or_path", resolve_name_or_path(lm.name_or_path))  # names the field and its config
         self.tokenizer = lm.load_tokenizer(padding_side="left")

@@ -160,6 +160,29 @@ class PreferenceOracle(ABC):
         self.invalid_verdicts += int(bad.sum())
         return torch.where(bad, torch.full_like(p_first, 0.5), p_first), ~bad
 
+    def state_dict(self) -> dict[str, Any]:
+        """The sampling generator and the counters, for a checkpoint (tensors and ints: ``weights_only`` loadable)."""
+        return {
+            "generator": self.generator.get_state(),
+            "invalid_verdicts": self.invalid_verdicts,
+            "timeouts": self.timeouts,
+            "unlabelled_rows": self.unlabelled_rows,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`, so a resumed run draws and counts as the uninterrupted one.
+
+        Raises:
+            KeyError: naming the entry ``state`` lacks.
+        """
+        for key in ("generator", "invalid_verdicts", "timeouts", "unlabelled_rows"):
+            if key not in state:
+                raise KeyError(f"oracle state lacks {key!r}")
+        self.generator.set_state(state["generator"])
+        self.invalid_verdicts = int(state["invalid_verdicts"])
+        self.timeouts = int(state["timeouts"])
+        self.unlabelled_rows = int(state["unlabelled_rows"])
+
     def summary(self) -> dict[str, Any]:
         """What a report says of this oracle: its class, queries per label and the verdicts and rows left out."""
         return {

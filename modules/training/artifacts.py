@@ -1,11 +1,32 @@
-"""One writer for a run's artifacts (reports, evaluation records, figures): all or nothing, never a torn file."""
+"""One writer for a run's artifacts (reports, evaluation records, figures, checkpoint folders): never a torn one.
+
+Files go through a temporary beside them and ``os.replace``. Folders (a sharded checkpoint, a ``save_pretrained``
+model) are written whole into a folder beside the target and swapped in by two renames (the old one aside, the new
+one in); a kill between the two leaves the old one whole under ``.<name>.previous``, which :func:`recover_folder`
+puts back before the next read or write.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = [
+    "atomic_folder",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "folder_beside",
+    "prepare_folder_beside",
+    "recover_folder",
+    "swap_folder_in",
+]
+
+#: called with "written" (the new folder complete, nothing renamed yet) and "old_aside" (between the two renames);
+#: tests set it to kill the process at those moments
+SWAP_HOOK: Callable[[str], None] | None = None
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -32,3 +53,97 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """:func:`atomic_write_bytes` of UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _beside(path: str, tag: str) -> str:
+    parent, name = os.path.split(os.fspath(path).rstrip(os.sep))
+    return os.path.join(parent, f".{name}.{tag}")
+
+
+def folder_beside(path: str | os.PathLike) -> str:
+    """The folder a new version of ``path`` is written into before :func:`swap_folder_in`: ``.<name>.partial``."""
+    return _beside(os.fspath(path), "partial")
+
+
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):  # some file systems cannot open or sync a directory
+        fd = os.open(folder or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def recover_folder(path: str | os.PathLike) -> bool:
+    """Finish or undo a swap a kill interrupted: the old ``path`` back when only it survived, leftovers removed.
+
+    Call from one process only (rank 0), with no save of ``path`` in progress. Returns whether the old version was
+    put back.
+    """
+    path = os.fspath(path).rstrip(os.sep)
+    previous = _beside(path, "previous")
+    restored = False
+    if os.path.lexists(previous):
+        if os.path.lexists(path):  # the swap finished; only the removal of the old one was cut short
+            _remove(previous)
+        else:  # killed between the two renames: the old version is the whole one
+            os.rename(previous, path)
+            _fsync_dir(os.path.dirname(path))
+            restored = True
+    _remove(folder_beside(path))  # a save killed before its swap
+    return restored
+
+
+def prepare_folder_beside(path: str | os.PathLike) -> str:
+    """Recover ``path`` (:func:`recover_folder`) and create an empty :func:`folder_beside` it; returns that folder."""
+    recover_folder(path)
+    tmp = folder_beside(path)
+    os.makedirs(tmp)
+    return tmp
+
+
+def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Replace ``path`` (a folder, a file or nothing) by the complete folder ``tmp``; see the module's docstring."""
+    tmp, path = os.fspath(tmp), os.fspath(path).rstrip(os.sep)
+    parent = os.path.dirname(path)
+    _fsync_dir(tmp)
+    if SWAP_HOOK is not None:
+        SWAP_HOOK("written")
+    previous = _beside(path, "previous")
+    had_old = os.path.lexists(path)
+    if had_old:
+        os.rename(path, previous)
+        _fsync_dir(parent)
+    if SWAP_HOOK is not None:
+        SWAP_HOOK("old_aside")
+    os.rename(tmp, path)
+    _fsync_dir(parent)
+    if had_old:
+        _remove(previous)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[str]:
+    """Write a folder whole or not at all: yields an empty folder beside ``path``, swapped in when the block ends.
+
+    On an exception in the block the new folder is removed and ``path`` is left as it was. One process only.
+
+    Example:
+        >>> with atomic_folder("out/model") as tmp:  # doctest: +SKIP
+        ...     model.save_pretrained(tmp)
+    """
+    tmp = prepare_folder_beside(path)
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    swap_folder_in(tmp, path)

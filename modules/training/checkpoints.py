@@ -11,6 +11,7 @@ tensors and plain state from the file (``torch.load(weights_only=True)``). Befor
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -20,8 +21,16 @@ from modules.training.provenance import made_by
 
 __all__ = [
     "FAMILY_KEY",
+    "RESUME_SAFE_KEYS",
+    "RUN_CONFIG_KEY",
     "CheckpointLoading",
     "check_checkpoint_matches",
+    "check_checkpoint_source",
+    "check_resume_config",
+    "config_differences",
+    "is_sharded_checkpoint",
+    "newest_intact_checkpoint",
+    "read_checkpoint_or_explain",
     "checkpoint_family",
     "family_name",
     "read_checkpoint",
@@ -118,12 +127,18 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
 
     Raises:
         FileNotFoundError: naming the path when it is not a file (and the config that makes it, when one does).
+        ValueError: naming a truncated or corrupt file and the newest intact checkpoint beside it.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"checkpoint {str(path)!r} is not a file{'' if os.path.exists(path) else made_by(path)}"
         )
-    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:  # weights_only refused a global: torch's message names it
+        raise
+    except Exception as err:  # torch raises OSError, RuntimeError, EOFError … for a torn file
+        raise _unreadable(os.fspath(path), err) from err
 
 
 class CheckpointLoading:
@@ -174,3 +189,170 @@ class CheckpointLoading:
             raise ValueError(f"checkpoint {str(checkpoint_path)!r} holds no state_dict (a DeepSpeed folder?)")
         model.load_state_dict(state, strict=getattr(model, "strict_loading", True) if strict is None else strict)  # type: ignore[attr-defined]
         return model
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Where a checkpoint may come from, whether it is whole, and whether it belongs to the run that resumes it
+# ---------------------------------------------------------------------------------------------------------------------
+
+#: where a checkpoint records the resolved config (YAML text) of the run that wrote it
+RUN_CONFIG_KEY = "run_config"
+
+#: config keys (dotted, a key and everything under it) a resumed run may change: length, logging, hardware, the
+#: callbacks, the config files named and the resume option itself
+RESUME_SAFE_KEYS = (
+    "config",
+    "ckpt_path",
+    "test_after_fit",
+    "print_config",
+    "trusted_checkpoint_sources",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.min_steps",
+    "trainer.min_epochs",
+    "trainer.max_time",
+    "trainer.logger",
+    "trainer.callbacks",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.enable_checkpointing",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.accelerator",
+    "trainer.strategy",
+    "trainer.plugins",
+    "trainer.profiler",
+    "trainer.default_root_dir",
+)
+
+
+def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[str, ...] = ()) -> None:
+    """Refuse a remote checkpoint (``scheme://``, other than ``file://``) unless a prefix in ``trusted`` names it.
+
+    A trusted remote checkpoint is still read with ``weights_only=True``; trust only lets it be fetched.
+
+    Raises:
+        ValueError: naming the path and the option that trusts it.
+    """
+    path = os.fspath(path)
+    if "://" not in path or path.startswith("file://"):
+        return
+    if not any(prefix and path.startswith(prefix) for prefix in trusted):
+        raise ValueError(
+            f"--ckpt_path {path!r} is remote and not trusted: fetch it yourself, or name its source with "
+            f"--trusted_checkpoint_sources {path.rsplit('/', 1)[0]}/ (it is then still read with weights_only=True)"
+        )
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a sharded (DCP) checkpoint folder: ``meta.pt`` and DCP's ``.metadata`` in it."""
+    return os.path.isfile(os.path.join(path, "meta.pt")) and os.path.isfile(os.path.join(path, ".metadata"))
+
+
+def _read_any(path: str, mmap: bool) -> dict[str, Any]:
+    if os.path.isdir(path):
+        if not is_sharded_checkpoint(path):
+            raise ValueError("a folder without meta.pt and .metadata (an incomplete sharded save?)")
+        from modules.distributed.dcp_safe import read_dcp_metadata  # noqa: PLC0415 - only for folders
+
+        read_dcp_metadata(path)
+        return torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def newest_intact_checkpoint(folder: str | os.PathLike, exclude: str | os.PathLike | None = None) -> str | None:
+    """The newest ``*.ckpt`` (file or sharded folder) in ``folder`` that reads whole, other than ``exclude``."""
+    folder = os.fspath(folder)
+    skip = os.path.abspath(exclude) if exclude is not None else None
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(".ckpt") and not n.startswith(".")]
+    except OSError:
+        return None
+    paths = [os.path.join(folder, n) for n in names if os.path.abspath(os.path.join(folder, n)) != skip]
+    for path in sorted(paths, key=os.path.getmtime, reverse=True):
+        try:
+            _read_any(path, mmap=True)
+        except Exception:  # noqa: BLE001 - any failure means "not intact"; the next one is tried
+            continue
+        return path
+    return None
+
+
+def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True) -> dict[str, Any]:
+    """A checkpoint's plain contents (a file, or a sharded folder's ``meta.pt``); an unreadable one named.
+
+    Raises:
+        FileNotFoundError: naming the path.
+        ValueError: naming the unreadable (truncated, corrupt) checkpoint and the newest intact one beside it.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    try:
+        return _read_any(path, mmap)
+    except pickle.UnpicklingError:  # a global refused (weights_only, DCP metadata): the message names it
+        raise
+    except Exception as err:  # torch raises OSError, RuntimeError, EOFError … for a torn file
+        raise _unreadable(path, err) from err
+
+
+def _unreadable(path: str, err: Exception) -> ValueError:
+    """The error for a checkpoint that cannot be read: the path, the cause, and the newest intact one beside it."""
+    intact = newest_intact_checkpoint(os.path.dirname(path) or ".", exclude=path)
+    offer = (
+        f"the newest intact checkpoint beside it is {intact!r} (give --ckpt_path {intact})"
+        if intact
+        else "no intact checkpoint lies beside it"
+    )
+    return ValueError(
+        f"checkpoint {path!r} cannot be read (truncated or corrupt: {type(err).__name__}: {err}); {offer}"
+    )
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
+def _resume_safe(key: str, safe: tuple[str, ...]) -> bool:
+    return any(key == s or key.startswith(f"{s}.") for s in safe)
+
+
+def config_differences(
+    stored: dict[str, Any], given: dict[str, Any], safe: tuple[str, ...] = RESUME_SAFE_KEYS
+) -> list[str]:
+    """The dotted config keys whose values differ between ``stored`` and ``given``, resume-safe keys left out."""
+    a, b = _flatten(stored), _flatten(given)
+    missing = object()
+    return sorted(k for k in set(a) | set(b) if not _resume_safe(k, safe) and a.get(k, missing) != b.get(k, missing))
+
+
+def check_resume_config(checkpoint: dict[str, Any], given_yaml: str, source: str = "the checkpoint") -> bool:
+    """Refuse to continue ``checkpoint`` with a config that differs from its own beyond :data:`RESUME_SAFE_KEYS`.
+
+    Returns ``False`` (nothing to compare) for a checkpoint that records no config (written before records).
+
+    Raises:
+        ValueError: naming ``source`` and every differing key with both values.
+    """
+    import yaml  # noqa: PLC0415
+
+    stored = checkpoint.get(RUN_CONFIG_KEY)
+    if not isinstance(stored, str):
+        return False
+    old, new = yaml.safe_load(stored) or {}, yaml.safe_load(given_yaml) or {}
+    diff = config_differences(old, new)
+    if diff:
+        a, b = _flatten(old), _flatten(new)
+        shown = "; ".join(f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in diff[:8])
+        raise ValueError(
+            f"{source} belongs to another experiment: its config differs from the given one in {diff} ({shown}"
+            f"{' …' if len(diff) > 8 else ''}). Only {', '.join(RESUME_SAFE_KEYS)} may change on a resume; "
+            "give the same config, or another logger name/version to start a new run"
+        )
+    return True

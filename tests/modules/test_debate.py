@@ -546,3 +546,32 @@ def test_two_ddp_processes_count_each_validation_problem_once(tiny_lm_dir, tmp_p
     val_mcc = MCCTracker("judge", "truth", stage="val", trend_window=3, id_key="judge_item").state_key
     last = states[val_mcc]["history"][-1]
     assert [last[k] for k in ("tp", "fp", "tn", "fn")] == [record[k] for k in ("tp", "fp", "tn", "fn")]
+
+
+def test_a_resumed_run_lists_each_evaluation_once(tiny_lm_dir, tmp_path, monkeypatch):
+    """debate_evals.jsonl is rewritten from the evaluation history (restored from the checkpoint on a resume): the
+    evaluation a killed run made after its checkpoint is replaced by the resumed run's, not appended twice."""
+    m = _module(tiny_lm_dir, "rlvr")
+    m.trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=1)
+    counts = iter([(3, 6), (4, 6), (5, 6)])
+
+    def evaluation(stage):
+        s, t = next(counts)
+        cells = {"tp": s, "fp": 0, "tn": 0, "fn": t - s, "ties": 0, "unparsed": 0}
+        return {"successes": s, "trials": t, **cells, "reward_sum": 0.0, "n": 0}  # n = 0: reward NaN
+
+    monkeypatch.setattr(m, "_end_evaluation", evaluation)
+    m.counters["batches_seen"] = 1
+    m.on_validation_epoch_end()
+    checkpoint = m.game_state()  # the checkpoint holds the first evaluation
+    m.counters["batches_seen"] = 2
+    m.on_validation_epoch_end()  # the killed run evaluated once more, then died
+    path = tmp_path / "debate_evals.jsonl"
+    assert [json.loads(x)["successes"] for x in path.read_text().splitlines()] == [3, 4]
+    m.load_game_state(checkpoint)  # the resume
+    assert m.counters["batches_seen"] == 1
+    m.counters["batches_seen"] = 2  # the resumed run trains the second batch again
+    m.on_validation_epoch_end()  # the same evaluation again, by the resumed run
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["batches_seen"], r["successes"]) for r in records] == [(1, 3), (2, 5)]
+    assert records[0]["reward"] is None  # NaN written as null, as before

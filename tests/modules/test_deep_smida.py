@@ -434,3 +434,31 @@ def test_joint_yield_and_precision_by_hand():
     assert all(math.isnan(v) for v in prompt_bootstrap_share(hits & False, hits & False))
     with pytest.raises(ValueError, match="every hit must be a counted"):
         prompt_bootstrap_share(hits, torch.zeros_like(hits))
+
+
+def test_checkpoint_keeps_the_validation_oracles_generator_and_counters(tiny_lm_dir):
+    """A resumed validation labels as the uninterrupted one: the oracle's draws continue, its counters carry on."""
+    from modules.scorers.oracle import ProgrammaticOracle
+
+    rows = (["q"] * 6, [r"\boxed{2}", "x", r"\boxed{3}"] * 2, [r"\boxed{3}", r"\boxed{2}", "y"] * 2, ["2"] * 6)
+    model = _model(tiny_lm_dir, oracle=ProgrammaticOracle(num_queries=2, seed=3))
+    model.oracle.label(*rows)
+    model.oracle.invalid_verdicts, model.oracle.timeouts = 4, 1  # counters as a run with bad verdicts leaves them
+    ckpt = {"state_dict": model.state_dict()}
+    model.on_save_checkpoint(ckpt)
+    saved = torch.load(_roundtrip(ckpt), weights_only=True)  # loadable with weights_only
+    expected = model.oracle.label(*rows)  # what the uninterrupted run labels next
+    fresh = _model(tiny_lm_dir, oracle=ProgrammaticOracle(num_queries=2, seed=3))
+    assert not torch.equal(fresh.oracle.label(*rows), expected)  # a fresh generator draws otherwise (the control)
+    fresh.on_load_checkpoint(saved)
+    assert (fresh.oracle.invalid_verdicts, fresh.oracle.timeouts) == (4, 1)
+    assert torch.equal(fresh.oracle.label(*rows), expected)
+
+
+def _roundtrip(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf

@@ -1,3 +1,5 @@
+import os
+
 import lightning as L
 import pytest
 import torch
@@ -90,3 +92,26 @@ def test_sft_with_lora_trains_and_saves_only_the_adapter(tiny_lm_dir, tmp_path):
     resumed.on_load_checkpoint(ckpt)
     resumed.load_state_dict(ckpt["state_dict"], strict=False)
     assert all(torch.equal(p, model.model.get_parameter(n)) for n, p in resumed.model.named_parameters())
+
+
+def test_the_saved_model_folder_is_replaced_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    """save_pretrained goes to a folder beside output_dir, swapped in at the end: a save that fails half-way leaves
+    the previous artifact as it was, a finished one leaves nothing of the previous behind."""
+    out = tmp_path / "policy"
+    out.mkdir()
+    (out / "stale.txt").write_text("the previous artifact")
+    model = CausalLMSFT(lm=None, tiny_config={"num_hidden_layers": 1}, output_dir=str(out))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed during the tokenizer's save")
+
+    monkeypatch.setattr(model.tokenizer, "save_pretrained", killed)
+    with pytest.raises(KeyboardInterrupt):
+        model._save()
+    assert sorted(os.listdir(out)) == ["_init", "stale.txt"] and sorted(os.listdir(tmp_path)) == ["policy"]
+    monkeypatch.undo()
+    model._save()
+    names = set(os.listdir(out))
+    assert "stale.txt" not in names and "config.json" in names and "tokenizer_config.json" in names
+    assert os.path.isfile(out / "_init" / "config.json")  # the tiny base built in output_dir is kept
+    assert sorted(os.listdir(tmp_path)) == ["policy"]

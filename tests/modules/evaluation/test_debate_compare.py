@@ -5,7 +5,14 @@ import json
 import pytest
 
 from callbacks import beta_lower_bound, posterior_mean
-from modules.evaluation.debate_compare import compare_groups, format_table, load_evaluations, main, peak_window
+from modules.evaluation.debate_compare import (
+    compare_groups,
+    dedup_evaluations,
+    format_table,
+    load_evaluations,
+    main,
+    peak_window,
+)
 
 
 def _evals(*pairs):
@@ -84,3 +91,19 @@ def test_bad_evaluation_files_name_the_problem(tmp_path):
     bad.write_text('{"successes": 5, "trials": 3}\n')
     with pytest.raises(ValueError, match="line 1"):
         load_evaluations(str(bad))
+
+
+def test_a_resumed_runs_repeated_evaluation_counts_once(tmp_path):
+    """A log appended by a resumed run holds step 20 twice: the later record replaces the earlier in its place."""
+    rows = [
+        {"step": 10, "batches_seen": 10, "successes": 5, "trials": 10},
+        {"step": 20, "batches_seen": 20, "successes": 1, "trials": 10},
+        {"step": 20, "batches_seen": 20, "successes": 7, "trials": 10},
+        {"step": 30, "batches_seen": 30, "successes": 8, "trials": 10},
+    ]
+    path = tmp_path / "debate_evals.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_evaluations(str(path))
+    assert [(e["step"], e["successes"]) for e in loaded] == [(10, 5), (20, 7), (30, 8)]
+    assert sum(e["trials"] for e in loaded) == 30
+    assert dedup_evaluations([{"successes": 1, "trials": 2}] * 2) == [{"successes": 1, "trials": 2}] * 2  # no step
