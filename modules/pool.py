@@ -187,7 +187,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     def judge(self, judge: str, instructions: list[str], responses: list[str]) -> list[tuple[float, bool]]:
         """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
         j = self.judging
-        prompts = [self.chat(judge, j.user_message(x, y)) + j.prefill for x, y in zip(instructions, responses)]
+        chat = lambda user: self.chat(judge, user)  # noqa: E731
+        prompts = [j.prompt(self.bank(judge), chat, x, y) for x, y in zip(instructions, responses)]
         return peer_scores(self.bank(judge), judge, prompts, j)
 
     # ------------------------------------------------------------------------------------------------ Lightning
