@@ -30,7 +30,7 @@ from callbacks import EloRating
 from modules.algorithms import pool as rules
 from modules.algorithms.answers import answers_match
 from modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
-from modules.base import LanguageModelGame, argument_group
+from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
 from modules.distributed import collectives
 from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from modules.lm.model_config import ModelConfig
@@ -496,6 +496,8 @@ def _check_settings(m: int, hp: Any) -> None:
         raise ValueError(f"leader must be one of ('exp3', 'uniform'), got {hp.leader!r}")
     if hp.duels_per_iteration < 1 or hp.num_iterations < 1:
         raise ValueError("duels_per_iteration and num_iterations must be positive")
+    require_in_range("gamma", hp.gamma, 0.0, 1.0, open_low=True)  # EXP3's exploration rate (checked again by Exp3)
+    require_at_least(eval_max_new_tokens=(hp.eval_max_new_tokens, 1))
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")
