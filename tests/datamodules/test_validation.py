@@ -32,3 +32,25 @@ def test_preference_rows_refuse_an_empty_prompt_or_response(field):
     with pytest.raises(ValueError, match=rf"pairs.jsonl: row 1: field '{field}' is empty"):
         validate_rows([GOOD, {**GOOD, field: "   "}], "pairs.jsonl")
     assert validate_rows([GOOD], "pairs.jsonl")[0]["prompt"] == GOOD["prompt"]
+
+
+@pytest.mark.parametrize("family", ["prompts", "debate", "pool", "pool_test"])
+def test_every_prompt_reader_refuses_a_whitespace_prompt_by_row(tmp_path, family):
+    """The prompt files of Deep SMIDA/GRPO (prompts), debate and the pool (its train and test sources)."""
+    import json
+
+    from datamodules.debate import DebateDataModule
+    from datamodules.pool import InstructionPoolDataModule
+    from datamodules.prompts import PromptDataModule, PromptSource
+
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 2 + 2?"}) + "\n" + json.dumps({"prompt": " \t "}) + "\n")
+    source = PromptSource(path=str(path))
+    dm = {
+        "prompts": lambda: PromptDataModule(source=source),
+        "debate": lambda: DebateDataModule(source=source),
+        "pool": lambda: InstructionPoolDataModule(source=source),
+        "pool_test": lambda: InstructionPoolDataModule(test_source=source),
+    }[family]()
+    with pytest.raises(ValueError, match=r"q.jsonl': row 1: field 'prompt' is missing or empty"):
+        dm.setup("fit")
