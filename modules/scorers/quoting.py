@@ -153,7 +153,10 @@ def fit_judged(
         )
         if strict:
             raise ValueError(msg)
-        warnings.warn(msg + "; the prompt is left whole", stacklevel=2)
+        # one message per setting (not per prompt), so Python's warning filter shows it once
+        warnings.warn(
+            f"{field}={max_tokens} cannot hold the judge's instructions; prompts are left whole", stacklevel=2
+        )
         return prompt, False
     lengths = [count_tokens(tokenizer, s) for s in spans]
     budget = max(0, sum(lengths) - (n - max_tokens))

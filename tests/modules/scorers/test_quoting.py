@@ -95,6 +95,6 @@ def test_fit_judged_cuts_only_the_judged_spans(tok):
 def test_fit_judged_refuses_a_budget_below_the_template(tok):
     with pytest.raises(ValueError, match="max_prompt_tokens=20 cannot hold"):
         fit_judged(tok, _render, ["x" * 50], 20)
-    with pytest.warns(UserWarning, match="judge_max=20 cannot hold"):
+    with pytest.warns(UserWarning, match="judge_max=20 cannot hold the judge's instructions; prompts are left whole"):
         prompt, cut = fit_judged(tok, _render, ["x" * 50], 20, "judge_max", strict=False)
     assert prompt == _render(["x" * 50]) and not cut
