@@ -27,6 +27,7 @@ import glob
 import importlib
 import os
 import re
+import shutil
 import sys
 import warnings
 
@@ -133,6 +134,40 @@ def add_resume_arguments(parser) -> None:
     )
 
 
+def _version_folders(trainer: L.Trainer) -> set[str] | None:
+    """The folders under the logger's ``<save_dir>/<name>`` (``None`` without a logger that has a save_dir)."""
+    logger = trainer.logger
+    if logger is None or getattr(logger, "save_dir", None) is None:
+        return None
+    root = os.path.join(logger.save_dir, str(logger.name or ""))
+    return {os.path.join(root, d) for d in os.listdir(root)} if os.path.isdir(root) else set()
+
+
+def remove_failed_start(trainer: L.Trainer, before: set[str] | None) -> list[str]:
+    """After an exception, remove the logger folders this run created if it never trained a step.
+
+    A failed start (a bad value or row refused in ``setup``, before the first step) otherwise leaves a
+    ``version_N/`` holding only an event file and the saved config, and the next run counts on from it. A folder
+    that existed before the run, or that holds a checkpoint, is kept; only rank 0 removes.
+
+    Returns:
+        The folders removed.
+    """
+    if before is None or trainer.global_step > 0 or trainer.global_rank != 0:
+        return []
+    new = sorted((_version_folders(trainer) or set()) - before)
+    removed = [f for f in new if not glob.glob(os.path.join(glob.escape(f), "**", "*.ckpt"), recursive=True)]
+    if removed:
+        for logger in trainer.loggers:  # close open event/metrics files before their folder goes
+            try:
+                logger.finalize("failed")
+            except Exception:  # noqa: BLE001 - best effort: the folder is removed either way
+                pass
+    for folder in removed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return removed
+
+
 class AlignmentCLI(LightningCLI):
     """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
 
@@ -231,6 +266,19 @@ class AlignmentCLI(LightningCLI):
         if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs)
+
+    @override
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run the subcommand; a failed start (nothing trained) leaves no new ``version_N/`` folder behind.
+
+        See :func:`remove_failed_start`.
+        """
+        before = _version_folders(self.trainer)
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            remove_failed_start(self.trainer, before)
+            raise
 
     def before_fit(self) -> None:
         """Resolve ``--ckpt_path last`` across the logger's version folders (see :func:`find_last_checkpoint`).

@@ -25,6 +25,7 @@ from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
 from datamodules.files import check_columns, iter_rows, open_table
 from datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
 from datamodules.resumable import split_loader
+from datamodules.validation import require_text
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
@@ -175,14 +176,8 @@ def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict
     """
     out = []
     for i, row in enumerate(rows):
-        for field in ("prompt", "response_a", "response_b"):
-            value = row.get(field)
-            if value is None:
-                raise ValueError(f"{source}: row {i}: field {field!r} is missing")
-            if not isinstance(value, str):
-                raise ValueError(f"{source}: row {i}: field {field!r} must be text, got {type(value).__name__}")
-            if field != "prompt" and not value.strip():
-                raise ValueError(f"{source}: row {i}: field {field!r} is empty")
+        for field in ("prompt", "response_a", "response_b"):  # an empty or whitespace prompt is refused too
+            require_text(row.get(field), field, source, i)
         label = row.get("label")
         try:
             value = float(label)

@@ -68,6 +68,24 @@ def require_at_least(**values: tuple[float, float]) -> None:
             raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
 
 
+def require_in_range(
+    name: str, value: float, low: float, high: float, *, open_low: bool = False, open_high: bool = False
+) -> None:
+    """Refuse ``value`` outside ``[low, high]`` (an end excluded when ``open_low`` / ``open_high``; NaN refused).
+
+    Raises:
+        ValueError: ``"<name> must be in (low, high], got <value>"`` with the interval as checked.
+
+    Example:
+        >>> require_in_range("gamma", 0.2, 0.0, 1.0, open_low=True)
+    """
+    above = value > low if open_low else value >= low
+    below = value < high if open_high else value <= high
+    if not (above and below):
+        interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+
+
 def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:
     """``value`` itself, or the dataclass ``cls`` built from a dict of its fields (as a checkpoint's hparams hold it).
 

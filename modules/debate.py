@@ -157,6 +157,12 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(f"group_size (G) must be at least 2 for the group baseline, got {group_size}")
         require_positive(lr=lr, multi_player_lr_scale=multi_player_lr_scale)
         require_at_least(updates_per_batch=(updates_per_batch, 1), kl_beta=(kl_beta, 0.0))
+        require_at_least(word_penalty_coef=(word_penalty_coef, 0.0), logprob_micro_batch=(logprob_micro_batch, 0))
+        if clip is not None:
+            require_positive(clip=clip)
+        for name, value in (("word_limit", word_limit), ("reply_max_new_tokens", reply_max_new_tokens)):
+            if value is not None:
+                require_at_least(**{name: (value, 1)})
         if missing_answer_reward >= 0:
             raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
         plies = PLIES[protocol]

@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from callbacks.items import gather_unique_items
 from modules.algorithms.smida_estimators import smida_surrogate_losses
-from modules.base import LanguageModelGame, argument_group, require_positive
+from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range, require_positive
 from modules.evaluation.figures import make_game_figures
 from modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
 from modules.lm.model_config import ModelConfig
@@ -109,6 +109,13 @@ class DeepSMIDA(LanguageModelGame):
                 f"got D={samples_per_prompt}, M={follower_samples}"
             )
         require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)
+        require_at_least(eval_pairs=(eval_pairs, 1), logprob_micro_batch=(logprob_micro_batch, 0))
+        for i, a in enumerate([*alphas, candidate_alpha]):  # α levels are probabilities of a false candidate
+            require_in_range(
+                f"alphas[{i}]" if i < len(alphas) else "candidate_alpha", a, 0.0, 1.0, open_low=True, open_high=True
+            )
+        for i, eps in enumerate(epsilons):  # margins on a probability
+            require_in_range(f"epsilons[{i}]", eps, 0.0, 1.0, open_high=True)
         if "{leader_response}" not in follower_system_template:
             raise ValueError("follower_system_template must contain {leader_response}")
         self.sampling = argument_group(Sampling, sampling, "sampling")

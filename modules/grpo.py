@@ -24,7 +24,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range, require_positive
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.precision import resolve_dtype
@@ -114,6 +114,17 @@ class GRPO(LanguageModelGame):
             num_generations=(num_generations, 2), updates_per_rollout=(updates_per_rollout, 1), beta=(beta, 0)
         )
         require_positive(clip=clip, lr=lr)
+        require_at_least(
+            weight_decay=(weight_decay, 0.0),
+            reward_batch_size=(reward_batch_size, 0),
+            reward_max_length=(reward_max_length, 1),
+            logprob_micro_batch=(logprob_micro_batch, 0),
+            train_micro_batch=(train_micro_batch, 0),
+        )
+        if eval_max_new_tokens is not None:
+            require_at_least(eval_max_new_tokens=(eval_max_new_tokens, 1))
+        for i, b in enumerate(adam_betas):
+            require_in_range(f"adam_betas[{i}]", b, 0.0, 1.0, open_high=True)
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling})
         self.players = PolicyBank(lm, players=(PLAYER,))

@@ -30,7 +30,7 @@ from callbacks import EloRating
 from modules.algorithms import pool as rules
 from modules.algorithms.answers import answers_match
 from modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
-from modules.base import LanguageModelGame, argument_group
+from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
 from modules.distributed import collectives
 from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from modules.lm.model_config import ModelConfig
@@ -194,7 +194,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     def judge(self, judge: str, instructions: list[str], responses: list[str]) -> list[tuple[float, bool]]:
         """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
         j = self.judging
-        prompts = [self.chat(judge, j.user_message(x, y)) + j.prefill for x, y in zip(instructions, responses)]
+        chat = lambda user: self.chat(judge, user)  # noqa: E731
+        prompts = [j.prompt(self.bank(judge), chat, x, y) for x, y in zip(instructions, responses)]
         return peer_scores(self.bank(judge), judge, prompts, j)
 
     # ------------------------------------------------------------------------------------------------ Lightning
@@ -544,6 +545,8 @@ def _check_settings(m: int, hp: Any) -> None:
         raise ValueError(f"leader must be one of ('exp3', 'uniform'), got {hp.leader!r}")
     if hp.duels_per_iteration < 1 or (hp.num_iterations is not None and hp.num_iterations < 1):
         raise ValueError("duels_per_iteration and num_iterations must be positive")
+    require_in_range("gamma", hp.gamma, 0.0, 1.0, open_low=True)  # EXP3's exploration rate (checked again by Exp3)
+    require_at_least(eval_max_new_tokens=(hp.eval_max_new_tokens, 1))
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")

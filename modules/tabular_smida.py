@@ -97,6 +97,10 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         self.automatic_optimization = False
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         check_step_sizes(tau_leader, tau_follower, eta_leader, eta_follower)
+        sizes = {"num_contexts": num_contexts, "num_actions": num_actions, "ensemble_size": ensemble_size}
+        for name, value in sizes.items() if game_path is None else ():  # a loaded game brings its own sizes
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
         torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
         if game_path is not None:
             game = load_game(game_path)

@@ -51,12 +51,13 @@ __all__ = [
 
 DEFAULT_SCORE = 5.0
 SCORE_RANGE = (1.0, 10.0)
-# App. G: the judge sees the question and one response and answers a 1-10 score as JSON.
+# App. G: the judge sees the question and one response and answers a 1-10 score as JSON. The closing line (ours)
+# marks where the response ends, which the judges quote line by line (modules/scorers/quoting.py).
 DEFAULT_JUDGE_TEMPLATE = (
     "Please act as an impartial judge and evaluate the quality of the response provided by an AI assistant to the "
     "question below. Consider correctness, helpfulness and clarity. Rate the response on a scale of 1 to 10 and "
     'answer only with a JSON object of the form {"score": <integer from 1 to 10>}.\n\n'
-    "[Question]\n{prompt}\n\n[Response]\n{response}"
+    "[Question]\n{prompt}\n\n[Response]\n{response}\n\n[End of Response]"
 )
 
 

@@ -39,6 +39,7 @@ from modules.algorithms.debate import (
 )
 from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
+from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
 from modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -284,7 +285,8 @@ class HFJudge(DebateJudge):
         num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
         sampling: How the votes are sampled (:class:`Sampling`; ``max_new_tokens`` per verdict: with chain of thought
             it needs room to think).
-        max_prompt_tokens: Prompt tokens kept (cut from the left, so the instructions at the end survive).
+        max_prompt_tokens: Prompt tokens the judge reads; a longer prompt has the middles of the judged plies cut
+            (marked), never the problem or the instructions (:meth:`prompt`).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
         dtype: Weights dtype.
@@ -313,6 +315,8 @@ class HFJudge(DebateJudge):
     ) -> None:
         super().__init__(num_votes, seed, timeout_s)
         check_placeholders(template, ("{problem}", "{transcript}", "{instructions}"))
+        if max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be a positive number of tokens, got {max_prompt_tokens}")
         if max_answer_words is not None and max_answer_words < 1:
             raise ValueError(f"max_answer_words must be positive or None, got {max_answer_words}")
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
@@ -320,6 +324,7 @@ class HFJudge(DebateJudge):
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.device = torch.device("cpu")
+        self.truncated_prompts = 0
 
     @override
     def to(self, device: torch.device | str) -> HFJudge:
@@ -327,20 +332,52 @@ class HFJudge(DebateJudge):
         self.model.to(self.device)
         return self
 
-    def render(self, transcript: Transcript) -> str:
-        """The judge's prompt for one transcript (visible parts only)."""
+    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+        """The judge's prompt for one transcript (visible parts only, quoted: :func:`quote_judged`).
+
+        Args:
+            transcript: The game.
+            texts: The judged texts of its plies in :meth:`judged_plies` order (default: their visible parts);
+                :meth:`prompt` passes them cut to fit ``max_prompt_tokens``.
+        """
+        plies = self.judged_plies(transcript)
+        texts = [transcript.visible(ply) for ply in plies] if texts is None else list(texts)
+        specials = self.tokenizer.all_special_tokens
+        titles = dict(_SECTIONS)
         body = "\n\n".join(
-            f"{title}:\n{transcript.visible(ply) or '(empty)'}" for ply, title in _SECTIONS if ply in transcript.plies
+            f"{titles[ply]}:\n{quote_judged(text, specials) or '(empty)'}" for ply, text in zip(plies, texts)
         )
         instructions = fill_fields(
             _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
         )
-        user = fill_fields(self.template, problem=transcript.problem, transcript=body, instructions=instructions)
+        problem = break_special_tokens(transcript.problem, specials)
+        user = fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
             )
         return user + "\n"
+
+    @staticmethod
+    def judged_plies(transcript: Transcript) -> list[str]:
+        """The plies the judge reads, in prompt order."""
+        return [ply for ply, _ in _SECTIONS if ply in transcript.plies]
+
+    def prompt(self, transcript: Transcript) -> str:
+        """:meth:`render`, with the judged plies' middles cut (marked) when it exceeds ``max_prompt_tokens``.
+
+        The problem and the instructions are never cut (:func:`fit_judged`); a cut prompt is counted in
+        ``truncated_prompts``.
+
+        Raises:
+            ValueError: when the template and the problem alone exceed ``max_prompt_tokens``.
+        """
+        texts = [transcript.visible(ply) for ply in self.judged_plies(transcript)]
+        out, cut = fit_judged(
+            self.tokenizer, lambda t: self.render(transcript, t), texts, self.max_prompt_tokens, "max_prompt_tokens"
+        )
+        self.truncated_prompts += int(cut)
+        return out
 
     def read_vote(self, text: str) -> float:
         """Vote of one output: its visible part (capped at ``max_answer_words``) parsed; NaN when unparseable."""
@@ -358,8 +395,7 @@ class HFJudge(DebateJudge):
     def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
         if not transcripts:
             return JudgeVotes(torch.zeros((0, self.num_votes)), [])
-        ids = self.tokenizer([self.render(t) for t in transcripts], add_special_tokens=False)["input_ids"]
-        ids = [s[-self.max_prompt_tokens :] for s in ids]
+        ids = self.tokenizer([self.prompt(t) for t in transcripts], add_special_tokens=False)["input_ids"]
         width = max(len(s) for s in ids)
         input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(input_ids)

@@ -19,6 +19,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.answers import answers_match, extract_final_answer
+from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
 from modules.training.faults import call_with_timeout
 
 __all__ = [
@@ -284,7 +285,8 @@ class LLMJudgeOracle(PreferenceOracle):
         model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
         template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
         batch_size: Queries per forward pass.
-        max_length: Tokens kept per query (left-truncated so the question at the end survives).
+        max_length: Tokens per query; a longer one has the responses' middles cut (marked), never the request or the
+            question at the end (:meth:`prompt`).
         dtype: Weights dtype.
         trust_remote_code: Off unless the config turns it on.
         num_queries: Verdicts averaged per label.
@@ -316,14 +318,33 @@ class LLMJudgeOracle(PreferenceOracle):
         return ids[-1]
 
     def render(self, prompt: str, first: str, second: str) -> str:
-        """Fill the template in one pass over the template only: text in the data is never re-substituted."""
-        values = {"prompt": prompt, "first": first, "second": second}
+        """Fill the template in one pass over the template only: text in the data is never re-substituted.
+
+        The responses are quoted line by line and special-token strings broken (:func:`quote_judged`), so a response
+        cannot forge ``[Response B]`` or the closing question.
+        """
+        specials = self.tokenizer.all_special_tokens
+        values = {
+            "prompt": break_special_tokens(prompt, specials),
+            "first": quote_judged(first, specials) or "(empty)",
+            "second": quote_judged(second, specials) or "(empty)",
+        }
         return _FIELD.sub(lambda m: values[m.group(1)], self.template)
+
+    def prompt(self, prompt: str, first: str, second: str) -> str:
+        """:meth:`render` within ``max_length`` tokens: the responses' middles are cut, never the request or question.
+
+        Raises:
+            ValueError: when the template and the request alone exceed ``max_length``.
+        """
+        budget = self.max_length - self.tokenizer.num_special_tokens_to_add()
+        out, _ = fit_judged(self.tokenizer, lambda s: self.render(prompt, *s), [first, second], budget, "max_length")
+        return out
 
     @torch.inference_mode()
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):
-        texts = [self.render(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
+        texts = [self.prompt(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
         out = []
         device = next(self.model.parameters()).device
         for i in range(0, len(texts), self.batch_size):

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +18,7 @@ from modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
 from modules.algorithms.pool import DEFAULT_JUDGE_TEMPLATE, DEFAULT_SCORE, fill_judge_template, parse_judgement
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.text import pad_sequences
+from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
 
 __all__ = ["PeerJudging", "encode_texts", "peer_scores"]
 
@@ -52,9 +53,33 @@ class PeerJudging:
         if self.max_new_tokens < 1:
             raise ValueError(f"judging.max_new_tokens must be at least 1, got {self.max_new_tokens}")
 
-    def user_message(self, instruction: str, response: str) -> str:
-        """The judge's user message for one (instruction, response)."""
-        return fill_judge_template(self.template, instruction, response)
+    def user_message(self, instruction: str, response: str, special_tokens: Iterable[str] = ()) -> str:
+        """The judge's user message for one (instruction, response): the response quoted (:func:`quote_judged`).
+
+        Args:
+            instruction: The question (its special-token strings broken, not quoted: it is not judged).
+            response: The judged response; every line quoted, so it cannot forge ``[Response]`` or a score line.
+            special_tokens: The judge tokenizer's special-token strings, to be read as plain text.
+        """
+        quoted = quote_judged(response, special_tokens) or "(empty)"
+        return fill_judge_template(self.template, break_special_tokens(instruction, special_tokens), quoted)
+
+    def prompt(self, bank: PolicyBank, chat: Callable[[str], str], instruction: str, response: str) -> str:
+        """``chat(user_message) + prefill`` within ``bank.max_prompt_tokens``: only the response's middle is cut.
+
+        When the template and the question alone exceed ``lm.max_prompt_tokens`` (a budget shared with the players'
+        prompts), a warning says so and the prompt goes whole to the bank, which cuts it from the left and counts it.
+        """
+        specials = bank.tokenizer.all_special_tokens
+        out, _ = fit_judged(
+            bank.tokenizer,
+            lambda spans: chat(self.user_message(instruction, spans[0], specials)) + self.prefill,
+            [response],
+            bank.max_prompt_tokens,
+            "lm.max_prompt_tokens",
+            strict=False,  # the players' budget too: one too small for the template keeps the encoder's left cut
+        )
+        return out
 
 
 def encode_texts(

@@ -440,7 +440,7 @@ def test_hf_judge_samples_all_votes_in_one_generate_call(tiny_lm_dir):
     judge.model.generate = counting
     ts = [_t("debate_ab", ANSWER, "wrong!"), _t("debate_ab", WRONG, ""), _t("debate_ab", "", "")]
     prompt = judge.render(ts[0])
-    assert "Alice's solution:\n5 + 7 = 12" in prompt and "Bob's critique:\nwrong!" in prompt
+    assert "Alice's solution:\n> 5 + 7 = 12" in prompt and "Bob's critique:\n> wrong!" in prompt  # quoted
     assert "Alice's rebuttal" not in prompt and "(empty)" in judge.render(ts[1])
     v = judge(ts)
     assert calls == [3] and v.votes.shape == (3, 8) and len(v.texts) == 3 and all(len(x) == 8 for x in v.texts)

@@ -1,0 +1,64 @@
+"""Bad values are refused by name in every family's ``__init__``, before any model is loaded (issue 17 item 6).
+
+The model path does not exist: a value checked only after loading would fail on the path instead, and the control
+(the same family with good values) shows that it does.
+"""
+
+import pytest
+
+from modules.debate import DebateSelfPlay
+from modules.deep_smida import DeepSMIDA
+from modules.grpo import GRPO
+from modules.lm.model_config import ModelConfig
+from modules.pool import StackelbergPool
+from modules.scorers.judges import ProgrammaticJudge
+from modules.tabular_smida import TabularSMIDA
+
+MISSING = "/nonexistent/tiny-model"
+FAMILIES = {
+    "debate": (DebateSelfPlay, lambda: {"judge": ProgrammaticJudge()}),
+    "deep_smida": (DeepSMIDA, dict),
+    "grpo": (GRPO, lambda: {"answer_reward": True}),
+    "pool": (StackelbergPool, dict),
+}
+CASES = [
+    ("debate", {"clip": 0.0}, "clip must be positive, got 0.0"),
+    ("debate", {"word_penalty_coef": -0.01}, "word_penalty_coef must be at least 0.0, got -0.01"),
+    ("debate", {"word_limit": 0}, "word_limit must be at least 1, got 0"),
+    ("debate", {"reply_max_new_tokens": 0}, "reply_max_new_tokens must be at least 1, got 0"),
+    ("debate", {"logprob_micro_batch": -1}, "logprob_micro_batch must be at least 0, got -1"),
+    ("deep_smida", {"alphas": (0.1, 1.0)}, r"alphas\[1\] must be in \(0.0, 1.0\), got 1.0"),
+    ("deep_smida", {"alphas": (0.0,)}, r"alphas\[0\] must be in \(0.0, 1.0\), got 0.0"),
+    ("deep_smida", {"epsilons": (0.0, -0.1)}, r"epsilons\[1\] must be in \[0.0, 1.0\), got -0.1"),
+    ("deep_smida", {"candidate_alpha": 1.5}, r"candidate_alpha must be in \(0.0, 1.0\), got 1.5"),
+    ("deep_smida", {"candidate_alpha": float("nan")}, r"candidate_alpha must be in \(0.0, 1.0\), got nan"),
+    ("deep_smida", {"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
+    ("grpo", {"adam_betas": (0.9, 1.0)}, r"adam_betas\[1\] must be in \[0.0, 1.0\), got 1.0"),
+    ("grpo", {"weight_decay": -1e-4}, "weight_decay must be at least 0.0, got -0.0001"),
+    ("grpo", {"reward_max_length": 0}, "reward_max_length must be at least 1, got 0"),
+    ("grpo", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
+    ("grpo", {"train_micro_batch": -2}, "train_micro_batch must be at least 0, got -2"),
+    ("pool", {"gamma": 0.0}, r"gamma must be in \(0.0, 1.0\], got 0.0"),
+    ("pool", {"gamma": 1.5}, r"gamma must be in \(0.0, 1.0\], got 1.5"),
+    ("pool", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
+]
+
+
+@pytest.mark.parametrize(("family", "bad", "message"), CASES, ids=[f"{f}-{next(iter(b))}" for f, b, _ in CASES])
+def test_a_bad_value_is_refused_by_name_before_loading(family, bad, message):
+    cls, base = FAMILIES[family]
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        cls(lm=ModelConfig(MISSING), **base(), **bad)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_good_values_get_as_far_as_loading_the_model(family):
+    cls, base = FAMILIES[family]
+    with pytest.raises((OSError, ValueError), match="nonexistent"):
+        cls(lm=ModelConfig(MISSING), **base())
+
+
+@pytest.mark.parametrize("field", ["num_contexts", "num_actions", "ensemble_size"])
+def test_tabular_game_sizes_are_refused_by_name(field):
+    with pytest.raises(ValueError, match=f"^{field} must be an integer of at least 1, got 0$"):
+        TabularSMIDA(**{field: 0})
