@@ -47,7 +47,7 @@ def _folders(root):
 def test_a_row_refused_in_setup_leaves_no_version_folder(tmp_path, logger):
     save_dir = tmp_path / "logs"
     extra = [f"--data.init_args.path={_bad_file(tmp_path)}", "--data.init_args.oracle=null"]
-    with pytest.raises(ValueError, match=r"pairs.jsonl: row 1: field 'prompt' is empty"):
+    with pytest.raises(ValueError, match=r"pairs.jsonl'?: row 1: field 'prompt' is empty"):
         train.main(_args(logger, save_dir, *extra))
     assert not save_dir.exists() or _folders(save_dir) in ([], ["run"])
 

@@ -12,12 +12,13 @@ from modules.grpo import GRPO
 from modules.lm.model_config import ModelConfig
 from modules.pool import StackelbergPool
 from modules.scorers.judges import ProgrammaticJudge
+from modules.scorers.utility import EnsembleUtility
 from modules.tabular_smida import TabularSMIDA
 
 MISSING = "/nonexistent/tiny-model"
 FAMILIES = {
     "debate": (DebateSelfPlay, lambda: {"judge": ProgrammaticJudge()}),
-    "deep_smida": (DeepSMIDA, dict),
+    "deep_smida": (DeepSMIDA, lambda: {"utility": EnsembleUtility(allow_untrained=True)}),  # no trained one here
     "grpo": (GRPO, lambda: {"answer_reward": True}),
     "pool": (StackelbergPool, dict),
 }
