@@ -9,11 +9,14 @@ seconds (``-s`` shows them); the ones over ~20 CPU seconds are marked ``slow``.
 import dataclasses
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import torch
 from helpers.outside_kill import Kill, Moment, OutsideRunner, compare_runs, kill_and_resume
 from helpers.resume_harness import _TINY_LORA, FAMILIES, Family
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _PREF_LORA = (*FAMILIES["preference_ensemble"].args, "--model.init_args.sharing=lora", *_TINY_LORA[1:])
 _DEBATE = FAMILIES["debate_ab"]
@@ -97,8 +100,7 @@ def _params():
 def test_killed_from_outside_and_resumed_ends_where_the_uninterrupted_run_ends(name, runner, tmp_path):
     family = OUTSIDE[name]
     report, stages = kill_and_resume(runner, family, KILLS[name], tmp_path)
-    cpu = sum(s.cpu_s for s in stages)
-    print(f"\n{name}: {report.figures()}; {cpu:.1f} CPU s in the chain")
+    print(f"\n{name}: {report.figures()}; kills landed: {[s.kill.moment.kind for s in stages[:-1]]}")
     assert report.differences == [], "\n".join(report.differences[:40])
     assert report.tensors > 0 and report.files > 0 and report.rows > 0
     for stage in stages[:-1]:  # the moments were hit: a SIGKILL during a save left its temporary behind
@@ -143,3 +145,25 @@ def test_a_signal_is_delivered_only_at_its_moment(runner, tmp_path):
     assert stage.returncode == -signal.SIGKILL
     ckpt = torch.load(tmp_path / "runs" / family.name / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 2 * family.ckpt_every * family.steps_per_batch  # the second periodic save, whole
+
+
+#: two-process DDP on CPU (gloo): the signal goes to the whole process group, both ranks, as a scheduler sends it
+DDP = ("grpo", "pool_grpo", "pool_dpo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DDP)
+def test_two_process_ddp_killed_from_outside_and_resumed_ends_where_the_uninterrupted_run_ends(
+    name, tiny_lm_dir, tmp_path
+):
+    overlay = ("--config", str(ROOT / "configs" / "overlays" / "ddp.yaml"), "--trainer.devices=2")
+    runner = OutsideRunner(str(tiny_lm_dir), extra=overlay)
+    family = dataclasses.replace(OUTSIDE[name], name=f"{name}_ddp")
+    report, stages = kill_and_resume(runner, family, _CHAIN, tmp_path)
+    print(f"\n{family.name}: {report.figures()}")
+    assert report.differences == [], "\n".join(report.differences[:40])
+    assert report.tensors > 0 and report.files > 0 and report.rows > 0
+    ckpt = torch.load(
+        tmp_path / "resumed" / "runs" / family.name / "version_0" / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    assert len(ckpt["callbacks"]["RNGStateCallback"]["ranks"]) == 2  # both ranks' generators were compared

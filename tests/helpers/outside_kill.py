@@ -270,12 +270,13 @@ class Report:
     values: int = 0
     files: int = 0
     rows: int = 0
+    cpu_s: float = 0.0
     differences: list[str] = field(default_factory=list)
 
     def figures(self) -> str:
         return (
             f"{self.tensors} tensors, {self.values} other values, {self.files} files, {self.rows} logged numbers: "
-            f"{len(self.differences)} differences"
+            f"{len(self.differences)} differences ({self.cpu_s:.0f} CPU s in train.py processes)"
         )
 
 
@@ -396,10 +397,12 @@ def kill_and_resume(
     runner: OutsideRunner, family: Family, kills: tuple[Kill, ...], tmp_path: Path, reference: Path | None = None
 ) -> tuple[Report, list[Stage]]:
     """Reference run (unless given), then the chain of ``kills`` and a final resumed run; the comparison."""
+    cpu = 0.0
     if reference is None:
         reference = tmp_path / "reference"
         ref = runner.run(family, reference, None, resume=False, tag="reference")
         assert ref.returncode == 0, ref.log[-4000:]
+        cpu = ref.cpu_s
     resumed = tmp_path / "resumed"
     stages = []
     for i, kill in enumerate(kills):
@@ -413,4 +416,5 @@ def kill_and_resume(
     names = [f"stage{i}" for i in range(len(stages))]
     report = compare_runs(reference, resumed, names, family)
     report.differences += replay_agrees(resumed, names)
+    report.cpu_s = cpu + sum(s.cpu_s for s in stages)
     return report, stages
