@@ -109,8 +109,8 @@ def test_killed_from_outside_and_resumed_ends_where_the_uninterrupted_run_ends(n
 
 
 def test_the_comparison_finds_one_changed_number_moment_and_file(runner, tmp_path):
-    """The harness must fail: a run folder with one optimizer moment, one RNG state, one file or one logged number
-    changed differs from its copy in exactly that."""
+    """The harness must fail: a copy of a run folder with one RNG bit, the step, one game-state number, one file and
+    one logged number changed differs from the original in exactly those five."""
     family = OUTSIDE["smida_tabular"]
     ref = runner.run(family, tmp_path / "ref", None, resume=False, tag="reference")
     assert ref.returncode == 0, ref.log[-3000:]
@@ -120,19 +120,24 @@ def test_the_comparison_finds_one_changed_number_moment_and_file(runner, tmp_pat
     same = compare_runs(tmp_path / "ref", copy, ["stage0"], family)
     assert same.differences == [] and same.tensors > 0 and same.files >= 3 and same.rows > 100
     run_dir = copy / "runs" / family.name / "version_0"
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    rng = ckpt["callbacks"]["RNGStateCallback"]["ranks"][0]["torch"]
-    rng[100] ^= 1  # one bit of the torch generator
-    ckpt["global_step"] += 1
-    torch.save(ckpt, run_dir / "checkpoints" / "last.ckpt")
+    final = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=True)
+    final["callbacks"]["RNGStateCallback"]["ranks"][0]["torch"][100] ^= 1  # one bit of the torch generator
+    final["global_step"] += 1
+    torch.save(final, run_dir / "checkpoints" / "final.ckpt")
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    game = next(k for k, v in last["state_dict"].items() if v.is_floating_point())
+    last["state_dict"][game] = last["state_dict"][game].clone()
+    last["state_dict"][game].view(-1)[0] += 1e-6  # one number of the game state, the step unchanged
+    torch.save(last, run_dir / "checkpoints" / "last.ckpt")
     (run_dir / "hparams.yaml").write_text((run_dir / "hparams.yaml").read_text() + "\n")
     rows = (copy / "stage0.metrics.csv").read_text().splitlines()
     rows[2] = rows[2].replace(",0.", ",1.", 1)
     (copy / "stage0.metrics.csv").write_text("\n".join(rows) + "\n")
     found = compare_runs(tmp_path / "ref", copy, ["stage0"], family).differences
-    assert len(found) == 4, found
-    assert any("RNGStateCallback" in d and "['torch']" in d for d in found)
-    assert any("global_step" in d for d in found)
+    assert len(found) == 5, found
+    assert any(d.startswith("runs/smida_tabular/version_0/checkpoints/final.ckpt['callbacks']") for d in found)
+    assert any("final.ckpt['global_step']" in d for d in found)
+    assert any(f"last.ckpt['state_dict'][{game!r}]" in d for d in found)
     assert any(d.startswith("runs/smida_tabular/version_0/hparams.yaml") for d in found)
     assert any(d.startswith("metrics (") for d in found)
 

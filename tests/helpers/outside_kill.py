@@ -394,14 +394,18 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
 
 
 def replay_agrees(resumed: Path, stages: list[str]) -> list[str]:
-    """Steps logged by two stages of a chain (replayed after a SIGKILL) must hold the same numbers in both."""
+    """Steps logged by two stages of a chain (replayed after a SIGKILL) must hold the same numbers in both.
+
+    A stage killed inside a step logged only the first rows of that step (the training row, not yet the validation
+    row), so what the earlier stage logged must be where the replay's values begin.
+    """
     problems, seen = [], {}
     for s in stages:
         path = resumed / f"{s}.metrics.csv"
         if not path.exists():
             continue
         for key, values in _read_rows([path]).items():
-            if key in seen and seen[key][1] != values:
+            if key in seen and values[: len(seen[key][1])] != seen[key][1]:
                 problems.append(f"{key}: {seen[key][0]} logged {seen[key][1]}, the replay in {s} {values}")
             seen[key] = (s, values)
     return problems
