@@ -155,8 +155,10 @@ def test_a_signal_is_delivered_only_at_its_moment(runner, tmp_path):
 #: two-process DDP on CPU (gloo): the signal goes to the whole process group, both ranks, as a scheduler sends it
 DDP = ("grpo", "pool_grpo", "pool_dpo")
 _DDP_OVERLAY = ("--config", str(ROOT / "configs" / "overlays" / "ddp.yaml"), "--trainer.devices=2")
-# SIGKILL of both ranks once the first periodic last.ckpt is written, then while the next one is being written
-_DDP_CHAIN = (Kill("SIGKILL", Moment("checkpoint", n=1)), Kill("SIGKILL", Moment("save", n=1)))
+# SIGKILL of both ranks while the second periodic last.ckpt is being written (the first stays), then while the next
+# one is. Not right after a completed write: a SIGKILL between a checkpoint and its batch's metrics row loses that
+# row for good (docs/outside-kill.md, findings)
+_DDP_CHAIN = (Kill("SIGKILL", Moment("save", n=2)), Kill("SIGKILL", Moment("save", n=1)))
 
 
 @pytest.mark.slow
@@ -170,7 +172,7 @@ def test_two_process_ddp_killed_from_outside_and_resumed_ends_where_the_uninterr
     print(f"\n{family.name}: {report.figures()}")
     assert report.differences == [], "\n".join(report.differences[:40])
     assert report.tensors > 0 and report.files > 0 and report.rows > 0
-    assert stages[1].temps_left, "the kill did not land during a save"
+    assert stages[0].temps_left and stages[1].temps_left, "the kills did not land during saves"
     ckpt = torch.load(
         tmp_path / "resumed" / "runs" / family.name / "version_0" / "checkpoints" / "final.ckpt", weights_only=True
     )
