@@ -70,21 +70,8 @@ KILLS: dict[str, tuple[Kill, ...]] = {
     "debate_aba": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
     "debate_rlvr": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
 }
-#: measured CPU seconds per test above ~20 s (docs/outside-kill.md): marked slow
-SLOW = {
-    "preference_ensemble",
-    "preference_lora",
-    "preference_separate",
-    "deep_smida",
-    "sft_tiny",
-    "grpo",
-    "pool_dpo",
-    "pool_grpo",
-    "debate_a",
-    "debate_ab",
-    "debate_aba",
-    "debate_rlvr",
-}
+#: every family's chain costs 26-45 CPU seconds of train.py processes (docs/outside-kill.md): all are marked slow
+SLOW = set(KILLS)
 
 
 @pytest.fixture(scope="module")
