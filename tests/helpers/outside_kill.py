@@ -99,7 +99,7 @@ class _Watch:
         self.log_dir, self.moment = log_dir, moment
         self.ckpt_dir = log_dir / "checkpoints"
         self.writes: set[tuple[int, int]] = set()
-        self.saves: set[str] = set()
+        self.saves, self.saving = 0, False
         self.first_write: tuple[int, int] | None = self._stat()
 
     def _stat(self) -> tuple[int, int] | None:
@@ -136,8 +136,11 @@ class _Watch:
                 self.writes.add(st)
             return len(self.writes) >= m.n
         if m.kind == "save":
-            self.saves.update(self._temps())
-            return len(self.saves) >= m.n and bool(self._temps())
+            # a save begins when a temporary appears (one process reuses its temporary's name for every save)
+            present = bool(self._temps())
+            self.saves += present and not self.saving
+            self.saving = present
+            return self.saves >= m.n and present
         if m.kind == "row":
             return self._has(m.key, m.step)
         if m.kind == "validation":
