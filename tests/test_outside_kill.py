@@ -79,8 +79,24 @@ def runner(tiny_lm_dir):
     return OutsideRunner(str(tiny_lm_dir))
 
 
+#: families whose outside-kill resume is not exact yet: the finding
+XFAIL = {
+    "pool_grpo": "a SIGTERM checkpoint taken while a logged step is still open loses logged numbers: follower m1's "
+    "clip_fraction, grpo_loss and reward of logged step 15 (logged in stage 0 before its SIGTERM checkpoint at "
+    "global step 30, never flushed to the logger) are missing after the resume; the final weights, optimizer "
+    "moments, game state, RNG states and every file are exact (docs/outside-kill.md, findings)",
+}
+
+
 def _params():
-    return [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in KILLS]
+    return [
+        pytest.param(
+            n,
+            marks=([pytest.mark.slow] if n in SLOW else [])
+            + ([pytest.mark.xfail(strict=True, reason=XFAIL[n])] if n in XFAIL else []),
+        )
+        for n in KILLS
+    ]
 
 
 @pytest.mark.parametrize("name", _params())
