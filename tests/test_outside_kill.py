@@ -9,6 +9,7 @@ seconds (``-s`` shows them); the ones over ~20 CPU seconds are marked ``slow``.
 import dataclasses
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_a_signal_is_delivered_only_at_its_moment(runner, tmp_path):
 
 
 #: two-process DDP on CPU (gloo): the signal goes to the whole process group, both ranks, as a scheduler sends it
-DDP = ("grpo", "pool_grpo", "pool_dpo")
+DDP = ("grpo", "pool_dpo")  # pool GRPO under DDP: one periodic save in the run, no chain of two saves (not done)
 _DDP_OVERLAY = ("--config", str(ROOT / "configs" / "overlays" / "ddp.yaml"), "--trainer.devices=2")
 # SIGKILL of both ranks while the second periodic last.ckpt is being written (the first stays), then while the next
 # one is. Not right after a completed write: a SIGKILL between a checkpoint and its batch's metrics row loses that
@@ -185,7 +186,7 @@ def test_two_process_ddp_killed_from_outside_and_resumed_ends_where_the_uninterr
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    raises=TimeoutError,
+    raises=(TimeoutError, subprocess.TimeoutExpired),  # no exit after the signal, or no moment before the limit
     reason="SIGTERM to both DDP ranks hangs: Lightning 2.6's SIGTERM handler runs dist.broadcast inside the signal "
     "handler on every rank, at whatever point each rank is (another collective of the step, or CheckpointOnSigterm's "
     "all_gather of RNG states), so the ranks' collectives no longer match; seen: rank 0 'Received SIGTERM', then no "
