@@ -157,7 +157,7 @@ def test_a_signal_is_delivered_only_at_its_moment(runner, tmp_path):
 
 
 #: two-process DDP on CPU (gloo): the signal goes to the whole process group, both ranks, as a scheduler sends it
-DDP = ("grpo", "pool_dpo")  # pool GRPO under DDP: one periodic save in the run, no chain of two saves (not done)
+DDP = ("grpo", "pool_dpo")  # pool GRPO under DDP: under two saves seen in its run (not done)
 _DDP_OVERLAY = ("--config", str(ROOT / "configs" / "overlays" / "ddp.yaml"), "--trainer.devices=2")
 # SIGKILL of both ranks while the second periodic last.ckpt is being written (the first stays), then while the next
 # one is. Not right after a completed write: a SIGKILL between a checkpoint and its batch's metrics row loses that
