@@ -27,7 +27,9 @@ Not compared, and why: the processes' own stdout/stderr (timings, warnings, path
 harness copies it after every stage and compares the rows the stages logged, merged, with the reference's rows;
 columns under ``time/`` hold wall-clock times); in ``config.yaml`` (LightningCLI's copy of the resolved config) the
 ``ckpt_path`` line, which is ``last`` only in the resumed runs; in the checkpoints, absolute paths are compared with
-the run's own folder replaced by ``<RUN>``.
+the run's own folder replaced by ``<RUN>``; ``last.ckpt`` when the two hold different steps (Lightning writes the
+end-of-training ``last`` only in a process that wrote none before), while ``final.ckpt``, written at the end of
+training by ``final_state.FinalState`` in both runs, always is.
 """
 
 from __future__ import annotations
