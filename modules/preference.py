@@ -236,6 +236,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             hidden = model.config.hidden_size
             model.requires_grad_(False)
             self.backbone = lm.with_adapters(model, self.adapter_names) if sharing == "lora" else model
+            if sharing == "lora":  # peft leaves only the first adapter trainable; every member's adapter trains
+                for p in self._adapter_parameters():
+                    p.requires_grad_(True)
         seeds = [seed + 1000 * (i + 1) for i in range(num_members)]
         self.head = (
             GPMHead(hidden, num_members, embed_dim, init_scale, seeds)
@@ -314,8 +317,18 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     def _member_features(self, batch: dict[str, Tensor], member: int) -> Tensor:
         if self.hparams.sharing == "separate":
             return self._run_backbone(self.backbones[member], batch)
+        # peft's set_adapter freezes the other adapters (dropping them from the optimizer's gradients and from the
+        # checkpoint) and unfreezes this one (even in a frozen scorer): whether each trains is kept as it was
+        trainable = [p.requires_grad for p in self._adapter_parameters()]
         self.backbone.set_adapter(self.adapter_names[member])
+        for p, grad in zip(self._adapter_parameters(), trainable):
+            p.requires_grad_(grad)
         return self._run_backbone(self.backbone, batch)
+
+    def _adapter_parameters(self) -> list[nn.Parameter]:
+        """The LoRA parameters of every member (``sharing="lora"``), in a fixed order."""
+        names = tuple(f".{a}." for a in self.adapter_names)
+        return [p for n, p in self.backbone.named_parameters() if any(a in n for a in names)]
 
     def member_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """Logits ``[B, k]`` of every member for the triplets ``(idx_a, idx_b)`` of the batch."""

@@ -190,3 +190,35 @@ def test_bad_rates_are_refused_by_name(field, bad, message):
 
     with pytest.raises(ValueError, match=message):
         PreferenceEnsemble(**{field: bad})
+
+
+def test_lora_sharing_trains_every_members_adapter_and_checkpoints_them_all(tiny_lm_dir, tmp_path):
+    """peft's ``set_adapter`` froze every adapter but the active one: member 1's adapter was never in the optimizer,
+    member 0's lost its gradient once member 1 ran, and the checkpoint dropped member 0's adapter as frozen (so
+    ``--ckpt_path last`` was refused). Found by tests/test_outside_kill.py."""
+    L.seed_everything(0)
+    lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
+    model = PreferenceEnsemble(lm, backbone_task="causal_lm", num_members=2, sharing="lora")
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    dm = PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(model, dm)
+    params = dict(model.named_parameters())
+    for member in ("member_0", "member_1"):
+        names = [n for n in lora if member in n]
+        assert names and all(not torch.equal(lora[n], params[n].detach()) for n in names), member
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["state_dict"]
+    assert {n for n in params if "lora_" in n} <= set(saved)
+    model.eval().requires_grad_(False)  # a frozen scorer stays frozen when it switches adapters
+    model._member_features(dm.collate(dm.splits["train"][:2]), 1)
+    assert not any(p.requires_grad for p in model.parameters())

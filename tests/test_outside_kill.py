@@ -1,0 +1,199 @@
+"""Resume after kills sent from outside: ``python train.py fit`` as a subprocess, SIGKILL/SIGTERM at moments read
+from its folder (a checkpoint written, a save under way, validation running), ``--ckpt_path last``, then every
+checkpoint tensor and value, every output file and every logged number against an uninterrupted run (exactly).
+
+Harness: ``helpers/outside_kill.py``; figures per family: docs/outside-kill.md. Each test prints its figures and CPU
+seconds (``-s`` shows them); the ones over ~20 CPU seconds are marked ``slow``.
+"""
+
+import dataclasses
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.outside_kill import Kill, Moment, OutsideRunner, compare_runs, kill_and_resume
+from helpers.resume_harness import _TINY_LORA, FAMILIES, Family
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_PREF_LORA = (*FAMILIES["preference_ensemble"].args, "--model.init_args.sharing=lora", *_TINY_LORA[1:])
+_DEBATE = FAMILIES["debate_ab"]
+_POOL_GRPO_ARGS = tuple(a for a in FAMILIES["pool_dpo"].args if "duels" not in a) + (
+    "--model.init_args.duels_per_iteration=1",
+    "--model.init_args.followers.grpo_rollouts=2",
+    "--model.init_args.followers.batch_size=2",
+)
+
+#: the families of ``resume_harness`` and the protocols and sharing modes it does not cover
+OUTSIDE: dict[str, Family] = {
+    **FAMILIES,
+    "preference_lora": dataclasses.replace(FAMILIES["preference_ensemble"], name="preference_lora", args=_PREF_LORA),
+    "preference_separate": dataclasses.replace(
+        FAMILIES["preference_ensemble"],
+        name="preference_separate",
+        args=(*FAMILIES["preference_ensemble"].args, "--model.init_args.sharing=separate"),
+    ),
+    "pool_grpo": dataclasses.replace(
+        FAMILIES["pool_dpo"], name="pool_grpo", config="pool_grpo.yaml", args=_POOL_GRPO_ARGS
+    ),
+    "debate_a": dataclasses.replace(_DEBATE, name="debate_a", config="debate_rlaif_a.yaml"),
+    "debate_aba": dataclasses.replace(_DEBATE, name="debate_aba", config="debate_aba.yaml"),
+    "debate_rlvr": dataclasses.replace(_DEBATE, name="debate_rlvr", config="debate_rlvr.yaml"),
+}
+
+# The chain every family gets: SIGTERM once the first periodic last.ckpt is written (the fault-tolerance path: a
+# checkpoint at the batch it stops at), then SIGKILL while the next last.ckpt is being written (the previous one must
+# stay whole and be resumed from), then the run to the end.
+_CHAIN = (Kill("SIGTERM", Moment("checkpoint", n=1)), Kill("SIGKILL", Moment("save", n=1)))
+
+
+def _validating(step: int, key: str) -> tuple[Kill, ...]:
+    """SIGKILL while the validation after the training row of ``step`` runs, then the chain."""
+    return (Kill("SIGKILL", Moment("validation", step=step, key=key)), *_CHAIN)
+
+
+#: the kills of each family (those with a validation inside the run are also killed during it)
+KILLS: dict[str, tuple[Kill, ...]] = {
+    "smida_tabular": _CHAIN,
+    "preference_ensemble": _CHAIN,
+    "preference_lora": _CHAIN,
+    "preference_separate": _CHAIN,
+    "deep_smida": _CHAIN,
+    "sft_tiny": _CHAIN,
+    "grpo": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
+    "pool_dpo": _CHAIN,
+    "pool_grpo": _CHAIN,
+    "debate_a": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
+    "debate_ab": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
+    "debate_aba": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
+    "debate_rlvr": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
+}
+#: every family's chain costs 26-45 CPU seconds of train.py processes (docs/outside-kill.md): all are marked slow
+SLOW = set(KILLS)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_lm_dir):
+    return OutsideRunner(str(tiny_lm_dir))
+
+
+#: families whose outside-kill resume is not exact yet: the finding
+XFAIL = {
+    "pool_grpo": "a SIGTERM checkpoint taken while a logged step is still open loses logged numbers: follower m1's "
+    "clip_fraction, grpo_loss and reward of logged step 15 (logged in stage 0 before its SIGTERM checkpoint at "
+    "global step 30, never flushed to the logger) are missing after the resume; the final weights, optimizer "
+    "moments, game state, RNG states and every file are exact (docs/outside-kill.md, findings)",
+}
+
+
+def _params():
+    return [
+        pytest.param(
+            n,
+            marks=([pytest.mark.slow] if n in SLOW else [])
+            + ([pytest.mark.xfail(strict=True, reason=XFAIL[n])] if n in XFAIL else []),
+        )
+        for n in KILLS
+    ]
+
+
+@pytest.mark.parametrize("name", _params())
+def test_killed_from_outside_and_resumed_ends_where_the_uninterrupted_run_ends(name, runner, tmp_path):
+    family = OUTSIDE[name]
+    report, stages = kill_and_resume(runner, family, KILLS[name], tmp_path)
+    print(f"\n{name}: {report.figures()}; kills landed: {[s.kill.moment.kind for s in stages[:-1]]}")
+    assert report.differences == [], "\n".join(report.differences[:40])
+    assert report.tensors > 0 and report.files > 0 and report.rows > 0
+    for stage in stages[:-1]:  # the moments were hit: a SIGKILL during a save left its temporary behind
+        if stage.kill.moment.kind == "save" and stage.kill.signal == "SIGKILL":
+            assert stage.temps_left, "the kill did not land during a save"
+
+
+def test_the_comparison_finds_one_changed_number_moment_and_file(runner, tmp_path):
+    """The harness must fail: a copy of a run folder with one RNG bit, the step, one game-state number, one file and
+    one logged number changed differs from the original in exactly those five."""
+    family = OUTSIDE["smida_tabular"]
+    ref = runner.run(family, tmp_path / "ref", None, resume=False, tag="reference")
+    assert ref.returncode == 0, ref.log[-3000:]
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "ref", copy)
+    shutil.copy(copy / "reference.metrics.csv", copy / "stage0.metrics.csv")
+    same = compare_runs(tmp_path / "ref", copy, ["stage0"], family)
+    assert same.differences == [] and same.tensors > 0 and same.files >= 3 and same.rows > 100
+    run_dir = copy / "runs" / family.name / "version_0"
+    final = torch.load(run_dir / "checkpoints" / "final.ckpt", weights_only=True)
+    final["callbacks"]["RNGStateCallback"]["ranks"][0]["torch"][100] ^= 1  # one bit of the torch generator
+    final["global_step"] += 1
+    torch.save(final, run_dir / "checkpoints" / "final.ckpt")
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    game = next(k for k, v in last["state_dict"].items() if v.is_floating_point())
+    last["state_dict"][game] = last["state_dict"][game].clone()
+    last["state_dict"][game].view(-1)[0] += 1e-6  # one number of the game state, the step unchanged
+    torch.save(last, run_dir / "checkpoints" / "last.ckpt")
+    (run_dir / "hparams.yaml").write_text((run_dir / "hparams.yaml").read_text() + "\n")
+    rows = (copy / "stage0.metrics.csv").read_text().splitlines()
+    rows[2] = rows[2].replace(",0.", ",1.", 1)
+    (copy / "stage0.metrics.csv").write_text("\n".join(rows) + "\n")
+    found = compare_runs(tmp_path / "ref", copy, ["stage0"], family).differences
+    assert len(found) == 5, found
+    assert any(d.startswith("runs/smida_tabular/version_0/checkpoints/final.ckpt['callbacks']") for d in found)
+    assert any("final.ckpt['global_step']" in d for d in found)
+    assert any(f"last.ckpt['state_dict'][{game!r}]" in d for d in found)
+    assert any(d.startswith("runs/smida_tabular/version_0/hparams.yaml") for d in found)
+    assert any(d.startswith("metrics (") for d in found)
+
+
+def test_a_signal_is_delivered_only_at_its_moment(runner, tmp_path):
+    """SIGKILL at the second write of last.ckpt: the run dies then (a checkpoint from a step after the first cadence
+    point), not before and not at its end."""
+    family = OUTSIDE["smida_tabular"]
+    stage = runner.run(family, tmp_path, Kill("SIGKILL", Moment("checkpoint", n=2)), resume=False, tag="stage0")
+    assert stage.returncode == -signal.SIGKILL
+    ckpt = torch.load(tmp_path / "runs" / family.name / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 2 * family.ckpt_every * family.steps_per_batch  # the second periodic save, whole
+
+
+#: two-process DDP on CPU (gloo): the signal goes to the whole process group, both ranks, as a scheduler sends it
+DDP = ("grpo", "pool_dpo")  # pool GRPO under DDP: under two saves seen in its run (not done)
+_DDP_OVERLAY = ("--config", str(ROOT / "configs" / "overlays" / "ddp.yaml"), "--trainer.devices=2")
+# SIGKILL of both ranks while the second periodic last.ckpt is being written (the first stays), then while the next
+# one is. Not right after a completed write: a SIGKILL between a checkpoint and its batch's metrics row loses that
+# row for good (docs/outside-kill.md, findings)
+_DDP_CHAIN = (Kill("SIGKILL", Moment("save", n=2)), Kill("SIGKILL", Moment("save", n=1)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DDP)
+def test_two_process_ddp_killed_from_outside_and_resumed_ends_where_the_uninterrupted_run_ends(
+    name, tiny_lm_dir, tmp_path
+):
+    runner = OutsideRunner(str(tiny_lm_dir), extra=_DDP_OVERLAY)
+    family = dataclasses.replace(OUTSIDE[name], name=f"{name}_ddp")
+    report, stages = kill_and_resume(runner, family, _DDP_CHAIN, tmp_path)
+    print(f"\n{family.name}: {report.figures()}")
+    assert report.differences == [], "\n".join(report.differences[:40])
+    assert report.tensors > 0 and report.files > 0 and report.rows > 0
+    assert stages[0].temps_left and stages[1].temps_left, "the kills did not land during saves"
+    ckpt = torch.load(
+        tmp_path / "resumed" / "runs" / family.name / "version_0" / "checkpoints" / "final.ckpt", weights_only=True
+    )
+    assert len(ckpt["callbacks"]["RNGStateCallback"]["ranks"]) == 2  # both ranks' generators were compared
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=(TimeoutError, subprocess.TimeoutExpired),  # no exit after the signal, or no moment before the limit
+    reason="SIGTERM to both DDP ranks hangs: Lightning 2.6's SIGTERM handler runs dist.broadcast inside the signal "
+    "handler on every rank, at whatever point each rank is (another collective of the step, or CheckpointOnSigterm's "
+    "all_gather of RNG states), so the ranks' collectives no longer match; seen: rank 0 'Received SIGTERM', then no "
+    "progress for 5 minutes",
+)
+def test_two_process_ddp_sigterm_from_outside_writes_a_checkpoint_and_exits(tiny_lm_dir, tmp_path):
+    runner = OutsideRunner(str(tiny_lm_dir), extra=_DDP_OVERLAY, timeout=240)
+    family = dataclasses.replace(OUTSIDE["grpo"], name="grpo_ddp")
+    stage = runner.run(family, tmp_path, Kill("SIGTERM", Moment("checkpoint", n=1)), resume=False, tag="stage0")
+    assert stage.returncode == 143, stage.log[-3000:]
