@@ -8,6 +8,9 @@ has one sentence per operation, each with an equation ``a op b = c``, and ends w
 * ``wrong_step``: one equation's result is off by a small amount and later steps carry the error;
 * ``wrong_final``: every step right, the boxed answer wrong;
 * ``truncated``: cut off after some steps, no final answer.
+
+:func:`make_think_response` writes the correct solution compactly for a small model to execute: the bare equations
+inside ``<think>…</think>``, then the boxed answer.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["CORRUPTIONS", "ArithmeticProblem", "generate_problems", "make_response"]
+__all__ = ["CORRUPTIONS", "ArithmeticProblem", "generate_problems", "make_response", "make_think_response"]
 
 CORRUPTIONS = ("correct", "padded", "wrong_step", "wrong_final", "truncated")
 
@@ -189,3 +192,24 @@ def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> 
             sentences.insert(rng.randint(1, len(sentences)), rng.choice(_FILLER))
     sentences.append(f"The answer is \\boxed{{{final}}}.")
     return " ".join(sentences)
+
+
+def make_think_response(problem: ArithmeticProblem) -> str:
+    r"""The correct solution as one equation per operation inside ``<think>…</think>``, then the boxed answer.
+
+    Each line copies the running total and the operand and writes the result, so a small model only has to add,
+    subtract or multiply the two numbers in front of it.
+
+    Example:
+        >>> print(make_think_response(ArithmeticProblem("", 10, 3, [("+", 4), ("-", 2), ("*", 2)])))
+        <think>3 + 4 = 7
+        7 - 2 = 5
+        5 * 2 = 10</think>
+        The answer is \boxed{10}.
+    """
+    lines, v = [], problem.start
+    for op, n in problem.ops:
+        result = _apply(v, op, n)
+        lines.append(f"{v} {op} {n} = {result}")
+        v = result
+    return "<think>" + "\n".join(lines) + "</think>\nThe answer is \\boxed{" + str(v) + "}."

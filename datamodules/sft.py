@@ -16,7 +16,14 @@ import lightning as L
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from datamodules.arithmetic import _FILLER, CORRUPTIONS, generate_problems, make_response
+from datamodules.arithmetic import (
+    _FILLER,
+    CORRUPTIONS,
+    ArithmeticProblem,
+    generate_problems,
+    make_response,
+    make_think_response,
+)
 from datamodules.debate import single_step_problems, single_step_solution
 from datamodules.files import check_columns, iter_rows, open_table
 from datamodules.formats import as_messages, split_last_reply
@@ -24,10 +31,20 @@ from datamodules.resumable import ResumableDataLoader
 from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from modules.lm.text import fill_template
 
-__all__ = ["SFT_FORMATS", "ArithmeticSFTDataModule", "SFTFileDataModule", "SingleStepSFTDataModule", "sft_example"]
+__all__ = [
+    "SFT_FORMATS",
+    "SOLUTION_STYLES",
+    "ArithmeticSFTDataModule",
+    "SFTFileDataModule",
+    "SingleStepSFTDataModule",
+    "sft_example",
+]
 
 Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
+#: ``worded``: :func:`~datamodules.arithmetic.make_response`'s sentences; ``think``: the bare equations in
+#: ``<think>…</think>`` and the boxed answer (:func:`~datamodules.arithmetic.make_think_response`, correct only)
+SOLUTION_STYLES = ("worded", "think")
 
 
 def _collate(items: list[Triple]) -> dict[str, list[str]]:
@@ -89,6 +106,14 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
             problem in the system message, so a warm-started follower answers in kind instead of babbling.
         system_prompt: The leader's system message (the game's default).
         follower_system_template: The follower's system message with ``{leader_response}``.
+        style: How solutions are written (:data:`SOLUTION_STYLES`); ``think`` writes correct solutions only, so
+            ``kinds`` must then be ``["correct"]``.
+        min_steps: Fewest operations of a problem.
+        max_steps: Most operations of a problem.
+
+    Raises:
+        ValueError: for an unknown kind or style, ``think`` with a corrupted kind, bad weights or
+            ``follower_fraction``, or a step range that :func:`~datamodules.arithmetic.generate_problems` refuses.
     """
 
     def __init__(
@@ -102,9 +127,18 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         follower_fraction: float = 0.5,
         system_prompt: str = QWEN_SYSTEM,
         follower_system_template: str = FOLLOWER_SYSTEM,
+        style: str = "worded",
+        min_steps: int = 2,
+        max_steps: int = 4,
     ) -> None:
         super().__init__()
         kinds = list(kinds or CORRUPTIONS)
+        if style not in SOLUTION_STYLES:
+            raise ValueError(f"style must be one of {list(SOLUTION_STYLES)}, got {style!r}")
+        if style == "think" and kinds != ["correct"]:
+            raise ValueError(f"style 'think' writes correct solutions only: set kinds: [correct], got {kinds}")
+        if not 1 <= min_steps <= max_steps:
+            raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
         weights = list(weights or [1.0] * len(kinds))
         unknown = [k for k in kinds if k not in CORRUPTIONS]
         if unknown:
@@ -121,14 +155,21 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         hp = self.hparams
         rng = random.Random(hp.seed)
         pairs = []
-        for p in generate_problems(hp.num_prompts, seed=hp.seed + 2_000_003):
+        problems = generate_problems(hp.num_prompts, hp.seed + 2_000_003, hp.min_steps, hp.max_steps)
+        for p in problems:
             kind = rng.choices(self.kinds, weights=self.weights)[0]
             system = hp.system_prompt
             if rng.random() < hp.follower_fraction:
-                shown = make_response(p, rng.choices(self.kinds, weights=self.weights)[0], rng)
+                shown = self._write(p, rng.choices(self.kinds, weights=self.weights)[0], rng)
                 system = fill_template(hp.follower_system_template, leader_response=shown)
-            pairs.append((system, p.question, make_response(p, kind, rng)))
+            pairs.append((system, p.question, self._write(p, kind, rng)))
         return pairs
+
+    def _write(self, problem: ArithmeticProblem, kind: str, rng: random.Random) -> str:
+        """A solution of ``kind`` in the configured style."""
+        if self.hparams.style == "think":
+            return make_think_response(problem)
+        return make_response(problem, kind, rng)
 
 
 class SingleStepSFTDataModule(_TriplesDataModule):

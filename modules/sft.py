@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -31,6 +32,7 @@ from modules.training.artifacts import atomic_folder
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, family_name, stamp_family
 from modules.training.export import EXPORT_RECORD, Player, record_of
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
+from modules.training.schedules import warmup_cosine_factor
 
 __all__ = ["CausalLMSFT"]
 
@@ -51,6 +53,11 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         weight_decay: AdamW weight decay.
         max_length: Tokens per example (prompt cut from the left first).
         seed: Seed of the tiny model's initialisation.
+        warmup_steps: With ``cosine_decay``, steps of linear warmup to ``lr``.
+        cosine_decay: Decay the learning rate along a cosine from ``lr`` (after the warmup) to ``lr * min_lr_ratio``
+            at the last step (``trainer.max_steps``; :func:`~modules.training.schedules.warmup_cosine_factor`);
+            off: a constant ``lr``.
+        min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
         max_consecutive_nonfinite: A batch with a non-finite loss or gradient is skipped (no update, optimizer state
             untouched, not counted in ``global_step``: see :class:`~modules.training.faults.AutomaticStepGuard`),
             logged and counted; this many in a row stop training with an error, the last checkpoint intact.
@@ -67,11 +74,16 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         weight_decay: float = 0.0,
         max_length: int = 512,
         seed: int = 0,
+        warmup_steps: int = 0,
+        cosine_decay: bool = False,
+        min_lr_ratio: float = 0.1,
         max_consecutive_nonfinite: int = 10,
     ) -> None:
         super().__init__()
         require_positive(lr=lr)
-        require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1))
+        require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1), warmup_steps=(warmup_steps, 0))
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {min_lr_ratio}")
         lm = None if lm is None else ModelConfig.coerce(lm)
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")
@@ -189,9 +201,25 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.log("val/loss", self._loss(batch), batch_size=len(batch["prompt"]), sync_dist=True)
 
     @override
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+        """AdamW over the trained weights; with ``cosine_decay``, its warmup-cosine schedule stepped every step.
+
+        Raises:
+            ValueError: with ``cosine_decay`` and no ``trainer.max_steps`` above ``warmup_steps``.
+        """
+        hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]  # every weight, or the adapter
-        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        if not hp.cosine_decay:
+            return optimizer
+        total = self.trainer.max_steps
+        if total is None or total <= hp.warmup_steps:
+            raise ValueError(f"cosine_decay needs trainer.max_steps above warmup_steps={hp.warmup_steps}, got {total}")
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            partial(warmup_cosine_factor, warmup_steps=hp.warmup_steps, total_steps=total, floor=hp.min_lr_ratio),
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def _backbone(self) -> nn.Module:
         """The transformers model (under the adapter with ``lora``)."""

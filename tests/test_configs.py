@@ -27,6 +27,8 @@ SMALL = {
     "preference_ensemble.yaml": ["--data.init_args.num_prompts=40"],
     "sft_tiny.yaml": ["--data.init_args.num_prompts=40"],
     "sft_small.yaml": ["--data.init_args.num_prompts=40"],
+    # a fast_dev_run's one step is the whole cosine schedule: no warmup steps before it
+    "sft_competent.yaml": ["--data.init_args.num_prompts=40", "--model.init_args.warmup_steps=0"],
     "deep_smida_small_fo.yaml": [
         "--data.init_args.num_prompts=40",
         "--model.init_args.sampling.max_new_tokens=16",

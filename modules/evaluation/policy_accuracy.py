@@ -1,0 +1,160 @@
+r"""Greedy held-out accuracy and format compliance of a saved policy on generated arithmetic problems.
+
+A reply is *correct* when its last ``\boxed{}`` matches the reference (the games' answer reward,
+:func:`~modules.scorers.reward_models.answer_rewards`), and *in format* when it is one ``<think>…</think>`` block
+followed by a visible part that holds a ``\boxed{}`` answer (:func:`~modules.algorithms.debate.split_reply`).
+
+    python -m modules.evaluation.policy_accuracy --model artifacts/competent_policy --min-steps 1 --max-steps 2
+
+The problems default to the games' own held-out prompts (:class:`~datamodules.prompts.PromptDataModule` generates
+with seed ``0 + 1_000_003``), which the SFT data (seed ``0 + 2_000_003``) does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from datamodules.arithmetic import generate_problems
+from modules.algorithms.answers import answers_match, extract_final_answer
+from modules.algorithms.debate import split_reply
+from modules.lm.text import render_chat
+
+__all__ = ["greedy_replies", "main", "policy_accuracy", "reply_in_format", "score_replies"]
+
+
+def reply_in_format(text: str) -> bool:
+    r"""Whether ``text`` is ``<think>…</think>`` (one of each, nothing before) and then a visible ``\boxed{}``.
+
+    Example:
+        >>> reply_in_format("<think>2 + 3 = 5</think>\nThe answer is \\boxed{5}."), reply_in_format("\\boxed{5}")
+        (True, False)
+    """
+    reply = split_reply(text, required=True)
+    return reply.format_ok and extract_final_answer(reply.visible) is not None
+
+
+def score_replies(replies: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """Counts and rates of correct and in-format replies.
+
+    Returns:
+        ``{"n", "correct", "in_format", "accuracy", "format_rate"}``.
+
+    Raises:
+        ValueError: for no replies, or a different number of replies and references.
+    """
+    if len(replies) != len(references):
+        raise ValueError(f"{len(replies)} replies but {len(references)} references")
+    if not replies:
+        raise ValueError("no replies to score")
+    correct = sum(answers_match(extract_final_answer(r), ref) for r, ref in zip(replies, references))
+    in_format = sum(reply_in_format(r) for r in replies)
+    n = len(replies)
+    return {"n": n, "correct": correct, "in_format": in_format, "accuracy": correct / n, "format_rate": in_format / n}
+
+
+@torch.no_grad()
+def greedy_replies(
+    model: Any, tokenizer: Any, prompts: Sequence[str], system_prompt: str, max_new_tokens: int, batch_size: int
+) -> list[str]:
+    """Greedy replies of ``model`` to each prompt (one user message after ``system_prompt``), left-padded batches."""
+    tokenizer.padding_side = "left"
+    model.eval()
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        texts = [
+            render_chat(tokenizer, [{"role": "system", "content": system_prompt}, {"role": "user", "content": x}], True)
+            for x in prompts[i : i + batch_size]
+        ]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids = model.generate(
+            **enc,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return out
+
+
+def policy_accuracy(
+    model_path: str,
+    num_problems: int = 200,
+    seed: int = 1_000_003,
+    min_steps: int = 2,
+    max_steps: int = 4,
+    system_prompt: str = "You are a helpful assistant.",
+    max_new_tokens: int = 96,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """Score the greedy replies of the policy saved in ``model_path`` on ``num_problems`` generated problems.
+
+    Args:
+        model_path: A folder (or hub name) loadable by ``from_pretrained``, with its tokenizer.
+        num_problems: Problems generated from ``seed``.
+        seed: Seed of :func:`~datamodules.arithmetic.generate_problems`.
+        min_steps: Fewest operations per problem.
+        max_steps: Most operations per problem.
+        system_prompt: System message of every prompt (the one the policy was trained with).
+        max_new_tokens: Reply budget.
+        batch_size: Prompts generated at once.
+
+    Returns:
+        :func:`score_replies`'s counts, the settings, and the first five (prompt, reference, reply) triples.
+
+    Raises:
+        ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.
+    """
+    from modules.lm.models import load_model, load_tokenizer  # noqa: PLC0415 (transformers loads only when used)
+
+    for name, v in (("num_problems", num_problems), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
+        if v < 1:
+            raise ValueError(f"{name} must be at least 1, got {v}")
+    problems = generate_problems(num_problems, seed, min_steps, max_steps)
+    model = load_model(model_path, task="causal_lm")
+    tokenizer = load_tokenizer(model_path)
+    prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
+    replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, batch_size)
+    settings = {"model": model_path, "seed": seed, "min_steps": min_steps, "max_steps": max_steps}
+    examples = [{"prompt": x, "reference": r, "reply": y} for x, r, y in list(zip(prompts, refs, replies))[:5]]
+    return {**score_replies(replies, refs), **settings, "examples": examples}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command line: print (and with ``--out`` write) :func:`policy_accuracy`'s report as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="folder of the saved policy")
+    parser.add_argument("--num-problems", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1_000_003, help="default: the games' held-out prompts")
+    parser.add_argument("--min-steps", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--system-prompt", default="You are a helpful assistant.")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--out", help="also write the report here")
+    args = parser.parse_args(argv)
+    report = policy_accuracy(
+        args.model,
+        args.num_problems,
+        args.seed,
+        args.min_steps,
+        args.max_steps,
+        args.system_prompt,
+        args.max_new_tokens,
+        args.batch_size,
+    )
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
