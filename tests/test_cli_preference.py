@@ -48,10 +48,10 @@ def test_fit_leaves_logs_checkpoints_config_and_report(fitted):
     assert report["n_pairs"] == len(cli.datamodule.splits["test"]) == 30 * 10
     assert len(report["member_accuracy"]) == 3
     assert 0.0 <= report["ensemble_accuracy"] <= 1.0
-    # the labels' oracle and how many queries each label averages (the config's 1), nothing left out
+    # the labels' oracle and how many queries each label averages (the config's 11, the paper's), nothing left out
     assert report["oracle"] == {
         "oracle": "ProgrammaticOracle",
-        "num_queries": 1,
+        "num_queries": 11,
         "invalid_verdicts": 0,
         "timeouts": 0,
         "unlabelled_rows": 0,
