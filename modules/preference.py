@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import warnings
 from pathlib import Path
@@ -40,87 +39,11 @@ from modules.lm.model_config import ModelConfig
 from modules.lm.models import check_exists, resolve_name_or_path
 from modules.lm.precision import cast_frozen_for_strategy
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
+from modules.scorers.preference_heads import BTHead, GPMHead, skew_symmetric_block_matrix
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint, reset_stale_epoch_metrics
 
 __all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
-
-
-def skew_symmetric_block_matrix(d: int) -> Tensor:
-    """The fixed ``J``: ``d/2`` blocks ``[[0, 1], [-1, 0]]`` on the diagonal.
-
-    Raises:
-        ValueError: for an odd or non-positive ``d``.
-    """
-    if d <= 0 or d % 2:
-        raise ValueError(f"embed_dim must be a positive even number, got {d}")
-    j = torch.zeros(d, d)
-    idx = torch.arange(0, d, 2)
-    j[idx, idx + 1] = 1.0
-    j[idx + 1, idx] = -1.0
-    return j
-
-
-class GPMHead(nn.Module):
-    """``k`` GPM heads at once: ``W_i`` (bias-free, ``d × H``), shared fixed ``J``, scales ``λ_i = softplus(ρ_i)``.
-
-    Args:
-        hidden_size: Width ``H`` of the pooled representation.
-        num_members: ``k``.
-        embed_dim: ``d`` (even).
-        init_scale: Initial ``λ``; the logit ``λ⟨Jz, z′⟩`` lies in ``[−λ, λ]``, so λ bounds the confidence.
-        seeds: One seed per member for an independent initialisation of its head.
-    """
-
-    def __init__(self, hidden_size: int, num_members: int, embed_dim: int, init_scale: float, seeds: list[int]):
-        super().__init__()
-        weights = []
-        for s in seeds:
-            g = torch.Generator().manual_seed(s)
-            weights.append(torch.randn(embed_dim, hidden_size, generator=g) / math.sqrt(hidden_size))
-        self.weight = nn.Parameter(torch.stack(weights))  # [k, d, H]
-        rho = math.log(math.expm1(init_scale))  # softplus^{-1}
-        self.rho = nn.Parameter(torch.full((num_members,), rho))
-        self.register_buffer("J", skew_symmetric_block_matrix(embed_dim), persistent=False)
-
-    def scale(self) -> Tensor:
-        """λ, one per member, positive."""
-        return F.softplus(self.rho)
-
-    def embed(self, h: Tensor, member: int | None = None) -> Tensor:
-        """``z``: ``[k, N, d]`` for all members, or ``[N, d]`` for one."""
-        w = self.weight if member is None else self.weight[member]
-        z = torch.einsum("...dh,nh->...nd", w, h.to(w.dtype))
-        return F.normalize(z, dim=-1)
-
-    def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:
-        """``λ_i ⟨J z_a, z_b⟩`` from embeddings ``[k, B, d]`` (→ ``[B, k]``) or ``[B, d]`` of one member (→ ``[B]``)."""
-        bilinear = ((za @ self.J.T) * zb).sum(-1)
-        if member is None:
-            return (self.scale()[:, None] * bilinear).T
-        return self.scale()[member] * bilinear
-
-
-class BTHead(nn.Module):
-    """``k`` Bradley–Terry heads: scalar rewards ``r_i = w_i·h``, ``P_i = σ(r_i(a) − r_i(b))`` (antisymmetric too)."""
-
-    def __init__(self, hidden_size: int, num_members: int, seeds: list[int]):
-        super().__init__()
-        weights = []
-        for s in seeds:
-            g = torch.Generator().manual_seed(s)
-            weights.append(torch.randn(1, hidden_size, generator=g) / math.sqrt(hidden_size))
-        self.weight = nn.Parameter(torch.stack(weights))  # [k, 1, H]
-
-    def embed(self, h: Tensor, member: int | None = None) -> Tensor:
-        """``r``: ``[k, N, 1]`` for all members, or ``[N, 1]`` for one."""
-        w = self.weight if member is None else self.weight[member]
-        return torch.einsum("...dh,nh->...nd", w, h.to(w.dtype))
-
-    def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:
-        """``r_i(a) − r_i(b)``: ``[B, k]`` from ``[k, B, 1]``, or ``[B]`` for one member."""
-        diff = (za - zb).squeeze(-1)
-        return diff.T if member is None else diff
 
 
 class _Collected(torchmetrics.Metric):
