@@ -59,6 +59,7 @@ def worker(args) -> dict:
     trainer = L.Trainer(
         max_steps=2 * args.steps,
         logger=False,
+        default_root_dir=os.path.join(tempfile.gettempdir(), "ag_bench_runs"),  # not cwd
         enable_checkpointing=False,
         enable_progress_bar=False,
         limit_val_batches=0,

@@ -364,6 +364,7 @@ def section_deep_smida(args, out: _Partial) -> None:
     trainer = L.Trainer(
         max_steps=2 * batches,  # two optimizers: Lightning counts two steps per batch
         logger=False,
+        default_root_dir=folder,  # artifacts written at the end of fit land beside the policy, not in cwd
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -204,6 +204,7 @@ def run_family(args, paths: dict) -> dict:
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=1,
         logger=False,
+        default_root_dir=args.workdir,  # artifacts a family writes at the end of fit land here, not in cwd
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
