@@ -220,7 +220,6 @@ def _pool_run(tiny_lm_dir, tmp_path, mirrored: bool, algorithm: str) -> dict[str
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(json.dumps({"question": q, "answer": "0"}) for q in PROMPTS * 4))
     L.seed_everything(0)
-    grpo = algorithm == "grpo"
     model = StackelbergPool(
         lm={"name_or_path": str(tiny_lm_dir), "lora_r": 4, "lora_alpha": 8},
         duels_per_iteration=8,

@@ -1,0 +1,139 @@
+r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired over problems, and across seeds.
+
+Every trained policy (one per training seed) and the policy it started from answer the same held-out problems
+greedily; a problem is solved when the reply's last ``\boxed{}`` matches the reference
+(:func:`~modules.evaluation.policy_accuracy.score_replies`'s rule). Per seed the gain is ``after − before`` with a
+bootstrap interval over problems (the same resampled problems for both, so the pairing is kept); across seeds the
+mean gain has a Student-t interval with ``seeds − 1`` degrees of freedom: the seeds are the independent training
+runs, and with 3 of them the interval is wide (t = 4.30), which is the honest price of 3 seeds.
+
+    python -m modules.evaluation.accuracy_gain --base artifacts/competent_policy \
+        --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
+
+A trained folder is anything ``from_pretrained`` loads: a full model, a merged export, or an exported LoRA adapter
+(``export/<player>/``, loaded over the base its ``adapter_config.json`` names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from datamodules.arithmetic import generate_problems
+from modules.algorithms.answers import answers_match, extract_final_answer
+from modules.evaluation.policy_accuracy import greedy_replies
+
+__all__ = ["main", "paired_gain", "seed_interval", "solved"]
+
+
+def paired_gain(
+    before: Sequence[bool], after: Sequence[bool], n_boot: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Accuracy before and after on the same problems, and the gain with a paired bootstrap interval.
+
+    Example:
+        >>> out = paired_gain([True, False, False, False], [True, True, False, True])
+        >>> out["before"], out["after"], out["gain"]
+        (0.25, 0.75, 0.5)
+
+    Raises:
+        ValueError: for lists of different lengths, no problems, or ``n_boot < 1``.
+    """
+    if len(before) != len(after):
+        raise ValueError(f"before has {len(before)} problems but after has {len(after)}")
+    if not before:
+        raise ValueError("no problems")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    diff = torch.tensor([float(a) - float(b) for b, a in zip(before, after)], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(diff), (n_boot, len(diff)), generator=gen)
+    means = diff[idx].mean(dim=1)
+    tail = (1 - confidence) / 2
+    lo, hi = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    n = len(diff)
+    return {
+        "n": n,
+        "before": sum(map(bool, before)) / n,
+        "after": sum(map(bool, after)) / n,
+        "gain": float(diff.mean()),
+        "gain_ci": [lo, hi],
+    }
+
+
+def seed_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
+    """Mean of per-seed values with a Student-t interval (``len(values) − 1`` degrees of freedom).
+
+    Example:
+        >>> out = seed_interval([0.05, 0.07, 0.09])
+        >>> round(out["mean"], 4), [round(x, 4) for x in out["ci"]]
+        (0.07, [0.0203, 0.1197])
+
+    Raises:
+        ValueError: for fewer than two values (one seed has no spread to estimate).
+    """
+    from scipy.stats import t  # noqa: PLC0415
+
+    if len(values) < 2:
+        raise ValueError(f"an interval over seeds needs at least 2 seeds, got {len(values)}")
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "ci": [mean - half, mean + half]}
+
+
+def solved(
+    model_path: str, prompts: Sequence[str], references: Sequence[str], system_prompt: str, max_new_tokens: int
+) -> list[bool]:
+    """Whether the greedy reply of the policy in ``model_path`` solves each problem."""
+    from modules.lm.models import load_model, load_tokenizer  # noqa: PLC0415 (transformers loads only when used)
+
+    model = load_model(model_path, task="causal_lm")
+    tokenizer = load_tokenizer(model_path)
+    replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, batch_size=32)
+    return [answers_match(extract_final_answer(y), r) for y, r in zip(replies, references)]
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command line: print (and with ``--out`` write) the per-seed and across-seed gains as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, help="the policy the games started from")
+    parser.add_argument("--trained", nargs="+", required=True, help="one trained policy per seed")
+    parser.add_argument("--num-problems", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=1_000_003, help="default: the games' held-out prompts")
+    parser.add_argument("--min-steps", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=2)
+    parser.add_argument("--system-prompt", default="You are a helpful assistant.")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--out", help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.num_problems < 1:
+        raise SystemExit(f"--num-problems must be at least 1, got {args.num_problems}")
+    problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
+    prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
+    run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
+    before = run(args.base)
+    per_seed = [{"model": path, **paired_gain(before, run(path), seed=i)} for i, path in enumerate(args.trained)]
+    report: dict[str, Any] = {
+        "base": args.base,
+        "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},
+        "per_seed": per_seed,
+    }
+    if len(per_seed) > 1:
+        report["across_seeds"] = seed_interval([s["gain"] for s in per_seed])
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

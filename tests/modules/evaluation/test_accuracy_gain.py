@@ -1,0 +1,79 @@
+"""Accuracy gains of trained policies: the paired bootstrap per seed, the t interval across seeds, the command."""
+
+import json
+import math
+
+import pytest
+from scipy import stats
+
+from modules.evaluation.accuracy_gain import main, paired_gain, seed_interval
+
+
+def test_paired_gain_by_hand_and_a_constant_difference_has_no_spread():
+    out = paired_gain([True, False, False, False], [True, True, False, True])
+    assert (out["n"], out["before"], out["after"], out["gain"]) == (4, 0.25, 0.75, 0.5)
+    assert out["gain_ci"][0] <= 0.5 <= out["gain_ci"][1]
+    same = paired_gain([False] * 5, [True] * 5)  # every problem gained: every resample gains 1
+    assert same["gain"] == 1.0 and same["gain_ci"] == [1.0, 1.0]
+
+
+def test_the_bootstrap_interval_matches_the_normal_one_on_many_problems():
+    # 400 problems, 200 gained and 200 unchanged: gain 0.5, standard error sqrt(0.25 / 400) = 0.025
+    before = [False] * 400
+    after = [True] * 200 + [False] * 200
+    lo, hi = paired_gain(before, after, n_boot=4000)["gain_ci"]
+    assert lo == pytest.approx(0.5 - 1.96 * 0.025, abs=0.006) and hi == pytest.approx(0.5 + 1.96 * 0.025, abs=0.006)
+
+
+def test_the_pairing_is_kept():
+    # the same outcomes shuffled between problems: unpaired accuracies equal, paired differences not all zero
+    before = [True, False] * 50
+    after = [False, True] * 50
+    out = paired_gain(before, after)
+    assert out["gain"] == 0.0 and out["gain_ci"][0] < -0.1 and out["gain_ci"][1] > 0.1
+
+
+def test_seed_interval_against_scipy_and_a_hand_value():
+    values = [0.05, 0.07, 0.09]
+    out = seed_interval(values)
+    lo, hi = stats.t.interval(0.95, 2, loc=0.07, scale=stats.sem(values))
+    assert out["ci"] == pytest.approx([lo, hi])
+    assert out["ci"] == pytest.approx([0.07 - 4.302653 * 0.02 / math.sqrt(3), 0.07 + 4.302653 * 0.02 / math.sqrt(3)])
+    assert out["sd"] == pytest.approx(0.02) and out["n"] == 3
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: paired_gain([True], [True, False]), "before has 1 problems but after has 2"),
+        (lambda: paired_gain([], []), "no problems"),
+        (lambda: paired_gain([True], [True], n_boot=0), "n_boot"),
+        (lambda: seed_interval([0.1]), "at least 2 seeds"),
+    ],
+)
+def test_bad_input_is_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_the_command_on_a_policy_against_itself(tiny_lm_dir, tmp_path):
+    out = tmp_path / "gain.json"
+    report = main(
+        [
+            "--base",
+            str(tiny_lm_dir),
+            "--trained",
+            str(tiny_lm_dir),
+            str(tiny_lm_dir),
+            "--num-problems",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
+    assert json.loads(out.read_text()) == report
+    assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]
+    assert report["across_seeds"]["mean"] == 0.0 and report["across_seeds"]["ci"] == [0.0, 0.0]
+    assert report["problems"] == {"n": 3, "seed": 1_000_003, "steps": [1, 2]}
