@@ -32,11 +32,13 @@ def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: 
         raise ValueError(
             f"rewards must be 1-D with a length divisible by group_size={group_size}, got {tuple(rewards.shape)}"
         )
-    grouped = rewards.view(-1, group_size)
+    # float64: a float32 mean of rewards far from zero (a composite reward of ~100) is off by an ulp of the
+    # rewards, which skews a near-tied group's advantages; in float64 a pair's are exact negatives
+    grouped = rewards.view(-1, group_size).double()
     adv = grouped - grouped.mean(dim=1, keepdim=True)
     if scale:
         adv = adv / (grouped.std(dim=1, keepdim=True) + eps)
-    return adv.reshape(-1)
+    return adv.reshape(-1).to(rewards.dtype)
 
 
 def grpo_loss(

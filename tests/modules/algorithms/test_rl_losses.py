@@ -20,6 +20,17 @@ def test_group_advantages_by_hand():
     assert torch.allclose(g3, torch.tensor([-1.0, 0.0, 1.0]))
 
 
+def test_group_advantages_of_a_near_tied_pair_are_exact_negatives():
+    """float32 rewards a few ulps apart: a float32 mean skews them (0 and 0.0024 for the 3.1 pair), float64 does not."""
+    r = torch.tensor([100.0, 100.00003, 3.1, 3.1000001, -7.3, -7.29999])
+    adv = group_advantages(r, 2)
+    assert adv.dtype == torch.float32
+    assert torch.equal(adv[0::2], -adv[1::2])
+    d = r.double().view(-1, 2)
+    want = (d[:, 1] - d[:, 0]) / 2 / (math.sqrt(2) * (d[:, 1] - d[:, 0]).abs() / 2 + 1e-4)  # by hand: ±(d/2)/(std+eps)
+    torch.testing.assert_close(adv[1::2].double(), want, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize(("rewards", "g"), [(torch.ones(5), 2), (torch.ones(4), 1), (torch.ones(2, 2), 2)])
 def test_group_advantages_rejects_bad_shapes(rewards, g):
     with pytest.raises(ValueError, match="group_size"):

@@ -111,7 +111,7 @@ def test_bf16_weights_give_the_full_logits_values_with_an_fp32_log_softmax(real_
     with bank._use("alice") as model:
         want = _full_logits_logprobs(model, roll, 0.7)
     want.sum().backward()
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
     for g, w in zip(got_grads, _grads(params)):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
@@ -210,17 +210,18 @@ def test_final_logit_softcapping_is_applied_per_chunk_as_the_model_does():
 
     torch.manual_seed(0)
     config = Gemma2Config(**SHAPE, head_dim=8, final_logit_softcapping=0.5)  # a cap that bends these logits
-    model = Gemma2ForCausalLM(config)
+    # float64: in fp32 the two paths' summation orders differ by ~1e-5 of these gradients' scale (about 5)
+    model = Gemma2ForCausalLM(config).double()
     ids = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
     with head_inputs(model) as seen:
         model(input_ids=ids)
     got = head_token_logprobs(model, seen[0][:, :-1], ids[:, 1:], temperature=0.8, chunk_tokens=3)
     got.sum().backward()
     got_grads = _grads(list(model.parameters()))
-    logits = model(input_ids=ids).logits[:, :-1].float() / 0.8
+    logits = model(input_ids=ids).logits[:, :-1] / 0.8
     assert logits.abs().max() <= 0.5 / 0.8 + 1e-6  # the model's own logits are capped
     want = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     want.sum().backward()
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
     for g, w in zip(got_grads, _grads(list(model.parameters()))):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
