@@ -42,6 +42,7 @@ from typing_extensions import override
 
 from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
 from callbacks.run_config import RunConfigRecord
+from modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
 from modules.training.artifacts import recover_folder
 from modules.training.checkpoints import (
     check_checkpoint_matches,
@@ -261,6 +262,11 @@ class AlignmentCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         # Atomic checkpoint files unless a config brings its own CheckpointIO (or a strategy that writes folders).
         config = self._get(self.config_init, "trainer", default={}) or {}
+        # DeepSpeed only as SafeDeepSpeedStrategy: atomic saves, weights-only loads (Lightning's own is refused)
+        strategy = kwargs.get("strategy", config.get("strategy"))
+        safe = safe_deepspeed_strategy(strategy)
+        if safe is not strategy:
+            kwargs["strategy"] = safe
         plugins = kwargs.get("plugins", config.get("plugins"))
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):

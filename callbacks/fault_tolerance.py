@@ -13,6 +13,8 @@ import contextlib
 import os
 import random
 import re
+import signal
+import threading
 from typing import Any
 
 import lightning.pytorch as pl
@@ -126,11 +128,47 @@ class CheckpointOnSigterm(Callback):
     is kept instead (README, "Resuming and failures") when the signal lands in an epoch's last batch (Lightning
     resumes from there one epoch's data order off), during validation, or on any other exception (which may arrive
     mid-update). Sanity checks, ``fast_dev_run`` and stages other than ``fit`` never save.
+
+    Under DDP the signal is only noted by the handler: Lightning's own handler runs a broadcast inside the signal
+    handler, at whatever collective each rank is in, and two signalled ranks hung. At every training batch end the
+    ranks agree by one all-reduce whether any of them was signalled; if so, all stop after that batch and write the
+    checkpoint together. A signal after the last training batch of the run is not acted on (the run ends normally).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.saved_path: str | None = None
+        self._signalled = False  # set by the handler (the signal came to this process), read at batch ends
+        self._trainer: pl.Trainer | None = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM under DDP: only note it; the ranks agree on it at the next batch end (:meth:`on_train_batch_end`).
+
+        Lightning's own handler runs a broadcast inside the signal handler, at whatever collective each rank is in, so
+        two signalled ranks hung. One process: Lightning's flag is set right away, as its own handler does.
+        """
+        self._signalled = True
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size == 1:
+            trainer._signal_connector.received_sigterm = True
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # after Lightning registered its handlers (Trainer._run); its teardown restores the process's own
+        if trainer.world_size > 1 and threading.current_thread() is threading.main_thread():
+            self._trainer, self._signalled = trainer, False
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._trainer is None or trainer.world_size == 1:
+            return
+        # one all-reduce per batch, where every rank is: any rank signalled stops all after this batch (Lightning raises
+        # SIGTERMException at the end of the batch, on every rank alike, and on_exception saves)
+        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
+            trainer._signal_connector.received_sigterm = True
 
     @staticmethod
     def target_path(trainer: pl.Trainer) -> str:

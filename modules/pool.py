@@ -37,7 +37,7 @@ from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
 from modules.scorers.peer_judges import PeerJudging, encode_texts, peer_scores
-from modules.training.faults import reset_stale_epoch_metrics
+from modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from modules.training.pool_followers import FollowerTraining, FollowerUpdates
 
 __all__ = ["StackelbergPool"]
@@ -237,6 +237,11 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     @override
     def on_train_epoch_start(self) -> None:
         reset_stale_epoch_metrics(self.trainer, self.epoch_means.values())
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # a follower that sits out this iteration logs nothing, rather than its last loss again (resumed or not)
+        forget_earlier_step_values(self.trainer)
 
     # ------------------------------------------------------------------------------------------------ the game
     def _ensure_leader(self, k: int) -> None:

@@ -284,6 +284,66 @@ def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
         assert float(metric.weight) == (2.0 if kept else 0.0), done
 
 
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_row_holds_only_what_its_step_logged_once_earlier_step_values_are_forgotten(tmp_path, forget):
+    """Lightning writes a step-only value of an earlier batch of the epoch again in later rows (the control,
+    ``forget=False``); a run resumed mid-epoch starts without it, so its rows differed from an uninterrupted run's
+    (pool GRPO: a follower sitting out repeated its loss). With the helper each row holds its own step's values."""
+    import lightning as L
+    from lightning.pytorch.loggers import Logger
+
+    from modules.training.faults import forget_earlier_step_values
+
+    class Rows(Logger):
+        name, version = "rows", 0
+        rows: list = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, sorted(k for k in metrics if k != "epoch")))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Sometimes(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def on_train_batch_start(self, batch, batch_idx):
+            if forget:
+                forget_earlier_step_values(self.trainer)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 0:
+                self.log("sits_out_later", 1.0)
+            self.log("every_step", float(batch_idx))
+            self.log("epoch_mean", float(batch_idx), on_step=False, on_epoch=True)
+            return (self.w * batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(3, 1)), batch_size=1)
+
+    logger = Rows()
+    logger.rows = []
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=logger,
+        log_every_n_steps=1,
+        default_root_dir=tmp_path,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Sometimes())
+    steps = [keys for _, keys in logger.rows if "every_step" in keys]  # the step rows (the epoch row aside)
+    assert len(steps) == 3 and "sits_out_later" in steps[0]
+    assert ("sits_out_later" in steps[1]) is not forget and ("sits_out_later" in steps[2]) is not forget
+    assert logger.rows[-1][1] == ["epoch_mean"]  # the epoch's aggregate is untouched
+
+
 def test_a_checkpoint_missing_a_trainable_tensor_is_refused_by_name():
     from modules.training.faults import require_trainable_tensors
 

@@ -252,8 +252,12 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
 
 def _read_any(path: str, mmap: bool) -> dict[str, Any]:
     if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "latest")):  # DeepSpeed's folder: its Lightning state, weights-only
+            from modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state  # noqa: PLC0415
+
+            return read_deepspeed_client_state(path)
         if not is_sharded_checkpoint(path):
-            raise ValueError("a folder without meta.pt and .metadata (an incomplete sharded save?)")
+            raise ValueError("a folder without meta.pt and .metadata, or DeepSpeed's latest (an incomplete save?)")
         from modules.distributed.dcp_safe import read_dcp_metadata  # noqa: PLC0415 - only for folders
 
         read_dcp_metadata(path)
@@ -280,7 +284,9 @@ def newest_intact_checkpoint(folder: str | os.PathLike, exclude: str | os.PathLi
 
 
 def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True) -> dict[str, Any]:
-    """A checkpoint's plain contents (a file, or a sharded folder's ``meta.pt``); an unreadable one named.
+    """A checkpoint's plain contents (a file, a sharded folder's ``meta.pt``, a DeepSpeed folder's Lightning state).
+
+    An unreadable one is named.
 
     Raises:
         FileNotFoundError: naming the path.

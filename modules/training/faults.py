@@ -26,6 +26,7 @@ __all__ = [
     "NonFiniteGuard",
     "call_with_timeout",
     "count_nonfinite",
+    "forget_earlier_step_values",
     "refuse_nonfinite_checkpoint",
     "require_trainable_tensors",
     "reset_stale_epoch_metrics",
@@ -115,6 +116,25 @@ def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:
     for metric in metrics:
         metric.reset()
     return True
+
+
+def forget_earlier_step_values(trainer: Any) -> int:
+    """Drop the step-only values earlier batches of this epoch logged from Lightning's result collection.
+
+    Lightning keeps a value logged with ``on_step=True, on_epoch=False`` until the epoch ends and writes it again in
+    every later row of the epoch whose step does not log that key (a follower that sat out an iteration repeats its
+    previous loss). A run resumed mid-epoch starts with an empty collection, so its rows lacked those repeats and the
+    logged numbers of a resumed run differed from an uninterrupted one. Call at the start of every training batch
+    (``on_train_batch_start``): each row then holds what its own step logged, resumed or not. Epoch aggregates
+    (``on_epoch=True``) and torchmetrics are left alone. Returns how many values were dropped.
+    """
+    results = getattr(trainer, "_results", None)
+    dropped = 0
+    for item in (results or {}).values():
+        if item.is_tensor and item.meta.on_step and not item.meta.on_epoch and not item.has_reset:
+            item.reset()
+            dropped += 1
+    return dropped
 
 
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any, **kwargs: Any) -> tuple[Any, bool]:

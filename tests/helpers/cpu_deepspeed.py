@@ -1,4 +1,4 @@
-"""Lightning's DeepSpeed strategy on CPU processes (gloo), for the tests only.
+"""The suite's DeepSpeed strategy (``SafeDeepSpeedStrategy``) on CPU processes (gloo), for the tests only.
 
 Lightning's ``DeepSpeedStrategy`` refuses any accelerator but CUDA in three places, none of which touches what the
 tests check: ``setup_environment`` (an isinstance check), ``setup_distributed`` (device indices must equal the local
@@ -23,11 +23,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.strategies import DDPStrategy
+
+from modules.distributed.deepspeed_checkpoints import SafeDeepSpeedStrategy
 
 
-class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """``DeepSpeedStrategy`` with its three CUDA-only checks given their CPU meaning (see the module docstring)."""
+class CPUDeepSpeedStrategy(SafeDeepSpeedStrategy):
+    """``SafeDeepSpeedStrategy`` (atomic, weights-only saves) with its CUDA-only checks given their CPU meaning."""
 
     def setup_environment(self) -> None:  # noqa: D102 - skip the CUDAAccelerator check only
         DDPStrategy.setup_environment(self)

@@ -26,7 +26,8 @@ Not compared, and why: the processes' own stdout/stderr (timings, warnings, path
 (Lightning's ``CSVLogger`` deletes the file of an existing version folder when a resumed run first saves, so the
 harness copies it after every stage and compares the rows the stages logged, merged, with the reference's rows;
 columns under ``time/`` hold wall-clock times); in ``config.yaml`` (LightningCLI's copy of the resolved config) the
-``ckpt_path`` line, which is ``last`` only in the resumed runs; in the checkpoints, absolute paths are compared with
+``ckpt_path`` line, which is ``last`` only in the resumed runs (also left out of the config recorded in the
+checkpoints); in the checkpoints, absolute paths are compared with
 the run's own folder replaced by ``<RUN>``; ``last.ckpt`` when the two hold different steps (Lightning writes the
 end-of-training ``last`` only in a process that wrote none before), while ``final.ckpt``, written at the end of
 training by ``final_state.FinalState`` in both runs, always is.
@@ -38,6 +39,7 @@ import csv
 import io
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -378,6 +380,9 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
                 # holds the final state in both): compared only when both are of the same step
                 report.notes.append(f"{rel}: steps {x['global_step']} and {y['global_step']} (not compared)")
                 continue
+            for ckpt in (x, y):  # the recorded config (callbacks/run_config.py) says `ckpt_path: last` when resumed
+                if isinstance(ckpt.get("run_config"), str):
+                    ckpt["run_config"] = re.sub(r"(?m)^ckpt_path: .*\n?", "", ckpt["run_config"])
             _compare_objects(x, y, rel, report, (str(reference), str(resumed)))
             report.files += 1
             continue

@@ -1,0 +1,233 @@
+"""SafeDeepSpeedStrategy: Lightning's DeepSpeed strategy with atomic saves and loads that cannot run pickled code.
+
+Lightning's ``DeepSpeedStrategy`` lets DeepSpeed write its checkpoint folder in place (a kill in the middle leaves new
+shards of some ranks beside the old loop state and ``latest``) and DeepSpeed reads every file of it with
+``torch.load(weights_only=False)``: a folder from elsewhere could run code when resumed. Here a save is written whole
+into ``.<name>.partial`` beside its target and swapped in by rank 0 (:func:`modules.training.artifacts.swap_folder_in`,
+as :class:`modules.distributed.strategies.FSDP2Strategy` does), and a load reads every file with
+``torch.load(weights_only=True)``, allowing only the DeepSpeed classes a checkpoint of its own holds
+(:data:`ALLOWED_GLOBALS`). What cannot be loaded that way is refused before anything is read, naming the path and
+the reason: universal checkpoints, MoE checkpoints (expert files), ZeRO-3 checkpoints outside ``fit`` and a
+``latest`` file that names anything but a folder inside the checkpoint.
+
+``train.py`` runs this strategy for every ``deepspeed*`` strategy name (:func:`safe_deepspeed_strategy`) and refuses
+an instance of Lightning's own class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
+from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
+
+from modules.training.artifacts import folder_beside, prepare_folder_beside, recover_folder, swap_folder_in
+
+__all__ = [
+    "ALLOWED_GLOBALS",
+    "SafeDeepSpeedStrategy",
+    "check_deepspeed_checkpoint",
+    "is_deepspeed_checkpoint",
+    "read_deepspeed_client_state",
+    "safe_deepspeed_strategy",
+    "weights_only_deepspeed",
+]
+
+
+def _allowed_globals() -> list[Any]:
+    """The classes (beyond tensors and plain containers) DeepSpeed pickles into its own checkpoint files."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # noqa: PLC0415
+    from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: PLC0415
+    from deepspeed.utils.tensor_fragment import fragment_address  # noqa: PLC0415
+
+    # optimizer-states files: the loss scaler (static; dynamic under fp16), the ZeRO stage, and at ZeRO-1/2 the
+    # address of each parameter's fragment in the flat partition. Model-states files hold tensors and plain values.
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+#: filled on first use (importing DeepSpeed is slow); see :func:`_allowed_globals`
+ALLOWED_GLOBALS: list[Any] = []
+
+
+class _WeightsOnlyEngine:
+    """A DeepSpeed checkpoint engine that loads with ``torch.load(weights_only=True)``; the rest is the inner one's."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        if not ALLOWED_GLOBALS:
+            ALLOWED_GLOBALS.extend(_allowed_globals())
+        try:
+            with torch.serialization.safe_globals(ALLOWED_GLOBALS):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as err:  # torch's message names the global; this one names the file too
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+            named = found.group(1) if found else str(err)
+            raise pickle.UnpicklingError(
+                f"DeepSpeed checkpoint file {os.fspath(path)!r} refused: it names {named}, which is neither a tensor "
+                "nor one of DeepSpeed's own checkpoint classes (a checkpoint is loaded weights-only, never as code)"
+            ) from err
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def weights_only_deepspeed(engine: Any):
+    """Within the block, ``engine`` (a ``DeepSpeedEngine``) reads checkpoint files with ``weights_only=True``."""
+    inner = engine.checkpoint_engine
+    engine.checkpoint_engine = _WeightsOnlyEngine(inner)
+    try:
+        yield engine
+    finally:
+        engine.checkpoint_engine = inner
+
+
+def is_deepspeed_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a DeepSpeed checkpoint folder as Lightning writes it (``latest`` naming a folder in it)."""
+    return os.path.isfile(os.path.join(path, "latest"))
+
+
+def _tag(path: str) -> str:
+    """The checkpoint folder ``latest`` names inside ``path``; a name that leads elsewhere is refused."""
+    with open(os.path.join(path, "latest")) as f:
+        tag = f.read().strip()
+    inside = os.path.join(path, tag)
+    if not tag or os.sep in tag or (os.altsep and os.altsep in tag) or tag in (".", "..") or not os.path.isdir(inside):
+        raise ValueError(
+            f"DeepSpeed checkpoint {path!r}: its 'latest' file names {tag!r}, which is not a folder inside the "
+            "checkpoint (refused: a checkpoint is read only from its own folder)"
+        )
+    return tag
+
+
+def check_deepspeed_checkpoint(path: str | os.PathLike, stage_3: bool = False, fitting: bool = True) -> str:
+    """Refuse a DeepSpeed checkpoint folder that cannot be loaded whole and pickle-free; returns its tag.
+
+    Raises:
+        FileNotFoundError: naming the path when it is not a DeepSpeed checkpoint folder.
+        ValueError: naming the path and the reason for a universal or MoE checkpoint, a ZeRO-3 load outside ``fit``
+            (DeepSpeed cannot load one into the optimizer-less engine of validate/test: deepspeedai/DeepSpeed#7272)
+            or a ``latest`` that leads outside the folder.
+    """
+    path = os.fspath(path)
+    if os.path.isfile(os.path.join(path, "latest_universal")):
+        raise ValueError(
+            f"DeepSpeed checkpoint {path!r} is a universal checkpoint: refused (its files are loaded by DeepSpeed "
+            "with weights_only=False, outside the safe reader); resume from the checkpoint the run wrote"
+        )
+    if not is_deepspeed_checkpoint(path):
+        raise FileNotFoundError(f"{path!r} is not a DeepSpeed checkpoint folder (no 'latest' file in it)")
+    tag = _tag(path)
+    if any(n.startswith(("expert_", "layer_")) for n in os.listdir(os.path.join(path, tag))):
+        raise ValueError(
+            f"DeepSpeed checkpoint {path!r} holds MoE expert or pipeline layer files: refused (the suite's models "
+            "have neither, and DeepSpeed reads those files outside the safe reader)"
+        )
+    if stage_3 and not fitting:
+        raise ValueError(
+            f"DeepSpeed checkpoint {path!r} is ZeRO-3: DeepSpeed cannot load it outside `fit` "
+            "(deepspeedai/DeepSpeed#7272); convert it with lightning.pytorch.utilities.deepspeed."
+            "convert_zero_checkpoint_to_fp32_state_dict and test the converted file without ZeRO-3"
+        )
+    return tag
+
+
+def read_deepspeed_client_state(path: str | os.PathLike) -> dict[str, Any]:
+    """The Lightning state of a DeepSpeed checkpoint folder (rank 0's model-states file, weights-only).
+
+    What ``--ckpt_path last`` checks before a resume (the run's config, the family); the tensors stay in the shards.
+    """
+    path = os.fspath(path)
+    tag = check_deepspeed_checkpoint(path)
+    folder = os.path.join(path, tag)
+    names = sorted(n for n in os.listdir(folder) if n.startswith("mp_rank_") and n.endswith("_model_states.pt"))
+    if not names:
+        names = sorted(n for n in os.listdir(folder) if n.endswith("_model_states.pt"))
+    if not names:
+        raise FileNotFoundError(f"DeepSpeed checkpoint {path!r} has no model-states file in {tag}/")
+    state = _WeightsOnlyEngine(None).load(os.path.join(folder, names[0]), map_location="cpu")
+    client = {k: v for k, v in state.items() if k != "module"}
+    return client
+
+
+class SafeDeepSpeedStrategy(DeepSpeedStrategy):
+    """``DeepSpeedStrategy`` whose checkpoints are written atomically and read weights-only (module docstring)."""
+
+    @override
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any | None = None) -> None:
+        """Every rank writes its DeepSpeed files into a folder beside ``filepath``; rank 0 then swaps it in."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
+        path = Path(self.broadcast(str(filepath)))
+        tmp = folder_beside(path)
+        if self.global_rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prepare_folder_beside(path)
+        self.barrier("deepspeed_save_prepared")
+        super().save_checkpoint(checkpoint, tmp)
+        self.barrier("deepspeed_save_written")
+        if self.global_rank == 0:
+            swap_folder_in(tmp, path)
+        self.barrier("deepspeed_save_swapped")
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Load a DeepSpeed checkpoint folder (or, with ``load_full_weights``, one file) weights-only.
+
+        Raises:
+            ValueError: for ``weights_only=False``, and for a checkpoint refused by
+                :func:`check_deepspeed_checkpoint` (naming its path and why).
+        """
+        if weights_only is False:
+            raise ValueError(
+                f"weights_only: {type(self).__name__} reads checkpoints with weights_only=True only "
+                "(no pickled code from a checkpoint folder)"
+            )
+        path = self.broadcast(str(checkpoint_path))
+        if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
+            recover_folder(path)
+        self.barrier("deepspeed_load_recovered")
+        if self.load_full_weights and self.zero_stage_3 and os.path.isfile(path):
+            return super().load_checkpoint(path, weights_only=True)  # one file, through the checkpoint IO
+        module = self.lightning_module
+        fitting = module is None or module.trainer.state.fn == TrainerFn.FITTING
+        check_deepspeed_checkpoint(path, stage_3=self.zero_stage_3, fitting=fitting)
+        engine = self.deepspeed_engine
+        if getattr(engine, "has_moe_layers", False) or engine.load_universal_checkpoint():
+            raise ValueError(
+                f"DeepSpeed checkpoint {path!r}: refused, the engine is configured for "
+                f"{'MoE layers' if engine.has_moe_layers else 'universal checkpoints'}, whose files DeepSpeed reads "
+                "outside the safe reader"
+            )
+        with weights_only_deepspeed(engine):
+            return super().load_checkpoint(path, weights_only=True)
+
+
+def safe_deepspeed_strategy(strategy: Any) -> Any:
+    """The strategy ``train.py`` runs for ``strategy``: a ``deepspeed*`` name becomes :class:`SafeDeepSpeedStrategy`.
+
+    Any other value is returned as it is.
+
+    Raises:
+        ValueError: naming ``trainer.strategy`` for an instance of Lightning's own ``DeepSpeedStrategy`` (or a
+            subclass of it that is not a :class:`SafeDeepSpeedStrategy`), whose saves tear and whose loads unpickle.
+    """
+    if isinstance(strategy, str) and strategy.startswith("deepspeed") and strategy in StrategyRegistry:
+        return SafeDeepSpeedStrategy(**StrategyRegistry[strategy]["init_params"])
+    if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, SafeDeepSpeedStrategy):
+        raise ValueError(
+            f"trainer.strategy: {type(strategy).__module__}.{type(strategy).__qualname__} is refused: Lightning's "
+            "DeepSpeedStrategy writes checkpoints in place (a kill tears them) and loads them with "
+            "weights_only=False. Use modules.distributed.deepspeed_checkpoints.SafeDeepSpeedStrategy (same "
+            "arguments) or a name such as deepspeed_stage_2"
+        )
+    return strategy
