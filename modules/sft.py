@@ -47,6 +47,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         lora: Train a LoRA adapter over the frozen base instead of every weight, and save only the adapter.
         tiny_config: Overrides of the tiny Qwen2 config dict (``hidden_size``, ``num_hidden_layers``, ...), with
             ``lm: null``.
+        tiny_tokenizer: The tiny model's tokenizer, with ``lm: null``: ``byte`` (one token per byte) or ``task`` (a
+            byte-level BPE of the generated arithmetic, digits one per token; :mod:`modules.lm.task_tokenizer`).
         output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit``.
         system_prompt: System message of every example that brings none of its own (see :meth:`encode`).
         lr: AdamW learning rate.
@@ -68,6 +70,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         lm: ModelConfig | None = None,
         lora: bool = False,
         tiny_config: dict[str, Any] | None = None,
+        tiny_tokenizer: str = "byte",
         output_dir: str = "artifacts/tiny_policy",
         system_prompt: str = "You are a helpful assistant.",
         lr: float = 3e-3,
@@ -91,7 +94,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.hparams["lm"] = None if lm is None else lm.as_dict()
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         if lm is None:
-            lm = ModelConfig(build_tiny_causal_lm(os.path.join(output_dir, "_init"), config=tiny_config, seed=seed))
+            init_dir = os.path.join(output_dir, "_init")
+            lm = ModelConfig(build_tiny_causal_lm(init_dir, config=tiny_config, seed=seed, tokenizer=tiny_tokenizer))
         self.lm = lm  # the base, recorded beside the saved model (export.json)
         self.tokenizer = lm.load_tokenizer(padding_side="right")
         if lora:
