@@ -25,7 +25,7 @@ from modules.base import require_at_least, require_positive
 from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
-from modules.lm.models import build_tiny_causal_lm
+from modules.lm.models import TINY_TOKENIZERS, build_tiny_causal_lm
 from modules.lm.precision import cast_frozen_for_strategy
 from modules.lm.text import render_chat
 from modules.training.artifacts import atomic_folder
@@ -87,6 +87,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1), warmup_steps=(warmup_steps, 0))
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {min_lr_ratio}")
+        if tiny_tokenizer not in TINY_TOKENIZERS:
+            raise ValueError(f"tiny_tokenizer must be one of {list(TINY_TOKENIZERS)}, got {tiny_tokenizer!r}")
         lm = None if lm is None else ModelConfig.coerce(lm)
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")

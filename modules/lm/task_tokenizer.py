@@ -73,7 +73,9 @@ def build_task_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 7
     )
     core.train_from_iterator(task_corpus() if texts is None else texts, trainer=trainer)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[3],
+        tokenizer_object=core,
+        eos_token=SPECIAL_TOKENS[0],
+        pad_token=SPECIAL_TOKENS[3],
         additional_special_tokens=SPECIAL_TOKENS[1:3],
     )
     tok.chat_template = CHAT_TEMPLATE
