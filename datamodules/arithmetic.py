@@ -194,11 +194,13 @@ def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> 
     return " ".join(sentences)
 
 
-def make_think_response(problem: ArithmeticProblem) -> str:
+def make_think_response(problem: ArithmeticProblem, width: int = 0) -> str:
     r"""The correct solution as one equation per operation inside ``<think>…</think>``, then the boxed answer.
 
     Each line copies the running total and the operand and writes the result, so a small model only has to add,
-    subtract or multiply the two numbers in front of it.
+    subtract or multiply the two numbers in front of it. With ``width``, every number of the equations is written
+    with leading zeros to that many digits (the boxed answer stays plain): digits of equal place then sit at fixed
+    distances from each other, which a small decoder learns to line up far sooner than numbers of varying length.
 
     Example:
         >>> print(make_think_response(ArithmeticProblem("", 10, 3, [("+", 4), ("-", 2), ("*", 2)])))
@@ -206,10 +208,18 @@ def make_think_response(problem: ArithmeticProblem) -> str:
         7 - 2 = 5
         5 * 2 = 10</think>
         The answer is \boxed{10}.
+        >>> print(make_think_response(ArithmeticProblem("", 110, 55, [("*", 2)]), width=3))
+        <think>055 * 002 = 110</think>
+        The answer is \boxed{110}.
+
+    Raises:
+        ValueError: for a negative ``width``.
     """
+    if width < 0:
+        raise ValueError(f"width must be non-negative, got {width}")
     lines, v = [], problem.start
     for op, n in problem.ops:
         result = _apply(v, op, n)
-        lines.append(f"{v} {op} {n} = {result}")
+        lines.append(f"{v:0{width}d} {op} {n:0{width}d} = {result:0{width}d}")
         v = result
     return "<think>" + "\n".join(lines) + "</think>\nThe answer is \\boxed{" + str(v) + "}."

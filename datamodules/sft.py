@@ -43,8 +43,10 @@ __all__ = [
 Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
 #: ``worded``: :func:`~datamodules.arithmetic.make_response`'s sentences; ``think``: the bare equations in
-#: ``<think>…</think>`` and the boxed answer (:func:`~datamodules.arithmetic.make_think_response`, correct only)
-SOLUTION_STYLES = ("worded", "think")
+#: ``<think>…</think>`` and the boxed answer (:func:`~datamodules.arithmetic.make_think_response`, correct only);
+#: ``think_padded``: the same with the equations' numbers zero-padded to three digits (``038 + 013 = 051``)
+SOLUTION_STYLES = ("worded", "think", "think_padded")
+THINK_WIDTH = {"think": 0, "think_padded": 3}
 
 
 def _collate(items: list[Triple]) -> dict[str, list[str]]:
@@ -106,8 +108,8 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
             problem in the system message, so a warm-started follower answers in kind instead of babbling.
         system_prompt: The leader's system message (the game's default).
         follower_system_template: The follower's system message with ``{leader_response}``.
-        style: How solutions are written (:data:`SOLUTION_STYLES`); ``think`` writes correct solutions only, so
-            ``kinds`` must then be ``["correct"]``.
+        style: How solutions are written (:data:`SOLUTION_STYLES`); ``think`` and ``think_padded`` write correct
+            solutions only, so ``kinds`` must then be ``["correct"]``.
         min_steps: Fewest operations of a problem.
         max_steps: Most operations of a problem.
 
@@ -135,8 +137,8 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         kinds = list(kinds or CORRUPTIONS)
         if style not in SOLUTION_STYLES:
             raise ValueError(f"style must be one of {list(SOLUTION_STYLES)}, got {style!r}")
-        if style == "think" and kinds != ["correct"]:
-            raise ValueError(f"style 'think' writes correct solutions only: set kinds: [correct], got {kinds}")
+        if style in THINK_WIDTH and kinds != ["correct"]:
+            raise ValueError(f"style {style!r} writes correct solutions only: set kinds: [correct], got {kinds}")
         if not 1 <= min_steps <= max_steps:
             raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
         weights = list(weights or [1.0] * len(kinds))
@@ -167,8 +169,8 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
 
     def _write(self, problem: ArithmeticProblem, kind: str, rng: random.Random) -> str:
         """A solution of ``kind`` in the configured style."""
-        if self.hparams.style == "think":
-            return make_think_response(problem)
+        if self.hparams.style in THINK_WIDTH:
+            return make_think_response(problem, THINK_WIDTH[self.hparams.style])
         return make_response(problem, kind, rng)
 
 

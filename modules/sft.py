@@ -25,7 +25,7 @@ from modules.base import require_at_least, require_positive
 from modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
-from modules.lm.models import build_tiny_causal_lm
+from modules.lm.models import TINY_TOKENIZERS, build_tiny_causal_lm
 from modules.lm.precision import cast_frozen_for_strategy
 from modules.lm.text import render_chat
 from modules.training.artifacts import atomic_folder
@@ -47,6 +47,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         lora: Train a LoRA adapter over the frozen base instead of every weight, and save only the adapter.
         tiny_config: Overrides of the tiny Qwen2 config dict (``hidden_size``, ``num_hidden_layers``, ...), with
             ``lm: null``.
+        tiny_tokenizer: The tiny model's tokenizer, with ``lm: null``: ``byte`` (one token per byte) or ``task`` (a
+            byte-level BPE of the generated arithmetic, digits one per token; :mod:`modules.lm.task_tokenizer`).
         output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit``.
         system_prompt: System message of every example that brings none of its own (see :meth:`encode`).
         lr: AdamW learning rate.
@@ -68,6 +70,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         lm: ModelConfig | None = None,
         lora: bool = False,
         tiny_config: dict[str, Any] | None = None,
+        tiny_tokenizer: str = "byte",
         output_dir: str = "artifacts/tiny_policy",
         system_prompt: str = "You are a helpful assistant.",
         lr: float = 3e-3,
@@ -84,6 +87,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1), warmup_steps=(warmup_steps, 0))
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {min_lr_ratio}")
+        if tiny_tokenizer not in TINY_TOKENIZERS:
+            raise ValueError(f"tiny_tokenizer must be one of {list(TINY_TOKENIZERS)}, got {tiny_tokenizer!r}")
         lm = None if lm is None else ModelConfig.coerce(lm)
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")
@@ -91,7 +96,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.hparams["lm"] = None if lm is None else lm.as_dict()
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         if lm is None:
-            lm = ModelConfig(build_tiny_causal_lm(os.path.join(output_dir, "_init"), config=tiny_config, seed=seed))
+            init_dir = os.path.join(output_dir, "_init")
+            lm = ModelConfig(build_tiny_causal_lm(init_dir, config=tiny_config, seed=seed, tokenizer=tiny_tokenizer))
         self.lm = lm  # the base, recorded beside the saved model (export.json)
         self.tokenizer = lm.load_tokenizer(padding_side="right")
         if lora:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,29 @@ from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.algorithms.debate import split_reply
 from modules.lm.text import render_chat
 
-__all__ = ["greedy_replies", "main", "policy_accuracy", "reply_in_format", "score_replies"]
+__all__ = ["greedy_replies", "main", "policy_accuracy", "reply_in_format", "score_replies", "wilson_interval"]
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% with the default ``z``).
+
+    Unlike the normal approximation it stays inside [0, 1] and is sensible at 0 or ``n`` successes.
+
+    Example:
+        >>> [round(x, 4) for x in wilson_interval(5, 10)]
+        [0.2366, 0.7634]
+
+    Raises:
+        ValueError: for ``n`` below 1 or ``successes`` outside [0, n].
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def reply_in_format(text: str) -> bool:
@@ -42,7 +65,8 @@ def score_replies(replies: Sequence[str], references: Sequence[str]) -> dict[str
     """Counts and rates of correct and in-format replies.
 
     Returns:
-        ``{"n", "correct", "in_format", "accuracy", "format_rate"}``.
+        ``{"n", "correct", "in_format", "accuracy", "accuracy_ci95", "format_rate"}``; ``accuracy_ci95`` is the
+        Wilson 95% interval of the accuracy (:func:`wilson_interval`).
 
     Raises:
         ValueError: for no replies, or a different number of replies and references.
@@ -54,7 +78,14 @@ def score_replies(replies: Sequence[str], references: Sequence[str]) -> dict[str
     correct = sum(answers_match(extract_final_answer(r), ref) for r, ref in zip(replies, references))
     in_format = sum(reply_in_format(r) for r in replies)
     n = len(replies)
-    return {"n": n, "correct": correct, "in_format": in_format, "accuracy": correct / n, "format_rate": in_format / n}
+    return {
+        "n": n,
+        "correct": correct,
+        "in_format": in_format,
+        "accuracy": correct / n,
+        "accuracy_ci95": list(wilson_interval(correct, n)),
+        "format_rate": in_format / n,
+    }
 
 
 @torch.no_grad()
@@ -105,7 +136,8 @@ def policy_accuracy(
         batch_size: Prompts generated at once.
 
     Returns:
-        :func:`score_replies`'s counts, the settings, and the first five (prompt, reference, reply) triples.
+        :func:`score_replies`'s counts, the same per number of operations (``by_operations``, keyed by the count as a
+        string), the settings, and the first five (prompt, reference, reply) triples.
 
     Raises:
         ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.
@@ -122,7 +154,11 @@ def policy_accuracy(
     replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, batch_size)
     settings = {"model": model_path, "seed": seed, "min_steps": min_steps, "max_steps": max_steps}
     examples = [{"prompt": x, "reference": r, "reply": y} for x, r, y in list(zip(prompts, refs, replies))[:5]]
-    return {**score_replies(replies, refs), **settings, "examples": examples}
+    by_operations = {}
+    for k in sorted({len(p.ops) for p in problems}):
+        chosen = [i for i, p in enumerate(problems) if len(p.ops) == k]
+        by_operations[str(k)] = score_replies([replies[i] for i in chosen], [refs[i] for i in chosen])
+    return {**score_replies(replies, refs), "by_operations": by_operations, **settings, "examples": examples}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ __all__ = [
     "build_byte_tokenizer",
     "build_tiny_causal_lm",
     "build_tiny_reward_model",
+    "tiny_tokenizer",
     "load_model",
     "load_tokenizer",
     "resolve_name_or_path",
@@ -86,6 +87,21 @@ def _explain_load_error(field: str, name_or_path: str, err: Exception) -> OSErro
     return OSError(f"{field}: cannot load {name_or_path!r}: {hint}. Original error: {err}")
 
 
+def _saved_as_plain_fast(path: str) -> bool:
+    """Whether a local folder holds a ``tokenizer.json`` saved as a plain fast tokenizer (no model-specific class).
+
+    ``AutoTokenizer`` picks the tokenizer class of the folder's ``config.json`` model type when there is one (a tiny
+    Qwen2 gets ``Qwen2Tokenizer``), and that class rebuilds the pre-tokenizer with its own split pattern, replacing the
+    saved one: a task tokenizer's digit split or the byte tokenizer's no-regex byte split would be lost.
+    """
+    config = os.path.join(path, "tokenizer_config.json")
+    if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")) and os.path.isfile(config)):
+        return False
+    with open(config) as f:
+        saved = json.load(f).get("tokenizer_class")
+    return saved in ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(
     name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False, padding_side: str | None = None
 ) -> Any:
@@ -105,7 +121,12 @@ def load_tokenizer(
     path = resolve_name_or_path(name_or_path)
     check_exists("tokenizer", path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        if _saved_as_plain_fast(path):
+            from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
+            tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise _explain_load_error("tokenizer", name_or_path, err) from err
     if tok.pad_token is None:
@@ -255,20 +276,47 @@ TINY_QWEN2: dict[str, Any] = {
 }
 
 
-def build_tiny_causal_lm(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
+TINY_TOKENIZERS = ("byte", "task")
+
+
+def tiny_tokenizer(name: str) -> Any:
+    """The tokenizer of a tiny model: ``byte`` (:func:`build_byte_tokenizer`) or ``task``.
+
+    ``task`` is the byte-level BPE trained on the generated arithmetic task
+    (:func:`~modules.lm.task_tokenizer.build_task_tokenizer`, digits one per token), about 2.6 times fewer tokens.
+
+    Raises:
+        ValueError: for another name.
+    """
+    if name == "byte":
+        return build_byte_tokenizer()
+    if name == "task":
+        from modules.lm.task_tokenizer import build_task_tokenizer  # noqa: PLC0415 (trains in seconds: only when used)
+
+        return build_task_tokenizer()
+    raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {name!r}")
+
+
+def build_tiny_causal_lm(
+    save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0, tokenizer: str = "byte"
+) -> str:
     """Build a random-initialised Qwen2 decoder from a config dict, save it with its tokenizer, return the folder.
 
-    An existing folder with the same config and seed is reused.
+    An existing folder with the same config, seed and tokenizer is reused.
 
     Args:
         save_dir: Folder to write ``config.json``, ``model.safetensors`` and the tokenizer files into.
         config: Overrides of :data:`TINY_QWEN2` (any ``Qwen2Config`` field; ``vocab_size`` at least the tokenizer's
-            260 entries).
+            entries: 260 for ``byte``).
         seed: Seed of the random initialisation.
+        tokenizer: ``byte`` or ``task`` (:func:`tiny_tokenizer`).
+
+    Raises:
+        ValueError: for an unknown ``tokenizer``.
     """
     from transformers import Qwen2ForCausalLM
 
-    return _build_tiny(save_dir, Qwen2ForCausalLM, config, seed)
+    return _build_tiny(save_dir, Qwen2ForCausalLM, config, seed, tokenizer=tokenizer)
 
 
 def build_tiny_reward_model(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
@@ -281,17 +329,30 @@ def build_tiny_reward_model(save_dir: str | os.PathLike, config: dict[str, Any] 
     return _build_tiny(save_dir, Qwen2ForSequenceClassification, config, seed, kind="sequence_classification")
 
 
-def _build_tiny(save_dir: str | os.PathLike, model_class: Any, config: Any, seed: int, kind: str | None = None) -> str:
-    """Save a seeded ``model_class`` of :data:`TINY_QWEN2` (+ ``config``) with the byte tokenizer; reuse a match."""
+def _build_tiny(
+    save_dir: str | os.PathLike,
+    model_class: Any,
+    config: Any,
+    seed: int,
+    kind: str | None = None,
+    tokenizer: str = "byte",
+) -> str:
+    """Save a seeded ``model_class`` of :data:`TINY_QWEN2` (+ ``config``) with its tokenizer; reuse a match."""
     from transformers import Qwen2Config
 
+    if tokenizer not in TINY_TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {tokenizer!r}")
     save_dir = Path(save_dir)
     cfg_dict = {**TINY_QWEN2, **(config or {})}
-    stamp = {"config": cfg_dict, "seed": seed, **({"kind": kind} if kind else {})}
+    # the byte default leaves the stamp as it was, so folders built before the option are still reused
+    extra_stamp = {"kind": kind} if kind else {}
+    if tokenizer != "byte":
+        extra_stamp["tokenizer"] = tokenizer
+    stamp = {"config": cfg_dict, "seed": seed, **extra_stamp}
     stamp_file = save_dir / "alignment_games_tiny.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return str(save_dir)
-    tok = build_byte_tokenizer()
+    tok = tiny_tokenizer(tokenizer)
     # a decoder starts and ends on EOS; a classifier has one output
     extra = {"num_labels": 1} if kind == "sequence_classification" else {"bos_token_id": tok.eos_token_id}
     # a config may ask for a larger vocabulary than the tokenizer's (a real model's shape); ids past it stay unused

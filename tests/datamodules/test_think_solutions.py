@@ -3,15 +3,16 @@ import re
 
 import pytest
 
-from datamodules.arithmetic import generate_problems, make_response
+from datamodules.arithmetic import generate_problems, make_response, make_think_response
 from datamodules.sft import ArithmeticSFTDataModule
 from modules.algorithms.answers import extract_final_answer
 from modules.evaluation.policy_accuracy import reply_in_format
 
 
-def test_think_solutions_are_right_line_by_line_and_in_format():
+@pytest.mark.parametrize("style", ["think", "think_padded"])
+def test_think_solutions_are_right_line_by_line_and_in_format(style):
     dm = ArithmeticSFTDataModule(
-        num_prompts=60, kinds=["correct"], style="think", min_steps=1, max_steps=2, follower_fraction=0.0
+        num_prompts=60, kinds=["correct"], style=style, min_steps=1, max_steps=2, follower_fraction=0.0
     )
     dm.setup()
     problems = generate_problems(60, 2_000_003, 1, 2)
@@ -26,6 +27,8 @@ def test_think_solutions_are_right_line_by_line_and_in_format():
         for line, (op, n) in zip(lines, p.ops):
             a, sym, b, c = re.fullmatch(r"(\d+) ([-+*]) (\d+) = (\d+)", line).groups()
             assert (int(a), sym, int(b)) == (v, op, n)
+            # padded: three digits each (no total here reaches 1000); plain: no leading zero
+            assert all(len(x) == 3 if style == "think_padded" else str(int(x)) == x for x in (a, b, c))
             v = {"+": v + n, "-": v - n, "*": v * n}[op]
             assert int(c) == v
 
@@ -47,5 +50,9 @@ def test_bad_options_are_refused():
         ArithmeticSFTDataModule(style="terse")
     with pytest.raises(ValueError, match="correct solutions only"):
         ArithmeticSFTDataModule(style="think")  # every corruption kind by default
+    with pytest.raises(ValueError, match="'think_padded' writes correct solutions only"):
+        ArithmeticSFTDataModule(style="think_padded", kinds=["correct", "padded"])
+    with pytest.raises(ValueError, match="width must be non-negative"):
+        make_think_response(generate_problems(1)[0], width=-1)
     with pytest.raises(ValueError, match="min_steps <= max_steps"):
         ArithmeticSFTDataModule(min_steps=3, max_steps=2)

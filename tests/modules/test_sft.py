@@ -53,6 +53,24 @@ def test_sft_loads_through_the_model_config(tiny_lm_dir, tmp_path):
     assert tiny.model.config.num_hidden_layers == 1 and tiny.hparams["lm"] is None
 
 
+def test_sft_builds_its_tiny_model_with_the_task_tokenizer(tmp_path):
+    model = CausalLMSFT(
+        lm=None,
+        tiny_config={"hidden_size": 32, "intermediate_size": 64},
+        tiny_tokenizer="task",
+        output_dir=str(tmp_path),
+    )
+    assert len(model.tokenizer) > 260 and model.model.config.vocab_size == len(model.tokenizer)
+    enc = model.encode(["Ava has 12 apples."], ["<think>12 + 30 = 42</think>"], [None])
+    kept = enc["labels"][0][enc["labels"][0] != -100].tolist()
+    assert model.tokenizer.decode(kept) == "<think>12 + 30 = 42</think><|endoftext|>"
+    digits = [t for t in model.tokenizer.convert_ids_to_tokens(kept) if any(c.isdigit() for c in t)]
+    assert digits == list("123042")  # one token per digit
+    with pytest.raises(ValueError, match="tiny_tokenizer must be one of"):
+        CausalLMSFT(lm=None, tiny_tokenizer="bpe", output_dir=str(tmp_path / "never"))
+    assert not (tmp_path / "never").exists()
+
+
 def test_sft_with_lora_trains_and_saves_only_the_adapter(tiny_lm_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from modules.evaluation.policy_accuracy import main, policy_accuracy, reply_in_format, score_replies
+from modules.evaluation.policy_accuracy import main, policy_accuracy, reply_in_format, score_replies, wilson_interval
 
 
 def test_counts_match_hand_judged_replies():
@@ -16,13 +16,28 @@ def test_counts_match_hand_judged_replies():
         "<think>3 + 4 = 7</think>\\boxed{7.0}",  # right (7.0 == 7), in format
     ]
     refs = ["7"] * len(replies)
-    assert score_replies(replies, refs) == {
-        "n": 7,
-        "correct": 5,
-        "in_format": 3,
-        "accuracy": 5 / 7,
-        "format_rate": 3 / 7,
-    }
+    report = score_replies(replies, refs)
+    assert report.pop("accuracy_ci95") == pytest.approx(list(wilson_interval(5, 7)))
+    assert report == {"n": 7, "correct": 5, "in_format": 3, "accuracy": 5 / 7, "format_rate": 3 / 7}
+
+
+def test_wilson_interval_inverts_the_score_test():
+    # independent reference: the proportions p where the score test just fails, (k/n - p)^2 = z^2 p (1 - p) / n,
+    # found by root-finding on each side of k/n (z the normal 97.5% quantile from scipy)
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    z = norm.ppf(0.975)
+    for k, n in [(5, 7), (237, 400), (1, 20), (19, 20), (200, 400)]:
+        gap = lambda p, k=k, n=n: (k / n - p) ** 2 - z * z * p * (1 - p) / n  # noqa: E731
+        reference = (brentq(gap, 1e-12, k / n), brentq(gap, k / n, 1 - 1e-12))
+        assert wilson_interval(k, n) == pytest.approx(reference, abs=1e-9)
+    assert wilson_interval(0, 20) == pytest.approx((0.0, z * z / (20 + z * z)))  # ends at 0, closed form
+    assert wilson_interval(20, 20) == pytest.approx((20 / (20 + z * z), 1.0))
+    with pytest.raises(ValueError, match="successes=3, n=2"):
+        wilson_interval(3, 2)
+    with pytest.raises(ValueError, match="n=0"):
+        wilson_interval(0, 0)
 
 
 def test_format_needs_the_box_outside_the_think_block():
@@ -47,5 +62,8 @@ def test_command_scores_a_random_tiny_model(tiny_lm_dir, tmp_path, capsys):
     report = main(["--model", tiny_lm_dir, "--num-problems", "3", "--max-new-tokens", "4", "--out", str(out)])
     # four bytes can spell neither a think block nor a box: nothing is right, nothing is in format
     assert (report["n"], report["correct"], report["in_format"]) == (3, 0, 0)
+    assert report["accuracy_ci95"] == pytest.approx(list(wilson_interval(0, 3)))
+    counts = [(k, v["n"], v["correct"]) for k, v in report["by_operations"].items()]
+    assert sum(n for _, n, _ in counts) == 3 and all(c == 0 and 2 <= int(k) <= 4 for k, _, c in counts)
     assert json.loads(out.read_text()) == json.loads(capsys.readouterr().out) == report
     assert [len(e["reply"].encode()) <= 4 for e in report["examples"]] == [True] * 3
