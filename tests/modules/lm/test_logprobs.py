@@ -111,7 +111,7 @@ def test_bf16_weights_give_the_full_logits_values_with_an_fp32_log_softmax(real_
     with bank._use("alice") as model:
         want = _full_logits_logprobs(model, roll, 0.7)
     want.sum().backward()
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     for g, w in zip(got_grads, _grads(params)):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
