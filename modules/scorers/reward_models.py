@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.lm.models import DTYPES, check_exists, resolve_name_or_path
+from modules.lm.pooled_scoring import pooled_scores, prefix_cache
 
 __all__ = ["RewardModels", "answer_rewards"]
 
@@ -50,7 +51,9 @@ class RewardModels(nn.Module):
 
     With ``group_size`` G > 1 (rows in groups of G sampled from one prompt) each group's common token prefix runs
     through the backbone once and its KV cache is repeated to the rows (same scores up to float rounding), for
-    decoder-only classifiers whose ``forward`` takes a cache; others take the unshared path.
+    decoder-only classifiers whose ``forward`` takes a cache; others take the unshared path. The last decoder layer
+    runs only at the position a score is read from, where the architecture allows it
+    (:func:`~modules.lm.pooled_scoring.pooled_scores`; the same scores, about half the work of a 2-layer classifier).
 
     Args:
         paths: Hub names or local folders of ``AutoModelForSequenceClassification`` checkpoints.
@@ -128,7 +131,7 @@ class RewardModels(nn.Module):
                 ids = enc["input_ids"][i : i + step].to(device)
                 att = enc["attention_mask"][i : i + step].to(device)
                 shared = _shared_prefix_scores(model, ids, att, g) if g > 1 else None
-                scores.append(shared if shared is not None else model(input_ids=ids, attention_mask=att).logits[:, 0])
+                scores.append(shared if shared is not None else pooled_scores(model, ids, att)[:, 0])
             cols.append(torch.cat(scores).float())
         return torch.stack(cols, dim=1)
 
@@ -167,11 +170,9 @@ def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) ->
         s_ids[r, :rest] = ids[r, int(cut[r]) : int(lengths[r])]
         s_att[r, :rest] = 1
     p_pos = (p_att.cumsum(dim=1) - 1).clamp_min(0)
-    out = model.base_model(input_ids=p_ids, attention_mask=p_att, position_ids=p_pos, use_cache=True)
-    cache = out.past_key_values
+    cache = prefix_cache(model, p_ids, p_att, position_ids=p_pos)
     cache.batch_repeat_interleave(g)
     full_att = torch.cat([p_att.repeat_interleave(g, dim=0), s_att], dim=1)
     s_pos = (full_att.cumsum(dim=1) - 1).clamp_min(0)[:, p_width:]
     name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-    logits = model(input_ids=s_ids, attention_mask=full_att, position_ids=s_pos, **{name: cache}).logits
-    return logits[:, 0]
+    return pooled_scores(model, s_ids, full_att, position_ids=s_pos, **{name: cache})[:, 0]

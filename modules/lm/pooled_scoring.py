@@ -1,0 +1,154 @@
+"""Sequence-classifier scores with the last decoder layer run only where its output is read.
+
+A decoder-only classifier (``…ForSequenceClassification``) reads one position per row: the rightmost token that is
+not padding. Every layer but the last must run at every position (later positions attend to them), but the last
+layer's output is read only there, so at the other positions it needs only its keys and values. :func:`pooled_scores`
+runs the last layer that way: keys and values at every position, the query, attention, output projection and MLP at
+the pooled position only; :func:`prefix_cache` (a prefix that later tokens continue) runs no query there at all.
+The scores equal the full forward up to float rounding. The saving is about half of a 2-layer classifier's work,
+``1/L`` of an ``L``-layer one.
+
+Only layers whose computation :class:`_PooledLastLayer` repeats exactly are replaced (:data:`POOLED_MODEL_TYPES`:
+pre-norm attention with rotary embeddings and an MLP, no sliding window, no query/key norms); any other model runs
+its own full forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["POOLED_MODEL_TYPES", "pooled_positions", "pooled_scores", "prefix_cache", "supports_pooled_last_layer"]
+
+#: model types whose decoder layer is ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` with rotary q/k (Llama's)
+POOLED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def supports_pooled_last_layer(model: nn.Module) -> bool:
+    """Whether :func:`pooled_scores` can replace ``model``'s last decoder layer (else it runs the full forward)."""
+    config = getattr(model, "config", None)
+    base = getattr(model, "base_model", None)
+    layers = getattr(base, "layers", None)
+    if config is None or getattr(config, "model_type", None) not in POOLED_MODEL_TYPES or not layers:
+        return False
+    if model.training or getattr(config, "pretraining_tp", 1) != 1:
+        return False
+    last = layers[-1]
+    attn = getattr(last, "self_attn", None)
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling", "head_dim", "layer_idx")
+    if attn is None or not all(hasattr(attn, a) for a in needed):
+        return False
+    if getattr(attn, "sliding_window", None) is not None:
+        return False
+    return all(hasattr(last, a) for a in ("input_layernorm", "post_attention_layernorm", "mlp"))
+
+
+def pooled_positions(input_ids: Tensor, pad_token_id: int | None) -> Tensor:
+    """Each row's pooled position: the rightmost token that is not ``pad_token_id`` (transformers' rule).
+
+    Without a pad token every row is read at its last position.
+    """
+    n, width = input_ids.shape
+    if pad_token_id is None:
+        return torch.full((n,), width - 1, dtype=torch.long, device=input_ids.device)
+    keep = (input_ids != pad_token_id).long()
+    return (torch.arange(width, device=input_ids.device) * keep).argmax(dim=-1)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class _PooledLastLayer(nn.Module):
+    """Stands in for a decoder layer: keys and values everywhere, the rest only at ``positions`` (``None``: no query).
+
+    Returns the input hidden states with the pooled rows' positions replaced by the layer's output there; the other
+    positions are left as they came in (nothing reads them).
+    """
+
+    def __init__(self, layer: nn.Module, positions: Tensor | None, key_mask: Tensor) -> None:
+        super().__init__()
+        self.layer, self.positions, self.key_mask = layer, positions, key_mask
+        self.attention_type = getattr(layer, "attention_type", "full_attention")
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        attention_mask: Any = None,
+        position_embeddings: tuple[Tensor, Tensor] | None = None,
+        cache: Any = None,
+        past_key_values: Any = None,
+        **kwargs: Any,
+    ) -> Tensor:
+        layer, attn = self.layer, self.layer.self_attn
+        cache = cache if cache is not None else past_key_values
+        n, t, _ = hidden_states.shape
+        d = attn.head_dim
+        x = layer.input_layernorm(hidden_states)
+        k = attn.k_proj(x).view(n, t, -1, d).transpose(1, 2)
+        v = attn.v_proj(x).view(n, t, -1, d).transpose(1, 2)
+        cos, sin = position_embeddings
+        cos, sin = cos.expand(n, -1, -1), sin.expand(n, -1, -1)
+        k = k * cos.unsqueeze(1) + _rotate_half(k) * sin.unsqueeze(1)
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx)
+        if self.positions is None:
+            return hidden_states
+        rows, at = torch.arange(n, device=hidden_states.device), self.positions
+        kvh, s = k.shape[1], k.shape[2]
+        q = attn.q_proj(x[rows, at]).view(n, kvh, -1, d)  # [N, KV, rep, D]: the rep query heads of each KV head
+        c, sn = cos[rows, at].unsqueeze(1), sin[rows, at].unsqueeze(1)
+        q = q * c.unsqueeze(1) + _rotate_half(q) * sn.unsqueeze(1)
+        # the pooled token sees the keys the causal mask gives it: real ones, up to itself
+        offset = s - t
+        visible = self.key_mask[:, :s].bool() & (torch.arange(s, device=k.device) <= (offset + at).unsqueeze(1))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :], scale=attn.scaling)
+        h = hidden_states[rows, at] + attn.o_proj(out.reshape(n, -1))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out_states = hidden_states.clone()
+        out_states[rows, at] = h
+        return out_states
+
+
+@contextmanager
+def _last_layer_replaced(model: nn.Module, positions: Tensor | None, key_mask: Tensor) -> Iterator[None]:
+    layers = model.base_model.layers
+    original = layers[-1]
+    layers[-1] = _PooledLastLayer(original, positions, key_mask)
+    try:
+        yield
+    finally:
+        layers[-1] = original
+
+
+def pooled_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Tensor:
+    """``model(input_ids, attention_mask, **kwargs).logits`` (pooled scores ``[N, num_labels]``), last layer pooled.
+
+    Args:
+        model: A sequence classifier (pooled at the rightmost non-pad token), in eval mode.
+        input_ids: ``[N, T]``.
+        attention_mask: ``[N, S]`` over a cache's keys and these tokens (``S = T`` without a cache).
+        kwargs: Passed to the model (``position_ids``, the cache).
+    """
+    if not supports_pooled_last_layer(model):
+        return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+    positions = pooled_positions(input_ids, model.config.pad_token_id)
+    with _last_layer_replaced(model, positions, attention_mask):
+        return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+
+
+def prefix_cache(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Any:
+    """The KV cache of ``model``'s backbone over a prefix that later tokens continue (nothing of it is pooled).
+
+    The last layer writes its keys and values and, where :func:`supports_pooled_last_layer`, computes nothing else.
+    """
+    replaced = _last_layer_replaced(model, None, attention_mask) if supports_pooled_last_layer(model) else nullcontext()
+    with replaced:
+        out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)
+    return out.past_key_values
