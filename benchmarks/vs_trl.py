@@ -116,6 +116,7 @@ def run_ours(args, paths: dict) -> list[dict]:
 
     trainer = L.Trainer(
         max_steps=args.steps,
+        default_root_dir=os.path.join(args.workdir, "ours_out"),  # the end-of-fit export goes here, not the cwd
         accelerator="cpu",
         devices=1,
         logger=False,

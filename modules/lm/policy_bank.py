@@ -26,6 +26,7 @@ from modules.lm.decoding import (
     _register_grouped_attention,
     grouped_decode_setting,
     next_tokens,
+    preallocated_cache,
 )
 from modules.lm.logprobs import head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
@@ -354,8 +355,6 @@ class PolicyBank(nn.Module):
         The decode loop runs the B·G rows with :func:`grouped_prefix_attention` over one prefilled copy of each
         prompt; sampling is ``generate``'s (same draws from the global generator, in the same order).
         """
-        from transformers.cache_utils import DynamicCache
-
         ids, mask = once["input_ids"], once["attention_mask"]
         width = ids.shape[1]
         cache, _ = self._prompt_forward(model, ids, mask, width - 1)
@@ -367,7 +366,7 @@ class PolicyBank(nn.Module):
         token = rows[:, -1:]
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
-        own = DynamicCache()
+        own = preallocated_cache(max_new_tokens)  # the prompt's last token, then every token but the last written
         new: list[Tensor] = []
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         previous = base.config._attn_implementation
