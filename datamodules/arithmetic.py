@@ -194,7 +194,7 @@ def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> 
     return " ".join(sentences)
 
 
-def make_think_response(problem: ArithmeticProblem, width: int = 0) -> str:
+def make_think_response(problem: ArithmeticProblem, width: int = 0, reverse: bool = False) -> str:
     r"""The correct solution as one equation per operation inside ``<think>…</think>``, then the boxed answer.
 
     Each line copies the running total and the operand and writes the result, so a small model only has to add,
@@ -212,14 +212,29 @@ def make_think_response(problem: ArithmeticProblem, width: int = 0) -> str:
         <think>055 * 002 = 110</think>
         The answer is \boxed{110}.
 
+    With ``reverse``, every number of the equations is written least-significant digit first (after the padding to
+    ``width``): ``038 + 013 = 051`` becomes ``830 + 310 = 150``, so a carry is generated before the digit it lands
+    on (Lee et al. 2023, "Teaching Arithmetic to Small Transformers"). The boxed answer stays in normal order.
+
+        >>> print(make_think_response(ArithmeticProblem("", 51, 38, [("+", 13)]), width=3, reverse=True))
+        <think>830 + 310 = 150</think>
+        The answer is \boxed{51}.
+
     Raises:
-        ValueError: for a negative ``width``.
+        ValueError: for a negative ``width``, or ``reverse`` without a ``width`` (the digits' places must be fixed).
     """
     if width < 0:
         raise ValueError(f"width must be non-negative, got {width}")
+    if reverse and width < 1:
+        raise ValueError("reverse needs a width of at least 1 (zero-padded numbers)")
+
+    def num(x: int) -> str:
+        s = f"{x:0{width}d}"
+        return s[::-1] if reverse else s
+
     lines, v = [], problem.start
     for op, n in problem.ops:
         result = _apply(v, op, n)
-        lines.append(f"{v:0{width}d} {op} {n:0{width}d} = {result:0{width}d}")
+        lines.append(f"{num(v)} {op} {num(n)} = {num(result)}")
         v = result
     return "<think>" + "\n".join(lines) + "</think>\nThe answer is \\boxed{" + str(v) + "}."

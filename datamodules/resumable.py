@@ -6,6 +6,7 @@ step, never ahead, so "handed out" is "trained on"); each epoch's order comes fr
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -13,13 +14,42 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
-__all__ = ["ResumableDataLoader", "ResumableSampler", "split_loader"]
+__all__ = ["ResumableDataLoader", "ResumableSampler", "bucket_order", "split_loader"]
 
 
 def _world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def bucket_order(
+    indices: Sequence[int], lengths: Sequence[int], batch_size: int, window: int, rng: random.Random
+) -> list[int]:
+    """``indices`` regrouped so that each batch holds items of similar length: less padding, the same items.
+
+    Every run of ``window`` batches' worth of consecutive indices is sorted by length (stably) and cut into batches,
+    whose order within the run is then shuffled by ``rng``; a last incomplete batch stays last. The result is a
+    permutation of ``indices`` whose consecutive ``batch_size`` items are the batches.
+
+    Example:
+        >>> bucket_order([0, 1, 2, 3, 4], [5, 1, 4, 2, 3], 2, 4, random.Random(0))
+        [1, 3, 4, 2, 0]
+
+    Raises:
+        ValueError: for ``batch_size`` or ``window`` below 1.
+    """
+    if batch_size < 1 or window < 1:
+        raise ValueError(f"batch_size and window must be at least 1, got {batch_size}, {window}")
+    out: list[int] = []
+    step = batch_size * window
+    for start in range(0, len(indices), step):
+        chunk = sorted(indices[start : start + step], key=lambda i: lengths[i])
+        full = len(chunk) // batch_size * batch_size
+        batches = [chunk[i : i + batch_size] for i in range(0, full, batch_size)]
+        rng.shuffle(batches)
+        out += [i for b in batches for i in b] + chunk[full:]
+    return out
 
 
 class ResumableSampler(DistributedSampler):
@@ -34,11 +64,31 @@ class ResumableSampler(DistributedSampler):
         seed: Seed of the orders.
         replicated: Every rank gets every item, in the same order, instead of its share (for a module whose ranks
             play one game together and split its work themselves, such as the multi-LLM pool).
+        lengths: Each item's length; with ``bucket_batch`` (the loader's batch size) and ``bucket_window``, each
+            epoch's order (this rank's share) is regrouped by :func:`bucket_order` into batches of similar lengths,
+            shuffled within runs of ``bucket_window`` batches from ``seed + epoch``: the same items, less padding.
+        bucket_batch: The batch size the buckets are cut to.
+        bucket_window: Batches per sorted run; 0 (or no ``lengths``): no bucketing.
     """
 
-    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0, replicated: bool = False) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        shuffle: bool = True,
+        seed: int = 0,
+        replicated: bool = False,
+        lengths: Sequence[int] | None = None,
+        bucket_batch: int = 1,
+        bucket_window: int = 0,
+    ) -> None:
         rank, world = (0, 1) if replicated else _world()
         super().__init__(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        if lengths is not None and len(lengths) != len(dataset):  # type: ignore[arg-type]
+            raise ValueError(f"lengths holds {len(lengths)} entries for {len(dataset)} items")  # type: ignore[arg-type]
+        if bucket_window < 0:
+            raise ValueError(f"bucket_window must be non-negative, got {bucket_window}")
+        self.lengths = None if lengths is None else list(lengths)
+        self.bucket_batch, self.bucket_window = bucket_batch, bucket_window
         self.skip = 0
         self._epoch_fresh = True
 
@@ -53,6 +103,10 @@ class ResumableSampler(DistributedSampler):
         self._epoch_fresh = False
         skip, self.skip = self.skip, 0
         indices = list(super().__iter__())
+        if self.lengths is not None and self.bucket_window > 0:
+            # a function of seed + epoch only, so a resumed epoch skips into the same order
+            rng = random.Random(f"bucket-{self.seed}-{self.epoch}")
+            indices = bucket_order(indices, self.lengths, self.bucket_batch, self.bucket_window, rng)
         return iter(indices[skip:])
 
 
@@ -72,6 +126,8 @@ class ResumableDataLoader(DataLoader):
         num_workers: Worker processes.
         drop_last: Drop the last incomplete batch.
         replicated: Every rank iterates over every batch (:class:`ResumableSampler`).
+        lengths: Each item's length, for batches of similar lengths (with ``bucket_window``; :class:`ResumableSampler`).
+        bucket_window: Batches per length-sorted run; 0: plain shuffled batches.
         **kwargs: Any other ``DataLoader`` argument (not ``sampler``, ``batch_sampler`` or ``generator``).
     """
 
@@ -85,6 +141,8 @@ class ResumableDataLoader(DataLoader):
         num_workers: int = 0,
         drop_last: bool = False,
         replicated: bool = False,
+        lengths: Sequence[int] | None = None,
+        bucket_window: int = 0,
         **kwargs: Any,
     ) -> None:
         for key in ("sampler", "batch_sampler", "generator"):
@@ -95,7 +153,15 @@ class ResumableDataLoader(DataLoader):
         super().__init__(
             dataset,
             batch_size=batch_size,
-            sampler=ResumableSampler(dataset, shuffle=shuffle, seed=seed, replicated=replicated),
+            sampler=ResumableSampler(
+                dataset,
+                shuffle=shuffle,
+                seed=seed,
+                replicated=replicated,
+                lengths=lengths,
+                bucket_batch=batch_size or 1,
+                bucket_window=bucket_window,
+            ),
             collate_fn=collate_fn,
             num_workers=num_workers,
             drop_last=drop_last,

@@ -44,9 +44,11 @@ Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
 #: ``worded``: :func:`~datamodules.arithmetic.make_response`'s sentences; ``think``: the bare equations in
 #: ``<think>…</think>`` and the boxed answer (:func:`~datamodules.arithmetic.make_think_response`, correct only);
-#: ``think_padded``: the same with the equations' numbers zero-padded to three digits (``038 + 013 = 051``)
-SOLUTION_STYLES = ("worded", "think", "think_padded")
-THINK_WIDTH = {"think": 0, "think_padded": 3}
+#: ``think_padded``: the same with the equations' numbers zero-padded to three digits (``038 + 013 = 051``);
+#: ``think_reversed``: padded and written least-significant digit first (``830 + 310 = 150``), the box in normal order
+SOLUTION_STYLES = ("worded", "think", "think_padded", "think_reversed")
+THINK_WIDTH = {"think": 0, "think_padded": 3, "think_reversed": 3}
+THINK_REVERSED = {"think_reversed"}
 
 
 def _collate(items: list[Triple]) -> dict[str, list[str]]:
@@ -54,10 +56,19 @@ def _collate(items: list[Triple]) -> dict[str, list[str]]:
     return {"system": list(systems), "prompt": list(prompts), "response": list(responses)}
 
 
+def _chars(triple: Triple) -> int:
+    """A triple's length in characters (its system, prompt and response): the bucketing's proxy for tokens."""
+    system, prompt, response = triple
+    text = prompt if isinstance(prompt, str) else "".join(m["content"] for m in prompt)
+    return len(system or "") + len(text) + len(response)
+
+
 class _TriplesDataModule(L.LightningDataModule):
     """Triples made once by :meth:`triples`; the first ``val_fraction`` of them (at least one) validate.
 
-    A subclass calls ``save_hyperparameters`` with ``val_fraction``, ``batch_size`` and ``seed`` among its arguments.
+    A subclass calls ``save_hyperparameters`` with ``val_fraction``, ``batch_size`` and ``seed`` among its arguments,
+    and ``bucket_window`` if it offers batches of similar lengths (:func:`~datamodules.resumable.bucket_order`, the
+    length of a triple its characters).
     """
 
     def __init__(self) -> None:
@@ -81,12 +92,15 @@ class _TriplesDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
+        window = self.hparams.get("bucket_window", 0)
         return ResumableDataLoader(
             self.train_pairs,
             batch_size=self.hparams.batch_size,
             shuffle=True,
             seed=self.hparams.seed,
             collate_fn=_collate,
+            lengths=[_chars(t) for t in self.train_pairs] if window else None,
+            bucket_window=window,
         )
 
     @override
@@ -108,14 +122,19 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
             problem in the system message, so a warm-started follower answers in kind instead of babbling.
         system_prompt: The leader's system message (the game's default).
         follower_system_template: The follower's system message with ``{leader_response}``.
-        style: How solutions are written (:data:`SOLUTION_STYLES`); ``think`` and ``think_padded`` write correct
+        style: How solutions are written (:data:`SOLUTION_STYLES`); the ``think*`` styles write correct
             solutions only, so ``kinds`` must then be ``["correct"]``.
         min_steps: Fewest operations of a problem.
         max_steps: Most operations of a problem.
+        bucket_window: Training batches of similar lengths, less padding: each epoch's shuffled order is sorted by
+            length within runs of this many batches, which are then shuffled
+            (:func:`~datamodules.resumable.bucket_order`; resumable, a function of ``seed`` and the epoch); 0: plain
+            shuffled batches.
 
     Raises:
         ValueError: for an unknown kind or style, ``think`` with a corrupted kind, bad weights or
-            ``follower_fraction``, or a step range that :func:`~datamodules.arithmetic.generate_problems` refuses.
+            ``follower_fraction``, a negative ``bucket_window``, or a step range that
+            :func:`~datamodules.arithmetic.generate_problems` refuses.
     """
 
     def __init__(
@@ -132,9 +151,12 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         style: str = "worded",
         min_steps: int = 2,
         max_steps: int = 4,
+        bucket_window: int = 0,
     ) -> None:
         super().__init__()
         kinds = list(kinds or CORRUPTIONS)
+        if bucket_window < 0:
+            raise ValueError(f"bucket_window must be non-negative, got {bucket_window}")
         if style not in SOLUTION_STYLES:
             raise ValueError(f"style must be one of {list(SOLUTION_STYLES)}, got {style!r}")
         if style in THINK_WIDTH and kinds != ["correct"]:
@@ -170,7 +192,8 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
     def _write(self, problem: ArithmeticProblem, kind: str, rng: random.Random) -> str:
         """A solution of ``kind`` in the configured style."""
         if self.hparams.style in THINK_WIDTH:
-            return make_think_response(problem, THINK_WIDTH[self.hparams.style])
+            style = self.hparams.style
+            return make_think_response(problem, THINK_WIDTH[style], reverse=style in THINK_REVERSED)
         return make_response(problem, kind, rng)
 
 
