@@ -245,15 +245,19 @@ def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concate
     g = torch.Generator().manual_seed(0)
     chunks = [(torch.randn(3, 2, t, 4, generator=g), torch.randn(3, 2, t, 4, generator=g)) for t in (1, 2, 1)]
     dynamic, pre = DynamicCache(), preallocated_cache(4)
+    cats, real_cat = [], torch.cat
+
+    def counting_cat(*a, **kw):
+        cats.append(1)
+        return real_cat(*a, **kw)
+
     for k, v in chunks:
         want = dynamic.update(k, v, 1)
-        cats = []
-        real_cat = torch.cat
-        monkeypatch.setattr(torch, "cat", lambda *a, **kw: cats.append(1) or real_cat(*a, **kw))
+        monkeypatch.setattr(torch, "cat", counting_cat)
         got = pre.update(k, v, 1)
         monkeypatch.setattr(torch, "cat", real_cat)
-        assert not cats
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not cats
     assert pre.get_seq_length(1) == 4
     with pytest.raises(ValueError, match="5 tokens written to a cache of 4"):
         pre.update(*chunks[0], 1)

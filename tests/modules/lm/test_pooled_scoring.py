@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
-from modules.lm.pooled_scoring import pooled_positions, pooled_scores, prefix_cache, supports_pooled_last_layer
 from modules.lm.models import build_tiny_reward_model
+from modules.lm.pooled_scoring import pooled_positions, pooled_scores, prefix_cache, supports_pooled_last_layer
 from modules.scorers.reward_models import RewardModels
 
 PAD = 0
@@ -85,7 +85,7 @@ def test_an_unsupported_layer_runs_the_models_own_forward():
 def test_the_layer_is_restored_when_the_forward_raises():
     model = _model("qwen2")
     last = model.model.layers[-1]
-    with pytest.raises(Exception):
+    with pytest.raises(IndexError):
         pooled_scores(model, torch.full((2, 3), 99), torch.ones(2, 3, dtype=torch.long))  # ids past the vocabulary
     assert model.model.layers[-1] is last
 
