@@ -51,12 +51,15 @@ SMALL = {
         ]
         for name in ("nlhf", "slhf")
     },
-    "grpo_tiny.yaml": [
-        "--data.init_args.num_prompts=40",
-        "--data.init_args.batch_size=2",
-        "--model.init_args.sampling.max_new_tokens=8",
-        "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-    ],
+    **{
+        f"grpo_{name}.yaml": [
+            "--data.init_args.num_prompts=40",
+            "--data.init_args.batch_size=2",
+            "--model.init_args.sampling.max_new_tokens=8",
+            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+        ]
+        for name in ("tiny", "competent")
+    },
     **{
         f"pool_{algorithm}.yaml": [
             "--model.init_args.lm.name_or_path={tiny_lm_dir}",

@@ -28,7 +28,11 @@ from datamodules.arithmetic import generate_problems
 from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["main", "paired_gain", "seed_interval", "solved"]
+__all__ = ["HELD_OUT_SEED", "main", "paired_gain", "seed_interval", "solved"]
+
+#: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
+#: the SFT warm starts from ``seed + 2_000_003``, for small seeds
+HELD_OUT_SEED = 7_000_003
 
 
 def paired_gain(
@@ -106,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--base", required=True, help="the policy the games started from")
     parser.add_argument("--trained", nargs="+", required=True, help="one trained policy per seed")
     parser.add_argument("--num-problems", type=int, default=400)
-    parser.add_argument("--seed", type=int, default=1_000_003, help="default: the games' held-out prompts")
-    parser.add_argument("--min-steps", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="default: problems no game trains on")
+    parser.add_argument("--min-steps", type=int, default=2, help="default: the games' 2-4 operations")
+    parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--system-prompt", default="You are a helpful assistant.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--out", help="also write the report here")

@@ -6,7 +6,9 @@ import math
 import pytest
 from scipy import stats
 
-from modules.evaluation.accuracy_gain import main, paired_gain, seed_interval
+from datamodules.arithmetic import generate_problems
+from datamodules.prompts import generated_rows
+from modules.evaluation.accuracy_gain import HELD_OUT_SEED, main, paired_gain, seed_interval
 
 
 def test_paired_gain_by_hand_and_a_constant_difference_has_no_spread():
@@ -76,4 +78,12 @@ def test_the_command_on_a_policy_against_itself(tiny_lm_dir, tmp_path):
     assert json.loads(out.read_text()) == report
     assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]
     assert report["across_seeds"]["mean"] == 0.0 and report["across_seeds"]["ci"] == [0.0, 0.0]
-    assert report["problems"] == {"n": 3, "seed": 1_000_003, "steps": [1, 2]}
+    assert report["problems"] == {"n": 3, "seed": HELD_OUT_SEED, "steps": [2, 4]}
+
+
+def test_the_default_problems_are_none_a_game_or_the_warm_start_trains_on():
+    held_out = {p.question for p in generate_problems(2000, HELD_OUT_SEED)}
+    games = {r["prompt"] for r in generated_rows(4000, 0 + 1_000_003)}  # PromptDataModule, seed 0
+    warm_start = {p.question for p in generate_problems(4000, 0 + 2_000_003, 1, 4)}  # the SFT data, seed 0
+    assert len(held_out) > 1900
+    assert len(held_out & games) <= 2 and len(held_out & warm_start) <= 2
