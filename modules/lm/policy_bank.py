@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
 from modules.lm import static_decode
 from modules.lm.base_identity import base_identity
+from modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
 from modules.lm.decoding import (
     _PREFIX,
     GROUPED_ATTENTION,
@@ -100,6 +101,9 @@ class PolicyBank(nn.Module):
         self.grouped_decode: bool | None = grouped_decode_setting()
         # lm.decode: auto / generate / grouped / static (see ModelConfig); lm.compile_decode compiles the static step
         self.decode, self.compile_decode = lm.decode, lm.compile_decode
+        # grouped decodes of Llama-family models step through LeanDecoder (the same arithmetic as their forward
+        # without its per-token module and cache overhead); False keeps the model's forward
+        self.lean_decode = True
         self.static_bucket = 64  # prompt widths padded to a multiple of this in a compiled static decode
         self._static_caches: dict[int, Any] | None = None  # kept between calls only when compiled (fixed addresses)
         self._compiled_step: Callable | None = None
@@ -358,6 +362,10 @@ class PolicyBank(nn.Module):
         ids, mask = once["input_ids"], once["attention_mask"]
         width = ids.shape[1]
         cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        if self.lean_decode and lean_decode_unsupported(model) is None:
+            return self._decode_lean(
+                model, ids, mask, cache, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
+            )
         pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
         pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
         prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
@@ -387,6 +395,41 @@ class PolicyBank(nn.Module):
         finally:
             base.config._attn_implementation = previous
             _PREFIX.clear()
+        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
+
+    def _decode_lean(
+        self,
+        model: nn.Module,
+        ids: Tensor,
+        mask: Tensor,
+        cache: Any,
+        g: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        do_sample: bool,
+        min_new_tokens: int,
+    ) -> Tensor:
+        """The grouped decode's loop with :class:`~modules.lm.decode_step.LeanDecoder` steps (same draws)."""
+        width = ids.shape[1]
+        decoder = LeanDecoder(model, cache, mask[:, : width - 1], g, max_new_tokens)
+        del cache
+        rows = ids.repeat_interleave(g, dim=0)
+        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
+        token = rows[:, -1:]
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
+        new: list[Tensor] = []
+        for step in range(max_new_tokens):
+            logits = decoder.step(token, position)
+            nxt = next_tokens(logits, step, min_new_tokens, eos, do_sample, temperature, top_p)
+            nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
+            new.append(nxt)
+            if eos is not None:
+                unfinished &= nxt != eos
+            if not bool(unfinished.any()):
+                break
+            token, position = nxt[:, None], position + 1
         return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
 
     def _decode_static(

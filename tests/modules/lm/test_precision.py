@@ -114,6 +114,7 @@ def test_bf16_mixed_casts_the_frozen_base_once_not_at_every_decoded_token(tiny_l
     leaves only): 15 weight casts per decoded token of the tiny Qwen2 (7 linears × 2 layers + the tied head). The bank
     casts its frozen weights to bf16 once when it meets that plugin, and then no decode step casts a weight."""
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["alice"])
+    bank.lean_decode = False  # the model's own forward at every token (LeanDecoder's steps are counted below)
     layers = bank.model.get_base_model().config.num_hidden_layers
     per_forward = 7 * layers + 1
     # before: every forward (the prompt prefill, then one per token) casts every weight again
@@ -127,6 +128,8 @@ def test_bf16_mixed_casts_the_frozen_base_once_not_at_every_decoded_token(tiny_l
     assert {p.dtype for p in bank.player_parameters("alice")} == {torch.float32} and all(
         p.requires_grad for p in bank.player_parameters("alice")
     )
+    assert _casts_over_decode(bank, 6) == 0
+    bank.lean_decode = True
     assert _casts_over_decode(bank, 6) == 0
 
 

@@ -1,0 +1,96 @@
+"""LeanDecoder: the logits of the model's own forward for each decoded token, and a clear refusal where it cannot."""
+
+import pytest
+import torch
+from transformers import (
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
+from modules.lm.model_config import ModelConfig
+from modules.lm.policy_bank import PolicyBank
+
+SMALL = dict(
+    vocab_size=61,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+)
+
+
+def _model(kind: str):
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
+    # Llama with biased attention and MLP projections and a scaled rotary embedding
+    config = LlamaConfig(
+        **SMALL,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_each_step_gives_the_forward_logits_of_rows_continuing_left_padded_prompts(kind):
+    """Two prompts (one left-padded by 2) × G = 3 rows, 5 decoded tokens of different values per row: every step's
+    logits equal the model's forward over the whole padded sequence, at the row's last position."""
+    model = _model(kind)
+    b, g, width, new = 2, 3, 6, 5
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(1, 61, (b, width), generator=gen)
+    pmask = torch.ones(b, width, dtype=torch.long)
+    pmask[1, :2] = 0
+    own = torch.randint(1, 61, (b * g, new), generator=gen)
+    with torch.no_grad():
+        cache = DynamicCache()
+        pos = (pmask.cumsum(1) - 1).clamp_min(0)
+        model(input_ids=prompt[:, :-1], attention_mask=pmask[:, :-1], position_ids=pos[:, :-1], cache=cache)
+        decoder = LeanDecoder(model, cache, pmask[:, :-1], g, new)
+        rows, rmask = prompt.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0)
+        token, position = rows[:, -1:], rmask.sum(1, keepdim=True) - 1
+        for step in range(new):
+            got = decoder.step(token, position)
+            seq = torch.cat([rows, own[:, :step]], dim=1)
+            mask = torch.cat([rmask, torch.ones(b * g, step, dtype=torch.long)], dim=1)
+            positions = (mask.cumsum(1) - 1).clamp_min(0)
+            want = model(input_ids=seq, attention_mask=mask, position_ids=positions).logits[:, -1]
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            token, position = own[:, step : step + 1], position + 1
+        with pytest.raises(ValueError, match="more than 5 tokens"):
+            decoder.step(token, position)
+
+
+def test_models_it_cannot_repeat_exactly_are_refused_with_the_reason(tiny_lm_dir):
+    assert lean_decode_unsupported(_model("qwen2")) is None
+    mistral = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=4))
+    assert "model type 'mistral'" in lean_decode_unsupported(mistral)
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    with bank._use("policy") as model:
+        assert "LoRA layer is active" in lean_decode_unsupported(model)
+        with pytest.raises(ValueError, match="LeanDecoder: a LoRA layer is active"):
+            LeanDecoder(model, DynamicCache(), torch.ones(1, 1), 1, 1)
+    with bank._use(None) as model:  # the disabled adapter: the frozen base alone
+        assert lean_decode_unsupported(model) is None
+    with bank._for_generation("policy") as model:  # the adapter merged into fresh weights
+        assert lean_decode_unsupported(model) is None
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tiny_lm_dir, monkeypatch, lean):
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank.grouped_decode, bank.lean_decode = True, lean
+    steps = []
+    original = LeanDecoder.step
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: steps.append(1) or original(self, *a))
+    bank.generate("policy", ["1 + 2 =", "a longer prompt"], 2, max_new_tokens=4, min_new_tokens=4)
+    assert len(steps) == (4 if lean else 0)
