@@ -175,6 +175,13 @@ class GRPO(LanguageModelGame):
         hp = self.hparams
         n, g = rollout.sequences.shape[0], rollout.group_size
         chunk = -(-(hp.train_micro_batch or n) // g) * g  # whole groups, so each chunk runs its prompts once
+        if chunk < n:
+            # groups ordered by their longest completion: each chunk then runs to its own longest reply (see
+            # PolicyBank.token_logprobs), not the batch's; the loss is a mean over rows, so the order does not change it
+            order = _groups_by_length(rollout.completion_mask, g)
+            rollout, advantages = _take_rows(rollout, order), advantages[order]
+            ref = None if ref is None else ref[order]
+            old = None if old is None else old[order]
 
         def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
             part = _slice_rollout(rollout, start, stop)
@@ -273,6 +280,26 @@ class GRPO(LanguageModelGame):
             )
 
     test_step = validation_step
+
+
+def _groups_by_length(completion_mask: Tensor, g: int) -> Tensor:
+    """Row order that keeps groups of ``g`` whole and sorts them by their longest completion (stable)."""
+    longest = completion_mask.sum(dim=1).view(-1, g).amax(dim=1)
+    groups = torch.sort(longest.cpu(), stable=True).indices
+    return (groups[:, None] * g + torch.arange(g)).reshape(-1).to(completion_mask.device)
+
+
+def _take_rows(rollout: Rollout, order: Tensor) -> Rollout:
+    """The rollout's rows in ``order`` (whole groups kept together by the caller)."""
+    idx = order.tolist()
+    return type(rollout)(
+        rollout.sequences[order],
+        rollout.attention_mask[order],
+        rollout.prompt_width,
+        rollout.completion_mask[order],
+        [rollout.texts[i] for i in idx],
+        group_size=rollout.group_size,
+    )
 
 
 def _slice_rollout(rollout: Rollout, start: int, stop: int) -> Rollout:

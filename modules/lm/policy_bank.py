@@ -521,8 +521,10 @@ class PolicyBank(nn.Module):
         ``logit_chunk_tokens`` tokens at a time and recomputed in the backward (:mod:`modules.lm.logprobs`), so no
         ``[N, C, V]`` logits are ever held. ``micro_batch`` rows at a time go through the decoder together. Rows in
         groups sharing one prompt (``rollout.group_size`` G > 1) run the prompt once per group (micro-batches rounded
-        up to whole groups). Gradients flow unless called under ``no_grad``; ``player=None`` is the frozen reference
-        (adapters disabled).
+        up to whole groups). Each micro-batch runs only up to its longest completion (the columns after it are padding
+        in all its rows), so micro-batches of similar lengths skip the padding a long reply elsewhere forces on the
+        batch. Gradients flow unless called under ``no_grad``; ``player=None`` is the frozen reference (adapters
+        disabled).
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)
@@ -534,7 +536,9 @@ class PolicyBank(nn.Module):
         out = []
         with self._use(player) as model:
             for i in range(0, n, step):
-                s, a, pos = seq[i : i + step], att[i : i + step], pos_all[i : i + step]
+                # the chunk's columns up to its longest completion: later ones are padding in every row of it
+                last = width + max(int(cmask[i : i + step].sum(dim=1).max()), 1)
+                s, a, pos = seq[i : i + step, :last], att[i : i + step, :last], pos_all[i : i + step, :last]
                 with head_inputs(model) as seen:
                     if g > 1:
                         # the prompt once per group: its cache and the state predicting the first completion token
@@ -549,7 +553,8 @@ class PolicyBank(nn.Module):
                         model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=c + 1)
                         hidden = seen[0][:, :-1]
                 lp = head_token_logprobs(model, hidden, s[:, width:], temperature, self.logit_chunk_tokens)
-                out.append(lp * cmask[i : i + step])
+                lp = lp * cmask[i : i + step, : last - width]
+                out.append(torch.nn.functional.pad(lp, (0, c - lp.shape[1])))
         return torch.cat(out)
 
     def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:

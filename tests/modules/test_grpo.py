@@ -269,3 +269,46 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(tiny_lm_dir
         ref_shared = bank.token_logprobs(None, roll, temperature=0.8)
         bank.share_prompts = False
         assert torch.allclose(ref_shared, bank.token_logprobs(None, roll, temperature=0.8), atol=1e-5)
+
+
+def test_groups_are_ordered_by_their_longest_completion():
+    from modules.grpo import _groups_by_length
+
+    lengths = [3, 5, 1, 2, 4, 4]  # groups of 2: longest 5, 2, 4
+    mask = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
+    assert _groups_by_length(mask, 2).tolist() == [2, 3, 4, 5, 0, 1]
+
+
+def test_length_ordered_micro_batches_give_the_whole_batchs_update(tiny_lm_dir, reward_dirs, tmp_path, monkeypatch):
+    """One step in chunks of one group, in a changed group order (rewards, advantages and reference log-probabilities
+    follow their rows) and each run to its own longest reply, moves the adapter as the whole batch in one forward
+    does."""
+    import modules.grpo as grpo
+
+    orders = []
+
+    def reversed_groups(mask, g):  # a real reordering whatever lengths the tiny policy samples
+        order = torch.arange(mask.shape[0]).view(-1, g).flip(0).reshape(-1)
+        orders.append(order.tolist())
+        return order
+
+    monkeypatch.setattr(grpo, "_groups_by_length", reversed_groups)
+    before, after = [], []
+    for micro in (0, 2):
+        L.seed_everything(3)
+        model = _model(
+            tiny_lm_dir,
+            reward_models=reward_dirs[:1],
+            answer_reward=False,
+            train_micro_batch=micro,
+            sampling=Sampling(temperature=1.0, max_new_tokens=12),
+        )
+        before.append({n: p.detach().clone() for n, p in model.players.named_parameters() if p.requires_grad})
+        _trainer(tmp_path, steps=1).fit(model, _dm())
+        after.append({n: p.detach().clone() for n, p in model.players.named_parameters() if p.requires_grad})
+    assert after[0].keys() == after[1].keys() and after[0]
+    for name, p in after[0].items():
+        torch.testing.assert_close(before[1][name], before[0][name], rtol=0, atol=0)
+        torch.testing.assert_close(after[1][name], p, rtol=1e-5, atol=1e-6)
+    assert sum(not torch.equal(after[0][n], before[0][n]) for n in after[0]) >= len(after[0]) // 2
+    assert orders == [[2, 3, 0, 1]]  # the chunked run reordered its 2 groups of 2; the whole batch kept its order

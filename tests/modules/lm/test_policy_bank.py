@@ -261,3 +261,42 @@ def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concate
     assert pre.get_seq_length(1) == 4
     with pytest.raises(ValueError, match="5 tokens written to a cache of 4"):
         pre.update(*chunks[0], 1)
+
+
+def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_lm_dir):
+    """Group 0's replies are cut to 2 tokens: its micro-batch runs 2 completion columns, not the batch's 8, with the
+    log-probabilities and gradients of the untrimmed batch."""
+    from dataclasses import replace
+
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in bank.player_parameters("policy"):
+            p.add_(0.1 * torch.randn_like(p))
+    roll = bank.generate(
+        "policy", ["3+4=", "a longer prompt: twelve minus five is "], 2, max_new_tokens=8, min_new_tokens=8
+    )
+    cmask, att, seq = roll.completion_mask.clone(), roll.attention_mask.clone(), roll.sequences.clone()
+    cmask[:2, 2:] = 0
+    att[:2, roll.prompt_width + 2 :] = 0
+    seq[:2, roll.prompt_width + 2 :] = bank.tokenizer.pad_token_id
+    roll = replace(roll, sequences=seq, attention_mask=att, completion_mask=cmask)
+    widths = []
+    embed = bank.model.get_base_model().get_input_embeddings()
+    hook = embed.register_forward_hook(lambda m, a, o: widths.append(a[0].shape[1]))
+
+    def run(micro):
+        bank.zero_grad(set_to_none=True)
+        lp = bank.token_logprobs("policy", roll, temperature=0.8, micro_batch=micro)
+        (lp * torch.linspace(-1, 1, lp.shape[1])).sum().backward()
+        return lp.detach(), {n: p.grad.clone() for n, p in bank.named_parameters() if p.grad is not None}
+
+    whole, whole_grads = run(0)
+    widths.clear()
+    chunked, chunked_grads = run(2)
+    hook.remove()
+    assert chunked.shape == whole.shape == (4, 8)
+    assert widths[1] == 2 and widths[3] == 8  # each group: its prompt, then its completion columns
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6)
