@@ -313,8 +313,9 @@ class PolicyBank(nn.Module):
         """Which decode runs: ``generate``, ``grouped`` or ``static`` (see ``ModelConfig.decode``).
 
         ``auto``: ``grouped_decode`` (True: grouped, False: generate) where it is set, else grouped on CPU and static
-        elsewhere. Grouped needs sampled groups (G > 1); both cascades a prompt cache (``share_prompts``, prompts
-        wider than one token) and an attention backend they can stand in for; otherwise ``generate`` runs.
+        elsewhere. Grouped needs sampled groups (G > 1) unless :class:`LeanDecoder` steps it (``lean_decode`` and a
+        model it serves); both cascades a prompt cache (``share_prompts``, prompts wider than one token) and an
+        attention backend they can stand in for; otherwise ``generate`` runs.
         """
         mode = self.decode
         if mode == "auto":
@@ -322,7 +323,13 @@ class PolicyBank(nn.Module):
                 mode = "grouped" if self.grouped_decode else "generate"
             else:
                 mode = "grouped" if next(self.parameters()).device.type == "cpu" else "static"
-        if mode == "generate" or not self.share_prompts or width < 2 or (mode == "grouped" and num_samples < 2):
+        lean = self.lean_decode and lean_decode_unsupported(model) is None  # LeanDecoder serves G = 1 as well
+        if (
+            mode == "generate"
+            or not self.share_prompts
+            or width < 2
+            or (mode == "grouped" and num_samples < 2 and not lean)
+        ):
             return "generate"
         return mode if self._cascade_ok(model) else "generate"
 

@@ -222,8 +222,8 @@ def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_lm_dir, 
 
 
 def test_decode_mode_per_device_and_option(tiny_lm_dir):
-    """``auto``: grouped on CPU (static elsewhere); ``grouped_decode`` False keeps generate; grouped needs G > 1; a
-    prompt of one token, or gradient checkpointing (no prompt cache), falls back to generate."""
+    """``auto``: grouped on CPU (static elsewhere); ``grouped_decode`` False keeps generate; grouped needs G > 1 unless
+    LeanDecoder steps it; a prompt of one token, or gradient checkpointing (no prompt cache), falls back to generate."""
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
     m = bank.model
     assert bank.decode == "auto" and bank._decode_mode(m, 4, 5) == "grouped"
@@ -231,6 +231,10 @@ def test_decode_mode_per_device_and_option(tiny_lm_dir):
     assert bank._decode_mode(m, 4, 5) == "generate"
     bank.grouped_decode = None
     assert bank._decode_mode(m, 1, 5) == "generate" and bank._decode_mode(m, 4, 1) == "generate"
+    with bank._for_generation("policy") as merged:  # LeanDecoder serves the merged model, so G = 1 goes grouped
+        assert bank._decode_mode(merged, 1, 5) == "grouped"
+        bank.lean_decode = False
+        assert bank._decode_mode(merged, 1, 5) == "generate"
     bank.decode = "static"
     assert bank._decode_mode(m, 1, 5) == "static" and bank._decode_mode(m, 4, 1) == "generate"
     bank.share_prompts = False
