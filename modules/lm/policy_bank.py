@@ -323,7 +323,7 @@ class PolicyBank(nn.Module):
                 mode = "grouped" if self.grouped_decode else "generate"
             else:
                 mode = "grouped" if next(self.parameters()).device.type == "cpu" else "static"
-        lean = self.lean_decode and lean_decode_unsupported(model) is None  # LeanDecoder serves G = 1 as well
+        lean = self._lean_ok(model)  # LeanDecoder serves G = 1 as well
         if (
             mode == "generate"
             or not self.share_prompts
@@ -332,6 +332,14 @@ class PolicyBank(nn.Module):
         ):
             return "generate"
         return mode if self._cascade_ok(model) else "generate"
+
+    def _lean_ok(self, model: nn.Module) -> bool:
+        """Whether :class:`LeanDecoder` steps this decode.
+
+        It needs ``lean_decode``, no sharded strategy (it reads weights outside any gathering hook) and a model it
+        repeats exactly.
+        """
+        return self.lean_decode and self.merge_for_generation and lean_decode_unsupported(model) is None
 
     def _grouped_ok(self, model: nn.Module) -> bool:
         """Whether sampled groups decode with :func:`grouped_prefix_attention` (see ``grouped_decode``)."""
@@ -363,81 +371,43 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Sample ``g`` continuations per prompt with the prompt's cache held once (``[prompt | completion]`` rows).
 
-        The decode loop runs the B·G rows with :func:`grouped_prefix_attention` over one prefilled copy of each
-        prompt; sampling is ``generate``'s (same draws from the global generator, in the same order).
+        The decode loop runs the B·G rows over one prefilled copy of each prompt: stepped by :class:`LeanDecoder`
+        where it serves the model (``lean_decode``), else through the model's forward with
+        :func:`grouped_prefix_attention`; sampling is ``generate``'s (same draws from the global generator, in the
+        same order).
         """
         ids, mask = once["input_ids"], once["attention_mask"]
         width = ids.shape[1]
         cache, _ = self._prompt_forward(model, ids, mask, width - 1)
-        if self.lean_decode and lean_decode_unsupported(model) is None:
-            return self._decode_lean(
-                model, ids, mask, cache, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
-            )
+        if self._lean_ok(model):
+            decoder = LeanDecoder(model, cache, mask[:, :-1], g, max_new_tokens)
+            del cache
+
+            def lean_step(token: Tensor, position: Tensor, step: int) -> Tensor:
+                return decoder.step(token, position)
+
+            return self._sample(lean_step, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens)
         pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
         pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
         prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
-        rows = ids.repeat_interleave(g, dim=0)
-        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
-        token = rows[:, -1:]
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
         own = preallocated_cache(max_new_tokens)  # the prompt's last token, then every token but the last written
-        new: list[Tensor] = []
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         previous = base.config._attn_implementation
         _PREFIX.clear()
         _PREFIX.update(prefix)
         base.config._attn_implementation = GROUPED_ATTENTION
+
+        def step_logits(token: Tensor, position: Tensor, step: int) -> Tensor:
+            out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
+            return out.logits[:, -1, :]
+
         try:
-            for step in range(max_new_tokens):
-                out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
-                nxt = next_tokens(out.logits[:, -1, :], step, min_new_tokens, eos, do_sample, temperature, top_p)
-                nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
-                new.append(nxt)
-                if eos is not None:
-                    unfinished &= nxt != eos
-                if not bool(unfinished.any()):
-                    break
-                token, position = nxt[:, None], position + 1
+            return self._sample(
+                step_logits, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
+            )
         finally:
             base.config._attn_implementation = previous
             _PREFIX.clear()
-        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
-
-    def _decode_lean(
-        self,
-        model: nn.Module,
-        ids: Tensor,
-        mask: Tensor,
-        cache: Any,
-        g: int,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        do_sample: bool,
-        min_new_tokens: int,
-    ) -> Tensor:
-        """The grouped decode's loop with :class:`~modules.lm.decode_step.LeanDecoder` steps (same draws)."""
-        width = ids.shape[1]
-        decoder = LeanDecoder(model, cache, mask[:, : width - 1], g, max_new_tokens)
-        del cache
-        rows = ids.repeat_interleave(g, dim=0)
-        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
-        token = rows[:, -1:]
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
-        new: list[Tensor] = []
-        for step in range(max_new_tokens):
-            logits = decoder.step(token, position)
-            nxt = next_tokens(logits, step, min_new_tokens, eos, do_sample, temperature, top_p)
-            nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
-            new.append(nxt)
-            if eos is not None:
-                unfinished &= nxt != eos
-            if not bool(unfinished.any()):
-                break
-            token, position = nxt[:, None], position + 1
-        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
 
     def _decode_static(
         self,
@@ -477,12 +447,6 @@ class PolicyBank(nn.Module):
             if self._compiled_step is None:
                 self._compiled_step = static_decode.compiled_step(ids.device)
             step_fn = self._compiled_step
-        rows = ids.repeat_interleave(g, dim=0)
-        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
-        token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile)
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
-        new: list[Tensor] = []
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         previous = base.config._attn_implementation
         static_decode.register_static_attention()
@@ -490,21 +454,53 @@ class PolicyBank(nn.Module):
         static_decode._STATE.update(caches)
         base.config._attn_implementation = static_decode.STATIC_ATTENTION
         step_slot = caches[0].step
+
+        def step_logits(token: Tensor, position: Tensor, step: int) -> Tensor:
+            step_slot.fill_(step)
+            return step_fn(model, token, position)
+
         try:
-            for step in range(max_new_tokens):
-                step_slot.fill_(step)
-                logits = step_fn(model, token, position)
-                nxt = next_tokens(logits, step, min_new_tokens, eos, do_sample, temperature, top_p)
-                nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
-                new.append(nxt)
-                if eos is not None:
-                    unfinished &= nxt != eos
-                if not bool(unfinished.any()):
-                    break
-                token, position = nxt[:, None], position + 1
+            return self._sample(
+                step_logits, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
+            )
         finally:
             base.config._attn_implementation = previous
             static_decode._STATE.clear()
+
+    def _sample(
+        self,
+        step_logits: Callable[[Tensor, Tensor, int], Tensor],
+        ids: Tensor,
+        mask: Tensor,
+        g: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        do_sample: bool,
+        min_new_tokens: int,
+    ) -> Tensor:
+        """The cascaded decodes' loop: ``[prompt | completion]`` rows, ``g`` per prompt, until every row ends.
+
+        ``step_logits(token, position, step)`` gives each row's next-token logits ``[B·G, V]``; sampling is
+        ``generate``'s (the same draws from the global generator, in the same order); a row that wrote EOS is padded.
+        """
+        rows = ids.repeat_interleave(g, dim=0)
+        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
+        token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile when compiled)
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
+        new: list[Tensor] = []
+        for step in range(max_new_tokens):
+            nxt = next_tokens(
+                step_logits(token, position, step), step, min_new_tokens, eos, do_sample, temperature, top_p
+            )
+            nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
+            new.append(nxt)
+            if eos is not None:
+                unfinished &= nxt != eos
+            if not bool(unfinished.any()):
+                break
+            token, position = nxt[:, None], position + 1
         return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
 
     def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:

@@ -94,3 +94,17 @@ def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tin
     monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: steps.append(1) or original(self, *a))
     bank.generate("policy", ["1 + 2 =", "a longer prompt"], 2, max_new_tokens=4, min_new_tokens=4)
     assert len(steps) == (4 if lean else 0)
+
+
+def test_fsdp_wrapped_layers_and_sharded_strategies_keep_the_models_forward(tiny_lm_dir):
+    """FSDP units gather their weights in forward hooks that LeanDecoder would skip: a layer class renamed as
+    ``fully_shard`` renames it is refused, and a bank under a sharded strategy (no merged generation) never steps it."""
+    model = _model("qwen2")
+    layer = model.model.layers[0]
+    layer.__class__ = type("FSDPQwen2DecoderLayer", (type(layer),), {})
+    assert "FSDP-wrapped module FSDPQwen2DecoderLayer" == lean_decode_unsupported(model)
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    with bank._use(None) as base:
+        assert bank._lean_ok(base)
+        bank.merge_for_generation = False  # what use_strategy sets under FSDP and DeepSpeed
+        assert not bank._lean_ok(base)

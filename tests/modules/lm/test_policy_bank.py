@@ -113,10 +113,13 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     ],
     ids=["min_new_tokens", "top_p", "greedy"],
 )
-def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_lm_dir, kw):
-    """Sampled groups decoded with each prompt's cache held once: the tokens of transformers' generate over the
-    copied cache, draw for draw, for prompts of different lengths; the attention backend is restored afterwards."""
+@pytest.mark.parametrize("lean", [True, False], ids=["lean_step", "model_forward"])
+def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_lm_dir, kw, lean):
+    """Sampled groups decoded with each prompt's cache held once, stepped by LeanDecoder or through the model's
+    forward: the tokens of transformers' generate over the copied cache, draw for draw, for prompts of different
+    lengths; the attention backend is restored afterwards."""
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank.lean_decode = lean
     torch.manual_seed(1)
     with torch.no_grad():
         for p in bank.player_parameters("policy"):
