@@ -21,6 +21,7 @@ __all__ = [
     "check_manual_backward_strategy",
     "engine_grad_norm",
     "fsdp2_gradient_sync",
+    "fsdp_wrapped",
     "fully_shard_blocks",
     "full_tensors",
     "grad_norm_after_step",
@@ -220,6 +221,18 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> No
         block._ag_reshard_after_forward = True
     fully_shard(model, mesh=mesh, reshard_after_forward=False, **mp)
     model._ag_reshard_after_forward = False
+
+
+def fsdp_wrapped(module: nn.Module) -> str | None:
+    """The class name of the first FSDP unit inside ``module`` (FSDP1's wrapper or FSDP2's ``FSDP<Class>``), or None.
+
+    Such units gather their weights in their own forward hooks, so code that reads weights without calling those
+    forwards must not run on them.
+    """
+    for m in module.modules():
+        if type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
+            return type(m).__name__
+    return None
 
 
 def _fsdp2_units(module: nn.Module) -> list[nn.Module]:

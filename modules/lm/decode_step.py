@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from modules.distributed.sharding import fsdp_wrapped
 from modules.lm.decoding import cascade_attention
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
@@ -68,10 +69,9 @@ def lean_decode_unsupported(model: nn.Module) -> str | None:
         for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             if type(_linear(proj)) is not nn.Linear:
                 return f"{type(_linear(proj)).__name__} projections (quantised or sharded)"
-    for m in base.modules():
-        # FSDP units gather their weights in their own forward hooks, which reading the weights here would skip
-        if type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
-            return f"FSDP-wrapped module {type(m).__name__}"
+    wrapped = fsdp_wrapped(base)  # its weights are gathered by forward hooks that reading them here would skip
+    if wrapped is not None:
+        return f"FSDP-wrapped module {wrapped}"
     for p in base.parameters():
         if type(p.data) is not Tensor or hasattr(p, "ds_id") or p.is_meta:
             return "sharded or offloaded parameters"
