@@ -196,14 +196,19 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
 
     # ------------------------------------------------------------------------------------------------ optimisation
     def accumulate(
-        self, num_rows: int, chunk: int, loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]]
+        self,
+        num_rows: int,
+        chunk: int,
+        loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]],
+        total_rows: int | None = None,
     ) -> dict[str, Tensor] | None:
         """Forward and backward of rows ``[0, num_rows)`` in chunks; the row-weighted mean loss and stats.
 
         ``loss_of(start, stop)`` returns the mean loss over its rows and detached statistics; each chunk's backward is
-        weighted by its share of the rows, so the gradient is that of the whole batch's mean. Gradients are
-        synchronised across processes on the last chunk only. ``None``, after zeroing the gradients, when a chunk's
-        loss is not finite on any rank (the caller skips the step).
+        weighted by its share of the rows, so the gradient is that of the whole batch's mean. With ``total_rows`` >
+        ``num_rows`` the shares are of ``total_rows``: the rows not run count as rows of loss and statistics 0.
+        Gradients are synchronised across processes on the last chunk only. ``None``, after zeroing the gradients,
+        when a chunk's loss is not finite on any rank (the caller skips the step).
         """
         chunk = num_rows if chunk <= 0 else chunk
         total: dict[str, Tensor] = {}
@@ -215,7 +220,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
                     for opt in self._optimizer_list():
                         opt.zero_grad()
                     return None
-                weight = (stop - start) / num_rows
+                weight = (stop - start) / (total_rows or num_rows)
                 self.manual_backward(loss * weight)
             for key, value in {"loss": loss.detach(), **stats}.items():
                 total[key] = total.get(key, 0.0) + weight * value

@@ -63,6 +63,11 @@ class GRPO(LanguageModelGame):
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
         logprob_micro_batch: Rows per reference (and old-policy) log-probability forward (0: all at once).
         train_micro_batch: Rows per policy forward + backward (0: all at once); gradients are accumulated.
+        skip_uniform_groups: Leave out of the policy's forward and backward the groups whose rewards are all equal
+            (every reply right, or every reply wrong): their advantages are 0, so with β = 0 their surrogate and its
+            gradient are exactly 0 and the update is the same. The mean still counts their rows. Only with β = 0
+            (the KL term has a gradient at any advantage) and in a one-process run (sharded and data-parallel
+            ranks must run the same forwards). ``train/informative_groups`` logs the share of groups that count.
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
         log_samples: Greedy validation replies shown per validation in TensorBoard (``val/generations``; 0: none).
@@ -92,6 +97,7 @@ class GRPO(LanguageModelGame):
         chat_template: bool = True,
         logprob_micro_batch: int = 0,
         train_micro_batch: int = 0,
+        skip_uniform_groups: bool = True,
         max_consecutive_nonfinite: int = 10,
         eval_max_new_tokens: int | None = None,
         log_samples: int = 4,
@@ -169,11 +175,26 @@ class GRPO(LanguageModelGame):
         return torch.cat(cols, dim=1)
 
     def _policy_loss(
-        self, rollout: Rollout, advantages: Tensor, ref: Tensor | None, old: Tensor | None
+        self,
+        rollout: Rollout,
+        advantages: Tensor,
+        ref: Tensor | None,
+        old: Tensor | None,
+        groups: Tensor | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in ``train_micro_batch`` chunks of whole groups: the loss and stats, or ``None``."""
+        """Forward and backward in ``train_micro_batch`` chunks of whole groups: the loss and stats, or ``None``.
+
+        ``groups``: indices of the groups to run (default: all). The loss stays the mean over all ``N`` rows, so the
+        rows left out count as rows of loss 0 (exact for groups whose advantages are 0 when β = 0).
+        """
         hp = self.hparams
-        n, g = rollout.sequences.shape[0], rollout.group_size
+        total, g = rollout.sequences.shape[0], rollout.group_size
+        if groups is not None and len(groups) < total // g:
+            rows = (groups.cpu()[:, None] * g + torch.arange(g)).reshape(-1).to(advantages.device)
+            rollout, advantages = _take_rows(rollout, rows), advantages[rows]
+            ref = None if ref is None else ref[rows]
+            old = None if old is None else old[rows]
+        n = rollout.sequences.shape[0]
         chunk = -(-(hp.train_micro_batch or n) // g) * g  # whole groups, so each chunk runs its prompts once
         if chunk < n:
             # groups ordered by their longest completion: each chunk then runs to its own longest reply (see
@@ -196,7 +217,7 @@ class GRPO(LanguageModelGame):
                 beta=hp.beta,
             )
 
-        return self.accumulate(n, chunk, loss_of)
+        return self.accumulate(n, chunk, loss_of, total_rows=total)
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -216,6 +237,12 @@ class GRPO(LanguageModelGame):
         if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps
             return
         advantages = group_advantages(reward, g, scale=hp.scale_rewards)
+        grouped = reward.view(b, g)
+        informative = (grouped != grouped[:, :1]).any(dim=1)
+        groups = None
+        if hp.skip_uniform_groups and hp.beta == 0 and self.trainer.world_size == 1:
+            # at least one group, so the optimizer still steps on a (zero) gradient as it would without the skip
+            groups = informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
         self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})
         ref = old = None
         with torch.no_grad():
@@ -228,7 +255,7 @@ class GRPO(LanguageModelGame):
         for _ in range(hp.updates_per_rollout):
             opt.zero_grad()
             with self._timed("backward"):
-                out = self._policy_loss(roll, advantages, ref, old)
+                out = self._policy_loss(roll, advantages, ref, old, groups)
             if out is None:
                 return
             with self._timed("optimizer"):
@@ -240,7 +267,8 @@ class GRPO(LanguageModelGame):
             {
                 "train/loss": out["loss"],
                 "train/reward": reward.mean(),
-                "train/reward_std": reward.view(b, g).std(dim=1).mean(),
+                "train/reward_std": grouped.std(dim=1).mean(),
+                "train/informative_groups": informative.float().mean(),
                 "train/kl": out["kl"],
                 "train/clip_fraction": out["clip_fraction"],
                 "train/completion_tokens": roll.completion_mask.sum(1).float().mean(),

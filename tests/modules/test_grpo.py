@@ -312,3 +312,54 @@ def test_length_ordered_micro_batches_give_the_whole_batchs_update(tiny_lm_dir, 
         torch.testing.assert_close(after[1][name], p, rtol=1e-5, atol=1e-6)
     assert sum(not torch.equal(after[0][n], before[0][n]) for n in after[0]) >= len(after[0]) // 2
     assert orders == [[2, 3, 0, 1]]  # the chunked run reordered its 2 groups of 2; the whole batch kept its order
+
+
+def test_uniform_groups_are_left_out_of_the_backward_with_the_same_update(tiny_lm_dir, tmp_path, monkeypatch):
+    """Groups whose rewards are all equal have advantage 0: leaving them out of the forward and backward (β = 0)
+    moves the adapter exactly as running them does, over a mixed step and then an all-uniform step (AdamW's momentum
+    alone). The mean keeps counting their rows; ``train/informative_groups`` logs the share that counted."""
+    steps = iter([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0]] * 2)  # step 1: group 0 uniform; step 2: both uniform
+
+    def rewards(self, inputs, completions, references, group_size=1):
+        return torch.tensor(next(steps)).unsqueeze(1)
+
+    monkeypatch.setattr(GRPO, "rewards", rewards)
+    rows_run, before, after, informative = [], [], [], []
+    for skip in (False, True):
+        L.seed_everything(5)
+        model = _model(tiny_lm_dir, answer_reward=True, beta=0.0, skip_uniform_groups=skip, lr=1e-2)
+        run = model.players.token_logprobs
+        rows_run.append([])
+
+        def spy(name, rollout, *a, _run=run, _rows=rows_run[-1], **k):
+            if torch.is_grad_enabled():
+                _rows.append(rollout.sequences.shape[0])
+            return _run(name, rollout, *a, **k)
+
+        monkeypatch.setattr(model.players, "token_logprobs", spy)
+        before.append({n: p.detach().clone() for n, p in model.players.named_parameters() if p.requires_grad})
+        _trainer(tmp_path, steps=2).fit(model, _dm())
+        after.append({n: p.detach().clone() for n, p in model.players.named_parameters() if p.requires_grad})
+        informative.append(float(model.trainer.callback_metrics["train/informative_groups"]))
+    assert rows_run == [[4, 4], [2, 2]]  # all four rows twice; group 1 only, then one (uniform) group kept to step on
+    assert informative == [0.0, 0.0]  # the last step's share
+    for name, p in after[0].items():
+        torch.testing.assert_close(before[1][name], before[0][name], rtol=0, atol=0)
+        torch.testing.assert_close(after[1][name], p, rtol=1e-5, atol=1e-6)
+    assert sum(not torch.equal(after[0][n], before[0][n]) for n in after[0]) >= len(after[0]) // 2
+
+
+def test_uniform_groups_are_run_when_the_kl_term_has_a_gradient(tiny_lm_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(GRPO, "rewards", lambda self, *a, **k: torch.tensor([[1.0], [1.0], [0.0], [1.0]]))
+    model = _model(tiny_lm_dir, answer_reward=True, beta=0.1)
+    rows, run = [], model.players.token_logprobs
+
+    def spy(name, rollout, *a, **k):
+        if torch.is_grad_enabled():
+            rows.append(rollout.sequences.shape[0])
+        return run(name, rollout, *a, **k)
+
+    monkeypatch.setattr(model.players, "token_logprobs", spy)
+    _trainer(tmp_path, steps=1).fit(model, _dm())
+    assert rows == [4]
+    assert float(model.trainer.callback_metrics["train/informative_groups"]) == 0.5
