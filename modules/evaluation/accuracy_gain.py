@@ -5,7 +5,10 @@ greedily; a problem is solved when the reply's last ``\boxed{}`` matches the ref
 (:func:`~modules.evaluation.policy_accuracy.score_replies`'s rule). Per seed the gain is ``after − before`` with a
 bootstrap interval over problems (the same resampled problems for both, so the pairing is kept); across seeds the
 mean gain has a Student-t interval with ``seeds − 1`` degrees of freedom: the seeds are the independent training
-runs, and with 3 of them the interval is wide (t = 4.30), which is the honest price of 3 seeds.
+runs, and with 3 of them the interval is wide (t = 4.30), which is the honest price of 3 seeds. The t interval only
+sees the seeds' spread, so seeds with equal gains give it width 0; the report therefore also gives the seeds' mean
+gain with a bootstrap interval over problems (each problem's gain averaged over the seeds), which keeps the width that
+600 problems leave.
 
     python -m modules.evaluation.accuracy_gain --base artifacts/competent_policy \
         --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
@@ -28,7 +31,7 @@ from datamodules.arithmetic import generate_problems
 from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["HELD_OUT_SEED", "main", "paired_gain", "seed_interval", "solved"]
+__all__ = ["HELD_OUT_SEED", "main", "paired_gain", "seed_interval", "seed_mean_gain", "solved"]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
@@ -55,19 +58,57 @@ def paired_gain(
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     diff = torch.tensor([float(a) - float(b) for b, a in zip(before, after)], dtype=torch.float64)
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(len(diff), (n_boot, len(diff)), generator=gen)
-    means = diff[idx].mean(dim=1)
-    tail = (1 - confidence) / 2
-    lo, hi = torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
     n = len(diff)
     return {
         "n": n,
         "before": sum(map(bool, before)) / n,
         "after": sum(map(bool, after)) / n,
         "gain": float(diff.mean()),
-        "gain_ci": [lo, hi],
+        "gain_ci": _bootstrap_mean_interval(diff, n_boot, seed, confidence),
     }
+
+
+def seed_mean_gain(
+    before: Sequence[bool],
+    afters: Sequence[Sequence[bool]],
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """The seeds' mean gain with a bootstrap interval over problems: each problem's gain averaged over the seeds.
+
+    Example:
+        >>> seed_mean_gain([False, False, True, True], [[True, False, True, True], [True, True, True, False]])["gain"]
+        0.25
+
+    Raises:
+        ValueError: for no seeds, a seed whose list is not as long as ``before``, no problems, or ``n_boot < 1``.
+    """
+    if not afters:
+        raise ValueError("no trained policies")
+    for i, after in enumerate(afters):
+        if len(after) != len(before):
+            raise ValueError(f"before has {len(before)} problems but trained policy {i} has {len(after)}")
+    if not before:
+        raise ValueError("no problems")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    solved_after = torch.tensor([[float(a) for a in after] for after in afters], dtype=torch.float64)
+    diff = solved_after.mean(dim=0) - torch.tensor([float(b) for b in before], dtype=torch.float64)
+    return {
+        "seeds": len(afters),
+        "gain": float(diff.mean()),
+        "gain_ci": _bootstrap_mean_interval(diff, n_boot, seed, confidence),
+    }
+
+
+def _bootstrap_mean_interval(diff: torch.Tensor, n_boot: int, seed: int, confidence: float) -> list[float]:
+    """Percentile bootstrap interval of the mean of ``diff`` (problems resampled with replacement)."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(diff), (n_boot, len(diff)), generator=gen)
+    means = diff[idx].mean(dim=1)
+    tail = (1 - confidence) / 2
+    return torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
 
 
 def seed_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
@@ -123,7 +164,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
     run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
     before = run(args.base)
-    per_seed = [{"model": path, **paired_gain(before, run(path), seed=i)} for i, path in enumerate(args.trained)]
+    after = [run(path) for path in args.trained]
+    per_seed = [
+        {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
+    ]
     report: dict[str, Any] = {
         "base": args.base,
         "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},
@@ -131,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     if len(per_seed) > 1:
         report["across_seeds"] = seed_interval([s["gain"] for s in per_seed])
+        report["seed_mean_over_problems"] = seed_mean_gain(before, after)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -8,7 +8,7 @@ from scipy import stats
 
 from datamodules.arithmetic import generate_problems
 from datamodules.prompts import generated_rows
-from modules.evaluation.accuracy_gain import HELD_OUT_SEED, main, paired_gain, seed_interval
+from modules.evaluation.accuracy_gain import HELD_OUT_SEED, main, paired_gain, seed_interval, seed_mean_gain
 
 
 def test_paired_gain_by_hand_and_a_constant_difference_has_no_spread():
@@ -44,6 +44,22 @@ def test_seed_interval_against_scipy_and_a_hand_value():
     assert out["sd"] == pytest.approx(0.02) and out["n"] == 3
 
 
+def test_seed_mean_gain_by_hand_and_against_one_seeds_paired_gain():
+    before = [False, False, True, True]
+    afters = [[True, False, True, True], [True, True, True, False]]  # per problem: +1, +0.5, 0, -0.5 on average
+    out = seed_mean_gain(before, afters)
+    assert out["seeds"] == 2 and out["gain"] == 0.25
+    lo, hi = out["gain_ci"]
+    assert -0.5 <= lo < 0.25 < hi <= 1.0
+    one = seed_mean_gain(before, afters[:1], seed=3)
+    assert one["gain_ci"] == paired_gain(before, afters[0], seed=3)["gain_ci"]
+    # equal gains on different problems: the t interval over seeds has width 0, this one does not
+    equal = seed_mean_gain([False] * 6, [[True] * 3 + [False] * 3, [False] * 3 + [True] * 3])
+    assert equal["gain"] == 0.5 and equal["gain_ci"] == [0.5, 0.5]  # each problem gains 0.5: no spread either
+    apart = seed_mean_gain([False] * 6, [[True] * 3 + [False] * 3, [True] * 3 + [False] * 3])
+    assert apart["gain"] == 0.5 and apart["gain_ci"][0] < 0.5 < apart["gain_ci"][1]
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -51,6 +67,9 @@ def test_seed_interval_against_scipy_and_a_hand_value():
         (lambda: paired_gain([], []), "no problems"),
         (lambda: paired_gain([True], [True], n_boot=0), "n_boot"),
         (lambda: seed_interval([0.1]), "at least 2 seeds"),
+        (lambda: seed_mean_gain([True], []), "no trained policies"),
+        (lambda: seed_mean_gain([True, False], [[True, True], [True]]), "trained policy 1 has 1"),
+        (lambda: seed_mean_gain([], [[]]), "no problems"),
     ],
 )
 def test_bad_input_is_refused(call, message):
@@ -78,6 +97,7 @@ def test_the_command_on_a_policy_against_itself(tiny_lm_dir, tmp_path):
     assert json.loads(out.read_text()) == report
     assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]
     assert report["across_seeds"]["mean"] == 0.0 and report["across_seeds"]["ci"] == [0.0, 0.0]
+    assert report["seed_mean_over_problems"] == {"seeds": 2, "gain": 0.0, "gain_ci": [0.0, 0.0]}
     assert report["problems"] == {"n": 3, "seed": HELD_OUT_SEED, "steps": [2, 4]}
 
 
