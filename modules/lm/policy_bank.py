@@ -552,8 +552,8 @@ class PolicyBank(nn.Module):
                         first, tail = seen
                         hidden = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
                     else:
-                        # the last C + 1 positions: P − 1 … P + C − 1 predict the C completion tokens
-                        model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=c + 1)
+                        # the chunk's last C' + 1 positions: P − 1 … P + C' − 1 predict its C' completion columns
+                        model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=last - width + 1)
                         hidden = seen[0][:, :-1]
                 lp = head_token_logprobs(model, hidden, s[:, width:], temperature, self.logit_chunk_tokens)
                 lp = lp * cmask[i : i + step, : last - width]

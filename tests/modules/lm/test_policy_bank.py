@@ -270,12 +270,15 @@ def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concate
         pre.update(*chunks[0], 1)
 
 
-def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_lm_dir):
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_lm_dir, share_prompts):
     """Group 0's replies are cut to 2 tokens: its micro-batch runs 2 completion columns, not the batch's 8, with the
-    log-probabilities and gradients of the untrimmed batch."""
+    log-probabilities and gradients of the untrimmed batch; with each group's prompt run once (``share_prompts``) and
+    with every row run whole (the path of rollouts without groups, as a debate's forked plies)."""
     from dataclasses import replace
 
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank.share_prompts = share_prompts
     torch.manual_seed(0)
     with torch.no_grad():
         for p in bank.player_parameters("policy"):
@@ -303,7 +306,10 @@ def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_lm_dir):
     chunked, chunked_grads = run(2)
     hook.remove()
     assert chunked.shape == whole.shape == (4, 8)
-    assert widths[1] == 2 and widths[3] == 8  # each group: its prompt, then its completion columns
+    if share_prompts:
+        assert widths[1] == 2 and widths[3] == 8  # each group: its prompt, then its completion columns
+    else:
+        assert widths == [roll.prompt_width + 2, roll.prompt_width + 8]  # each micro-batch: prompt and its columns
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
     for name, grad in whole_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6)
