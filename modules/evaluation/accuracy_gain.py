@@ -53,18 +53,15 @@ def paired_gain(
     """
     if len(before) != len(after):
         raise ValueError(f"before has {len(before)} problems but after has {len(after)}")
-    if not before:
-        raise ValueError("no problems")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     diff = torch.tensor([float(a) - float(b) for b, a in zip(before, after)], dtype=torch.float64)
+    interval = _bootstrap_mean_interval(diff, n_boot, seed, confidence)
     n = len(diff)
     return {
         "n": n,
         "before": sum(map(bool, before)) / n,
         "after": sum(map(bool, after)) / n,
         "gain": float(diff.mean()),
-        "gain_ci": _bootstrap_mean_interval(diff, n_boot, seed, confidence),
+        "gain_ci": interval,
     }
 
 
@@ -89,10 +86,6 @@ def seed_mean_gain(
     for i, after in enumerate(afters):
         if len(after) != len(before):
             raise ValueError(f"before has {len(before)} problems but trained policy {i} has {len(after)}")
-    if not before:
-        raise ValueError("no problems")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     solved_after = torch.tensor([[float(a) for a in after] for after in afters], dtype=torch.float64)
     diff = solved_after.mean(dim=0) - torch.tensor([float(b) for b in before], dtype=torch.float64)
     return {
@@ -103,7 +96,15 @@ def seed_mean_gain(
 
 
 def _bootstrap_mean_interval(diff: torch.Tensor, n_boot: int, seed: int, confidence: float) -> list[float]:
-    """Percentile bootstrap interval of the mean of ``diff`` (problems resampled with replacement)."""
+    """Percentile bootstrap interval of the mean of ``diff`` (problems resampled with replacement).
+
+    Raises:
+        ValueError: for no problems or ``n_boot < 1``.
+    """
+    if not len(diff):
+        raise ValueError("no problems")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(len(diff), (n_boot, len(diff)), generator=gen)
     means = diff[idx].mean(dim=1)
