@@ -36,7 +36,7 @@ from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifa
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
-from modules.scorers.peer_judges import PeerJudging, encode_texts, peer_scores
+from modules.scorers.peer_judges import PeerJudging, encode_texts, peer_scores, solve_scores
 from modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from modules.training.pool_followers import FollowerTraining, FollowerUpdates
 
@@ -194,6 +194,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     def judge(self, judge: str, instructions: list[str], responses: list[str]) -> list[tuple[float, bool]]:
         """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
         j = self.judging
+        if j.mode == "solve":  # the judge solves each question (with the players' system message) and compares
+            questions = [self.chat(judge, x, self.hparams.system_prompt) for x in instructions]
+            return solve_scores(self.bank(judge), judge, questions, responses, j)
         chat = lambda user: self.chat(judge, user)  # noqa: E731
         prompts = [j.prompt(self.bank(judge), chat, x, y) for x, y in zip(instructions, responses)]
         return peer_scores(self.bank(judge), judge, prompts, j)
@@ -432,11 +435,14 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         for name, metric in {**epoch, "follower/loss_epoch": "follower_loss"}.items():
             self.log(name, self.epoch_means[metric], on_step=False, on_epoch=True, batch_size=1)
         judged, failures = sum(self.judge_counts[p][0] for p in names), self.counters["parse_failures"]
+        top5, bottom5 = rules.weight_extremes(probs.tolist())  # §5's sharpening: mean weights against uniform
         logs = {
             "leader/reward": mean_reward,
             "leader/entropy": float(-(probs * probs.log()).sum()),
             "leader/max_weight_ratio": float(probs.max() * k),
             "leader/min_weight_ratio": float(probs.min() * k),
+            "leader/top5_weight_ratio": top5,
+            "leader/bottom5_weight_ratio": bottom5,
             "match/target_gap": target_gap,
             "duel/score_gap": score_gap,
             "duel/ties": float(sum(1 for x, y in side_scores if x == y)),

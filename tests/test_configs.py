@@ -72,6 +72,19 @@ SMALL = {
         ]
         for algorithm in ("dpo", "grpo")
     },
+    **{
+        f"pool_{algorithm}_competent.yaml": [
+            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+            "--model.init_args.duels_per_iteration=3",
+            "--model.init_args.sampling.max_new_tokens=6",
+            "--model.init_args.judging.max_new_tokens=6",
+            "--model.init_args.eval_max_new_tokens=6",
+            "--data.init_args.num_problems=10",
+            "--data.init_args.num_test_problems=2",
+            "--data.init_args.batch_size=2",
+        ]
+        for algorithm in ("dpo", "grpo")
+    },
 }
 
 

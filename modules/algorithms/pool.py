@@ -6,12 +6,13 @@ r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching
   probability 0.2; :meth:`Matchmaking.distribution` is its exact marginal (Fig. 4); :meth:`Matchmaking.duels` draws a
   round's duels and :func:`duel_judges` names their judges.
 * **Judging** (App. G): :func:`fill_judge_template`; :func:`parse_judgement` reads a 1–10 score (JSON, then a regex,
-  else 5.0 flagged as a failure).
+  else 5.0 flagged as a failure); :func:`agreement_score`, the score of a judge that solves the question itself.
 * **Aggregation**: :class:`ReputationWeighting` (judges' ratings to weights: the paper's raw ratings, or their Elo
   odds), :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
   :func:`aggregate_duel` for one duel's table of scores.
 * **Followers**: :func:`preference_pairs` (DPO's chosen/rejected) and :func:`peer_score_advantages` (GRPO).
-* **Curriculum by category**: :func:`category_weights` (the leader's probability mass per instruction category).
+* **Curriculum**: :func:`category_weights` (the leader's probability mass per instruction category) and
+  :func:`weight_extremes` (its top and bottom instructions against uniform, §5).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from modules.algorithms.answers import extract_final_answer
+from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.algorithms.exp3 import linear_schedule
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_SCORE",
     "JudgeParse",
     "aggregate_duel",
+    "agreement_score",
     "category_weights",
     "duel_judges",
     "fill_judge_template",
@@ -47,6 +49,7 @@ __all__ = [
     "peer_score_advantages",
     "preference_pairs",
     "reputation_weighted_mean",
+    "weight_extremes",
 ]
 
 DEFAULT_SCORE = 5.0
@@ -339,6 +342,9 @@ class ReputationWeighting:
 def reputation_weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:
     """``Σ w_j s_j / Σ w_j``; equal weights when every weight is 0 (documented: no judge has any reputation left).
 
+    The mean is kept within the scores' range, which rounding can leave (ten from judges who all gave 10 must stay 10,
+    the top of the scale the leader's reward checks).
+
     Raises:
         ValueError: for no scores, mismatched lengths, a non-finite score or a negative or non-finite weight.
     """
@@ -352,9 +358,8 @@ def reputation_weighted_mean(scores: Sequence[float], weights: Sequence[float]) 
     if not all(math.isfinite(x) and x >= 0 for x in w):
         raise ValueError(f"judge weights must be finite and non-negative, got {w}")
     total = sum(w)
-    if total == 0:
-        return sum(s) / len(s)
-    return sum(x * y for x, y in zip(s, w)) / total
+    mean = sum(s) / len(s) if total == 0 else sum(x * y for x, y in zip(s, w)) / total
+    return min(max(mean, min(s)), max(s))
 
 
 def judge_verdicts(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[float]:
@@ -375,6 +380,37 @@ def aggregate_duel(
     per_side = [[reputation_weighted_mean(row, weights) for row in side] for side in table]
     means = [[sum(row[k] for row in side) / len(side) for k in range(len(weights))] for side in table]
     return per_side, judge_verdicts(means[0], means[1])
+
+
+def agreement_score(response_answer: str | None, judge_answers: Sequence[str | None]) -> tuple[float, bool]:
+    """A solving judge's 1–10 score of a response: ``1 + 9 ×`` the share of its own answers the response agrees with.
+
+    For pools of task models that cannot follow a rating prompt (a CPU-scale arithmetic policy) but can solve the
+    question: the judge samples its own solutions, and a response whose final answer matches more of them scores
+    higher. It sees no reference, so it is still a peer's judgement, as good as the judge's own skill: it is the
+    self-consistency signal of majority voting, spread over the 1–10 scale so that two responses with different
+    answers rarely tie. Reputation weighting and the composite reward read it as any other score.
+
+    Args:
+        response_answer: The response's final answer (:func:`final_answer`), ``None`` when it has none.
+        judge_answers: The final answers of the judge's own solutions (``None`` where one has none).
+
+    Returns:
+        ``(score, read)``. ``read`` is ``False`` (and the score the neutral 5.0, as for an unparsed judgement) when
+        none of the judge's solutions has an answer: it could not judge. A response without an answer scores 1.0.
+
+    Raises:
+        ValueError: when there are no judge answers.
+    """
+    if not judge_answers:
+        raise ValueError("agreement_score needs at least one of the judge's answers")
+    if all(a is None for a in judge_answers):
+        return DEFAULT_SCORE, False
+    if response_answer is None:
+        return SCORE_RANGE[0], True
+    agree = sum(1 for a in judge_answers if a is not None and answers_match(response_answer, a))
+    low, high = SCORE_RANGE
+    return low + (high - low) * agree / len(judge_answers), True
 
 
 # ---------------------------------------------------------------------------------------------------- evaluation
@@ -432,3 +468,21 @@ def category_weights(probs: Sequence[float], categories: Sequence[str | None]) -
         key = "none" if c is None else str(c)
         out[key] = out.get(key, 0.0) + float(p)
     return out
+
+
+def weight_extremes(probs: Sequence[float], n: int = 5) -> tuple[float, float]:
+    """The mean probability of the ``n`` most and the ``n`` least likely instructions, each against uniform ``1/K``.
+
+    §5's measure of the curriculum's sharpening (Fig. 5: the top five reach about 1.6× uniform, the bottom five fall
+    to about 0.75×); both are 1.0 for a uniform leader. ``n`` is capped at ``K // 2`` (at least 1), so the two sets
+    never overlap.
+
+    Raises:
+        ValueError: for no probabilities or ``n`` < 1.
+    """
+    if not len(probs) or n < 1:
+        raise ValueError(f"weight_extremes needs probabilities and n >= 1, got {len(probs)} and n={n}")
+    k = len(probs)
+    n = max(1, min(n, k // 2))
+    ordered = sorted(float(p) for p in probs)
+    return sum(ordered[-n:]) / n * k, sum(ordered[:n]) / n * k

@@ -15,14 +15,21 @@ from dataclasses import dataclass
 import torch
 
 from modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
-from modules.algorithms.pool import DEFAULT_JUDGE_TEMPLATE, DEFAULT_SCORE, fill_judge_template, parse_judgement
+from modules.algorithms.pool import (
+    DEFAULT_JUDGE_TEMPLATE,
+    DEFAULT_SCORE,
+    agreement_score,
+    fill_judge_template,
+    final_answer,
+    parse_judgement,
+)
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.text import pad_sequences
 from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
 
-__all__ = ["PeerJudging", "encode_texts", "peer_scores"]
+__all__ = ["PeerJudging", "encode_texts", "peer_scores", "solve_scores"]
 
-MODES = ("generate", "constrained")
+MODES = ("generate", "constrained", "solve")
 
 
 @dataclass(frozen=True)
@@ -31,19 +38,26 @@ class PeerJudging:
 
     Attributes:
         template: Judge prompt with ``{prompt}`` and ``{response}`` (App. G's by default).
-        mode: ``"generate"`` (greedy answer, parsed: JSON, regex, else 5.0, counted) or ``"constrained"`` (the mean of
-            the judge's distribution over the ten answers: for models too small to write JSON).
+        mode: ``"generate"`` (greedy answer, parsed: JSON, regex, else 5.0, counted), ``"constrained"`` (the mean of
+            the judge's distribution over the ten answers: for models too small to write JSON) or ``"solve"`` (the
+            judge solves the question and scores agreement with its answers; template and prefill unused).
         prefill: Text the judge's answer is started with (e.g. ``{"score": ``), also prepended before parsing.
-        max_new_tokens: Tokens per generated judgement.
+        max_new_tokens: Tokens per generated judgement (per solution under ``solve``).
+        samples: Solutions a ``solve`` judge writes per question: 1 is greedy (the paper's judges score greedily; the
+            score is then 1 or 10), more are sampled at ``temperature`` and grade the score.
+        temperature: Sampling temperature of a ``solve`` judge's solutions when ``samples`` > 1.
 
     Raises:
-        ValueError: for an unknown mode, a template without both fields, or a non-positive token budget.
+        ValueError: for an unknown mode, a template without both fields, a non-positive token budget or sample
+            count, or a non-positive temperature.
     """
 
     template: str = DEFAULT_JUDGE_TEMPLATE
     mode: str = "generate"
     prefill: str = ""
     max_new_tokens: int = 32
+    samples: int = 1
+    temperature: float = 0.7
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -52,6 +66,10 @@ class PeerJudging:
             raise ValueError("judging.template must contain {prompt} and {response}")
         if self.max_new_tokens < 1:
             raise ValueError(f"judging.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.samples < 1:
+            raise ValueError(f"judging.samples must be at least 1, got {self.samples}")
+        if not self.temperature > 0:
+            raise ValueError(f"judging.temperature must be positive, got {self.temperature}")
 
     def user_message(self, instruction: str, response: str, special_tokens: Iterable[str] = ()) -> str:
         """The judge's user message for one (instruction, response): the response quoted (:func:`quote_judged`).
@@ -120,6 +138,32 @@ def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: P
         ]
     out = bank.generate(judge, list(prompts), 1, max_new_tokens=judging.max_new_tokens, do_sample=False)
     return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
+
+
+def solve_scores(
+    bank: PolicyBank, judge: str, questions: Sequence[str], responses: Sequence[str], judging: PeerJudging
+) -> list[tuple[float, bool]]:
+    """A ``solve`` judge's score in [1, 10] of each response, and whether the judge could judge it.
+
+    Args:
+        bank: The judge's bank.
+        judge: The judge's player name.
+        questions: Each response's question as the judge's chat-formatted prompt; each distinct one is solved once
+            (``judging.samples`` solutions, greedy when 1).
+        responses: The judged responses; only their final answers (:func:`final_answer`) are read.
+        judging: The settings (``samples``, ``temperature``, ``max_new_tokens``).
+    """
+    if len(questions) != len(responses):
+        raise ValueError(f"solve_scores: {len(questions)} questions for {len(responses)} responses")
+    if not questions:
+        return []
+    distinct = list(dict.fromkeys(questions))
+    k = judging.samples
+    out = bank.generate(
+        judge, distinct, k, temperature=judging.temperature, max_new_tokens=judging.max_new_tokens, do_sample=k > 1
+    )
+    own = {q: [final_answer(t) for t in out.texts[i * k : (i + 1) * k]] for i, q in enumerate(distinct)}
+    return [agreement_score(final_answer(r), own[q]) for q, r in zip(questions, responses)]
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ from modules.distributed.collectives import local_batches, shared_rows
 from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from modules.lm.sampling import Sampling
 from modules.pool import StackelbergPool
-from modules.scorers.peer_judges import PeerJudging
+from modules.scorers.peer_judges import PeerJudging, solve_scores
 from modules.training.pool_followers import FollowerTraining
 
 SMALL = dict(
@@ -108,6 +108,8 @@ def test_bad_options_name_the_field(tiny_lm_dir):
     [
         (PeerJudging, {"mode": "vibes"}, "judging.mode"),
         (PeerJudging, {"template": "{prompt} only"}, "judging.template"),
+        (PeerJudging, {"samples": 0}, "judging.samples"),
+        (PeerJudging, {"temperature": 0.0}, "judging.temperature"),
         (PeerJudging, {"max_new_tokens": 0}, "judging.max_new_tokens"),
         (Sampling, {"temperature": 0.0}, "sampling.temperature"),
         (Sampling, {"top_p": 1.5}, "sampling.top_p"),
@@ -591,3 +593,41 @@ def test_an_unset_schedule_spans_the_trainers_iterations(tiny_lm_dir, tmp_path, 
     _fit(module, short_pool, epochs=2, tmp_path=tmp_path)
     assert module.num_iterations == 2 and module.iteration == 2  # trainer.max_epochs x one iteration per epoch
     assert module.hparams.num_iterations is None  # the checkpoint records "the trainer's", not a number
+
+
+class _SolvingBank:
+    """A bank double that records its ``generate`` calls and answers question ``q`` with the texts given for it."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = answers, []
+
+    def generate(self, player, prompts, k, **kw):
+        self.calls.append((player, list(prompts), k, kw))
+        return SimpleNamespace(texts=[t for q in prompts for t in self.answers[q][:k]])
+
+
+def test_solve_scores_solve_each_question_once_and_grade_by_agreement():
+    bank = _SolvingBank({"q1": ["so \\boxed{4}", "\\boxed{4}", "\\boxed{5}", "7"], "q2": ["none", "", "x", "y"]})
+    judging = PeerJudging(mode="solve", samples=4, temperature=0.9, max_new_tokens=16)
+    out = solve_scores(bank, "m2", ["q1", "q2", "q1", "q1"], ["\\boxed{4}", "4", "it is 7", "no idea"], judging)
+    assert out == [(1 + 9 * 2 / 4, True), (5.0, False), (1 + 9 / 4, True), (1.0, True)]
+    ((player, prompts, k, kw),) = bank.calls  # one call, each distinct question once, sampled
+    assert (player, prompts, k) == ("m2", ["q1", "q2"], 4)
+    assert kw == {"temperature": 0.9, "max_new_tokens": 16, "do_sample": True}
+    greedy = _SolvingBank({"q1": ["\\boxed{4}"]})
+    assert solve_scores(greedy, "m0", ["q1"], ["4"], PeerJudging(mode="solve")) == [(10.0, True)]
+    assert greedy.calls[0][3]["do_sample"] is False  # one solution: greedy, as the paper's judges score
+    with pytest.raises(ValueError, match="2 questions for 1 responses"):
+        solve_scores(bank, "m2", ["q1", "q2"], ["4"], judging)
+
+
+def test_a_solving_judge_scores_against_its_own_greedy_answer(tiny_lm_dir):
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=PeerJudging(mode="solve", max_new_tokens=12), **SMALL)
+    question = "1+2=?"
+    chat = module.chat("m0", question, module.hparams.system_prompt)
+    own = final_answer(module.bank("m0").generate("m0", [chat], 1, max_new_tokens=12, do_sample=False).texts[0])
+    scores = module.judge("m0", [question, question], [f"\\boxed{{{own}}}", "no answer here"])
+    if own is None:  # the random model wrote no number: it cannot judge
+        assert scores == [(5.0, False), (5.0, False)]
+    else:
+        assert scores == [(10.0, True), (1.0, True)]

@@ -13,6 +13,7 @@ from modules.algorithms.pool import (
     Matchmaking,
     ReputationWeighting,
     aggregate_duel,
+    agreement_score,
     duel_judges,
     fill_judge_template,
     judge_verdicts,
@@ -21,6 +22,7 @@ from modules.algorithms.pool import (
     peer_score_advantages,
     preference_pairs,
     reputation_weighted_mean,
+    weight_extremes,
 )
 
 MATCH = Matchmaking()  # the paper's: 3 candidates, uniform share 0.2; our kernel width 0.25
@@ -110,6 +112,9 @@ def test_parse_judgement(text, score, method):
 def test_reputation_weighted_mean():
     assert reputation_weighted_mean([8.0, 4.0], [1200.0, 800.0]) == pytest.approx(6.4)  # (9600 + 3200)/2000
     assert reputation_weighted_mean([8.0, 4.0], [0.0, 0.0]) == pytest.approx(6.0)  # documented: equal weights
+    # a weight that rounds 10·w/w above 10: the mean stays on the scale (the leader's reward refuses 10.000000000000002)
+    assert 10.0 * 960.6625452157855 / 960.6625452157855 > 10.0
+    assert reputation_weighted_mean([10.0], [960.6625452157855]) == 10.0
     for scores, weights in [([], []), ([5.0], [1.0, 2.0]), ([5.0], [-1.0]), ([float("nan")], [1.0])]:
         with pytest.raises(ValueError):
             reputation_weighted_mean(scores, weights)
@@ -202,3 +207,24 @@ def test_parse_judgement_never_crashes_and_stays_on_the_scale(text):
     out = parse_judgement(text)
     assert 1.0 <= out.score <= 10.0 and out.method in ("json", "regex", "failed")
     assert out.ok or out.score == DEFAULT_SCORE
+
+
+def test_agreement_score_hand_computed():
+    # 1 + 9 x the share of the judge's answers the response matches (answers compared as numbers)
+    assert agreement_score("12", ["12", "12.0", "7", None]) == (1.0 + 9.0 * 2 / 4, True)
+    assert agreement_score("12", ["12"]) == (10.0, True)  # one greedy solution: 10 or 1
+    assert agreement_score("5", ["12"]) == (1.0, True)
+    assert agreement_score(None, ["12", "5"]) == (1.0, True)  # no answer in the response: the bottom
+    assert agreement_score("12", [None, None]) == (DEFAULT_SCORE, False)  # the judge found no answer: not read
+    with pytest.raises(ValueError, match="at least one of the judge's answers"):
+        agreement_score("12", [])
+
+
+def test_weight_extremes_against_uniform():
+    probs = [0.4, 0.2, 0.2, 0.1, 0.1]  # K = 5, n capped at 2
+    top, bottom = weight_extremes(probs, n=5)
+    assert top == pytest.approx((0.4 + 0.2) / 2 * 5) and bottom == pytest.approx((0.1 + 0.1) / 2 * 5)
+    assert weight_extremes([0.25] * 4) == pytest.approx((1.0, 1.0))  # uniform: both 1
+    assert weight_extremes([1.0]) == pytest.approx((1.0, 1.0))
+    with pytest.raises(ValueError, match="n >= 1"):
+        weight_extremes([0.5, 0.5], n=0)
