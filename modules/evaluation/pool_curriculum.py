@@ -1,0 +1,158 @@
+"""The pool leader's curriculum from runs' ``pool_history.json``: how it sharpens, and which instructions it favours.
+
+Per run and iteration: the mean weight of the five most and the five least likely instructions against uniform
+(:func:`~modules.algorithms.pool.weight_extremes`, the paper's §5 measure, Fig. 5). At the end: for a generated
+arithmetic pool, the mean number of operations (the problems' difficulty) of the ``--feature-top`` most and least
+likely instructions against the pool's mean. Comparing runs
+that differ only in the composite reward's weights shows what each term makes the leader favour.
+
+    python -m modules.evaluation.pool_curriculum --run default=runs/pool_grpo_competent/version_0 \\
+        --run difficulty=runs/pool_grpo_difficulty/version_0 --out pool_curriculum.json
+
+A run folder holds ``pool_history.json`` (written by :class:`modules.pool.StackelbergPool` at the end of fit) and the
+``config.yaml`` LightningCLI saves beside it; only the data section's numbers are read from the latter, to rebuild the
+generated pool's instructions in the leader's order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from modules.algorithms.pool import weight_extremes
+from modules.training.artifacts import atomic_write_text
+
+__all__ = ["feature_extremes", "load_weights", "main", "pool_operations", "sharpening"]
+
+#: the data settings a generated pool is rebuilt from (InstructionPoolDataModule's), with their defaults
+DATA_FIELDS = {"num_problems": 200, "val_fraction": 0.2, "seed": 0, "generation_seed_offset": 2_000_003}
+
+
+def load_weights(path: str) -> list[list[float]]:
+    """The leader's distribution per iteration (row 0: before the first update) from a run folder or the JSON file.
+
+    Raises:
+        FileNotFoundError: naming the path when there is no ``pool_history.json``.
+        ValueError: naming the file and row when the weights are missing, ragged, negative or not finite.
+    """
+    file = os.path.join(path, "pool_history.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path!r}: no pool_history.json (a pool run writes it at the end of fit)")
+    with open(file) as f:
+        record = json.load(f)
+    weights = record.get("weights") if isinstance(record, dict) else None
+    if not isinstance(weights, list) or not weights:
+        raise ValueError(f"{file}: no 'weights' list of the leader's distributions")
+    k = len(weights[0]) if isinstance(weights[0], list) else 0
+    for i, row in enumerate(weights):
+        if not isinstance(row, list) or len(row) != k or k == 0:
+            raise ValueError(f"{file}: weights row {i} is not a list of {k or 'some'} probabilities")
+        if not all(isinstance(p, (int, float)) and math.isfinite(p) and p >= 0 for p in row):
+            raise ValueError(f"{file}: weights row {i} holds a negative or non-finite probability")
+    return [[float(p) for p in row] for row in weights]
+
+
+def sharpening(weights: Sequence[Sequence[float]], n: int = 5) -> list[dict[str, float]]:
+    """Per iteration, the top-``n`` and bottom-``n`` mean weights against uniform (both 1.0 for a uniform leader)."""
+    out = []
+    for i, row in enumerate(weights):
+        top, bottom = weight_extremes(row, n)
+        out.append({"iteration": i, "top": top, "bottom": bottom})
+    return out
+
+
+def feature_extremes(probs: Sequence[float], feature: Sequence[float], n: int) -> dict[str, float]:
+    """The mean ``feature`` of the ``n`` most and ``n`` least likely instructions, and over all of them.
+
+    Ties in probability are broken by position, so the result is deterministic.
+
+    Raises:
+        ValueError: for lengths that differ or ``n`` outside ``[1, K // 2]``.
+    """
+    if len(probs) != len(feature):
+        raise ValueError(f"{len(probs)} probabilities for {len(feature)} feature values")
+    if not 1 <= n <= len(probs) // 2:
+        raise ValueError(f"n must be in [1, {len(probs) // 2}], got {n}")
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    mean = lambda idx: sum(feature[i] for i in idx) / len(idx)  # noqa: E731
+    return {"top": mean(order[:n]), "bottom": mean(order[-n:]), "all": mean(range(len(probs)))}
+
+
+def pool_operations(data: dict[str, Any]) -> list[int]:
+    """The operation count of each candidate instruction of a generated pool, in the leader's order.
+
+    ``data`` holds :class:`datamodules.pool.InstructionPoolDataModule`'s numeric settings (missing ones take its
+    defaults); the pool is rebuilt exactly as training built it.
+    """
+    from datamodules.arithmetic import generate_problems
+    from datamodules.pool import InstructionPoolDataModule
+
+    settings = {k: data.get(k, v) for k, v in DATA_FIELDS.items()}
+    for k, v in settings.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"data.{k} must be a number, got {v!r}")
+    dm = InstructionPoolDataModule(**settings)
+    dm.setup("fit")
+    problems = generate_problems(
+        int(settings["num_problems"]), seed=int(settings["seed"] + settings["generation_seed_offset"])
+    )
+    ops = {p.question: len(p.ops) for p in problems}
+    return [ops[r["prompt"]] for r in dm.splits["train"]]
+
+
+def _data_settings(run: str) -> dict[str, Any] | None:
+    """The data section of the run's saved ``config.yaml`` when it is a generated pool; ``None`` otherwise."""
+    file = os.path.join(run, "config.yaml")
+    if not os.path.isfile(file):
+        return None
+    with open(file) as f:
+        config = yaml.safe_load(f)  # plain values only: nothing in it is imported or run
+    data = (config or {}).get("data") or {}
+    args = data.get("init_args", data) if isinstance(data, dict) else {}
+    source = args.get("source") or {}
+    if not isinstance(args, dict) or (isinstance(source, dict) and (source.get("path") or source.get("hub"))):
+        return None
+    return {k: args[k] for k in DATA_FIELDS if k in args}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command line: ``--run NAME=RUN_FOLDER ... [--top 5] [--feature-top 20] [--out FILE]``."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", action="append", required=True, help="NAME=RUN_FOLDER (holding pool_history.json)")
+    ap.add_argument("--top", type=int, default=5, help="instructions in the top and bottom sets of the sharpening")
+    ap.add_argument("--feature-top", type=int, default=20, help="instructions whose operation counts are compared")
+    ap.add_argument("--out", default="pool_curriculum.json", help="JSON file to write")
+    args = ap.parse_args(argv)
+    result: dict[str, Any] = {}
+    for spec in args.run:
+        name, sep, run = spec.partition("=")
+        if not sep or not name or not run:
+            raise SystemExit(f"--run takes NAME=RUN_FOLDER, got {spec!r}")
+        weights = load_weights(run)
+        entry: dict[str, Any] = {"run": run, "sharpening": sharpening(weights, args.top)}
+        data = _data_settings(run) if os.path.isdir(run) else None
+        if data is not None:
+            ops = pool_operations(data)
+            if len(ops) != len(weights[-1]):
+                raise ValueError(f"{run}: {len(weights[-1])} weights but the rebuilt pool has {len(ops)} instructions")
+            entry["operations"] = feature_extremes(weights[-1], ops, min(args.feature_top, len(ops) // 2))
+        result[name] = entry
+        last = entry["sharpening"][-1]
+        line = f"{name}: iteration {last['iteration']}: top {args.top} {last['top']:.2f}x, bottom {last['bottom']:.2f}x"
+        if "operations" in entry:
+            o = entry["operations"]
+            line += f"; operations top {o['top']:.2f}, bottom {o['bottom']:.2f}, all {o['all']:.2f}"
+        print(line)
+    atomic_write_text(args.out, json.dumps(result, indent=2))
+    print(f"written to {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
