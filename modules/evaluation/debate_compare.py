@@ -19,9 +19,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from callbacks.functional import beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
+from callbacks.functional.mcc import matthews_corrcoef_from_counts
 from modules.training.artifacts import atomic_write_text
 
-__all__ = ["compare_groups", "dedup_evaluations", "format_table", "load_evaluations", "main", "peak_window"]
+__all__ = [
+    "compare_groups",
+    "dedup_evaluations",
+    "format_table",
+    "judge_trend",
+    "load_evaluations",
+    "main",
+    "peak_window",
+]
+
+COUNTS = ("tp", "fp", "tn", "fn")
 
 
 def load_evaluations(path: str) -> list[dict[str, Any]]:
@@ -92,6 +103,33 @@ def peak_window(evaluations: Sequence[Mapping[str, Any]], window: int = 3, quant
     }
 
 
+def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> dict[str, Any] | None:
+    """The judge's MCC and the mean reward over a run's first and last ``window`` evaluations (hacking shows here).
+
+    One evaluation of 64 problems holds a handful of correct answers, so its MCC moves by ±0.2 between neighbours;
+    the confusion counts of ``window`` evaluations are pooled first. ``None`` when the records lack the counts.
+
+    Returns:
+        ``{"first": {...}, "last": {...}}``, each with the pooled ``mcc``, ``false_accepts`` (fp), ``trials`` and
+        the mean ``reward`` (``None`` when not recorded), and the ``steps`` it covers.
+    """
+    if not evaluations or not all(all(k in e for k in COUNTS) for e in evaluations):
+        return None
+
+    def pooled(part: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        tp, fp, tn, fn = (sum(float(e[k]) for e in part) for k in COUNTS)
+        rewards = [float(e["reward"]) for e in part if e.get("reward") is not None]
+        return {
+            "steps": [e.get("step") for e in part],
+            "mcc": matthews_corrcoef_from_counts(tp, fp, tn, fn),
+            "false_accepts": fp,
+            "trials": tp + fp + tn + fn,
+            "reward": sum(rewards) / len(rewards) if rewards else None,
+        }
+
+    return {"first": pooled(evaluations[:window]), "last": pooled(evaluations[-window:])}
+
+
 def compare_groups(
     groups: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
     upper: str | None = None,
@@ -131,6 +169,7 @@ def compare_groups(
             "successes": s,
             "trials": n,
             "runs": [{k: p[k] for k in ("index", "step", "lower_bound", "successes", "trials")} for p in peaks],
+            "judge_trends": [judge_trend(r, window) for r in runs],
         }
     contenders = {k: (v["successes"], v["trials"]) for k, v in rows.items() if k != upper}
     shares = p_best(contenders, draws=draws, seed=seed) if contenders else {}
@@ -172,6 +211,23 @@ def format_table(result: Mapping[str, Any]) -> str:
             f"| {name} | {g['peak_accuracy']:.4f} | {g['lower_bound']:.4f} | {g['observed_mean']:.4f} | {pb} | {gap} "
             f"| {len(g['runs'])} |"
         )
+    trends = [(name, i, t) for name in groups for i, t in enumerate(groups[name].get("judge_trends") or []) if t]
+    if trends:
+        w = result["window"]
+        lines += [
+            "",
+            f"| protocol | run | judge MCC, first → last {w} evaluations | false accepts | mean reward |",
+            "|---|---|---|---|---|",
+        ]
+        for name, i, t in trends:
+            f, last = t["first"], t["last"]
+            reward = (
+                "—" if f["reward"] is None or last["reward"] is None else f"{f['reward']:.3f} → {last['reward']:.3f}"
+            )
+            lines.append(
+                f"| {name} | {i} | {f['mcc']:.2f} → {last['mcc']:.2f} | {f['false_accepts']:.0f} → "
+                f"{last['false_accepts']:.0f} | {reward} |"
+            )
     return "\n".join(lines)
 
 

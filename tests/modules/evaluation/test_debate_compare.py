@@ -9,6 +9,7 @@ from modules.evaluation.debate_compare import (
     compare_groups,
     dedup_evaluations,
     format_table,
+    judge_trend,
     load_evaluations,
     main,
     peak_window,
@@ -107,3 +108,29 @@ def test_a_resumed_runs_repeated_evaluation_counts_once(tmp_path):
     assert [(e["step"], e["successes"]) for e in loaded] == [(10, 5), (20, 7), (30, 8)]
     assert sum(e["trials"] for e in loaded) == 30
     assert dedup_evaluations([{"successes": 1, "trials": 2}] * 2) == [{"successes": 1, "trials": 2}] * 2  # no step
+
+
+def test_judge_trend_pools_the_first_and_last_windows_against_sklearn():
+    from sklearn.metrics import matthews_corrcoef
+
+    evals = [
+        {"step": 20, "tp": 6, "fp": 5, "tn": 43, "fn": 0, "reward": 0.30},
+        {"step": 40, "tp": 5, "fp": 6, "tn": 39, "fn": 1, "reward": 0.40},
+        {"step": 60, "tp": 2, "fp": 20, "tn": 30, "fn": 0, "reward": 0.50},
+        {"step": 80, "tp": 1, "fp": 25, "tn": 28, "fn": 2, "reward": 0.60},
+    ]
+
+    def labels(part):
+        truth, said = [], []
+        for e in part:
+            for t, p, k in ((1, 1, "tp"), (0, 1, "fp"), (0, 0, "tn"), (1, 0, "fn")):
+                truth += [t] * e[k]
+                said += [p] * e[k]
+        return truth, said
+
+    trend = judge_trend(evals, window=2)
+    assert trend["first"]["mcc"] == pytest.approx(matthews_corrcoef(*labels(evals[:2])))
+    assert trend["last"]["mcc"] == pytest.approx(matthews_corrcoef(*labels(evals[2:])))
+    assert trend["first"]["false_accepts"] == 11 and trend["last"]["false_accepts"] == 45
+    assert trend["first"]["reward"] == pytest.approx(0.35) and trend["last"]["steps"] == [60, 80]
+    assert judge_trend([{"step": 1, "successes": 1, "trials": 2}]) is None  # no confusion counts recorded
