@@ -207,7 +207,9 @@ def _debate_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float,
 
 
 # --------------------------------------------------------------------------------------------------------- pool
-def _pool_run(tiny_lm_dir, tmp_path, mirrored: bool, algorithm: str) -> dict[str, tuple[float, float]]:
+def _pool_run(
+    tiny_lm_dir, tmp_path, mirrored: bool, algorithm: str, nll: float = 0.0
+) -> dict[str, tuple[float, float]]:
     """Every peer judge scores a good response 10 and a bad one 1; the players learn from the duels."""
     import json
 
@@ -226,7 +228,7 @@ def _pool_run(tiny_lm_dir, tmp_path, mirrored: bool, algorithm: str) -> dict[str
         num_iterations=6,
         sampling=Sampling(temperature=1.0, max_new_tokens=1),
         eval_max_new_tokens=1,
-        followers=FollowerTraining(algorithm, lr=1e-2, batch_size=8, dpo_beta=1.0, grpo_rollouts=4),
+        followers=FollowerTraining(algorithm, lr=1e-2, batch_size=8, dpo_beta=1.0, dpo_nll_weight=nll, grpo_rollouts=4),
     )
     model.judge = lambda judge, instructions, responses: [(10.0 if good(y, mirrored) else 1.0, True) for y in responses]
     shown = {p: [model.chat(p, x, model.hparams.system_prompt) for x in PROMPTS] for p in model.player_names}
@@ -295,6 +297,7 @@ RUNS = {
     "slhf": _slhf_run,
     "debate_ab": _debate_run,
     "pool_dpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo"),
+    "pool_dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),  # RPO: DPO + the chosen's NLL
     "pool_grpo": lambda *a, **k: _pool_run(*a, **k, algorithm="grpo"),
     "sft": _sft_run,
 }

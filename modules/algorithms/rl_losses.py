@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["dpo_loss", "group_advantages", "grpo_loss"]
+__all__ = ["dpo_loss", "group_advantages", "grpo_loss", "length_normalized_nll"]
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> Tensor:
@@ -125,3 +125,21 @@ def dpo_loss(
     rejected = policy_rejected - ref_rejected
     loss = -F.logsigmoid(beta * (chosen - rejected))
     return loss, (beta * chosen).detach(), (beta * rejected).detach()
+
+
+def length_normalized_nll(policy_chosen: Tensor, chosen_lengths: Tensor) -> Tensor:
+    """The NLL term of RPO (Pang et al., 2024, iterative reasoning preference optimisation): ``−log π(y_c) / |y_c|``.
+
+    Added to DPO's loss with a weight (``α = 1`` in the paper), it keeps the chosen solutions likely: on GSM8K the
+    paper found DPO alone lowers the chosen sequences' likelihood along with the rejected ones and gains little, while
+    DPO + NLL raised accuracy over iterations. Inputs are sequence log-probabilities ``[N]`` and completion token
+    counts ``[N]``; returns ``[N]``.
+
+    Raises:
+        ValueError: for a length below 1 or shapes that differ.
+    """
+    if policy_chosen.shape != chosen_lengths.shape:
+        raise ValueError(f"{tuple(policy_chosen.shape)} log-probabilities for {tuple(chosen_lengths.shape)} lengths")
+    if bool((chosen_lengths < 1).any()):
+        raise ValueError(f"chosen lengths must be at least 1 token, got {chosen_lengths.tolist()}")
+    return -policy_chosen / chosen_lengths.to(policy_chosen.dtype)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from modules.algorithms import pool as rules
-from modules.algorithms.rl_losses import dpo_loss, grpo_loss
+from modules.algorithms.rl_losses import dpo_loss, grpo_loss, length_normalized_nll
 from modules.distributed import collectives
 from modules.lm.policy_bank import Rollout
 
@@ -35,6 +35,8 @@ class FollowerTraining:
         micro_batch: Sequences per forward inside a batch (0: the whole batch); gradients are accumulated.
         dpo_beta: β of DPO.
         dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
+        dpo_nll_weight: α of RPO's length-normalised NLL of the chosen response added to DPO
+            (:func:`~modules.algorithms.rl_losses.length_normalized_nll`; 0: plain DPO, the paper's).
         grpo_rollouts: G, rollouts per combatant and duel under GRPO (paper: 4).
         grpo_beta: KL coefficient of GRPO (paper: 0; > 0 uses the disabled adapter as reference).
         grpo_clip: Ratio clip of GRPO.
@@ -49,6 +51,7 @@ class FollowerTraining:
     micro_batch: int = 0
     dpo_beta: float = 0.1
     dpo_pairs: str = "all"
+    dpo_nll_weight: float = 0.0
     grpo_rollouts: int = 4
     grpo_beta: float = 0.0
     grpo_clip: float = 0.2
@@ -67,6 +70,8 @@ class FollowerTraining:
             raise ValueError(
                 f"followers.grpo_rollouts must be at least 2 for a group baseline, got {self.grpo_rollouts}"
             )
+        if self.dpo_nll_weight < 0:
+            raise ValueError(f"followers.dpo_nll_weight must be non-negative, got {self.dpo_nll_weight}")
         if self.dpo_beta <= 0 or self.grpo_beta < 0 or self.grpo_clip <= 0:
             raise ValueError(
                 f"followers: dpo_beta ({self.dpo_beta}) and grpo_clip ({self.grpo_clip}) must be positive, grpo_beta "
@@ -138,11 +143,15 @@ class FollowerUpdates:
         return both, ref
 
     def _dpo_rows_loss(self, p: str, both: Rollout, ref: Tensor, acc: list, margin: list, a: int, b: int) -> Tensor:
-        """Summed DPO loss of this rank's pairs ``a … b`` of ``p`` (log-probabilities at temperature 1)."""
-        lp = self.bank(p).logprobs(p, _rows(both, slice(2 * a, 2 * b)), 1.0).view(-1, 2)
+        """Summed DPO loss (and RPO's NLL term when weighted) of this rank's pairs ``a … b`` of ``p``."""
+        rows = _rows(both, slice(2 * a, 2 * b))
+        lp = self.bank(p).logprobs(p, rows, 1.0).view(-1, 2)
         loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.followers.dpo_beta)
         acc.extend((cr > rr).float().tolist())
         margin.extend((cr - rr).tolist())
+        if self.followers.dpo_nll_weight:
+            lengths = rows.completion_mask.sum(dim=1).view(-1, 2)[:, 0]
+            loss = loss + self.followers.dpo_nll_weight * length_normalized_nll(lp[:, 0], lengths)
         return loss.sum()
 
     def _train_grpo(self, rollouts: dict, rollout_scores: dict, duels: list[tuple[int, int]]) -> dict[str, float]:

@@ -120,6 +120,7 @@ def test_bad_options_name_the_field(tiny_lm_dir):
         (FollowerTraining, {"algorithm": "ppo"}, "followers.algorithm"),
         (FollowerTraining, {"dpo_pairs": "some"}, "followers.dpo_pairs"),
         (FollowerTraining, {"lr": -1e-3}, "followers.lr"),
+        (FollowerTraining, {"dpo_nll_weight": -1.0}, "followers.dpo_nll_weight"),
         (FollowerTraining, {"algorithm": "grpo", "grpo_rollouts": 1}, "followers.grpo_rollouts"),
         (ReputationWeighting, {"rule": "elo"}, "reputation.rule"),
         (ReputationWeighting, {"scale": -400.0}, "reputation.scale"),

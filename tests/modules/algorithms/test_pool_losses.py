@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from modules.algorithms.rl_losses import dpo_loss
+from modules.algorithms.rl_losses import dpo_loss, length_normalized_nll
 
 POLICY_CHOSEN = torch.tensor([-12.0, -30.5, -4.25, -50.0])
 POLICY_REJECTED = torch.tensor([-15.0, -29.0, -4.0, -80.0])
@@ -88,3 +88,13 @@ def test_dpo_loss_equals_trl():
     metrics = fake_trainer._metrics["train"]
     assert metrics["rewards/chosen"][0] == pytest.approx(float(chosen_reward.mean()), rel=1e-6)
     assert metrics["rewards/rejected"][0] == pytest.approx(float(rejected_reward.mean()), rel=1e-6)
+
+
+def test_length_normalized_nll_hand_computed():
+    # RPO's term: -log pi(chosen) / |chosen|
+    out = length_normalized_nll(POLICY_CHOSEN, torch.tensor([4, 61, 1, 10]))
+    assert out.tolist() == pytest.approx([3.0, 0.5, 4.25, 5.0])
+    with pytest.raises(ValueError, match="at least 1 token"):
+        length_normalized_nll(POLICY_CHOSEN, torch.tensor([4, 0, 1, 10]))
+    with pytest.raises(ValueError, match="lengths"):
+        length_normalized_nll(POLICY_CHOSEN, torch.tensor([4, 1]))
