@@ -36,7 +36,7 @@ from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifa
 from modules.lm.model_config import ModelConfig
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.sampling import Sampling
-from modules.scorers.peer_judges import PeerJudging, encode_texts, peer_scores, solve_scores
+from modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
 from modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from modules.training.pool_followers import FollowerTraining, FollowerUpdates
 
@@ -191,15 +191,13 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         """Given texts as a :class:`Rollout` of ``player``'s tokenizer (see :func:`encode_texts`)."""
         return encode_texts(self.bank(player), prompts, completions, eos, group_size)
 
-    def judge(self, judge: str, instructions: list[str], responses: list[str]) -> list[tuple[float, bool]]:
+    def judge(
+        self, judge: str, instructions: list[str], responses: list[str], references: list[str | None] | None = None
+    ) -> list[tuple[float, bool]]:
         """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
-        j = self.judging
-        if j.mode == "solve":  # the judge solves each question (with the players' system message) and compares
-            questions = [self.chat(judge, x, self.hparams.system_prompt) for x in instructions]
-            return solve_scores(self.bank(judge), judge, questions, responses, j)
-        chat = lambda user: self.chat(judge, user)  # noqa: E731
-        prompts = [j.prompt(self.bank(judge), chat, x, y) for x, y in zip(instructions, responses)]
-        return peer_scores(self.bank(judge), judge, prompts, j)
+        chat = lambda user, system: self.chat(judge, user, system)  # noqa: E731
+        j, system = self.judging, self.hparams.system_prompt
+        return member_scores(self.bank(judge), judge, chat, instructions, responses, j, system, references)
 
     # ------------------------------------------------------------------------------------------------ Lightning
     @override
@@ -285,7 +283,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         with self._timed("answer"):
             texts, rollouts = self._answer(duels, questions, g)
         with self._timed("judge"):
-            scores = self._judge_duels(judges, questions, texts, g, iteration)
+            refs = [batch.get("reference", [None] * len(instructions))[i] for i in chosen]
+            scores = self._judge_duels(judges, questions, texts, g, iteration, refs)
         if scores is None:
             return
         side_scores, rollout_scores = self._aggregate(duels, judges, scores, g)
@@ -335,7 +334,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         texts = {slot: t for part in collectives.gather_objects(self._trainer, texts) for slot, t in part.items()}
         return texts, rollouts
 
-    def _judge_duels(self, judges: list[list[int]], questions: list[str], texts: dict, g: int, iteration: int):
+    def _judge_duels(self, judges: list[list[int]], questions: list[str], texts: dict, g: int, iteration: int, refs):
         """4. ``{(duel, side, rollout): {judge: score}}`` of every duel in duel order (each rank judges its own).
 
         An empty response is not shown to the judges: it scores 1.0, the bottom of the scale, from each. ``None``
@@ -346,7 +345,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         scores, counts = {}, {}
         for j, name in enumerate(self.player_names):
             items = [x for x in shown if j in judges[x[0]]]
-            verdicts = self.judge(name, [questions[d] for d, _, _ in items], [texts[(d, s)][r] for d, s, r in items])
+            answers = [texts[(d, s)][r] for d, s, r in items]
+            by_reference = {"references": [refs[d] for d, *_ in items]} if self.judging.mode == "reference" else {}
+            verdicts = self.judge(name, [questions[d] for d, *_ in items], answers, **by_reference)
             counts[j] = (len(verdicts), sum(1 for _, ok in verdicts if not ok))
             for item, (score, _) in zip(items, verdicts):
                 scores.setdefault(item, {})[j] = score

@@ -27,9 +27,9 @@ from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.text import pad_sequences
 from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
 
-__all__ = ["PeerJudging", "encode_texts", "peer_scores", "solve_scores"]
+__all__ = ["PeerJudging", "encode_texts", "member_scores", "peer_scores", "solve_scores"]
 
-MODES = ("generate", "constrained", "solve")
+MODES = ("generate", "constrained", "solve", "reference")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class PeerJudging:
         template: Judge prompt with ``{prompt}`` and ``{response}`` (App. G's by default).
         mode: ``"generate"`` (greedy answer, parsed: JSON, regex, else 5.0, counted), ``"constrained"`` (the mean of
             the judge's distribution over the ten answers: for models too small to write JSON) or ``"solve"`` (the
-            judge solves the question and scores agreement with its answers; template and prefill unused).
+            judge solves the question and scores agreement with its answers) or ``"reference"`` (10 when the final
+            answer matches the reference answer, else 1); template and prefill are unused by the last two.
         prefill: Text the judge's answer is started with (e.g. ``{"score": ``), also prepended before parsing.
         max_new_tokens: Tokens per generated judgement (per solution under ``solve``).
         samples: Solutions a ``solve`` judge writes per question: 1 is greedy (the paper's judges score greedily; the
@@ -138,6 +139,46 @@ def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: P
         ]
     out = bank.generate(judge, list(prompts), 1, max_new_tokens=judging.max_new_tokens, do_sample=False)
     return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
+
+
+def member_scores(
+    bank: PolicyBank,
+    judge: str,
+    chat: Callable[[str, str | None], str],
+    instructions: Sequence[str],
+    responses: Sequence[str],
+    judging: PeerJudging,
+    system_prompt: str | None = None,
+    references: Sequence[str | None] | None = None,
+) -> list[tuple[float, bool]]:
+    """Pool member ``judge``'s score in [1, 10] of each (instruction, response), and whether it was read.
+
+    Args:
+        bank: The judge's bank.
+        judge: The judge's player name.
+        chat: ``chat(user, system)``: the judge's chat-formatted prompt.
+        instructions: The questions.
+        responses: The judged responses.
+        judging: The mode and its settings.
+        system_prompt: The players' system message (a ``solve`` judge answers as a player does).
+        references: Each instruction's reference answer (``reference`` mode only).
+
+    Raises:
+        ValueError: in ``reference`` mode, naming the first instruction without a reference answer.
+    """
+    if judging.mode == "reference":
+        missing = [i for i, r in enumerate(references or [None] * len(instructions)) if r is None]
+        if missing:
+            raise ValueError(
+                f"judging.mode reference: instruction {missing[0]} ({instructions[missing[0]][:60]!r}) has no "
+                "reference answer (data: reference_column)"
+            )
+        return [agreement_score(final_answer(y), [str(r)]) for y, r in zip(responses, references)]
+    if judging.mode == "solve":
+        questions = [chat(x, system_prompt) for x in instructions]
+        return solve_scores(bank, judge, questions, responses, judging)
+    prompts = [judging.prompt(bank, lambda user: chat(user, None), x, y) for x, y in zip(instructions, responses)]
+    return peer_scores(bank, judge, prompts, judging)
 
 
 def solve_scores(

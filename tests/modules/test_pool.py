@@ -632,3 +632,13 @@ def test_a_solving_judge_scores_against_its_own_greedy_answer(tiny_lm_dir):
         assert scores == [(5.0, False), (5.0, False)]
     else:
         assert scores == [(10.0, True), (1.0, True)]
+
+
+def test_reference_guided_judges_score_the_final_answer_against_the_reference(tiny_lm_dir):
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=PeerJudging(mode="reference"), **SMALL)
+    replies = ["so \\boxed{7}", "7.0", "\\boxed{8}", ""]
+    assert module.judge("m0", ["q"] * 4, replies, ["7", "7", "7", "7"]) == [(10.0, True)] * 2 + [(1.0, True)] * 2
+    with pytest.raises(ValueError, match="instruction 1 .* no reference answer"):
+        module.judge("m0", ["a", "b"], ["1", "2"], ["1", None])
+    with pytest.raises(ValueError, match="reference_column"):
+        module.judge("m0", ["a"], ["1"])
