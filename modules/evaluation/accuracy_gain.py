@@ -13,6 +13,10 @@ gain with a bootstrap interval over problems (each problem's gain averaged over 
     python -m modules.evaluation.accuracy_gain --base artifacts/competent_policy \
         --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
 
+A pool trains several players per seed: ``--players-per-seed m`` reads the trained folders as consecutive groups of m
+(one seed's players), and a seed's gain is its players' mean (each problem's gain averaged over them, bootstrapped
+over problems); the interval across seeds is over those means.
+
 A trained folder is anything ``from_pretrained`` loads: a full model, a merged export, or an exported LoRA adapter
 (``export/<player>/``, loaded over the base its ``adapter_config.json`` names).
 """
@@ -157,18 +161,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--system-prompt", default="You are a helpful assistant.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--players-per-seed", type=int, default=1, help="consecutive trained folders of one seed")
     parser.add_argument("--out", help="also write the report here")
     args = parser.parse_args(argv)
     if args.num_problems < 1:
         raise SystemExit(f"--num-problems must be at least 1, got {args.num_problems}")
+    m = args.players_per_seed
+    if m < 1 or len(args.trained) % m:
+        raise SystemExit(f"--players-per-seed {m}: the {len(args.trained)} trained folders are not groups of {m}")
     problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
     prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
     run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
     before = run(args.base)
     after = [run(path) for path in args.trained]
-    per_seed = [
-        {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
-    ]
+    if m == 1:
+        per_seed = [
+            {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
+        ]
+    else:  # a seed's gain: its players' mean, with each player's own gain beside it
+        per_seed = [
+            {
+                "players": [
+                    {"model": path, **paired_gain(before, a, seed=i)}
+                    for path, a in zip(args.trained[i : i + m], after[i : i + m])
+                ],
+                **{k: v for k, v in seed_mean_gain(before, after[i : i + m], seed=i).items() if k != "seeds"},
+            }
+            for i in range(0, len(after), m)
+        ]
     report: dict[str, Any] = {
         "base": args.base,
         "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},

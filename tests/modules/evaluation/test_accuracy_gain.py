@@ -107,3 +107,24 @@ def test_the_default_problems_are_none_a_game_or_the_warm_start_trains_on():
     warm_start = {p.question for p in generate_problems(4000, 0 + 2_000_003, 1, 4)}  # the SFT data, seed 0
     assert len(held_out) > 1900
     assert len(held_out & games) <= 2 and len(held_out & warm_start) <= 2
+
+
+def test_players_per_seed_groups_a_pools_players_by_hand(monkeypatch):
+    import modules.evaluation.accuracy_gain as ag
+
+    table = {
+        "base": [False, False, True, True],
+        "s0m0": [True, False, True, True],  # +0.25
+        "s0m1": [True, True, True, True],  # +0.50
+        "s1m0": [False, False, True, False],  # -0.25
+        "s1m1": [True, True, True, True],  # +0.50
+    }
+    monkeypatch.setattr(ag, "solved", lambda path, *args: table[path])
+    report = main(["--base", "base", "--trained", "s0m0", "s0m1", "s1m0", "s1m1", "--players-per-seed", "2"])
+    seeds = report["per_seed"]
+    assert [[p["gain"] for p in s["players"]] for s in seeds] == [[0.25, 0.5], [-0.25, 0.5]]
+    assert [s["gain"] for s in seeds] == pytest.approx([0.375, 0.125])  # each seed: its players' mean
+    assert report["across_seeds"]["mean"] == pytest.approx(0.25)
+    assert report["seed_mean_over_problems"]["gain"] == pytest.approx(0.25)
+    with pytest.raises(SystemExit, match="not groups of 3"):
+        main(["--base", "base", "--trained", "s0m0", "s0m1", "--players-per-seed", "3"])
