@@ -110,8 +110,9 @@ def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> di
     the confusion counts of ``window`` evaluations are pooled first. ``None`` when the records lack the counts.
 
     Returns:
-        ``{"first": {...}, "last": {...}}``, each with the pooled ``mcc``, ``false_accepts`` (fp), ``trials`` and
-        the mean ``reward`` (``None`` when not recorded), and the ``steps`` it covers.
+        ``{"first": {...}, "last": {...}}``, each with the pooled ``mcc``, ``false_accepts`` (fp), ``accept_rate``
+        (the share of answers the judge accepts: its reward to the answerer), ``trials``, the mean ``reward`` (the
+        full reward, word penalty included; ``None`` when not recorded) and the ``steps`` it covers.
     """
     if not evaluations or not all(all(k in e for k in COUNTS) for e in evaluations):
         return None
@@ -123,6 +124,7 @@ def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> di
             "steps": [e.get("step") for e in part],
             "mcc": matthews_corrcoef_from_counts(tp, fp, tn, fn),
             "false_accepts": fp,
+            "accept_rate": (tp + fp) / max(1.0, tp + fp + tn + fn),
             "trials": tp + fp + tn + fn,
             "reward": sum(rewards) / len(rewards) if rewards else None,
         }
@@ -216,8 +218,8 @@ def format_table(result: Mapping[str, Any]) -> str:
         w = result["window"]
         lines += [
             "",
-            f"| protocol | run | judge MCC, first → last {w} evaluations | false accepts | mean reward |",
-            "|---|---|---|---|---|",
+            f"| protocol | run | judge MCC, first → last {w} evaluations | accept rate | false accepts | mean reward |",
+            "|---|---|---|---|---|---|",
         ]
         for name, i, t in trends:
             f, last = t["first"], t["last"]
@@ -225,7 +227,8 @@ def format_table(result: Mapping[str, Any]) -> str:
                 "—" if f["reward"] is None or last["reward"] is None else f"{f['reward']:.3f} → {last['reward']:.3f}"
             )
             lines.append(
-                f"| {name} | {i} | {f['mcc']:.2f} → {last['mcc']:.2f} | {f['false_accepts']:.0f} → "
+                f"| {name} | {i} | {f['mcc']:.2f} → {last['mcc']:.2f} | {f['accept_rate']:.2f} → "
+                f"{last['accept_rate']:.2f} | {f['false_accepts']:.0f} → "
                 f"{last['false_accepts']:.0f} | {reward} |"
             )
     return "\n".join(lines)

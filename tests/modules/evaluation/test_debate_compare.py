@@ -132,5 +132,6 @@ def test_judge_trend_pools_the_first_and_last_windows_against_sklearn():
     assert trend["first"]["mcc"] == pytest.approx(matthews_corrcoef(*labels(evals[:2])))
     assert trend["last"]["mcc"] == pytest.approx(matthews_corrcoef(*labels(evals[2:])))
     assert trend["first"]["false_accepts"] == 11 and trend["last"]["false_accepts"] == 45
+    assert trend["first"]["accept_rate"] == pytest.approx((6 + 5 + 5 + 6) / (54 + 51))
     assert trend["first"]["reward"] == pytest.approx(0.35) and trend["last"]["steps"] == [60, 80]
     assert judge_trend([{"step": 1, "successes": 1, "trials": 2}]) is None  # no confusion counts recorded
