@@ -197,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if len(per_seed) > 1:
         report["across_seeds"] = seed_interval([s["gain"] for s in per_seed])
         report["seed_mean_over_problems"] = seed_mean_gain(before, after)
+        if m > 1:  # every player of every seed, averaged per problem
+            report["seed_mean_over_problems"].update(seeds=len(per_seed), policies=len(after))
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -126,5 +126,6 @@ def test_players_per_seed_groups_a_pools_players_by_hand(monkeypatch):
     assert [s["gain"] for s in seeds] == pytest.approx([0.375, 0.125])  # each seed: its players' mean
     assert report["across_seeds"]["mean"] == pytest.approx(0.25)
     assert report["seed_mean_over_problems"]["gain"] == pytest.approx(0.25)
+    assert (report["seed_mean_over_problems"]["seeds"], report["seed_mean_over_problems"]["policies"]) == (2, 4)
     with pytest.raises(SystemExit, match="not groups of 3"):
         main(["--base", "base", "--trained", "s0m0", "s0m1", "--players-per-seed", "3"])
