@@ -61,19 +61,7 @@ SMALL = {
         for name in ("tiny", "competent")
     },
     **{
-        f"pool_{algorithm}.yaml": [
-            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-            "--model.init_args.duels_per_iteration=3",
-            "--model.init_args.sampling.max_new_tokens=6",
-            "--model.init_args.eval_max_new_tokens=6",
-            "--data.init_args.num_problems=10",
-            "--data.init_args.num_test_problems=2",
-            "--data.init_args.batch_size=2",
-        ]
-        for algorithm in ("dpo", "grpo")
-    },
-    **{
-        f"pool_{algorithm}_competent.yaml": [
+        f"pool_{algorithm}{start}.yaml": [
             "--model.init_args.lm.name_or_path={tiny_lm_dir}",
             "--model.init_args.duels_per_iteration=3",
             "--model.init_args.sampling.max_new_tokens=6",
@@ -82,9 +70,10 @@ SMALL = {
             "--data.init_args.num_test_problems=2",
             "--data.init_args.batch_size=2",
             # a random tiny model is never right, so every reference-graded duel would tie and DPO would take no step
-            *(["--model.init_args.judging.mode=constrained"] if algorithm == "dpo" else []),
+            *(["--model.init_args.judging.mode=constrained"] if (algorithm, start) == ("dpo", "_competent") else []),
         ]
         for algorithm in ("dpo", "grpo")
+        for start in ("", "_competent")
     },
 }
 

@@ -113,10 +113,12 @@ def _data_settings(run: str) -> dict[str, Any] | None:
         return None
     with open(file) as f:
         config = yaml.safe_load(f)  # plain values only: nothing in it is imported or run
-    data = (config or {}).get("data") or {}
-    args = data.get("init_args", data) if isinstance(data, dict) else {}
+    data = config.get("data") if isinstance(config, dict) else None
+    args = data.get("init_args", data) if isinstance(data, dict) else None
+    if not isinstance(args, dict):
+        return None  # not a pool run's saved config: the sharpening alone is reported
     source = args.get("source") or {}
-    if not isinstance(args, dict) or (isinstance(source, dict) and (source.get("path") or source.get("hub"))):
+    if isinstance(source, dict) and (source.get("path") or source.get("hub")):
         return None
     return {k: args[k] for k in DATA_FIELDS if k in args}
 

@@ -69,5 +69,9 @@ def test_command_line_reports_each_run(tmp_path, capsys):
     assert out["a"]["operations"]["top"] == pool_operations(data)[0]
     assert json.loads((tmp_path / "c.json").read_text()) == out
     assert "a: iteration 1" in capsys.readouterr().out
+    for odd in ("- a list\n", "data: [1, 2]\n", "data: {init_args: 3}\n"):  # not a pool's config: sharpening only
+        (run / "config.yaml").write_text(odd)
+        out = main(["--run", f"a={run}", "--top", "1", "--out", str(tmp_path / "c.json")])
+        assert "operations" not in out["a"] and len(out["a"]["sharpening"]) == 2
     with pytest.raises(SystemExit, match="NAME=RUN_FOLDER"):
         main(["--run", str(run)])
