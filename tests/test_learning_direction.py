@@ -163,6 +163,46 @@ def _slhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, f
     return {p: (before[p], good_mass(model.players, p, x)) for p, x in shown.items()}
 
 
+# ------------------------------------------------------------------------------------------------------ deep-SMIDA
+class FollowerEdge(Utility):
+    """u(x, y, y′) = 1/2 + (good(y′) − good(y)) / 2: the follower gains by opening well, the leader by opening well."""
+
+    def __init__(self, mirrored: bool) -> None:
+        super().__init__()
+        self.mirrored = mirrored
+
+    def forward(self, prompts, leader, follower):
+        g = torch.tensor([good(f, self.mirrored) - good(y, self.mirrored) for y, f in zip(leader, follower)])
+        return 0.5 + 0.5 * g
+
+
+def _deep_smida_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
+    """The follower ascends u and the leader descends it (its cost is the follower's best response): both open well."""
+    from datamodules.prompts import PromptDataModule
+    from modules.deep_smida import DeepSMIDA
+
+    L.seed_everything(0)
+    model = DeepSMIDA(
+        lm=_lm(tiny_lm_dir),
+        utility=FollowerEdge(mirrored),
+        leader_lr=1e-2,
+        follower_lr=1e-2,
+        tau_leader=0.01,
+        tau_follower=0.01,
+        samples_per_prompt=4,
+        follower_samples=4,
+        sampling=Sampling(temperature=1.0, max_new_tokens=1),
+        log_samples=0,
+    )
+    shown = {
+        "leader": model.leader_prompts(PROMPTS),
+        "follower": model.follower_prompts(PROMPTS, ["5"] * len(PROMPTS)),  # after a fixed reply of the leader
+    }
+    before = {p: good_mass(model.players, p, x) for p, x in shown.items()}
+    _trainer(tmp_path, steps=20).fit(model, PromptDataModule(num_prompts=80, batch_size=4))  # 2 steps a batch
+    return {p: (before[p], good_mass(model.players, p, x)) for p, x in shown.items()}
+
+
 # ------------------------------------------------------------------------------------------------------ debate
 class CritiqueJudge(DebateJudge):
     """Votes for Bob (0) when his critique is good, for Alice (1) otherwise: Bob's reward is good(critique)."""
@@ -295,6 +335,7 @@ RUNS = {
     "grpo": _grpo_run,
     "nlhf": _nlhf_run,
     "slhf": _slhf_run,
+    "deep_smida": _deep_smida_run,
     "debate_ab": _debate_run,
     "pool_dpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo"),
     "pool_dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),  # RPO: DPO + the chosen's NLL
