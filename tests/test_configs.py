@@ -36,12 +36,16 @@ SMALL = {
         "--model.init_args.lm.name_or_path={tiny_lm_dir}",
         UNTRAINED,
     ],
-    "deep_smida.yaml": [
-        "--data.init_args.num_prompts=40",
-        "--model.init_args.sampling.max_new_tokens=16",
-        "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-        UNTRAINED,
-    ],
+    **{
+        f"{name}.yaml": [
+            "--data.init_args.num_prompts=40",
+            "--model.init_args.sampling.max_new_tokens=16",
+            "--model.init_args.follower_samples=2",
+            "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+            UNTRAINED,
+        ]
+        for name in ("deep_smida", "deep_smida_competent")
+    },
     **{
         f"{name}.yaml": [
             "--data.init_args.num_prompts=40",
