@@ -137,15 +137,15 @@ def _nlhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, f
     return {"policy": (before, good_mass(model.players, "policy", prompts))}
 
 
-def _slhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
-    """Both players raise their chance of beating the other under P0: each learns to start well."""
+def _leader_follower_run(cls, tmp_path, **kw) -> dict[str, tuple[float, float]]:
+    """Train a deep-SMIDA-shaped game (SLHF or deep-SMIDA) 10 batches; each player's good mass before and after.
+
+    The follower's mass is read after a fixed reply of the leader.
+    """
     from datamodules.prompts import PromptDataModule
-    from modules.slhf import SLHF
 
     L.seed_everything(0)
-    model = SLHF(
-        lm=_lm(tiny_lm_dir),
-        preference=FirstCharacterPreference(mirrored),
+    model = cls(
         leader_lr=1e-2,
         follower_lr=1e-2,
         tau_leader=0.01,
@@ -153,54 +153,37 @@ def _slhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, f
         samples_per_prompt=4,
         follower_samples=4,
         sampling=Sampling(temperature=1.0, max_new_tokens=1),
+        **kw,
     )
     shown = {
         "leader": model.leader_prompts(PROMPTS),
-        "follower": model.follower_prompts(PROMPTS, ["5"] * len(PROMPTS)),  # after a fixed reply of the leader
+        "follower": model.follower_prompts(PROMPTS, ["5"] * len(PROMPTS)),
     }
     before = {p: good_mass(model.players, p, x) for p, x in shown.items()}
     _trainer(tmp_path, steps=20).fit(model, PromptDataModule(num_prompts=80, batch_size=4))  # 2 steps a batch
     return {p: (before[p], good_mass(model.players, p, x)) for p, x in shown.items()}
 
 
-# ------------------------------------------------------------------------------------------------------ deep-SMIDA
-class FollowerEdge(Utility):
-    """u(x, y, y′) = 1/2 + (good(y′) − good(y)) / 2: the follower gains by opening well, the leader by opening well."""
+def _slhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
+    """Both players raise their chance of beating the other under P0: each learns to start well."""
+    from modules.slhf import SLHF
 
-    def __init__(self, mirrored: bool) -> None:
-        super().__init__()
-        self.mirrored = mirrored
+    return _leader_follower_run(SLHF, tmp_path, lm=_lm(tiny_lm_dir), preference=FirstCharacterPreference(mirrored))
+
+
+# ------------------------------------------------------------------------------------------------------ deep-SMIDA
+class FollowerEdge(FirstCharacterPreference):
+    """u(x, y, y′) = P0(y′ ≻ y) = 1/2 + (good(y′) − good(y)) / 2: the follower gains by opening well, the leader too."""
 
     def forward(self, prompts, leader, follower):
-        g = torch.tensor([good(f, self.mirrored) - good(y, self.mirrored) for y, f in zip(leader, follower)])
-        return 0.5 + 0.5 * g
+        return super().forward(prompts, follower, leader)
 
 
 def _deep_smida_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
     """The follower ascends u and the leader descends it (its cost is the follower's best response): both open well."""
-    from datamodules.prompts import PromptDataModule
     from modules.deep_smida import DeepSMIDA
 
-    L.seed_everything(0)
-    model = DeepSMIDA(
-        lm=_lm(tiny_lm_dir),
-        utility=FollowerEdge(mirrored),
-        leader_lr=1e-2,
-        follower_lr=1e-2,
-        tau_leader=0.01,
-        tau_follower=0.01,
-        samples_per_prompt=4,
-        follower_samples=4,
-        sampling=Sampling(temperature=1.0, max_new_tokens=1),
-        log_samples=0,
-    )
-    shown = {
-        "leader": model.leader_prompts(PROMPTS),
-        "follower": model.follower_prompts(PROMPTS, ["5"] * len(PROMPTS)),  # after a fixed reply of the leader
-    }
-    before = {p: good_mass(model.players, p, x) for p, x in shown.items()}
-    _trainer(tmp_path, steps=20).fit(model, PromptDataModule(num_prompts=80, batch_size=4))  # 2 steps a batch
-    return {p: (before[p], good_mass(model.players, p, x)) for p, x in shown.items()}
+    return _leader_follower_run(DeepSMIDA, tmp_path, lm=_lm(tiny_lm_dir), utility=FollowerEdge(mirrored), log_samples=0)
 
 
 # ------------------------------------------------------------------------------------------------------ debate
