@@ -8,9 +8,12 @@ and paths, and the entries through ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import io
 import os
 import pickle
+import sys
 from typing import Any
 
 import torch
@@ -19,6 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 __all__ = ["SafeFileSystemReader", "WeightsOnlyLoadPlanner", "read_dcp_metadata"]
 
+# Modules whose own classes (DCP's metadata dataclasses and enums) may be built; nothing they import.
 _ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"}
 _ALLOWED = {
     ("torch", "Size"),
@@ -30,18 +34,29 @@ _ALLOWED = {
 }
 
 
+def _is_record(cls: type) -> bool:
+    """Whether ``cls`` is a dataclass or an enum: DCP's metadata is made of these; readers and planners are not."""
+    return dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum)
+
+
 class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP metadata classes, torch dtypes, ``torch.Size``, layouts and paths; refuses every other global."""
+    """Builds DCP metadata dataclasses and enums, dtypes, ``torch.Size``, layouts and paths; refuses all else."""
 
     def __init__(self, file: Any, source: str) -> None:
         super().__init__(file)
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in _ALLOWED_MODULES or (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        # ``pickle`` resolves a dotted name attribute by attribute (``filesystem`` + ``os.system`` reaches
+        # ``os.system``), so a name is looked up here, undotted, and must be a class the allowed module defines.
+        if "." not in name:
+            if (module, name) in _ALLOWED:
+                return super().find_class(module, name)
+            found = getattr(sys.modules.get(module), name, None) if module in _ALLOWED_MODULES else None
+            if isinstance(found, type) and found.__module__ == module and _is_record(found):
+                return found
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
         raise pickle.UnpicklingError(
             f"{self.source}: refusing to build {module}.{name} (a DCP metadata file holds only DCP's metadata "
             "classes, dtypes and sizes; this one names code)"

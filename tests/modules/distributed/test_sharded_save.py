@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -123,6 +124,32 @@ def test_metadata_naming_code_is_refused_with_the_file_named(tmp_path):
         pickle.dump(_Boom(), f)
     with pytest.raises(pickle.UnpicklingError, match=r"\.metadata: refusing to build posix\.system"):
         _load(path)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("torch.distributed.checkpoint.filesystem", "os.system"),  # pickle resolves dotted names attribute by attribute
+        ("torch.distributed.checkpoint.metadata", "dataclasses.sys.modules"),
+        ("torch.distributed.checkpoint.filesystem", "pickle"),  # a module the allowed module imports, not a class
+        ("torch.distributed.checkpoint.filesystem", "FileSystemReader"),  # a class it imports, not one it defines
+        ("torch", "float32.__class__"),
+    ],
+)
+def test_metadata_naming_code_by_a_dotted_or_imported_name_is_refused(tmp_path, module, name):
+    path = str(tmp_path / "last.ckpt")
+    _OneRank().save_checkpoint(_checkpoint(1.0, step=1), path)
+    marker = tmp_path / "pwned"
+    # GLOBAL by hand (protocol 4's STACK_GLOBAL would do the same): module, name, then call it with one string
+    payload = b"\x80\x04c" + module.encode() + b"\n" + name.encode() + b"\n"
+    payload += pickle.dumps(f"touch {marker}", protocol=0)[:-1] + b"\x85R."
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        f.write(payload)
+    with pytest.raises(
+        pickle.UnpicklingError, match=rf"\.metadata: refusing to build {re.escape(module)}\.{re.escape(name)}"
+    ):
+        _load(path)
+    assert not marker.exists()
 
 
 def test_loading_with_weights_only_false_is_refused(tmp_path):
