@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import importlib
 import os
 import re
 import shutil
@@ -51,6 +50,7 @@ from modules.training.checkpoints import (
     read_checkpoint,
     read_checkpoint_or_explain,
 )
+from modules.training.registry import data_families, model_families
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
 _INTERRUPTED = re.compile(r"^\.(?P<name>last(-\d+)?\.ckpt)\.(previous|partial)$")
@@ -66,26 +66,6 @@ def recover_interrupted_saves(folder: str) -> None:
                     recover_folder(os.path.join(folder, m.group("name")))
 
 
-# The families: imported before the parser is built, so `fit --help` lists them as the known subclasses of
-# ``--model``/``--data`` and short class names (``--model GRPO``) resolve. Cheap: none imports peft, datasets or
-# sklearn at import time (they load when a model or data set is built).
-MODEL_FAMILIES = (
-    "modules.preference",
-    "modules.sft",
-    "modules.tabular_smida",
-    "modules.deep_smida",
-    "modules.grpo",
-    "modules.pool",
-    "modules.debate",
-)
-DATA_FAMILIES = (
-    "datamodules.preference",
-    "datamodules.sft",
-    "datamodules.steps",
-    "datamodules.prompts",
-    "datamodules.debate",
-    "datamodules.pool",
-)
 # Options LightningCLI adds for a module that lets the CLI build its optimizer; every family here builds its own.
 _OWN_OPTIMIZERS = ("--optimizer", "--lr_scheduler")
 # How jsonargparse begins its report of a class that could not be built (the class's own exception is its cause).
@@ -344,8 +324,10 @@ class AlignmentCLI(LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
-    for name in (*MODEL_FAMILIES, *DATA_FAMILIES):  # known subclasses: listed by --help, resolved by short name
-        importlib.import_module(name)
+    # The families imported before the parser is built: ``fit --help`` lists them as the known subclasses of
+    # ``--model``/``--data`` and short class names (``--model GRPO``) resolve.
+    model_families()
+    data_families()
     # The state after the optimizer step, which this warning is about, is the state a resume needs.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
     return AlignmentCLI(

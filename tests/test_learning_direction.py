@@ -315,15 +315,15 @@ def _plain_masses(model, tokenizer, prompts: list[str], sets: list[frozenset[str
 
 
 RUNS = {
-    "grpo": _grpo_run,
-    "nlhf": _nlhf_run,
-    "slhf": _slhf_run,
-    "deep_smida": _deep_smida_run,
-    "debate_ab": _debate_run,
-    "pool_dpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo"),
-    "pool_dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),  # RPO: DPO + the chosen's NLL
-    "pool_grpo": lambda *a, **k: _pool_run(*a, **k, algorithm="grpo"),
-    "sft": _sft_run,
+    "GRPO": _grpo_run,
+    "NashMDPG": _nlhf_run,
+    "SLHF": _slhf_run,
+    "DeepSMIDA": _deep_smida_run,
+    "DebateSelfPlay": _debate_run,
+    "StackelbergPool-dpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo"),
+    "StackelbergPool-dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),  # RPO: DPO + the chosen's NLL
+    "StackelbergPool-grpo": lambda *a, **k: _pool_run(*a, **k, algorithm="grpo"),
+    "CausalLMSFT": _sft_run,
 }
 
 

@@ -222,12 +222,12 @@ def _pool(tiny_lm_dir, tmp_path, **kw):
 
 # family: (builder, trainer limit, whether global_step counts applied updates one per batch)
 FAMILIES = {
-    "preference": (_preference, {"max_steps": 3}),
-    "sft": (_sft, {"max_steps": 3}),
-    "grpo": (_grpo, {"max_steps": 3}),
-    "deep_smida": (_deep_smida, {"max_steps": 6}),  # two optimizer steps per batch
-    "debate": (_debate, {"max_steps": 3}),
-    "pool": (_pool, {"max_epochs": 1}),
+    "PreferenceEnsemble": (_preference, {"max_steps": 3}),
+    "CausalLMSFT": (_sft, {"max_steps": 3}),
+    "GRPO": (_grpo, {"max_steps": 3}),
+    "DeepSMIDA": (_deep_smida, {"max_steps": 6}),  # two optimizer steps per batch
+    "DebateSelfPlay": (_debate, {"max_steps": 3}),
+    "StackelbergPool": (_pool, {"max_epochs": 1}),
 }
 
 
@@ -245,10 +245,10 @@ def test_a_nan_gradient_is_skipped_and_changes_nothing(name, tiny_lm_dir, tmp_pa
     assert model.consecutive_nonfinite == 0  # the good step after it ended the streak
     if "max_steps" in limit:  # the skip did not shorten the run: max_steps applied updates, one batch more
         assert trainer.global_step == limit["max_steps"]
-        assert poison.calls == limit["max_steps"] // (2 if name == "deep_smida" else 1) + 1
+        assert poison.calls == limit["max_steps"] // (2 if name == "DeepSMIDA" else 1) + 1
 
 
-@pytest.mark.parametrize("name", ["sft", "deep_smida"])
+@pytest.mark.parametrize("name", ["CausalLMSFT", "DeepSMIDA"])
 def test_nan_gradients_in_a_row_stop_the_run(name, tiny_lm_dir, tmp_path):
     """deep-SMIDA: only the leader's gradients are NaN; the follower's steps must not hide the streak."""
     build, _ = FAMILIES[name]
@@ -302,7 +302,7 @@ def test_tabular_smida_skips_a_nonfinite_iterate(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
-@pytest.mark.parametrize("name", ["preference", "grpo"])
+@pytest.mark.parametrize("name", ["PreferenceEnsemble", "GRPO"])
 def test_a_checkpoint_with_a_nan_weight_or_moment_is_refused(name, tiny_lm_dir, tmp_path):
     build, _ = FAMILIES[name]
     L.seed_everything(0)

@@ -17,31 +17,31 @@ from modules.tabular_smida import TabularSMIDA
 
 MISSING = "/nonexistent/tiny-model"
 FAMILIES = {
-    "debate": (DebateSelfPlay, lambda: {"judge": ProgrammaticJudge()}),
-    "deep_smida": (DeepSMIDA, lambda: {"utility": EnsembleUtility(allow_untrained=True)}),  # no trained one here
-    "grpo": (GRPO, lambda: {"answer_reward": True}),
-    "pool": (StackelbergPool, dict),
+    "DebateSelfPlay": (DebateSelfPlay, lambda: {"judge": ProgrammaticJudge()}),
+    "DeepSMIDA": (DeepSMIDA, lambda: {"utility": EnsembleUtility(allow_untrained=True)}),  # no trained one here
+    "GRPO": (GRPO, lambda: {"answer_reward": True}),
+    "StackelbergPool": (StackelbergPool, dict),
 }
 CASES = [
-    ("debate", {"clip": 0.0}, "clip must be positive, got 0.0"),
-    ("debate", {"word_penalty_coef": -0.01}, "word_penalty_coef must be at least 0.0, got -0.01"),
-    ("debate", {"word_limit": 0}, "word_limit must be at least 1, got 0"),
-    ("debate", {"reply_max_new_tokens": 0}, "reply_max_new_tokens must be at least 1, got 0"),
-    ("debate", {"logprob_micro_batch": -1}, "logprob_micro_batch must be at least 0, got -1"),
-    ("deep_smida", {"alphas": (0.1, 1.0)}, r"alphas\[1\] must be in \(0.0, 1.0\), got 1.0"),
-    ("deep_smida", {"alphas": (0.0,)}, r"alphas\[0\] must be in \(0.0, 1.0\), got 0.0"),
-    ("deep_smida", {"epsilons": (0.0, -0.1)}, r"epsilons\[1\] must be in \[0.0, 1.0\), got -0.1"),
-    ("deep_smida", {"candidate_alpha": 1.5}, r"candidate_alpha must be in \(0.0, 1.0\), got 1.5"),
-    ("deep_smida", {"candidate_alpha": float("nan")}, r"candidate_alpha must be in \(0.0, 1.0\), got nan"),
-    ("deep_smida", {"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
-    ("grpo", {"adam_betas": (0.9, 1.0)}, r"adam_betas\[1\] must be in \[0.0, 1.0\), got 1.0"),
-    ("grpo", {"weight_decay": -1e-4}, "weight_decay must be at least 0.0, got -0.0001"),
-    ("grpo", {"reward_max_length": 0}, "reward_max_length must be at least 1, got 0"),
-    ("grpo", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
-    ("grpo", {"train_micro_batch": -2}, "train_micro_batch must be at least 0, got -2"),
-    ("pool", {"gamma": 0.0}, r"gamma must be in \(0.0, 1.0\], got 0.0"),
-    ("pool", {"gamma": 1.5}, r"gamma must be in \(0.0, 1.0\], got 1.5"),
-    ("pool", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
+    ("DebateSelfPlay", {"clip": 0.0}, "clip must be positive, got 0.0"),
+    ("DebateSelfPlay", {"word_penalty_coef": -0.01}, "word_penalty_coef must be at least 0.0, got -0.01"),
+    ("DebateSelfPlay", {"word_limit": 0}, "word_limit must be at least 1, got 0"),
+    ("DebateSelfPlay", {"reply_max_new_tokens": 0}, "reply_max_new_tokens must be at least 1, got 0"),
+    ("DebateSelfPlay", {"logprob_micro_batch": -1}, "logprob_micro_batch must be at least 0, got -1"),
+    ("DeepSMIDA", {"alphas": (0.1, 1.0)}, r"alphas\[1\] must be in \(0.0, 1.0\), got 1.0"),
+    ("DeepSMIDA", {"alphas": (0.0,)}, r"alphas\[0\] must be in \(0.0, 1.0\), got 0.0"),
+    ("DeepSMIDA", {"epsilons": (0.0, -0.1)}, r"epsilons\[1\] must be in \[0.0, 1.0\), got -0.1"),
+    ("DeepSMIDA", {"candidate_alpha": 1.5}, r"candidate_alpha must be in \(0.0, 1.0\), got 1.5"),
+    ("DeepSMIDA", {"candidate_alpha": float("nan")}, r"candidate_alpha must be in \(0.0, 1.0\), got nan"),
+    ("DeepSMIDA", {"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
+    ("GRPO", {"adam_betas": (0.9, 1.0)}, r"adam_betas\[1\] must be in \[0.0, 1.0\), got 1.0"),
+    ("GRPO", {"weight_decay": -1e-4}, "weight_decay must be at least 0.0, got -0.0001"),
+    ("GRPO", {"reward_max_length": 0}, "reward_max_length must be at least 1, got 0"),
+    ("GRPO", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
+    ("GRPO", {"train_micro_batch": -2}, "train_micro_batch must be at least 0, got -2"),
+    ("StackelbergPool", {"gamma": 0.0}, r"gamma must be in \(0.0, 1.0\], got 0.0"),
+    ("StackelbergPool", {"gamma": 1.5}, r"gamma must be in \(0.0, 1.0\], got 1.5"),
+    ("StackelbergPool", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
 ]
 
 

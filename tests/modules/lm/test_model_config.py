@@ -119,12 +119,12 @@ def _preference(lm):
 
 
 FAMILIES = {
-    "grpo": _grpo,
-    "deep_smida": _deep_smida,
-    "sft": _sft,
-    "debate": _debate,
-    "pool": _pool,
-    "preference": _preference,
+    "GRPO": _grpo,
+    "DeepSMIDA": _deep_smida,
+    "CausalLMSFT": _sft,
+    "DebateSelfPlay": _debate,
+    "StackelbergPool": _pool,
+    "PreferenceEnsemble": _preference,
 }
 
 

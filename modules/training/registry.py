@@ -1,0 +1,48 @@
+"""The families, read from the code: what ``--model`` and ``--data`` can be.
+
+A model family is a public ``LightningModule`` subclass defined in a top-level file of ``modules/`` (``base.py``
+holds what the families share, not a family); a data family is a public ``LightningDataModule`` subclass defined in
+a top-level file of ``datamodules/``. Adding a family is adding its file: ``train.py``, ``fit --help`` and the
+contract tests (``tests/test_families.py``) find it here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import lightning as L
+
+__all__ = ["data_families", "model_families"]
+
+
+def _public_subclasses(package: str, base: type, skip: tuple[str, ...] = ()) -> dict[str, type]:
+    """``{class name: class}`` of the public subclasses of ``base`` defined in the top-level files of ``package``."""
+    found: dict[str, type] = {}
+    root = importlib.import_module(package)
+    for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda i: i.name):
+        if info.ispkg or info.name in skip or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        for name, cls in vars(module).items():
+            if (
+                inspect.isclass(cls)
+                and issubclass(cls, base)
+                and cls.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
+                if name in found:  # short names must resolve to one class (``--model GRPO``)
+                    raise TypeError(f"two families named {name}: {found[name].__module__} and {module.__name__}")
+                found[name] = cls
+    return found
+
+
+def model_families() -> dict[str, type[L.LightningModule]]:
+    """Every model family by class name, importing its file (cheap: families load models only when built)."""
+    return _public_subclasses("modules", L.LightningModule, skip=("base",))
+
+
+def data_families() -> dict[str, type[L.LightningDataModule]]:
+    """Every data family by class name, importing its file."""
+    return _public_subclasses("datamodules", L.LightningDataModule)
