@@ -142,7 +142,7 @@ def remove_failed_start(trainer: L.Trainer, before: set[str] | None) -> list[str
         for logger in trainer.loggers:  # close open event/metrics files before their folder goes
             try:
                 logger.finalize("failed")
-            except Exception:  # noqa: BLE001 - best effort: the folder is removed either way
+            except Exception:
                 pass
     for folder in removed:
         shutil.rmtree(folder, ignore_errors=True)
@@ -285,7 +285,7 @@ class AlignmentCLI(LightningCLI):
         """The resolved config of this run as YAML text (``None``, with a warning, when it cannot be dumped)."""
         try:
             return self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False, skip_check=True)
-        except Exception as err:  # noqa: BLE001 - a config the parser cannot dump is recorded as absent
+        except Exception as err:
             rank_zero_warn(f"the run's config could not be recorded in its checkpoints ({err})")
             return None
 
@@ -356,7 +356,7 @@ def dispatch(args: list[str] | None = None) -> bool:
     args = sys.argv[1:] if args is None else args
     if not args or args[0] != "export":
         return False
-    from modules.training.export import export_command  # noqa: PLC0415
+    from modules.training.export import export_command
 
     export_command(args[1:])
     return True

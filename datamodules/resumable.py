@@ -97,7 +97,7 @@ class ResumableSampler(DistributedSampler):
         super().set_epoch(epoch)
         self._epoch_fresh = True
 
-    def __iter__(self) -> Iterator[int]:  # noqa: D105
+    def __iter__(self) -> Iterator[int]:
         if not self._epoch_fresh:
             self.epoch += 1
         self._epoch_fresh = False
@@ -173,7 +173,7 @@ class ResumableDataLoader(DataLoader):
         self._batches = 0
         self._resume: tuple[int, int] | None = None
 
-    def __iter__(self) -> Iterator[Any]:  # noqa: D105
+    def __iter__(self) -> Iterator[Any]:
         sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
         return self._iterate(sampler)
 

@@ -255,7 +255,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         which rank 0 writes (peft keeps the adapter's tensors of it).
         """
         if is_fsdp2(self.trainer.strategy):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: PLC0415
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             self._save(get_model_state_dict(self.model, options=options))

@@ -321,7 +321,8 @@ RUNS = {
     "DeepSMIDA": _deep_smida_run,
     "DebateSelfPlay": _debate_run,
     "StackelbergPool-dpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo"),
-    "StackelbergPool-dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),  # RPO: DPO + the chosen's NLL
+    # RPO: DPO + the chosen's NLL
+    "StackelbergPool-dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),
     "StackelbergPool-grpo": lambda *a, **k: _pool_run(*a, **k, algorithm="grpo"),
     "CausalLMSFT": _sft_run,
 }

@@ -122,7 +122,7 @@ def check_replicated_strategy(trainer: Any, family: str) -> None:
     Raises:
         ValueError: naming ``trainer.strategy``, the strategy and the number of processes.
     """
-    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy  # noqa: PLC0415
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
     strategy = trainer.strategy
     if trainer.world_size > 1 and (not isinstance(strategy, DDPStrategy) or isinstance(strategy, DeepSpeedStrategy)):

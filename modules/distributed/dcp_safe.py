@@ -97,7 +97,7 @@ class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         """Put a non-tensor entry, read with ``weights_only=True``, where the state dict expects it."""
-        from torch.distributed.checkpoint._traverse import set_element  # noqa: PLC0415 - DCP's own helper
+        from torch.distributed.checkpoint._traverse import set_element
 
         loaded = torch.load(value, weights_only=True)
         if self.flatten_state_dict:

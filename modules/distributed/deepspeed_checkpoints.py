@@ -43,9 +43,9 @@ __all__ = [
 
 def _allowed_globals() -> list[Any]:
     """The classes (beyond tensors and plain containers) DeepSpeed pickles into its own checkpoint files."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # noqa: PLC0415
-    from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: PLC0415
-    from deepspeed.utils.tensor_fragment import fragment_address  # noqa: PLC0415
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
 
     # optimizer-states files: the loss scaler (static; dynamic under fp16), the ZeRO stage, and at ZeRO-1/2 the
     # address of each parameter's fragment in the flat partition. Model-states files hold tensors and plain values.

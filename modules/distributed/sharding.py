@@ -139,8 +139,8 @@ def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], Abstra
         if stage == 3:
             return lambda: _zero3_whole(strategy, module)
     if kind == "FSDPStrategy":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: PLC0415
-        from torch.distributed.fsdp._common_utils import TrainingState  # noqa: PLC0415
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp._common_utils import TrainingState
 
         def summon() -> AbstractContextManager:
             root = strategy.model
@@ -181,12 +181,12 @@ def full_tensors(strategy: Any, tensors: dict[str, Tensor], keep: bool = True) -
         ValueError: naming ``trainer.strategy`` under Lightning's FSDP (:func:`check_exportable`).
     """
     check_exportable(strategy)
-    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+    from torch.distributed.tensor import DTensor
 
     partitioned = [t for t in tensors.values() if hasattr(t, "ds_id")]  # ZeRO-3 marks its partitioned parameters
     gather: AbstractContextManager = nullcontext()
     if partitioned:
-        import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+        import deepspeed
 
         gather = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
     out = {}
@@ -207,7 +207,7 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> No
     Raises:
         ValueError: for a model without ``_no_split_modules`` (its blocks cannot be found by name).
     """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp = {"mp_policy": mp_policy if mp_policy is not None else MixedPrecisionPolicy()}
     if isinstance(model, FSDPModule):
@@ -236,7 +236,7 @@ def fsdp_wrapped(module: nn.Module) -> str | None:
 
 
 def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
-    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
+    from torch.distributed.fsdp import FSDPModule
 
     return [m for m in module.modules() if isinstance(m, FSDPModule)]
 
@@ -284,7 +284,7 @@ def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
     hooks are taken off its submodules (others stay) and put back on exit. A model without ZeRO-3 offload state (not
     yet wrapped) gets the plain gather.
     """
-    import deepspeed  # noqa: PLC0415 - only present where the DeepSpeed strategy runs
+    import deepspeed
 
     engine = getattr(strategy, "model", None)
     owner = getattr(engine, "optimizer", None)

@@ -61,9 +61,9 @@ class FSDP2Strategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        from torch.distributed.fsdp import MixedPrecisionPolicy  # noqa: PLC0415
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from modules.lm.models import DTYPES  # noqa: PLC0415
+        from modules.lm.models import DTYPES
 
         dtypes = {}
         for field, name in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
@@ -89,9 +89,9 @@ class FSDP2Strategy(ModelParallelStrategy):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
-        from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save  # noqa: PLC0415
+        from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save
 
-        from modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in  # noqa: PLC0415
+        from modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in
 
         path = Path(self.broadcast(str(filepath)))
         tmp = Path(folder_beside(path))
@@ -121,8 +121,8 @@ class FSDP2Strategy(ModelParallelStrategy):
                 f"weights_only: {type(self).__name__} reads sharded checkpoints with weights_only=True only "
                 "(no pickled code from a checkpoint folder)"
             )
-        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
-        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -130,12 +130,12 @@ class FSDP2Strategy(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        from modules.distributed.dcp_safe import (  # noqa: PLC0415
+        from modules.distributed.dcp_safe import (
             SafeFileSystemReader,
             WeightsOnlyLoadPlanner,
             read_dcp_metadata,
         )
-        from modules.training.artifacts import recover_folder  # noqa: PLC0415
+        from modules.training.artifacts import recover_folder
 
         path = Path(self.broadcast(str(checkpoint_path)))
         if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place

@@ -127,7 +127,7 @@ def seed_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str
     Raises:
         ValueError: for fewer than two values (one seed has no spread to estimate).
     """
-    from scipy.stats import t  # noqa: PLC0415
+    from scipy.stats import t
 
     if len(values) < 2:
         raise ValueError(f"an interval over seeds needs at least 2 seeds, got {len(values)}")
@@ -142,7 +142,7 @@ def solved(
     model_path: str, prompts: Sequence[str], references: Sequence[str], system_prompt: str, max_new_tokens: int
 ) -> list[bool]:
     """Whether the greedy reply of the policy in ``model_path`` solves each problem."""
-    from modules.lm.models import load_model, load_tokenizer  # noqa: PLC0415 (transformers loads only when used)
+    from modules.lm.models import load_model, load_tokenizer
 
     model = load_model(model_path, task="causal_lm")
     tokenizer = load_tokenizer(model_path)

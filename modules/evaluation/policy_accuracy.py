@@ -142,7 +142,7 @@ def policy_accuracy(
     Raises:
         ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.
     """
-    from modules.lm.models import load_model, load_tokenizer  # noqa: PLC0415 (transformers loads only when used)
+    from modules.lm.models import load_model, load_tokenizer
 
     for name, v in (("num_problems", num_problems), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
         if v < 1:

@@ -19,19 +19,19 @@ __all__ = ["base_identity", "check_base_identity", "model_folder"]
 
 def model_folder(name_or_path: str, revision: str | None = None) -> str | None:
     """The local folder of a model: itself, a ``builtin:`` alias's folder, or the hub cache's snapshot; else None."""
-    from modules.lm.models import resolve_name_or_path  # noqa: PLC0415
+    from modules.lm.models import resolve_name_or_path
 
     try:
         path = resolve_name_or_path(name_or_path)
-    except Exception:  # noqa: BLE001 - an alias whose package is absent: no folder to hash
+    except Exception:
         return None
     if os.path.isdir(path):
         return path
     try:
-        from huggingface_hub import snapshot_download  # noqa: PLC0415
+        from huggingface_hub import snapshot_download
 
         return snapshot_download(path, revision=revision, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not in the cache: unknown, not an error here
+    except Exception:
         return None
 
 

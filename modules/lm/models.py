@@ -122,7 +122,7 @@ def load_tokenizer(
     check_exists("tokenizer", path)
     try:
         if _saved_as_plain_fast(path):
-            from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+            from transformers import PreTrainedTokenizerFast
 
             tok = PreTrainedTokenizerFast.from_pretrained(path)
         else:
@@ -291,7 +291,7 @@ def tiny_tokenizer(name: str) -> Any:
     if name == "byte":
         return build_byte_tokenizer()
     if name == "task":
-        from modules.lm.task_tokenizer import build_task_tokenizer  # noqa: PLC0415 (trains in seconds: only when used)
+        from modules.lm.task_tokenizer import build_task_tokenizer
 
         return build_task_tokenizer()
     raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {name!r}")

@@ -179,7 +179,7 @@ class PolicyBank(nn.Module):
         tensors swapped in and the originals put back, so the frozen base is bit-for-bit untouched (an in-place merge
         and unmerge would not be). Off under sharded strategies (``merge_for_generation``).
         """
-        from peft.tuners.lora import LoraLayer  # noqa: PLC0415
+        from peft.tuners.lora import LoraLayer
 
         layers = (
             []

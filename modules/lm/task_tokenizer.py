@@ -56,8 +56,8 @@ def build_task_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 7
     Raises:
         ValueError: for ``vocab_size`` below 260 (the specials and the byte alphabet).
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(SPECIAL_TOKENS) + len(alphabet):

@@ -253,12 +253,12 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
 def _read_any(path: str, mmap: bool) -> dict[str, Any]:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "latest")):  # DeepSpeed's folder: its Lightning state, weights-only
-            from modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state  # noqa: PLC0415
+            from modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state
 
             return read_deepspeed_client_state(path)
         if not is_sharded_checkpoint(path):
             raise ValueError("a folder without meta.pt and .metadata, or DeepSpeed's latest (an incomplete save?)")
-        from modules.distributed.dcp_safe import read_dcp_metadata  # noqa: PLC0415 - only for folders
+        from modules.distributed.dcp_safe import read_dcp_metadata
 
         read_dcp_metadata(path)
         return torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
@@ -277,7 +277,7 @@ def newest_intact_checkpoint(folder: str | os.PathLike, exclude: str | os.PathLi
     for path in sorted(paths, key=os.path.getmtime, reverse=True):
         try:
             _read_any(path, mmap=True)
-        except Exception:  # noqa: BLE001 - any failure means "not intact"; the next one is tried
+        except Exception:
             continue
         return path
     return None
@@ -346,7 +346,7 @@ def check_resume_config(checkpoint: dict[str, Any], given_yaml: str, source: str
     Raises:
         ValueError: naming ``source`` and every differing key with both values.
     """
-    import yaml  # noqa: PLC0415
+    import yaml
 
     stored = checkpoint.get(RUN_CONFIG_KEY)
     if not isinstance(stored, str):

@@ -109,7 +109,7 @@ def gather_weights(player: Player, strategy: Any = None, keep: bool = True) -> d
         named = dict(player.model.named_parameters())
         named.update({n: b for n, b in player.model.named_buffers() if n in names})
         return full_tensors(strategy, named, keep)
-    from peft import get_peft_model_state_dict  # noqa: PLC0415
+    from peft import get_peft_model_state_dict
 
     part = f".{player.adapter}."  # a whole name component: adapter "m1" is not "m10"
     own = {n: p for n, p in player.model.named_parameters() if part in n}
@@ -150,7 +150,7 @@ def _write_player(player: Player, weights: dict[str, Tensor], folder: str, sourc
         _base_model(player.model).save_pretrained(folder, state_dict=weights)
         kind = "full_model"
     else:
-        from safetensors.torch import save_file  # noqa: PLC0415
+        from safetensors.torch import save_file
 
         config = copy.deepcopy(player.model.peft_config[player.adapter])
         config.inference_mode = True
@@ -166,7 +166,7 @@ def _write_player(player: Player, weights: dict[str, Tensor], folder: str, sourc
 
 def _write_merged(player: Player, adapter_folder: str, folder: str, source: dict[str, Any]) -> None:
     """The base, loaded afresh from the player's config (full precision, no 4 bits), with the adapter merged in."""
-    from peft import PeftModel  # noqa: PLC0415
+    from peft import PeftModel
 
     lm = dataclasses.replace(player.lm, load_in_4bit=False, gradient_checkpointing=False)
     merged = PeftModel.from_pretrained(lm.load_model(player.task), adapter_folder).merge_and_unload()
@@ -249,7 +249,7 @@ def export_at_fit_end(module: Any, log_dir: str | None, label: str) -> list[str]
     cannot be gathered here (Lightning's FSDP) is warned about, naming ``train.py export``, and nothing is written:
     training has ended well, and the checkpoint exports.
     """
-    from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn  # noqa: PLC0415
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
     trainer = module.trainer
     if trainer.fast_dev_run or not module.export_players():  # nothing trained as a language model: nothing to write
@@ -283,9 +283,9 @@ def _put_in_place(stage: str, out: str, replace: bool) -> None:
 # ------------------------------------------------------------------------------------------------ the command
 def _parser() -> Any:
     """``train.py export``'s arguments: a fit config's ``model`` (its other sections read and ignored) and ours."""
-    import lightning as L  # noqa: PLC0415
-    from jsonargparse import ActionConfigFile  # noqa: PLC0415
-    from lightning.pytorch.cli import LightningArgumentParser  # noqa: PLC0415
+    import lightning as L
+    from jsonargparse import ActionConfigFile
+    from lightning.pytorch.cli import LightningArgumentParser
 
     parser = LightningArgumentParser(
         prog="python train.py export",
@@ -342,7 +342,7 @@ def export_command(args: Sequence[str]) -> list[str]:
             failures.append(err)
             raise
 
-    import lightning as L  # noqa: PLC0415
+    import lightning as L
 
     parser.add_instantiator(from_checkpoint, L.LightningModule, subclasses=True)
     try:

@@ -163,7 +163,7 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
     def run() -> None:
         try:
             box["result"] = fn(*args, **kwargs)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as err:
             box["error"] = err
 
     worker = threading.Thread(target=run, name=f"timeout:{getattr(fn, '__name__', 'call')}", daemon=True)

@@ -226,7 +226,7 @@ def docs_block(must_contain: str, language: str = "python") -> str:
 def run_docs_example(must_contain: str) -> dict[str, Any]:
     """Execute the callbacks' guide's example that contains ``must_contain``; returns its global names."""
     namespace: dict[str, Any] = {"__name__": "readme_example"}
-    exec(compile(docs_block(must_contain), "docs/callbacks.md", "exec"), namespace)  # noqa: S102
+    exec(compile(docs_block(must_contain), "docs/callbacks.md", "exec"), namespace)
     return namespace
 
 

@@ -31,10 +31,10 @@ from modules.distributed.deepspeed_checkpoints import SafeDeepSpeedStrategy
 class CPUDeepSpeedStrategy(SafeDeepSpeedStrategy):
     """``SafeDeepSpeedStrategy`` (atomic, weights-only saves) with its CUDA-only checks given their CPU meaning."""
 
-    def setup_environment(self) -> None:  # noqa: D102 - skip the CUDAAccelerator check only
+    def setup_environment(self) -> None:
         DDPStrategy.setup_environment(self)
 
-    def setup_distributed(self) -> None:  # noqa: D102 - CPU devices have no index to validate
+    def setup_distributed(self) -> None:
         from lightning.fabric.utilities.seed import reset_seed
 
         reset_seed()
@@ -42,7 +42,7 @@ class CPUDeepSpeedStrategy(SafeDeepSpeedStrategy):
         self._init_deepspeed_distributed()
 
     @property
-    def root_device(self) -> torch.device:  # noqa: D102 - DeepSpeed's device rank is this index: the local rank
+    def root_device(self) -> torch.device:
         return torch.device("cpu", self.local_rank)
 
 
@@ -53,7 +53,7 @@ class ShardProbe(L.Callback):
         self.out_dir, self.bank_attr = out_dir, bank_attr
         self.record: dict[str, Any] = {"held_in_steps": [], "total": 0, "generate_whole": []}
 
-    def setup(self, trainer, pl_module, stage) -> None:  # noqa: D102 - fit, validate, test alike
+    def setup(self, trainer, pl_module, stage) -> None:
         bank = getattr(pl_module, self.bank_attr)
         self.record["total"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in bank.parameters())  # global sizes
         generate = bank.generate
@@ -77,15 +77,15 @@ class ShardProbe(L.Callback):
 
         bank.generate = probed
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         bank = getattr(pl_module, self.bank_attr)
         self.record["held_in_steps"].append(_held(bank))
 
-    def on_validation_end(self, trainer, pl_module) -> None:  # noqa: D102 - `validate` alone: write what it recorded
+    def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "validate":
             self.on_fit_end(trainer, pl_module)
 
-    def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
+    def on_fit_end(self, trainer, pl_module) -> None:
         bank = getattr(pl_module, self.bank_attr)
         params = {n: p for n, p in bank.named_parameters() if "lora_" in n}
         with _gathered(list(params.values())) as whole:
