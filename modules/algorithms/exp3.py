@@ -9,7 +9,11 @@ Choices where the paper leaves a formula open:
 * **Difficulty reward**: :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``
   (an instruction where every answer fails has nothing to learn from).
 * **Preference reward**: a Gaussian bump of the gap normalised by the scale's range, :math:`g = |s_a - s_b| / 9`,
-  so the paper's gaps (0.6, 0.15) are attainable; the ideal gap is annealed linearly over training.
+  so the paper's gaps (0.6, 0.15) are attainable; the ideal gap is annealed linearly over training. A tie
+  (:math:`g = 0`) earns 0: it is not a discriminable duel (§2.1 rewards "response discriminability") and yields no
+  DPO pair and no GRPO advantage. Without this rule, binary grading (scores 1 or 10, one rollout a side) made a tie
+  pay more than a split once the ideal gap fell below about 0.5, steering the leader to instructions that teach
+  nothing (``tests/modules/algorithms/test_exp3.py``).
 * **Composite**: :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref} \in [0, 1]`, EXP3's range.
 """
 
@@ -74,7 +78,9 @@ def difficulty_reward(score_a: float, score_b: float, min_score: float = 3.0) ->
 
 
 def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidth: float = 0.15) -> float:
-    """Gaussian bump ``exp(-(g - ideal_gap)^2 / (2 bandwidth^2))`` of the normalised gap ``g`` (module docstring).
+    """Gaussian bump ``exp(-(g - ideal_gap)^2 / (2 bandwidth^2))`` of the normalised gap ``g``; 0 for a tie.
+
+    See the module docstring for why a tie earns nothing.
 
     Raises:
         ValueError: for a score outside [1, 10] or a non-positive bandwidth.
@@ -82,6 +88,8 @@ def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidt
     if not bandwidth > 0:
         raise ValueError(f"bandwidth must be positive, got {bandwidth}")
     g = normalized_gap(score_a, score_b)
+    if g == 0.0:
+        return 0.0
     return math.exp(-((g - ideal_gap) ** 2) / (2.0 * bandwidth**2))
 
 

@@ -120,8 +120,23 @@ def test_preference_reward():
     assert preference_reward(7.4, 2.0, ideal_gap=0.6) == pytest.approx(1.0)  # gap 5.4/9 = 0.6
     # gap 1.0, ideal 0.6: exp(−0.16 / (2·0.0225)) = exp(−3.5556) = 0.0285655
     assert preference_reward(10.0, 1.0, ideal_gap=0.6) == pytest.approx(0.0285655, rel=1e-5)
-    # a tie against ideal 0.15: exp(−0.0225/0.045) = exp(−0.5)
-    assert preference_reward(4.0, 4.0, ideal_gap=0.15) == pytest.approx(math.exp(-0.5))
+    # a near tie (gap 0.09/9 = 0.01) against ideal 0.15: exp(−0.14² / 0.045) = exp(−0.4355556)
+    assert preference_reward(4.09, 4.0, ideal_gap=0.15) == pytest.approx(math.exp(-0.0196 / 0.045))
+    # a tie is not discriminable: 0 at any ideal gap (the bump alone would give exp(−0.5) at 0.15)
+    assert preference_reward(4.0, 4.0, ideal_gap=0.15) == 0.0
+    assert preference_reward(10.0, 10.0, ideal_gap=0.0) == 0.0
+
+
+@pytest.mark.parametrize("iteration", range(30))
+def test_under_binary_grading_a_tie_never_pays_more_than_a_split(iteration):
+    """Reference grading scores 1 or 10; over a 30-iteration annealed schedule a split duel (1 vs 10) must pay at
+    least what a tie (1–1 or 10–10) pays. Before the tie rule, a 10–10 tie paid 0.158 against 0.150 at iteration 22
+    and 0.425 at iteration 29."""
+    reward, progress = CompositeReward(), iteration / 29
+    split = reward(1.0, 10.0, progress)
+    assert split >= 0.3 * 0.5  # the difficulty term alone: (10 − 5.5)/9 = 0.5
+    for tie in (1.0, 10.0):
+        assert reward(tie, tie, progress) == 0.0 < split
 
 
 def test_composite_reward_anneals_the_ideal_gap():
