@@ -11,7 +11,8 @@ Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``
 to the logs. After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
 
 Resuming: README, "Resuming and failures"; ``fit --ckpt_path last`` continues the newest ``last*.ckpt`` of the
-config's logger folder (:func:`find_last_checkpoint`), or starts afresh.
+config's logger folder (:func:`find_last_checkpoint`), or starts afresh. One process at a time writes to a run folder
+(:func:`take_run_folder`); a failed start removes only the folder it created (:func:`remove_failed_start`).
 
 Checkpoints: the config given is the config that runs. A checkpoint's stored hyper-parameters are never parsed over
 it (LightningCLI does that by default, which let an edited checkpoint name a model folder with code to run); a
@@ -51,6 +52,7 @@ from modules.training.checkpoints import (
     read_checkpoint_or_explain,
 )
 from modules.training.registry import data_families, model_families
+from modules.training.run_lock import RunFolderLock, live_owner
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
 _INTERRUPTED = re.compile(r"^\.(?P<name>last(-\d+)?\.ckpt)\.(previous|partial)$")
@@ -89,7 +91,8 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     fixed = getattr(logger, "_version", None)
     folder = "version_*" if fixed is None else (fixed if isinstance(fixed, str) else f"version_{fixed}")
     for checkpoints in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints")):
-        recover_interrupted_saves(checkpoints)
+        if live_owner(os.path.dirname(checkpoints)) is None:  # never under a live run: its save may be in progress
+            recover_interrupted_saves(checkpoints)
     found = [
         p
         for p in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints", "last*.ckpt"))
@@ -115,38 +118,50 @@ def add_resume_arguments(parser) -> None:
     )
 
 
-def _version_folders(trainer: L.Trainer) -> set[str] | None:
-    """The folders under the logger's ``<save_dir>/<name>`` (``None`` without a logger that has a save_dir)."""
-    logger = trainer.logger
-    if logger is None or getattr(logger, "save_dir", None) is None:
+def run_folder(trainer: L.Trainer) -> str | None:
+    """The run's folder: the first logger's ``log_dir`` (``None`` without a logger that has one).
+
+    Reading it fixes a fresh run's version (the logger numbers on from the folders it finds).
+    """
+    folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+    return os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
+
+
+def take_run_folder(trainer: L.Trainer) -> RunFolderLock | None:
+    """On rank 0, lock the run folder for this process (:class:`~modules.training.run_lock.RunFolderLock`).
+
+    Called before the run writes there; another live process in the folder is refused, naming the folder and its pid.
+    Other ranks write only where rank 0 says, so they take nothing.
+    """
+    if trainer.global_rank != 0:
         return None
-    root = os.path.join(logger.save_dir, str(logger.name or ""))
-    return {os.path.join(root, d) for d in os.listdir(root)} if os.path.isdir(root) else set()
+    folder = run_folder(trainer)
+    return RunFolderLock.acquire(folder) if folder else None
 
 
-def remove_failed_start(trainer: L.Trainer, before: set[str] | None) -> list[str]:
-    """After an exception, remove the logger folders this run created if it never trained a step.
+def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[str]:
+    """After an exception, remove the run folder this run created if it never trained a step.
 
     A failed start (a bad value or row refused in ``setup``, before the first step) otherwise leaves a
-    ``version_N/`` holding only an event file and the saved config, and the next run counts on from it. A folder
-    that existed before the run, or that holds a checkpoint, is kept; only rank 0 removes.
+    ``version_N/`` holding only an event file and the saved config, and the next run counts on from it. Only the
+    folder this process created and still holds the lock of is removed: never another run's folder (a run started
+    meanwhile under the same logger name), a folder that existed before, or one holding a checkpoint; only rank 0
+    removes.
 
     Returns:
         The folders removed.
     """
-    if before is None or trainer.global_step > 0 or trainer.global_rank != 0:
+    if lock is None or not lock.created or not lock.held() or trainer.global_step > 0 or trainer.global_rank != 0:
         return []
-    new = sorted((_version_folders(trainer) or set()) - before)
-    removed = [f for f in new if not glob.glob(os.path.join(glob.escape(f), "**", "*.ckpt"), recursive=True)]
-    if removed:
-        for logger in trainer.loggers:  # close open event/metrics files before their folder goes
-            try:
-                logger.finalize("failed")
-            except Exception:
-                pass
-    for folder in removed:
-        shutil.rmtree(folder, ignore_errors=True)
-    return removed
+    if glob.glob(os.path.join(glob.escape(lock.folder), "**", "*.ckpt"), recursive=True):
+        return []
+    for logger in trainer.loggers:  # close open event/metrics files before their folder goes
+        try:
+            logger.finalize("failed")
+        except Exception:  # best effort: the folder is removed either way
+            pass
+    shutil.rmtree(lock.folder, ignore_errors=True)
+    return [lock.folder]
 
 
 class AlignmentCLI(LightningCLI):
@@ -227,16 +242,19 @@ class AlignmentCLI(LightningCLI):
         check_checkpoint_matches(self.model, read_checkpoint(path, mmap=True), source=f"--ckpt_path {path}")
 
     def before_validate(self) -> None:
-        """Check ``--ckpt_path`` before validating."""
+        """Check ``--ckpt_path`` before validating; then lock the run folder."""
         self._check_checkpoint()
+        self._take_run_folder()
 
     def before_test(self) -> None:
-        """Check ``--ckpt_path`` before testing."""
+        """Check ``--ckpt_path`` before testing; then lock the run folder."""
         self._check_checkpoint()
+        self._take_run_folder()
 
     def before_predict(self) -> None:
-        """Check ``--ckpt_path`` before predicting."""
+        """Check ``--ckpt_path`` before predicting; then lock the run folder."""
         self._check_checkpoint()
+        self._take_run_folder()
 
     @override
     def instantiate_trainer(self, **kwargs):
@@ -255,21 +273,32 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:
-        """Run the subcommand; a failed start (nothing trained) leaves no new ``version_N/`` folder behind.
+        """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind.
 
-        See :func:`remove_failed_start`.
+        The ``before_<subcommand>`` hook takes the lock (:meth:`_take_run_folder`); it is released at the end, also
+        on failure. See :func:`remove_failed_start`.
         """
-        before = _version_folders(self.trainer)
+        self._run_lock = None
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            remove_failed_start(self.trainer, before)
+            remove_failed_start(self.trainer, self._run_lock)
             raise
+        finally:
+            if self._run_lock is not None:
+                self._run_lock.release()
+                self._run_lock = None
+
+    def _take_run_folder(self) -> None:
+        """Lock the run folder for this process before the run writes there (see :func:`take_run_folder`)."""
+        if getattr(self, "_run_lock", None) is None:
+            self._run_lock = take_run_folder(self.trainer)
 
     def before_fit(self) -> None:
         """Resolve ``--ckpt_path last`` across the logger's version folders (see :func:`find_last_checkpoint`).
 
-        Then check the checkpoint against the model, as an explicit path is (:meth:`_check_checkpoint`).
+        Then lock the run folder (:meth:`_take_run_folder`) and check the checkpoint against the model, as an explicit
+        path is (:meth:`_check_checkpoint`).
         """
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") == "last":
@@ -278,6 +307,7 @@ class AlignmentCLI(LightningCLI):
                 config["ckpt_path"] = path
                 rank_zero_info(f"resuming from {path}")
                 self._check_same_run(path, self._config_yaml())
+        self._take_run_folder()  # the folder resumed (or a fresh one), before anything is written there
         self._record_config()
         self._check_checkpoint()
 

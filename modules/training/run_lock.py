@@ -1,0 +1,195 @@
+"""One process at a time in a run folder: ``<run folder>/run.lock`` names the owner's pid and host.
+
+Two processes resuming the same run (``fit --ckpt_path last`` twice) would otherwise both run to the end, write
+their checkpoints and logs into one folder and recover each other's half-written saves. The first process to start
+writing creates the lock file with ``O_EXCL`` (of two starters exactly one succeeds); any other is refused, naming
+the folder and the owner, while the owner lives. A lock whose pid is gone on this host (a run killed with SIGKILL or
+by a crash) is stale and taken over. The owner's liveness cannot be checked from another host: a lock naming another
+host is refused with the file to remove once that process is known to be gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+__all__ = ["LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
+
+#: the lock file's name inside the run folder
+LOCK_NAME = "run.lock"
+
+
+class RunFolderInUse(RuntimeError):
+    """Another live process owns the run folder (or its lock cannot be read)."""
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    """Who holds a lock: a process id on a host."""
+
+    pid: int
+    host: str
+
+    @classmethod
+    def me(cls) -> LockOwner:
+        """The owner record of the calling process."""
+        return cls(os.getpid(), socket.gethostname())
+
+    def text(self) -> str:
+        """The lock file's content."""
+        return json.dumps({"pid": self.pid, "host": self.host}) + "\n"
+
+    @classmethod
+    def parse(cls, text: str) -> LockOwner | None:
+        """The owner a lock file's ``text`` names, or ``None`` when it names none (empty, garbled, a bad pid)."""
+        try:
+            record = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(record, dict):
+            return None
+        pid, host = record.get("pid"), record.get("host")
+        if type(pid) is not int or pid <= 0 or not isinstance(host, str) or not host:
+            return None
+        return cls(pid, host)
+
+
+def _alive(owner: LockOwner) -> bool:
+    """Whether ``owner`` may still be running (a process on another host is assumed to be)."""
+    me = LockOwner.me()
+    if owner.host != me.host:
+        return True
+    if owner.pid == me.pid:  # an earlier process that had this pid (a restarted container): not this one's lock
+        return False
+    try:
+        os.kill(owner.pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, run by another user
+        return True
+    return True
+
+
+def _read(path: str) -> str | None:
+    """The lock file's text, or ``None`` when there is none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(4096)
+    except FileNotFoundError:
+        return None
+
+
+def live_owner(folder: str | os.PathLike) -> LockOwner | None:
+    """The live process, other than this one, whose lock is in ``folder`` (``None``: nobody else is writing there).
+
+    An unreadable lock counts as held (by pid 0): its owner may be writing it this instant.
+    """
+    text = _read(os.path.join(os.fspath(folder), LOCK_NAME))
+    if text is None:
+        return None
+    owner = LockOwner.parse(text)
+    if owner is None:
+        return LockOwner(0, "")
+    return owner if owner != LockOwner.me() and _alive(owner) else None
+
+
+def _refusal(folder: str, path: str, owner: LockOwner | None, text: str) -> RunFolderInUse:
+    why = "two processes in one run folder would interleave their checkpoints and logs"
+    if owner is None:
+        return RunFolderInUse(
+            f"run folder {folder} is locked by {path}, which names no process ({text[:80]!r}): another process may be "
+            f"taking it now; if none uses the folder, remove {path} ({why})"
+        )
+    if owner.host != LockOwner.me().host:
+        return RunFolderInUse(
+            f"run folder {folder} is in use by pid {owner.pid} on host {owner.host} (lock {path}); whether that "
+            f"process lives cannot be checked from {LockOwner.me().host}: if it is gone, remove {path} ({why})"
+        )
+    return RunFolderInUse(
+        f"run folder {folder} is in use by pid {owner.pid} on {owner.host} (lock {path}): wait for that run to end or "
+        f"stop it ({why})"
+    )
+
+
+def _take_over(path: str, stale: str) -> None:
+    """Remove the stale lock whose text is ``stale``, unless another starter replaced it meanwhile."""
+    aside = f"{path}.stale-{os.getpid()}"
+    try:
+        os.rename(path, aside)  # atomic: of two processes taking over, one moves the stale file
+    except FileNotFoundError:
+        return  # another starter removed it first
+    if _read(aside) == stale:
+        os.remove(aside)
+        return
+    # a fresh lock another starter created after the stale one was read: put it back (exclusively: link, not rename)
+    with contextlib.suppress(FileExistsError):
+        os.link(aside, path)
+    os.remove(aside)
+
+
+@dataclass
+class RunFolderLock:
+    """A held lock on a run folder; :meth:`release` (or leaving the ``with`` block) gives it up.
+
+    Attributes:
+        folder: the run folder.
+        path: the lock file.
+        created: whether this process created the folder (it did not exist before :meth:`acquire`).
+    """
+
+    folder: str
+    path: str
+    created: bool
+    owner: LockOwner
+
+    @classmethod
+    def acquire(cls, folder: str | os.PathLike) -> RunFolderLock:
+        """Create ``folder`` if needed and take its lock; a stale lock (its pid gone, on this host) is taken over.
+
+        Raises:
+            RunFolderInUse: another live process holds the lock, or the lock names no process; the message names
+                the folder, the pid and the host.
+        """
+        folder = os.fspath(folder)
+        created = not os.path.isdir(folder)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, LOCK_NAME)
+        me = LockOwner.me()
+        for _ in range(5):  # each pass either wins, is refused, or clears a stale lock for the next pass
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                text = _read(path)
+                if text is None:
+                    continue  # released between the two calls: try again
+                owner = LockOwner.parse(text)
+                if owner is None or _alive(owner):
+                    raise _refusal(folder, path, owner, text) from None
+                _take_over(path, text)
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(me.text())
+                f.flush()
+                os.fsync(f.fileno())
+            return cls(folder, path, created, me)
+        raise RunFolderInUse(f"run folder {folder}: its lock {path} kept changing hands; another process is starting")
+
+    def held(self) -> bool:
+        """Whether the lock file still names this process."""
+        text = _read(self.path)
+        return text is not None and LockOwner.parse(text) == self.owner
+
+    def release(self) -> None:
+        """Remove the lock file if it still names this process (a folder removed meanwhile is fine)."""
+        if self.held():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+    def __enter__(self) -> RunFolderLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,144 @@
+"""A run folder is owned by one process at a time: ``run.lock`` refused while its owner lives, taken over after."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from modules.training.run_lock import LOCK_NAME, RunFolderInUse, RunFolderLock, _take_over, live_owner
+
+HOST = socket.gethostname()
+
+
+def _lock_text(pid: int, host: str = HOST) -> str:
+    return json.dumps({"pid": pid, "host": host}) + "\n"
+
+
+@pytest.fixture
+def live_pid():
+    """The pid of a process of this host that is alive for the whole test."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: the pid names no process now
+    return proc.pid
+
+
+def test_a_fresh_folder_is_created_and_locked_by_this_process_and_released(tmp_path):
+    folder = tmp_path / "runs" / "version_0"
+    with RunFolderLock.acquire(folder) as lock:
+        assert lock.created and lock.folder == str(folder) and lock.path == str(folder / LOCK_NAME)
+        assert json.loads((folder / LOCK_NAME).read_text()) == {"pid": os.getpid(), "host": HOST}
+        assert live_owner(folder) is None  # this process's own lock does not stop it
+    assert not (folder / LOCK_NAME).exists() and folder.is_dir()
+    again = RunFolderLock.acquire(folder)  # an existing folder: taken, but not created by this process
+    assert not again.created
+    again.release()
+
+
+def test_the_lock_is_released_when_the_run_fails(tmp_path):
+    with pytest.raises(ZeroDivisionError), RunFolderLock.acquire(tmp_path):
+        _ = 1 / 0
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_live_owner_is_refused_naming_the_folder_and_its_pid(tmp_path, live_pid):
+    (tmp_path / LOCK_NAME).write_text(_lock_text(live_pid))
+    with pytest.raises(RunFolderInUse) as err:
+        RunFolderLock.acquire(tmp_path)
+    assert str(err.value).startswith(f"run folder {tmp_path} is in use by pid {live_pid} on {HOST} (lock ")
+    assert (tmp_path / LOCK_NAME).read_text() == _lock_text(live_pid)  # the owner's lock is untouched
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
+    assert live_owner(tmp_path).pid == live_pid
+
+
+def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path):
+    dead = _dead_pid()
+    (tmp_path / LOCK_NAME).write_text(_lock_text(dead))
+    assert live_owner(tmp_path) is None
+    lock = RunFolderLock.acquire(tmp_path)
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]  # the stale file moved aside is gone too
+    lock.release()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_lock_left_by_an_earlier_process_with_this_pid_is_taken_over(tmp_path):
+    # a restarted container reuses pids: the lock names this pid, but this process never took it
+    (tmp_path / LOCK_NAME).write_text(_lock_text(os.getpid()))
+    with RunFolderLock.acquire(tmp_path):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_of_another_host_is_refused_with_the_file_to_remove(tmp_path):
+    (tmp_path / LOCK_NAME).write_text(_lock_text(_dead_pid(), host="node-17"))
+    with pytest.raises(RunFolderInUse, match=r"on host node-17 .* cannot be checked from .*: if it is gone, remove"):
+        RunFolderLock.acquire(tmp_path)
+    assert "node-17" in (tmp_path / LOCK_NAME).read_text()
+
+
+@pytest.mark.parametrize("text", ["", "12", '{"pid": "12", "host": "x"}', '{"pid": -3, "host": "x"}', "\x00garbage"])
+def test_a_lock_naming_no_process_is_refused_naming_the_file(tmp_path, text):
+    (tmp_path / LOCK_NAME).write_text(text)
+    with pytest.raises(RunFolderInUse, match=f"locked by {tmp_path / LOCK_NAME}, which names no process"):
+        RunFolderLock.acquire(tmp_path)
+    assert (tmp_path / LOCK_NAME).read_text() == text
+
+
+def test_release_leaves_a_lock_that_names_another_process(tmp_path, live_pid):
+    lock = RunFolderLock.acquire(tmp_path)
+    (tmp_path / LOCK_NAME).write_text(_lock_text(live_pid))  # taken from this process (by hand)
+    assert not lock.held()
+    lock.release()
+    assert (tmp_path / LOCK_NAME).read_text() == _lock_text(live_pid)
+
+
+def test_a_take_over_that_finds_a_fresh_lock_puts_it_back(tmp_path, live_pid):
+    # read as stale, but before the rename another starter replaced it with its own live lock
+    path = str(tmp_path / LOCK_NAME)
+    (tmp_path / LOCK_NAME).write_text(_lock_text(live_pid))
+    _take_over(path, _lock_text(_dead_pid()))
+    assert sorted(os.listdir(tmp_path)) == [LOCK_NAME]
+    assert (tmp_path / LOCK_NAME).read_text() == _lock_text(live_pid)
+
+
+def _starter(folder: str, go, done, results) -> None:
+    """One of several processes starting in the same folder at once; holds what it won until ``done``."""
+    go.wait()
+    try:
+        RunFolderLock.acquire(folder)
+        results.put(("won", os.getpid()))
+    except RunFolderInUse as err:
+        results.put(("refused", str(err)))
+    done.wait()
+
+
+def test_of_several_processes_starting_at_once_exactly_one_wins(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    go, done, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    folder = str(tmp_path / "version_0")
+    procs = [ctx.Process(target=_starter, args=(folder, go, done, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        go.set()
+        outcomes = [results.get(timeout=60) for _ in procs]
+    finally:
+        done.set()
+        for p in procs:
+            p.join(timeout=60)
+    winners = [pid for kind, pid in outcomes if kind == "won"]
+    assert len(winners) == 1, outcomes
+    assert all(kind == "refused" and f"in use by pid {winners[0]}" in why for kind, why in outcomes if kind != "won")
