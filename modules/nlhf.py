@@ -89,11 +89,16 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
 
     @override
     def game_state(self) -> dict[str, Any]:
-        return {"empty_generations": self.empty_generations}
+        state: dict[str, Any] = {"empty_generations": self.empty_generations}
+        if self.oracle is not None:  # its generator and counters: a resumed validation draws and counts the same
+            state["oracle"] = self.oracle.state_dict()
+        return state
 
     @override
     def load_game_state(self, state: dict[str, Any]) -> None:
         self.empty_generations = int(state.get("empty_generations", 0))
+        if self.oracle is not None and "oracle" in state:
+            self.oracle.load_state_dict(state["oracle"])
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:

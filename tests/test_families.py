@@ -65,7 +65,6 @@ CONTRACTS = {
         _loader_table,
     ),
 }
-_GAP = "not yet written (issue 33)"
 EXEMPT = {
     (
         "non-finite skip",
@@ -80,10 +79,6 @@ EXEMPT = {
         "TabularSMIDA",
     ): "test_tabular_smida.test_smida_reaches_the_closed_form_within_the_bound_at_every_step",
     ("options reach the loader", "TabularSMIDA"): "loads no model",
-    ("learning direction", "PreferenceEnsemble"): _GAP,
-    ("refused values", "PreferenceEnsemble"): _GAP,
-    ("refused values", "CausalLMSFT"): _GAP,
-    **{(c, f): _GAP for f in ("NashMDPG", "SLHF") for c in CONTRACTS if c != "learning direction"},
 }
 MODELS = model_families()
 

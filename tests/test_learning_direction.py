@@ -5,7 +5,9 @@ that starts with a letter or digit of even code (``b``, ``D``, ``4``, ...) is go
 tiny byte-level policy, "starts with such a character" is "the first token is one of those characters' tokens", so
 the policy's probability of a good reply is read exactly off its next-token distribution after each prompt: the
 mass of those tokens. Each family trains a few steps with its own update; that mass must rise. The same run with the
-reward mirrored (bad and good swapped) must lower it, so the check cannot pass by any drift of training alone.
+reward mirrored (bad and good swapped) must lower it, so the check cannot pass by any drift of training alone. The
+preference ensemble has no policy: its measure is its P(y ≻ y′) of a good reply over a bad one, trained on labels that
+prefer the good (mirrored: the bad) opening.
 
 The losses themselves are checked against hand values and autograd in the families' own tests; here a sign error,
 a detached advantage, a swapped chosen/rejected pair or a mis-routed vote would fail. Cost: about 1 CPU-second per
@@ -268,6 +270,44 @@ def _pool_run(
     return {p: (before[p], good_mass(model.bank(p), p, shown[p])) for p in model.player_names}
 
 
+# ------------------------------------------------------------------------------------------- preference ensemble
+BAD = sorted(frozenset(string.ascii_letters + string.digits) - GOOD)
+
+
+def _preference_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
+    """The ensemble learns from labels that prefer the reply opening with a good character (mirrored: a bad one).
+
+    The measure is the members' mean P(y ≻ y′) for a good y against a bad y′, on prompts it did not train on: it
+    rises when the labels favour good openings and falls when they favour bad ones.
+    """
+    import json
+    import random
+
+    from datamodules.preference import PreferenceDataModule
+    from modules.preference import PreferenceEnsemble
+
+    rng, rows = random.Random(0), []
+    for x in [p.question for p in generate_problems(48, seed=3, min_steps=1, max_steps=1)]:
+        for _ in range(2):
+            y, y_bad = f"{rng.choice(sorted(GOOD))} is it.", f"{rng.choice(BAD)} is it."
+            a, b = (y, y_bad) if rng.random() < 0.5 else (y_bad, y)
+            rows.append({"prompt": x, "response_a": a, "response_b": b, "label": good(a, mirrored)})
+    path = tmp_path / "pairs.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    L.seed_everything(0)
+    model = PreferenceEnsemble(_lm(tiny_lm_dir), backbone_task="causal_lm", num_members=2, lr=5e-2)
+    shown = [(x, f"{g} is it.", f"{b} is it.") for x in PROMPTS for g, b in zip(sorted(GOOD), BAD)]
+
+    def p_good() -> float:
+        return float(model.score(*map(list, zip(*shown))).mean())
+
+    before = p_good()
+    data = PreferenceDataModule(path=str(path), val_fraction=0.0, heldout_fraction=0.0, batch_size=8, max_length=64)
+    _trainer(tmp_path, steps=24).fit(model, datamodule=data)
+    return {"ensemble": (before, p_good())}
+
+
 # ---------------------------------------------------------------------------------------------------------- SFT
 PUNCTUATION = frozenset(string.punctuation)
 
@@ -325,6 +365,7 @@ RUNS = {
     "StackelbergPool-dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),
     "StackelbergPool-grpo": lambda *a, **k: _pool_run(*a, **k, algorithm="grpo"),
     "CausalLMSFT": _sft_run,
+    "PreferenceEnsemble": _preference_run,
 }
 
 

@@ -172,6 +172,36 @@ def _deep_smida(tiny_lm_dir, tmp_path, **kw):
     return model, {"datamodule": _prompts()}
 
 
+def _nlhf(tiny_lm_dir, tmp_path, **kw):
+    from modules.nlhf import NashMDPG
+
+    model = NashMDPG(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4),
+        preference=Letters(),  # a number in [0, 1] that varies with the opponent's reply
+        samples_per_prompt=2,
+        sampling=Sampling(temperature=0.6, max_new_tokens=6),
+        lr=1e-2,
+        **kw,
+    )
+    return model, {"datamodule": _prompts()}
+
+
+def _slhf(tiny_lm_dir, tmp_path, **kw):
+    from modules.slhf import SLHF
+
+    model = SLHF(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4),
+        preference=Letters(),
+        samples_per_prompt=2,
+        follower_samples=2,
+        sampling=Sampling(temperature=0.6, max_new_tokens=6),
+        leader_lr=1e-2,
+        follower_lr=1e-2,
+        **kw,
+    )
+    return model, {"datamodule": _prompts()}
+
+
 def _debate(tiny_lm_dir, tmp_path, **kw):
     from modules.debate import DebateSelfPlay
     from modules.scorers.judges import ProgrammaticJudge
@@ -220,12 +250,14 @@ def _pool(tiny_lm_dir, tmp_path, **kw):
     return model, {"datamodule": data}
 
 
-# family: (builder, trainer limit, whether global_step counts applied updates one per batch)
+# family: (builder of the model and its data, trainer limit)
 FAMILIES = {
     "PreferenceEnsemble": (_preference, {"max_steps": 3}),
     "CausalLMSFT": (_sft, {"max_steps": 3}),
     "GRPO": (_grpo, {"max_steps": 3}),
     "DeepSMIDA": (_deep_smida, {"max_steps": 6}),  # two optimizer steps per batch
+    "NashMDPG": (_nlhf, {"max_steps": 3}),
+    "SLHF": (_slhf, {"max_steps": 6}),  # two optimizer steps per batch
     "DebateSelfPlay": (_debate, {"max_steps": 3}),
     "StackelbergPool": (_pool, {"max_epochs": 1}),
 }
@@ -245,7 +277,8 @@ def test_a_nan_gradient_is_skipped_and_changes_nothing(name, tiny_lm_dir, tmp_pa
     assert model.consecutive_nonfinite == 0  # the good step after it ended the streak
     if "max_steps" in limit:  # the skip did not shorten the run: max_steps applied updates, one batch more
         assert trainer.global_step == limit["max_steps"]
-        assert poison.calls == limit["max_steps"] // (2 if name == "DeepSMIDA" else 1) + 1
+        # one optimizer step per optimizer and batch (deep-SMIDA, SLHF: the leader's and the follower's)
+        assert poison.calls == limit["max_steps"] // len(trainer.optimizers) + 1
 
 
 @pytest.mark.parametrize("name", ["CausalLMSFT", "DeepSMIDA"])

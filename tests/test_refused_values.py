@@ -10,9 +10,13 @@ from modules.debate import DebateSelfPlay
 from modules.deep_smida import DeepSMIDA
 from modules.grpo import GRPO
 from modules.lm.model_config import ModelConfig
+from modules.nlhf import NashMDPG
 from modules.pool import StackelbergPool
+from modules.preference import PreferenceEnsemble
 from modules.scorers.judges import ProgrammaticJudge
 from modules.scorers.utility import EnsembleUtility
+from modules.sft import CausalLMSFT
+from modules.slhf import SLHF
 from modules.tabular_smida import TabularSMIDA
 
 MISSING = "/nonexistent/tiny-model"
@@ -21,6 +25,10 @@ FAMILIES = {
     "DeepSMIDA": (DeepSMIDA, lambda: {"utility": EnsembleUtility(allow_untrained=True)}),  # no trained one here
     "GRPO": (GRPO, lambda: {"answer_reward": True}),
     "StackelbergPool": (StackelbergPool, dict),
+    "NashMDPG": (NashMDPG, lambda: {"preference": EnsembleUtility(kind="preference", allow_untrained=True)}),
+    "SLHF": (SLHF, lambda: {"preference": EnsembleUtility(kind="preference", allow_untrained=True)}),
+    "PreferenceEnsemble": (PreferenceEnsemble, dict),
+    "CausalLMSFT": (CausalLMSFT, dict),
 }
 CASES = [
     ("DebateSelfPlay", {"clip": 0.0}, "clip must be positive, got 0.0"),
@@ -42,6 +50,44 @@ CASES = [
     ("StackelbergPool", {"gamma": 0.0}, r"gamma must be in \(0.0, 1.0\], got 0.0"),
     ("StackelbergPool", {"gamma": 1.5}, r"gamma must be in \(0.0, 1.0\], got 1.5"),
     ("StackelbergPool", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
+    ("NashMDPG", {"tau": 0.0}, "tau must be positive, got 0.0"),
+    ("NashMDPG", {"lr": -1e-4}, "lr must be positive, got -0.0001"),
+    ("NashMDPG", {"beta": 1.5}, r"beta \(the reference's weight in the mixture\) must be in \[0, 1\], got 1.5"),
+    (
+        "NashMDPG",
+        {"beta": float("nan")},
+        r"beta \(the reference's weight in the mixture\) must be in \[0, 1\], got nan",
+    ),
+    ("NashMDPG", {"samples_per_prompt": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 0, 2"),
+    ("NashMDPG", {"eval_pairs": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 2, 0"),
+    ("SLHF", {"tau_follower": 0.0}, "tau_follower must be positive, got 0.0"),
+    ("SLHF", {"leader_lr": -1e-3}, "leader_lr must be positive, got -0.001"),
+    (
+        "SLHF",
+        {"follower_samples": 1},
+        r"samples_per_prompt \(D\) and follower_samples \(M\) must be at least 2 for the leave-one-out baselines, "
+        "got D=2, M=1",
+    ),
+    ("SLHF", {"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
+    ("SLHF", {"follower_system_template": "Improve it."}, r"follower_system_template must contain \{leader_response\}"),
+    ("PreferenceEnsemble", {"num_members": 0}, "num_members must be positive, got 0"),
+    ("PreferenceEnsemble", {"member_type": "rank"}, "member_type must be 'gpm' or 'bt', got 'rank'"),
+    ("PreferenceEnsemble", {"sharing": "full"}, "sharing must be 'frozen', 'lora' or 'separate', got 'full'"),
+    ("PreferenceEnsemble", {"embed_dim": 15}, "embed_dim must be a positive even number, got 15"),
+    ("PreferenceEnsemble", {"init_scale": 0.0}, "init_scale must be positive, got 0.0"),
+    ("PreferenceEnsemble", {"backbone_lr": float("nan")}, "backbone_lr must be positive, got nan"),
+    ("PreferenceEnsemble", {"weight_decay": -0.1}, "weight_decay must be at least 0.0, got -0.1"),
+    ("PreferenceEnsemble", {"max_length": 0}, "max_length must be at least 1, got 0"),
+    ("CausalLMSFT", {"lr": 0.0}, "lr must be positive, got 0.0"),
+    ("CausalLMSFT", {"weight_decay": -1e-4}, "weight_decay must be at least 0.0, got -0.0001"),
+    ("CausalLMSFT", {"max_length": 0}, "max_length must be at least 1, got 0"),
+    ("CausalLMSFT", {"warmup_steps": -1}, "warmup_steps must be at least 0, got -1"),
+    ("CausalLMSFT", {"min_lr_ratio": 1.5}, r"min_lr_ratio must lie in \[0, 1\], got 1.5"),
+    (
+        "CausalLMSFT",
+        {"tiny_tokenizer": "wordpiece"},
+        r"tiny_tokenizer must be one of \['byte', 'task'\], got 'wordpiece'",
+    ),
 ]
 
 

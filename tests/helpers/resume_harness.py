@@ -165,6 +165,13 @@ _TINY_LORA = (
     "--model.init_args.lm.lora_r=4",
     "--model.init_args.lm.lora_alpha=8",
 )
+# the preference model P0 of NLHF and SLHF: an untrained two-member ensemble on the tiny LM (as deep_smida's utility)
+_TINY_PREFERENCE = (
+    "--model.init_args.preference.init_args.backbone={tiny_lm_dir}",
+    "--model.init_args.preference.init_args.backbone_task=causal_lm",
+    "--model.init_args.preference.init_args.num_members=2",
+    "--model.init_args.preference.init_args.allow_untrained=true",
+)
 # 14 steps (3.5 epochs of 4 batches) with one validation, at batch 9
 _FOURTEEN_STEPS = ("--trainer.max_steps=14", "--trainer.val_check_interval=9", "--trainer.limit_val_batches=1")
 
@@ -224,6 +231,48 @@ FAMILIES: dict[str, Family] = {
             # the slowest family: SIGTERM mid-epoch, then SIGKILL at an epoch boundary (which resumes mid-epoch 1)
             kills=(Kill("SIGTERM", after_batch=2), Kill("SIGKILL", epoch=2)),
             rel_tol=1e-6,  # the gradient norms of a step after a resume can differ in the last float32 bit
+            needs_tiny_lm=True,
+        ),
+        Family(
+            name="nlhf",
+            config="nlhf.yaml",
+            args=(
+                "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+                "--model.init_args.sampling.max_new_tokens=4",
+                *_TINY_LORA,
+                *_TINY_PREFERENCE,
+                "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
+                "--data.init_args.batch_size=2",
+                "--trainer.max_steps=10",  # one optimizer: 10 batches
+                # validations at batches 3, 6 and 9: the chain resumes at 5 between two of them, so the oracle's
+                # generator must travel in the checkpoint
+                "--trainer.val_check_interval=3",
+                "--trainer.limit_val_batches=1",
+            ),
+            batches_per_epoch=4,
+            ckpt_every=5,
+            kills=(Kill("SIGTERM", after_batch=2), Kill("SIGKILL", epoch=2)),
+            needs_tiny_lm=True,
+        ),
+        Family(
+            name="slhf",
+            config="slhf.yaml",
+            args=(
+                "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+                "--model.init_args.sampling.max_new_tokens=4",
+                *_TINY_LORA,
+                "--model.init_args.follower_samples=2",
+                *_TINY_PREFERENCE,
+                "--data.init_args.num_prompts=9",
+                "--data.init_args.batch_size=2",
+                "--trainer.max_steps=20",  # 10 batches: two optimizer steps each
+                "--trainer.val_check_interval=3",  # as nlhf: validations at batches 3, 6 and 9
+                "--trainer.limit_val_batches=1",
+            ),
+            batches_per_epoch=4,
+            ckpt_every=5,
+            steps_per_batch=2,
+            kills=(Kill("SIGTERM", after_batch=2), Kill("SIGKILL", epoch=2)),
             needs_tiny_lm=True,
         ),
         Family(
@@ -387,6 +436,8 @@ class ForkServer:
         "resume_harness",
         "modules.preference",
         "modules.deep_smida",
+        "modules.nlhf",
+        "modules.slhf",
         "modules.sft",
         "modules.tabular_smida",
         "datamodules.preference",

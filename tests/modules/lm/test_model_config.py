@@ -83,15 +83,33 @@ def _grpo(lm):
     return GRPO(lm=lm, sampling=Sampling(max_new_tokens=4))
 
 
-def _deep_smida(lm):
-    from modules.deep_smida import DeepSMIDA
+def _constant_utility():
+    """A utility that loads no model of its own (an ensemble's loads would not carry the policy's options)."""
     from modules.scorers.utility import Utility
 
     class Constant(Utility):
         def forward(self, prompts, leader, follower):
             return torch.zeros(len(prompts))
 
-    return DeepSMIDA(lm=lm, utility=Constant(), sampling=Sampling(max_new_tokens=4))
+    return Constant()
+
+
+def _deep_smida(lm):
+    from modules.deep_smida import DeepSMIDA
+
+    return DeepSMIDA(lm=lm, utility=_constant_utility(), sampling=Sampling(max_new_tokens=4))
+
+
+def _nlhf(lm):
+    from modules.nlhf import NashMDPG
+
+    return NashMDPG(lm=lm, preference=_constant_utility(), sampling=Sampling(max_new_tokens=4))
+
+
+def _slhf(lm):
+    from modules.slhf import SLHF
+
+    return SLHF(lm=lm, preference=_constant_utility(), sampling=Sampling(max_new_tokens=4))
 
 
 def _sft(lm):
@@ -121,6 +139,8 @@ def _preference(lm):
 FAMILIES = {
     "GRPO": _grpo,
     "DeepSMIDA": _deep_smida,
+    "NashMDPG": _nlhf,
+    "SLHF": _slhf,
     "CausalLMSFT": _sft,
     "DebateSelfPlay": _debate,
     "StackelbergPool": _pool,
