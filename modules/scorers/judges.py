@@ -39,7 +39,7 @@ from modules.algorithms.debate import (
 )
 from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
-from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
+from modules.scorers.quoting import fit_judged, quote_judged
 from modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -261,7 +261,7 @@ class ProgrammaticJudge(DebateJudge):
 
 JUDGE_TEMPLATE = (
     "You are the judge of a math debate. Decide whether Alice's FINAL answer to the problem is correct; judge the "
-    "final answer, not the style.\n\nProblem: {problem}\n\n{transcript}\n\n{instructions}"
+    "final answer, not the style.\n\nProblem:\n{problem}\n\n{transcript}\n\n{instructions}"
 )
 _COT = (
     "Think step by step inside {think_open} {think_close}, then write 'Verdict: Alice' if Alice's final answer is "
@@ -333,7 +333,10 @@ class HFJudge(DebateJudge):
         return self
 
     def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
-        """The judge's prompt for one transcript (visible parts only, quoted: :func:`quote_judged`).
+        """The judge's prompt for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
+
+        Neither a dataset's problem nor a player's reply can forge a section heading, a verdict line or an
+        instruction: the template's own lines (its headings and the verdict instruction) are the only unquoted ones.
 
         Args:
             transcript: The game.
@@ -350,7 +353,7 @@ class HFJudge(DebateJudge):
         instructions = fill_fields(
             _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
         )
-        problem = break_special_tokens(transcript.problem, specials)
+        problem = quote_judged(transcript.problem, specials) or "(empty)"
         user = fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(

@@ -19,7 +19,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
+from modules.scorers.quoting import fit_judged, quote_judged
 from modules.training.faults import call_with_timeout
 
 __all__ = [
@@ -320,12 +320,13 @@ class LLMJudgeOracle(PreferenceOracle):
     def render(self, prompt: str, first: str, second: str) -> str:
         """Fill the template in one pass over the template only: text in the data is never re-substituted.
 
-        The responses are quoted line by line and special-token strings broken (:func:`quote_judged`), so a response
-        cannot forge ``[Response B]`` or the closing question.
+        The request and the responses are quoted line by line and special-token strings broken (:func:`quote_judged`),
+        so neither a dataset's request nor a response can forge ``[Response A]``, ``[Response B]``, an instruction or
+        the closing question: the template's own lines are the only unquoted ones.
         """
         specials = self.tokenizer.all_special_tokens
         values = {
-            "prompt": break_special_tokens(prompt, specials),
+            "prompt": quote_judged(prompt, specials) or "(empty)",
             "first": quote_judged(first, specials) or "(empty)",
             "second": quote_judged(second, specials) or "(empty)",
         }

@@ -25,7 +25,7 @@ from modules.algorithms.pool import (
 )
 from modules.lm.policy_bank import PolicyBank, Rollout
 from modules.lm.text import pad_sequences
-from modules.scorers.quoting import break_special_tokens, fit_judged, quote_judged
+from modules.scorers.quoting import fit_judged, quote_judged
 
 __all__ = ["PeerJudging", "encode_texts", "member_scores", "peer_scores", "solve_scores"]
 
@@ -73,15 +73,16 @@ class PeerJudging:
             raise ValueError(f"judging.temperature must be positive, got {self.temperature}")
 
     def user_message(self, instruction: str, response: str, special_tokens: Iterable[str] = ()) -> str:
-        """The judge's user message for one (instruction, response): the response quoted (:func:`quote_judged`).
+        """The judge's user message for one (instruction, response): both quoted (:func:`quote_judged`).
 
         Args:
-            instruction: The question (its special-token strings broken, not quoted: it is not judged).
-            response: The judged response; every line quoted, so it cannot forge ``[Response]`` or a score line.
+            instruction: The question, from the data; every line quoted, so it cannot forge ``[Response]``, an
+                instruction or a score line above the real response.
+            response: The judged response, from a policy; every line quoted likewise.
             special_tokens: The judge tokenizer's special-token strings, to be read as plain text.
         """
-        quoted = quote_judged(response, special_tokens) or "(empty)"
-        return fill_judge_template(self.template, break_special_tokens(instruction, special_tokens), quoted)
+        question = quote_judged(instruction, special_tokens) or "(empty)"
+        return fill_judge_template(self.template, question, quote_judged(response, special_tokens) or "(empty)")
 
     def prompt(self, bank: PolicyBank, chat: Callable[[str], str], instruction: str, response: str) -> str:
         """``chat(user_message) + prefill`` within ``bank.max_prompt_tokens``: only the response's middle is cut.

@@ -158,10 +158,66 @@ def test_fill_fields_does_not_reread_data():
         ("I think the solution", None),
         ("", None),
         (None, None),
+        # issue 34: judgements in words the parser does not read, compound subjects and hedges are unparsed
+        ("Alice and Bob are both wrong", None),
+        ("Alice is partially correct", None),
+        ("Verdict: Alice (probably)", None),
+        ("Verdict: no one", None),
+        ("Bob is not the winner", 1.0),
+        ("Alice can't win", 0.0),
+        ("Alice's rebuttal is wrong", 0.0),
+        ("**Verdict**: Alice", 1.0),
+        ("The winner is Alice", 1.0),
     ],
 )
 def test_parse_verdict(text, vote):
     assert parse_verdict(text) == vote
+
+
+# Issue 34: 27 phrasings of a verdict and how each must be read (1.0 Alice, 0.0 Bob, None unparsed). The parser reads
+# each right or returns unparsed: a refusal or hedge is never guessed. The first 8 were misread before the fix (the
+# six of the issue and two more found then); "Winner: Bob" was unparsed; the other 18 were already read right.
+VERDICT_PHRASINGS = [
+    ("Alice isn't right", 0.0),
+    ("Alice is mistaken", 0.0),
+    ("Alice (wrong)", 0.0),
+    ("Alice does not win", 0.0),
+    ("Bob's critique is wrong", 1.0),
+    ("I cannot give a verdict: Alice", None),
+    ("No verdict.", None),  # was a vote for Bob ("no")
+    ("Alice loses", 0.0),
+    ("Winner: Bob", 0.0),
+    ("Verdict: Alice", 1.0),
+    ("verdict: bob", 0.0),
+    ("Alice is correct", 1.0),
+    ("Bob wins", 0.0),
+    ("Alice wins", 1.0),
+    ("Alice's answer is right", 1.0),
+    ("Alice is not wrong", 1.0),  # a negated negative is positive
+    ("Bob's critique is correct", 0.0),
+    ("Neither", None),
+    ("I can't decide between them.", None),
+    ("Verdict: Alice's final answer is not correct.", 0.0),
+    ("Verdict: Bob is wrong", 1.0),
+    ("Verdict: not correct", 0.0),
+    ("Verdict: **Bob**", 0.0),
+    ("Verdict: Bob. On reflection, Verdict: Alice", 1.0),
+    ("Verdict: Alice, because Bob is wrong", 1.0),
+    ("Correct.", 1.0),
+    ("incorrect", 0.0),
+]
+
+
+@pytest.mark.parametrize("text, vote", VERDICT_PHRASINGS)
+def test_verdict_phrasings_are_read_right_or_unparsed(text, vote):
+    """Each phrasing gives its vote; an unparsed one is no verdict, left out of the share and of the MCC."""
+    assert parse_verdict(text) == vote
+    assert verdict_of([parse_verdict(text)]) == {1.0: "alice", 0.0: "bob", None: "unparsed"}[vote]
+    assert vote_share([parse_verdict(text), 1.0]) == ((1.0, 1) if vote is None else ((vote + 1.0) / 2, 0))
+
+
+def test_the_verdict_table_has_27_distinct_phrasings():
+    assert len({text for text, _ in VERDICT_PHRASINGS}) == len(VERDICT_PHRASINGS) == 27
 
 
 PAPER_VOTES = "The judge is sampled independently 8 times per rollout; e.g. 6 of 8 for Alice → Alice 0.75, Bob 0.25."
@@ -425,6 +481,7 @@ def test_hf_judge_reads_visible_capped_verdicts(tiny_lm_dir):
     assert math.isnan(judge.read_vote("one two three four five Verdict: Alice"))  # past the answer-length cap
     weak = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=8, sampling=Sampling(max_new_tokens=4))
     assert weak.read_vote("Verdict: Bob") == 0.0
+    assert math.isnan(weak.read_vote("I cannot give a verdict: Alice"))  # a refusal is an unparseable vote
     assert "Do not explain" in weak.render(_t("debate_ab", ANSWER, "no"))
 
 
