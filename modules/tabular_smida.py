@@ -76,6 +76,9 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         ValueError: step sizes breaking condition (6), or a malformed game.
     """
 
+    #: log-probabilities, whose ``-inf`` (a zero probability) a checkpoint read back may hold (NaN and +inf refused)
+    minus_inf_allowed = ("log_pi", "log_omega", "log_pi_ref", "log_omega_ref")
+
     def __init__(
         self,
         game_path: str | None = None,

@@ -193,8 +193,15 @@ class SafeDeepSpeedStrategy(DeepSpeedStrategy):
                 "(no pickled code from a checkpoint folder)"
             )
         path = self.broadcast(str(checkpoint_path))
+        refused = None
         if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
-            recover_folder(path)
+            try:
+                recover_folder(path)
+            except ValueError as err:  # a .previous link refused: every rank raises it, none waits for rank 0
+                refused = str(err)
+        refused = self.broadcast(refused)
+        if refused:
+            raise ValueError(refused)
         self.barrier("deepspeed_load_recovered")
         if self.load_full_weights and self.zero_stage_3 and os.path.isfile(path):
             return super().load_checkpoint(path, weights_only=True)  # one file, through the checkpoint IO

@@ -28,8 +28,10 @@ class FSDP2Strategy(ModelParallelStrategy):
     A sharded checkpoint (a folder) is written whole into ``.<name>.partial`` beside its target and swapped in by
     rank 0 (:func:`modules.training.artifacts.swap_folder_in`): a kill at any moment of a save leaves the previous
     checkpoint whole. It is read without unpickling code (:mod:`modules.distributed.dcp_safe`) and loaded for the
-    tensors it holds, after checking that it holds every trainable
-    one (a ``KeyError`` names the first missing). Full checkpoints (one file) load as Lightning does.
+    tensors it holds, after checking that it holds every trainable one (a ``KeyError`` names the first missing) and
+    no NaN or inf (a ``ValueError`` names the folder and the tensor). A ``.<name>.previous`` that is a symbolic link
+    is never restored (:func:`modules.training.artifacts.recover_folder`). Full checkpoints (one file) load as
+    Lightning does.
 
     With ``param_dtype`` the shards keep their own dtype (the optimizer's master weights) and every all-gather casts
     them; use it with the trainer's ``precision: 32-true`` (autocast on top would only add casts).
@@ -138,8 +140,15 @@ class FSDP2Strategy(ModelParallelStrategy):
         from modules.training.artifacts import recover_folder
 
         path = Path(self.broadcast(str(checkpoint_path)))
+        refused = None
         if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
-            recover_folder(path)
+            try:
+                recover_folder(path)
+            except ValueError as err:  # a .previous link refused: every rank raises it, none waits for rank 0
+                refused = str(err)
+        refused = self.broadcast(refused)
+        if refused:
+            raise ValueError(refused)
         self.barrier("fsdp2_load_recovered")
         if not (path.is_dir() and (path / METADATA_FILE).is_file()):
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
@@ -152,8 +161,8 @@ class FSDP2Strategy(ModelParallelStrategy):
                 f"checkpoint {path} lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}"
             )
         dcp.load({"state_dict": present}, storage_reader=SafeFileSystemReader(path), planner=WeightsOnlyLoadPlanner())
-        set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
         fitting = self.lightning_module is not None and self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        optim_states = []
         for idx, optimizer in enumerate(self.optimizers if fitting else ()):  # test/validate: weights only
             key = f"optimizer_{idx}"
             if not any(name.startswith(f"{key}.") for name in saved):
@@ -165,9 +174,31 @@ class FSDP2Strategy(ModelParallelStrategy):
                 storage_reader=SafeFileSystemReader(path),
                 planner=WeightsOnlyLoadPlanner(allow_partial_load=True),
             )
+            optim_states.append(optim_state[key])
+        # a NaN or inf anywhere stops the restore on every rank before the states are set: nothing continues from it
+        self._refuse_nonfinite(path, {"state_dict": present, "optimizer_states": optim_states})
+        set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
+        for optimizer, optim_state in zip(self.optimizers if fitting else (), optim_states, strict=True):
             set_optimizer_state_dict(
-                self.model, optimizer, optim_state_dict=optim_state[key], options=StateDictOptions(strict=False)
+                self.model, optimizer, optim_state_dict=optim_state, options=StateDictOptions(strict=False)
             )
         checkpoint = torch.load(path / METADATA_FILE, weights_only=True)
         checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
         return checkpoint
+
+    def _refuse_nonfinite(self, path: Path, part: dict[str, Any]) -> None:
+        """Refuse a sharded checkpoint whose tensors (this rank's shards) hold NaN or inf, on every rank together.
+
+        Raises:
+            ValueError: naming the folder and, on the ranks whose shards hold it, the first such tensor.
+        """
+        from modules.training.faults import nonfinite_entries  # noqa: PLC0415
+
+        found = nonfinite_entries(part)
+        if self.reduce_boolean_decision(not found, all=True):
+            return
+        where = f"in {found[0]}" if found else "in another rank's shards"
+        raise ValueError(
+            f"checkpoint {str(path)!r} holds NaN or inf {where}: it is not a state to continue from; resume from an "
+            "earlier checkpoint"
+        )

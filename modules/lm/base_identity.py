@@ -1,20 +1,48 @@
-"""Which frozen base a checkpoint was trained on: its path, revision and a hash of its config and weights index.
+"""Which frozen base a checkpoint was trained on: its path, revision and a sha256 of its config and weights' content.
 
 A checkpoint keeps the trainable tensors only (adapters over a frozen base, reloaded from its path). Continued on
 another base, or on the same path after its files changed, the adapters would silently train against other weights.
-The identity is ``{"name_or_path", "revision", "sha256"}``; the hash covers ``config.json`` and the weights index
-(``model.safetensors.index.json``, or a single ``model.safetensors`` file's header: tensor names, dtypes, shapes,
-offsets), so it is cheap for any size of model. A hub name is looked up in the local cache only (never downloaded).
+The identity is ``{"name_or_path", "revision", "sha256", "hashed", "header_sha256"}``:
+
+* ``sha256`` covers ``config.json``, the weights index (``model.safetensors.index.json``,
+  ``pytorch_model.bin.index.json``) and the **content** of every weight file (each shard the index names, else
+  ``model.safetensors``, else ``pytorch_model.bin``), so a same-shape swap of the weights is a different base.
+  ``hashed: "content"`` marks it.
+* Each weight file's sha256 costs nothing at a resume: a file of a snapshot in the hub cache (``HF_HUB_CACHE``) is a
+  link to its repository's blob named by its sha256 (the hub's recorded hash of an LFS file), which is read from
+  the name (a link elsewhere is hashed like any file: it could name any blob); any other file is hashed once
+  and its hash cached by (real path, size, mtime_ns, inode, ctime_ns) in ``~/.cache/alignment-games/`` (or
+  ``$XDG_CACHE_HOME/alignment-games/``). The cache is the user's own, not a file beside the model: a model folder
+  and its parent may be shared or read-only, and a cache others can write could vouch for weights it never saw.
+  The inode and ctime, which a copy or ``touch`` cannot set back, keep a file replaced with its old size and mtime
+  from being taken for the old one. A cache that cannot be read or written is skipped (the file is hashed again).
+  A hub blob changed in place keeps its name; the hub never writes one in place.
+* ``header_sha256`` is the earlier identity's hash (``config.json``, the index, a single ``model.safetensors``
+  file's header). A checkpoint written before the content hash records only that one, and is still compared, on
+  it: it resumes when the config and the weights' names, dtypes and shapes are unchanged (a warning says the
+  weights' content was not verified for it), and is refused naming both bases otherwise.
+
+A hub name is looked up in the local cache only (never downloaded).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import re
 import struct
+import warnings
 from typing import Any
 
-__all__ = ["base_identity", "check_base_identity", "model_folder"]
+__all__ = ["base_identity", "check_base_identity", "model_folder", "weight_files"]
+
+#: the marker of an identity whose ``sha256`` covers the weights' content (absent in identities written before)
+CONTENT = "content"
+
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def model_folder(name_or_path: str, revision: str | None = None) -> str | None:
@@ -44,40 +72,185 @@ def _safetensors_header(path: str) -> bytes:
         return f.read(min(size, 100_000_000))
 
 
+def weight_files(folder: str) -> list[str]:
+    """The weight files of a model folder (names relative to it): every shard its index names, else the single file.
+
+    Raises:
+        ValueError: naming an index that is not JSON with a ``weight_map``, or whose shard names leave the folder.
+    """
+    for index in _INDEXES:
+        file = os.path.join(folder, index)
+        if os.path.isfile(file):
+            try:
+                with open(file, encoding="utf-8") as f:
+                    shards = sorted(set(json.load(f)["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise ValueError(f"{file}: not a weights index (JSON with a 'weight_map'): {err}") from err
+            for shard in shards:
+                if not isinstance(shard, str) or os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+                    raise ValueError(f"{file}: weight_map names {shard!r}, which is not a file inside the folder")
+            return shards
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if os.path.isfile(os.path.join(folder, single)):
+            return [single]
+    return []
+
+
+def _cache_file() -> str | None:
+    """The user's cache of weight files' hashes (see the module's docstring); None without a home to keep it in."""
+    root = os.environ.get("XDG_CACHE_HOME")
+    if not root:
+        home = os.path.expanduser("~")
+        if home == "~":  # no HOME: never a "~" folder in the working directory
+            return None
+        root = os.path.join(home, ".cache")
+    return os.path.join(root, "alignment-games", "weights-sha256.json")
+
+
+def _read_cache(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            cache = json.load(f)
+    except (OSError, ValueError):  # absent, unreadable or torn: nothing cached
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _write_cache(path: str, key: str, entry: dict[str, Any]) -> None:
+    """Add one entry (merged with what another process may have added meanwhile); never fails the caller."""
+    from modules.training.artifacts import atomic_write_text  # noqa: PLC0415
+
+    with contextlib.suppress(OSError):  # a read-only or full home: the hash is simply computed again next time
+        cache = _read_cache(path)
+        cache[key] = entry
+        atomic_write_text(path, json.dumps(cache, indent=0, sort_keys=True))
+
+
+def _hash_file(path: str) -> str:
+    """The sha256 of a file's bytes (read in chunks, never whole)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()  # type: ignore[arg-type]
+
+
+def _hub_cache() -> str | None:
+    """huggingface_hub's cache folder (``HF_HUB_CACHE``), resolved; None without the package."""
+    try:
+        from huggingface_hub import constants  # noqa: PLC0415
+    except ImportError:
+        return None
+    return os.path.realpath(constants.HF_HUB_CACHE)
+
+
+def _hub_blob_sha256(path: str) -> str | None:
+    """The hub's recorded sha256 of a snapshot file: the name of the blob it links to (LFS files only); else None.
+
+    Only a file of a snapshot in the hub cache counts (``<cache>/<repo>/snapshots/<rev>/<file>`` linking to
+    ``<cache>/<repo>/blobs/<sha256>``): a link anywhere else could name any blob it likes.
+    """
+    cache = _hub_cache()
+    if cache is None or not os.path.islink(path):
+        return None
+    target, snapshot = os.path.realpath(path), os.path.realpath(os.path.dirname(path))
+    repo = os.path.dirname(os.path.dirname(snapshot))
+    name = os.path.basename(target)
+    in_cache = os.path.dirname(repo) == cache and os.path.basename(os.path.dirname(snapshot)) == "snapshots"
+    is_blob = os.path.dirname(target) == os.path.join(repo, "blobs") and _SHA256.fullmatch(name) is not None
+    return name if in_cache and is_blob and os.path.isfile(target) else None
+
+
+def file_sha256(path: str) -> str:
+    """A weight file's sha256: the hub blob's name, else the cached hash when the file is unchanged, else computed."""
+    recorded = _hub_blob_sha256(path)
+    if recorded is not None:
+        return recorded
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
+    cache = _cache_file()
+    entry = _read_cache(cache).get(real) if cache else None
+    if (
+        isinstance(entry, dict)
+        and {k: entry.get(k) for k in stamp} == stamp
+        and _SHA256.fullmatch(str(entry.get("sha256")))
+    ):
+        return entry["sha256"]
+    digest = _hash_file(real)
+    if cache:
+        _write_cache(cache, real, {**stamp, "sha256": digest})
+    return digest
+
+
+def _header_digest(folder: str) -> str:
+    """The earlier identity's hash: config.json, the weights index, a single model.safetensors file's header."""
+    h = hashlib.sha256()
+    for name in ("config.json", *_INDEXES):
+        file = os.path.join(folder, name)
+        if os.path.isfile(file):
+            with open(file, "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    single = os.path.join(folder, "model.safetensors")
+    if os.path.isfile(single):
+        h.update(b"model.safetensors\0" + _safetensors_header(single))
+    return h.hexdigest()
+
+
+def _content_digest(folder: str) -> str:
+    """sha256 over config.json, the weights index and each weight file's name and sha256."""
+    h = hashlib.sha256()
+    for name in ("config.json", *_INDEXES):
+        file = os.path.join(folder, name)
+        if os.path.isfile(file):
+            with open(file, "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    for name in weight_files(folder):
+        file = os.path.join(folder, name)
+        digest = file_sha256(file) if os.path.isfile(file) else "missing"
+        h.update(b"weights\0" + name.encode() + b"\0" + digest.encode())
+    return h.hexdigest()
+
+
 def base_identity(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
-    """``{"name_or_path", "revision", "sha256"}`` of a model (``sha256`` None when its folder is not local)."""
+    """The identity of a model (see the module's docstring); the hashes are None when its folder is not local."""
     folder = model_folder(name_or_path, revision)
-    digest = None
+    content = header = None
     if folder is not None:
-        h = hashlib.sha256()
-        for name in ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            file = os.path.join(folder, name)
-            if os.path.isfile(file):
-                h.update(name.encode() + b"\0" + open(file, "rb").read())
-        single = os.path.join(folder, "model.safetensors")
-        if os.path.isfile(single):
-            h.update(b"model.safetensors\0" + _safetensors_header(single))
-        digest = h.hexdigest()
-    return {"name_or_path": name_or_path, "revision": revision, "sha256": digest}
+        content, header = _content_digest(folder), _header_digest(folder)
+    return {
+        "name_or_path": name_or_path,
+        "revision": revision,
+        "sha256": content,
+        "hashed": CONTENT,
+        "header_sha256": header,
+    }
 
 
 def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: str) -> None:
     """Refuse a checkpoint trained on another frozen base than the config's.
 
-    Compared: the revision, and the hash when both sides have one (a path may move; its content must not).
+    Compared: the revision, and the hash when both sides have one (a path may move; its content must not). An
+    identity written before the content hash (no ``hashed: "content"``) is compared on the earlier hash
+    (``header_sha256``: config, weights index and header) and warned about: the weights' content is not verified.
 
     Raises:
         ValueError: naming ``where`` and both identities.
     """
     if not isinstance(stored, dict):
         return
+    content = stored.get("hashed") == CONTENT
+    what = "config/weights sha256" if content else "config/weights-header sha256 (a checkpoint of an earlier version)"
+    a, b = stored.get("sha256"), current.get("sha256" if content else "header_sha256")
     changed = stored.get("revision") != current.get("revision")
-    a, b = stored.get("sha256"), current.get("sha256")
     changed = changed or (a is not None and b is not None and a != b)
     if changed:
         raise ValueError(
             f"{where}: the checkpoint was trained on the frozen base {stored.get('name_or_path')!r} (revision "
-            f"{stored.get('revision')!r}, config/weights-index sha256 {a}), but the config's base is "
-            f"{current.get('name_or_path')!r} (revision {current.get('revision')!r}, sha256 {b}); its adapters "
-            "only continue on the base they were trained on"
+            f"{stored.get('revision')!r}, {what} {a}), but the config's base is {current.get('name_or_path')!r} "
+            f"(revision {current.get('revision')!r}, sha256 {b}); its adapters only continue on the base they were "
+            "trained on"
+        )
+    if not content and a is not None:
+        warnings.warn(
+            f"{where}: the checkpoint records its base's config and weights header only (written before base "
+            "identities covered the weights' content): the base's weights themselves were not verified",
+            stacklevel=2,
         )

@@ -78,7 +78,7 @@ class PolicyBank(nn.Module):
         super().__init__()
         lm = ModelConfig.coerce(lm)
         self.lm = lm  # where the base came from: recorded beside exported adapters (modules.training.export)
-        # which frozen base the adapters train on (path, revision, hash of its config and weights index)
+        # which frozen base the adapters train on (path, revision, hash of its config and weights' content)
         self.base_identity = base_identity(lm.name_or_path, lm.revision)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
         check_exists("lm.name_or_path", resolve_name_or_path(lm.name_or_path))  # names the field and its config

@@ -82,18 +82,37 @@ def _remove(path: str) -> None:
             os.remove(path)
 
 
+def _outside(previous: str, folder: str) -> bool:
+    """Whether ``previous`` is a link, or resolves outside ``folder`` (a leftover someone else placed there)."""
+    if os.path.islink(previous):
+        return True
+    parent = os.path.realpath(folder or ".")
+    return os.path.commonpath([os.path.realpath(previous), parent]) != parent
+
+
 def recover_folder(path: str | os.PathLike) -> bool:
     """Finish or undo a swap a kill interrupted: the old ``path`` back when only it survived, leftovers removed.
 
     Call from one process only (rank 0), with no save of ``path`` in progress. Returns whether the old version was
-    put back.
+    put back. A ``.<name>.previous`` that is a symbolic link, or resolves outside ``path``'s folder, is never put
+    back (a swap only ever renames a real folder aside; a link would put whatever it points to in the checkpoint's
+    place): it is refused and left as it is.
+
+    Raises:
+        ValueError: naming the ``.previous`` link and where it points.
     """
     path = os.fspath(path).rstrip(os.sep)
     previous = _beside(path, "previous")
     restored = False
     if os.path.lexists(previous):
         if os.path.lexists(path):  # the swap finished; only the removal of the old one was cut short
-            _remove(previous)
+            _remove(previous)  # a link is unlinked, never followed
+        elif _outside(previous, os.path.dirname(path)):
+            raise ValueError(
+                f"{previous!r} is a symbolic link (to {os.path.realpath(previous)!r}) or lies outside "
+                f"{os.path.dirname(path) or '.'!r}: not restored as {os.path.basename(path)!r} (a save only renames "
+                "a real folder aside); it is left untouched: remove it, or give --ckpt_path a checkpoint you trust"
+            )
         else:  # killed between the two renames: the old version is the whole one
             os.rename(previous, path)
             _fsync_dir(os.path.dirname(path))

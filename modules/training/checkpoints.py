@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import urllib.parse
 from typing import Any
 
 import torch
 from torch import nn
 
+from modules.training.faults import nonfinite_entries
 from modules.training.provenance import made_by
 
 __all__ = [
@@ -82,12 +84,20 @@ def check_checkpoint_matches(
     Checks, in order: the family stamp (or LightningCLI's ``_class_path``) against ``module``'s class; then, when
     the checkpoint has a ``state_dict`` (DeepSpeed keeps weights in its own files), that it holds every trainable
     tensor (``trainable``; default :func:`trainable_names`), no tensor ``module`` does not have, and every tensor in
-    the shape ``module`` has. A checkpoint without a stamp (written before stamps existed) is judged by its tensors.
+    the shape ``module`` has; then that no floating tensor of its ``state_dict`` or optimizer state is NaN or inf
+    (``-inf`` is allowed in the tensors a module names in its ``minus_inf_allowed``: log-probabilities of zero). A
+    checkpoint without a stamp (written before stamps existed) is judged by its tensors. Called with the default
+    ``source`` by a module that a trainer is restoring, the checkpoint is named by the trainer's ``ckpt_path``.
 
     Raises:
-        ValueError: naming both families, or the tensor with both its shapes, or the tensors the model lacks.
+        ValueError: naming both families, or the tensor with both its shapes, or the tensors the model lacks, or
+            the checkpoint and the first tensor holding NaN or inf.
         KeyError: naming the trainable tensors the checkpoint lacks.
     """
+    if source == "the checkpoint":
+        trainer = getattr(module, "_trainer", None)
+        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        source = f"checkpoint {str(path)!r}" if path else source
     here, there = family_name(module), checkpoint_family(checkpoint)
     if there is not None and there != here:
         raise ValueError(
@@ -95,8 +105,15 @@ def check_checkpoint_matches(
             "family that wrote it (give the config of that family, or a checkpoint of this one)"
         )
     state = checkpoint.get("state_dict")
-    if state is None:
-        return
+    if state is not None:
+        _check_tensors_fit(module, state, trainable, here, there, source)
+    _refuse_nonfinite(module, checkpoint, source)
+
+
+def _check_tensors_fit(
+    module: nn.Module, state: dict[str, Any], trainable: set[str] | None, here: str, there: str | None, source: str
+) -> None:
+    """The tensor checks of :func:`check_checkpoint_matches`: every trainable one, no unknown one, the same shapes."""
     expected = trainable_names(module) if trainable is None else trainable
     missing = sorted(expected - set(state))
     if missing:
@@ -118,6 +135,16 @@ def check_checkpoint_matches(
                 f"{source}: tensor {name!r} has shape {saved} in the checkpoint but {built} in the config's model "
                 f"({here}); the config must describe the model the checkpoint was trained as"
             )
+
+
+def _refuse_nonfinite(module: nn.Module, checkpoint: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint whose weights or optimizer state hold NaN or inf (it is no state to continue from)."""
+    found = nonfinite_entries(checkpoint, getattr(module, "minus_inf_allowed", ()))
+    if found:
+        raise ValueError(
+            f"{source} holds NaN or inf in {found[0]}{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}: "
+            "it is not a state to continue from; resume from an earlier checkpoint"
+        )
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
@@ -227,10 +254,53 @@ RESUME_SAFE_KEYS = (
 )
 
 
-def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[str, ...] = ()) -> None:
-    """Refuse a remote checkpoint (``scheme://``, other than ``file://``) unless a prefix in ``trusted`` names it.
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
-    A trusted remote checkpoint is still read with ``weights_only=True``; trust only lets it be fetched.
+
+def _segments(path: str) -> list[str] | None:
+    """A URL path's segments, percent-decoded and with ``.``/``..`` resolved; None when ``..`` climbs above ``/``."""
+    out: list[str] = []
+    for segment in urllib.parse.unquote(path).split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if not out:
+                return None
+            out.pop()
+        else:
+            out.append(segment)
+    return out
+
+
+def _url_under(url: str, prefix: str) -> bool:
+    """Whether ``url`` lies under the trusted ``prefix``: the same scheme, host, port and user, and whole segments.
+
+    The prefix's path segments (after ``..`` is resolved) must lead the URL's: ``https://host.evil.net`` is not
+    under ``https://host``, nor ``https://host/runs-x`` under ``https://host/runs``, nor
+    ``https://host/runs/../private`` under ``https://host/runs/``.
+    """
+    try:
+        a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(prefix)
+        ports = a.port or _DEFAULT_PORTS.get(a.scheme.lower()), b.port or _DEFAULT_PORTS.get(b.scheme.lower())
+    except ValueError:  # a port that is not a number, a malformed host
+        return False
+    if not b.scheme or a.scheme.lower() != b.scheme.lower() or a.hostname != b.hostname or ports[0] != ports[1]:
+        return False
+    if a.username != b.username or a.password != b.password:  # credentials are part of whom it is fetched as
+        return False
+    path, base = _segments(a.path), _segments(b.path)
+    return path is not None and base is not None and path[: len(base)] == base
+
+
+def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[str, ...] = ()) -> None:
+    """Refuse a remote checkpoint (``scheme://``, other than ``file://``) unless a source in ``trusted`` holds it.
+
+    A source is a URL prefix: the checkpoint's URL must have its scheme, host and port exactly (the default port
+    of ``http``/``https`` counts as given) and its path's whole segments, compared after percent-decoding and
+    resolving ``.``/``..``; a plain string prefix would let ``https://host.evil.net/`` pass as ``https://host`` and
+    ``https://host/runs/../private/`` as ``https://host/runs/``. Local paths (and ``file://``) are not remote and are
+    never refused here. A trusted remote checkpoint is still read with ``weights_only=True``; trust only lets it be
+    fetched.
 
     Raises:
         ValueError: naming the path and the option that trusts it.
@@ -238,7 +308,7 @@ def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[
     path = os.fspath(path)
     if "://" not in path or path.startswith("file://"):
         return
-    if not any(prefix and path.startswith(prefix) for prefix in trusted):
+    if not any(prefix and _url_under(path, prefix) for prefix in trusted):
         raise ValueError(
             f"--ckpt_path {path!r} is remote and not trusted: fetch it yourself, or name its source with "
             f"--trusted_checkpoint_sources {path.rsplit('/', 1)[0]}/ (it is then still read with weights_only=True)"

@@ -27,6 +27,7 @@ __all__ = [
     "call_with_timeout",
     "count_nonfinite",
     "forget_earlier_step_values",
+    "nonfinite_entries",
     "refuse_nonfinite_checkpoint",
     "require_trainable_tensors",
     "reset_stale_epoch_metrics",
@@ -59,26 +60,48 @@ def count_nonfinite(tensors: Iterable[Tensor | None]) -> tuple[int, int]:
     return bad, total
 
 
+def nonfinite_entries(checkpoint: dict[str, Any], minus_inf_allowed: Iterable[str] = ()) -> list[str]:
+    """Where a checkpoint's floating tensors hold NaN or inf, in order: ``state_dict`` first, then the optimizers.
+
+    Checks every floating tensor of ``checkpoint["state_dict"]`` and of each optimizer's per-parameter ``state``
+    (Adam's ``exp_avg``/``exp_avg_sq``, ...); integer tensors (step counts) and other values are skipped.
+
+    Args:
+        checkpoint: A Lightning checkpoint dict.
+        minus_inf_allowed: ``state_dict`` names whose ``-inf`` entries are valid (log-probabilities of zero); NaN
+            and ``+inf`` are still found there.
+
+    Returns:
+        Each offending entry as ``state_dict['name']`` or ``optimizer_states[i].state[param]['key']``.
+    """
+    allowed = set(minus_inf_allowed)
+    found = []
+    for name, value in (checkpoint.get("state_dict") or {}).items():
+        if isinstance(value, Tensor) and torch.is_floating_point(value):
+            local = _local(value.detach())
+            bad = local.isnan() | (local == math.inf) if name in allowed else ~torch.isfinite(local)
+            if bool(bad.any()):
+                found.append(f"state_dict[{name!r}]")
+    for i, opt in enumerate(checkpoint.get("optimizer_states") or []):
+        for param, state in ((opt or {}).get("state") or {}).items() if isinstance(opt, dict) else ():
+            for key, value in (state or {}).items() if isinstance(state, dict) else ():
+                if isinstance(value, Tensor) and count_nonfinite([value])[0]:
+                    found.append(f"optimizer_states[{i}].state[{param}][{key!r}]")
+    return found
+
+
 def refuse_nonfinite_checkpoint(checkpoint: dict[str, Any], family: str) -> None:
     """Raise when the checkpoint's weights or optimizer moments hold a NaN or inf, before anything is written.
 
     Call it at the end of ``on_save_checkpoint`` (after the frozen weights were dropped). The skip of non-finite
     gradients keeps such values out of the weights; this is the last line: a checkpoint that ``--ckpt_path last``
-    would resume from must never carry them. Checks every floating tensor of ``checkpoint["state_dict"]`` and of each
-    optimizer's per-parameter ``state`` (Adam's ``exp_avg``/``exp_avg_sq``, ...).
+    would resume from must never carry them. Checks what :func:`nonfinite_entries` checks. A checkpoint read back
+    is checked the same way (:func:`modules.training.checkpoints.check_checkpoint_matches`).
 
     Raises:
         RuntimeError: naming the first tensors with non-finite values.
     """
-    found = []
-    for name, value in (checkpoint.get("state_dict") or {}).items():
-        if isinstance(value, Tensor) and count_nonfinite([value])[0]:
-            found.append(f"state_dict[{name!r}]")
-    for i, opt in enumerate(checkpoint.get("optimizer_states") or []):
-        for param, state in ((opt or {}).get("state") or {}).items():
-            for key, value in (state or {}).items():
-                if isinstance(value, Tensor) and count_nonfinite([value])[0]:
-                    found.append(f"optimizer_states[{i}].state[{param}][{key!r}]")
+    found = nonfinite_entries(checkpoint)
     if found:
         raise RuntimeError(
             f"{family}: refusing to write a checkpoint whose tensors hold NaN or inf: {found[:5]}"

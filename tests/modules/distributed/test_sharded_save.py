@@ -33,6 +33,9 @@ class _OneRank(FSDP2Strategy):
     def barrier(self, name=None):
         return None
 
+    def reduce_boolean_decision(self, decision, all=True):
+        return decision
+
     @property
     def global_rank(self) -> int:
         return 0
@@ -157,3 +160,49 @@ def test_loading_with_weights_only_false_is_refused(tmp_path):
     _OneRank().save_checkpoint(_checkpoint(1.0, step=1), path)
     with pytest.raises(ValueError, match="weights_only"):
         _OneRank().load_checkpoint(path, weights_only=False)
+
+
+def _outside_checkpoint(tmp_path) -> tuple[str, str]:
+    """A whole sharded checkpoint outside the run's folder, and a ``.last.ckpt.previous`` link to it in the run's."""
+    outside = tmp_path / "elsewhere" / "last.ckpt"
+    _OneRank().save_checkpoint(_checkpoint(5.0, step=5), str(outside))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".last.ckpt.previous").symlink_to(outside)
+    return str(run / "last.ckpt"), str(outside)
+
+
+def test_a_previous_link_pointing_outside_is_not_restored_and_left_untouched(tmp_path):
+    path, outside = _outside_checkpoint(tmp_path)
+    link = os.path.join(os.path.dirname(path), ".last.ckpt.previous")
+    with pytest.raises(ValueError, match=re.escape(f"{link!r} is a symbolic link (to {outside!r})")):
+        _load(path)
+    assert os.readlink(link) == outside and not os.path.lexists(path)  # nothing renamed, nothing followed
+    assert sorted(os.listdir(outside)) == [".metadata", "__0_0.distcp", "meta.pt"]
+    # the same through `--ckpt_path last`'s recovery of a run's checkpoint folder
+    import train
+
+    with pytest.raises(ValueError, match="not restored as 'last.ckpt'"):
+        train.recover_interrupted_saves(os.path.dirname(path))
+    assert os.readlink(link) == outside and not os.path.lexists(path)
+
+
+def test_a_previous_link_beside_a_finished_swap_is_unlinked_not_followed(tmp_path):
+    outside = tmp_path / "elsewhere" / "last.ckpt"
+    _OneRank().save_checkpoint(_checkpoint(5.0, step=5), str(outside))
+    path = str(tmp_path / "run" / "last.ckpt")
+    _OneRank().save_checkpoint(_checkpoint(1.0, step=1), path)
+    (tmp_path / "run" / ".last.ckpt.previous").symlink_to(outside)
+    model, meta = _load(path)  # the checkpoint is in place: the leftover link goes, what it points to stays
+    assert meta["global_step"] == 1 and torch.equal(model.bias.detach(), torch.full((3,), 1.0))
+    assert sorted(os.listdir(tmp_path / "run")) == ["last.ckpt"]
+    assert sorted(os.listdir(outside)) == [".metadata", "__0_0.distcp", "meta.pt"]
+
+
+def test_a_sharded_checkpoint_holding_nan_or_inf_is_refused_naming_the_folder_and_the_tensor(tmp_path):
+    path = str(tmp_path / "last.ckpt")
+    poisoned = _checkpoint(1.0, step=1)
+    poisoned["state_dict"]["bias"][2] = float("nan")
+    _OneRank().save_checkpoint(poisoned, path)
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint {path!r} holds NaN or inf in state_dict['bias']")):
+        _load(path)
