@@ -192,7 +192,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         Raises:
             ValueError: naming the folder and, on the ranks whose shards hold it, the first such tensor.
         """
-        from modules.training.faults import nonfinite_entries  # noqa: PLC0415
+        from modules.training.faults import nonfinite_entries
 
         found = nonfinite_entries(part)
         if self.reduce_boolean_decision(not found, all=True):

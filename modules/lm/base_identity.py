@@ -118,7 +118,7 @@ def _read_cache(path: str) -> dict[str, Any]:
 
 def _write_cache(path: str, key: str, entry: dict[str, Any]) -> None:
     """Add one entry (merged with what another process may have added meanwhile); never fails the caller."""
-    from modules.training.artifacts import atomic_write_text  # noqa: PLC0415
+    from modules.training.artifacts import atomic_write_text
 
     with contextlib.suppress(OSError):  # a read-only or full home: the hash is simply computed again next time
         cache = _read_cache(path)
@@ -135,7 +135,7 @@ def _hash_file(path: str) -> str:
 def _hub_cache() -> str | None:
     """huggingface_hub's cache folder (``HF_HUB_CACHE``), resolved; None without the package."""
     try:
-        from huggingface_hub import constants  # noqa: PLC0415
+        from huggingface_hub import constants
     except ImportError:
         return None
     return os.path.realpath(constants.HF_HUB_CACHE)
