@@ -8,7 +8,9 @@
     python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 
 Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``); the resolved config is saved next
-to the logs. After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
+to the logs. Without a logger, checkpoints and results go to ``runs/no_logger/`` (the trainer's ``default_root_dir``),
+never the working folder; a ``fast_dev_run`` writes nothing. The progress bar counts the steps of ``max_steps``
+(:mod:`callbacks.progress`). After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
 
 Resuming: README, "Resuming and failures"; ``fit --ckpt_path last`` continues the newest ``last*.ckpt`` of the
 config's logger folder (:func:`find_last_checkpoint`), or starts afresh. One process at a time writes to a run folder
@@ -33,7 +35,7 @@ import warnings
 
 import lightning as L
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -41,6 +43,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
+from callbacks.progress import progress_bar
 from callbacks.run_config import RunConfigRecord
 from modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
 from modules.training.artifacts import recover_folder
@@ -164,6 +167,39 @@ def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[
     return [lock.folder]
 
 
+def _callbacks_replacement(args: list[str]) -> int | None:
+    """The index of the first argument that sets the whole ``trainer.callbacks`` list, if one does.
+
+    Not ``+=`` (appends), nor one callback's init args; nor a deliberate clear (``[]``, ``null``), after which
+    callbacks are added with ``+=``. The value may follow as the next argument.
+    """
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if key != "--trainer.callbacks":
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if value not in ("[]", "null"):
+            return i
+    return None
+
+
+def _parsed_callbacks(config) -> list:
+    """``trainer.callbacks`` of a parsed config: of its subcommand's section when there is one."""
+    section = config.get(config.get("subcommand")) if config.get("subcommand") else config
+    value = (section or {}).get("trainer", {}) or {}
+    value = value.get("callbacks") if hasattr(value, "get") else None
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def _callback_classes(callbacks: list) -> list[str]:
+    """The class path of each callback of a parsed config (``class_path`` entries, or instances)."""
+    return [
+        str(c.get("class_path")) if hasattr(c, "get") else f"{type(c).__module__}.{type(c).__qualname__}"
+        for c in callbacks
+    ]
+
+
 class AlignmentCLI(LightningCLI):
     """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
 
@@ -187,6 +223,30 @@ class AlignmentCLI(LightningCLI):
                         "followers.lr (pool), eta_leader/eta_follower (tabular SMIDA); see docs/configuration.md"
                     )
         super().parse_arguments(parser, args)
+        if isinstance(given, (list, tuple)):
+            self._refuse_dropped_callbacks(parser, [str(a) for a in given])
+
+    def _refuse_dropped_callbacks(self, parser, given: list[str]) -> None:
+        """Refuse a command-line ``--trainer.callbacks=X`` that drops callbacks the config files listed.
+
+        jsonargparse replaces a list given again, so ``--trainer.callbacks=X`` after ``--config`` silently removed
+        the configs' MCCTracker, PeakCheckpoint and ModelCheckpoint. ``--trainer.callbacks+=X`` appends; clearing
+        the list on purpose (``--trainer.callbacks=[]`` or ``null``) and adding with ``+=`` is a deliberate
+        replacement and is let through.
+        """
+        first = _callbacks_replacement(given)
+        if first is None or any(a in ("-h", "--help") for a in given):
+            return
+        before = _callback_classes(_parsed_callbacks(parser.parse_args(given[:first])))
+        after = _callback_classes(_parsed_callbacks(self.config))
+        dropped = [c for c in dict.fromkeys(before) if after.count(c) < before.count(c)]
+        if dropped:
+            parser.error(
+                f"--trainer.callbacks: the value given replaces the config's callbacks and drops {dropped}. Add a "
+                "callback with --trainer.callbacks+=CLASS (init args: --trainer.callbacks+=CLASS "
+                "--trainer.callbacks.init_args.NAME=VALUE); to replace the config's on purpose, clear them first "
+                "with --trainer.callbacks=[] and add with +="
+            )
 
     @override
     def add_arguments_to_parser(self, parser) -> None:
@@ -269,7 +329,21 @@ class AlignmentCLI(LightningCLI):
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super().instantiate_trainer(**kwargs)
+        # a bar that counts the steps of max_steps (Lightning's reads "Epoch 0/-2"), unless a config brings its own
+        callbacks = kwargs.get("callbacks", config.get("callbacks"))
+        callbacks = (
+            [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        )
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            kwargs["callbacks"] = [*callbacks, progress_bar()]
+        trainer = super().instantiate_trainer(**kwargs)
+        if trainer.fast_dev_run:
+            # Lightning's ModelCheckpoint skips every save in a fast_dev_run except `save_last`'s at the end of training
+            # (on_train_end lacks the check), which left checkpoints/last-vN.ckpt in the working folder
+            for callback in trainer.checkpoint_callbacks:
+                if isinstance(callback, ModelCheckpoint):
+                    callback.save_last = False
+        return trainer
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:
@@ -352,6 +426,15 @@ class AlignmentCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, weights_only=True)
 
 
+#: the trainer's default_root_dir: where a run without a logger writes its checkpoints and results
+NO_LOGGER_DIR = os.path.join("runs", "no_logger")
+_DESCRIPTION = (
+    "The alignment-games trainer. Subcommands: fit, validate, test, predict (LightningCLI's) and export: "
+    "python train.py export --config <run's config.yaml> --ckpt_path <ckpt> --out <dir> [--merge true] writes a "
+    "checkpoint's trained players as peft adapter folders (python train.py export --help; docs/export.md)."
+)
+
+
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
     # The families imported before the parser is built: ``fit --help`` lists them as the known subclasses of
@@ -369,7 +452,10 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         args=args,
         run=run,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": _DESCRIPTION},
         trainer_defaults={
+            # without a logger (and in a fast_dev_run) what the run writes goes here, not in the working folder
+            "default_root_dir": NO_LOGGER_DIR,
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                 # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md

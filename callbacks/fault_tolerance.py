@@ -186,7 +186,7 @@ class CheckpointOnSigterm(Callback):
         if ckpt is not None and ckpt.save_last:
             # the callback's own `last`, so after the resume it is overwritten instead of getting a `last-v1.ckpt`
             ckpt.last_model_path = path
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full state a resume needs, asked for by name
         self.saved_path = path
         rank_zero_info(f"SIGTERM: checkpoint of step {trainer.global_step} written to {path}")
 

@@ -213,7 +213,8 @@ class PeakCheckpoint(Callback):
                 "path": os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION),
             }
             # The state above goes into the file, so the peak checkpoint knows it is the peak.
-            trainer.save_checkpoint(self.peak["path"])
+            # a full checkpoint (it resumes), asked for by name: Lightning logs "`weights_only` was not set" otherwise
+            trainer.save_checkpoint(self.peak["path"], weights_only=False)
             if self.verbose:
                 rank_zero_info(
                     f"PeakCheckpoint: new peak at step {trainer.global_step}: lower bound {lower:.4f} of the last"

@@ -416,6 +416,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         oracle_summary = getattr(datamodule, "oracle_summary", None)
         report["oracle"] = oracle_summary() if callable(oracle_summary) else None
         self.last_report = report
+        if self.trainer.fast_dev_run:  # a smoke run writes nothing (its dummy logger has no folder)
+            return
         # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes
         self._write_report(out, self.trainer.log_dir or self.trainer.default_root_dir)
 

@@ -265,7 +265,12 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
 
     @override
     def on_fit_end(self) -> None:
-        """Save the final iterate, the equilibrium and the game to ``<log_dir>/smida_result.pt`` (rank zero)."""
+        """Save the final iterate, the equilibrium and the game to ``<log_dir>/smida_result.pt`` (rank zero).
+
+        Not in a ``fast_dev_run``: its dummy logger has no folder, and a smoke run leaves nothing behind.
+        """
+        if self.trainer.fast_dev_run:
+            return
         # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes
         self._write_result(self.trainer.log_dir or self.trainer.default_root_dir)
 

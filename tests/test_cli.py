@@ -209,3 +209,92 @@ def test_help_works_without_the_heavy_optional_packages():
     assert "{fit,validate,test,predict" in proc.stdout  # the subcommands, from the top-level help
     assert "modules.deep_smida.DeepSMIDA" in " ".join(proc.stdout.split())
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+def test_help_lists_export(capsys):
+    """``train.py --help`` names the ``export`` subcommand (run by :func:`train.dispatch`, not by LightningCLI)."""
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    assert "and export: python train.py export --config <run's config.yaml> --ckpt_path <ckpt> --out <dir>" in text
+    assert "python train.py export --help; docs/export.md" in text
+
+
+SMIDA = os.path.join(ROOT, "configs", "smida_tabular.yaml")
+DEBATE = os.path.join(ROOT, "configs", "debate_ab.yaml")
+LR_MONITOR = "lightning.pytorch.callbacks.LearningRateMonitor"
+
+
+@pytest.mark.parametrize("replace", [[f"--trainer.callbacks={LR_MONITOR}"], ["--trainer.callbacks", LR_MONITOR]])
+def test_replacing_the_configs_callbacks_is_refused_naming_the_append_form(replace, capsys):
+    code, _, err = _run(["fit", "--config", DEBATE, *replace], capsys)
+    assert code == 2
+    err = " ".join(err.split())
+    dropped = "['callbacks.MCCTracker', 'callbacks.PeakCheckpoint', 'lightning.pytorch.callbacks.ModelCheckpoint']"
+    assert f"--trainer.callbacks: the value given replaces the config's callbacks and drops {dropped}" in err
+    assert "--trainer.callbacks+=CLASS" in err and "clear them first with --trainer.callbacks=[]" in err
+
+
+def _callback_classes(cli):
+    return [type(c).__name__ for c in cli.trainer.callbacks]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        [f"--trainer.callbacks+={LR_MONITOR}"],  # appended to the config's
+        [f"--trainer.callbacks=[lightning.pytorch.callbacks.ModelCheckpoint, {LR_MONITOR}]"],  # keeps the config's
+    ],
+)
+def test_adding_a_callback_keeps_the_configs(given, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = train.main(["fit", "--config", SMIDA, *given, "--trainer.fast_dev_run=true"])
+    classes = _callback_classes(cli)
+    assert "LearningRateMonitor" in classes and "ModelCheckpoint" in classes
+
+
+def test_a_deliberate_clear_then_append_replaces_the_configs_callbacks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    given = ["--trainer.callbacks=[]", f"--trainer.callbacks+={LR_MONITOR}", "--trainer.enable_checkpointing=false"]
+    cli = train.main(["fit", "--config", SMIDA, *given, "--trainer.fast_dev_run=true"])
+    classes = _callback_classes(cli)
+    assert "LearningRateMonitor" in classes and "ModelCheckpoint" not in classes
+
+
+def test_the_progress_bar_counts_the_runs_steps(tmp_path, monkeypatch):
+    """Lightning's rich bar read ``Epoch 0/-2`` for a run bounded by ``max_steps`` (``max_epochs`` is then -1)."""
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from callbacks.progress import train_description
+
+    monkeypatch.chdir(tmp_path)
+    cli = train.main(["fit", "--config", SMIDA, "--trainer.max_steps=3", "--trainer.logger=false"])
+    assert cli.trainer.max_epochs == -1 and cli.trainer.global_step == 3
+    bar = cli.trainer.progress_bar_callback
+    if isinstance(bar, RichProgressBar):  # the label drawn last
+        shown = next(t.description for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+    else:
+        shown = bar.train_progress_bar.desc
+    assert shown.strip().rstrip(":") == "Epoch 0, step 3/3"
+    # the label from the limits that are set: Lightning's zero-based last epoch, the steps of max_steps
+    assert train_description(L.Trainer(max_epochs=4, logger=False)) == "Epoch 0/3"
+    assert train_description(L.Trainer(max_steps=200, logger=False)) == "Epoch 0, step 0/200"
+    assert train_description(L.Trainer(max_epochs=2, max_steps=9, logger=False)) == "Epoch 0/1, step 0/9"
+
+
+def test_a_config_without_a_progress_bar_flag_gets_none(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = train.main(["fit", "--config", SMIDA, "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false"])
+    assert cli.trainer.progress_bar_callback is None
+
+
+def test_a_run_without_a_logger_writes_under_runs(tmp_path, monkeypatch):
+    """Without a logger Lightning writes in ``default_root_dir``, the working folder by default (the repository)."""
+    monkeypatch.chdir(tmp_path)
+    train.main(["fit", "--config", SMIDA, "--trainer.max_steps=2", "--trainer.logger=false"])
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == [
+        os.path.join("runs", "no_logger", "checkpoints", "last.ckpt"),
+        os.path.join("runs", "no_logger", "config.yaml"),
+        os.path.join("runs", "no_logger", "smida_result.pt"),
+    ]

@@ -116,3 +116,17 @@ def test_unknown_option_is_rejected(tmp_path, monkeypatch):
                 "--model.init_args.num_memberz=3",
             ]
         )
+
+
+@pytest.mark.parametrize("config", ["smida_tabular.yaml", "grpo_tiny.yaml", "preference_ensemble.yaml"])
+def test_fast_dev_run_leaves_nothing_behind(config, tmp_path, monkeypatch, tiny_lm_dir):
+    """A smoke run writes nothing: no ``checkpoints/last-vN.ckpt`` (Lightning's ``save_last`` skips its
+    ``fast_dev_run`` check at the end of training) and no result file in the working folder."""
+    scratch = tmp_path / "cwd"
+    scratch.mkdir()
+    monkeypatch.chdir(scratch)
+    extra = [a.format(tiny_lm_dir=tiny_lm_dir) for a in SMALL.get(config, [])]
+    path = os.path.join(ROOT, "configs", config)
+    cli = train.main(["fit", "--config", path, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu", *extra])
+    assert cli.trainer.state.finished and cli.trainer.global_step > 0
+    assert sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*")) == []

@@ -34,6 +34,7 @@ from modules.distributed.sharding import check_exportable, full_tensors
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import resolve_name_or_path
 from modules.training.checkpoints import CheckpointLoading, family_name
+from modules.training.provenance import looks_local
 
 __all__ = [
     "EXPORT_RECORD",
@@ -50,6 +51,17 @@ __all__ = [
 EXPORT_RECORD = "export.json"
 #: the folder under ``<out>`` holding the merged models
 MERGED = "merged"
+#: the top-level options of ``train.py fit`` that export reads from a config (a run's saved config.yaml) and ignores
+FIT_ONLY_KEYS = (
+    "trainer",
+    "data",
+    "seed_everything",
+    "test_after_fit",
+    "trusted_checkpoint_sources",
+    "weights_only",
+    "optimizer",
+    "lr_scheduler",
+)
 
 
 @dataclass
@@ -121,6 +133,16 @@ def gather_weights(player: Player, strategy: Any = None, keep: bool = True) -> d
     )
 
 
+def base_location(name_or_path: str) -> str:
+    """Where the base is found from any folder: a local path made absolute, a hub id (or ``builtin:`` folder) as is.
+
+    A relative path (``artifacts/tiny_policy``, as the configs name their bases) means nothing once the adapter is
+    copied elsewhere: peft and transformers would take it for a hub id.
+    """
+    resolved = resolve_name_or_path(name_or_path)
+    return os.path.abspath(os.path.expanduser(resolved)) if looks_local(resolved) else resolved
+
+
 def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, Any]:
     """What ``export.json`` says: the base (as configured, as resolved, its revision and commit), the adapter."""
     base_config = getattr(_base_model(player.model), "config", None)
@@ -130,7 +152,7 @@ def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, An
         "adapter": player.adapter,
         "task": player.task,
         "base_model_name_or_path": player.lm.name_or_path,
-        "base_resolved_path": resolve_name_or_path(player.lm.name_or_path),
+        "base_resolved_path": base_location(player.lm.name_or_path),
         "base_revision": player.lm.revision,
         "base_commit": getattr(base_config, "_commit_hash", None),
         "dtype": player.lm.dtype,
@@ -154,7 +176,7 @@ def _write_player(player: Player, weights: dict[str, Tensor], folder: str, sourc
 
         config = copy.deepcopy(player.model.peft_config[player.adapter])
         config.inference_mode = True
-        config.base_model_name_or_path = resolve_name_or_path(player.lm.name_or_path)
+        config.base_model_name_or_path = base_location(player.lm.name_or_path)
         config.revision = player.lm.revision
         config.save_pretrained(folder)
         save_file(weights, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
@@ -299,7 +321,8 @@ def _parser() -> Any:
     parser.add_argument("--out", type=str, required=True, help="The export folder: new, or empty.")
     parser.add_argument("--merge", type=bool, default=False, help="Also write merged models under <out>/merged/.")
     parser.add_argument("--players", type=list[str] | None, default=None, help="Only these players (default: all).")
-    for key in ("trainer", "data", "seed_everything", "test_after_fit", "optimizer", "lr_scheduler"):
+    # every other top-level key of a fit config, as ``fit`` saves it in the run's config.yaml (train.py's parser)
+    for key in FIT_ONLY_KEYS:
         parser.add_argument(f"--{key}", type=Any, default=None, help="Read from a fit config and not used.")
     return parser
 

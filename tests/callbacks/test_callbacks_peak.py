@@ -242,3 +242,27 @@ def test_ddp_two_processes_count_101_items_once():
         assert record["lower_bound"] == pytest.approx(
             stats.beta.ppf(0.025, 1 + truth.sum().item(), 1 + ITEMS - truth.sum().item()), rel=1e-12
         )
+
+
+def test_peak_saves_say_what_they_save(tmp_path):
+    """A peak save asks for the full checkpoint by name: Lightning's "`weights_only` was not set, defaulting to
+    `False`" (which read as if the suite loaded without weights_only) is not logged, and the file still resumes."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    source = logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector")
+    source.addHandler(handler)
+    level = source.level
+    source.setLevel(logging.INFO)
+    try:
+        peak = PeakCheckpoint("val/correct", "val/total", window=1, dirpath=tmp_path / "peak")
+        make_trainer(tmp_path, [peak], max_epochs=3).fit(SeriesModule(SERIES))
+    finally:
+        source.removeHandler(handler)
+        source.setLevel(level)
+    assert len(peak.evaluations) == 3 and peak.peak is not None
+    assert not [r for r in records if "weights_only" in r.getMessage()]
+    ckpt = torch.load(peak.best_model_path, weights_only=True)
+    assert ckpt["optimizer_states"] and peak.state_key in ckpt["callbacks"]  # the full state, as before

@@ -3,11 +3,13 @@
 import dataclasses
 import json
 import os
+import shutil
 
 import lightning as L
 import pytest
 import torch
 import yaml
+from helpers import ROOT
 from safetensors.torch import load_file
 
 import train
@@ -372,3 +374,63 @@ def test_replace_puts_a_new_export_over_an_old_one(tiny_lm_dir, tmp_path):
     assert os.listdir(tmp_path) == ["export"] and os.listdir(tmp_path / "export") == ["leader"]
     new = load_file(tmp_path / "export" / "leader" / "adapter_model.safetensors")
     assert any(not torch.equal(new[k], old[k]) for k in old if "lora_B" in k)
+
+
+def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm_dir, tmp_path, monkeypatch):
+    """The documented path end to end: a tiny ``fit`` of grpo_tiny.yaml (its base named, as the configs do, by a path
+    relative to the project), ``export`` with the run's saved config.yaml, the adapter copied to another folder and
+    loaded there, from another working folder, with plain peft on the base its adapter_config.json names."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    project = tmp_path / "project"
+    shutil.copytree(tiny_lm_dir, project / "artifacts" / "tiny_policy")
+    monkeypatch.chdir(project)
+    cli = train.main(
+        [
+            "fit",
+            "--config",
+            os.path.join(ROOT, "configs", "grpo_tiny.yaml"),
+            "--trainer.max_steps=1",
+            "--trainer.accelerator=cpu",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.num_prompts=8",
+            "--model.init_args.num_generations=2",
+            "--model.init_args.sampling.max_new_tokens=6",
+        ]
+    )
+    log_dir = cli.trainer.log_dir
+    # adapters far from the base (one GRPO step of a random policy barely moves them), saved by the run's trainer
+    _perturb(cli.model.players, seed=3)
+    ckpt = os.path.join(log_dir, "checkpoints", "moved.ckpt")
+    cli.trainer.save_checkpoint(ckpt)
+    saved_config = os.path.join(log_dir, "config.yaml")
+    assert yaml.safe_load(open(saved_config))["model"]["init_args"]["lm"]["name_or_path"] == "artifacts/tiny_policy"
+    assert train.dispatch(["export", "--config", saved_config, "--ckpt_path", ckpt, "--out", "exported"])
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(project / "exported" / "policy", elsewhere / "adapter")
+    monkeypatch.chdir(elsewhere)
+    base = json.loads((elsewhere / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == str(project / "artifacts" / "tiny_policy")
+    record = json.loads((elsewhere / "adapter" / EXPORT_RECORD).read_text())
+    assert (record["base_model_name_or_path"], record["base_resolved_path"]) == ("artifacts/tiny_policy", base)
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "adapter")
+    bank = cli.model.players
+    roll = _rollout(bank, "policy")
+    suite = _suite_logprobs(bank, "policy", roll)
+    torch.testing.assert_close(_plain_logprobs(adapter, roll), suite, atol=1e-5, rtol=0)
+    assert (_plain_logprobs(AutoModelForCausalLM.from_pretrained(base), roll) - suite).abs().max() > 1e-2
+
+
+def test_export_reads_every_option_a_fit_config_holds(tmp_path, monkeypatch):
+    """Each top-level option of ``train.py fit`` (which a saved config.yaml holds) is read and ignored by export."""
+    from modules.training.export import FIT_ONLY_KEYS
+
+    monkeypatch.chdir(tmp_path)
+    config = os.path.join(ROOT, "configs", "smida_tabular.yaml")
+    cli = train.main(["fit", "--config", config, "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false"])
+    fit_keys = {key.split(".", 1)[0] for key in cli._subcommand_parsers["fit"].get_defaults().keys()}
+    assert {"trainer", "trusted_checkpoint_sources", "weights_only"} <= fit_keys  # what is read
+    assert fit_keys - {"config", "model", "ckpt_path"} <= set(FIT_ONLY_KEYS)
