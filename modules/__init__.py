@@ -6,11 +6,12 @@ The pure functions are importable from here; LightningModules live in their own 
 
 from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.algorithms.baselines import geometric_mixture_logprobs, nash_md_pg_surrogate_loss, slhf_surrogate_losses
-from modules.algorithms.debate import count_words, parse_verdict, ply_rewards, split_reply, vote_share, word_penalty
+from modules.algorithms.debate import count_words, ply_rewards, split_reply, word_penalty
 from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from modules.algorithms.exp3 import Exp3
 from modules.algorithms.smida_estimators import smida_surrogate_losses
 from modules.algorithms.stackelberg import smida, stackelberg_equilibrium
+from modules.algorithms.verdicts import parse_verdict, vote_share
 
 __all__ = [
     "Exp3",

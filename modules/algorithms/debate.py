@@ -32,7 +32,6 @@ __all__ = [
     "PlyReward",
     "Reply",
     "Transcript",
-    "VERDICTS",
     "branch_rows",
     "choose_fork_plies",
     "count_words",
@@ -40,12 +39,9 @@ __all__ = [
     "fill_fields",
     "fork_counts",
     "forked_ply_metrics",
-    "parse_verdict",
     "ply_rewards",
     "split_reply",
     "transcript_metrics",
-    "verdict_of",
-    "vote_share",
     "word_penalty",
 ]
 
@@ -200,149 +196,6 @@ def split_reply(
     else:
         hidden, visible = raw[start + len(think_open) :], ""
     return Reply(raw, visible, hidden.strip(), ok, count_words(visible))
-
-
-# ----------------------------------------------------------------------------------------------------------- verdicts
-_ADJECTIVES = r"correct|right|incorrect|wrong|mistaken"
-_FOR_ALICE = {"alice", "correct", "right", "yes"}
-_JUDGED_RIGHT = {"correct", "right"}
-# "Verdict: X", "Final verdict - X", "The winner is X" (markdown allowed around the marker)
-_MARKER = re.compile(r"\b(?:verdict|winner)\b[*_]*(?:\s+is\b)?\s*[:：\-–—]?", re.IGNORECASE)
-# the verdict's word, after optional markdown and a negation ("not correct", "not Alice")
-_SUBJECT = re.compile(
-    r"[*_\"'`(\[\s]*(not\s+)?(alice|bob|correct|incorrect|right|wrong|mistaken|yes|no)\b[*_\"'`)\]]*", re.IGNORECASE
-)
-# what of a player is judged: "Alice's final answer", "Bob's critique" (the quote may be taken as markdown above)
-_POSSESSIVE = re.compile(
-    r"['’]?s\s+(?:final\s+)?(?:answer|solution|critique|rebuttal|argument|reasoning|claim|case)\b[*_\"'`)\]]*",
-    re.IGNORECASE,
-)
-# a judgement of the named player: "is (not) wrong", "isn't right", "(wrong)", "is the winner", "wins", "does not win"
-_PREDICATE = re.compile(
-    r"\s*(?:(?:is|was|are|were)(?P<not_is>\s+not|n['’]t)?\s+(?:(?P<adj>"
-    + _ADJECTIVES
-    + r")|the\s+(?P<role>winner|loser))"
-    r"|(?:does|did|do|should|would|will|must|could|shall)(?P<not_win>\s+not|n['’]t)?\s+win"
-    r"|(?P<cannot>cannot|can\s+not|can['’]t|won['’]t)\s+win"
-    r"|(?P<win>wins|won)|(?P<lose>loses|lost)"
-    r"|[(:\-–—]?\s*(?P<not_bare>not\s+)?(?P<bare>" + _ADJECTIVES + r"))\b",
-    re.IGNORECASE,
-)
-# a continuation that judges the player in words not read above ("is partially correct", "might win", "and Bob …")
-_UNREAD = re.compile(
-    r"\s*(?:\(|(?:is|was|are|were|does|did|do|should|would|will|must|could|shall|might|may|can|cannot|won['’]t|"
-    r"seems?|appears?|has|have|had|not|and|or|nor|vs|versus)\b|&)",
-    re.IGNORECASE,
-)
-# a refusal or a hedge anywhere in the output: no vote is read from it
-_HEDGE = re.compile(
-    r"\b(?:(?:cannot|can\s*not|can['’]t|unable\s+to|won['’]t|will\s+not|refuse\s+to|decline\s+to|not\s+able\s+to)"
-    r"\s+(?:\w+\s+){0,3}?(?:give|reach|make|render|decide|determine|tell|judge|say|choose|pick|rule|verdict)"
-    r"|no\s+(?:clear\s+)?(?:verdict|decision|winner)|undecided|undecidable|inconclusive|unsure|uncertain|unclear"
-    r"|not\s+sure|hard\s+to\s+(?:say|tell)|impossible\s+to\s+(?:say|tell|decide|judge)"
-    r"|maybe|perhaps|probably|possibly|(?:un)?likely)\b",
-    re.IGNORECASE,
-)
-
-
-def _clause_vote(text: str, pos: int) -> tuple[bool, float | None]:
-    """Whether a verdict word stands at ``pos``, and the vote its clause gives (``None``: not read).
-
-    A named player's vote is inverted by a negative judgement of that player (``Alice is wrong``, ``Alice isn't
-    right``, ``Alice (mistaken)``, ``Alice does not win``, ``Bob's critique is wrong``); a negated negative is
-    positive (``Alice is not wrong``). A player followed by a judgement in other words (``Alice is partially
-    correct``, ``Alice might win``, ``Alice and Bob …``) is not read. A bare judgement word (``correct``, ``no``)
-    must stand alone: ``no verdict``, ``no one`` and ``correct answer: 12`` are not read.
-    """
-    m = _SUBJECT.match(text, pos)
-    if m is None:
-        return False, None
-    negation, word = m.group(1), m.group(2).lower()
-    vote = (word in _FOR_ALICE) != bool(negation)
-    end = m.end()
-    if word not in ("alice", "bob"):
-        return True, (None if re.match(r"\s*\w", text[end:]) else float(vote))
-    possessive = _POSSESSIVE.match(text, end)
-    end = possessive.end() if possessive else end
-    p = _PREDICATE.match(text, end)
-    if p is None:
-        return True, (None if _UNREAD.match(text, end) else float(vote))
-    adjective = (p["adj"] or p["bare"] or "").lower()
-    if adjective:
-        right = (adjective in _JUDGED_RIGHT) != bool(p["not_is"] or p["not_bare"])
-    elif p["role"]:
-        right = (p["role"].lower() == "winner") != bool(p["not_is"])
-    else:
-        right = bool(p["win"]) or not (p["lose"] or p["cannot"] or p["not_win"])
-    return True, float(vote == right)
-
-
-def parse_verdict(text: str | None) -> float | None:
-    """A judge's vote read from its visible output: 1.0 for Alice (her answer is right), 0.0 for Bob, else ``None``.
-
-    The last ``Verdict: X`` (or ``Winner: X``) counts, X one of Alice/Bob, correct/incorrect/mistaken, right/wrong,
-    yes/no, any case, optional markdown around it; without one, an output that *starts* with such a word counts.
-    A negation inverts the vote: ``not correct``, ``not Alice``, and a named player judged wrong (``Alice is wrong``,
-    ``Alice isn't right``, ``Alice (wrong)``, ``Alice does not win``, ``Bob's critique is wrong``); a negated negative
-    is positive (``Alice is not wrong``). Anything else is unparseable, so are refusals and hedges anywhere in the
-    output (``I cannot give a verdict: Alice``, ``No verdict``, ``probably Alice``) and judgements in words not read
-    (``Alice is partially correct``, ``Alice and Bob are both wrong``, ``Neither``): the caller counts an unparseable
-    vote and leaves it out of the vote share (:func:`vote_share`) and of the judge's MCC (:func:`verdict_of`).
-
-    Example:
-        >>> parse_verdict("Bob is nitpicking. Verdict: **Alice**"), parse_verdict("incorrect."), parse_verdict("hmm")
-        (1.0, 0.0, None)
-        >>> parse_verdict("Verdict: Alice's answer is incorrect"), parse_verdict("Bob's critique is wrong")
-        (0.0, 1.0)
-        >>> parse_verdict("Alice isn't right"), parse_verdict("I cannot give a verdict: Alice")
-        (0.0, None)
-    """
-    if not text or _HEDGE.search(text):
-        return None
-    for marker in reversed(list(_MARKER.finditer(text))):
-        found, vote = _clause_vote(text, marker.end())
-        if found:
-            return vote
-    return _clause_vote(text, 0)[1]
-
-
-def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:
-    """Alice's share of the parseable votes and the number of unparseable ones.
-
-    Unparseable votes (``None`` or NaN) are left out; with none parseable the share is 0.5 (a tie).
-
-    Example:
-        >>> vote_share([1, 1, 1, 1, 1, 1, 0, 0]), vote_share([1, None, 0, float("nan")]), vote_share([None])
-        ((0.75, 0), (0.5, 2), (0.5, 1))
-    """
-    valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
-    bad = len(votes) - len(valid)
-    return (sum(valid) / len(valid) if valid else 0.5), bad
-
-
-VERDICTS = ("alice", "bob", "tie", "unparsed")
-
-
-def verdict_of(votes: Sequence[float | None]) -> str:
-    """How one transcript's votes become the judge's verdict on "Alice's final answer is correct" (for MCC).
-
-    The tie rule: ``"alice"`` when more than half of the parseable votes go to Alice, ``"bob"`` when fewer than
-    half do, ``"tie"`` when exactly half do (4 of 8, or 3 of 6 with two unparseable), and ``"unparsed"`` when no vote
-    parses (all failed to parse or the judge timed out). A tie or an unparsed transcript is no verdict: the judge's
-    MCC leaves it out of the confusion matrix and counts it apart, rather than reading it as "Alice is wrong". The
-    reward still uses :func:`vote_share` (0.5 for both).
-
-    Example:
-        >>> verdict_of([1, 1, 1, 1, 1, 0, 0, 0]), verdict_of([1, 1, 1, 1, 0, 0, 0, 0]), verdict_of([None, float("nan")])
-        ('alice', 'tie', 'unparsed')
-    """
-    valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
-    if not valid:
-        return "unparsed"
-    for_alice = sum(valid)
-    if 2 * for_alice > len(valid):
-        return "alice"
-    return "bob" if 2 * for_alice < len(valid) else "tie"
 
 
 # ------------------------------------------------------------------------------------------------------- transcripts

@@ -28,15 +28,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from modules.algorithms.answers import answers_match
-from modules.algorithms.debate import (
-    Transcript,
-    count_words,
-    fill_fields,
-    parse_verdict,
-    split_reply,
-    verdict_of,
-    vote_share,
-)
+from modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
+from modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
 from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from modules.scorers.quoting import fit_judged, quote_judged

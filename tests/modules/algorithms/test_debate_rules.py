@@ -19,13 +19,11 @@ from modules.algorithms.debate import (
     count_words,
     fill_fields,
     fork_counts,
-    parse_verdict,
     ply_rewards,
     split_reply,
-    verdict_of,
-    vote_share,
     word_penalty,
 )
+from modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
 from modules.lm.sampling import Sampling
 from modules.scorers.judges import HFJudge, JudgeVotes, ProgrammaticJudge
 

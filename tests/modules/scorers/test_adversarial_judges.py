@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.algorithms.debate import Transcript, parse_verdict, split_reply
+from modules.algorithms.debate import Transcript, split_reply
 from modules.algorithms.pool import parse_judgement
+from modules.algorithms.verdicts import parse_verdict
 from modules.lm.sampling import Sampling
 from modules.scorers.judges import HFJudge, ProgrammaticJudge
 from modules.scorers.peer_judges import PeerJudging
