@@ -13,8 +13,6 @@ import contextlib
 import os
 import random
 import re
-import signal
-import threading
 from typing import Any
 
 import lightning.pytorch as pl
@@ -127,48 +125,97 @@ class CheckpointOnSigterm(Callback):
     The checkpoint goes to :meth:`target_path`, where ``fit --ckpt_path last`` looks. The last periodic checkpoint
     is kept instead (README, "Resuming and failures") when the signal lands in an epoch's last batch (Lightning
     resumes from there one epoch's data order off), during validation, or on any other exception (which may arrive
-    mid-update). Sanity checks, ``fast_dev_run`` and stages other than ``fit`` never save.
+    mid-update). Nothing is written before the run's first training step (a SIGTERM during the sanity check, for
+    instance: "nothing was trained"), nor with ``fast_dev_run`` or in stages other than ``fit``.
 
-    Under DDP the signal is only noted by the handler: Lightning's own handler runs a broadcast inside the signal
-    handler, at whatever collective each rank is in, and two signalled ranks hung. At every training batch end the
-    ranks agree by one all-reduce whether any of them was signalled; if so, all stop after that batch and write the
-    checkpoint together. A signal after the last training batch of the run is not acted on (the run ends normally).
+    Under DDP (``fit``, ``validate``, ``test``) the signal is only noted by the handler: Lightning's own runs a
+    broadcast inside the signal handler, at whatever collective each rank is in, so two signalled ranks hung, and
+    one rank signalled alone (during the sanity check) waited in a broadcast the others never made. The ranks agree
+    by one all-reduce whether any of them was signalled at every point all of them reach: each training batch end,
+    each validation or test batch end (the sanity check's too) and the start of training. If one was, all set
+    Lightning's flag there and stop together: after that training batch (writing the checkpoint together), after
+    that validation batch (nothing written), or before the first training batch (nothing trained). Each rank must
+    run the same number of validation batches (Lightning's distributed sampler pads to that). A signal after the
+    last such point (during the final save) is not acted on: the run ends normally.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.saved_path: str | None = None
-        self._signalled = False  # set by the handler (the signal came to this process), read at batch ends
-        self._trainer: pl.Trainer | None = None
+        self._signalled = False  # set by the handler (the signal came to this process), read where the ranks agree
+        self._trainer: pl.Trainer | None = None  # set while this callback's handler replaces Lightning's (DDP)
+        self._start_step: int | None = None  # the global step training started from in this run
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """SIGTERM under DDP: only note it; the ranks agree on it at the next batch end (:meth:`on_train_batch_end`).
-
-        Lightning's own handler runs a broadcast inside the signal handler, at whatever collective each rank is in, so
-        two signalled ranks hung. One process: Lightning's flag is set right away, as its own handler does.
-        """
+        """SIGTERM under DDP: only note it; the ranks agree on it at the next point all reach (:meth:`_agree`)."""
         self._signalled = True
-        trainer = self._trainer
-        if trainer is not None and trainer.world_size == 1:
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == TrainerFn.FITTING:  # a signal noted at the end of fit still stops the test that follows it
+            self._signalled, self._start_step = False, None
+        if trainer.world_size == 1 or stage not in (TrainerFn.FITTING, TrainerFn.VALIDATING, TrainerFn.TESTING):
+            return
+        # Lightning registers its SIGTERM handler right after setup, as its notifier (the broadcast) followed by the
+        # process's own handler; with this instance attribute the notifier it registers is ours (until teardown)
+        connector = trainer._signal_connector
+        if not callable(getattr(connector, "_sigterm_notifier_fn", None)):
+            raise RuntimeError(
+                f"CheckpointOnSigterm: Lightning {pl.__version__}'s signal connector has no _sigterm_notifier_fn, "
+                "so its SIGTERM handler (a broadcast inside the handler, which hangs DDP) cannot be replaced"
+            )
+        connector._sigterm_notifier_fn = self._on_sigterm
+        self._trainer = trainer
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._trainer is not None:
+            vars(trainer._signal_connector).pop("_sigterm_notifier_fn", None)  # Lightning's own again
+            self._trainer = None
+
+    def _agree(self, trainer: pl.Trainer) -> None:
+        """One all-reduce, where every rank is: any rank signalled sets Lightning's flag on all of them.
+
+        Lightning then raises ``SIGTERMException`` at the same point on every rank (after the batch, or before the
+        first training batch), and :meth:`on_exception` decides what is written.
+        """
+        if self._trainer is not None and trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
             trainer._signal_connector.received_sigterm = True
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # after Lightning registered its handlers (Trainer._run); its teardown restores the process's own
-        if trainer.world_size > 1 and threading.current_thread() is threading.main_thread():
-            self._trainer, self._signalled = trainer, False
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._start_step = trainer.global_step
+        self._agree(trainer)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._trainer is None or trainer.world_size == 1:
-            return
-        # one all-reduce per batch, where every rank is: any rank signalled stops all after this batch (Lightning raises
-        # SIGTERMException at the end of the batch, on every rank alike, and on_exception saves)
-        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
-            trainer._signal_connector.received_sigterm = True
+        self._agree(trainer)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._agree(trainer)
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._agree(trainer)
 
     @staticmethod
     def target_path(trainer: pl.Trainer) -> str:
@@ -194,7 +241,14 @@ class CheckpointOnSigterm(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
-        if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or trainer.fast_dev_run:
+        if trainer.state.fn != TrainerFn.FITTING or trainer.fast_dev_run:
+            return
+        if self._start_step is None or trainer.global_step == self._start_step:
+            # the sanity check, or training stopped before its first step: a checkpoint would hold what was loaded
+            rank_zero_warn(
+                f"SIGTERM before the first training step: nothing was trained, no checkpoint written (the run "
+                f"stands at step {trainer.global_step}, as it started)"
+            )
             return
         if trainer.validating:
             rank_zero_warn(

@@ -7,14 +7,17 @@ seconds (``-s`` shows them); the ones over ~20 CPU seconds are marked ``slow``.
 """
 
 import dataclasses
+import os
 import shutil
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.outside_kill import Kill, Moment, OutsideRunner, compare_runs, kill_and_resume
-from helpers.resume_harness import _TINY_LORA, FAMILIES, Family
+from helpers.outside_kill import Kill, Moment, OutsideRunner, _children_cpu, compare_runs, kill_and_resume
+from helpers.resume_harness import _ENV, _TINY_LORA, FAMILIES, TESTS, Family
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,3 +195,70 @@ def test_two_process_ddp_sigterm_from_outside_writes_a_checkpoint_and_exits(tiny
     assert "SIGTERM: checkpoint of step" in stages[0].log
     assert report.differences == [], "\n".join(report.differences[:40])
     assert report.tensors > 0 and report.files > 0 and report.rows > 0
+
+
+#: SFT on a tiny random model: the cheapest family with a validation, here with a two-batch sanity check that
+#: ``SlowSanityCheck`` makes last 2 x 3 s on rank 1 and marks (``sanity-rank<r>`` holds the rank's pid)
+_SFT_SANITY = dataclasses.replace(
+    OUTSIDE["sft_tiny"],
+    name="sft_ddp_sanity",
+    args=(
+        *(a for a in OUTSIDE["sft_tiny"].args if "num_sanity_val_steps" not in a and "limit_val_batches" not in a),
+        "--trainer.num_sanity_val_steps=2",
+        "--trainer.limit_val_batches=2",
+    ),
+)
+
+
+def test_sigterm_to_one_ddp_rank_during_the_sanity_check_stops_both_ranks_and_writes_nothing(tmp_path):
+    """SIGTERM to rank 1 only while it is in the sanity check: both ranks stop within 60 s, exit 143 with the message
+    that nothing was trained, and no checkpoint is written. Lightning's handler ran a broadcast inside the signal
+    handler of rank 1 alone, which rank 0 never matched: both ranks waited for minutes."""
+    runner = OutsideRunner(
+        extra=_DDP_OVERLAY,
+        callbacks=({"class_path": "resume_harness.SlowSanityCheck", "init_args": {"seconds": 3, "ranks": [1]}},),
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), TESTS]), **_ENV}
+    marker, log_path = tmp_path / "sanity-rank1", tmp_path / "run.log"
+    cpu0 = _children_cpu()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(
+            runner.argv(_SFT_SANITY, tmp_path, resume=False),
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: both ranks, for the check that none is left
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not marker.exists():  # rank 1 is in its sanity check
+                assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before rank 1's sanity check"
+                assert time.monotonic() < deadline, "rank 1 did not reach its sanity check within 300 s"
+                time.sleep(0.01)
+            rank1 = int(marker.read_text())
+            assert rank1 != proc.pid  # the launcher's child: rank 0 is not signalled
+            os.kill(rank1, signal.SIGTERM)
+            sent = time.monotonic()
+            while _group_alive(proc.pid) and time.monotonic() - sent < 60:
+                proc.poll()  # reaps rank 0 (rank 1 is reaped by rank 0, or once orphaned)
+                time.sleep(0.05)
+            stopped_after = time.monotonic() - sent
+        finally:
+            if _group_alive(proc.pid):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    log = log_path.read_text(errors="replace")
+    print(f"\nboth ranks stopped {stopped_after:.1f} s after the SIGTERM to rank 1; {_children_cpu() - cpu0:.0f} CPU s")
+    assert stopped_after < 60, f"the ranks were still running 60 s after the SIGTERM to rank 1:\n{log[-3000:]}"
+    assert proc.returncode == 143, log[-3000:]
+    assert "SIGTERM before the first training step: nothing was trained, no checkpoint written" in log, log[-3000:]
+    assert not list(tmp_path.rglob("*.ckpt")), "a checkpoint was written before any training step"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

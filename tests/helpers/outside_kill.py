@@ -189,15 +189,22 @@ class OutsideRunner:
         tiny_lm_dir: Filled into ``{tiny_lm_dir}`` of the family's overrides.
         extra: Overrides added to every run (e.g. a DDP overlay's ``--config``).
         timeout: Seconds one process may take.
+        callbacks: Callbacks added to every run's config (``class_path``/``init_args`` entries).
     """
 
-    def __init__(self, tiny_lm_dir: str | None = None, extra: tuple[str, ...] = (), timeout: float = 900) -> None:
-        self.tiny_lm_dir, self.extra, self.timeout = tiny_lm_dir, extra, timeout
+    def __init__(
+        self,
+        tiny_lm_dir: str | None = None,
+        extra: tuple[str, ...] = (),
+        timeout: float = 900,
+        callbacks: tuple[dict[str, Any], ...] = (),
+    ) -> None:
+        self.tiny_lm_dir, self.extra, self.timeout, self.callbacks = tiny_lm_dir, extra, timeout, callbacks
 
     def argv(self, family: Family, workdir: Path, resume: bool) -> list[str]:
         config = overlay_config(family, workdir, None)
         overlay = yaml.safe_load(config.read_text())  # plus the final state, written when training ends
-        overlay["trainer"]["callbacks"].append({"class_path": "final_state.FinalState"})
+        overlay["trainer"]["callbacks"] += [{"class_path": "final_state.FinalState"}, *self.callbacks]
         config.write_text(yaml.safe_dump(overlay))
         args = [a.replace("{tiny_lm_dir}", str(self.tiny_lm_dir)) for a in family.args]
         argv = [sys.executable, os.path.join(ROOT, "train.py"), "fit", "--config", str(config), *args, *self.extra]

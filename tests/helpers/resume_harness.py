@@ -53,6 +53,29 @@ class _KillWhenPickled:
         time.sleep(60)  # never reached
 
 
+class SlowSanityCheck(Callback):
+    """A sanity check an outside signal can land in, and a marker that says it is running.
+
+    At the start of each sanity-check batch, rank ``r`` writes its pid to ``sanity-rank<r>`` in the working folder
+    (written whole, then renamed); the ranks in ``ranks`` then sleep ``seconds``, so the sanity check lasts a few
+    seconds and a test can signal one rank while it is inside it (and the others, not slowed, wait for it in the
+    sanity check's collectives, as ranks out of step do).
+    """
+
+    def __init__(self, seconds: float = 3.0, ranks: list[int] | None = None) -> None:
+        super().__init__()
+        self.seconds, self.ranks = seconds, ranks
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):  # noqa: D102
+        if not trainer.sanity_checking:
+            return
+        marker = Path(f"sanity-rank{trainer.global_rank}")
+        marker.with_suffix(".tmp").write_text(str(os.getpid()))
+        os.replace(marker.with_suffix(".tmp"), marker)
+        if self.ranks is None or trainer.global_rank in self.ranks:
+            time.sleep(self.seconds)
+
+
 class KillSwitch(Callback):
     """Kill this process with ``signal`` after training batch ``after_batch`` (1-based, counted over the whole run,
     resumes included), at the start of epoch ``at_epoch_start``, or while writing the checkpoint of global step
