@@ -66,7 +66,7 @@ class SlowSanityCheck(Callback):
         super().__init__()
         self.seconds, self.ranks = seconds, ranks
 
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):  # noqa: D102
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
             return
         marker = Path(f"sanity-rank{trainer.global_rank}")
