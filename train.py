@@ -46,6 +46,7 @@ from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, R
 from callbacks.progress import progress_bar
 from callbacks.run_config import RunConfigRecord
 from modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
+from modules.distributed.launch import follow_the_launcher
 from modules.training.artifacts import recover_folder
 from modules.training.checkpoints import (
     check_checkpoint_matches,
@@ -479,6 +480,7 @@ def dispatch(args: list[str] | None = None) -> bool:
 
 
 if __name__ == "__main__":
+    follow_the_launcher()  # a DDP rank launched by rank 0 ends with it, even before the process group forms
     if dispatch():
         sys.exit(0)
     try:
