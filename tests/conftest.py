@@ -15,3 +15,17 @@ def tiny_lm_dir(tmp_path_factory):
     from modules.lm.models import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_qwen2"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A tiny random Llama causal LM (the Qwen2 one's shapes, no biases) with the same byte tokenizer."""
+    from modules.lm.models import build_tiny_causal_lm
+
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_llama"), seed=0, architecture="llama")
+
+
+@pytest.fixture(scope="session", params=["qwen2", "llama"])
+def tiny_decoder_dir(request):
+    """The tiny Qwen2 and the tiny Llama in turn: a test taking it runs on both architectures."""
+    return request.getfixturevalue("tiny_lm_dir" if request.param == "qwen2" else "tiny_llama_dir")

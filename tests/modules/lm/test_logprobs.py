@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.memory import peak_cpu_bytes
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from modules.lm.logprobs import chunk_tokens_for, head_inputs, head_token_logprobs
 from modules.lm.model_config import ModelConfig
@@ -27,9 +27,11 @@ SHAPE = {
 }
 
 
-@pytest.fixture(scope="module")
-def real_vocab_dir(tmp_path_factory):
-    return build_tiny_causal_lm(tmp_path_factory.mktemp("real_vocab"), config=SHAPE, seed=0)
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def real_vocab_dir(tmp_path_factory, request):
+    """The tiny Qwen2 and the tiny Llama at the real vocabulary, in turn."""
+    folder = tmp_path_factory.mktemp(f"real_vocab_{request.param}")
+    return build_tiny_causal_lm(folder, config=SHAPE, seed=0, architecture=request.param)
 
 
 def _bank(path: str, dtype: str = "float32") -> PolicyBank:
@@ -116,11 +118,14 @@ def test_bf16_weights_give_the_full_logits_values_with_an_fp32_log_softmax(real_
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_an_adapted_untied_head_is_recomputed_with_the_adapter_of_its_forward():
+@pytest.mark.parametrize(
+    ("config_class", "model_class"), [(Qwen2Config, Qwen2ForCausalLM), (LlamaConfig, LlamaForCausalLM)]
+)
+def test_an_adapted_untied_head_is_recomputed_with_the_adapter_of_its_forward(config_class, model_class):
     """LoRA on the output layer itself (untied from the embeddings): the backward recomputes each chunk's logits
     with the adapter active at the forward, although another adapter is active when the backward runs."""
     torch.manual_seed(0)
-    base = Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=False))
+    base = model_class(config_class(**SHAPE, tie_word_embeddings=False))
     model = apply_lora(base, r=2, alpha=4, target_modules=["q_proj", "lm_head"], adapter_names=["a", "b"])
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -9,9 +9,9 @@ from modules.lm.policy_bank import PolicyBank
 
 
 @pytest.fixture(scope="module")
-def bank(tiny_lm_dir):
+def bank(tiny_decoder_dir):
     torch.manual_seed(0)
-    b = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["alice"])
+    b = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["alice"])
     with torch.no_grad():  # move the adapter off its zero init so policy and reference differ
         for p in b.player_parameters("alice"):
             p.add_(0.05 * torch.randn_like(p))
@@ -26,7 +26,7 @@ def _one_row_logprobs(model, tok, prompt, completion_ids, temperature):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None]).squeeze(-1)
 
 
-def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_lm_dir):
+def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_decoder_dir):
     prompts = ["1+1=", "a much longer prompt here: 12*3="]
     torch.manual_seed(1)
     roll = bank.generate("alice", prompts, num_samples=2, max_new_tokens=6)
@@ -39,7 +39,7 @@ def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_lm_dir):
     assert torch.allclose(per_token, chunked, atol=1e-5)
     assert (per_token[roll.completion_mask == 0] == 0).all()
     assert torch.allclose(bank.logprobs("alice", roll, 0.7).detach(), per_token.sum(1))
-    base = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_decoder_dir).eval()
     for i in range(4):
         n = int(roll.completion_mask[i].sum())
         comp = roll.sequences[i, roll.prompt_width : roll.prompt_width + n].tolist()
@@ -114,11 +114,11 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     ids=["min_new_tokens", "top_p", "greedy"],
 )
 @pytest.mark.parametrize("lean", [True, False], ids=["lean_step", "model_forward"])
-def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_lm_dir, kw, lean):
+def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decoder_dir, kw, lean):
     """Sampled groups decoded with each prompt's cache held once, stepped by LeanDecoder or through the model's
     forward: the tokens of transformers' generate over the copied cache, draw for draw, for prompts of different
     lengths; the attention backend is restored afterwards."""
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
     bank.lean_decode = lean
     torch.manual_seed(1)
     with torch.no_grad():
@@ -161,7 +161,7 @@ def test_grouped_decode_setting_from_the_environment(monkeypatch):
     ],
     ids=["min_new_tokens", "top_p", "greedy", "one_per_prompt"],
 )
-def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(tiny_lm_dir, kw, g, monkeypatch):
+def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(tiny_decoder_dir, kw, g, monkeypatch):
     """``lm.decode: static`` (caches allocated once at full length): the tokens of transformers' generate, draw for
     draw from the same seed, greedy and sampled; a group's prompt cache is held once (never repeated to its rows),
     and the attention backend is restored afterwards."""
@@ -169,7 +169,7 @@ def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(t
 
     from modules.lm import static_decode
 
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
     torch.manual_seed(1)
     with torch.no_grad():
         for p in bank.player_parameters("policy"):
@@ -199,7 +199,7 @@ def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(t
     assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not static_decode._STATE
 
 
-def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_lm_dir, monkeypatch):
+def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_decoder_dir, monkeypatch):
     """``lm.compile_decode``: the decode step traces as one graph (``fullgraph=True``; the eager backend, so the test
     runs in seconds), the tokens stay generate's, and a second call of the same shapes refills the same buffers (what
     CUDA graphs need) with prompt widths padded to a bucket."""
@@ -207,7 +207,7 @@ def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_lm_dir, 
 
     monkeypatch.setattr(static_decode, "compile_options", lambda device: {"backend": "eager", "fullgraph": True})
     torch._dynamo.reset()
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8, compile_decode=True), players=["policy"])
+    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8, compile_decode=True), players=["policy"])
     bank.decode = "static"
     kw = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 6}
     runs = []
@@ -224,10 +224,10 @@ def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_lm_dir, 
     assert runs[0][0][0].prefix_keys.shape[2] == bank.static_bucket  # both prompt widths within one bucket
 
 
-def test_decode_mode_per_device_and_option(tiny_lm_dir):
+def test_decode_mode_per_device_and_option(tiny_decoder_dir):
     """``auto``: grouped on CPU (static elsewhere); ``grouped_decode`` False keeps generate; grouped needs G > 1 unless
     LeanDecoder steps it; a prompt of one token, or gradient checkpointing (no prompt cache), falls back to generate."""
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
     m = bank.model
     assert bank.decode == "auto" and bank._decode_mode(m, 4, 5) == "grouped"
     bank.grouped_decode = False
@@ -271,13 +271,13 @@ def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concate
 
 
 @pytest.mark.parametrize("share_prompts", [True, False])
-def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_lm_dir, share_prompts):
+def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_decoder_dir, share_prompts):
     """Group 0's replies are cut to 2 tokens: its micro-batch runs 2 completion columns, not the batch's 8, with the
     log-probabilities and gradients of the untrimmed batch; with each group's prompt run once (``share_prompts``) and
     with every row run whole (the path of rollouts without groups, as a debate's forked plies)."""
     from dataclasses import replace
 
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
+    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
     bank.share_prompts = share_prompts
     torch.manual_seed(0)
     with torch.no_grad():

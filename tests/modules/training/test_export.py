@@ -100,7 +100,8 @@ def _check_loads_to_the_suites_logprobs(bank, out, player, base_dir, merged=True
     assert (base - suite).abs().max() > 1e-2
 
 
-def test_exported_adapters_and_merged_models_give_the_suites_logprobs(tiny_lm_dir, tmp_path):
+def test_exported_adapters_and_merged_models_give_the_suites_logprobs(tiny_decoder_dir, tmp_path):
+    tiny_lm_dir = tiny_decoder_dir  # the tiny Qwen2, then the tiny Llama
     model = _smida(tiny_lm_dir)
     out = tmp_path / "export"
     assert export_module(model, out, merge=True) == ["leader", "follower"]
@@ -114,7 +115,8 @@ def test_exported_adapters_and_merged_models_give_the_suites_logprobs(tiny_lm_di
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # the staging folder is gone
 
 
-def test_two_players_adapters_are_their_own_weights(tiny_lm_dir, tmp_path):
+def test_two_players_adapters_are_their_own_weights(tiny_decoder_dir, tmp_path):
+    tiny_lm_dir = tiny_decoder_dir  # the tiny Qwen2, then the tiny Llama
     model = _smida(tiny_lm_dir)
     export_module(model, tmp_path / "x")
     saved = {p: load_file(tmp_path / "x" / p / "adapter_model.safetensors") for p in ("leader", "follower")}
@@ -252,10 +254,11 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ other layouts
-def test_full_copies_are_exported_as_models_with_the_suites_logprobs(tiny_lm_dir, tmp_path):
+def test_full_copies_are_exported_as_models_with_the_suites_logprobs(tiny_decoder_dir, tmp_path):
     """``players: separate``: each player's folder is a whole transformers model; there is nothing to merge."""
     from transformers import AutoModelForCausalLM
 
+    tiny_lm_dir = tiny_decoder_dir  # the tiny Qwen2, then the tiny Llama
     model = DeepSMIDA(
         lm=ModelConfig(tiny_lm_dir, players="separate"),
         utility=LengthUtility(),
@@ -276,11 +279,13 @@ def test_full_copies_are_exported_as_models_with_the_suites_logprobs(tiny_lm_dir
         torch.testing.assert_close(_plain_logprobs(plain, roll), _suite_logprobs(model.players, player, roll))
 
 
-def test_pool_players_on_their_own_bases_record_each_base(tiny_lm_dir, tmp_path):
+@pytest.mark.parametrize("other_architecture", ["qwen2", "llama"])
+def test_pool_players_on_their_own_bases_record_each_base(tiny_lm_dir, tmp_path, other_architecture):
+    """Three players, the middle one on another base: another Qwen2, or a Llama among Qwen2s."""
     from modules.lm.models import build_tiny_causal_lm
     from modules.pool import StackelbergPool
 
-    other = build_tiny_causal_lm(tmp_path / "other_base", seed=7)
+    other = build_tiny_causal_lm(tmp_path / "other_base", seed=7, architecture=other_architecture)
     pool = StackelbergPool(
         lm={"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8},
         models=[tiny_lm_dir, other, tiny_lm_dir],
