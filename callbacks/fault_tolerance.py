@@ -301,27 +301,52 @@ def _fsync_dir(folder: str) -> None:
             os.close(fd)
 
 
+def _write_error(err: BaseException, path: str) -> OSError | None:
+    """The ``OSError`` behind ``err``, made again naming ``path``; ``None`` when there is none.
+
+    ``torch.save`` turns a failed write into a ``RuntimeError`` ("unexpected pos") whose context is the ``OSError``.
+    The same message as ``modules.training.artifacts.write_error`` (callbacks import nothing from modules/).
+    """
+    cause: BaseException | None = err
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    detail = cause.strerror or str(cause) or type(cause).__name__
+    if cause.filename is not None and os.fspath(cause.filename) != path:
+        detail += f" ({os.fspath(cause.filename)})"
+    message = f"cannot write {path}: {detail}; its previous version is left as it was"
+    return OSError(cause.errno, message) if cause.errno is not None else OSError(message)
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)`` such that ``path`` holds either its old content or the complete new one.
 
     Written to ``.<name>.tmp-<pid>`` in the same folder (the rename never crosses file systems; the name never ends
     in ``.ckpt``), ``fsync`` ed and renamed over ``path``; the next save removes a killed process's temporary.
+
+    Raises:
+        OSError: naming ``path`` when it cannot be written (a full disk, a read-only folder), of the errno of the
+            failed write; ``path`` is left as it was.
     """
     path = os.fspath(path)
     folder = os.path.dirname(path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    _remove_stale_temps(path)
     tmp = _temp_path(path)
     try:
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        _remove_stale_temps(path)
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        named = _write_error(err, path) if isinstance(err, (OSError, RuntimeError)) else None
+        if named is not None:
+            raise named from err
         raise
     _fsync_dir(folder)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -31,12 +34,14 @@ def open_table(
         revision: Git revision of the hub dataset (a tag or commit, for a reproducible run).
 
     Returns:
-        ``(dataset, where)`` with ``where`` a short description for error messages.
+        ``(dataset, where)`` with ``where`` a short description for error messages; a JSON file with a column of
+        mixed types comes as :class:`JsonRows` (its values as written, not as ``datasets`` retypes them).
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
         ValueError: for an unsupported file type, neither source given, a file that cannot be parsed (bad JSON or CSV,
-            bytes that are not UTF-8, no rows), or a missing column (listing those present).
+            bytes that are not UTF-8, no rows; for JSON the row and field of a bad line or of a number that is not
+            finite, such as ``1e309``), or a missing column (listing those present).
     """
     import datasets
 
@@ -46,6 +51,10 @@ def open_table(
         ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
         if ext not in FORMATS:
             raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(FORMATS)}")
+        # datasets turns a non-finite number in a JSON array into null (a label or reference silently missing)
+        problem = _json_problem(path) if FORMATS[ext] == "json" and _is_json_array(path) else None
+        if problem is not None:
+            raise ValueError(f"data.path: {path!r} cannot be read as json ({problem})")
         try:
             ds = datasets.load_dataset(FORMATS[ext], data_files=path, split="train")
         except Exception as e:  # datasets wraps parse errors; name the file and the first cause instead
@@ -55,7 +64,11 @@ def open_table(
             detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
             if isinstance(cause, StopIteration) or os.path.getsize(path) == 0:
                 detail = "the file holds no rows"
+            elif FORMATS[ext] == "json":  # name the row: the readers' errors (arrow's, then pandas') name none
+                detail = _json_problem(path) or detail
             raise ValueError(f"data.path: {path!r} cannot be read as {FORMATS[ext]} ({detail})") from e
+        if FORMATS[ext] == "json":
+            ds = _as_typed(ds, path)
         where = repr(path)
     elif name is not None:
         ds = datasets.load_dataset(name, config_name, split=split, revision=revision)
@@ -97,3 +110,109 @@ def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
             raise ValueError(f"{where}: row {i}: text is not valid UTF-8 ({e.reason} at byte {e.start})") from e
         yield i, rec
         i += 1
+
+
+def _open_text(path: str) -> Any:
+    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
+
+
+def _is_json_array(path: str) -> bool:
+    """Whether the file's first character (after white space) is ``[``: a JSON array rather than JSON Lines."""
+    try:
+        with _open_text(path) as f:
+            while (char := f.read(1)) and char.isspace():
+                pass
+    except (OSError, UnicodeDecodeError):
+        return False  # the reader names the problem
+    return char == "["
+
+
+class _NonFinite(str):
+    """The text of a JSON number that is not finite (``1e309``, ``NaN``, ``Infinity``), kept to be named."""
+
+
+def _json_float(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _non_finite_field(value: Any, field: str | None = None) -> tuple[str | None, str] | None:
+    """``(field, text)`` of the first non-finite number in a parsed record (``field`` the top-level key)."""
+    if isinstance(value, _NonFinite):
+        return field, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite_field(item, key if field is None and isinstance(value, dict) else field)
+        if found is not None:
+            return found
+    return None
+
+
+def _json_records(path: str, **hooks: Any) -> list[Any]:
+    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines (the readers' rows).
+
+    Raises:
+        OSError, UnicodeDecodeError: the file cannot be read as UTF-8 text.
+        ValueError: ``"row <i>: not valid JSON (...)"`` for the first line that does not parse.
+    """
+    with _open_text(path) as f:
+        text = f.read()
+    try:
+        whole = json.loads(text, **hooks)
+        return whole if isinstance(whole, list) else [whole]
+    except json.JSONDecodeError:
+        pass
+    records = []
+    for line in (ln for ln in text.splitlines() if ln.strip()):
+        try:
+            records.append(json.loads(line, **hooks))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"row {len(records)}: not valid JSON ({e.msg} at column {e.colno})") from None
+    return records
+
+
+def _json_problem(path: str) -> str | None:
+    """The first row of a JSON (Lines) file that does not parse or holds a number that is not finite, described.
+
+    ``None`` when every row parses and is finite (the problem is elsewhere).
+    """
+    try:
+        records = _json_records(path, parse_float=_json_float, parse_constant=_NonFinite)
+    except (OSError, UnicodeDecodeError):
+        return None
+    except ValueError as e:
+        return str(e)
+    for i, rec in enumerate(records):
+        found = _non_finite_field(rec)
+        if found is not None:
+            field, number = found
+            at = f"row {i}: field {field!r}" if field is not None else f"row {i}"
+            return f"{at} = {number} is not finite (beyond the range of a float, or NaN/Infinity)"
+    return None
+
+
+class JsonRows(list):
+    """The rows of a JSON (Lines) file as Python's ``json`` reads them, with ``column_names`` like a dataset's.
+
+    Used for a file with a column of mixed types, which ``datasets`` stores as JSON text and reads back retyped (the
+    text ``"0.7"`` comes back as the number 0.7, ``"true"`` as ``True``): here each value keeps its type, and a key a
+    row lacks reads ``None`` as in ``datasets``.
+    """
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        names = list(dict.fromkeys(key for rec in records for key in rec))
+        super().__init__({name: rec.get(name) for name in names} for rec in records)
+        self.column_names = names
+
+
+def _as_typed(ds: Any, path: str) -> Any:
+    """``ds``, or the file's :class:`JsonRows` when ``datasets`` read a column of mixed types (``Json``)."""
+    if "Json(" not in repr(ds.features):  # no column (nor nested field) of mixed types
+        return ds
+    try:
+        records = _json_records(path)
+    except (OSError, UnicodeDecodeError, ValueError):  # datasets read it: let its rows (and errors) stand
+        return ds
+    if len(records) != ds.num_rows or not all(isinstance(r, dict) for r in records):
+        return ds
+    return JsonRows(records)

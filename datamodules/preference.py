@@ -25,7 +25,7 @@ from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
 from datamodules.files import check_columns, iter_rows, open_table
 from datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
 from datamodules.resumable import split_loader
-from datamodules.validation import require_text
+from datamodules.validation import require_number, require_text
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
@@ -172,20 +172,14 @@ def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict
     """Check every row; return rows with ``label`` as float. Raises on the first bad row, naming row and field.
 
     Raises:
-        ValueError: a missing/non-text/empty prompt or response, or a label that is not a number in [0, 1].
+        ValueError: a missing/non-text/empty prompt or response, or a label that is not a finite number in [0, 1]
+            (a number written as text, ``"0.7"``, or ``true`` is refused too).
     """
     out = []
     for i, row in enumerate(rows):
         for field in ("prompt", "response_a", "response_b"):  # an empty or whitespace prompt is refused too
             require_text(row.get(field), field, source, i)
-        label = row.get("label")
-        try:
-            value = float(label)
-        except (TypeError, ValueError):
-            raise ValueError(f"{source}: row {i}: field 'label' = {label!r} is not a number") from None
-        if not (0.0 <= value <= 1.0) or math.isnan(value):
-            raise ValueError(f"{source}: row {i}: field 'label' = {label!r} is outside [0, 1]")
-        out.append({**row, "label": value})
+        out.append({**row, "label": require_number(row.get("label"), "label", source, i, 0.0, 1.0)})
     return out
 
 

@@ -6,6 +6,7 @@ Batches are :func:`collate_prompts`'s; splits are disjoint at the prompt level a
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from datamodules.arithmetic import generate_problems
 from datamodules.files import iter_rows, open_table
 from datamodules.formats import as_messages, is_messages
 from datamodules.resumable import split_loader
+from datamodules.validation import require_text
 from modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
 
 __all__ = [
@@ -46,11 +48,11 @@ class PromptSource:
         split: Hub split.
         prompt_column: Column with the prompt: text, or TRL's conversational prompt (a list of messages) holding
             one user message (after an optional system message), whose content is taken.
-        reference_column: Column with the reference answer (optional): text or a number; a row whose value is
-            null, or does not parse in ``reference_format``, has the reference ``None``.
+        reference_column: Column with the reference answer (optional): text or a finite number; a row whose value
+            is null, or does not parse in ``reference_format``, has the reference ``None`` (a NaN is refused).
         reference_format: ``plain`` (the column is the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last
             ``\\boxed{}`` of a worked solution, as in MATH).
-        category_column: Column with each prompt's category (optional; text or a number), carried in the rows and
+        category_column: Column with each prompt's category (optional; text or a finite number), carried in the rows and
             batches as ``category`` (the instruction pool logs its leader's weight per category).
 
     Raises:
@@ -87,53 +89,64 @@ class PromptSource:
         """Rows ``{"prompt", "reference"}`` (and ``"category"``) of the file or hub split.
 
         Raises:
-            ValueError: naming the file, row and column of a missing or empty prompt, a conversational prompt that is
-                not one user message, a reference that is neither text nor a number, or a missing or empty category.
+            ValueError: naming the file, row and column of a missing, empty or non-text prompt (a number), a
+                conversational prompt that is not one user message, a reference or category that is neither text nor
+                a finite number (NaN refused, not read as ``"nan"``), or a missing or empty category.
         """
         columns = [self.prompt_column, self.reference_column, self.category_column]
         ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
         extract = REFERENCE_FORMATS[self.reference_format]
         rows = []
         for i, rec in iter_rows(ds, where):
-            row = {"prompt": prompt_text(rec[self.prompt_column], f"{where}: row {i}: field {self.prompt_column!r}")}
+            row = {"prompt": prompt_text(rec[self.prompt_column], self.prompt_column, where, i)}
             row["reference"] = None
             if self.reference_column is not None and rec[self.reference_column] is not None:
-                ref = scalar_text(rec[self.reference_column], f"{where}: row {i}: field {self.reference_column!r}")
-                row["reference"] = extract(ref)
+                row["reference"] = extract(scalar_text(rec[self.reference_column], self.reference_column, where, i))
             if self.category_column is not None:
-                row["category"] = scalar_text(
-                    rec[self.category_column], f"{where}: row {i}: field {self.category_column!r}"
-                )
+                row["category"] = scalar_text(rec[self.category_column], self.category_column, where, i)
             rows.append(row)
         return rows
 
 
-def prompt_text(value: Any, where: str) -> str:
+def prompt_text(value: Any, field: str, where: str, row: int) -> str:
     """A prompt as text: text itself, or the content of a conversation of one user message (after a system one).
 
+    Args:
+        value: The field's value in the row.
+        field: The prompt column, quoted in errors.
+        where: The file or split the row comes from.
+        row: The row's number (0-based, in file order).
+
     Raises:
-        ValueError: naming ``where`` for a missing or empty prompt or another kind of conversation.
+        ValueError: naming the file, row and field for a missing, empty or non-text prompt (a number is refused as
+            not text, :func:`~datamodules.validation.require_text`) or another kind of conversation.
     """
     if is_messages(value):
-        messages = [m for m in as_messages(value, where) if m["role"] != "system"]
+        at = f"{where}: row {row}: field {field!r}"
+        messages = [m for m in as_messages(value, at) if m["role"] != "system"]
         if len(messages) != 1 or messages[0]["role"] != "user":
             roles = [m["role"] for m in value]
-            raise ValueError(f"{where}: a conversational prompt must be one user message (roles here: {roles})")
+            raise ValueError(f"{at}: a conversational prompt must be one user message (roles here: {roles})")
         value = messages[0]["content"]
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where} is missing or empty")
-    return value
+    return require_text(value, field, where, row)
 
 
-def scalar_text(value: Any, where: str) -> str:
-    """A reference or category as non-empty text (numbers are written out; ``True``/``False`` are refused).
+def scalar_text(value: Any, field: str, where: str, row: int) -> str:
+    """A reference or category as non-empty text; a finite number is written out (``7`` → ``"7"``).
+
+    NaN (how pandas and parquet mark a missing number) and infinities are refused rather than written out as
+    ``"nan"``/``"inf"``; so are ``True``/``False``, lists and mappings.
 
     Raises:
-        ValueError: naming ``where`` for a missing, empty or non-scalar value.
+        ValueError: naming the file, row and field for a missing, empty, non-finite or non-scalar value.
     """
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
-        raise ValueError(f"{where} must be non-empty text or a number, got {value!r:.80}")
-    return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: row {row}: field {field!r} = {value!r} is not finite (a missing value is null)")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}: row {row}: field {field!r} must be text or a number, got {value!r:.80}")
+    return require_text(value, field, where, row)
 
 
 def generated_rows(num: int, seed: int) -> list[dict[str, Any]]:

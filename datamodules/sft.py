@@ -28,6 +28,7 @@ from datamodules.debate import single_step_problems, single_step_solution
 from datamodules.files import check_columns, iter_rows, open_table
 from datamodules.formats import as_messages, split_last_reply
 from datamodules.resumable import ResumableDataLoader
+from datamodules.validation import require_text
 from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from modules.lm.text import fill_template
 
@@ -245,7 +246,7 @@ class SingleStepSFTDataModule(_TriplesDataModule):
 
 
 def sft_example(
-    rec: dict[str, Any], data_format: str, columns: dict[str, str], where: str
+    rec: dict[str, Any], data_format: str, columns: dict[str, str], where: str, row: int
 ) -> tuple[str | list[dict[str, Any]], str]:
     """One record as ``(prompt, completion)``: the prompt text or messages, the completion text.
 
@@ -255,36 +256,35 @@ def sft_example(
             conversational completion is one assistant message, whose content is taken) or ``messages`` (a whole
             conversation: the prompt is everything before its last assistant message, the completion that message).
         columns: The ``prompt``, ``completion`` and ``messages`` columns.
-        where: The file and row, for errors.
+        where: The file, for errors.
+        row: The row's number (0-based, in file order), for errors.
 
     Raises:
-        ValueError: naming ``where`` and the field of a missing, empty or malformed prompt, completion or
-            conversation.
+        ValueError: naming ``where``, the row and the field of a missing, empty or malformed prompt, completion or
+            conversation (a prompt or completion that is a number is refused as not text).
     """
+    at = f"{where}: row {row}"
     if data_format == "messages":
         field = columns["messages"]
-        context, reply = split_last_reply(
-            as_messages(rec[field], f"{where}: field {field!r}"), f"{where}: field {field!r}"
-        )
+        context, reply = split_last_reply(as_messages(rec[field], f"{at}: field {field!r}"), f"{at}: field {field!r}")
         prompt, completion = context, reply[0]["content"]
+        if not completion.strip():
+            raise ValueError(f"{at}: field {field!r}: the completion is empty")
+        return prompt, completion
+    prompt, completion = rec[columns["prompt"]], rec[columns["completion"]]
+    if isinstance(prompt, (list, tuple)):
+        prompt = as_messages(prompt, f"{at}: field {columns['prompt']!r}")
     else:
-        prompt, completion = rec[columns["prompt"]], rec[columns["completion"]]
-        if isinstance(prompt, (list, tuple)):
-            prompt = as_messages(prompt, f"{where}: field {columns['prompt']!r}")
-        elif not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{where}: field {columns['prompt']!r} is missing or empty")
-        if isinstance(completion, (list, tuple)):
-            reply = as_messages(completion, f"{where}: field {columns['completion']!r}")
-            if len(reply) != 1 or reply[0]["role"] != "assistant":
-                roles = [m["role"] for m in reply]
-                raise ValueError(
-                    f"{where}: field {columns['completion']!r} must be one assistant message (roles here: {roles})"
-                )
-            completion = reply[0]["content"]
-    if not isinstance(completion, str) or not completion.strip():
-        field = columns["messages"] if data_format == "messages" else columns["completion"]
-        raise ValueError(f"{where}: field {field!r}: the completion is missing or empty")
-    return prompt, completion
+        prompt = require_text(prompt, columns["prompt"], where, row)
+    if isinstance(completion, (list, tuple)):
+        reply = as_messages(completion, f"{at}: field {columns['completion']!r}")
+        if len(reply) != 1 or reply[0]["role"] != "assistant":
+            roles = [m["role"] for m in reply]
+            raise ValueError(
+                f"{at}: field {columns['completion']!r} must be one assistant message (roles here: {roles})"
+            )
+        completion = reply[0]["content"]
+    return prompt, require_text(completion, columns["completion"], where, row)
 
 
 class SFTFileDataModule(_TriplesDataModule):
@@ -363,7 +363,7 @@ class SFTFileDataModule(_TriplesDataModule):
         check_columns(ds.column_names, where, needed)
         triples = []
         for i, rec in iter_rows(ds, where):
-            prompt, completion = sft_example(rec, data_format, columns, f"{where}: row {i}")
+            prompt, completion = sft_example(rec, data_format, columns, where, i)
             triples.append((hp.system_prompt, prompt, completion))
         random.Random(hp.seed).shuffle(triples)
         return triples

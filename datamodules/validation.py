@@ -1,10 +1,12 @@
-"""Row checks shared by the datamodules that read texts: a bad row is refused by file, row number and field."""
+"""Row checks shared by the datamodules that read files: a bad row is refused by file, row number and field."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
-__all__ = ["require_text"]
+__all__ = ["require_number", "require_text"]
 
 
 def require_text(value: Any, field: str, where: str, row: int) -> str:
@@ -31,3 +33,41 @@ def require_text(value: Any, field: str, where: str, row: int) -> str:
     if not value.strip():
         raise ValueError(f"{where}: row {row}: field {field!r} is empty")
     return value
+
+
+def require_number(value: Any, field: str, where: str, row: int, low: float, high: float) -> float:
+    """``value`` as a float when it is a number (not text, not true/false), finite and in ``[low, high]``.
+
+    A number written as text (``"0.7"``) is refused rather than parsed: a column of numbers as text is a broken
+    export, and ``true`` is not a probability.
+
+    Args:
+        value: The field's value in the row.
+        field: The field (or column) name, quoted in the error.
+        where: The file or split the row comes from.
+        row: The row's number (0-based, in file order).
+        low: The smallest value allowed.
+        high: The largest value allowed.
+
+    Raises:
+        ValueError: ``"<where>: row <row>: field '<field>' is missing"`` (``None``), ``"... = '0.7' is not a number
+            (got str)"``, ``"... = inf is not finite"`` or ``"... = 1.5 is outside [0, 1]"``.
+
+    Example:
+        >>> require_number(1, "label", "pairs.jsonl", 0, 0.0, 1.0)
+        1.0
+    """
+    at = f"{where}: row {row}: field {field!r}"
+    if value is None:
+        raise ValueError(f"{at} is missing")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{at} = {value!r:.80} is not a number (got {type(value).__name__})")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise ValueError(f"{at} is an integer of {value.bit_length()} bits, outside [{low:g}, {high:g}]") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{at} = {value!r} is not finite")
+    if not low <= number <= high:
+        raise ValueError(f"{at} = {value!r} is outside [{low:g}, {high:g}]")
+    return number

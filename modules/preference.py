@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import warnings
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -40,6 +39,7 @@ from modules.lm.models import check_exists, resolve_name_or_path
 from modules.lm.precision import cast_frozen_for_strategy
 from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from modules.scorers.preference_heads import BTHead, GPMHead, skew_symmetric_block_matrix
+from modules.training.artifacts import atomic_write_text
 from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint, reset_stale_epoch_metrics
 
@@ -426,11 +426,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         from modules.evaluation.figures import make_figures
         from modules.evaluation.preference_report import json_safe
 
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-        tmp = os.path.join(log_dir, "report.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(json_safe(out["report"]), f, indent=2, allow_nan=False)
-        os.replace(tmp, os.path.join(log_dir, "report.json"))  # atomic: an old report is never half-overwritten
+        # atomic: an old report is never half-overwritten; a full disk is raised naming the report
+        text = json.dumps(json_safe(out["report"]), indent=2, allow_nan=False)
+        atomic_write_text(os.path.join(log_dir, "report.json"), text)
         figures = make_figures(
             out["probs"],
             out["labels"],

@@ -125,6 +125,54 @@ def test_bad_preference_files_fail_with_the_file_row_and_field(tmp_path, raw, su
         validate_rows(load_preference_rows(path), path)
 
 
+GOOD_PAIR = b'{"prompt": "a", "response_a": "x", "response_b": "y", "label": 0.5}'
+
+
+def _pair_label(label: bytes) -> bytes:
+    return b'{"prompt": "b", "response_a": "x", "response_b": "y", "label": ' + label + b"}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "suffix", "message"),
+    [
+        # a number written as text, or true/false, is not a label (it used to be read as 0.7 and 1.0)
+        (
+            GOOD_PAIR + b"\n" + _pair_label(b'"0.7"') + b"\n",
+            ".jsonl",
+            "row 1: field 'label' = '0.7' is not a number (got str)",
+        ),
+        (
+            GOOD_PAIR + b"\n" + _pair_label(b"true") + b"\n",
+            ".jsonl",
+            "row 1: field 'label' = True is not a number (got bool)",
+        ),
+        (
+            b"prompt,response_a,response_b,label\na,x,y,false\nb,x,y,true\n",  # a CSV column of true/false
+            ".csv",
+            "row 0: field 'label' = False is not a number (got bool)",
+        ),
+        # not finite: 1e309 breaks the JSON readers (their error named no row), a JSON array made it null, NaN, CSV inf
+        (GOOD_PAIR + b"\n" + _pair_label(b"1e309") + b"\n", ".jsonl", "row 1: field 'label' = 1e309 is not finite"),
+        (
+            b"[" + GOOD_PAIR + b", " + _pair_label(b"-1e309") + b"]",
+            ".json",
+            "row 1: field 'label' = -1e309 is not finite",
+        ),
+        (GOOD_PAIR + b"\n" + _pair_label(b"NaN") + b"\n", ".jsonl", "row 1: field 'label' = nan is not finite"),
+        (
+            b"prompt,response_a,response_b,label\na,x,y,0.5\nb,x,y,1e309\n",
+            ".csv",
+            "row 1: field 'label' = inf is not finite",
+        ),
+    ],
+)
+def test_labels_must_be_finite_numbers_named_by_file_row_and_field(tmp_path, raw, suffix, message):
+    path = _write(tmp_path / f"pairs{suffix}", raw)
+    with pytest.raises(ValueError) as err:
+        validate_rows(load_preference_rows(path), path)
+    assert path in str(err.value) and message in str(err.value)
+
+
 def test_huge_fields_load_whole(tmp_path):
     huge = "x" * 2_000_000
     path = tmp_path / "huge.jsonl"
@@ -141,7 +189,7 @@ def _gsm8k_file(path):
     ("raw", "match"),
     [
         (b'{"question": "a\xffb", "answer": "#### 3"}\n', "row 0: text is not valid UTF-8"),
-        (b'{"question": "", "answer": "#### 3"}\n', "row 0: field 'question' is missing or empty"),
+        (b'{"question": "", "answer": "#### 3"}\n', "row 0: field 'question' is empty"),
         (b'{"question": null, "answer": "#### 3"}\n', "row 0: field 'question'"),
         (b'{"answer": "#### 3"}\n', "column 'question' is missing"),
         (b"", "holds no rows"),
@@ -151,6 +199,57 @@ def test_bad_prompt_files_fail_with_the_file_row_and_field(tmp_path, raw, match)
     path = _write(tmp_path / "prompts.jsonl", raw)
     with pytest.raises(ValueError, match=match):
         _gsm8k_file(path).load()
+
+
+@pytest.mark.parametrize(
+    ("suffix", "column", "message"),
+    [
+        (".jsonl", "answer", "row 1: field 'answer' = nan is not finite"),
+        (".jsonl", "category", "row 1: field 'category' = nan is not finite"),
+        (".parquet", "answer", "row 1: field 'answer' = nan is not finite"),
+        (".parquet", "category", "row 1: field 'category' = nan is not finite"),
+        (".csv", "answer", "row 1: field 'answer' = inf is not finite"),
+        (".json", "answer", "row 1: field 'answer' = 1e309 is not finite"),
+    ],
+)
+def test_a_nan_reference_or_category_is_refused_not_read_as_the_text_nan(tmp_path, suffix, column, message):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / f"prompts{suffix}")
+    other = {"answer": "category", "category": "answer"}[column]
+    if suffix == ".parquet":  # a real NaN float, as pandas writes a missing number (not a null)
+        pq.write_table(pa.table({"q": ["q1", "q2"], column: [1.0, math.nan], other: ["x", "y"]}), path)
+    elif suffix == ".csv":
+        _write(tmp_path / f"prompts{suffix}", f"q,{column},{other}\nq1,1,x\nq2,1e309,y\n".encode())
+    elif suffix == ".json":
+        _write(
+            tmp_path / f"prompts{suffix}", f'[{{"q": "q1", "{column}": 1}}, {{"q": "q2", "{column}": 1e309}}]'.encode()
+        )
+    else:
+        lines = f'{{"q": "q1", "{column}": 1, "{other}": "x"}}\n{{"q": "q2", "{column}": NaN, "{other}": "y"}}\n'
+        _write(tmp_path / f"prompts{suffix}", lines.encode())
+    source = PromptSource(
+        path=path, prompt_column="q", **{f"{'reference' if column == 'answer' else column}_column": column}
+    )
+    with pytest.raises(ValueError) as err:
+        source.load()
+    assert path in str(err.value) and message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "suffix", "row", "kind"),
+    [
+        (b'{"q": "q1"}\n{"q": 123}\n', ".jsonl", 1, "int"),
+        (b'[{"q": "q1"}, {"q": 1.5}]', ".json", 1, "float"),
+        (b"q\n7\n123\n", ".csv", 0, "int"),  # a CSV column of numbers (one with text in it is a text column)
+    ],
+)
+def test_a_numeric_prompt_is_refused_as_not_text(tmp_path, raw, suffix, row, kind):
+    path = _write(tmp_path / f"prompts{suffix}", raw)
+    with pytest.raises(ValueError) as err:
+        PromptSource(path=path, prompt_column="q").load()
+    assert str(err.value) == f"{path!r}: row {row}: field 'q' must be text, got {kind}"
 
 
 def test_prompt_references_that_do_not_parse_become_none_not_a_crash(tmp_path):

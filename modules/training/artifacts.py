@@ -22,6 +22,7 @@ __all__ = [
     "prepare_folder_beside",
     "recover_folder",
     "swap_folder_in",
+    "write_error",
 ]
 
 #: called with "written" (the new folder complete, nothing renamed yet) and "old_aside" (between the two renames);
@@ -29,24 +30,46 @@ __all__ = [
 SWAP_HOOK: Callable[[str], None] | None = None
 
 
+def write_error(err: OSError, path: str | os.PathLike) -> OSError:
+    """``err`` as an ``OSError`` of the same errno (and class) whose message names ``path``, the file being written.
+
+    A full disk (``ENOSPC``) or a lost mount raise with no file name, or with a temporary's; the run's own path is
+    what the reader needs. Raise it ``from err``.
+    """
+    detail = err.strerror or str(err) or type(err).__name__
+    if err.filename is not None and os.fspath(err.filename) != os.fspath(path):
+        detail += f" ({os.fspath(err.filename)})"
+    message = f"cannot write {os.fspath(path)}: {detail}; its previous version is left as it was"
+    return OSError(err.errno, message) if err.errno is not None else OSError(message)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``.
 
     A reader (or a run killed mid-write) sees the old file or the new one, never a part.
+
+    Raises:
+        OSError: naming ``path`` (:func:`write_error`) when it cannot be written (a full disk); ``path`` is left
+            as it was.
     """
     path = os.fspath(path)
     folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as err:
+        raise write_error(err, path) from err
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(err, OSError):
+            raise write_error(err, path) from err
         raise
 
 
@@ -153,7 +176,8 @@ def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
 def atomic_folder(path: str | os.PathLike) -> Iterator[str]:
     """Write a folder whole or not at all: yields an empty folder beside ``path``, swapped in when the block ends.
 
-    On an exception in the block the new folder is removed and ``path`` is left as it was. One process only.
+    On an exception in the block the new folder is removed and ``path`` is left as it was (an ``OSError`` is raised
+    again naming ``path``, :func:`write_error`). One process only.
 
     Example:
         >>> with atomic_folder("out/model") as tmp:  # doctest: +SKIP
@@ -162,7 +186,12 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[str]:
     tmp = prepare_folder_beside(path)
     try:
         yield tmp
-    except BaseException:
+    except BaseException as err:
         _remove(tmp)
+        if isinstance(err, OSError):  # a full disk while the block wrote: name the folder being written
+            raise write_error(err, path) from err
         raise
-    swap_folder_in(tmp, path)
+    try:
+        swap_folder_in(tmp, path)
+    except OSError as err:
+        raise write_error(err, path) from err

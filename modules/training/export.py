@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from modules.distributed.sharding import check_exportable, full_tensors
 from modules.lm.model_config import ModelConfig
 from modules.lm.models import resolve_name_or_path
+from modules.training.artifacts import write_error
 from modules.training.checkpoints import CheckpointLoading, family_name
 from modules.training.provenance import looks_local
 
@@ -237,6 +238,7 @@ def export_module(
 
     Raises:
         FileExistsError: ``out`` is not empty and ``replace`` is off.
+        OSError: naming ``out`` when it cannot be written (a full disk); an earlier export there is left whole.
         KeyError, TypeError, ValueError: see :func:`select_players`.
     """
     out = os.path.abspath(os.fspath(out))
@@ -248,17 +250,21 @@ def export_module(
         return [p.name for p in chosen]
     source = {"family": family_name(module), **(source or {})}
     parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    stage = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
+    stage = None
     try:
+        os.makedirs(parent, exist_ok=True)
+        stage = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".tmp")
         for player in chosen:
             folder = os.path.join(stage, player.name)
             _write_player(player, weights.pop(player.name), folder, source)
             if merge and player.adapter is not None:
                 _write_merged(player, folder, os.path.join(stage, MERGED, player.name), source)
         _put_in_place(stage, out, replace)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+    except BaseException as err:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(err, OSError):  # a full disk names no file: name the export folder
+            raise write_error(err, out) from err
         raise
     return [p.name for p in chosen]
 
@@ -296,7 +302,12 @@ def _put_in_place(stage: str, out: str, replace: bool) -> None:
     if replace and os.path.exists(out):
         old = tempfile.mkdtemp(dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.", suffix=".old")
         os.replace(out, os.path.join(old, "export"))
-        os.replace(stage, out)
+        try:
+            os.replace(stage, out)
+        except OSError:  # the old export back in place before the error is raised
+            os.replace(os.path.join(old, "export"), out)
+            shutil.rmtree(old, ignore_errors=True)
+            raise
         shutil.rmtree(old, ignore_errors=True)
         return
     os.replace(stage, out)  # an empty or absent ``out``: one rename (a non-empty one was refused before)

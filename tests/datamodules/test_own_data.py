@@ -237,7 +237,7 @@ def test_sft_files_in_trls_formats(name, system):
         (
             [{"prompt": "p", "completion": "c"}, {"prompt": "", "completion": "c"}],
             {},
-            "row 1: field 'prompt' is missing",
+            "row 1: field 'prompt' is empty",
         ),
         ([{"prompt": "p", "completion": "c"}, {"prompt": "p", "completion": None}], {}, "row 1: field 'completion'"),
         (

@@ -3,7 +3,7 @@
 import pytest
 
 from datamodules.preference import validate_rows
-from datamodules.validation import require_text
+from datamodules.validation import require_number, require_text
 
 GOOD = {"prompt": "What is 2 + 2?", "response_a": "4", "response_b": "5", "label": 1.0}
 
@@ -25,6 +25,30 @@ def test_require_text_names_file_row_and_field(value, message):
 
 def test_require_text_returns_text_unchanged():
     assert require_text("  x ", "prompt", "f", 0) == "  x "
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "f.jsonl: row 3: field 'label' is missing"),
+        ("0.7", "f.jsonl: row 3: field 'label' = '0.7' is not a number (got str)"),
+        (True, "f.jsonl: row 3: field 'label' = True is not a number (got bool)"),
+        ([0.5], "f.jsonl: row 3: field 'label' = [0.5] is not a number (got list)"),
+        (float("inf"), "f.jsonl: row 3: field 'label' = inf is not finite"),
+        (float("nan"), "f.jsonl: row 3: field 'label' = nan is not finite"),
+        (-0.5, "f.jsonl: row 3: field 'label' = -0.5 is outside [0, 1]"),
+        (10**400, "f.jsonl: row 3: field 'label' is an integer of 1329 bits, outside [0, 1]"),
+    ],
+)
+def test_require_number_names_file_row_and_field(value, message):
+    with pytest.raises(ValueError) as err:
+        require_number(value, "label", "f.jsonl", 3, 0.0, 1.0)
+    assert str(err.value) == message
+
+
+def test_require_number_returns_a_float():
+    assert [require_number(v, "label", "f", 0, 0.0, 1.0) for v in (0, 1, 0.25)] == [0.0, 1.0, 0.25]
+    assert type(require_number(1, "label", "f", 0, 0.0, 1.0)) is float
 
 
 @pytest.mark.parametrize("field", ["prompt", "response_a", "response_b"])
@@ -52,5 +76,25 @@ def test_every_prompt_reader_refuses_a_whitespace_prompt_by_row(tmp_path, family
         "pool": lambda: InstructionPoolDataModule(source=source),
         "pool_test": lambda: InstructionPoolDataModule(test_source=source),
     }[family]()
-    with pytest.raises(ValueError, match=r"q.jsonl': row 1: field 'prompt' is missing or empty"):
+    with pytest.raises(ValueError, match=r"q.jsonl': row 1: field 'prompt' is empty"):
         dm.setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"prompt": 123, "completion": "c"}, "row 1: field 'prompt' must be text, got int"),
+        ({"prompt": "p", "completion": 4}, "row 1: field 'completion' must be text, got int"),
+        ({"prompt": "p", "completion": " "}, "row 1: field 'completion' is empty"),
+    ],
+)
+def test_sft_rows_refuse_a_number_as_not_text(tmp_path, row, message):
+    import json
+
+    from datamodules.sft import SFTFileDataModule
+
+    path = tmp_path / "sft.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError) as err:
+        SFTFileDataModule(path=str(path)).setup()
+    assert str(err.value) == f"{str(path)!r}: {message}"

@@ -439,3 +439,36 @@ def test_export_reads_every_option_a_fit_config_holds(tmp_path, monkeypatch):
     fit_keys = {key.split(".", 1)[0] for key in cli._subcommand_parsers["fit"].get_defaults().keys()}
     assert {"trainer", "trusted_checkpoint_sources", "weights_only"} <= fit_keys  # what is read
     assert fit_keys - {"config", "model", "ckpt_path"} <= set(FIT_ONLY_KEYS)
+
+
+def _snapshot(folder):
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as f:
+                files[os.path.relpath(os.path.join(root, name), folder)] = f.read()
+    return files
+
+
+def test_a_full_disk_during_an_export_names_the_folder_and_keeps_the_old_export(tiny_lm_dir, tmp_path, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    model = _smida(tiny_lm_dir)
+    out = str(tmp_path / "export")
+    export_module(model, out, replace=True)
+    before = _snapshot(out)
+
+    def full_disk(*args, **kwargs):  # the adapter's weights file is written when the disk fills
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    _perturb(model.players, seed=99)
+    with pytest.raises(OSError) as err:
+        export_module(model, out, replace=True)
+    assert err.value.errno == errno.ENOSPC and isinstance(err.value.__cause__, OSError)
+    assert str(err.value) == (
+        f"[Errno {errno.ENOSPC}] cannot write {out}: No space left on device; its previous version is left as it was"
+    )
+    assert os.listdir(tmp_path) == ["export"] and _snapshot(out) == before  # no staging folder left, old export whole
