@@ -205,17 +205,7 @@ class CheckpointOnSigterm(Callback):
     ) -> None:
         self._agree(trainer)
 
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._agree(trainer)
+    on_test_batch_end = on_validation_batch_end  # the same agreement point in a test loop
 
     @staticmethod
     def target_path(trainer: pl.Trainer) -> str:
