@@ -75,6 +75,8 @@ class DeepSMIDA(LanguageModelGame):
     """
 
     family = "deep-SMIDA"
+    # fewest samples D and M: Algorithm 2's leave-one-out baselines need two (SLHF, with a constant baseline, one)
+    min_samples = 2
 
     def __init__(
         self,
@@ -103,9 +105,10 @@ class DeepSMIDA(LanguageModelGame):
     ) -> None:
         super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
         lm = ModelConfig.coerce(lm)
-        if samples_per_prompt < 2 or follower_samples < 2:
+        if min(samples_per_prompt, follower_samples) < self.min_samples:
+            why = " for the leave-one-out baselines" if self.min_samples == 2 else ""
             raise ValueError(
-                f"samples_per_prompt (D) and follower_samples (M) must be at least 2 for the leave-one-out baselines, "
+                f"samples_per_prompt (D) and follower_samples (M) must be at least {self.min_samples}{why}, "
                 f"got D={samples_per_prompt}, M={follower_samples}"
             )
         require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)

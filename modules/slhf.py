@@ -7,6 +7,14 @@ chance of beating the Follower's refinement, the Follower raises its chance of b
 to the frozen initialisation, on two timescales (the ``TwoTimescaleWarmup`` callback or the two learning rates).
 Validation plays the trained Leader against the reference on held-out prompts
 (:class:`~modules.evaluation.win_rate.WinRateValidation`).
+
+Budget (Table 3 of the Stackelberg paper): "Responses per prompt: 2" counts the answers sampled for a prompt in a
+step: one Leader answer and the Follower's one refinement of it, the comparison P0 scores, so the defaults are D = 1
+leader sample and M = 1 follower sample (a prompt costs D·(1 + M) answers: the deep-SMIDA budget of Table 2, D = M = 4,
+is 20). With one sample a player's leave-one-out baseline is undefined and it takes the constant ½
+(:func:`~modules.algorithms.baselines.slhf_surrogate_losses`); D, M ≥ 2 give the leave-one-out baselines. Table 3's 32
+prompts a step, temperature 0.6, top-p 1.0 and 512 tokens are the data module's ``batch_size`` and
+:class:`Sampling`'s defaults; the paper fine-tunes every weight ("LoRA disabled"): ``lm.players: separate``.
 """
 
 from __future__ import annotations
@@ -32,15 +40,18 @@ class SLHF(WinRateValidation, DeepSMIDA):
     """Leader and Follower trained by SLHF's StackelbergGDA against one frozen preference model P0.
 
     Args:
-        lm: The policy both players start from (:class:`ModelConfig`); its frozen weights are the references.
-        preference: ``P0(first ≻ second | x)``: one frozen preference model (``EnsembleUtility(kind="preference")``);
-            ``None`` builds an untrained one (smoke tests only).
+        lm: The policy both players start from (:class:`ModelConfig`); its frozen weights are the references
+            (``players: lora``: two adapters over the frozen base; ``players: separate``: two fully fine-tuned copies
+            and a frozen copy, the paper's setting).
+        preference: ``P0(first ≻ second | x)``, P0 as :class:`~modules.nlhf.NashMDPG` states it: member 0 of the
+            ensemble in the configs (``EnsembleUtility(kind="preference", member=0)``), another with ``member=j``,
+            the ensemble mean with ``kind="mean_preference"``. ``None`` is refused (an untrained ensemble).
         tau_leader: τ_L.
         tau_follower: τ_F.
         leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
         follower_lr: η_F (faster than η_L: the Follower's timescale, App. C.2).
-        samples_per_prompt: D, leader samples per prompt (≥ 2, for the leave-one-out baselines).
-        follower_samples: M, follower samples per leader sample (≥ 2).
+        samples_per_prompt: D, leader samples per prompt (≥ 1; 1: Table 3's budget).
+        follower_samples: M, follower samples per leader sample (≥ 1; 1: Table 3's budget).
         sampling: How both players sample.
         system_prompt: Leader's system message.
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
@@ -53,6 +64,7 @@ class SLHF(WinRateValidation, DeepSMIDA):
 
     family = "SLHF (StackelbergGDA)"
     eval_player = "leader"
+    min_samples = 1  # a player with one sample takes the constant baseline ½ (slhf_surrogate_losses)
 
     def __init__(
         self,
@@ -62,8 +74,8 @@ class SLHF(WinRateValidation, DeepSMIDA):
         tau_follower: float = 0.05,
         leader_lr: float = 4e-4,
         follower_lr: float = 1e-3,
-        samples_per_prompt: int = 2,
-        follower_samples: int = 4,
+        samples_per_prompt: int = 1,
+        follower_samples: int = 1,
         sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
         system_prompt: str = QWEN_SYSTEM,
         follower_system_template: str = FOLLOWER_SYSTEM,

@@ -59,14 +59,13 @@ CASES = [
         r"beta \(the reference's weight in the mixture\) must be in \[0, 1\], got nan",
     ),
     ("NashMDPG", {"samples_per_prompt": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 0, 2"),
-    ("NashMDPG", {"eval_pairs": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 2, 0"),
+    ("NashMDPG", {"eval_pairs": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 1, 0"),
     ("SLHF", {"tau_follower": 0.0}, "tau_follower must be positive, got 0.0"),
     ("SLHF", {"leader_lr": -1e-3}, "leader_lr must be positive, got -0.001"),
     (
         "SLHF",
-        {"follower_samples": 1},
-        r"samples_per_prompt \(D\) and follower_samples \(M\) must be at least 2 for the leave-one-out baselines, "
-        "got D=2, M=1",
+        {"follower_samples": 0},
+        r"samples_per_prompt \(D\) and follower_samples \(M\) must be at least 1, got D=1, M=0",
     ),
     ("SLHF", {"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
     ("SLHF", {"follower_system_template": "Improve it."}, r"follower_system_template must contain \{leader_response\}"),

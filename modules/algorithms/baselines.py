@@ -16,6 +16,9 @@ from torch import Tensor
 
 from modules.algorithms.smida_estimators import smida_surrogate_losses
 
+# the baseline of a player with one sample a step (D = 1 or M = 1): the value ½ of the symmetric preference game
+SLHF_SINGLE_BASELINE = 0.5
+
 __all__ = ["check_preferences", "geometric_mixture_logprobs", "nash_md_pg_surrogate_loss", "slhf_surrogate_losses"]
 
 
@@ -121,6 +124,11 @@ def slhf_surrogate_losses(
     timescales (Follower faster, App. C.2). The Stackelberg paper gives no other form of StackelbergGDA's updates,
     so this is the one implemented.
 
+    At Table 3's budget (two responses a prompt: one Leader answer, D = 1, and one Follower refinement, M = 1) the
+    leave-one-out baselines are undefined; a player with one sample takes the constant baseline ½ instead, the value
+    of the symmetric game (``P0(y ≻ y) = ½``) and the constant Munos et al. use in Nash-MD-PG. A constant keeps the
+    estimate unbiased (``E[∇ log π] = 0``); with D, M ≥ 2 the leave-one-out baselines are used as before.
+
     Args:
         preference: ``P0(y ≻ y′ | x)``, the leader's response first, ``[B, D, M]``.
         logp_leader: ``log π_θ(y | x)`` with gradients, ``[B, D]``.
@@ -138,7 +146,14 @@ def slhf_surrogate_losses(
     """
     check_preferences("preference", preference.detach())
     out = smida_surrogate_losses(
-        1.0 - preference, logp_leader, logp_leader_ref, logp_follower, logp_follower_ref, tau_leader, tau_follower
+        1.0 - preference,
+        logp_leader,
+        logp_leader_ref,
+        logp_follower,
+        logp_follower_ref,
+        tau_leader,
+        tau_follower,
+        single_baseline=SLHF_SINGLE_BASELINE,
     )
     out["leader_win_rate"] = preference.detach().mean()
     return out

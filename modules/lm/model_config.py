@@ -45,7 +45,8 @@ class ModelConfig:
             ``players: lora``.
         gradient_checkpointing: Trade compute for activation memory.
         players: ``lora``: every player an adapter over one frozen base, the disabled adapter the reference;
-            ``separate``: a trainable full copy per player and one frozen reference copy.
+            ``separate``: full fine-tuning, a trainable full copy per player and one frozen reference copy (the
+            Stackelberg paper's App. G.4 setting, "LoRA disabled"; the ``lora_*`` fields are then unused).
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling numerator (scale ``lora_alpha / lora_r``).
         lora_dropout: LoRA dropout.
@@ -92,7 +93,9 @@ class ModelConfig:
         if self.players not in ("lora", "separate"):
             raise ValueError(f"lm.players: must be 'lora' or 'separate', got {self.players!r}")
         if self.lora_r <= 0:
-            raise ValueError(f"lm.lora_r: must be positive, got {self.lora_r}")
+            raise ValueError(
+                f"lm.lora_r: must be positive, got {self.lora_r}; full fine-tuning without LoRA is players: separate"
+            )
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"lm.lora_dropout: must lie in [0, 1), got {self.lora_dropout}")
         if self.max_prompt_tokens < 1:

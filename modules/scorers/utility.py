@@ -27,8 +27,8 @@ UNTRAINED_REFUSAL = (
     "--model.init_args.utility.init_args.allow_untrained=true"
 )
 
-UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference"]
-UTILITY_KINDS = ("variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference")
+UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference", "mean_preference"]
+UTILITY_KINDS = ("variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference", "mean_preference")
 
 
 def utility_from_member_probs(
@@ -42,7 +42,9 @@ def utility_from_member_probs(
     * ``slhf``: ``P(y′ ≻ y) = 1 − P̄`` (the follower wants to beat the leader, App. F);
     * ``directed``: ``scale · Var + λ · P_j(y′ ≻ y)`` with member ``j = member`` (App. F.2);
     * ``preference``: ``P_j(y ≻ y′)`` of member ``j = member`` alone, the first response's win probability: the one
-      frozen preference model P0 of the NLHF and SLHF baselines (App. G.4), which read it as a preference.
+      frozen preference model P0 of the NLHF and SLHF baselines (App. G.4), which read it as a preference;
+    * ``mean_preference``: ``P̄(y ≻ y′)``, the ensemble mean (the prediction the paper's Definition 3.1 and its 75.7%
+      accuracy are stated for), the other choice of P0.
 
     Raises:
         ValueError: for an unknown kind or a member index out of range.
@@ -63,6 +65,8 @@ def utility_from_member_probs(
         if not 0 <= member < p.shape[-1]:
             raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
         return p[..., member]
+    if kind == "mean_preference":
+        return p.mean(dim=-1)
     raise ValueError(f"unknown utility kind {kind!r}")
 
 

@@ -120,6 +120,7 @@ def test_slhf_trains_both_players_on_p0(tiny_lm_dir, tmp_path):
         preference=LengthPreference(),
         leader_lr=1e-2,
         follower_lr=1e-2,
+        samples_per_prompt=2,  # D = M = 2: the leave-one-out baselines (the larger budget, an option)
         follower_samples=2,
         sampling=Sampling(temperature=0.6, max_new_tokens=8),
     )
@@ -140,3 +141,121 @@ def test_slhf_trains_both_players_on_p0(tiny_lm_dir, tmp_path):
     assert len(seen) == 2 and seen[0].numel() == 2 * 2 * 2  # B·D·M triplets scored by P0 per batch
     with pytest.raises(NotImplementedError, match="round_robin"):
         model.predict_step({"prompt": ["x"], "reference": [None]}, 0)
+
+
+class _Counting:
+    """Wraps a sampler and counts the answers it samples per call (rows of the rollouts it returns)."""
+
+    def __init__(self, fn):
+        self.fn, self.rows = fn, []
+
+    def __call__(self, *args, **kwargs):
+        out = self.fn(*args, **kwargs)
+        self.rows.append(len(out.texts))
+        return out
+
+
+def test_defaults_sample_table_3s_two_responses_a_prompt(tiny_lm_dir, tmp_path, monkeypatch):
+    """Table 3: 2 responses a prompt. NLHF: one policy answer and one mixture answer; SLHF: one Leader answer and one
+    Follower refinement; one P0 comparison a prompt each."""
+    import modules.nlhf
+
+    b = 2  # prompts a batch (_dm)
+    counted = {}
+    for cls in (NashMDPG, SLHF):
+        L.seed_everything(0)
+        model = cls(lm=_lm(tiny_lm_dir), preference=LengthPreference(), sampling=Sampling(max_new_tokens=4))
+        model.players.generate = spy = _Counting(model.players.generate)
+        mixture = _Counting(modules.nlhf.generate_mixture)
+        monkeypatch.setattr(modules.nlhf, "generate_mixture", mixture)
+        scored = []
+        score = model.preference.forward
+        model.preference.forward = lambda x, first, second, seen=scored, f=score: (
+            seen.append(len(x)) or f(x, first, second)
+        )
+        steps = 1 if cls is NashMDPG else 2  # SLHF: two optimizer steps a batch
+        _trainer(tmp_path, steps=steps).fit(model, _dm())
+        counted[cls.__name__] = (sum(spy.rows) + sum(mixture.rows), scored)
+    assert counted["NashMDPG"] == (2 * b, [b])
+    assert counted["SLHF"] == (2 * b, [b])
+
+
+def test_slhf_with_one_sample_a_player_takes_the_constant_baseline_one_half():
+    """D = M = 1: u = 1 − P0 = 0.2; A = u − τ_F·1 = 0.1, so the follower's advantage is A − ½ = −0.4; the leader's
+    L = A + τ_L·2 = 0.2, advantage −0.3 (hand values)."""
+    from modules.algorithms.baselines import slhf_surrogate_losses
+
+    lp_l = torch.tensor([[-3.0]], requires_grad=True)
+    lp_f = torch.tensor([[[-4.0]]], requires_grad=True)
+    out = slhf_surrogate_losses(
+        torch.tensor([[[0.8]]]), lp_l, torch.tensor([[-5.0]]), lp_f, torch.tensor([[[-5.0]]]), 0.05, 0.1
+    )
+    (g_l,) = torch.autograd.grad(out["leader_loss"], lp_l)
+    (g_f,) = torch.autograd.grad(out["follower_loss"], lp_f)
+    assert g_l.item() == pytest.approx(-0.3)  # the leader won (0.8 > ½): descending raises log π(y)
+    assert g_f.item() == pytest.approx(0.4)  # the follower lost: descending lowers log ω(y′)
+    assert out["a_bar"].item() == pytest.approx(0.1)
+
+
+def test_p0_is_a_named_member_or_the_ensemble_mean():
+    """Member probabilities 0.9, 0.2, 0.4: member 0 gives 0.9, member 1 0.2, the ensemble mean 0.5."""
+    from modules.scorers.utility import EnsembleUtility, utility_from_member_probs
+
+    p = torch.tensor([[0.9, 0.2, 0.4]])
+    assert utility_from_member_probs(p, "preference").item() == pytest.approx(0.9)
+    assert utility_from_member_probs(p, "preference", member=1).item() == pytest.approx(0.2)
+    assert utility_from_member_probs(p, "mean_preference").item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="member 3 is out of range for 3 ensemble members"):
+        utility_from_member_probs(p, "preference", member=3)
+    mean = EnsembleUtility(kind="mean_preference", num_members=3, allow_untrained=True)
+    probs = mean.member_probs(["x", "y"], ["a long answer", "b"], ["b", "another answer"])
+    assert torch.allclose(mean(["x", "y"], ["a long answer", "b"], ["b", "another answer"]), probs.mean(-1))
+
+
+def _reference_and_players(model):
+    """(reference weights, {player: weights}) of a model's policy bank, for either way of holding the players."""
+    bank = model.players
+    if bank.mode == "separate":
+        ref = {n: p.detach().clone() for n, p in bank.reference.named_parameters()}
+    else:  # the base under the adapters: every parameter that is no player's
+        ref = {
+            n: p.detach().clone()
+            for n, p in bank.model.named_parameters()
+            if not any(f".{q}." in n for q in bank.player_names)
+        }
+    players = {q: [p.detach().clone() for p in bank.player_parameters(q)] for q in bank.player_names}
+    return ref, players
+
+
+@pytest.mark.parametrize("players", ["lora", "separate"])
+@pytest.mark.parametrize("cls", [NashMDPG, SLHF])
+def test_full_fine_tuning_trains_every_weight_and_keeps_the_reference_fixed(tiny_lm_dir, tmp_path, cls, players):
+    """``players: separate`` (the paper's "LoRA disabled"): each player is a full copy whose weights all may change
+    and do; the frozen reference copy and its log-probabilities stay fixed. ``players: lora``: the base (the
+    reference) stays fixed and only the adapters move."""
+    L.seed_everything(0)
+    lr = {"lr": 1e-2} if cls is NashMDPG else {"leader_lr": 1e-2, "follower_lr": 1e-2}
+    model = cls(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4, players=players),
+        preference=LengthPreference(),
+        sampling=Sampling(max_new_tokens=6),
+        **lr,
+    )
+    bank = model.players
+    probe = bank.generate(None, [bank.chat(None, "What is 2 + 3?")], 2, max_new_tokens=6)
+    with torch.no_grad():
+        ref_lp = bank.logprobs(None, probe)
+    ref_before, players_before = _reference_and_players(model)
+    _trainer(tmp_path, steps=2 if cls is NashMDPG else 4).fit(model, _dm())
+    ref_after, players_after = _reference_and_players(model)
+    assert ref_before.keys() == ref_after.keys() and len(ref_before) > 0
+    assert all(torch.equal(ref_before[n], ref_after[n]) for n in ref_before)  # the reference never moves
+    with torch.no_grad():
+        assert torch.equal(bank.logprobs(None, probe), ref_lp)
+    for q in bank.player_names:
+        moved = [not torch.equal(a, b) for a, b in zip(players_before[q], players_after[q])]
+        assert any(moved), q
+        if players == "separate":  # a full copy: its embeddings and blocks, not an adapter, are what trains
+            names = [n for n, _ in bank.models[q].named_parameters()]
+            assert len(names) == len(ref_before) and not any("lora" in n for n in names)
+            assert sum(moved) > len(moved) // 2, q  # most weight tensors change (every one gets a gradient)

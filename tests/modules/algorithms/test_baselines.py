@@ -90,10 +90,12 @@ def test_nash_md_pg_refuses_bad_input():
         nash_md_pg_surrogate_loss(torch.tensor([0.5]), lp, lp, 0.1)
 
 
-def test_slhf_expectation_is_the_exact_stackelberg_gradient():
-    """Exact expectation over every (y¹, y²) and follower draws (D = M = 2, Y = 2) of SLHF's estimates equals the
-    gradients of the regularised SLHF objective: the leader ascends P0(y ≻ y′) − τ_L KL, the follower P0(y′ ≻ y)."""
-    y_n, d, m, tau_l, tau_f = 2, 2, 2, 0.3, 0.2
+@pytest.mark.parametrize("d, m", [(2, 2), (1, 1), (1, 2), (2, 1)])
+def test_slhf_expectation_is_the_exact_stackelberg_gradient(d, m):
+    """Exact expectation over every leader and follower draw (Y = 2) of SLHF's estimates equals the gradients of the
+    regularised SLHF objective: the leader ascends P0(y ≻ y′) − τ_L KL, the follower P0(y′ ≻ y). D = M = 2: the
+    leave-one-out baselines; D or M = 1 (Table 3's budget is D = M = 1): that player's constant baseline ½."""
+    y_n, tau_l, tau_f = 2, 0.3, 0.2
     g = torch.Generator().manual_seed(1)
     a = torch.rand(y_n, y_n, generator=g, dtype=torch.float64)
     pref = torch.sigmoid(3 * (a - a.T))
@@ -122,7 +124,7 @@ def test_slhf_expectation_is_the_exact_stackelberg_gradient():
             gp = torch.autograd.grad(-out["follower_loss"], phi, retain_graph=True)[0]
             e_theta += prob * gt
             e_phi += prob * gp
-    # unbiased: the leave-one-out baselines add nothing in expectation
+    # unbiased: the leave-one-out and constant baselines add nothing in expectation
     assert torch.allclose(e_theta, g_theta, atol=1e-12)
     assert torch.allclose(e_phi, g_phi, atol=1e-12)
     assert g_theta.abs().max() > 1e-3 and g_phi.abs().max() > 1e-3  # not a trivially zero comparison

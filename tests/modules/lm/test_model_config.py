@@ -27,6 +27,15 @@ def test_a_bad_value_names_its_field(kw, field):
         ModelConfig("some/model", **kw)
 
 
+def test_lora_r_zero_points_to_full_fine_tuning():
+    """There is no LoRA of rank 0: full fine-tuning (the paper's "LoRA disabled") is ``players: separate``."""
+    with pytest.raises(
+        ValueError, match="lm.lora_r: must be positive, got 0; full fine-tuning without LoRA is players: separate"
+    ):
+        ModelConfig("some/model", lora_r=0)
+    assert ModelConfig("some/model", players="separate").players == "separate"
+
+
 def test_coerce_takes_a_config_a_dict_or_a_name_and_refuses_unknown_fields():
     cfg = ModelConfig("a/b", lora_r=4, lora_target_modules=["q_proj"])
     assert ModelConfig.coerce(cfg) is cfg
