@@ -126,6 +126,7 @@ def _run(args, cwd):
     return json.load(open(_reports(cwd)[-1]))
 
 
+@pytest.mark.distributed
 def test_two_ddp_processes_match_one(tmp_path):
     common = ["fit", "--config", CONFIG, *SMALL, "--data.init_args.num_prompts=200", "--trainer.max_epochs=4"]
     (tmp_path / "one").mkdir()

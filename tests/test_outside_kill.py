@@ -210,6 +210,7 @@ _SFT_SANITY = dataclasses.replace(
 )
 
 
+@pytest.mark.distributed
 def test_sigterm_to_one_ddp_rank_during_the_sanity_check_stops_both_ranks_and_writes_nothing(tmp_path):
     """SIGTERM to rank 1 only while it is in the sanity check: both ranks stop within 60 s, exit 143 with the message
     that nothing was trained, and no checkpoint is written. Lightning's handler ran a broadcast inside the signal

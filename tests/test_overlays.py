@@ -73,6 +73,7 @@ def test_overlays_compose_and_the_command_line_still_wins(capsys):
     assert cfg["model"]["init_args"]["num_generations"] == 4  # the family's own settings survive the overlays
 
 
+@pytest.mark.distributed
 def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
     from modules.lm.models import build_tiny_reward_model
 
@@ -144,6 +145,7 @@ def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> No
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
@@ -165,6 +167,7 @@ def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
         assert equal  # gathered once around generate: the same tokens as the unsharded policy
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("config", "extra", "trained_key"),
     [
@@ -254,6 +257,7 @@ def _run(args, cwd) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("algorithm", ["dpo", "grpo"])
 def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tmp_path):
     """Two gloo ranks split each iteration's 5 duels (3 and 2) and still play one game: every duel judged and
@@ -273,6 +277,7 @@ def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tm
     assert any(v.abs().sum() > 0 for k, v in ckpt["state_dict"].items() if "lora_B" in k)  # the followers moved
 
 
+@pytest.mark.distributed
 def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
     """Two ranks stopped after iteration 1 and resumed from last.ckpt end where the uninterrupted run ends: same
     adapters, leader weights, Elo ratings and histories (each rank's generators restored, the game's shared)."""
@@ -398,6 +403,7 @@ def _grpo_args(tiny_lm_dir, reward) -> list[str]:
     ]
 
 
+@pytest.mark.distributed
 def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path):
     """GRPO (generation inside training_step, 2 micro-batches per step) on 2 CPU processes under ZeRO-2 and ZeRO-3.
 
@@ -433,6 +439,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
         assert diff < 1e-4, name  # other samples would move weights by about lr (1e-2) per step
 
 
+@pytest.mark.distributed
 def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpointing_overlays(tiny_lm_dir, tmp_path):
     from modules.lm.models import build_tiny_reward_model
 
@@ -446,6 +453,7 @@ def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpoi
         assert any(any(v != 0.0 for v in vals) for name, vals in rec["adapters"].items() if "lora_B" in name)
 
 
+@pytest.mark.distributed
 def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
     """A mid-epoch ZeRO-3 checkpoint (each rank's parameter and optimizer shards in DeepSpeed's folder, the rest of
     the game in Lightning's client state) continues to the adapters of the uninterrupted run, bit for bit."""
@@ -475,6 +483,7 @@ def _tiny_debate_args(tiny_lm_dir) -> list[str]:
     ]
 
 
+@pytest.mark.distributed
 def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_path):
     extra = [
         *_tiny_debate_args(tiny_lm_dir),
@@ -505,6 +514,7 @@ def _check_fsdp2_sharding(rec: dict, generate_calls: int) -> None:
     assert len(rec["generate_whole"]) == generate_calls and set(rec["generate_whole"]) == {rec["total"]}
 
 
+@pytest.mark.distributed
 def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, tmp_path):
     """GRPO (2 micro-batches per step: the first skips the reduce-scatter) under FSDP2 on 2 processes: the policy is
     sharded in the steps and whole at every decoded token, 3 steps end where DDP's end, a mid-run sharded checkpoint
@@ -549,6 +559,7 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
     )
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("family", ["debate", "deep_smida"])
 def test_debate_and_deep_smida_train_under_fsdp2_on_two_processes(family, tiny_lm_dir, tmp_path):
     """Every ply of debate self-play (training and an evaluation, with FSDP2's bf16 mixed precision) and every
@@ -620,6 +631,7 @@ def test_sharded_strategies_are_recognised_through_subclasses():
         assert bank.merge_for_generation is merge, type(strategy).__name__
 
 
+@pytest.mark.distributed
 def test_sft_saves_the_whole_model_under_deepspeed_zero3_and_fsdp2(tmp_path):
     """SFT's model for the next job, written by rank 0 at the end of fit: under ZeRO-3 every rank gathers the
     partitioned weights first, and under FSDP2 every rank assembles the full state dict, so the saved model equals
@@ -644,6 +656,7 @@ def test_sft_saves_the_whole_model_under_deepspeed_zero3_and_fsdp2(tmp_path):
         assert any(not torch.equal(w, init[name]) for name, w in saved[run].items())  # it trained
 
 
+@pytest.mark.distributed
 def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_checkpoint(tmp_path):
     """ZeRO-3 trains the ensemble; test_after_fit is skipped with a warning (DeepSpeed cannot load a ZeRO-3
     checkpoint for testing), and the converted checkpoint tests on one device to ZeRO-2's own test report."""
@@ -686,6 +699,7 @@ def test_preference_ensemble_under_deepspeed_zero3_is_tested_from_a_converted_ch
     assert reports[3]["member_accuracy"] == pytest.approx(reports[2]["member_accuracy"], abs=1e-6)
 
 
+@pytest.mark.distributed
 def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_path):
     """The preference ensemble under FSDP2 on 2 processes: the backbone sharded, the heads averaged across ranks.
 
@@ -778,6 +792,7 @@ def test_deepspeed_takes_the_families_gradient_clip():
     check_manual_backward_strategy(DDPStrategy(), "GRPO", 0.5)  # nothing to do elsewhere
 
 
+@pytest.mark.distributed
 def test_debate_validates_under_deepspeed_zero3_with_the_whole_policy(tiny_lm_dir, tmp_path):
     """`validate` alone builds DeepSpeed's inference engine (no optimizer, its offload state held elsewhere): every ply
     must still generate on the whole policy, not fetch each layer per token through DeepSpeed's hooks."""

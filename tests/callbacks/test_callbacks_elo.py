@@ -251,6 +251,7 @@ def _expected_ddp_elo(batches_per_epoch: int) -> EloRating:
     return offline
 
 
+@pytest.mark.distributed
 def test_ddp_ranks_agree_and_apply_every_ranks_duels_in_rank_order():
     outdir, (rank0, rank1) = ddp_results()
     key = EloRating(PLAYERS).state_key

@@ -172,6 +172,7 @@ def test_state_round_trip():
     assert MCCTracker("a", "b", stage="val").state_key != MCCTracker("a", "b", stage="train").state_key
 
 
+@pytest.mark.distributed
 def test_ddp_two_processes_equal_sklearn():
     """Two CPU processes (gloo), each validating half of the set: the epoch's MCC is the full set's."""
     outdir, (rank0, rank1) = ddp_results()
@@ -247,6 +248,7 @@ def test_item_ids_missing_or_of_another_size_raise(tmp_path):
         )
 
 
+@pytest.mark.distributed
 def test_ddp_two_processes_count_101_items_once():
     """101 items on 2 processes (the sampler pads to 102): with item ids, the counts are sklearn's on the 101."""
     rank0, rank1 = item_ddp_results()

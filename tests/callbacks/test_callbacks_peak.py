@@ -191,6 +191,7 @@ def test_state_round_trip():
     assert (other.evaluations, other.peak) == (peak.evaluations, peak.peak)
 
 
+@pytest.mark.distributed
 def test_ddp_ranks_agree_on_the_peak():
     outdir, (rank0, rank1) = ddp_results()
     key = PeakCheckpoint("val/correct", "val/total").state_key
@@ -229,6 +230,7 @@ def test_monitors_or_item_outcomes(kwargs, match):
     assert PeakCheckpoint(success_key="ok", id_key="item").state_key != PeakCheckpoint("c", "t").state_key
 
 
+@pytest.mark.distributed
 def test_ddp_two_processes_count_101_items_once():
     """101 items on 2 processes (the sampler pads to 102): with item ids, every evaluation has 101 trials."""
     rank0, rank1 = item_ddp_results()

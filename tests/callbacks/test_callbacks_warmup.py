@@ -143,6 +143,7 @@ def test_state_key_lets_two_instances_coexist():
     assert b.batches_seen == 7
 
 
+@pytest.mark.distributed
 def test_ddp_ranks_set_the_same_rates():
     _, (rank0, rank1) = ddp_results()
     assert rank0["lr_history"] == rank1["lr_history"]

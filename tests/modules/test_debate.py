@@ -498,6 +498,7 @@ def test_final_answers_ties_and_unparsed_verdicts_in_the_evaluation(tiny_lm_dir,
     assert (m.counters["judge_ties"], m.counters["judge_unparsed"]) == (2, 2)
 
 
+@pytest.mark.distributed
 def test_two_ddp_processes_count_each_validation_problem_once(tiny_lm_dir, tmp_path):
     """3 validation problems on 2 processes: the sampler pads them to 4, yet every count holds each problem once."""
     import glob

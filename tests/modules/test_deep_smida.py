@@ -216,6 +216,7 @@ def test_predict_writes_candidates_in_the_preference_format(tiny_lm_dir, tmp_pat
         )
 
 
+@pytest.mark.distributed
 def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
     """Two processes on 3 validation prompts: the sampler pads them to 4, game_eval.json holds each prompt once."""
     import subprocess
