@@ -65,3 +65,23 @@ def test_logprob_memory_benchmark_measures_both_paths_at_tiny_size():
     name, ratio = lines[-1].split("=")
     assert name == "logprob_mem_ratio_vs_full"
     assert float(ratio) == pytest.approx(result["chunked_peak_bytes"] / result["full_peak_bytes"], abs=1e-4)
+
+
+def test_judge_prefill_benchmark_prints_the_ratio_with_the_same_votes():
+    """benchmarks/judge_prefill.py at a tiny size: the judge phase before and after, the host, identical texts."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    args = ["--shapes", "tiny", "--prompt_words", "20", "--judge_tokens", "4", "--repeats", "1", "--threads", "1"]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "judge_prefill.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert result["host"]["torch_threads"] == 1 and result["host"]["cpu"]
+    (row,) = result["results"]
+    assert row["same_texts"] and row["votes"] == 8 and row["before_s"] > 0 and row["after_s"] > 0
+    assert row["speedup"] == pytest.approx(row["before_s"] / row["after_s"], rel=0.02)  # of the unrounded times
+    assert proc.stdout.startswith("host: ")

@@ -3,7 +3,8 @@
 A judge sees only the visible parts of a :class:`~modules.algorithms.debate.Transcript` and returns ``num_votes``
 votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unparseable (left out of the share).
 
-* :class:`HFJudge`: a causal LM, all votes in one batched ``generate`` call.
+* :class:`HFJudge`: a causal LM, all votes in one batched ``generate`` call, each prompt prefilled once.
+* :class:`RemoteJudge`: the same prompt, sent to an OpenAI-compatible chat-completions server.
 * :class:`ProgrammaticJudge`: offline, with known, exploitable biases. Each vote is a Bernoulli draw
   ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
   with ``s = ±1`` from the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger
@@ -16,12 +17,15 @@ votes other than 0, 1 or NaN become NaN (counted in ``invalid``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,11 +37,12 @@ from modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
 from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from modules.scorers.quoting import fit_judged, quote_judged
+from modules.scorers.remote import ChatServer
 from modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
-__all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge"]
+__all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "PromptedJudge", "RemoteJudge"]
 
 
 @dataclass
@@ -252,6 +257,22 @@ class ProgrammaticJudge(DebateJudge):
         return JudgeVotes((u < p.unsqueeze(1)).float(), [[] for _ in transcripts])
 
 
+def _shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> dict[str, Any]:
+    """``generate``'s cache argument: the prompts' cache but for their last token, each prefilled once, ``copies`` rows.
+
+    As :meth:`modules.lm.policy_bank.PolicyBank.generate` shares a prompt among its samples on its ``generate`` path:
+    positions from the (left-padded) mask, then ``batch_repeat_interleave``; ``generate`` runs the last token.
+    """
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
+    out = model(
+        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1
+    )
+    cache = getattr(out, name)
+    cache.batch_repeat_interleave(copies)
+    return {name: cache}
+
+
 JUDGE_TEMPLATE = (
     "You are the judge of a math debate. Decide whether Alice's FINAL answer to the problem is correct; judge the "
     "final answer, not the style.\n\nProblem:\n{problem}\n\n{transcript}\n\n{instructions}"
@@ -264,35 +285,32 @@ _NO_COT = "Do not explain. Reply with 'Verdict: Alice' if Alice's final answer i
 _SECTIONS = (("answer", "Alice's solution"), ("critique", "Bob's critique"), ("rebuttal", "Alice's rebuttal"))
 
 
-class HFJudge(DebateJudge):
-    """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
+class PromptedJudge(DebateJudge):
+    """A language-model judge's prompt and verdict reading, shared by :class:`HFJudge` and :class:`RemoteJudge`.
 
     The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``, in the
     model's chat template when it has one. The verdict is read from the visible part of the judge's output.
+    Subclasses set ``self.tokenizer`` (special tokens to quote, tokens to count) and implement ``__call__``.
 
     Args:
-        model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
         template: Prompt template (see above).
         chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
         max_answer_words: Words of the visible answer that count (``None``: all).
-        num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
+        num_votes: Votes per transcript (paper: 8).
         sampling: How the votes are sampled (:class:`Sampling`; ``max_new_tokens`` per verdict: with chain of thought
             it needs room to think).
         max_prompt_tokens: Prompt tokens the judge reads; a longer prompt has the middles of the judged plies cut
             (marked), never the problem or the instructions (:meth:`prompt`).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
-        dtype: Weights dtype.
-        trust_remote_code: Off unless turned on.
         seed: Seed of the vote sampling.
-        timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
+        timeout_s: Seconds per batch (see :meth:`DebateJudge.vote`).
     """
 
-    bounds_own_time = True
+    tokenizer: Any
 
     def __init__(
         self,
-        model: str,
         template: str = JUDGE_TEMPLATE,
         chain_of_thought: bool = True,
         max_answer_words: int | None = None,
@@ -301,8 +319,6 @@ class HFJudge(DebateJudge):
         max_prompt_tokens: int = 2048,
         think_open: str = "<think>",
         think_close: str = "</think>",
-        dtype: str = "float32",
-        trust_remote_code: bool = False,
         seed: int = 0,
         timeout_s: float | None = None,
     ) -> None:
@@ -315,18 +331,10 @@ class HFJudge(DebateJudge):
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
         self.sampling = sampling
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
-        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
-        self.device = torch.device("cpu")
         self.truncated_prompts = 0
 
-    @override
-    def to(self, device: torch.device | str) -> HFJudge:
-        self.device = torch.device(device)
-        self.model.to(self.device)
-        return self
-
-    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
-        """The judge's prompt for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
+    def user_message(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+        """The judge's request for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
 
         Neither a dataset's problem nor a player's reply can forge a section heading, a verdict line or an
         instruction: the template's own lines (its headings and the verdict instruction) are the only unquoted ones.
@@ -347,7 +355,11 @@ class HFJudge(DebateJudge):
             _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
         )
         problem = quote_judged(transcript.problem, specials) or "(empty)"
-        user = fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
+        return fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
+
+    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+        """:meth:`user_message` in the chat template (with the generation prompt), or plain with a newline."""
+        user = self.user_message(transcript, texts)
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
@@ -386,6 +398,72 @@ class HFJudge(DebateJudge):
         vote = parse_verdict(visible)
         return float("nan") if vote is None else vote
 
+
+class HFJudge(PromptedJudge):
+    """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
+
+    Each transcript's prompt is prefilled once and its KV cache copied to its ``num_votes`` rows, which ``generate``
+    then samples (the prompt-sharing of :meth:`modules.lm.policy_bank.PolicyBank.generate`'s ``generate`` path): the
+    same draws as sampling ``num_return_sequences`` rows that each prefill the prompt, for one prefill's compute.
+
+    Args:
+        model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
+        template: Prompt template (see :class:`PromptedJudge`).
+        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
+        max_answer_words: Words of the visible answer that count (``None``: all).
+        num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
+        sampling: How the votes are sampled (:class:`Sampling`).
+        max_prompt_tokens: Prompt tokens the judge reads (see :meth:`PromptedJudge.prompt`).
+        think_open: Opening delimiter of the judge's hidden reasoning.
+        think_close: Closing delimiter.
+        dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32 (CPU matmuls in bf16 are
+            slow and the judge is frozen, so fp32 costs only memory there).
+        trust_remote_code: Off unless turned on.
+        seed: Seed of the vote sampling.
+        timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
+    """
+
+    bounds_own_time = True
+
+    def __init__(
+        self,
+        model: str,
+        template: str = JUDGE_TEMPLATE,
+        chain_of_thought: bool = True,
+        max_answer_words: int | None = None,
+        num_votes: int = 8,
+        sampling: Sampling = Sampling(),
+        max_prompt_tokens: int = 2048,
+        think_open: str = "<think>",
+        think_close: str = "</think>",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            template,
+            chain_of_thought,
+            max_answer_words,
+            num_votes,
+            sampling,
+            max_prompt_tokens,
+            think_open,
+            think_close,
+            seed,
+            timeout_s,
+        )
+        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
+        self.device = torch.device("cpu")
+        # prefill each prompt once for its votes; False samples num_return_sequences rows that each prefill it
+        self.share_prompt = True
+
+    @override
+    def to(self, device: torch.device | str) -> HFJudge:
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        return self
+
     @override
     @torch.inference_mode()
     def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
@@ -401,19 +479,28 @@ class HFJudge(DebateJudge):
         # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
         seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
         devices = [self.device] if self.device.type == "cuda" else []
-        limit = {} if self.timeout_s is None else {"max_time": self.timeout_s}
         start = time.perf_counter()
+        extra = {}
+        rows = input_ids.to(self.device), mask.to(self.device)
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
+            if self.share_prompt and width > 1:
+                extra = _shared_prompt_cache(self.model, *rows, self.num_votes)
+                rows = tuple(x.repeat_interleave(self.num_votes, dim=0) for x in rows)
+            # the prefill above counts against the time limit too
+            limit = (
+                {} if self.timeout_s is None else {"max_time": max(0.0, self.timeout_s - time.perf_counter() + start)}
+            )
             out = self.model.generate(
                 **limit,
-                input_ids=input_ids.to(self.device),
-                attention_mask=mask.to(self.device),
+                **extra,
+                input_ids=rows[0],
+                attention_mask=rows[1],
                 do_sample=True,
                 temperature=self.sampling.temperature,
                 top_p=self.sampling.top_p,
                 top_k=0,
-                num_return_sequences=self.num_votes,
+                num_return_sequences=1 if extra else self.num_votes,
                 max_new_tokens=self.sampling.max_new_tokens,
                 min_new_tokens=self.sampling.min_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id,
@@ -424,3 +511,81 @@ class HFJudge(DebateJudge):
         votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
         per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
         return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)
+
+
+class RemoteJudge(PromptedJudge):
+    """The judge served by an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
+
+    It sends :class:`HFJudge`'s request (:meth:`PromptedJudge.user_message`, cut to ``max_prompt_tokens``) as the user
+    message; the server applies the model's chat template. A reply the server garbled (not JSON, no choices, content
+    not a string) is an unparsed vote (NaN), like an unparseable verdict; a server that fails every retry raises
+    :class:`~modules.scorers.remote.RemoteServerError` naming its URL. Each request carries a seed from the judge's
+    generator (vLLM and SGLang honour it), so a resumed run asks what the uninterrupted one would.
+
+    Args:
+        server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
+        tokenizer: Hub name or local path of the served model's tokenizer (default: ``server.model``), loaded here to
+            count prompt tokens and to quote its special tokens.
+        max_concurrency: Transcripts asked at once (the server batches concurrent requests).
+        template: Prompt template (see :class:`PromptedJudge`); the other arguments are its own.
+        trust_remote_code: For the tokenizer; off unless turned on.
+    """
+
+    def __init__(
+        self,
+        server: ChatServer | dict,
+        tokenizer: str | None = None,
+        max_concurrency: int = 8,
+        template: str = JUDGE_TEMPLATE,
+        chain_of_thought: bool = True,
+        max_answer_words: int | None = None,
+        num_votes: int = 8,
+        sampling: Sampling = Sampling(),
+        max_prompt_tokens: int = 2048,
+        think_open: str = "<think>",
+        think_close: str = "</think>",
+        trust_remote_code: bool = False,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            template,
+            chain_of_thought,
+            max_answer_words,
+            num_votes,
+            sampling,
+            max_prompt_tokens,
+            think_open,
+            think_close,
+            seed,
+            timeout_s,
+        )
+        from modules.lm.models import load_tokenizer
+
+        self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
+        self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
+
+    @override
+    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+        """The user message alone: the server applies the chat template."""
+        return self.user_message(transcript, texts)
+
+    @override
+    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+        prompts = [self.prompt(t) for t in transcripts]
+        per = self.server.requests_for(self.num_votes)
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts), per), generator=self.generator).tolist()
+        s = self.sampling
+
+        def ask(i: int) -> list[str | None]:
+            messages = [{"role": "user", "content": prompts[i]}]
+            return self.server.complete(messages, self.num_votes, s.temperature, s.top_p, s.max_new_tokens, seeds[i])
+
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            replies = list(pool.map(ask, range(len(prompts))))
+        votes = [[math.nan if t is None else self.read_vote(t) for t in row] for row in replies]
+        texts = [["" if t is None else t for t in row] for row in replies]
+        return JudgeVotes(torch.tensor(votes, dtype=torch.float32).view(len(prompts), self.num_votes), texts)

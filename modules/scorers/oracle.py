@@ -3,7 +3,8 @@
 :meth:`PreferenceOracle.label` randomises the display order of every query (position bias) and averages the valid
 Bernoulli verdicts of ``num_queries`` queries into a label in [0, 1] (§5.3.2: "averaging the valid binary verdicts
 from 11 oracle queries"): :class:`ProgrammaticOracle` for checkable math answers, offline, and
-:class:`LLMJudgeOracle`, any causal LM as a zero-shot judge.
+:class:`LLMJudgeOracle`, any causal LM as a zero-shot judge, and :class:`RemoteJudgeOracle`, the same prompt sent to an
+OpenAI-compatible chat-completions server.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -20,14 +22,18 @@ from typing_extensions import override
 
 from modules.algorithms.answers import answers_match, extract_final_answer
 from modules.scorers.quoting import fit_judged, quote_judged
+from modules.scorers.remote import ChatServer
 from modules.training.faults import call_with_timeout
 
 __all__ = [
     "LLMJudgeOracle",
     "PreferenceOracle",
     "ProgrammaticOracle",
+    "PromptedOracle",
+    "RemoteJudgeOracle",
     "check_placeholders",
     "load_frozen_causal_lm",
+    "read_letter",
     "sampling_state",
     "solution_score",
 ]
@@ -66,9 +72,15 @@ def check_placeholders(template: str, keys: Sequence[str]) -> None:
 
 
 def load_frozen_causal_lm(model: str, dtype: str, trust_remote_code: bool) -> tuple[Any, Any]:
-    """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients."""
+    """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients.
+
+    ``dtype="auto"`` is bfloat16 when CUDA is available (half the memory of fp32, and a frozen judge has no optimizer
+    to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32).
+    """
     from modules.lm.models import load_model, load_tokenizer
 
+    if dtype == "auto":
+        dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
     lm = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
     lm.requires_grad_(False)
@@ -278,44 +290,34 @@ _JUDGE_TEMPLATE = (
 )
 
 
-class LLMJudgeOracle(PreferenceOracle):
-    """Zero-shot LLM judge: P(first better) = p("A") / (p("A") + p("B")) at the next token, batched.
+class PromptedOracle(PreferenceOracle):
+    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`.
+
+    Subclasses set ``self.tokenizer`` (special tokens to quote, tokens to count) and implement
+    ``first_wins_probability``.
 
     Args:
-        model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
         template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
-        batch_size: Queries per forward pass.
         max_length: Tokens per query; a longer one has the responses' middles cut (marked), never the request or the
             question at the end (:meth:`prompt`).
-        dtype: Weights dtype.
-        trust_remote_code: Off unless the config turns it on.
         num_queries: Verdicts averaged per label.
         seed: Seed of order randomisation and verdict sampling.
         timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
     """
 
+    tokenizer: Any
+
     def __init__(
         self,
-        model: str,
         template: str = _JUDGE_TEMPLATE,
-        batch_size: int = 8,
         max_length: int = 2048,
-        dtype: str = "float32",
-        trust_remote_code: bool = False,
         num_queries: int = 1,
         seed: int = 0,
         timeout_s: float | None = None,
     ) -> None:
         super().__init__(num_queries, seed, timeout_s)
         check_placeholders(template, ("{prompt}", "{first}", "{second}"))
-        self.template, self.batch_size, self.max_length = template, batch_size, max_length
-        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
-        self.tokenizer.truncation_side = "left"
-        self.choice_ids = [self._letter_id(" A"), self._letter_id(" B")]
-
-    def _letter_id(self, text: str) -> int:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids[-1]
+        self.template, self.max_length = template, max_length
 
     def render(self, prompt: str, first: str, second: str) -> str:
         """Fill the template in one pass over the template only: text in the data is never re-substituted.
@@ -342,6 +344,45 @@ class LLMJudgeOracle(PreferenceOracle):
         out, _ = fit_judged(self.tokenizer, lambda s: self.render(prompt, *s), [first, second], budget, "max_length")
         return out
 
+
+class LLMJudgeOracle(PromptedOracle):
+    """Zero-shot LLM judge: P(first better) = p("A") / (p("A") + p("B")) at the next token, batched.
+
+    Args:
+        model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
+        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
+        batch_size: Queries per forward pass.
+        max_length: Tokens per query; a longer one has the responses' middles cut (marked), never the request or the
+            question at the end (:meth:`prompt`).
+        dtype: Weights dtype; ``"auto"``: bfloat16 with CUDA, else float32 (:func:`load_frozen_causal_lm`).
+        trust_remote_code: Off unless the config turns it on.
+        num_queries: Verdicts averaged per label.
+        seed: Seed of order randomisation and verdict sampling.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        template: str = _JUDGE_TEMPLATE,
+        batch_size: int = 8,
+        max_length: int = 2048,
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        num_queries: int = 1,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(template, max_length, num_queries, seed, timeout_s)
+        self.batch_size = batch_size
+        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
+        self.tokenizer.truncation_side = "left"
+        self.choice_ids = [self._letter_id(" A"), self._letter_id(" B")]
+
+    def _letter_id(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids[-1]
+
     @torch.inference_mode()
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):
@@ -360,3 +401,83 @@ class LLMJudgeOracle(PreferenceOracle):
             logits = self.model(**enc, logits_to_keep=1).logits[:, -1, self.choice_ids].double()
             out.append(torch.softmax(logits, dim=-1)[:, 0].cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+_LETTER = re.compile(r"^\W*(?:(?i:the\s+better\s+response\s+is|response)\W*)?([AB])(?![A-Za-z])")
+
+
+def read_letter(text: str) -> str | None:
+    """``"A"`` or ``"B"`` when a reply opens with that letter (``A``, ``" B."``, ``"Response A"``), else ``None``."""
+    match = _LETTER.match(text)
+    return match.group(1) if match else None
+
+
+class RemoteJudgeOracle(PromptedOracle):
+    """:class:`LLMJudgeOracle`'s comparison sent to an OpenAI-compatible chat-completions server.
+
+    Chat servers do not all return next-token probabilities, so the verdict is sampled: each query asks for
+    ``samples`` replies and ``P(first better)`` is the share of them that open with ``A`` (:func:`read_letter`). A
+    reply that names neither letter, or that the server garbled (not JSON, no choices, content not a string), is left
+    out of the share; a query none of whose replies reads has a NaN verdict, counted in ``invalid_verdicts`` and left
+    out of the label. A server that fails every retry raises :class:`~modules.scorers.remote.RemoteServerError`
+    naming its URL.
+
+    Args:
+        server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
+        tokenizer: Hub name or local path of the served model's tokenizer (default: ``server.model``), to count prompt
+            tokens and to quote its special tokens.
+        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders (sent as the user message).
+        samples: Replies per query.
+        temperature: Sampling temperature of the replies.
+        max_tokens: Tokens per reply (the letter needs one or two).
+        max_length: Tokens per query (see :meth:`PromptedOracle.prompt`).
+        max_concurrency: Queries asked at once.
+        trust_remote_code: For the tokenizer; off unless turned on.
+        num_queries: Verdicts averaged per label.
+        seed: Seed of order randomisation, verdict sampling and the requests' seeds.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+    """
+
+    def __init__(
+        self,
+        server: ChatServer | dict,
+        tokenizer: str | None = None,
+        template: str = _JUDGE_TEMPLATE,
+        samples: int = 1,
+        temperature: float = 1.0,
+        max_tokens: int = 8,
+        max_length: int = 2048,
+        max_concurrency: int = 8,
+        trust_remote_code: bool = False,
+        num_queries: int = 1,
+        seed: int = 0,
+        timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(template, max_length, num_queries, seed, timeout_s)
+        from modules.lm.models import load_tokenizer
+
+        for name, value in (("samples", samples), ("max_tokens", max_tokens), ("max_concurrency", max_concurrency)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
+        self.samples, self.temperature, self.max_tokens = samples, float(temperature), max_tokens
+        self.max_concurrency = max_concurrency
+        self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
+
+    @override
+    def first_wins_probability(self, prompts, firsts, seconds, references):
+        texts = [self.prompt(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
+        per = self.server.requests_for(self.samples)
+        seeds = torch.randint(0, 2**31 - 1, (len(texts), per), generator=self.generator).tolist()
+
+        def ask(i: int) -> float:
+            messages = [{"role": "user", "content": texts[i]}]
+            replies = self.server.complete(messages, self.samples, self.temperature, 1.0, self.max_tokens, seeds[i])
+            letters = [read_letter(t) for t in replies if t is not None]
+            read = [x for x in letters if x is not None]
+            return sum(x == "A" for x in read) / len(read) if read else math.nan
+
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            return torch.tensor(list(pool.map(ask, range(len(texts)))), dtype=torch.float64)

@@ -254,7 +254,7 @@ def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
     m = _module(tiny_lm_dir, "debate_ab", judge=judge)
     trainer = _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(m, train_dataloaders=_loader([(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]))
-    assert calls == [4]  # B * G = 4 transcripts, 8 votes each, one generate call
+    assert calls == [32]  # B * G = 4 transcripts, 8 votes each: one generate call (each prompt prefilled once)
     assert m.counters["batches_seen"] == 1
     assert m.counters["judge_unparseable"] == int(trainer.callback_metrics["train/judge_unparseable"])
 
@@ -428,7 +428,7 @@ def test_hf_judge_bounds_its_own_generation_time(tiny_lm_dir):
 
     judge.model.generate = spy
     v = judge.vote([_transcript()] * 2)
-    assert seen["max_time"] == pytest.approx(1e-4) and v.timed_out == 2
+    assert 0 <= seen["max_time"] <= 1e-4 and v.timed_out == 2  # what the prefill left of the limit
     assert all(len(t) < 64 for row in v.texts for t in row)  # stopped early, not after 64 tokens
 
 

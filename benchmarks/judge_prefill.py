@@ -1,0 +1,136 @@
+"""The debate judge's phase before and after prefilling each transcript once for all its votes, in one run.
+
+:class:`~modules.scorers.judges.HFJudge` votes ``--votes`` times per transcript in one ``generate`` call. Before, that
+call sampled ``num_return_sequences`` rows that each prefilled the transcript; now each transcript is prefilled once
+and its cache copied to its votes (``share_prompt``). Both ways are timed on the same judge, transcripts and seed,
+alternating, and their texts compared (they must be the same votes). Models are random-initialised from a config
+with the suite's byte tokenizer (nothing is downloaded): a small decoder (``tiny``) and a Qwen2.5-0.5B-shaped one
+(``q05b``: vocabulary 151,936, hidden 896, 14/2 heads, intermediate 4,864; ``--layers`` blocks, 24 is the real depth).
+
+    python benchmarks/judge_prefill.py                          # both shapes, 8 votes, 4 transcripts of ~1,400 tokens
+    python benchmarks/judge_prefill.py --shapes tiny --prompt_words 40 --repeats 1    # a smoke run
+
+Prints the host (CPU model, cores, torch threads), one line per shape with the median seconds of the judge phase
+before and after and their ratio, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+SHAPES = {
+    "tiny": {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "max_position_embeddings": 4096},
+    "q05b": {
+        "vocab_size": 151_936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+    },
+}
+
+
+def host() -> dict:
+    """The CPU model, logical cores and torch's threads: the figures depend on them."""
+    import torch
+
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def transcripts(count: int, words: int) -> list:
+    """``count`` debate transcripts whose answer and critique hold about ``words`` words each (distinct per row)."""
+    from modules.algorithms.debate import Transcript, split_reply
+
+    out = []
+    for i in range(count):
+        answer = " ".join(f"step {k}: {i + k} + {k} = {i + 2 * k}." for k in range(words // 6)) + f" \\boxed{{{i}}}"
+        critique = " ".join(f"check {k} of row {i} holds." for k in range(words // 5))
+        out.append(Transcript(f"Problem {i}: add.", str(i), "debate_ab", [split_reply(answer), split_reply(critique)]))
+    return out
+
+
+def run(shape: str, args) -> dict:
+    import torch
+
+    from modules.lm.models import build_tiny_causal_lm
+    from modules.lm.sampling import Sampling
+    from modules.scorers.judges import HFJudge
+
+    config = dict(SHAPES[shape])
+    if shape == "q05b":
+        config["num_hidden_layers"] = args.layers
+    path = build_tiny_causal_lm(os.path.join(tempfile.gettempdir(), f"ag_bench_judge_{shape}_{args.layers}"), config)
+    sampling = Sampling(max_new_tokens=args.judge_tokens, min_new_tokens=args.judge_tokens)  # fixed work per vote
+    judge = HFJudge(path, chain_of_thought=False, num_votes=args.votes, sampling=sampling, max_prompt_tokens=4096)
+    batch = transcripts(args.transcripts, args.prompt_words)
+    tokens = [len(judge.tokenizer(judge.prompt(t))["input_ids"]) for t in batch]
+    times: dict[bool, list[float]] = {False: [], True: []}
+    texts: dict[bool, list] = {}
+    for _ in range(args.repeats):
+        for share in (False, True):
+            judge.share_prompt = share
+            judge.load_state_dict({"generator": torch.Generator().manual_seed(0).get_state()})
+            start = time.perf_counter()
+            out = judge.vote(batch)
+            times[share].append(time.perf_counter() - start)
+            texts[share] = out.texts
+    before, after = statistics.median(times[False]), statistics.median(times[True])
+    return {
+        "shape": shape,
+        "layers": config.get("num_hidden_layers"),
+        "transcripts": len(batch),
+        "prompt_tokens": int(statistics.mean(tokens)),
+        "votes": args.votes,
+        "judge_tokens": args.judge_tokens,
+        "before_s": round(before, 3),
+        "after_s": round(after, 3),
+        "speedup": round(before / after, 2),
+        "same_texts": texts[False] == texts[True],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="tiny,q05b", help="comma-separated: tiny, q05b")
+    parser.add_argument("--votes", type=int, default=8)
+    parser.add_argument("--transcripts", type=int, default=4)
+    parser.add_argument("--prompt_words", type=int, default=140, help="words per judged ply (~1,400 prompt tokens)")
+    parser.add_argument("--judge_tokens", type=int, default=16, help="tokens per verdict (a no-reasoning judge)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder blocks of the q05b shape (24: real depth)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = host()
+    print(f"host: {info['cpu']}, {info['cores']} cores, torch {info['torch']} on {info['torch_threads']} threads")
+    results = []
+    for shape in args.shapes.split(","):
+        r = run(shape, args)
+        results.append(r)
+        print(
+            f"{shape}: {r['transcripts']} transcripts x {r['prompt_tokens']} prompt tokens, {r['votes']} votes x "
+            f"{r['judge_tokens']} tokens: before {r['before_s']} s, after {r['after_s']} s, "
+            f"speedup {r['speedup']}x, same texts {r['same_texts']}"
+        )
+    print(json.dumps({"host": info, "results": results}))
+
+
+if __name__ == "__main__":
+    main()

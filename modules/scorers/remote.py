@@ -1,0 +1,176 @@
+"""A client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``) for remote judges.
+
+:class:`ChatServer` posts to ``{base_url}/chat/completions`` with the standard library only. Connection errors,
+timeouts, HTTP 429 and 5xx are retried with exponential backoff; after the last attempt a :class:`RemoteServerError`
+names the URL. Any other HTTP error is raised at once (a wrong model name or a refused request is a configuration
+error). The server's reply is untrusted: a body that is not JSON, has no ``choices`` list, or a choice whose
+``message.content`` is not a string gives ``None`` for the votes it should have carried (counted in ``malformed``),
+never an exception. The API key is read from the environment variable named by ``api_key_env`` at each request, so
+it is never held in a config, on the object or in a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["ChatServer", "RemoteServerError"]
+
+#: Bytes of a reply read at most; a longer body is malformed (a hostile server cannot fill the memory).
+MAX_REPLY_BYTES = 8 * 2**20
+
+
+class RemoteServerError(RuntimeError):
+    """A chat-completions server that failed every attempt, or refused a request."""
+
+
+@dataclass
+class ChatServer:
+    """Where and how to ask a chat-completions server.
+
+    Args:
+        base_url: The API root, e.g. ``http://judge-host:8000/v1`` (``/chat/completions`` is appended).
+        model: The served model's name, sent as ``model``.
+        api_key_env: Name of the environment variable holding the API key (``None``: no key is sent).
+        timeout_s: Seconds one HTTP request may take before it counts as failed (and is retried).
+        retries: Further attempts after a failed one (connection error, timeout, HTTP 429 or 5xx).
+        backoff_s: Wait before the first retry; doubled at each further one.
+        samples_per_request: Completions asked per request (``n``); servers that ignore ``n`` (``transformers
+            serve``) need 1, and votes are then drawn by repeated requests.
+
+    Attributes:
+        malformed: Completions a reply should have carried but did not (garbage body, missing fields).
+        requests: Requests answered (after retries).
+    """
+
+    base_url: str
+    model: str
+    api_key_env: str | None = None
+    timeout_s: float = 60.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    samples_per_request: int = 8
+    malformed: int = field(default=0, init=False)
+    requests: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"server.base_url must start with http:// or https://, got {self.base_url!r}")
+        if not self.model:
+            raise ValueError("server.model must name the served model")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < math.inf):
+            raise ValueError(f"server.timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
+        if self.retries < 0 or self.backoff_s < 0:
+            raise ValueError(f"server.retries and server.backoff_s must be >= 0, got {self.retries}, {self.backoff_s}")
+        if self.samples_per_request < 1:
+            raise ValueError(f"server.samples_per_request must be at least 1, got {self.samples_per_request}")
+
+    @property
+    def url(self) -> str:
+        """The chat-completions endpoint."""
+        return self.base_url.rstrip("/") + "/chat/completions"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key_env is not None:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise ValueError(f"server.api_key_env names {self.api_key_env!r}, which is not set in the environment")
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _post(self, payload: dict) -> bytes:
+        """The body of a successful reply, after up to ``retries`` retries.
+
+        Raises:
+            RemoteServerError: naming the URL, after the last failed attempt or at once on a refused request.
+        """
+        data = json.dumps(payload).encode()
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                    return reply.read(MAX_REPLY_BYTES + 1)
+            except urllib.error.HTTPError as err:
+                detail = err.read(300).decode(errors="replace")
+                if err.code != 429 and err.code < 500:
+                    raise RemoteServerError(f"{self.url} refused the request: HTTP {err.code}: {detail}") from None
+                last = f"HTTP {err.code}: {detail}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+        raise RemoteServerError(f"{self.url} failed {self.retries + 1} attempts; the last: {last}")
+
+    def _texts(self, body: bytes, n: int) -> list[str | None]:
+        """The ``n`` completions of a reply body, ``None`` for each one missing or malformed."""
+        try:
+            choices = json.loads(body)["choices"] if len(body) <= MAX_REPLY_BYTES else None
+        except (ValueError, TypeError, KeyError, IndexError):
+            choices = None
+        if not isinstance(choices, list):
+            choices = []
+        out: list[str | None] = []
+        for choice in choices[:n]:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            content = message.get("content") if isinstance(message, dict) else None
+            out.append(content if isinstance(content, str) else None)
+        out += [None] * (n - len(out))
+        self.malformed += sum(t is None for t in out)
+        return out
+
+    def complete(
+        self,
+        messages: Sequence[dict[str, str]],
+        n: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int = 256,
+        seeds: Sequence[int] | None = None,
+    ) -> list[str | None]:
+        """``n`` sampled completions of one chat, in ``ceil(n / samples_per_request)`` requests.
+
+        Args:
+            messages: The chat (``[{"role": "user", "content": ...}]``).
+            n: Completions wanted.
+            temperature: Sampling temperature.
+            top_p: Nucleus mass.
+            max_tokens: Tokens per completion.
+            seeds: One seed per request (``seed`` of the API, honoured by vLLM and SGLang); ``None``: none sent.
+
+        Returns:
+            ``n`` texts, ``None`` where the reply lacked a well-formed completion.
+
+        Raises:
+            RemoteServerError: naming the URL when a request failed all its attempts or was refused.
+        """
+        out: list[str | None] = []
+        k = 0
+        while len(out) < n:
+            ask = min(self.samples_per_request, n - len(out))
+            payload = {
+                "model": self.model,
+                "messages": list(messages),
+                "n": ask,
+                "temperature": temperature,
+                "top_p": top_p,
+                "max_tokens": max_tokens,
+                "stream": False,
+            }
+            if seeds is not None:
+                payload["seed"] = int(seeds[k])
+            out += self._texts(self._post(payload), ask)
+            self.requests += 1
+            k += 1
+        return out
+
+    def requests_for(self, n: int) -> int:
+        """Requests :meth:`complete` sends for ``n`` completions."""
+        return -(-n // self.samples_per_request)

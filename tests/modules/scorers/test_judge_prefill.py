@@ -1,0 +1,56 @@
+"""HFJudge prefills each transcript once for all its votes, with the same votes as prefilling it per vote; its dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modules.algorithms.debate import Transcript, split_reply
+from modules.lm.sampling import Sampling
+from modules.scorers.judges import HFJudge
+
+
+def transcripts() -> list[Transcript]:
+    texts = [(r"2 + 2 = 4, so \boxed{4}.", "Correct."), ("It is 5.", "No: 2 + 2 is 4, not 5, the answer is wrong.")]
+    return [
+        Transcript("What is 2 + 2?", "4", "debate_ab", [split_reply(x, required=False) for x in pair]) for pair in texts
+    ]
+
+
+def judged(judge: HFJudge, share: bool) -> tuple[list[list[str]], torch.Tensor, list[tuple[int, int]]]:
+    """The judge's texts and votes with ``share_prompt=share``, and the (rows, tokens) of every forward it ran."""
+    judge.share_prompt = share
+    judge.load_state_dict({"generator": torch.Generator().manual_seed(7).get_state()})
+    shapes: list[tuple[int, int]] = []
+    hook = judge.model.register_forward_pre_hook(
+        lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        out = judge.vote(transcripts())
+    finally:
+        hook.remove()
+    return out.texts, out.votes, shapes
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1e-4])  # sampled, and greedy in effect
+def test_prefill_once_gives_the_votes_of_prefilling_per_vote(tiny_lm_dir, temperature):
+    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=4, sampling=Sampling(temperature, 1.0, 12))
+    texts, votes, shapes = judged(judge, share=True)
+    before_texts, before_votes, before_shapes = judged(judge, share=False)
+    assert texts == before_texts and torch.equal(torch.isnan(votes), torch.isnan(before_votes))
+    assert torch.equal(votes.nan_to_num(-1), before_votes.nan_to_num(-1))
+    if temperature < 1:
+        assert all(len(set(row)) == 1 for row in texts)  # greedy: every vote the same text
+    else:
+        assert any(len(set(row)) > 1 for row in texts)  # sampled: the votes differ
+    width = before_shapes[0][1]
+    # before: the 2 prompts were prefilled 4 times each; now once each (all but the last token), then 8 rows step
+    assert before_shapes[0] == (8, width) and all(s[1] == 1 for s in before_shapes[1:])
+    assert shapes[0] == (2, width - 1) and shapes[1] == (8, 1) and all(s == (8, 1) for s in shapes[1:])
+
+
+def test_judge_dtype_auto_is_float32_on_cpu_and_bfloat16_with_cuda(tiny_lm_dir, monkeypatch):
+    assert next(HFJudge(tiny_lm_dir, num_votes=1).model.parameters()).dtype == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert next(HFJudge(tiny_lm_dir, num_votes=1).model.parameters()).dtype == torch.bfloat16
+    assert next(HFJudge(tiny_lm_dir, num_votes=1, dtype="float32").model.parameters()).dtype == torch.float32

@@ -1,0 +1,299 @@
+"""The remote judge and oracle against a chat-completions server written here (``http.server`` in a thread).
+
+The server answers from a script of replies (status, body, delay), so each test sets exactly what the client meets:
+normal replies, 5xx and 429 then success, a server past the timeout, garbage bodies and missing fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from modules.algorithms.debate import Transcript, split_reply
+from modules.lm.sampling import Sampling
+from modules.scorers.judges import HFJudge, RemoteJudge
+from modules.scorers.oracle import RemoteJudgeOracle
+from modules.scorers.remote import ChatServer, RemoteServerError
+
+
+def completion(*contents) -> bytes:
+    """An OpenAI chat-completions body with one choice per content."""
+    choices = [{"index": i, "message": {"role": "assistant", "content": c}} for i, c in enumerate(contents)]
+    return json.dumps({"id": "x", "object": "chat.completion", "choices": choices}).encode()
+
+
+class Script:
+    """Replies served in order (the last one repeats), and the requests received."""
+
+    def __init__(self) -> None:
+        self.replies: list[tuple[int, bytes, float]] = []
+        self.requests: list[tuple[dict, dict]] = []
+        self.lock = threading.Lock()
+
+    def next(self) -> tuple[int, bytes, float]:
+        with self.lock:
+            return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+
+
+@pytest.fixture
+def server():
+    script = Script()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            with script.lock:
+                script.requests.append((json.loads(body), dict(self.headers)))
+            status, reply, delay = script.next()
+            time.sleep(delay)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    script.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    yield script
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(5)
+
+
+def transcript(answer: str = r"2 + 2 = 4. \boxed{4}") -> Transcript:
+    replies = [split_reply(x, required=False) for x in (answer, "Looks fine.")]
+    return Transcript("What is 2 + 2?", "4", "debate_ab", replies)
+
+
+def remote_judge(url, tiny_lm_dir, num_votes=3, **server):
+    fields = {"base_url": url, "model": "judge", "retries": 2, "backoff_s": 0.01, "timeout_s": 5.0, **server}
+    return RemoteJudge(
+        fields, tokenizer=str(tiny_lm_dir), chain_of_thought=False, num_votes=num_votes, sampling=Sampling()
+    )
+
+
+def test_remote_judge_sends_hfjudges_prompt_and_reads_the_votes(server, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Alice", "Verdict: Bob", "no idea"), 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir)
+    hf = HFJudge(str(tiny_lm_dir), chain_of_thought=False, num_votes=3)
+    out = judge.vote([transcript(), transcript("5")])
+    assert torch.equal(torch.isnan(out.votes), torch.tensor([[False, False, True]] * 2))
+    assert out.votes[:, :2].tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    assert out.texts[0] == ["Verdict: Alice", "Verdict: Bob", "no idea"]
+    payloads = sorted((p for p, _ in server.requests), key=lambda p: p["messages"][0]["content"])
+    assert len(payloads) == 2 and all(p["model"] == "judge" and p["n"] == 3 for p in payloads)
+    # the user message is HFJudge's request text, built by the same code (the server applies the chat template)
+    assert sorted(p["messages"][0]["content"] for p in payloads) == sorted(
+        hf.user_message(t) for t in (transcript(), transcript("5"))
+    )
+    assert payloads[0]["max_tokens"] == Sampling().max_new_tokens and payloads[0]["temperature"] == 1.0
+
+
+def test_votes_drawn_by_repeated_requests_with_seeds_from_the_judges_generator(server, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Bob"), 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=4, samples_per_request=1)
+    out = judge.vote([transcript()])
+    assert out.votes.tolist() == [[0.0] * 4]
+    assert [p["n"] for p, _ in server.requests] == [1, 1, 1, 1]
+    seeds = [p["seed"] for p, _ in server.requests]
+    assert len(set(seeds)) == 4
+    again = remote_judge(server.url, tiny_lm_dir, num_votes=4, samples_per_request=1)
+    server.requests.clear()
+    again.vote([transcript()])
+    assert [p["seed"] for p, _ in server.requests] == seeds  # same judge seed, same requests
+
+
+def test_500s_and_429_are_retried_until_success(server, tiny_lm_dir):
+    server.replies = [(500, b"boom", 0.0), (429, b"slow down", 0.0), (200, completion("Verdict: Alice"), 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1)
+    assert judge.vote([transcript()]).votes.tolist() == [[1.0]]
+    assert len(server.requests) == 3
+
+
+def test_a_server_that_keeps_failing_raises_naming_the_url(server, tiny_lm_dir):
+    server.replies = [(503, b"overloaded", 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, retries=2)
+    with pytest.raises(RemoteServerError, match=r"127\.0\.0\.1:\d+/v1/chat/completions failed 3 attempts.*HTTP 503"):
+        judge.vote([transcript()])
+    assert len(server.requests) == 3
+
+
+def test_a_refused_request_raises_at_once(server, tiny_lm_dir):
+    server.replies = [(404, b'{"error": "model judge not found"}', 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1)
+    with pytest.raises(RemoteServerError, match=r"/v1/chat/completions refused the request: HTTP 404.*not found"):
+        judge.vote([transcript()])
+    assert len(server.requests) == 1
+
+
+def test_no_server_listening_raises_naming_the_url(tiny_lm_dir):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    judge = remote_judge(f"http://127.0.0.1:{port}/v1", tiny_lm_dir, num_votes=1, retries=1)
+    with pytest.raises(RemoteServerError, match=rf"127\.0\.0\.1:{port}/v1/chat/completions failed 2 attempts"):
+        judge.vote([transcript()])
+
+
+def test_a_reply_past_the_timeout_is_retried(server, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Bob"), 1.0), (200, completion("Verdict: Alice"), 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, timeout_s=0.2)
+    assert judge.vote([transcript()]).votes.tolist() == [[1.0]]  # the late Bob was abandoned
+    assert len(server.requests) == 2
+
+
+def test_a_server_slower_than_the_timeout_raises_in_bounded_time(server, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Bob"), 2.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, timeout_s=0.2, retries=1)
+    start = time.perf_counter()
+    with pytest.raises(RemoteServerError, match=r"failed 2 attempts; the last: .*timed out"):
+        judge.vote([transcript()])
+    assert time.perf_counter() - start < 1.5
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>502 from a proxy</html>",
+        b"",
+        b"{}",
+        b'{"choices": "Verdict: Alice"}',
+        b'{"choices": [{"message": {"content": 1}}, {"message": null}, 7]}',
+        b'{"choices": [{"text": "Verdict: Alice"}]}',
+        b"[1, 2, 3]",
+        b'"Verdict: Alice"',
+    ],
+)
+def test_garbage_replies_are_unparsed_votes_not_crashes(server, tiny_lm_dir, body):
+    server.replies = [(200, body, 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=3)
+    out = judge.vote([transcript()])
+    assert torch.isnan(out.votes).all() and out.unparseable == 3 and out.invalid == 0
+    assert judge.server.malformed == 3 and len(server.requests) == 1  # a 200 garbled is not retried
+
+
+def test_fewer_choices_than_asked_leave_the_rest_unparsed(server, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Alice"), 0.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=3)
+    out = judge.vote([transcript()])
+    assert out.votes[0, 0].item() == 1.0 and torch.isnan(out.votes[0, 1:]).all()
+    assert judge.server.malformed == 2
+
+
+def test_api_key_comes_from_the_named_variable_and_is_never_stored(server, tiny_lm_dir, monkeypatch):
+    server.replies = [(200, completion("Verdict: Alice"), 0.0)]
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", "sekrit-123")
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, api_key_env="JUDGE_KEY_FOR_TEST")
+    judge.vote([transcript()])
+    assert server.requests[0][1]["Authorization"] == "Bearer sekrit-123"
+    assert b"sekrit-123" not in pickle.dumps(judge.server) and b"sekrit-123" not in pickle.dumps(judge.state_dict())
+    monkeypatch.delenv("JUDGE_KEY_FOR_TEST")
+    with pytest.raises(ValueError, match="JUDGE_KEY_FOR_TEST"):
+        judge.vote([transcript()])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"base_url": "judge-host:8000/v1"}, "base_url must start with http"),
+        ({"model": ""}, "server.model"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": math.inf}, "timeout_s"),
+        ({"retries": -1}, "retries"),
+        ({"samples_per_request": 0}, "samples_per_request"),
+    ],
+)
+def test_bad_server_settings_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ChatServer(**{"base_url": "http://h/v1", "model": "m", **fields})
+
+
+def test_remote_oracle_reads_letters_and_leaves_unread_queries_out(server, tiny_lm_dir):
+    fields = {"base_url": server.url, "model": "judge", "retries": 0, "timeout_s": 5.0}
+    oracle = RemoteJudgeOracle(fields, tokenizer=str(tiny_lm_dir), samples=4, max_concurrency=1)
+    server.replies = [
+        (200, completion("A", " B.", "Response A", "not sure"), 0.0),  # 2 of 3 read say A
+        (200, b"garbage", 0.0),  # nothing reads: NaN
+    ]
+    p = oracle.first_wins_probability(["q1", "q2"], ["a1", "a2"], ["b1", "b2"], None)
+    assert p[0].item() == pytest.approx(2 / 3) and math.isnan(p[1].item())
+    assert server.requests[0][0]["messages"][0]["content"] == oracle.prompt("q1", "a1", "b1")
+    server.replies = [(200, b"{}", 0.0)]
+    labels = oracle.label(["q"], ["a"], ["b"])
+    assert math.isnan(labels[0].item()) and oracle.invalid_verdicts == 1 and oracle.unlabelled_rows == 1
+
+
+@pytest.fixture(scope="module")
+def transformers_serve(tiny_lm_dir):
+    """``transformers serve`` (its ``serving`` extra) on a free local port, serving the tiny Qwen2 folder, offline."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    for module in ("fastapi", "uvicorn"):
+        pytest.importorskip(module, reason="transformers serve needs its extra: pip install transformers[serving]")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cli = Path(sys.executable).parent / "transformers"
+    command = [str(cli), "serve", str(tiny_lm_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited with {proc.returncode}: {proc.stdout.read().decode()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("transformers serve did not answer /health within 90 s")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow  # transformers serve takes ~30 s to start on CPU
+def test_remote_judge_and_oracle_against_transformers_serve(transformers_serve, tiny_lm_dir):
+    # transformers serve ignores n: one completion per request
+    fields = {"base_url": transformers_serve, "model": str(tiny_lm_dir), "samples_per_request": 1, "timeout_s": 60}
+    judge = RemoteJudge(fields, chain_of_thought=False, num_votes=2, sampling=Sampling(max_new_tokens=8))
+    out = judge.vote([transcript()])
+    assert judge.server.requests == 2 and judge.server.malformed == 0
+    assert len(out.texts[0]) == 2 and all(isinstance(t, str) for t in out.texts[0])
+    expected = [judge.read_vote(t) for t in out.texts[0]]
+    assert torch.equal(torch.isnan(out.votes[0]), torch.isnan(torch.tensor(expected)))
+    oracle = RemoteJudgeOracle(fields, samples=1)
+    p = oracle.first_wins_probability(["q"], ["a"], ["b"], None)
+    assert oracle.server.requests == 1 and oracle.server.malformed == 0 and p.shape == (1,)
