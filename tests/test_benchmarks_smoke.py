@@ -23,6 +23,7 @@ def _sharded_generate(script: str) -> tuple[dict, str]:
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{"))), proc.stdout
 
 
+@pytest.mark.distributed
 def test_zero3_generate_gathers_each_parameter_once_per_call():
     """benchmarks/zero3_generate.py on 2 CPU processes: the families' ZeRO-3 gathering partitions every parameter once
     per generate call, while DeepSpeed's own hooks (with or without GatheredParameters around the call) partition
@@ -35,6 +36,7 @@ def test_zero3_generate_gathers_each_parameter_once_per_call():
     assert stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_module=")
 
 
+@pytest.mark.distributed
 def test_fsdp2_generate_gathers_each_unit_once_per_call():
     """benchmarks/fsdp2_generate.py on 2 CPU processes: under the families' FSDP2 gathering each fully_shard unit is
     all-gathered once per generate call, while FSDP2's own hooks gather every block again for every token; both give
