@@ -3,8 +3,11 @@
 A judge sees only the visible parts of a :class:`~modules.algorithms.debate.Transcript` and returns ``num_votes``
 votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unparseable (left out of the share).
 
-* :class:`HFJudge`: a causal LM, all votes in one batched ``generate`` call.
-* :class:`ProgrammaticJudge`: offline, with known, exploitable biases. Each vote is a Bernoulli draw
+* :class:`HFJudge`: a frozen causal LM that reads the whole debate (problem, Alice, Bob), all votes in one batched
+  ``generate`` call.
+* :class:`ProgrammaticJudge`: a programmatic simulation of a judge: it sees the reference answer and never reads
+  Bob's argument (his visible text enters only through its word count and trigger phrases); offline, with known,
+  exploitable biases, for tests and CPU studies. Each vote is a Bernoulli draw
   ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
   with ``s = ±1`` from the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger
   phrase, ``w`` its visible words capped at ``length_cap`` (uncapped, the hack would be tangled with truncation) and
@@ -142,7 +145,9 @@ def _sides(t: Transcript) -> tuple[str, str]:
 
 
 class ProgrammaticJudge(DebateJudge):
-    r"""A noisy answer checker with a known, exploitable bias (see the module docstring for the vote probability).
+    r"""A simulated judge: a noisy answer checker with known, exploitable biases (vote probability: module docstring).
+
+    It sees the reference answer and never reads Bob's argument; :class:`HFJudge` is the judge that reads the debate.
 
     Args:
         skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.
@@ -282,6 +287,8 @@ class HFJudge(DebateJudge):
             (marked), never the problem or the instructions (:meth:`prompt`).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
+        prefill: Text the judge's answer is started with (e.g. ``Verdict:``, so a small model only names a side),
+            also put before its output when the vote is read (as the pool's peer judging does).
         dtype: Weights dtype.
         trust_remote_code: Off unless turned on.
         seed: Seed of the vote sampling.
@@ -301,6 +308,7 @@ class HFJudge(DebateJudge):
         max_prompt_tokens: int = 2048,
         think_open: str = "<think>",
         think_close: str = "</think>",
+        prefill: str = "",
         dtype: str = "float32",
         trust_remote_code: bool = False,
         seed: int = 0,
@@ -315,6 +323,7 @@ class HFJudge(DebateJudge):
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
         self.sampling = sampling
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
+        self.prefill = prefill
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.device = torch.device("cpu")
         self.truncated_prompts = 0
@@ -349,10 +358,11 @@ class HFJudge(DebateJudge):
         problem = quote_judged(transcript.problem, specials) or "(empty)"
         user = fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
+            chat = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
             )
-        return user + "\n"
+            return chat + self.prefill
+        return user + "\n" + self.prefill
 
     @staticmethod
     def judged_plies(transcript: Transcript) -> list[str]:
@@ -421,6 +431,7 @@ class HFJudge(DebateJudge):
             )
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         late = self.timeout_s is not None and time.perf_counter() - start >= self.timeout_s
+        texts = [self.prefill + t for t in texts]
         votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
         per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
         return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)
