@@ -10,6 +10,16 @@ import train
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
+
+def _smollm2(path):
+    with open(path, encoding="utf-8") as f:
+        return "builtin:smollm2-135m-instruct" in f.read()
+
+
+# Configs on the pretrained SmolLM2 (a wheel download and conversion on first use, minutes a run on 2 cores): their
+# fast_dev_run is in the slow set; the default set checks that each parses and names no Qwen system message.
+SMOLLM2 = [c for c in CONFIGS if _smollm2(c)]
+
 # deep-SMIDA refuses an untrained utility unless asked by name; a smoke run asks (no ensemble is trained first)
 UNTRAINED = "--model.init_args.utility.init_args.allow_untrained=true"
 # Small data so a smoke run stays fast; paths that a config expects from an earlier job point at test fixtures.
@@ -79,16 +89,45 @@ SMALL = {
         for algorithm in ("dpo", "grpo")
         for start in ("", "_competent")
     },
+    "deep_smida_smollm2.yaml": [UNTRAINED],
+    **{
+        f"{name}_smollm2.yaml": ["--model.init_args.preference.init_args.allow_untrained=true"]
+        for name in ("nlhf", "slhf")
+    },
 }
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(c, marks=pytest.mark.slow) if c in SMOLLM2 else c for c in CONFIGS],
+    ids=os.path.basename,
+)
 def test_config_runs_fast_dev_run(config, tmp_path, monkeypatch, tiny_lm_dir):
     monkeypatch.chdir(tmp_path)
     extra = [a.format(tiny_lm_dir=tiny_lm_dir) for a in SMALL.get(os.path.basename(config), [])]
     cli = train.main(["fit", "--config", config, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu", *extra])
     assert cli.trainer.state.finished
     assert cli.trainer.global_step > 0
+
+
+def test_smollm2_configs_are_found():
+    names = {os.path.basename(c) for c in SMOLLM2}
+    expected = {"grpo", "debate", "pool", "deep_smida", "nlhf", "slhf", "preference_ensemble"}
+    assert names == {f"{n}_smollm2.yaml" for n in expected}
+
+
+@pytest.mark.parametrize("config", SMOLLM2, ids=os.path.basename)
+def test_smollm2_config_parses_without_a_qwen_system_message(config, capsys):
+    """Each SmolLM2 config parses (``--print_config``: nothing is loaded), and no family default puts "You are Qwen"
+    into a prompt of this Llama model."""
+    with pytest.raises(SystemExit) as done:
+        train.main(["fit", "--config", config, "--print_config"])
+    assert done.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "name_or_path: builtin:smollm2-135m-instruct" in out
+    assert "Qwen" not in out
+    assert ("system_prompt:" in out) == ("PreferenceEnsemble" not in out)  # every policy family states its own
+    assert "dtype: float32" in out
 
 
 def test_help_reads_as_the_manual(capsys):

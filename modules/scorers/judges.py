@@ -3,9 +3,12 @@
 A judge sees only the visible parts of a :class:`~modules.algorithms.debate.Transcript` and returns ``num_votes``
 votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unparseable (left out of the share).
 
-* :class:`HFJudge`: a causal LM, all votes in one batched ``generate`` call, each prompt prefilled once.
+* :class:`HFJudge`: a frozen causal LM that reads the whole debate (problem, Alice, Bob), all votes in one batched
+  ``generate`` call, each prompt prefilled once.
 * :class:`RemoteJudge`: the same prompt, sent to an OpenAI-compatible chat-completions server.
-* :class:`ProgrammaticJudge`: offline, with known, exploitable biases. Each vote is a Bernoulli draw
+* :class:`ProgrammaticJudge`: a programmatic simulation of a judge: it sees the reference answer and never reads
+  Bob's argument (his visible text enters only through its word count and trigger phrases); offline, with known,
+  exploitable biases, for tests and CPU studies. Each vote is a Bernoulli draw
   ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
   with ``s = ±1`` from the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger
   phrase, ``w`` its visible words capped at ``length_cap`` (uncapped, the hack would be tangled with truncation) and
@@ -147,7 +150,9 @@ def _sides(t: Transcript) -> tuple[str, str]:
 
 
 class ProgrammaticJudge(DebateJudge):
-    r"""A noisy answer checker with a known, exploitable bias (see the module docstring for the vote probability).
+    r"""A simulated judge: a noisy answer checker with known, exploitable biases (vote probability: module docstring).
+
+    It sees the reference answer and never reads Bob's argument; :class:`HFJudge` is the judge that reads the debate.
 
     Args:
         skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.
@@ -303,6 +308,8 @@ class PromptedJudge(DebateJudge):
             (marked), never the problem or the instructions (:meth:`prompt`).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
+        prefill: Text the judge's answer is started with (e.g. ``Verdict:``, so a small model only names a side),
+            also put before its output when the vote is read (as the pool's peer judging does).
         seed: Seed of the vote sampling.
         timeout_s: Seconds per batch (see :meth:`DebateJudge.vote`).
     """
@@ -319,6 +326,7 @@ class PromptedJudge(DebateJudge):
         max_prompt_tokens: int = 2048,
         think_open: str = "<think>",
         think_close: str = "</think>",
+        prefill: str = "",
         seed: int = 0,
         timeout_s: float | None = None,
     ) -> None:
@@ -331,6 +339,7 @@ class PromptedJudge(DebateJudge):
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
         self.sampling = sampling
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
+        self.prefill = prefill
         self.truncated_prompts = 0
 
     def user_message(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
@@ -361,10 +370,11 @@ class PromptedJudge(DebateJudge):
         """:meth:`user_message` in the chat template (with the generation prompt), or plain with a newline."""
         user = self.user_message(transcript, texts)
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
+            chat = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
             )
-        return user + "\n"
+            return chat + self.prefill
+        return user + "\n" + self.prefill
 
     @staticmethod
     def judged_plies(transcript: Transcript) -> list[str]:
@@ -436,6 +446,7 @@ class HFJudge(PromptedJudge):
         max_prompt_tokens: int = 2048,
         think_open: str = "<think>",
         think_close: str = "</think>",
+        prefill: str = "",
         dtype: str = "auto",
         trust_remote_code: bool = False,
         seed: int = 0,
@@ -450,8 +461,9 @@ class HFJudge(PromptedJudge):
             max_prompt_tokens,
             think_open,
             think_close,
-            seed,
-            timeout_s,
+            prefill=prefill,
+            seed=seed,
+            timeout_s=timeout_s,
         )
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.device = torch.device("cpu")
@@ -508,6 +520,7 @@ class HFJudge(PromptedJudge):
             )
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         late = self.timeout_s is not None and time.perf_counter() - start >= self.timeout_s
+        texts = [self.prefill + t for t in texts]
         votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
         per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
         return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)
@@ -557,8 +570,8 @@ class RemoteJudge(PromptedJudge):
             max_prompt_tokens,
             think_open,
             think_close,
-            seed,
-            timeout_s,
+            seed=seed,
+            timeout_s=timeout_s,
         )
         from modules.lm.models import load_tokenizer
 

@@ -259,6 +259,56 @@ def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
     assert m.counters["judge_unparseable"] == int(trainer.callback_metrics["train/judge_unparseable"])
 
 
+def test_llm_judge_reads_bob_and_his_critique_moves_its_vote(tiny_lm_dir):
+    """The LM judge reads the whole debate, Bob included: his critique changes the judge's input and, with a scripted
+    reader in place of ``generate`` (Bob when the input it is given holds his flagged mistake), the votes."""
+    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=3, sampling=Sampling(max_new_tokens=4))
+    tok = judge.tokenizer
+    answer = "2 + 3 = 6, so \\boxed{6}."
+    critiques = {"quiet": "Looks fine to me.", "flagged": "The sum 2 + 3 is 5, not 6: an off-by-one slip."}
+    seen = []
+
+    def scripted_generate(input_ids, attention_mask, num_return_sequences, **kw):
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):
+            text = tok.decode(ids[mask.bool()], skip_special_tokens=False)
+            seen.append(text)
+            verdict = "Verdict: Bob" if "off-by-one slip" in text else "Verdict: Alice"
+            rows += [ids.tolist() + tok(verdict, add_special_tokens=False)["input_ids"]] * num_return_sequences
+        width = max(map(len, rows))
+        return torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+
+    judge.model.generate = scripted_generate
+    games = {
+        k: Transcript(PROBLEMS[0], "5", "debate_ab", [split_reply(answer), split_reply(c)])
+        for k, c in critiques.items()
+    }
+    out = judge.vote([games["quiet"], games["flagged"]])
+    assert len(seen) == 2 and seen[0] != seen[1]
+    for text, critique in zip(seen, critiques.values()):
+        assert answer in text and critique in text and "Bob's critique:" in text
+    assert out.votes.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    assert out.verdicts == ["alice", "bob"]
+
+
+def test_llm_judge_prefill_starts_its_answer_and_is_read_with_it(tiny_lm_dir):
+    """``prefill`` ends the judge's prompt, and a continuation that only names a side (`` Bob``) is read with it."""
+    judge = HFJudge(
+        tiny_lm_dir, chain_of_thought=False, prefill="Verdict:", num_votes=2, sampling=Sampling(max_new_tokens=2)
+    )
+    tok = judge.tokenizer
+    game = Transcript(PROBLEMS[0], "5", "debate_ab", [split_reply("2 + 3 = 6, so \\boxed{6}."), split_reply("No.")])
+    assert judge.prompt(game).endswith("<|im_start|>assistant\nVerdict:")
+
+    def scripted_generate(input_ids, attention_mask, num_return_sequences, **kw):
+        tail = tok(" Bob", add_special_tokens=False)["input_ids"]
+        return torch.tensor([ids.tolist() + tail for ids in input_ids for _ in range(num_return_sequences)])
+
+    judge.model.generate = scripted_generate
+    out = judge.vote([game])
+    assert out.votes.tolist() == [[0.0, 0.0]] and out.texts == [["Verdict: Bob", "Verdict: Bob"]]
+
+
 def test_full_fine_tuning_option(tiny_lm_dir):
     m = _module(tiny_lm_dir, "debate_ab", players="separate")
     params = m.bank.player_parameters("policy")
