@@ -1,4 +1,4 @@
-"""Grouped decoding: G samples per prompt that read each prompt's KV cache once (cascade attention).
+"""Decoding that reads each prompt once for its samples: grouped cascade attention, and a prefilled prompt cache.
 
 :func:`grouped_prefix_attention` is registered with transformers' attention interface; :class:`PolicyBank` switches a
 decode to it for sampled groups (see ``PolicyBank.grouped_decode``).
@@ -6,6 +6,7 @@ decode to it for sampled groups (see ``PolicyBank.grouped_decode``).
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "grouped_prefix_attention",
     "next_tokens",
     "preallocated_cache",
+    "shared_prompt_cache",
 ]
 
 GROUPED_ATTENTION = "alignment_games_grouped_prefix"
@@ -203,3 +205,19 @@ def _register_grouped_attention(name: str = GROUPED_ATTENTION, function: Any = N
 def _no_mask(*args: Any, **kwargs: Any) -> None:
     """The mask of the cascade attentions: none (their masks travel with their caches)."""
     return None
+
+
+def shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> dict[str, Any]:
+    """``generate``'s cache argument: the prompts' cache but for their last token, each prefilled once, ``copies`` rows.
+
+    As :meth:`modules.lm.policy_bank.PolicyBank.generate` shares a prompt among its samples on its ``generate`` path:
+    positions from the (left-padded) mask, then ``batch_repeat_interleave``; ``generate`` runs the last token.
+    """
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
+    out = model(
+        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1
+    )
+    cache = getattr(out, name)
+    cache.batch_repeat_interleave(copies)
+    return {name: cache}

@@ -20,7 +20,6 @@ votes other than 0, 1 or NaN become NaN (counted in ``invalid``).
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import time
@@ -37,6 +36,7 @@ from typing_extensions import override
 from modules.algorithms.answers import answers_match
 from modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
 from modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
+from modules.lm.decoding import shared_prompt_cache
 from modules.lm.sampling import Sampling
 from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from modules.scorers.quoting import fit_judged, quote_judged
@@ -262,22 +262,6 @@ class ProgrammaticJudge(DebateJudge):
         return JudgeVotes((u < p.unsqueeze(1)).float(), [[] for _ in transcripts])
 
 
-def _shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> dict[str, Any]:
-    """``generate``'s cache argument: the prompts' cache but for their last token, each prefilled once, ``copies`` rows.
-
-    As :meth:`modules.lm.policy_bank.PolicyBank.generate` shares a prompt among its samples on its ``generate`` path:
-    positions from the (left-padded) mask, then ``batch_repeat_interleave``; ``generate`` runs the last token.
-    """
-    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-    pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
-    out = model(
-        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1
-    )
-    cache = getattr(out, name)
-    cache.batch_repeat_interleave(copies)
-    return {name: cache}
-
-
 JUDGE_TEMPLATE = (
     "You are the judge of a math debate. Decide whether Alice's FINAL answer to the problem is correct; judge the "
     "final answer, not the style.\n\nProblem:\n{problem}\n\n{transcript}\n\n{instructions}"
@@ -497,7 +481,7 @@ class HFJudge(PromptedJudge):
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             if self.share_prompt and width > 1:
-                extra = _shared_prompt_cache(self.model, *rows, self.num_votes)
+                extra = shared_prompt_cache(self.model, *rows, self.num_votes)
                 rows = tuple(x.repeat_interleave(self.num_votes, dim=0) for x in rows)
             # the prefill above counts against the time limit too
             limit = (

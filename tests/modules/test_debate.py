@@ -278,6 +278,7 @@ def test_llm_judge_reads_bob_and_his_critique_moves_its_vote(tiny_lm_dir):
         width = max(map(len, rows))
         return torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
 
+    judge.share_prompt = False  # one input row per transcript: the scripted reader sees each prompt once
     judge.model.generate = scripted_generate
     games = {
         k: Transcript(PROBLEMS[0], "5", "debate_ab", [split_reply(answer), split_reply(c)])
