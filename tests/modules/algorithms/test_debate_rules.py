@@ -498,7 +498,8 @@ def test_hf_judge_samples_all_votes_in_one_generate_call(tiny_lm_dir):
     assert "Alice's solution:\n> 5 + 7 = 12" in prompt and "Bob's critique:\n> wrong!" in prompt  # quoted
     assert "Alice's rebuttal" not in prompt and "(empty)" in judge.render(ts[1])
     v = judge(ts)
-    assert calls == [3] and v.votes.shape == (3, 8) and len(v.texts) == 3 and all(len(x) == 8 for x in v.texts)
+    # one generate call: the 3 prompts prefilled once, their caches copied to 8 vote rows each
+    assert calls == [24] and v.votes.shape == (3, 8) and len(v.texts) == 3 and all(len(x) == 8 for x in v.texts)
     # A random tiny model writes no verdict: every vote is counted as unparseable and the share is a 0.5 tie.
     assert v.unparseable == int(torch.isnan(v.votes).sum()) and all(0.0 <= s <= 1.0 for s in v.shares)
 
