@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import re
@@ -367,10 +368,12 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
     """Compare every output of the run folder ``resumed`` with the uninterrupted run's ``reference``.
 
     Checkpoints (``*.ckpt``) are loaded and compared value by value (every tensor bitwise, every plain value
-    exactly); other files byte for byte (``config.yaml`` without its ``ckpt_path`` line); the logged numbers of the
-    stages (``<stage>.metrics.csv``, merged) against the reference's, as text, so to the last digit.
+    exactly); JSON files value by value, each run folder's own path read as ``<RUN>`` (an export records its
+    base's absolute path); other files byte for byte (``config.yaml`` without its ``ckpt_path`` line); the logged
+    numbers of the stages (``<stage>.metrics.csv``, merged) against the reference's, as text, so to the last digit.
     """
     report = Report()
+    roots = (str(reference), str(resumed))
     ref_files, res_files = _output_files(reference), _output_files(resumed)
     for rel in sorted(set(ref_files) | set(res_files)):
         if rel not in ref_files or rel not in res_files:
@@ -390,7 +393,7 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
             for ckpt in (x, y):  # the recorded config (callbacks/run_config.py) says `ckpt_path: last` when resumed
                 if isinstance(ckpt.get("run_config"), str):
                     ckpt["run_config"] = re.sub(r"(?m)^ckpt_path: .*\n?", "", ckpt["run_config"])
-            _compare_objects(x, y, rel, report, (str(reference), str(resumed)))
+            _compare_objects(x, y, rel, report, roots)
             report.files += 1
             continue
         report.files += 1
@@ -399,6 +402,8 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
             x.pop("ckpt_path", None), y.pop("ckpt_path", None)
             if x != y:
                 report.differences.append(f"{rel}: the resolved configs differ")
+        elif rel.endswith(".json"):  # values compared, the two run folders' own paths read as one (<RUN>)
+            _compare_objects(json.loads(a.read_text()), json.loads(b.read_text()), rel, report, roots)
         elif a.read_bytes() != b.read_bytes():
             report.differences.append(f"{rel}: contents differ")
     ref_rows = _read_rows([reference / "reference.metrics.csv"])
