@@ -2,10 +2,11 @@
 
 Two processes resuming the same run (``fit --ckpt_path last`` twice) would otherwise both run to the end, write
 their checkpoints and logs into one folder and recover each other's half-written saves. The first process to start
-writing creates the lock file with ``O_EXCL`` (of two starters exactly one succeeds); any other is refused, naming
-the folder and the owner, while the owner lives. A lock whose pid is gone on this host (a run killed with SIGKILL or
-by a crash) is stale and taken over. The owner's liveness cannot be checked from another host: a lock naming another
-host is refused with the file to remove once that process is known to be gone.
+writing links its whole lock file into place (``link`` fails on an existing name, so of two starters exactly one
+succeeds, and nobody reads a half-written lock); any other is refused, naming the folder and the owner, while the
+owner lives. A lock whose pid is gone on this host (a run killed with SIGKILL or by a crash) is stale and taken over.
+The owner's liveness cannot be checked from another host: a lock naming another host is refused with the file to
+remove once that process is known to be gone.
 """
 
 from __future__ import annotations
@@ -130,6 +131,33 @@ def _take_over(path: str, stale: str) -> None:
     os.remove(aside)
 
 
+def _publish(path: str, text: str) -> bool:
+    """Create the lock file at ``path`` holding ``text`` whole, unless one exists (then ``False``).
+
+    The text is written to a private file first and hard-linked into place: ``link`` fails when the name exists, like
+    ``O_EXCL``, and a starter that loses never reads a lock file that its owner has created but not yet written.
+    """
+    draft = f"{path}.draft-{os.getpid()}"
+    with open(draft, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: exclusive create, then write
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    finally:
+        os.remove(draft)
+    return True
+
+
 @dataclass
 class RunFolderLock:
     """A held lock on a run folder; :meth:`release` (or leaving the ``with`` block) gives it up.
@@ -159,22 +187,15 @@ class RunFolderLock:
         path = os.path.join(folder, LOCK_NAME)
         me = LockOwner.me()
         for _ in range(5):  # each pass either wins, is refused, or clears a stale lock for the next pass
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                text = _read(path)
-                if text is None:
-                    continue  # released between the two calls: try again
-                owner = LockOwner.parse(text)
-                if owner is None or _alive(owner):
-                    raise _refusal(folder, path, owner, text) from None
-                _take_over(path, text)
-                continue
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(me.text())
-                f.flush()
-                os.fsync(f.fileno())
-            return cls(folder, path, created, me)
+            if _publish(path, me.text()):
+                return cls(folder, path, created, me)
+            text = _read(path)
+            if text is None:
+                continue  # released between the two calls: try again
+            owner = LockOwner.parse(text)
+            if owner is None or _alive(owner):
+                raise _refusal(folder, path, owner, text) from None
+            _take_over(path, text)
         raise RunFolderInUse(f"run folder {folder}: its lock {path} kept changing hands; another process is starting")
 
     def held(self) -> bool:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from modules.training.run_lock import LOCK_NAME, RunFolderInUse, RunFolderLock, _take_over, live_owner
+from modules.training.run_lock import LOCK_NAME, LockOwner, RunFolderInUse, RunFolderLock, _take_over, live_owner
 
 HOST = socket.gethostname()
 
@@ -142,3 +142,47 @@ def test_of_several_processes_starting_at_once_exactly_one_wins(tmp_path):
     winners = [pid for kind, pid in outcomes if kind == "won"]
     assert len(winners) == 1, outcomes
     assert all(kind == "refused" and f"in use by pid {winners[0]}" in why for kind, why in outcomes if kind != "won")
+
+
+def _watch(path: str, stop, seen) -> None:
+    """Read ``path`` until ``stop``; report every text that exists but names no process."""
+    bad = set()
+    while not stop.is_set():
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            continue
+        if LockOwner.parse(text) is None:
+            bad.add(text)
+    seen.put(sorted(bad))
+
+
+def test_a_lock_file_is_never_seen_before_its_owner_is_written(tmp_path):
+    # a starter that read an empty lock refused "names no process" where it should have named the winner
+    ctx = multiprocessing.get_context("fork")
+    stop, seen = ctx.Event(), ctx.Queue()
+    watcher = ctx.Process(target=_watch, args=(str(tmp_path / LOCK_NAME), stop, seen))
+    watcher.start()
+    try:
+        for _ in range(300):
+            RunFolderLock.acquire(tmp_path).release()
+    finally:
+        stop.set()
+        bad = seen.get(timeout=60)
+        watcher.join(timeout=60)
+    assert bad == []
+    assert os.listdir(tmp_path) == []  # no draft left behind
+
+
+def test_without_hard_links_the_lock_is_created_exclusively(tmp_path, monkeypatch, live_pid):
+    def no_link(src, dst):
+        raise PermissionError(1, "Operation not permitted", dst)
+
+    monkeypatch.setattr(os, "link", no_link)
+    with RunFolderLock.acquire(tmp_path / "a") as lock:
+        assert json.loads(open(lock.path).read()) == {"pid": os.getpid(), "host": HOST}
+        assert os.listdir(tmp_path / "a") == [LOCK_NAME]
+    (tmp_path / LOCK_NAME).write_text(_lock_text(live_pid))
+    with pytest.raises(RunFolderInUse, match=f"in use by pid {live_pid}"):
+        RunFolderLock.acquire(tmp_path)
