@@ -42,21 +42,21 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
-from callbacks.progress import progress_bar
-from callbacks.run_config import RunConfigRecord
-from modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
-from modules.distributed.launch import follow_the_launcher
-from modules.training.artifacts import recover_folder
-from modules.training.checkpoints import (
+from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
+from alignment_games.callbacks.progress import progress_bar
+from alignment_games.callbacks.run_config import RunConfigRecord
+from alignment_games.modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
+from alignment_games.modules.distributed.launch import follow_the_launcher
+from alignment_games.modules.training.artifacts import recover_folder
+from alignment_games.modules.training.checkpoints import (
     check_checkpoint_matches,
     check_checkpoint_source,
     check_resume_config,
     read_checkpoint,
     read_checkpoint_or_explain,
 )
-from modules.training.registry import data_families, model_families
-from modules.training.run_lock import RunFolderLock, live_owner
+from alignment_games.modules.training.registry import data_families, model_families
+from alignment_games.modules.training.run_lock import RunFolderLock, live_owner
 
 _LAST = re.compile(r"^last(-\d+)?\.ckpt$")
 _INTERRUPTED = re.compile(r"^\.(?P<name>last(-\d+)?\.ckpt)\.(previous|partial)$")
@@ -473,7 +473,7 @@ def dispatch(args: list[str] | None = None) -> bool:
     args = sys.argv[1:] if args is None else args
     if not args or args[0] != "export":
         return False
-    from modules.training.export import export_command
+    from alignment_games.modules.training.export import export_command
 
     export_command(args[1:])
     return True

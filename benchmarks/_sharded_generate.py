@@ -29,7 +29,7 @@ def run_on_two_processes(worker: Callable[..., None], args: argparse.Namespace) 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch.multiprocessing as mp
 
-    from modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
 
     policy = build_tiny_causal_lm(os.path.join(args.workdir, "policy"), config=POLICY, seed=0)
     ctx = mp.get_context("spawn")

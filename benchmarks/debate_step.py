@@ -31,12 +31,12 @@ def worker(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from datamodules.debate import DebateDataModule
-    from modules.debate import DebateSelfPlay
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.models import build_tiny_causal_lm
-    from modules.lm.sampling import Sampling
-    from modules.scorers.judges import HFJudge, ProgrammaticJudge
+    from alignment_games.datamodules.debate import DebateDataModule
+    from alignment_games.modules.debate import DebateSelfPlay
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.judges import HFJudge, ProgrammaticJudge
 
     tiny = os.path.join(tempfile.gettempdir(), "ag_bench_tiny")
     policy = args.policy or build_tiny_causal_lm(

@@ -29,12 +29,12 @@ def worker(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from datamodules.prompts import PromptDataModule
-    from modules.deep_smida import DeepSMIDA
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.models import build_tiny_causal_lm
-    from modules.lm.sampling import Sampling
-    from modules.scorers.utility import EnsembleUtility
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.utility import EnsembleUtility
 
     policy = args.policy or build_tiny_causal_lm(
         os.path.join(tempfile.gettempdir(), "ag_bench_tiny"),

@@ -38,9 +38,9 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.device_mesh import init_device_mesh
 
-    from modules.distributed.sharding import parameter_gathering
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.distributed.sharding import parameter_gathering
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)

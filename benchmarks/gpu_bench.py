@@ -310,7 +310,7 @@ def _policy_folder(cfg: dict, dtype) -> str:
     """A random model of ``cfg``'s shape with the suite's byte tokenizer, saved in bf16 (a 1.5B model: 3 GB)."""
     import torch
 
-    from modules.lm.models import build_byte_tokenizer
+    from alignment_games.modules.lm.models import build_byte_tokenizer
 
     tok = build_byte_tokenizer()
     folder = tempfile.mkdtemp(prefix="ag_gpu_policy_")
@@ -330,11 +330,11 @@ def section_deep_smida(args, out: _Partial) -> None:
     torch, device, dtype = _setup(args)
     import lightning as L
 
-    from datamodules.prompts import PromptDataModule
-    from modules.deep_smida import DeepSMIDA
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.sampling import Sampling
-    from modules.scorers.utility import EnsembleUtility
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.utility import EnsembleUtility
 
     # The Qwen tokenizer is not on the machine: the same architecture with the byte tokenizer (vocabulary 260), so
     # that sampled ids decode to text the utility reads; the 151,936-entry projection is measured by real_shape.
@@ -401,8 +401,8 @@ def section_grouped_decode(args, out: _Partial) -> None:
     decode (one copy per group; the CPU default, opt-in on GPU until measured here): seconds per call and whether the
     tokens agree (same seed; GPU kernels may round differently, so agreement is recorded, not required)."""
     torch, device, dtype = _setup(args)
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
     bank = PolicyBank(ModelConfig(folder, lora_r=8, lora_alpha=16, dtype=args.dtype), players=["policy"]).to(device)

@@ -53,7 +53,7 @@ def host() -> dict:
 
 def transcripts(count: int, words: int) -> list:
     """``count`` debate transcripts whose answer and critique hold about ``words`` words each (distinct per row)."""
-    from modules.algorithms.debate import Transcript, split_reply
+    from alignment_games.modules.algorithms.debate import Transcript, split_reply
 
     out = []
     for i in range(count):
@@ -66,9 +66,9 @@ def transcripts(count: int, words: int) -> list:
 def run(shape: str, args) -> dict:
     import torch
 
-    from modules.lm.models import build_tiny_causal_lm
-    from modules.lm.sampling import Sampling
-    from modules.scorers.judges import HFJudge
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.judges import HFJudge
 
     config = dict(SHAPES[shape])
     if shape == "q05b":

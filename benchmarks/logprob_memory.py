@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
 
-    from modules.lm.logprobs import chunk_tokens_for
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.models import build_tiny_causal_lm
-    from modules.lm.policy_bank import PolicyBank, Rollout
+    from alignment_games.modules.lm.logprobs import chunk_tokens_for
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
 
     shape = {**(TINY if args.tiny else QWEN25_05B), "num_hidden_layers": args.layers}
     rows, tokens, width = (2, 16, 4) if args.tiny else (args.rows, args.tokens, args.prompt_tokens)

@@ -35,9 +35,9 @@ def worker(args) -> dict:
     import psutil
     import torch
 
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.models import load_model, load_tokenizer
-    from modules.pool import StackelbergPool
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.models import load_model, load_tokenizer
+    from alignment_games.modules.pool import StackelbergPool
 
     lm = ModelConfig(name_or_path=args.model, lora_r=args.lora_r, lora_alpha=2 * args.lora_r, dtype=args.dtype)
     # pay the one-off costs (lazy imports, kernels, tokenizer code) before measuring, then drop the warm-up model
@@ -90,7 +90,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     if args.model is None:
-        from modules.lm.models import build_tiny_causal_lm
+        from alignment_games.modules.lm.models import build_tiny_causal_lm
 
         args.model = build_tiny_causal_lm(os.path.join(tempfile.gettempdir(), "ag_pool_mem_tiny"), config=TINY)
     results = {}

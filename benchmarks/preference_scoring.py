@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _pairs(n: int):
-    from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+    from alignment_games.datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
 
     rng = random.Random(0)
     xs, ya, yb = [], [], []
@@ -40,8 +40,8 @@ def worker(variant: str, pairs: int, members: int, threads: int, repeats: int) -
     import torch
 
     torch.set_num_threads(threads)
-    from datamodules.preference import PreferenceDataModule
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.datamodules.preference import PreferenceDataModule
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     sharing = "frozen" if variant.startswith("shared") else "separate"
     cache = variant == "shared_cached"

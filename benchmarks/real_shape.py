@@ -64,8 +64,8 @@ G = 4
 
 def prepare(args) -> dict:
     """The policy, two reward models, a small decoder for the utility, and the prompts, on disk (reused if present)."""
-    from datamodules.arithmetic import generate_problems
-    from modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
+    from alignment_games.datamodules.arithmetic import generate_problems
+    from alignment_games.modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
 
     shape = {**(TINY if args.tiny else QWEN25_05B), "num_hidden_layers": args.layers}
     work = args.workdir
@@ -90,9 +90,9 @@ def run_family(args, paths: dict) -> dict:
     import lightning as L
     import torch
 
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
     from benchmarks._phase_memory import PhaseMemory
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.sampling import Sampling
 
     device = torch.device(args.device)
     meter = PhaseMemory(device)
@@ -103,7 +103,7 @@ def run_family(args, paths: dict) -> dict:
     if args.worker == "grpo":
         from torch.utils.data import DataLoader
 
-        from modules.grpo import GRPO
+        from alignment_games.modules.grpo import GRPO
 
         model = GRPO(
             lm=lm,
@@ -126,9 +126,9 @@ def run_family(args, paths: dict) -> dict:
             )
         }
     elif args.worker == "deep_smida":
-        from datamodules.prompts import PromptDataModule
-        from modules.deep_smida import DeepSMIDA
-        from modules.scorers.utility import EnsembleUtility
+        from alignment_games.datamodules.prompts import PromptDataModule
+        from alignment_games.modules.deep_smida import DeepSMIDA
+        from alignment_games.modules.scorers.utility import EnsembleUtility
 
         backbone = paths["policy"] if args.utility_backbone == "policy" else paths["small"]
         utility = EnsembleUtility(
@@ -149,9 +149,9 @@ def run_family(args, paths: dict) -> dict:
         )
         data = {"datamodule": PromptDataModule(num_prompts=64, batch_size=max(1, args.rows // 4))}
     elif args.worker == "debate":
-        from datamodules.debate import DebateDataModule
-        from modules.debate import DebateSelfPlay
-        from modules.scorers.judges import ProgrammaticJudge
+        from alignment_games.datamodules.debate import DebateDataModule
+        from alignment_games.modules.debate import DebateSelfPlay
+        from alignment_games.modules.scorers.judges import ProgrammaticJudge
 
         model = DebateSelfPlay(
             lm=lm,
@@ -165,10 +165,10 @@ def run_family(args, paths: dict) -> dict:
         )
         data = {"datamodule": DebateDataModule(problems="single_step", num_prompts=64, batch_size=b)}
     elif args.worker == "pool":
-        from datamodules.pool import InstructionPoolDataModule
-        from modules.pool import StackelbergPool
-        from modules.scorers.peer_judges import PeerJudging
-        from modules.training.pool_followers import FollowerTraining
+        from alignment_games.datamodules.pool import InstructionPoolDataModule
+        from alignment_games.modules.pool import StackelbergPool
+        from alignment_games.modules.scorers.peer_judges import PeerJudging
+        from alignment_games.modules.training.pool_followers import FollowerTraining
 
         model = StackelbergPool(
             lm=lm,

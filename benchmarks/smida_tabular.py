@@ -25,8 +25,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from modules.algorithms.stackelberg import SMIDAStep, kl_both, kl_bound, log_normalise, stackelberg_equilibrium  # noqa: E402
-from modules.algorithms.tabular_games import random_game  # noqa: E402
+from alignment_games.modules.algorithms.stackelberg import (  # noqa: E402
+    SMIDAStep,
+    kl_both,
+    kl_bound,
+    log_normalise,
+    stackelberg_equilibrium,
+)
+from alignment_games.modules.algorithms.tabular_games import random_game  # noqa: E402
 
 
 def loop_step(log_pi, log_omega, u, log_pi_ref, log_omega_ref, tau_l, tau_f, eta_l, eta_f):

@@ -42,8 +42,8 @@ REWARD = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 
 def prepare(workdir: str, num_prompts: int, num_rewards: int) -> dict:
     """Policy, reward models and prompts on disk (idempotent); the paths both workers read."""
-    from datamodules.arithmetic import generate_problems
-    from modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
+    from alignment_games.datamodules.arithmetic import generate_problems
+    from alignment_games.modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
 
     os.makedirs(workdir, exist_ok=True)
     policy = build_tiny_causal_lm(os.path.join(workdir, "policy"), config=POLICY, seed=0)
@@ -64,9 +64,9 @@ def run_ours(args, paths: dict) -> list[dict]:
     import torch
     from torch.utils.data import DataLoader
 
-    from modules.grpo import GRPO
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.sampling import Sampling
+    from alignment_games.modules.grpo import GRPO
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
 
     prompts = json.load(open(paths["prompts"]))
     L.seed_everything(args.seed)

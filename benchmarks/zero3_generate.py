@@ -42,9 +42,9 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
     import deepspeed.runtime.zero.partition_parameters as zero_params
     import torch
 
-    from modules.distributed.sharding import parameter_gathering
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.distributed.sharding import parameter_gathering
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.set_num_threads(args.threads)
     deepspeed.init_distributed("gloo")

@@ -4,9 +4,9 @@ Each works on any ``LightningModule`` that provides what its docstring asks for,
 the suite, resumes exactly from a checkpoint, agrees across DDP ranks and logs under its own namespace.
 """
 
-from callbacks import functional
-from callbacks.elo import EloRating
-from callbacks.fault_tolerance import (
+from alignment_games.callbacks import functional
+from alignment_games.callbacks.elo import EloRating
+from alignment_games.callbacks.fault_tolerance import (
     AtomicCheckpointIO,
     CheckpointOnSigterm,
     RNGStateCallback,
@@ -14,12 +14,12 @@ from callbacks.fault_tolerance import (
     collect_rng_state,
     restore_rng_state,
 )
-from callbacks.functional import *  # noqa: F403 - the math helpers, listed in functional.__all__
-from callbacks.items import ItemRecords, first_occurrences, gather_unique_items
-from callbacks.mcc import MCCTracker
-from callbacks.peak import PeakCheckpoint
-from callbacks.prediction_writer import JsonlPredictionWriter
-from callbacks.warmup import TwoTimescaleWarmup
+from alignment_games.callbacks.functional import *  # noqa: F403 - the math helpers, listed in functional.__all__
+from alignment_games.callbacks.items import ItemRecords, first_occurrences, gather_unique_items
+from alignment_games.callbacks.mcc import MCCTracker
+from alignment_games.callbacks.peak import PeakCheckpoint
+from alignment_games.callbacks.prediction_writer import JsonlPredictionWriter
+from alignment_games.callbacks.warmup import TwoTimescaleWarmup
 
 __all__ = [
     "AtomicCheckpointIO",

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from callbacks.functional.elo import (
+from alignment_games.callbacks.functional.elo import (
     _check_score,
     decayed_k_factor,
     effective_k_factor,

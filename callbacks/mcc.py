@@ -10,8 +10,8 @@ from lightning.pytorch.callbacks import Callback
 from torchmetrics.classification import BinaryStatScores
 from typing_extensions import override
 
-from callbacks.functional import least_squares_slope, matthews_corrcoef_from_counts
-from callbacks.items import ItemRecords, read_step_outputs
+from alignment_games.callbacks.functional import least_squares_slope, matthews_corrcoef_from_counts
+from alignment_games.callbacks.items import ItemRecords, read_step_outputs
 
 _STAGES = ("train", "val", "test")
 

@@ -12,8 +12,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from callbacks.functional import pooled_lower_bound, posterior_mean
-from callbacks.items import ItemRecords, read_step_outputs
+from alignment_games.callbacks.functional import pooled_lower_bound, posterior_mean
+from alignment_games.callbacks.items import ItemRecords, read_step_outputs
 
 
 class PeakCheckpoint(Callback):

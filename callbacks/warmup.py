@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from callbacks.functional import warmup_learning_rates
+from alignment_games.callbacks.functional import warmup_learning_rates
 
 
 def _optimizer_rate(optimizer: Any, role: str) -> float:

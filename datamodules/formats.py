@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from modules.lm.text import plain_chat, render_chat
+from alignment_games.modules.lm.text import plain_chat, render_chat
 
 __all__ = [
     "as_messages",

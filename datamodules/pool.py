@@ -19,8 +19,8 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from datamodules.prompts import PromptSource, collate_prompts, generated_rows, index_rows
-from datamodules.resumable import ResumableDataLoader
+from alignment_games.datamodules.prompts import PromptSource, collate_prompts, generated_rows, index_rows
+from alignment_games.datamodules.resumable import ResumableDataLoader
 
 __all__ = ["InstructionPoolDataModule", "split_pool"]
 

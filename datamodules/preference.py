@@ -21,13 +21,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
-from datamodules.files import check_columns, iter_rows, open_table
-from datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
-from datamodules.resumable import split_loader
-from datamodules.validation import require_number, require_text
-from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
-from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
+from alignment_games.datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+from alignment_games.datamodules.files import check_columns, iter_rows, open_table
+from alignment_games.datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
+from alignment_games.datamodules.resumable import split_loader
+from alignment_games.datamodules.validation import require_number, require_text
+from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
+from alignment_games.modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
 __all__ = [
     "PREFERENCE_FORMATS",
@@ -440,7 +440,7 @@ class PreferenceDataModule(L.LightningDataModule):
         if self._tokenizer is not None:
             return self._tokenizer
         if self.hparams.tokenizer is not None:
-            from modules.lm.models import load_tokenizer
+            from alignment_games.modules.lm.models import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.hparams.tokenizer)
         elif self.trainer is not None and getattr(self.trainer.lightning_module, "tokenizer", None) is not None:

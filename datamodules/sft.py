@@ -16,7 +16,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from datamodules.arithmetic import (
+from alignment_games.datamodules.arithmetic import (
     _FILLER,
     CORRUPTIONS,
     ArithmeticProblem,
@@ -24,13 +24,13 @@ from datamodules.arithmetic import (
     make_response,
     make_think_response,
 )
-from datamodules.debate import single_step_problems, single_step_solution
-from datamodules.files import check_columns, iter_rows, open_table
-from datamodules.formats import as_messages, split_last_reply
-from datamodules.resumable import ResumableDataLoader
-from datamodules.validation import require_text
-from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
-from modules.lm.text import fill_template
+from alignment_games.datamodules.debate import single_step_problems, single_step_solution
+from alignment_games.datamodules.files import check_columns, iter_rows, open_table
+from alignment_games.datamodules.formats import as_messages, split_last_reply
+from alignment_games.datamodules.resumable import ResumableDataLoader
+from alignment_games.datamodules.validation import require_text
+from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from alignment_games.modules.lm.text import fill_template
 
 __all__ = [
     "SFT_FORMATS",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import lightning as L
 from torch.utils.data import DataLoader
 
-from datamodules.resumable import ResumableDataLoader
+from alignment_games.datamodules.resumable import ResumableDataLoader
 
 __all__ = ["StepDataModule"]
 

@@ -4,14 +4,18 @@ The pure functions are importable from here; LightningModules live in their own 
 (``modules.preference.PreferenceEnsemble``, ``modules.tabular_smida.TabularSMIDA``, ``modules.deep_smida.DeepSMIDA``).
 """
 
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.algorithms.baselines import geometric_mixture_logprobs, nash_md_pg_surrogate_loss, slhf_surrogate_losses
-from modules.algorithms.debate import count_words, ply_rewards, split_reply, word_penalty
-from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.algorithms.exp3 import Exp3
-from modules.algorithms.smida_estimators import smida_surrogate_losses
-from modules.algorithms.stackelberg import smida, stackelberg_equilibrium
-from modules.algorithms.verdicts import parse_verdict, vote_share
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.baselines import (
+    geometric_mixture_logprobs,
+    nash_md_pg_surrogate_loss,
+    slhf_surrogate_losses,
+)
+from alignment_games.modules.algorithms.debate import count_words, ply_rewards, split_reply, word_penalty
+from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.algorithms.exp3 import Exp3
+from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
+from alignment_games.modules.algorithms.stackelberg import smida, stackelberg_equilibrium
+from alignment_games.modules.algorithms.verdicts import parse_verdict, vote_share
 
 __all__ = [
     "Exp3",

@@ -22,21 +22,21 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor, nn
 from typing_extensions import override
 
-from callbacks.fault_tolerance import RNGStateCallback
-from modules.distributed.sharding import (
+from alignment_games.callbacks.fault_tolerance import RNGStateCallback
+from alignment_games.modules.distributed.sharding import (
     check_manual_backward_strategy,
     grad_norm_after_step,
     gradient_sync,
     shard_for_strategy,
 )
-from modules.evaluation.tensorboard import GameBoard
-from modules.lm.base_identity import check_base_identity
-from modules.lm.policy_bank import PolicyBank
-from modules.training.artifacts import atomic_write_text
-from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
-from modules.training.export import Player, export_at_fit_end
-from modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
-from modules.training.timing import PhaseTimer
+from alignment_games.modules.evaluation.tensorboard import GameBoard
+from alignment_games.modules.lm.base_identity import check_base_identity
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.training.artifacts import atomic_write_text
+from alignment_games.modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from alignment_games.modules.training.export import Player, export_at_fit_end
+from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
+from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = ["BASE_IDENTITY_KEY", "LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
 

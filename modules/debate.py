@@ -29,9 +29,9 @@ import torch
 import torchmetrics
 from typing_extensions import override
 
-from callbacks.functional import matthews_corrcoef_from_counts
-from callbacks.items import ItemRecords
-from modules.algorithms.debate import (
+from alignment_games.callbacks.functional import matthews_corrcoef_from_counts
+from alignment_games.callbacks.items import ItemRecords
+from alignment_games.modules.algorithms.debate import (
     PLIES,
     PROMPTS,
     PROTOCOLS,
@@ -48,14 +48,14 @@ from modules.algorithms.debate import (
     split_reply,
     transcript_metrics,
 )
-from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
-from modules.evaluation.tensorboard import debate_row
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank, Rollout
-from modules.lm.sampling import Sampling
-from modules.scorers.judges import DebateJudge, ProgrammaticJudge
-from modules.training.faults import reset_stale_epoch_metrics
+from alignment_games.modules.algorithms.rl_losses import group_advantages, grpo_loss
+from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from alignment_games.modules.evaluation.tensorboard import debate_row
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
+from alignment_games.modules.training.faults import reset_stale_epoch_metrics
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 

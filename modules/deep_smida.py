@@ -25,18 +25,24 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
-from callbacks.items import gather_unique_items
-from modules.algorithms.smida_estimators import smida_surrogate_losses
-from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range, require_positive
-from modules.evaluation.figures import make_game_figures
-from modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
-from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
-from modules.lm.sampling import Sampling
-from modules.lm.text import fill_template
-from modules.scorers.oracle import PreferenceOracle
-from modules.scorers.utility import EnsembleUtility, Utility
+from alignment_games.callbacks.items import gather_unique_items
+from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
+from alignment_games.modules.base import (
+    LanguageModelGame,
+    argument_group,
+    require_at_least,
+    require_in_range,
+    require_positive,
+)
+from alignment_games.modules.evaluation.figures import make_game_figures
+from alignment_games.modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.lm.text import fill_template
+from alignment_games.modules.scorers.oracle import PreferenceOracle
+from alignment_games.modules.scorers.utility import EnsembleUtility, Utility
 
 __all__ = ["DeepSMIDA"]
 

@@ -23,13 +23,19 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from modules.algorithms.rl_losses import group_advantages, grpo_loss
-from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range, require_positive
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank, Rollout
-from modules.lm.precision import resolve_dtype
-from modules.lm.sampling import Sampling
-from modules.scorers.reward_models import RewardModels, answer_rewards
+from alignment_games.modules.algorithms.rl_losses import group_advantages, grpo_loss
+from alignment_games.modules.base import (
+    LanguageModelGame,
+    argument_group,
+    require_at_least,
+    require_in_range,
+    require_positive,
+)
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.precision import resolve_dtype
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
 
 __all__ = ["GRPO"]
 

@@ -22,16 +22,16 @@ from typing import Any
 import torch
 from typing_extensions import override
 
-from modules.algorithms.baselines import nash_md_pg_surrogate_loss
-from modules.base import LanguageModelGame, argument_group, require_positive
-from modules.evaluation.win_rate import WinRateValidation
-from modules.lm.mixture import generate_mixture
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
-from modules.lm.prompts import QWEN_SYSTEM
-from modules.lm.sampling import Sampling
-from modules.scorers.oracle import PreferenceOracle
-from modules.scorers.utility import EnsembleUtility, Utility
+from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
+from alignment_games.modules.base import LanguageModelGame, argument_group, require_positive
+from alignment_games.modules.evaluation.win_rate import WinRateValidation
+from alignment_games.modules.lm.mixture import generate_mixture
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.prompts import QWEN_SYSTEM
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.oracle import PreferenceOracle
+from alignment_games.modules.scorers.utility import EnsembleUtility, Utility
 
 __all__ = ["NashMDPG"]
 

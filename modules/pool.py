@@ -26,19 +26,19 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 from typing_extensions import override
 
-from callbacks import EloRating
-from modules.algorithms import pool as rules
-from modules.algorithms.answers import answers_match
-from modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
-from modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
-from modules.distributed import collectives
-from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank, Rollout
-from modules.lm.sampling import Sampling
-from modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
-from modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
-from modules.training.pool_followers import FollowerTraining, FollowerUpdates
+from alignment_games.callbacks import EloRating
+from alignment_games.modules.algorithms import pool as rules
+from alignment_games.modules.algorithms.answers import answers_match
+from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
+from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
+from alignment_games.modules.distributed import collectives
+from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
+from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
+from alignment_games.modules.training.pool_followers import FollowerTraining, FollowerUpdates
 
 __all__ = ["StackelbergPool"]
 

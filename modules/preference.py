@@ -30,18 +30,22 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 from typing_extensions import override
 
-from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.base import require_at_least, require_positive
-from modules.distributed.collectives import any_rank, average_gradients, lockstep
-from modules.distributed.sharding import is_fsdp2, shard_for_strategy
-from modules.lm.model_config import ModelConfig
-from modules.lm.models import check_exists, resolve_name_or_path
-from modules.lm.precision import cast_frozen_for_strategy
-from modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
-from modules.scorers.preference_heads import BTHead, GPMHead, skew_symmetric_block_matrix
-from modules.training.artifacts import atomic_write_text
-from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
-from modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint, reset_stale_epoch_metrics
+from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.base import require_at_least, require_positive
+from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
+from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
+from alignment_games.modules.lm.precision import cast_frozen_for_strategy
+from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
+from alignment_games.modules.scorers.preference_heads import BTHead, GPMHead, skew_symmetric_block_matrix
+from alignment_games.modules.training.artifacts import atomic_write_text
+from alignment_games.modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from alignment_games.modules.training.faults import (
+    AutomaticStepGuard,
+    refuse_nonfinite_checkpoint,
+    reset_stale_epoch_metrics,
+)
 
 __all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
@@ -369,7 +373,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         self._eval_step(batch, self.test_collect)
 
     def _summary(self, stage: str, collector: _Collected, full: bool) -> dict[str, Any]:
-        from modules.evaluation.preference_report import build_report
+        from alignment_games.modules.evaluation.preference_report import build_report
 
         probs, labels, prompts = collector.compute()
         collector.reset()
@@ -423,8 +427,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
 
     @rank_zero_only
     def _write_report(self, out: dict[str, Any], log_dir: str) -> None:
-        from modules.evaluation.figures import make_figures
-        from modules.evaluation.preference_report import json_safe
+        from alignment_games.modules.evaluation.figures import make_figures
+        from alignment_games.modules.evaluation.preference_report import json_safe
 
         # atomic: an old report is never half-overwritten; a full disk is raised naming the report
         text = json.dumps(json_safe(out["report"]), indent=2, allow_nan=False)

@@ -24,14 +24,14 @@ from typing import Any
 from torch import Tensor
 from typing_extensions import override
 
-from modules.algorithms.baselines import slhf_surrogate_losses
-from modules.deep_smida import DeepSMIDA
-from modules.evaluation.win_rate import WinRateValidation
-from modules.lm.model_config import ModelConfig
-from modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
-from modules.lm.sampling import Sampling
-from modules.scorers.oracle import PreferenceOracle
-from modules.scorers.utility import EnsembleUtility, Utility
+from alignment_games.modules.algorithms.baselines import slhf_surrogate_losses
+from alignment_games.modules.deep_smida import DeepSMIDA
+from alignment_games.modules.evaluation.win_rate import WinRateValidation
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.oracle import PreferenceOracle
+from alignment_games.modules.scorers.utility import EnsembleUtility, Utility
 
 __all__ = ["SLHF"]
 
@@ -125,5 +125,5 @@ class SLHF(WinRateValidation, DeepSMIDA):
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         raise NotImplementedError(
             "SLHF writes no annotation candidates (that is deep-SMIDA's predict); compare trained policies with "
-            "python -m modules.evaluation.round_robin"
+            "python -m alignment_games.modules.evaluation.round_robin"
         )

@@ -25,8 +25,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
-from callbacks.fault_tolerance import atomic_torch_save
-from modules.algorithms.stackelberg import (
+from alignment_games.callbacks.fault_tolerance import atomic_torch_save
+from alignment_games.modules.algorithms.stackelberg import (
     SMIDAStep,
     StepSizes,
     check_step_sizes,
@@ -37,9 +37,9 @@ from modules.algorithms.stackelberg import (
     log_normalise,
     stackelberg_equilibrium,
 )
-from modules.algorithms.tabular_games import GAME_KEYS, load_game, random_game
-from modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
-from modules.training.faults import NonFiniteGuard
+from alignment_games.modules.algorithms.tabular_games import GAME_KEYS, load_game, random_game
+from alignment_games.modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from alignment_games.modules.training.faults import NonFiniteGuard
 
 __all__ = ["TabularSMIDA"]
 

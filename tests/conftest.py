@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_lm_dir(tmp_path_factory):
     """A tiny random Qwen2 causal LM with the project's byte tokenizer, saved like a hub checkpoint."""
-    from modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_qwen2"), seed=0)
 
@@ -20,7 +20,7 @@ def tiny_lm_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     """A tiny random Llama causal LM (the Qwen2 one's shapes, no biases) with the same byte tokenizer."""
-    from modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_llama"), seed=0, architecture="llama")
 

@@ -16,8 +16,8 @@ import torch
 import yaml
 from helpers import ROOT
 
-import train
-from modules.preference import PreferenceEnsemble
+from alignment_games import train
+from alignment_games.modules.preference import PreferenceEnsemble
 
 CONFIG = os.path.join(ROOT, "configs", "preference_ensemble.yaml")
 TABULAR = os.path.join(ROOT, "configs", "smida_tabular.yaml")
@@ -116,7 +116,7 @@ def test_ckpt_path_last_behaves_like_an_explicit_path(work, marker, tmp_path, mo
 
 
 def test_load_frozen_and_the_utility_build_from_the_callers_arguments(work, marker):
-    from modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.scorers.utility import EnsembleUtility
 
     model = PreferenceEnsemble.load_frozen(work["poisoned"], num_members=2)
     assert model.hparams["lm"]["name_or_path"] == "builtin:minilm-l6" and not model.hparams["lm"]["trust_remote_code"]
@@ -140,8 +140,8 @@ def test_a_checkpoint_of_another_family_is_refused_naming_both(work, marker, tmp
         PreferenceEnsemble.load_frozen(work["tabular"], num_members=2)
     # a stamp edited to another family is refused too, whatever the hyper-parameters say
     ckpt = torch.load(work["last"], map_location="cpu", weights_only=True)
-    assert ckpt["family"] == "modules.preference.PreferenceEnsemble"
-    ckpt["family"] = "modules.grpo.GRPO"
+    assert ckpt["family"] == "alignment_games.modules.preference.PreferenceEnsemble"
+    ckpt["family"] = "alignment_games.modules.grpo.GRPO"
     torch.save(ckpt, tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match=r"modules\.grpo\.GRPO.*modules\.preference\.PreferenceEnsemble"):
         train.main(["test", "--config", CONFIG, *SMALL, f"--ckpt_path={tmp_path / 'other.ckpt'}"])
@@ -169,9 +169,9 @@ def test_tensors_that_do_not_fit_the_config_are_refused_naming_both(work, marker
 
 
 def test_every_familys_load_from_checkpoint_ignores_the_stored_hyper_parameters(work, marker, tmp_path, tiny_lm_dir):
-    from modules.grpo import GRPO
-    from modules.lm.model_config import ModelConfig
-    from modules.tabular_smida import TabularSMIDA
+    from alignment_games.modules.grpo import GRPO
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.tabular_smida import TabularSMIDA
 
     ckpt = torch.load(work["tabular"], map_location="cpu", weights_only=True)
     ckpt["hyper_parameters"].update(game_path=str(tmp_path / "elsewhere.pt"), dtype="float32", num_actions=3)

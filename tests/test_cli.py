@@ -15,7 +15,7 @@ import pytest
 import yaml
 from helpers import ROOT
 
-import train
+from alignment_games import train
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 UNTRAINED = "--model.init_args.utility.init_args.allow_untrained=true"
@@ -25,7 +25,7 @@ def _families(package: str, base: type) -> set[str]:
     """The public ``base`` subclasses defined in ``package``'s top-level modules, found by walking the package."""
     found = set()
     for info in pkgutil.iter_modules([os.path.join(ROOT, package)]):
-        module = importlib.import_module(f"{package}.{info.name}")
+        module = importlib.import_module(f"alignment_games.{package}.{info.name}")
         for name, obj in vars(module).items():
             if inspect.isclass(obj) and issubclass(obj, base) and obj.__module__ == module.__name__:
                 if not name.startswith("_") and not inspect.isabstract(obj):
@@ -46,10 +46,14 @@ def test_fit_help_lists_every_model_and_data_family(capsys):
     # the classes the shipped configs name are among them (an independent list of what must be reachable)
     named = {yaml.safe_load(open(c))[k]["class_path"] for c in CONFIGS for k in ("model", "data")}
     assert named <= models | data
-    assert {"modules.grpo.GRPO", "modules.tabular_smida.TabularSMIDA", "datamodules.steps.StepDataModule"} <= named
+    assert {
+        "alignment_games.modules.grpo.GRPO",
+        "alignment_games.modules.tabular_smida.TabularSMIDA",
+        "alignment_games.datamodules.steps.StepDataModule",
+    } <= named
     code, out, _ = _run(["fit", "--help"], capsys)
     assert code == 0
-    listed = " ".join(out.split())  # argparse wraps the list of known subclasses
+    listed = "".join(out.split())  # argparse wraps the list of known subclasses, long names mid-word
     for family in sorted(models | data):
         assert family in listed, f"{family} is not listed by fit --help"
     assert "--optimizer" not in out and "--lr_scheduler" not in out
@@ -58,13 +62,23 @@ def test_fit_help_lists_every_model_and_data_family(capsys):
 @pytest.mark.parametrize(
     ("model", "data", "model_path", "data_path"),
     [
-        ("GRPO", "PromptDataModule", "modules.grpo.GRPO", "datamodules.prompts.PromptDataModule"),
-        ("TabularSMIDA", "StepDataModule", "modules.tabular_smida.TabularSMIDA", "datamodules.steps.StepDataModule"),
+        (
+            "GRPO",
+            "PromptDataModule",
+            "alignment_games.modules.grpo.GRPO",
+            "alignment_games.datamodules.prompts.PromptDataModule",
+        ),
+        (
+            "TabularSMIDA",
+            "StepDataModule",
+            "alignment_games.modules.tabular_smida.TabularSMIDA",
+            "alignment_games.datamodules.steps.StepDataModule",
+        ),
         (
             "CausalLMSFT",
             "ArithmeticSFTDataModule",
-            "modules.sft.CausalLMSFT",
-            "datamodules.sft.ArithmeticSFTDataModule",
+            "alignment_games.modules.sft.CausalLMSFT",
+            "alignment_games.datamodules.sft.ArithmeticSFTDataModule",
         ),
     ],
 )
@@ -112,7 +126,7 @@ def test_configs_state_each_value_once():
     for config in CONFIGS:
         given = yaml.safe_load(open(config))
         init = given["model"].get("init_args") or {}
-        if given["model"]["class_path"] == "modules.pool.StackelbergPool":
+        if given["model"]["class_path"] == "alignment_games.modules.pool.StackelbergPool":
             assert "num_iterations" not in init, config  # trainer.max_epochs x iterations_per_epoch
             assert "players" not in (init.get("elo") or {}), config  # the pool's own players
         for callback in given.get("trainer", {}).get("callbacks") or []:
@@ -138,8 +152,8 @@ def test_deep_smida_without_a_trained_utility_refuses_to_start(tmp_path, monkeyp
 
 
 def test_the_utility_refusal_comes_before_the_players_load():
-    from modules.deep_smida import DeepSMIDA
-    from modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.scorers.utility import EnsembleUtility
 
     with pytest.raises(ValueError, match="allow_untrained"):
         EnsembleUtility()
@@ -168,8 +182,8 @@ def test_a_missing_artifact_names_the_config_that_makes_it(config, maker, tmp_pa
 
 
 def test_provenance_of_local_paths(tmp_path, monkeypatch):
-    from modules.training.checkpoints import read_checkpoint
-    from modules.training.provenance import looks_local, producing_config
+    from alignment_games.modules.training.checkpoints import read_checkpoint
+    from alignment_games.modules.training.provenance import looks_local, producing_config
 
     monkeypatch.chdir(tmp_path)
     assert producing_config("artifacts/tiny_policy") == "configs/sft_tiny.yaml"
@@ -207,7 +221,7 @@ def test_help_works_without_the_heavy_optional_packages():
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "{fit,validate,test,predict" in proc.stdout  # the subcommands, from the top-level help
-    assert "modules.deep_smida.DeepSMIDA" in " ".join(proc.stdout.split())
+    assert "alignment_games.modules.deep_smida.DeepSMIDA" in " ".join(proc.stdout.split())
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY []"
 
 
@@ -230,7 +244,10 @@ def test_replacing_the_configs_callbacks_is_refused_naming_the_append_form(repla
     code, _, err = _run(["fit", "--config", DEBATE, *replace], capsys)
     assert code == 2
     err = " ".join(err.split())
-    dropped = "['callbacks.MCCTracker', 'callbacks.PeakCheckpoint', 'lightning.pytorch.callbacks.ModelCheckpoint']"
+    dropped = (
+        "['alignment_games.callbacks.MCCTracker', 'alignment_games.callbacks.PeakCheckpoint', "
+        "'lightning.pytorch.callbacks.ModelCheckpoint']"
+    )
     assert f"--trainer.callbacks: the value given replaces the config's callbacks and drops {dropped}" in err
     assert "--trainer.callbacks+=CLASS" in err and "clear them first with --trainer.callbacks=[]" in err
 
@@ -265,7 +282,7 @@ def test_the_progress_bar_counts_the_runs_steps(tmp_path, monkeypatch):
     """Lightning's rich bar read ``Epoch 0/-2`` for a run bounded by ``max_steps`` (``max_epochs`` is then -1)."""
     from lightning.pytorch.callbacks import RichProgressBar
 
-    from callbacks.progress import train_description
+    from alignment_games.callbacks.progress import train_description
 
     monkeypatch.chdir(tmp_path)
     cli = train.main(["fit", "--config", SMIDA, "--trainer.max_steps=3", "--trainer.logger=false"])

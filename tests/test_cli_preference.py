@@ -10,8 +10,8 @@ import sys
 import pytest
 from helpers import ROOT
 
-import train
-from modules.preference import PreferenceEnsemble
+from alignment_games import train
+from alignment_games.modules.preference import PreferenceEnsemble
 
 CONFIG = os.path.join(ROOT, "configs", "preference_ensemble.yaml")
 SMALL = [

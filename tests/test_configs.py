@@ -6,7 +6,7 @@ import os
 import pytest
 from helpers import ROOT
 
-import train
+from alignment_games import train
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 
@@ -137,7 +137,7 @@ def test_help_reads_as_the_manual(capsys):
                 "fit",
                 "--model=modules.preference.PreferenceEnsemble",
                 "--model.help",
-                "modules.preference.PreferenceEnsemble",
+                "alignment_games.modules.preference.PreferenceEnsemble",
             ]
         )
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import ROOT
 
-import train
+from alignment_games import train
 
 DATA = os.path.join(ROOT, "tests", "data")
 CONFIGS = os.path.join(ROOT, "configs")

@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from callbacks.fault_tolerance import atomic_torch_save
-from modules.training.artifacts import atomic_folder, atomic_write_text
+from alignment_games.callbacks.fault_tolerance import atomic_torch_save
+from alignment_games.modules.training.artifacts import atomic_folder, atomic_write_text
 
 
 class _FullDisk(io.FileIO):
@@ -90,7 +90,7 @@ def test_a_full_disk_during_an_artifact_write_names_the_file_and_keeps_the_old_o
 
 
 def test_the_preference_report_on_a_full_disk_names_the_report_and_keeps_the_old_one(tmp_path, monkeypatch):
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     path = str(tmp_path / "report.json")
     with open(path, "w") as f:

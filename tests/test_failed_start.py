@@ -11,8 +11,8 @@ import sys
 import pytest
 from helpers import ROOT
 
-import train
-from modules.training.run_lock import LOCK_NAME, RunFolderInUse
+from alignment_games import train
+from alignment_games.modules.training.run_lock import LOCK_NAME, RunFolderInUse
 
 CONFIG = os.path.join(ROOT, "configs", "preference_ensemble.yaml")
 LOGGERS = {

@@ -18,16 +18,16 @@ from helpers import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datamodules.preference import load_preference_rows, validate_rows
-from datamodules.prompts import PromptDataModule, PromptSource
-from modules.algorithms.answers import (
+from alignment_games.datamodules.preference import load_preference_rows, validate_rows
+from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
+from alignment_games.modules.algorithms.answers import (
     answers_match,
     extract_final_answer,
     extract_gsm8k_answer,
     normalize_answer,
     parse_number,
 )
-from modules.lm.text import fill_template
+from alignment_games.modules.lm.text import fill_template
 
 SOURCES = [
     p
@@ -280,7 +280,7 @@ def test_prompt_datamodule_settings_are_accepted_or_refused_with_a_value_error(v
 @FAST
 @given(steps=NUM | st.text(max_size=3))
 def test_step_datamodule_refuses_anything_but_a_positive_int(steps):
-    from datamodules.steps import StepDataModule
+    from alignment_games.datamodules.steps import StepDataModule
 
     if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1:
         assert StepDataModule(steps).steps_per_epoch == steps
@@ -292,7 +292,7 @@ def test_step_datamodule_refuses_anything_but_a_positive_int(steps):
 @FAST
 @given(limit=NUM)
 def test_nonfinite_limit_must_be_a_positive_integer(limit):
-    from modules.training.faults import NonFiniteGuard
+    from alignment_games.modules.training.faults import NonFiniteGuard
 
     guard = NonFiniteGuard()
     integral = isinstance(limit, (int, float)) and not isinstance(limit, bool) and math.isfinite(limit)
@@ -348,8 +348,8 @@ def test_no_config_turns_remote_code_on():
 def test_the_cli_classes_default_remote_code_off():
     import dataclasses
 
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.models import load_model, load_tokenizer
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     default = {f.name: f.default for f in dataclasses.fields(ModelConfig)}["trust_remote_code"]
     assert default is False and ModelConfig("a/b").trust_remote_code is False
@@ -369,7 +369,7 @@ def test_templates_insert_data_verbatim_without_interpreting_it(data):
 def test_call_with_timeout_returns_in_time_results_flags_late_ones_and_keeps_errors():
     import time
 
-    from modules.training.faults import call_with_timeout
+    from alignment_games.modules.training.faults import call_with_timeout
 
     assert call_with_timeout(sum, None, [1, 2]) == (3, False)
     assert call_with_timeout(lambda a, b=0: a * b, 5.0, 3, b=4) == (12, False)

@@ -22,13 +22,13 @@ import lightning as L
 import pytest
 import torch
 
-from datamodules.arithmetic import generate_problems
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
-from modules.lm.sampling import Sampling
-from modules.lm.text import render_chat
-from modules.scorers.judges import DebateJudge, JudgeVotes
-from modules.scorers.utility import Utility
+from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.lm.text import render_chat
+from alignment_games.modules.scorers.judges import DebateJudge, JudgeVotes
+from alignment_games.modules.scorers.utility import Utility
 
 GOOD = frozenset(c for c in string.ascii_letters + string.digits if ord(c) % 2 == 0)
 PROMPTS = [p.question for p in generate_problems(6, seed=11, min_steps=1, max_steps=1)]
@@ -85,8 +85,8 @@ def _lm(tiny_lm_dir) -> ModelConfig:
 
 # ------------------------------------------------------------------------------------------------------------- GRPO
 def _grpo_run(tiny_lm_dir, tmp_path, mirrored: bool) -> tuple[float, float]:
-    from datamodules.prompts import PromptDataModule
-    from modules.grpo import GRPO
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.grpo import GRPO
 
     L.seed_everything(0)
     model = GRPO(
@@ -120,8 +120,8 @@ class FirstCharacterPreference(Utility):
 
 
 def _nlhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
-    from datamodules.prompts import PromptDataModule
-    from modules.nlhf import NashMDPG
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.nlhf import NashMDPG
 
     L.seed_everything(0)
     model = NashMDPG(
@@ -144,7 +144,7 @@ def _leader_follower_run(cls, tmp_path, **kw) -> dict[str, tuple[float, float]]:
 
     The follower's mass is read after a fixed reply of the leader.
     """
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     L.seed_everything(0)
     model = cls(
@@ -168,7 +168,7 @@ def _leader_follower_run(cls, tmp_path, **kw) -> dict[str, tuple[float, float]]:
 
 def _slhf_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
     """Both players raise their chance of beating the other under P0: each learns to start well."""
-    from modules.slhf import SLHF
+    from alignment_games.modules.slhf import SLHF
 
     return _leader_follower_run(SLHF, tmp_path, lm=_lm(tiny_lm_dir), preference=FirstCharacterPreference(mirrored))
 
@@ -183,7 +183,7 @@ class FollowerEdge(FirstCharacterPreference):
 
 def _deep_smida_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
     """The follower ascends u and the leader descends it (its cost is the follower's best response): both open well."""
-    from modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.deep_smida import DeepSMIDA
 
     return _leader_follower_run(DeepSMIDA, tmp_path, lm=_lm(tiny_lm_dir), utility=FollowerEdge(mirrored), log_samples=0)
 
@@ -203,9 +203,9 @@ class CritiqueJudge(DebateJudge):
 
 def _debate_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
     """Debate-AB with Bob's critique the forked ply: the shared policy learns to open critiques well."""
-    from datamodules.prompts import PromptDataModule
-    from modules.algorithms.debate import Transcript, split_reply
-    from modules.debate import DebateSelfPlay
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.algorithms.debate import Transcript, split_reply
+    from alignment_games.modules.debate import DebateSelfPlay
 
     L.seed_everything(0)
     model = DebateSelfPlay(
@@ -238,10 +238,10 @@ def _pool_run(
     """Every peer judge scores a good response 10 and a bad one 1; the players learn from the duels."""
     import json
 
-    from datamodules.pool import InstructionPoolDataModule
-    from datamodules.prompts import PromptSource
-    from modules.pool import StackelbergPool
-    from modules.training.pool_followers import FollowerTraining
+    from alignment_games.datamodules.pool import InstructionPoolDataModule
+    from alignment_games.datamodules.prompts import PromptSource
+    from alignment_games.modules.pool import StackelbergPool
+    from alignment_games.modules.training.pool_followers import FollowerTraining
 
     path = tmp_path / "pool.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -283,8 +283,8 @@ def _preference_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[fl
     import json
     import random
 
-    from datamodules.preference import PreferenceDataModule
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.datamodules.preference import PreferenceDataModule
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     rng, rows = random.Random(0), []
     for x in [p.question for p in generate_problems(48, seed=3, min_steps=1, max_steps=1)]:
@@ -321,7 +321,7 @@ def _sft_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, fl
     """
     import math
 
-    from modules.sft import CausalLMSFT
+    from alignment_games.modules.sft import CausalLMSFT
 
     L.seed_everything(0)
     model = CausalLMSFT(lm=ModelConfig(tiny_lm_dir), output_dir=str(tmp_path / "out"), lr=3e-4)

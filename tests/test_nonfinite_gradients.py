@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
-from modules.scorers.utility import Utility
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.utility import Utility
 
 NAN = float("nan")
 
@@ -121,14 +121,14 @@ class Letters(Utility):
 
 
 def _prompts(**kw):
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     return PromptDataModule(num_prompts=24, batch_size=2, **kw)
 
 
 def _preference(tiny_lm_dir, tmp_path, **kw):
-    from datamodules.preference import PreferenceDataModule
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.datamodules.preference import PreferenceDataModule
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     model = PreferenceEnsemble(ModelConfig(tiny_lm_dir), backbone_task="causal_lm", num_members=2, **kw)
     return model, {
@@ -137,8 +137,8 @@ def _preference(tiny_lm_dir, tmp_path, **kw):
 
 
 def _sft(tiny_lm_dir, tmp_path, **kw):
-    from datamodules.sft import ArithmeticSFTDataModule
-    from modules.sft import CausalLMSFT
+    from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+    from alignment_games.modules.sft import CausalLMSFT
 
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
     model = CausalLMSFT(tiny_config=tiny, output_dir=str(tmp_path / "out"), max_length=64, **kw)
@@ -146,7 +146,7 @@ def _sft(tiny_lm_dir, tmp_path, **kw):
 
 
 def _grpo(tiny_lm_dir, tmp_path, **kw):
-    from modules.grpo import GRPO
+    from alignment_games.modules.grpo import GRPO
 
     lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
     sampling = Sampling(max_new_tokens=6)
@@ -157,7 +157,7 @@ def _grpo(tiny_lm_dir, tmp_path, **kw):
 
 
 def _deep_smida(tiny_lm_dir, tmp_path, **kw):
-    from modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.deep_smida import DeepSMIDA
 
     model = DeepSMIDA(
         lm=ModelConfig(tiny_lm_dir, lora_r=4),
@@ -173,7 +173,7 @@ def _deep_smida(tiny_lm_dir, tmp_path, **kw):
 
 
 def _nlhf(tiny_lm_dir, tmp_path, **kw):
-    from modules.nlhf import NashMDPG
+    from alignment_games.modules.nlhf import NashMDPG
 
     model = NashMDPG(
         lm=ModelConfig(tiny_lm_dir, lora_r=4),
@@ -187,7 +187,7 @@ def _nlhf(tiny_lm_dir, tmp_path, **kw):
 
 
 def _slhf(tiny_lm_dir, tmp_path, **kw):
-    from modules.slhf import SLHF
+    from alignment_games.modules.slhf import SLHF
 
     model = SLHF(
         lm=ModelConfig(tiny_lm_dir, lora_r=4),
@@ -203,8 +203,8 @@ def _slhf(tiny_lm_dir, tmp_path, **kw):
 
 
 def _debate(tiny_lm_dir, tmp_path, **kw):
-    from modules.debate import DebateSelfPlay
-    from modules.scorers.judges import ProgrammaticJudge
+    from alignment_games.modules.debate import DebateSelfPlay
+    from alignment_games.modules.scorers.judges import ProgrammaticJudge
 
     model = DebateSelfPlay(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
@@ -223,11 +223,11 @@ def _debate(tiny_lm_dir, tmp_path, **kw):
 
 
 def _pool(tiny_lm_dir, tmp_path, **kw):
-    from datamodules.pool import InstructionPoolDataModule
-    from datamodules.prompts import PromptSource
-    from modules.pool import StackelbergPool
-    from modules.scorers.peer_judges import PeerJudging
-    from modules.training.pool_followers import FollowerTraining
+    from alignment_games.datamodules.pool import InstructionPoolDataModule
+    from alignment_games.datamodules.prompts import PromptSource
+    from alignment_games.modules.pool import StackelbergPool
+    from alignment_games.modules.scorers.peer_judges import PeerJudging
+    from alignment_games.modules.training.pool_followers import FollowerTraining
 
     path = tmp_path / "pool.jsonl"
     path.write_text("\n".join(json.dumps({"question": f"{a}+{a + 1}=?", "answer": str(2 * a + 1)}) for a in range(8)))
@@ -295,8 +295,8 @@ def test_nan_gradients_in_a_row_stop_the_run(name, tiny_lm_dir, tmp_path):
 
 
 def test_tabular_smida_skips_a_nonfinite_iterate(tmp_path):
-    from datamodules.steps import StepDataModule
-    from modules.tabular_smida import TabularSMIDA
+    from alignment_games.datamodules.steps import StepDataModule
+    from alignment_games.modules.tabular_smida import TabularSMIDA
 
     model = TabularSMIDA(num_contexts=3, num_actions=4, max_consecutive_nonfinite=2)
     seen = {"batches": 0}
@@ -365,8 +365,8 @@ def test_a_checkpoint_with_a_nan_weight_or_moment_is_refused(name, tiny_lm_dir, 
 
 
 def test_a_tabular_checkpoint_with_a_nan_iterate_is_refused(tmp_path):
-    from datamodules.steps import StepDataModule
-    from modules.tabular_smida import TabularSMIDA
+    from alignment_games.datamodules.steps import StepDataModule
+    from alignment_games.modules.tabular_smida import TabularSMIDA
 
     model = TabularSMIDA(num_contexts=3, num_actions=4)
     trainer = _trainer(tmp_path, [], max_steps=1)

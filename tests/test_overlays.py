@@ -15,7 +15,7 @@ import torch
 import yaml
 from helpers import ROOT
 
-import train
+from alignment_games import train
 
 OVERLAYS = os.path.join(ROOT, "configs", "overlays")
 GRPO = os.path.join(ROOT, "configs", "grpo_tiny.yaml")
@@ -75,7 +75,7 @@ def test_overlays_compose_and_the_command_line_still_wins(capsys):
 
 @pytest.mark.distributed
 def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
-    from modules.lm.models import build_tiny_reward_model
+    from alignment_games.modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)  # varied rewards: the answer checker scores 0 here
     args = [
@@ -112,9 +112,9 @@ def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> No
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from modules.distributed.sharding import parameter_gathering
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.distributed.sharding import parameter_gathering
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -410,7 +410,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
     ZeRO-3 partitions every parameter; generation must see them whole at every decoded token (gathered once, not
     re-partitioned by DeepSpeed's hooks between tokens), and the run must end where ZeRO-2's (whole parameters) ends.
     """
-    from modules.lm.models import build_tiny_reward_model
+    from alignment_games.modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     runs = {}
@@ -441,7 +441,7 @@ def test_grpo_trains_under_deepspeed_zero2_and_zero3_alike(tiny_lm_dir, tmp_path
 
 @pytest.mark.distributed
 def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpointing_overlays(tiny_lm_dir, tmp_path):
-    from modules.lm.models import build_tiny_reward_model
+    from alignment_games.modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     overlays = [f"--config={os.path.join(OVERLAYS, n)}" for n in ("bf16.yaml", "grad_ckpt.yaml")]
@@ -457,7 +457,7 @@ def test_grpo_under_deepspeed_zero3_composes_with_the_bf16_and_gradient_checkpoi
 def test_grpo_resumes_exactly_under_deepspeed_zero3(tiny_lm_dir, tmp_path):
     """A mid-epoch ZeRO-3 checkpoint (each rank's parameter and optimizer shards in DeepSpeed's folder, the rest of
     the game in Lightning's client state) continues to the adapters of the uninterrupted run, bit for bit."""
-    from modules.lm.models import build_tiny_reward_model
+    from alignment_games.modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     every_step = ["--trainer.callbacks.every_n_train_steps=1", "--trainer.callbacks.save_top_k=-1"]
@@ -505,7 +505,7 @@ def test_debate_trains_under_deepspeed_zero3_on_two_processes(tiny_lm_dir, tmp_p
 
 
 # ------------------------------------------------------------------ FSDP2 (fully_shard) on CPU (gloo), 2 processes
-FSDP2 = {"class_path": "modules.distributed.strategies.FSDP2Strategy"}
+FSDP2 = {"class_path": "alignment_games.modules.distributed.strategies.FSDP2Strategy"}
 
 
 def _check_fsdp2_sharding(rec: dict, generate_calls: int) -> None:
@@ -519,7 +519,7 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
     """GRPO (2 micro-batches per step: the first skips the reduce-scatter) under FSDP2 on 2 processes: the policy is
     sharded in the steps and whole at every decoded token, 3 steps end where DDP's end, a mid-run sharded checkpoint
     (without the frozen base) continues bit for bit, and one lacking a trainable tensor is refused by name."""
-    from modules.lm.models import build_tiny_reward_model
+    from alignment_games.modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)
     args = _grpo_args(tiny_lm_dir, reward)
@@ -610,9 +610,9 @@ def test_sharded_strategies_are_recognised_through_subclasses():
     from helpers.cpu_deepspeed import CPUDeepSpeedStrategy
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
-    from modules.distributed.sharding import sharded_strategy_kind
-    from modules.distributed.strategies import FSDP2Strategy
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.distributed.sharding import sharded_strategy_kind
+    from alignment_games.modules.distributed.strategies import FSDP2Strategy
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     class MyFSDP(FSDPStrategy):  # a user's own subclass (e.g. other launch or checks) is still FSDP
         pass
@@ -709,7 +709,7 @@ def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_pat
     reads, for the game modules) the heads and the report equal DDP's. LoRA members: each rank holds rows of only some
     members per batch; every member's forward and backward still runs on every rank, and the sharded checkpoint is
     tested."""
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     extra = [
         "--data.init_args.num_prompts=40",
@@ -750,22 +750,22 @@ def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_
 
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from modules.lm.sampling import Sampling
+    from alignment_games.modules.lm.sampling import Sampling
 
     if family == "grpo":
-        from modules.grpo import GRPO
-        from modules.lm.model_config import ModelConfig
+        from alignment_games.modules.grpo import GRPO
+        from alignment_games.modules.lm.model_config import ModelConfig
 
         module = GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), sampling=Sampling(max_new_tokens=4))
     elif family == "debate":
-        from modules.debate import DebateSelfPlay
-        from modules.lm.model_config import ModelConfig
+        from alignment_games.modules.debate import DebateSelfPlay
+        from alignment_games.modules.lm.model_config import ModelConfig
 
         module = DebateSelfPlay(lm=ModelConfig(tiny_lm_dir, lora_r=4), sampling=Sampling(max_new_tokens=4))
     else:
-        from modules.deep_smida import DeepSMIDA
-        from modules.lm.model_config import ModelConfig
-        from modules.scorers.utility import Utility
+        from alignment_games.modules.deep_smida import DeepSMIDA
+        from alignment_games.modules.lm.model_config import ModelConfig
+        from alignment_games.modules.scorers.utility import Utility
 
         class Zero(Utility):
             def forward(self, prompts, leader, follower):
@@ -781,7 +781,7 @@ def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_
 def test_deepspeed_takes_the_families_gradient_clip():
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
-    from modules.distributed.sharding import check_manual_backward_strategy
+    from alignment_games.modules.distributed.sharding import check_manual_backward_strategy
 
     strategy = DeepSpeedStrategy(stage=3)
     check_manual_backward_strategy(strategy, "GRPO", 0.5)

@@ -6,18 +6,18 @@ The model path does not exist: a value checked only after loading would fail on 
 
 import pytest
 
-from modules.debate import DebateSelfPlay
-from modules.deep_smida import DeepSMIDA
-from modules.grpo import GRPO
-from modules.lm.model_config import ModelConfig
-from modules.nlhf import NashMDPG
-from modules.pool import StackelbergPool
-from modules.preference import PreferenceEnsemble
-from modules.scorers.judges import ProgrammaticJudge
-from modules.scorers.utility import EnsembleUtility
-from modules.sft import CausalLMSFT
-from modules.slhf import SLHF
-from modules.tabular_smida import TabularSMIDA
+from alignment_games.modules.debate import DebateSelfPlay
+from alignment_games.modules.deep_smida import DeepSMIDA
+from alignment_games.modules.grpo import GRPO
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.nlhf import NashMDPG
+from alignment_games.modules.pool import StackelbergPool
+from alignment_games.modules.preference import PreferenceEnsemble
+from alignment_games.modules.scorers.judges import ProgrammaticJudge
+from alignment_games.modules.scorers.utility import EnsembleUtility
+from alignment_games.modules.sft import CausalLMSFT
+from alignment_games.modules.slhf import SLHF
+from alignment_games.modules.tabular_smida import TabularSMIDA
 
 MISSING = "/nonexistent/tiny-model"
 FAMILIES = {

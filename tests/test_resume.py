@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers.resume_harness import FAMILIES, ForkServer, Runner, _KillWhenPickled, compare, resume_points
 
-from callbacks.fault_tolerance import atomic_torch_save
+from alignment_games.callbacks.fault_tolerance import atomic_torch_save
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def _fit_until_stopped(module, datamodule, tmp_path, limit, **trainer_kw):
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from callbacks.fault_tolerance import AtomicCheckpointIO
+    from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
 
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0, every_n_train_steps=trainer_kw.pop("every"))
     trainer = L.Trainer(
@@ -158,9 +158,9 @@ def _assert_stopped_with_the_last_good_checkpoint(module, before, ckpt):
 def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
     import lightning as L
 
-    from datamodules.preference import PreferenceDataModule
-    from modules.lm.model_config import ModelConfig
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.datamodules.preference import PreferenceDataModule
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     L.seed_everything(0)
     model = PreferenceEnsemble(
@@ -175,8 +175,8 @@ def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good
 def test_sft_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tmp_path):
     import lightning as L
 
-    from datamodules.sft import ArithmeticSFTDataModule
-    from modules.sft import CausalLMSFT
+    from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+    from alignment_games.modules.sft import CausalLMSFT
 
     L.seed_everything(0)
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
@@ -190,11 +190,11 @@ def test_sft_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tmp_
 def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
     import lightning as L
 
-    from datamodules.prompts import PromptDataModule
-    from modules.deep_smida import DeepSMIDA
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.sampling import Sampling
-    from modules.scorers.utility import Utility
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.utility import Utility
 
     class Letters(Utility):
         def forward(self, prompts, leader, follower):
@@ -225,7 +225,7 @@ def test_rng_state_round_trip_restores_every_generator():
 
     import numpy as np
 
-    from callbacks.fault_tolerance import RNGStateCallback
+    from alignment_games.callbacks.fault_tolerance import RNGStateCallback
 
     callback = RNGStateCallback()
     state = callback.state_dict()
@@ -239,7 +239,7 @@ def test_rng_state_round_trip_restores_every_generator():
 
 
 def test_resumable_loader_continues_the_same_order_after_a_restore():
-    from datamodules.resumable import ResumableDataLoader
+    from alignment_games.datamodules.resumable import ResumableDataLoader
 
     def loader():
         return ResumableDataLoader(list(range(10)), batch_size=3, shuffle=True, seed=7)
@@ -269,7 +269,7 @@ def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
 
     import torchmetrics
 
-    from modules.training.faults import reset_stale_epoch_metrics
+    from alignment_games.modules.training.faults import reset_stale_epoch_metrics
 
     def trainer(done, batches=5):
         progress = SimpleNamespace(current=SimpleNamespace(completed=done))
@@ -292,7 +292,7 @@ def test_a_row_holds_only_what_its_step_logged_once_earlier_step_values_are_forg
     import lightning as L
     from lightning.pytorch.loggers import Logger
 
-    from modules.training.faults import forget_earlier_step_values
+    from alignment_games.modules.training.faults import forget_earlier_step_values
 
     class Rows(Logger):
         name, version = "rows", 0
@@ -345,7 +345,7 @@ def test_a_row_holds_only_what_its_step_logged_once_earlier_step_values_are_forg
 
 
 def test_a_checkpoint_missing_a_trainable_tensor_is_refused_by_name():
-    from modules.training.faults import require_trainable_tensors
+    from alignment_games.modules.training.faults import require_trainable_tensors
 
     trainable = {f"players.layer{i}.lora_B" for i in range(7)}
     require_trainable_tensors({"state_dict": dict.fromkeys(trainable | {"extra"})}, trainable)  # all there: fine

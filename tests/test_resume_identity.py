@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
-import train
-from callbacks.fault_tolerance import AtomicCheckpointIO
-from modules.training.checkpoints import (
+from alignment_games import train
+from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
+from alignment_games.modules.training.checkpoints import (
     RUN_CONFIG_KEY,
     check_checkpoint_matches,
     check_checkpoint_source,
@@ -166,7 +166,7 @@ def test_a_restoring_trainer_names_the_checkpoint_and_nonfinite_optimizer_state_
     """Restored through Lightning alone (no train.py), the module's own check names the trainer's ckpt_path."""
     import lightning as L
 
-    from modules.tabular_smida import TabularSMIDA
+    from alignment_games.modules.tabular_smida import TabularSMIDA
 
     last = _last(first_run)
     _poison(last, "log_omega", float("nan"))

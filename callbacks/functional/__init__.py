@@ -1,7 +1,13 @@
 """The math behind the callbacks (warm-up, Elo, MCC, Beta posteriors), as plain functions with no Lightning or torch."""
 
-from callbacks.functional.beta import beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
-from callbacks.functional.elo import (
+from alignment_games.callbacks.functional.beta import (
+    beta_lower_bound,
+    gap_recovery,
+    p_best,
+    pooled_lower_bound,
+    posterior_mean,
+)
+from alignment_games.callbacks.functional.elo import (
     decayed_k_factor,
     effective_k_factor,
     elo_expected_score,
@@ -9,8 +15,8 @@ from callbacks.functional.elo import (
     sample_std,
     weighted_score,
 )
-from callbacks.functional.mcc import least_squares_slope, matthews_corrcoef_from_counts
-from callbacks.functional.warmup import warmup_learning_rates
+from alignment_games.callbacks.functional.mcc import least_squares_slope, matthews_corrcoef_from_counts
+from alignment_games.callbacks.functional.warmup import warmup_learning_rates
 
 __all__ = [
     "beta_lower_bound",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from modules.algorithms.smida_estimators import smida_surrogate_losses
+from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 
 # the baseline of a player with one sample a step (D = 1 or M = 1): the value ½ of the symmetric preference game
 SLHF_SINGLE_BASELINE = 0.5

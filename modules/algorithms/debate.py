@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 
 if TYPE_CHECKING:
-    from modules.lm.policy_bank import Rollout
+    from alignment_games.modules.lm.policy_bank import Rollout
 
 __all__ = [
     "PLAYER_OF_PLY",

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.algorithms.exp3 import linear_schedule
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.exp3 import linear_schedule
 
 __all__ = [
     "DEFAULT_JUDGE_TEMPLATE",
@@ -444,7 +444,7 @@ def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -
     ``scores`` is ``[P·G]`` with a prompt's ``G = group_size`` rollouts consecutive. The peer scores are the rewards
     (§2.4); the normalisation is :func:`modules.algorithms.rl_losses.group_advantages` (equal scores give zeros).
     """
-    from modules.algorithms.rl_losses import group_advantages
+    from alignment_games.modules.algorithms.rl_losses import group_advantages
 
     scores = torch.as_tensor(scores, dtype=torch.float32).flatten()
     if not torch.isfinite(scores).all():

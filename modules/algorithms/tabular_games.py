@@ -15,8 +15,8 @@ import os
 import torch
 from torch import Tensor
 
-from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from modules.algorithms.stackelberg import _SUM_TOLERANCE
+from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.algorithms.stackelberg import _SUM_TOLERANCE
 
 __all__ = [
     "GAME_KEYS",

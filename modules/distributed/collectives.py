@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from modules.distributed.sharding import sharded_strategy_kind
+from alignment_games.modules.distributed.sharding import sharded_strategy_kind
 
 __all__ = [
     "any_rank",

@@ -28,7 +28,12 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from modules.training.artifacts import folder_beside, prepare_folder_beside, recover_folder, swap_folder_in
+from alignment_games.modules.training.artifacts import (
+    folder_beside,
+    prepare_folder_beside,
+    recover_folder,
+    swap_folder_in,
+)
 
 __all__ = [
     "ALLOWED_GLOBALS",

@@ -62,7 +62,7 @@ def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
         raise ValueError(
             f"trainer.strategy: {family} shards its policy with FSDP2 over the data-parallel dimension only, got a "
             f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use "
-            "modules.distributed.strategies.FSDP2Strategy "
+            "alignment_games.modules.distributed.strategies.FSDP2Strategy "
             "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
         )
     dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh

@@ -65,7 +65,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         )
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from modules.lm.models import DTYPES
+        from alignment_games.modules.lm.models import DTYPES
 
         dtypes = {}
         for field, name in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
@@ -93,7 +93,7 @@ class FSDP2Strategy(ModelParallelStrategy):
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
         from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save
 
-        from modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in
+        from alignment_games.modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in
 
         path = Path(self.broadcast(str(filepath)))
         tmp = Path(folder_beside(path))
@@ -132,12 +132,12 @@ class FSDP2Strategy(ModelParallelStrategy):
             set_optimizer_state_dict,
         )
 
-        from modules.distributed.dcp_safe import (
+        from alignment_games.modules.distributed.dcp_safe import (
             SafeFileSystemReader,
             WeightsOnlyLoadPlanner,
             read_dcp_metadata,
         )
-        from modules.training.artifacts import recover_folder
+        from alignment_games.modules.training.artifacts import recover_folder
 
         path = Path(self.broadcast(str(checkpoint_path)))
         refused = None
@@ -192,7 +192,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         Raises:
             ValueError: naming the folder and, on the ranks whose shards hold it, the first such tensor.
         """
-        from modules.training.faults import nonfinite_entries
+        from alignment_games.modules.training.faults import nonfinite_entries
 
         found = nonfinite_entries(part)
         if self.reduce_boolean_decision(not found, all=True):

@@ -10,7 +10,7 @@ sees the seeds' spread, so seeds with equal gains give it width 0; the report th
 gain with a bootstrap interval over problems (each problem's gain averaged over the seeds), which keeps the width that
 600 problems leave.
 
-    python -m modules.evaluation.accuracy_gain --base artifacts/competent_policy \
+    python -m alignment_games.modules.evaluation.accuracy_gain --base artifacts/competent_policy \
         --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
 
 A pool trains several players per seed: ``--players-per-seed m`` reads the trained folders as consecutive groups of m
@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from datamodules.arithmetic import generate_problems
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.evaluation.policy_accuracy import greedy_replies
+from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
 __all__ = ["HELD_OUT_SEED", "main", "paired_gain", "seed_interval", "seed_mean_gain", "solved"]
 
@@ -142,7 +142,7 @@ def solved(
     model_path: str, prompts: Sequence[str], references: Sequence[str], system_prompt: str, max_new_tokens: int
 ) -> list[bool]:
     """Whether the greedy reply of the policy in ``model_path`` solves each problem."""
-    from modules.lm.models import load_model, load_tokenizer
+    from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     model = load_model(model_path, task="causal_lm")
     tokenizer = load_tokenizer(model_path)

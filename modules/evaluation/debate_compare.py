@@ -4,7 +4,7 @@ Each run is a log folder holding ``debate_evals.jsonl`` (written by :class:`modu
 file itself. Per run the peak is chosen by the rule of :class:`callbacks.PeakCheckpoint`; a group's runs are merged
 by adding the counts of their peak windows. Correlated rollouts make P(Best) over-confident (App. A.3).
 
-    python -m modules.evaluation.debate_compare \\
+    python -m alignment_games.modules.evaluation.debate_compare \\
         --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\
         --group Debate-AB=runs/debate_ab/version_0 --upper RLVR=runs/debate_rlvr/version_0 \\
         --baseline RLAIF-A --out compare.json
@@ -18,9 +18,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from callbacks.functional import beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
-from callbacks.functional.mcc import matthews_corrcoef_from_counts
-from modules.training.artifacts import atomic_write_text
+from alignment_games.callbacks.functional import (
+    beta_lower_bound,
+    gap_recovery,
+    p_best,
+    pooled_lower_bound,
+    posterior_mean,
+)
+from alignment_games.callbacks.functional.mcc import matthews_corrcoef_from_counts
+from alignment_games.modules.training.artifacts import atomic_write_text
 
 __all__ = [
     "compare_groups",

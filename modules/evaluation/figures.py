@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from modules.evaluation.game_eval import candidate_thresholds
-from modules.evaluation.preference_report import (
+from alignment_games.modules.evaluation.game_eval import candidate_thresholds
+from alignment_games.modules.evaluation.preference_report import (
     SCORE_NAMES,
     _check_report_inputs,
     build_report,

@@ -4,7 +4,8 @@ A reply is *correct* when its last ``\boxed{}`` matches the reference (the games
 :func:`~modules.scorers.reward_models.answer_rewards`), and *in format* when it is one ``<think>…</think>`` block
 followed by a visible part that holds a ``\boxed{}`` answer (:func:`~modules.algorithms.debate.split_reply`).
 
-    python -m modules.evaluation.policy_accuracy --model artifacts/competent_policy --min-steps 1 --max-steps 2
+    python -m alignment_games.modules.evaluation.policy_accuracy --model artifacts/competent_policy \
+        --min-steps 1 --max-steps 2
 
 The problems default to the games' own held-out prompts (:class:`~datamodules.prompts.PromptDataModule` generates
 with seed ``0 + 1_000_003``), which the SFT data (seed ``0 + 2_000_003``) does not hold.
@@ -20,10 +21,10 @@ from typing import Any
 
 import torch
 
-from datamodules.arithmetic import generate_problems
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.algorithms.debate import split_reply
-from modules.lm.text import render_chat
+from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.debate import split_reply
+from alignment_games.modules.lm.text import render_chat
 
 __all__ = ["greedy_replies", "main", "policy_accuracy", "reply_in_format", "score_replies", "wilson_interval"]
 
@@ -142,7 +143,7 @@ def policy_accuracy(
     Raises:
         ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.
     """
-    from modules.lm.models import load_model, load_tokenizer
+    from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     for name, v in (("num_problems", num_problems), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
         if v < 1:

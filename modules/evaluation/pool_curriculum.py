@@ -6,7 +6,7 @@ arithmetic pool, the mean number of operations (the problems' difficulty) of the
 likely instructions against the pool's mean. Comparing runs
 that differ only in the composite reward's weights shows what each term makes the leader favour.
 
-    python -m modules.evaluation.pool_curriculum --run default=runs/pool_grpo_competent/version_0 \\
+    python -m alignment_games.modules.evaluation.pool_curriculum --run default=runs/pool_grpo_competent/version_0 \\
         --run difficulty=runs/pool_grpo_difficulty/version_0 --out pool_curriculum.json
 
 A run folder holds ``pool_history.json`` (written by :class:`modules.pool.StackelbergPool` at the end of fit) and the
@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from modules.algorithms.pool import weight_extremes
-from modules.training.artifacts import atomic_write_text
+from alignment_games.modules.algorithms.pool import weight_extremes
+from alignment_games.modules.training.artifacts import atomic_write_text
 
 __all__ = ["feature_extremes", "load_weights", "main", "pool_operations", "sharpening"]
 
@@ -90,8 +90,8 @@ def pool_operations(data: dict[str, Any]) -> list[int]:
     ``data`` holds :class:`datamodules.pool.InstructionPoolDataModule`'s numeric settings (missing ones take its
     defaults); the pool is rebuilt exactly as training built it.
     """
-    from datamodules.arithmetic import generate_problems
-    from datamodules.pool import InstructionPoolDataModule
+    from alignment_games.datamodules.arithmetic import generate_problems
+    from alignment_games.datamodules.pool import InstructionPoolDataModule
 
     settings = {k: data.get(k, v) for k, v in DATA_FIELDS.items()}
     for k, v in settings.items():

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from modules.training.artifacts import atomic_write_bytes, atomic_write_text
+from alignment_games.modules.training.artifacts import atomic_write_bytes, atomic_write_text
 
 __all__ = ["make_pool_figures", "write_pool_artifacts", "write_pool_figures"]
 

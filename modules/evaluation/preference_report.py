@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 
 __all__ = [
     "DEFAULT_FRACTIONS",

@@ -1,6 +1,7 @@
 """Round-robin oracle preference rates between trained policies and the reference (App. G.4, Table 4).
 
-``python -m modules.evaluation.round_robin --runs smida=<ckpt> nlhf=<ckpt> slhf=<ckpt> --lm artifacts/tiny_policy``
+``python -m alignment_games.modules.evaluation.round_robin --runs smida=<ckpt> nlhf=<ckpt> slhf=<ckpt>
+--lm artifacts/tiny_policy``
 builds one frozen base with one LoRA adapter per run, loads each checkpoint's adapter tensors into it (tensors only,
 ``weights_only=True``: a checkpoint configures nothing), samples ``--pairs`` answers per held-out prompt from every
 policy and from the reference (the disabled adapter), has the oracle label every pair of policies on the same
@@ -28,9 +29,9 @@ __all__ = ["PLAYER_OF_FAMILY", "adapter_tensors", "main", "markdown_table", "rou
 
 #: which player of a checkpoint's family is compared (the Leaders, as in Table 4; NLHF's one policy)
 PLAYER_OF_FAMILY = {
-    "modules.deep_smida.DeepSMIDA": "leader",
-    "modules.slhf.SLHF": "leader",
-    "modules.nlhf.NashMDPG": "policy",
+    "alignment_games.modules.deep_smida.DeepSMIDA": "leader",
+    "alignment_games.modules.slhf.SLHF": "leader",
+    "alignment_games.modules.nlhf.NashMDPG": "policy",
 }
 REFERENCE = "reference"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -157,7 +158,7 @@ def _parse_runs(specs: Sequence[str]) -> list[tuple[str, str, str | None]]:
 
 def _load_runs(bank: Any, runs: list[tuple[str, str, str | None]]) -> dict[str, str]:
     """Load each run's adapter into ``bank`` (tensors only); the player each came from."""
-    from modules.training.checkpoints import checkpoint_family, read_checkpoint
+    from alignment_games.modules.training.checkpoints import checkpoint_family, read_checkpoint
 
     own = bank.state_dict()
     players = {}
@@ -212,7 +213,9 @@ def _sample_all(bank: Any, policies: list[str], prompts: list[str], args: argpar
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m modules.evaluation.round_robin", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m alignment_games.modules.evaluation.round_robin", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--runs", nargs="+", required=True, help="NAME=CHECKPOINT[:PLAYER], e.g. smida=runs/.../last.ckpt")
     p.add_argument(
         "--lm", required=True, help="the frozen base every run was trained from (e.g. artifacts/tiny_policy)"
@@ -246,10 +249,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """
     import lightning as L
 
-    from datamodules.prompts import PromptDataModule
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
-    from modules.scorers.oracle import ProgrammaticOracle
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.scorers.oracle import ProgrammaticOracle
 
     args = _parser().parse_args(argv)
     for field in ("pairs", "oracle_queries", "batch_size", "n_boot"):

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from callbacks.items import gather_unique_items
-from modules.evaluation.game_eval import prompt_bootstrap_mean
+from alignment_games.callbacks.items import gather_unique_items
+from alignment_games.modules.evaluation.game_eval import prompt_bootstrap_mean
 
 __all__ = ["WinRateValidation", "win_rate_summary"]
 

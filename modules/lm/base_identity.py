@@ -47,7 +47,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def model_folder(name_or_path: str, revision: str | None = None) -> str | None:
     """The local folder of a model: itself, a ``builtin:`` alias's folder, or the hub cache's snapshot; else None."""
-    from modules.lm.models import resolve_name_or_path
+    from alignment_games.modules.lm.models import resolve_name_or_path
 
     try:
         path = resolve_name_or_path(name_or_path)
@@ -118,7 +118,7 @@ def _read_cache(path: str) -> dict[str, Any]:
 
 def _write_cache(path: str, key: str, entry: dict[str, Any]) -> None:
     """Add one entry (merged with what another process may have added meanwhile); never fails the caller."""
-    from modules.training.artifacts import atomic_write_text
+    from alignment_games.modules.training.artifacts import atomic_write_text
 
     with contextlib.suppress(OSError):  # a read-only or full home: the hash is simply computed again next time
         cache = _read_cache(path)

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from modules.distributed.sharding import fsdp_wrapped
-from modules.lm.decoding import cascade_attention
+from alignment_games.modules.distributed.sharding import fsdp_wrapped
+from alignment_games.modules.lm.decoding import cascade_attention
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
 

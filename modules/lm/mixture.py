@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from modules.algorithms.baselines import geometric_mixture_logprobs
-from modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.algorithms.baselines import geometric_mixture_logprobs
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
 
 __all__ = ["generate_mixture"]
 

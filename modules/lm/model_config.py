@@ -20,8 +20,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from modules.lm.models import DTYPES, apply_lora, load_model, load_tokenizer
-from modules.lm.precision import AUTO, resolve_dtype, set_tf32
+from alignment_games.modules.lm.models import DTYPES, apply_lora, load_model, load_tokenizer
+from alignment_games.modules.lm.precision import AUTO, resolve_dtype, set_tf32
 
 __all__ = ["ModelConfig"]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from modules.training.provenance import looks_local, missing_artifact
+from alignment_games.modules.training.provenance import looks_local, missing_artifact
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -52,7 +52,7 @@ def _minilm_dir() -> str:
 
 
 def _smollm2_dir() -> str:
-    from modules.lm.builtin_smollm2 import smollm2_dir
+    from alignment_games.modules.lm.builtin_smollm2 import smollm2_dir
 
     return smollm2_dir()
 
@@ -300,7 +300,7 @@ def tiny_tokenizer(name: str) -> Any:
     if name == "byte":
         return build_byte_tokenizer()
     if name == "task":
-        from modules.lm.task_tokenizer import build_task_tokenizer
+        from alignment_games.modules.lm.task_tokenizer import build_task_tokenizer
 
         return build_task_tokenizer()
     raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {name!r}")

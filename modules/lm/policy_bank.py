@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
-from modules.lm import static_decode
-from modules.lm.base_identity import base_identity
-from modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
-from modules.lm.decoding import (
+from alignment_games.modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
+from alignment_games.modules.lm import static_decode
+from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
+from alignment_games.modules.lm.decoding import (
     _PREFIX,
     GROUPED_ATTENTION,
     _register_grouped_attention,
@@ -29,10 +29,10 @@ from modules.lm.decoding import (
     next_tokens,
     preallocated_cache,
 )
-from modules.lm.logprobs import head_inputs, head_token_logprobs
-from modules.lm.model_config import ModelConfig
-from modules.lm.models import check_exists, resolve_name_or_path
-from modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
+from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
+from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
 
 __all__ = ["PolicyBank", "Rollout"]
 

@@ -83,7 +83,7 @@ def frozen_weights_dtype(strategy: Any) -> torch.dtype | None:
 
     None under sharded strategies (FSDP, FSDP2, DeepSpeed): they own the parameters and their mixed precision.
     """
-    from modules.distributed.sharding import sharded_strategy_kind
+    from alignment_games.modules.distributed.sharding import sharded_strategy_kind
 
     if sharded_strategy_kind(strategy) is not None:
         return None

@@ -33,15 +33,15 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from modules.algorithms.answers import answers_match
-from modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
-from modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
-from modules.lm.decoding import shared_prompt_cache
-from modules.lm.sampling import Sampling
-from modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
-from modules.scorers.quoting import fit_judged, quote_judged
-from modules.scorers.remote import ChatServer
-from modules.training.faults import call_with_timeout
+from alignment_games.modules.algorithms.answers import answers_match
+from alignment_games.modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
+from alignment_games.modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
+from alignment_games.modules.lm.decoding import shared_prompt_cache
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
+from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
+from alignment_games.modules.scorers.remote import ChatServer
+from alignment_games.modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -557,7 +557,7 @@ class RemoteJudge(PromptedJudge):
             seed=seed,
             timeout_s=timeout_s,
         )
-        from modules.lm.models import load_tokenizer
+        from alignment_games.modules.lm.models import load_tokenizer
 
         self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
         if max_concurrency < 1:

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.scorers.quoting import fit_judged, quote_judged
-from modules.scorers.remote import ChatServer
-from modules.training.faults import call_with_timeout
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
+from alignment_games.modules.scorers.remote import ChatServer
+from alignment_games.modules.training.faults import call_with_timeout
 
 __all__ = [
     "LLMJudgeOracle",
@@ -77,7 +77,7 @@ def load_frozen_causal_lm(model: str, dtype: str, trust_remote_code: bool) -> tu
     ``dtype="auto"`` is bfloat16 when CUDA is available (half the memory of fp32, and a frozen judge has no optimizer
     to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32).
     """
-    from modules.lm.models import load_model, load_tokenizer
+    from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     if dtype == "auto":
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
@@ -454,7 +454,7 @@ class RemoteJudgeOracle(PromptedOracle):
         timeout_s: float | None = None,
     ) -> None:
         super().__init__(template, max_length, num_queries, seed, timeout_s)
-        from modules.lm.models import load_tokenizer
+        from alignment_games.modules.lm.models import load_tokenizer
 
         for name, value in (("samples", samples), ("max_tokens", max_tokens), ("max_concurrency", max_concurrency)):
             if value < 1:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
-from modules.algorithms.pool import (
+from alignment_games.modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
+from alignment_games.modules.algorithms.pool import (
     DEFAULT_JUDGE_TEMPLATE,
     DEFAULT_SCORE,
     agreement_score,
@@ -23,9 +23,9 @@ from modules.algorithms.pool import (
     final_answer,
     parse_judgement,
 )
-from modules.lm.policy_bank import PolicyBank, Rollout
-from modules.lm.text import pad_sequences
-from modules.scorers.quoting import fit_judged, quote_judged
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.text import pad_sequences
+from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 
 __all__ = ["PeerJudging", "encode_texts", "member_scores", "peer_scores", "solve_scores"]
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.lm.models import DTYPES, check_exists, resolve_name_or_path
-from modules.lm.pooled_scoring import pooled_scores, prefix_cache
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.lm.models import DTYPES, check_exists, resolve_name_or_path
+from alignment_games.modules.lm.pooled_scoring import pooled_scores, prefix_cache
 
 __all__ = ["RewardModels", "answer_rewards"]
 
@@ -78,7 +78,7 @@ class RewardModels(nn.Module):
         super().__init__()
         from transformers import AutoModelForSequenceClassification
 
-        from modules.lm.models import load_tokenizer
+        from alignment_games.modules.lm.models import load_tokenizer
 
         self.paths, self.batch_size, self.max_length = list(paths), batch_size, max_length
         self.models = nn.ModuleList()

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
-from modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 
 __all__ = ["EnsembleUtility", "Utility", "utility_from_member_probs"]
 
@@ -125,8 +125,8 @@ class EnsembleUtility(Utility):
         allow_untrained: bool = False,
     ) -> None:
         super().__init__()
-        from modules.lm.model_config import ModelConfig
-        from modules.preference import PreferenceEnsemble
+        from alignment_games.modules.lm.model_config import ModelConfig
+        from alignment_games.modules.preference import PreferenceEnsemble
 
         if kind not in UTILITY_KINDS:
             raise ValueError(f"utility kind {kind!r} is not one of {', '.join(UTILITY_KINDS)}")

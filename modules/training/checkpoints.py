@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from modules.training.faults import nonfinite_entries
-from modules.training.provenance import made_by
+from alignment_games.modules.training.faults import nonfinite_entries
+from alignment_games.modules.training.provenance import made_by
 
 __all__ = [
     "FAMILY_KEY",
@@ -323,12 +323,12 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
 def _read_any(path: str, mmap: bool) -> dict[str, Any]:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "latest")):  # DeepSpeed's folder: its Lightning state, weights-only
-            from modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state
+            from alignment_games.modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state
 
             return read_deepspeed_client_state(path)
         if not is_sharded_checkpoint(path):
             raise ValueError("a folder without meta.pt and .metadata, or DeepSpeed's latest (an incomplete save?)")
-        from modules.distributed.dcp_safe import read_dcp_metadata
+        from alignment_games.modules.distributed.dcp_safe import read_dcp_metadata
 
         read_dcp_metadata(path)
         return torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from modules.distributed.sharding import check_exportable, full_tensors
-from modules.lm.model_config import ModelConfig
-from modules.lm.models import resolve_name_or_path
-from modules.training.artifacts import write_error
-from modules.training.checkpoints import CheckpointLoading, family_name
-from modules.training.provenance import looks_local
+from alignment_games.modules.distributed.sharding import check_exportable, full_tensors
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import resolve_name_or_path
+from alignment_games.modules.training.artifacts import write_error
+from alignment_games.modules.training.checkpoints import CheckpointLoading, family_name
+from alignment_games.modules.training.provenance import looks_local
 
 __all__ = [
     "EXPORT_RECORD",

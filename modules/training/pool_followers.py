@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from modules.algorithms import pool as rules
-from modules.algorithms.rl_losses import dpo_loss, grpo_loss, length_normalized_nll
-from modules.distributed import collectives
-from modules.lm.policy_bank import Rollout
+from alignment_games.modules.algorithms import pool as rules
+from alignment_games.modules.algorithms.rl_losses import dpo_loss, grpo_loss, length_normalized_nll
+from alignment_games.modules.distributed import collectives
+from alignment_games.modules.lm.policy_bank import Rollout
 
 __all__ = ["FollowerTraining", "FollowerUpdates"]
 

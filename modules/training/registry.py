@@ -40,9 +40,9 @@ def _public_subclasses(package: str, base: type, skip: tuple[str, ...] = ()) -> 
 
 def model_families() -> dict[str, type[L.LightningModule]]:
     """Every model family by class name, importing its file (cheap: families load models only when built)."""
-    return _public_subclasses("modules", L.LightningModule, skip=("base",))
+    return _public_subclasses("alignment_games.modules", L.LightningModule, skip=("base",))
 
 
 def data_families() -> dict[str, type[L.LightningDataModule]]:
     """Every data family by class name, importing its file."""
-    return _public_subclasses("datamodules", L.LightningDataModule)
+    return _public_subclasses("alignment_games.datamodules", L.LightningDataModule)

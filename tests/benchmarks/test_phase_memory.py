@@ -36,7 +36,7 @@ def test_phases_on_cpu_count_what_they_hold_above_the_step_start():
 
 
 def test_instrument_routes_a_phase_timer_through_the_meter():
-    from modules.training.timing import PhaseTimer
+    from alignment_games.modules.training.timing import PhaseTimer
 
     class Module(PhaseTimer):
         def work(self):

@@ -14,7 +14,7 @@ from helpers.callback_helpers import (
     run_docs_example,
 )
 
-from callbacks import (
+from alignment_games.callbacks import (
     EloRating,
     decayed_k_factor,
     effective_k_factor,

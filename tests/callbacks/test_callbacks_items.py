@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from callbacks import ItemRecords, MCCTracker, first_occurrences, gather_unique_items
+from alignment_games.callbacks import ItemRecords, MCCTracker, first_occurrences, gather_unique_items
 
 
 def test_first_occurrences_by_hand():

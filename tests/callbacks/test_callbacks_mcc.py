@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import confusion_matrix, matthews_corrcoef
 
-from callbacks import MCCTracker, least_squares_slope, matthews_corrcoef_from_counts
+from alignment_games.callbacks import MCCTracker, least_squares_slope, matthews_corrcoef_from_counts
 
 # scikit-learn warns on single-class inputs: exactly the degenerate cases these tests compare against.
 pytestmark = pytest.mark.filterwarnings("ignore:A single label was found:UserWarning")

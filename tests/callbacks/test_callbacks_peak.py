@@ -11,7 +11,14 @@ from lightning.pytorch.loggers import CSVLogger
 from scipy import stats
 from scipy.special import betaln
 
-from callbacks import PeakCheckpoint, beta_lower_bound, gap_recovery, p_best, pooled_lower_bound, posterior_mean
+from alignment_games.callbacks import (
+    PeakCheckpoint,
+    beta_lower_bound,
+    gap_recovery,
+    p_best,
+    pooled_lower_bound,
+    posterior_mean,
+)
 
 # Evaluation 2 has the highest raw accuracy (10/10) but few trials; evaluation 4 has the highest pooled raw
 # accuracy over the window of 3 (145/210); evaluation 5 has the highest lower bound (207/300 pooled).

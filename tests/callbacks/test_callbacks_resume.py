@@ -9,7 +9,7 @@ from helpers.callback_helpers import GameModule, all_callbacks, callback_states,
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks import EloRating, MCCTracker, PeakCheckpoint, TwoTimescaleWarmup
+from alignment_games.callbacks import EloRating, MCCTracker, PeakCheckpoint, TwoTimescaleWarmup
 
 EPOCHS = 3  # 12 training batches per epoch, two optimizer steps per batch
 

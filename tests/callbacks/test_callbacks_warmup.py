@@ -2,7 +2,7 @@ import pytest
 import torch
 from helpers.callback_helpers import GameModule, SeriesModule, ddp_results, docs_block, make_trainer, run_docs_example
 
-from callbacks import TwoTimescaleWarmup, warmup_learning_rates
+from alignment_games.callbacks import TwoTimescaleWarmup, warmup_learning_rates
 
 ETA_INIT, ETA_L, ETA_F, T = 1e-3, 8e-3, 2e-2, 10
 
@@ -179,7 +179,7 @@ def test_readme_cli_config_instantiates():
 def test_math_docstring_examples():
     import doctest
 
-    from callbacks.functional import beta, elo, mcc, warmup
+    from alignment_games.callbacks.functional import beta, elo, mcc, warmup
 
     results = [doctest.testmod(m) for m in (beta, elo, mcc, warmup)]
     assert sum(r.attempted for r in results) >= 12 and all(r.failed == 0 for r in results)

@@ -8,7 +8,7 @@ import json
 import os
 import random
 
-from datamodules.arithmetic import generate_problems, make_response
+from alignment_games.datamodules.arithmetic import generate_problems, make_response
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from datamodules.resumable import ResumableDataLoader, bucket_order
-from datamodules.sft import ArithmeticSFTDataModule, _chars
+from alignment_games.datamodules.resumable import ResumableDataLoader, bucket_order
+from alignment_games.datamodules.sft import ArithmeticSFTDataModule, _chars
 
 
 def _dm(window, seed=0):

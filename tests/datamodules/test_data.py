@@ -6,11 +6,11 @@ import warnings
 import pytest
 import torch
 
-from datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
-from datamodules.preference import PreferenceDataModule, load_preference_rows, validate_rows
-from modules.algorithms.answers import extract_final_answer
-from modules.lm.models import load_tokenizer
-from modules.scorers.oracle import ProgrammaticOracle, solution_score
+from alignment_games.datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+from alignment_games.datamodules.preference import PreferenceDataModule, load_preference_rows, validate_rows
+from alignment_games.modules.algorithms.answers import extract_final_answer
+from alignment_games.modules.lm.models import load_tokenizer
+from alignment_games.modules.scorers.oracle import ProgrammaticOracle, solution_score
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_bad_config_values():
 
 
 def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
-    from modules.scorers.oracle import LLMJudgeOracle
+    from alignment_games.modules.scorers.oracle import LLMJudgeOracle
 
     judge = LLMJudgeOracle(tiny_lm_dir, batch_size=3, num_queries=3, seed=0)
     text = judge.render("say {second} and {0}", "A-text", "B-text")
@@ -175,7 +175,7 @@ def test_llm_judge_oracle_batches_and_never_injects(tiny_lm_dir):
 def test_llm_judge_oracle_reads_the_last_position_as_the_whole_sequence_logits_do(tiny_lm_dir):
     """The judge projects only the last position onto the vocabulary: the same A/B probabilities as every position's
     logits, over batches with left padding."""
-    from modules.scorers.oracle import LLMJudgeOracle
+    from alignment_games.modules.scorers.oracle import LLMJudgeOracle
 
     judge = LLMJudgeOracle(tiny_lm_dir, batch_size=2)
     prompts, firsts, seconds = ["q1", "a longer question 2", "q3"], ["a", "bb", "c"], ["b", "a", "a longer answer"]
@@ -191,7 +191,7 @@ def test_llm_judge_oracle_reads_the_last_position_as_the_whole_sequence_logits_d
 
 
 def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
-    from datamodules.prompts import PromptDataModule, PromptSource
+    from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
 
     path = tmp_path / "gsm.jsonl"
     path.write_text(
@@ -240,7 +240,7 @@ class Alternating:
 def test_oracle_averages_the_valid_verdicts_and_leaves_the_invalid_out():
     """§5.3.2: "averaging the valid binary verdicts" of the queries. Four queries say a, b, a, b; per row, the
     queries with a garbage verdict: none (mean 1/2), {1} (a, a, b: 2/3), {0, 2} (b, b: 0), all (no label), {3}."""
-    from modules.scorers.oracle import PreferenceOracle
+    from alignment_games.modules.scorers.oracle import PreferenceOracle
 
     class Scripted(PreferenceOracle):
         def __init__(self, invalid, **kw):
@@ -290,7 +290,7 @@ def test_oracle_averages_the_valid_verdicts_and_leaves_the_invalid_out():
 def test_oracle_calls_past_the_time_limit_give_no_verdict():
     import time
 
-    from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
+    from alignment_games.modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
     class SlowSecondCall(PreferenceOracle):
         """a is always better; the second of three calls comes too late."""
@@ -345,7 +345,7 @@ def test_programmatic_labels_are_those_of_the_oracle_before_invalid_verdicts_wer
 
 
 def test_pairs_without_a_valid_verdict_are_dropped_and_counted():
-    from modules.scorers.oracle import PreferenceOracle
+    from alignment_games.modules.scorers.oracle import PreferenceOracle
 
     class Silent(PreferenceOracle):
         """No verdict for the first pair of every call."""
@@ -366,7 +366,7 @@ def test_pairs_without_a_valid_verdict_are_dropped_and_counted():
 def test_a_hub_prompt_source_passes_its_subset_and_revision_to_load_dataset(monkeypatch):
     import datasets
 
-    from datamodules.prompts import PromptSource
+    from alignment_games.datamodules.prompts import PromptSource
 
     calls = []
 

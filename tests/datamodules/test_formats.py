@@ -3,9 +3,14 @@ for the plain fallback, and the errors of malformed messages."""
 
 import pytest
 
-from datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion, split_last_reply
-from modules.lm.models import load_tokenizer
-from modules.lm.text import plain_chat, render_chat
+from alignment_games.datamodules.formats import (
+    as_messages,
+    extract_implicit_prompt,
+    render_prompt_completion,
+    split_last_reply,
+)
+from alignment_games.modules.lm.models import load_tokenizer
+from alignment_games.modules.lm.text import plain_chat, render_chat
 
 trl_data = pytest.importorskip("trl.data_utils")
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from helpers import ROOT
 
-from datamodules.preference import PreferenceDataModule, read_preference_table
-from datamodules.prompts import PromptDataModule, PromptSource, collate_prompts, index_rows
-from datamodules.sft import SFTFileDataModule
-from modules.algorithms.pool import category_weights
-from modules.lm.models import load_tokenizer
-from modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
+from alignment_games.datamodules.preference import PreferenceDataModule, read_preference_table
+from alignment_games.datamodules.prompts import PromptDataModule, PromptSource, collate_prompts, index_rows
+from alignment_games.datamodules.sft import SFTFileDataModule
+from alignment_games.modules.algorithms.pool import category_weights
+from alignment_games.modules.lm.models import load_tokenizer
+from alignment_games.modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
 DATA = os.path.join(ROOT, "tests", "data")
 PAIRS = os.path.join(DATA, "pairs_question_chosen_rejected.jsonl")
@@ -265,8 +265,8 @@ def test_sft_settings_are_refused_by_name():
 
 
 def test_sft_encodes_a_conversation_with_its_template_and_without_one(tiny_lm_dir, tmp_path):
-    from modules.lm.model_config import ModelConfig
-    from modules.sft import CausalLMSFT
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.sft import CausalLMSFT
 
     sft = CausalLMSFT(lm=ModelConfig(tiny_lm_dir), system_prompt="Default.")
     tok = sft.tokenizer

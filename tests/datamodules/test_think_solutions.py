@@ -3,10 +3,15 @@ import re
 
 import pytest
 
-from datamodules.arithmetic import ArithmeticProblem, generate_problems, make_response, make_think_response
-from datamodules.sft import ArithmeticSFTDataModule
-from modules.algorithms.answers import extract_final_answer
-from modules.evaluation.policy_accuracy import reply_in_format
+from alignment_games.datamodules.arithmetic import (
+    ArithmeticProblem,
+    generate_problems,
+    make_response,
+    make_think_response,
+)
+from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+from alignment_games.modules.algorithms.answers import extract_final_answer
+from alignment_games.modules.evaluation.policy_accuracy import reply_in_format
 
 
 @pytest.mark.parametrize("style", ["think", "think_padded"])

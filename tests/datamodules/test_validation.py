@@ -2,8 +2,8 @@
 
 import pytest
 
-from datamodules.preference import validate_rows
-from datamodules.validation import require_number, require_text
+from alignment_games.datamodules.preference import validate_rows
+from alignment_games.datamodules.validation import require_number, require_text
 
 GOOD = {"prompt": "What is 2 + 2?", "response_a": "4", "response_b": "5", "label": 1.0}
 
@@ -63,9 +63,9 @@ def test_every_prompt_reader_refuses_a_whitespace_prompt_by_row(tmp_path, family
     """The prompt files of Deep SMIDA/GRPO (prompts), debate and the pool (its train and test sources)."""
     import json
 
-    from datamodules.debate import DebateDataModule
-    from datamodules.pool import InstructionPoolDataModule
-    from datamodules.prompts import PromptDataModule, PromptSource
+    from alignment_games.datamodules.debate import DebateDataModule
+    from alignment_games.datamodules.pool import InstructionPoolDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
 
     path = tmp_path / "q.jsonl"
     path.write_text(json.dumps({"prompt": "What is 2 + 2?"}) + "\n" + json.dumps({"prompt": " \t "}) + "\n")
@@ -91,7 +91,7 @@ def test_every_prompt_reader_refuses_a_whitespace_prompt_by_row(tmp_path, family
 def test_sft_rows_refuse_a_number_as_not_text(tmp_path, row, message):
     import json
 
-    from datamodules.sft import SFTFileDataModule
+    from alignment_games.datamodules.sft import SFTFileDataModule
 
     path = tmp_path / "sft.jsonl"
     path.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n" + json.dumps(row) + "\n")

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-from callbacks import EloRating, MCCTracker, PeakCheckpoint, TwoTimescaleWarmup  # noqa: E402
+from alignment_games.callbacks import EloRating, MCCTracker, PeakCheckpoint, TwoTimescaleWarmup  # noqa: E402
 
 PLAYERS = ["alice", "bob", "carol"]
 

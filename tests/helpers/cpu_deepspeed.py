@@ -25,7 +25,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
-from modules.distributed.deepspeed_checkpoints import SafeDeepSpeedStrategy
+from alignment_games.modules.distributed.deepspeed_checkpoints import SafeDeepSpeedStrategy
 
 
 class CPUDeepSpeedStrategy(SafeDeepSpeedStrategy):

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from callbacks import MCCTracker, PeakCheckpoint
+from alignment_games.callbacks import MCCTracker, PeakCheckpoint
 from helpers.callback_helpers import REPO_ROOT, IndexDataset, make_trainer, val_tables
 
 ITEMS = 101

@@ -457,16 +457,16 @@ class ForkServer:
     PRELOAD = (
         "train",
         "resume_harness",
-        "modules.preference",
-        "modules.deep_smida",
-        "modules.nlhf",
-        "modules.slhf",
-        "modules.sft",
-        "modules.tabular_smida",
-        "datamodules.preference",
-        "datamodules.prompts",
-        "datamodules.sft",
-        "datamodules.steps",
+        "alignment_games.modules.preference",
+        "alignment_games.modules.deep_smida",
+        "alignment_games.modules.nlhf",
+        "alignment_games.modules.slhf",
+        "alignment_games.modules.sft",
+        "alignment_games.modules.tabular_smida",
+        "alignment_games.datamodules.preference",
+        "alignment_games.datamodules.prompts",
+        "alignment_games.datamodules.sft",
+        "alignment_games.datamodules.steps",
         "lightning.pytorch.loggers",
     )
 
@@ -602,7 +602,7 @@ def _child(argv: list[str], cwd: str, log: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        import train
+        from alignment_games import train
 
         try:
             train.main()

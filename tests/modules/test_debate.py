@@ -8,13 +8,13 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import MCCTracker, PeakCheckpoint
-from datamodules.prompts import collate_prompts, index_rows
-from modules.algorithms.debate import Transcript, split_reply
-from modules.debate import DebateSelfPlay
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
-from modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
+from alignment_games.callbacks import MCCTracker, PeakCheckpoint
+from alignment_games.datamodules.prompts import collate_prompts, index_rows
+from alignment_games.modules.algorithms.debate import Transcript, split_reply
+from alignment_games.modules.debate import DebateSelfPlay
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
 PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava have now?", "What is 4 + 4?", "1 + 1?"]
 
@@ -242,7 +242,7 @@ def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
 
 def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
     """The module trains against a frozen HF judge through the same interface (its votes: one call per step)."""
-    from modules.scorers.judges import HFJudge
+    from alignment_games.modules.scorers.judges import HFJudge
 
     L.seed_everything(0)
     judge = HFJudge(
@@ -559,7 +559,7 @@ def test_two_ddp_processes_count_each_validation_problem_once(tiny_lm_dir, tmp_p
 
     from helpers import ROOT as root
 
-    from datamodules.debate import DebateDataModule
+    from alignment_games.datamodules.debate import DebateDataModule
 
     data = {"problems": "single_step", "num_prompts": 10, "val_fraction": 0.3, "batch_size": 2}
     dm = DebateDataModule(**data)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers.decode_spy import spy_decodes
 
-from modules.deep_smida import DeepSMIDA
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
-from modules.scorers.utility import Utility, utility_from_member_probs
+from alignment_games.modules.deep_smida import DeepSMIDA
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.utility import Utility, utility_from_member_probs
 
 
 class LengthUtility(Utility):
@@ -60,7 +60,7 @@ def _trainer(tmp_path, steps=2, **kw):
 
 
 def _dm(**kw):
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     return PromptDataModule(num_prompts=24, batch_size=2, **kw)
 
@@ -106,8 +106,8 @@ def test_nonfinite_utility_skips_counts_and_stops(tiny_lm_dir, tmp_path):
 
 
 def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
-    from modules.scorers.oracle import ProgrammaticOracle
-    from modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.scorers.oracle import ProgrammaticOracle
+    from alignment_games.modules.scorers.utility import EnsembleUtility
 
     L.seed_everything(0)
     utility = EnsembleUtility(num_members=3, allow_untrained=True)
@@ -190,8 +190,8 @@ def test_utility_kinds_from_member_probs():
 
 
 def test_predict_writes_candidates_in_the_preference_format(tiny_lm_dir, tmp_path):
-    from callbacks import JsonlPredictionWriter
-    from datamodules.preference import validate_rows
+    from alignment_games.callbacks import JsonlPredictionWriter
+    from alignment_games.datamodules.preference import validate_rows
 
     L.seed_everything(0)
     model = _model(tiny_lm_dir, candidate_threshold=0.0)  # every pair passes a zero threshold
@@ -224,7 +224,7 @@ def test_two_ddp_processes_train_the_game(tiny_lm_dir, tmp_path):
 
     from helpers import ROOT as root
 
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     dm = PromptDataModule(num_prompts=30, val_fraction=0.1, batch_size=2)
     dm.setup("fit")
@@ -355,7 +355,12 @@ def test_follower_raises_and_leader_lowers_the_expected_utility(tiny_lm_dir, tmp
 
 
 def test_compare_pairs_and_adversarial_by_hand():
-    from modules.evaluation.game_eval import adversarial_mask, adversarial_yield, candidate_thresholds, compare_pairs
+    from alignment_games.modules.evaluation.game_eval import (
+        adversarial_mask,
+        adversarial_yield,
+        candidate_thresholds,
+        compare_pairs,
+    )
 
     ref = torch.tensor([[0.0, 0.1], [0.2, 0.3], [0.4, 0.5], [0.6, 0.7], [0.8, 0.9]])
     trained = ref + 0.5
@@ -403,7 +408,7 @@ def test_deep_smida_under_deepspeed_is_refused_by_name(tiny_lm_dir):
 
 def test_joint_yield_and_precision_by_hand():
     """Fig. 2(b)'s joint yield and Fig. 5's precision on a case counted by hand, both over the labelled triplets."""
-    from modules.evaluation.game_eval import adversarial_report, prompt_bootstrap_share
+    from alignment_games.modules.evaluation.game_eval import adversarial_report, prompt_bootstrap_share
 
     nan = float("nan")
     # two prompts × three triplets; the last triplet of prompt 1 has no valid oracle verdict
@@ -439,7 +444,7 @@ def test_joint_yield_and_precision_by_hand():
 
 def test_checkpoint_keeps_the_validation_oracles_generator_and_counters(tiny_lm_dir):
     """A resumed validation labels as the uninterrupted one: the oracle's draws continue, its counters carry on."""
-    from modules.scorers.oracle import ProgrammaticOracle
+    from alignment_games.modules.scorers.oracle import ProgrammaticOracle
 
     rows = (["q"] * 6, [r"\boxed{2}", "x", r"\boxed{3}"] * 2, [r"\boxed{3}", r"\boxed{2}", "y"] * 2, ["2"] * 6)
     model = _model(tiny_lm_dir, oracle=ProgrammaticOracle(num_queries=2, seed=3))

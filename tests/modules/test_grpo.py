@@ -5,11 +5,11 @@ import pytest
 import torch
 from helpers.decode_spy import spy_decodes
 
-from modules.grpo import GRPO
-from modules.lm.model_config import ModelConfig
-from modules.lm.models import build_tiny_reward_model
-from modules.lm.sampling import Sampling
-from modules.scorers.reward_models import RewardModels, answer_rewards
+from alignment_games.modules.grpo import GRPO
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import build_tiny_reward_model
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def _trainer(tmp_path, steps=2, **kw):
 
 
 def _dm():
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     return PromptDataModule(num_prompts=24, batch_size=2)
 
@@ -216,8 +216,8 @@ def test_min_new_tokens_fixes_the_reply_length(tiny_lm_dir):
 
 
 def test_merged_adapter_generation_matches_and_leaves_the_base_untouched(tiny_lm_dir):
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.manual_seed(0)
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
@@ -238,8 +238,8 @@ def test_merged_adapter_generation_matches_and_leaves_the_base_untouched(tiny_lm
 
 
 def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(tiny_lm_dir):
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.manual_seed(0)
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
@@ -272,7 +272,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(tiny_lm_dir
 
 
 def test_groups_are_ordered_by_their_longest_completion():
-    from modules.grpo import _groups_by_length
+    from alignment_games.modules.grpo import _groups_by_length
 
     lengths = [3, 5, 1, 2, 4, 4]  # groups of 2: longest 5, 2, 4
     mask = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])
@@ -283,7 +283,7 @@ def test_length_ordered_micro_batches_give_the_whole_batchs_update(tiny_lm_dir, 
     """One step in chunks of one group, in a changed group order (rewards, advantages and reference log-probabilities
     follow their rows) and each run to its own longest reply, moves the adapter as the whole batch in one forward
     does."""
-    import modules.grpo as grpo
+    import alignment_games.modules.grpo as grpo
 
     orders = []
 

@@ -7,13 +7,13 @@ import lightning as L
 import pytest
 import torch
 
-from modules.lm.mixture import generate_mixture
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
-from modules.nlhf import NashMDPG
-from modules.scorers.oracle import ProgrammaticOracle
-from modules.scorers.utility import Utility
-from modules.slhf import SLHF
+from alignment_games.modules.lm.mixture import generate_mixture
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.nlhf import NashMDPG
+from alignment_games.modules.scorers.oracle import ProgrammaticOracle
+from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.slhf import SLHF
 
 
 class LengthPreference(Utility):
@@ -48,7 +48,7 @@ def _trainer(tmp_path, steps, val=0):
 
 
 def _dm():
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     return PromptDataModule(num_prompts=24, batch_size=2)
 
@@ -59,7 +59,7 @@ def _snapshot(model):
 
 def test_mixture_sampler_follows_beta(tiny_lm_dir):
     """β = 0 is the policy's and β = 1 the reference's greedy decode (temperature → 0), with a policy that differs."""
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.manual_seed(0)
     bank = PolicyBank(_lm(tiny_lm_dir), players=("policy",))
@@ -158,7 +158,7 @@ class _Counting:
 def test_defaults_sample_table_3s_two_responses_a_prompt(tiny_lm_dir, tmp_path, monkeypatch):
     """Table 3: 2 responses a prompt. NLHF: one policy answer and one mixture answer; SLHF: one Leader answer and one
     Follower refinement; one P0 comparison a prompt each."""
-    import modules.nlhf
+    import alignment_games.modules.nlhf as nlhf
 
     b = 2  # prompts a batch (_dm)
     counted = {}
@@ -166,8 +166,8 @@ def test_defaults_sample_table_3s_two_responses_a_prompt(tiny_lm_dir, tmp_path, 
         L.seed_everything(0)
         model = cls(lm=_lm(tiny_lm_dir), preference=LengthPreference(), sampling=Sampling(max_new_tokens=4))
         model.players.generate = spy = _Counting(model.players.generate)
-        mixture = _Counting(modules.nlhf.generate_mixture)
-        monkeypatch.setattr(modules.nlhf, "generate_mixture", mixture)
+        mixture = _Counting(nlhf.generate_mixture)
+        monkeypatch.setattr(nlhf, "generate_mixture", mixture)
         scored = []
         score = model.preference.forward
         model.preference.forward = lambda x, first, second, seen=scored, f=score: (
@@ -183,7 +183,7 @@ def test_defaults_sample_table_3s_two_responses_a_prompt(tiny_lm_dir, tmp_path, 
 def test_slhf_with_one_sample_a_player_takes_the_constant_baseline_one_half():
     """D = M = 1: u = 1 − P0 = 0.2; A = u − τ_F·1 = 0.1, so the follower's advantage is A − ½ = −0.4; the leader's
     L = A + τ_L·2 = 0.2, advantage −0.3 (hand values)."""
-    from modules.algorithms.baselines import slhf_surrogate_losses
+    from alignment_games.modules.algorithms.baselines import slhf_surrogate_losses
 
     lp_l = torch.tensor([[-3.0]], requires_grad=True)
     lp_f = torch.tensor([[[-4.0]]], requires_grad=True)
@@ -199,7 +199,7 @@ def test_slhf_with_one_sample_a_player_takes_the_constant_baseline_one_half():
 
 def test_p0_is_a_named_member_or_the_ensemble_mean():
     """Member probabilities 0.9, 0.2, 0.4: member 0 gives 0.9, member 1 0.2, the ensemble mean 0.5."""
-    from modules.scorers.utility import EnsembleUtility, utility_from_member_probs
+    from alignment_games.modules.scorers.utility import EnsembleUtility, utility_from_member_probs
 
     p = torch.tensor([[0.9, 0.2, 0.4]])
     assert utility_from_member_probs(p, "preference").item() == pytest.approx(0.9)

@@ -9,17 +9,17 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import EloRating
-from datamodules.pool import InstructionPoolDataModule, split_pool
-from datamodules.prompts import PromptSource
-from modules.algorithms.exp3 import CompositeReward
-from modules.algorithms.pool import Matchmaking, ReputationWeighting, final_answer
-from modules.distributed.collectives import local_batches, shared_rows
-from modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
-from modules.lm.sampling import Sampling
-from modules.pool import StackelbergPool
-from modules.scorers.peer_judges import PeerJudging, solve_scores
-from modules.training.pool_followers import FollowerTraining
+from alignment_games.callbacks import EloRating
+from alignment_games.datamodules.pool import InstructionPoolDataModule, split_pool
+from alignment_games.datamodules.prompts import PromptSource
+from alignment_games.modules.algorithms.exp3 import CompositeReward
+from alignment_games.modules.algorithms.pool import Matchmaking, ReputationWeighting, final_answer
+from alignment_games.modules.distributed.collectives import local_batches, shared_rows
+from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.pool import StackelbergPool
+from alignment_games.modules.scorers.peer_judges import PeerJudging, solve_scores
+from alignment_games.modules.training.pool_followers import FollowerTraining
 
 SMALL = dict(
     duels_per_iteration=3,
@@ -387,7 +387,7 @@ def test_the_leader_learns_from_the_composite_reward_of_reputation_weighted_scor
 ):
     """Phases 4-6 end to end: EXP3's update receives, for each chosen instruction, the composite reward of the two
     sides' reputation-weighted peer scores (weights by hand: the ratings, or 10^((R - mean) / 400) normalised)."""
-    from modules.algorithms.exp3 import Exp3
+    from alignment_games.modules.algorithms.exp3 import Exp3
 
     module = StackelbergPool(
         lm=_lm(tiny_lm_dir), num_players=4, reputation=ReputationWeighting(rule), **{**SMALL, "duels_per_iteration": 4}
@@ -502,7 +502,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 ):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from callbacks.fault_tolerance import AtomicCheckpointIO
+    from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
 
     L.seed_everything(0)
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
@@ -572,7 +572,7 @@ def test_each_follower_batch_is_split_into_contiguous_shares_that_tile_it(world)
 
 
 def test_the_schedule_length_is_the_trainers_unless_given():
-    from modules.pool import schedule_length
+    from alignment_games.modules.pool import schedule_length
 
     assert schedule_length(None, 4, 1) == 4  # the configs: one iteration per epoch
     assert schedule_length(None, 2, 3) == 6  # iterations_per_epoch 3

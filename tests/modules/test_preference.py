@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.preference import PreferenceDataModule
-from modules.lm.model_config import ModelConfig
-from modules.preference import PreferenceEnsemble, skew_symmetric_block_matrix
+from alignment_games.datamodules.preference import PreferenceDataModule
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.preference import PreferenceEnsemble, skew_symmetric_block_matrix
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_j_is_skew_symmetric_block_diagonal():
 def test_gpm_head_values_follow_eq_27():
     """Eq. (27), ``P_i(a ≻ b) = σ(λ_i ⟨J z_i(a), z_i(b)⟩)`` with ``z = Wh / ‖Wh‖``: by hand for member 0 and against
     numpy for member 1; dropping the L2 normalisation or λ changes both."""
-    from modules.preference import GPMHead
+    from alignment_games.modules.preference import GPMHead
 
     head = GPMHead(hidden_size=3, num_members=2, embed_dim=2, init_scale=1.0, seeds=[0, 1])
     weights = [[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], [[0.5, 0.0, 1.0], [0.0, -2.0, 0.5]]]
@@ -186,7 +186,7 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     ],
 )
 def test_bad_rates_are_refused_by_name(field, bad, message):
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     with pytest.raises(ValueError, match=message):
         PreferenceEnsemble(**{field: bad})

@@ -4,9 +4,9 @@ import lightning as L
 import pytest
 import torch
 
-from datamodules.sft import ArithmeticSFTDataModule
-from modules.lm.model_config import ModelConfig
-from modules.sft import CausalLMSFT
+from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.sft import CausalLMSFT
 
 
 def test_sft_data_mixes_leader_and_follower_formats():

@@ -1,9 +1,9 @@
 import lightning as L
 import pytest
 
-from datamodules.sft import ArithmeticSFTDataModule
-from modules.lm.model_config import ModelConfig
-from modules.sft import CausalLMSFT
+from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.sft import CausalLMSFT
 
 
 def _trainer(tmp_path, **kwargs):

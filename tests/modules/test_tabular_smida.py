@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 from scipy.special import xlogy
 
-import train
-from datamodules.steps import StepDataModule
-from modules.algorithms.stackelberg import (
+from alignment_games import train
+from alignment_games.datamodules.steps import StepDataModule
+from alignment_games.modules.algorithms.stackelberg import (
     SMIDAStep,
     check_step_sizes,
     conditional_cost,
@@ -30,7 +30,7 @@ from modules.algorithms.stackelberg import (
     smida_step,
     stackelberg_equilibrium,
 )
-from modules.algorithms.tabular_games import (
+from alignment_games.modules.algorithms.tabular_games import (
     decision_uncertainty_utility,
     directed_utility,
     jsd_utility,
@@ -40,7 +40,7 @@ from modules.algorithms.tabular_games import (
     slhf_utility,
     tabular_ensemble_variance,
 )
-from modules.tabular_smida import TabularSMIDA
+from alignment_games.modules.tabular_smida import TabularSMIDA
 
 CONFIG = os.path.join(ROOT, "configs", "smida_tabular.yaml")
 F64 = torch.float64

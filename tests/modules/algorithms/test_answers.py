@@ -1,6 +1,6 @@
 import pytest
 
-from modules.algorithms.answers import answers_match, extract_final_answer, extract_gsm8k_answer
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer, extract_gsm8k_answer
 
 
 @pytest.mark.parametrize(

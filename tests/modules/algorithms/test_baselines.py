@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from modules.algorithms.baselines import (
+from alignment_games.modules.algorithms.baselines import (
     geometric_mixture_logprobs,
     nash_md_pg_surrogate_loss,
     slhf_surrogate_losses,

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from callbacks import matthews_corrcoef_from_counts
-from modules import answers_match, extract_final_answer
-from modules.algorithms.debate import (
+from alignment_games.callbacks import matthews_corrcoef_from_counts
+from alignment_games.modules import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.debate import (
     PLIES,
     Transcript,
     branch_rows,
@@ -23,9 +23,9 @@ from modules.algorithms.debate import (
     split_reply,
     word_penalty,
 )
-from modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
-from modules.lm.sampling import Sampling
-from modules.scorers.judges import HFJudge, JudgeVotes, ProgrammaticJudge
+from alignment_games.modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import HFJudge, JudgeVotes, ProgrammaticJudge
 
 
 # ------------------------------------------------------------------------------------------------ answers (issue cases)
@@ -513,8 +513,8 @@ def test_programmatic_judge_reports_the_exploits_spread():
 
 # ---------------------------------------------------------------------------------------------------- data
 def test_debate_datamodule_splits_half_and_half_without_overlap():
-    from datamodules.debate import DebateDataModule, single_step_problems
-    from datamodules.sft import SingleStepSFTDataModule
+    from alignment_games.datamodules.debate import DebateDataModule, single_step_problems
+    from alignment_games.datamodules.sft import SingleStepSFTDataModule
 
     dm = DebateDataModule(problems="single_step", num_prompts=200, val_fraction=0.5, batch_size=4)
     dm.setup()

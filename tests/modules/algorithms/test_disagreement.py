@@ -3,7 +3,12 @@ import math
 import pytest
 import torch
 
-from modules.algorithms.disagreement import bernoulli_entropy, decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.algorithms.disagreement import (
+    bernoulli_entropy,
+    decision_uncertainty,
+    ensemble_jsd,
+    ensemble_variance,
+)
 
 
 def _h(p):

@@ -7,8 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modules import Exp3
-from modules.algorithms.exp3 import CompositeReward, difficulty_reward, linear_schedule, preference_reward
+from alignment_games.modules import Exp3
+from alignment_games.modules.algorithms.exp3 import (
+    CompositeReward,
+    difficulty_reward,
+    linear_schedule,
+    preference_reward,
+)
 
 
 def test_initial_probabilities_are_uniform():

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from modules.algorithms.rl_losses import dpo_loss, length_normalized_nll
+from alignment_games.modules.algorithms.rl_losses import dpo_loss, length_normalized_nll
 
 POLICY_CHOSEN = torch.tensor([-12.0, -30.5, -4.25, -50.0])
 POLICY_REJECTED = torch.tensor([-15.0, -29.0, -4.0, -80.0])

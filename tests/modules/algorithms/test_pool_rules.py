@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modules.algorithms.pool import (
+from alignment_games.modules.algorithms.pool import (
     DEFAULT_SCORE,
     Matchmaking,
     ReputationWeighting,

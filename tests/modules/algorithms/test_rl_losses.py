@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from modules.algorithms.rl_losses import dpo_loss, group_advantages, grpo_loss
+from alignment_games.modules.algorithms.rl_losses import dpo_loss, group_advantages, grpo_loss
 
 
 def test_group_advantages_by_hand():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from modules import stackelberg_equilibrium
-from modules.algorithms.smida_estimators import (
+from alignment_games.modules import stackelberg_equilibrium
+from alignment_games.modules.algorithms.smida_estimators import (
     follower_advantages,
     leader_advantages,
     leave_one_out_baseline,

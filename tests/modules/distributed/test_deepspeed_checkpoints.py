@@ -20,14 +20,14 @@ import textwrap
 import pytest
 import torch
 
-from modules.distributed.deepspeed_checkpoints import (
+from alignment_games.modules.distributed.deepspeed_checkpoints import (
     SafeDeepSpeedStrategy,
     _WeightsOnlyEngine,
     check_deepspeed_checkpoint,
     read_deepspeed_client_state,
     safe_deepspeed_strategy,
 )
-from modules.training.checkpoints import read_checkpoint_or_explain
+from alignment_games.modules.training.checkpoints import read_checkpoint_or_explain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -39,8 +39,8 @@ CHILD = textwrap.dedent(
     from torch import nn
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import DeepSpeedStrategy
-    import modules.training.artifacts as artifacts
-    from modules.distributed.deepspeed_checkpoints import SafeDeepSpeedStrategy
+    import alignment_games.modules.training.artifacts as artifacts
+    from alignment_games.modules.distributed.deepspeed_checkpoints import SafeDeepSpeedStrategy
     from helpers.cpu_deepspeed import CPUDeepSpeedStrategy
 
     root, steps, kill_at, ckpt = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] or None
@@ -262,7 +262,7 @@ def test_train_py_runs_deepspeed_names_safely_and_refuses_lightnings_own_strateg
 
 def test_train_py_builds_the_safe_strategy_and_refuses_lightnings_by_name(tmp_path, monkeypatch):
     pytest.importorskip("deepspeed")
-    import train
+    from alignment_games import train
 
     monkeypatch.chdir(tmp_path)
     base = ["--config", os.path.join(ROOT, "configs", "smida_tabular.yaml"), "--trainer.logger=false"]

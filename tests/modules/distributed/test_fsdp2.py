@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from modules.distributed.sharding import fsdp2_gradient_sync, parameter_gathering, shard_for_strategy
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.distributed.sharding import fsdp2_gradient_sync, parameter_gathering, shard_for_strategy
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_micro_batches_skip_the_gradient_sync_and_the_last_reduces_the_sum(group
     bank.shard(group)
     roll = plain.generate("leader", ["1 + 1 =", "3 + 4 ="], 2, max_new_tokens=6, do_sample=False)
     halves = [(0, 2), (2, 4)]
-    from modules.grpo import _slice_rollout
+    from alignment_games.modules.grpo import _slice_rollout
 
     for model in (plain, bank):
         for i, (a, b) in enumerate(halves):
@@ -160,8 +160,8 @@ def test_bad_sharding_settings_are_refused_by_name(tiny_lm_dir):
 def test_fsdp2_strategy_puts_every_process_in_the_data_parallel_dimension(monkeypatch):
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from modules.distributed.sharding import sharded_strategy_kind
-    from modules.distributed.strategies import FSDP2Strategy
+    from alignment_games.modules.distributed.sharding import sharded_strategy_kind
+    from alignment_games.modules.distributed.strategies import FSDP2Strategy
 
     seen = {}
     monkeypatch.setattr(  # the base builds the mesh from these sizes (it needs the processes running)
@@ -178,7 +178,7 @@ def test_fsdp2_strategy_puts_every_process_in_the_data_parallel_dimension(monkey
 def test_fsdp2_mixed_precision_gathers_in_bf16_and_keeps_fp32_shards(group, tiny_lm_dir):
     from torch.distributed.tensor import DTensor
 
-    from modules.distributed.strategies import FSDP2Strategy
+    from alignment_games.modules.distributed.strategies import FSDP2Strategy
 
     policy = FSDP2Strategy(param_dtype="bfloat16", reduce_dtype="float32").mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)

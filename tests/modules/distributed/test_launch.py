@@ -9,7 +9,7 @@ import time
 import pytest
 from helpers import ROOT
 
-from modules.distributed.launch import follow_the_launcher
+from alignment_games.modules.distributed.launch import follow_the_launcher
 
 # The parent starts the child (as Lightning's launcher starts rank 1), prints its pid and waits; the test kills the
 # parent with SIGKILL, as a rank 0 that dies before the process group forms.
@@ -25,7 +25,7 @@ PARENT = textwrap.dedent(
 CHILD = textwrap.dedent(
     """
     import time
-    from modules.distributed.launch import follow_the_launcher
+    from alignment_games.modules.distributed.launch import follow_the_launcher
     follow_the_launcher()
     print("ready", flush=True)
     time.sleep(120)

@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from modules.distributed.dcp_safe import read_dcp_metadata
-from modules.distributed.strategies import FSDP2Strategy
+from alignment_games.modules.distributed.dcp_safe import read_dcp_metadata
+from alignment_games.modules.distributed.strategies import FSDP2Strategy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -47,7 +47,7 @@ CHILD = textwrap.dedent(
     warnings.filterwarnings("ignore")
     import torch
     from test_sharded_save import _OneRank, _checkpoint
-    import modules.training.artifacts as artifacts
+    import alignment_games.modules.training.artifacts as artifacts
 
     path, kill_at = sys.argv[1], sys.argv[2]
     strategy = _OneRank()
@@ -180,7 +180,7 @@ def test_a_previous_link_pointing_outside_is_not_restored_and_left_untouched(tmp
     assert os.readlink(link) == outside and not os.path.lexists(path)  # nothing renamed, nothing followed
     assert sorted(os.listdir(outside)) == [".metadata", "__0_0.distcp", "meta.pt"]
     # the same through `--ckpt_path last`'s recovery of a run's checkpoint folder
-    import train
+    from alignment_games import train
 
     with pytest.raises(ValueError, match="not restored as 'last.ckpt'"):
         train.recover_interrupted_saves(os.path.dirname(path))

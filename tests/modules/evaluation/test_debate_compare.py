@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from callbacks import beta_lower_bound, posterior_mean
-from modules.evaluation.debate_compare import (
+from alignment_games.callbacks import beta_lower_bound, posterior_mean
+from alignment_games.modules.evaluation.debate_compare import (
     compare_groups,
     dedup_evaluations,
     format_table,

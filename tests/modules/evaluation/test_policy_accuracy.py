@@ -2,7 +2,13 @@ import json
 
 import pytest
 
-from modules.evaluation.policy_accuracy import main, policy_accuracy, reply_in_format, score_replies, wilson_interval
+from alignment_games.modules.evaluation.policy_accuracy import (
+    main,
+    policy_accuracy,
+    reply_in_format,
+    score_replies,
+    wilson_interval,
+)
 
 
 def test_counts_match_hand_judged_replies():

@@ -5,9 +5,15 @@ import json
 import pytest
 import yaml
 
-from datamodules.arithmetic import generate_problems
-from datamodules.pool import InstructionPoolDataModule
-from modules.evaluation.pool_curriculum import feature_extremes, load_weights, main, pool_operations, sharpening
+from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.datamodules.pool import InstructionPoolDataModule
+from alignment_games.modules.evaluation.pool_curriculum import (
+    feature_extremes,
+    load_weights,
+    main,
+    pool_operations,
+    sharpening,
+)
 
 
 def test_sharpening_hand_computed():

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from modules.algorithms.disagreement import ensemble_jsd
-from modules.evaluation.figures import make_figures, save_figures
-from modules.evaluation.preference_report import (
+from alignment_games.modules.algorithms.disagreement import ensemble_jsd
+from alignment_games.modules.evaluation.figures import make_figures, save_figures
+from alignment_games.modules.evaluation.preference_report import (
     build_report,
     decile_accuracy,
     error_auroc,

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from modules.evaluation.round_robin import adapter_tensors, main, markdown_table, round_robin_table
+from alignment_games.modules.evaluation.round_robin import adapter_tensors, main, markdown_table, round_robin_table
 
 
 def test_table_matches_a_hand_computation():
@@ -68,8 +68,8 @@ def test_adapter_tensors_renames_one_player_and_refuses_none():
 
 def _checkpoint(path, tiny_lm_dir, family, players, r=4, scale=0.0, seed=0):
     """A checkpoint as the families write it: the family stamp and the players' adapter tensors only."""
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.manual_seed(seed)
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=r, lora_alpha=2 * r), players=players)
@@ -82,8 +82,16 @@ def _checkpoint(path, tiny_lm_dir, family, players, r=4, scale=0.0, seed=0):
 
 
 def test_command_writes_the_table(tiny_lm_dir, tmp_path):
-    a = _checkpoint(tmp_path / "a.ckpt", tiny_lm_dir, "modules.deep_smida.DeepSMIDA", ("leader", "follower"), scale=0.5)
-    b = _checkpoint(tmp_path / "b.ckpt", tiny_lm_dir, "modules.nlhf.NashMDPG", ("policy",), scale=0.5, seed=1)
+    a = _checkpoint(
+        tmp_path / "a.ckpt",
+        tiny_lm_dir,
+        "alignment_games.modules.deep_smida.DeepSMIDA",
+        ("leader", "follower"),
+        scale=0.5,
+    )
+    b = _checkpoint(
+        tmp_path / "b.ckpt", tiny_lm_dir, "alignment_games.modules.nlhf.NashMDPG", ("policy",), scale=0.5, seed=1
+    )
     out = tmp_path / "rr"
     args = ["--runs", f"smida={a}", f"nlhf={b}", "--lm", tiny_lm_dir, "--lora-r", "4", "--lora-alpha", "8"]
     args += ["--num-prompts", "40", "--val-fraction", "0.25", "--max-prompts", "3", "--max-new-tokens", "4"]
@@ -96,10 +104,10 @@ def test_command_writes_the_table(tiny_lm_dir, tmp_path):
         assert table["rates"][x][y]["rate"] + table["rates"][y][x]["rate"] == pytest.approx(1.0)
     assert os.path.exists(out / "round_robin.md")
     # a checkpoint of another adapter rank, or of an unknown family, is refused naming the run
-    c = _checkpoint(tmp_path / "c.ckpt", tiny_lm_dir, "modules.slhf.SLHF", ("leader", "follower"), r=2)
+    c = _checkpoint(tmp_path / "c.ckpt", tiny_lm_dir, "alignment_games.modules.slhf.SLHF", ("leader", "follower"), r=2)
     with pytest.raises(ValueError, match="run 'slhf'.*shape"):
         main(["--runs", f"slhf={c}", "--lm", tiny_lm_dir, "--lora-r", "4", "--lora-alpha", "8", "--out", str(out)])
-    d = _checkpoint(tmp_path / "d.ckpt", tiny_lm_dir, "modules.grpo.GRPO", ("policy",))
+    d = _checkpoint(tmp_path / "d.ckpt", tiny_lm_dir, "alignment_games.modules.grpo.GRPO", ("policy",))
     with pytest.raises(ValueError, match="run 'g'.*give its player"):
         main(["--runs", f"g={d}", "--lm", tiny_lm_dir, "--lora-r", "4", "--lora-alpha", "8", "--out", str(out)])
     with pytest.raises(ValueError, match="NAME=CHECKPOINT"):

@@ -24,20 +24,25 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.text.text_plugin import text_array_to_html
 from tensorboard.util import tensor_util
 
-from callbacks import EloRating
-from datamodules.pool import InstructionPoolDataModule
-from datamodules.prompts import PromptDataModule, PromptSource
-from modules.debate import DebateSelfPlay
-from modules.deep_smida import DeepSMIDA
-from modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown, tensorboard_writer
-from modules.grpo import GRPO
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
-from modules.pool import StackelbergPool
-from modules.scorers.judges import ProgrammaticJudge
-from modules.scorers.peer_judges import PeerJudging
-from modules.scorers.utility import Utility
-from modules.training.pool_followers import FollowerTraining
+from alignment_games.callbacks import EloRating
+from alignment_games.datamodules.pool import InstructionPoolDataModule
+from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
+from alignment_games.modules.debate import DebateSelfPlay
+from alignment_games.modules.deep_smida import DeepSMIDA
+from alignment_games.modules.evaluation.tensorboard import (
+    GameBoard,
+    escape_markdown,
+    samples_markdown,
+    tensorboard_writer,
+)
+from alignment_games.modules.grpo import GRPO
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.pool import StackelbergPool
+from alignment_games.modules.scorers.judges import ProgrammaticJudge
+from alignment_games.modules.scorers.peer_judges import PeerJudging
+from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.training.pool_followers import FollowerTraining
 
 EVERYTHING = {k: 0 for k in (ea.COMPRESSED_HISTOGRAMS, ea.IMAGES, ea.AUDIO, ea.SCALARS, ea.HISTOGRAMS, ea.TENSORS)}
 
@@ -167,7 +172,7 @@ def test_only_rank_zero_with_a_tensorboard_logger_writes(tmp_path):
 def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path, monkeypatch):
     import glob
 
-    import train
+    from alignment_games import train
 
     loggers = []
     for path in sorted(glob.glob(f"{ROOT}/configs/*.yaml")):

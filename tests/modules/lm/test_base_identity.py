@@ -11,9 +11,9 @@ import warnings
 
 import pytest
 
-import modules.lm.base_identity as identity
-from modules.lm.base_identity import base_identity, check_base_identity
-from modules.lm.models import build_tiny_causal_lm
+import alignment_games.modules.lm.base_identity as identity
+from alignment_games.modules.lm.base_identity import base_identity, check_base_identity
+from alignment_games.modules.lm.models import build_tiny_causal_lm
 
 
 @pytest.fixture(autouse=True)
@@ -76,10 +76,10 @@ def test_the_hash_is_of_the_config_and_the_weights_content_and_follows_content_n
 
 def test_a_same_shape_weight_swap_is_refused_on_resume_naming_both_bases(tiny_lm_dir, tmp_path):
     """Another seed's weights of the same shapes saved over the base's folder: the adapters' checkpoint is refused."""
-    from modules.deep_smida import DeepSMIDA
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.sampling import Sampling
-    from modules.scorers.utility import Utility
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.utility import Utility
 
     class Zero(Utility):
         def forward(self, prompts, leader, follower):
@@ -228,10 +228,10 @@ def test_an_earlier_checkpoints_identity_is_compared_on_its_header_hash(tiny_lm_
 
 
 def test_a_game_checkpoint_records_its_base_and_refuses_another(tiny_lm_dir, tmp_path):
-    from modules.deep_smida import DeepSMIDA
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.sampling import Sampling
-    from modules.scorers.utility import Utility
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
+    from alignment_games.modules.scorers.utility import Utility
 
     class Zero(Utility):
         def forward(self, prompts, leader, follower):

@@ -15,8 +15,8 @@ import zipfile
 import pytest
 import torch
 
-from modules.lm import builtin_smollm2 as smol
-from modules.lm.models import load_model, load_tokenizer, resolve_name_or_path
+from alignment_games.modules.lm import builtin_smollm2 as smol
+from alignment_games.modules.lm.models import load_model, load_tokenizer, resolve_name_or_path
 
 ALIAS = "builtin:smollm2-135m-instruct"
 PROMPTS = ["Tom has 3 apples and buys 5 more. How many apples does he have?", "What is 17 + 25?", "Hello"]
@@ -70,7 +70,7 @@ def test_builtin_smollm2_logits_match_transformers_gguf_load(smollm2_cache, gguf
 
 @pytest.mark.slow
 def test_builtin_smollm2_conversion_is_cached_and_records_its_source(smollm2_cache, gguf_reference, monkeypatch):
-    from modules.lm.base_identity import base_identity
+    from alignment_games.modules.lm.base_identity import base_identity
 
     cache, folder = smollm2_cache
     monkeypatch.setenv("ALIGNMENT_GAMES_CACHE", str(cache))
@@ -97,8 +97,8 @@ def test_builtin_smollm2_conversion_is_cached_and_records_its_source(smollm2_cac
 def test_builtin_smollm2_decodes_alike_in_every_policy_bank_mode(smollm2_cache, monkeypatch):
     """A real Llama (9 query heads over 3 key/value heads): generate, grouped (LeanDecoder) and static decodes write
     the same greedy tokens, with the same log-probabilities, and the answer is the model's own."""
-    from modules.lm.model_config import ModelConfig
-    from modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
     monkeypatch.setenv("ALIGNMENT_GAMES_CACHE", str(smollm2_cache[0]))
     rollouts, logprobs = {}, {}

@@ -12,9 +12,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
 
 SMALL = dict(
     vocab_size=61,

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from helpers.memory import peak_cpu_bytes
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from modules.lm.logprobs import chunk_tokens_for, head_inputs, head_token_logprobs
-from modules.lm.model_config import ModelConfig
-from modules.lm.models import apply_lora, build_tiny_causal_lm
-from modules.lm.policy_bank import PolicyBank, Rollout
-from modules.sft import CausalLMSFT
+from alignment_games.modules.lm.logprobs import chunk_tokens_for, head_inputs, head_token_logprobs
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import apply_lora, build_tiny_causal_lm
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.sft import CausalLMSFT
 
 VOCAB = 151_936  # Qwen2.5's
 SHAPE = {

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
 
 
 @pytest.mark.parametrize(
@@ -87,14 +87,14 @@ def spies(monkeypatch):
 
 
 def _grpo(lm):
-    from modules.grpo import GRPO
+    from alignment_games.modules.grpo import GRPO
 
     return GRPO(lm=lm, sampling=Sampling(max_new_tokens=4))
 
 
 def _constant_utility():
     """A utility that loads no model of its own (an ensemble's loads would not carry the policy's options)."""
-    from modules.scorers.utility import Utility
+    from alignment_games.modules.scorers.utility import Utility
 
     class Constant(Utility):
         def forward(self, prompts, leader, follower):
@@ -104,43 +104,43 @@ def _constant_utility():
 
 
 def _deep_smida(lm):
-    from modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.deep_smida import DeepSMIDA
 
     return DeepSMIDA(lm=lm, utility=_constant_utility(), sampling=Sampling(max_new_tokens=4))
 
 
 def _nlhf(lm):
-    from modules.nlhf import NashMDPG
+    from alignment_games.modules.nlhf import NashMDPG
 
     return NashMDPG(lm=lm, preference=_constant_utility(), sampling=Sampling(max_new_tokens=4))
 
 
 def _slhf(lm):
-    from modules.slhf import SLHF
+    from alignment_games.modules.slhf import SLHF
 
     return SLHF(lm=lm, preference=_constant_utility(), sampling=Sampling(max_new_tokens=4))
 
 
 def _sft(lm):
-    from modules.sft import CausalLMSFT
+    from alignment_games.modules.sft import CausalLMSFT
 
     return CausalLMSFT(lm=lm, lora=True)
 
 
 def _debate(lm):
-    from modules.debate import DebateSelfPlay
+    from alignment_games.modules.debate import DebateSelfPlay
 
     return DebateSelfPlay(lm=lm, sampling=Sampling(max_new_tokens=4))
 
 
 def _pool(lm):
-    from modules.pool import StackelbergPool
+    from alignment_games.modules.pool import StackelbergPool
 
     return StackelbergPool(lm=lm, num_players=3, sampling=Sampling(max_new_tokens=4))
 
 
 def _preference(lm):
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     return PreferenceEnsemble(lm=lm, backbone_task="causal_lm", sharing="lora", num_members=2, cache_features=False)
 

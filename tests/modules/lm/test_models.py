@@ -3,7 +3,13 @@ import importlib.util
 import pytest
 import torch
 
-from modules.lm.models import apply_lora, build_tiny_causal_lm, load_model, load_tokenizer, resolve_name_or_path
+from alignment_games.modules.lm.models import (
+    apply_lora,
+    build_tiny_causal_lm,
+    load_model,
+    load_tokenizer,
+    resolve_name_or_path,
+)
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "llama"])

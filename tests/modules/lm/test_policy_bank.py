@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     the attention of SDPA over the prompt cache copied to every row."""
     import torch.nn.functional as F
 
-    from modules.lm import decoding as policy
+    from alignment_games.modules.lm import decoding as policy
 
     torch.manual_seed(0)
     b, g, h, kvh, p, t, q, d = 3, 4, 4, 2, 7, 5, 2, 8
@@ -133,13 +133,13 @@ def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decod
     assert bank._grouped_ok(bank.model)  # the grouped path really ran (a CPU Qwen2 on sdpa)
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
-    from modules.lm import decoding as policy
+    from alignment_games.modules.lm import decoding as policy
 
     assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not policy._PREFIX
 
 
 def test_grouped_decode_setting_from_the_environment(monkeypatch):
-    from modules.lm.decoding import GROUPED_DECODE_ENV, grouped_decode_setting
+    from alignment_games.modules.lm.decoding import GROUPED_DECODE_ENV, grouped_decode_setting
 
     for raw, expected in (("auto", None), ("1", True), ("On", True), ("false", False), ("0", False)):
         monkeypatch.setenv(GROUPED_DECODE_ENV, raw)
@@ -167,7 +167,7 @@ def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(t
     and the attention backend is restored afterwards."""
     from transformers.cache_utils import DynamicCache
 
-    from modules.lm import static_decode
+    from alignment_games.modules.lm import static_decode
 
     bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
     torch.manual_seed(1)
@@ -203,7 +203,7 @@ def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_decoder_
     """``lm.compile_decode``: the decode step traces as one graph (``fullgraph=True``; the eager backend, so the test
     runs in seconds), the tokens stay generate's, and a second call of the same shapes refills the same buffers (what
     CUDA graphs need) with prompt widths padded to a bucket."""
-    from modules.lm import static_decode
+    from alignment_games.modules.lm import static_decode
 
     monkeypatch.setattr(static_decode, "compile_options", lambda device: {"backend": "eager", "fullgraph": True})
     torch._dynamo.reset()
@@ -247,7 +247,7 @@ def test_decode_mode_per_device_and_option(tiny_decoder_dir):
 def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concatenating(monkeypatch):
     from transformers.cache_utils import DynamicCache
 
-    from modules.lm.decoding import preallocated_cache
+    from alignment_games.modules.lm.decoding import preallocated_cache
 
     g = torch.Generator().manual_seed(0)
     chunks = [(torch.randn(3, 2, t, 4, generator=g), torch.randn(3, 2, t, 4, generator=g)) for t in (1, 2, 1)]

@@ -4,9 +4,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
-from modules.lm.models import build_tiny_reward_model
-from modules.lm.pooled_scoring import pooled_positions, pooled_scores, prefix_cache, supports_pooled_last_layer
-from modules.scorers.reward_models import RewardModels
+from alignment_games.modules.lm.models import build_tiny_reward_model
+from alignment_games.modules.lm.pooled_scoring import (
+    pooled_positions,
+    pooled_scores,
+    prefix_cache,
+    supports_pooled_last_layer,
+)
+from alignment_games.modules.scorers.reward_models import RewardModels
 
 PAD = 0
 SMALL = dict(

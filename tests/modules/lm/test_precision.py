@@ -8,10 +8,10 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from modules.lm import precision
-from modules.lm.model_config import ModelConfig
-from modules.lm.policy_bank import PolicyBank
-from modules.lm.precision import autocast_dtype, resolve_dtype, set_tf32
+from alignment_games.modules.lm import precision
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.precision import autocast_dtype, resolve_dtype, set_tf32
 
 
 @pytest.mark.parametrize(
@@ -140,13 +140,13 @@ def test_only_the_plain_bf16_autocast_plugin_asks_for_a_cast():
 
 
 def _sft(lm):
-    from modules.sft import CausalLMSFT
+    from alignment_games.modules.sft import CausalLMSFT
 
     return CausalLMSFT(lm=lm, lora=True), "setup", "model", ".default."
 
 
 def _preference(lm):
-    from modules.preference import PreferenceEnsemble
+    from alignment_games.modules.preference import PreferenceEnsemble
 
     module = PreferenceEnsemble(lm=lm, backbone_task="causal_lm", sharing="lora", num_members=2, cache_features=False)
     return module, "configure_model", "backbone", ".member_"
@@ -169,10 +169,10 @@ def test_grpo_trains_under_bf16_mixed_with_a_bf16_base_and_fp32_adapters(tiny_lm
     never changed by training), the adapter stays fp32 and moves, and AdamW's moments are fp32."""
     import lightning as L
 
-    from datamodules.prompts import PromptDataModule
-    from modules.grpo import GRPO
-    from modules.lm.models import build_tiny_reward_model
-    from modules.lm.sampling import Sampling
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.grpo import GRPO
+    from alignment_games.modules.lm.models import build_tiny_reward_model
+    from alignment_games.modules.lm.sampling import Sampling
 
     L.seed_everything(0)
     model = GRPO(

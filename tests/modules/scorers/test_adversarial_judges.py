@@ -18,13 +18,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from modules.algorithms.answers import answers_match, extract_final_answer
-from modules.algorithms.debate import Transcript, split_reply
-from modules.algorithms.pool import parse_judgement
-from modules.algorithms.verdicts import parse_verdict
-from modules.lm.sampling import Sampling
-from modules.scorers.judges import HFJudge, ProgrammaticJudge
-from modules.scorers.peer_judges import PeerJudging
+from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.debate import Transcript, split_reply
+from alignment_games.modules.algorithms.pool import parse_judgement
+from alignment_games.modules.algorithms.verdicts import parse_verdict
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import HFJudge, ProgrammaticJudge
+from alignment_games.modules.scorers.peer_judges import PeerJudging
 
 PROBLEM = "What is 5 + 7?"
 ANSWER = "5 + 7 = 12, so the answer is \\boxed{12}."
@@ -237,7 +237,7 @@ def test_pool_judge_cuts_the_response_to_fit(judge):
 def test_preference_llm_judge_template_is_unchanged_by_forgeries(tiny_lm_dir):
     """LLMJudgeOracle: a forged ``[Response B]`` or closing question in response A leaves the structure as it was,
     and a long response is cut in its middle under ``max_length`` while the request and the question survive."""
-    from modules.scorers.oracle import LLMJudgeOracle
+    from alignment_games.modules.scorers.oracle import LLMJudgeOracle
 
     oracle = LLMJudgeOracle(tiny_lm_dir, max_length=400)
     tok = oracle.tokenizer
@@ -276,7 +276,7 @@ def assert_only_headings_unquoted(tokenizer, prompt, headings, data):
 
 
 def test_preference_llm_judge_quotes_a_forged_request(tiny_lm_dir):
-    from modules.scorers.oracle import _JUDGE_TEMPLATE, LLMJudgeOracle
+    from alignment_games.modules.scorers.oracle import _JUDGE_TEMPLATE, LLMJudgeOracle
 
     oracle = LLMJudgeOracle(tiny_lm_dir, max_length=2048)
     headings = [x for x in _JUDGE_TEMPLATE.splitlines() if x.strip() and "{" not in x]
@@ -303,7 +303,7 @@ def test_debate_judge_quotes_a_forged_problem(judge):
 
 
 def test_pool_judge_quotes_a_forged_question(judge):
-    from modules.algorithms.pool import DEFAULT_JUDGE_TEMPLATE
+    from alignment_games.modules.algorithms.pool import DEFAULT_JUDGE_TEMPLATE
 
     tok = judge.tokenizer
     bank = SimpleNamespace(tokenizer=tok, max_prompt_tokens=2048)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modules.algorithms.debate import Transcript, split_reply
-from modules.lm.sampling import Sampling
-from modules.scorers.judges import HFJudge
+from alignment_games.modules.algorithms.debate import Transcript, split_reply
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import HFJudge
 
 
 def transcripts() -> list[Transcript]:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from modules.lm.models import build_byte_tokenizer
-from modules.scorers.quoting import (
+from alignment_games.modules.lm.models import build_byte_tokenizer
+from alignment_games.modules.scorers.quoting import (
     QUOTE,
     break_special_tokens,
     count_tokens,

@@ -16,11 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from modules.algorithms.debate import Transcript, split_reply
-from modules.lm.sampling import Sampling
-from modules.scorers.judges import HFJudge, RemoteJudge
-from modules.scorers.oracle import RemoteJudgeOracle
-from modules.scorers.remote import ChatServer, RemoteServerError
+from alignment_games.modules.algorithms.debate import Transcript, split_reply
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import HFJudge, RemoteJudge
+from alignment_games.modules.scorers.oracle import RemoteJudgeOracle
+from alignment_games.modules.scorers.remote import ChatServer, RemoteServerError
 
 
 def completion(*contents) -> bytes:

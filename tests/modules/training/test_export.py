@@ -12,13 +12,13 @@ import yaml
 from helpers import ROOT
 from safetensors.torch import load_file
 
-import train
-from modules.deep_smida import DeepSMIDA
-from modules.grpo import GRPO
-from modules.lm.model_config import ModelConfig
-from modules.lm.sampling import Sampling
-from modules.scorers.utility import Utility
-from modules.training.export import EXPORT_RECORD, export_module
+from alignment_games import train
+from alignment_games.modules.deep_smida import DeepSMIDA
+from alignment_games.modules.grpo import GRPO
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.training.export import EXPORT_RECORD, export_module
 
 PROMPTS = ["What is 2 + 3?", "Name a colour.", "x"]
 
@@ -109,7 +109,7 @@ def test_exported_adapters_and_merged_models_give_the_suites_logprobs(tiny_decod
         _check_loads_to_the_suites_logprobs(model.players, str(out), player, tiny_lm_dir)
         record = json.loads((out / player / EXPORT_RECORD).read_text())
         assert record["base_model_name_or_path"] == tiny_lm_dir and record["adapter"] == player
-        assert record["kind"] == "lora_adapter" and record["family"] == "modules.deep_smida.DeepSMIDA"
+        assert record["kind"] == "lora_adapter" and record["family"] == "alignment_games.modules.deep_smida.DeepSMIDA"
         assert json.loads((out / "merged" / player / EXPORT_RECORD).read_text())["kind"] == "merged_model"
         assert (out / player / "tokenizer_config.json").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # the staging folder is gone
@@ -159,7 +159,7 @@ def test_bad_players_and_out_folders_are_refused(tiny_lm_dir, tmp_path):
 def test_fit_writes_the_players_adapters_under_the_log_dir(tiny_lm_dir, tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
-    from datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.prompts import PromptDataModule
 
     L.seed_everything(0)
     model = _smida(tiny_lm_dir)
@@ -205,8 +205,11 @@ def grpo_run(tiny_lm_dir, tmp_path):
             {
                 "seed_everything": 0,
                 "trainer": {"max_steps": 3, "accelerator": "gpu"},  # read, never built: no GPU needed to export
-                "model": {"class_path": "modules.grpo.GRPO", "init_args": args},
-                "data": {"class_path": "datamodules.prompts.PromptDataModule", "init_args": {"num_prompts": 8}},
+                "model": {"class_path": "alignment_games.modules.grpo.GRPO", "init_args": args},
+                "data": {
+                    "class_path": "alignment_games.datamodules.prompts.PromptDataModule",
+                    "init_args": {"num_prompts": 8},
+                },
             }
         )
     )
@@ -238,7 +241,7 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
         train.dispatch([*run, "--ckpt_path", ckpt])
     # a checkpoint of another family is refused by the trust rule before any tensor is loaded
     other = torch.load(ckpt, weights_only=True)
-    other["family"] = "modules.debate.DebateSelfPlay"
+    other["family"] = "alignment_games.modules.debate.DebateSelfPlay"
     torch.save(other, tmp_path / "other.ckpt")
     with pytest.raises(ValueError, match="written by modules.debate.DebateSelfPlay.*config's model is modules.grpo"):
         train.dispatch([*run[:-1], str(tmp_path / "new"), "--ckpt_path", str(tmp_path / "other.ckpt")])
@@ -282,8 +285,8 @@ def test_full_copies_are_exported_as_models_with_the_suites_logprobs(tiny_decode
 @pytest.mark.parametrize("other_architecture", ["qwen2", "llama"])
 def test_pool_players_on_their_own_bases_record_each_base(tiny_lm_dir, tmp_path, other_architecture):
     """Three players, the middle one on another base: another Qwen2, or a Llama among Qwen2s."""
-    from modules.lm.models import build_tiny_causal_lm
-    from modules.pool import StackelbergPool
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
+    from alignment_games.modules.pool import StackelbergPool
 
     other = build_tiny_causal_lm(tmp_path / "other_base", seed=7, architecture=other_architecture)
     pool = StackelbergPool(
@@ -307,8 +310,8 @@ def test_sft_records_its_base_and_its_checkpoint_exports(tiny_lm_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from datamodules.sft import ArithmeticSFTDataModule
-    from modules.sft import CausalLMSFT
+    from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+    from alignment_games.modules.sft import CausalLMSFT
 
     L.seed_everything(0)
     lm = {"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8}
@@ -335,7 +338,7 @@ def test_sft_records_its_base_and_its_checkpoint_exports(tiny_lm_dir, tmp_path):
         yaml.safe_dump(
             {
                 "model": {
-                    "class_path": "modules.sft.CausalLMSFT",
+                    "class_path": "alignment_games.modules.sft.CausalLMSFT",
                     "init_args": {"lm": lm, "lora": True, "output_dir": str(tmp_path / "sft2")},
                 }
             }
@@ -431,7 +434,7 @@ def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm
 
 def test_export_reads_every_option_a_fit_config_holds(tmp_path, monkeypatch):
     """Each top-level option of ``train.py fit`` (which a saved config.yaml holds) is read and ignored by export."""
-    from modules.training.export import FIT_ONLY_KEYS
+    from alignment_games.modules.training.export import FIT_ONLY_KEYS
 
     monkeypatch.chdir(tmp_path)
     config = os.path.join(ROOT, "configs", "smida_tabular.yaml")

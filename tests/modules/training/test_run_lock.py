@@ -11,7 +11,14 @@ import sys
 
 import pytest
 
-from modules.training.run_lock import LOCK_NAME, LockOwner, RunFolderInUse, RunFolderLock, _take_over, live_owner
+from alignment_games.modules.training.run_lock import (
+    LOCK_NAME,
+    LockOwner,
+    RunFolderInUse,
+    RunFolderLock,
+    _take_over,
+    live_owner,
+)
 
 HOST = socket.gethostname()
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from modules.training.schedules import warmup_cosine_factor
+from alignment_games.modules.training.schedules import warmup_cosine_factor
 
 
 def test_warmup_then_cosine_to_the_floor():
