@@ -79,6 +79,19 @@ TINY = {
 
 
 # ---------------------------------------------------------------------- pure arithmetic (tested by hand values)
+
+
+def namespace_root() -> str:
+    """A folder whose ``alignment_games`` links to this checkout: the suite imports without ``pip install``.
+
+    The GPU machine gets a copy of the tree and no package index, so nothing is installed there; ``alignment_games``
+    is a namespace package (no ``__init__.py``), so a link to the repository root on ``PYTHONPATH`` is enough.
+    """
+    folder = tempfile.mkdtemp(prefix="gpu_bench_ns_")
+    os.symlink(ROOT, os.path.join(folder, "alignment_games"))
+    return folder
+
+
 def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
     """Bytes of K and V one token adds to the cache: 2 x layers x KV heads x head dim x element size."""
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -496,6 +509,7 @@ def drive(args) -> int:
             json.dump(results, f, indent=2)
         os.replace(out_path + ".tmp", out_path)
 
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([namespace_root(), ROOT])}  # alignment_games, benchmarks
     with open(log_path, "a") as log:
         for name, deadline in SECTIONS:
             if name in skip:
@@ -513,7 +527,6 @@ def drive(args) -> int:
             log.write(f"\n===== {name} (deadline {timeout:.0f} s) =====\n")
             log.flush()
             t = time.monotonic()
-            env = {**os.environ, "PYTHONPATH": ROOT}  # the sections import the suite (modules, benchmarks)
             proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
             )

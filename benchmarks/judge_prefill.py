@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
+
+from _host import host, host_line  # benchmarks/ is the script's folder
 
 SHAPES = {
     "tiny": {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "max_position_embeddings": 4096},
@@ -36,19 +37,6 @@ SHAPES = {
         "max_position_embeddings": 32768,
     },
 }
-
-
-def host() -> dict:
-    """The CPU model, logical cores and torch's threads: the figures depend on them."""
-    import torch
-
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def transcripts(count: int, words: int) -> list:
@@ -119,7 +107,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     info = host()
-    print(f"host: {info['cpu']}, {info['cores']} cores, torch {info['torch']} on {info['torch_threads']} threads")
+    print(host_line(info))
     results = []
     for shape in args.shapes.split(","):
         r = run(shape, args)

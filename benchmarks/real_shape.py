@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+from _host import host, host_line  # benchmarks/ is the script's folder
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 QWEN25_05B = {
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> dict:
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": ROOT,
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
         "OMP_NUM_THREADS": str(args.threads),
     }
     results: dict = {
@@ -422,7 +424,9 @@ def main(argv: list[str] | None = None) -> dict:
         results["logprob"] = json.loads(next(s for s in proc.stdout.splitlines() if s.startswith("{")))
         lp_ratio = results["logprob"]["chunked_peak_bytes"] / results["logprob"]["full_peak_bytes"]
     results["peak_mem_ratio_vs_trl"], results["logprob_mem_ratio_vs_full"] = mem_ratio, lp_ratio
+    results["host"] = host()
     print(json.dumps(results))
+    print(host_line(results["host"]))
     print(f"peak_mem_ratio_vs_trl={mem_ratio:.4f} logprob_mem_ratio_vs_full={lp_ratio:.4f}")
     return results
 

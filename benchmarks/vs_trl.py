@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from _host import host, host_line  # benchmarks/ is the script's folder
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PHASES = ("generate", "score", "ref_logprobs", "forward_backward", "optimizer")
@@ -286,7 +288,7 @@ def main() -> None:
         "OMP_NUM_THREADS": str(args.threads),
         "MKL_NUM_THREADS": str(args.threads),
         "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONPATH": ROOT,
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
     }
     lengths = [args.tokens] if args.tokens else [int(x) for x in args.lengths.split(",")]
     results = {}
@@ -296,6 +298,7 @@ def main() -> None:
             ap.error(f"steps ({steps}) must exceed --discard ({args.discard})")
         results[tokens] = run_length(args, env, tokens, steps)
     print()
+    print(host_line(host()))
     for tokens, r in results.items():
         print(
             f"tokens={tokens} speedup={r['speedup']:.2f} ratio_iqr=[{r['q1']:.2f}, {r['q3']:.2f}] "

@@ -23,7 +23,10 @@ def test_real_shape_tiny_measures_ours_and_trl(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    result = json.loads(lines[-2])
+    result = json.loads(lines[-3])
+    host = result["host"]  # the ratios depend on it: CPU model, vector flags, cores, threads
+    assert host["cores"] == os.cpu_count() and host["torch_threads"] >= 1 and host["cpu"]
+    assert lines[-2].startswith(f"host: {host['cpu']} [") and f"{host['cores']} cores" in lines[-2]
     ours, trl = result["families"]["grpo"], result["families"]["trl"]
     assert ours["generated_tokens"] == trl["generated_tokens"] == 4 * 8  # 4 rows x 8 tokens
     assert {"generate", "score", "ref_logprobs", "backward", "optimizer", "step"} <= set(ours)
