@@ -71,18 +71,24 @@ def check_placeholders(template: str, keys: Sequence[str]) -> None:
             raise ValueError(f"judge template must contain {key}")
 
 
-def load_frozen_causal_lm(model: str, dtype: str, trust_remote_code: bool) -> tuple[Any, Any]:
+def load_frozen_causal_lm(
+    model: str, dtype: str, trust_remote_code: bool, load_in_4bit: bool = False
+) -> tuple[Any, Any]:
     """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients.
 
     ``dtype="auto"`` is bfloat16 when CUDA is available (half the memory of fp32, and a frozen judge has no optimizer
-    to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32).
+    to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32). ``load_in_4bit`` loads
+    NF4 weights through bitsandbytes (CUDA only; a 70B judge in about 37 GB), computing in ``dtype``, as the
+    policies' ``lm.load_in_4bit`` does.
     """
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     if dtype == "auto":
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
-    lm = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
+    lm = load_model(
+        model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code, load_in_4bit=load_in_4bit
+    ).eval()
     lm.requires_grad_(False)
     return tokenizer, lm
 
