@@ -26,6 +26,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.callbacks.items import gather_unique_items
+from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 from alignment_games.modules.base import (
     LanguageModelGame,
@@ -367,17 +368,15 @@ class DeepSMIDA(LanguageModelGame):
 
     @rank_zero_only
     def _write_figures(self, gathered: dict[str, Tensor]) -> None:
-        """The §5.3 figures as PNG files beside ``game_eval.json`` and, with TensorBoard, in the logger."""
+        """The §5.3 figures as PNG files beside ``game_eval.json`` and in the trainer's loggers."""
         if self.trainer.fast_dev_run:
             return
         log_dir = self.artifact_dir()
         os.makedirs(log_dir, exist_ok=True)
         figures = make_game_figures(gathered["trained_var"], gathered["reference_var"], self.hparams.alphas)
-        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
-            if experiment is not None and hasattr(experiment, "add_figure"):
-                experiment.add_figure(f"val/{name}", fig, global_step=self.global_step)
+            log_figure(self._trainer, f"val/{name}", fig, self.global_step)
 
     # ------------------------------------------------------------------ candidates for annotation
     @override

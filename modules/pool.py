@@ -514,7 +514,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         folder = self.artifact_dir()
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
             figures = make_pool_figures(self.history, self.player_names)
-            write_pool_artifacts(folder, record, figures, self.logger, self.global_step)
+            write_pool_artifacts(folder, record, figures, self.trainer, self.global_step)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     @override

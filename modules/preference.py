@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 from typing_extensions import override
 
+from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.base import require_at_least, require_positive
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
@@ -441,11 +442,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             seed=self.hparams.seed,
             report=out["report"],
         )
-        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
-            if experiment is not None and hasattr(experiment, "add_figure"):
-                experiment.add_figure(f"test/{name}", fig, global_step=self.global_step)
+            log_figure(self._trainer, f"test/{name}", fig, self.global_step)
         rank_zero_info(f"report written to {os.path.join(log_dir, 'report.json')}")
 
     @override

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 
 from alignment_games.callbacks import EloRating
 from alignment_games.datamodules.pool import InstructionPoolDataModule, split_pool
@@ -291,11 +292,12 @@ def test_figures_from_a_history(tmp_path):
     }
     figs = make_pool_figures(history, ["m0", "m1", "m2"])
     assert set(figs) == {"instruction_weights", "reputations", "opponent_selection"}
-    added = []
-    logger = SimpleNamespace(experiment=SimpleNamespace(add_figure=lambda tag, fig, global_step: added.append(tag)))
-    record, *paths = write_pool_artifacts(str(tmp_path), {"players": ["m0", "m1", "m2"], **history}, figs, logger, 3)
+    csv = CSVLogger(tmp_path, name="csv")
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[csv])
+    record, *paths = write_pool_artifacts(str(tmp_path), {"players": ["m0", "m1", "m2"], **history}, figs, trainer, 3)
     assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths) and len(paths) == 3
-    assert added == [f"pool/{name}" for name in figs]
+    logged = sorted(p.relative_to(tmp_path / "csv" / "version_0").as_posix() for p in (tmp_path / "csv").rglob("*.png"))
+    assert logged == sorted(f"media/pool/{name}/step_3.png" for name in figs)  # each figure to the trainer's logger
     assert json.loads(open(record).read())["weights"] == history["weights"]
 
 

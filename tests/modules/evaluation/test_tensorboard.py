@@ -25,16 +25,12 @@ from tensorboard.plugins.text.text_plugin import text_array_to_html
 from tensorboard.util import tensor_util
 
 from alignment_games.callbacks import EloRating
+from alignment_games.callbacks.media import media_loggers
 from alignment_games.datamodules.pool import InstructionPoolDataModule
 from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
 from alignment_games.modules.debate import DebateSelfPlay
 from alignment_games.modules.deep_smida import DeepSMIDA
-from alignment_games.modules.evaluation.tensorboard import (
-    GameBoard,
-    escape_markdown,
-    samples_markdown,
-    tensorboard_writer,
-)
+from alignment_games.modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown
 from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
@@ -161,12 +157,11 @@ def test_log_samples_must_not_be_negative(tiny_lm_dir):
         GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), log_samples=-2)
 
 
-def test_only_rank_zero_with_a_tensorboard_logger_writes(tmp_path):
+def test_only_rank_zero_writes_and_to_every_logger_that_takes_media(tmp_path):
     tb, csv = TensorBoardLogger(tmp_path), CSVLogger(tmp_path)
-    assert tensorboard_writer(SimpleNamespace(is_global_zero=True, loggers=[csv, tb])) is tb.experiment
-    assert tensorboard_writer(SimpleNamespace(is_global_zero=False, loggers=[tb])) is None
-    assert tensorboard_writer(SimpleNamespace(is_global_zero=True, loggers=[csv])) is None
-    assert tensorboard_writer(None) is None
+    assert media_loggers(SimpleNamespace(is_global_zero=True, loggers=[csv, tb])) == [csv, tb]
+    assert media_loggers(SimpleNamespace(is_global_zero=False, loggers=[tb])) == []
+    assert media_loggers(None) == []
 
 
 def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path, monkeypatch):
@@ -244,12 +239,26 @@ def test_logging_changes_neither_training_nor_the_generators(tiny_lm_dir, tmp_pa
     assert torch.equal(t0, t1) and r0 == r1 and np.array_equal(n0, n1)
 
 
-def test_without_tensorboard_nothing_is_kept_or_written(tiny_lm_dir, tmp_path):
-    model, _ = fit_grpo(tiny_lm_dir, tmp_path, CSVLogger(tmp_path))
+def test_a_csv_logger_gets_what_tensorboard_gets_and_no_logger_nothing(tiny_lm_dir, tmp_path):
+    tb, csv = config_logger(tmp_path), CSVLogger(tmp_path, name="csv")
+    fit_grpo(tiny_lm_dir, tmp_path, [tb, csv])
+    acc, folder = events(tb), f"{csv.log_dir}/media"
+    texts = acc.Tensors("val/generations/text_summary")
+    assert [e.step for e in texts] == [0, 1]  # one text per validation, in both loggers
+    for e in texts:
+        with open(f"{folder}/val/generations/step_{e.step}.md") as f:
+            assert f.read() == tensor_util.make_ndarray(e.tensor_proto).item().decode()
+    for tag in ("train/reward_hist", "train/advantage_hist"):
+        hists = histogram(acc, tag)
+        assert [step for step, _ in hists] == [0, 1]
+        for step, h in hists:
+            with open(f"{folder}/{tag}/step_{step}.json") as f:
+                written = json.load(f)
+            # TensorBoard names a bucket by its right edge (equal values: numpy's buckets around them)
+            assert written["edges"][1:] == list(h.bucket_limit) and written["counts"] == list(h.bucket)
+            assert (written["num"], written["sum"], written["min"], written["max"]) == (h.num, h.sum, h.min, h.max)
+    model, _ = fit_grpo(tiny_lm_dir, tmp_path, False)  # no logger at all: nothing kept
     assert not model.board._samples and not model.board._values
-    assert not list(tmp_path.rglob("events.out.tfevents*"))
-    model, _ = fit_grpo(tiny_lm_dir, tmp_path, False, log_samples=0)  # no logger at all
-    assert not model.board._samples
 
 
 # ------------------------------------------------------------------------------------------------ debate
