@@ -313,6 +313,8 @@ class DeepSMIDA(LanguageModelGame):
                 refs_t = [ref for ref in refs for _ in range(r)]
                 p_star = self.oracle.label(xs, ys, y2s, refs_t).float()
                 self._eval.setdefault(f"{tag}_oracle", []).append(p_star.view(len(prompts), r).to(self.device))
+                for name, rows in self.oracle.last_rows.items():  # per row, so a repeated prompt counts once
+                    self._eval.setdefault(f"{tag}_{name}", []).append(rows.view(len(prompts), r).to(self.device))
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -342,11 +344,11 @@ class DeepSMIDA(LanguageModelGame):
                 )
                 for tag in ("trained", "reference")
             }
-        if self.oracle is not None:  # verdicts that were not probabilities or came too late: left out (this rank)
+        if self.oracle is not None:  # this validation's verdicts left out (not probabilities, or too late), every rank
             result["oracle_num_queries"] = self.oracle.num_queries
-            result["oracle_invalid_verdicts"] = self.oracle.invalid_verdicts
-            result["oracle_timeouts"] = self.oracle.timeouts
-            result["oracle_unlabelled_rows"] = self.oracle.unlabelled_rows
+            for name in ("invalid_verdicts", "timeouts", "unlabelled_rows"):  # each prompt once, both pairs
+                parts = [gathered[k] for k in (f"trained_{name}", f"reference_{name}") if k in gathered]
+                result[f"oracle_{name}"] = int(sum(int(p.sum()) for p in parts))
         self.last_eval = result
         self.reference_thresholds = dict(result["thresholds"])
         flat = {

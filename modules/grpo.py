@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms.rl_losses import group_advantages, grpo_loss
 from alignment_games.modules.base import (
     LanguageModelGame,
@@ -154,6 +155,8 @@ class GRPO(LanguageModelGame):
         self.register_buffer(
             "reward_weight", torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32), persistent=False
         )
+        # per held-out prompt: reward and answer match (NaN without a reference), each prompt once across ranks
+        self.eval_items = ItemRecords(("reward", "accuracy"))
 
     def format_prompts(self, prompts: Sequence[str]) -> list[str]:
         """The policy's inputs: chat-rendered (with the system prompt) or the prompts as they are."""
@@ -294,26 +297,52 @@ class GRPO(LanguageModelGame):
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``."""
+        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``.
+
+        The means are taken at the epoch's end over every prompt once, identified by the batch's ``"index"`` (dataset
+        indices), so that a prompt a distributed sampler repeats to pad the data is not counted twice.
+        """
         hp = self.hparams
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        if "index" not in batch:
+            raise KeyError(
+                "GRPO: validation batches need each prompt's dataset index under 'index' (as"
+                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
+            )
+        index = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
+        if index.numel() != len(prompts):
+            raise ValueError(f"GRPO: {index.numel()} ids under 'index' for {len(prompts)} prompts")
         inputs = self.format_prompts(prompts)
         roll = self.players.generate(
             PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or self.sampling.max_new_tokens, do_sample=False
         )
         per_reward = self.rewards(inputs, roll.texts, refs)
         reward = (per_reward * self.reward_weight).sum(dim=1)
-        logs = {"val/reward": reward.mean()}
+        accuracy = torch.full((len(prompts),), float("nan"), device=self.device)
         if all(r is not None for r in refs):
-            logs["val/accuracy"] = answer_rewards(roll.texts, refs).mean()
-        self.log_dict(logs, batch_size=len(prompts), sync_dist=True)
+            accuracy = answer_rewards(roll.texts, refs).to(self.device, torch.float32)
+        self.eval_items.update(index, reward=reward.to(self.device), accuracy=accuracy)
         if not self.trainer.testing and self.board.wants_samples(self, "val/generations"):
             rows = zip(prompts, refs, roll.texts, reward.tolist())
             self.board.add_samples(
                 self, "val/generations", ({"prompt": x, "reference": r, "reply": y, "reward": v} for x, r, y, v in rows)
             )
 
+    @override
+    def on_validation_epoch_end(self) -> None:
+        """``val/reward`` and ``val/accuracy`` (over the prompts with a reference) of every prompt once."""
+        _, values = self.eval_items.compute(self.device)
+        self.eval_items.reset()
+        if values["reward"].numel() == 0:
+            return
+        logs = {"val/reward": values["reward"].mean()}
+        answered = values["accuracy"][~values["accuracy"].isnan()]
+        if answered.numel():
+            logs["val/accuracy"] = answered.mean()
+        self.log_dict(logs, sync_dist=True)
+
     test_step = validation_step
+    on_test_epoch_end = on_validation_epoch_end
 
 
 def _groups_by_length(completion_mask: Tensor, g: int) -> Tensor:

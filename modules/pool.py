@@ -27,6 +27,7 @@ from torchmetrics.aggregation import MeanMetric
 from typing_extensions import override
 
 from alignment_games.callbacks import EloRating
+from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
@@ -153,8 +154,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.elo = EloRating(self.player_names, **(elo or {})) if m > 1 else None
         self.leader_bandit: Exp3 | None = None
         self.generator = torch.Generator().manual_seed(seed)
-        self.val_acc = nn.ModuleDict({p: MeanMetric() for p in self.player_names})
-        self.test_acc = nn.ModuleDict({p: MeanMetric() for p in self.player_names})
+        # each model's per-prompt correctness, gathered at the epoch's end with each prompt once across ranks
+        self.eval_items = ItemRecords(tuple(self.player_names))
         # persistent, so a checkpoint taken mid-epoch carries the epoch's running sums
         self.epoch_means = nn.ModuleDict({k: MeanMetric() for k in ("leader_reward", "score_gap", "follower_loss")})
         for metric in self.epoch_means.values():
@@ -465,34 +466,49 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def _evaluate(self, batch: dict[str, Any], metrics: nn.ModuleDict) -> None:
+    def _evaluate(self, batch: dict[str, Any]) -> None:
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
+        if "index" not in batch:
+            raise KeyError(
+                "StackelbergPool: evaluation batches need each prompt's dataset index under 'index' (as"
+                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
+            )
+        index = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
+        if index.numel() != len(refs):
+            raise ValueError(f"StackelbergPool: {index.numel()} ids under 'index' for {len(refs)} prompts")
+        correct = {}
         for p in self.player_names:
             prompts = [self.chat(p, x, self.hparams.system_prompt) for x in batch["prompt"]]
             out = self.bank(p).generate(p, prompts, 1, max_new_tokens=self.hparams.eval_max_new_tokens, do_sample=False)
-            correct = [float(answers_match(rules.final_answer(t), r)) for t, r in zip(out.texts, refs)]
-            metrics[p].update(torch.tensor(correct, device=self.device))
+            hits = [float(answers_match(rules.final_answer(t), r)) for t, r in zip(out.texts, refs)]
+            correct[p] = torch.tensor(hits, device=self.device)
+        self.eval_items.update(index, **correct)
 
-    def _log_accuracy(self, stage: str, metrics: nn.ModuleDict) -> None:
-        accs = {p: metrics[p].compute() for p in self.player_names}
-        self.log_dict({f"{stage}/acc/{p}": v for p, v in accs.items()})
-        self.log(f"{stage}/acc_macro", torch.stack(list(accs.values())).mean())
-        for metric in metrics.values():
-            metric.reset()
-
-    def _stage(self) -> tuple[str, nn.ModuleDict]:
-        return ("test", self.test_acc) if self.trainer.testing else ("val", self.val_acc)
+    def _log_accuracy(self) -> None:
+        """Each model's share of prompts answered right, every prompt once across ranks (the sampler's repeats out)."""
+        stage = "test" if self.trainer.testing else "val"
+        ids, correct = self.eval_items.compute(self.device)
+        self.eval_items.reset()
+        if ids.numel() == 0:
+            return
+        accs = {p: correct[p].mean() for p in self.player_names}
+        self.log_dict({f"{stage}/acc/{p}": v for p, v in accs.items()}, sync_dist=True)
+        self.log(f"{stage}/acc_macro", torch.stack(list(accs.values())).mean(), sync_dist=True)
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test)."""
-        self._evaluate(batch, self._stage()[1])
+        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
+
+        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
+        to pad the data is counted once.
+        """
+        self._evaluate(batch)
 
     @override
     def on_validation_epoch_end(self) -> None:
-        self._log_accuracy(*self._stage())
+        self._log_accuracy()
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end

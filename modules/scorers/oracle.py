@@ -107,6 +107,9 @@ class PreferenceOracle(ABC):
         invalid_verdicts: Verdicts that were not a probability (NaN, inf, outside [0, 1]), left out of the labels.
         timeouts: Verdicts abandoned because their call came too late, left out as well.
         unlabelled_rows: Rows of which no query gave a valid verdict: their label is NaN (no estimate).
+        last_rows: The same three counts per row of the latest :meth:`label` call (``[n]`` integer tensors under
+            ``invalid_verdicts``, ``timeouts``, ``unlabelled_rows``), whose sums that call added to the counters;
+            a caller that labels items on several processes keeps them per item, to count each item once.
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
@@ -115,6 +118,7 @@ class PreferenceOracle(ABC):
         self.invalid_verdicts = 0
         self.timeouts = 0
         self.unlabelled_rows = 0
+        self.last_rows: dict[str, Tensor] = {}
 
     @abstractmethod
     def first_wins_probability(
@@ -143,6 +147,7 @@ class PreferenceOracle(ABC):
         n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
         wins = torch.zeros(n, dtype=torch.float64)
         valid = torch.zeros(n, dtype=torch.float64)
+        late_queries = 0
         for _ in range(self.num_queries):
             swap = torch.rand(n, generator=self.generator) < 0.5
             firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
@@ -152,6 +157,7 @@ class PreferenceOracle(ABC):
             )
             if late:
                 self.timeouts += n
+                late_queries += 1
                 p_first, ok = torch.full((n,), 0.5, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
             else:
                 p_first, ok = self._checked(p_first, n)
@@ -161,6 +167,11 @@ class PreferenceOracle(ABC):
             valid += ok.double()
         unlabelled = valid == 0
         self.unlabelled_rows += int(unlabelled.sum())
+        self.last_rows = {
+            "invalid_verdicts": self.num_queries - late_queries - valid.long(),
+            "timeouts": torch.full((n,), late_queries, dtype=torch.long),
+            "unlabelled_rows": unlabelled.long(),
+        }
         return torch.where(unlabelled, torch.full_like(wins, math.nan), wins / valid.clamp(min=1.0))
 
     def _checked(self, p_first: Tensor, n: int) -> tuple[Tensor, Tensor]:
