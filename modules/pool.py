@@ -280,7 +280,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         chosen = self._choose_instructions(len(instructions))
         duels, target_gap = self._match(ratings, progress, len(chosen))
         questions, judges = [instructions[i] for i in chosen], rules.duel_judges(duels, len(names))
-        g = self.followers.grpo_rollouts if self.followers.algorithm == "grpo" else 1
+        g = self.followers.policy_gradient.group_size if self.followers.algorithm == "grpo" else 1
         with self._timed("answer"):
             texts, rollouts = self._answer(duels, questions, g)
         with self._timed("judge"):

@@ -28,6 +28,7 @@ from alignment_games.callbacks import EloRating
 from alignment_games.callbacks.media import media_loggers
 from alignment_games.datamodules.pool import InstructionPoolDataModule
 from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.debate import DebateSelfPlay
 from alignment_games.modules.deep_smida import DeepSMIDA
 from alignment_games.modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown
@@ -187,7 +188,7 @@ def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path
 def grpo(tiny_lm_dir, **kw):
     args = dict(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
-        num_generations=2,
+        policy_gradient=PolicyGradient(group_size=2, kl_coef=0.04),
         sampling=Sampling(temperature=1.0, max_new_tokens=6),
         eval_max_new_tokens=6,
         lr=5e-2,
@@ -267,7 +268,7 @@ def test_debate_shows_transcripts_and_histograms(tiny_lm_dir, tmp_path):
     model = DebateSelfPlay(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
         protocol="debate_ab",
-        group_size=2,
+        policy_gradient=PolicyGradient(group_size=2),
         sampling=Sampling(temperature=0.6, max_new_tokens=8),
         reply_max_new_tokens=6,
         require_thinking=False,
@@ -362,7 +363,10 @@ def pool(tiny_lm_dir, **kw) -> StackelbergPool:
 
 def test_pool_shows_duels_exp3_elo_and_histograms(tiny_lm_dir, tmp_path):
     data = pool_data(tmp_path)
-    model = pool(tiny_lm_dir, followers=FollowerTraining("grpo", lr=1e-2, batch_size=4, grpo_rollouts=2))
+    model = pool(
+        tiny_lm_dir,
+        followers=FollowerTraining("grpo", lr=1e-2, batch_size=4, policy_gradient=PolicyGradient(group_size=2)),
+    )
     logger = config_logger(tmp_path, "pool_grpo.yaml")
     trainer(logger, tmp_path, max_epochs=2, limit_val_batches=1).fit(model, datamodule=data)
     acc = events(logger)

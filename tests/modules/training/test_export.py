@@ -183,7 +183,7 @@ def test_fit_writes_the_players_adapters_under_the_log_dir(tiny_lm_dir, tmp_path
 def _grpo_args(tiny_lm_dir):
     return dict(
         lm={"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8},
-        num_generations=2,
+        policy_gradient={"group_size": 2, "kl_coef": 0.04},
         sampling={"temperature": 1.0, "max_new_tokens": 6},
         chat_template=False,
     )
@@ -404,7 +404,7 @@ def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm
             "--trainer.limit_val_batches=0",
             "--trainer.enable_progress_bar=false",
             "--data.init_args.num_prompts=8",
-            "--model.init_args.num_generations=2",
+            "--model.init_args.policy_gradient.group_size=2",
             "--model.init_args.sampling.max_new_tokens=6",
         ]
     )
