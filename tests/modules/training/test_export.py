@@ -243,7 +243,10 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
     other = torch.load(ckpt, weights_only=True)
     other["family"] = "alignment_games.modules.debate.DebateSelfPlay"
     torch.save(other, tmp_path / "other.ckpt")
-    with pytest.raises(ValueError, match="written by modules.debate.DebateSelfPlay.*config's model is modules.grpo"):
+    wrong_family = (
+        "written by alignment_games.modules.debate.DebateSelfPlay.*config's model is alignment_games.modules.grpo"
+    )
+    with pytest.raises(ValueError, match=wrong_family):
         train.dispatch([*run[:-1], str(tmp_path / "new"), "--ckpt_path", str(tmp_path / "other.ckpt")])
     # ... and one whose adapters do not fit the config's (another LoRA rank), naming the tensor and both shapes
     rank8 = yaml.safe_load(open(config))
