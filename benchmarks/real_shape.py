@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
+        # ROOT first, then the caller's path (gpu_bench puts a stand-in for the alignment_games install there)
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
         "OMP_NUM_THREADS": str(args.threads),
     }
     results: dict = {

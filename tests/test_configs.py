@@ -102,12 +102,24 @@ SMALL = {
     [pytest.param(c, marks=pytest.mark.slow) if c in SMOLLM2 else c for c in CONFIGS],
     ids=os.path.basename,
 )
-def test_config_runs_fast_dev_run(config, tmp_path, monkeypatch, tiny_lm_dir):
-    monkeypatch.chdir(tmp_path)
+def test_config_runs_fast_dev_run_and_leaves_nothing_behind(config, tmp_path, monkeypatch, tiny_lm_dir):
+    """Each config's smoke run trains a step and writes nothing: no ``checkpoints/last-vN.ckpt`` (Lightning's
+    ``save_last`` skips its ``fast_dev_run`` check at the end of training), no result file in the working folder, and
+    no SFT model in ``artifacts/`` (neither the trained model nor its tiny base)."""
+    scratch = tmp_path / "cwd"
+    scratch.mkdir()
+    monkeypatch.chdir(scratch)
     extra = [a.format(tiny_lm_dir=tiny_lm_dir) for a in SMALL.get(os.path.basename(config), [])]
     cli = train.main(["fit", "--config", config, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu", *extra])
     assert cli.trainer.state.finished
     assert cli.trainer.global_step > 0
+    assert sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*")) == []
+
+
+def test_the_sft_configs_are_found():
+    """The configs whose smoke runs once left their model in ``artifacts/`` are among those checked above."""
+    names = [os.path.basename(c) for c in CONFIGS if "sft" in os.path.basename(c)]
+    assert names == ["debate_sft_tiny.yaml", "sft_competent.yaml", "sft_small.yaml", "sft_tiny.yaml"]
 
 
 def test_smollm2_configs_are_found():
@@ -155,17 +167,3 @@ def test_unknown_option_is_rejected(tmp_path, monkeypatch):
                 "--model.init_args.num_memberz=3",
             ]
         )
-
-
-@pytest.mark.parametrize("config", ["smida_tabular.yaml", "grpo_tiny.yaml", "preference_ensemble.yaml"])
-def test_fast_dev_run_leaves_nothing_behind(config, tmp_path, monkeypatch, tiny_lm_dir):
-    """A smoke run writes nothing: no ``checkpoints/last-vN.ckpt`` (Lightning's ``save_last`` skips its
-    ``fast_dev_run`` check at the end of training) and no result file in the working folder."""
-    scratch = tmp_path / "cwd"
-    scratch.mkdir()
-    monkeypatch.chdir(scratch)
-    extra = [a.format(tiny_lm_dir=tiny_lm_dir) for a in SMALL.get(config, [])]
-    path = os.path.join(ROOT, "configs", config)
-    cli = train.main(["fit", "--config", path, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu", *extra])
-    assert cli.trainer.state.finished and cli.trainer.global_step > 0
-    assert sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*")) == []

@@ -107,7 +107,12 @@ def test_sft_on_a_file(tmp_path, monkeypatch, name):
             "--data=datamodules.sft.SFTFileDataModule",
             f"--data.init_args.path={os.path.join(DATA, name)}",
             f"--model.init_args.output_dir={out}",
-            *FAST,
+            # one step, saved (a fast_dev_run saves no model)
+            "--trainer.accelerator=cpu",
+            "--trainer.max_steps=1",
+            "--trainer.limit_val_batches=0",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
         ]
     )
     assert len(cli.datamodule.train_pairs) + len(cli.datamodule.val_pairs) == 32

@@ -61,6 +61,7 @@ def test_isolated_environment_imports_the_four_packages_and_nothing_else(isolate
     assert all(ok.values()) and all(gone.values()), (ok, gone)
 
 
+@pytest.mark.e2e  # about 90 s on 2 cores: run by `python -m pytest -m e2e` (.ci/run, after the default set)
 def test_gpu_sh_runs_every_section_with_only_the_four_packages(isolated, tmp_path):
     """``bash benchmarks/gpu.sh --tiny`` end to end (about 2 minutes on a quiet 2-core machine): every section ends
     ok (an import outside the four packages would fail its section), results and log land in $OUT, the JSON is
