@@ -426,14 +426,7 @@ class DebateSelfPlay(LanguageModelGame):
 
     def _evaluate(self, stage: str, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         problems, refs = list(batch["prompt"]), list(batch["reference"])
-        if "index" not in batch:
-            raise KeyError(
-                "DebateSelfPlay: evaluation batches need each problem's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every problem once across processes"
-            )
-        items = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
-        if items.numel() != len(problems):
-            raise ValueError(f"DebateSelfPlay: {items.numel()} ids under 'index' for {len(problems)} problems")
+        items = self.item_ids(batch, len(problems))
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
             roll = self.play(problems, refs, 1, None)
         transcripts = roll.transcripts

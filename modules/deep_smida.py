@@ -289,15 +289,7 @@ class DeepSMIDA(LanguageModelGame):
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
-        if "index" not in batch:
-            raise KeyError(
-                "DeepSMIDA: validation batches need each prompt's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
-            )
-        index = torch.as_tensor(batch["index"]).reshape(-1).long()
-        if index.numel() != len(prompts):
-            raise ValueError(f"DeepSMIDA: {index.numel()} ids under 'index' for {len(prompts)} prompts")
-        self._eval.setdefault("index", []).append(index.to(self.device))
+        self._eval.setdefault("index", []).append(self.item_ids(batch, len(prompts)))
         r = self.hparams.eval_pairs
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
             lead, foll = self.rollout(prompts, r, 1, leader=lp, follower=fp)

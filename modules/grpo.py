@@ -288,14 +288,7 @@ class GRPO(LanguageModelGame):
         """
         hp = self.hparams
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
-        if "index" not in batch:
-            raise KeyError(
-                "GRPO: validation batches need each prompt's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
-            )
-        index = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
-        if index.numel() != len(prompts):
-            raise ValueError(f"GRPO: {index.numel()} ids under 'index' for {len(prompts)} prompts")
+        index = self.item_ids(batch, len(prompts))
         inputs = self.format_prompts(prompts)
         roll = self.players.generate(
             PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or self.sampling.max_new_tokens, do_sample=False

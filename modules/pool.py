@@ -40,6 +40,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.pool_followers import FollowerTraining, FollowerUpdates
+from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
 
@@ -470,14 +471,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
-        if "index" not in batch:
-            raise KeyError(
-                "StackelbergPool: evaluation batches need each prompt's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
-            )
-        index = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
-        if index.numel() != len(refs):
-            raise ValueError(f"StackelbergPool: {index.numel()} ids under 'index' for {len(refs)} prompts")
+        index = self.item_ids(batch, len(refs))
         correct = {}
         for p in self.player_names:
             prompts = [self.chat(p, x, self.hparams.system_prompt) for x in batch["prompt"]]
@@ -578,36 +572,6 @@ def _check_settings(m: int, hp: Any) -> None:
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")
-
-
-def schedule_length(num_iterations: int | None, max_epochs: int | None, batches_per_epoch: float) -> int:
-    """The iterations the annealing schedules span: ``num_iterations``, or the trainer's ``max_epochs × batches``.
-
-    Args:
-        num_iterations: The model's setting; ``None`` derives it from the trainer.
-        max_epochs: ``trainer.max_epochs`` (``None`` or ``-1``: unbounded).
-        batches_per_epoch: ``trainer.num_training_batches`` (one batch is one game iteration).
-
-    Raises:
-        ValueError: naming both settings when ``num_iterations`` is ``None`` and the trainer's length is unbounded.
-    """
-    known = max_epochs is not None and max_epochs >= 0 and batches_per_epoch != float("inf")
-    played = int(max_epochs * batches_per_epoch) if known else None
-    if num_iterations is None:
-        if played is None or played < 1:
-            raise ValueError(
-                "num_iterations: not given, and the trainer's length is unbounded (trainer.max_epochs "
-                f"{max_epochs}); set trainer.max_epochs (one epoch = the datamodule's iterations_per_epoch "
-                "iterations) or model.init_args.num_iterations"
-            )
-        return played
-    if played is not None and played != num_iterations:
-        rank_zero_warn(
-            f"num_iterations={num_iterations}, but the trainer plays {played} iterations (trainer.max_epochs "
-            f"{max_epochs} x {int(batches_per_epoch)} per epoch): the annealing schedules do not end with the run; "
-            "leave num_iterations unset to take the trainer's"
-        )
-    return int(num_iterations)
 
 
 def _override(entry: str | dict[str, Any]) -> dict[str, Any]:

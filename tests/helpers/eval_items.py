@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
 
@@ -102,7 +103,9 @@ def grpo(tiny_lm_dir: str) -> pl.LightningModule:
     from alignment_games.modules.grpo import GRPO
     from alignment_games.modules.lm.model_config import ModelConfig
 
-    model = GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), num_generations=2, chat_template=False)
+    model = GRPO(
+        lm=ModelConfig(tiny_lm_dir, lora_r=4), policy_gradient=PolicyGradient(group_size=2), chat_template=False
+    )
     model.players.generate = replies({"policy": GRPO_RIGHT})
     return model
 

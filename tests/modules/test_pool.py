@@ -602,7 +602,7 @@ def test_each_follower_batch_is_split_into_contiguous_shares_that_tile_it(world)
 
 
 def test_the_schedule_length_is_the_trainers_unless_given():
-    from alignment_games.modules.pool import schedule_length
+    from alignment_games.modules.training.schedules import schedule_length
 
     assert schedule_length(None, 4, 1) == 4  # the configs: one iteration per epoch
     assert schedule_length(None, 2, 3) == 6  # iterations_per_epoch 3
