@@ -257,6 +257,7 @@ def test_oracle_averages_the_valid_verdicts_and_leaves_the_invalid_out():
     assert (oracle.invalid_verdicts, oracle.unlabelled_rows, oracle.timeouts) == (8, 1, 0)
     assert oracle.summary() == {
         "oracle": "Scripted",
+        "protocol": "query_mean",
         "num_queries": 4,
         "invalid_verdicts": 8,
         "timeouts": 0,
@@ -336,12 +337,16 @@ def test_programmatic_labels_are_those_of_the_oracle_before_invalid_verdicts_wer
     assert sum(labels_11) == pytest.approx(154.18181818181822, abs=1e-12)
     assert dm.oracle_summary() == {
         "oracle": "ProgrammaticOracle",
+        "protocol": "binary",
         "num_queries": 1,
         "invalid_verdicts": 0,
         "timeouts": 0,
         "unlabelled_rows": 0,
         "pairs_dropped": 0,
     }
+    # one query a pair gives the paper's binary labels; 11 give their mean, the deviation, named as such
+    assert set(labels) == {0.0, 1.0}
+    assert (eleven.oracle_summary()["protocol"], eleven.oracle_summary()["num_queries"]) == ("query_mean", 11)
 
 
 def test_pairs_without_a_valid_verdict_are_dropped_and_counted():
