@@ -378,7 +378,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
 
         probs, labels, prompts = collector.compute()
         collector.reset()
-        # Labels averaged over several oracle queries are binarised at 1/2 for accuracy, as the paper's binary labels.
+        # §5.2 counts errors against the binary oracle label, which a 0/1 label is (oracle protocol "binary"); a label
+        # averaged over several queries ("query_mean", a deviation) or a file's soft label counts by its majority.
         binary = (labels.cpu() > 0.5).double()
         report = build_report(
             probs.cpu(),
@@ -417,7 +418,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         report = out["report"]
         datamodule = self.trainer.datamodule
         report["n_truncated"] = int(getattr(datamodule, "num_truncated", 0) or 0)
-        # how the labels were made: the oracle's queries per label and what it left out (None: labels from the data)
+        # how the labels were made: the oracle, its protocol and queries per label, what it left out (None: from data)
         oracle_summary = getattr(datamodule, "oracle_summary", None)
         report["oracle"] = oracle_summary() if callable(oracle_summary) else None
         self.last_report = report

@@ -4,6 +4,7 @@ import glob
 import os
 
 import pytest
+import yaml
 from helpers import ROOT
 
 from alignment_games import train
@@ -126,6 +127,18 @@ def test_smollm2_configs_are_found():
     names = {os.path.basename(c) for c in SMOLLM2}
     expected = {"grpo", "debate", "pool", "deep_smida", "nlhf", "slhf", "preference_ensemble"}
     assert names == {f"{n}_smollm2.yaml" for n in expected}
+
+
+def test_preference_ensemble_configs_label_each_pair_with_one_binary_verdict():
+    """The paper's training data carry one binary oracle label a pair, and §5.2 counts the ensemble's errors against
+    it (App. E.1): the preference ensemble's configs ask their oracle one query a pair (11 is a named deviation)."""
+    found = {}
+    for path in CONFIGS:
+        with open(path, encoding="utf-8") as f:
+            cfg = yaml.safe_load(f)
+        if cfg["model"]["class_path"].endswith(".PreferenceEnsemble"):
+            found[os.path.basename(path)] = cfg["data"]["init_args"]["oracle"]["init_args"]["num_queries"]
+    assert found == {"preference_ensemble.yaml": 1, "preference_ensemble_smollm2.yaml": 1}
 
 
 @pytest.mark.parametrize("config", SMOLLM2, ids=os.path.basename)

@@ -56,7 +56,12 @@ def test_relabelling_a_file_with_the_oracle_is_asked_for_by_name(tmp_path, monke
         train.main([*args, "--data.init_args.reference_column=answer"])
     cli = train.main([*args, "--data.init_args.relabel=true", "--data.init_args.reference_column=answer"])
     oracle = _report(cli)["oracle"]
-    assert (oracle["oracle"], oracle["num_queries"], oracle["pairs_dropped"]) == ("ProgrammaticOracle", 11, 0)
+    assert (oracle["oracle"], oracle["protocol"], oracle["num_queries"], oracle["pairs_dropped"]) == (
+        "ProgrammaticOracle",
+        "binary",
+        1,
+        0,
+    )
 
 
 def test_a_trl_conversational_file_with_an_implicit_prompt_needs_only_its_path(tmp_path, monkeypatch):

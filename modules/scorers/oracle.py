@@ -97,7 +97,8 @@ class PreferenceOracle(ABC):
     """A source of preference verdicts.
 
     Args:
-        num_queries: Order-randomised queries per label (the paper's evaluation uses 11; training labels 1).
+        num_queries: Order-randomised queries per label: 1 is a binary label, as the paper's training data (App.
+            E.1); its evaluations (§5.3.2, App. G.4) average 11 (see :attr:`protocol`).
         seed: Seed of the order randomisation and of the verdict sampling.
         timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
             abandoned: its verdicts are invalid, and its rows are counted in ``timeouts``. Meant for oracles that
@@ -213,10 +214,21 @@ class PreferenceOracle(ABC):
         self.timeouts = int(state["timeouts"])
         self.unlabelled_rows = int(state["unlabelled_rows"])
 
+    @property
+    def protocol(self) -> str:
+        """How a label is made, named in reports: ``"binary"`` or ``"query_mean"``.
+
+        ``"binary"`` (``num_queries`` 1): one sampled verdict, 0 or 1, a pair: the paper's training labels, against
+        which §5.2 also counts the ensemble's errors (App. E.1). ``"query_mean"``: the mean of the valid verdicts of
+        ``num_queries`` queries, the paper's estimate of P* in its evaluations (§5.3.2, App. G.4).
+        """
+        return "binary" if self.num_queries == 1 else "query_mean"
+
     def summary(self) -> dict[str, Any]:
-        """What a report says of this oracle: its class, queries per label and the verdicts and rows left out."""
+        """What a report says of this oracle: its class, label protocol, queries per label and what was left out."""
         return {
             "oracle": type(self).__name__,
+            "protocol": self.protocol,
             "num_queries": self.num_queries,
             "invalid_verdicts": self.invalid_verdicts,
             "timeouts": self.timeouts,

@@ -257,6 +257,7 @@ def test_oracle_averages_the_valid_verdicts_and_leaves_the_invalid_out():
     assert (oracle.invalid_verdicts, oracle.unlabelled_rows, oracle.timeouts) == (8, 1, 0)
     assert oracle.summary() == {
         "oracle": "Scripted",
+        "protocol": "query_mean",
         "num_queries": 4,
         "invalid_verdicts": 8,
         "timeouts": 0,
@@ -349,12 +350,16 @@ def test_programmatic_labels_follow_the_oracles_preference_with_either_order_sho
     assert abs(float(labels.sum() - p.sum())) <= 5 * math.sqrt(float((p * (1 - p)).sum()))
     assert dm.oracle_summary() == {
         "oracle": "ProgrammaticOracle",
+        "protocol": "binary",
         "num_queries": 1,
         "invalid_verdicts": 0,
         "timeouts": 0,
         "unlabelled_rows": 0,
         "pairs_dropped": 0,
     }
+    # one query a pair gives the paper's binary labels; 11 give their mean, the deviation, named as such
+    assert set(labels) == {0.0, 1.0}
+    assert (eleven.oracle_summary()["protocol"], eleven.oracle_summary()["num_queries"]) == ("query_mean", 11)
 
 
 def test_pairs_without_a_valid_verdict_are_dropped_and_counted():
