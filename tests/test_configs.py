@@ -160,7 +160,7 @@ def test_help_reads_as_the_manual(capsys):
         train.main(
             [
                 "fit",
-                "--model=modules.preference.PreferenceEnsemble",
+                "--model=PreferenceEnsemble",
                 "--model.help",
                 "alignment_games.modules.preference.PreferenceEnsemble",
             ]

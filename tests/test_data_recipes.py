@@ -109,7 +109,7 @@ def test_sft_on_a_file(tmp_path, monkeypatch, name):
             "fit",
             "--config",
             os.path.join(CONFIGS, "sft_tiny.yaml"),
-            "--data=datamodules.sft.SFTFileDataModule",
+            "--data=alignment_games.datamodules.sft.SFTFileDataModule",
             f"--data.init_args.path={os.path.join(DATA, name)}",
             f"--model.init_args.output_dir={out}",
             # one step, saved (a fast_dev_run saves no model)

@@ -179,7 +179,7 @@ def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path
             assert logger["init_args"].get("default_hp_metric") is False, path
     assert len(loggers) >= 15  # every shipped config logs to TensorBoard
     monkeypatch.chdir(tmp_path)  # the default logger of a config that names none: train.py's
-    args = ["--model=modules.tabular_smida.TabularSMIDA", "--data=datamodules.steps.StepDataModule"]  # run=False
+    args = ["--model=TabularSMIDA", "--data=StepDataModule"]  # run=False
     cli = train.main(args, run=False)
     assert isinstance(cli.trainer.logger, TensorBoardLogger) and cli.trainer.logger._default_hp_metric is False
 
