@@ -19,7 +19,7 @@ config's logger folder (:func:`find_last_checkpoint`), or starts afresh. One pro
 Checkpoints: the config given is the config that runs. A checkpoint's stored hyper-parameters are never parsed over
 it (LightningCLI does that by default, which let an edited checkpoint name a model folder with code to run); a
 checkpoint of another family, or whose tensors do not fit the config's model, is refused before anything runs
-(:func:`modules.training.checkpoints.check_checkpoint_matches`). ``--ckpt_path <file>`` and ``--ckpt_path last``
+(:func:`modules.checkpoints.trust.check_checkpoint_matches`). ``--ckpt_path <file>`` and ``--ckpt_path last``
 behave alike.
 """
 
@@ -45,16 +45,16 @@ from typing_extensions import override
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
 from alignment_games.callbacks.progress import progress_bar
 from alignment_games.callbacks.run_config import RunConfigRecord
-from alignment_games.modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
-from alignment_games.modules.distributed.launch import follow_the_launcher
-from alignment_games.modules.training.artifacts import recover_folder
-from alignment_games.modules.training.checkpoints import (
+from alignment_games.modules.checkpoints.trust import (
     check_checkpoint_matches,
     check_checkpoint_source,
     check_resume_config,
     read_checkpoint,
     read_checkpoint_or_explain,
 )
+from alignment_games.modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
+from alignment_games.modules.distributed.launch import follow_the_launcher
+from alignment_games.modules.training.artifacts import recover_folder
 from alignment_games.modules.training.registry import data_families, model_families
 from alignment_games.modules.training.run_lock import RunFolderLock, live_owner
 
@@ -469,11 +469,11 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
 
 
 def dispatch(args: list[str] | None = None) -> bool:
-    """Run a subcommand LightningCLI does not have (``export``: :mod:`modules.training.export`); whether one ran."""
+    """Run a subcommand LightningCLI does not have (``export``: :mod:`modules.checkpoints.export`); whether one ran."""
     args = sys.argv[1:] if args is None else args
     if not args or args[0] != "export":
         return False
-    from alignment_games.modules.training.export import export_command
+    from alignment_games.modules.checkpoints.export import export_command
 
     export_command(args[1:])
     return True

@@ -34,7 +34,7 @@ def worker(args) -> dict:
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.models import build_tiny_causal_lm
     from alignment_games.modules.lm.sampling import Sampling
-    from alignment_games.modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.preference import EnsembleUtility
 
     policy = args.policy or build_tiny_causal_lm(
         os.path.join(tempfile.gettempdir(), "ag_bench_tiny"),

@@ -338,7 +338,7 @@ def section_deep_smida(args, out: _Partial) -> None:
     from alignment_games.modules.deep_smida import DeepSMIDA
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.sampling import Sampling
-    from alignment_games.modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.preference import EnsembleUtility
 
     # The Qwen tokenizer is not on the machine: the same architecture with the byte tokenizer (vocabulary 260), so
     # that sampled ids decode to text the utility reads; the 151,936-entry projection is measured by real_shape.

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _pairs(n: int):
-    from alignment_games.datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
+    from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
 
     rng = random.Random(0)
     xs, ya, yb = [], [], []

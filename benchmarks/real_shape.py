@@ -66,7 +66,7 @@ G = 4
 
 def prepare(args) -> dict:
     """The policy, two reward models, a small decoder for the utility, and the prompts, on disk (reused if present)."""
-    from alignment_games.datamodules.arithmetic import generate_problems
+    from alignment_games.modules.algorithms.arithmetic import generate_problems
     from alignment_games.modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
 
     shape = {**(TINY if args.tiny else QWEN25_05B), "num_hidden_layers": args.layers}
@@ -129,7 +129,7 @@ def run_family(args, paths: dict) -> dict:
     elif args.worker == "deep_smida":
         from alignment_games.datamodules.prompts import PromptDataModule
         from alignment_games.modules.deep_smida import DeepSMIDA
-        from alignment_games.modules.scorers.utility import EnsembleUtility
+        from alignment_games.modules.preference import EnsembleUtility
 
         backbone = paths["policy"] if args.utility_backbone == "policy" else paths["small"]
         utility = EnsembleUtility(
@@ -167,9 +167,9 @@ def run_family(args, paths: dict) -> dict:
         data = {"datamodule": DebateDataModule(problems="single_step", num_prompts=64, batch_size=b)}
     elif args.worker == "pool":
         from alignment_games.datamodules.pool import InstructionPoolDataModule
+        from alignment_games.modules.games.pool_followers import FollowerTraining
         from alignment_games.modules.pool import StackelbergPool
         from alignment_games.modules.scorers.peer_judges import PeerJudging
-        from alignment_games.modules.training.pool_followers import FollowerTraining
 
         model = StackelbergPool(
             lm=lm,

@@ -44,7 +44,7 @@ REWARD = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 
 def prepare(workdir: str, num_prompts: int, num_rewards: int) -> dict:
     """Policy, reward models and prompts on disk (idempotent); the paths both workers read."""
-    from alignment_games.datamodules.arithmetic import generate_problems
+    from alignment_games.modules.algorithms.arithmetic import generate_problems
     from alignment_games.modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
 
     os.makedirs(workdir, exist_ok=True)

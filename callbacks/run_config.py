@@ -10,7 +10,7 @@ from typing_extensions import override
 
 __all__ = ["RUN_CONFIG_KEY", "RunConfigRecord"]
 
-#: the checkpoint key (also ``modules.training.checkpoints.RUN_CONFIG_KEY``; callbacks import nothing from modules)
+#: the checkpoint key (also ``modules.checkpoints.trust.RUN_CONFIG_KEY``; callbacks import nothing from modules)
 RUN_CONFIG_KEY = "run_config"
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from typing_extensions import override
 
-from alignment_games.datamodules.arithmetic import _ITEMS, _NAMES
 from alignment_games.datamodules.prompts import PromptDataModule
+from alignment_games.modules.algorithms.arithmetic import _ITEMS, _NAMES
 
 __all__ = ["DebateDataModule", "single_step_problems", "single_step_solution"]
 

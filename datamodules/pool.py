@@ -4,7 +4,7 @@ The leader samples duels from the whole candidate pool every iteration, so a tra
 loader yields ``iterations_per_epoch`` batches per epoch (default 1: one epoch = one game iteration), each one game
 iteration holding every candidate instruction, ``{"prompt": [...], "reference": [...], "index": tensor}``.
 Validation (the 20%) and test batches have the same keys in ``batch_size`` chunks. Without a file or hub set the
-instructions are generated arithmetic word problems (:func:`datamodules.arithmetic.generate_problems`), the
+instructions are generated arithmetic word problems (:func:`modules.algorithms.arithmetic.generate_problems`), the
 development and test problems from different seeds.
 """
 

@@ -21,11 +21,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from alignment_games.datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
 from alignment_games.datamodules.files import check_columns, iter_rows, open_table
 from alignment_games.datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
 from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_number, require_text
+from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
 from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from alignment_games.modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 

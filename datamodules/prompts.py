@@ -16,12 +16,12 @@ import torch
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from alignment_games.datamodules.arithmetic import generate_problems
 from alignment_games.datamodules.files import iter_rows, open_table
 from alignment_games.datamodules.formats import as_messages, is_messages
 from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_text
 from alignment_games.modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
+from alignment_games.modules.algorithms.arithmetic import generate_problems
 
 __all__ = [
     "PromptDataModule",

@@ -16,7 +16,12 @@ import lightning as L
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from alignment_games.datamodules.arithmetic import (
+from alignment_games.datamodules.debate import single_step_problems, single_step_solution
+from alignment_games.datamodules.files import check_columns, iter_rows, open_table
+from alignment_games.datamodules.formats import as_messages, split_last_reply
+from alignment_games.datamodules.resumable import ResumableDataLoader
+from alignment_games.datamodules.validation import require_text
+from alignment_games.modules.algorithms.arithmetic import (
     _FILLER,
     CORRUPTIONS,
     ArithmeticProblem,
@@ -24,11 +29,6 @@ from alignment_games.datamodules.arithmetic import (
     make_response,
     make_think_response,
 )
-from alignment_games.datamodules.debate import single_step_problems, single_step_solution
-from alignment_games.datamodules.files import check_columns, iter_rows, open_table
-from alignment_games.datamodules.formats import as_messages, split_last_reply
-from alignment_games.datamodules.resumable import ResumableDataLoader
-from alignment_games.datamodules.validation import require_text
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.text import fill_template
 
@@ -43,8 +43,8 @@ __all__ = [
 
 Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
-#: ``worded``: :func:`~datamodules.arithmetic.make_response`'s sentences; ``think``: the bare equations in
-#: ``<think>…</think>`` and the boxed answer (:func:`~datamodules.arithmetic.make_think_response`, correct only);
+#: ``worded``: :func:`~modules.algorithms.arithmetic.make_response`'s sentences; ``think``: the bare equations in
+#: ``<think>…</think>`` and the boxed answer (:func:`~modules.algorithms.arithmetic.make_think_response`, correct only);
 #: ``think_padded``: the same with the equations' numbers zero-padded to three digits (``038 + 013 = 051``);
 #: ``think_reversed``: padded and written least-significant digit first (``830 + 310 = 150``), the box in normal order
 SOLUTION_STYLES = ("worded", "think", "think_padded", "think_reversed")
@@ -114,7 +114,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
 
     Args:
         num_prompts: Problems generated.
-        kinds: Solution kinds to sample from (see :data:`datamodules.arithmetic.CORRUPTIONS`).
+        kinds: Solution kinds to sample from (see :data:`modules.algorithms.arithmetic.CORRUPTIONS`).
         weights: Sampling weights of the kinds (same length).
         val_fraction: Share of problems for validation.
         batch_size: Pairs per batch.
@@ -135,7 +135,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
     Raises:
         ValueError: for an unknown kind or style, ``think`` with a corrupted kind, bad weights or
             ``follower_fraction``, a negative ``bucket_window``, or a step range that
-            :func:`~datamodules.arithmetic.generate_problems` refuses.
+            :func:`~modules.algorithms.arithmetic.generate_problems` refuses.
     """
 
     def __init__(
@@ -205,7 +205,7 @@ class SingleStepSFTDataModule(_TriplesDataModule):
         num_prompts: Problems generated (seed offset 3_000_017, so they differ from the game's).
         correct_fraction: Share of solutions whose result is right; the others are off by 1 or 2.
         filler_fraction: Share of solutions (right or wrong alike) with one filler sentence from
-            :data:`datamodules.arithmetic._FILLER`.
+            :data:`modules.algorithms.arithmetic._FILLER`.
         max_operand: Largest operand.
         val_fraction: Share of pairs for validation.
         batch_size: Pairs per batch.

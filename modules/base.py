@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from alignment_games.callbacks.fault_tolerance import RNGStateCallback
+from alignment_games.modules.checkpoints.export import Player, export_at_fit_end
+from alignment_games.modules.checkpoints.trust import CheckpointLoading, check_checkpoint_matches, stamp_family
 from alignment_games.modules.distributed.sharding import (
     check_manual_backward_strategy,
     grad_norm_after_step,
@@ -33,8 +35,6 @@ from alignment_games.modules.evaluation.tensorboard import GameBoard
 from alignment_games.modules.lm.base_identity import check_base_identity
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
-from alignment_games.modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
-from alignment_games.modules.training.export import Player, export_at_fit_end
 from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.timing import PhaseTimer
 
@@ -376,7 +376,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
 
     @override
     def on_fit_end(self) -> None:
-        """Write every player's adapter as a peft folder under ``<log dir>/export/`` (:mod:`modules.training.export`).
+        """Write each player's adapter as a peft folder under ``<log dir>/export/`` (:mod:`modules.checkpoints.export`).
 
         Every rank gathers the weights (a collective under FSDP2 and ZeRO-3); rank 0 writes, replacing the export of
         an earlier run in the same folder. Not in a ``fast_dev_run``.

@@ -200,7 +200,7 @@ class DebateSelfPlay(LanguageModelGame):
 
     def play(
         self, problems: list[str], references: list[str | None], group_size: int, fork_plies: list[int] | None = None
-    ) -> ForkedRollout:
+    ) -> ForkedRollout[Rollout]:
         """Play every problem to the verdict, forking ``group_size`` branches at ``fork_plies`` (one per problem).
 
         ``fork_plies=None`` plays one transcript per problem with one sample per ply (evaluation; ``group_size``

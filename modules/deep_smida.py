@@ -42,8 +42,9 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import fill_template
+from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
-from alignment_games.modules.scorers.utility import EnsembleUtility, Utility
+from alignment_games.modules.scorers.utility import Utility
 
 __all__ = ["DeepSMIDA"]
 

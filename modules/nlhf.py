@@ -30,8 +30,9 @@ from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.prompts import QWEN_SYSTEM
 from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
-from alignment_games.modules.scorers.utility import EnsembleUtility, Utility
+from alignment_games.modules.scorers.utility import Utility
 
 __all__ = ["NashMDPG"]
 

@@ -34,12 +34,12 @@ from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, 
 from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
+from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
-from alignment_games.modules.training.pool_followers import FollowerTraining, FollowerUpdates
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -66,7 +66,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
 
     A non-finite follower loss skips that follower's step; a non-finite peer score skips the whole iteration (no
     reputation, leader or follower update); ``max_consecutive_nonfinite`` in a row stop training. The followers'
-    updates (phase 7) are :class:`~modules.training.pool_followers.FollowerUpdates`'.
+    updates (phase 7) are :class:`~modules.games.pool_followers.FollowerUpdates`'.
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.

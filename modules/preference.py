@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -30,9 +31,11 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 from typing_extensions import override
 
+from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.base import require_at_least, require_positive
+from alignment_games.modules.checkpoints.trust import CheckpointLoading, check_checkpoint_matches, stamp_family
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
 from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -40,48 +43,15 @@ from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
 from alignment_games.modules.lm.precision import cast_frozen_for_strategy
 from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from alignment_games.modules.scorers.preference_heads import BTHead, GPMHead, skew_symmetric_block_matrix
+from alignment_games.modules.scorers.utility import UTILITY_KINDS, Utility, UtilityKind, utility_from_member_probs
 from alignment_games.modules.training.artifacts import atomic_write_text
-from alignment_games.modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
 from alignment_games.modules.training.faults import (
     AutomaticStepGuard,
     refuse_nonfinite_checkpoint,
     reset_stale_epoch_metrics,
 )
 
-__all__ = ["GPMHead", "BTHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
-
-
-class _Collected(torchmetrics.Metric):
-    """Concatenates member probabilities, labels and prompt ids over an epoch (gathered across ranks, exact)."""
-
-    full_state_update = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("probs", default=[], dist_reduce_fx="cat")
-        self.add_state("labels", default=[], dist_reduce_fx="cat")
-        self.add_state("prompts", default=[], dist_reduce_fx="cat")
-        self.add_state("rows", default=[], dist_reduce_fx="cat")
-
-    def update(self, probs: Tensor, labels: Tensor, prompts: Tensor, rows: Tensor) -> None:
-        self.probs.append(probs.detach().double())
-        self.labels.append(labels.detach().double())
-        self.prompts.append(prompts.detach())
-        self.rows.append(rows.detach())
-
-    def compute(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Everything seen, each data row once, in row order.
-
-        A distributed sampler pads the last batch with repeated rows so that ranks get equal shares; dropping the
-        repeats by row id makes the gathered result exactly the single-process one.
-        """
-        cat = torchmetrics.utilities.dim_zero_cat
-        rows = cat(self.rows)
-        uniq, inverse = torch.unique(rows, return_inverse=True)
-        first = torch.full_like(uniq, rows.numel()).scatter_reduce(
-            0, inverse, torch.arange(rows.numel(), device=rows.device), reduce="amin"
-        )
-        return cat(self.probs)[first], cat(self.labels)[first], cat(self.prompts)[first]
+__all__ = ["BTHead", "EnsembleUtility", "GPMHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
 
 class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
@@ -181,8 +151,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         self.train_acc = torchmetrics.classification.BinaryAccuracy()
         # the epoch's running counts travel in checkpoints, so a run resumed mid-epoch reports the whole epoch
         self.train_acc.persistent(True)
-        self.val_collect = _Collected()
-        self.test_collect = _Collected()
+        # per stage: this rank's (rows, member probabilities, labels, prompt ids) batches, gathered once at the end
+        self._collected: dict[str, list[tuple[Tensor, ...]]] = {"val": [], "test": []}
         self.last_report: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ representation
@@ -360,24 +330,29 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         return torch.optim.AdamW(groups, weight_decay=self.hparams.weight_decay)
 
     # ------------------------------------------------------------------ evaluation
-    def _eval_step(self, batch: dict[str, Tensor], collector: _Collected) -> Tensor:
+    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         probs = self(batch)
-        collector.update(probs, batch["label"], batch["prompt_id"], batch["row"])
+        self._collected[stage].append(
+            (batch["row"], probs.detach().double(), batch["label"].detach().double(), batch["prompt_id"])
+        )
         return probs
 
     @override
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, self.val_collect)
+        self._eval_step(batch, "val")
 
     @override
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, self.test_collect)
+        self._eval_step(batch, "test")
 
-    def _summary(self, stage: str, collector: _Collected, full: bool) -> dict[str, Any]:
+    def _summary(self, stage: str, full: bool) -> dict[str, Any]:
         from alignment_games.modules.evaluation.preference_report import build_report
 
-        probs, labels, prompts = collector.compute()
-        collector.reset()
+        # every data row once across ranks: the distributed sampler's padding repeats rows, which the row ids drop
+        rows, probs, labels, prompts = (torch.cat(c) for c in zip(*self._collected[stage]))
+        self._collected[stage] = []
+        _, kept = gather_unique_items(rows, {"probs": probs, "labels": labels, "prompts": prompts})
+        probs, labels, prompts = kept["probs"], kept["labels"], kept["prompts"]
         # §5.2 counts errors against the binary oracle label, which a 0/1 label is (oracle protocol "binary"); a label
         # averaged over several queries ("query_mean", a deviation) or a file's soft label counts by its majority.
         binary = (labels.cpu() > 0.5).double()
@@ -408,13 +383,13 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
 
     @override
     def on_validation_epoch_end(self) -> None:
-        if self.val_collect.update_count == 0 and not self.val_collect.probs:
+        if not self._collected["val"]:
             return
-        self._summary("val", self.val_collect, full=False)
+        self._summary("val", full=False)
 
     @override
     def on_test_epoch_end(self) -> None:
-        out = self._summary("test", self.test_collect, full=True)
+        out = self._summary("test", full=True)
         report = out["report"]
         datamodule = self.trainer.datamodule
         report["n_truncated"] = int(getattr(datamodule, "num_truncated", 0) or 0)
@@ -537,3 +512,87 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             batch["idx_a"], batch["idx_b"] = torch.arange(n), torch.arange(n, 2 * n)
             out.append(self({k: v.to(device) for k, v in batch.items()}).cpu())
         return torch.cat(out) if out else torch.zeros(0, self.hparams.num_members)
+
+
+# Why a utility without a checkpoint is refused, and the two ways out (a trained ensemble, or asking by name).
+UNTRAINED_REFUSAL = (
+    "EnsembleUtility: no checkpoint, so the game would be played against an untrained ensemble with random heads. "
+    "Train one with `python train.py fit --config configs/preference_ensemble.yaml` (the main job) and give "
+    "--model.init_args.utility.init_args.checkpoint=runs/preference_ensemble/version_<n>/checkpoints/last.ckpt; "
+    "for a smoke test, ask for the untrained one by name with "
+    "--model.init_args.utility.init_args.allow_untrained=true"
+)
+
+
+class EnsembleUtility(Utility):
+    """A utility computed from a frozen preference ensemble (see :func:`utility_from_member_probs`).
+
+    The ensemble is built from these arguments (``backbone``, ``backbone_task``, ``num_members`` and ``ensemble``),
+    never from the hyper-parameters stored in ``checkpoint``, which could name a model folder with code to run; the
+    checkpoint gives only tensors, and one that does not fit the ensemble built is refused naming both (see
+    :meth:`~modules.preference.PreferenceEnsemble.load_frozen`).
+
+    Args:
+        checkpoint: Checkpoint of a trained :class:`~modules.preference.PreferenceEnsemble` (the main job writes
+            ``runs/preference_ensemble/version_*/checkpoints/last.ckpt``); the arguments here must describe the
+            ensemble it was trained as. ``None`` is refused unless ``allow_untrained`` asks for an untrained one.
+        kind: Which utility.
+        scale: Multiplier of the variance.
+        lam: λ of the directed objective.
+        member: Member ``j`` of the directed objective, or the one preference model of ``kind: preference``.
+        batch_size: Pairs scored per ensemble call.
+        num_members: Members of the ensemble.
+        backbone: Backbone of the ensemble (e.g. the policy's own folder, as the paper's Qwen members).
+        backbone_task: ``encoder`` or ``causal_lm`` for that backbone.
+        ensemble: Further :class:`~modules.preference.PreferenceEnsemble` arguments, as in the trained run's config
+            (``member_type``, ``embed_dim``, ``sharing``, ``pooling``, ``max_length``, or a whole ``lm``, which then
+            replaces ``backbone``).
+        allow_untrained: With no ``checkpoint``, build an untrained ensemble with randomly initialised heads (a real
+            function of the texts, for smoke tests only) instead of refusing to start. A game against it trains the
+            players on noise.
+
+    Raises:
+        ValueError: without ``checkpoint`` unless ``allow_untrained``, naming both options and the config that trains
+            an ensemble; for an unknown ``kind``.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        kind: UtilityKind = "variance",
+        scale: float = 4.0,
+        lam: float = 0.0,
+        member: int = 0,
+        batch_size: int = 64,
+        num_members: int = 5,
+        backbone: str = "builtin:minilm-l6",
+        backbone_task: str = "encoder",
+        ensemble: dict[str, Any] | None = None,
+        allow_untrained: bool = False,
+    ) -> None:
+        super().__init__()
+        if kind not in UTILITY_KINDS:
+            raise ValueError(f"utility kind {kind!r} is not one of {', '.join(UTILITY_KINDS)}")
+        args: dict[str, Any] = {"lm": ModelConfig(backbone), "backbone_task": backbone_task, "num_members": num_members}
+        args.update(ensemble or {})
+        if checkpoint is None:
+            if not allow_untrained:
+                raise ValueError(UNTRAINED_REFUSAL)
+            model = PreferenceEnsemble(**args).eval().requires_grad_(False)
+        else:
+            model = PreferenceEnsemble.load_frozen(checkpoint, **args)
+        utility_from_member_probs(torch.full((1, model.hparams.num_members), 0.5), kind, scale, lam, member)
+        self.ensemble = model
+        self.kind, self.scale, self.lam, self.member, self.batch_size = kind, scale, lam, member, batch_size
+        self.last_member_probs: Tensor | None = None
+
+    def member_probs(self, prompts: Sequence[str], leader: Sequence[str], follower: Sequence[str]) -> Tensor:
+        """``[N, k]`` member probabilities that the leader's response is preferred."""
+        return self.ensemble.score(list(prompts), list(leader), list(follower), batch_size=self.batch_size)
+
+    @override
+    @torch.no_grad()
+    def forward(self, prompts, leader, follower):
+        p = self.member_probs(prompts, leader, follower)
+        self.last_member_probs = p  # read by the game for diagnostics (variance shares) without scoring twice
+        return utility_from_member_probs(p, self.kind, self.scale, self.lam, self.member).float()

@@ -24,6 +24,13 @@ from torch import nn
 from typing_extensions import override
 
 from alignment_games.modules.base import require_at_least, require_positive
+from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of
+from alignment_games.modules.checkpoints.trust import (
+    CheckpointLoading,
+    check_checkpoint_matches,
+    family_name,
+    stamp_family,
+)
 from alignment_games.modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -31,13 +38,6 @@ from alignment_games.modules.lm.models import TINY_TOKENIZERS, build_tiny_causal
 from alignment_games.modules.lm.precision import cast_frozen_for_strategy
 from alignment_games.modules.lm.text import render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
-from alignment_games.modules.training.checkpoints import (
-    CheckpointLoading,
-    check_checkpoint_matches,
-    family_name,
-    stamp_family,
-)
-from alignment_games.modules.training.export import EXPORT_RECORD, Player, record_of
 from alignment_games.modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.schedules import warmup_cosine_factor
 

@@ -30,8 +30,9 @@ from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
-from alignment_games.modules.scorers.utility import EnsembleUtility, Utility
+from alignment_games.modules.scorers.utility import Utility
 
 __all__ = ["SLHF"]
 
@@ -125,5 +126,5 @@ class SLHF(WinRateValidation, DeepSMIDA):
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         raise NotImplementedError(
             "SLHF writes no annotation candidates (that is deep-SMIDA's predict); compare trained policies with "
-            "python -m alignment_games.modules.evaluation.round_robin"
+            "python -m alignment_games.commands.round_robin"
         )

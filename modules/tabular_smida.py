@@ -38,7 +38,7 @@ from alignment_games.modules.algorithms.stackelberg import (
     stackelberg_equilibrium,
 )
 from alignment_games.modules.algorithms.tabular_games import GAME_KEYS, load_game, random_game
-from alignment_games.modules.training.checkpoints import CheckpointLoading, check_checkpoint_matches, stamp_family
+from alignment_games.modules.checkpoints.trust import CheckpointLoading, check_checkpoint_matches, stamp_family
 from alignment_games.modules.training.faults import NonFiniteGuard
 
 __all__ = ["TabularSMIDA"]

@@ -116,7 +116,7 @@ def test_ckpt_path_last_behaves_like_an_explicit_path(work, marker, tmp_path, mo
 
 
 def test_load_frozen_and_the_utility_build_from_the_callers_arguments(work, marker):
-    from alignment_games.modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.preference import EnsembleUtility
 
     model = PreferenceEnsemble.load_frozen(work["poisoned"], num_members=2)
     assert model.hparams["lm"]["name_or_path"] == "builtin:minilm-l6" and not model.hparams["lm"]["trust_remote_code"]

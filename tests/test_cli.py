@@ -153,7 +153,7 @@ def test_deep_smida_without_a_trained_utility_refuses_to_start(tmp_path, monkeyp
 
 def test_the_utility_refusal_comes_before_the_players_load():
     from alignment_games.modules.deep_smida import DeepSMIDA
-    from alignment_games.modules.scorers.utility import EnsembleUtility
+    from alignment_games.modules.preference import EnsembleUtility
 
     with pytest.raises(ValueError, match="allow_untrained"):
         EnsembleUtility()
@@ -182,7 +182,7 @@ def test_a_missing_artifact_names_the_config_that_makes_it(config, maker, tmp_pa
 
 
 def test_provenance_of_local_paths(tmp_path, monkeypatch):
-    from alignment_games.modules.training.checkpoints import read_checkpoint
+    from alignment_games.modules.checkpoints.trust import read_checkpoint
     from alignment_games.modules.training.provenance import looks_local, producing_config
 
     monkeypatch.chdir(tmp_path)

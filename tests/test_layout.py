@@ -88,10 +88,71 @@ def test_pure_math_imports_no_lightning(path):
     assert not bad, f"{path.relative_to(ROOT_PATH)} imports {bad}"
 
 
-@pytest.mark.parametrize("path", _sources("callbacks"), ids=lambda p: str(p.relative_to(ROOT_PATH)))
-def test_callbacks_import_nothing_of_the_suite(path):
-    bad = [m for m in _imports(ast.parse(path.read_text())) if _suite_folder(m) in ("modules", "datamodules", "train")]
-    assert not bad, f"{path.relative_to(ROOT_PATH)} imports {bad}"
+#: The folders from the bottom up: a file imports only from its own folder and the folders listed before it (the
+#: callbacks import nothing of the suite; pure math sits under everything that computes with models; command-line
+#: tools and ``train.py`` are the top). A new folder has to be placed here.
+LAYERS = (
+    "callbacks/functional",
+    "callbacks",
+    "modules/algorithms",
+    "modules/training",
+    "modules/distributed",
+    "modules/lm",
+    "modules/checkpoints",
+    "modules/scorers",
+    "datamodules",
+    "modules/games",
+    "modules/evaluation",
+    "modules",
+    "commands",
+    "train",
+)
+
+
+def _folder(parts: list[str], root: Path) -> str:
+    """The deepest existing folder of the suite along ``parts`` (``train`` for train.py)."""
+    if parts[:1] == ["train"]:
+        return "train"
+    depth = max(i for i in range(1, len(parts) + 1) if (root / Path(*parts[:i])).is_dir())
+    return "/".join(parts[:depth])
+
+
+def layer_violations(root: Path, layers: tuple[str, ...] = LAYERS) -> list[str]:
+    """``file imports module (folder above its own)`` for every import against ``layers``, and unplaced folders."""
+    rank = {name: i for i, name in enumerate(layers)}
+    out = []
+    files = sorted(p for top in ("callbacks", "commands", "datamodules", "modules") for p in (root / top).rglob("*.py"))
+    for path in [*files, root / "train.py"]:
+        rel = path.relative_to(root)
+        own = "train" if rel == Path("train.py") else _folder(list(rel.parent.parts), root)
+        if own not in rank:
+            out.append(f"{rel}: folder {own} is not in LAYERS")
+            continue
+        for module in sorted(_imports(ast.parse(path.read_text()))):
+            if _suite_folder(module) is None:
+                continue
+            parts = module.split(".")[1:] if module.startswith("alignment_games") else module.split(".")
+            theirs = _folder(parts, root)
+            if rank.get(theirs, len(layers)) > rank[own]:
+                out.append(f"{rel} imports {module} ({theirs} is above {own})")
+    return out
+
+
+def test_folders_import_one_way():
+    assert not layer_violations(ROOT_PATH)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    for folder in ("callbacks", "modules/lm", "modules/new"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "callbacks/a.py").write_text("from alignment_games.modules.lm.x import y\n")
+    (tmp_path / "modules/lm/b.py").write_text("import alignment_games.callbacks.a\n")
+    (tmp_path / "modules/new/c.py").write_text("")
+    assert layer_violations(tmp_path, ("callbacks", "modules/lm", "train")) == [
+        "callbacks/a.py imports alignment_games.modules.lm.x (modules/lm is above callbacks)",
+        "modules/new/c.py: folder modules/new is not in LAYERS",
+    ]
 
 
 def test_only_the_distributed_subpackage_names_a_strategy():
@@ -115,7 +176,7 @@ def test_the_top_of_modules_is_the_catalogue_of_families():
     top = {p.stem for p in (ROOT_PATH / "modules").glob("*.py")} - {"__init__", "base"}
     assert top == {cls.__module__.rsplit(".", 1)[1] for cls in model_families().values()}, "a file defining no family"
     folders = {p.name for p in (ROOT_PATH / "modules").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders == {"algorithms", "distributed", "evaluation", "lm", "scorers", "training"}
+    assert folders == {"algorithms", "checkpoints", "distributed", "evaluation", "games", "lm", "scorers", "training"}
 
 
 def test_no_module_file_is_over_600_lines():

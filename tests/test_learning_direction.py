@@ -22,7 +22,7 @@ import lightning as L
 import pytest
 import torch
 
-from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -239,8 +239,8 @@ def _pool_run(
 
     from alignment_games.datamodules.pool import InstructionPoolDataModule
     from alignment_games.datamodules.prompts import PromptSource
+    from alignment_games.modules.games.pool_followers import FollowerTraining
     from alignment_games.modules.pool import StackelbergPool
-    from alignment_games.modules.training.pool_followers import FollowerTraining
 
     path = tmp_path / "pool.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

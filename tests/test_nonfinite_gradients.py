@@ -226,9 +226,9 @@ def _debate(tiny_lm_dir, tmp_path, **kw):
 def _pool(tiny_lm_dir, tmp_path, **kw):
     from alignment_games.datamodules.pool import InstructionPoolDataModule
     from alignment_games.datamodules.prompts import PromptSource
+    from alignment_games.modules.games.pool_followers import FollowerTraining
     from alignment_games.modules.pool import StackelbergPool
     from alignment_games.modules.scorers.peer_judges import PeerJudging
-    from alignment_games.modules.training.pool_followers import FollowerTraining
 
     path = tmp_path / "pool.jsonl"
     path.write_text("\n".join(json.dumps({"question": f"{a}+{a + 1}=?", "answer": str(2 * a + 1)}) for a in range(8)))

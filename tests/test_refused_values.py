@@ -12,9 +12,8 @@ from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.nlhf import NashMDPG
 from alignment_games.modules.pool import StackelbergPool
-from alignment_games.modules.preference import PreferenceEnsemble
+from alignment_games.modules.preference import EnsembleUtility, PreferenceEnsemble
 from alignment_games.modules.scorers.judges import ProgrammaticJudge
-from alignment_games.modules.scorers.utility import EnsembleUtility
 from alignment_games.modules.sft import CausalLMSFT
 from alignment_games.modules.slhf import SLHF
 from alignment_games.modules.tabular_smida import TabularSMIDA

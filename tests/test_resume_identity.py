@@ -16,7 +16,7 @@ import yaml
 
 from alignment_games import train
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
-from alignment_games.modules.training.checkpoints import (
+from alignment_games.modules.checkpoints.trust import (
     RUN_CONFIG_KEY,
     check_checkpoint_matches,
     check_checkpoint_source,

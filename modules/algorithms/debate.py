@@ -16,12 +16,12 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 
-if TYPE_CHECKING:
-    from alignment_games.modules.lm.policy_bank import Rollout
+#: a decoder's batch output (the suite's ``modules.lm`` Rollout); the rules here only carry it
+Rollout = TypeVar("Rollout")
 
 __all__ = [
     "PLAYER_OF_PLY",
@@ -406,7 +406,7 @@ def derived_seed(*key: object) -> int:
 
 
 @dataclass
-class ForkedRollout:
+class ForkedRollout(Generic[Rollout]):
     """What one forked step produced: the transcripts and, per ply, the rows that were forked there.
 
     Attributes:

@@ -19,6 +19,8 @@ from typing_extensions import override
 
 __all__ = ["FSDP2Strategy"]
 
+#: the dtypes FSDP2 mixed precision may name (param_dtype, reduce_dtype)
+MIXED_PRECISION_DTYPES = ("float32", "bfloat16", "float16")
 METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder
 
 
@@ -65,13 +67,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         )
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from alignment_games.modules.lm.models import DTYPES
-
         dtypes = {}
         for field, name in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-            if name is not None and name not in DTYPES:
-                raise ValueError(f"{field}: unknown dtype {name!r}; one of {sorted(DTYPES)}")
-            dtypes[field] = None if name is None else DTYPES[name]
+            if name is not None and name not in MIXED_PRECISION_DTYPES:
+                raise ValueError(f"{field}: unknown dtype {name!r}; one of {sorted(MIXED_PRECISION_DTYPES)}")
+            dtypes[field] = None if name is None else getattr(torch, name)
         self.mixed_precision_policy = MixedPrecisionPolicy(**dtypes) if any(dtypes.values()) else None
 
     @override

@@ -10,7 +10,7 @@ sees the seeds' spread, so seeds with equal gains give it width 0; the report th
 gain with a bootstrap interval over problems (each problem's gain averaged over the seeds), which keeps the width that
 600 problems leave.
 
-    python -m alignment_games.modules.evaluation.accuracy_gain --base artifacts/competent_policy \
+    python -m alignment_games.commands.accuracy_gain --base artifacts/competent_policy \
         --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
 
 A pool trains several players per seed: ``--players-per-seed m`` reads the trained folders as consecutive groups of m
@@ -23,19 +23,16 @@ A trained folder is anything ``from_pretrained`` loads: a full model, a merged e
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from alignment_games.datamodules.arithmetic import generate_problems
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["HELD_OUT_SEED", "main", "paired_gain", "seed_interval", "seed_mean_gain", "solved"]
+__all__ = ["HELD_OUT_SEED", "paired_gain", "seed_interval", "seed_mean_gain", "solved"]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
@@ -148,64 +145,3 @@ def solved(
     tokenizer = load_tokenizer(model_path)
     replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, batch_size=32)
     return [answers_match(extract_final_answer(y), r) for y, r in zip(replies, references)]
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line: print (and with ``--out`` write) the per-seed and across-seed gains as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", required=True, help="the policy the games started from")
-    parser.add_argument("--trained", nargs="+", required=True, help="one trained policy per seed")
-    parser.add_argument("--num-problems", type=int, default=400)
-    parser.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="default: problems no game trains on")
-    parser.add_argument("--min-steps", type=int, default=2, help="default: the games' 2-4 operations")
-    parser.add_argument("--max-steps", type=int, default=4)
-    parser.add_argument("--system-prompt", default="You are a helpful assistant.")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--players-per-seed", type=int, default=1, help="consecutive trained folders of one seed")
-    parser.add_argument("--out", help="also write the report here")
-    args = parser.parse_args(argv)
-    if args.num_problems < 1:
-        raise SystemExit(f"--num-problems must be at least 1, got {args.num_problems}")
-    m = args.players_per_seed
-    if m < 1 or len(args.trained) % m:
-        raise SystemExit(f"--players-per-seed {m}: the {len(args.trained)} trained folders are not groups of {m}")
-    problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
-    prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
-    run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
-    before = run(args.base)
-    after = [run(path) for path in args.trained]
-    if m == 1:
-        per_seed = [
-            {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
-        ]
-    else:  # a seed's gain: its players' mean, with each player's own gain beside it
-        per_seed = [
-            {
-                "players": [
-                    {"model": path, **paired_gain(before, a, seed=i)}
-                    for path, a in zip(args.trained[i : i + m], after[i : i + m])
-                ],
-                **{k: v for k, v in seed_mean_gain(before, after[i : i + m], seed=i).items() if k != "seeds"},
-            }
-            for i in range(0, len(after), m)
-        ]
-    report: dict[str, Any] = {
-        "base": args.base,
-        "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},
-        "per_seed": per_seed,
-    }
-    if len(per_seed) > 1:
-        report["across_seeds"] = seed_interval([s["gain"] for s in per_seed])
-        report["seed_mean_over_problems"] = seed_mean_gain(before, after)
-        if m > 1:  # every player of every seed, averaged per problem
-            report["seed_mean_over_problems"].update(seeds=len(per_seed), policies=len(after))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return report
-
-
-if __name__ == "__main__":
-    main()

@@ -4,7 +4,7 @@ Each run is a log folder holding ``debate_evals.jsonl`` (written by :class:`modu
 file itself. Per run the peak is chosen by the rule of :class:`callbacks.PeakCheckpoint`; a group's runs are merged
 by adding the counts of their peak windows. Correlated rollouts make P(Best) over-confident (App. A.3).
 
-    python -m alignment_games.modules.evaluation.debate_compare \\
+    python -m alignment_games.commands.debate_compare \\
         --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\
         --group Debate-AB=runs/debate_ab/version_0 --upper RLVR=runs/debate_rlvr/version_0 \\
         --baseline RLAIF-A --out compare.json
@@ -12,7 +12,6 @@ by adding the counts of their peak windows. Correlated rollouts make P(Best) ove
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -26,7 +25,6 @@ from alignment_games.callbacks.functional import (
     posterior_mean,
 )
 from alignment_games.callbacks.functional.mcc import matthews_corrcoef_from_counts
-from alignment_games.modules.training.artifacts import atomic_write_text
 
 __all__ = [
     "compare_groups",
@@ -34,7 +32,6 @@ __all__ = [
     "format_table",
     "judge_trend",
     "load_evaluations",
-    "main",
     "peak_window",
 ]
 
@@ -238,47 +235,3 @@ def format_table(result: Mapping[str, Any]) -> str:
                 f"{last['false_accepts']:.0f} | {reward} |"
             )
     return "\n".join(lines)
-
-
-def _parse_group(spec: str) -> tuple[str, list[str]]:
-    if "=" not in spec:
-        raise argparse.ArgumentTypeError(f"expected NAME=RUN[,RUN...], got {spec!r}")
-    name, runs = spec.split("=", 1)
-    return name.strip(), [r for r in runs.split(",") if r.strip()]
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command line: ``--group NAME=RUN,RUN ... [--upper NAME=RUN] [--baseline NAME] [--out FILE]``."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--group", action="append", type=_parse_group, required=True, help="NAME=RUN[,RUN...]")
-    ap.add_argument("--upper", type=_parse_group, default=None, help="the upper-bound group (RLVR): NAME=RUN[,...]")
-    ap.add_argument("--baseline", default=None, help="name of the baseline group (RLAIF-A) for the gap recovery")
-    ap.add_argument("--window", type=int, default=3)
-    ap.add_argument("--quantile", type=float, default=0.025)
-    ap.add_argument("--draws", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="debate_compare.json", help="JSON file to write")
-    args = ap.parse_args(argv)
-    specs = list(args.group) + ([args.upper] if args.upper else [])
-    names = [n for n, _ in specs]
-    if len(set(names)) != len(names):
-        raise SystemExit(f"group names must be distinct, got {names}")
-    groups = {name: [load_evaluations(r) for r in runs] for name, runs in specs}
-    result = compare_groups(
-        groups,
-        upper=args.upper[0] if args.upper else None,
-        baseline=args.baseline,
-        window=args.window,
-        quantile=args.quantile,
-        draws=args.draws,
-        seed=args.seed,
-    )
-    result["runs"] = {name: runs for name, runs in specs}
-    print(format_table(result))
-    atomic_write_text(args.out, json.dumps(result, indent=2))
-    print(f"written to {args.out}")
-    return result
-
-
-if __name__ == "__main__":
-    main()

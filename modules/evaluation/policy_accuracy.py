@@ -4,7 +4,7 @@ A reply is *correct* when its last ``\boxed{}`` matches the reference (the games
 :func:`~modules.scorers.reward_models.answer_rewards`), and *in format* when it is one ``<think>…</think>`` block
 followed by a visible part that holds a ``\boxed{}`` answer (:func:`~modules.algorithms.debate.split_reply`).
 
-    python -m alignment_games.modules.evaluation.policy_accuracy --model artifacts/competent_policy \
+    python -m alignment_games.commands.policy_accuracy --model artifacts/competent_policy \
         --min-steps 1 --max-steps 2
 
 The problems default to the games' own held-out prompts (:class:`~datamodules.prompts.PromptDataModule` generates
@@ -13,20 +13,18 @@ with seed ``0 + 1_000_003``), which the SFT data (seed ``0 + 2_000_003``) does n
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from alignment_games.datamodules.arithmetic import generate_problems
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.algorithms.debate import split_reply
 from alignment_games.modules.lm.text import render_chat
 
-__all__ = ["greedy_replies", "main", "policy_accuracy", "reply_in_format", "score_replies", "wilson_interval"]
+__all__ = ["greedy_replies", "policy_accuracy", "reply_in_format", "score_replies", "wilson_interval"]
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
@@ -129,7 +127,7 @@ def policy_accuracy(
     Args:
         model_path: A folder (or hub name) loadable by ``from_pretrained``, with its tokenizer.
         num_problems: Problems generated from ``seed``.
-        seed: Seed of :func:`~datamodules.arithmetic.generate_problems`.
+        seed: Seed of :func:`~modules.algorithms.arithmetic.generate_problems`.
         min_steps: Fewest operations per problem.
         max_steps: Most operations per problem.
         system_prompt: System message of every prompt (the one the policy was trained with).
@@ -160,38 +158,3 @@ def policy_accuracy(
         chosen = [i for i, p in enumerate(problems) if len(p.ops) == k]
         by_operations[str(k)] = score_replies([replies[i] for i in chosen], [refs[i] for i in chosen])
     return {**score_replies(replies, refs), "by_operations": by_operations, **settings, "examples": examples}
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line: print (and with ``--out`` write) :func:`policy_accuracy`'s report as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", required=True, help="folder of the saved policy")
-    parser.add_argument("--num-problems", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=1_000_003, help="default: the games' held-out prompts")
-    parser.add_argument("--min-steps", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=4)
-    parser.add_argument("--system-prompt", default="You are a helpful assistant.")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--out", help="also write the report here")
-    args = parser.parse_args(argv)
-    report = policy_accuracy(
-        args.model,
-        args.num_problems,
-        args.seed,
-        args.min_steps,
-        args.max_steps,
-        args.system_prompt,
-        args.max_new_tokens,
-        args.batch_size,
-    )
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return report
-
-
-if __name__ == "__main__":
-    main()

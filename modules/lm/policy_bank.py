@@ -93,7 +93,7 @@ class PolicyBank(nn.Module):
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
         lm = ModelConfig.coerce(lm)
-        self.lm = lm  # where the base came from: recorded beside exported adapters (modules.training.export)
+        self.lm = lm  # where the base came from: recorded beside exported adapters (modules.checkpoints.export)
         # which frozen base the adapters train on (path, revision, hash of its config and weights' content)
         self.base_identity = base_identity(lm.name_or_path, lm.revision)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens

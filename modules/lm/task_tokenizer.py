@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from alignment_games.datamodules.arithmetic import generate_problems, make_think_response
+from alignment_games.modules.algorithms.arithmetic import generate_problems, make_think_response
 
 __all__ = ["SPECIAL_TOKENS", "build_task_tokenizer", "task_corpus"]
 

@@ -96,7 +96,7 @@ def refuse_nonfinite_checkpoint(checkpoint: dict[str, Any], family: str) -> None
     Call it at the end of ``on_save_checkpoint`` (after the frozen weights were dropped). The skip of non-finite
     gradients keeps such values out of the weights; this is the last line: a checkpoint that ``--ckpt_path last``
     would resume from must never carry them. Checks what :func:`nonfinite_entries` checks. A checkpoint read back
-    is checked the same way (:func:`modules.training.checkpoints.check_checkpoint_matches`).
+    is checked the same way (:func:`modules.checkpoints.trust.check_checkpoint_matches`).
 
     Raises:
         RuntimeError: naming the first tensors with non-finite values.

@@ -1,14 +1,14 @@
 """Write the small data files of this folder (generated arithmetic, not hub data): ``python tests/data/generate.py``.
 
 Each file is one of the own-data recipes of ``docs/data.md`` in a few dozen rows; the problems come from
-:func:`datamodules.arithmetic.generate_problems` with seeds of their own, so they overlap no default data.
+:func:`modules.algorithms.arithmetic.generate_problems` with seeds of their own, so they overlap no default data.
 """
 
 import json
 import os
 import random
 
-from alignment_games.datamodules.arithmetic import generate_problems, make_response
+from alignment_games.modules.algorithms.arithmetic import generate_problems, make_response
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -6,9 +6,9 @@ import warnings
 import pytest
 import torch
 
-from alignment_games.datamodules.arithmetic import CORRUPTIONS, generate_problems, make_response
 from alignment_games.datamodules.preference import PreferenceDataModule, load_preference_rows, validate_rows
 from alignment_games.modules.algorithms.answers import extract_final_answer
+from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
 from alignment_games.modules.lm.models import load_tokenizer
 from alignment_games.modules.scorers.oracle import ProgrammaticOracle, solution_score
 

@@ -3,14 +3,14 @@ import re
 
 import pytest
 
-from alignment_games.datamodules.arithmetic import (
+from alignment_games.datamodules.sft import ArithmeticSFTDataModule
+from alignment_games.modules.algorithms.answers import extract_final_answer
+from alignment_games.modules.algorithms.arithmetic import (
     ArithmeticProblem,
     generate_problems,
     make_response,
     make_think_response,
 )
-from alignment_games.datamodules.sft import ArithmeticSFTDataModule
-from alignment_games.modules.algorithms.answers import extract_final_answer
 from alignment_games.modules.evaluation.policy_accuracy import reply_in_format
 
 

@@ -106,8 +106,8 @@ def test_nonfinite_utility_skips_counts_and_stops(tiny_lm_dir, tmp_path):
 
 
 def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
+    from alignment_games.modules.preference import EnsembleUtility
     from alignment_games.modules.scorers.oracle import ProgrammaticOracle
-    from alignment_games.modules.scorers.utility import EnsembleUtility
 
     L.seed_everything(0)
     utility = EnsembleUtility(num_members=3, allow_untrained=True)

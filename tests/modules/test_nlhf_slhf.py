@@ -254,7 +254,8 @@ def test_slhf_with_one_sample_a_player_takes_the_constant_baseline_one_half():
 
 def test_p0_is_a_named_member_or_the_ensemble_mean():
     """Member probabilities 0.9, 0.2, 0.4: member 0 gives 0.9, member 1 0.2, the ensemble mean 0.5."""
-    from alignment_games.modules.scorers.utility import EnsembleUtility, utility_from_member_probs
+    from alignment_games.modules.preference import EnsembleUtility
+    from alignment_games.modules.scorers.utility import utility_from_member_probs
 
     p = torch.tensor([[0.9, 0.2, 0.4]])
     assert utility_from_member_probs(p, "preference").item() == pytest.approx(0.9)

@@ -19,10 +19,10 @@ from alignment_games.modules.algorithms.pool import Matchmaking, ReputationWeigh
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.distributed.collectives import local_batches, shared_rows
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
+from alignment_games.modules.games.pool_followers import FollowerTraining
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.pool import StackelbergPool
 from alignment_games.modules.scorers.peer_judges import PeerJudging, solve_scores
-from alignment_games.modules.training.pool_followers import FollowerTraining
 
 SMALL = dict(
     duels_per_iteration=3,
@@ -266,7 +266,7 @@ def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
 def test_grpo_followers_take_updates_per_batch_steps_on_each_batch(tiny_lm_dir, tmp_path, short_pool, monkeypatch):
     """``followers.policy_gradient.updates_per_batch`` μ: each batch of a follower's rollouts gives μ optimizer steps
     on the same rows (the sampling policy's log-probabilities kept, so the later steps' ratios differ from 1)."""
-    from alignment_games.modules.training.pool_followers import FollowerUpdates
+    from alignment_games.modules.games.pool_followers import FollowerUpdates
 
     steps, step = [], FollowerUpdates._step
     monkeypatch.setattr(FollowerUpdates, "_step", lambda self, p, *a: steps.append((mu, p, a[2])) or step(self, p, *a))

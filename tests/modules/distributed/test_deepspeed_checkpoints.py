@@ -20,6 +20,7 @@ import textwrap
 import pytest
 import torch
 
+from alignment_games.modules.checkpoints.trust import read_checkpoint_or_explain
 from alignment_games.modules.distributed.deepspeed_checkpoints import (
     SafeDeepSpeedStrategy,
     _WeightsOnlyEngine,
@@ -27,7 +28,6 @@ from alignment_games.modules.distributed.deepspeed_checkpoints import (
     read_deepspeed_client_state,
     safe_deepspeed_strategy,
 )
-from alignment_games.modules.training.checkpoints import read_checkpoint_or_explain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 

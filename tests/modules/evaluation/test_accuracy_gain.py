@@ -6,15 +6,10 @@ import math
 import pytest
 from scipy import stats
 
-from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.commands.accuracy_gain import main
 from alignment_games.datamodules.prompts import generated_rows
-from alignment_games.modules.evaluation.accuracy_gain import (
-    HELD_OUT_SEED,
-    main,
-    paired_gain,
-    seed_interval,
-    seed_mean_gain,
-)
+from alignment_games.modules.algorithms.arithmetic import generate_problems
+from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, paired_gain, seed_interval, seed_mean_gain
 
 
 def test_paired_gain_by_hand_and_a_constant_difference_has_no_spread():
@@ -116,7 +111,7 @@ def test_the_default_problems_are_none_a_game_or_the_warm_start_trains_on():
 
 
 def test_players_per_seed_groups_a_pools_players_by_hand(monkeypatch):
-    import alignment_games.modules.evaluation.accuracy_gain as ag
+    import alignment_games.commands.accuracy_gain as ag
 
     table = {
         "base": [False, False, True, True],

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from alignment_games.callbacks import beta_lower_bound, posterior_mean
+from alignment_games.commands.debate_compare import main
 from alignment_games.modules.evaluation.debate_compare import (
     compare_groups,
     dedup_evaluations,
     format_table,
     judge_trend,
     load_evaluations,
-    main,
     peak_window,
 )
 

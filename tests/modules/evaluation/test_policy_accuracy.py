@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from alignment_games.commands.policy_accuracy import main
 from alignment_games.modules.evaluation.policy_accuracy import (
-    main,
     policy_accuracy,
     reply_in_format,
     score_replies,

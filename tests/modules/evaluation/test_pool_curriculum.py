@@ -5,12 +5,12 @@ import json
 import pytest
 import yaml
 
-from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.commands.pool_curriculum import main
 from alignment_games.datamodules.pool import InstructionPoolDataModule
+from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation.pool_curriculum import (
     feature_extremes,
     load_weights,
-    main,
     pool_operations,
     sharpening,
 )

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from alignment_games.modules.evaluation.round_robin import adapter_tensors, main, markdown_table, round_robin_table
+from alignment_games.commands.round_robin import main
+from alignment_games.modules.evaluation.round_robin import adapter_tensors, markdown_table, round_robin_table
 
 
 def test_table_matches_a_hand_computation():

@@ -32,6 +32,7 @@ from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.debate import DebateSelfPlay
 from alignment_games.modules.deep_smida import DeepSMIDA
 from alignment_games.modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown
+from alignment_games.modules.games.pool_followers import FollowerTraining
 from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
@@ -39,7 +40,6 @@ from alignment_games.modules.pool import StackelbergPool
 from alignment_games.modules.scorers.judges import ProgrammaticJudge
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.pool_followers import FollowerTraining
 
 EVERYTHING = {k: 0 for k in (ea.COMPRESSED_HISTOGRAMS, ea.IMAGES, ea.AUDIO, ea.SCALARS, ea.HISTOGRAMS, ea.TENSORS)}
 

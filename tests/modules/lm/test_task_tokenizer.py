@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from alignment_games.datamodules.arithmetic import generate_problems, make_think_response
+from alignment_games.modules.algorithms.arithmetic import generate_problems, make_think_response
 from alignment_games.modules.lm.models import build_byte_tokenizer, build_tiny_causal_lm, load_model, load_tokenizer
 from alignment_games.modules.lm.task_tokenizer import SPECIAL_TOKENS, build_task_tokenizer, task_corpus
 

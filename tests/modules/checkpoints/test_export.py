@@ -13,12 +13,12 @@ from helpers import ROOT
 from safetensors.torch import load_file
 
 from alignment_games import train
+from alignment_games.modules.checkpoints.export import EXPORT_RECORD, export_module
 from alignment_games.modules.deep_smida import DeepSMIDA
 from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.export import EXPORT_RECORD, export_module
 
 PROMPTS = ["What is 2 + 3?", "Name a colour.", "x"]
 
@@ -437,7 +437,7 @@ def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm
 
 def test_export_reads_every_option_a_fit_config_holds(tmp_path, monkeypatch):
     """Each top-level option of ``train.py fit`` (which a saved config.yaml holds) is read and ignored by export."""
-    from alignment_games.modules.training.export import FIT_ONLY_KEYS
+    from alignment_games.modules.checkpoints.export import FIT_ONLY_KEYS
 
     monkeypatch.chdir(tmp_path)
     config = os.path.join(ROOT, "configs", "smida_tabular.yaml")

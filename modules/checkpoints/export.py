@@ -12,7 +12,7 @@ The whole folder is written beside ``<out>`` and renamed into place, so no reade
 
 ``python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]`` (:func:`export_command`)
 builds the model from the config alone and takes only tensors from the checkpoint (``weights_only=True``, through the
-family's ``load_from_checkpoint``, :class:`modules.training.checkpoints.CheckpointLoading`).
+family's ``load_from_checkpoint``, :class:`modules.checkpoints.trust.CheckpointLoading`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from alignment_games.modules.checkpoints.trust import CheckpointLoading, family_name
 from alignment_games.modules.distributed.sharding import check_exportable, full_tensors
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.training.artifacts import write_error
-from alignment_games.modules.training.checkpoints import CheckpointLoading, family_name
 from alignment_games.modules.training.provenance import looks_local
 
 __all__ = [

@@ -1,0 +1,79 @@
+"""``python -m alignment_games.commands.accuracy_gain``: command line of :mod:`modules.evaluation.accuracy_gain`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from alignment_games.modules.algorithms.arithmetic import generate_problems
+from alignment_games.modules.evaluation import accuracy_gain as library
+from alignment_games.modules.evaluation.accuracy_gain import (
+    HELD_OUT_SEED,
+    paired_gain,
+    seed_interval,
+    seed_mean_gain,
+    solved,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Command line: print (and with ``--out`` write) the per-seed and across-seed gains as JSON."""
+    parser = argparse.ArgumentParser(description=library.__doc__.split("\n")[0])
+    parser.add_argument("--base", required=True, help="the policy the games started from")
+    parser.add_argument("--trained", nargs="+", required=True, help="one trained policy per seed")
+    parser.add_argument("--num-problems", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="default: problems no game trains on")
+    parser.add_argument("--min-steps", type=int, default=2, help="default: the games' 2-4 operations")
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--system-prompt", default="You are a helpful assistant.")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--players-per-seed", type=int, default=1, help="consecutive trained folders of one seed")
+    parser.add_argument("--out", help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.num_problems < 1:
+        raise SystemExit(f"--num-problems must be at least 1, got {args.num_problems}")
+    m = args.players_per_seed
+    if m < 1 or len(args.trained) % m:
+        raise SystemExit(f"--players-per-seed {m}: the {len(args.trained)} trained folders are not groups of {m}")
+    problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
+    prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
+    run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
+    before = run(args.base)
+    after = [run(path) for path in args.trained]
+    if m == 1:
+        per_seed = [
+            {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
+        ]
+    else:  # a seed's gain: its players' mean, with each player's own gain beside it
+        per_seed = [
+            {
+                "players": [
+                    {"model": path, **paired_gain(before, a, seed=i)}
+                    for path, a in zip(args.trained[i : i + m], after[i : i + m])
+                ],
+                **{k: v for k, v in seed_mean_gain(before, after[i : i + m], seed=i).items() if k != "seeds"},
+            }
+            for i in range(0, len(after), m)
+        ]
+    report: dict[str, Any] = {
+        "base": args.base,
+        "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},
+        "per_seed": per_seed,
+    }
+    if len(per_seed) > 1:
+        report["across_seeds"] = seed_interval([s["gain"] for s in per_seed])
+        report["seed_mean_over_problems"] = seed_mean_gain(before, after)
+        if m > 1:  # every player of every seed, averaged per problem
+            report["seed_mean_over_problems"].update(seeds=len(per_seed), policies=len(after))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
