@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One command for a lent GPU machine (needs only PyTorch, transformers, Lightning and peft; no internet):
-#   bash benchmarks/gpu.sh [gpu_bench.py arguments, e.g. --skip decode_compiled]
+#   bash benchmarks/gpu.sh [gpu_bench.py arguments, e.g. --skip deep_smida; --tiny: the smoke test on any device]
 # Every section runs in its own process with its own deadline (benchmarks/gpu_bench.py, SECTIONS); the whole run,
-# imports included, is held under GPU_BENCH_LIMIT seconds (default 470: under 8 minutes). gpu_results.json and
+# imports included, is held under GPU_BENCH_LIMIT seconds (default 300: 5 minutes). gpu_results.json and
 # gpu_bench.log go to $OUT when that variable is set (the device tool's folder), else to the repository root; the
 # JSON is rewritten after every section and printed once at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-limit="${GPU_BENCH_LIMIT:-470}"
+limit="${GPU_BENCH_LIMIT:-300}"
 dest="${OUT:-.}"
 mkdir -p "$dest"
 # the driver keeps a margin inside the limit to write its results; timeout is the backstop (SIGKILL 10 s later)

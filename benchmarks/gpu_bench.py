@@ -1,27 +1,30 @@
-"""GPU measurements for a lent machine, each section in its own process with its own deadline.
+"""GPU measurements for a lent H200, in the order that matters, each section in its own process with its own deadline.
 
 ``bash benchmarks/gpu.sh`` runs this driver (which imports only the standard library). It runs each section as
-``python3 benchmarks/gpu_bench.py --section NAME`` with a deadline (``SECTIONS``; never past the overall limit), so a
-crash, a hung compile or an out-of-memory error in one section loses only that section; a section saves its partial
-results after each measurement, and ``gpu_results.json`` is rewritten after every section. Sections need only
-PyTorch, transformers, Lightning and peft (deep-SMIDA's utility is an ensemble over the policy's own base).
+``python3 benchmarks/gpu_bench.py --section NAME`` with a deadline (``SECTIONS``, 285 s in all, inside the 300 s
+limit with the results' margin and a startup allowance), so a crash, a hung compile or an out-of-memory error in one
+section loses only that section; a section saves its partial results after each measurement, and
+``gpu_results.json`` is rewritten after every section. Sections need only PyTorch, transformers, Lightning and peft.
 
 * ``env``: device, library versions, a measured bf16 matmul TFLOP/s and HBM copy TB/s.
-* ``decode_eager`` / ``decode_static`` / ``decode_compiled``: ``generate`` of a random Qwen2.5-1.5B-shaped model in
-  bf16 at batch 1, 16 and 64 (``--new_tokens`` after a ``--prompt_len`` prompt, every row decoding all of them), with
-  the dynamic cache, the static cache, and the static cache with the decode step compiled; decode steps/s against
-  the HBM bound, which counts the weights and the KV cache read at every step (:func:`decode_bound_steps_per_s`).
-* ``training``: forward + backward + AdamW of a LoRA step and of a full-parameter step; MFU (:func:`mfu`).
-* ``deep_smida``: one :class:`modules.deep_smida.DeepSMIDA` step by phase at the 1.5B shape.
-* ``real_shape``: ``benchmarks/real_shape.py``'s families at the full Qwen2.5-0.5B shape, peak memory per phase.
-* ``grouped_decode``: ``PolicyBank.generate`` with the prompt's KV cache copied to each of G = 4 rows against the
-  grouped decode (one copy per group), at the 1.5B shape.
+* ``decode_static`` / ``decode_compiled``: the suite's own decode, ``PolicyBank.generate`` with ``lm.decode:
+  static`` (and ``lm.compile_decode``), of a random Qwen2.5-1.5B-shaped policy in bf16 with a LoRA adapter, at 16
+  and 64 prompts x G = 4 samples, a 64-token prompt and 512 new tokens (every row decodes them all); decode steps/s
+  against the HBM bound of what the static cascade reads at every step (the weights, each prompt's cache once per
+  group, every row's whole preallocated own cache: :func:`decode_bound_steps_per_s`).
+* ``grpo``: two whole :class:`modules.grpo.GRPO` steps (LoRA r 16 over a bf16 base, 16 prompts x G = 4, 256 tokens,
+  answer reward, KL 0.04, the second step reported) at the Qwen2.5-0.5B and 1.5B shapes: rollout tokens/s, trained
+  (completion) tokens/s of the update, and the update's MFU (:func:`grpo_update_flops`, :func:`mfu`).
+* ``deep_smida``: one :class:`modules.deep_smida.DeepSMIDA` step by phase at the 1.5B shape (byte vocabulary).
 
-Derived figures are computed by the driver against three sets of constants, all recorded: the H200 datasheet
-(989 TFLOP/s dense bf16, 4.8 TB/s), the references used so far (790 TFLOP/s, 4.3 TB/s: what such a machine
-attains), and what ``env`` measured in this run.
+Every section records and prints its expected H200 figure from the arithmetic at the full sizes, even under
+``--tiny`` (``expected_h200``: HBM bounds at the reference 4.3 TB/s, update times at ``ASSUMED_MFU`` of the reference
+790 TFLOP/s), and the driver prints one line per section: measured (``tiny`` under ``--tiny``) against expected.
+Derived figures are also computed against three sets of constants, all recorded: the H200 datasheet (989 TFLOP/s
+dense bf16, 4.8 TB/s), the reference (790 TFLOP/s, 4.3 TB/s: what such a machine attains), and what ``env``
+measured in this run.
 
-    bash benchmarks/gpu.sh                               # everything, under 8 minutes on one H200
+    bash benchmarks/gpu.sh                               # everything, under 5 minutes on one H200
     python3 benchmarks/gpu_bench.py --tiny --out r.json  # the same code at a tiny size, on any device
 """
 
@@ -41,35 +44,44 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (name, deadline in seconds on an H200; see the RESULTS section for what each is expected to take)
+LIMIT = 300.0  # seconds for the whole run, imports included (gpu.sh's default)
+MARGIN = 8.0  # kept inside the limit to write the results at the end
+STARTUP = 5.0  # allowance for the driver's own start and the gaps between sections
+# (name, deadline in seconds on an H200), in the order that matters; see the RESULTS section for each estimate
 SECTIONS = (
-    ("env", 25),
-    ("decode_eager", 60),
-    ("training", 45),
-    ("deep_smida", 80),
-    ("real_shape", 90),
-    ("decode_static", 45),
-    ("grouped_decode", 40),
-    ("decode_compiled", 75),
+    ("env", 15),
+    ("decode_static", 55),
+    ("decode_compiled", 80),
+    ("grpo", 85),
+    ("deep_smida", 50),
 )
 DATASHEET = {"bf16_dense_tflops": 989.0, "hbm_tb_s": 4.8}  # H200 SXM datasheet
-REFERENCE = {"bf16_dense_tflops": 790.0, "hbm_tb_s": 4.3}  # attained on such a machine: the constants used so far
+REFERENCE = {"bf16_dense_tflops": 790.0, "hbm_tb_s": 4.3}  # attained on such a machine: the expected figures' constants
+ASSUMED_MFU = 0.40  # of the reference peak, for the expected GRPO update (LoRA forward + backward at ~20k tokens)
 LIBRARIES = ("torch", "transformers", "lightning", "peft")
 
-QWEN25_15B = {
+QWEN25_05B = {
     "vocab_size": 151936,
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
     "num_key_value_heads": 2,
     "max_position_embeddings": 32768,
     "rope_theta": 1_000_000.0,
     "tie_word_embeddings": True,
     "rms_norm_eps": 1e-6,
 }
+QWEN25_15B = {
+    **QWEN25_05B,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+}
+SHAPES = {"0.5b": QWEN25_05B, "1.5b": QWEN25_15B}
 TINY = {
-    "vocab_size": 260,
+    "vocab_size": 300,  # past the byte tokenizer's 260, as the real vocabulary is
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
@@ -78,9 +90,30 @@ TINY = {
     "max_position_embeddings": 2048,
     "tie_word_embeddings": True,
 }
+TINY_SHAPES = {"0.5b": {**TINY, "num_hidden_layers": 1}, "1.5b": TINY}
+
+# what each section runs on the H200, and at --tiny
+DECODE = {"groups": ((16, 4), (64, 4)), "prompt_len": 64, "new_tokens": 512}
+DECODE_TINY = {"groups": ((2, 2), (4, 2)), "prompt_len": 16, "new_tokens": 12}
+GRPO_RUN = {"prompts": 16, "group": 4, "prompt_len": 64, "new_tokens": 256, "steps": 2}
+GRPO_TINY = {"prompts": 2, "group": 2, "prompt_len": 16, "new_tokens": 8, "steps": 2}
+DEEP_SMIDA = {"B": 4, "D": 4, "M": 4, "new_tokens": 128, "batches": 2, "leader_prompt_len": 128}
+DEEP_SMIDA_TINY = {"B": 2, "D": 2, "M": 2, "new_tokens": 8, "batches": 2, "leader_prompt_len": 128}
+STATIC_BUCKET = 64  # PolicyBank.static_bucket: the compiled static decode pads prompt parts to a multiple of it
 
 
 # ---------------------------------------------------------------------- pure arithmetic (tested by hand values)
+
+
+def param_count(cfg: dict) -> int:
+    """Parameters of a Qwen2 decoder of ``cfg``: embedding, per layer biased q/k/v, o, gate/up/down and two norms,
+    the final norm, and an output layer unless tied to the embedding."""
+    h, heads, kvh = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // heads
+    attn = h * heads * hd + heads * hd + 2 * (h * kvh * hd + kvh * hd) + heads * hd * h
+    layer = attn + 3 * h * cfg["intermediate_size"] + 2 * h
+    head = 0 if cfg.get("tie_word_embeddings") else cfg["vocab_size"] * h
+    return cfg["vocab_size"] * h + cfg["num_hidden_layers"] * layer + h + head
 
 
 def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
@@ -90,14 +123,24 @@ def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
 
 
 def decode_bound_steps_per_s(
-    weight_bytes: int, kv_token_bytes: int, batch: int, prompt_len: int, new_tokens: int, hbm_tb_s: float
+    weight_bytes: int,
+    kv_token_bytes: int,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    hbm_tb_s: float,
+    group: int = 1,
+    own_slots: int | None = None,
 ) -> float:
     """Decode steps per second if every step only read the weights and the KV cache at HBM bandwidth.
 
-    A step reads every weight once and the cache of every row; a row's context grows from ``prompt_len`` to
-    ``prompt_len + new_tokens``, ``prompt_len + new_tokens / 2`` on average over the run.
+    A step reads every weight once, each prompt's cache once per ``group`` of rows that share it (1: every row its
+    own copy; the suite's cascades: G), and every row's own tokens: ``new_tokens / 2`` on average over the run when
+    the cache grows with them (``own_slots`` None), or ``own_slots`` when it is allocated at full length and read
+    whole at every step (the static decode: ``max_new_tokens``). Logits and sampling are not counted.
     """
-    per_step = weight_bytes + batch * (prompt_len + new_tokens / 2) * kv_token_bytes
+    own = new_tokens / 2 if own_slots is None else own_slots
+    per_step = weight_bytes + (batch / group) * prompt_len * kv_token_bytes + batch * own * kv_token_bytes
     return hbm_tb_s * 1e12 / per_step
 
 
@@ -106,27 +149,73 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float) -> floa
     return flops_per_token * tokens_per_s / (peak_tflops * 1e12)
 
 
+def grpo_update_flops(params: int, rows: int, seq_len: int, kl: bool = True, lora: bool = True) -> float:
+    """FLOPs of a GRPO update over ``rows`` sequences of ``seq_len`` tokens (prompt and completion, as forwarded).
+
+    Per token: the policy's forward 2N and its activation gradients 2N (+ 2N weight gradients without LoRA: the
+    frozen base has none), and the reference's forward 2N with the KL. ``N`` counts a tied embedding once, as the
+    output layer's matmul; attention's own FLOPs (under 1% at a few hundred tokens) are left out.
+    """
+    per_token = 2 * params + 2 * params + (0 if lora else 2 * params) + (2 * params if kl else 0)
+    return float(per_token) * rows * seq_len
+
+
+def _prefix_slots(prompt_len: int, bucket: int) -> int:
+    """The static decode's prompt part: all but the prompt's last token, padded to a multiple of ``bucket``."""
+    return -(-(prompt_len - 1) // bucket) * bucket
+
+
+def expected_decode(cfg: dict, run: dict, compiled: bool, constants: dict = REFERENCE) -> dict:
+    """Per group shape (``"16x4"``), the static decode's HBM bound: steps/s and tokens/s, bf16 weights and cache."""
+    weights, kv = param_count(cfg) * 2, kv_bytes_per_token(cfg, 2)
+    prefix = _prefix_slots(run["prompt_len"], STATIC_BUCKET if compiled else 1)
+    out = {}
+    for b, g in run["groups"]:
+        steps = decode_bound_steps_per_s(
+            weights, kv, b * g, prefix, run["new_tokens"], constants["hbm_tb_s"], group=g, own_slots=run["new_tokens"]
+        )
+        out[f"{b}x{g}"] = {"bound_steps_per_s": steps, "bound_tokens_per_s": steps * b * g}
+    return out
+
+
+def expected_grpo(cfg: dict, run: dict, constants: dict = REFERENCE, assumed_mfu: float = ASSUMED_MFU) -> dict:
+    """A GRPO step's expected figures: the rollout at the HBM bound of the static decode (an upper bound: the
+    uncompiled decode is launch-bound), the update's FLOPs at ``assumed_mfu`` of the peak."""
+    b, g, p, new = run["prompts"], run["group"], run["prompt_len"], run["new_tokens"]
+    params, rows = param_count(cfg), run["prompts"] * run["group"]
+    steps = decode_bound_steps_per_s(
+        params * 2, kv_bytes_per_token(cfg, 2), rows, p - 1, new, constants["hbm_tb_s"], group=g, own_slots=new
+    )
+    flops = grpo_update_flops(params, b * g, p + new)
+    update_s = flops / (assumed_mfu * constants["bf16_dense_tflops"] * 1e12)
+    return {
+        "rollout_tokens_per_s_bound": steps * rows,
+        "update_flops": flops,
+        "update_seconds": update_s,
+        "trained_tokens_per_s": rows * new / update_s,
+        "update_mfu": assumed_mfu,
+        "step_seconds": new / steps + update_s,
+    }
+
+
+def expected_deep_smida(cfg: dict, run: dict, constants: dict = REFERENCE) -> dict:
+    """Deep-SMIDA's generate phase at the HBM bound: the leader's B·D rows, then the follower's B·D·M rows, whose
+    prompts hold the leader's reply (``leader_prompt_len`` + new tokens), each through the static decode."""
+    weights, kv, new = param_count(cfg) * 2, kv_bytes_per_token(cfg, 2), run["new_tokens"]
+    p, bd = run["leader_prompt_len"], run["B"] * run["D"]
+    leader = decode_bound_steps_per_s(weights, kv, bd, p, new, constants["hbm_tb_s"], group=run["D"], own_slots=new)
+    follower = decode_bound_steps_per_s(
+        weights, kv, bd * run["M"], p + new, new, constants["hbm_tb_s"], group=run["M"], own_slots=new
+    )
+    return {"generate_seconds_bound": new / leader + new / follower}
+
+
 # ---------------------------------------------------------------------- section helpers
 def _sync(device) -> None:
     import torch
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _build(cfg: dict, device, dtype):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(**cfg, attn_implementation="sdpa")
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen2ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval()
 
 
 class _Partial:
@@ -153,7 +242,66 @@ def _setup(args):
     return torch, device, dtype
 
 
+def _expect(out: _Partial, figures: dict, line: str) -> None:
+    """Record (first, so that a killed section keeps it) and print the section's expected H200 figures."""
+    out["expected_h200"] = figures
+    out["expected_line"] = line
+    print(f"expected on one H200: {line}", flush=True)
+
+
+def _policy_folder(args, shape: str, vocab: int | None = None) -> str:
+    """A random policy of ``shape`` (``0.5b``/``1.5b``; tiny under ``--tiny``) with the suite's byte tokenizer, built
+    on the device in the run's dtype and saved once into the run's work folder (sections share it)."""
+    import torch
+
+    from alignment_games.modules.lm.models import build_byte_tokenizer
+
+    cfg = {**(TINY_SHAPES if args.tiny else SHAPES)[shape]}
+    if vocab is not None:
+        cfg["vocab_size"] = vocab
+    folder = os.path.join(args.workdir, f"policy_{'tiny_' if args.tiny else ''}{shape}_{cfg['vocab_size']}")
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return folder
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_byte_tokenizer()
+    _, device, dtype = _setup(args)
+    torch.manual_seed(0)  # fixed weights whatever ran before
+    config = Qwen2Config(
+        **cfg, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    tmp = folder + ".tmp"
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, folder)  # whole or absent: a section killed while saving leaves no half folder behind
+    return folder
+
+
+def _prompts(n: int, width: int) -> tuple[list[str], list[str]]:
+    """``n`` distinct ASCII prompts of exactly ``width`` characters (byte-tokenizer tokens) and their answers."""
+    texts, answers = [], []
+    for i in range(n):
+        a, b = i % 9 + 2, i % 7 + 3
+        text = f"Problem {i:03d}: what is {a} + {b}? Put the answer in \\boxed{{}}. " * 4
+        texts.append(text[:width].ljust(width))
+        answers.append(str(a + b))
+    return texts, answers
+
+
 def section_env(args, out: _Partial) -> None:
+    _expect(
+        out,
+        {"reference": REFERENCE, "datasheet": DATASHEET},
+        f"{REFERENCE['bf16_dense_tflops']:.0f} TFLOP/s bf16 and {REFERENCE['hbm_tb_s']} TB/s attainable "
+        f"(datasheet {DATASHEET['bf16_dense_tflops']:.0f}, {DATASHEET['hbm_tb_s']})",
+    )
     torch, device, dtype = _setup(args)
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     out["cuda"] = torch.version.cuda
@@ -179,158 +327,200 @@ def section_env(args, out: _Partial) -> None:
         dst.copy_(src)
     _sync(device)
     out["measured_hbm_tb_s"] = 2 * src.numel() * src.element_size() * reps / (time.perf_counter() - t) / 1e12
+    out["measured_line"] = f"{out['measured_bf16_dense_tflops']:.0f} TFLOP/s bf16, {out['measured_hbm_tb_s']:.2f} TB/s"
 
 
-# Decode variants: generate keyword arguments, and whether the decode step is compiled. HOOK: when modules/lm
-# (ModelConfig, decoding) gains its own static-cache / compiled decode options, add a variant here that calls it
-# and a "decode_<variant>" entry to SECTIONS; the timing, bound and compile counting below stay as they are.
-DECODE_VARIANTS = {
-    "eager": ({}, False),
-    "static": ({"cache_implementation": "static", "disable_compile": True}, False),
-    "compiled": ({"cache_implementation": "static", "disable_compile": True}, True),
-}
-
-
-def section_decode(args, out: _Partial, variant: str) -> None:
-    import functools
-
+def section_decode(args, out: _Partial, compiled: bool) -> None:
+    """``PolicyBank.generate`` through the static cascade (compiled or not) at each group shape of ``DECODE``."""
+    full = expected_decode(QWEN25_15B, DECODE, compiled)
+    _expect(
+        out,
+        full,
+        ", ".join(f"{k} rows: <= {v['bound_steps_per_s']:,.0f} steps/s" for k, v in full.items())
+        + f" (HBM bound, {REFERENCE['hbm_tb_s']} TB/s, {DECODE['new_tokens']} tokens)",
+    )
     torch, device, dtype = _setup(args)
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    from torch._dynamo.utils import counters
 
-    cfg = TINY if args.tiny else QWEN25_15B
-    model = _build(cfg, device, dtype)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    out["weight_bytes"] = weight_bytes
-    out["kv_bytes_per_token"] = kv_bytes_per_token(cfg, torch.finfo(dtype).bits // 8)
-    extra, compiled = DECODE_VARIANTS[variant]
-    counters = None
-    if compiled:
-        from torch._dynamo.utils import counters
+    from alignment_games.modules.lm import static_decode
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
 
-        eager_forward = model.forward
-        # the decode step (one new token per row) compiled; the prefill stays eager, as transformers does itself
-        step = torch.compile(
-            eager_forward,
-            backend="eager" if args.tiny else "inductor",
-            mode=None if args.tiny else "reduce-overhead",
-            fullgraph=not args.tiny,
-            dynamic=False,
-        )
-
-        @functools.wraps(eager_forward)
-        def forward(*a, **k):
-            ids = k.get("input_ids", a[0] if a else None)
-            return step(*a, **k) if ids is not None and ids.shape[1] == 1 else eager_forward(*a, **k)
-
-        model.forward = forward
-
-    class StopAfter(StoppingCriteria):
-        """Ends the warm-up after a few steps while the cache keeps the timed run's length (one compile, not two)."""
-
-        def __init__(self, length: int) -> None:
-            self.length = length
-
-        def __call__(self, input_ids, scores, **kw):
-            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, device=input_ids.device)
-
-    runs = []
-    for batch in args.batches:
-        ids = torch.randint(3, cfg["vocab_size"], (batch, args.prompt_len), device=device)
-        kw = dict(
-            do_sample=False,
-            max_new_tokens=args.new_tokens,
-            min_new_tokens=args.new_tokens,
-            pad_token_id=0,
-            eos_token_id=None,
-            **extra,
-        )
-        graphs = lambda: int(counters["stats"]["unique_graphs"]) if counters is not None else 0  # noqa: E731
-        before = graphs()
-        with torch.inference_mode():
-            warm = StoppingCriteriaList([StopAfter(args.prompt_len + 8)])
-            model.generate(ids, **kw, stopping_criteria=warm)  # warm-up (and the compile) at the timed shapes
-            if compiled:
-                model.generate(ids, **kw, stopping_criteria=warm)  # reduce-overhead records its graph on a rerun
-            after_warmup = graphs()
-            _sync(device)
-            t = time.perf_counter()
-            seq = model.generate(ids, **kw)
-            _sync(device)
-            dt = time.perf_counter() - t
-        if seq.shape[1] != args.prompt_len + args.new_tokens:
-            raise RuntimeError(f"generated {seq.shape[1] - args.prompt_len} tokens, expected {args.new_tokens}")
+    if args.tiny and compiled:
+        # inductor's C++ build takes minutes on a shared CPU: dynamo still traces the suite's step (what version skew
+        # breaks), the eager backend runs the traced graph
+        static_decode.compile_options = lambda device: {"backend": "eager", "dynamic": False}
+    run_cfg = DECODE_TINY if args.tiny else DECODE
+    cfg = (TINY_SHAPES if args.tiny else SHAPES)["1.5b"]
+    folder = _policy_folder(args, "1.5b")
+    lm = ModelConfig(folder, dtype=args.dtype, attn_implementation="sdpa", decode="static", compile_decode=compiled)
+    bank = PolicyBank(lm, players=["policy"]).to(device)
+    dtype_bytes = torch.finfo(dtype).bits // 8
+    out["weight_bytes"] = param_count(cfg) * dtype_bytes
+    out["kv_bytes_per_token"] = kv_bytes_per_token(cfg, dtype_bytes)
+    new = run_cfg["new_tokens"]
+    runs, lines = [], []
+    for b, g in run_cfg["groups"]:
+        prompts, _ = _prompts(b, run_cfg["prompt_len"])
+        kw = dict(temperature=1.0, max_new_tokens=new, min_new_tokens=new)
+        before = int(counters["stats"]["unique_graphs"])
+        torch.manual_seed(0)
+        # compiled: the warm-up runs the timed shapes (own cache of max_new_tokens slots), so it holds the compile and
+        # CUDA graphs' recording (~1 s of decode once compiled); uncompiled: a few tokens load the kernels
+        warm = new if compiled else min(8, new)
+        bank.generate("policy", prompts, g, temperature=1.0, max_new_tokens=warm, min_new_tokens=warm)
+        after_warmup = int(counters["stats"]["unique_graphs"])
+        torch.manual_seed(1)
+        _sync(device)
+        t = time.perf_counter()
+        roll = bank.generate("policy", prompts, g, **kw)
+        _sync(device)
+        dt = time.perf_counter() - t
+        if roll.sequences.shape != (b * g, roll.prompt_width + new) or int(roll.completion_mask.sum()) != b * g * new:
+            raise RuntimeError(f"{b}x{g}: decoded {tuple(roll.sequences.shape)}, expected {b * g} rows of {new} tokens")
         run = {
-            "batch": batch,
-            "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens,
+            "prompts": b,
+            "group": g,
+            "rows": b * g,
+            "prompt_width": roll.prompt_width,
+            "prefix_slots": _prefix_slots(roll.prompt_width, STATIC_BUCKET if compiled else 1),
+            "new_tokens": new,
             "seconds": dt,
-            "decode_steps_per_s": args.new_tokens / dt,
-            "tokens_per_s": batch * args.new_tokens / dt,
+            "decode_steps_per_s": new / dt,
+            "tokens_per_s": b * g * new / dt,
+            "graphs_compiled_in_warmup": after_warmup - before,
+            "graphs_compiled_in_timed_run": int(counters["stats"]["unique_graphs"]) - after_warmup,
         }
-        if compiled:
-            run["graphs_compiled_in_warmup"] = after_warmup - before
-            run["graphs_compiled_in_timed_run"] = graphs() - after_warmup  # 0: the warm-up compiled the right shape
         runs.append(run)
         out["runs"] = runs
+        bound = _run_bound(out.data, run, REFERENCE)
+        lines.append(f"{b}x{g} rows {run['decode_steps_per_s']:,.0f} steps/s ({run['decode_steps_per_s'] / bound:.0%})")
+        out["measured_line"] = ", ".join(lines) + " of the HBM bound"
 
 
-def section_training(args, out: _Partial) -> None:
+def _run_bound(section: dict, run: dict, constants: dict) -> float:
+    """The static decode's HBM bound at the shapes a decode run measured."""
+    return decode_bound_steps_per_s(
+        section["weight_bytes"],
+        section["kv_bytes_per_token"],
+        run["rows"],
+        run["prefix_slots"],
+        run["new_tokens"],
+        constants["hbm_tb_s"],
+        group=run["group"],
+        own_slots=run["new_tokens"],
+    )
+
+
+def _collector():
+    """A Lightning callback that keeps each training step's ``phase_times``."""
+    import lightning as L
+
+    class Collect(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[dict] = []
+
+        def on_train_batch_end(self, trainer, pl_module, *a):
+            self.steps.append(dict(pl_module.phase_times))
+
+    return Collect()
+
+
+def section_grpo(args, out: _Partial) -> None:
+    """Whole GRPO steps (LoRA over a bf16 base) at the 0.5B and 1.5B shapes; the last step of each is reported."""
+    full = {name: expected_grpo(cfg, GRPO_RUN) for name, cfg in SHAPES.items()}
+    _expect(
+        out,
+        full,
+        "; ".join(
+            f"{k}: rollout <= {v['rollout_tokens_per_s_bound']:,.0f} tok/s (HBM bound), trained "
+            f"{v['trained_tokens_per_s']:,.0f} tok/s at {ASSUMED_MFU:.0%} update MFU"
+            for k, v in full.items()
+        ),
+    )
     torch, device, dtype = _setup(args)
-    cfg = TINY if args.tiny else QWEN25_15B
-    batch, seq, steps = (2, 32, 3) if args.tiny else (8, 2048, 5)
+    import lightning as L
+    from torch.utils.data import DataLoader
 
-    def measure(model, params) -> dict:
-        opt = torch.optim.AdamW(params, lr=1e-5, fused=device.type == "cuda")
-        ids = torch.randint(3, cfg["vocab_size"], (batch, seq), device=device)
-        times = []
-        for _ in range(steps):
-            _sync(device)
-            t = time.perf_counter()
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            _sync(device)
-            times.append(time.perf_counter() - t)
-        kept = sorted(times[1:])
-        dt = kept[len(kept) // 2]
-        return {"batch": batch, "seq_len": seq, "step_seconds": dt, "tokens_per_s": batch * seq / dt}
+    from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+    from alignment_games.modules.grpo import GRPO
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.lm.sampling import Sampling
 
-    model = _build(cfg, device, dtype).train()
-    n = sum(p.numel() for p in model.parameters())
-    out["params"] = n
-    full = measure(model, list(model.parameters()))
-    full["flops_per_token"] = 6 * n  # forward 2N, backward 4N (activation and weight gradients)
-    out["full"] = full
-    from peft import LoraConfig, get_peft_model
-
-    model.zero_grad(set_to_none=True)
-    lora = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, task_type="CAUSAL_LM"))
-    step = measure(lora, [p for p in lora.parameters() if p.requires_grad])
-    step["flops_per_token"] = 4 * n  # no weight gradients for the frozen base: forward 2N + activation grads 2N
-    out["lora"] = step
-
-
-def _policy_folder(cfg: dict, dtype) -> str:
-    """A random model of ``cfg``'s shape with the suite's byte tokenizer, saved in bf16 (a 1.5B model: 3 GB)."""
-    import torch
-
-    from alignment_games.modules.lm.models import build_byte_tokenizer
-
-    tok = build_byte_tokenizer()
-    folder = tempfile.mkdtemp(prefix="ag_gpu_policy_")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # fixed weights, whatever the sections before drew from the global generator: unseeded, one clean-clone run in
-    # three met a sampling near-tie where the grouped and copied decodes parted (token agreement 0.998)
-    torch.manual_seed(0)
-    model = _build({**cfg, "vocab_size": len(tok)}, device, dtype)
-    model.config.eos_token_id = model.config.bos_token_id = tok.eos_token_id
-    model.config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    run = GRPO_TINY if args.tiny else GRPO_RUN
+    b, g, new = run["prompts"], run["group"], run["new_tokens"]
+    prompts, answers = _prompts(b * run["steps"], run["prompt_len"])
+    rows = [{"prompt": p, "reference": a} for p, a in zip(prompts, answers)]
+    lines = []
+    for name in SHAPES:
+        cfg = (TINY_SHAPES if args.tiny else SHAPES)[name]
+        L.seed_everything(0)
+        # lm.decode auto: the static cascade on a GPU (uncompiled, the default), the grouped decode on CPU
+        lm = ModelConfig(
+            _policy_folder(args, name), dtype=args.dtype, attn_implementation="sdpa", lora_r=16, lora_alpha=32
+        )
+        model = GRPO(
+            lm=lm,
+            answer_reward=True,
+            policy_gradient=PolicyGradient(group_size=g, kl_coef=0.04),
+            sampling=Sampling(temperature=1.0, max_new_tokens=new, min_new_tokens=new),
+            chat_template=False,
+            lr=1e-5,
+        )
+        collect = _collector()
+        loader = DataLoader(
+            rows,
+            batch_size=b,
+            collate_fn=lambda r: {"prompt": [x["prompt"] for x in r], "reference": [x["reference"] for x in r]},
+        )
+        trainer = L.Trainer(
+            max_steps=run["steps"],
+            logger=False,
+            default_root_dir=args.workdir,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            callbacks=[collect],
+            accelerator="gpu" if device.type == "cuda" else "cpu",
+            devices=1,
+        )
+        trainer.fit(model, train_dataloaders=loader)
+        steps = collect.steps
+        last = steps[-1]
+        if last["generated_tokens"] != b * g * new:
+            raise RuntimeError(f"{name}: generated {last['generated_tokens']:.0f} tokens, expected {b * g * new}")
+        params = param_count(cfg)
+        update = last["ref_logprobs"] + last["backward"] + last["optimizer"]
+        seq_len = run["prompt_len"] + new
+        res = {
+            "steps": steps,
+            "rows": b * g,
+            "prompt_len": run["prompt_len"],
+            "new_tokens": new,
+            "params": params,
+            "update_flops": grpo_update_flops(params, b * g, seq_len),
+            "update_seconds": update,
+            "rollout_tokens_per_s": last["generated_tokens"] / last["generate"],
+            "trained_tokens_per_s": b * g * new / update,
+            "update_flop_per_s": grpo_update_flops(params, b * g, seq_len) / update,
+        }
+        out[name] = res
+        lines.append(
+            f"{name}: rollout {res['rollout_tokens_per_s']:,.0f} tok/s, trained {res['trained_tokens_per_s']:,.0f} "
+            f"tok/s, update MFU {res['update_flop_per_s'] / (REFERENCE['bf16_dense_tflops'] * 1e12):.0%}"
+        )
+        out["measured_line"] = "; ".join(lines)
+        del model, trainer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def section_deep_smida(args, out: _Partial) -> None:
+    """One deep-SMIDA step by phase; its utility an untrained ensemble over the policy's own base."""
+    full = expected_deep_smida({**QWEN25_15B, "vocab_size": 260}, DEEP_SMIDA)
+    _expect(out, full, f"generate >= {full['generate_seconds_bound']:.2f} s a step (HBM bound)")
     torch, device, dtype = _setup(args)
     import lightning as L
 
@@ -340,11 +530,11 @@ def section_deep_smida(args, out: _Partial) -> None:
     from alignment_games.modules.lm.sampling import Sampling
     from alignment_games.modules.preference import EnsembleUtility
 
-    # The Qwen tokenizer is not on the machine: the same architecture with the byte tokenizer (vocabulary 260), so
-    # that sampled ids decode to text the utility reads; the 151,936-entry projection is measured by real_shape.
-    folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
-    b, d, m, new = (2, 2, 2, 8) if args.tiny else (4, 4, 4, 256)
-    batches = 2  # the first includes the warm-up; both are kept
+    # the byte vocabulary, so that sampled ids decode to text the utility reads (the 151,936-entry projection is in
+    # the decode and GRPO sections)
+    folder = _policy_folder(args, "1.5b", vocab=260)
+    run = DEEP_SMIDA_TINY if args.tiny else DEEP_SMIDA
+    b, d, m, new = run["B"], run["D"], run["M"], run["new_tokens"]
     out["shape"] = {"B": b, "D": d, "M": m, "max_new_tokens": new, "vocab": 260}
     L.seed_everything(0)
     lm = ModelConfig(folder, dtype=args.dtype)
@@ -367,11 +557,14 @@ def section_deep_smida(args, out: _Partial) -> None:
         def on_train_batch_end(self, trainer, pl_module, *a):
             steps.append(dict(pl_module.phase_times))
             out["steps"] = steps  # the first includes warm-up; a deadline kill keeps the steps done
+            last = steps[-1]
+            step = sum(v for k, v in last.items() if k != "generated_tokens")
+            out["measured_line"] = f"generate {last['generate']:.2f} s of a {step:.2f} s step"
 
     trainer = L.Trainer(
-        max_steps=2 * batches,  # two optimizers: Lightning counts two steps per batch
+        max_steps=2 * run["batches"],  # two optimizers: Lightning counts two steps per batch
         logger=False,
-        default_root_dir=folder,  # artifacts written at the end of fit land beside the policy, not in cwd
+        default_root_dir=args.workdir,  # artifacts written at the end of fit land in the work folder, not in cwd
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -384,61 +577,12 @@ def section_deep_smida(args, out: _Partial) -> None:
     trainer.fit(model, PromptDataModule(num_prompts=64, batch_size=b))
 
 
-def section_real_shape(args, out: _Partial) -> None:
-    """benchmarks/real_shape.py's families (not TRL: not installed on the GPU machine) at the full 0.5B depth."""
-    import torch
-
-    from benchmarks import real_shape
-
-    cuda = torch.cuda.is_available()
-    argv = ["--families", "grpo,deep_smida,debate,pool", "--workdir", tempfile.mkdtemp(prefix="ag_rs_")]
-    argv += ["--tiny", "--layers", "2"] if args.tiny else ["--layers", "24", "--utility_backbone", "policy"]
-    if cuda:
-        argv += ["--device", "cuda", "--dtype", args.dtype]
-    argv += ["--no_logprob"] if args.tiny else []
-    out["argv"] = argv
-    out["result"] = real_shape.main(argv)
-
-
-def section_grouped_decode(args, out: _Partial) -> None:
-    """PolicyBank.generate of G = 4 samples per prompt, the prompt's cache copied to every row against the grouped
-    decode (one copy per group; the CPU default, opt-in on GPU until measured here): seconds per call and whether the
-    tokens agree (same seed; GPU kernels may round differently, so agreement is recorded, not required)."""
-    torch, device, dtype = _setup(args)
-    from alignment_games.modules.lm.model_config import ModelConfig
-    from alignment_games.modules.lm.policy_bank import PolicyBank
-
-    folder = _policy_folder(TINY if args.tiny else QWEN25_15B, dtype)
-    bank = PolicyBank(ModelConfig(folder, lora_r=8, lora_alpha=16, dtype=args.dtype), players=["policy"]).to(device)
-    b, new = (2, 8) if args.tiny else (16, 128)
-    prompts = [f"Problem {i}: a shop sells {i + 3} boxes of {i % 7 + 2} pens each. How many pens?" for i in range(b)]
-    out["shape"] = {"prompts": b, "samples": 4, "new_tokens": new}
-    sequences = {}
-    for grouped in (False, True):
-        bank.grouped_decode = grouped
-        key = "grouped" if grouped else "copied"
-        torch.manual_seed(0)
-        bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=8, min_new_tokens=8)  # warm-up
-        torch.manual_seed(1)
-        _sync(device)
-        t = time.perf_counter()
-        roll = bank.generate("policy", prompts, 4, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
-        _sync(device)
-        out[f"{key}_seconds"] = time.perf_counter() - t
-        sequences[key] = roll.sequences
-    out["speedup_grouped"] = out["copied_seconds"] / out["grouped_seconds"]
-    out["tokens_equal_share"] = float((sequences["copied"] == sequences["grouped"]).float().mean())
-
-
 SECTION_FUNCS = {
-    "grouped_decode": section_grouped_decode,
     "env": section_env,
-    "decode_eager": lambda a, o: section_decode(a, o, "eager"),
-    "decode_static": lambda a, o: section_decode(a, o, "static"),
-    "decode_compiled": lambda a, o: section_decode(a, o, "compiled"),
-    "training": section_training,
+    "decode_static": lambda a, o: section_decode(a, o, compiled=False),
+    "decode_compiled": lambda a, o: section_decode(a, o, compiled=True),
+    "grpo": section_grpo,
     "deep_smida": section_deep_smida,
-    "real_shape": section_real_shape,
 }
 
 
@@ -453,22 +597,25 @@ def derive(results: dict) -> None:
             "hbm_tb_s": env["measured_hbm_tb_s"],
         }
     results["constants"] = sets
-    for variant in ("eager", "static", "compiled"):
+    for variant in ("static", "compiled"):
         sec = results["sections"].get(f"decode_{variant}", {}).get("result", {})
         for run in sec.get("runs", []):
             for name, c in sets.items():
-                bound = decode_bound_steps_per_s(
-                    sec["weight_bytes"], sec["kv_bytes_per_token"], run["batch"], run["prompt_len"],
-                    run["new_tokens"], c["hbm_tb_s"],
-                )  # fmt: skip
+                bound = _run_bound(sec, run, c)
                 run[f"bound_steps_per_s_{name}"] = bound
                 run[f"fraction_of_bound_{name}"] = run["decode_steps_per_s"] / bound
-    training = results["sections"].get("training", {}).get("result", {})
-    for kind in ("full", "lora"):
-        if kind in training:
+    grpo = results["sections"].get("grpo", {}).get("result", {})
+    for shape in SHAPES:
+        if shape in grpo:
             for name, c in sets.items():
-                t = training[kind]
-                t[f"mfu_{name}"] = mfu(t["flops_per_token"], t["tokens_per_s"], c["bf16_dense_tflops"])
+                grpo[shape][f"update_mfu_{name}"] = grpo[shape]["update_flop_per_s"] / (c["bf16_dense_tflops"] * 1e12)
+
+
+def summary_line(name: str, entry: dict, tiny: bool) -> str:
+    """``name: status; measured ... (or tiny); expected on one H200: ...``."""
+    res = entry.get("result", {})
+    measured = "tiny" if tiny else res.get("measured_line", "nothing")
+    return f"{name}: {entry['status']}; measured {measured}; expected on one H200: {res.get('expected_line', '?')}"
 
 
 def drive(args) -> int:
@@ -483,11 +630,12 @@ def drive(args) -> int:
         except importlib.metadata.PackageNotFoundError:
             versions[lib] = None
     results = {
-        "config": "tiny" if args.tiny else "Qwen2.5-1.5B shape (random init), bf16",
+        "config": "tiny" if args.tiny else "Qwen2.5-0.5B/1.5B shapes (random init), bf16",
         "python": platform.python_version(),
         "versions": versions,
         "limit_seconds": args.limit,
         "sections": {},
+        "summary": [],
     }
     skip = set(filter(None, args.skip.split(",")))
     unknown = skip - set(SECTION_FUNCS)
@@ -505,6 +653,8 @@ def drive(args) -> int:
     suite = tempfile.mkdtemp(prefix="gpu_bench_suite_")
     atexit.register(shutil.rmtree, suite, True)
     os.symlink(ROOT, os.path.join(suite, "alignment_games"))
+    work = tempfile.mkdtemp(prefix="gpu_bench_work_")  # the policies the sections share, and their artifacts
+    atexit.register(shutil.rmtree, work, True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, suite])}  # ROOT: the benchmarks package
     with open(log_path, "a") as log:
         for name, deadline in SECTIONS:
@@ -519,7 +669,7 @@ def drive(args) -> int:
                 continue
             part = os.path.join(tempfile.gettempdir(), f"gpu_bench_{os.getpid()}_{name}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--section", name, "--part", part, "--dtype", args.dtype]
-            cmd += ["--tiny"] if args.tiny else []
+            cmd += ["--workdir", work] + (["--tiny"] if args.tiny else [])
             log.write(f"\n===== {name} (deadline {timeout:.0f} s) =====\n")
             log.flush()
             t = time.monotonic()
@@ -539,9 +689,10 @@ def drive(args) -> int:
                     entry["result"] = json.load(f)
                 os.remove(part)
             results["sections"][name] = entry
+            results["summary"].append(summary_line(name, entry, args.tiny))
             results["elapsed_seconds"] = round(time.monotonic() - start, 1)
             save()
-            print(f"[gpu_bench] {name}: {status} in {entry['seconds']} s", file=sys.stderr, flush=True)
+            print(f"[gpu_bench] {results['summary'][-1]} ({entry['seconds']} s)", file=sys.stderr, flush=True)
     save()
     print(json.dumps(results, indent=2), flush=True)
     return 0 if all(s["status"] in ("ok", "skipped") for s in results["sections"].values()) else 1
@@ -549,21 +700,21 @@ def drive(args) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiny", action="store_true", help="tiny model, short runs: a smoke test on any device")
+    ap.add_argument("--tiny", action="store_true", help="tiny models, short runs: a smoke test on any device")
     ap.add_argument("--out", default="gpu_results.json")
     ap.add_argument("--log", default=None, help="default: gpu_bench.log beside --out")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    ap.add_argument("--limit", type=float, default=470.0, help="overall seconds, imports included")
-    ap.add_argument("--margin", type=float, default=8.0, help="seconds kept to write the results at the end")
+    ap.add_argument("--limit", type=float, default=LIMIT, help="overall seconds, imports included")
+    ap.add_argument("--margin", type=float, default=MARGIN, help="seconds kept to write the results at the end")
     ap.add_argument("--deadline_scale", type=float, default=1.0, help="multiplies every section's deadline")
     ap.add_argument("--skip", default="", help=f"comma list of sections to skip: {', '.join(SECTION_FUNCS)}")
     ap.add_argument("--section", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.section is None:
         sys.exit(drive(args))
-    args.batches = (1, 2) if args.tiny else (1, 16, 64)
-    args.prompt_len, args.new_tokens = (8, 12) if args.tiny else (64, 256)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="gpu_bench_work_")
     SECTION_FUNCS[args.section](args, _Partial(args.part))
 
 
