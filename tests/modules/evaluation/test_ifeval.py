@@ -15,6 +15,7 @@ from alignment_games.modules.evaluation.ifeval import (
     read_ifeval,
     score_responses,
 )
+from alignment_games.modules.scorers.utility import Utility
 
 NO_COMMA = "punctuation:no_comma"
 QUOTED = "startend:quotation"
@@ -121,24 +122,36 @@ def test_unknown_ids_are_read_and_an_empty_file_is_refused(tmp_path):
         read_ifeval(str(tmp_path / "empty.jsonl"))
 
 
-def _adapter(base_dir, folder, seed):
-    """An exported LoRA follower's folder (peft adapter with random non-zero B, the tokenizer) over ``base_dir``."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class _Distinct(Utility):
+    """u = distinct characters of the follower's reply: a real function of the text (never called here)."""
 
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
-    config = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    get_peft_model(model, config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(base_dir).save_pretrained(folder)
-    return str(folder)
+    def forward(self, prompts, leader, follower):
+        return torch.tensor([float(len(set(y))) for y in follower])
+
+
+def _exported_follower(base_dir, out, seed, follower_only=False):
+    """The follower of a DeepSMIDA game (or its follower-only ablation) as ``train.py export`` lays it out, with
+    non-zero LoRA B (peft starts it at zero, where every adapter is the base): ``<out>/follower``."""
+    from alignment_games.modules.deep_smida import DeepSMIDA
+    from alignment_games.modules.lm.model_config import ModelConfig
+    from alignment_games.modules.training.export import export_module
+
+    game = DeepSMIDA(lm=ModelConfig(base_dir, lora_r=4), utility=_Distinct(), follower_only=follower_only)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in game.players.model.named_parameters():
+            if ".follower." in name and "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    assert export_module(game, out, players=["follower"]) == ["follower"]
+    return str(out / "follower")
 
 
 def test_load_policy_applies_the_exported_adapter(tiny_lm_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    folder = _adapter(tiny_lm_dir, tmp_path / "follower", seed=1)
+    folder = _exported_follower(tiny_lm_dir, tmp_path / "export", seed=1)
+    assert json.loads((tmp_path / "export" / "follower" / "export.json").read_text())["kind"] == "lora_adapter"
     ids = torch.tensor([[5, 6, 7, 8]])
     model, tokenizer = load_policy(folder)  # the base named by adapter_config.json
     reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm_dir), folder).eval()
@@ -172,10 +185,11 @@ def test_command_scores_two_followers_and_their_difference(tiny_lm_dir, tmp_path
         },
     ]
     data = _write(tmp_path / "ifeval.jsonl", rows)
-    a = _adapter(tiny_lm_dir, tmp_path / "stackelberg", seed=1)
-    b = _adapter(tiny_lm_dir, tmp_path / "follower_only", seed=2)
+    a = _exported_follower(tiny_lm_dir, tmp_path / "stackelberg", seed=1)
+    b = _exported_follower(tiny_lm_dir, tmp_path / "follower_only", seed=2, follower_only=True)
     out = tmp_path / "ifeval.json"
-    argv = ["--data", data, "--policy", f"stackelberg={a}", f"follower_only={b}", "--max-new-tokens", "4"]
+    argv = ["--data", data, "--base", tiny_lm_dir, "--policy", f"stackelberg={a}", f"follower_only={b}"]
+    argv += ["--max-new-tokens", "4"]
     report = main([*argv, "--n-boot", "200", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(json.loads(capsys.readouterr().out)) == {"stackelberg", "follower_only"}
@@ -190,6 +204,20 @@ def test_command_scores_two_followers_and_their_difference(tiny_lm_dir, tmp_path
         assert first["strict"][0] is False and first["loose"][0] is False
         assert first["strict"][1] is bool(responses[0].strip())
         assert policy["unsupported"] == {"instructions": 1, "prompts": 1, "ids": {"custom:unknown": 1}}
+    # each folder's own adapter answered: the same greedy replies as plain peft's unmerged model over the base
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
+    from alignment_games.modules.lm.prompts import QWEN_SYSTEM
+
+    replies = {}
+    for name, folder in (("stackelberg", a), ("follower_only", b)):
+        plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_lm_dir), folder)
+        prompts = [r["prompt"] for r in rows]
+        replies[name] = greedy_replies(plain, AutoTokenizer.from_pretrained(folder), prompts, QWEN_SYSTEM, 4, 8)
+        assert [r["response"] for r in report["policies"][name]["results"]] == replies[name]
+    assert replies["stackelberg"] != replies["follower_only"]
     comparison = report["comparison"]
     assert (comparison["first"], comparison["second"]) == ("stackelberg", "follower_only")
     for metric in METRICS:
