@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from alignment_games.modules.evaluation.game_eval import candidate_thresholds
+from alignment_games.modules.evaluation.game_eval import candidate_thresholds, candidate_yield_intervals
 from alignment_games.modules.evaluation.preference_report import (
     SCORE_NAMES,
     _check_report_inputs,
@@ -175,8 +175,14 @@ def save_figures(
     return paths
 
 
-def make_game_figures(trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01)) -> dict:
-    """Figures of §5.3 / G.1: the score CDFs of both pairs, and the candidate yield of both pairs over α.
+def make_game_figures(
+    trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01), n_boot: int = 1000, seed: int = 0
+) -> dict:
+    """Figures of §5.3 / G.1: the score CDFs of both pairs, and the candidate yield of both pairs over α (Fig. 2a).
+
+    With scores laid out ``[P, R]`` (P prompts × R pairs) and ``n_boot`` above 0, the yield curves carry shaded 95%
+    prompt-bootstrap bands (:func:`~modules.evaluation.game_eval.candidate_yield_intervals`, the threshold
+    re-estimated in every resample), as Fig. 2(a)'s; flat scores get no bands.
 
     Returns:
         ``{"variance_cdf": Figure, "candidate_yield": Figure}``.
@@ -193,17 +199,24 @@ def make_game_figures(trained: Tensor, reference: Tensor, alphas: Sequence[float
     ax.set_xlabel("ensemble variance")
     ax.set_ylabel("empirical CDF")
     ax.legend()
-    grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64)
+    grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64).tolist()
     yields_t, yields_r = [], []
-    for a in grid.tolist():
+    for a in grid:
         th = float(torch.quantile(r, 1.0 - a))
         yields_t.append(float((t >= th).double().mean()))
         yields_r.append(float((r >= th).double().mean()))
     fy, ax = _new_axes((6, 4))
-    ax.plot(grid.tolist(), yields_t, "-", label="trained pair")
-    ax.plot(grid.tolist(), yields_r, "--", label="reference pair")
+    ax.plot(grid, yields_t, "-", color="tab:blue", label="trained pair")
+    ax.plot(grid, yields_r, "--", color="tab:red", label="reference pair")
+    banded = trained.ndim == 2 and trained.shape == reference.shape and n_boot > 0
+    if banded:
+        bands = candidate_yield_intervals(trained, reference, grid, n_boot, seed)
+        for tag, colour in (("trained", "tab:blue"), ("reference", "tab:red")):
+            lo, hi = [bands[a][tag][0] for a in grid], [bands[a][tag][1] for a in grid]
+            ax.fill_between(grid, lo, hi, color=colour, alpha=0.2, linewidth=0)
     ax.plot([0, 0.5], [0, 0.5], ":", color="grey", label="nominal α")
     ax.set_xlabel("α (reference-quantile threshold)")
     ax.set_ylabel("α-online candidate yield")
+    ax.set_title("Candidate yield" + (" (shaded: 95% prompt bootstrap)" if banded else ""), fontsize=10)
     ax.legend()
     return {"variance_cdf": cdf, "candidate_yield": fy}

@@ -17,9 +17,11 @@ __all__ = [
     "adversarial_report",
     "adversarial_yield",
     "candidate_thresholds",
+    "candidate_yield_intervals",
     "compare_pairs",
     "prompt_bootstrap_mean",
     "prompt_bootstrap_share",
+    "reversal_capture",
 ]
 
 
@@ -106,6 +108,106 @@ def prompt_bootstrap_share(
     return float(num.sum() / den.sum()), float(lo), float(hi)
 
 
+def candidate_yield_intervals(
+    trained: Tensor,
+    reference: Tensor,
+    alphas: Sequence[float],
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    chunk: int = 200,
+) -> dict[float, dict[str, list[float]]]:
+    """Prompt-bootstrap intervals of both pairs' α-online candidate yields (Fig. 2a's shading, §5.3.1's interval).
+
+    A paired prompt bootstrap, as the paper's ("Shading shows 95% prompt-bootstrap intervals"): each resample draws
+    P prompts with replacement, keeps all R triplets of each for both pairs, re-estimates the threshold
+    ``F_ref^{-1}(1 − α)`` from the resampled reference scores, and counts each pair's share at or above it; the
+    interval is the ``level`` quantiles of those shares. Why not a Wilson or Clopper–Pearson interval on the count:
+    those treat the P·R triplets as independent draws around a fixed threshold, but the R triplets of a prompt
+    share it (their variances are correlated) and the threshold is itself estimated from the same prompts'
+    reference generations; both widen the interval, and only a resampling of whole prompts that recomputes the
+    threshold carries both. So the reference pair's interval stays near α (its yield is α by construction, up to
+    ties), while the trained pair's holds the threshold's uncertainty too.
+
+    Args:
+        trained: The trained pair's scores ``[P, R]``.
+        reference: The reference pair's scores ``[P, R]``, on the same prompts.
+        alphas: The α levels, each in (0, 1).
+        n_boot: Bootstrap resamples.
+        seed: Seed of the resampling.
+        level: Coverage of the interval.
+        chunk: Resamples computed at once (bounds the memory to ``chunk · P · R`` values).
+
+    Returns:
+        ``{α: {"trained": [low, high], "reference": [low, high]}}``.
+
+    Raises:
+        ValueError: when the tensors differ in shape or are not a non-empty ``[P, R]``, for an α outside (0, 1), or
+            ``n_boot`` below 1.
+    """
+    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
+        raise ValueError(
+            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
+            f"{tuple(reference.shape)}"
+        )
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    for a in alphas:
+        if not 0.0 < a < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {a}")
+    t, r = trained.detach().double(), reference.detach().double()
+    n_prompts = t.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n_prompts, (n_boot, n_prompts), generator=g)
+    q = torch.tensor([1.0 - a for a in alphas], dtype=torch.float64)
+    shares_t, shares_r = [], []
+    for start in range(0, n_boot, chunk):
+        rows = idx[start : start + chunk]
+        boot_t, boot_r = t[rows].flatten(1), r[rows].flatten(1)  # [b, P·R]
+        th = torch.quantile(boot_r, q, dim=1).T.unsqueeze(-1)  # [b, A, 1]: each resample's own thresholds
+        shares_t.append((boot_t.unsqueeze(1) >= th).double().mean(dim=-1))  # [b, A]
+        shares_r.append((boot_r.unsqueeze(1) >= th).double().mean(dim=-1))
+    ends = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    lo_hi_t = torch.quantile(torch.cat(shares_t), ends, dim=0).T.tolist()  # [A, 2]
+    lo_hi_r = torch.quantile(torch.cat(shares_r), ends, dim=0).T.tolist()
+    return {float(a): {"trained": lo_hi_t[i], "reference": lo_hi_r[i]} for i, a in enumerate(alphas)}
+
+
+def reversal_capture(
+    variance: Tensor,
+    oracle_prob: Tensor,
+    ensemble_mean: Tensor,
+    threshold: float,
+    epsilon: float = 0.0,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """The share of a pair's oracle reversals that its α-online candidates capture, with a prompt-bootstrap interval.
+
+    §5.3.2: "At α=0.1, 29.7% of their candidates reverse the preferences, compared with 19.4% of their generations
+    overall, capturing 49.2% of all their reversals." A reversal is Definition 3.1 at margin 0 ("Reversal is
+    recovered when the margin is ε=0"): the ensemble mean strictly reverses the oracle's preference,
+    ``(P* − ½)(P̄ − ½) < 0`` (:func:`adversarial_mask`); a larger ``epsilon`` counts only ε-adversarial triplets.
+    The candidates are game_eval's own selection, ``Var ≥`` the reference pair's ``F_ref^{-1}(1 − α)``
+    (Definition 3.2, :func:`candidate_thresholds`). Over the labelled triplets (a finite oracle probability):
+    ``Σ (candidate ∧ reversal) / Σ reversal`` on ``[P, R]`` tensors, resampled by prompt
+    (:func:`prompt_bootstrap_share`).
+
+    Returns:
+        ``(share, low, high)``; NaNs when the pair has no labelled reversal.
+
+    Raises:
+        ValueError: for ε outside [0, ½), or tensors that do not share a ``[P, R]`` shape.
+    """
+    if not (variance.shape == oracle_prob.shape == ensemble_mean.shape) or variance.ndim != 2:
+        raise ValueError(
+            f"variance, oracle_prob and ensemble_mean must share a [P, R] shape, got {tuple(variance.shape)}, "
+            f"{tuple(oracle_prob.shape)}, {tuple(ensemble_mean.shape)}"
+        )
+    reversal = adversarial_mask(oracle_prob, ensemble_mean, epsilon) & torch.isfinite(oracle_prob)
+    return prompt_bootstrap_share(reversal & (variance >= threshold), reversal, n_boot, seed)
+
+
 def adversarial_report(
     variance: Tensor,
     oracle_prob: Tensor,
@@ -124,7 +226,9 @@ def adversarial_report(
     - ``joint``: the share that is both an α-online candidate (``Var ≥`` threshold, Definition 3.2) and ε-adversarial,
       the joint yield of Fig. 2(b);
     - ``precision``: among labelled α-online candidates, the share that is ε-adversarial (Fig. 5), and
-      ``enrichment``, precision over the plain adversarial share ("a 1.53-fold enrichment over random selection").
+      ``enrichment``, precision over the plain adversarial share ("a 1.53-fold enrichment over random selection");
+    - ``captured``: among the ε-adversarial triplets, the share that the α-online candidates capture
+      (:func:`reversal_capture`; at ε = 0 §5.3.2's "capturing 49.2% of all their reversals").
 
     Each share comes as ``[value, low, high]`` with a prompt-bootstrap interval (:func:`prompt_bootstrap_share`).
     """
@@ -133,7 +237,14 @@ def adversarial_report(
     for eps in epsilons:
         adversarial = adversarial_mask(oracle_prob, ensemble_mean, eps) & labelled
         plain = prompt_bootstrap_share(adversarial, labelled, n_boot, seed)
-        per_eps: dict = {"adversarial": list(plain), "joint": {}, "precision": {}, "enrichment": {}, "candidates": {}}
+        per_eps: dict = {
+            "adversarial": list(plain),
+            "joint": {},
+            "precision": {},
+            "enrichment": {},
+            "captured": {},
+            "candidates": {},
+        }
         for alpha, threshold in thresholds.items():
             candidate = (variance >= threshold) & labelled
             per_eps["candidates"][alpha] = int(candidate.sum())
@@ -141,6 +252,8 @@ def adversarial_report(
             precision = prompt_bootstrap_share(adversarial & candidate, candidate, n_boot, seed)
             per_eps["precision"][alpha] = list(precision)
             per_eps["enrichment"][alpha] = precision[0] / plain[0] if plain[0] > 0 else math.nan
+            captured = reversal_capture(variance, oracle_prob, ensemble_mean, threshold, eps, n_boot, seed)
+            per_eps["captured"][alpha] = list(captured)
         out[str(eps)] = per_eps
     return out
 
@@ -157,7 +270,8 @@ def compare_pairs(
     Returns:
         ``trained``/``reference`` summaries (mean, median, mean's bootstrap interval), ``mean_gain`` with its paired
         prompt-bootstrap interval, ``share_prompts_higher`` (prompts where the trained pair's mean score is higher),
-        ``thresholds`` per α from the reference quantiles, and ``candidate_yield`` per α for both pairs.
+        ``thresholds`` per α from the reference quantiles, ``candidate_yield`` per α for both pairs, and
+        ``candidate_yield_ci`` per α for both pairs (:func:`candidate_yield_intervals`, Fig. 2a's intervals).
 
     Raises:
         ValueError: when the two tensors differ in shape or are not ``[P, R]``.
@@ -187,5 +301,8 @@ def compare_pairs(
         "candidate_yield": {
             str(a): {"trained": float((t >= v).double().mean()), "reference": float((r >= v).double().mean())}
             for a, v in thresholds.items()
+        },
+        "candidate_yield_ci": {
+            str(a): ci for a, ci in candidate_yield_intervals(t, r, list(thresholds), n_boot, seed).items()
         },
     }

@@ -1,0 +1,337 @@
+"""IFEval's verifiable instructions (Zhou et al., 2023), checked offline; strict and loose following.
+
+The Stackelberg paper's App. G.5 scores its Followers on IFEval's 541 prompts and 834 instructions. Each checker
+here follows the published rule of its instruction id (the benchmark's ``instructions.py``), written anew with
+these deliberate differences, all to run with no downloaded data and no regular expression taken from the input:
+
+- ``length_constraints:number_sentences``: sentences are counted by :func:`split_sentences` (a rule-based splitter
+  that keeps abbreviations, initials, decimals, web addresses and ellipses inside a sentence), not nltk's punkt
+  model, which needs a downloaded pickle. Counts can differ from punkt's on unusual punctuation.
+- ``change_case:capital_word_frequency``: words are ``\\w+`` runs joined by hyphens (the benchmark counts hyphenated
+  words as one, through nltk's ``word_tokenize``); an apostrophe splits a word, as Treebank's ``n't``/``'s`` does.
+- keywords, forbidden words and section splitters are matched literally (``re.escape``): the benchmark passes them to
+  ``re`` as patterns; for the plain words of the data the two agree.
+- language: ``langdetect`` (the benchmark's detector, whose language profiles ship inside the package), seeded with
+  ``DetectorFactory.seed = 0`` so a response always gets the same answer; as in the benchmark, a response whose
+  language cannot be detected counts as following.
+
+:func:`follows` applies one instruction strictly (the response as given) or loosely (any of the 8
+:func:`loose_variants`: the response with its first line, last line or both removed, each also without ``*``).
+An id outside :data:`CHECKERS` is not guessed: :func:`is_supported` tells the caller to count it as unsupported.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "CHECKERS",
+    "REQUIRED_KWARGS",
+    "check_kwargs",
+    "count_words",
+    "follows",
+    "is_supported",
+    "loose_variants",
+    "split_sentences",
+]
+
+RELATIONS = ("less than", "at least")
+CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
+
+# ------------------------------------------------------------------------------------------------ text utilities
+_ABBREVIATIONS = (
+    "Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|Col|Gen|Sgt|St|Sr|Jr|Mt|Ft|Inc|Ltd|Co|Corp|vs|etc|approx|No|Vol|Fig|Jan|Feb|Mar"
+    "|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
+)
+_PRD, _STOP = "\x00", "\x01"  # placeholders for a protected period and a sentence end
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split ``text`` into sentences at ``.``, ``!`` and ``?``, keeping periods that do not end one.
+
+    A period stays inside a sentence after a title or common abbreviation (``Dr.``, ``etc.``), a single-letter initial
+    (``J. R. R. Tolkien``, ``e.g.``, ``U.S.``), between digits (``3.14``), before a web domain (``example.com``), and
+    within an ellipsis, which ends a sentence only once. Closing quotes and brackets stay with their sentence.
+
+    Example:
+        >>> split_sentences("Dr. Smith paid $3.50 at example.com... Then he left! Did he?")
+        ['Dr. Smith paid $3.50 at example.com...', 'Then he left!', 'Did he?']
+    """
+    t = " " + text.replace("\n", " ") + " "
+    t = re.sub(r"\b(" + _ABBREVIATIONS + r")\.", lambda m: m.group(1) + _PRD, t, flags=re.IGNORECASE)
+    t = re.sub(r"(?<=\d)\.(?=\d)", _PRD, t)
+    t = re.sub(r"\.(?=(?:com|net|org|io|gov|edu|me|uk|de)\b)", _PRD, t)
+    t = re.sub(r"\.{2,}", lambda m: _PRD * (len(m.group(0)) - 1) + ".", t)  # an ellipsis: one possible end
+    t = re.sub(r"(?<!\w)([A-Za-z])\.", r"\1" + _PRD, t)  # a single letter: an initial (J. R. R., e.g., U.S.)
+    t = re.sub(r"([.!?]+)([\"'”’)\]]*)(?=\s|$)", lambda m: m.group(1) + m.group(2) + _STOP, t)
+    return [s.replace(_PRD, ".").strip() for s in t.split(_STOP) if s.replace(_PRD, ".").strip()]
+
+
+def count_words(text: str) -> int:
+    r"""The number of ``\w+`` runs (the benchmark's ``RegexpTokenizer(r"\w+")``)."""
+    return len(re.findall(r"\w+", text))
+
+
+def _compare(count: int, relation: str, threshold: int) -> bool:
+    return count < threshold if relation == RELATIONS[0] else count >= threshold
+
+
+_DETECTOR_SEEDED = False
+
+
+def _language(text: str) -> str | None:
+    """``langdetect``'s language code for ``text``; ``None`` when it cannot tell (no letters, say)."""
+    global _DETECTOR_SEEDED
+    try:
+        from langdetect import DetectorFactory, LangDetectException, detect
+    except ImportError as err:  # pragma: no cover - the games extra installs it
+        raise ImportError("IFEval's language checks need langdetect: pip install -e '.[games]'") from err
+    if not _DETECTOR_SEEDED:
+        DetectorFactory.seed = 0  # langdetect samples; a fixed seed makes each answer repeatable
+        _DETECTOR_SEEDED = True
+    try:
+        return detect(text)
+    except LangDetectException:
+        return None
+
+
+def _in_language(text: str, code: str) -> bool:
+    found = _language(text)
+    return found is None or found == code  # undetectable counts as following, as in the benchmark
+
+
+# ------------------------------------------------------------------------------------------------------ checkers
+def _capital_word_frequency(r: str, kw: Mapping[str, Any]) -> bool:
+    words = re.findall(r"\w+(?:-\w+)*", r)
+    return _compare(sum(w.isupper() for w in words), kw["capital_relation"], kw["capital_frequency"])
+
+
+def _two_responses(r: str, kw: Mapping[str, Any]) -> bool:
+    parts = r.split("******")
+    kept = []
+    for i, part in enumerate(parts):
+        if part.strip():
+            kept.append(part.strip())
+        elif 0 < i < len(parts) - 1:  # an empty answer between two separators
+            return False
+    return len(kept) == 2 and kept[0] != kept[1]
+
+
+def _postscript(r: str, kw: Mapping[str, Any]) -> bool:
+    marker = kw["postscript_marker"].strip()
+    if marker == "P.P.S":
+        pattern = r"\s*p\.\s?p\.\s?s.*$"
+    elif marker == "P.S.":
+        pattern = r"\s*p\.\s?s\..*$"
+    else:
+        pattern = r"\s*" + re.escape(marker.lower()) + r".*$"
+    return bool(re.findall(pattern, r.lower(), flags=re.MULTILINE))
+
+
+def _json_format(r: str, kw: Mapping[str, Any]) -> bool:
+    value = r.strip()
+    for fence in ("```json", "```Json", "```JSON", "```"):
+        value = value.removeprefix(fence)
+    value = value.removesuffix("```").strip()
+    try:
+        json.loads(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _multiple_sections(r: str, kw: Mapping[str, Any]) -> bool:
+    splitter = re.escape(kw["section_spliter"].strip())
+    return len(re.split(r"\s?" + splitter + r"\s?\d+\s?", r)) - 1 >= kw["num_sections"]
+
+
+def _bullet_lists(r: str, kw: Mapping[str, Any]) -> bool:
+    stars = re.findall(r"^\s*\*[^\*].*$", r, flags=re.MULTILINE)
+    dashes = re.findall(r"^\s*-.*$", r, flags=re.MULTILINE)
+    return len(stars) + len(dashes) == kw["num_bullets"]
+
+
+def _highlighted_sections(r: str, kw: Mapping[str, Any]) -> bool:
+    single = [h for h in re.findall(r"\*[^\n\*]*\*", r) if h.strip("*").strip()]
+    double = [h for h in re.findall(r"\*\*[^\n\*]*\*\*", r) if h.removeprefix("**").removesuffix("**").strip()]
+    return len(single) + len(double) >= kw["num_highlights"]
+
+
+def _title(r: str, kw: Mapping[str, Any]) -> bool:
+    return any(t.lstrip("<").rstrip(">").strip() for t in re.findall(r"<<[^\n]+>>", r))
+
+
+def _existence(r: str, kw: Mapping[str, Any]) -> bool:
+    return all(re.search(re.escape(k), r, flags=re.IGNORECASE) for k in kw["keywords"])
+
+
+def _forbidden(r: str, kw: Mapping[str, Any]) -> bool:
+    return not any(re.search(r"\b" + re.escape(w) + r"\b", r, flags=re.IGNORECASE) for w in kw["forbidden_words"])
+
+
+def _keyword_frequency(r: str, kw: Mapping[str, Any]) -> bool:
+    found = len(re.findall(re.escape(kw["keyword"].strip()), r, flags=re.IGNORECASE))
+    return _compare(found, kw["relation"], kw["frequency"])
+
+
+def _letter_frequency(r: str, kw: Mapping[str, Any]) -> bool:
+    letters = collections.Counter(r.lower())
+    return _compare(letters[kw["letter"].strip().lower()], kw["let_relation"], kw["let_frequency"])
+
+
+def _nth_paragraph_first_word(r: str, kw: Mapping[str, Any]) -> bool:
+    paragraphs = re.split(r"\n\n", r)
+    count = sum(1 for p in paragraphs if p.strip())
+    nth = kw["nth_paragraph"]
+    if nth > count or not paragraphs[nth - 1].strip():  # the benchmark indexes the split, empty parts included
+        return False
+    word = paragraphs[nth - 1].strip().split()[0].lstrip("'").lstrip('"')
+    first = re.match(r"[^.,?!'\"]*", word).group(0).lower()
+    return count == kw["num_paragraphs"] and first == kw["first_word"].lower()
+
+
+def _paragraphs(r: str, kw: Mapping[str, Any]) -> bool:
+    parts = re.split(r"\s?\*\*\*\s?", r)
+    count = len(parts)
+    for i, part in enumerate(parts):
+        if not part.strip():
+            if i in (0, len(parts) - 1):
+                count -= 1
+            else:  # an empty paragraph between two dividers
+                return False
+    return count == kw["num_paragraphs"]
+
+
+def _end_checker(r: str, kw: Mapping[str, Any]) -> bool:
+    return r.strip().strip('"').lower().endswith(kw["end_phrase"].strip().lower())
+
+
+def _quotation(r: str, kw: Mapping[str, Any]) -> bool:
+    value = r.strip()
+    return len(value) > 1 and value[0] == '"' and value[-1] == '"'
+
+
+#: instruction id -> (check(response, kwargs) -> followed, the kwargs it needs)
+_TABLE: dict[str, tuple[Callable[[str, Mapping[str, Any]], bool], tuple[str, ...]]] = {
+    "change_case:capital_word_frequency": (_capital_word_frequency, ("capital_frequency", "capital_relation")),
+    "change_case:english_capital": (lambda r, kw: r.isupper() and _in_language(r, "en"), ()),
+    "change_case:english_lowercase": (lambda r, kw: r.islower() and _in_language(r, "en"), ()),
+    "combination:repeat_prompt": (
+        lambda r, kw: r.strip().lower().startswith(kw["prompt_to_repeat"].strip().lower()),
+        ("prompt_to_repeat",),
+    ),
+    "combination:two_responses": (_two_responses, ()),
+    "detectable_content:number_placeholders": (
+        lambda r, kw: len(re.findall(r"\[.*?\]", r)) >= kw["num_placeholders"],
+        ("num_placeholders",),
+    ),
+    "detectable_content:postscript": (_postscript, ("postscript_marker",)),
+    "detectable_format:constrained_response": (lambda r, kw: any(o in r.strip() for o in CONSTRAINED_OPTIONS), ()),
+    "detectable_format:json_format": (_json_format, ()),
+    "detectable_format:multiple_sections": (_multiple_sections, ("section_spliter", "num_sections")),
+    "detectable_format:number_bullet_lists": (_bullet_lists, ("num_bullets",)),
+    "detectable_format:number_highlighted_sections": (_highlighted_sections, ("num_highlights",)),
+    "detectable_format:title": (_title, ()),
+    "keywords:existence": (_existence, ("keywords",)),
+    "keywords:forbidden_words": (_forbidden, ("forbidden_words",)),
+    "keywords:frequency": (_keyword_frequency, ("keyword", "frequency", "relation")),
+    "keywords:letter_frequency": (_letter_frequency, ("letter", "let_frequency", "let_relation")),
+    "language:response_language": (lambda r, kw: _in_language(r, kw["language"]), ("language",)),
+    "length_constraints:nth_paragraph_first_word": (
+        _nth_paragraph_first_word,
+        ("num_paragraphs", "nth_paragraph", "first_word"),
+    ),
+    "length_constraints:number_paragraphs": (_paragraphs, ("num_paragraphs",)),
+    "length_constraints:number_sentences": (
+        lambda r, kw: _compare(len(split_sentences(r)), kw["relation"], kw["num_sentences"]),
+        ("num_sentences", "relation"),
+    ),
+    "length_constraints:number_words": (
+        lambda r, kw: _compare(count_words(r), kw["relation"], kw["num_words"]),
+        ("num_words", "relation"),
+    ),
+    "punctuation:no_comma": (lambda r, kw: "," not in r, ()),
+    "startend:end_checker": (_end_checker, ("end_phrase",)),
+    "startend:quotation": (_quotation, ()),
+}
+#: the supported instruction ids and their checks
+CHECKERS = {k: v[0] for k, v in _TABLE.items()}
+#: the kwargs each supported id needs
+REQUIRED_KWARGS = {k: v[1] for k, v in _TABLE.items()}
+_INT_KWARGS = {
+    "capital_frequency",
+    "num_placeholders",
+    "num_sections",
+    "num_bullets",
+    "num_highlights",
+    "frequency",
+    "let_frequency",
+    "num_paragraphs",
+    "nth_paragraph",
+    "num_sentences",
+    "num_words",
+}
+_RELATION_KWARGS = {"relation", "capital_relation", "let_relation"}
+_LIST_KWARGS = {"keywords", "forbidden_words"}
+
+
+def is_supported(instruction_id: str) -> bool:
+    """Whether :data:`CHECKERS` has a check for ``instruction_id``."""
+    return instruction_id in CHECKERS
+
+
+def check_kwargs(instruction_id: str, kwargs: Mapping[str, Any]) -> None:
+    """Refuse kwargs a supported instruction cannot be checked with, naming the field.
+
+    Raises:
+        KeyError: for an unsupported ``instruction_id``.
+        ValueError: for a missing kwarg, a count that is not a non-negative integer (``nth_paragraph``: positive), a
+            relation other than ``"less than"``/``"at least"``, a word list that is not a list of strings, a
+            ``letter`` that is not one character, or another kwarg that is not a non-empty string.
+    """
+    for field in REQUIRED_KWARGS[instruction_id]:
+        value = kwargs.get(field)
+        if value is None:
+            raise ValueError(f"kwargs.{field} is missing (instruction {instruction_id!r} needs it)")
+        if field in _INT_KWARGS:
+            low = 1 if field == "nth_paragraph" else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"kwargs.{field} must be an integer >= {low}, got {value!r}")
+        elif field in _RELATION_KWARGS:
+            if value not in RELATIONS:
+                raise ValueError(f"kwargs.{field} must be one of {RELATIONS}, got {value!r}")
+        elif field in _LIST_KWARGS:
+            if not isinstance(value, list) or not value or not all(isinstance(w, str) and w for w in value):
+                raise ValueError(f"kwargs.{field} must be a non-empty list of non-empty strings, got {value!r}")
+        elif not isinstance(value, str) or not value.strip():
+            raise ValueError(f"kwargs.{field} must be a non-empty string, got {value!r}")
+        elif field == "letter" and len(value.strip()) != 1:
+            raise ValueError(f"kwargs.letter must be one character, got {value!r}")
+
+
+def loose_variants(response: str) -> list[str]:
+    """IFEval's 8 loose variants of a response, the response itself first.
+
+    The response, without its first line, last line, or both (each stripped), and each of these four with every ``*``
+    removed.
+    """
+    lines = response.split("\n")
+    cut = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
+    return [cut[0], cut[0].replace("*", ""), *cut[1:], *(c.replace("*", "") for c in cut[1:])]
+
+
+def follows(instruction_id: str, kwargs: Mapping[str, Any], response: str, loose: bool = False) -> bool:
+    """Whether ``response`` follows the instruction: strictly, or (``loose``) in any of :func:`loose_variants`.
+
+    An empty (or blank) variant never follows, as in the benchmark.
+
+    Raises:
+        KeyError: for an unsupported ``instruction_id`` (check :func:`is_supported` first).
+    """
+    check = CHECKERS[instruction_id]
+    candidates = loose_variants(response) if loose else [response]
+    return any(c.strip() and check(c, kwargs) for c in candidates)

@@ -1,0 +1,246 @@
+"""IFEval accuracy of exported followers: the Stackelberg paper's App. G.5 Leader ablation (Table 5).
+
+Each policy (an exported follower: a peft adapter folder over its base, or a full model folder, see
+:mod:`modules.checkpoints.export`) answers every prompt of an IFEval-format jsonl greedily; every instruction is checked
+strictly and loosely (:mod:`modules.algorithms.ifeval_checks`), giving IFEval's four accuracies: prompt-level (all
+of a prompt's instructions followed) and instruction-level (the share of instructions followed), strict and loose,
+and the loose instruction-level accuracy per category (Table 5's rows). With two policies the report adds each
+accuracy's difference (first − second) with a paired prompt-bootstrap interval: both policies answered the same
+prompts, so each resample draws prompts and keeps both policies' results on them.
+
+    python -m alignment_games.commands.ifeval --data ../shared/data/ifeval/input_data.jsonl \\
+        --base Qwen/Qwen2.5-1.5B-Instruct --policy stackelberg=runs/smida/version_0/export/follower \\
+        follower_only=runs/smida_fo/version_0/export/follower --out ifeval.json
+
+The paper does not say how a Follower was prompted on IFEval; here it gets the prompt as the one user message after
+``--system-prompt`` (default: the games' system message, :data:`~modules.lm.prompts.QWEN_SYSTEM`), without a Leader
+reply. An instruction id with no checker is not guessed: it is counted under ``unsupported``, left out of the
+instruction-level accuracies, and its prompt out of the prompt-level ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from alignment_games.modules.algorithms.ifeval_checks import check_kwargs, follows, is_supported
+
+__all__ = ["METRICS", "load_policy", "paired_difference", "read_ifeval", "score_responses"]
+
+#: the four accuracies, in Table 5's order
+METRICS = ("prompt_loose", "instruction_loose", "prompt_strict", "instruction_strict")
+
+
+def read_ifeval(path: str) -> list[dict[str, Any]]:
+    """The rows of an IFEval-format jsonl, each checked before anything is generated.
+
+    A row is an object with ``key`` (distinct), ``prompt`` (a non-empty string), ``instruction_id_list`` (a non-empty
+    list of strings) and ``kwargs`` (one object per instruction); the kwargs of a supported instruction are checked by
+    :func:`~modules.algorithms.ifeval_checks.check_kwargs`. Blank lines are skipped.
+
+    Raises:
+        ValueError: naming the file, the line, the row's key and the field, for a line that is not a JSON object, a
+            missing or ill-typed field, a repeated key, kwargs that do not match the instructions, or no rows.
+    """
+    rows, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}: line {n}"
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{where}: not valid JSON ({err})") from err
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            if "key" not in row:
+                raise ValueError(f"{where}: field 'key' is missing")
+            where += f" (key {row['key']!r})"
+            if row["key"] in seen:
+                raise ValueError(f"{where}: field 'key' repeats an earlier row's")
+            seen.add(row["key"])
+            for field in ("prompt", "instruction_id_list", "kwargs"):
+                if field not in row:
+                    raise ValueError(f"{where}: field {field!r} is missing")
+            ids, kwargs = row["instruction_id_list"], row["kwargs"]
+            if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+                raise ValueError(f"{where}: field 'prompt' must be a non-empty string")
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+                raise ValueError(f"{where}: field 'instruction_id_list' must be a non-empty list of strings")
+            if not isinstance(kwargs, list) or len(kwargs) != len(ids) or not all(isinstance(k, dict) for k in kwargs):
+                raise ValueError(
+                    f"{where}: field 'kwargs' must be a list of {len(ids)} objects, one per instruction, got {kwargs!r}"
+                )
+            for i, (iid, kw) in enumerate(zip(ids, kwargs)):
+                if is_supported(iid):
+                    try:
+                        check_kwargs(iid, kw)
+                    except ValueError as err:
+                        raise ValueError(f"{where}: field 'kwargs[{i}]' ({iid}): {err}") from err
+            rows.append({k: row[k] for k in ("key", "prompt", "instruction_id_list", "kwargs")})
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def score_responses(rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> dict[str, Any]:
+    """Strict and loose following of every instruction, and IFEval's four accuracies.
+
+    Returns:
+        ``accuracy`` (:data:`METRICS`; NaN when nothing is supported), ``counts`` (prompts and instructions scored),
+        ``unsupported`` (``instructions``, ``prompts`` and per-id counts), ``by_category`` (strict and loose
+        instruction-level accuracy per id prefix, e.g. ``keywords``) and ``results``: per prompt its key, response and
+        ``strict``/``loose`` lists (``None`` for an unsupported instruction).
+
+    Raises:
+        ValueError: for a different number of rows and responses.
+    """
+    if len(rows) != len(responses):
+        raise ValueError(f"{len(rows)} rows but {len(responses)} responses")
+    results, unsupported = [], Counter()
+    per_category: dict[str, list[int]] = {}
+    for row, response in zip(rows, responses):
+        strict, loose = [], []
+        for iid, kw in zip(row["instruction_id_list"], row["kwargs"]):
+            if not is_supported(iid):
+                unsupported[iid] += 1
+                strict.append(None)
+                loose.append(None)
+                continue
+            s, lo = follows(iid, kw, response), follows(iid, kw, response, loose=True)
+            strict.append(s)
+            loose.append(lo)
+            cell = per_category.setdefault(iid.split(":")[0], [0, 0, 0])
+            cell[0], cell[1], cell[2] = cell[0] + s, cell[1] + lo, cell[2] + 1
+        results.append({"key": row["key"], "response": response, "strict": strict, "loose": loose})
+    hits = _per_prompt(results)
+    full = hits["complete"]
+    n_instr = int(hits["instructions"].sum())
+    accuracy = {}
+    for mode in ("loose", "strict"):
+        accuracy[f"prompt_{mode}"] = float(hits[f"all_{mode}"][full].mean()) if full.any() else math.nan
+        accuracy[f"instruction_{mode}"] = float(hits[mode].sum() / n_instr) if n_instr else math.nan
+    return {
+        "accuracy": {m: accuracy[m] for m in METRICS},
+        "counts": {"prompts": len(results), "prompts_scored": int(full.sum()), "instructions_scored": n_instr},
+        "unsupported": {
+            "instructions": sum(unsupported.values()),
+            "prompts": len(results) - int(full.sum()),
+            "ids": dict(sorted(unsupported.items())),
+        },
+        "by_category": {
+            c: {"strict": v[0] / v[2], "loose": v[1] / v[2], "instructions": v[2]}
+            for c, v in sorted(per_category.items())
+        },
+        "results": results,
+    }
+
+
+def _per_prompt(results: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """Per prompt: followed counts (strict, loose), supported instructions, all followed, and fully supported."""
+
+    def column(fn: Any) -> torch.Tensor:
+        return torch.tensor([fn(r) for r in results], dtype=torch.float64)
+
+    out = {
+        "strict": column(lambda r: sum(x is True for x in r["strict"])),
+        "loose": column(lambda r: sum(x is True for x in r["loose"])),
+        "instructions": column(lambda r: sum(x is not None for x in r["strict"])),
+        "all_strict": column(lambda r: all(x is True for x in r["strict"])),
+        "all_loose": column(lambda r: all(x is True for x in r["loose"])),
+    }
+    out["complete"] = torch.tensor([all(x is not None for x in r["strict"]) for r in results])
+    return out
+
+
+def paired_difference(
+    first: Mapping[str, Any], second: Mapping[str, Any], n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> dict[str, Any]:
+    """Each accuracy of :data:`METRICS` for both policies and their difference (first − second), paired by prompt.
+
+    A percentile bootstrap over prompts: every resample draws prompts with replacement and recomputes both policies'
+    accuracies on the same draw, a prompt-level accuracy as the mean over its fully supported prompts and an
+    instruction-level one as followed over supported instructions (a ratio of sums, so a prompt with three
+    instructions weighs three times one with one, as in IFEval). Resamples with nothing to score are left out.
+
+    Args:
+        first: :func:`score_responses` of one policy.
+        second: The same for the other policy, on the same prompts in the same order.
+        n_boot: Resamples.
+        seed: Seed of the resampling.
+        level: Coverage of the interval.
+
+    Returns:
+        ``{metric: {"first", "second", "difference", "ci"}}`` and ``n_boot``, ``level``.
+
+    Raises:
+        ValueError: when the two were scored on different prompts (keys or instructions), or ``n_boot`` is below 1.
+    """
+    a, b = first["results"], second["results"]
+    if [r["key"] for r in a] != [r["key"] for r in b] or [len(r["strict"]) for r in a] != [len(r["strict"]) for r in b]:
+        raise ValueError("the two policies were scored on different prompts: a paired comparison needs the same ones")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    ha, hb = _per_prompt(a), _per_prompt(b)
+    complete = ha["complete"].double()
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(a), (n_boot, len(a)), generator=g)
+    ends = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    out: dict[str, Any] = {"n_boot": n_boot, "level": level}
+    for metric in METRICS:
+        kind, mode = metric.split("_")
+        if kind == "prompt":
+            num_a, num_b, den = ha[f"all_{mode}"] * complete, hb[f"all_{mode}"] * complete, complete
+        else:
+            num_a, num_b, den = ha[mode], hb[mode], ha["instructions"]
+        total = float(den.sum())
+        if total == 0:
+            out[metric] = {"first": math.nan, "second": math.nan, "difference": math.nan, "ci": [math.nan] * 2}
+            continue
+        boot_den = den[idx].sum(dim=1)
+        boot = ((num_a[idx].sum(dim=1) - num_b[idx].sum(dim=1)) / boot_den)[boot_den > 0]
+        lo, hi = torch.quantile(boot, ends).tolist()
+        fa, fb = float(num_a.sum()) / total, float(num_b.sum()) / total
+        out[metric] = {"first": fa, "second": fb, "difference": fa - fb, "ci": [lo, hi]}
+    return out
+
+
+def load_policy(folder: str, base: str | None = None) -> tuple[Any, Any]:
+    """A policy and its tokenizer from an exported folder.
+
+    A peft adapter folder (``adapter_config.json``, what :mod:`modules.checkpoints.export` writes for a LoRA player)
+    is loaded over ``base``, or over the base its config names when ``base`` is ``None``, and merged for generation;
+    any other folder is loaded as a full causal LM. The tokenizer is the folder's own when it holds one (an export
+    does), else the base's. Weights are read as safetensors by transformers/peft; nothing in the folder is run.
+
+    Raises:
+        FileNotFoundError: naming the folder when it does not exist.
+        ValueError: for an adapter folder whose config is not JSON or names no base when ``base`` is not given.
+    """
+    from alignment_games.modules.lm.models import load_model, load_tokenizer
+
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"policy folder {folder!r} does not exist")
+    adapter_config = os.path.join(folder, "adapter_config.json")
+    tokenizer_source = folder if os.path.exists(os.path.join(folder, "tokenizer_config.json")) else base
+    if not os.path.exists(adapter_config):
+        return load_model(folder, task="causal_lm"), load_tokenizer(tokenizer_source or folder)
+    from peft import PeftModel
+
+    if base is None:
+        try:
+            with open(adapter_config, encoding="utf-8") as f:
+                base = json.load(f).get("base_model_name_or_path")
+        except ValueError as err:
+            raise ValueError(f"{adapter_config}: not valid JSON ({err})") from err
+        if not isinstance(base, str) or not base:
+            raise ValueError(f"{adapter_config}: names no base_model_name_or_path; pass the base with --base")
+    model = PeftModel.from_pretrained(load_model(base, task="causal_lm"), folder).merge_and_unload()
+    return model, load_tokenizer(tokenizer_source or base)
