@@ -197,23 +197,23 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     # ------------------------------------------------------------------------------------------------ optimisation
     def accumulate(
         self,
-        num_rows: int,
-        chunk: int,
+        chunks: Sequence[tuple[int, int]],
         loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]],
         total_rows: int | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward of rows ``[0, num_rows)`` in chunks; the row-weighted mean loss and stats.
+        """Forward and backward of rows in chunks; the row-weighted mean loss and stats.
 
-        ``loss_of(start, stop)`` returns the mean loss over its rows and detached statistics; each chunk's backward is
-        weighted by its share of the rows, so the gradient is that of the whole batch's mean. With ``total_rows`` >
-        ``num_rows`` the shares are of ``total_rows``: the rows not run count as rows of loss and statistics 0.
-        Gradients are synchronised across processes on the last chunk only. ``None``, after zeroing the gradients,
-        when a chunk's loss is not finite on any rank (the caller skips the step).
+        ``chunks``: ``(start, stop)`` row ranges, consecutive from 0. ``loss_of(start, stop)`` returns the mean loss
+        over its rows and detached statistics; each chunk's backward is weighted by its share of the rows, so the
+        gradient is that of the whole batch's mean however the rows are cut
+        (:func:`~modules.lm.micro_batches.micro_batches`). With ``total_rows`` more than the chunks' rows the shares
+        are of ``total_rows``: the rows not run count as rows of loss and statistics 0. Gradients are synchronised
+        across processes on the last chunk only. ``None``, after zeroing the gradients, when a chunk's loss is not
+        finite on any rank (the caller skips the step).
         """
-        chunk = num_rows if chunk <= 0 else chunk
+        num_rows = chunks[-1][1] if chunks else 0
         total: dict[str, Tensor] = {}
-        for start in range(0, num_rows, chunk):
-            stop = min(start + chunk, num_rows)
+        for start, stop in chunks:
             with self.gradient_sync(last=stop >= num_rows):
                 loss, stats = loss_of(start, stop)
                 if not self.check_finite(loss.detach(), "losses"):  # same decision on every rank

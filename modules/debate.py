@@ -270,11 +270,14 @@ class DebateSelfPlay(LanguageModelGame):
         stats = {"kl": 0.0, "clip_fraction": 0.0}
         current = {}
         for j, (chunk, idx) in rollout.chunks.items():
-            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, pg.micro_batch)
+            budget = pg.max_tokens_per_micro_batch
+            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, pg.micro_batch, budget)
             ref = None
             if pg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self.bank.token_logprobs(None, chunk, self.sampling.temperature, pg.logprob_micro_batch)
+                    ref = self.bank.token_logprobs(
+                        None, chunk, self.sampling.temperature, pg.logprob_micro_batch, budget
+                    )
             mask = chunk.completion_mask.to(lp.device)
             adv = advantages[torch.tensor(idx, device=advantages.device)].to(lp.device)
             part, st = pg.loss(lp, mask, adv, None if old is None else old[j], ref)

@@ -32,6 +32,7 @@ from alignment_games.modules.base import (
     require_in_range,
     require_positive,
 )
+from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
 from alignment_games.modules.lm.precision import resolve_dtype
@@ -177,10 +178,13 @@ class GRPO(LanguageModelGame):
         old: Tensor | None,
         groups: Tensor | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in ``policy_gradient.micro_batch`` chunks of whole groups: loss and stats, or ``None``.
+        """Forward and backward in micro-batches: loss and stats, or ``None``.
 
-        ``groups``: indices of the groups to run (default: all). The loss stays the mean over all ``N`` rows, so the
-        rows left out count as rows of loss 0 (exact for groups whose advantages are 0 when β = 0).
+        A micro-batch holds at most ``policy_gradient.micro_batch`` rows (rounded up to whole groups) and
+        ``max_tokens_per_micro_batch`` padded tokens (:func:`~modules.lm.micro_batches.micro_batches`: whole groups
+        unless a group alone is over the budget). ``groups``: indices of the groups to run (default: all). The loss
+        stays the mean over all ``N`` rows, so the rows left out count as rows of loss 0 (exact for groups whose
+        advantages are 0 when β = 0).
         """
         pg = self.policy_gradient
         total, g = rollout.sequences.shape[0], rollout.group_size
@@ -189,15 +193,20 @@ class GRPO(LanguageModelGame):
             rollout, advantages = rollout.rows(rows, g), advantages[rows]
             ref = None if ref is None else ref[rows]
             old = None if old is None else old[rows]
-        n = rollout.sequences.shape[0]
-        chunk = -(-(pg.micro_batch or n) // g) * g  # whole groups, so each chunk runs its prompts once
-        if chunk < n:
+
+        def chunks() -> list[tuple[int, int]]:
+            spans, lengths = row_lengths(rollout.attention_mask, rollout.prompt_width, rollout.completion_mask)
+            return micro_batches(spans, lengths, pg.max_tokens_per_micro_batch, pg.micro_batch, g)
+
+        bounds = chunks()
+        if len(bounds) > 1:
             # groups ordered by their longest completion: each chunk then runs to its own longest reply (see
             # PolicyBank.token_logprobs), not the batch's; the loss is a mean over rows, so the order does not change it
             order = _groups_by_length(rollout.completion_mask, g)
             rollout, advantages = rollout.rows(order, g), advantages[order]
             ref = None if ref is None else ref[order]
             old = None if old is None else old[order]
+            bounds = chunks()
 
         def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
             part = rollout.rows(slice(start, stop))
@@ -210,7 +219,7 @@ class GRPO(LanguageModelGame):
                 None if ref is None else ref[start:stop],
             )
 
-        return self.accumulate(n, chunk, loss_of, total_rows=total)
+        return self.accumulate(bounds, loss_of, total_rows=total)
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -241,10 +250,14 @@ class GRPO(LanguageModelGame):
         with torch.no_grad():
             if pg.kl_coef > 0:
                 with self._timed("ref_logprobs"):
-                    ref = self.players.token_logprobs(None, roll, self.sampling.temperature, pg.logprob_micro_batch)
+                    ref = self.players.token_logprobs(
+                        None, roll, self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch
+                    )
             if pg.updates_per_batch > 1:
                 with self._timed("old_logprobs"):
-                    old = self.players.token_logprobs(PLAYER, roll, self.sampling.temperature, pg.logprob_micro_batch)
+                    old = self.players.token_logprobs(
+                        PLAYER, roll, self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch
+                    )
         for _ in range(pg.updates_per_batch):
             opt.zero_grad()
             with self._timed("backward"):

@@ -49,11 +49,11 @@ def test_fsdp2_generate_gathers_each_unit_once_per_call():
     assert stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_unit=")
 
 
-def test_logprob_memory_benchmark_measures_both_paths_at_tiny_size():
-    """``benchmarks/logprob_memory.py --tiny``: both paths run forward + backward, and its last line is the ratio."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+def _tiny(script: str) -> tuple[dict, list[str]]:
+    """Run a benchmark with ``--tiny``: its JSON line and its stdout's lines."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "logprob_memory.py"), "--tiny"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--tiny"],
         env=env,
         capture_output=True,
         text=True,
@@ -61,7 +61,12 @@ def test_logprob_memory_benchmark_measures_both_paths_at_tiny_size():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    result = json.loads(next(line for line in lines if line.startswith("{")))
+    return json.loads(next(line for line in lines if line.startswith("{"))), lines
+
+
+def test_logprob_memory_benchmark_measures_both_paths_at_tiny_size():
+    """``benchmarks/logprob_memory.py --tiny``: both paths run forward + backward, and its last line is the ratio."""
+    result, lines = _tiny("logprob_memory.py")
     assert result["full_peak_bytes"] >= result["one_fp32_logits_bytes"] > 0
     assert 0 < result["chunked_peak_bytes"] < result["full_peak_bytes"]  # chunks of 4 of 32 tokens
     name, ratio = lines[-1].split("=")
@@ -87,3 +92,18 @@ def test_judge_prefill_benchmark_prints_the_ratio_with_the_same_votes():
     assert row["same_texts"] and row["votes"] == 8 and row["before_s"] > 0 and row["after_s"] > 0
     assert row["speedup"] == pytest.approx(row["before_s"] / row["after_s"], rel=0.02)  # of the unrounded times
     assert proc.stdout.startswith("host: ")
+
+
+def test_token_budget_benchmark_measures_both_updates_at_tiny_size():
+    """``benchmarks/token_budget.py --tiny``: one update all rows at once and one in budget micro-batches, the same
+    gradients, the host, and the peak ratio as its last line."""
+    result, lines = _tiny("token_budget.py")
+    assert result["all_rows_micro_batch_tokens"] == [result["padded_tokens_all_rows"]] > [result["budget"]]
+    assert len(result["budget_micro_batch_tokens"]) > 1 and max(result["budget_micro_batch_tokens"]) <= result["budget"]
+    assert 0 < result["budget_peak_bytes"] < result["all_rows_peak_bytes"]
+    assert result["budget_loss"] == pytest.approx(result["all_rows_loss"], abs=1e-6) and result["all_rows_loss"] != 0
+    assert result["max_grad_diff"] <= 1e-6 < result["max_grad"]
+    assert any(line.startswith("host: ") for line in lines)
+    name, ratio = lines[-1].split("=")
+    assert name == "token_budget_mem_ratio_vs_all_rows"
+    assert float(ratio) == pytest.approx(result["budget_peak_bytes"] / result["all_rows_peak_bytes"], abs=1e-4)

@@ -50,6 +50,11 @@ CASES = [
     ("GRPO", {"reward_max_length": 0}, "reward_max_length must be at least 1, got 0"),
     ("GRPO", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
     ("GRPO", {"policy_gradient": {"group_size": 1}}, "policy_gradient.group_size must be at least 2, got 1"),
+    (
+        "GRPO",
+        {"policy_gradient": {"max_tokens_per_micro_batch": -1}},
+        "policy_gradient.max_tokens_per_micro_batch must be at least 0, got -1",
+    ),
     ("StackelbergPool", {"gamma": 0.0}, r"gamma must be in \(0.0, 1.0\], got 0.0"),
     ("StackelbergPool", {"gamma": 1.5}, r"gamma must be in \(0.0, 1.0\], got 1.5"),
     ("StackelbergPool", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),

@@ -33,6 +33,14 @@ class PolicyGradient:
             also run the backward per micro-batch, accumulating the gradients.
         logprob_micro_batch: Rows per forward without gradients: reference and sampling-policy log-probabilities
             (0: all at once).
+        max_tokens_per_micro_batch: Padded tokens (rows × the micro-batch's longest prompt + longest completion) per
+            forward, with and without gradients (0: no limit; :func:`modules.lm.micro_batches.micro_batches`, which
+            refuses a row longer than the budget alone). Both this and the row counts apply when both are set: every
+            micro-batch meets each limit given. In GRPO and the pool's followers, which run the backward per
+            micro-batch, it bounds the update's activations whatever the completions' lengths; debate self-play runs
+            one backward over its plies, so there it bounds each forward. Off by default: the right value is the
+            model's (its activations per token); for a 7B policy with 1,024-token completions on one H200 set 16,384
+            (docs/scaling.md has the arithmetic).
 
     Raises:
         ValueError: for a value out of range, naming the field.
@@ -45,9 +53,15 @@ class PolicyGradient:
     scale_advantages: bool = True
     micro_batch: int = 0
     logprob_micro_batch: int = 0
+    max_tokens_per_micro_batch: int = 0
 
     def __post_init__(self) -> None:
-        for name, minimum in (("group_size", 2), ("updates_per_batch", 1), ("micro_batch", 0)):
+        for name, minimum in (
+            ("group_size", 2),
+            ("updates_per_batch", 1),
+            ("micro_batch", 0),
+            ("max_tokens_per_micro_batch", 0),
+        ):
             if not getattr(self, name) >= minimum:
                 raise ValueError(f"policy_gradient.{name} must be at least {minimum}, got {getattr(self, name)!r}")
         if not self.logprob_micro_batch >= 0 or not self.kl_coef >= 0:

@@ -20,6 +20,7 @@ from torch import Tensor
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
 from alignment_games.modules.distributed import collectives
+from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.policy_bank import Rollout
 
 __all__ = ["FollowerTraining", "FollowerUpdates"]
@@ -171,16 +172,20 @@ class FollowerUpdates:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
             adv = rules.peer_score_advantages(rewards, pg.group_size, pg.scale_advantages).to(self.device)
             self.board.add_values(self, {"follower/reward_hist": rewards, "follower/advantage_hist": adv})
+            budget = pg.max_tokens_per_micro_batch
             with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
-                old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, pg.logprob_micro_batch)
+                old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, pg.logprob_micro_batch, budget)
                 if pg.kl_coef > 0:
-                    ref = self.bank(p).token_logprobs(None, out, self.sampling.temperature, pg.logprob_micro_batch)
+                    ref = self.bank(p).token_logprobs(
+                        None, out, self.sampling.temperature, pg.logprob_micro_batch, budget
+                    )
         owned = [collectives.owns(self._trainer, d) for d, _ in slots for _ in range(pg.group_size)]  # as `out`
         clipped: list[float] = []
         loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, clipped)
         batches = collectives.local_batches(owned, self.followers.batch_size)
         batches = [batch for batch in batches for _ in range(pg.updates_per_batch)]  # μ steps on each batch
-        losses = self._steps(p, opt, loss_fn, batches, pg.micro_batch)
+        lengths = row_lengths(out.attention_mask, out.prompt_width, out.completion_mask) if own else None
+        losses = self._steps(p, opt, loss_fn, batches, pg.micro_batch, lengths, pg.max_tokens_per_micro_batch)
         clipped = sum(collectives.gather_objects(self._trainer, clipped), [])
         everyone = [x for slot in slots for x in rollout_scores[slot]]
         stats = {f"follower/reward/{p}": sum(everyone) / len(everyone)}
@@ -200,29 +205,49 @@ class FollowerUpdates:
         clipped.append(float(st["clip_fraction"]))
         return loss * (b - a)
 
-    def _steps(self, p: str, opt: Any, loss_fn: Any, batches: list, micro: int | None = None) -> list[float]:
+    def _steps(
+        self,
+        p: str,
+        opt: Any,
+        loss_fn: Any,
+        batches: list,
+        micro: int | None = None,
+        lengths: tuple[list[int], list[int]] | None = None,
+        max_tokens: int = 0,
+    ) -> list[float]:
         """Follower ``p``'s optimizer steps, one per batch ``(global size, this rank's rows)``; the finite losses."""
-        totals = [self._step(p, opt, loss_fn, n, rows, micro) for n, rows in batches]
+        totals = [self._step(p, opt, loss_fn, n, rows, micro, lengths, max_tokens) for n, rows in batches]
         return [t for t in totals if t is not None]
 
     def _step(
-        self, player: str, opt: Any, loss_fn: Any, n: int, rows: tuple[int, int], micro: int | None
+        self,
+        player: str,
+        opt: Any,
+        loss_fn: Any,
+        n: int,
+        rows: tuple[int, int],
+        micro: int | None,
+        lengths: tuple[list[int], list[int]] | None = None,
+        max_tokens: int = 0,
     ) -> float | None:
         """One optimizer step of ``player`` on a batch of ``n`` items; ``loss_fn(lo, hi)`` gives their summed loss.
 
-        This rank computes its items ``rows`` in chunks of ``micro`` (default ``micro_batch``; 0: all), each chunk's
-        loss divided by the global ``n``; the gradients of every rank's share are summed over this player's adapter
-        alone. Not the base's ``accumulate``: DDP's reducer, which it relies on, expects every adapter's gradient from
-        one backward per forward, and the ranks' shares differ in size. Returns the loss, or ``None`` when it was not
-        finite on some rank (the step is skipped and counted).
+        This rank computes its items ``rows`` in chunks (:func:`~modules.lm.micro_batches.micro_batches`) of at most
+        ``micro`` items (default ``micro_batch``; 0: all) and, given the items' ``(prompt spans, completion lengths)``,
+        ``max_tokens`` padded tokens, each chunk's loss divided by the global ``n``; the gradients of every rank's
+        share are summed over this player's adapter alone. Not the base's ``accumulate``: DDP's reducer, which it
+        relies on, expects every adapter's gradient from one backward per forward, and the ranks' shares differ in
+        size. Returns the loss, or ``None`` when it was not finite on some rank (the step is skipped and counted).
         """
         a0, b0 = rows
-        chunk = (self.followers.micro_batch if micro is None else micro) or max(1, b0 - a0)
+        spans, counts = lengths or ([0] * b0, [0] * b0)
+        micro = self.followers.micro_batch if micro is None else micro
+        chunks = micro_batches(spans[a0:b0], counts[a0:b0], max_tokens if lengths else 0, micro)
         opt.zero_grad()
         total, finite = 0.0, True
         with self.gradient_sync(last=False):
-            for lo in range(a0, b0, chunk):
-                loss = loss_fn(lo, min(b0, lo + chunk)) / n
+            for lo, hi in chunks:
+                loss = loss_fn(a0 + lo, a0 + hi) / n
                 if not bool(torch.isfinite(loss.detach()).all()):
                     finite = False
                     break

@@ -30,6 +30,7 @@ from alignment_games.modules.lm.decoding import (
     preallocated_cache,
 )
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
+from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
 from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
@@ -532,47 +533,53 @@ class PolicyBank(nn.Module):
         return getattr(out, self._cache_arg(model)), out.logits
 
     def token_logprobs(
-        self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0
+        self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0, max_tokens: int = 0
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
         The model runs to its final hidden states only; the completion positions' logits are formed
         ``logit_chunk_tokens`` tokens at a time and recomputed in the backward (:mod:`modules.lm.logprobs`), so no
-        ``[N, C, V]`` logits are ever held. ``micro_batch`` rows at a time go through the decoder together. Rows in
+        ``[N, C, V]`` logits are ever held. Rows go through the decoder in the chunks of
+        :func:`~modules.lm.micro_batches.micro_batches`: at most ``micro_batch`` rows and ``max_tokens`` padded tokens
+        each (``policy_gradient.max_tokens_per_micro_batch``; both apply when both are set, 0: no limit). Rows in
         groups sharing one prompt (``rollout.group_size`` G > 1) run the prompt once per group (micro-batches rounded
-        up to whole groups). Each micro-batch runs only up to its longest completion (the columns after it are padding
-        in all its rows), so micro-batches of similar lengths skip the padding a long reply elsewhere forces on the
-        batch. Gradients flow unless called under ``no_grad``; ``player=None`` is the frozen reference (adapters
-        disabled).
+        up to whole groups). Each micro-batch runs only the columns its rows use: from its longest prompt's first token
+        (the columns before are left padding in all its rows) to its longest completion (the columns after are
+        padding in all its rows), so micro-batches of similar lengths skip the padding long rows elsewhere force on
+        the batch. Exact: positions come from each full row's mask (passed as ``position_ids``) and the dropped columns
+        are masked out of every attention. Gradients flow unless called under ``no_grad``; ``player=None`` is the
+        frozen reference (adapters disabled).
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)
         n, c = seq.shape[0], seq.shape[1] - width
         g = rollout.group_size if self.share_prompts and width > 0 and n % max(rollout.group_size, 1) == 0 else 1
-        step = micro_batch or n
-        step = -(-step // g) * g  # whole groups per chunk
-        pos_all = (att.cumsum(dim=1) - 1).clamp_min(0)
+        spans, lengths = row_lengths(att, width, cmask)
+        pos_all = (att.cumsum(dim=1) - 1).clamp_min(0)  # from the full rows: dropping padding columns keeps them
         out = []
         with self._use(player) as model:
-            for i in range(0, n, step):
-                # the chunk's columns up to its longest completion: later ones are padding in every row of it
-                last = width + max(int(cmask[i : i + step].sum(dim=1).max()), 1)
-                s, a, pos = seq[i : i + step, :last], att[i : i + step, :last], pos_all[i : i + step, :last]
+            for i, j in micro_batches(spans, lengths, max_tokens, micro_batch, g):
+                # the chunk's columns: from its longest prompt (at least one prompt column, which predicts the first
+                # completion token) to its longest completion; the others are padding in every row of it
+                start = max(0, min(width - max(spans[i:j]), width - 1))
+                cols, p = max(max(lengths[i:j]), 1), width - start
+                s, a, pos = (x[i:j, start : width + cols] for x in (seq, att, pos_all))
+                k = g if i % g == 0 and (j - i) % g == 0 else 1  # whole groups (a group over the budget is cut)
                 with head_inputs(model) as seen:
-                    if g > 1:
+                    if k > 1:
                         # the prompt once per group: its cache and the state predicting the first completion token
-                        cache, _ = self._prompt_forward(model, s[::g], a[::g], width)
-                        cache.batch_repeat_interleave(g)
+                        cache, _ = self._prompt_forward(model, s[::k], a[::k], p)
+                        cache.batch_repeat_interleave(k)
                         kw = {self._cache_arg(model): cache}
-                        model(input_ids=s[:, width:], attention_mask=a, position_ids=pos[:, width:], **kw)
+                        model(input_ids=s[:, p:], attention_mask=a, position_ids=pos[:, p:], **kw)
                         first, tail = seen
-                        hidden = torch.cat([first.repeat_interleave(g, dim=0), tail[:, :-1]], dim=1)
+                        hidden = torch.cat([first.repeat_interleave(k, dim=0), tail[:, :-1]], dim=1)
                     else:
                         # the chunk's last C' + 1 positions: P − 1 … P + C' − 1 predict its C' completion columns
-                        model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=last - width + 1)
+                        model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=cols + 1)
                         hidden = seen[0][:, :-1]
-                lp = head_token_logprobs(model, hidden, s[:, width:], temperature, self.logit_chunk_tokens)
-                lp = lp * cmask[i : i + step, : last - width]
+                lp = head_token_logprobs(model, hidden, s[:, p:], temperature, self.logit_chunk_tokens)
+                lp = lp * cmask[i:j, :cols]
                 out.append(torch.nn.functional.pad(lp, (0, c - lp.shape[1])))
         return torch.cat(out)
 

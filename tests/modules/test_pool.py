@@ -281,6 +281,47 @@ def test_grpo_followers_take_updates_per_batch_steps_on_each_batch(tiny_lm_dir, 
     assert once and [(p, n) for m, p, n in steps if m == 3] == [x for x in once for _ in range(3)]
 
 
+def test_grpo_followers_with_a_token_budget_train_as_without(tiny_lm_dir, tmp_path, short_pool, monkeypatch):
+    """``followers.policy_gradient.max_tokens_per_micro_batch``: each batch of a follower's rollouts runs in
+    micro-batches of at most the budget's padded tokens (here the longest row's, so several a batch), and each
+    follower's first step has the unchunked run's gradients (the chunks' summed losses make the batch's; later steps
+    start from weights AdamW moved by float-rounding-sized differences)."""
+    import alignment_games.modules.training.pool_followers as pf
+
+    chunks, real = [], pf.micro_batches
+    monkeypatch.setattr(pf, "micro_batches", lambda *a, **k: chunks.append((a, k, real(*a, **k))) or chunks[-1][2])
+    firsts = []
+    for budget in (0, None):
+        if budget is None:  # the longest row of the first run (the second samples the same rows)
+            budget = max(s + max(c, 1) for (spans, counts, *_), _, _ in chunks for s, c in zip(spans, counts))
+            chunks.clear()
+        L.seed_everything(0)
+        pg = PolicyGradient(group_size=2, clip=0.2, max_tokens_per_micro_batch=budget)
+        followers = FollowerTraining("grpo", lr=5e-2, batch_size=4, policy_gradient=pg)
+        module = StackelbergPool(
+            lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **{**SMALL, "followers": followers}
+        )
+        first, step = {}, module.optimizer_step
+
+        def recorded(opt, params=None, _first=first, _step=step):
+            _first.setdefault(id(opt), [p.grad.clone() for p in params])
+            return _step(opt, params)
+
+        module.optimizer_step = recorded
+        _fit(module, short_pool, tmp_path=tmp_path)
+        firsts.append(list(first.values()))
+    batches = [out for *_, out in chunks if out]
+    assert batches and all(len(out) > 1 for out in batches)  # every batch cut, none refused
+    for (spans, counts, max_tokens, *_), _, out in chunks:
+        assert max_tokens == budget
+        assert all((b - a) * (max(spans[a:b]) + max(max(counts[a:b]), 1)) <= budget for a, b in out)
+    assert len(firsts[0]) == len(firsts[1]) > 0
+    for whole, cut in zip(*firsts):
+        assert any(g.abs().sum() > 0 for g in whole)
+        for g_whole, g_cut in zip(whole, cut, strict=True):
+            torch.testing.assert_close(g_cut, g_whole, rtol=0, atol=1e-6)
+
+
 def test_followers_policy_gradient_from_checkpoint_hparams():
     """A checkpoint's hparams hold the nested group as a dict: it comes back as the group; an unknown field is named."""
     followers = FollowerTraining("grpo", policy_gradient=PolicyGradient(group_size=3, kl_coef=0.5))

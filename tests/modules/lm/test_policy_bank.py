@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers.logprob_grads import logprobs_and_grads
 from transformers import AutoModelForCausalLM
 
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -272,9 +273,10 @@ def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concate
 
 @pytest.mark.parametrize("share_prompts", [True, False])
 def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_decoder_dir, share_prompts):
-    """Group 0's replies are cut to 2 tokens: its micro-batch runs 2 completion columns, not the batch's 8, with the
-    log-probabilities and gradients of the untrimmed batch; with each group's prompt run once (``share_prompts``) and
-    with every row run whole (the path of rollouts without groups, as a debate's forked plies)."""
+    """Group 0's replies are cut to 2 tokens: its micro-batch runs 2 completion columns, not the batch's 8, and only
+    its own short prompt's columns, not the long prompt's left padding, with the log-probabilities and gradients of the
+    untrimmed batch; with each group's prompt run once (``share_prompts``) and with every row run whole (the path of
+    rollouts without groups, as a debate's forked plies)."""
     from dataclasses import replace
 
     bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
@@ -295,21 +297,17 @@ def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_decoder_dir, 
     embed = bank.model.get_base_model().get_input_embeddings()
     hook = embed.register_forward_hook(lambda m, a, o: widths.append(a[0].shape[1]))
 
-    def run(micro):
-        bank.zero_grad(set_to_none=True)
-        lp = bank.token_logprobs("policy", roll, temperature=0.8, micro_batch=micro)
-        (lp * torch.linspace(-1, 1, lp.shape[1])).sum().backward()
-        return lp.detach(), {n: p.grad.clone() for n, p in bank.named_parameters() if p.grad is not None}
-
-    whole, whole_grads = run(0)
+    whole, whole_grads = logprobs_and_grads(bank, "policy", roll)
     widths.clear()
-    chunked, chunked_grads = run(2)
+    chunked, chunked_grads = logprobs_and_grads(bank, "policy", roll, micro_batch=2)
     hook.remove()
     assert chunked.shape == whole.shape == (4, 8)
+    short = int(roll.attention_mask[0, : roll.prompt_width].sum())  # the long prompt fills the prompt's width
+    assert short < roll.prompt_width - 10 and widths[-1] == (8 if share_prompts else roll.prompt_width + 8)
     if share_prompts:
-        assert widths[1] == 2 and widths[3] == 8  # each group: its prompt, then its completion columns
+        assert widths == [short, 2, roll.prompt_width, 8]  # each group: its prompt, then its completion columns
     else:
-        assert widths == [roll.prompt_width + 2, roll.prompt_width + 8]  # each micro-batch: prompt and its columns
+        assert widths == [short + 2, roll.prompt_width + 8]  # each micro-batch: its prompt and its columns
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
     for name, grad in whole_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6)
