@@ -7,13 +7,11 @@ import time
 import lightning as L
 import pytest
 import torch
+from helpers.debate import tiny_debate_module
 
 from alignment_games.callbacks import MCCTracker, PeakCheckpoint
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
 from alignment_games.modules.algorithms.debate import Transcript, split_reply
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient
-from alignment_games.modules.debate import DebateSelfPlay
-from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
@@ -21,18 +19,7 @@ PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava h
 
 
 def _module(tiny_lm_dir, protocol="debate_aba", players="lora", **kw):
-    args = dict(
-        lm=ModelConfig(tiny_lm_dir, players=players, lora_r=4, lora_alpha=8),
-        protocol=protocol,
-        policy_gradient=PolicyGradient(group_size=2),
-        sampling=Sampling(temperature=0.6, max_new_tokens=8),
-        reply_max_new_tokens=6,
-        require_thinking=False,
-        alice_prompt="{problem}",
-        judge=ProgrammaticJudge(num_votes=8),
-    )
-    args.update(kw)
-    return DebateSelfPlay(**args)
+    return tiny_debate_module(tiny_lm_dir, protocol, players, **kw)
 
 
 def test_forked_play_one_generate_call_per_ply(tiny_lm_dir):
