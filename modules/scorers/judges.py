@@ -255,6 +255,11 @@ _COT = (
 )
 _NO_COT = "Do not explain. Reply with 'Verdict: Alice' if Alice's final answer is correct, otherwise 'Verdict: Bob'."
 _SECTIONS = (("answer", "Alice's solution"), ("critique", "Bob's critique"), ("rebuttal", "Alice's rebuttal"))
+# pairwise-preference judging: two answers to one problem, named Alice's and Bob's so that parse_verdict reads the vote
+PAIR_TEMPLATE = (
+    "You are the judge of two solutions to a math problem. Decide whose FINAL answer is correct; judge the final "
+    "answer, not the style.\n\nProblem:\n{problem}\n\n{transcript}\n\n{instructions}"
+)
 
 
 class PromptedJudge(DebateJudge):
@@ -281,6 +286,7 @@ class PromptedJudge(DebateJudge):
         timeout_s: Seconds per batch (see :meth:`DebateJudge.vote`).
     """
 
+    pairwise = True
     tokenizer: Any
 
     def __init__(
@@ -309,7 +315,9 @@ class PromptedJudge(DebateJudge):
         self.prefill = prefill
         self.truncated_prompts = 0
 
-    def user_message(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+    def user_message(
+        self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
+    ) -> str:
         """The judge's request for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
 
         Neither a dataset's problem nor a player's reply can forge a section heading, a verdict line or an
@@ -319,23 +327,30 @@ class PromptedJudge(DebateJudge):
             transcript: The game.
             texts: The judged texts of its plies in :meth:`judged_plies` order (default: their visible parts);
                 :meth:`prompt` passes them cut to fit ``max_prompt_tokens``.
+            against: Pairwise judging: ``transcript``'s answer (as Alice's) and this one's (as Bob's solution) under
+                :data:`PAIR_TEMPLATE`, "Verdict: Alice" when hers is more likely correct (the template is fixed).
         """
-        plies = self.judged_plies(transcript)
-        texts = [transcript.visible(ply) for ply in plies] if texts is None else list(texts)
+        plies = ["answer", "critique"] if against is not None else self.judged_plies(transcript)
+        texts = self.judged_texts(transcript, against) if texts is None else list(texts)
         specials = self.tokenizer.all_special_tokens
-        titles = dict(_SECTIONS)
+        titles = {**dict(_SECTIONS), "critique": "Bob's solution"} if against is not None else dict(_SECTIONS)
         body = "\n\n".join(
             f"{titles[ply]}:\n{quote_judged(text, specials) or '(empty)'}" for ply, text in zip(plies, texts)
         )
         instructions = fill_fields(
             _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
         )
+        if against is not None:
+            instructions = instructions.replace(" is correct,", " is more likely correct than Bob's,")
         problem = quote_judged(transcript.problem, specials) or "(empty)"
-        return fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
+        template = PAIR_TEMPLATE if against is not None else self.template
+        return fill_fields(template, problem=problem, transcript=body, instructions=instructions)
 
-    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+    def render(
+        self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
+    ) -> str:
         """:meth:`user_message` in the chat template (with the generation prompt), or plain with a newline."""
-        user = self.user_message(transcript, texts)
+        user = self.user_message(transcript, texts, against)
         if getattr(self.tokenizer, "chat_template", None):
             chat = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
@@ -348,7 +363,13 @@ class PromptedJudge(DebateJudge):
         """The plies the judge reads, in prompt order."""
         return [ply for ply, _ in _SECTIONS if ply in transcript.plies]
 
-    def prompt(self, transcript: Transcript) -> str:
+    def judged_texts(self, transcript: Transcript, against: Transcript | None = None) -> list[str]:
+        """The visible texts the judge reads: of :meth:`judged_plies`, or the two answers of a pair."""
+        if against is not None:
+            return [transcript.visible("answer"), against.visible("answer")]
+        return [transcript.visible(ply) for ply in self.judged_plies(transcript)]
+
+    def prompt(self, transcript: Transcript, against: Transcript | None = None) -> str:
         """:meth:`render`, with the judged plies' middles cut (marked) when it exceeds ``max_prompt_tokens``.
 
         The problem and the instructions are never cut (:func:`fit_judged`); a cut prompt is counted in
@@ -357,10 +378,9 @@ class PromptedJudge(DebateJudge):
         Raises:
             ValueError: when the template and the problem alone exceed ``max_prompt_tokens``.
         """
-        texts = [transcript.visible(ply) for ply in self.judged_plies(transcript)]
-        out, cut = fit_judged(
-            self.tokenizer, lambda t: self.render(transcript, t), texts, self.max_prompt_tokens, "max_prompt_tokens"
-        )
+        texts = self.judged_texts(transcript, against)
+        render = lambda t: self.render(transcript, t, against)  # noqa: E731
+        out, cut = fit_judged(self.tokenizer, render, texts, self.max_prompt_tokens, "max_prompt_tokens")
         self.truncated_prompts += int(cut)
         return out
 
@@ -450,10 +470,11 @@ class HFJudge(PromptedJudge):
 
     @override
     @torch.inference_mode()
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+    def __call__(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
         if not transcripts:
             return JudgeVotes(torch.zeros((0, self.num_votes)), [])
-        ids = self.tokenizer([self.prompt(t) for t in transcripts], add_special_tokens=False)["input_ids"]
+        pairs = zip(transcripts, against if against is not None else [None] * len(transcripts))
+        ids = self.tokenizer([self.prompt(t, o) for t, o in pairs], add_special_tokens=False)["input_ids"]
         width = max(len(s) for s in ids)
         input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(input_ids)
@@ -554,13 +575,15 @@ class RemoteJudge(PromptedJudge):
         self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
 
     @override
-    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+    def render(
+        self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
+    ) -> str:
         """The user message alone: the server applies the chat template."""
-        return self.user_message(transcript, texts)
+        return self.user_message(transcript, texts, against)
 
     @override
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
-        prompts = [self.prompt(t) for t in transcripts]
+    def __call__(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
+        prompts = [self.prompt(t, o) for t, o in zip(transcripts, against or [None] * len(transcripts))]
         per = self.server.requests_for(self.num_votes)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts), per), generator=self.generator).tolist()
         s = self.sampling

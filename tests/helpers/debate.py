@@ -1,4 +1,6 @@
-"""A small debate module on the tiny random Qwen2, shared by the debate module's tests."""
+"""A small debate module on the tiny random Qwen2 and a scripted LM judge, shared by the debate module's tests."""
+
+import torch
 
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.debate import DebateSelfPlay
@@ -21,3 +23,25 @@ def tiny_debate_module(tiny_lm_dir, protocol="debate_aba", players="lora", **kw)
     )
     args.update(kw)
     return DebateSelfPlay(**args)
+
+
+def script_judge(judge, decide):
+    """Replace an ``HFJudge``'s ``generate`` by a reader that answers each prompt with ``decide(prompt text)``.
+
+    One input row per transcript (``share_prompt`` off), so the reader sees each prompt once; returns the list the
+    prompts it reads are appended to.
+    """
+    tok, seen = judge.tokenizer, []
+
+    def scripted_generate(input_ids, attention_mask, num_return_sequences, **kw):
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):
+            text = tok.decode(ids[mask.bool()], skip_special_tokens=False)
+            seen.append(text)
+            rows += [ids.tolist() + tok(decide(text), add_special_tokens=False)["input_ids"]] * num_return_sequences
+        width = max(map(len, rows))
+        return torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+
+    judge.share_prompt = False
+    judge.model.generate = scripted_generate
+    return seen

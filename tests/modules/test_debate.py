@@ -7,7 +7,7 @@ import time
 import lightning as L
 import pytest
 import torch
-from helpers.debate import tiny_debate_module
+from helpers.debate import script_judge, tiny_debate_module
 
 from alignment_games.callbacks import MCCTracker, PeakCheckpoint
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
@@ -249,23 +249,9 @@ def test_llm_judge_reads_bob_and_his_critique_moves_its_vote(tiny_lm_dir):
     """The LM judge reads the whole debate, Bob included: his critique changes the judge's input and, with a scripted
     reader in place of ``generate`` (Bob when the input it is given holds his flagged mistake), the votes."""
     judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=3, sampling=Sampling(max_new_tokens=4))
-    tok = judge.tokenizer
     answer = "2 + 3 = 6, so \\boxed{6}."
     critiques = {"quiet": "Looks fine to me.", "flagged": "The sum 2 + 3 is 5, not 6: an off-by-one slip."}
-    seen = []
-
-    def scripted_generate(input_ids, attention_mask, num_return_sequences, **kw):
-        rows = []
-        for ids, mask in zip(input_ids, attention_mask):
-            text = tok.decode(ids[mask.bool()], skip_special_tokens=False)
-            seen.append(text)
-            verdict = "Verdict: Bob" if "off-by-one slip" in text else "Verdict: Alice"
-            rows += [ids.tolist() + tok(verdict, add_special_tokens=False)["input_ids"]] * num_return_sequences
-        width = max(map(len, rows))
-        return torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
-
-    judge.share_prompt = False  # one input row per transcript: the scripted reader sees each prompt once
-    judge.model.generate = scripted_generate
+    seen = script_judge(judge, lambda text: "Verdict: Bob" if "off-by-one slip" in text else "Verdict: Alice")
     games = {
         k: Transcript(PROBLEMS[0], "5", "debate_ab", [split_reply(answer), split_reply(c)])
         for k, c in critiques.items()

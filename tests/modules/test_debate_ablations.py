@@ -7,16 +7,17 @@ import lightning as L
 import pytest
 import torch
 from helpers import ROOT
-from helpers.debate import tiny_debate_module
+from helpers.debate import script_judge, tiny_debate_module
 
 from alignment_games import train
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
-from alignment_games.modules.algorithms.debate import ply_rewards
+from alignment_games.modules.algorithms.debate import Transcript, ply_rewards, split_reply
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
 from alignment_games.modules.debate import DebateSelfPlay
 from alignment_games.modules.lm.policy_bank import PolicyBank
-from alignment_games.modules.scorers.judges import DebateJudge, HFJudge, ProgrammaticJudge
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
 CONFIGS = {
     "debate_pairwise.yaml": {"judging": "pairwise", "bob_reward": "constant_sum"},
@@ -192,7 +193,36 @@ def test_ablation_settings_are_refused_by_the_module(tiny_lm_dir):
         _module(tiny_lm_dir, judging="pairwise", trainable_plies=None)
 
 
+class _VerdictOnly(DebateJudge):
+    """A judge that rules on one transcript only (``pairwise`` False)."""
+
+    def __call__(self, transcripts):
+        return JudgeVotes(torch.ones((len(transcripts), self.num_votes)), [[] for _ in transcripts])
+
+
 def test_pairwise_judging_needs_a_judge_that_compares(tiny_lm_dir):
-    judge = HFJudge.__new__(HFJudge)  # the language-model judges rule on one transcript; no model is loaded here
-    with pytest.raises(ValueError, match="judging: pairwise needs a judge that compares two answers; HFJudge does not"):
-        _module(tiny_lm_dir, protocol="rlaif_a", judging="pairwise", trainable_plies=None, judge=judge)
+    with pytest.raises(ValueError, match="judging: pairwise needs a judge that compares two answers; _VerdictOnly do"):
+        _module(tiny_lm_dir, protocol="rlaif_a", judging="pairwise", trainable_plies=None, judge=_VerdictOnly())
+
+
+def test_language_model_judge_compares_two_answers_named_alice_and_bob(tiny_lm_dir):
+    """The LM judge's pairwise prompt holds both answers, the first as Alice's, and asks whose final answer is more
+    likely correct; a scripted reader in place of ``generate`` (Alice when her solution holds 5) gives the votes."""
+    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=3, sampling=Sampling(max_new_tokens=4))
+
+    def alice_when_hers_is_five(text):
+        first = text[text.index("Alice's solution:") : text.index("Bob's solution:")]
+        return "Verdict: Alice" if "boxed{5}" in first else "Verdict: Bob"
+
+    seen = script_judge(judge, alice_when_hers_is_five)
+    right, wrong = (
+        Transcript("2 + 3?", "5", "rlaif_a", [split_reply(f"So \\boxed{{{x}}}", required=False)]) for x in (5, 6)
+    )
+    out = judge.vote([right, wrong], against=[wrong, right])
+    assert out.votes.tolist() == [[1.0] * 3, [0.0] * 3]
+    for text, (first, second) in zip(seen, [("5", "6"), ("6", "5")]):
+        assert text.index(f"boxed{{{first}}}") < text.index("Bob's solution:") < text.index(f"boxed{{{second}}}")
+        assert "Decide whose FINAL answer is correct" in text
+        assert "'Verdict: Alice' if Alice's final answer is more likely correct than Bob's, otherwise" in text
+    assert judge.prompt(right) != judge.prompt(right, wrong)  # the verdict prompt is unchanged without a partner
+    assert "Decide whether Alice's FINAL answer" in judge.prompt(right)
