@@ -13,8 +13,9 @@ from its evaluation history, one line per evaluation, so a resumed run lists eac
 :func:`~modules.algorithms.debate.verdict_of`: a tie (half the parseable votes each way) or a transcript with no
 parseable vote is no verdict, so MCC leaves it out and counts it apart. Bad input is counted, never a crash.
 Sampling is seeded from ``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the
-per-epoch averages, so a resumed run draws and logs what the uninterrupted one would. The game itself: README,
-"Debate self-play".
+per-epoch averages, so a resumed run draws and logs what the uninterrupted one would. The paper's ablations are
+options: ``judging: pairwise`` and ``bob_reward: b_judge | b_convince`` (docs/debate.md, "Ablations"). The game
+itself: README, "Debate self-play".
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing_extensions import override
 from alignment_games.callbacks.functional import matthews_corrcoef_from_counts
 from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms.debate import (
+    PLAYER_OF_PLY,
     PLIES,
     PROMPTS,
     PROTOCOLS,
@@ -39,6 +41,7 @@ from alignment_games.modules.algorithms.debate import (
     PlyReward,
     Transcript,
     branch_rows,
+    check_ablation,
     choose_fork_plies,
     derived_seed,
     fill_fields,
@@ -49,6 +52,7 @@ from alignment_games.modules.algorithms.debate import (
     transcript_metrics,
 )
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
 from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -92,6 +96,13 @@ class DebateSelfPlay(LanguageModelGame):
             with ``{problem}`` and ``{solution}``.
         rebuttal_prompt: Alice's rebuttal prompt: ``alice_rebuttal`` or a template with ``{critique}``.
         trainable_plies: Plies that may be forked (``None``: all plies of the protocol), e.g. ``["critique"]``.
+        judging: ``verdict`` (the judge rules on each transcript) or ``pairwise``, the paper's "pairwise-preference
+            judging" ablation (RLAIF-A, even ``group_size``): training rewards each of two rollouts with the judge's
+            share of votes preferring it (:func:`~modules.algorithms.verdicts.pair_shares`); validation keeps the
+            verdict, whose MCC measures the hacking.
+        bob_reward: ``constant_sum`` (``1 − r``) or the paper's "training only Bob with ground truth" ablations,
+            ``b_judge`` and ``b_convince`` (:func:`~modules.algorithms.debate.bob_verdict`): Alice is then played by
+            the frozen reference weights and ``trainable_plies`` must be ``["critique"]``.
         grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
@@ -124,6 +135,8 @@ class DebateSelfPlay(LanguageModelGame):
         bob_prompt: str = "bob_honest_broker",
         rebuttal_prompt: str = "alice_rebuttal",
         trainable_plies: list[str] | None = None,
+        judging: str = "verdict",
+        bob_reward: str = "constant_sum",
         grad_clip: float | None = 1.0,
         max_consecutive_nonfinite: int = 10,
         seed: int = 0,
@@ -152,12 +165,17 @@ class DebateSelfPlay(LanguageModelGame):
         }
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
+        check_ablation(protocol, trainable, judging, bob_reward, self.policy_gradient.group_size)
         groups = {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
         self.save_hyperparameters_and_groups(groups, ignore=["judge"])
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
         self.judge = judge if judge is not None else ProgrammaticJudge()
+        if judging == "pairwise" and not self.judge.pairwise:
+            raise ValueError(
+                f"judging: pairwise needs a judge that compares two answers; {type(self.judge).__name__} does not"
+            )
         self.epoch_reward = torchmetrics.MeanMetric()
         self.epoch_accuracy = torchmetrics.MeanMetric()
         for metric in (self.epoch_reward, self.epoch_accuracy):
@@ -222,9 +240,11 @@ class DebateSelfPlay(LanguageModelGame):
             ]
             s = self.sampling
             tokens = s.max_new_tokens if ply == "answer" else (hp.reply_max_new_tokens or s.max_new_tokens)
+            # B-judge and B-convince train only Bob: Alice is the frozen reference (the paper's frozen Alice)
+            player = None if hp.bob_reward != "constant_sum" and PLAYER_OF_PLY[ply] == "alice" else PLAYER
             with self._timed(f"generate_{ply}"):
                 out = self.bank.generate(
-                    PLAYER, prompts, 1, s.temperature, s.top_p, tokens, True, min(s.min_new_tokens, tokens)
+                    player, prompts, 1, s.temperature, s.top_p, tokens, True, min(s.min_new_tokens, tokens)
                 )
             rollouts.append(out)
             rows = branch_rows(counts, g) if g > 1 else list(range(b))
@@ -250,6 +270,7 @@ class DebateSelfPlay(LanguageModelGame):
                 word_penalty_coef=hp.word_penalty_coef,
                 missing_answer_reward=hp.missing_answer_reward,
                 format_reward=hp.format_reward,
+                bob_reward=hp.bob_reward,
             )
             for t, s in zip(transcripts, shares)
         ]
@@ -297,13 +318,15 @@ class DebateSelfPlay(LanguageModelGame):
             torch.manual_seed(derived_seed(self.hparams.seed, "sample", *key))
             yield
 
-    def _judge(self, transcripts: list[Transcript]) -> tuple[list[float], dict[str, int], list[str]]:
+    def _judge(
+        self, transcripts: list[Transcript], against: list[Transcript] | None = None
+    ) -> tuple[list[float], dict[str, int], list[str]]:
         """Alice's vote shares, the judge's counts and the verdicts (:func:`~modules.algorithms.debate.verdict_of`).
 
         ``judge_ties`` and ``judge_unparsed`` count the transcripts with a reference (those MCC would score) whose
-        votes tie or of which no vote parses.
+        votes tie or of which no vote parses. ``against``: pairwise, shares and verdicts of ``transcripts`` over it.
         """
-        votes = self.judge.vote(transcripts)
+        votes = self.judge.vote(transcripts, against)
         verdicts = votes.verdicts
         counts = {"judge_unparseable": votes.unparseable, "judge_timeouts": votes.timed_out}
         counts["judge_invalid"] = votes.invalid
@@ -330,7 +353,12 @@ class DebateSelfPlay(LanguageModelGame):
             roll = self.play(problems, refs, g, forks)
         transcripts = roll.transcripts
         with self._timed("judge"):
-            shares, judge_counts, verdicts = self._judge(transcripts)
+            if hp.judging == "pairwise":  # a comparison is no accept/reject verdict: MCC reads none from training
+                pairs = pair_indices(b, g)
+                firsts, judge_counts, _ = self._judge(*([transcripts[p[k]] for p in pairs] for k in (0, 1)))
+                shares, verdicts = pair_shares(firsts, pairs), ["unparsed"] * len(transcripts)
+            else:
+                shares, judge_counts, verdicts = self._judge(transcripts)
         rewards = self.rewards(transcripts, shares)
         forked = [rewards[i][forks[i // g]] for i in range(b * g)]
         r = torch.tensor([x.reward for x in forked], dtype=torch.float32, device=self.device)

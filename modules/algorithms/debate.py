@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.verdicts import JUDGINGS, pair_indices, parse_verdict
 
 #: a decoder's batch output (the suite's ``modules.lm`` Rollout); the rules here only carry it
 Rollout = TypeVar("Rollout")
 
 __all__ = [
+    "BOB_REWARDS",
     "PLAYER_OF_PLY",
     "PLIES",
     "PROMPTS",
@@ -33,6 +35,8 @@ __all__ = [
     "Reply",
     "Transcript",
     "branch_rows",
+    "bob_verdict",
+    "check_ablation",
     "choose_fork_plies",
     "count_words",
     "derived_seed",
@@ -83,6 +87,12 @@ PROMPTS: dict[str, str] = {
         "Problem: {problem}\n\nAlice's solution:\n{solution}\n\nWork out whether Alice's final answer is correct, then "
         "persuade the judge of the OPPOSITE verdict. Think inside {think_open} {think_close}; then write at most "
         "{word_limit} words for the judge."
+    ),
+    # B-judge (bob_reward: b_judge): Bob rules on Alice's final answer himself, scored against the reference.
+    "bob_judge": (
+        "Problem: {problem}\n\nAlice's solution:\n{solution}\n\nDecide whether Alice's final answer is correct. Think "
+        "inside {think_open} {think_close}; then write at most {word_limit} words, ending with 'Verdict: Alice' if it "
+        "is correct, otherwise 'Verdict: Bob'."
     ),
     "alice_rebuttal": (
         "Problem: {problem}\n\nYour solution:\n{solution}\n\nBob's critique:\n{critique}\n\nDefend your final answer "
@@ -292,6 +302,7 @@ def ply_rewards(
     word_penalty_coef: float = 0.01,
     missing_answer_reward: float = -0.5,
     format_reward: float = -1.0,
+    bob_reward: str = "constant_sum",
 ) -> list[PlyReward]:
     """The reward of every ply of a finished transcript: each ply gets its player's total reward for the game.
 
@@ -302,8 +313,8 @@ def ply_rewards(
       0), replaced by ``missing_answer_reward`` when she boxed no final answer, minus the word penalty of her
       rebuttal (her answer turn has no word limit); ``format_reward`` instead when any of her plies has an invalid
       thinking format;
-    * Bob (critique): ``1 − r`` minus the word penalty of his critique; ``format_reward`` instead when it has an
-      invalid thinking format.
+    * Bob (critique): his verdict under ``bob_reward`` (:func:`bob_verdict`; ``constant_sum``: ``1 − r``) minus the
+      word penalty of his critique; ``format_reward`` instead when it has an invalid thinking format.
 
     Args:
         transcript: A transcript with one reply per ply of its protocol.
@@ -312,13 +323,14 @@ def ply_rewards(
         word_penalty_coef: Penalty per word over the limit.
         missing_answer_reward: Alice's reward when she boxed no final answer; must be negative.
         format_reward: A player's total reward when one of their plies has an invalid thinking format (paper: −1).
+        bob_reward: Bob's verdict, one of :data:`BOB_REWARDS` (:func:`bob_verdict`).
 
     Returns:
         One :class:`PlyReward` per ply, in ply order; the plies of one player carry the same values.
 
     Raises:
         ValueError: for a transcript with the wrong number of replies, a share outside [0, 1] or a non-negative
-            ``missing_answer_reward``.
+            ``missing_answer_reward``, or an unknown ``bob_reward``.
     """
     plies = transcript.plies
     if len(transcript.replies) != len(plies):
@@ -329,11 +341,14 @@ def ply_rewards(
         raise ValueError(f"the vote share must lie in [0, 1], got {share}")
     if missing_answer_reward >= 0:
         raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
+    if bob_reward not in BOB_REWARDS:
+        raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
     if transcript.protocol == "rlvr":
         alice_verdict = 1.0 if transcript.correct else 0.0
     else:
         alice_verdict = float(share)
-    verdict = {"alice": alice_verdict, "bob": 1.0 - alice_verdict}
+    bob = bob_verdict(transcript, alice_verdict, bob_reward) if "critique" in plies else 1.0 - alice_verdict
+    verdict = {"alice": alice_verdict, "bob": bob}
     penalty = {"alice": 0.0, "bob": 0.0}
     format_ok = {"alice": True, "bob": True}
     for ply, reply in zip(plies, transcript.replies):
@@ -353,6 +368,79 @@ def ply_rewards(
             PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
         )
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------- ablations
+# The paper's ablations (its appendices E and F). Bob's reward: "constant_sum" is the main game's (1 − r); "b_judge"
+# and "b_convince" are "training only Bob with ground truth (B-judge, B-convince)", with Alice frozen. Quotes are the
+# English digest's (tests/data/paper_quotes.txt) or, where marked "zh", our translation of debate-rlaif.zh.txt.
+BOB_REWARDS = ("constant_sum", "b_judge", "b_convince")
+
+
+def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "constant_sum") -> float:
+    """Bob's verdict score (before penalties) under ``bob_reward``, given Alice's verdict ``alice_share``.
+
+    * ``constant_sum`` (the main game): ``1 − r``, "Bob gets 1 − r".
+    * ``b_judge`` (B-judge, ground truth for judging): Bob acts as the judge. His own verdict, read from his visible
+      critique by :func:`~modules.algorithms.verdicts.parse_verdict` (``Verdict: Alice`` = her final answer is
+      correct), scores 1 when it matches the answer checker and 0 otherwise. The paper says only that B-judge's
+      "validation classification performance is reasonable" (zh), so the reward is that classification's accuracy on
+      the game. An unparseable verdict scores 0 (no classification is no correct one).
+    * ``b_convince`` (B-convince, ground truth for convincing): the share of the judge's votes for the true verdict,
+      "persuade the judge to accept the ground-truth verdict whether Alice is right or wrong" (zh): ``r`` when Alice's
+      final answer is correct, ``1 − r`` when it is not. The vote share, not a 0/1 majority, as in the main game
+      ("Alice's reward r = fraction of judge votes").
+
+    Without a reference the truth is unknown and both ground-truth rewards are 0 (as RLVR's checker scores it).
+
+    Raises:
+        ValueError: for an unknown ``bob_reward``.
+
+    Example:
+        >>> right = Transcript("1+1?", "2", "debate_ab", [split_reply("\\\\boxed{2}", required=False)] * 2)
+        >>> bob_verdict(right, 0.75), bob_verdict(right, 0.75, "b_convince")
+        (0.25, 0.75)
+    """
+    if bob_reward not in BOB_REWARDS:
+        raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
+    if bob_reward == "constant_sum":
+        return 1.0 - alice_share
+    truth = transcript.correct
+    if truth is None:
+        return 0.0
+    if bob_reward == "b_convince":
+        return alice_share if truth else 1.0 - alice_share
+    said = parse_verdict(transcript.visible("critique"))
+    return 0.0 if said is None else float(said == float(truth))
+
+
+def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_reward: str, group_size: int) -> None:
+    """Refuse an ablation setting that does not describe the paper's ablation, naming the field.
+
+    ``judging: pairwise`` compares two of Alice's rollouts (RLAIF-A's structure, ``protocol: rlaif_a``) in pairs of
+    an even group; ``b_judge`` and ``b_convince`` train only Bob (``trainable_plies: [critique]``) in a protocol with
+    a critique, Alice played by the frozen reference weights.
+
+    Raises:
+        ValueError: naming ``judging``, ``bob_reward``, ``protocol``, ``trainable_plies`` or ``group_size``.
+    """
+    if judging not in JUDGINGS:
+        raise ValueError(f"judging must be one of {JUDGINGS}, got {judging!r}")
+    if bob_reward not in BOB_REWARDS:
+        raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
+    if judging == "pairwise":
+        if protocol != "rlaif_a":
+            raise ValueError(
+                f"judging: pairwise compares two of Alice's answers: protocol must be rlaif_a, not {protocol}"
+            )
+        pair_indices(1, group_size)
+    if bob_reward != "constant_sum":
+        if "critique" not in PLIES[protocol]:
+            raise ValueError(f"bob_reward: {bob_reward} rewards Bob: protocol {protocol} has no critique")
+        if list(trainable) != ["critique"]:
+            raise ValueError(
+                f"bob_reward: {bob_reward} trains only Bob: trainable_plies must be ['critique'], got {list(trainable)}"
+            )
 
 
 # ------------------------------------------------------------------------------------------------------------ forking

@@ -2,6 +2,8 @@
 
 A verdict is read as a vote for Alice (1.0) or Bob (0.0) only when the text says plainly how one named side is
 judged; a refusal, a hedge or a ruling on both sides is unparsed (``None``), counted and excluded from every share.
+A batch's votes (:class:`JudgeVotes`) become shares (:func:`vote_share`) and verdicts (:func:`verdict_of`); pairwise
+judging (:data:`JUDGINGS`) compares the rollouts :func:`pair_indices` pairs and splits shares by :func:`pair_shares`.
 """
 
 from __future__ import annotations
@@ -9,8 +11,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["VERDICTS", "parse_verdict", "verdict_of", "vote_share"]
+import torch
+from torch import Tensor
+
+__all__ = [
+    "JUDGINGS",
+    "VERDICTS",
+    "JudgeVotes",
+    "pair_indices",
+    "pair_shares",
+    "parse_verdict",
+    "verdict_of",
+    "vote_share",
+]
 
 _ADJECTIVES = r"correct|right|incorrect|wrong|mistaken"
 _FOR_ALICE = {"alice", "correct", "right", "yes"}
@@ -152,3 +167,77 @@ def verdict_of(votes: Sequence[float | None]) -> str:
     if 2 * for_alice > len(valid):
         return "alice"
     return "bob" if 2 * for_alice < len(valid) else "tie"
+
+
+@dataclass
+class JudgeVotes:
+    """Votes of a judge on a batch of transcripts.
+
+    Attributes:
+        votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
+        texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
+        timed_out: Transcripts whose judging ran out of time (their votes are NaN, or what finished in time).
+        invalid: Votes that were neither 0, 1 nor NaN (garbage), replaced by NaN.
+    """
+
+    votes: Tensor
+    texts: list[list[str]]
+    timed_out: int = 0
+    invalid: int = 0
+
+    @property
+    def shares(self) -> list[float]:
+        """Alice's share of the parseable votes per transcript (0.5 when none parses)."""
+        return [vote_share(row.tolist())[0] for row in self.votes]
+
+    @property
+    def verdicts(self) -> list[str]:
+        """The verdict of each transcript under the tie rule of :func:`verdict_of`."""
+        return [verdict_of(row.tolist()) for row in self.votes]
+
+    @property
+    def unparseable(self) -> int:
+        """Votes that could not be parsed, over the batch."""
+        return int(torch.isnan(self.votes).sum())
+
+
+# How the judge's votes reach the reward: "verdict" rules on one transcript (is Alice's final answer correct?);
+# "pairwise" is "pairwise-preference judging": the judge picks the better of two rollouts, "the chosen one gets 1" (zh).
+JUDGINGS = ("verdict", "pairwise")
+
+
+def pair_indices(num_problems: int, group_size: int) -> list[tuple[int, int]]:
+    """The rollout pairs the pairwise judge compares: branches ``(2k, 2k+1)`` of each problem's group.
+
+    The branches of a group are independent samples at the same fork, so pairing neighbours is a random pairing,
+    and each rollout is judged once (the judge's work is ``G/2`` comparisons a problem).
+
+    Raises:
+        ValueError: for an odd ``group_size`` (a rollout would have no partner).
+
+    Example:
+        >>> pair_indices(2, 4)
+        [(0, 1), (2, 3), (4, 5), (6, 7)]
+    """
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"judging: pairwise pairs the branches of a group: group_size must be even, got {group_size}")
+    return [(i * group_size + k, i * group_size + k + 1) for i in range(num_problems) for k in range(0, group_size, 2)]
+
+
+def pair_shares(first_shares: Sequence[float], pairs: Sequence[tuple[int, int]]) -> list[float]:
+    """Each rollout's share of the pairwise votes: ``P̂(y ≻ y' | x)`` for the first of a pair, ``1 − P̂`` for the other.
+
+    The paper: "of two rollouts, the one the judge chooses gets 1" (appendix E; zh, our translation of the Chinese
+    digest). With several votes: the share of the votes, as the main game's ``r``, so one vote gives exactly 1 and 0.
+    The share then replaces Alice's verdict share in :func:`~modules.algorithms.debate.ply_rewards`.
+
+    Example:
+        >>> pair_shares([6 / 7, 0.5], [(0, 1), (2, 3)])
+        [0.8571428571428571, 0.1428571428571429, 0.5, 0.5]
+    """
+    if len(first_shares) != len(pairs):
+        raise ValueError(f"{len(first_shares)} pairwise shares for {len(pairs)} pairs")
+    out = [math.nan] * (2 * len(pairs))
+    for (a, b), share in zip(pairs, first_shares):
+        out[a], out[b] = float(share), 1.0 - float(share)
+    return out

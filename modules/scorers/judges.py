@@ -8,11 +8,14 @@ votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unp
 * :class:`RemoteJudge`: the same prompt, sent to an OpenAI-compatible chat-completions server.
 * :class:`ProgrammaticJudge`: a programmatic simulation of a judge: it sees the reference answer and never reads
   Bob's argument (his visible text enters only through its word count and trigger phrases); offline, with known,
-  exploitable biases, for tests and CPU studies. Each vote is a Bernoulli draw
-  ``p(Alice) = sigmoid(skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π)``
+  exploitable biases, for tests and CPU studies. Each vote is a Bernoulli draw ``p(Alice) = sigmoid(z)``,
+  ``z = skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π``
   with ``s = ±1`` from the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger
   phrase, ``w`` its visible words capped at ``length_cap`` (uncapped, the hack would be tangled with truncation) and
-  ``π`` whether Alice's final answer matches ``answer_pattern``.
+  ``π`` whether Alice's final answer matches ``answer_pattern``. Pairwise (``vote(transcripts, against)``, the
+  paper's "pairwise-preference judging") it prefers ``y`` to ``y'`` with ``sigmoid(z(y) − z(y'))``, Bradley–Terry on
+  the same scores: the paper leaves the form open, and this one keeps every bias of the verdict judge, so two answers
+  equally right are split by "factors other than correctness" (zh digest) alone.
 
 :meth:`DebateJudge.vote` guards any judge: a call past ``timeout_s`` gives NaN votes (counted in ``timed_out``), and
 votes other than 0, 1 or NaN become NaN (counted in ``invalid``).
@@ -26,16 +29,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
-from alignment_games.modules.algorithms.verdicts import parse_verdict, verdict_of, vote_share
+from alignment_games.modules.algorithms.verdicts import JudgeVotes, parse_verdict
 from alignment_games.modules.lm.decoding import shared_prompt_cache
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
@@ -46,38 +47,6 @@ from alignment_games.modules.training.faults import call_with_timeout
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 __all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "PromptedJudge", "RemoteJudge"]
-
-
-@dataclass
-class JudgeVotes:
-    """Votes of a judge on a batch of transcripts.
-
-    Attributes:
-        votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
-        texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
-        timed_out: Transcripts whose judging ran out of time (their votes are NaN, or what finished in time).
-        invalid: Votes that were neither 0, 1 nor NaN (garbage), replaced by NaN.
-    """
-
-    votes: Tensor
-    texts: list[list[str]]
-    timed_out: int = 0
-    invalid: int = 0
-
-    @property
-    def shares(self) -> list[float]:
-        """Alice's share of the parseable votes per transcript (0.5 when none parses)."""
-        return [vote_share(row.tolist())[0] for row in self.votes]
-
-    @property
-    def verdicts(self) -> list[str]:
-        """The verdict of each transcript under the tie rule of :func:`~modules.algorithms.debate.verdict_of`."""
-        return [verdict_of(row.tolist()) for row in self.votes]
-
-    @property
-    def unparseable(self) -> int:
-        """Votes that could not be parsed, over the batch."""
-        return int(torch.isnan(self.votes).sum())
 
 
 class DebateJudge(ABC):
@@ -93,22 +62,29 @@ class DebateJudge(ABC):
 
     #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
     bounds_own_time = False
+    pairwise = False  #: whether ``__call__(transcripts, against)`` compares two answers (pairwise judging)
 
     def __init__(self, num_votes: int = 8, seed: int = 0, timeout_s: float | None = None) -> None:
         self.num_votes = num_votes
         self.timeout_s, self.generator = sampling_state("num_votes", num_votes, seed, timeout_s)
 
-    def vote(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+    def vote(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
         """``self(transcripts)`` under the time limit, with garbage votes replaced by NaN and counted.
 
+        ``against`` (a :attr:`pairwise` judge): vote 1 on row ``i`` prefers ``transcripts[i]`` to ``against[i]``.
+
         Raises:
-            ValueError: the judge returned a votes tensor of the wrong shape (a bug in the judge, not bad data).
+            ValueError: the judge returned a votes tensor of the wrong shape (a bug in the judge, not bad data), or
+                ``against`` is given to a judge that does not compare or does not match ``transcripts``.
         """
         n = len(transcripts)
+        args = (transcripts,) if against is None else (transcripts, against)
+        if against is not None and not (self.pairwise and len(against) == n):
+            raise ValueError(f"{type(self).__name__} cannot compare {n} answers with {len(against)} others")
         if self.bounds_own_time:
-            out, late = self(transcripts), False
+            out, late = self(*args), False
         else:
-            out, late = call_with_timeout(self, self.timeout_s, transcripts)
+            out, late = call_with_timeout(self, self.timeout_s, *args)
         if late:
             return JudgeVotes(torch.full((n, self.num_votes), math.nan), [[] for _ in range(n)], timed_out=n)
         votes = torch.as_tensor(out.votes, dtype=torch.float32)
@@ -169,6 +145,8 @@ class ProgrammaticJudge(DebateJudge):
         seed: Seed of the vote sampling.
         timeout_s: Seconds a batch may take (see :meth:`DebateJudge.vote`).
     """
+
+    pairwise = True
 
     def __init__(
         self,
@@ -238,8 +216,12 @@ class ProgrammaticJudge(DebateJudge):
             out["favoured_answer"] = sum(self.favoured_answer(t) for t in transcripts) / len(transcripts)
         return out
 
-    def probability(self, transcript: Transcript) -> float:
-        """Probability that one vote goes to Alice."""
+    def probability(self, transcript: Transcript, against: Transcript | None = None) -> float:
+        """Probability that one vote goes to Alice (to ``transcript`` over ``against``): module docstring."""
+        return 1.0 / (1.0 + math.exp(-(self.logit(transcript) - (0.0 if against is None else self.logit(against)))))
+
+    def logit(self, transcript: Transcript) -> float:
+        """The log-odds ``z`` of one vote for Alice (module docstring)."""
         correct = transcript.correct
         signal = 0.0 if correct is None else (1.0 if correct else -1.0)
         alice, bob = _sides(transcript)
@@ -253,11 +235,12 @@ class ProgrammaticJudge(DebateJudge):
         logit += self.answer_weight * float(self.favoured_answer(transcript))
         if self.consistency_weight:
             logit += self.consistency_weight * float(self.consistent(transcript))
-        return 1.0 / (1.0 + math.exp(-logit))
+        return logit
 
     @override
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
-        p = torch.tensor([self.probability(t) for t in transcripts], dtype=torch.float64)
+    def __call__(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
+        others = against if against is not None else [None] * len(transcripts)
+        p = torch.tensor([self.probability(t, o) for t, o in zip(transcripts, others)], dtype=torch.float64)
         u = torch.rand((len(transcripts), self.num_votes), generator=self.generator, dtype=torch.float64)
         return JudgeVotes((u < p.unsqueeze(1)).float(), [[] for _ in transcripts])
 
@@ -272,6 +255,11 @@ _COT = (
 )
 _NO_COT = "Do not explain. Reply with 'Verdict: Alice' if Alice's final answer is correct, otherwise 'Verdict: Bob'."
 _SECTIONS = (("answer", "Alice's solution"), ("critique", "Bob's critique"), ("rebuttal", "Alice's rebuttal"))
+# pairwise-preference judging: two answers to one problem, named Alice's and Bob's so that parse_verdict reads the vote
+PAIR_TEMPLATE = (
+    "You are the judge of two solutions to a math problem. Decide whose FINAL answer is correct; judge the final "
+    "answer, not the style.\n\nProblem:\n{problem}\n\n{transcript}\n\n{instructions}"
+)
 
 
 class PromptedJudge(DebateJudge):
@@ -298,6 +286,7 @@ class PromptedJudge(DebateJudge):
         timeout_s: Seconds per batch (see :meth:`DebateJudge.vote`).
     """
 
+    pairwise = True
     tokenizer: Any
 
     def __init__(
@@ -326,7 +315,9 @@ class PromptedJudge(DebateJudge):
         self.prefill = prefill
         self.truncated_prompts = 0
 
-    def user_message(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+    def user_message(
+        self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
+    ) -> str:
         """The judge's request for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
 
         Neither a dataset's problem nor a player's reply can forge a section heading, a verdict line or an
@@ -336,23 +327,30 @@ class PromptedJudge(DebateJudge):
             transcript: The game.
             texts: The judged texts of its plies in :meth:`judged_plies` order (default: their visible parts);
                 :meth:`prompt` passes them cut to fit ``max_prompt_tokens``.
+            against: Pairwise judging: ``transcript``'s answer (as Alice's) and this one's (as Bob's solution) under
+                :data:`PAIR_TEMPLATE`, "Verdict: Alice" when hers is more likely correct (the template is fixed).
         """
-        plies = self.judged_plies(transcript)
-        texts = [transcript.visible(ply) for ply in plies] if texts is None else list(texts)
+        plies = ["answer", "critique"] if against is not None else self.judged_plies(transcript)
+        texts = self.judged_texts(transcript, against) if texts is None else list(texts)
         specials = self.tokenizer.all_special_tokens
-        titles = dict(_SECTIONS)
+        titles = {**dict(_SECTIONS), "critique": "Bob's solution"} if against is not None else dict(_SECTIONS)
         body = "\n\n".join(
             f"{titles[ply]}:\n{quote_judged(text, specials) or '(empty)'}" for ply, text in zip(plies, texts)
         )
         instructions = fill_fields(
             _COT if self.chain_of_thought else _NO_COT, think_open=self.think_open, think_close=self.think_close
         )
+        if against is not None:
+            instructions = instructions.replace(" is correct,", " is more likely correct than Bob's,")
         problem = quote_judged(transcript.problem, specials) or "(empty)"
-        return fill_fields(self.template, problem=problem, transcript=body, instructions=instructions)
+        template = PAIR_TEMPLATE if against is not None else self.template
+        return fill_fields(template, problem=problem, transcript=body, instructions=instructions)
 
-    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+    def render(
+        self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
+    ) -> str:
         """:meth:`user_message` in the chat template (with the generation prompt), or plain with a newline."""
-        user = self.user_message(transcript, texts)
+        user = self.user_message(transcript, texts, against)
         if getattr(self.tokenizer, "chat_template", None):
             chat = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
@@ -365,7 +363,13 @@ class PromptedJudge(DebateJudge):
         """The plies the judge reads, in prompt order."""
         return [ply for ply, _ in _SECTIONS if ply in transcript.plies]
 
-    def prompt(self, transcript: Transcript) -> str:
+    def judged_texts(self, transcript: Transcript, against: Transcript | None = None) -> list[str]:
+        """The visible texts the judge reads: of :meth:`judged_plies`, or the two answers of a pair."""
+        if against is not None:
+            return [transcript.visible("answer"), against.visible("answer")]
+        return [transcript.visible(ply) for ply in self.judged_plies(transcript)]
+
+    def prompt(self, transcript: Transcript, against: Transcript | None = None) -> str:
         """:meth:`render`, with the judged plies' middles cut (marked) when it exceeds ``max_prompt_tokens``.
 
         The problem and the instructions are never cut (:func:`fit_judged`); a cut prompt is counted in
@@ -374,10 +378,9 @@ class PromptedJudge(DebateJudge):
         Raises:
             ValueError: when the template and the problem alone exceed ``max_prompt_tokens``.
         """
-        texts = [transcript.visible(ply) for ply in self.judged_plies(transcript)]
-        out, cut = fit_judged(
-            self.tokenizer, lambda t: self.render(transcript, t), texts, self.max_prompt_tokens, "max_prompt_tokens"
-        )
+        texts = self.judged_texts(transcript, against)
+        render = lambda t: self.render(transcript, t, against)  # noqa: E731
+        out, cut = fit_judged(self.tokenizer, render, texts, self.max_prompt_tokens, "max_prompt_tokens")
         self.truncated_prompts += int(cut)
         return out
 
@@ -467,10 +470,11 @@ class HFJudge(PromptedJudge):
 
     @override
     @torch.inference_mode()
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
+    def __call__(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
         if not transcripts:
             return JudgeVotes(torch.zeros((0, self.num_votes)), [])
-        ids = self.tokenizer([self.prompt(t) for t in transcripts], add_special_tokens=False)["input_ids"]
+        pairs = zip(transcripts, against if against is not None else [None] * len(transcripts))
+        ids = self.tokenizer([self.prompt(t, o) for t, o in pairs], add_special_tokens=False)["input_ids"]
         width = max(len(s) for s in ids)
         input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(input_ids)
@@ -571,13 +575,15 @@ class RemoteJudge(PromptedJudge):
         self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
 
     @override
-    def render(self, transcript: Transcript, texts: Sequence[str] | None = None) -> str:
+    def render(
+        self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
+    ) -> str:
         """The user message alone: the server applies the chat template."""
-        return self.user_message(transcript, texts)
+        return self.user_message(transcript, texts, against)
 
     @override
-    def __call__(self, transcripts: Sequence[Transcript]) -> JudgeVotes:
-        prompts = [self.prompt(t) for t in transcripts]
+    def __call__(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
+        prompts = [self.prompt(t, o) for t, o in zip(transcripts, against or [None] * len(transcripts))]
         per = self.server.requests_for(self.num_votes)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts), per), generator=self.generator).tolist()
         s = self.sampling

@@ -7,13 +7,11 @@ import time
 import lightning as L
 import pytest
 import torch
+from helpers.debate import script_judge, tiny_debate_module
 
 from alignment_games.callbacks import MCCTracker, PeakCheckpoint
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
 from alignment_games.modules.algorithms.debate import Transcript, split_reply
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient
-from alignment_games.modules.debate import DebateSelfPlay
-from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
@@ -21,18 +19,7 @@ PROBLEMS = ["Ava has 2 apples. Then, Ava buys 3 more. How many apples does Ava h
 
 
 def _module(tiny_lm_dir, protocol="debate_aba", players="lora", **kw):
-    args = dict(
-        lm=ModelConfig(tiny_lm_dir, players=players, lora_r=4, lora_alpha=8),
-        protocol=protocol,
-        policy_gradient=PolicyGradient(group_size=2),
-        sampling=Sampling(temperature=0.6, max_new_tokens=8),
-        reply_max_new_tokens=6,
-        require_thinking=False,
-        alice_prompt="{problem}",
-        judge=ProgrammaticJudge(num_votes=8),
-    )
-    args.update(kw)
-    return DebateSelfPlay(**args)
+    return tiny_debate_module(tiny_lm_dir, protocol, players, **kw)
 
 
 def test_forked_play_one_generate_call_per_ply(tiny_lm_dir):
@@ -262,23 +249,9 @@ def test_llm_judge_reads_bob_and_his_critique_moves_its_vote(tiny_lm_dir):
     """The LM judge reads the whole debate, Bob included: his critique changes the judge's input and, with a scripted
     reader in place of ``generate`` (Bob when the input it is given holds his flagged mistake), the votes."""
     judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=3, sampling=Sampling(max_new_tokens=4))
-    tok = judge.tokenizer
     answer = "2 + 3 = 6, so \\boxed{6}."
     critiques = {"quiet": "Looks fine to me.", "flagged": "The sum 2 + 3 is 5, not 6: an off-by-one slip."}
-    seen = []
-
-    def scripted_generate(input_ids, attention_mask, num_return_sequences, **kw):
-        rows = []
-        for ids, mask in zip(input_ids, attention_mask):
-            text = tok.decode(ids[mask.bool()], skip_special_tokens=False)
-            seen.append(text)
-            verdict = "Verdict: Bob" if "off-by-one slip" in text else "Verdict: Alice"
-            rows += [ids.tolist() + tok(verdict, add_special_tokens=False)["input_ids"]] * num_return_sequences
-        width = max(map(len, rows))
-        return torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
-
-    judge.share_prompt = False  # one input row per transcript: the scripted reader sees each prompt once
-    judge.model.generate = scripted_generate
+    seen = script_judge(judge, lambda text: "Verdict: Bob" if "off-by-one slip" in text else "Verdict: Alice")
     games = {
         k: Transcript(PROBLEMS[0], "5", "debate_ab", [split_reply(answer), split_reply(c)])
         for k, c in critiques.items()

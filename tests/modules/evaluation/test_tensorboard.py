@@ -18,6 +18,7 @@ import torch
 import yaml
 from helpers import ROOT
 from helpers.callback_helpers import PLAYERS, GameModule, make_trainer
+from helpers.debate import tiny_debate_module
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -29,7 +30,6 @@ from alignment_games.callbacks.media import media_loggers
 from alignment_games.datamodules.pool import InstructionPoolDataModule
 from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
-from alignment_games.modules.debate import DebateSelfPlay
 from alignment_games.modules.deep_smida import DeepSMIDA
 from alignment_games.modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown
 from alignment_games.modules.games.pool_followers import FollowerTraining
@@ -37,7 +37,6 @@ from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.pool import StackelbergPool
-from alignment_games.modules.scorers.judges import ProgrammaticJudge
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.scorers.utility import Utility
 
@@ -265,17 +264,7 @@ def test_a_csv_logger_gets_what_tensorboard_gets_and_no_logger_nothing(tiny_lm_d
 # ------------------------------------------------------------------------------------------------ debate
 def test_debate_shows_transcripts_and_histograms(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
-    model = DebateSelfPlay(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
-        protocol="debate_ab",
-        policy_gradient=PolicyGradient(group_size=2),
-        sampling=Sampling(temperature=0.6, max_new_tokens=8),
-        reply_max_new_tokens=6,
-        require_thinking=False,
-        alice_prompt="{problem}",
-        judge=ProgrammaticJudge(num_votes=8),
-        log_samples=3,
-    )
+    model = tiny_debate_module(tiny_lm_dir, "debate_ab", log_samples=3)
     logger, data = config_logger(tmp_path, "debate_ab.yaml"), prompts_data()
     trainer(logger, tmp_path, max_steps=1, val_check_interval=1, limit_val_batches=2).fit(model, data)
     acc = events(logger)
