@@ -286,7 +286,7 @@ def test_grpo_followers_with_a_token_budget_train_as_without(tiny_lm_dir, tmp_pa
     micro-batches of at most the budget's padded tokens (here the longest row's, so several a batch), and each
     follower's first step has the unchunked run's gradients (the chunks' summed losses make the batch's; later steps
     start from weights AdamW moved by float-rounding-sized differences)."""
-    import alignment_games.modules.training.pool_followers as pf
+    import alignment_games.modules.games.pool_followers as pf
 
     chunks, real = [], pf.micro_batches
     monkeypatch.setattr(pf, "micro_batches", lambda *a, **k: chunks.append((a, k, real(*a, **k))) or chunks[-1][2])
