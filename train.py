@@ -34,6 +34,7 @@ import sys
 import warnings
 
 import lightning as L
+import yaml
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -74,6 +75,28 @@ def recover_interrupted_saves(folder: str) -> None:
 
 # Options LightningCLI adds for a module that lets the CLI build its optimizer; every family here builds its own.
 _OWN_OPTIMIZERS = ("--optimizer", "--lr_scheduler")
+#: Options folded into the ``policy_gradient`` group, per family: old name -> new name (both under ``init_args``).
+#: jsonargparse would refuse the old names with its generic "unrecognized" error; these are refused naming the new one.
+RENAMED_OPTIONS = {
+    "GRPO": {
+        "num_generations": "group_size",
+        "beta": "kl_coef",
+        "clip": "clip",
+        "updates_per_rollout": "updates_per_batch",
+        "scale_rewards": "scale_advantages",
+        "logprob_micro_batch": "logprob_micro_batch",
+        "train_micro_batch": "micro_batch",
+    },
+    "DebateSelfPlay": {
+        **{k: k for k in ("group_size", "clip", "updates_per_batch", "scale_advantages", "logprob_micro_batch")},
+        "kl_beta": "kl_coef",
+    },
+    "StackelbergPool": {
+        "followers.grpo_rollouts": "group_size",
+        "followers.grpo_beta": "kl_coef",
+        "followers.grpo_clip": "clip",
+    },
+}
 # How jsonargparse begins its report of a class that could not be built (the class's own exception is its cause).
 _UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 
@@ -201,6 +224,48 @@ def _callback_classes(callbacks: list) -> list[str]:
     ]
 
 
+def _model_options(args: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """The model class's short name and ``(option under init_args, where given)`` from the arguments and configs."""
+    family, given = None, []
+
+    def from_config(model: object, where: str) -> None:
+        nonlocal family
+        if isinstance(model, str):
+            family = model
+        elif isinstance(model, dict):
+            family = model.get("class_path", family)
+            init = model.get("init_args") or {}
+            for key, value in init.items() if isinstance(init, dict) else ():
+                given.append((key, where))
+                if key == "followers" and isinstance(value, dict):
+                    given.extend((f"followers.{k}", where) for k in value)
+
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if name == "--config" and os.path.isfile(value):
+            with open(value) as f, contextlib.suppress(yaml.YAMLError):
+                config = yaml.safe_load(f)  # plain values only: nothing in it is imported or run
+                from_config(config.get("model") if isinstance(config, dict) else None, value)
+        elif name in ("--model", "--model.class_path"):
+            family = value
+        elif name.startswith("--model."):
+            given.append((name.removeprefix("--model.").removeprefix("init_args."), "the command line"))
+    return (family.rsplit(".", 1)[-1] if isinstance(family, str) else None), given
+
+
+def renamed_options(args: list[str]) -> list[str]:
+    """A message for each option given by a name :data:`RENAMED_OPTIONS` retired for the model's family."""
+    family, given = _model_options(args)
+    renamed = RENAMED_OPTIONS.get(family or "", {})
+    out = []
+    for key, where in given:
+        if key in renamed:
+            new = f"{'followers.' if key.startswith('followers.') else ''}policy_gradient.{renamed[key]}"
+            out.append(f"model.init_args.{key} ({where}) is now model.init_args.{new} for {family}")
+    return out
+
+
 class AlignmentCLI(LightningCLI):
     """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
 
@@ -223,6 +288,8 @@ class AlignmentCLI(LightningCLI):
                         "--model.init_args.lr (preference, SFT, GRPO, debate), leader_lr/follower_lr (deep-SMIDA), "
                         "followers.lr (pool), eta_leader/eta_follower (tabular SMIDA); see docs/configuration.md"
                     )
+        if isinstance(given, (list, tuple)) and (renamed := renamed_options([str(a) for a in given])):
+            parser.error("; ".join(renamed))
         super().parse_arguments(parser, args)
         if isinstance(given, (list, tuple)):
             self._refuse_dropped_callbacks(parser, [str(a) for a in given])

@@ -315,3 +315,35 @@ def test_a_run_without_a_logger_writes_under_runs(tmp_path, monkeypatch):
         os.path.join("runs", "no_logger", "config.yaml"),
         os.path.join("runs", "no_logger", "smida_result.pt"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("config", "old", "new"),
+    [
+        ("grpo_tiny.yaml", "beta", "policy_gradient.kl_coef"),
+        ("grpo_tiny.yaml", "num_generations", "policy_gradient.group_size"),
+        ("debate_ab.yaml", "kl_beta", "policy_gradient.kl_coef"),
+        ("pool_grpo.yaml", "followers.grpo_rollouts", "followers.policy_gradient.group_size"),
+    ],
+)
+def test_an_option_folded_into_policy_gradient_is_refused_naming_its_new_name(config, old, new, tmp_path, capsys):
+    family = yaml.safe_load(open(os.path.join(ROOT, "configs", config)))["model"]["class_path"].rsplit(".", 1)[-1]
+    with pytest.raises(SystemExit):
+        train.main(["fit", "--config", os.path.join(ROOT, "configs", config), f"--model.init_args.{old}=2"], run=False)
+    assert (
+        f"model.init_args.{old} (the command line) is now model.init_args.{new} for {family}" in capsys.readouterr().err
+    )
+    # the same old name written in a config file (an old config) is named with the file
+    old_config = tmp_path / "old.yaml"
+    head, _, leaf = old.rpartition(".")
+    init = {head: {leaf: 2}} if head else {leaf: 2}
+    old_config.write_text(yaml.safe_dump({"model": {"class_path": family, "init_args": init}}))
+    with pytest.raises(SystemExit):
+        train.main(["fit", "--config", str(old_config)], run=False)
+    assert f"model.init_args.{old} ({old_config}) is now model.init_args.{new}" in capsys.readouterr().err
+
+
+def test_a_name_retired_for_one_family_is_still_another_familys_option():
+    assert (
+        train.renamed_options(["fit", "--config", os.path.join(ROOT, "configs", "nlhf.yaml"), "--model.beta=0.2"]) == []
+    )
