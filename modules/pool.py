@@ -4,8 +4,10 @@ One training batch is one game iteration over the whole instruction pool, in sev
 
 1. **Choose**: the leader (:class:`~modules.algorithms.exp3.Exp3`, or uniform: SPARTA) draws D duel instructions.
 2. **Match**: a uniform combatant meets an opponent by reputation (:meth:`~modules.algorithms.pool.Matchmaking.duels`).
-3. **Answer**: each combatant answers its duels (G rollouts under GRPO), one ``generate`` per model.
-4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0).
+3. **Answer**: each combatant answers its duels (G rollouts under GRPO); the players of one base decode together, one
+   batch with each row's own adapter (:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
+4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0); generated
+   judgements of one base's judges decode together likewise.
 5. **Aggregate**: reputation-weighted means of the judges' scores (weights from the Elo ratings by
    :class:`~modules.algorithms.pool.ReputationWeighting`); the judges' weighted verdict updates the Elo reputations.
 6. **Lead**: the composite reward of each duel's two scores updates EXP3.
@@ -36,7 +38,13 @@ from alignment_games.modules.evaluation.pool_figures import make_pool_figures, w
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
 from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
+from alignment_games.modules.scorers.peer_judges import (
+    PeerJudging,
+    encode_texts,
+    judge_prompts,
+    member_scores,
+    peer_scores_each,
+)
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.pool_followers import FollowerTraining, FollowerUpdates
 
@@ -176,14 +184,32 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         """The :class:`PolicyBank` holding ``player``."""
         return self.banks[self._bank_of[player]]
 
+    def banks_of(self, players: list[str]) -> list[tuple[PolicyBank, list[str]]]:
+        """``players`` grouped by the bank holding them (in order), so that each bank decodes its players together."""
+        groups: dict[int, list[str]] = {}
+        for p in players:
+            groups.setdefault(self._bank_of[p], []).append(p)
+        return [(self.banks[i], ps) for i, ps in groups.items()]
+
     def chat(self, player: str, user: str, system: str | None = None) -> str:
         """``player``'s chat-formatted prompt (each model its own template)."""
         return self.bank(player).chat(system, user)
 
     def respond(self, player: str, instructions: list[str], n: int) -> Rollout:
         """``n`` sampled responses per instruction (rows ``i*n + s``), temperature and top-p of the config."""
-        prompts = [self.chat(player, x, self.hparams.system_prompt) for x in instructions]
-        return self.bank(player).generate(player, prompts, n, **self.sampling.generate_kwargs())
+        return self.respond_all({player: instructions}, n)[player]
+
+    def respond_all(self, instructions: dict[str, list[str]], n: int) -> dict[str, Rollout]:
+        """:meth:`respond` of each player to its instructions; the players of one bank decode in one batch.
+
+        Each row has its own player's adapter (:meth:`PolicyBank.generate_each`), and each player's rollout has the
+        shapes its own decode would give.
+        """
+        system, out = self.hparams.system_prompt, {}
+        for bank, players in self.banks_of(list(instructions)):
+            requests = [(p, [self.chat(p, x, system) for x in instructions[p]]) for p in players]
+            out.update(zip(players, bank.generate_each(requests, n, **self.sampling.generate_kwargs())))
+        return out
 
     def encode(
         self, player: str, prompts: list[str], completions: list[str], eos: bool = True, group_size: int = 1
@@ -195,9 +221,27 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self, judge: str, instructions: list[str], responses: list[str], references: list[str | None] | None = None
     ) -> list[tuple[float, bool]]:
         """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
-        chat = lambda user, system: self.chat(judge, user, system)  # noqa: E731
-        j, system = self.judging, self.hparams.system_prompt
-        return member_scores(self.bank(judge), judge, chat, instructions, responses, j, system, references)
+        return self.judge_all({judge: (instructions, responses, references)})[judge]
+
+    def judge_all(self, asked: dict[str, tuple[list[str], list[str], list[str | None] | None]]) -> dict[str, list]:
+        """:meth:`judge` of each judge's ``(instructions, responses, references)``, by judge.
+
+        Generated judgements (``judging.mode: generate``) of one bank's judges decode in one batch, each row with its
+        judge's adapter (:func:`peer_scores_each`); the other modes judge one judge at a time.
+        """
+        j, system, out = self.judging, self.hparams.system_prompt, {}
+        if j.mode != "generate":
+            for name, (xs, ys, refs) in asked.items():
+                chat = lambda user, system_, n=name: self.chat(n, user, system_)  # noqa: E731
+                out[name] = member_scores(self.bank(name), name, chat, xs, ys, j, system, refs)
+            return out
+        for bank, players in self.banks_of(list(asked)):
+            requests = []
+            for p in players:
+                chat = lambda user, system_, p=p: self.chat(p, user, system_)  # noqa: E731
+                requests.append((p, judge_prompts(bank, chat, asked[p][0], asked[p][1], j)))
+            out.update(zip(players, peer_scores_each(bank, requests, j)))
+        return out
 
     # ------------------------------------------------------------------------------------------------ Lightning
     @override
@@ -318,19 +362,20 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         return duels, gap
 
     def _answer(self, duels: list[tuple[int, int]], questions: list[str], g: int) -> tuple[dict, dict]:
-        """3. ``g`` responses per side of this rank's duels, one ``generate`` per model.
+        """3. ``g`` responses per side of this rank's duels, one bank's players in one decode (:meth:`respond_all`).
 
         Returns every duel's texts ``{(duel, side): [g texts]}`` (gathered from all ranks) and this rank's rollouts
-        ``{player: (rollout, [(duel, side), ...])}``.
+        ``{player: (rollout, [(duel, side), ...])}``, each rollout as the player's own ``generate`` would shape it.
         """
         texts, rollouts = {}, {}
         mine = [d for d in range(len(duels)) if collectives.owns(self._trainer, d)]
-        for pi, p in enumerate(self.player_names):
-            slots = [(d, s) for d in mine for s in (0, 1) if duels[d][s] == pi]
-            if slots:
-                out = self.respond(p, [questions[d] for d, _ in slots], g)
-                texts.update({slot: out.texts[k * g : (k + 1) * g] for k, slot in enumerate(slots)})
-                rollouts[p] = (out, slots)
+        slots = {
+            p: [(d, s) for d in mine for s in (0, 1) if duels[d][s] == pi] for pi, p in enumerate(self.player_names)
+        }
+        asked = {p: [questions[d] for d, _ in slots[p]] for p in self.player_names if slots[p]}
+        for p, out in self.respond_all(asked, g).items():
+            texts.update({slot: out.texts[k * g : (k + 1) * g] for k, slot in enumerate(slots[p])})
+            rollouts[p] = (out, slots[p])
         texts = {slot: t for part in collectives.gather_objects(self._trainer, texts) for slot, t in part.items()}
         return texts, rollouts
 
@@ -342,12 +387,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         """
         responses = [(d, s, r) for d in range(len(judges)) for s in (0, 1) for r in range(g)]
         shown = [x for x in responses if texts[x[:2]][x[2]].strip() and collectives.owns(self._trainer, x[0])]
+        work = [[x for x in shown if j in judges[x[0]]] for j in range(len(self.player_names))]
         scores, counts = {}, {}
-        for j, name in enumerate(self.player_names):
-            items = [x for x in shown if j in judges[x[0]]]
-            answers = [texts[(d, s)][r] for d, s, r in items]
-            by_reference = {"references": [refs[d] for d, *_ in items]} if self.judging.mode == "reference" else {}
-            verdicts = self.judge(name, [questions[d] for d, *_ in items], answers, **by_reference)
+        for j, (items, verdicts) in enumerate(zip(work, self._verdicts(work, questions, texts, refs))):
             counts[j] = (len(verdicts), sum(1 for _, ok in verdicts if not ok))
             for item, (score, _) in zip(items, verdicts):
                 scores.setdefault(item, {})[j] = score
@@ -362,6 +404,20 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         if not bool(torch.isfinite(raw).all()) and not self.check_finite(raw, "peer scores (rewards)"):
             return None
         return scores
+
+    def _verdicts(self, work: list[list], questions: list[str], texts: dict, refs) -> list[list[tuple[float, bool]]]:
+        """Each judge's ``(score, read)`` of its items ``(duel, side, rollout)``, in player order (``judge_all``)."""
+        reference = self.judging.mode == "reference"
+        asked = {
+            name: (
+                [questions[d] for d, *_ in items],
+                [texts[(d, s)][r] for d, s, r in items],
+                [refs[d] for d, *_ in items] if reference else None,
+            )
+            for name, items in zip(self.player_names, work)
+        }
+        verdicts = self.judge_all(asked)
+        return [verdicts[name] for name in self.player_names]
 
     def _count_judgements(self, per_rank: list[dict[int, tuple[int, int]]], iteration: int) -> None:
         """Add every rank's judgements and parse failures per judge; warn about a judge whose answers never parse."""

@@ -1,7 +1,8 @@
 """Language-model players on one frozen base: LoRA adapters per player, the disabled adapter as the reference.
 
-:class:`PolicyBank` batches :meth:`~PolicyBank.generate` (one call per player per step, all prompts × samples) and
-:meth:`~PolicyBank.logprobs` (completion tokens only, for a player or the frozen reference with ``player=None``).
+:class:`PolicyBank` batches :meth:`~PolicyBank.generate` (all prompts × samples of a player in one call, or of several
+players, each row with its own adapter: :meth:`~PolicyBank.generate_each`) and :meth:`~PolicyBank.logprobs`
+(completion tokens only, for a player or the frozen reference with ``player=None``).
 With ``players="separate"`` each player is a full trainable copy and one frozen copy serves as the reference.
 """
 
@@ -25,6 +26,7 @@ from alignment_games.modules.lm.decoding import (
     _PREFIX,
     GROUPED_ATTENTION,
     _register_grouped_attention,
+    add_row_adapters,
     grouped_decode_setting,
     next_tokens,
     preallocated_cache,
@@ -62,6 +64,39 @@ class Rollout:
     def num_empty(self) -> int:
         """Completions that are empty once special tokens are dropped."""
         return sum(1 for t in self.texts if not t.strip())
+
+    def split(self, counts: Sequence[int]) -> list[Rollout]:
+        """Consecutive pieces of ``counts[i]`` prompts each (``group_size`` rows a prompt), each as decoded alone.
+
+        A piece keeps only its own widest prompt and its own longest completion (the columns before and after are
+        padding in every row of it), so a piece of a decode of several players' prompts (:meth:`PolicyBank.generate`
+        with a player per prompt) has the shapes a decode of its prompts alone gives.
+
+        Raises:
+            ValueError: when the counts do not add up to the rollout's prompts.
+        """
+        g = max(self.group_size, 1)
+        if any(c < 1 for c in counts) or sum(counts) * g != self.sequences.shape[0]:
+            rows = self.sequences.shape[0]
+            raise ValueError(f"Rollout.split: counts {list(counts)} (x group_size {g}) do not tile the {rows} rows")
+        pieces, start, p = [], 0, self.prompt_width
+        for count in counts:
+            rows = slice(start, start + count * g)
+            width = int(self.attention_mask[rows, :p].sum(dim=1).max())  # prompts are left-padded
+            length = int(self.completion_mask[rows].sum(dim=1).max())
+            cols = slice(p - width, p + length)
+            pieces.append(
+                Rollout(
+                    self.sequences[rows, cols],
+                    self.attention_mask[rows, cols],
+                    width,
+                    self.completion_mask[rows, :length],
+                    self.texts[rows],
+                    self.group_size,
+                )
+            )
+            start += count * g
+        return pieces
 
 
 class PolicyBank(nn.Module):
@@ -171,25 +206,46 @@ class PolicyBank(nn.Module):
         # player would then lose its gradients at backward time, so every player is made trainable again.
         self._all_players_trainable()
 
+    def _plain_lora_layers(self, player: str) -> list[nn.Module] | None:
+        """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (not DoRA, embeddings, convolutions).
+
+        The form ``W + s·BA`` (merged, or added per row) holds for those only; ``None`` for any other.
+        """
+        from peft.tuners.lora import LoraLayer
+
+        layers = [m for m in self.model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
+        plain = all(type(m.get_base_layer()) is nn.Linear and not m.use_dora.get(player, False) for m in layers)
+        return layers if plain else None
+
+    def mixes_players(self, players: Sequence[str | None]) -> bool:
+        """Whether one :meth:`generate` can decode rows of all ``players`` together, each with its own adapter.
+
+        True for adapters over one base (``lm.players: lora``) whose LoRA layers are plain (see
+        :meth:`_plain_lora_layers`); ``None`` is the frozen reference.
+        """
+        if self.mode != "lora":
+            return False
+        return all(p is None or self._plain_lora_layers(p) is not None for p in players)
+
     @contextmanager
-    def _for_generation(self, player: str | None) -> Iterator[nn.Module]:
+    def _for_generation(
+        self, player: str | None, row_players: list[str | None] | None = None, group: int = 1
+    ) -> Iterator[nn.Module]:
         """The player as :meth:`_use` gives it, with its LoRA update merged into fresh weights when allowed.
 
         ``W + s·BA`` computed once per ``generate`` call makes the adapter free per token. The merged weights are new
         tensors swapped in and the originals put back, so the frozen base is bit-for-bit untouched (an in-place merge
         and unmerge would not be). Off under sharded strategies (``merge_for_generation``).
-        """
-        from peft.tuners.lora import LoraLayer
 
-        layers = (
-            []
-            if self.mode == "separate" or player is None
-            else [m for m in self.model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
-        )
-        plain = all(
-            type(m.get_base_layer()) is nn.Linear and not m.use_dora.get(player, False) for m in layers
-        )  # the W + s·BA form holds for plain LoRA on nn.Linear only (not DoRA, embeddings, convolutions)
-        if not layers or not plain or not self.merge_for_generation:
+        ``row_players`` (one per prompt, each prompt's ``group`` rows following it): the base with adapters disabled,
+        and each row's own adapter added to its rows by :func:`_row_adapters` (one decode of several players).
+        """
+        if row_players is not None:
+            with self._use(None) as model, _row_adapters(model, row_players, group):
+                yield model
+            return
+        layers = [] if self.mode == "separate" or player is None else self._plain_lora_layers(player)
+        if not layers or not self.merge_for_generation:
             with self._use(player) as model:
                 yield model
             return
@@ -244,7 +300,7 @@ class PolicyBank(nn.Module):
     @torch.no_grad()
     def generate(
         self,
-        player: str | None,
+        player: str | None | Sequence[str | None],
         prompts: Sequence[str],
         num_samples: int,
         temperature: float = 0.6,
@@ -255,14 +311,36 @@ class PolicyBank(nn.Module):
     ) -> Rollout:
         """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
 
-        ``min_new_tokens`` > 0 suppresses EOS until that many tokens are written (benchmarks use it to fix the
-        work per step).
+        ``player`` is one player (``None``: the frozen reference), or one per prompt: then the prompts of several
+        players decode together, each row with its own player's adapter (see :meth:`mixes_players`;
+        :meth:`generate_each` splits such a decode back per player). ``min_new_tokens`` > 0 suppresses EOS until that
+        many tokens are written (benchmarks use it to fix the work per step).
+
+        Raises:
+            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode
+                together.
+            KeyError: naming an unknown player of the list.
         """
+        row_players = None
+        if player is not None and not isinstance(player, str):
+            row_players = list(player)
+            if len(row_players) != len(prompts):
+                raise ValueError(f"generate: {len(row_players)} players for {len(prompts)} prompts (one per prompt)")
+            for i, p in enumerate(row_players):
+                if p is not None and p not in self.player_names:
+                    raise KeyError(f"generate: unknown player {p!r} of prompt {i}; players: {self.player_names}")
+            if len(set(row_players)) == 1:
+                player, row_players = row_players[0], None  # one player: its merged-adapter decode
+            elif not self.mixes_players(row_players):
+                raise ValueError(
+                    f"generate: players {sorted(set(row_players), key=str)} cannot decode in one batch (lm.players "
+                    f"{self.mode!r}, or LoRA layers other than plain LoRA on nn.Linear); use generate_each"
+                )
         device = next(self.parameters()).device
         once = {k: v.to(device) for k, v in self._encode_prompts(prompts).items()}
         enc = {k: v.repeat_interleave(num_samples, dim=0) for k, v in once.items()}
         eos = self.tokenizer.eos_token_id
-        with self.gather_for_generation(), self._for_generation(player) as model:
+        with self.gather_for_generation(), self._for_generation(player, row_players, num_samples) as model:
             was_training = model.training
             model.eval()
             mode = self._decode_mode(model, num_samples, once["input_ids"].shape[1])
@@ -300,6 +378,31 @@ class PolicyBank(nn.Module):
         texts = self.tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
         attention = torch.cat([enc["attention_mask"], completion_mask], dim=1)
         return Rollout(out, attention, width, completion_mask, texts, group_size=num_samples)
+
+    def generate_each(
+        self, requests: Sequence[tuple[str | None, Sequence[str]]], num_samples: int, **kwargs: Any
+    ) -> list[Rollout]:
+        """:meth:`generate` of each ``(player, prompts)`` request, the requests decoded in one batch where possible.
+
+        Where :meth:`mixes_players` allows, all requests' prompts go through one decode, each row with its own
+        player's adapter, and the result is split back per request (:meth:`Rollout.split`): with greedy decoding each
+        rollout equals its own :meth:`generate` token for token (up to float rounding of the unmerged adapters); with
+        sampling the draws come from the same global generator in one batch. Otherwise one :meth:`generate` per
+        request. ``kwargs`` are :meth:`generate`'s.
+
+        Raises:
+            ValueError: naming a request without prompts.
+        """
+        requests = [(p, list(x)) for p, x in requests]
+        for i, (p, x) in enumerate(requests):
+            if not x:
+                raise ValueError(f"generate_each: request {i} (player {p!r}) has no prompts")
+        players = [p for p, _ in requests]
+        if len(requests) < 2 or len(set(players)) < 2 or not self.mixes_players(players):
+            return [self.generate(p, x, num_samples, **kwargs) for p, x in requests]
+        rows = [p for p, x in requests for _ in x]
+        out = self.generate(rows, [y for _, x in requests for y in x], num_samples, **kwargs)
+        return out.split([len(x) for _, x in requests])
 
     def _cache_arg(self, model: nn.Module) -> str:
         """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
@@ -563,3 +666,40 @@ class PolicyBank(nn.Module):
     def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:
         """Sum of :meth:`token_logprobs` over the completion, ``[N]``."""
         return self.token_logprobs(player, rollout, temperature, micro_batch).sum(dim=1)
+
+
+def _runs(names: Sequence[str | None]) -> list[tuple[int, int, str | None]]:
+    """The runs of equal consecutive names as ``(start, stop, name)``."""
+    runs: list[tuple[int, int, str | None]] = []
+    for i, name in enumerate(names):
+        if runs and runs[-1][2] == name and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1, name)
+        else:
+            runs.append((i, i + 1, name))
+    return runs
+
+
+@contextmanager
+def _row_adapters(model: nn.Module, players: Sequence[str | None], group: int) -> Iterator[None]:
+    """Each row's own adapter in a decode of several players' prompts over the base with adapters disabled.
+
+    ``players[i]`` is prompt ``i``'s player; its ``group`` rows (``i*group …``) follow it. Every LoRA layer gets a
+    forward hook that adds each row's update to its base output (:func:`add_row_adapters`), picking the prompt-level
+    runs for inputs of one row per prompt (the prefill) and the row-level ones for ``len(players) · group`` rows;
+    :class:`~modules.lm.decode_step.LeanDecoder` adds them in its own projections. All is removed on exit.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    rows = [p for p in players for _ in range(group)]
+    by_rows = {len(players): _runs(players), len(rows): _runs(rows)}
+    handles, layers = [], [m for m in model.modules() if isinstance(m, LoraLayer)]
+    try:
+        for m in layers:
+            m._row_adapter_runs = by_rows
+            handles.append(m.register_forward_hook(lambda mod, args, out: add_row_adapters(mod, args[0], out)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for m in layers:
+            m.__dict__.pop("_row_adapter_runs", None)

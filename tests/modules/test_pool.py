@@ -18,7 +18,7 @@ from alignment_games.modules.distributed.collectives import local_batches, share
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.pool import StackelbergPool
-from alignment_games.modules.scorers.peer_judges import PeerJudging, solve_scores
+from alignment_games.modules.scorers.peer_judges import PeerJudging, member_scores, solve_scores
 from alignment_games.modules.training.pool_followers import FollowerTraining
 
 SMALL = dict(
@@ -195,15 +195,16 @@ def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, t
 
 def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path, short_pool):
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained", '{"score": '), **SMALL)
-    real_respond = module.respond
+    real_respond_all = module.respond_all
 
-    def respond(player, instructions, n):
-        if player != "m1":
-            return real_respond(player, instructions, n)
-        prompts = [module.chat(player, x) for x in instructions for _ in range(n)]
-        return module.encode(player, prompts, [""] * len(prompts))
+    def respond_all(instructions, n):
+        out = real_respond_all(instructions, n)
+        if "m1" in instructions:
+            prompts = [module.chat("m1", x) for x in instructions["m1"] for _ in range(n)]
+            out["m1"] = module.encode("m1", prompts, [""] * len(prompts))
+        return out
 
-    module.respond = respond
+    module.respond_all = respond_all
     adapters, frozen = _adapters(module), _frozen(module)
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
     elo = module.elo
@@ -371,7 +372,8 @@ def _scripted_pool(module):
         j = module.player_names.index(name)
         return [(BASE_SCORE[int(r.rsplit("m", 1)[1])] + JUDGE_BIAS[j], True) for r in responses]
 
-    module.respond, module.judge = respond, judge
+    module.respond_all = lambda asked, n: {p: respond(p, xs, n) for p, xs in asked.items()}
+    module.judge_all = lambda asked: {p: judge(p, xs, ys) for p, (xs, ys, _) in asked.items()}
 
 
 def _paper_reward(score_a, score_b):
@@ -530,7 +532,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 
 def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path, short_pool):
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
-    module.judge = lambda judge, instructions, responses: [(float("nan"), True)] * len(instructions)
+    module.judge_all = lambda asked: {p: [(float("nan"), True)] * len(xs) for p, (xs, _, _) in asked.items()}
     adapters, elo = _adapters(module), module.elo
     trainer = L.Trainer(
         max_epochs=1,
@@ -642,3 +644,39 @@ def test_reference_guided_judges_score_the_final_answer_against_the_reference(ti
         module.judge("m0", ["a", "b"], ["1", "2"], ["1", None])
     with pytest.raises(ValueError, match="reference_column"):
         module.judge("m0", ["a"], ["1"])
+
+
+def _spy_generate(bank):
+    """Record the ``player`` argument of every ``bank.generate`` call."""
+    calls, real = [], bank.generate
+
+    def generate(player, *args, **kwargs):
+        calls.append(player if isinstance(player, str) or player is None else list(player))
+        return real(player, *args, **kwargs)
+
+    bank.generate = generate
+    return calls
+
+
+def test_the_players_answer_and_judge_in_one_decode_each(tiny_lm_dir):
+    """One base: the answers of all players are one decode, the generated judgements of all judges another, and a
+    judge's scores are those of its own decode (greedy)."""
+    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging(), **SMALL)
+    (bank,) = module.banks
+    with torch.no_grad():
+        for i, p in enumerate(module.player_names):
+            for w in bank.player_parameters(p):
+                w.add_(0.3 * torch.randn(w.shape, generator=torch.Generator().manual_seed(i)))
+    calls = _spy_generate(bank)
+    torch.manual_seed(0)
+    out = module.respond_all({"m0": ["1+2=?", "2+2=?"], "m2": ["3+3=?"]}, 2)
+    assert calls == [["m0", "m0", "m2"]] and [out[p].sequences.shape[0] for p in ("m0", "m2")] == [4, 2]
+    calls.clear()
+    asked = {p: (["1+2=?", "5-1=?"], [f"{i}", f"reply {p}"], None) for i, p in enumerate(module.player_names)}
+    together = module.judge_all(asked)
+    assert calls == [["m0", "m0", "m1", "m1", "m2", "m2"]]
+    calls.clear()
+    for p, (xs, ys, _) in asked.items():
+        chat = lambda user, system, p=p: module.chat(p, user, system)  # noqa: E731
+        assert together[p] == member_scores(bank, p, chat, xs, ys, module.judging, module.hparams.system_prompt)
+    assert calls == ["m0", "m1", "m2"]
