@@ -28,10 +28,12 @@ attains), and what ``env`` measured in this run.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,17 +81,6 @@ TINY = {
 
 
 # ---------------------------------------------------------------------- pure arithmetic (tested by hand values)
-
-
-def namespace_root() -> str:
-    """A folder whose ``alignment_games`` links to this checkout: the suite imports without ``pip install``.
-
-    The GPU machine gets a copy of the tree and no package index, so nothing is installed there; ``alignment_games``
-    is a namespace package (no ``__init__.py``), so a link to the repository root on ``PYTHONPATH`` is enough.
-    """
-    folder = tempfile.mkdtemp(prefix="gpu_bench_ns_")
-    os.symlink(ROOT, os.path.join(folder, "alignment_games"))
-    return folder
 
 
 def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
@@ -509,7 +500,12 @@ def drive(args) -> int:
             json.dump(results, f, indent=2)
         os.replace(out_path + ".tmp", out_path)
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([namespace_root(), ROOT])}  # alignment_games, benchmarks
+    # the sections import the suite as alignment_games.* (the installed name of this checkout's folders); the GPU
+    # machine has only the four packages, so a link named alignment_games to the checkout stands in for the install
+    suite = tempfile.mkdtemp(prefix="gpu_bench_suite_")
+    atexit.register(shutil.rmtree, suite, True)
+    os.symlink(ROOT, os.path.join(suite, "alignment_games"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, suite])}  # ROOT: the benchmarks package
     with open(log_path, "a") as log:
         for name, deadline in SECTIONS:
             if name in skip:

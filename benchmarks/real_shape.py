@@ -92,6 +92,7 @@ def run_family(args, paths: dict) -> dict:
     import lightning as L
     import torch
 
+    from alignment_games.modules.algorithms.rl_losses import PolicyGradient
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.sampling import Sampling
     from benchmarks._phase_memory import PhaseMemory
@@ -111,9 +112,7 @@ def run_family(args, paths: dict) -> dict:
             lm=lm,
             reward_models=paths["rewards"],
             answer_reward=False,
-            num_generations=G,
-            beta=0.04,
-            clip=0.2,
+            policy_gradient=PolicyGradient(group_size=G, kl_coef=0.04, clip=0.2),
             lr=1e-5,
             grad_clip=1.0,
             sampling=sampling,
@@ -159,7 +158,7 @@ def run_family(args, paths: dict) -> dict:
             lm=lm,
             protocol="debate_ab",
             judge=ProgrammaticJudge(num_votes=8),
-            group_size=G,
+            policy_gradient=PolicyGradient(group_size=G),
             sampling=sampling,
             reply_max_new_tokens=args.reply_tokens,
             require_thinking=False,
@@ -183,7 +182,10 @@ def run_family(args, paths: dict) -> dict:
                 template="Rate 1 to 10.\n{prompt}\n{response}", mode="constrained", prefill='{"score": '
             ),
             followers=FollowerTraining(
-                algorithm="grpo", grpo_rollouts=max(2, args.rows // 2), batch_size=args.rows, lr=1e-5
+                algorithm="grpo",
+                policy_gradient=PolicyGradient(group_size=max(2, args.rows // 2)),
+                batch_size=args.rows,
+                lr=1e-5,
             ),
         )
         # generated arithmetic problems (a file source would need the datasets package, absent on the GPU machine)
@@ -364,7 +366,8 @@ def main(argv: list[str] | None = None) -> dict:
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
+        # ROOT first, then the caller's path (gpu_bench puts a stand-in for the alignment_games install there)
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
         "OMP_NUM_THREADS": str(args.threads),
     }
     results: dict = {

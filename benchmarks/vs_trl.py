@@ -66,6 +66,7 @@ def run_ours(args, paths: dict) -> list[dict]:
     import torch
     from torch.utils.data import DataLoader
 
+    from alignment_games.modules.algorithms.rl_losses import PolicyGradient
     from alignment_games.modules.grpo import GRPO
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.sampling import Sampling
@@ -76,9 +77,7 @@ def run_ours(args, paths: dict) -> list[dict]:
         lm=ModelConfig(paths["policy"], players="lora", lora_r=args.lora_r, lora_alpha=2 * args.lora_r),
         reward_models=paths["rewards"],
         answer_reward=False,
-        num_generations=args.g,
-        beta=args.beta,
-        clip=0.2,
+        policy_gradient=PolicyGradient(group_size=args.g, kl_coef=args.beta, clip=0.2),
         lr=args.lr,
         grad_clip=1.0,
         sampling=Sampling(temperature=1.0, top_p=1.0, max_new_tokens=args.tokens, min_new_tokens=args.tokens),

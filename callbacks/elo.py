@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
@@ -24,6 +23,7 @@ from alignment_games.callbacks.functional.elo import (
     sample_std,
     weighted_score,
 )
+from alignment_games.callbacks.media import log_figure, log_scalar_layout
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -55,7 +55,9 @@ class EloRating(Callback):
 
     Logged at the end of every training batch: ``{name}/<player>`` (rating) and ``{name}_volatility/<player>``.
     With a ``TensorBoardLogger``, rank 0 also writes a custom-scalars layout at the start of fit
-    (:meth:`tensorboard_layout`): every player's rating in one chart, and every volatility in another.
+    (:meth:`tensorboard_layout`): every player's rating in one chart, and every volatility in another. With a
+    ``figure_path``, the trajectory figure also goes to every logger that takes figures
+    (:mod:`alignment_games.callbacks.media`) as ``<name>/trajectories``.
 
     Args:
         players: the players' names (unique, at least two).
@@ -66,7 +68,7 @@ class EloRating(Callback):
         scale: logistic scale of the expected score (400: a 400-point gap means 10:1 odds).
         apply_every_n_batches: under DDP, gather and apply the buffered duels every n training batches (each
             application is one collective); on one process duels are applied at every batch end at no cost.
-        figure_path: if given, rank 0 writes the trajectory figure there at the end of fit.
+        figure_path: if given, rank 0 writes the trajectory figure there at the end of fit, and to the loggers.
         name: namespace of the logged keys and part of :attr:`state_key`.
 
     Raises:
@@ -284,11 +286,7 @@ class EloRating(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # TensorBoard reads the first layout of a run: written once, here, on rank 0 (no other rank has a writer)
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                if isinstance(logger, TensorBoardLogger):
-                    logger.experiment.add_custom_scalars(self.tensorboard_layout())
-                    break
+        log_scalar_layout(trainer, self.tensorboard_layout())
 
     def _log(self, pl_module: pl.LightningModule) -> None:
         for i, player in enumerate(self.players):
@@ -326,7 +324,7 @@ class EloRating(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.apply_pending(trainer)
         if self.figure_path is not None and trainer.is_global_zero:
-            self.plot(self.figure_path)
+            log_figure(trainer, f"{self.name}/trajectories", self.plot(self.figure_path))
             rank_zero_info(f"EloRating: wrote the rating trajectories to {os.fspath(self.figure_path)}.")
 
     def plot(self, path: str | os.PathLike | None = None) -> Figure:

@@ -22,7 +22,7 @@ def _evaluation_stage(trainer: pl.Trainer) -> str:
 
 
 class MCCTracker(Callback):
-    r"""Matthews correlation of a binary judge with the truth, per epoch, exact under DDP, and its trend.
+    r"""Matthews correlation of a binary judge with the truth per epoch, and its trend; exact under DDP with ``id_key``.
 
     The judge metric of debate RLAIF ("Metrics"; formula: :func:`~callbacks.functional.matthews_corrcoef_from_counts`).
     Reward hacking shows as MCC falling, so the callback also logs the least-squares slope of MCC over the last

@@ -311,6 +311,27 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.load_game_state(state)
 
     # ------------------------------------------------------------------------------------------------ artifacts
+    def item_ids(self, batch: dict[str, Any], count: int) -> Tensor:
+        """The dataset indices of an evaluation batch's ``count`` items (``batch["index"]``), on this device.
+
+        Evaluation counts each item once across processes by these ids, so that one a distributed sampler repeats to
+        pad the data is not counted twice.
+
+        Raises:
+            KeyError: the batch has no ``"index"``.
+            ValueError: it holds another number of ids than items.
+        """
+        name = type(self).__name__
+        if "index" not in batch:
+            raise KeyError(
+                f"{name}: evaluation batches need each item's dataset index under 'index' (as"
+                " datamodules.prompts.collate_prompts gives), to count every item once across processes"
+            )
+        ids = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
+        if ids.numel() != count:
+            raise ValueError(f"{name}: {ids.numel()} ids under 'index' for {count} items")
+        return ids
+
     def artifact_dir(self) -> str:
         """The run's log folder (the trainer's root folder without a logger).
 

@@ -48,7 +48,7 @@ from alignment_games.modules.algorithms.debate import (
     split_reply,
     transcript_metrics,
 )
-from alignment_games.modules.algorithms.rl_losses import group_advantages, grpo_loss
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -62,17 +62,6 @@ __all__ = ["DebateSelfPlay", "ForkedRollout"]
 PLAYER = "policy"
 
 
-def _rows(rollout: Rollout, idx: list[int]) -> Rollout:
-    sel = torch.tensor(idx, dtype=torch.long, device=rollout.sequences.device)
-    return Rollout(
-        rollout.sequences[sel],
-        rollout.attention_mask[sel],
-        rollout.prompt_width,
-        rollout.completion_mask[sel],
-        [rollout.texts[i] for i in idx],
-    )
-
-
 class DebateSelfPlay(LanguageModelGame):
     """One set of weights plays Alice and Bob in RLAIF-A, Debate-AB, Debate-ABA or RLVR against a frozen judge.
 
@@ -81,13 +70,10 @@ class DebateSelfPlay(LanguageModelGame):
             (:class:`ModelConfig`). Its frozen weights are the reference.
         protocol: ``rlaif_a``, ``debate_ab``, ``debate_aba`` or ``rlvr``.
         judge: The frozen judge; ``None`` builds a :class:`modules.scorers.judges.ProgrammaticJudge` with its defaults.
-        group_size: ``G``, branches sampled at the forked ply (≥ 2; the group baseline needs two).
         lr: Single-player learning rate (RLAIF-A, RLVR).
         multi_player_lr_scale: Debate protocols train at ``lr`` times this (paper: 1/4).
-        clip: ε of the ratio clipping (``None``: none; with one update per batch the ratio is 1).
-        kl_beta: Weight of the k3 KL to the reference on the forked ply (0: no reference pass).
-        updates_per_batch: Optimizer steps on each batch of rollouts (> 1 makes the ratio clipping act).
-        scale_advantages: Divide group advantages by the group's std (GRPO) or not (mean baseline only).
+        policy_gradient: The update of the forked ply (:class:`PolicyGradient`): ``group_size`` G is the branches
+            sampled at the fork; the KL is to the reference on the forked ply.
         sampling: How the players sample (:class:`Sampling`: temperature, also that of the log-probabilities, top-p,
             tokens of Alice's answer turn, and ``min_new_tokens`` of every turn).
         reply_max_new_tokens: Tokens of critique and rebuttal turns (``None``: ``sampling.max_new_tokens``).
@@ -109,7 +95,6 @@ class DebateSelfPlay(LanguageModelGame):
         grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
-        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
         log_samples: Validation transcripts shown per validation in TensorBoard (``val/debates``; 0: none).
     """
 
@@ -122,13 +107,9 @@ class DebateSelfPlay(LanguageModelGame):
         lm: ModelConfig,
         protocol: str = "debate_ab",
         judge: DebateJudge | None = None,
-        group_size: int = 4,
         lr: float = 1e-4,
         multi_player_lr_scale: float = 0.25,
-        clip: float | None = 0.2,
-        kl_beta: float = 0.0,
-        updates_per_batch: int = 1,
-        scale_advantages: bool = True,
+        policy_gradient: PolicyGradient = PolicyGradient(),
         sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
         reply_max_new_tokens: int | None = None,
         word_limit: int | None = 100,
@@ -146,20 +127,14 @@ class DebateSelfPlay(LanguageModelGame):
         grad_clip: float | None = 1.0,
         max_consecutive_nonfinite: int = 10,
         seed: int = 0,
-        logprob_micro_batch: int = 0,
         log_samples: int = 4,
     ) -> None:
         super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
         lm = ModelConfig.coerce(lm)
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        if group_size < 2:
-            raise ValueError(f"group_size (G) must be at least 2 for the group baseline, got {group_size}")
         require_positive(lr=lr, multi_player_lr_scale=multi_player_lr_scale)
-        require_at_least(updates_per_batch=(updates_per_batch, 1), kl_beta=(kl_beta, 0.0))
-        require_at_least(word_penalty_coef=(word_penalty_coef, 0.0), logprob_micro_batch=(logprob_micro_batch, 0))
-        if clip is not None:
-            require_positive(clip=clip)
+        require_at_least(word_penalty_coef=(word_penalty_coef, 0.0))
         for name, value in (("word_limit", word_limit), ("reply_max_new_tokens", reply_max_new_tokens)):
             if value is not None:
                 require_at_least(**{name: (value, 1)})
@@ -176,7 +151,9 @@ class DebateSelfPlay(LanguageModelGame):
             "rebuttal": self._template("rebuttal_prompt", rebuttal_prompt, ["{critique}"]),
         }
         self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["judge"])
+        self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
+        groups = {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
+        self.save_hyperparameters_and_groups(groups, ignore=["judge"])
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
@@ -258,7 +235,7 @@ class DebateSelfPlay(LanguageModelGame):
             forked = [i for i in range(b) if fork_plies[i] == j]
             if forked:
                 flat = [i * g + k for i in forked for k in range(g)]
-                chunks[j] = (_rows(out, [rows[x] for x in flat]), flat)
+                chunks[j] = (out.rows([rows[x] for x in flat]), flat)
         transcripts = [t for per_problem in branches for t in per_problem]
         return ForkedRollout(transcripts, list(fork_plies), chunks, rollouts)
 
@@ -287,20 +264,20 @@ class DebateSelfPlay(LanguageModelGame):
 
         Returns ``(loss, stats, token_logprobs per ply)`` (the latter detached, as the next update's ``old``).
         """
-        hp = self.hparams
+        pg = self.policy_gradient
         n = sum(len(idx) for _, idx in rollout.chunks.values())
         loss = torch.zeros((), device=self.device)
         stats = {"kl": 0.0, "clip_fraction": 0.0}
         current = {}
         for j, (chunk, idx) in rollout.chunks.items():
-            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, hp.logprob_micro_batch)
+            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, pg.micro_batch)
             ref = None
-            if hp.kl_beta > 0:
+            if pg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self.bank.token_logprobs(None, chunk, self.sampling.temperature, hp.logprob_micro_batch)
+                    ref = self.bank.token_logprobs(None, chunk, self.sampling.temperature, pg.logprob_micro_batch)
             mask = chunk.completion_mask.to(lp.device)
             adv = advantages[torch.tensor(idx, device=advantages.device)].to(lp.device)
-            part, st = grpo_loss(lp, mask, adv, None if old is None else old[j], ref, clip=hp.clip, beta=hp.kl_beta)
+            part, st = pg.loss(lp, mask, adv, None if old is None else old[j], ref)
             w = len(idx) / n
             loss = loss + w * part
             for k in stats:
@@ -338,10 +315,10 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor] | None:
-        hp = self.hparams
+        hp, pg = self.hparams, self.policy_gradient
         opt = self.optimizers()
         problems, refs = list(batch["prompt"]), list(batch["reference"])
-        b, g = len(problems), hp.group_size
+        b, g = len(problems), pg.group_size
         step_key = self.counters["batches_seen"]
         self.counters["batches_seen"] += 1
         self.phase_times = {}
@@ -360,10 +337,10 @@ class DebateSelfPlay(LanguageModelGame):
         if not self.check_finite(r, "rewards"):  # same decision on every rank: nobody steps
             self.log_dict({**metrics, **skipped}, batch_size=b)
             return self._mcc_outputs(transcripts, verdicts)
-        adv = group_advantages(r, g, scale=hp.scale_advantages)
+        adv = pg.advantages(r)
         self.board.add_values(self, {"train/reward_hist": r, "train/advantage_hist": adv})
         old = None
-        for update in range(hp.updates_per_batch):
+        for update in range(pg.updates_per_batch):
             with self._timed("logprob"):
                 loss, stats, current = self.policy_loss(roll, adv, old)
             if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
@@ -449,14 +426,7 @@ class DebateSelfPlay(LanguageModelGame):
 
     def _evaluate(self, stage: str, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
         problems, refs = list(batch["prompt"]), list(batch["reference"])
-        if "index" not in batch:
-            raise KeyError(
-                "DebateSelfPlay: evaluation batches need each problem's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every problem once across processes"
-            )
-        items = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
-        if items.numel() != len(problems):
-            raise ValueError(f"DebateSelfPlay: {items.numel()} ids under 'index' for {len(problems)} problems")
+        items = self.item_ids(batch, len(problems))
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
             roll = self.play(problems, refs, 1, None)
         transcripts = roll.transcripts

@@ -26,6 +26,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.callbacks.items import gather_unique_items
+from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 from alignment_games.modules.base import (
     LanguageModelGame,
@@ -288,15 +289,7 @@ class DeepSMIDA(LanguageModelGame):
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
-        if "index" not in batch:
-            raise KeyError(
-                "DeepSMIDA: validation batches need each prompt's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every prompt once across processes"
-            )
-        index = torch.as_tensor(batch["index"]).reshape(-1).long()
-        if index.numel() != len(prompts):
-            raise ValueError(f"DeepSMIDA: {index.numel()} ids under 'index' for {len(prompts)} prompts")
-        self._eval.setdefault("index", []).append(index.to(self.device))
+        self._eval.setdefault("index", []).append(self.item_ids(batch, len(prompts)))
         r = self.hparams.eval_pairs
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
             lead, foll = self.rollout(prompts, r, 1, leader=lp, follower=fp)
@@ -312,6 +305,8 @@ class DeepSMIDA(LanguageModelGame):
                 refs_t = [ref for ref in refs for _ in range(r)]
                 p_star = self.oracle.label(xs, ys, y2s, refs_t).float()
                 self._eval.setdefault(f"{tag}_oracle", []).append(p_star.view(len(prompts), r).to(self.device))
+                for name, rows in self.oracle.last_rows.items():  # per row, so a repeated prompt counts once
+                    self._eval.setdefault(f"{tag}_{name}", []).append(rows.view(len(prompts), r).to(self.device))
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -341,11 +336,11 @@ class DeepSMIDA(LanguageModelGame):
                 )
                 for tag in ("trained", "reference")
             }
-        if self.oracle is not None:  # verdicts that were not probabilities or came too late: left out (this rank)
+        if self.oracle is not None:  # this validation's verdicts left out (not probabilities, or too late), every rank
             result["oracle_num_queries"] = self.oracle.num_queries
-            result["oracle_invalid_verdicts"] = self.oracle.invalid_verdicts
-            result["oracle_timeouts"] = self.oracle.timeouts
-            result["oracle_unlabelled_rows"] = self.oracle.unlabelled_rows
+            for name in ("invalid_verdicts", "timeouts", "unlabelled_rows"):  # each prompt once, both pairs
+                parts = [gathered[k] for k in (f"trained_{name}", f"reference_{name}") if k in gathered]
+                result[f"oracle_{name}"] = int(sum(int(p.sum()) for p in parts))
         self.last_eval = result
         self.reference_thresholds = dict(result["thresholds"])
         flat = {
@@ -367,17 +362,15 @@ class DeepSMIDA(LanguageModelGame):
 
     @rank_zero_only
     def _write_figures(self, gathered: dict[str, Tensor]) -> None:
-        """The §5.3 figures as PNG files beside ``game_eval.json`` and, with TensorBoard, in the logger."""
+        """The §5.3 figures as PNG files beside ``game_eval.json`` and in the trainer's loggers."""
         if self.trainer.fast_dev_run:
             return
         log_dir = self.artifact_dir()
         os.makedirs(log_dir, exist_ok=True)
         figures = make_game_figures(gathered["trained_var"], gathered["reference_var"], self.hparams.alphas)
-        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
-            if experiment is not None and hasattr(experiment, "add_figure"):
-                experiment.add_figure(f"val/{name}", fig, global_step=self.global_step)
+            log_figure(self._trainer, f"val/{name}", fig, self.global_step)
 
     # ------------------------------------------------------------------ candidates for annotation
     @override

@@ -3,10 +3,10 @@
 Per training step, for B prompts: B·G completions in one batched ``generate`` (left padding, KV cache); rewards from
 each reward model in one batched pass (models that share a tokenizer share one tokenisation) and/or the answer
 checker (RLVR: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference); group advantages
-(:func:`~modules.algorithms.rl_losses.group_advantages`); reference log-probabilities once per step without gradients
-through the disabled adapter; the clipped surrogate with the k3 KL (:func:`~modules.algorithms.rl_losses.grpo_loss`) on
-completion tokens only; AdamW. With ``updates_per_rollout`` μ > 1 the sampling policy's log-probabilities are kept
-(one extra forward without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
+and reference log-probabilities once per step without gradients through the disabled adapter; the clipped surrogate
+with the k3 KL on completion tokens only (both :class:`~modules.algorithms.rl_losses.PolicyGradient`); AdamW. With
+``policy_gradient.updates_per_batch`` μ > 1 the sampling policy's log-probabilities are kept (one extra forward
+without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
 
 Each phase's wall time is logged (``time/generate``, ``time/score``, ``time/ref_logprobs``, ``time/backward``: the
 policy's forward and backward, ``time/optimizer``) and kept in :attr:`GRPO.phase_times`. A step with a non-finite
@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from alignment_games.modules.algorithms.rl_losses import group_advantages, grpo_loss
+from alignment_games.callbacks.items import ItemRecords
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.base import (
     LanguageModelGame,
     argument_group,
@@ -54,11 +55,8 @@ class GRPO(LanguageModelGame):
         reward_weights: One weight per reward model, then one for the answer reward (default: all 1).
         reward_batch_size: Rows per reward-model forward (0: the whole batch at once).
         reward_max_length: Tokens per reward-model input (cut from the left).
-        num_generations: G, samples per prompt (≥ 2: the group is the baseline).
-        beta: KL coefficient β (0 skips the reference forward).
-        clip: ε of the ratio clipping.
-        updates_per_rollout: μ, optimizer steps per rollout (1: on-policy, the ratio is 1 in value).
-        scale_rewards: Divide advantages by the group std (GRPO); ``False`` keeps the mean baseline only.
+        policy_gradient: The update (:class:`PolicyGradient`: group size G, clip, KL coefficient β, updates per
+            rollout, advantage scaling, micro-batches); default G = 4, β = 0.04.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         adam_betas: AdamW betas.
@@ -67,8 +65,6 @@ class GRPO(LanguageModelGame):
             top-p, tokens per reply, and ``min_new_tokens``, which fixes the work per step).
         system_prompt: System message of the chat template (``None``: none).
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
-        logprob_micro_batch: Rows per reference (and old-policy) log-probability forward (0: all at once).
-        train_micro_batch: Rows per policy forward + backward (0: all at once); gradients are accumulated.
         skip_uniform_groups: Leave out of the policy's forward and backward the groups whose rewards are all equal
             (every reply right, or every reply wrong): their advantages are 0, so with β = 0 their surrogate and its
             gradient are exactly 0 and the update is the same. The mean still counts their rows. Only with β = 0
@@ -89,11 +85,7 @@ class GRPO(LanguageModelGame):
         reward_weights: list[float] | None = None,
         reward_batch_size: int = 0,
         reward_max_length: int = 1024,
-        num_generations: int = 4,
-        beta: float = 0.04,
-        clip: float = 0.2,
-        updates_per_rollout: int = 1,
-        scale_rewards: bool = True,
+        policy_gradient: PolicyGradient = PolicyGradient(kl_coef=0.04),
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         adam_betas: tuple[float, float] = (0.9, 0.999),
@@ -101,8 +93,6 @@ class GRPO(LanguageModelGame):
         sampling: Sampling = Sampling(),
         system_prompt: str | None = None,
         chat_template: bool = True,
-        logprob_micro_batch: int = 0,
-        train_micro_batch: int = 0,
         skip_uniform_groups: bool = True,
         max_consecutive_nonfinite: int = 10,
         eval_max_new_tokens: int | None = None,
@@ -121,24 +111,21 @@ class GRPO(LanguageModelGame):
                 f"reward_weights has {len(reward_weights)} entries but there are {n_rewards} rewards "
                 f"({len(reward_models)} reward models{' + the answer reward' if answer_reward else ''})"
             )
-        # a group of two is the smallest with a baseline
-        require_at_least(
-            num_generations=(num_generations, 2), updates_per_rollout=(updates_per_rollout, 1), beta=(beta, 0)
-        )
-        require_positive(clip=clip, lr=lr)
+        require_positive(lr=lr)
         require_at_least(
             weight_decay=(weight_decay, 0.0),
             reward_batch_size=(reward_batch_size, 0),
             reward_max_length=(reward_max_length, 1),
-            logprob_micro_batch=(logprob_micro_batch, 0),
-            train_micro_batch=(train_micro_batch, 0),
         )
         if eval_max_new_tokens is not None:
             require_at_least(eval_max_new_tokens=(eval_max_new_tokens, 1))
         for i, b in enumerate(adam_betas):
             require_in_range(f"adam_betas[{i}]", b, 0.0, 1.0, open_high=True)
         self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling})
+        self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
+        self.save_hyperparameters_and_groups(
+            {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
+        )
         self.players = PolicyBank(lm, players=(PLAYER,))
         self.reward_models = (
             RewardModels(
@@ -154,6 +141,8 @@ class GRPO(LanguageModelGame):
         self.register_buffer(
             "reward_weight", torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32), persistent=False
         )
+        # per held-out prompt: reward and answer match (NaN without a reference), each prompt once across ranks
+        self.eval_items = ItemRecords(("reward", "accuracy"))
 
     def format_prompts(self, prompts: Sequence[str]) -> list[str]:
         """The policy's inputs: chat-rendered (with the system prompt) or the prompts as they are."""
@@ -188,49 +177,47 @@ class GRPO(LanguageModelGame):
         old: Tensor | None,
         groups: Tensor | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in ``train_micro_batch`` chunks of whole groups: the loss and stats, or ``None``.
+        """Forward and backward in ``policy_gradient.micro_batch`` chunks of whole groups: loss and stats, or ``None``.
 
         ``groups``: indices of the groups to run (default: all). The loss stays the mean over all ``N`` rows, so the
         rows left out count as rows of loss 0 (exact for groups whose advantages are 0 when β = 0).
         """
-        hp = self.hparams
+        pg = self.policy_gradient
         total, g = rollout.sequences.shape[0], rollout.group_size
         if groups is not None and len(groups) < total // g:
             rows = (groups.cpu()[:, None] * g + torch.arange(g)).reshape(-1).to(advantages.device)
-            rollout, advantages = _take_rows(rollout, rows), advantages[rows]
+            rollout, advantages = rollout.rows(rows, g), advantages[rows]
             ref = None if ref is None else ref[rows]
             old = None if old is None else old[rows]
         n = rollout.sequences.shape[0]
-        chunk = -(-(hp.train_micro_batch or n) // g) * g  # whole groups, so each chunk runs its prompts once
+        chunk = -(-(pg.micro_batch or n) // g) * g  # whole groups, so each chunk runs its prompts once
         if chunk < n:
             # groups ordered by their longest completion: each chunk then runs to its own longest reply (see
             # PolicyBank.token_logprobs), not the batch's; the loss is a mean over rows, so the order does not change it
             order = _groups_by_length(rollout.completion_mask, g)
-            rollout, advantages = _take_rows(rollout, order), advantages[order]
+            rollout, advantages = rollout.rows(order, g), advantages[order]
             ref = None if ref is None else ref[order]
             old = None if old is None else old[order]
 
         def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
-            part = _slice_rollout(rollout, start, stop)
+            part = rollout.rows(slice(start, stop))
             lp = self.players.token_logprobs(PLAYER, part, self.sampling.temperature)
-            return grpo_loss(
+            return pg.loss(
                 lp,
                 part.completion_mask.to(lp.dtype),
                 advantages[start:stop],
-                old_token_logprobs=None if old is None else old[start:stop],
-                ref_token_logprobs=None if ref is None else ref[start:stop],
-                clip=hp.clip,
-                beta=hp.beta,
+                None if old is None else old[start:stop],
+                None if ref is None else ref[start:stop],
             )
 
         return self.accumulate(n, chunk, loss_of, total_rows=total)
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        hp = self.hparams
+        hp, pg = self.hparams, self.policy_gradient
         opt = self.optimizers()
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
-        b, g = len(prompts), hp.num_generations
+        b, g = len(prompts), pg.group_size
         self.phase_times = {}
         inputs = self.format_prompts(prompts)
         with self._timed("generate"):
@@ -242,23 +229,23 @@ class GRPO(LanguageModelGame):
             reward = (per_reward * self.reward_weight).sum(dim=1)
         if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps
             return
-        advantages = group_advantages(reward, g, scale=hp.scale_rewards)
+        advantages = pg.advantages(reward)
         grouped = reward.view(b, g)
         informative = (grouped != grouped[:, :1]).any(dim=1)
         groups = None
-        if hp.skip_uniform_groups and hp.beta == 0 and self.trainer.world_size == 1:
+        if hp.skip_uniform_groups and pg.kl_coef == 0 and self.trainer.world_size == 1:
             # at least one group, so the optimizer still steps on a (zero) gradient as it would without the skip
             groups = informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
         self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})
         ref = old = None
         with torch.no_grad():
-            if hp.beta > 0:
+            if pg.kl_coef > 0:
                 with self._timed("ref_logprobs"):
-                    ref = self.players.token_logprobs(None, roll, self.sampling.temperature, hp.logprob_micro_batch)
-            if hp.updates_per_rollout > 1:
+                    ref = self.players.token_logprobs(None, roll, self.sampling.temperature, pg.logprob_micro_batch)
+            if pg.updates_per_batch > 1:
                 with self._timed("old_logprobs"):
-                    old = self.players.token_logprobs(PLAYER, roll, self.sampling.temperature, hp.logprob_micro_batch)
-        for _ in range(hp.updates_per_rollout):
+                    old = self.players.token_logprobs(PLAYER, roll, self.sampling.temperature, pg.logprob_micro_batch)
+        for _ in range(pg.updates_per_batch):
             opt.zero_grad()
             with self._timed("backward"):
                 out = self._policy_loss(roll, advantages, ref, old, groups)
@@ -294,26 +281,45 @@ class GRPO(LanguageModelGame):
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``."""
+        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``.
+
+        The means are taken at the epoch's end over every prompt once, identified by the batch's ``"index"`` (dataset
+        indices), so that a prompt a distributed sampler repeats to pad the data is not counted twice.
+        """
         hp = self.hparams
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
+        index = self.item_ids(batch, len(prompts))
         inputs = self.format_prompts(prompts)
         roll = self.players.generate(
             PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or self.sampling.max_new_tokens, do_sample=False
         )
         per_reward = self.rewards(inputs, roll.texts, refs)
         reward = (per_reward * self.reward_weight).sum(dim=1)
-        logs = {"val/reward": reward.mean()}
+        accuracy = torch.full((len(prompts),), float("nan"), device=self.device)
         if all(r is not None for r in refs):
-            logs["val/accuracy"] = answer_rewards(roll.texts, refs).mean()
-        self.log_dict(logs, batch_size=len(prompts), sync_dist=True)
+            accuracy = answer_rewards(roll.texts, refs).to(self.device, torch.float32)
+        self.eval_items.update(index, reward=reward.to(self.device), accuracy=accuracy)
         if not self.trainer.testing and self.board.wants_samples(self, "val/generations"):
             rows = zip(prompts, refs, roll.texts, reward.tolist())
             self.board.add_samples(
                 self, "val/generations", ({"prompt": x, "reference": r, "reply": y, "reward": v} for x, r, y, v in rows)
             )
 
+    @override
+    def on_validation_epoch_end(self) -> None:
+        """``val/reward`` and ``val/accuracy`` (over the prompts with a reference) of every prompt once."""
+        _, values = self.eval_items.compute(self.device)
+        self.eval_items.reset()
+        if values["reward"].numel() == 0:
+            return
+        logs = {"val/reward": values["reward"].mean()}
+        answered = values["accuracy"][~values["accuracy"].isnan()]
+        if answered.numel():
+            logs["val/accuracy"] = answered.mean()
+        self.log_dict(logs, sync_dist=True)
+
     test_step = validation_step
+    on_test_epoch_end = on_validation_epoch_end
 
 
 def _groups_by_length(completion_mask: Tensor, g: int) -> Tensor:
@@ -321,33 +327,3 @@ def _groups_by_length(completion_mask: Tensor, g: int) -> Tensor:
     longest = completion_mask.sum(dim=1).view(-1, g).amax(dim=1)
     groups = torch.sort(longest.cpu(), stable=True).indices
     return (groups[:, None] * g + torch.arange(g)).reshape(-1).to(completion_mask.device)
-
-
-def _take_rows(rollout: Rollout, order: Tensor) -> Rollout:
-    """The rollout's rows in ``order`` (whole groups kept together by the caller)."""
-    idx = order.tolist()
-    return type(rollout)(
-        rollout.sequences[order],
-        rollout.attention_mask[order],
-        rollout.prompt_width,
-        rollout.completion_mask[order],
-        [rollout.texts[i] for i in idx],
-        group_size=rollout.group_size,
-    )
-
-
-def _slice_rollout(rollout: Rollout, start: int, stop: int) -> Rollout:
-    """Rows ``[start, stop)`` of a rollout (same prompt width)."""
-    n = rollout.sequences.shape[0]
-    if start == 0 and stop >= n:
-        return rollout
-    g = rollout.group_size
-    whole_groups = start % g == 0 and (min(stop, n) - start) % g == 0
-    return type(rollout)(
-        rollout.sequences[start:stop],
-        rollout.attention_mask[start:stop],
-        rollout.prompt_width,
-        rollout.completion_mask[start:stop],
-        rollout.texts[start:stop],
-        group_size=g if whole_groups else 1,
-    )

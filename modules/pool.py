@@ -29,6 +29,7 @@ from torchmetrics.aggregation import MeanMetric
 from typing_extensions import override
 
 from alignment_games.callbacks import EloRating
+from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
@@ -47,6 +48,7 @@ from alignment_games.modules.scorers.peer_judges import (
 )
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.pool_followers import FollowerTraining, FollowerUpdates
+from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
 
@@ -161,8 +163,8 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.elo = EloRating(self.player_names, **(elo or {})) if m > 1 else None
         self.leader_bandit: Exp3 | None = None
         self.generator = torch.Generator().manual_seed(seed)
-        self.val_acc = nn.ModuleDict({p: MeanMetric() for p in self.player_names})
-        self.test_acc = nn.ModuleDict({p: MeanMetric() for p in self.player_names})
+        # each model's per-prompt correctness, gathered at the epoch's end with each prompt once across ranks
+        self.eval_items = ItemRecords(tuple(self.player_names))
         # persistent, so a checkpoint taken mid-epoch carries the epoch's running sums
         self.epoch_means = nn.ModuleDict({k: MeanMetric() for k in ("leader_reward", "score_gap", "follower_loss")})
         for metric in self.epoch_means.values():
@@ -323,7 +325,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         chosen = self._choose_instructions(len(instructions))
         duels, target_gap = self._match(ratings, progress, len(chosen))
         questions, judges = [instructions[i] for i in chosen], rules.duel_judges(duels, len(names))
-        g = self.followers.grpo_rollouts if self.followers.algorithm == "grpo" else 1
+        g = self.followers.policy_gradient.group_size if self.followers.algorithm == "grpo" else 1
         with self._timed("answer"):
             texts, rollouts = self._answer(duels, questions, g)
         with self._timed("judge"):
@@ -521,34 +523,42 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def _evaluate(self, batch: dict[str, Any], metrics: nn.ModuleDict) -> None:
+    def _evaluate(self, batch: dict[str, Any]) -> None:
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
+        index = self.item_ids(batch, len(refs))
+        correct = {}
         for p in self.player_names:
             prompts = [self.chat(p, x, self.hparams.system_prompt) for x in batch["prompt"]]
             out = self.bank(p).generate(p, prompts, 1, max_new_tokens=self.hparams.eval_max_new_tokens, do_sample=False)
-            correct = [float(answers_match(rules.final_answer(t), r)) for t, r in zip(out.texts, refs)]
-            metrics[p].update(torch.tensor(correct, device=self.device))
+            hits = [float(answers_match(rules.final_answer(t), r)) for t, r in zip(out.texts, refs)]
+            correct[p] = torch.tensor(hits, device=self.device)
+        self.eval_items.update(index, **correct)
 
-    def _log_accuracy(self, stage: str, metrics: nn.ModuleDict) -> None:
-        accs = {p: metrics[p].compute() for p in self.player_names}
-        self.log_dict({f"{stage}/acc/{p}": v for p, v in accs.items()})
-        self.log(f"{stage}/acc_macro", torch.stack(list(accs.values())).mean())
-        for metric in metrics.values():
-            metric.reset()
-
-    def _stage(self) -> tuple[str, nn.ModuleDict]:
-        return ("test", self.test_acc) if self.trainer.testing else ("val", self.val_acc)
+    def _log_accuracy(self) -> None:
+        """Each model's share of prompts answered right, every prompt once across ranks (the sampler's repeats out)."""
+        stage = "test" if self.trainer.testing else "val"
+        ids, correct = self.eval_items.compute(self.device)
+        self.eval_items.reset()
+        if ids.numel() == 0:
+            return
+        accs = {p: correct[p].mean() for p in self.player_names}
+        self.log_dict({f"{stage}/acc/{p}": v for p, v in accs.items()}, sync_dist=True)
+        self.log(f"{stage}/acc_macro", torch.stack(list(accs.values())).mean(), sync_dist=True)
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test)."""
-        self._evaluate(batch, self._stage()[1])
+        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
+
+        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
+        to pad the data is counted once.
+        """
+        self._evaluate(batch)
 
     @override
     def on_validation_epoch_end(self) -> None:
-        self._log_accuracy(*self._stage())
+        self._log_accuracy()
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end
@@ -570,7 +580,7 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         folder = self.artifact_dir()
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
             figures = make_pool_figures(self.history, self.player_names)
-            write_pool_artifacts(folder, record, figures, self.logger, self.global_step)
+            write_pool_artifacts(folder, record, figures, self.trainer, self.global_step)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     @override
@@ -618,36 +628,6 @@ def _check_settings(m: int, hp: Any) -> None:
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")
-
-
-def schedule_length(num_iterations: int | None, max_epochs: int | None, batches_per_epoch: float) -> int:
-    """The iterations the annealing schedules span: ``num_iterations``, or the trainer's ``max_epochs × batches``.
-
-    Args:
-        num_iterations: The model's setting; ``None`` derives it from the trainer.
-        max_epochs: ``trainer.max_epochs`` (``None`` or ``-1``: unbounded).
-        batches_per_epoch: ``trainer.num_training_batches`` (one batch is one game iteration).
-
-    Raises:
-        ValueError: naming both settings when ``num_iterations`` is ``None`` and the trainer's length is unbounded.
-    """
-    known = max_epochs is not None and max_epochs >= 0 and batches_per_epoch != float("inf")
-    played = int(max_epochs * batches_per_epoch) if known else None
-    if num_iterations is None:
-        if played is None or played < 1:
-            raise ValueError(
-                "num_iterations: not given, and the trainer's length is unbounded (trainer.max_epochs "
-                f"{max_epochs}); set trainer.max_epochs (one epoch = the datamodule's iterations_per_epoch "
-                "iterations) or model.init_args.num_iterations"
-            )
-        return played
-    if played is not None and played != num_iterations:
-        rank_zero_warn(
-            f"num_iterations={num_iterations}, but the trainer plays {played} iterations (trainer.max_epochs "
-            f"{max_epochs} x {int(batches_per_epoch)} per epoch): the annealing schedules do not end with the run; "
-            "leave num_iterations unset to take the trainer's"
-        )
-    return int(num_iterations)
 
 
 def _override(entry: str | dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor, nn
 from typing_extensions import override
 
+from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.base import require_at_least, require_positive
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
@@ -377,7 +378,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
 
         probs, labels, prompts = collector.compute()
         collector.reset()
-        # Labels averaged over several oracle queries are binarised at 1/2 for accuracy, as the paper's binary labels.
+        # §5.2 counts errors against the binary oracle label, which a 0/1 label is (oracle protocol "binary"); a label
+        # averaged over several queries ("query_mean", a deviation) or a file's soft label counts by its majority.
         binary = (labels.cpu() > 0.5).double()
         report = build_report(
             probs.cpu(),
@@ -416,7 +418,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         report = out["report"]
         datamodule = self.trainer.datamodule
         report["n_truncated"] = int(getattr(datamodule, "num_truncated", 0) or 0)
-        # how the labels were made: the oracle's queries per label and what it left out (None: labels from the data)
+        # how the labels were made: the oracle, its protocol and queries per label, what it left out (None: from data)
         oracle_summary = getattr(datamodule, "oracle_summary", None)
         report["oracle"] = oracle_summary() if callable(oracle_summary) else None
         self.last_report = report
@@ -441,11 +443,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             seed=self.hparams.seed,
             report=out["report"],
         )
-        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
-            if experiment is not None and hasattr(experiment, "add_figure"):
-                experiment.add_figure(f"test/{name}", fig, global_step=self.global_step)
+            log_figure(self._trainer, f"test/{name}", fig, self.global_step)
         rank_zero_info(f"report written to {os.path.join(log_dir, 'report.json')}")
 
     @override

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+import weakref
 from functools import partial
 from typing import Any
 
@@ -54,7 +56,9 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             ``lm: null``.
         tiny_tokenizer: The tiny model's tokenizer, with ``lm: null``: ``byte`` (one token per byte) or ``task`` (a
             byte-level BPE of the generated arithmetic, digits one per token; :mod:`modules.lm.task_tokenizer`).
-        output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit``.
+        output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit`` (not by a
+            ``fast_dev_run``, which writes nothing outside its run folder); a tiny base (``lm: null``) beside them
+            in ``_init``.
         system_prompt: System message of every example that brings none of its own (see :meth:`encode`).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
@@ -100,15 +104,21 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.save_hyperparameters(ignore=["lm"])
         self.hparams["lm"] = None if lm is None else lm.as_dict()
         self.init_nonfinite_guard(max_consecutive_nonfinite)
+        # the tiny base (lm: null) is built in a temporary folder and copied to output_dir/_init by the save at the
+        # end of fit only: a run that saves nothing (fast_dev_run, a crash) writes nothing outside its run folder
+        self._tiny_init: str | None = None
+        source = lm
         if lm is None:
-            init_dir = os.path.join(output_dir, "_init")
-            lm = ModelConfig(build_tiny_causal_lm(init_dir, config=tiny_config, seed=seed, tokenizer=tiny_tokenizer))
+            self._tiny_init = tempfile.mkdtemp(prefix="sft_tiny_init_")
+            weakref.finalize(self, shutil.rmtree, self._tiny_init, True)
+            build_tiny_causal_lm(self._tiny_init, config=tiny_config, seed=seed, tokenizer=tiny_tokenizer)
+            source, lm = ModelConfig(self._tiny_init), ModelConfig(os.path.join(output_dir, "_init"))
         self.lm = lm  # the base, recorded beside the saved model (export.json)
-        self.tokenizer = lm.load_tokenizer(padding_side="right")
-        if lora:
-            self.model = lm.with_adapters(lm.load_model("causal_lm", frozen=True), ["default"])
-        else:
-            self.model = lm.load_model("causal_lm")
+        self.tokenizer = source.load_tokenizer(padding_side="right")
+        base = source.load_model("causal_lm", frozen=lora)
+        if self._tiny_init is not None:  # the saved files name the base where it is saved, not the temporary folder
+            base.name_or_path = base.config._name_or_path = lm.name_or_path
+        self.model = source.with_adapters(base, ["default"]) if lora else base
         # with an adapter only it is saved in checkpoints; the frozen base is reloaded from its path
         self.strict_loading = not lora
         # tokens whose logits are formed at once by the loss; None: as many as fit LOGIT_CHUNK_BYTES of fp32
@@ -254,11 +264,16 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     def on_fit_end(self) -> None:
         """Save the model (or adapter) for the next job (rank 0), gathered whole first under sharded strategies.
 
+        A ``fast_dev_run`` saves nothing: a smoke run neither litters the working folder nor replaces a real artifact.
+
         Under ZeRO-3 or FSDP every rank takes part in the gather (a collective; see
         :func:`modules.distributed.sharding.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2
         every rank takes part in assembling the full state dict (``get_model_state_dict(full_state_dict=True)``),
         which rank 0 writes (peft keeps the adapter's tensors of it).
         """
+        if self.trainer.fast_dev_run:  # a smoke run leaves nothing behind (nor replaces a real artifact)
+            rank_zero_info(f"fast_dev_run: the model is not saved to {self.hparams.output_dir}")
+            return
         if is_fsdp2(self.trainer.strategy):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -274,7 +289,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
 
     @rank_zero_only
     def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write the whole folder beside ``output_dir`` and swap it in (never a torn artifact; ``_init`` kept)."""
+        """Write the whole folder beside ``output_dir`` and swap it in (never a torn artifact), the tiny base in it."""
         out = self.hparams.output_dir
         parent = os.path.dirname(os.path.abspath(out))
         os.makedirs(parent, exist_ok=True)
@@ -287,7 +302,6 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             record = record_of(player, kind, {"family": family_name(self), "global_step": self.global_step})
             with open(os.path.join(tmp, EXPORT_RECORD), "w") as f:
                 json.dump(record, f, indent=2)
-            init = os.path.join(out, "_init")  # the tiny base (lm: null) an adapter refers to: kept
-            if os.path.isdir(init):
-                shutil.copytree(init, os.path.join(tmp, "_init"))
+            if self._tiny_init is not None:  # the tiny base (lm: null) an adapter refers to
+                shutil.copytree(self._tiny_init, os.path.join(tmp, "_init"))
         rank_zero_info(f"warm-started {'adapter' if self.hparams.lora else 'policy'} saved to {out}")

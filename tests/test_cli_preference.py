@@ -48,15 +48,19 @@ def test_fit_leaves_logs_checkpoints_config_and_report(fitted):
     assert report["n_pairs"] == len(cli.datamodule.splits["test"]) == 30 * 10
     assert len(report["member_accuracy"]) == 3
     assert 0.0 <= report["ensemble_accuracy"] <= 1.0
-    # the labels' oracle and how many queries each label averages (the config's 11, the paper's), nothing left out
+    # the labels' oracle and protocol: the paper's one binary verdict a pair (App. E.1), nothing left out
     assert report["oracle"] == {
         "oracle": "ProgrammaticOracle",
-        "num_queries": 11,
+        "protocol": "binary",
+        "num_queries": 1,
         "invalid_verdicts": 0,
         "timeouts": 0,
         "unlabelled_rows": 0,
         "pairs_dropped": 0,
     }
+    # trained on, and errors counted against, 0/1 labels
+    for split in ("train", "test"):
+        assert {r["label"] for r in cli.datamodule.splits[split]} == {0.0, 1.0}, split
 
 
 def test_test_with_ckpt_path_reproduces_the_report(fitted, tmp_path, monkeypatch):

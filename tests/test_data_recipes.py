@@ -56,7 +56,12 @@ def test_relabelling_a_file_with_the_oracle_is_asked_for_by_name(tmp_path, monke
         train.main([*args, "--data.init_args.reference_column=answer"])
     cli = train.main([*args, "--data.init_args.relabel=true", "--data.init_args.reference_column=answer"])
     oracle = _report(cli)["oracle"]
-    assert (oracle["oracle"], oracle["num_queries"], oracle["pairs_dropped"]) == ("ProgrammaticOracle", 11, 0)
+    assert (oracle["oracle"], oracle["protocol"], oracle["num_queries"], oracle["pairs_dropped"]) == (
+        "ProgrammaticOracle",
+        "binary",
+        1,
+        0,
+    )
 
 
 def test_a_trl_conversational_file_with_an_implicit_prompt_needs_only_its_path(tmp_path, monkeypatch):
@@ -104,10 +109,15 @@ def test_sft_on_a_file(tmp_path, monkeypatch, name):
             "fit",
             "--config",
             os.path.join(CONFIGS, "sft_tiny.yaml"),
-            "--data=datamodules.sft.SFTFileDataModule",
+            "--data=alignment_games.datamodules.sft.SFTFileDataModule",
             f"--data.init_args.path={os.path.join(DATA, name)}",
             f"--model.init_args.output_dir={out}",
-            *FAST,
+            # one step, saved (a fast_dev_run saves no model)
+            "--trainer.accelerator=cpu",
+            "--trainer.max_steps=1",
+            "--trainer.limit_val_batches=0",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
         ]
     )
     assert len(cli.datamodule.train_pairs) + len(cli.datamodule.val_pairs) == 32

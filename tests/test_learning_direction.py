@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from alignment_games.datamodules.arithmetic import generate_problems
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
@@ -91,10 +92,9 @@ def _grpo_run(tiny_lm_dir, tmp_path, mirrored: bool) -> tuple[float, float]:
     L.seed_everything(0)
     model = GRPO(
         lm=_lm(tiny_lm_dir),
-        num_generations=16,
+        policy_gradient=PolicyGradient(group_size=16, kl_coef=0.0),
         sampling=Sampling(temperature=1.0, max_new_tokens=1),
         lr=1e-2,
-        beta=0.0,
         chat_template=False,
     )
     model.rewards = lambda inputs, completions, refs, group_size=1: torch.tensor(
@@ -212,9 +212,8 @@ def _debate_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float,
         lm=_lm(tiny_lm_dir),
         protocol="debate_ab",
         judge=CritiqueJudge(mirrored),
-        group_size=16,
+        policy_gradient=PolicyGradient(group_size=16, clip=None),
         lr=4e-2,  # the debates train at lr / 4
-        clip=None,
         sampling=Sampling(temperature=1.0, max_new_tokens=1),
         reply_max_new_tokens=1,
         require_thinking=False,
@@ -253,7 +252,14 @@ def _pool_run(
         num_iterations=6,
         sampling=Sampling(temperature=1.0, max_new_tokens=1),
         eval_max_new_tokens=1,
-        followers=FollowerTraining(algorithm, lr=1e-2, batch_size=8, dpo_beta=1.0, dpo_nll_weight=nll, grpo_rollouts=4),
+        followers=FollowerTraining(
+            algorithm,
+            lr=1e-2,
+            batch_size=8,
+            dpo_beta=1.0,
+            dpo_nll_weight=nll,
+            policy_gradient=PolicyGradient(group_size=4),
+        ),
     )
     model.judge = lambda judge, instructions, responses: [(10.0 if good(y, mirrored) else 1.0, True) for y in responses]
     shown = {p: [model.chat(p, x, model.hparams.system_prompt) for x in PROMPTS] for p in model.player_names}

@@ -150,7 +150,8 @@ def _grpo(tiny_lm_dir, tmp_path, **kw):
 
     lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
     sampling = Sampling(max_new_tokens=6)
-    model = GRPO(lm=lm, num_generations=2, sampling=sampling, lr=5e-2, beta=0.1, chat_template=False, **kw)
+    model = pg = {"group_size": 2, "kl_coef": 0.1}
+    model = GRPO(lm=lm, policy_gradient=pg, sampling=sampling, lr=5e-2, chat_template=False, **kw)
     # the answer reward of a random tiny policy is 0 everywhere (no advantage, no update); the length varies
     model.rewards = lambda inputs, completions, references, **_: torch.tensor([[len(c) / 10.0] for c in completions])
     return model, {"datamodule": _prompts()}
@@ -209,7 +210,7 @@ def _debate(tiny_lm_dir, tmp_path, **kw):
     model = DebateSelfPlay(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
         protocol="debate_ab",
-        group_size=2,
+        policy_gradient={"group_size": 2},
         sampling=Sampling(temperature=0.6, max_new_tokens=6),
         reply_max_new_tokens=4,
         require_thinking=False,

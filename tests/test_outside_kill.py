@@ -25,7 +25,7 @@ _PREF_LORA = (*FAMILIES["preference_ensemble"].args, "--model.init_args.sharing=
 _DEBATE = FAMILIES["debate_ab"]
 _POOL_GRPO_ARGS = tuple(a for a in FAMILIES["pool_dpo"].args if "duels" not in a) + (
     "--model.init_args.duels_per_iteration=1",
-    "--model.init_args.followers.grpo_rollouts=2",
+    "--model.init_args.followers.policy_gradient.group_size=2",
     "--model.init_args.followers.batch_size=2",
 )
 

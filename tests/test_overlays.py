@@ -63,14 +63,16 @@ def test_overlays_compose_and_the_command_line_still_wins(capsys):
         capsys,
         GRPO,
         *(os.path.join(OVERLAYS, n) for n in ("ddp.yaml", "bf16.yaml", "grad_ckpt.yaml")),
-        extra=["--trainer.devices=2", "--model.init_args.beta=0.1"],
+        extra=["--trainer.devices=2", "--model.init_args.policy_gradient.kl_coef=0.1"],
     )
     assert cfg["trainer"]["strategy"]["class_path"].endswith("DDPStrategy")
     assert cfg["trainer"]["precision"] == "bf16-mixed" and str(cfg["trainer"]["devices"]) == "2"
     lm = cfg["model"]["init_args"]["lm"]
-    assert lm["gradient_checkpointing"] is True and cfg["model"]["init_args"]["beta"] == 0.1
+    assert lm["gradient_checkpointing"] is True and cfg["model"]["init_args"]["policy_gradient"]["kl_coef"] == 0.1
     assert lm["lora_r"] == 8  # the family config's lm block survives the overlay's
-    assert cfg["model"]["init_args"]["num_generations"] == 4  # the family's own settings survive the overlays
+    assert (
+        cfg["model"]["init_args"]["policy_gradient"]["group_size"] == 4
+    )  # the family's own settings survive the overlays
 
 
 @pytest.mark.distributed
@@ -241,7 +243,7 @@ def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, ext
         "--model.init_args.eval_max_new_tokens=4",
         "--model.init_args.followers.batch_size=3",  # several follower steps per iteration, 1-2 rows per rank
         "--model.init_args.followers.lr=0.01",
-        *([f"--model.init_args.followers.grpo_rollouts={g}"] if algorithm == "grpo" else []),
+        *([f"--model.init_args.followers.policy_gradient.group_size={g}"] if algorithm == "grpo" else []),
         "--data.init_args.num_problems=20",
         "--data.init_args.num_test_problems=4",
         "--trainer.limit_val_batches=1",
@@ -393,10 +395,10 @@ def _grpo_args(tiny_lm_dir, reward) -> list[str]:
     return [
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.sampling.max_new_tokens=6",
-        "--model.init_args.num_generations=2",
+        "--model.init_args.policy_gradient.group_size=2",
         f"--model.init_args.reward_models=[{reward}]",
         "--model.init_args.answer_reward=false",
-        "--model.init_args.train_micro_batch=2",  # 2 micro-batches per step: no no_sync under ZeRO
+        "--model.init_args.policy_gradient.micro_batch=2",  # 2 micro-batches per step: no no_sync under ZeRO
         "--model.init_args.lr=0.01",
         "--data.init_args.num_prompts=40",
         "--data.init_args.batch_size=2",

@@ -31,11 +31,15 @@ FAMILIES = {
     "CausalLMSFT": (CausalLMSFT, dict),
 }
 CASES = [
-    ("DebateSelfPlay", {"clip": 0.0}, "clip must be positive, got 0.0"),
+    ("DebateSelfPlay", {"policy_gradient": {"clip": 0.0}}, "policy_gradient.clip must be positive or null, got 0.0"),
     ("DebateSelfPlay", {"word_penalty_coef": -0.01}, "word_penalty_coef must be at least 0.0, got -0.01"),
     ("DebateSelfPlay", {"word_limit": 0}, "word_limit must be at least 1, got 0"),
     ("DebateSelfPlay", {"reply_max_new_tokens": 0}, "reply_max_new_tokens must be at least 1, got 0"),
-    ("DebateSelfPlay", {"logprob_micro_batch": -1}, "logprob_micro_batch must be at least 0, got -1"),
+    (
+        "DebateSelfPlay",
+        {"policy_gradient": {"micro_batch": -1}},
+        "policy_gradient.micro_batch must be at least 0, got -1",
+    ),
     ("DeepSMIDA", {"alphas": (0.1, 1.0)}, r"alphas\[1\] must be in \(0.0, 1.0\), got 1.0"),
     ("DeepSMIDA", {"alphas": (0.0,)}, r"alphas\[0\] must be in \(0.0, 1.0\), got 0.0"),
     ("DeepSMIDA", {"epsilons": (0.0, -0.1)}, r"epsilons\[1\] must be in \[0.0, 1.0\), got -0.1"),
@@ -46,7 +50,7 @@ CASES = [
     ("GRPO", {"weight_decay": -1e-4}, "weight_decay must be at least 0.0, got -0.0001"),
     ("GRPO", {"reward_max_length": 0}, "reward_max_length must be at least 1, got 0"),
     ("GRPO", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
-    ("GRPO", {"train_micro_batch": -2}, "train_micro_batch must be at least 0, got -2"),
+    ("GRPO", {"policy_gradient": {"group_size": 1}}, "policy_gradient.group_size must be at least 2, got 1"),
     ("StackelbergPool", {"gamma": 0.0}, r"gamma must be in \(0.0, 1.0\], got 0.0"),
     ("StackelbergPool", {"gamma": 1.5}, r"gamma must be in \(0.0, 1.0\], got 1.5"),
     ("StackelbergPool", {"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),

@@ -38,6 +38,7 @@ def _checkpoint(run, family):
     return ckpt, ckpt["global_step"] // family.steps_per_batch
 
 
+@pytest.mark.e2e  # 14-24 s a family on 2 cores: run by `python -m pytest -m e2e` (.ci/run, after the default set)
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_killed_and_resumed_chain_logs_what_the_uninterrupted_run_logs(name, runner, reference, tmp_path):
     family = FAMILIES[name]

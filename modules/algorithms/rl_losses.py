@@ -1,15 +1,72 @@
 """Policy-optimisation losses shared by the games: GRPO-style group advantages and clipped loss, and sigmoid DPO.
 
 Log-probabilities come from :meth:`modules.lm.policy_bank.PolicyBank.token_logprobs` (completion tokens only).
+:class:`PolicyGradient` is the one argument group of the group-relative update that GRPO, debate self-play and the
+pool's GRPO followers run (``policy_gradient:`` in their configs).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["dpo_loss", "group_advantages", "grpo_loss", "length_normalized_nll"]
+__all__ = ["PolicyGradient", "dpo_loss", "group_advantages", "grpo_loss", "length_normalized_nll"]
+
+
+@dataclass(frozen=True)
+class PolicyGradient:
+    """The group-relative policy-gradient update: group baseline, clipped ratio, k3 KL to the frozen reference.
+
+    Each family gives its own default instance (its paper's values); a config overrides single fields
+    (``--model.init_args.policy_gradient.kl_coef 0.04``).
+
+    Attributes:
+        group_size: G, samples per prompt (≥ 2: the group's mean is the baseline).
+        clip: ε of the ratio clipping (``None``: none; with one update per batch the ratio is 1 in value).
+        kl_coef: β, weight of the k3 KL to the reference (0 skips the reference forward).
+        updates_per_batch: μ, optimizer steps on each batch of rollouts (> 1 reuses it; that is where the clip acts).
+        scale_advantages: Divide the group advantages by the group's std (GRPO); ``False`` keeps the mean baseline.
+        micro_batch: Rows per forward of the policy with gradients (0: all at once); GRPO and the pool's followers
+            also run the backward per micro-batch, accumulating the gradients.
+        logprob_micro_batch: Rows per forward without gradients: reference and sampling-policy log-probabilities
+            (0: all at once).
+
+    Raises:
+        ValueError: for a value out of range, naming the field.
+    """
+
+    group_size: int = 4
+    clip: float | None = 0.2
+    kl_coef: float = 0.0
+    updates_per_batch: int = 1
+    scale_advantages: bool = True
+    micro_batch: int = 0
+    logprob_micro_batch: int = 0
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("group_size", 2), ("updates_per_batch", 1), ("micro_batch", 0)):
+            if not getattr(self, name) >= minimum:
+                raise ValueError(f"policy_gradient.{name} must be at least {minimum}, got {getattr(self, name)!r}")
+        if not self.logprob_micro_batch >= 0 or not self.kl_coef >= 0:
+            raise ValueError(
+                f"policy_gradient.kl_coef ({self.kl_coef!r}) and logprob_micro_batch ({self.logprob_micro_batch!r}) "
+                "must be at least 0"
+            )
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"policy_gradient.clip must be positive or null, got {self.clip!r}")
+
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """:func:`group_advantages` of ``rewards`` ``[N]`` in groups of :attr:`group_size`."""
+        return group_advantages(rewards, self.group_size, scale=self.scale_advantages)
+
+    def loss(
+        self, logprobs: Tensor, mask: Tensor, advantages: Tensor, old: Tensor | None = None, ref: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:func:`grpo_loss` (old and reference log-probabilities optional) with this clip and KL coefficient."""
+        return grpo_loss(logprobs, mask, advantages, old, ref, clip=self.clip, beta=self.kl_coef)
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> Tensor:

@@ -1,7 +1,7 @@
 """The multi-LLM pool's figures of §5 (Figs. 3–5) from its history, and their writing beside the logs.
 
 :func:`make_pool_figures` draws them (matplotlib's Agg canvas, no pyplot state); :func:`write_pool_figures` writes
-each as a PNG atomically and hands it to the logger's ``add_figure`` (TensorBoard) when there is one;
+each as a PNG atomically and hands it to the trainer's loggers (:func:`~alignment_games.callbacks.media.log_figure`);
 :func:`write_pool_artifacts` writes them with the run's record, ``pool_history.json``.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.training.artifacts import atomic_write_bytes, atomic_write_text
 
 __all__ = ["make_pool_figures", "write_pool_artifacts", "write_pool_figures"]
@@ -92,12 +93,11 @@ def make_pool_figures(history: dict[str, list[Any]], players: Sequence[str], top
     return figures
 
 
-def write_pool_figures(figures: dict[str, Any], folder: str, logger: Any = None, step: int = 0) -> list[str]:
-    """Each figure as ``<folder>/<name>.png`` (atomically) and, when ``logger`` has one, to its ``add_figure``.
+def write_pool_figures(figures: dict[str, Any], folder: str, trainer: Any = None, step: int = 0) -> list[str]:
+    """Each figure as ``<folder>/<name>.png`` (atomically) and, as ``pool/<name>``, to the ``trainer``'s loggers.
 
-    Call it on one rank. Returns the paths written.
+    Call it on rank zero. Returns the paths written.
     """
-    experiment = getattr(logger, "experiment", None) if logger is not None else None
     paths = []
     for name, fig in figures.items():
         buffer = io.BytesIO()
@@ -105,13 +105,12 @@ def write_pool_figures(figures: dict[str, Any], folder: str, logger: Any = None,
         path = os.path.join(folder, f"{name}.png")
         atomic_write_bytes(path, buffer.getvalue())
         paths.append(path)
-        if experiment is not None and hasattr(experiment, "add_figure"):
-            experiment.add_figure(f"pool/{name}", fig, global_step=step)
+        log_figure(trainer, f"pool/{name}", fig, step)
     return paths
 
 
 def write_pool_artifacts(
-    folder: str, record: dict[str, Any], figures: dict[str, Any], logger: Any = None, step: int = 0
+    folder: str, record: dict[str, Any], figures: dict[str, Any], trainer: Any = None, step: int = 0
 ) -> list[str]:
     """``<folder>/pool_history.json`` (``record``) and the figures (:func:`write_pool_figures`), each atomically.
 
@@ -119,4 +118,4 @@ def write_pool_artifacts(
     """
     path = os.path.join(folder, "pool_history.json")
     atomic_write_text(path, json.dumps(record, indent=1))
-    return [path, *write_pool_figures(figures, folder, logger, step)]
+    return [path, *write_pool_figures(figures, folder, trainer, step)]

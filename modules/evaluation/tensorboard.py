@@ -1,10 +1,11 @@
-"""What a game shows in TensorBoard beyond its scalars: sampled text, value histograms, a distribution over arms.
+"""What a game shows beyond its scalars: sampled text, value histograms, a distribution over arms.
 
 The games (GRPO, debate, deep-SMIDA, the pool) each hold one :class:`GameBoard` and hand it what they already
 produced: the first rows of a validation (never a draw from a generator, so the RNG streams and exact resumes are
-untouched), the step's rewards and advantages, the leader's probabilities. It writes only on rank zero and only to a
-``TensorBoardLogger``; with another logger, none, or a ``fast_dev_run`` (Lightning's dummy logger) it does nothing.
-Text is markdown-escaped (:func:`escape_markdown`) so a generated reply cannot restyle or break TensorBoard's page.
+untouched), the step's rewards and advantages, the leader's probabilities. It writes through
+:mod:`alignment_games.callbacks.media`: on rank zero, to every TensorBoard, W&B, MLflow and CSV logger of the trainer;
+with none of them, or in a ``fast_dev_run`` (Lightning's dummy logger), it keeps and writes nothing. Text is
+markdown-escaped (:func:`escape_markdown`) so a generated reply cannot restyle or break the page that renders it.
 User guide: ``docs/tensorboard.md``.
 """
 
@@ -18,9 +19,10 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 
-__all__ = ["GameBoard", "escape_markdown", "samples_markdown", "tensorboard_writer"]
+from alignment_games.callbacks.media import Histogram, log_histogram, log_scalar_layout, log_text, media_loggers
+
+__all__ = ["GameBoard", "escape_markdown", "samples_markdown"]
 
 # every ASCII punctuation character may start markdown (lists, headings, emphasis, code, tables, links, setext
 # underlines, HTML): each becomes a numeric entity, which markdown passes through and the browser shows as itself
@@ -81,32 +83,11 @@ def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n\n---\n\n".join(parts)
 
 
-def tensorboard_writer(trainer: L.Trainer | None) -> Any | None:
-    """The ``SummaryWriter`` of the trainer's first ``TensorBoardLogger`` on rank zero; ``None`` otherwise."""
-    if trainer is None or not trainer.is_global_zero:
-        return None
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger):
-            return logger.experiment
-    return None
-
-
-def logging_step(trainer: L.Trainer) -> int:
-    """The step Lightning gives the scalars logged now (batches that stepped: one per batch, not per optimizer).
-
-    Read as Lightning's own ``LearningRateMonitor`` reads it, so histograms and text line up with the scalars.
-    """
-    loop = getattr(trainer, "fit_loop", None)
-    if trainer.state.fn == "fit" and loop is not None:
-        return int(loop.epoch_loop._batches_that_stepped)
-    return int(trainer.global_step)
-
-
 class GameBoard:
-    """A game's TensorBoard extras: validation samples as text, training values as histograms, a leader's arms.
+    """A game's extras: validation samples as text, training values as histograms, a leader's arms.
 
     Nothing here touches a generator or the module's state that trains or is checkpointed; every method returns at
-    once off rank zero or without a ``TensorBoardLogger``.
+    once off rank zero or without a logger that takes them (:func:`~alignment_games.callbacks.media.media_loggers`).
 
     Args:
         num_samples: Rows of text per tag and validation (0: no text).
@@ -125,7 +106,7 @@ class GameBoard:
     # ------------------------------------------------------------------------------------------------ text
     def wants_samples(self, module: L.LightningModule, tag: str) -> bool:
         """Whether ``tag`` still takes rows (so a caller can skip building them)."""
-        if self.num_samples == 0 or tensorboard_writer(module._trainer) is None:
+        if self.num_samples == 0 or not media_loggers(module._trainer):
             return False
         return len(self._samples.get(tag, [])) < self.num_samples
 
@@ -145,14 +126,10 @@ class GameBoard:
 
     def write_samples(self, module: L.LightningModule) -> None:
         """Write each tag's kept rows as one markdown text at the current step, then forget them."""
-        writer = tensorboard_writer(module._trainer)
         samples, self._samples = self._samples, {}
-        if writer is None:
-            return
-        step = logging_step(module.trainer)
         for tag, rows in samples.items():
             if rows:
-                writer.add_text(tag, samples_markdown(rows), global_step=step)
+                log_text(module._trainer, tag, samples_markdown(rows))
 
     # ------------------------------------------------------------------------------------------------ histograms
     def add_values(self, module: L.LightningModule, values: Mapping[str, Any]) -> None:
@@ -160,7 +137,7 @@ class GameBoard:
 
         Non-finite values are left out (a histogram cannot bin them; the games count them apart).
         """
-        if tensorboard_writer(module._trainer) is None:
+        if not media_loggers(module._trainer):
             return
         for tag, value in values.items():
             array = np.asarray(torch.as_tensor(value).detach().double().cpu().reshape(-1).numpy())
@@ -177,46 +154,27 @@ class GameBoard:
 
     def flush_values(self, module: L.LightningModule) -> None:
         """Write the buffered values now (one histogram per tag holding any), then forget them."""
-        writer = tensorboard_writer(module._trainer)
         values, self._values = self._values, {}
-        if writer is None:
-            return
-        step = logging_step(module.trainer)
         for tag, parts in values.items():
-            array = np.concatenate(parts)
-            if array.size:
-                writer.add_histogram(tag, array, global_step=step)
+            histogram = Histogram.of_values(np.concatenate(parts))
+            if histogram is not None:
+                log_histogram(module._trainer, tag, histogram)
 
     def write_distribution(self, module: L.LightningModule, tag: str, probabilities: Any) -> None:
         """A distribution over arms ``0 … K-1`` as a histogram: bucket ``i`` spans ``[i - ½, i + ½)``, height ``p_i``.
 
-        TensorBoard's histogram tab then shows the distribution itself per step (not a histogram of its values).
+        A histogram view then shows the distribution itself per step (not a histogram of its values).
         """
-        writer = tensorboard_writer(module._trainer)
-        if writer is None:
-            return
-        p = np.asarray(torch.as_tensor(probabilities).detach().double().cpu().reshape(-1).numpy())
-        arms = np.arange(p.size, dtype=np.float64)
-        writer.add_histogram_raw(
-            tag,
-            min=-0.5,
-            max=p.size - 0.5,
-            num=float(p.sum()),
-            sum=float((arms * p).sum()),
-            sum_squares=float((arms**2 * p).sum()),
-            bucket_limits=(arms + 0.5).tolist(),
-            bucket_counts=p.tolist(),
-            global_step=logging_step(module.trainer),
-        )
+        p = torch.as_tensor(probabilities).detach().double().cpu().reshape(-1).numpy()
+        log_histogram(module._trainer, tag, Histogram.of_distribution(p))
 
     def write_layout(self, module: L.LightningModule, layout: dict[str, dict[str, list[Any]]]) -> None:
         """Write a custom-scalars layout (``{category: {chart: ["Multiline", [tag regexes]]}}``).
 
-        TensorBoard reads a run's first one, so a game writes one, whole, at the start of fit.
+        TensorBoard reads a run's first one, so a game writes one, whole, at the start of fit; the other loggers have
+        no such layout (:func:`~alignment_games.callbacks.media.log_scalar_layout`).
         """
-        writer = tensorboard_writer(module._trainer)
-        if writer is not None:
-            writer.add_custom_scalars(layout)
+        log_scalar_layout(module._trainer, layout)
 
 
 def debate_row(transcript: Any, share: float, verdict: str, rewards: Sequence[Any]) -> dict[str, Any]:

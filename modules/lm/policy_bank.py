@@ -98,6 +98,22 @@ class Rollout:
             start += count * g
         return pieces
 
+    def rows(self, index: slice | Sequence[int] | Tensor, group_size: int | None = None) -> Rollout:
+        """The rows ``index`` (a slice, or row numbers in order), prompt width kept.
+
+        ``group_size`` of the result: the one given; else, for a slice, this rollout's when the slice cuts no prompt
+        group, and 1 otherwise or for row numbers.
+        """
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(self.sequences.shape[0])
+            whole = start % self.group_size == 0 and (stop - start) % self.group_size == 0
+            group_size, texts = group_size or (self.group_size if whole else 1), self.texts[index]
+        else:
+            index = torch.as_tensor(index, dtype=torch.long, device=self.sequences.device)
+            group_size, texts = group_size or 1, [self.texts[i] for i in index.tolist()]
+        seq, att, comp = self.sequences[index], self.attention_mask[index], self.completion_mask[index]
+        return Rollout(seq, att, self.prompt_width, comp, texts, group_size)
+
 
 class PolicyBank(nn.Module):
     """The players of a game over one base model.

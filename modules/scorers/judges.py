@@ -412,6 +412,8 @@ class HFJudge(PromptedJudge):
         think_close: Closing delimiter.
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32 (CPU matmuls in bf16 are
             slow and the judge is frozen, so fp32 costs only memory there).
+        load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CUDA only; refused with the package
+            to install when bitsandbytes is missing). The quantized model stays where it was loaded.
         trust_remote_code: Off unless turned on.
         seed: Seed of the vote sampling.
         timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
@@ -432,6 +434,7 @@ class HFJudge(PromptedJudge):
         think_close: str = "</think>",
         prefill: str = "",
         dtype: str = "auto",
+        load_in_4bit: bool = False,
         trust_remote_code: bool = False,
         seed: int = 0,
         timeout_s: float | None = None,
@@ -449,13 +452,15 @@ class HFJudge(PromptedJudge):
             seed=seed,
             timeout_s=timeout_s,
         )
-        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
-        self.device = torch.device("cpu")
+        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code, load_in_4bit)
+        self.device = next(self.model.parameters()).device
         # prefill each prompt once for its votes; False samples num_return_sequences rows that each prefill it
         self.share_prompt = True
 
     @override
     def to(self, device: torch.device | str) -> HFJudge:
+        if getattr(self.model, "is_loaded_in_4bit", False):  # bitsandbytes weights cannot move; inputs follow them
+            return self
         self.device = torch.device(device)
         self.model.to(self.device)
         return self

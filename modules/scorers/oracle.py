@@ -71,18 +71,24 @@ def check_placeholders(template: str, keys: Sequence[str]) -> None:
             raise ValueError(f"judge template must contain {key}")
 
 
-def load_frozen_causal_lm(model: str, dtype: str, trust_remote_code: bool) -> tuple[Any, Any]:
+def load_frozen_causal_lm(
+    model: str, dtype: str, trust_remote_code: bool, load_in_4bit: bool = False
+) -> tuple[Any, Any]:
     """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients.
 
     ``dtype="auto"`` is bfloat16 when CUDA is available (half the memory of fp32, and a frozen judge has no optimizer
-    to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32).
+    to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32). ``load_in_4bit`` loads
+    NF4 weights through bitsandbytes (CUDA only; a 70B judge in about 37 GB), computing in ``dtype``, as the
+    policies' ``lm.load_in_4bit`` does.
     """
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     if dtype == "auto":
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
-    lm = load_model(model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code).eval()
+    lm = load_model(
+        model, task="causal_lm", dtype=dtype, trust_remote_code=trust_remote_code, load_in_4bit=load_in_4bit
+    ).eval()
     lm.requires_grad_(False)
     return tokenizer, lm
 
@@ -91,7 +97,8 @@ class PreferenceOracle(ABC):
     """A source of preference verdicts.
 
     Args:
-        num_queries: Order-randomised queries per label (the paper's evaluation uses 11; training labels 1).
+        num_queries: Order-randomised queries per label: 1 is a binary label, as the paper's training data (App.
+            E.1); its evaluations (§5.3.2, App. G.4) average 11 (see :attr:`protocol`).
         seed: Seed of the order randomisation and of the verdict sampling.
         timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
             abandoned: its verdicts are invalid, and its rows are counted in ``timeouts``. Meant for oracles that
@@ -101,6 +108,9 @@ class PreferenceOracle(ABC):
         invalid_verdicts: Verdicts that were not a probability (NaN, inf, outside [0, 1]), left out of the labels.
         timeouts: Verdicts abandoned because their call came too late, left out as well.
         unlabelled_rows: Rows of which no query gave a valid verdict: their label is NaN (no estimate).
+        last_rows: The same three counts per row of the latest :meth:`label` call (``[n]`` integer tensors under
+            ``invalid_verdicts``, ``timeouts``, ``unlabelled_rows``), whose sums that call added to the counters;
+            a caller that labels items on several processes keeps them per item, to count each item once.
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
@@ -109,6 +119,7 @@ class PreferenceOracle(ABC):
         self.invalid_verdicts = 0
         self.timeouts = 0
         self.unlabelled_rows = 0
+        self.last_rows: dict[str, Tensor] = {}
 
     @abstractmethod
     def first_wins_probability(
@@ -137,6 +148,7 @@ class PreferenceOracle(ABC):
         n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
         wins = torch.zeros(n, dtype=torch.float64)
         valid = torch.zeros(n, dtype=torch.float64)
+        late_queries = 0
         for _ in range(self.num_queries):
             swap = torch.rand(n, generator=self.generator) < 0.5
             firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
@@ -146,6 +158,7 @@ class PreferenceOracle(ABC):
             )
             if late:
                 self.timeouts += n
+                late_queries += 1
                 p_first, ok = torch.full((n,), 0.5, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
             else:
                 p_first, ok = self._checked(p_first, n)
@@ -155,6 +168,11 @@ class PreferenceOracle(ABC):
             valid += ok.double()
         unlabelled = valid == 0
         self.unlabelled_rows += int(unlabelled.sum())
+        self.last_rows = {
+            "invalid_verdicts": self.num_queries - late_queries - valid.long(),
+            "timeouts": torch.full((n,), late_queries, dtype=torch.long),
+            "unlabelled_rows": unlabelled.long(),
+        }
         return torch.where(unlabelled, torch.full_like(wins, math.nan), wins / valid.clamp(min=1.0))
 
     def _checked(self, p_first: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -196,10 +214,21 @@ class PreferenceOracle(ABC):
         self.timeouts = int(state["timeouts"])
         self.unlabelled_rows = int(state["unlabelled_rows"])
 
+    @property
+    def protocol(self) -> str:
+        """How a label is made, named in reports: ``"binary"`` or ``"query_mean"``.
+
+        ``"binary"`` (``num_queries`` 1): one sampled verdict, 0 or 1, a pair: the paper's training labels, against
+        which §5.2 also counts the ensemble's errors (App. E.1). ``"query_mean"``: the mean of the valid verdicts of
+        ``num_queries`` queries, the paper's estimate of P* in its evaluations (§5.3.2, App. G.4).
+        """
+        return "binary" if self.num_queries == 1 else "query_mean"
+
     def summary(self) -> dict[str, Any]:
-        """What a report says of this oracle: its class, queries per label and the verdicts and rows left out."""
+        """What a report says of this oracle: its class, label protocol, queries per label and what was left out."""
         return {
             "oracle": type(self).__name__,
+            "protocol": self.protocol,
             "num_queries": self.num_queries,
             "invalid_verdicts": self.invalid_verdicts,
             "timeouts": self.timeouts,

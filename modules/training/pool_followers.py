@@ -8,6 +8,7 @@ backward per forward, which a step that trains one of several adapters from uneq
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -17,7 +18,7 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.algorithms import pool as rules
-from alignment_games.modules.algorithms.rl_losses import dpo_loss, grpo_loss, length_normalized_nll
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.lm.policy_bank import Rollout
 
@@ -32,14 +33,14 @@ class FollowerTraining:
         algorithm: ``"dpo"`` (on the non-tied duels) or ``"grpo"`` (on the peer scores of its rollouts).
         lr: Learning rate of every follower (paper: 1e-6).
         batch_size: Effective batch of an update (pairs for DPO, rollouts for GRPO; paper: 16).
-        micro_batch: Sequences per forward inside a batch (0: the whole batch); gradients are accumulated.
+        micro_batch: Sequences per DPO forward inside a batch (0: the whole batch); gradients are accumulated.
         dpo_beta: β of DPO.
         dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
         dpo_nll_weight: α of RPO's length-normalised NLL of the chosen response added to DPO
             (:func:`~modules.algorithms.rl_losses.length_normalized_nll`; 0: plain DPO, the paper's).
-        grpo_rollouts: G, rollouts per combatant and duel under GRPO (paper: 4).
-        grpo_beta: KL coefficient of GRPO (paper: 0; > 0 uses the disabled adapter as reference).
-        grpo_clip: Ratio clip of GRPO.
+        policy_gradient: The GRPO update (:class:`PolicyGradient`): ``group_size`` G is the rollouts per combatant
+            and duel (paper: 4), ``kl_coef`` > 0 uses the disabled adapter as reference (paper: 0); each of the
+            ``updates_per_batch`` steps takes one batch of ``batch_size`` rollouts.
 
     Raises:
         ValueError: naming a field out of range.
@@ -52,11 +53,14 @@ class FollowerTraining:
     dpo_beta: float = 0.1
     dpo_pairs: str = "all"
     dpo_nll_weight: float = 0.0
-    grpo_rollouts: int = 4
-    grpo_beta: float = 0.0
-    grpo_clip: float = 0.2
+    policy_gradient: PolicyGradient = PolicyGradient()
 
     def __post_init__(self) -> None:
+        if isinstance(self.policy_gradient, dict):  # as a checkpoint's hparams hold it
+            known = {f.name for f in dataclasses.fields(PolicyGradient)}
+            if unknown := sorted(set(self.policy_gradient) - known):
+                raise ValueError(f"followers.policy_gradient: unknown field(s) {unknown}; known: {sorted(known)}")
+            object.__setattr__(self, "policy_gradient", PolicyGradient(**self.policy_gradient))
         for field, allowed in (("algorithm", ("dpo", "grpo")), ("dpo_pairs", ("all", "own"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"followers.{field} must be one of {allowed}, got {getattr(self, field)!r}")
@@ -66,17 +70,10 @@ class FollowerTraining:
             raise ValueError(
                 f"followers.batch_size must be positive and micro_batch >= 0, got {self.batch_size}, {self.micro_batch}"
             )
-        if self.algorithm == "grpo" and self.grpo_rollouts < 2:
-            raise ValueError(
-                f"followers.grpo_rollouts must be at least 2 for a group baseline, got {self.grpo_rollouts}"
-            )
         if self.dpo_nll_weight < 0:
             raise ValueError(f"followers.dpo_nll_weight must be non-negative, got {self.dpo_nll_weight}")
-        if self.dpo_beta <= 0 or self.grpo_beta < 0 or self.grpo_clip <= 0:
-            raise ValueError(
-                f"followers: dpo_beta ({self.dpo_beta}) and grpo_clip ({self.grpo_clip}) must be positive, grpo_beta "
-                f"({self.grpo_beta}) non-negative"
-            )
+        if not self.dpo_beta > 0:
+            raise ValueError(f"followers.dpo_beta must be positive, got {self.dpo_beta}")
 
 
 class FollowerUpdates:
@@ -144,7 +141,7 @@ class FollowerUpdates:
 
     def _dpo_rows_loss(self, p: str, both: Rollout, ref: Tensor, acc: list, margin: list, a: int, b: int) -> Tensor:
         """Summed DPO loss (and RPO's NLL term when weighted) of this rank's pairs ``a … b`` of ``p``."""
-        rows = _rows(both, slice(2 * a, 2 * b))
+        rows = both.rows(slice(2 * a, 2 * b))
         lp = self.bank(p).logprobs(p, rows, 1.0).view(-1, 2)
         loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.followers.dpo_beta)
         acc.extend((cr > rr).float().tolist())
@@ -168,20 +165,22 @@ class FollowerUpdates:
 
         A batch's rows owned by this rank are a contiguous run of its rollout (both orders follow the duels).
         """
-        hp, g = self.followers, self.followers.grpo_rollouts
+        pg = self.followers.policy_gradient
         old = ref = adv = None
         if own:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
-            adv = rules.peer_score_advantages(rewards, g).to(self.device)
+            adv = rules.peer_score_advantages(rewards, pg.group_size, pg.scale_advantages).to(self.device)
             self.board.add_values(self, {"follower/reward_hist": rewards, "follower/advantage_hist": adv})
             with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
-                old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, hp.micro_batch)
-                if hp.grpo_beta > 0:
-                    ref = self.bank(p).token_logprobs(None, out, self.sampling.temperature, hp.micro_batch)
-        owned = [collectives.owns(self._trainer, d) for d, _ in slots for _ in range(g)]  # in duel order, as `out`
+                old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, pg.logprob_micro_batch)
+                if pg.kl_coef > 0:
+                    ref = self.bank(p).token_logprobs(None, out, self.sampling.temperature, pg.logprob_micro_batch)
+        owned = [collectives.owns(self._trainer, d) for d, _ in slots for _ in range(pg.group_size)]  # as `out`
         clipped: list[float] = []
         loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, clipped)
-        losses = self._steps(p, opt, loss_fn, collectives.local_batches(owned, hp.batch_size))
+        batches = collectives.local_batches(owned, self.followers.batch_size)
+        batches = [batch for batch in batches for _ in range(pg.updates_per_batch)]  # μ steps on each batch
+        losses = self._steps(p, opt, loss_fn, batches, pg.micro_batch)
         clipped = sum(collectives.gather_objects(self._trainer, clipped), [])
         everyone = [x for slot in slots for x in rollout_scores[slot]]
         stats = {f"follower/reward/{p}": sum(everyone) / len(everyone)}
@@ -193,11 +192,11 @@ class FollowerUpdates:
 
     def _grpo_rows_loss(self, p: str, out: Rollout, adv: Tensor, old: Tensor, ref: Tensor | None, clipped: list, a, b):
         """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows)."""
-        hp, rows = self.followers, slice(a, b)
-        sub = _rows(out, rows)
+        rows = slice(a, b)
+        sub = out.rows(rows)
         lp = self.bank(p).token_logprobs(p, sub, self.sampling.temperature)
         mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[rows]
-        loss, st = grpo_loss(lp, mask, adv[rows], old[rows], ref_rows, hp.grpo_clip, hp.grpo_beta)
+        loss, st = self.followers.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows)
         clipped.append(float(st["clip_fraction"]))
         return loss * (b - a)
 
@@ -238,18 +237,3 @@ class FollowerUpdates:
         self.optimizer_step(opt, params)
         self.epoch_means["follower_loss"].update(total)
         return total
-
-
-def _rows(rollout: Rollout, rows: slice) -> Rollout:
-    """The rows ``rows`` (a contiguous slice) of a rollout: prompt width kept, prompt groups kept when none is cut."""
-    sequences = rollout.sequences[rows]
-    start, g = rows.start or 0, max(1, rollout.group_size)
-    whole = start % g == 0 and sequences.shape[0] % g == 0
-    return Rollout(
-        sequences,
-        rollout.attention_mask[rows],
-        rollout.prompt_width,
-        rollout.completion_mask[rows],
-        rollout.texts[rows],
-        g if whole else 1,
-    )

@@ -1,10 +1,15 @@
-"""Learning-rate schedules as plain functions of the step (no Lightning), for ``torch.optim.lr_scheduler.LambdaLR``."""
+"""Schedules: learning-rate factors and the length a game's annealing schedules span.
+
+The factors are plain functions of the step, for ``torch.optim.lr_scheduler.LambdaLR``.
+"""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["warmup_cosine_factor"]
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+__all__ = ["schedule_length", "warmup_cosine_factor"]
 
 
 def warmup_cosine_factor(step: int, warmup_steps: int, total_steps: int, floor: float = 0.1) -> float:
@@ -29,3 +34,33 @@ def warmup_cosine_factor(step: int, warmup_steps: int, total_steps: int, floor: 
         return (step + 1) / warmup_steps
     t = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def schedule_length(num_iterations: int | None, max_epochs: int | None, batches_per_epoch: float) -> int:
+    """The iterations the annealing schedules span: ``num_iterations``, or the trainer's ``max_epochs × batches``.
+
+    Args:
+        num_iterations: The model's setting; ``None`` derives it from the trainer.
+        max_epochs: ``trainer.max_epochs`` (``None`` or ``-1``: unbounded).
+        batches_per_epoch: ``trainer.num_training_batches`` (one batch is one game iteration).
+
+    Raises:
+        ValueError: naming both settings when ``num_iterations`` is ``None`` and the trainer's length is unbounded.
+    """
+    known = max_epochs is not None and max_epochs >= 0 and batches_per_epoch != float("inf")
+    played = int(max_epochs * batches_per_epoch) if known else None
+    if num_iterations is None:
+        if played is None or played < 1:
+            raise ValueError(
+                "num_iterations: not given, and the trainer's length is unbounded (trainer.max_epochs "
+                f"{max_epochs}); set trainer.max_epochs (one epoch = the datamodule's iterations_per_epoch "
+                "iterations) or model.init_args.num_iterations"
+            )
+        return played
+    if played is not None and played != num_iterations:
+        rank_zero_warn(
+            f"num_iterations={num_iterations}, but the trainer plays {played} iterations (trainer.max_epochs "
+            f"{max_epochs} x {int(batches_per_epoch)} per epoch): the annealing schedules do not end with the run; "
+            "leave num_iterations unset to take the trainer's"
+        )
+    return int(num_iterations)

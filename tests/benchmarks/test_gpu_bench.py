@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 from helpers import ROOT
@@ -60,10 +61,56 @@ def test_isolated_environment_imports_the_four_packages_and_nothing_else(isolate
     assert all(ok.values()) and all(gone.values()), (ok, gone)
 
 
+@pytest.mark.e2e  # about 90 s on 2 cores: run by `python -m pytest -m e2e` (.ci/run, after the default set)
 def test_gpu_sh_runs_every_section_with_only_the_four_packages(isolated, tmp_path):
     """``bash benchmarks/gpu.sh --tiny`` end to end (about 2 minutes on a quiet 2-core machine): every section ends
     ok (an import outside the four packages would fail its section), results and log land in $OUT, the JSON is
     printed once, constants and versions are recorded, and the compiled decode compiles nothing in the timed run."""
+    check_gpu_sh_tiny(isolated, tmp_path)
+
+
+#: the GPU machine's transformers (its image: torch 2.11, transformers 5.17, Lightning 2.6, peft); torch 2.11 has no
+#: CPU build on PyPI, so this run pairs transformers 5.17 with the development torch
+GPU_IMAGE = ("transformers==5.17.0", "huggingface-hub>=1.5,<2", "tokenizers>=0.23.1,<0.24")
+
+
+@pytest.fixture(scope="module")
+def gpu_image(tmp_path_factory):
+    """The four packages with transformers (and the hub and tokenizers it pins) at the GPU image's versions,
+    installed from PyPI into the isolated environment."""
+    env = only_packages_env(
+        tmp_path_factory.mktemp("venv") / "gpu_image",
+        ALLOWED,
+        without=("transformers", "huggingface-hub", "tokenizers"),
+    )
+    site = subprocess.run(
+        ["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--target", site, *GPU_IMAGE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    return env
+
+
+@pytest.mark.versions
+def test_gpu_sh_tiny_runs_under_the_gpu_images_transformers(gpu_image, tmp_path):
+    """The same end-to-end run with transformers 5.17: catches the suite's use of newer transformers internals before
+    a GPU is lent (`python -m pytest -m versions`; CI runs it after the default set)."""
+    res = check_gpu_sh_tiny(gpu_image, tmp_path)
+    assert res["versions"]["transformers"] == "5.17.0"
+
+
+def check_gpu_sh_tiny(env: dict, tmp_path) -> dict:
+    """Run ``gpu.sh --tiny`` in ``env`` and check every section's result; the results."""
+    isolated = env
     out = tmp_path / "out"
     env = {**isolated, "OUT": str(out), "GPU_BENCH_LIMIT": "1500", "OMP_NUM_THREADS": "2"}
     proc = subprocess.run(
@@ -103,3 +150,4 @@ def test_gpu_sh_runs_every_section_with_only_the_four_packages(isolated, tmp_pat
     families = sec["real_shape"]["result"]["result"]["families"]
     assert set(families) == {"grpo", "deep_smida", "debate", "pool"}
     assert all(f["step"]["peak_bytes"] > 0 for f in families.values())
+    return res

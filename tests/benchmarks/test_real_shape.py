@@ -9,6 +9,7 @@ import pytest
 from helpers import ROOT
 
 
+@pytest.mark.e2e  # about 40 s on 2 cores: run by `python -m pytest -m e2e` (.ci/run, after the default set)
 def test_real_shape_tiny_measures_ours_and_trl(tmp_path):
     """``--tiny --families grpo,trl`` (two worker processes and the log-probability benchmark; about a minute on a
     quiet 2-core machine): same generated tokens on both sides, every phase measured, the ratios on the last line."""

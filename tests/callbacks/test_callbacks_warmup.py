@@ -169,7 +169,7 @@ def test_readme_cli_config_instantiates():
 
     import yaml
 
-    config = yaml.safe_load(docs_block("class_path: callbacks.TwoTimescaleWarmup", language="yaml"))
+    config = yaml.safe_load(docs_block("class_path: alignment_games.callbacks.TwoTimescaleWarmup", language="yaml"))
     (entry,) = config["trainer"]["callbacks"]
     module_name, class_name = entry["class_path"].rsplit(".", 1)
     warmup = getattr(importlib.import_module(module_name), class_name)(**entry["init_args"])

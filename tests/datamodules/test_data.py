@@ -257,6 +257,7 @@ def test_oracle_averages_the_valid_verdicts_and_leaves_the_invalid_out():
     assert (oracle.invalid_verdicts, oracle.unlabelled_rows, oracle.timeouts) == (8, 1, 0)
     assert oracle.summary() == {
         "oracle": "Scripted",
+        "protocol": "query_mean",
         "num_queries": 4,
         "invalid_verdicts": 8,
         "timeouts": 0,
@@ -318,30 +319,48 @@ def test_oracle_calls_past_the_time_limit_give_no_verdict():
         ProgrammaticOracle(timeout_s=-1)
 
 
-def test_programmatic_labels_are_those_of_the_oracle_before_invalid_verdicts_were_left_out():
-    """The programmatic oracle's verdicts are all valid, so the main job's labels cannot move: these are the labels
-    of the code before the change (commit 66b5ab0), for 1 and 3 queries."""
+def test_programmatic_labels_follow_the_oracles_preference_with_either_order_shown():
+    """The programmatic oracle's labels against values derived by hand: P* = σ(β Δs) of hand-scored solutions, and
+    a label of n queries a Binomial(n, P*) / n draw whichever response is shown first; the datamodule keeps them."""
+    from scipy.stats import binom
+
+    # s = 2·[final right] + (share of true equations) (same length: no length term; every answer boxed)
+    right, wrong, steps_only = r"2 + 3 = 5. \boxed{5}", r"2 + 3 = 6. \boxed{6}", r"2 + 3 = 5. \boxed{6}"
+    pairs = [(right, wrong), (wrong, right), (steps_only, wrong), (right, right)]  # Δs = 3, −3, 1, 0
+    beta, n = 0.5, 1000
+    p_star = [1 / (1 + math.exp(-beta * d)) for d in (3, -3, 1, 0)]
+    oracle = ProgrammaticOracle(beta=beta, num_queries=n, seed=3)
+    args = (["2 + 3?"] * 4, [a for a, _ in pairs], [b for _, b in pairs], ["5"] * 4)
+    assert oracle.true_preference(*args).tolist() == pytest.approx(p_star, abs=1e-12)
+    labels = oracle.label(*args)
+    for row, (label, p) in enumerate(zip(labels.tolist(), p_star)):
+        low, high = binom.interval(1 - 1e-6, n, p)  # a label outside is a 1-in-a-million draw
+        assert low / n <= label <= high / n, f"row {row}: {label} for P* = {p}"
+    # the datamodule's rows carry the oracle's labels: k/3 for 3 queries, and their sum near Σ P* of its own rows
     rows = PreferenceDataModule(
         num_prompts=4, responses_per_prompt=3, seed=1, oracle=ProgrammaticOracle(beta=2.0, num_queries=3, seed=7)
     ).generate_rows()
-    third = 1 / 3
-    assert [r["label"] for r in rows] == [1.0, 1.0, 0.0, 0.0, 0.0, third, 0.0, 1.0, 1.0, 0.0, 0.0, third]
-    # the main job's oracle (β 10, 1 query, seed 0) on 30 of its problems, and the paper's 11 queries
+    assert len(rows) == 12 and {round(3 * r["label"], 9) for r in rows} <= {0.0, 1.0, 2.0, 3.0}
     dm = PreferenceDataModule(num_prompts=30, seed=0, oracle=ProgrammaticOracle(beta=10.0, num_queries=1, seed=0))
-    labels = [r["label"] for r in dm.generate_rows()]
-    assert (len(labels), sum(labels)) == (300, 153.0)
-    eleven = PreferenceDataModule(num_prompts=30, seed=0, oracle=ProgrammaticOracle(beta=10.0, num_queries=11, seed=0))
-    labels_11 = [r["label"] for r in eleven.generate_rows()]
-    assert labels_11[:12] == [0.0, 0.0, 10 / 11, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 3 / 11, 0.0]
-    assert sum(labels_11) == pytest.approx(154.18181818181822, abs=1e-12)
+    rows = dm.generate_rows()
+    cols = [[r[k] for r in rows] for k in ("prompt", "response_a", "response_b", "reference")]
+    p = ProgrammaticOracle(beta=10.0).true_preference(*cols)
+    labels = torch.tensor([r["label"] for r in rows], dtype=torch.float64)
+    assert len(rows) == 300 and set(labels.tolist()) <= {0.0, 1.0}
+    assert abs(float(labels.sum() - p.sum())) <= 5 * math.sqrt(float((p * (1 - p)).sum()))
     assert dm.oracle_summary() == {
         "oracle": "ProgrammaticOracle",
+        "protocol": "binary",
         "num_queries": 1,
         "invalid_verdicts": 0,
         "timeouts": 0,
         "unlabelled_rows": 0,
         "pairs_dropped": 0,
     }
+    # one query a pair gives the paper's binary labels; 11 give their mean, the deviation, named as such
+    eleven = PreferenceDataModule(num_prompts=30, seed=0, oracle=ProgrammaticOracle(beta=10.0, num_queries=11, seed=0))
+    assert set(labels.tolist()) == {0.0, 1.0} and len({r["label"] for r in eleven.generate_rows()}) > 2
+    assert (eleven.oracle_summary()["protocol"], eleven.oracle_summary()["num_queries"]) == ("query_mean", 11)
 
 
 def test_pairs_without_a_valid_verdict_are_dropped_and_counted():

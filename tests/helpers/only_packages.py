@@ -13,12 +13,17 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 
-def requirement_closure(names: tuple[str, ...]) -> list[md.Distribution]:
-    """The installed distributions ``names`` need: themselves and their non-optional requirements, recursively."""
-    todo, seen = list(names), {}
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_closure(names: tuple[str, ...], without: tuple[str, ...] = ()) -> list[md.Distribution]:
+    """The installed distributions ``names`` need: themselves and their non-optional requirements, recursively;
+    ``without`` names distributions left out (with what only they need)."""
+    todo, seen = list(names), {_key(n): None for n in without}
     while todo:
         name = todo.pop()
-        key = re.sub(r"[-_.]+", "-", name).lower()
+        key = _key(name)
         if key in seen:
             continue
         try:
@@ -33,8 +38,9 @@ def requirement_closure(names: tuple[str, ...]) -> list[md.Distribution]:
     return [d for d in seen.values() if d is not None]
 
 
-def only_packages_env(folder: Path, names: tuple[str, ...]) -> dict[str, str]:
-    """Create a venv in ``folder`` holding links to ``names``' closure only; the environment variables to use it.
+def only_packages_env(folder: Path, names: tuple[str, ...], without: tuple[str, ...] = ()) -> dict[str, str]:
+    """Create a venv in ``folder`` holding links to ``names``' closure only (less ``without``, to be installed in
+    other versions); the environment variables to use it.
 
     The venv has no system or user site-packages, so a third-party import outside the closure fails exactly as on a
     machine where it is not installed (``importlib.util.find_spec`` returns ``None``, no metadata either). Its
@@ -42,7 +48,7 @@ def only_packages_env(folder: Path, names: tuple[str, ...]) -> dict[str, str]:
     """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(folder), "platbase": str(folder)}))
-    for dist in requirement_closure(names):
+    for dist in requirement_closure(names, without):
         tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
         tops.add(dist._path.name)  # the .dist-info folder (version lookups)
         for top in tops:

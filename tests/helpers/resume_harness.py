@@ -349,7 +349,7 @@ FAMILIES: dict[str, Family] = {
                 # a random policy 0 everywhere)
                 "--model.init_args.reward_models=[{tiny_lm_dir}]",
                 "--model.init_args.answer_reward=false",
-                "--model.init_args.num_generations=2",
+                "--model.init_args.policy_gradient.group_size=2",
                 "--model.init_args.sampling.max_new_tokens=4",
                 *_TINY_LORA,
                 "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
@@ -365,7 +365,7 @@ FAMILIES: dict[str, Family] = {
             config="debate_ab.yaml",  # two plies: the fork choice, Bob's turn and the judge's generator all resume
             args=(
                 "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-                "--model.init_args.group_size=2",
+                "--model.init_args.policy_gradient.group_size=2",
                 "--model.init_args.sampling.max_new_tokens=4",
                 "--model.init_args.reply_max_new_tokens=4",
                 *_TINY_LORA,

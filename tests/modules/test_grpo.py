@@ -5,6 +5,7 @@ import pytest
 import torch
 from helpers.decode_spy import spy_decodes
 
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import build_tiny_reward_model
@@ -21,13 +22,12 @@ def reward_dirs(tmp_path_factory):
     ]
 
 
-def _model(tiny_lm_dir, **kw):
+def _model(tiny_lm_dir, pg=None, **kw):
     args = dict(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
-        num_generations=2,
+        policy_gradient=PolicyGradient(**{"group_size": 2, "kl_coef": 0.1, **(pg or {})}),
         sampling=Sampling(temperature=1.0, max_new_tokens=6),
         lr=5e-2,
-        beta=0.1,
         chat_template=False,
     )
     args.update(kw)
@@ -155,10 +155,7 @@ def test_several_updates_per_rollout_clip_and_micro_batches(tiny_lm_dir, reward_
         tiny_lm_dir,
         reward_models=reward_dirs[:1],
         answer_reward=False,
-        updates_per_rollout=3,
-        clip=0.01,
-        train_micro_batch=1,
-        logprob_micro_batch=3,
+        pg={"updates_per_batch": 3, "clip": 0.01, "micro_batch": 1, "logprob_micro_batch": 3},
     )
     trainer = _trainer(tmp_path, steps=6)
     trainer.fit(model, _dm())
@@ -191,14 +188,13 @@ def test_bad_settings_are_refused(tiny_lm_dir, tmp_path):
         _model(tiny_lm_dir, answer_reward=False)
     with pytest.raises(ValueError, match="reward_weights has 2 entries but there are 1 rewards"):
         _model(tiny_lm_dir, reward_weights=[1.0, 2.0])
-    with pytest.raises(ValueError, match="num_generations must be at least 2"):
-        _model(tiny_lm_dir, num_generations=1)
+    with pytest.raises(ValueError, match="policy_gradient.group_size must be at least 2, got 1"):
+        _model(tiny_lm_dir, policy_gradient={"group_size": 1})  # as a checkpoint's hparams hold the group
+    with pytest.raises(ValueError, match=r"policy_gradient: unknown field\(s\) \['beta'\]"):
+        _model(tiny_lm_dir, policy_gradient={"beta": 0.1})
     for field, bad, message in [
         ("lr", -1e-3, "lr must be positive"),  # a negative rate would be gradient ascent
         ("lr", float("nan"), "lr must be positive"),
-        ("clip", 0.0, "clip must be positive"),
-        ("beta", -0.1, "beta must be at least 0"),
-        ("updates_per_rollout", 0, "updates_per_rollout must be at least 1"),
     ]:
         with pytest.raises(ValueError, match=message):
             _model(tiny_lm_dir, **{field: bad})
@@ -300,7 +296,7 @@ def test_length_ordered_micro_batches_give_the_whole_batchs_update(tiny_lm_dir, 
             tiny_lm_dir,
             reward_models=reward_dirs[:1],
             answer_reward=False,
-            train_micro_batch=micro,
+            pg={"micro_batch": micro},
             sampling=Sampling(temperature=1.0, max_new_tokens=12),
         )
         before.append({n: p.detach().clone() for n, p in model.players.named_parameters() if p.requires_grad})
@@ -327,7 +323,7 @@ def test_uniform_groups_are_left_out_of_the_backward_with_the_same_update(tiny_l
     rows_run, before, after, informative = [], [], [], []
     for skip in (False, True):
         L.seed_everything(5)
-        model = _model(tiny_lm_dir, answer_reward=True, beta=0.0, skip_uniform_groups=skip, lr=1e-2)
+        model = _model(tiny_lm_dir, {"kl_coef": 0.0}, answer_reward=True, skip_uniform_groups=skip, lr=1e-2)
         run = model.players.token_logprobs
         rows_run.append([])
 
@@ -351,7 +347,7 @@ def test_uniform_groups_are_left_out_of_the_backward_with_the_same_update(tiny_l
 
 def test_uniform_groups_are_run_when_the_kl_term_has_a_gradient(tiny_lm_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(GRPO, "rewards", lambda self, *a, **k: torch.tensor([[1.0], [1.0], [0.0], [1.0]]))
-    model = _model(tiny_lm_dir, answer_reward=True, beta=0.1)
+    model = _model(tiny_lm_dir, {"kl_coef": 0.1}, answer_reward=True)
     rows, run = [], model.players.token_logprobs
 
     def spy(name, rollout, *a, **k):

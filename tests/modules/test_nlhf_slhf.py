@@ -24,6 +24,30 @@ class LengthPreference(Utility):
         return torch.sigmoid(d / 4)
 
 
+class RecordingLengthPreference(LengthPreference):
+    """:class:`LengthPreference` that keeps what it says while ``recording`` (``validation``: one tensor per call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.validation, self.recording = [], False
+
+    def forward(self, prompts, first, second):
+        out = super().forward(prompts, first, second)
+        if self.recording:
+            self.validation.append(out.detach().clone())
+        return out
+
+
+class RecordValidation(L.Callback):
+    """Switches the model's :class:`RecordingLengthPreference` on for the validation epochs."""
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        pl_module.preference.recording = True
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        pl_module.preference.recording = False
+
+
 class BrokenPreference(Utility):
     def forward(self, prompts, first, second):
         return torch.full((len(prompts),), 1.5)
@@ -33,8 +57,9 @@ def _lm(tiny_lm_dir):
     return ModelConfig(tiny_lm_dir, lora_r=4)
 
 
-def _trainer(tmp_path, steps, val=0):
+def _trainer(tmp_path, steps, val=0, callbacks=()):
     return L.Trainer(
+        callbacks=list(callbacks),
         max_steps=steps,
         accelerator="cpu",
         logger=False,
@@ -58,7 +83,8 @@ def _snapshot(model):
 
 
 def test_mixture_sampler_follows_beta(tiny_lm_dir):
-    """β = 0 is the policy's and β = 1 the reference's greedy decode (temperature → 0), with a policy that differs."""
+    """β = 0 is the policy's and β = 1 the reference's greedy decode (temperature → 0), with a policy that differs;
+    β = 0.3 is the greedy decode of the mixed logits, computed here without the sampler."""
     from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.manual_seed(0)
@@ -74,6 +100,27 @@ def test_mixture_sampler_follows_beta(tiny_lm_dir):
         assert out.texts == greedy[who].texts
         assert out.completion_mask.shape == greedy[who].completion_mask.shape
         assert torch.equal(out.sequences, greedy[who].sequences)
+    # β = 0.3: as temperature → 0 the mixture's token is argmax((1 − β) logits_policy + β logits_ref) (the tempered
+    # log-partition terms are constant per step); decoded here by a plain loop, one prompt at a time, no KV cache
+    beta = 0.3
+    out = generate_mixture(bank, "policy", prompts, 1, beta, temperature=1e-4, max_new_tokens=8)
+    eos = bank.tokenizer.eos_token_id
+    for row, prompt in enumerate(prompts):
+        ids = bank._encode_prompts([prompt])["input_ids"]
+        tokens = []
+        for _ in range(8):
+            logits = {}
+            for who in ("policy", None):
+                with torch.no_grad(), bank._use(who) as model:
+                    logits[who] = torch.log_softmax(model(input_ids=ids).logits[0, -1].double(), dim=-1)
+            nxt = int(torch.argmax((1 - beta) * logits["policy"] + beta * logits[None]))
+            tokens.append(nxt)
+            if nxt == eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+        got = out.sequences[row, out.prompt_width :][out.completion_mask[row].bool()].tolist()
+        assert got == tokens, f"prompt {row}"
+    assert out.texts != greedy["policy"].texts and out.texts != greedy[None].texts  # a mixture, neither model's own
     with pytest.raises(ValueError, match="beta"):
         generate_mixture(bank, "policy", prompts, 1, 1.5)
 
@@ -82,7 +129,7 @@ def test_nlhf_trains_the_policy_only_and_validates_against_the_reference(tiny_lm
     L.seed_everything(0)
     model = NashMDPG(
         lm=_lm(tiny_lm_dir),
-        preference=LengthPreference(),
+        preference=RecordingLengthPreference(),
         lr=1e-2,
         tau=0.1,
         beta=0.5,
@@ -90,7 +137,7 @@ def test_nlhf_trains_the_policy_only_and_validates_against_the_reference(tiny_lm
         oracle=ProgrammaticOracle(num_queries=2),
     )
     before = _snapshot(model)
-    trainer = _trainer(tmp_path, steps=2, val=2)
+    trainer = _trainer(tmp_path, steps=2, val=2, callbacks=[RecordValidation()])
     trainer.fit(model, _dm())
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".policy." in n for n in changed)  # the base (the reference) and P0 stay frozen
@@ -99,8 +146,16 @@ def test_nlhf_trains_the_policy_only_and_validates_against_the_reference(tiny_lm
     assert (
         saved["player"] == "policy" and saved["p0"]["n_prompts"] == 4 and saved["oracle"]["n_prompts"] == 4
     )  # 2 batches of 2
-    lo, hi = saved["p0"]["mean_ci"]
-    assert 0 <= lo <= saved["p0"]["mean"] <= hi <= 1
+    # the P0 win rates the validation scored (2 prompts a batch, 2 pairs a prompt), each prompt's mean, by hand
+    per_prompt = torch.cat(model.preference.validation).double().view(4, 2).mean(dim=1)
+    assert len(set(per_prompt.tolist())) > 1  # prompts differ: an interval to speak of
+    assert saved["p0"]["mean"] == pytest.approx(float(per_prompt.mean()), abs=1e-6)
+    # the exact prompt-bootstrap distribution: the mean of every one of the 4^4 equally likely draws of 4 prompts
+    draws = torch.cartesian_prod(*[torch.arange(4)] * 4)
+    exact = per_prompt[draws].mean(dim=1)
+    lo, hi = saved["p0"]["mean_ci"]  # a 95% percentile interval of 1000 draws: near the 2.5% and 97.5% quantiles
+    assert float(exact.quantile(0.005)) - 1e-9 <= lo <= float(exact.quantile(0.05)) + 1e-9
+    assert float(exact.quantile(0.95)) - 1e-9 <= hi <= float(exact.quantile(0.995)) + 1e-9
 
 
 def test_nlhf_refuses_bad_arguments_and_non_probabilities(tiny_lm_dir, tmp_path):

@@ -1,5 +1,6 @@
 """The multi-LLM pool module (modules/pool.py) on a tiny random Qwen2: bad input, counted behaviour, training."""
 
+import dataclasses
 import json
 import math
 import warnings
@@ -8,12 +9,14 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 
 from alignment_games.callbacks import EloRating
 from alignment_games.datamodules.pool import InstructionPoolDataModule, split_pool
 from alignment_games.datamodules.prompts import PromptSource
 from alignment_games.modules.algorithms.exp3 import CompositeReward
 from alignment_games.modules.algorithms.pool import Matchmaking, ReputationWeighting, final_answer
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.distributed.collectives import local_batches, shared_rows
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.lm.sampling import Sampling
@@ -121,7 +124,7 @@ def test_bad_options_name_the_field(tiny_lm_dir):
         (FollowerTraining, {"dpo_pairs": "some"}, "followers.dpo_pairs"),
         (FollowerTraining, {"lr": -1e-3}, "followers.lr"),
         (FollowerTraining, {"dpo_nll_weight": -1.0}, "followers.dpo_nll_weight"),
-        (FollowerTraining, {"algorithm": "grpo", "grpo_rollouts": 1}, "followers.grpo_rollouts"),
+        (FollowerTraining, {"algorithm": "grpo", "policy_gradient": {"group_size": 1}}, "policy_gradient.group_size"),
         (ReputationWeighting, {"rule": "elo"}, "reputation.rule"),
         (ReputationWeighting, {"scale": -400.0}, "reputation.scale"),
     ],
@@ -249,7 +252,7 @@ def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
         **{
             **SMALL,
             "duels_per_iteration": 2,
-            "followers": FollowerTraining("grpo", lr=1e-2, batch_size=4, grpo_rollouts=2),
+            "followers": FollowerTraining("grpo", lr=1e-2, batch_size=4, policy_gradient=PolicyGradient(group_size=2)),
         },
     )
     before = _adapters(module)
@@ -259,6 +262,32 @@ def test_grpo_updates_the_combatants(tiny_lm_dir, tmp_path, short_pool):
     moved = {n.split(".")[-2] for n in after if not torch.equal(after[n], before[n])}
     keys = [k for k in trainer.callback_metrics if k.startswith("follower/grpo_loss/")]
     assert moved and {k.rsplit("/", 1)[1] for k in keys} == moved  # exactly the models that played were trained
+
+
+def test_grpo_followers_take_updates_per_batch_steps_on_each_batch(tiny_lm_dir, tmp_path, short_pool, monkeypatch):
+    """``followers.policy_gradient.updates_per_batch`` μ: each batch of a follower's rollouts gives μ optimizer steps
+    on the same rows (the sampling policy's log-probabilities kept, so the later steps' ratios differ from 1)."""
+    from alignment_games.modules.training.pool_followers import FollowerUpdates
+
+    steps, step = [], FollowerUpdates._step
+    monkeypatch.setattr(FollowerUpdates, "_step", lambda self, p, *a: steps.append((mu, p, a[2])) or step(self, p, *a))
+    for mu in (1, 3):
+        pg = PolicyGradient(group_size=2, updates_per_batch=mu, clip=0.01)
+        followers = FollowerTraining("grpo", lr=5e-2, batch_size=4, policy_gradient=pg)
+        module = StackelbergPool(
+            lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **{**SMALL, "followers": followers}
+        )
+        _fit(module, short_pool, tmp_path=tmp_path)
+    once = [(p, n) for m, p, n in steps if m == 1]
+    assert once and [(p, n) for m, p, n in steps if m == 3] == [x for x in once for _ in range(3)]
+
+
+def test_followers_policy_gradient_from_checkpoint_hparams():
+    """A checkpoint's hparams hold the nested group as a dict: it comes back as the group; an unknown field is named."""
+    followers = FollowerTraining("grpo", policy_gradient=PolicyGradient(group_size=3, kl_coef=0.5))
+    assert FollowerTraining(**dataclasses.asdict(followers)) == followers
+    with pytest.raises(ValueError, match=r"followers.policy_gradient: unknown field\(s\) \['grpo_beta'\]"):
+        FollowerTraining(policy_gradient={"grpo_beta": 0.1})
 
 
 def test_self_rewarding_baseline_with_uniform_leader_and_validation(tiny_lm_dir, tmp_path, short_pool):
@@ -292,11 +321,12 @@ def test_figures_from_a_history(tmp_path):
     }
     figs = make_pool_figures(history, ["m0", "m1", "m2"])
     assert set(figs) == {"instruction_weights", "reputations", "opponent_selection"}
-    added = []
-    logger = SimpleNamespace(experiment=SimpleNamespace(add_figure=lambda tag, fig, global_step: added.append(tag)))
-    record, *paths = write_pool_artifacts(str(tmp_path), {"players": ["m0", "m1", "m2"], **history}, figs, logger, 3)
+    csv = CSVLogger(tmp_path, name="csv")
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[csv])
+    record, *paths = write_pool_artifacts(str(tmp_path), {"players": ["m0", "m1", "m2"], **history}, figs, trainer, 3)
     assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths) and len(paths) == 3
-    assert added == [f"pool/{name}" for name in figs]
+    logged = sorted(p.relative_to(tmp_path / "csv" / "version_0").as_posix() for p in (tmp_path / "csv").rglob("*.png"))
+    assert logged == sorted(f"media/pool/{name}/step_3.png" for name in figs)  # each figure to the trainer's logger
     assert json.loads(open(record).read())["weights"] == history["weights"]
 
 
@@ -574,7 +604,7 @@ def test_each_follower_batch_is_split_into_contiguous_shares_that_tile_it(world)
 
 
 def test_the_schedule_length_is_the_trainers_unless_given():
-    from alignment_games.modules.pool import schedule_length
+    from alignment_games.modules.training.schedules import schedule_length
 
     assert schedule_length(None, 4, 1) == 4  # the configs: one iteration per epoch
     assert schedule_length(None, 2, 3) == 6  # iterations_per_epoch 3

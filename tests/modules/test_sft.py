@@ -126,10 +126,31 @@ def test_the_saved_model_folder_is_replaced_whole_or_left_as_it_was(tmp_path, mo
     monkeypatch.setattr(model.tokenizer, "save_pretrained", killed)
     with pytest.raises(KeyboardInterrupt):
         model._save()
-    assert sorted(os.listdir(out)) == ["_init", "stale.txt"] and sorted(os.listdir(tmp_path)) == ["policy"]
+    assert sorted(os.listdir(out)) == ["stale.txt"] and sorted(os.listdir(tmp_path)) == ["policy"]
     monkeypatch.undo()
     model._save()
     names = set(os.listdir(out))
     assert "stale.txt" not in names and "config.json" in names and "tokenizer_config.json" in names
-    assert os.path.isfile(out / "_init" / "config.json")  # the tiny base built in output_dir is kept
+    assert os.path.isfile(out / "_init" / "config.json")  # the tiny base, saved beside the model
     assert sorted(os.listdir(tmp_path)) == ["policy"]
+
+
+def test_the_tiny_base_is_written_only_by_the_save_and_named_where_it_is_saved(tmp_path):
+    """A tiny base (``lm: null``) is built outside ``output_dir`` (a run that saves nothing writes nothing there); the
+    save copies it to ``output_dir/_init``, and every saved file names it there, so the adapter loads over it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "artifacts" / "policy"
+    model = CausalLMSFT(lm=None, lora=True, tiny_config={"num_hidden_layers": 1}, output_dir=str(out))
+    assert not (tmp_path / "artifacts").exists()
+    model._save()
+    assert sorted(os.listdir(tmp_path)) == ["artifacts"]
+    base = str(out / "_init")
+    assert os.path.isfile(os.path.join(base, "model.safetensors"))
+    for name in ("adapter_config.json", "README.md", "export.json"):
+        text = (out / name).read_text()
+        assert base in text and model._tiny_init not in text, name
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(out))
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(loaded(ids).logits, model.model(ids).logits)

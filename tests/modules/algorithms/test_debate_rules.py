@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -294,14 +295,59 @@ PAPER_FINAL = (
 PAPER_JUDGE = "The judge rules on whether Alice's *final answer* is correct, not on whether the reasoning is."
 
 
+QUOTES_COPY = Path(__file__).resolve().parents[2] / "data" / "paper_quotes.txt"
+PAPERS = Path(__file__).resolve().parents[3].parent / "shared" / "papers"  # beside the repository, where present
+
+
+def _quotes_copy() -> dict[str, tuple[str, str]]:
+    """``tests/data/paper_quotes.txt``: each sentence with its paper file and section."""
+    rows = {}
+    for n, line in enumerate(QUOTES_COPY.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split(" | ", 2)
+        if len(parts) != 3:
+            raise ValueError(f"{QUOTES_COPY}:{n}: not '<paper file> | <section> | <sentence>'")
+        rows[parts[2]] = (parts[0], parts[1])
+    return rows
+
+
+def _sections(markdown: str) -> dict[str, str]:
+    """Each heading's text up to the next heading, bold markup removed (not wording) and whitespace collapsed."""
+    bodies: dict[str, list[str]] = {}
+    title = None
+    for line in markdown.splitlines():
+        heading = re.match(r"#+\s+(.*)", line)
+        if heading:
+            title = heading.group(1).strip()
+            bodies.setdefault(title, [])
+        elif title is not None:
+            bodies[title].append(line)
+    return {t: " ".join(" ".join(b).replace("**", "").split()) for t, b in bodies.items()}
+
+
 def test_the_quoted_rules_are_the_papers_words():
-    """The quotes above are verbatim lines of the paper's digest, where the shared papers folder is present."""
-    paper = Path(__file__).resolve().parents[3].parent / "shared" / "papers" / "debate-rlaif.en.md"
-    if not paper.exists():
-        pytest.skip(f"{paper} is not here")
-    text = " ".join(paper.read_text(encoding="utf-8").replace("**", "").split())  # bold markup is not wording
-    for quote in (PAPER_REBUTTAL, PAPER_FORMAT, PAPER_FINAL, PAPER_JUDGE, PAPER_VOTES):
-        assert quote in text
+    """The quotes above are sentences of the paper's digest as the repository's copy keeps them, section included."""
+    copy = _quotes_copy()
+    expected = {
+        PAPER_REBUTTAL: "Task and protocols",
+        PAPER_FORMAT: "Rewards",
+        PAPER_FINAL: "Rewards",
+        PAPER_JUDGE: "Task and protocols",
+        PAPER_VOTES: "Rewards",
+    }
+    for quote, section in expected.items():
+        assert copy.get(quote) == ("debate-rlaif.en.md", section), f"not in {QUOTES_COPY.name}: {quote}"
+
+
+def test_the_copied_quotes_are_in_the_papers_where_the_papers_are():
+    """Every sentence of the copy is verbatim in its paper's section (the shared papers folder is not in a clone)."""
+    if not PAPERS.is_dir():
+        pytest.skip(f"{PAPERS} is not here (the copy is checked by test_the_quoted_rules_are_the_papers_words)")
+    for quote, (name, section) in _quotes_copy().items():
+        sections = _sections((PAPERS / name).read_text(encoding="utf-8"))
+        assert section in sections, f"{name} has no section {section!r}"
+        assert quote in sections[section], f"not in {name}, {section}: {quote}"
 
 
 def test_rewards_debate_aba_rebuttal_gets_alices_reward():

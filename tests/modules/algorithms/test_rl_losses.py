@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from alignment_games.modules.algorithms.rl_losses import dpo_loss, group_advantages, grpo_loss
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, group_advantages, grpo_loss
 
 
 def test_group_advantages_by_hand():
@@ -66,6 +66,46 @@ def test_grpo_clipping_and_k3_kl_by_hand():
     # negative advantage: min picks the unclipped 2.0·(−1) (pessimistic bound)
     loss_neg, _ = grpo_loss(lp, mask, torch.tensor([-1.0]), old, clip=0.2)
     assert loss_neg.item() == pytest.approx(-(-2.0 - 1.0) / 2)
+
+
+def test_policy_gradient_group_applies_its_settings_by_hand():
+    """The one update GRPO, debate and the pool call: its clip, KL coefficient, group size and scaling, by hand."""
+    lp = torch.log(torch.tensor([[0.5, 0.5]]))
+    old = torch.log(torch.tensor([[0.25, 0.5]]))  # ratios 2.0 and 1.0
+    ref = torch.log(torch.tensor([[0.5, 0.25]]))  # k3 KL 0 and 0.5 - log 0.5 - 1
+    kl2 = 0.5 - math.log(0.5) - 1.0
+    loss, stats = PolicyGradient(clip=0.2, kl_coef=0.1).loss(lp, torch.ones(1, 2), torch.tensor([1.0]), old, ref)
+    assert loss.item() == pytest.approx(-(1.2 + 1.0 - 0.1 * kl2) / 2, rel=1e-6)
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+    unclipped, _ = PolicyGradient(clip=None).loss(lp, torch.ones(1, 2), torch.tensor([1.0]), old)
+    assert unclipped.item() == pytest.approx(-(2.0 + 1.0) / 2)
+    r = torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0, 5.0])
+    assert PolicyGradient(group_size=3, scale_advantages=False).advantages(r).tolist() == [
+        0.0,
+        -1.0,
+        1.0,
+        -2.0,
+        1.0,
+        1.0,
+    ]
+    assert PolicyGradient(group_size=2).advantages(r)[0].item() == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-4))
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("group_size", 1, "policy_gradient.group_size must be at least 2, got 1"),
+        ("updates_per_batch", 0, "policy_gradient.updates_per_batch must be at least 1, got 0"),
+        ("micro_batch", -1, "policy_gradient.micro_batch must be at least 0, got -1"),
+        ("logprob_micro_batch", -1, r"policy_gradient.kl_coef \(0.0\) and logprob_micro_batch \(-1\)"),
+        ("kl_coef", -0.1, r"policy_gradient.kl_coef \(-0.1\) and logprob_micro_batch \(0\) must be at least 0"),
+        ("kl_coef", float("nan"), r"policy_gradient.kl_coef \(nan\)"),
+        ("clip", 0.0, "policy_gradient.clip must be positive or null, got 0.0"),
+    ],
+)
+def test_policy_gradient_refuses_values_naming_the_field(field, bad, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyGradient(**{field: bad})
 
 
 def test_grpo_errors():

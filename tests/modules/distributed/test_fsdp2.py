@@ -108,12 +108,10 @@ def test_micro_batches_skip_the_gradient_sync_and_the_last_reduces_the_sum(group
     bank.shard(group)
     roll = plain.generate("leader", ["1 + 1 =", "3 + 4 ="], 2, max_new_tokens=6, do_sample=False)
     halves = [(0, 2), (2, 4)]
-    from alignment_games.modules.grpo import _slice_rollout
-
     for model in (plain, bank):
         for i, (a, b) in enumerate(halves):
             with fsdp2_gradient_sync(model, enabled=i == len(halves) - 1):
-                model.logprobs("leader", _slice_rollout(roll, a, b), 0.7).sum().backward()
+                model.logprobs("leader", roll.rows(slice(a, b)), 0.7).sum().backward()
             if i == 0 and model is bank:  # accumulated locally, nothing reduced into the shards yet
                 assert all(p.grad is None for p in bank.player_parameters("leader"))
     want = {n: p.grad for n, p in plain.named_parameters() if p.requires_grad and ".leader." in n}

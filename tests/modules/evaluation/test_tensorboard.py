@@ -25,16 +25,13 @@ from tensorboard.plugins.text.text_plugin import text_array_to_html
 from tensorboard.util import tensor_util
 
 from alignment_games.callbacks import EloRating
+from alignment_games.callbacks.media import media_loggers
 from alignment_games.datamodules.pool import InstructionPoolDataModule
 from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
+from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.debate import DebateSelfPlay
 from alignment_games.modules.deep_smida import DeepSMIDA
-from alignment_games.modules.evaluation.tensorboard import (
-    GameBoard,
-    escape_markdown,
-    samples_markdown,
-    tensorboard_writer,
-)
+from alignment_games.modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown
 from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
@@ -161,12 +158,11 @@ def test_log_samples_must_not_be_negative(tiny_lm_dir):
         GRPO(lm=ModelConfig(tiny_lm_dir, lora_r=4), log_samples=-2)
 
 
-def test_only_rank_zero_with_a_tensorboard_logger_writes(tmp_path):
+def test_only_rank_zero_writes_and_to_every_logger_that_takes_media(tmp_path):
     tb, csv = TensorBoardLogger(tmp_path), CSVLogger(tmp_path)
-    assert tensorboard_writer(SimpleNamespace(is_global_zero=True, loggers=[csv, tb])) is tb.experiment
-    assert tensorboard_writer(SimpleNamespace(is_global_zero=False, loggers=[tb])) is None
-    assert tensorboard_writer(SimpleNamespace(is_global_zero=True, loggers=[csv])) is None
-    assert tensorboard_writer(None) is None
+    assert media_loggers(SimpleNamespace(is_global_zero=True, loggers=[csv, tb])) == [csv, tb]
+    assert media_loggers(SimpleNamespace(is_global_zero=False, loggers=[tb])) == []
+    assert media_loggers(None) == []
 
 
 def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path, monkeypatch):
@@ -183,7 +179,7 @@ def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path
             assert logger["init_args"].get("default_hp_metric") is False, path
     assert len(loggers) >= 15  # every shipped config logs to TensorBoard
     monkeypatch.chdir(tmp_path)  # the default logger of a config that names none: train.py's
-    args = ["--model=modules.tabular_smida.TabularSMIDA", "--data=datamodules.steps.StepDataModule"]  # run=False
+    args = ["--model=TabularSMIDA", "--data=StepDataModule"]  # run=False
     cli = train.main(args, run=False)
     assert isinstance(cli.trainer.logger, TensorBoardLogger) and cli.trainer.logger._default_hp_metric is False
 
@@ -192,7 +188,7 @@ def test_no_config_and_no_default_logger_writes_a_placeholder_hp_metric(tmp_path
 def grpo(tiny_lm_dir, **kw):
     args = dict(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
-        num_generations=2,
+        policy_gradient=PolicyGradient(group_size=2, kl_coef=0.04),
         sampling=Sampling(temperature=1.0, max_new_tokens=6),
         eval_max_new_tokens=6,
         lr=5e-2,
@@ -244,12 +240,26 @@ def test_logging_changes_neither_training_nor_the_generators(tiny_lm_dir, tmp_pa
     assert torch.equal(t0, t1) and r0 == r1 and np.array_equal(n0, n1)
 
 
-def test_without_tensorboard_nothing_is_kept_or_written(tiny_lm_dir, tmp_path):
-    model, _ = fit_grpo(tiny_lm_dir, tmp_path, CSVLogger(tmp_path))
+def test_a_csv_logger_gets_what_tensorboard_gets_and_no_logger_nothing(tiny_lm_dir, tmp_path):
+    tb, csv = config_logger(tmp_path), CSVLogger(tmp_path, name="csv")
+    fit_grpo(tiny_lm_dir, tmp_path, [tb, csv])
+    acc, folder = events(tb), f"{csv.log_dir}/media"
+    texts = acc.Tensors("val/generations/text_summary")
+    assert [e.step for e in texts] == [0, 1]  # one text per validation, in both loggers
+    for e in texts:
+        with open(f"{folder}/val/generations/step_{e.step}.md") as f:
+            assert f.read() == tensor_util.make_ndarray(e.tensor_proto).item().decode()
+    for tag in ("train/reward_hist", "train/advantage_hist"):
+        hists = histogram(acc, tag)
+        assert [step for step, _ in hists] == [0, 1]
+        for step, h in hists:
+            with open(f"{folder}/{tag}/step_{step}.json") as f:
+                written = json.load(f)
+            # TensorBoard names a bucket by its right edge (equal values: numpy's buckets around them)
+            assert written["edges"][1:] == list(h.bucket_limit) and written["counts"] == list(h.bucket)
+            assert (written["num"], written["sum"], written["min"], written["max"]) == (h.num, h.sum, h.min, h.max)
+    model, _ = fit_grpo(tiny_lm_dir, tmp_path, False)  # no logger at all: nothing kept
     assert not model.board._samples and not model.board._values
-    assert not list(tmp_path.rglob("events.out.tfevents*"))
-    model, _ = fit_grpo(tiny_lm_dir, tmp_path, False, log_samples=0)  # no logger at all
-    assert not model.board._samples
 
 
 # ------------------------------------------------------------------------------------------------ debate
@@ -258,7 +268,7 @@ def test_debate_shows_transcripts_and_histograms(tiny_lm_dir, tmp_path):
     model = DebateSelfPlay(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
         protocol="debate_ab",
-        group_size=2,
+        policy_gradient=PolicyGradient(group_size=2),
         sampling=Sampling(temperature=0.6, max_new_tokens=8),
         reply_max_new_tokens=6,
         require_thinking=False,
@@ -353,7 +363,10 @@ def pool(tiny_lm_dir, **kw) -> StackelbergPool:
 
 def test_pool_shows_duels_exp3_elo_and_histograms(tiny_lm_dir, tmp_path):
     data = pool_data(tmp_path)
-    model = pool(tiny_lm_dir, followers=FollowerTraining("grpo", lr=1e-2, batch_size=4, grpo_rollouts=2))
+    model = pool(
+        tiny_lm_dir,
+        followers=FollowerTraining("grpo", lr=1e-2, batch_size=4, policy_gradient=PolicyGradient(group_size=2)),
+    )
     logger = config_logger(tmp_path, "pool_grpo.yaml")
     trainer(logger, tmp_path, max_epochs=2, limit_val_batches=1).fit(model, datamodule=data)
     acc = events(logger)

@@ -177,7 +177,7 @@ def test_grpo_trains_under_bf16_mixed_with_a_bf16_base_and_fp32_adapters(tiny_lm
     L.seed_everything(0)
     model = GRPO(
         lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
-        num_generations=2,
+        policy_gradient={"group_size": 2, "kl_coef": 0.04},
         sampling=Sampling(temperature=1.0, max_new_tokens=4),
         lr=5e-2,
         reward_models=[build_tiny_reward_model(tmp_path / "rm", seed=1)],  # rewards that differ within a group

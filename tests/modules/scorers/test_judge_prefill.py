@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -54,3 +56,28 @@ def test_judge_dtype_auto_is_float32_on_cpu_and_bfloat16_with_cuda(tiny_lm_dir, 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert next(HFJudge(tiny_lm_dir, num_votes=1).model.parameters()).dtype == torch.bfloat16
     assert next(HFJudge(tiny_lm_dir, num_votes=1, dtype="float32").model.parameters()).dtype == torch.float32
+
+
+def test_a_4bit_judge_asks_load_model_for_nf4_and_stays_where_it_was_loaded(tiny_lm_dir, monkeypatch):
+    import alignment_games.modules.lm.models as models
+
+    seen = {}
+    load = models.load_model
+
+    def spy(name, **kwargs):
+        seen.update(kwargs)
+        model = load(name, **{**kwargs, "load_in_4bit": False})  # bitsandbytes needs CUDA: the flag is what is checked
+        model.is_loaded_in_4bit = True
+        return model
+
+    monkeypatch.setattr(models, "load_model", spy)
+    judge = HFJudge(tiny_lm_dir, num_votes=1, load_in_4bit=True)
+    assert seen["load_in_4bit"] is True and seen["dtype"] == "float32"
+    assert judge.to("meta") is judge and judge.device == torch.device("cpu")  # not moved: a 4-bit model cannot be
+    assert next(judge.model.parameters()).device == torch.device("cpu")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
+def test_a_4bit_judge_without_bitsandbytes_is_refused_naming_the_package(tiny_lm_dir):
+    with pytest.raises(ImportError, match="load_in_4bit=True needs the optional package bitsandbytes"):
+        HFJudge(tiny_lm_dir, num_votes=1, load_in_4bit=True)

@@ -183,7 +183,7 @@ def test_fit_writes_the_players_adapters_under_the_log_dir(tiny_lm_dir, tmp_path
 def _grpo_args(tiny_lm_dir):
     return dict(
         lm={"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8},
-        num_generations=2,
+        policy_gradient={"group_size": 2, "kl_coef": 0.04},
         sampling={"temperature": 1.0, "max_new_tokens": 6},
         chat_template=False,
     )
@@ -243,7 +243,10 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
     other = torch.load(ckpt, weights_only=True)
     other["family"] = "alignment_games.modules.debate.DebateSelfPlay"
     torch.save(other, tmp_path / "other.ckpt")
-    with pytest.raises(ValueError, match="written by modules.debate.DebateSelfPlay.*config's model is modules.grpo"):
+    wrong_family = (
+        "written by alignment_games.modules.debate.DebateSelfPlay.*config's model is alignment_games.modules.grpo"
+    )
+    with pytest.raises(ValueError, match=wrong_family):
         train.dispatch([*run[:-1], str(tmp_path / "new"), "--ckpt_path", str(tmp_path / "other.ckpt")])
     # ... and one whose adapters do not fit the config's (another LoRA rank), naming the tensor and both shapes
     rank8 = yaml.safe_load(open(config))
@@ -404,7 +407,7 @@ def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm
             "--trainer.limit_val_batches=0",
             "--trainer.enable_progress_bar=false",
             "--data.init_args.num_prompts=8",
-            "--model.init_args.num_generations=2",
+            "--model.init_args.policy_gradient.group_size=2",
             "--model.init_args.sampling.max_new_tokens=6",
         ]
     )

@@ -1,0 +1,280 @@
+"""Text, histograms and figures for every logger a trainer has: TensorBoard, Weights & Biases, MLflow and CSV.
+
+Lightning's loggers share scalars (``log_metrics``) but nothing richer; the games' samples, reward histograms and
+figures go through these functions instead, which write each to every supported logger of the trainer, on rank
+zero only:
+
+=================== ============================== ================================== ================================
+logger              text                           histogram                          figure
+=================== ============================== ================================== ================================
+TensorBoardLogger   ``add_text`` (markdown)        ``add_histogram_raw``              ``add_image`` (the PNG's pixels)
+WandbLogger         a one-cell ``wandb.Table``     ``wandb.Histogram``                ``wandb.Image``
+MLFlowLogger        artifact ``media/<tag>/        artifact ``media/<tag>/            artifact ``media/<tag>/
+                    step_<n>.md``                  step_<n>.json``                    step_<n>.png``
+CSVLogger           ``<log_dir>/media/<tag>/       ``<log_dir>/media/<tag>/           ``<log_dir>/media/<tag>/
+                    step_<n>.md``                  step_<n>.json``                    step_<n>.png``
+=================== ============================== ================================== ================================
+
+Every logger gets the same buckets of a histogram (:class:`Histogram`) and the same PNG of a figure (rendered once).
+Lightning's dummy logger (``fast_dev_run``) gets nothing; any other logger is skipped with one warning naming it. A
+logger that fails does not stop the others: they are all written, and the failure is warned about naming the logger.
+User guide: ``docs/tensorboard.md``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+__all__ = [
+    "Histogram",
+    "log_figure",
+    "log_histogram",
+    "log_scalar_layout",
+    "log_text",
+    "logging_step",
+    "media_loggers",
+]
+
+SUPPORTED = (TensorBoardLogger, WandbLogger, MLFlowLogger, CSVLogger)
+_warned: set[str] = set()  # the unknown loggers already warned about (once per class and process)
+_PART = re.compile(r"[^A-Za-z0-9_.=-]")
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Buckets ``[edges[i], edges[i + 1])`` holding ``counts[i]`` (a count or a weight), and the values' moments.
+
+    Build it with :meth:`of_values` or :meth:`of_distribution`; every logger is given these same numbers.
+    """
+
+    edges: tuple[float, ...]
+    counts: tuple[float, ...]
+    num: float
+    sum: float
+    sum_squares: float
+    min: float
+    max: float
+
+    @classmethod
+    def of_values(cls, values: Any, bins: int = 64) -> Histogram | None:
+        """``bins`` equal buckets over the finite ``values`` (non-finite ones left out); ``None`` if none is finite."""
+        array = np.asarray(values, dtype=np.float64).reshape(-1)
+        array = array[np.isfinite(array)]
+        if not array.size:
+            return None
+        counts, edges = np.histogram(array, bins=bins)
+        return cls(
+            edges=tuple(edges.tolist()),
+            counts=tuple(float(c) for c in counts),
+            num=float(array.size),
+            sum=float(array.sum()),
+            sum_squares=float((array**2).sum()),
+            min=float(array.min()),
+            max=float(array.max()),
+        )
+
+    @classmethod
+    def of_distribution(cls, probabilities: Any) -> Histogram:
+        """A distribution over ``0 … K-1``: bucket ``i`` spans ``[i - ½, i + ½)`` with height ``p_i``.
+
+        So a histogram view shows the distribution itself, not a histogram of its values.
+        """
+        p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
+        arms = np.arange(p.size, dtype=np.float64)
+        return cls(
+            edges=tuple((np.arange(p.size + 1) - 0.5).tolist()),
+            counts=tuple(p.tolist()),
+            num=float(p.sum()),
+            sum=float((arms * p).sum()),
+            sum_squares=float((arms**2 * p).sum()),
+            min=-0.5,
+            max=p.size - 0.5,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as JSON-ready lists and floats."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+def logging_step(trainer: pl.Trainer) -> int:
+    """The step Lightning gives the scalars logged now (batches that stepped: one per batch, not per optimizer).
+
+    Read as Lightning's own ``LearningRateMonitor`` reads it, so histograms and text line up with the scalars.
+    """
+    loop = getattr(trainer, "fit_loop", None)
+    if trainer.state.fn == "fit" and loop is not None:
+        return int(loop.epoch_loop._batches_that_stepped)
+    return int(trainer.global_step)
+
+
+def media_loggers(trainer: pl.Trainer | None) -> list[Logger]:
+    """The trainer's loggers that take text, histograms and figures, on rank zero; ``[]`` elsewhere.
+
+    Lightning's dummy logger is left out quietly; another unknown logger with one warning naming it.
+    """
+    if trainer is None or not trainer.is_global_zero:
+        return []
+    loggers = []
+    for logger in trainer.loggers:
+        if isinstance(logger, SUPPORTED):
+            loggers.append(logger)
+        elif not isinstance(logger, DummyLogger) and type(logger).__name__ not in _warned:
+            _warned.add(type(logger).__name__)
+            rank_zero_warn(
+                f"{type(logger).__name__} takes only scalars here: text, histograms and figures go to "
+                f"TensorBoardLogger, WandbLogger, MLFlowLogger and CSVLogger alone"
+            )
+    return loggers
+
+
+def _path(tag: str, step: int, suffix: str) -> str:
+    """``media/<tag>/step_<step><suffix>``, each part of ``tag`` made a safe file name (no ``..``, no separator)."""
+    parts = [_PART.sub("_", p) for p in tag.split("/") if p]
+    parts = [p if p.strip(".") else p.replace(".", "_") for p in parts] or ["_"]
+    return "/".join(["media", *parts, f"step_{step}{suffix}"])
+
+
+def _write_file(logger: Logger, relative: str, data: bytes) -> None:
+    """``data`` as ``relative`` under the CSV logger's run folder (atomically) or as the MLflow run's artifact."""
+    if isinstance(logger, CSVLogger):
+        path = os.path.join(logger.log_dir, *relative.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    else:  # MLflow: the file under its own name, in the artifact folder of the tag
+        folder, name = relative.rsplit("/", 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            logger.experiment.log_artifact(logger.run_id, path, folder)
+
+
+def _each(loggers: Iterable[Logger], what: str, tag: str, step: int, write: Callable[[Logger], None]) -> None:
+    """``write`` to every logger; one that fails is warned about, naming it, and the others are written all the same.
+
+    A warning, not an error: text, histograms and figures are the run's extras, and a logger's outage (a full disk,
+    a dead tracking server) must not end a training whose scalars and checkpoints are still written.
+    """
+    for logger in loggers:
+        try:
+            write(logger)
+        except Exception as error:
+            rank_zero_warn(
+                f"{type(logger).__name__} could not log the {what} {tag!r} at step {step}: "
+                f"{type(error).__name__}: {error}; the other loggers have it"
+            )
+
+
+def log_text(trainer: pl.Trainer | None, tag: str, text: str, step: int | None = None) -> None:
+    """``text`` (markdown) under ``tag`` at ``step`` (default: :func:`logging_step`) in every supported logger."""
+    loggers = media_loggers(trainer)
+    if not loggers:
+        return
+    step = logging_step(trainer) if step is None else int(step)
+
+    def write(logger: Logger) -> None:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_text(tag, text, global_step=step)
+        elif isinstance(logger, WandbLogger):
+            import wandb
+
+            logger.log_metrics({tag: wandb.Table(columns=["text"], data=[[text]])}, step=step)
+        else:
+            _write_file(logger, _path(tag, step, ".md"), text.encode("utf-8"))
+
+    _each(loggers, "text", tag, step, write)
+
+
+def log_histogram(trainer: pl.Trainer | None, tag: str, histogram: Histogram, step: int | None = None) -> None:
+    """``histogram`` under ``tag`` at ``step`` (default: :func:`logging_step`) in every supported logger."""
+    loggers = media_loggers(trainer)
+    if not loggers:
+        return
+    step = logging_step(trainer) if step is None else int(step)
+
+    def write(logger: Logger) -> None:
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_histogram_raw(
+                tag,
+                min=histogram.min,
+                max=histogram.max,
+                num=histogram.num,
+                sum=histogram.sum,
+                sum_squares=histogram.sum_squares,
+                bucket_limits=list(histogram.edges[1:]),  # TensorBoard's buckets are named by their right edge
+                bucket_counts=list(histogram.counts),
+                global_step=step,
+            )
+        elif isinstance(logger, WandbLogger):
+            import wandb
+
+            value = wandb.Histogram(np_histogram=(list(histogram.counts), list(histogram.edges)))
+            logger.log_metrics({tag: value}, step=step)
+        else:
+            _write_file(logger, _path(tag, step, ".json"), json.dumps(histogram.as_dict()).encode("utf-8"))
+
+    _each(loggers, "histogram", tag, step, write)
+
+
+def log_figure(trainer: pl.Trainer | None, tag: str, figure: Any, step: int | None = None, dpi: int = 110) -> None:
+    """A matplotlib ``figure``, rendered once as a PNG, under ``tag`` at ``step`` in every supported logger."""
+    loggers = media_loggers(trainer)
+    if not loggers:
+        return
+    step = logging_step(trainer) if step is None else int(step)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    png = buffer.getvalue()
+    pixels = None
+
+    def write(logger: Logger) -> None:
+        nonlocal pixels
+        if isinstance(logger, (TensorBoardLogger, WandbLogger)) and pixels is None:
+            from PIL import Image  # matplotlib's own dependency
+
+            pixels = np.asarray(Image.open(io.BytesIO(png)).convert("RGBA"))
+        if isinstance(logger, TensorBoardLogger):
+            logger.experiment.add_image(tag, pixels, global_step=step, dataformats="HWC")
+        elif isinstance(logger, WandbLogger):
+            import wandb
+
+            logger.log_metrics({tag: wandb.Image(pixels)}, step=step)
+        else:
+            _write_file(logger, _path(tag, step, ".png"), png)
+
+    _each(loggers, "figure", tag, step, write)
+
+
+def log_scalar_layout(trainer: pl.Trainer | None, layout: dict[str, dict[str, list[Any]]]) -> None:
+    """A chart layout of logged scalars (``{category: {chart: ["Multiline", [tag regexes]]}}``).
+
+    TensorBoard shows it in its Custom Scalars tab and reads a run's first one, so write it once, whole, at the start
+    of fit. The other loggers have no such layout: W&B groups keys by their prefix by itself; MLflow and CSV show each
+    key apart.
+    """
+    loggers = [logger for logger in media_loggers(trainer) if isinstance(logger, TensorBoardLogger)]
+
+    def write(logger: Logger) -> None:
+        logger.experiment.add_custom_scalars(layout)
+
+    _each(loggers, "scalar layout", ", ".join(layout), logging_step(trainer) if loggers else 0, write)
