@@ -37,17 +37,12 @@ from alignment_games.modules.base import LanguageModelGame, argument_group, requ
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.scorers.peer_judges import (
-    PeerJudging,
-    encode_texts,
-    judge_prompts,
-    member_scores,
-    peer_scores_each,
-)
+from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.pool_followers import FollowerTraining, FollowerUpdates
+from alignment_games.modules.training.pool_members import PoolMembers
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -57,7 +52,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "scale"}
 
 
-class StackelbergPool(FollowerUpdates, LanguageModelGame):
+class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
     The Elo reputations are the module's own :class:`callbacks.EloRating` over its players: it applies the duels in
@@ -181,69 +176,6 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
     def policy_banks(self) -> dict[str, PolicyBank]:
         """Every bank by its state-dict prefix (``banks.<i>``)."""
         return {f"banks.{i}": bank for i, bank in enumerate(self.banks)}
-
-    def bank(self, player: str) -> PolicyBank:
-        """The :class:`PolicyBank` holding ``player``."""
-        return self.banks[self._bank_of[player]]
-
-    def banks_of(self, players: list[str]) -> list[tuple[PolicyBank, list[str]]]:
-        """``players`` grouped by the bank holding them (in order), so that each bank decodes its players together."""
-        groups: dict[int, list[str]] = {}
-        for p in players:
-            groups.setdefault(self._bank_of[p], []).append(p)
-        return [(self.banks[i], ps) for i, ps in groups.items()]
-
-    def chat(self, player: str, user: str, system: str | None = None) -> str:
-        """``player``'s chat-formatted prompt (each model its own template)."""
-        return self.bank(player).chat(system, user)
-
-    def respond(self, player: str, instructions: list[str], n: int) -> Rollout:
-        """``n`` sampled responses per instruction (rows ``i*n + s``), temperature and top-p of the config."""
-        return self.respond_all({player: instructions}, n)[player]
-
-    def respond_all(self, instructions: dict[str, list[str]], n: int) -> dict[str, Rollout]:
-        """:meth:`respond` of each player to its instructions; the players of one bank decode in one batch.
-
-        Each row has its own player's adapter (:meth:`PolicyBank.generate_each`), and each player's rollout has the
-        shapes its own decode would give.
-        """
-        system, out = self.hparams.system_prompt, {}
-        for bank, players in self.banks_of(list(instructions)):
-            requests = [(p, [self.chat(p, x, system) for x in instructions[p]]) for p in players]
-            out.update(zip(players, bank.generate_each(requests, n, **self.sampling.generate_kwargs())))
-        return out
-
-    def encode(
-        self, player: str, prompts: list[str], completions: list[str], eos: bool = True, group_size: int = 1
-    ) -> Rollout:
-        """Given texts as a :class:`Rollout` of ``player``'s tokenizer (see :func:`encode_texts`)."""
-        return encode_texts(self.bank(player), prompts, completions, eos, group_size)
-
-    def judge(
-        self, judge: str, instructions: list[str], responses: list[str], references: list[str | None] | None = None
-    ) -> list[tuple[float, bool]]:
-        """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
-        return self.judge_all({judge: (instructions, responses, references)})[judge]
-
-    def judge_all(self, asked: dict[str, tuple[list[str], list[str], list[str | None] | None]]) -> dict[str, list]:
-        """:meth:`judge` of each judge's ``(instructions, responses, references)``, by judge.
-
-        Generated judgements (``judging.mode: generate``) of one bank's judges decode in one batch, each row with its
-        judge's adapter (:func:`peer_scores_each`); the other modes judge one judge at a time.
-        """
-        j, system, out = self.judging, self.hparams.system_prompt, {}
-        if j.mode != "generate":
-            for name, (xs, ys, refs) in asked.items():
-                chat = lambda user, system_, n=name: self.chat(n, user, system_)  # noqa: E731
-                out[name] = member_scores(self.bank(name), name, chat, xs, ys, j, system, refs)
-            return out
-        for bank, players in self.banks_of(list(asked)):
-            requests = []
-            for p in players:
-                chat = lambda user, system_, p=p: self.chat(p, user, system_)  # noqa: E731
-                requests.append((p, judge_prompts(bank, chat, asked[p][0], asked[p][1], j)))
-            out.update(zip(players, peer_scores_each(bank, requests, j)))
-        return out
 
     # ------------------------------------------------------------------------------------------------ Lightning
     @override

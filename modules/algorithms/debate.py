@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 
 if TYPE_CHECKING:
-    from alignment_games.modules.lm.policy_bank import Rollout
+    from alignment_games.modules.lm.rollout import Rollout
 
 __all__ = [
     "PLAYER_OF_PLY",

@@ -11,7 +11,8 @@ the model's forward up to float rounding. Measured on the vs_trl policy (hidden 
 Only architectures whose layer this repeats exactly are served (:data:`LEAN_MODEL_TYPES`, checked by
 :func:`lean_decode_unsupported`); anything else (an active LoRA layer, sharded or quantised weights, sliding windows,
 query/key norms) decodes through the model's forward. A decode of several players' rows (adapters disabled, each
-row's own LoRA update set by ``PolicyBank``'s ``_row_adapters``) is served: its projections add the rows' updates.
+row's own LoRA update set by :func:`modules.lm.row_adapters.row_adapters`) is served: its projections add the rows'
+updates.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from alignment_games.modules.distributed.sharding import fsdp_wrapped
-from alignment_games.modules.lm.decoding import add_row_adapters, cascade_attention
+from alignment_games.modules.lm.decoding import cascade_attention
+from alignment_games.modules.lm.row_adapters import add_row_adapters
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
 
@@ -165,6 +167,6 @@ def _project(module: nn.Module, x: Tensor) -> Tensor:
     """The projection's base weights on ``x``, plus each row's own LoRA update in a decode of several players."""
     linear = _linear(module)
     out = F.linear(x, linear.weight, linear.bias)
-    if hasattr(module, "_row_adapter_runs"):
+    if hasattr(module, "_row_adapter"):
         out = add_row_adapters(module, x, out)
     return out

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 __all__ = [
     "GROUPED_ATTENTION",
     "GROUPED_DECODE_ENV",
-    "add_row_adapters",
     "cascade_attention",
     "grouped_decode_setting",
     "grouped_prefix_attention",
@@ -106,28 +105,6 @@ def cascade_attention(
     op = (ep.to(values.dtype) @ values).reshape(b, kvh, g, rep * q, d).transpose(1, 2).reshape(n, kvh, rep * q, d)
     out = ((op.float() + (es.to(value.dtype) @ value).float()) / denom).to(query.dtype)
     return out.reshape(n, h, q, d).transpose(1, 2).contiguous()
-
-
-def add_row_adapters(module: nn.Module, x: Tensor, out: Tensor) -> Tensor:
-    """Add to ``out`` (the base layer's output for ``x``) each row's own LoRA update (set by ``_row_adapters``).
-
-    The update is peft's ``lora_B(lora_A(x)) · scaling`` (no dropout: generation runs in eval mode) on each run of
-    consecutive rows of one player, so every row gets exactly its player's adapter; rows of ``None`` get none.
-
-    Raises:
-        RuntimeError: naming the row counts, for an input whose rows are neither the prompts' nor the samples'.
-    """
-    by_rows = module._row_adapter_runs
-    runs = by_rows.get(x.shape[0])
-    if runs is None:
-        raise RuntimeError(f"row adapters: an input of {x.shape[0]} rows, set for {sorted(by_rows)} rows")
-    for start, stop, name in runs:
-        if name is None or name not in module.lora_A:
-            continue
-        a, b = module.lora_A[name], module.lora_B[name]
-        delta = b(a(x[start:stop].to(a.weight.dtype))) * module.scaling[name]
-        out[start:stop] += delta.to(out.dtype)
-    return out
 
 
 def next_tokens(

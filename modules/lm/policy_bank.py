@@ -12,7 +12,6 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +25,6 @@ from alignment_games.modules.lm.decoding import (
     _PREFIX,
     GROUPED_ATTENTION,
     _register_grouped_attention,
-    add_row_adapters,
     grouped_decode_setting,
     next_tokens,
     preallocated_cache,
@@ -35,84 +33,10 @@ from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
 from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
+from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.lm.row_adapters import plain_lora_layers, row_adapters
 
-__all__ = ["PolicyBank", "Rollout"]
-
-
-@dataclass
-class Rollout:
-    """Sampled sequences of one player.
-
-    Attributes:
-        sequences: ``[N, P + C]`` token ids: left-padded prompt (width P) then completion (right-padded).
-        attention_mask: ``[N, P + C]``.
-        prompt_width: P.
-        completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
-        texts: Decoded completions.
-        group_size: Consecutive rows that share one prompt (``num_samples`` of :meth:`PolicyBank.generate`; 1 when
-            unknown).
-    """
-
-    sequences: Tensor
-    attention_mask: Tensor
-    prompt_width: int
-    completion_mask: Tensor
-    texts: list[str]
-    group_size: int = 1
-
-    @property
-    def num_empty(self) -> int:
-        """Completions that are empty once special tokens are dropped."""
-        return sum(1 for t in self.texts if not t.strip())
-
-    def split(self, counts: Sequence[int]) -> list[Rollout]:
-        """Consecutive pieces of ``counts[i]`` prompts each (``group_size`` rows a prompt), each as decoded alone.
-
-        A piece keeps only its own widest prompt and its own longest completion (the columns before and after are
-        padding in every row of it), so a piece of a decode of several players' prompts (:meth:`PolicyBank.generate`
-        with a player per prompt) has the shapes a decode of its prompts alone gives.
-
-        Raises:
-            ValueError: when the counts do not add up to the rollout's prompts.
-        """
-        g = max(self.group_size, 1)
-        if any(c < 1 for c in counts) or sum(counts) * g != self.sequences.shape[0]:
-            rows = self.sequences.shape[0]
-            raise ValueError(f"Rollout.split: counts {list(counts)} (x group_size {g}) do not tile the {rows} rows")
-        pieces, start, p = [], 0, self.prompt_width
-        for count in counts:
-            rows = slice(start, start + count * g)
-            width = int(self.attention_mask[rows, :p].sum(dim=1).max())  # prompts are left-padded
-            length = int(self.completion_mask[rows].sum(dim=1).max())
-            cols = slice(p - width, p + length)
-            pieces.append(
-                Rollout(
-                    self.sequences[rows, cols],
-                    self.attention_mask[rows, cols],
-                    width,
-                    self.completion_mask[rows, :length],
-                    self.texts[rows],
-                    self.group_size,
-                )
-            )
-            start += count * g
-        return pieces
-
-    def rows(self, index: slice | Sequence[int] | Tensor, group_size: int | None = None) -> Rollout:
-        """The rows ``index`` (a slice, or row numbers in order), prompt width kept.
-
-        ``group_size`` of the result: the one given; else, for a slice, this rollout's when the slice cuts no prompt
-        group, and 1 otherwise or for row numbers.
-        """
-        if isinstance(index, slice):
-            start, stop, _ = index.indices(self.sequences.shape[0])
-            whole = start % self.group_size == 0 and (stop - start) % self.group_size == 0
-            group_size, texts = group_size or (self.group_size if whole else 1), self.texts[index]
-        else:
-            index = torch.as_tensor(index, dtype=torch.long, device=self.sequences.device)
-            group_size, texts = group_size or 1, [self.texts[i] for i in index.tolist()]
-        seq, att, comp = self.sequences[index], self.attention_mask[index], self.completion_mask[index]
-        return Rollout(seq, att, self.prompt_width, comp, texts, group_size)
+__all__ = ["PolicyBank"]
 
 
 class PolicyBank(nn.Module):
@@ -222,26 +146,15 @@ class PolicyBank(nn.Module):
         # player would then lose its gradients at backward time, so every player is made trainable again.
         self._all_players_trainable()
 
-    def _plain_lora_layers(self, player: str) -> list[nn.Module] | None:
-        """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (not DoRA, embeddings, convolutions).
-
-        The form ``W + s·BA`` (merged, or added per row) holds for those only; ``None`` for any other.
-        """
-        from peft.tuners.lora import LoraLayer
-
-        layers = [m for m in self.model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
-        plain = all(type(m.get_base_layer()) is nn.Linear and not m.use_dora.get(player, False) for m in layers)
-        return layers if plain else None
-
     def mixes_players(self, players: Sequence[str | None]) -> bool:
         """Whether one :meth:`generate` can decode rows of all ``players`` together, each with its own adapter.
 
         True for adapters over one base (``lm.players: lora``) whose LoRA layers are plain (see
-        :meth:`_plain_lora_layers`); ``None`` is the frozen reference.
+        :func:`~modules.lm.row_adapters.plain_lora_layers`); ``None`` is the frozen reference.
         """
         if self.mode != "lora":
             return False
-        return all(p is None or self._plain_lora_layers(p) is not None for p in players)
+        return all(p is None or plain_lora_layers(self.model, p) is not None for p in set(players))
 
     @contextmanager
     def _for_generation(
@@ -254,13 +167,14 @@ class PolicyBank(nn.Module):
         and unmerge would not be). Off under sharded strategies (``merge_for_generation``).
 
         ``row_players`` (one per prompt, each prompt's ``group`` rows following it): the base with adapters disabled,
-        and each row's own adapter added to its rows by :func:`_row_adapters` (one decode of several players).
+        and each row's own adapter added to its rows by :func:`~modules.lm.row_adapters.row_adapters` (one decode of
+        several players).
         """
         if row_players is not None:
-            with self._use(None) as model, _row_adapters(model, row_players, group):
+            with self._use(None) as model, row_adapters(model, row_players, group):
                 yield model
             return
-        layers = [] if self.mode == "separate" or player is None else self._plain_lora_layers(player)
+        layers = [] if self.mode == "separate" or player is None else plain_lora_layers(self.model, player)
         if not layers or not self.merge_for_generation:
             with self._use(player) as model:
                 yield model
@@ -682,40 +596,3 @@ class PolicyBank(nn.Module):
     def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:
         """Sum of :meth:`token_logprobs` over the completion, ``[N]``."""
         return self.token_logprobs(player, rollout, temperature, micro_batch).sum(dim=1)
-
-
-def _runs(names: Sequence[str | None]) -> list[tuple[int, int, str | None]]:
-    """The runs of equal consecutive names as ``(start, stop, name)``."""
-    runs: list[tuple[int, int, str | None]] = []
-    for i, name in enumerate(names):
-        if runs and runs[-1][2] == name and runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], i + 1, name)
-        else:
-            runs.append((i, i + 1, name))
-    return runs
-
-
-@contextmanager
-def _row_adapters(model: nn.Module, players: Sequence[str | None], group: int) -> Iterator[None]:
-    """Each row's own adapter in a decode of several players' prompts over the base with adapters disabled.
-
-    ``players[i]`` is prompt ``i``'s player; its ``group`` rows (``i*group …``) follow it. Every LoRA layer gets a
-    forward hook that adds each row's update to its base output (:func:`add_row_adapters`), picking the prompt-level
-    runs for inputs of one row per prompt (the prefill) and the row-level ones for ``len(players) · group`` rows;
-    :class:`~modules.lm.decode_step.LeanDecoder` adds them in its own projections. All is removed on exit.
-    """
-    from peft.tuners.lora import LoraLayer
-
-    rows = [p for p in players for _ in range(group)]
-    by_rows = {len(players): _runs(players), len(rows): _runs(rows)}
-    handles, layers = [], [m for m in model.modules() if isinstance(m, LoraLayer)]
-    try:
-        for m in layers:
-            m._row_adapter_runs = by_rows
-            handles.append(m.register_forward_hook(lambda mod, args, out: add_row_adapters(mod, args[0], out)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        for m in layers:
-            m.__dict__.pop("_row_adapter_runs", None)

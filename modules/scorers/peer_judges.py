@@ -23,7 +23,8 @@ from alignment_games.modules.algorithms.pool import (
     final_answer,
     parse_judgement,
 )
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 

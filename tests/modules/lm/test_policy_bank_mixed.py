@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.lm.row_adapters import plain_lora_layers
 
 PLAYERS = ["m0", "m1", "m2"]
 REQUESTS = [
@@ -16,6 +18,7 @@ REQUESTS = [
 
 @pytest.fixture(scope="module")
 def bank(tiny_decoder_dir):
+    torch.manual_seed(0)  # peft draws lora_A's initial values from the global generator
     b = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=PLAYERS)
     with torch.no_grad():  # each adapter off its zero init, differently, so that the players answer differently
         for i, p in enumerate(PLAYERS):
@@ -47,8 +50,9 @@ def test_one_greedy_decode_of_three_players_equals_each_players_own(bank, decode
     for a, b in zip(together, alone):
         _same(a, b)
     # the adapters differ: the same prompt answered by each player gives three different replies, so a row decoded
-    # with another row's adapter could not pass the comparison above
-    replies = {p: bank.generate(p, ["7-2="], 1, **kw).texts[0] for p in PLAYERS}
+    # with another row's adapter could not pass the comparison above (token ids: the byte tokenizer renders distinct
+    # invalid bytes as the same replacement character)
+    replies = {p: tuple(bank.generate(p, ["7-2="], 1, **kw).sequences[0].tolist()) for p in PLAYERS}
     assert len(set(replies.values())) == 3, replies
 
 
@@ -77,7 +81,7 @@ def test_the_hooks_are_removed_after_the_decode(bank):
 
     bank.generate_each(REQUESTS, 1, max_new_tokens=2, do_sample=False)
     layers = [m for m in bank.model.modules() if isinstance(m, LoraLayer)]
-    assert layers and not any(m._forward_hooks or hasattr(m, "_row_adapter_runs") for m in layers)
+    assert layers and not any(m._forward_hooks or hasattr(m, "_row_adapter") for m in layers)
 
 
 def test_bad_player_lists_name_the_problem(bank):
@@ -109,3 +113,30 @@ def test_separate_copies_decode_player_by_player(tiny_lm_dir):
         bank.generate_each([("a", ["1+1="]), ("b", ["1+1="])], 1, **kw), [("a", ["1+1="]), ("b", ["1+1="])]
     ):
         _same(a, bank.generate(p, x, 1, **kw))
+
+
+def test_interleaved_players_each_get_their_own_adapter(bank):
+    kw = {"max_new_tokens": 6, "do_sample": False}
+    out = bank.generate(["m0", "m1", "m0", None], ["7-2=", "7-2=", "q", "7-2="], 2, **kw)
+    for i, p in enumerate(["m0", "m1", "m0", None]):
+        alone = bank.generate(p, [["7-2=", "7-2=", "q", "7-2="][i]], 2, **kw)
+        assert out.texts[2 * i : 2 * i + 2] == alone.texts
+
+
+def test_an_adapter_with_a_lora_bias_is_neither_merged_nor_mixed(tiny_lm_dir):
+    """W + s·BA leaves out a LoRA bias: such an adapter decodes through peft's own forward, one player at a time."""
+    from peft import LoraConfig
+
+    b = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["plain"])
+    b.model.add_adapter("biased", LoraConfig(r=4, lora_alpha=8, lora_bias=True, target_modules=["q_proj", "v_proj"]))
+    b.player_names.append("biased")
+    with torch.no_grad():
+        for n, w in b.model.named_parameters():
+            if ".biased." in n:
+                w.add_(0.5 * torch.randn(w.shape, generator=torch.Generator().manual_seed(len(n))))
+    assert plain_lora_layers(b.model, "plain") and plain_lora_layers(b.model, "biased") is None
+    assert not b.mixes_players(["plain", "biased"])
+    kw = {"max_new_tokens": 6, "do_sample": False}
+    with b._use("biased") as model:  # peft's forward with the adapter active, the bias included
+        expected = model.generate(**b._encode_prompts(["7-2="]), **kw, pad_token_id=b.tokenizer.pad_token_id)
+    assert torch.equal(b.generate("biased", ["7-2="], 1, **kw).sequences, expected)
