@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     from alignment_games.modules.lm.logprobs import chunk_tokens_for
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.models import build_tiny_causal_lm
-    from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+    from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.rollout import Rollout
 
     shape = {**(TINY if args.tiny else QWEN25_05B), "num_hidden_layers": args.layers}
     rows, tokens, width = (2, 16, 4) if args.tiny else (args.rows, args.tokens, args.prompt_tokens)

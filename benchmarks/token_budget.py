@@ -37,7 +37,7 @@ TINY = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num
 
 def rollout(rows: int, group: int, prompt_tokens: int, tokens: int, vocab: int, pad: int, seed: int = 0):
     """Random rows: a prompt span per group (16 … ``prompt_tokens``, left-padded), a completion length per row."""
-    from alignment_games.modules.lm.policy_bank import Rollout
+    from alignment_games.modules.lm.rollout import Rollout
 
     gen = torch.Generator().manual_seed(seed)
     lo = min(16, prompt_tokens)

@@ -56,7 +56,8 @@ from alignment_games.modules.algorithms.verdicts import pair_indices, pair_share
 from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics

@@ -34,8 +34,9 @@ from alignment_games.modules.base import (
 )
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.precision import resolve_dtype
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
 

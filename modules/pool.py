@@ -4,8 +4,10 @@ One training batch is one game iteration over the whole instruction pool, in sev
 
 1. **Choose**: the leader (:class:`~modules.algorithms.exp3.Exp3`, or uniform: SPARTA) draws D duel instructions.
 2. **Match**: a uniform combatant meets an opponent by reputation (:meth:`~modules.algorithms.pool.Matchmaking.duels`).
-3. **Answer**: each combatant answers its duels (G rollouts under GRPO), one ``generate`` per model.
-4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0).
+3. **Answer**: each combatant answers its duels (G rollouts under GRPO); the players of one base decode together, one
+   batch with each row's own adapter (:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
+4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0); generated
+   judgements of one base's judges decode together likewise.
 5. **Aggregate**: reputation-weighted means of the judges' scores (weights from the Elo ratings by
    :class:`~modules.algorithms.pool.ReputationWeighting`); the judges' weighted verdict updates the Elo reputations.
 6. **Lead**: the composite reward of each duel's two scores updates EXP3.
@@ -35,10 +37,11 @@ from alignment_games.modules.base import LanguageModelGame, argument_group, requ
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates
+from alignment_games.modules.games.pool_members import PoolMembers
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.scorers.peer_judges import PeerJudging, encode_texts, member_scores
+from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.schedules import schedule_length
 
@@ -49,7 +52,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "scale"}
 
 
-class StackelbergPool(FollowerUpdates, LanguageModelGame):
+class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
     The Elo reputations are the module's own :class:`callbacks.EloRating` over its players: it applies the duels in
@@ -174,33 +177,6 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         """Every bank by its state-dict prefix (``banks.<i>``)."""
         return {f"banks.{i}": bank for i, bank in enumerate(self.banks)}
 
-    def bank(self, player: str) -> PolicyBank:
-        """The :class:`PolicyBank` holding ``player``."""
-        return self.banks[self._bank_of[player]]
-
-    def chat(self, player: str, user: str, system: str | None = None) -> str:
-        """``player``'s chat-formatted prompt (each model its own template)."""
-        return self.bank(player).chat(system, user)
-
-    def respond(self, player: str, instructions: list[str], n: int) -> Rollout:
-        """``n`` sampled responses per instruction (rows ``i*n + s``), temperature and top-p of the config."""
-        prompts = [self.chat(player, x, self.hparams.system_prompt) for x in instructions]
-        return self.bank(player).generate(player, prompts, n, **self.sampling.generate_kwargs())
-
-    def encode(
-        self, player: str, prompts: list[str], completions: list[str], eos: bool = True, group_size: int = 1
-    ) -> Rollout:
-        """Given texts as a :class:`Rollout` of ``player``'s tokenizer (see :func:`encode_texts`)."""
-        return encode_texts(self.bank(player), prompts, completions, eos, group_size)
-
-    def judge(
-        self, judge: str, instructions: list[str], responses: list[str], references: list[str | None] | None = None
-    ) -> list[tuple[float, bool]]:
-        """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
-        chat = lambda user, system: self.chat(judge, user, system)  # noqa: E731
-        j, system = self.judging, self.hparams.system_prompt
-        return member_scores(self.bank(judge), judge, chat, instructions, responses, j, system, references)
-
     # ------------------------------------------------------------------------------------------------ Lightning
     @override
     def setup(self, stage: str) -> None:
@@ -320,19 +296,20 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         return duels, gap
 
     def _answer(self, duels: list[tuple[int, int]], questions: list[str], g: int) -> tuple[dict, dict]:
-        """3. ``g`` responses per side of this rank's duels, one ``generate`` per model.
+        """3. ``g`` responses per side of this rank's duels, one bank's players in one decode (:meth:`respond_all`).
 
         Returns every duel's texts ``{(duel, side): [g texts]}`` (gathered from all ranks) and this rank's rollouts
-        ``{player: (rollout, [(duel, side), ...])}``.
+        ``{player: (rollout, [(duel, side), ...])}``, each rollout as the player's own ``generate`` would shape it.
         """
         texts, rollouts = {}, {}
         mine = [d for d in range(len(duels)) if collectives.owns(self._trainer, d)]
-        for pi, p in enumerate(self.player_names):
-            slots = [(d, s) for d in mine for s in (0, 1) if duels[d][s] == pi]
-            if slots:
-                out = self.respond(p, [questions[d] for d, _ in slots], g)
-                texts.update({slot: out.texts[k * g : (k + 1) * g] for k, slot in enumerate(slots)})
-                rollouts[p] = (out, slots)
+        slots = {
+            p: [(d, s) for d in mine for s in (0, 1) if duels[d][s] == pi] for pi, p in enumerate(self.player_names)
+        }
+        asked = {p: [questions[d] for d, _ in slots[p]] for p in self.player_names if slots[p]}
+        for p, out in self.respond_all(asked, g).items():
+            texts.update({slot: out.texts[k * g : (k + 1) * g] for k, slot in enumerate(slots[p])})
+            rollouts[p] = (out, slots[p])
         texts = {slot: t for part in collectives.gather_objects(self._trainer, texts) for slot, t in part.items()}
         return texts, rollouts
 
@@ -344,12 +321,9 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         """
         responses = [(d, s, r) for d in range(len(judges)) for s in (0, 1) for r in range(g)]
         shown = [x for x in responses if texts[x[:2]][x[2]].strip() and collectives.owns(self._trainer, x[0])]
+        work = [[x for x in shown if j in judges[x[0]]] for j in range(len(self.player_names))]
         scores, counts = {}, {}
-        for j, name in enumerate(self.player_names):
-            items = [x for x in shown if j in judges[x[0]]]
-            answers = [texts[(d, s)][r] for d, s, r in items]
-            by_reference = {"references": [refs[d] for d, *_ in items]} if self.judging.mode == "reference" else {}
-            verdicts = self.judge(name, [questions[d] for d, *_ in items], answers, **by_reference)
+        for j, (items, verdicts) in enumerate(zip(work, self._verdicts(work, questions, texts, refs))):
             counts[j] = (len(verdicts), sum(1 for _, ok in verdicts if not ok))
             for item, (score, _) in zip(items, verdicts):
                 scores.setdefault(item, {})[j] = score
@@ -364,6 +338,20 @@ class StackelbergPool(FollowerUpdates, LanguageModelGame):
         if not bool(torch.isfinite(raw).all()) and not self.check_finite(raw, "peer scores (rewards)"):
             return None
         return scores
+
+    def _verdicts(self, work: list[list], questions: list[str], texts: dict, refs) -> list[list[tuple[float, bool]]]:
+        """Each judge's ``(score, read)`` of its items ``(duel, side, rollout)``, in player order (``judge_all``)."""
+        reference = self.judging.mode == "reference"
+        asked = {
+            name: (
+                [questions[d] for d, *_ in items],
+                [texts[(d, s)][r] for d, s, r in items],
+                [refs[d] for d, *_ in items] if reference else None,
+            )
+            for name, items in zip(self.player_names, work)
+        }
+        verdicts = self.judge_all(asked)
+        return [verdicts[name] for name in self.player_names]
 
     def _count_judgements(self, per_rank: list[dict[int, tuple[int, int]]], iteration: int) -> None:
         """Add every rank's judgements and parse failures per judge; warn about a judge whose answers never parse."""

@@ -107,3 +107,30 @@ def test_token_budget_benchmark_measures_both_updates_at_tiny_size():
     name, ratio = lines[-1].split("=")
     assert name == "token_budget_mem_ratio_vs_all_rows"
     assert float(ratio) == pytest.approx(result["budget_peak_bytes"] / result["all_rows_peak_bytes"], abs=1e-4)
+
+
+def test_pool_decode_benchmark_prints_both_phases_ratios_with_the_same_judgements():
+    """benchmarks/pool_decode.py at a tiny size: m = 3 players' answers and judgements, player by player and batched."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
+    args = ["--shapes", "tiny", "--duels", "3", "--rollouts", "2", "--answer_tokens", "3", "--judge_tokens", "3"]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "pool_decode.py"), *args, "--repeats", "1", "--threads", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert result["host"]["torch_threads"] == 1 and result["host"]["cpu"]
+    (row,) = result["results"]
+    assert row["players"] == 3
+    # 3 duels, 2 sides, 2 rollouts each; each duel has one judge outside it, who judges both sides
+    assert (row["answer"]["rows"], row["answer"]["tokens"]) == (12, 3)
+    assert (row["judge"]["rows"], row["judge"]["tokens"]) == (6, 3) and row["judge"]["same_texts"]
+    for phase in ("answer", "judge"):
+        x = row[phase]
+        assert x["before_s"] > 0 and x["after_s"] > 0
+        assert x["speedup"] == pytest.approx(x["before_s"] / x["after_s"], rel=0.02)
+    assert proc.stdout.startswith("host: ")
+    assert "tiny judge: m=3, 6 rows x 3 tokens: player by player" in proc.stdout

@@ -21,7 +21,7 @@ from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
-from alignment_games.modules.lm.policy_bank import Rollout
+from alignment_games.modules.lm.rollout import Rollout
 
 __all__ = ["FollowerTraining", "FollowerUpdates"]
 

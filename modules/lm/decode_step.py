@@ -10,7 +10,9 @@ the model's forward up to float rounding. Measured on the vs_trl policy (hidden 
 
 Only architectures whose layer this repeats exactly are served (:data:`LEAN_MODEL_TYPES`, checked by
 :func:`lean_decode_unsupported`); anything else (an active LoRA layer, sharded or quantised weights, sliding windows,
-query/key norms) decodes through the model's forward.
+query/key norms) decodes through the model's forward. A decode of several players' rows (adapters disabled, each
+row's own LoRA update set by :func:`modules.lm.row_adapters.row_adapters`) is served: its projections add the rows'
+updates.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import Tensor, nn
 
 from alignment_games.modules.distributed.sharding import fsdp_wrapped
 from alignment_games.modules.lm.decoding import cascade_attention
+from alignment_games.modules.lm.row_adapters import add_row_adapters
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
 
@@ -118,7 +121,7 @@ class LeanDecoder:
         if reason is not None:
             raise ValueError(f"LeanDecoder: {reason}")
         base = _base(model)
-        self.inner, self.head = base.model, _linear(base.lm_head)
+        self.inner, self.head = base.model, base.lm_head
         self.layers = list(self.inner.layers)
         b, p = prompt_mask.shape
         self.rows, self.capacity, self.filled = b * group_size, max_new_tokens, 0
@@ -157,9 +160,13 @@ class LeanDecoder:
             h = h + _project(mlp.down_proj, mlp.act_fn(_project(mlp.gate_proj, x)) * _project(mlp.up_proj, x))
         self.filled = s + 1
         h = _rms_norm(self.inner.norm, h)
-        return F.linear(h[:, -1], self.head.weight, self.head.bias)
+        return _project(self.head, h[:, -1])
 
 
 def _project(module: nn.Module, x: Tensor) -> Tensor:
+    """The projection's base weights on ``x``, plus each row's own LoRA update in a decode of several players."""
     linear = _linear(module)
-    return F.linear(x, linear.weight, linear.bias)
+    out = F.linear(x, linear.weight, linear.bias)
+    if hasattr(module, "_row_adapter"):
+        out = add_row_adapters(module, x, out)
+    return out

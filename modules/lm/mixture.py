@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.algorithms.baselines import geometric_mixture_logprobs
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 
 __all__ = ["generate_mixture"]
 

@@ -1,7 +1,8 @@
 """Language-model players on one frozen base: LoRA adapters per player, the disabled adapter as the reference.
 
-:class:`PolicyBank` batches :meth:`~PolicyBank.generate` (one call per player per step, all prompts × samples) and
-:meth:`~PolicyBank.logprobs` (completion tokens only, for a player or the frozen reference with ``player=None``).
+:class:`PolicyBank` batches :meth:`~PolicyBank.generate` (all prompts × samples of a player in one call, or of several
+players, each row with its own adapter: :meth:`~PolicyBank.generate_each`) and :meth:`~PolicyBank.logprobs`
+(completion tokens only, for a player or the frozen reference with ``player=None``).
 With ``players="separate"`` each player is a full trainable copy and one frozen copy serves as the reference.
 """
 
@@ -11,7 +12,6 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,51 +34,10 @@ from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
 from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
+from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.lm.row_adapters import plain_lora_layers, row_adapters
 
-__all__ = ["PolicyBank", "Rollout"]
-
-
-@dataclass
-class Rollout:
-    """Sampled sequences of one player.
-
-    Attributes:
-        sequences: ``[N, P + C]`` token ids: left-padded prompt (width P) then completion (right-padded).
-        attention_mask: ``[N, P + C]``.
-        prompt_width: P.
-        completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
-        texts: Decoded completions.
-        group_size: Consecutive rows that share one prompt (``num_samples`` of :meth:`PolicyBank.generate`; 1 when
-            unknown).
-    """
-
-    sequences: Tensor
-    attention_mask: Tensor
-    prompt_width: int
-    completion_mask: Tensor
-    texts: list[str]
-    group_size: int = 1
-
-    @property
-    def num_empty(self) -> int:
-        """Completions that are empty once special tokens are dropped."""
-        return sum(1 for t in self.texts if not t.strip())
-
-    def rows(self, index: slice | Sequence[int] | Tensor, group_size: int | None = None) -> Rollout:
-        """The rows ``index`` (a slice, or row numbers in order), prompt width kept.
-
-        ``group_size`` of the result: the one given; else, for a slice, this rollout's when the slice cuts no prompt
-        group, and 1 otherwise or for row numbers.
-        """
-        if isinstance(index, slice):
-            start, stop, _ = index.indices(self.sequences.shape[0])
-            whole = start % self.group_size == 0 and (stop - start) % self.group_size == 0
-            group_size, texts = group_size or (self.group_size if whole else 1), self.texts[index]
-        else:
-            index = torch.as_tensor(index, dtype=torch.long, device=self.sequences.device)
-            group_size, texts = group_size or 1, [self.texts[i] for i in index.tolist()]
-        seq, att, comp = self.sequences[index], self.attention_mask[index], self.completion_mask[index]
-        return Rollout(seq, att, self.prompt_width, comp, texts, group_size)
+__all__ = ["PolicyBank"]
 
 
 class PolicyBank(nn.Module):
@@ -188,25 +147,36 @@ class PolicyBank(nn.Module):
         # player would then lose its gradients at backward time, so every player is made trainable again.
         self._all_players_trainable()
 
+    def mixes_players(self, players: Sequence[str | None]) -> bool:
+        """Whether one :meth:`generate` can decode rows of all ``players`` together, each with its own adapter.
+
+        True for adapters over one base (``lm.players: lora``) whose LoRA layers are plain (see
+        :func:`~modules.lm.row_adapters.plain_lora_layers`); ``None`` is the frozen reference.
+        """
+        if self.mode != "lora":
+            return False
+        return all(p is None or plain_lora_layers(self.model, p) is not None for p in set(players))
+
     @contextmanager
-    def _for_generation(self, player: str | None) -> Iterator[nn.Module]:
+    def _for_generation(
+        self, player: str | None, row_players: list[str | None] | None = None, group: int = 1
+    ) -> Iterator[nn.Module]:
         """The player as :meth:`_use` gives it, with its LoRA update merged into fresh weights when allowed.
 
         ``W + s·BA`` computed once per ``generate`` call makes the adapter free per token. The merged weights are new
         tensors swapped in and the originals put back, so the frozen base is bit-for-bit untouched (an in-place merge
         and unmerge would not be). Off under sharded strategies (``merge_for_generation``).
-        """
-        from peft.tuners.lora import LoraLayer
 
-        layers = (
-            []
-            if self.mode == "separate" or player is None
-            else [m for m in self.model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
-        )
-        plain = all(
-            type(m.get_base_layer()) is nn.Linear and not m.use_dora.get(player, False) for m in layers
-        )  # the W + s·BA form holds for plain LoRA on nn.Linear only (not DoRA, embeddings, convolutions)
-        if not layers or not plain or not self.merge_for_generation:
+        ``row_players`` (one per prompt, each prompt's ``group`` rows following it): the base with adapters disabled,
+        and each row's own adapter added to its rows by :func:`~modules.lm.row_adapters.row_adapters` (one decode of
+        several players).
+        """
+        if row_players is not None:
+            with self._use(None) as model, row_adapters(model, row_players, group):
+                yield model
+            return
+        layers = [] if self.mode == "separate" or player is None else plain_lora_layers(self.model, player)
+        if not layers or not self.merge_for_generation:
             with self._use(player) as model:
                 yield model
             return
@@ -261,7 +231,7 @@ class PolicyBank(nn.Module):
     @torch.no_grad()
     def generate(
         self,
-        player: str | None,
+        player: str | None | Sequence[str | None],
         prompts: Sequence[str],
         num_samples: int,
         temperature: float = 0.6,
@@ -272,14 +242,36 @@ class PolicyBank(nn.Module):
     ) -> Rollout:
         """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
 
-        ``min_new_tokens`` > 0 suppresses EOS until that many tokens are written (benchmarks use it to fix the
-        work per step).
+        ``player`` is one player (``None``: the frozen reference), or one per prompt: then the prompts of several
+        players decode together, each row with its own player's adapter (see :meth:`mixes_players`;
+        :meth:`generate_each` splits such a decode back per player). ``min_new_tokens`` > 0 suppresses EOS until that
+        many tokens are written (benchmarks use it to fix the work per step).
+
+        Raises:
+            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode
+                together.
+            KeyError: naming an unknown player of the list.
         """
+        row_players = None
+        if player is not None and not isinstance(player, str):
+            row_players = list(player)
+            if len(row_players) != len(prompts):
+                raise ValueError(f"generate: {len(row_players)} players for {len(prompts)} prompts (one per prompt)")
+            for i, p in enumerate(row_players):
+                if p is not None and p not in self.player_names:
+                    raise KeyError(f"generate: unknown player {p!r} of prompt {i}; players: {self.player_names}")
+            if len(set(row_players)) == 1:
+                player, row_players = row_players[0], None  # one player: its merged-adapter decode
+            elif not self.mixes_players(row_players):
+                raise ValueError(
+                    f"generate: players {sorted(set(row_players), key=str)} cannot decode in one batch (lm.players "
+                    f"{self.mode!r}, or LoRA layers other than plain LoRA on nn.Linear); use generate_each"
+                )
         device = next(self.parameters()).device
         once = {k: v.to(device) for k, v in self._encode_prompts(prompts).items()}
         enc = {k: v.repeat_interleave(num_samples, dim=0) for k, v in once.items()}
         eos = self.tokenizer.eos_token_id
-        with self.gather_for_generation(), self._for_generation(player) as model:
+        with self.gather_for_generation(), self._for_generation(player, row_players, num_samples) as model:
             was_training = model.training
             model.eval()
             mode = self._decode_mode(model, num_samples, once["input_ids"].shape[1])
@@ -317,6 +309,31 @@ class PolicyBank(nn.Module):
         texts = self.tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
         attention = torch.cat([enc["attention_mask"], completion_mask], dim=1)
         return Rollout(out, attention, width, completion_mask, texts, group_size=num_samples)
+
+    def generate_each(
+        self, requests: Sequence[tuple[str | None, Sequence[str]]], num_samples: int, **kwargs: Any
+    ) -> list[Rollout]:
+        """:meth:`generate` of each ``(player, prompts)`` request, the requests decoded in one batch where possible.
+
+        Where :meth:`mixes_players` allows, all requests' prompts go through one decode, each row with its own
+        player's adapter, and the result is split back per request (:meth:`Rollout.split`): with greedy decoding each
+        rollout equals its own :meth:`generate` token for token (up to float rounding of the unmerged adapters); with
+        sampling the draws come from the same global generator in one batch. Otherwise one :meth:`generate` per
+        request. ``kwargs`` are :meth:`generate`'s.
+
+        Raises:
+            ValueError: naming a request without prompts.
+        """
+        requests = [(p, list(x)) for p, x in requests]
+        for i, (p, x) in enumerate(requests):
+            if not x:
+                raise ValueError(f"generate_each: request {i} (player {p!r}) has no prompts")
+        players = [p for p, _ in requests]
+        if len(requests) < 2 or len(set(players)) < 2 or not self.mixes_players(players):
+            return [self.generate(p, x, num_samples, **kwargs) for p, x in requests]
+        rows = [p for p, x in requests for _ in x]
+        out = self.generate(rows, [y for _, x in requests for y in x], num_samples, **kwargs)
+        return out.split([len(x) for _, x in requests])
 
     def _cache_arg(self, model: nn.Module) -> str:
         """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
@@ -537,18 +554,12 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        The model runs to its final hidden states only; the completion positions' logits are formed
-        ``logit_chunk_tokens`` tokens at a time and recomputed in the backward (:mod:`modules.lm.logprobs`), so no
-        ``[N, C, V]`` logits are ever held. Rows go through the decoder in the chunks of
-        :func:`~modules.lm.micro_batches.micro_batches`: at most ``micro_batch`` rows and ``max_tokens`` padded tokens
-        each (``policy_gradient.max_tokens_per_micro_batch``; both apply when both are set, 0: no limit). Rows in
-        groups sharing one prompt (``rollout.group_size`` G > 1) run the prompt once per group (micro-batches rounded
-        up to whole groups). Each micro-batch runs only the columns its rows use: from its longest prompt's first token
-        (the columns before are left padding in all its rows) to its longest completion (the columns after are
-        padding in all its rows), so micro-batches of similar lengths skip the padding long rows elsewhere force on
-        the batch. Exact: positions come from each full row's mask (passed as ``position_ids``) and the dropped columns
-        are masked out of every attention. Gradients flow unless called under ``no_grad``; ``player=None`` is the
-        frozen reference (adapters disabled).
+        No ``[N, C, V]`` logits are held: the model runs to its final hidden states and the completion's logits are
+        formed ``logit_chunk_tokens`` at a time, recomputed in the backward (:mod:`modules.lm.logprobs`). Rows run in
+        the chunks of :func:`~modules.lm.micro_batches.micro_batches` (at most ``micro_batch`` rows and ``max_tokens``
+        padded tokens; 0: no limit), a group sharing one prompt (G > 1) running it once. A chunk runs only the columns
+        its rows use (from its longest prompt to its longest completion); exact, since positions come from each full
+        row's mask. Gradients flow unless under ``no_grad``; ``player=None`` is the frozen reference.
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)

@@ -23,11 +23,20 @@ from alignment_games.modules.algorithms.pool import (
     final_answer,
     parse_judgement,
 )
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 
-__all__ = ["PeerJudging", "encode_texts", "member_scores", "peer_scores", "solve_scores"]
+__all__ = [
+    "PeerJudging",
+    "encode_texts",
+    "judge_prompts",
+    "member_scores",
+    "peer_scores",
+    "peer_scores_each",
+    "solve_scores",
+]
 
 MODES = ("generate", "constrained", "solve", "reference")
 
@@ -142,6 +151,36 @@ def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: P
     return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
 
 
+def peer_scores_each(
+    bank: PolicyBank, requests: Sequence[tuple[str, Sequence[str]]], judging: PeerJudging
+) -> list[list[tuple[float, bool]]]:
+    """:func:`peer_scores` of each ``(judge, prompts)`` request of ``bank``'s players, in request order.
+
+    Generated judgements of all requests decode in one batch, each row with its judge's adapter
+    (:meth:`PolicyBank.generate_each`: greedy, so each judge's texts are those of its own decode); ``constrained``
+    scores are read judge by judge.
+    """
+    if judging.mode != "generate":
+        return [peer_scores(bank, judge, prompts, judging) for judge, prompts in requests]
+    live = [(judge, list(prompts)) for judge, prompts in requests if prompts]
+    outs = iter(bank.generate_each(live, 1, max_new_tokens=judging.max_new_tokens, do_sample=False) if live else [])
+    return [
+        [(x.score, x.ok) for x in (parse_judgement(judging.prefill + t) for t in next(outs).texts)] if prompts else []
+        for _, prompts in requests
+    ]
+
+
+def judge_prompts(
+    bank: PolicyBank,
+    chat: Callable[[str, str | None], str],
+    instructions: Sequence[str],
+    responses: Sequence[str],
+    judging: PeerJudging,
+) -> list[str]:
+    """The judge prompt of each (instruction, response) (:meth:`PeerJudging.prompt`, without a system message)."""
+    return [judging.prompt(bank, lambda user: chat(user, None), x, y) for x, y in zip(instructions, responses)]
+
+
 def member_scores(
     bank: PolicyBank,
     judge: str,
@@ -178,8 +217,7 @@ def member_scores(
     if judging.mode == "solve":
         questions = [chat(x, system_prompt) for x in instructions]
         return solve_scores(bank, judge, questions, responses, judging)
-    prompts = [judging.prompt(bank, lambda user: chat(user, None), x, y) for x, y in zip(instructions, responses)]
-    return peer_scores(bank, judge, prompts, judging)
+    return peer_scores(bank, judge, judge_prompts(bank, chat, instructions, responses, judging), judging)
 
 
 def solve_scores(

@@ -3,12 +3,14 @@
 import dataclasses
 import json
 import math
-import warnings
 from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from helpers.pool_settings import SMALL, one_torch_thread
+from helpers.pool_settings import judging as _judging
+from helpers.pool_settings import lm as _lm
 from lightning.pytorch.loggers import CSVLogger
 
 from alignment_games.callbacks import EloRating
@@ -22,33 +24,13 @@ from alignment_games.modules.evaluation.pool_figures import make_pool_figures, w
 from alignment_games.modules.games.pool_followers import FollowerTraining
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.pool import StackelbergPool
-from alignment_games.modules.scorers.peer_judges import PeerJudging, solve_scores
-
-SMALL = dict(
-    duels_per_iteration=3,
-    num_iterations=2,
-    sampling=Sampling(temperature=0.7, top_p=0.9, max_new_tokens=6),
-    eval_max_new_tokens=6,
-    followers=FollowerTraining(lr=1e-2, batch_size=4),
-)
-
-
-def _judging(mode: str = "generate", prefill: str = "") -> PeerJudging:
-    return PeerJudging(template="{prompt} {response}", mode=mode, prefill=prefill, max_new_tokens=6)
-
-
-def _lm(path, **kw):
-    return {"name_or_path": str(path), "lora_r": 4, "lora_alpha": 8, **kw}
+from alignment_games.modules.scorers.peer_judges import PeerJudging
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """One intra-op thread: the tiny model's ops are too small to gain from more, and on a shared CPU two spinning
-    threads made this file 8x slower (143 s against 17 s, both measured under the same load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture
@@ -198,15 +180,16 @@ def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, t
 
 def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path, short_pool):
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained", '{"score": '), **SMALL)
-    real_respond = module.respond
+    real_respond_all = module.respond_all
 
-    def respond(player, instructions, n):
-        if player != "m1":
-            return real_respond(player, instructions, n)
-        prompts = [module.chat(player, x) for x in instructions for _ in range(n)]
-        return module.encode(player, prompts, [""] * len(prompts))
+    def respond_all(instructions, n):
+        out = real_respond_all(instructions, n)
+        if "m1" in instructions:
+            prompts = [module.chat("m1", x) for x in instructions["m1"] for _ in range(n)]
+            out["m1"] = module.encode("m1", prompts, [""] * len(prompts))
+        return out
 
-    module.respond = respond
+    module.respond_all = respond_all
     adapters, frozen = _adapters(module), _frozen(module)
     trainer = _fit(module, short_pool, tmp_path=tmp_path)
     elo = module.elo
@@ -442,7 +425,8 @@ def _scripted_pool(module):
         j = module.player_names.index(name)
         return [(BASE_SCORE[int(r.rsplit("m", 1)[1])] + JUDGE_BIAS[j], True) for r in responses]
 
-    module.respond, module.judge = respond, judge
+    module.respond_all = lambda asked, n: {p: respond(p, xs, n) for p, xs in asked.items()}
+    module.judge_all = lambda asked: {p: judge(p, xs, ys) for p, (xs, ys, _) in asked.items()}
 
 
 def _paper_reward(score_a, score_b):
@@ -601,7 +585,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 
 def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path, short_pool):
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
-    module.judge = lambda judge, instructions, responses: [(float("nan"), True)] * len(instructions)
+    module.judge_all = lambda asked: {p: [(float("nan"), True)] * len(xs) for p, (xs, _, _) in asked.items()}
     adapters, elo = _adapters(module), module.elo
     trainer = L.Trainer(
         max_epochs=1,
@@ -642,22 +626,6 @@ def test_each_follower_batch_is_split_into_contiguous_shares_that_tile_it(world)
         assert local[-1][1][1] == sum(o) and all(x[1][1] == y[1][0] for x, y in zip(local, local[1:]))
 
 
-def test_the_schedule_length_is_the_trainers_unless_given():
-    from alignment_games.modules.training.schedules import schedule_length
-
-    assert schedule_length(None, 4, 1) == 4  # the configs: one iteration per epoch
-    assert schedule_length(None, 2, 3) == 6  # iterations_per_epoch 3
-    for unbounded in (None, -1):
-        with pytest.raises(ValueError, match=r"num_iterations: not given.*trainer\.max_epochs"):
-            schedule_length(None, unbounded, 1)
-    assert schedule_length(8, -1, 1) == 8  # given: no trainer length needed
-    with pytest.warns(UserWarning, match=r"num_iterations=8, but the trainer plays 4 iterations"):
-        assert schedule_length(8, 4, 1) == 8
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert schedule_length(4, 4, 1) == 4  # agreeing: nothing to say
-
-
 def test_an_unset_schedule_spans_the_trainers_iterations(tiny_lm_dir, tmp_path, short_pool):
     small = {k: v for k, v in SMALL.items() if k != "num_iterations"}
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **small)
@@ -665,51 +633,3 @@ def test_an_unset_schedule_spans_the_trainers_iterations(tiny_lm_dir, tmp_path, 
     _fit(module, short_pool, epochs=2, tmp_path=tmp_path)
     assert module.num_iterations == 2 and module.iteration == 2  # trainer.max_epochs x one iteration per epoch
     assert module.hparams.num_iterations is None  # the checkpoint records "the trainer's", not a number
-
-
-class _SolvingBank:
-    """A bank double that records its ``generate`` calls and answers question ``q`` with the texts given for it."""
-
-    def __init__(self, answers):
-        self.answers, self.calls = answers, []
-
-    def generate(self, player, prompts, k, **kw):
-        self.calls.append((player, list(prompts), k, kw))
-        return SimpleNamespace(texts=[t for q in prompts for t in self.answers[q][:k]])
-
-
-def test_solve_scores_solve_each_question_once_and_grade_by_agreement():
-    bank = _SolvingBank({"q1": ["so \\boxed{4}", "\\boxed{4}", "\\boxed{5}", "7"], "q2": ["none", "", "x", "y"]})
-    judging = PeerJudging(mode="solve", samples=4, temperature=0.9, max_new_tokens=16)
-    out = solve_scores(bank, "m2", ["q1", "q2", "q1", "q1"], ["\\boxed{4}", "4", "it is 7", "no idea"], judging)
-    assert out == [(1 + 9 * 2 / 4, True), (5.0, False), (1 + 9 / 4, True), (1.0, True)]
-    ((player, prompts, k, kw),) = bank.calls  # one call, each distinct question once, sampled
-    assert (player, prompts, k) == ("m2", ["q1", "q2"], 4)
-    assert kw == {"temperature": 0.9, "max_new_tokens": 16, "do_sample": True}
-    greedy = _SolvingBank({"q1": ["\\boxed{4}"]})
-    assert solve_scores(greedy, "m0", ["q1"], ["4"], PeerJudging(mode="solve")) == [(10.0, True)]
-    assert greedy.calls[0][3]["do_sample"] is False  # one solution: greedy, as the paper's judges score
-    with pytest.raises(ValueError, match="2 questions for 1 responses"):
-        solve_scores(bank, "m2", ["q1", "q2"], ["4"], judging)
-
-
-def test_a_solving_judge_scores_against_its_own_greedy_answer(tiny_lm_dir):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=PeerJudging(mode="solve", max_new_tokens=12), **SMALL)
-    question = "1+2=?"
-    chat = module.chat("m0", question, module.hparams.system_prompt)
-    own = final_answer(module.bank("m0").generate("m0", [chat], 1, max_new_tokens=12, do_sample=False).texts[0])
-    scores = module.judge("m0", [question, question], [f"\\boxed{{{own}}}", "no answer here"])
-    if own is None:  # the random model wrote no number: it cannot judge
-        assert scores == [(5.0, False), (5.0, False)]
-    else:
-        assert scores == [(10.0, True), (1.0, True)]
-
-
-def test_reference_guided_judges_score_the_final_answer_against_the_reference(tiny_lm_dir):
-    module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=PeerJudging(mode="reference"), **SMALL)
-    replies = ["so \\boxed{7}", "7.0", "\\boxed{8}", ""]
-    assert module.judge("m0", ["q"] * 4, replies, ["7", "7", "7", "7"]) == [(10.0, True)] * 2 + [(1.0, True)] * 2
-    with pytest.raises(ValueError, match="instruction 1 .* no reference answer"):
-        module.judge("m0", ["a", "b"], ["1", "2"], ["1", None])
-    with pytest.raises(ValueError, match="reference_column"):
-        module.judge("m0", ["a"], ["1"])

@@ -12,7 +12,8 @@ from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.grpo import GRPO, _groups_by_length
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 
 

@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from alignment_games.modules.lm.logprobs import chunk_tokens_for, head_inputs, head_token_logprobs
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import apply_lora, build_tiny_causal_lm
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.sft import CausalLMSFT
 
 VOCAB = 151_936  # Qwen2.5's

@@ -1,8 +1,9 @@
 import math
+import warnings
 
 import pytest
 
-from alignment_games.modules.training.schedules import warmup_cosine_factor
+from alignment_games.modules.training.schedules import schedule_length, warmup_cosine_factor
 
 
 def test_warmup_then_cosine_to_the_floor():
@@ -23,3 +24,17 @@ def test_warmup_then_cosine_to_the_floor():
 def test_bad_schedules_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
         warmup_cosine_factor(*args)
+
+
+def test_the_schedule_length_is_the_trainers_unless_given():
+    assert schedule_length(None, 4, 1) == 4  # the configs: one iteration per epoch
+    assert schedule_length(None, 2, 3) == 6  # iterations_per_epoch 3
+    for unbounded in (None, -1):
+        with pytest.raises(ValueError, match=r"num_iterations: not given.*trainer\.max_epochs"):
+            schedule_length(None, unbounded, 1)
+    assert schedule_length(8, -1, 1) == 8  # given: no trainer length needed
+    with pytest.warns(UserWarning, match=r"num_iterations=8, but the trainer plays 4 iterations"):
+        assert schedule_length(8, 4, 1) == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert schedule_length(4, 4, 1) == 4  # agreeing: nothing to say

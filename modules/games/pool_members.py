@@ -1,0 +1,85 @@
+"""The multi-LLM pool's members answering and judging (:class:`modules.pool.StackelbergPool`, phases 3 and 4).
+
+Each member is a player of a :class:`~modules.lm.policy_bank.PolicyBank`; the players of one bank answer in one batch
+and give their generated judgements in one batch, each row with its own player's adapter
+(:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
+"""
+
+from __future__ import annotations
+
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.scorers.peer_judges import encode_texts, judge_prompts, member_scores, peer_scores_each
+
+__all__ = ["PoolMembers"]
+
+
+class PoolMembers:
+    """Mixin of :class:`modules.pool.StackelbergPool`: its members' prompts, answers and judgements by player name.
+
+    It uses the pool's ``banks`` and ``_bank_of`` (each player's bank index), ``sampling``, ``judging`` and
+    ``hparams.system_prompt``.
+    """
+
+    def bank(self, player: str) -> PolicyBank:
+        """The :class:`PolicyBank` holding ``player``."""
+        return self.banks[self._bank_of[player]]
+
+    def banks_of(self, players: list[str]) -> list[tuple[PolicyBank, list[str]]]:
+        """``players`` grouped by the bank holding them (in order), so that each bank decodes its players together."""
+        groups: dict[int, list[str]] = {}
+        for p in players:
+            groups.setdefault(self._bank_of[p], []).append(p)
+        return [(self.banks[i], ps) for i, ps in groups.items()]
+
+    def chat(self, player: str, user: str, system: str | None = None) -> str:
+        """``player``'s chat-formatted prompt (each model its own template)."""
+        return self.bank(player).chat(system, user)
+
+    def respond(self, player: str, instructions: list[str], n: int) -> Rollout:
+        """``n`` sampled responses per instruction (rows ``i*n + s``), temperature and top-p of the config."""
+        return self.respond_all({player: instructions}, n)[player]
+
+    def respond_all(self, instructions: dict[str, list[str]], n: int) -> dict[str, Rollout]:
+        """:meth:`respond` of each player to its instructions; the players of one bank decode in one batch.
+
+        Each row has its own player's adapter (:meth:`PolicyBank.generate_each`), and each player's rollout has the
+        shapes its own decode would give.
+        """
+        system, out = self.hparams.system_prompt, {}
+        for bank, players in self.banks_of(list(instructions)):
+            requests = [(p, [self.chat(p, x, system) for x in instructions[p]]) for p in players]
+            out.update(zip(players, bank.generate_each(requests, n, **self.sampling.generate_kwargs())))
+        return out
+
+    def encode(
+        self, player: str, prompts: list[str], completions: list[str], eos: bool = True, group_size: int = 1
+    ) -> Rollout:
+        """Given texts as a :class:`Rollout` of ``player``'s tokenizer (see :func:`encode_texts`)."""
+        return encode_texts(self.bank(player), prompts, completions, eos, group_size)
+
+    def judge(
+        self, judge: str, instructions: list[str], responses: list[str], references: list[str | None] | None = None
+    ) -> list[tuple[float, bool]]:
+        """Scores in [1, 10] of ``judge`` for each (instruction, response), with whether each was read."""
+        return self.judge_all({judge: (instructions, responses, references)})[judge]
+
+    def judge_all(self, asked: dict[str, tuple[list[str], list[str], list[str | None] | None]]) -> dict[str, list]:
+        """:meth:`judge` of each judge's ``(instructions, responses, references)``, by judge.
+
+        Generated judgements (``judging.mode: generate``) of one bank's judges decode in one batch, each row with its
+        judge's adapter (:func:`peer_scores_each`); the other modes judge one judge at a time.
+        """
+        j, system, out = self.judging, self.hparams.system_prompt, {}
+        if j.mode != "generate":
+            for name, (xs, ys, refs) in asked.items():
+                chat = lambda user, system_, n=name: self.chat(n, user, system_)  # noqa: E731
+                out[name] = member_scores(self.bank(name), name, chat, xs, ys, j, system, refs)
+            return out
+        for bank, players in self.banks_of(list(asked)):
+            requests = []
+            for p in players:
+                chat = lambda user, system_, p=p: self.chat(p, user, system_)  # noqa: E731
+                requests.append((p, judge_prompts(bank, chat, asked[p][0], asked[p][1], j)))
+            out.update(zip(players, peer_scores_each(bank, requests, j)))
+        return out

@@ -1,0 +1,142 @@
+"""PolicyBank: several players' prompts decoded in one batch, each row with its own adapter (generate_each)."""
+
+import pytest
+import torch
+
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.lm.row_adapters import plain_lora_layers
+
+PLAYERS = ["m0", "m1", "m2"]
+REQUESTS = [
+    ("m0", ["7-2=", "the sum of 3 and 4 is "]),
+    ("m1", ["a much longer prompt here: 12*3=", "q"]),
+    ("m2", ["name a colour: "]),
+]
+
+
+@pytest.fixture(scope="module")
+def bank(tiny_decoder_dir):
+    torch.manual_seed(0)  # peft draws lora_A's initial values from the global generator
+    b = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=PLAYERS)
+    with torch.no_grad():  # each adapter off its zero init, differently, so that the players answer differently
+        for i, p in enumerate(PLAYERS):
+            gen = torch.Generator().manual_seed(10 + i)
+            for w in b.player_parameters(p):
+                w.add_(0.3 * torch.randn(w.shape, generator=gen))
+    return b
+
+
+def _same(a: Rollout, b: Rollout) -> None:
+    assert a.prompt_width == b.prompt_width and a.group_size == b.group_size
+    assert a.texts == b.texts
+    assert torch.equal(a.sequences, b.sequences)
+    assert torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.equal(a.completion_mask, b.completion_mask)
+
+
+@pytest.mark.parametrize("decode", ["auto", "auto-forward", "generate", "static"])
+@pytest.mark.parametrize("num_samples", [1, 2])
+def test_one_greedy_decode_of_three_players_equals_each_players_own(bank, decode, num_samples):
+    """auto: the lean decoder on CPU; auto-forward: the grouped cascade through the model's forward."""
+    bank.decode, bank.lean_decode = ("auto" if decode.startswith("auto") else decode), decode != "auto-forward"
+    try:
+        kw = {"max_new_tokens": 8, "do_sample": False}
+        together = bank.generate_each(REQUESTS, num_samples, **kw)
+        alone = [bank.generate(p, x, num_samples, **kw) for p, x in REQUESTS]
+    finally:
+        bank.decode, bank.lean_decode = "auto", True
+    for a, b in zip(together, alone):
+        _same(a, b)
+    # the adapters differ: the same prompt answered by each player gives three different replies, so a row decoded
+    # with another row's adapter could not pass the comparison above (token ids: the byte tokenizer renders distinct
+    # invalid bytes as the same replacement character)
+    replies = {p: tuple(bank.generate(p, ["7-2="], 1, **kw).sequences[0].tolist()) for p in PLAYERS}
+    assert len(set(replies.values())) == 3, replies
+
+
+def test_the_reference_and_a_player_decode_together(bank):
+    kw = {"max_new_tokens": 6, "do_sample": False}
+    requests = [(None, ["7-2="]), ("m1", ["7-2=", "q"])]
+    together = bank.generate_each(requests, 1, **kw)
+    for a, (p, x) in zip(together, requests):
+        _same(a, bank.generate(p, x, 1, **kw))
+    assert together[0].texts[0] != together[1].texts[0]
+
+
+def test_sampled_decodes_together_are_seeded(bank):
+    kw = {"max_new_tokens": 6, "temperature": 1.0}
+    torch.manual_seed(3)
+    first = bank.generate_each(REQUESTS, 2, **kw)
+    torch.manual_seed(3)
+    again = bank.generate_each(REQUESTS, 2, **kw)
+    for a, b in zip(first, again):
+        _same(a, b)
+    assert [r.sequences.shape[0] for r in first] == [4, 4, 2]
+
+
+def test_the_hooks_are_removed_after_the_decode(bank):
+    from peft.tuners.lora import LoraLayer
+
+    bank.generate_each(REQUESTS, 1, max_new_tokens=2, do_sample=False)
+    layers = [m for m in bank.model.modules() if isinstance(m, LoraLayer)]
+    assert layers and not any(m._forward_hooks or hasattr(m, "_row_adapter") for m in layers)
+
+
+def test_bad_player_lists_name_the_problem(bank):
+    with pytest.raises(ValueError, match="2 players for 3 prompts"):
+        bank.generate(["m0", "m1"], ["a", "b", "c"], 1, max_new_tokens=2)
+    with pytest.raises(KeyError, match="unknown player 'zz' of prompt 1"):
+        bank.generate(["m0", "zz"], ["a", "b"], 1, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"request 1 \(player 'm1'\) has no prompts"):
+        bank.generate_each([("m0", ["a"]), ("m1", [])], 1, max_new_tokens=2)
+
+
+def test_split_refuses_counts_that_do_not_tile_the_rows(bank):
+    out = bank.generate(["m0", "m1", "m1"], ["a", "b", "c"], 2, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match=r"counts \[1, 1\] \(x group_size 2\) do not tile the 6 rows"):
+        out.split([1, 1])
+    assert [r.sequences.shape[0] for r in out.split([1, 2])] == [2, 4]
+
+
+def test_separate_copies_decode_player_by_player(tiny_lm_dir):
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, players="separate"), players=["a", "b"])
+    with torch.no_grad():
+        for w in bank.player_parameters("b"):
+            w.add_(0.05 * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
+    assert not bank.mixes_players(["a", "b"])
+    with pytest.raises(ValueError, match="cannot decode in one batch"):
+        bank.generate(["a", "b"], ["x", "y"], 1, max_new_tokens=2)
+    kw = {"max_new_tokens": 5, "do_sample": False}
+    for a, (p, x) in zip(
+        bank.generate_each([("a", ["1+1="]), ("b", ["1+1="])], 1, **kw), [("a", ["1+1="]), ("b", ["1+1="])]
+    ):
+        _same(a, bank.generate(p, x, 1, **kw))
+
+
+def test_interleaved_players_each_get_their_own_adapter(bank):
+    kw = {"max_new_tokens": 6, "do_sample": False}
+    out = bank.generate(["m0", "m1", "m0", None], ["7-2=", "7-2=", "q", "7-2="], 2, **kw)
+    for i, p in enumerate(["m0", "m1", "m0", None]):
+        alone = bank.generate(p, [["7-2=", "7-2=", "q", "7-2="][i]], 2, **kw)
+        assert out.texts[2 * i : 2 * i + 2] == alone.texts
+
+
+def test_an_adapter_with_a_lora_bias_is_neither_merged_nor_mixed(tiny_lm_dir):
+    """W + s·BA leaves out a LoRA bias: such an adapter decodes through peft's own forward, one player at a time."""
+    from peft import LoraConfig
+
+    b = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["plain"])
+    b.model.add_adapter("biased", LoraConfig(r=4, lora_alpha=8, lora_bias=True, target_modules=["q_proj", "v_proj"]))
+    b.player_names.append("biased")
+    with torch.no_grad():
+        for n, w in b.model.named_parameters():
+            if ".biased." in n:
+                w.add_(0.5 * torch.randn(w.shape, generator=torch.Generator().manual_seed(len(n))))
+    assert plain_lora_layers(b.model, "plain") and plain_lora_layers(b.model, "biased") is None
+    assert not b.mixes_players(["plain", "biased"])
+    kw = {"max_new_tokens": 6, "do_sample": False}
+    with b._use("biased") as model:  # peft's forward with the adapter active, the bias included
+        expected = model.generate(**b._encode_prompts(["7-2="]), **kw, pad_token_id=b.tokenizer.pad_token_id)
+    assert torch.equal(b.generate("biased", ["7-2="], 1, **kw).sequences, expected)
