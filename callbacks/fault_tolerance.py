@@ -25,6 +25,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from alignment_games.callbacks.functional.files import fsync_dir
+from alignment_games.callbacks.hooks import EvaluationBatchCallback
+
 __all__ = [
     "AtomicCheckpointIO",
     "CheckpointOnSigterm",
@@ -119,7 +122,7 @@ class RNGStateCallback(Callback):
             restore_rng_state(ranks[rank])
 
 
-class CheckpointOnSigterm(Callback):
+class CheckpointOnSigterm(EvaluationBatchCallback):
     """Write ``last.ckpt`` when ``fit`` stops on SIGTERM, so a preempted run resumes from where it stopped.
 
     The checkpoint goes to :meth:`target_path`, where ``fit --ckpt_path last`` looks. The last periodic checkpoint
@@ -194,18 +197,10 @@ class CheckpointOnSigterm(Callback):
         self._agree(trainer)
 
     @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_evaluation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
         self._agree(trainer)
 
-    on_test_batch_end = on_validation_batch_end  # the same agreement point in a test loop
+    on_test_batch_end = EvaluationBatchCallback.on_validation_batch_end  # the same agreement point in a test loop
 
     @staticmethod
     def target_path(trainer: pl.Trainer) -> str:
@@ -282,15 +277,6 @@ def _remove_stale_temps(path: str) -> None:
                     os.remove(os.path.join(folder, entry))
 
 
-def _fsync_dir(folder: str) -> None:
-    with contextlib.suppress(OSError):  # some file systems cannot open or sync a directory
-        fd = os.open(folder or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _write_error(err: BaseException, path: str) -> OSError | None:
     """The ``OSError`` behind ``err``, made again naming ``path``; ``None`` when there is none.
 
@@ -338,7 +324,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         if named is not None:
             raise named from err
         raise
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

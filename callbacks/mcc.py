@@ -6,11 +6,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from torchmetrics.classification import BinaryStatScores
 from typing_extensions import override
 
 from alignment_games.callbacks.functional import least_squares_slope, matthews_corrcoef_from_counts
+from alignment_games.callbacks.hooks import EvaluationBatchCallback
 from alignment_games.callbacks.items import ItemRecords, read_step_outputs
 
 _STAGES = ("train", "val", "test")
@@ -21,7 +21,7 @@ def _evaluation_stage(trainer: pl.Trainer) -> str:
     return "test" if trainer.testing else "val"
 
 
-class MCCTracker(Callback):
+class MCCTracker(EvaluationBatchCallback):
     r"""Matthews correlation of a binary judge with the truth per epoch, and its trend; exact under DDP with ``id_key``.
 
     The judge metric of debate RLAIF ("Metrics"; formula: :func:`~callbacks.functional.matthews_corrcoef_from_counts`).
@@ -202,15 +202,7 @@ class MCCTracker(Callback):
             self._start(pl_module)
 
     @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_evaluation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
         if self.stage == _evaluation_stage(trainer):
             self._update(trainer, outputs)
 
@@ -220,7 +212,7 @@ class MCCTracker(Callback):
             self._end(trainer, pl_module)
 
     on_test_epoch_start = on_validation_epoch_start
-    on_test_batch_end = on_validation_batch_end
+    on_test_batch_end = EvaluationBatchCallback.on_validation_batch_end
     on_test_epoch_end = on_validation_epoch_end
 
     @override

@@ -23,6 +23,7 @@ User guide: ``docs/tensorboard.md``.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -185,14 +186,21 @@ def _each(loggers: Iterable[Logger], what: str, tag: str, step: int, write: Call
             )
 
 
-def log_text(trainer: pl.Trainer | None, tag: str, text: str, step: int | None = None) -> None:
-    """``text`` (markdown) under ``tag`` at ``step`` (default: :func:`logging_step`) in every supported logger."""
+def _log_media(
+    trainer: pl.Trainer | None, what: str, tag: str, step: int | None, write: Callable[[Logger, int], None]
+) -> None:
+    """``write(logger, step)`` to every media logger of ``trainer`` (none: nothing), at ``step`` or the logging step."""
     loggers = media_loggers(trainer)
     if not loggers:
         return
     step = logging_step(trainer) if step is None else int(step)
+    _each(loggers, what, tag, step, functools.partial(write, step=step))
 
-    def write(logger: Logger) -> None:
+
+def log_text(trainer: pl.Trainer | None, tag: str, text: str, step: int | None = None) -> None:
+    """``text`` (markdown) under ``tag`` at ``step`` (default: :func:`logging_step`) in every supported logger."""
+
+    def write(logger: Logger, step: int) -> None:
         if isinstance(logger, TensorBoardLogger):
             logger.experiment.add_text(tag, text, global_step=step)
         elif isinstance(logger, WandbLogger):
@@ -202,17 +210,13 @@ def log_text(trainer: pl.Trainer | None, tag: str, text: str, step: int | None =
         else:
             _write_file(logger, _path(tag, step, ".md"), text.encode("utf-8"))
 
-    _each(loggers, "text", tag, step, write)
+    _log_media(trainer, "text", tag, step, write)
 
 
 def log_histogram(trainer: pl.Trainer | None, tag: str, histogram: Histogram, step: int | None = None) -> None:
     """``histogram`` under ``tag`` at ``step`` (default: :func:`logging_step`) in every supported logger."""
-    loggers = media_loggers(trainer)
-    if not loggers:
-        return
-    step = logging_step(trainer) if step is None else int(step)
 
-    def write(logger: Logger) -> None:
+    def write(logger: Logger, step: int) -> None:
         if isinstance(logger, TensorBoardLogger):
             logger.experiment.add_histogram_raw(
                 tag,
@@ -233,7 +237,7 @@ def log_histogram(trainer: pl.Trainer | None, tag: str, histogram: Histogram, st
         else:
             _write_file(logger, _path(tag, step, ".json"), json.dumps(histogram.as_dict()).encode("utf-8"))
 
-    _each(loggers, "histogram", tag, step, write)
+    _log_media(trainer, "histogram", tag, step, write)
 
 
 def log_figure(trainer: pl.Trainer | None, tag: str, figure: Any, step: int | None = None, dpi: int = 110) -> None:

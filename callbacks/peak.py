@@ -7,16 +7,16 @@ import os
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from alignment_games.callbacks.functional import pooled_lower_bound, posterior_mean
+from alignment_games.callbacks.hooks import EvaluationBatchCallback
 from alignment_games.callbacks.items import ItemRecords, read_step_outputs
 
 
-class PeakCheckpoint(Callback):
+class PeakCheckpoint(EvaluationBatchCallback):
     r"""Checkpoint the peak: the evaluation whose rolling window has the highest Beta-posterior lower bound.
 
     Peak selection of debate RLAIF ("Metrics", App. A): after each validation the successes :math:`S` and trials
@@ -143,15 +143,7 @@ class PeakCheckpoint(Callback):
         self.items.reset()
 
     @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_evaluation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any) -> None:
         if self.success_key is None or not self._counting(trainer):
             return
         wanted = {self.success_key: "per-item outcomes", self.id_key: "item ids"}

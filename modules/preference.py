@@ -35,7 +35,7 @@ from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.base import require_at_least, require_positive
-from alignment_games.modules.checkpoints.trust import CheckpointLoading, check_checkpoint_matches, stamp_family
+from alignment_games.modules.checkpoints.trust import CheckpointLoading, seal_checkpoint
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
 from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -47,7 +47,6 @@ from alignment_games.modules.scorers.utility import UTILITY_KINDS, Utility, Util
 from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import (
     AutomaticStepGuard,
-    refuse_nonfinite_checkpoint,
     reset_stale_epoch_metrics,
 )
 
@@ -78,9 +77,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
-        max_consecutive_nonfinite: A batch with a non-finite loss or gradient is skipped (no update, optimizer state
-            untouched, not counted in ``global_step``: see :class:`~modules.training.faults.AutomaticStepGuard`),
-            logged and counted; this many in a row stop training with an error, the last checkpoint intact.
+        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training (see ``AutomaticStepGuard``).
     """
 
     def __init__(
@@ -465,14 +462,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
                 self.hparams.sharing != "separate" and name.startswith("backbone.") and "lora_" not in name
             ):
                 del sd[name]
-        stamp_family(self, checkpoint)
-        refuse_nonfinite_checkpoint(checkpoint, "the preference ensemble")
-
-    @override
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another family, or missing a trainable tensor, or whose tensors do not fit."""
-        check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
-        self.load_nonfinite_state(checkpoint.get("nonfinite"))
+        seal_checkpoint(self, checkpoint, "the preference ensemble")
 
     @classmethod
     def load_frozen(

@@ -27,9 +27,8 @@ from alignment_games.modules.base import require_at_least, require_positive
 from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of
 from alignment_games.modules.checkpoints.trust import (
     CheckpointLoading,
-    check_checkpoint_matches,
     family_name,
-    stamp_family,
+    seal_checkpoint,
 )
 from alignment_games.modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
@@ -38,7 +37,7 @@ from alignment_games.modules.lm.models import TINY_TOKENIZERS, build_tiny_causal
 from alignment_games.modules.lm.precision import cast_frozen_for_strategy
 from alignment_games.modules.lm.text import render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
-from alignment_games.modules.training.faults import AutomaticStepGuard, refuse_nonfinite_checkpoint
+from alignment_games.modules.training.faults import AutomaticStepGuard
 from alignment_games.modules.training.schedules import warmup_cosine_factor
 
 __all__ = ["CausalLMSFT"]
@@ -69,9 +68,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             at the last step (``trainer.max_steps``; :func:`~modules.training.schedules.warmup_cosine_factor`);
             off: a constant ``lr``.
         min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
-        max_consecutive_nonfinite: A batch with a non-finite loss or gradient is skipped (no update, optimizer state
-            untouched, not counted in ``global_step``: see :class:`~modules.training.faults.AutomaticStepGuard`),
-            logged and counted; this many in a row stop training with an error, the last checkpoint intact.
+        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training (see ``AutomaticStepGuard``).
     """
 
     def __init__(
@@ -208,14 +205,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             keep = self.trainable_state_names()
             for name in [n for n in state_dict if n not in keep]:
                 del state_dict[name]
-        stamp_family(self, checkpoint)
-        refuse_nonfinite_checkpoint(checkpoint, "SFT")
-
-    @override
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another family, or missing a trained tensor, or whose tensors do not fit."""
-        check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
-        self.load_nonfinite_state(checkpoint.get("nonfinite"))
+        seal_checkpoint(self, checkpoint, "SFT")
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

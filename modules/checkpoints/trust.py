@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignment_games.modules.training.faults import nonfinite_entries
+from alignment_games.modules.training.faults import nonfinite_entries, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.provenance import made_by
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "checkpoint_family",
     "family_name",
     "read_checkpoint",
+    "seal_checkpoint",
     "stamp_family",
     "trainable_names",
 ]
@@ -53,6 +54,16 @@ def family_name(module: nn.Module | type) -> str:
 def stamp_family(module: nn.Module, checkpoint: dict[str, Any]) -> None:
     """Record which family wrote ``checkpoint`` (call from ``on_save_checkpoint``)."""
     checkpoint[FAMILY_KEY] = family_name(module)
+
+
+def seal_checkpoint(module: nn.Module, checkpoint: dict[str, Any], what: str) -> None:
+    """:func:`stamp_family` on ``checkpoint``, then refuse it when a kept tensor or optimizer moment is NaN or inf.
+
+    Raises:
+        RuntimeError: from :func:`~modules.training.faults.refuse_nonfinite_checkpoint`, naming ``what``.
+    """
+    stamp_family(module, checkpoint)
+    refuse_nonfinite_checkpoint(checkpoint, what)
 
 
 def checkpoint_family(checkpoint: dict[str, Any]) -> str | None:
@@ -216,6 +227,15 @@ class CheckpointLoading:
             raise ValueError(f"checkpoint {str(checkpoint_path)!r} holds no state_dict (a DeepSpeed folder?)")
         model.load_state_dict(state, strict=getattr(model, "strict_loading", True) if strict is None else strict)  # type: ignore[attr-defined]
         return model
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another family, or missing a trainable tensor, or whose tensors do not fit.
+
+        The default for a family with ``trainable_state_names`` and ``NonFiniteGuard``'s counters: checks with
+        :func:`check_checkpoint_matches`, then restores the counters from ``checkpoint["nonfinite"]``.
+        """
+        check_checkpoint_matches(self, checkpoint, self.trainable_state_names())  # type: ignore[arg-type, attr-defined]
+        self.load_nonfinite_state(checkpoint.get("nonfinite"))  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

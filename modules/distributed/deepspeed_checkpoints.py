@@ -31,7 +31,7 @@ from typing_extensions import override
 from alignment_games.modules.training.artifacts import (
     folder_beside,
     prepare_folder_beside,
-    recover_folder,
+    recover_folder_on_rank_zero,
     swap_folder_in,
 )
 
@@ -198,16 +198,7 @@ class SafeDeepSpeedStrategy(DeepSpeedStrategy):
                 "(no pickled code from a checkpoint folder)"
             )
         path = self.broadcast(str(checkpoint_path))
-        refused = None
-        if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
-            try:
-                recover_folder(path)
-            except ValueError as err:  # a .previous link refused: every rank raises it, none waits for rank 0
-                refused = str(err)
-        refused = self.broadcast(refused)
-        if refused:
-            raise ValueError(refused)
-        self.barrier("deepspeed_load_recovered")
+        recover_folder_on_rank_zero(self, path, "deepspeed_load_recovered")
         if self.load_full_weights and self.zero_stage_3 and os.path.isfile(path):
             return super().load_checkpoint(path, weights_only=True)  # one file, through the checkpoint IO
         module = self.lightning_module

@@ -137,19 +137,10 @@ class FSDP2Strategy(ModelParallelStrategy):
             WeightsOnlyLoadPlanner,
             read_dcp_metadata,
         )
-        from alignment_games.modules.training.artifacts import recover_folder
+        from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero
 
         path = Path(self.broadcast(str(checkpoint_path)))
-        refused = None
-        if self.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
-            try:
-                recover_folder(path)
-            except ValueError as err:  # a .previous link refused: every rank raises it, none waits for rank 0
-                refused = str(err)
-        refused = self.broadcast(refused)
-        if refused:
-            raise ValueError(refused)
-        self.barrier("fsdp2_load_recovered")
+        recover_folder_on_rank_zero(self, path, "fsdp2_load_recovered")
         if not (path.is_dir() and (path / METADATA_FILE).is_file()):
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         saved = read_dcp_metadata(path).state_dict_metadata

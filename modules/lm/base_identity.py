@@ -180,14 +180,20 @@ def file_sha256(path: str) -> str:
     return digest
 
 
-def _header_digest(folder: str) -> str:
-    """The earlier identity's hash: config.json, the weights index, a single model.safetensors file's header."""
+def _hash_config_and_index(folder: str) -> Any:
+    """A sha256 fed with config.json and each weights index of ``folder`` that exists, each after its name."""
     h = hashlib.sha256()
     for name in ("config.json", *_INDEXES):
         file = os.path.join(folder, name)
         if os.path.isfile(file):
             with open(file, "rb") as f:
                 h.update(name.encode() + b"\0" + f.read())
+    return h
+
+
+def _header_digest(folder: str) -> str:
+    """The earlier identity's hash: config.json, the weights index, a single model.safetensors file's header."""
+    h = _hash_config_and_index(folder)
     single = os.path.join(folder, "model.safetensors")
     if os.path.isfile(single):
         h.update(b"model.safetensors\0" + _safetensors_header(single))
@@ -196,12 +202,7 @@ def _header_digest(folder: str) -> str:
 
 def _content_digest(folder: str) -> str:
     """sha256 over config.json, the weights index and each weight file's name and sha256."""
-    h = hashlib.sha256()
-    for name in ("config.json", *_INDEXES):
-        file = os.path.join(folder, name)
-        if os.path.isfile(file):
-            with open(file, "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
+    h = _hash_config_and_index(folder)
     for name in weight_files(folder):
         file = os.path.join(folder, name)
         digest = file_sha256(file) if os.path.isfile(file) else "missing"

@@ -13,6 +13,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
+
+from alignment_games.callbacks.functional.files import fsync_dir
 
 __all__ = [
     "atomic_folder",
@@ -21,6 +24,7 @@ __all__ = [
     "folder_beside",
     "prepare_folder_beside",
     "recover_folder",
+    "recover_folder_on_rank_zero",
     "swap_folder_in",
     "write_error",
 ]
@@ -88,15 +92,6 @@ def folder_beside(path: str | os.PathLike) -> str:
     return _beside(os.fspath(path), "partial")
 
 
-def _fsync_dir(folder: str) -> None:
-    with contextlib.suppress(OSError):  # some file systems cannot open or sync a directory
-        fd = os.open(folder or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
@@ -138,10 +133,33 @@ def recover_folder(path: str | os.PathLike) -> bool:
             )
         else:  # killed between the two renames: the old version is the whole one
             os.rename(previous, path)
-            _fsync_dir(os.path.dirname(path))
+            fsync_dir(os.path.dirname(path))
             restored = True
     _remove(folder_beside(path))  # a save killed before its swap
     return restored
+
+
+def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier: str) -> None:
+    """:func:`recover_folder` on ``strategy``'s rank 0 before a load; every rank then meets at ``barrier``.
+
+    Args:
+        strategy: The Lightning strategy (its ``global_rank``, ``broadcast`` and ``barrier``).
+        path: The checkpoint folder about to be read.
+        barrier: The barrier's name.
+
+    Raises:
+        ValueError: ``recover_folder``'s refusal (a ``.previous`` link), on every rank: none waits for rank 0.
+    """
+    refused = None
+    if strategy.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
+        try:
+            recover_folder(path)
+        except ValueError as err:  # a .previous link refused: every rank raises it, none waits for rank 0
+            refused = str(err)
+    refused = strategy.broadcast(refused)
+    if refused:
+        raise ValueError(refused)
+    strategy.barrier(barrier)
 
 
 def prepare_folder_beside(path: str | os.PathLike) -> str:
@@ -156,18 +174,18 @@ def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     """Replace ``path`` (a folder, a file or nothing) by the complete folder ``tmp``; see the module's docstring."""
     tmp, path = os.fspath(tmp), os.fspath(path).rstrip(os.sep)
     parent = os.path.dirname(path)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     if SWAP_HOOK is not None:
         SWAP_HOOK("written")
     previous = _beside(path, "previous")
     had_old = os.path.lexists(path)
     if had_old:
         os.rename(path, previous)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     if SWAP_HOOK is not None:
         SWAP_HOOK("old_aside")
     os.rename(tmp, path)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     if had_old:
         _remove(previous)
 

@@ -318,6 +318,9 @@ class AutomaticStepGuard(NonFiniteGuard):
     on more batches, and checkpoints named by step do not skip numbers. ``max_epochs`` still means passes over the
     data (a skipped batch is not retried).
 
+    A skipped batch leaves the weights and the optimizer state untouched and is logged and counted;
+    ``max_consecutive_nonfinite`` skips in a row stop training with an error, the last checkpoint intact.
+
     Put it before ``LightningModule`` in the bases and call :meth:`init_nonfinite_guard` in ``__init__``.
     """
 
