@@ -64,6 +64,7 @@ def _tiny(script: str) -> tuple[dict, list[str]]:
     return json.loads(next(line for line in lines if line.startswith("{"))), lines
 
 
+@pytest.mark.e2e  # about 13 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_logprob_memory_benchmark_measures_both_paths_at_tiny_size():
     """``benchmarks/logprob_memory.py --tiny``: both paths run forward + backward, and its last line is the ratio."""
     result, lines = _tiny("logprob_memory.py")

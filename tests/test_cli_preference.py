@@ -39,6 +39,7 @@ def fitted(tmp_path_factory):
     return root, cli, os.path.join(root, cli.trainer.log_dir)
 
 
+@pytest.mark.e2e  # the main job's CLI fit, about 40 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_fit_leaves_logs_checkpoints_config_and_report(fitted):
     root, cli, log_dir = fitted
     assert os.path.isfile(os.path.join(log_dir, "config.yaml"))
@@ -63,6 +64,7 @@ def test_fit_leaves_logs_checkpoints_config_and_report(fitted):
         assert {r["label"] for r in cli.datamodule.splits[split]} == {0.0, 1.0}, split
 
 
+@pytest.mark.e2e  # the main job's CLI fit, about 40 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_test_with_ckpt_path_reproduces_the_report(fitted, tmp_path, monkeypatch):
     root, cli, log_dir = fitted
     first = json.load(open(os.path.join(log_dir, "report.json")))
@@ -73,6 +75,7 @@ def test_test_with_ckpt_path_reproduces_the_report(fitted, tmp_path, monkeypatch
     assert second == first
 
 
+@pytest.mark.e2e  # the main job's CLI fit, about 40 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_predict_scores_pairs_from_jsonl(fitted, tmp_path, monkeypatch):
     root, cli, log_dir = fitted
     rows = [

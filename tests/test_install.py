@@ -78,6 +78,7 @@ def test_every_package_folder_is_in_the_wheel(wheel):
     assert not [n for n in names if n.split("/")[0] in ("modules", "datamodules", "callbacks", "train.py", "tests")]
 
 
+@pytest.mark.e2e  # a fresh venv and pip install, 10-20 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_pip_install_into_a_fresh_venv_then_import_beside_a_projects_own_callbacks(tmp_path, wheel):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -105,6 +106,7 @@ def test_pip_install_into_a_fresh_venv_then_import_beside_a_projects_own_callbac
     assert gone.returncode != 0 and "No module named 'alignment_games'" in gone.stderr
 
 
+@pytest.mark.e2e  # a fresh venv and pip install, 10-20 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_the_callbacks_install_alone_without_the_language_model_stack(tmp_path, wheel):
     requires = email.message_from_string(zipfile.ZipFile(wheel).read(_metadata(wheel)).decode()).get_all(
         "Requires-Dist"

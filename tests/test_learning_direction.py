@@ -10,8 +10,8 @@ preference ensemble has no policy: its measure is its P(y ≻ y′) of a good re
 prefer the good (mirrored: the bad) opening.
 
 The losses themselves are checked against hand values and autograd in the families' own tests; here a sign error,
-a detached advantage, a swapped chosen/rejected pair or a mis-routed vote would fail. Cost: about 1 CPU-second per
-run; each family runs twice.
+a detached advantage, a swapped chosen/rejected pair or a mis-routed vote would fail. Cost: 1-20 CPU-seconds per
+run; each family runs twice (the three slowest in the ``e2e`` set, :data:`E2E`).
 """
 
 from __future__ import annotations
@@ -375,7 +375,11 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("family", list(RUNS))
+#: the families whose two runs take 20-40 s on 2 cores: in the e2e set (`pytest -m e2e`, .ci/run)
+E2E = {"SLHF", "DeepSMIDA", "DebateSelfPlay"}
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=[pytest.mark.e2e] if f in E2E else []) for f in RUNS])
 def test_an_update_moves_the_policy_toward_its_reward(family, tiny_lm_dir, tmp_path):
     rewarded = RUNS[family](tiny_lm_dir, tmp_path / "good", mirrored=False)
     mirrored = RUNS[family](tiny_lm_dir, tmp_path / "mirrored", mirrored=True)

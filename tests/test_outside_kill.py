@@ -104,6 +104,7 @@ def test_killed_from_outside_and_resumed_ends_where_the_uninterrupted_run_ends(n
             assert stage.temps_left, "the kill did not land during a save"
 
 
+@pytest.mark.e2e  # a train.py process, about 10 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_the_comparison_finds_one_changed_number_moment_and_file(runner, tmp_path):
     """The harness must fail: a copy of a run folder with one RNG bit, the step, one game-state number, one file and
     one logged number changed differs from the original in exactly those five."""
@@ -138,6 +139,7 @@ def test_the_comparison_finds_one_changed_number_moment_and_file(runner, tmp_pat
     assert any(d.startswith("metrics (") for d in found)
 
 
+@pytest.mark.e2e  # a train.py process, about 10 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_a_signal_is_delivered_only_at_its_moment(runner, tmp_path):
     """SIGKILL at the second write of last.ckpt: the run dies then (a checkpoint from a step after the first cadence
     point), not before and not at its end."""

@@ -137,6 +137,7 @@ def test_decoder_backbone_with_lora_or_separate_copies(tiny_lm_dir, sharing):
     torch.testing.assert_close(p, torch.full_like(p, 0.5), atol=1e-6, rtol=0)
 
 
+@pytest.mark.e2e  # fit, test, predict and reload, about 20 s on 2 cores (`pytest -m e2e`, .ci/run)
 def test_fit_test_report_predict_and_reload(tmp_path):
     L.seed_everything(0)
     model = PreferenceEnsemble(num_members=3, lr=1e-2, report_bootstrap=20)

@@ -137,15 +137,39 @@ def test_advantages_by_hand():
         follower_advantages(u[0], lf[0], lf_ref[0], 0.5)
 
 
+def _closed_form_gradients(u, logpi_ref, logom_ref, theta, phi):
+    """``_exact_gradients`` without autograd: the softmax Jacobian applied by hand (about 10x faster per step).
+
+    ∂J^F/∂φ[x, y] = π(y|x)/X · ω ⊙ (a − ⟨ω, a⟩) with a = u − τ_F (log ω − log ω_ref); ∂J^L/∂θ[x] = π/X ⊙ (b − ⟨π, b⟩)
+    with b = r̂ + τ_L (log π − log π_ref) (the constant terms of the entropy derivatives cancel in the Jacobian).
+    """
+    logpi, logom = theta.log_softmax(-1), phi.log_softmax(-1)
+    pi, om = logpi.exp(), logom.exp()
+    a = u - TAU_F * (logom - logom_ref)
+    r_hat = (om * a).sum(-1)
+    g_phi = (pi / X)[..., None] * om * (a - r_hat[..., None])
+    b = r_hat + TAU_L * (logpi - logpi_ref)
+    g_theta = pi / X * (b - (pi * b).sum(-1, keepdim=True))
+    return g_theta, g_phi
+
+
 def test_exact_gradient_play_approaches_the_closed_form_equilibrium():
     u, logpi_ref, logom_ref, theta, phi = _game(3)
-    theta = logpi_ref.clone().requires_grad_()
-    phi = logom_ref.clone().requires_grad_()
-    for _ in range(6000):
-        g_theta, g_phi = _exact_gradients(u, logpi_ref, logom_ref, theta, phi)
-        with torch.no_grad():
-            theta -= 2.0 * g_theta  # leader descends, slow
-            phi += 8.0 * g_phi  # follower ascends, fast
+    for at in ((theta, phi), (logpi_ref.clone().requires_grad_(), logom_ref.clone().requires_grad_())):
+        for by_hand, by_autograd in zip(
+            _closed_form_gradients(u, logpi_ref, logom_ref, *at), _exact_gradients(u, logpi_ref, logom_ref, *at)
+        ):
+            torch.testing.assert_close(by_hand, by_autograd, atol=1e-14, rtol=0)
+    theta, phi = logpi_ref.clone(), logom_ref.clone()
+    for _ in range(1500):  # as close to the equilibrium (1e-5) as 6000 steps of 2.0 and 8.0
+        g_theta, g_phi = _closed_form_gradients(u, logpi_ref, logom_ref, theta, phi)
+        theta -= 8.0 * g_theta  # leader descends, slow
+        phi += 32.0 * g_phi  # follower ascends, fast
+    at_end = (theta.clone().requires_grad_(), phi.clone().requires_grad_())
+    for by_hand, by_autograd in zip(
+        _closed_form_gradients(u, logpi_ref, logom_ref, theta, phi), _exact_gradients(u, logpi_ref, logom_ref, *at_end)
+    ):
+        torch.testing.assert_close(by_hand, by_autograd, atol=1e-14, rtol=0)
     pi_star, om_star = stackelberg_equilibrium(u, logpi_ref.exp(), logom_ref.exp(), TAU_L, TAU_F)
     torch.testing.assert_close(theta.softmax(-1), pi_star, atol=1e-4, rtol=0)
     torch.testing.assert_close(phi.softmax(-1), om_star, atol=1e-4, rtol=0)
