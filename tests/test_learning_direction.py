@@ -21,6 +21,8 @@ import string
 import lightning as L
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
+from helpers.threads import one_torch_thread
 
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
@@ -58,26 +60,14 @@ def good_mass(bank: PolicyBank, player: str, prompts: list[str]) -> float:
 
 
 def _trainer(tmp_path, steps: int) -> L.Trainer:
-    return L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
+    return make_trainer(tmp_path, [], max_steps=steps, max_epochs=None, limit_val_batches=0)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """The tiny model's ops gain nothing from a second thread on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def _lm(tiny_lm_dir) -> ModelConfig:

@@ -14,6 +14,8 @@ import math
 import lightning as L
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
+from helpers.threads import one_torch_thread
 from torch.utils.data import DataLoader
 
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -26,10 +28,8 @@ NAN = float("nan")
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models on a shared CPU: one intra-op thread is faster than two spinning."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 class PoisonGradients(L.Callback):
@@ -86,19 +86,7 @@ def _same(a, b) -> bool:
 
 
 def _trainer(tmp_path, callbacks, **kw):
-    args = dict(
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-    )
-    args.update(kw)
-    return L.Trainer(**args)
+    return make_trainer(tmp_path, callbacks, **{"max_epochs": None, "limit_val_batches": 0, **kw})
 
 
 def _assert_poisoned_batch_changed_nothing(model, poison, before_fit):
@@ -158,18 +146,10 @@ def _grpo(tiny_lm_dir, tmp_path, **kw):
 
 
 def _deep_smida(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.modules.deep_smida import DeepSMIDA
+    from helpers.deep_smida import tiny_deep_smida
 
-    model = DeepSMIDA(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4),
-        utility=Letters(),
-        samples_per_prompt=2,
-        follower_samples=2,
-        sampling=Sampling(temperature=0.6, max_new_tokens=6),
-        leader_lr=1e-2,
-        follower_lr=1e-2,
-        **kw,
-    )
+    sampling = Sampling(temperature=0.6, max_new_tokens=6)
+    model = tiny_deep_smida(tiny_lm_dir, Letters(), sampling=sampling, leader_lr=1e-2, follower_lr=1e-2, **kw)
     return model, {"datamodule": _prompts()}
 
 

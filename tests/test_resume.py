@@ -6,6 +6,7 @@ import signal
 
 import pytest
 import torch
+from helpers.nan_after import NaNAfter
 from helpers.resume_harness import FAMILIES, ForkServer, Runner, _KillWhenPickled, compare, resume_points
 
 from alignment_games.callbacks.fault_tolerance import atomic_torch_save
@@ -110,34 +111,16 @@ def test_atomic_save_survives_a_kill_that_corrupts_a_plain_save(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ faults
-class _NaNAfter:
-    """Wraps a function: its output becomes NaN from the ``after``-th call on (calls counted from 1)."""
-
-    def __init__(self, fn, after):
-        self.fn, self.after, self.calls = fn, after, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        out = self.fn(*args, **kwargs)
-        return out * float("nan") if self.calls >= self.after else out
-
-
 def _fit_until_stopped(module, datamodule, tmp_path, limit, **trainer_kw):
-    import lightning as L
+    from helpers.callback_helpers import make_trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
 
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, save_top_k=0, every_n_train_steps=trainer_kw.pop("every"))
-    trainer = L.Trainer(
-        max_steps=50,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[ckpt],
-        plugins=[AtomicCheckpointIO()],
-        **trainer_kw,
+    plugins = [AtomicCheckpointIO()]
+    trainer = make_trainer(
+        tmp_path, [ckpt], max_steps=50, max_epochs=None, enable_checkpointing=True, plugins=plugins, **trainer_kw
     )
     before = {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
     with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
@@ -167,7 +150,7 @@ def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good
     model = PreferenceEnsemble(
         ModelConfig(tiny_lm_dir), backbone_task="causal_lm", num_members=2, max_consecutive_nonfinite=3
     )
-    model._own_member_logits = _NaNAfter(model._own_member_logits, after=3)  # steps 1-2 good, then NaN
+    model._own_member_logits = NaNAfter(model._own_member_logits, after=3)  # steps 1-2 good, then NaN
     dm = PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
     _, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 3, every=2, limit_val_batches=0)
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
@@ -182,7 +165,7 @@ def test_sft_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tmp_
     L.seed_everything(0)
     tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
     model = CausalLMSFT(tiny_config=tiny, output_dir=str(tmp_path / "out"), max_length=64, max_consecutive_nonfinite=2)
-    model._loss = _NaNAfter(model._loss, after=3)
+    model._loss = NaNAfter(model._loss, after=3)
     dm = ArithmeticSFTDataModule(num_prompts=40, batch_size=4)
     _, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 2, every=1, limit_val_batches=0)
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
@@ -211,7 +194,7 @@ def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(t
         sampling=Sampling(temperature=0.6, max_new_tokens=4),
         max_consecutive_nonfinite=2,
     )
-    model.utility.forward = _NaNAfter(utility.forward, after=3)
+    model.utility.forward = NaNAfter(utility.forward, after=3)
     dm = PromptDataModule(num_prompts=13, batch_size=2)
     trainer, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 2, every=4, limit_val_batches=0)
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
-
-import torch
 
 from alignment_games.modules.games.pool_followers import FollowerTraining
 from alignment_games.modules.lm.sampling import Sampling
@@ -29,15 +25,3 @@ def judging(mode: str = "generate", prefill: str = "") -> PeerJudging:
 def lm(path: Any, **kw: Any) -> dict[str, Any]:
     """The tiny model at ``path`` with rank-4 adapters."""
     return {"name_or_path": str(path), "lora_r": 4, "lora_alpha": 8, **kw}
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: the tiny model's ops are too small to gain from more, and on a shared CPU two spinning
-    threads made test_pool.py 8x slower (143 s against 17 s, both measured under the same load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

@@ -10,11 +10,10 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
 from helpers.decode_spy import spy_decodes
+from helpers.deep_smida import tiny_deep_smida
 
-from alignment_games.modules.deep_smida import DeepSMIDA
-from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.utility import Utility, utility_from_member_probs
 
 
@@ -31,32 +30,13 @@ class NaNUtility(Utility):
 
 
 def _model(tiny_lm_dir, **kw):
-    args = dict(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4),
-        utility=LengthUtility(),
-        samples_per_prompt=2,
-        follower_samples=2,
-        sampling=Sampling(temperature=0.6, max_new_tokens=8),
-        leader_lr=1e-2,
-        follower_lr=1e-2,
-        tau_leader=0.1,
-        tau_follower=0.1,
-    )
+    args = dict(utility=LengthUtility(), leader_lr=1e-2, follower_lr=1e-2, tau_leader=0.1, tau_follower=0.1)
     args.update(kw)
-    return DeepSMIDA(**args)
+    return tiny_deep_smida(tiny_lm_dir, **args)
 
 
-def _trainer(tmp_path, steps=2, **kw):
-    return L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        **kw,
-    )
+def _trainer(tmp_path, steps=2, callbacks=(), **kw):
+    return make_trainer(tmp_path, list(callbacks), max_steps=steps, max_epochs=None, limit_val_batches=0, **kw)
 
 
 def _dm(**kw):

@@ -3,6 +3,7 @@
 import lightning as L
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
 from helpers.decode_spy import spy_decodes
 
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
@@ -34,17 +35,8 @@ def _model(tiny_lm_dir, pg=None, **kw):
     return GRPO(**args)
 
 
-def _trainer(tmp_path, steps=2, **kw):
-    return L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        **kw,
-    )
+def _trainer(tmp_path, steps=2, callbacks=(), **kw):
+    return make_trainer(tmp_path, list(callbacks), max_steps=steps, max_epochs=None, limit_val_batches=0, **kw)
 
 
 def _dm():

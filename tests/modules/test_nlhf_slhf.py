@@ -6,6 +6,7 @@ import os
 import lightning as L
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
 
 from alignment_games.modules.lm.mixture import generate_mixture
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -58,17 +59,13 @@ def _lm(tiny_lm_dir):
 
 
 def _trainer(tmp_path, steps, val=0, callbacks=()):
-    return L.Trainer(
-        callbacks=list(callbacks),
+    return make_trainer(
+        tmp_path,
+        list(callbacks),
         max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
+        max_epochs=None,
         limit_val_batches=val,
         val_check_interval=steps if val else None,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
     )
 
 

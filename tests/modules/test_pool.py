@@ -8,9 +8,12 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from helpers.pool_settings import SMALL, one_torch_thread
+from helpers.callback_helpers import make_trainer
+from helpers.nan_after import NaNAfter
+from helpers.pool_settings import SMALL
 from helpers.pool_settings import judging as _judging
 from helpers.pool_settings import lm as _lm
+from helpers.threads import one_torch_thread
 from lightning.pytorch.loggers import CSVLogger
 
 from alignment_games.callbacks import EloRating
@@ -29,6 +32,8 @@ from alignment_games.modules.scorers.peer_judges import PeerJudging
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
+    """One intra-op thread: the tiny model's ops are too small to gain from more, and on a shared CPU two spinning
+    threads made this file 8x slower (143 s against 17 s, both measured under the same load)."""
     with one_torch_thread():
         yield
 
@@ -53,18 +58,7 @@ def _data(path, iterations_per_epoch=1):
 
 def _fit(module, data, epochs=1, limit_val_batches=0, tmp_path=None, callbacks=()):
     L.seed_everything(0)  # sampling (an empty response is a non-tied pair) must not vary from run to run
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=limit_val_batches,
-        callbacks=list(callbacks),
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(tmp_path, list(callbacks), max_epochs=epochs, limit_val_batches=limit_val_batches)
     trainer.fit(module, datamodule=_data(data))
     return trainer
 
@@ -371,17 +365,8 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_lm_dir, tmp_path, short
     kw = dict(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), **SMALL)
 
     def trainer(epochs, module, root):
-        return L.Trainer(
-            max_epochs=epochs,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            default_root_dir=root,  # no EloRating callback: the pool rates its players and checkpoints the ratings
-        )
+        # no EloRating callback: the pool rates its players and checkpoints the ratings
+        return make_trainer(root, [], max_epochs=epochs, limit_val_batches=0)
 
     L.seed_everything(0)
     full = StackelbergPool(**kw)
@@ -540,18 +525,6 @@ def test_iterations_per_epoch_must_be_a_positive_integer():
             InstructionPoolDataModule(iterations_per_epoch=bad)
 
 
-class _NaNAfter:
-    """Wraps a loss: NaN from the ``after``-th call on (calls counted from 1)."""
-
-    def __init__(self, fn, after):
-        self.fn, self.after, self.calls = fn, after, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        out = self.fn(*args, **kwargs)
-        return out * float("nan") if self.calls >= self.after else out
-
-
 def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_checkpoint(
     tiny_lm_dir, tmp_path, short_pool
 ):
@@ -561,16 +534,10 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 
     L.seed_everything(0)
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
-    module._dpo_rows_loss = _NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)],
-        plugins=[AtomicCheckpointIO()],
+    module._dpo_rows_loss = NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
+    ckpt = ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)
+    trainer = make_trainer(
+        tmp_path, [ckpt], max_epochs=1, limit_val_batches=0, enable_checkpointing=True, plugins=[AtomicCheckpointIO()]
     )
     with pytest.warns(UserWarning, match="NaN or inf; the update is skipped"):
         with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite losses of follower m1"):
@@ -587,15 +554,7 @@ def test_a_nonfinite_peer_score_skips_the_whole_iteration(tiny_lm_dir, tmp_path,
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
     module.judge_all = lambda asked: {p: [(float("nan"), True)] * len(xs) for p, (xs, _, _) in asked.items()}
     adapters, elo = _adapters(module), module.elo
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
+    trainer = make_trainer(tmp_path, [], max_epochs=1, limit_val_batches=0)
     with pytest.warns(UserWarning, match="peer scores"):
         with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite peer scores"):
             trainer.fit(module, datamodule=_data(short_pool, iterations_per_epoch=2))

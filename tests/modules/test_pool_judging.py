@@ -4,9 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.pool_settings import SMALL, one_torch_thread
+from helpers.pool_settings import SMALL
 from helpers.pool_settings import judging as _judging
 from helpers.pool_settings import lm as _lm
+from helpers.threads import one_torch_thread
 
 from alignment_games.modules.algorithms.pool import final_answer
 from alignment_games.modules.pool import StackelbergPool

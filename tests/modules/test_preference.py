@@ -6,6 +6,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
 
 from alignment_games.datamodules.preference import PreferenceDataModule
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -203,15 +204,7 @@ def test_lora_sharing_trains_every_members_adapter_and_checkpoints_them_all(tiny
     lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
     dm = PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
+    trainer = make_trainer(tmp_path, [], max_steps=2, max_epochs=None, limit_val_batches=0)
     trainer.fit(model, dm)
     params = dict(model.named_parameters())
     for member in ("member_0", "member_1"):

@@ -3,6 +3,7 @@ import os
 import lightning as L
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
 
 from alignment_games.datamodules.sft import ArithmeticSFTDataModule
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -82,14 +83,9 @@ def test_sft_with_lora_trains_and_saves_only_the_adapter(tiny_lm_dir, tmp_path):
     before = {n: p.detach().clone() for n, p in model.model.named_parameters()}
     trainable = {n for n, p in model.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    trainer = L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = make_trainer(
+        tmp_path, [ckpt], max_steps=3, max_epochs=None, limit_val_batches=0, enable_checkpointing=True
     )
     trainer.fit(model, ArithmeticSFTDataModule(num_prompts=24, batch_size=4))
     changed = {n for n, p in model.model.named_parameters() if not torch.equal(p, before[n])}

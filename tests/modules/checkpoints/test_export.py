@@ -10,6 +10,9 @@ import pytest
 import torch
 import yaml
 from helpers import ROOT
+from helpers.callback_helpers import make_trainer
+from helpers.deep_smida import tiny_deep_smida
+from helpers.threads import one_torch_thread
 from safetensors.torch import load_file
 
 from alignment_games import train
@@ -26,10 +29,8 @@ PROMPTS = ["What is 2 + 3?", "Name a colour.", "x"]
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """One intra-op thread: the tiny model's ops gain nothing from more, and the machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 class LengthUtility(Utility):
@@ -50,13 +51,7 @@ def _perturb(bank, seed):
 
 
 def _smida(tiny_lm_dir):
-    model = DeepSMIDA(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4),
-        utility=LengthUtility(),
-        samples_per_prompt=2,
-        follower_samples=2,
-        sampling=Sampling(temperature=1.0, max_new_tokens=6),
-    )
+    model = tiny_deep_smida(tiny_lm_dir, LengthUtility(), sampling=Sampling(temperature=1.0, max_new_tokens=6))
     _perturb(model.players, seed=1)
     return model
 
@@ -319,14 +314,9 @@ def test_sft_records_its_base_and_its_checkpoint_exports(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
     lm = {"name_or_path": tiny_lm_dir, "lora_r": 4, "lora_alpha": 8}
     model = CausalLMSFT(lm=ModelConfig(**lm), lora=True, output_dir=str(tmp_path / "sft"), max_length=64, lr=1e-2)
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+    ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    trainer = make_trainer(
+        tmp_path, [ckpt], max_steps=1, max_epochs=None, limit_val_batches=0, enable_checkpointing=True
     )
     trainer.fit(model, ArithmeticSFTDataModule(num_prompts=8, batch_size=4))
     record = json.loads((tmp_path / "sft" / EXPORT_RECORD).read_text())

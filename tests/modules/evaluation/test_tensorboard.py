@@ -19,6 +19,8 @@ import yaml
 from helpers import ROOT
 from helpers.callback_helpers import PLAYERS, GameModule, make_trainer
 from helpers.debate import tiny_debate_module
+from helpers.deep_smida import tiny_deep_smida
+from helpers.threads import one_torch_thread
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -30,7 +32,6 @@ from alignment_games.callbacks.media import media_loggers
 from alignment_games.datamodules.pool import InstructionPoolDataModule
 from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
-from alignment_games.modules.deep_smida import DeepSMIDA
 from alignment_games.modules.evaluation.tensorboard import GameBoard, escape_markdown, samples_markdown
 from alignment_games.modules.games.pool_followers import FollowerTraining
 from alignment_games.modules.grpo import GRPO
@@ -46,10 +47,8 @@ EVERYTHING = {k: 0 for k in (ea.COMPRESSED_HISTOGRAMS, ea.IMAGES, ea.AUDIO, ea.S
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """One intra-op thread: the tiny model's ops gain nothing from more on a shared CPU (as tests/modules/test_pool)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 # ------------------------------------------------------------------------------------------------ reading back
@@ -116,18 +115,7 @@ def scalars(acc: ea.EventAccumulator, tag: str) -> dict[int, float]:
 
 
 def trainer(logger, tmp_path, **kw) -> L.Trainer:
-    options = dict(
-        accelerator="cpu",
-        logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        log_every_n_steps=1,
-        default_root_dir=tmp_path,
-    )
-    options.update(kw)
-    return L.Trainer(**options)
+    return make_trainer(tmp_path, [], logger=logger, log_every_n_steps=1, **{"max_epochs": None, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ escaping
@@ -297,15 +285,7 @@ class FollowerLength(Utility):
 
 def test_deep_smida_shows_leader_follower_pairs_and_utilities(tiny_lm_dir, tmp_path):
     L.seed_everything(0)
-    model = DeepSMIDA(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4),
-        utility=FollowerLength(),
-        samples_per_prompt=2,
-        follower_samples=2,
-        sampling=Sampling(temperature=0.6, max_new_tokens=8),
-        tau_leader=0.1,
-        tau_follower=0.1,
-    )
+    model = tiny_deep_smida(tiny_lm_dir, FollowerLength(), tau_leader=0.1, tau_follower=0.1)
     logger, data = config_logger(tmp_path, "deep_smida.yaml"), prompts_data()
     trainer(logger, tmp_path, max_steps=2, val_check_interval=1, limit_val_batches=1).fit(model, data)
     acc = events(logger)

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.callback_helpers import make_trainer
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -185,16 +186,7 @@ def test_grpo_trains_under_bf16_mixed_with_a_bf16_base_and_fp32_adapters(tiny_lm
         chat_template=False,
     )
     before = {n: p.detach().clone() for n, p in model.players.named_parameters()}
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        precision="bf16-mixed",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(tmp_path, [], max_steps=2, max_epochs=None, precision="bf16-mixed", limit_val_batches=0)
     trainer.fit(model, PromptDataModule(num_prompts=24, batch_size=2))
     for n, p in model.players.named_parameters():
         if ".policy." in n:
