@@ -1,12 +1,8 @@
 """Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
 
-Per training step, for B prompts: D leader samples ``y ~ π_θ(·|x)`` in one batched ``generate``; for each, M follower
-samples ``y′ ~ ω_φ(·|x, y)`` in one more (the follower sees the leader's reply in its system message, App. E.4); ``u``
-for all B·D·M triplets; completion log-probabilities per player (with gradients) and of the reference (the disabled
-adapter, without); the estimators (22)–(25); one backward of ``leader_loss + follower_loss`` (disjoint parameters);
-each player's gradient clipped by ``grad_clip``; AdamW steps, leader descent, follower ascent. Learning rates come
-from the optimizers or a ``TwoTimescaleWarmup`` callback (leader optimizer 0, follower 1). Non-finite utilities skip
-the step (:class:`~modules.training.faults.NonFiniteGuard`); empty generations are counted.
+A training step is the leader–follower game of :class:`~modules.games.leader_follower.LeaderFollower` with the
+estimators (22)–(25) as losses: leader descent, follower ascent. Learning rates come from the optimizers or a
+``TwoTimescaleWarmup`` callback (leader optimizer 0, follower 1).
 
 Validation plays the trained pair and the reference pair on held-out prompts, ``eval_pairs`` pairs per prompt, and
 writes the ensemble-variance comparison of §5.3 (:func:`modules.evaluation.game_eval.compare_pairs`) to
@@ -37,11 +33,10 @@ from alignment_games.modules.base import (
 )
 from alignment_games.modules.evaluation.figures import make_game_figures
 from alignment_games.modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
+from alignment_games.modules.games import leader_follower as lf
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
@@ -83,8 +78,6 @@ class DeepSMIDA(LanguageModelGame):
     """
 
     family = "deep-SMIDA"
-    # fewest samples D and M: Algorithm 2's leave-one-out baselines need two (SLHF, with a constant baseline, one)
-    min_samples = 2
 
     def __init__(
         self,
@@ -113,12 +106,8 @@ class DeepSMIDA(LanguageModelGame):
     ) -> None:
         super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
         lm = ModelConfig.coerce(lm)
-        if min(samples_per_prompt, follower_samples) < self.min_samples:
-            why = " for the leave-one-out baselines" if self.min_samples == 2 else ""
-            raise ValueError(
-                f"samples_per_prompt (D) and follower_samples (M) must be at least {self.min_samples}{why}, "
-                f"got D={samples_per_prompt}, M={follower_samples}"
-            )
+        # Algorithm 2's leave-one-out baselines need two samples D and M
+        lf.check_leader_follower(samples_per_prompt, follower_samples, 2, follower_system_template)
         require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)
         require_at_least(eval_pairs=(eval_pairs, 1), logprob_micro_batch=(logprob_micro_batch, 0))
         for i, a in enumerate([*alphas, candidate_alpha]):  # α levels are probabilities of a false candidate
@@ -127,157 +116,50 @@ class DeepSMIDA(LanguageModelGame):
             )
         for i, eps in enumerate(epsilons):  # margins on a probability
             require_in_range(f"epsilons[{i}]", eps, 0.0, 1.0, open_high=True)
-        if "{leader_response}" not in follower_system_template:
-            raise ValueError("follower_system_template must contain {leader_response}")
         self.sampling = argument_group(Sampling, sampling, "sampling")
         self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["utility", "oracle"])
         utility = utility if utility is not None else EnsembleUtility()  # refuses, before the players load
-        self.players = PolicyBank(lm, players=("leader", "follower"))
-        self.utility = utility
-        self.utility.requires_grad_(False)
-        self.oracle = oracle
-        self.empty_generations = 0
+        self.play = lf.LeaderFollower(self, lm, utility, oracle)
         self._eval: dict[str, list[Tensor]] = {}
         self.last_eval: dict[str, Any] | None = None
         self.reference_thresholds: dict[str, float] = {}
 
     @override
-    def num_optimizers(self) -> int:
-        return 2  # leader and follower
-
-    @override
     def game_state(self) -> dict[str, Any]:
-        state = {"empty_generations": self.empty_generations, "reference_thresholds": dict(self.reference_thresholds)}
-        if self.oracle is not None:  # its generator and counters: a resumed validation draws and counts the same
-            state["oracle"] = self.oracle.state_dict()
-        return state
+        return {**lf.play_state(self), "reference_thresholds": dict(self.reference_thresholds)}
 
     @override
     def load_game_state(self, state: dict[str, Any]) -> None:
-        self.empty_generations = int(state.get("empty_generations", 0))
+        lf.load_play_state(self, state)
         self.reference_thresholds = dict(state.get("reference_thresholds", {}))
-        if self.oracle is not None and "oracle" in state:
-            self.oracle.load_state_dict(state["oracle"])
-
-    # ------------------------------------------------------------------ rollouts
-    def leader_prompts(self, prompts: list[str]) -> list[str]:
-        """Chat-formatted leader inputs."""
-        return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
-
-    def follower_prompts(self, prompts: list[str], leader_texts: list[str]) -> list[str]:
-        """Chat-formatted follower inputs with the leader's reply in the system message (App. E.4)."""
-        system = [fill_template(self.hparams.follower_system_template, leader_response=y) for y in leader_texts]
-        return [self.players.chat(s, x) for s, x in zip(system, prompts)]
-
-    def rollout(
-        self, prompts: list[str], d: int, m: int, leader: str | None = "leader", follower: str | None = "follower"
-    ):
-        """Leader samples ``[B·D]`` then follower samples ``[B·D·M]``, one generate call per player."""
-        kw = self.sampling.generate_kwargs()
-        lead = self.players.generate(leader, self.leader_prompts(prompts), d, **kw)
-        xs = [x for x in prompts for _ in range(d)]
-        foll = self.players.generate(follower, self.follower_prompts(xs, lead.texts), m, **kw)
-        return lead, foll
-
-    def triplets(self, prompts: list[str], lead, foll, d: int, m: int) -> tuple[list[str], list[str], list[str]]:
-        """Flattened (x, y, y′) lists in ``[B, D, M]`` order."""
-        xs = [x for x in prompts for _ in range(d * m)]
-        ys = [y for y in lead.texts for _ in range(m)]
-        return xs, ys, foll.texts
 
     # ------------------------------------------------------------------ training
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        hp = self.hparams
-        opt_l, opt_f = self.optimizers()
-        prompts = list(batch["prompt"])
-        b, d, m = len(prompts), hp.samples_per_prompt, hp.follower_samples
-        self.phase_times = {}
-        with self._timed("generate"):
-            lead, foll = self.rollout(prompts, d, m)
-        empty_l, empty_f = lead.num_empty, foll.num_empty
-        self.empty_generations += empty_l + empty_f
-        with self._timed("score"):
-            u = self.utility(*self.triplets(prompts, lead, foll, d, m)).to(self.device).view(b, d, m)
-        self.log_dict({"train/empty_leader": float(empty_l), "train/empty_follower": float(empty_f)}, batch_size=b)
-        if not self.check_finite(u, "utilities"):  # same decision on every rank: nobody steps
-            return
-        self._log_candidate_shares(b)
-        with self._timed("logprob"):
-            lp_l = self.players.logprobs("leader", lead, self.sampling.temperature, hp.logprob_micro_batch).view(b, d)
-            lp_f = self.players.logprobs("follower", foll, self.sampling.temperature, hp.logprob_micro_batch).view(
-                b, d, m
-            )
-            with torch.no_grad():
-                lp_l_ref = self.players.logprobs(None, lead, self.sampling.temperature, hp.logprob_micro_batch).view(
-                    b, d
-                )
-                lp_f_ref = self.players.logprobs(None, foll, self.sampling.temperature, hp.logprob_micro_batch).view(
-                    b, d, m
-                )
-        out = self.surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref)
-        self.board.add_values(self, {"follower/utility_hist": u, "leader/cost_hist": out["a_bar"]})
-        loss = out["follower_loss"] + (0.0 if hp.follower_only else out["leader_loss"])
-        if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
-            return
-        with self._timed("backward"):
-            opt_l.zero_grad()
-            opt_f.zero_grad()
-            self.manual_backward(loss)  # one backward: the players' parameters are disjoint
-        with self._timed("optimizer"):  # the norms are before clipping; follower_only: the leader never steps
-            leader_params = self.players.player_parameters("leader")
-            if hp.follower_only:
-                leader_norm = _grad_norm(leader_params)
-            else:
-                leader_norm = self.optimizer_step(opt_l, leader_params)
-            follower_norm = self.optimizer_step(opt_f, self.players.player_parameters("follower"))
-        tokens = int(lead.completion_mask.sum() + foll.completion_mask.sum())
-        self.phase_times["generated_tokens"] = float(tokens)
-        self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=b)
-        self.log_dict(
-            {
-                "train/loss": (out["leader_loss"] + out["follower_loss"]).detach(),
-                "follower/utility": out["utility_mean"],
-                "leader/cost": out["a_bar"].mean(),
-                "leader/kl": out["leader_kl"],
-                "follower/kl": out["follower_kl"],
-                "leader/grad_norm": leader_norm,
-                "follower/grad_norm": follower_norm,
-                "leader/response_tokens": lead.completion_mask.sum(1).float().mean(),
-                "follower/response_tokens": foll.completion_mask.sum(1).float().mean(),
-            },
-            prog_bar=False,
-            batch_size=b,
-        )
+        self.play.train_step(batch, self.surrogate_losses, follower_only=self.hparams.follower_only)
 
     def surrogate_losses(
         self, u: Tensor, lp_l: Tensor, lp_l_ref: Tensor, lp_f: Tensor, lp_f_ref: Tensor
     ) -> dict[str, Tensor]:
-        """Both players' surrogate losses from the scores ``[B, D, M]`` and log-probabilities (eqs. 22–25).
+        """Both players' surrogate losses from the utilities ``[B, D, M]`` and log-probabilities (eqs. 22–25).
 
-        The one place a game built on this rollout differs (SLHF reads the scores as P0's preferences).
+        Logs first the share of the triplets above the reference thresholds of the latest validation (App. G.1).
         """
+        p = getattr(self.utility, "last_member_probs", None)
+        if p is not None and self.reference_thresholds:
+            var = p.var(dim=-1, unbiased=False)
+            shares = {
+                f"train/candidate_share_{a}": (var >= t).double().mean() for a, t in self.reference_thresholds.items()
+            }
+            self.log_dict({k: float(v) for k, v in shares.items()}, batch_size=u.shape[0])
         hp = self.hparams
         return smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
 
-    def _log_candidate_shares(self, batch_size: int) -> None:
-        """Share of this batch's triplets above the reference thresholds of the latest validation (App. G.1)."""
-        p = getattr(self.utility, "last_member_probs", None)
-        if p is None or not self.reference_thresholds:
-            return
-        var = p.var(dim=-1, unbiased=False)
-        shares = {
-            f"train/candidate_share_{a}": float((var >= t).double().mean())
-            for a, t in self.reference_thresholds.items()
-        }
-        self.log_dict(shares, batch_size=batch_size)
-
     @override
-    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        hp = self.hparams
-        leader = torch.optim.AdamW(self.players.player_parameters("leader"), lr=hp.leader_lr, weight_decay=0.0)
-        follower = torch.optim.AdamW(self.players.player_parameters("follower"), lr=hp.follower_lr, weight_decay=0.0)
-        return [leader, follower]
+    def num_optimizers(self) -> int:
+        return 2  # leader and follower
+
+    configure_optimizers = lf.optimizers
 
     # ------------------------------------------------------------------ evaluation
     def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[Tensor, Tensor]:
@@ -293,8 +175,8 @@ class DeepSMIDA(LanguageModelGame):
         self._eval.setdefault("index", []).append(self.item_ids(batch, len(prompts)))
         r = self.hparams.eval_pairs
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
-            lead, foll = self.rollout(prompts, r, 1, leader=lp, follower=fp)
-            xs, ys, y2s = self.triplets(prompts, lead, foll, r, 1)
+            lead, foll = self.play.rollout(prompts, r, 1, leader=lp, follower=fp)
+            xs, ys, y2s = self.play.triplets(prompts, lead, foll, r, 1)
             var, mean = self._variances(xs, ys, y2s)
             if tag == "trained" and self.board.wants_samples(self, "val/leader_follower"):
                 refs_r, stats = [ref for ref in refs for _ in range(r)], zip(var.tolist(), mean.tolist())
@@ -394,8 +276,8 @@ class DeepSMIDA(LanguageModelGame):
             threshold = self.reference_thresholds[key]
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         r = hp.eval_pairs
-        lead, foll = self.rollout(prompts, r, 1)
-        xs, ys, y2s = self.triplets(prompts, lead, foll, r, 1)
+        lead, foll = self.play.rollout(prompts, r, 1)
+        xs, ys, y2s = self.play.triplets(prompts, lead, foll, r, 1)
         var, _ = self._variances(xs, ys, y2s)
         rows = []
         for i, (x, y, y2, v) in enumerate(zip(xs, ys, y2s, var.tolist())):
@@ -424,9 +306,3 @@ def _pair_row(prompt: str, reference: str | None, leader: str, follower: str, st
     if math.isnan(stats[1]):
         return {**row, "utility": stats[0]}
     return {**row, "ensemble variance": stats[0], "mean P(leader ≻ follower)": stats[1]}
-
-
-def _grad_norm(parameters: list[torch.nn.Parameter]) -> Tensor:
-    """Total 2-norm of the gradients present (0 without any), as the clip would measure it."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())

@@ -25,6 +25,7 @@ from typing_extensions import override
 from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
 from alignment_games.modules.base import LanguageModelGame, argument_group, require_positive
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
+from alignment_games.modules.games.leader_follower import load_play_state, play_state
 from alignment_games.modules.lm.mixture import generate_mixture
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -101,18 +102,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         self.empty_generations = 0
         self.last_eval: dict[str, Any] | None = None
 
-    @override
-    def game_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"empty_generations": self.empty_generations}
-        if self.oracle is not None:  # its generator and counters: a resumed validation draws and counts the same
-            state["oracle"] = self.oracle.state_dict()
-        return state
-
-    @override
-    def load_game_state(self, state: dict[str, Any]) -> None:
-        self.empty_generations = int(state.get("empty_generations", 0))
-        if self.oracle is not None and "oracle" in state:
-            self.oracle.load_state_dict(state["oracle"])
+    game_state, load_game_state = play_state, load_play_state
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:

@@ -1,10 +1,11 @@
 """SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0.
 
-The rollout is deep-SMIDA's (D leader samples per prompt, M follower samples per leader sample, the follower seeing
-the leader's reply); the score of each triplet is ``P0(y ≻ y′ | x)`` and the updates are SLHF's in the Stackelberg
-paper's minimisation form (:func:`~modules.algorithms.baselines.slhf_surrogate_losses`): the Leader raises its
-chance of beating the Follower's refinement, the Follower raises its chance of beating the Leader, both KL-regularised
-to the frozen initialisation, on two timescales (the ``TwoTimescaleWarmup`` callback or the two learning rates).
+The game is deep-SMIDA's (:class:`~modules.games.leader_follower.LeaderFollower`: D leader samples per prompt, M
+follower samples per leader sample, the follower seeing the leader's reply); the score of each triplet is
+``P0(y ≻ y′ | x)`` and the updates are SLHF's in the Stackelberg paper's minimisation form
+(:func:`~modules.algorithms.baselines.slhf_surrogate_losses`): the Leader raises its chance of beating the Follower's
+refinement, the Follower raises its chance of beating the Leader, both KL-regularised to the frozen initialisation, on
+two timescales (the ``TwoTimescaleWarmup`` callback or the two learning rates).
 Validation plays the trained Leader against the reference on held-out prompts
 (:class:`~modules.evaluation.win_rate.WinRateValidation`).
 
@@ -25,8 +26,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import slhf_surrogate_losses
-from alignment_games.modules.deep_smida import DeepSMIDA
+from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
+from alignment_games.modules.games import leader_follower as lf
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.sampling import Sampling
@@ -37,7 +39,7 @@ from alignment_games.modules.scorers.utility import Utility
 __all__ = ["SLHF"]
 
 
-class SLHF(WinRateValidation, DeepSMIDA):
+class SLHF(WinRateValidation, LanguageModelGame):
     """Leader and Follower trained by SLHF's StackelbergGDA against one frozen preference model P0.
 
     Args:
@@ -65,7 +67,6 @@ class SLHF(WinRateValidation, DeepSMIDA):
 
     family = "SLHF (StackelbergGDA)"
     eval_player = "leader"
-    min_samples = 1  # a player with one sample takes the constant baseline ½ (slhf_surrogate_losses)
 
     def __init__(
         self,
@@ -86,37 +87,37 @@ class SLHF(WinRateValidation, DeepSMIDA):
         oracle: PreferenceOracle | None = None,
         logprob_micro_batch: int = 0,
     ) -> None:
-        super().__init__(
-            lm=lm,
-            utility=preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference"),
-            tau_leader=tau_leader,
-            tau_follower=tau_follower,
-            leader_lr=leader_lr,
-            follower_lr=follower_lr,
-            samples_per_prompt=samples_per_prompt,
-            follower_samples=follower_samples,
-            sampling=sampling,
-            system_prompt=system_prompt,
-            follower_system_template=follower_system_template,
-            grad_clip=grad_clip,
-            max_consecutive_nonfinite=max_consecutive_nonfinite,
-            eval_pairs=eval_pairs,
-            oracle=oracle,
-            logprob_micro_batch=logprob_micro_batch,
-        )
-        if eval_pairs < 1:
-            raise ValueError(f"eval_pairs must be at least 1, got {eval_pairs}")
-        self.hparams["follower_only"] = False  # read by deep-SMIDA's step; not an argument here (both players learn)
+        utility = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")
+        super().__init__(grad_clip, max_consecutive_nonfinite)
+        lm = ModelConfig.coerce(lm)
+        # a player with one sample takes the constant baseline ½ (slhf_surrogate_losses)
+        lf.check_leader_follower(samples_per_prompt, follower_samples, 1, follower_system_template)
+        require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)
+        require_at_least(eval_pairs=(eval_pairs, 1), logprob_micro_batch=(logprob_micro_batch, 0))
+        self.sampling = argument_group(Sampling, sampling, "sampling")
+        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["preference", "oracle"])
+        self.play = lf.LeaderFollower(self, lm, utility, oracle)
+        self.last_eval: dict[str, Any] | None = None
 
     @property
     def preference(self) -> Utility:
         """P0, held as the game's ``utility`` (scored once per triplet, leader's response first)."""
         return self.utility
 
+    game_state, load_game_state, configure_optimizers = lf.play_state, lf.load_play_state, lf.optimizers
+
     @override
+    def num_optimizers(self) -> int:
+        return 2  # leader and follower
+
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.play.train_step(batch, self.surrogate_losses, follower_only=False)
+
     def surrogate_losses(
         self, u: Tensor, lp_l: Tensor, lp_l_ref: Tensor, lp_f: Tensor, lp_f_ref: Tensor
     ) -> dict[str, Tensor]:
+        """Both players' losses from P0's leader-first preferences ``[B, D, M]`` and the log-probabilities."""
         hp = self.hparams
         out = slhf_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
         self.log("leader/win_rate", out["leader_win_rate"], batch_size=u.shape[0])  # P0(y ≻ y′)

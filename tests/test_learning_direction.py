@@ -148,8 +148,8 @@ def _leader_follower_run(cls, tmp_path, **kw) -> dict[str, tuple[float, float]]:
         **kw,
     )
     shown = {
-        "leader": model.leader_prompts(PROMPTS),
-        "follower": model.follower_prompts(PROMPTS, ["5"] * len(PROMPTS)),
+        "leader": model.play.leader_prompts(PROMPTS),
+        "follower": model.play.follower_prompts(PROMPTS, ["5"] * len(PROMPTS)),
     }
     before = {p: good_mass(model.players, p, x) for p, x in shown.items()}
     _trainer(tmp_path, steps=20).fit(model, PromptDataModule(num_prompts=80, batch_size=4))  # 2 steps a batch

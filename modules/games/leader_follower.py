@@ -1,0 +1,158 @@
+"""The leader–follower game that deep-SMIDA and SLHF play, each with its own losses.
+
+A step, for B prompts: D leader samples ``y ~ π_θ(·|x)``; for each, M follower samples ``y′ ~ ω_φ(·|x, y)`` (the
+leader's reply in the follower's system message, App. E.4); the game's ``utility`` of the B·D·M triplets;
+log-probabilities per player and of the reference; one backward of the family's ``leader_loss + follower_loss``;
+clipped AdamW steps. Non-finite utilities or losses skip the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.text import fill_template
+from alignment_games.modules.scorers.utility import Utility
+
+__all__ = ["LeaderFollower", "check_leader_follower", "load_play_state", "optimizers", "play_state"]
+
+
+def check_leader_follower(samples_per_prompt: int, follower_samples: int, minimum: int, template: str) -> None:
+    """Refuse (``ValueError``) fewer than ``minimum`` samples D or M, or a follower template without its slot."""
+    if min(samples_per_prompt, follower_samples) < minimum:
+        why = " for the leave-one-out baselines" if minimum == 2 else ""
+        raise ValueError(
+            f"samples_per_prompt (D) and follower_samples (M) must be at least {minimum}{why}, "
+            f"got D={samples_per_prompt}, M={follower_samples}"
+        )
+    if "{leader_response}" not in template:
+        raise ValueError("follower_system_template must contain {leader_response}")
+
+
+def play_state(game: Any) -> dict[str, Any]:
+    """The game state a sampling game keeps: its count of empty generations and its oracle's generator and counters."""
+    state: dict[str, Any] = {"empty_generations": game.empty_generations}
+    if game.oracle is not None:  # its generator and counters: a resumed validation draws and counts the same
+        state["oracle"] = game.oracle.state_dict()
+    return state
+
+
+def load_play_state(game: Any, state: dict[str, Any]) -> None:
+    """Restore what :func:`play_state` returned."""
+    game.empty_generations = int(state.get("empty_generations", 0))
+    if game.oracle is not None and "oracle" in state:
+        game.oracle.load_state_dict(state["oracle"])
+
+
+def optimizers(game: Any) -> list[torch.optim.Optimizer]:
+    """A game's ``configure_optimizers``: one AdamW per player at ``leader_lr`` / ``follower_lr``, no weight decay."""
+    lrs = (("leader", game.hparams.leader_lr), ("follower", game.hparams.follower_lr))
+    return [torch.optim.AdamW(game.players.player_parameters(p), lr=lr, weight_decay=0.0) for p, lr in lrs]
+
+
+class LeaderFollower:
+    """The rollout, scoring, log-probabilities and updates of a game's ``leader`` and ``follower``.
+
+    Args:
+        game: The :class:`~modules.base.LanguageModelGame` that plays, read when used: ``players`` (built here from
+            ``lm``), ``utility``, ``oracle``, ``sampling``, ``empty_generations``, two optimizers (leader, follower) and
+            ``hparams`` (``system_prompt``, ``follower_system_template``, ``samples_per_prompt``, ``follower_samples``,
+            ``logprob_micro_batch``).
+        lm: The policy both players start from; its frozen weights are the references.
+        utility: The game's score of (x, y, y′), frozen here.
+        oracle: The game's optional oracle.
+    """
+
+    def __init__(self, game: Any, lm: ModelConfig, utility: Utility, oracle: Any) -> None:
+        game.players = PolicyBank(lm, players=("leader", "follower"))
+        game.utility, game.oracle, game.empty_generations = utility.requires_grad_(False), oracle, 0
+        self.game = game
+
+    def leader_prompts(self, prompts: list[str]) -> list[str]:
+        """Chat-formatted leader inputs."""
+        return [self.game.players.chat(self.game.hparams.system_prompt, x) for x in prompts]
+
+    def follower_prompts(self, prompts: list[str], leader_texts: list[str]) -> list[str]:
+        """Chat-formatted follower inputs with the leader's reply in the system message (App. E.4)."""
+        system = [fill_template(self.game.hparams.follower_system_template, leader_response=y) for y in leader_texts]
+        return [self.game.players.chat(s, x) for s, x in zip(system, prompts)]
+
+    def rollout(
+        self, prompts: list[str], d: int, m: int, leader="leader", follower="follower"
+    ) -> tuple[Rollout, Rollout]:
+        """Leader samples ``[B·D]`` then follower samples ``[B·D·M]``, one generate call per player."""
+        players, kw = self.game.players, self.game.sampling.generate_kwargs()
+        lead = players.generate(leader, self.leader_prompts(prompts), d, **kw)
+        xs = [x for x in prompts for _ in range(d)]
+        foll = players.generate(follower, self.follower_prompts(xs, lead.texts), m, **kw)
+        return lead, foll
+
+    @staticmethod
+    def triplets(prompts: list[str], lead: Rollout, foll: Rollout, d: int, m: int) -> tuple[list[str], ...]:
+        """Flattened (x, y, y′) lists in ``[B, D, M]`` order."""
+        xs = [x for x in prompts for _ in range(d * m)]
+        ys = [y for y in lead.texts for _ in range(m)]
+        return xs, ys, foll.texts
+
+    def train_step(self, batch: dict[str, Any], losses: Callable[..., dict[str, Tensor]], follower_only: bool) -> None:
+        """One step on ``batch["prompt"]``; ``follower_only``: the leader neither learns nor steps (its norm is logged).
+
+        ``losses(u [B, D, M], lp_leader [B, D], its reference, lp_follower [B, D, M], its reference)`` returns
+        ``leader_loss``, ``follower_loss``, ``a_bar``, ``utility_mean``, ``leader_kl`` and ``follower_kl``.
+        """
+        game, players = self.game, self.game.players
+        opt_l, opt_f = game.optimizers()
+        prompts = list(batch["prompt"])
+        hp, temp = game.hparams, game.sampling.temperature
+        b, d, m, mb = len(prompts), hp.samples_per_prompt, hp.follower_samples, hp.logprob_micro_batch
+        game.phase_times = {}
+        with game._timed("generate"):
+            lead, foll = self.rollout(prompts, d, m)
+        empty_l, empty_f = lead.num_empty, foll.num_empty
+        game.empty_generations += empty_l + empty_f
+        with game._timed("score"):
+            u = game.utility(*self.triplets(prompts, lead, foll, d, m)).to(game.device).view(b, d, m)
+        game.log_dict({"train/empty_leader": float(empty_l), "train/empty_follower": float(empty_f)}, batch_size=b)
+        if not game.check_finite(u, "utilities"):  # same decision on every rank: nobody steps
+            return
+        with game._timed("logprob"):
+            lp_l = players.logprobs("leader", lead, temp, mb).view(b, d)
+            lp_f = players.logprobs("follower", foll, temp, mb).view(b, d, m)
+            with torch.no_grad():
+                lp_l_ref = players.logprobs(None, lead, temp, mb).view(b, d)
+                lp_f_ref = players.logprobs(None, foll, temp, mb).view(b, d, m)
+        out = losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref)
+        game.board.add_values(game, {"follower/utility_hist": u, "leader/cost_hist": out["a_bar"]})
+        loss = out["follower_loss"] + (0.0 if follower_only else out["leader_loss"])
+        if not game.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
+            return
+        with game._timed("backward"):
+            opt_l.zero_grad()
+            opt_f.zero_grad()
+            game.manual_backward(loss)  # one backward: the players' parameters are disjoint
+        with game._timed("optimizer"):  # the norms are before clipping; follower_only: the leader never steps
+            leader_params = players.player_parameters("leader")
+            leader_norm = _grad_norm(leader_params) if follower_only else game.optimizer_step(opt_l, leader_params)
+            follower_norm = game.optimizer_step(opt_f, players.player_parameters("follower"))
+        game.phase_times["generated_tokens"] = float(lead.completion_mask.sum() + foll.completion_mask.sum())
+        game.log_dict({f"time/{k}": float(v) for k, v in game.phase_times.items()}, batch_size=b)
+        stats = {
+            "train/loss": (out["leader_loss"] + out["follower_loss"]).detach(),
+            "follower/utility": out["utility_mean"],
+        }
+        stats |= {"leader/cost": out["a_bar"].mean(), "leader/kl": out["leader_kl"], "follower/kl": out["follower_kl"]}
+        stats |= {"leader/grad_norm": leader_norm, "follower/grad_norm": follower_norm}
+        for name, rollout in (("leader", lead), ("follower", foll)):
+            stats[f"{name}/response_tokens"] = rollout.completion_mask.sum(1).float().mean()
+        game.log_dict(stats, prog_bar=False, batch_size=b)
+
+
+def _grad_norm(parameters: list[torch.nn.Parameter]) -> Tensor:
+    """Total 2-norm of the gradients present (0 without any), as the clip would measure it."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
