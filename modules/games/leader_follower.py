@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.policy_bank import PolicyBank, Rollout
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.scorers.utility import Utility
 
