@@ -251,7 +251,9 @@ def _pool_run(
             policy_gradient=PolicyGradient(group_size=4),
         ),
     )
-    model.judge = lambda judge, instructions, responses: [(10.0 if good(y, mirrored) else 1.0, True) for y in responses]
+    model.judge_all = lambda asked: {
+        p: [(10.0 if good(y, mirrored) else 1.0, True) for y in ys] for p, (_, ys, _) in asked.items()
+    }
     shown = {p: [model.chat(p, x, model.hparams.system_prompt) for x in PROMPTS] for p in model.player_names}
     before = {p: good_mass(model.bank(p), p, shown[p]) for p in model.player_names}
     data = InstructionPoolDataModule(
