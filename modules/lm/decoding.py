@@ -21,6 +21,7 @@ __all__ = [
     "grouped_prefix_attention",
     "next_tokens",
     "preallocated_cache",
+    "prompt_cache",
     "shared_prompt_cache",
 ]
 
@@ -221,3 +222,61 @@ def shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> d
     cache = getattr(out, name)
     cache.batch_repeat_interleave(copies)
     return {name: cache}
+
+
+def prompt_cache(model: Any, ids: Tensor, mask: Tensor, cache_name: str) -> tuple[Any, Tensor]:
+    """KV cache of each left-padded prompt ``ids`` ``[B, W]`` but its last token, and the mask of its ``W - 1`` columns.
+
+    In a decode of several players' prompts (``model._row_players``, set by
+    :func:`~modules.lm.row_adapters.row_adapters`) where a player has several prompts, the prompts' longest common
+    prefix (a judge template's instructions; at most all but each prompt's last token) is prefilled once per player,
+    its keys and values handed to that player's rows, and then each row's rest is prefilled over them. The columns are
+    then ``[prefix | padding | rest]`` instead of ``[padding | prompt]``, every token at its own position (from the
+    mask), so attention over them reads the same keys and values (up to float rounding). Otherwise each whole prompt
+    is prefilled, as :meth:`~modules.lm.policy_bank.PolicyBank._prompt_forward` does.
+    """
+    end = ids.shape[1] - 1
+    players = getattr(model, "_row_players", None)
+    lengths = mask.sum(dim=1)
+    share = 0
+    if players is not None and len(set(players)) < len(players):
+        rows = [ids[i, ids.shape[1] - n :].tolist() for i, n in enumerate(lengths.tolist())]
+        limit = min(len(r) for r in rows) - 1  # each row keeps its last token for the first decode step
+        while share < limit and all(r[share] == rows[0][share] for r in rows):
+            share += 1
+    if share == 0:
+        pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
+        out = model(
+            input_ids=ids[:, :end],
+            attention_mask=mask[:, :end],
+            position_ids=pos[:, :end],
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return getattr(out, cache_name), mask[:, :end]
+    firsts = list(dict.fromkeys(players))
+    head = ids[:1, ids.shape[1] - int(lengths[0]) :][:, :share]
+    positions = torch.arange(ids.shape[1], device=ids.device).expand(len(firsts), -1)
+    out = model(
+        input_ids=head.expand(len(firsts), -1),
+        attention_mask=torch.ones_like(head).expand(len(firsts), -1),
+        position_ids=positions[:, :share],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(out, cache_name)
+    cache.batch_select_indices(torch.tensor([firsts.index(p) for p in players], device=ids.device))
+    # row i's rest (its last n_i - share tokens) right-aligned in columns share … W - 1, padding between
+    rest_mask = torch.arange(ids.shape[1] - share, device=ids.device) >= (ids.shape[1] - lengths)[:, None]
+    layout = torch.cat([torch.ones_like(mask[:, :share]), rest_mask.to(mask.dtype)], dim=1)
+    if share < end:
+        pos = (layout.cumsum(dim=1) - 1).clamp_min(0)
+        model(
+            input_ids=ids[:, share:end],
+            attention_mask=layout[:, :end],
+            position_ids=pos[:, share:end],
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_name: cache},
+        )
+    return cache, layout[:, :end]

@@ -28,6 +28,7 @@ from alignment_games.modules.lm.decoding import (
     grouped_decode_setting,
     next_tokens,
     preallocated_cache,
+    prompt_cache,
 )
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
@@ -412,9 +413,9 @@ class PolicyBank(nn.Module):
         """
         ids, mask = once["input_ids"], once["attention_mask"]
         width = ids.shape[1]
-        cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        cache, prompt_mask = prompt_cache(model, ids, mask, self._cache_arg(model))
         if self._lean_ok(model):
-            decoder = LeanDecoder(model, cache, mask[:, :-1], g, max_new_tokens)
+            decoder = LeanDecoder(model, cache, prompt_mask, g, max_new_tokens)
             del cache
 
             def lean_step(token: Tensor, position: Tensor, step: int) -> Tensor:
@@ -422,7 +423,7 @@ class PolicyBank(nn.Module):
 
             return self._sample(lean_step, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens)
         pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
-        pad_mask = pad_mask.masked_fill(mask[:, None, :-1] == 0, float("-inf"))
+        pad_mask = pad_mask.masked_fill(prompt_mask[:, None] == 0, float("-inf"))
         prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
         own = preallocated_cache(max_new_tokens)  # the prompt's last token, then every token but the last written
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -461,18 +462,17 @@ class PolicyBank(nn.Module):
         runs under ``torch.compile`` (CUDA graphs on CUDA). Sampling is ``generate``'s, draw for draw.
         """
         ids, mask = once["input_ids"], once["attention_mask"]
-        width = ids.shape[1]
-        prompt_cache, _ = self._prompt_forward(model, ids, mask, width - 1)
+        prompt, prompt_mask = prompt_cache(model, ids, mask, self._cache_arg(model))
         compiled = self.compile_decode
         caches = static_decode.build_caches(
-            prompt_cache,
-            mask[:, :-1],
+            prompt,
+            prompt_mask,
             g,
             max_new_tokens,
             self.static_bucket if compiled else 1,
             reuse=self._static_caches if compiled else None,
         )
-        del prompt_cache
+        del prompt
         step_fn = static_decode.step_logits
         if compiled:
             if caches is not self._static_caches:

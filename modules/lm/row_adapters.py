@@ -46,13 +46,17 @@ def row_adapters(model: nn.Module, players: Sequence[str | None], group: int) ->
 
     ``players[i]`` is prompt ``i``'s player (``None``: no adapter, the frozen reference); its ``group`` rows
     (``i*group …``) follow it. Every LoRA layer gets its players' stacked adapters (see the module's docstring), a
-    row mask for inputs of one row per prompt (the prefill) and one for ``len(players) · group`` rows, and a forward
-    hook that adds the update to its base output (:func:`add_row_adapters`). All is removed on exit.
+    row mask for inputs of one row per prompt (the prefill), one for ``len(players) · group`` rows, and, where a
+    player has several prompts, one for a row per player in order of first appearance (a shared prompt prefix, see
+    :func:`~modules.lm.decoding.prompt_cache`), and a forward hook that adds the update to its base output
+    (:func:`add_row_adapters`). The players are kept on ``model._row_players``. All is removed on exit.
     """
     from peft.tuners.lora import LoraLayer
 
     rows = [p for p in players for _ in range(group)]
-    names = [p for p in dict.fromkeys(players) if p is not None]
+    firsts = list(dict.fromkeys(players))  # one row per player: a prompt prefix it shares (decoding.prompt_cache)
+    counts = [(len(players), players), (len(rows), rows)] + [(len(firsts), firsts)] * (len(firsts) < len(players))
+    names = [p for p in firsts if p is not None]
     handles, layers = [], [m for m in model.modules() if isinstance(m, LoraLayer)]
     try:
         for m in layers:
@@ -62,11 +66,13 @@ def row_adapters(model: nn.Module, players: Sequence[str | None], group: int) ->
             a = torch.cat([m.lora_A[p].weight for p in own])  # [Σr, in]
             b = torch.cat([m.lora_B[p].weight * m.scaling[p] for p in own], dim=1)  # [out, Σr]
             ranks = [m.lora_A[p].weight.shape[0] for p in own]
-            masks = {n: _row_mask(who, own, ranks, a) for n, who in ((len(players), players), (len(rows), rows))}
+            masks = {n: _row_mask(who, own, ranks, a) for n, who in counts}
             m._row_adapter = (a, b, masks)
             handles.append(m.register_forward_hook(lambda mod, args, out: add_row_adapters(mod, args[0], out)))
+        model.__dict__["_row_players"] = list(players)  # read by decoding.prompt_cache
         yield
     finally:
+        model.__dict__.pop("_row_players", None)
         for h in handles:
             h.remove()
         for m in layers:

@@ -140,3 +140,44 @@ def test_an_adapter_with_a_lora_bias_is_neither_merged_nor_mixed(tiny_lm_dir):
     with b._use("biased") as model:  # peft's forward with the adapter active, the bias included
         expected = model.generate(**b._encode_prompts(["7-2="]), **kw, pad_token_id=b.tokenizer.pad_token_id)
     assert torch.equal(b.generate("biased", ["7-2="], 1, **kw).sequences, expected)
+
+
+JUDGE = "You judge replies. Rate the reply below from 1 to 9 and say why.\nReply: "
+SHARED = [  # one instruction prefix before every row's own part (a judge template); the shortest is the prefix + 1
+    ("m0", [JUDGE + "4", JUDGE + "the answer is 5 because 7-2=5"]),
+    ("m1", [JUDGE + "seven", JUDGE + "no idea, sorry", JUDGE + "x"]),
+    ("m2", [JUDGE + "five"]),
+]
+
+
+@pytest.mark.parametrize(("decode", "g"), [("auto", 1), ("auto", 2), ("auto-forward", 2), ("static", 1)])
+def test_a_common_prompt_prefix_is_prefilled_once_per_player_with_the_same_tokens(bank, decode, g):
+    """The judge template's prefix: one prefill row per player, then each row's rest; every reply as its own player's.
+
+    Each player alone decodes without the shared prefix (its whole prompts prefilled), so equal tokens mean the
+    shared-prefix cache is the unshared one. A batch whose prompts differ from the first token prefills them whole.
+    (auto-forward: the grouped cascade through the model's forward, which decodes G > 1 only.)
+    """
+    kw = {"max_new_tokens": 8, "do_sample": False}
+    embed = bank.model.get_base_model().get_input_embeddings()
+    widths = []
+    hook = embed.register_forward_pre_hook(lambda mod, args: widths.append(tuple(args[0].shape)))
+    bank.decode, bank.lean_decode = ("auto" if decode.startswith("auto") else decode), decode != "auto-forward"
+    try:
+        together = bank.generate_each(SHARED, g, **kw)
+        prefills, widths[:] = [s for s in widths if s[1] > 1], []
+        different = bank.generate_each(SHARED + [("m2", ["name a colour: "])], g, **kw)
+        whole = [s for s in widths if s[1] > 1]
+        hook.remove()
+        for a, (p, x) in zip(together, SHARED):
+            _same(a, bank.generate(p, x, g, **kw))
+        for a, (p, x) in zip(different, SHARED + [("m2", ["name a colour: "])]):
+            _same(a, bank.generate(p, x, g, **kw))
+    finally:
+        hook.remove()
+        bank.decode, bank.lean_decode = "auto", True
+    prefix = len(bank.tokenizer(JUDGE, add_special_tokens=False)["input_ids"])
+    width = together[0].prompt_width
+    assert prefills == [(3, prefix), (6, width - 1 - prefix)]  # the prefix once per player, then the 6 rows' rests
+    assert whole == [(7, different[0].prompt_width - 1)]  # no common prefix: every prompt whole, as before
+    assert len({t for r in together for t in r.texts}) > 1
