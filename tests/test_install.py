@@ -32,6 +32,9 @@ README_IMPORT = "from alignment_games.callbacks import EloRating, MCCTracker, Pe
 #: what the callbacks need; the light install must work with nothing else
 LIGHT = ("lightning", "torch", "torchmetrics", "numpy", "scipy")
 
+#: the top-level package folders the wheel installs under alignment_games
+TOPS = ("modules", "datamodules", "callbacks", "commands")
+
 
 def _project(tmp_path):
     """A user's project folder with its own ``callbacks.py`` and ``modules.py``."""
@@ -46,7 +49,7 @@ def _project(tmp_path):
 def wheel(tmp_path_factory):
     """The suite's wheel, built from a copy of the sources (the build leaves nothing in the checkout)."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("modules", "datamodules", "callbacks"):
+    for name in TOPS:
         shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("train.py", "pyproject.toml", "README.md"):
         shutil.copy(os.path.join(ROOT, name), src / name)
@@ -66,7 +69,7 @@ def test_every_package_folder_is_in_the_wheel(wheel):
     declared = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["tool"]["setuptools"]["packages"]
     folders = sorted(
         "alignment_games." + os.path.relpath(d, ROOT).replace(os.sep, ".")
-        for top in ("modules", "datamodules", "callbacks")
+        for top in TOPS
         for d, _, files in os.walk(os.path.join(ROOT, top))
         if "__init__.py" in files
     )
@@ -75,7 +78,7 @@ def test_every_package_folder_is_in_the_wheel(wheel):
     for package in folders:
         assert package.replace(".", "/") + "/__init__.py" in names
     assert "alignment_games/train.py" in names
-    assert not [n for n in names if n.split("/")[0] in ("modules", "datamodules", "callbacks", "train.py", "tests")]
+    assert not [n for n in names if n.split("/")[0] in (*TOPS, "train.py", "tests")]
 
 
 @pytest.mark.e2e  # a fresh venv and pip install, 10-20 s on 2 cores (`pytest -m e2e`, .ci/run)
