@@ -181,11 +181,7 @@ def test_the_top_of_modules_is_the_catalogue_of_families():
 
 
 def test_no_module_file_is_over_600_lines():
-    long = {
-        str(p.relative_to(ROOT_PATH)): n
-        for p in _sources(*CODE)
-        if (n := len(p.read_text().splitlines())) > 600
-    }
+    long = {str(p.relative_to(ROOT_PATH)): n for p in _sources(*CODE) if (n := len(p.read_text().splitlines())) > 600}
     assert not long
 
 
