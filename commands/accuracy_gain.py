@@ -9,17 +9,13 @@ from typing import Any
 
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation import accuracy_gain as library
-from alignment_games.modules.evaluation.accuracy_gain import (
-    HELD_OUT_SEED,
-    paired_gain,
-    seed_interval,
-    seed_mean_gain,
-    solved,
-)
+from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, paired_gain, seed_mean_gain, solved
+from alignment_games.modules.evaluation.audit import describe_models, problem_rows, write_report
+from alignment_games.modules.lm.base_identity import base_identity
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Command line: print (and with ``--out`` write) the per-seed and across-seed gains as JSON."""
+    """Command line: print (and with ``--out`` write, with the per-problem rows beside) the gains as JSON."""
     parser = argparse.ArgumentParser(description=library.__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="the policy the games started from")
     parser.add_argument("--trained", nargs="+", required=True, help="one trained policy per seed")
@@ -30,13 +26,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--system-prompt", default="You are a helpful assistant.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--players-per-seed", type=int, default=1, help="consecutive trained folders of one seed")
-    parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--out", help="also write the report here, and each problem's results beside it")
     args = parser.parse_args(argv)
     if args.num_problems < 1:
         raise SystemExit(f"--num-problems must be at least 1, got {args.num_problems}")
     m = args.players_per_seed
     if m < 1 or len(args.trained) % m:
         raise SystemExit(f"--players-per-seed {m}: the {len(args.trained)} trained folders are not groups of {m}")
+    base = base_identity(args.base)
+    models = describe_models(args.trained, base, "--trained")  # before any generation: duplicates, other bases
     problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
     prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
     run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
@@ -53,25 +51,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     {"model": path, **paired_gain(before, a, seed=i)}
                     for path, a in zip(args.trained[i : i + m], after[i : i + m])
                 ],
-                **{k: v for k, v in seed_mean_gain(before, after[i : i + m], seed=i).items() if k != "seeds"},
+                **seed_mean_gain(before, after[i : i + m], seed=i, players_per_seed=m),
             }
             for i in range(0, len(after), m)
         ]
     report: dict[str, Any] = {
-        "base": args.base,
+        "base": base,
+        "trained": models,
         "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},
         "per_seed": per_seed,
     }
-    if len(per_seed) > 1:
-        report["across_seeds"] = seed_interval([s["gain"] for s in per_seed])
-        report["seed_mean_over_problems"] = seed_mean_gain(before, after)
-        if m > 1:  # every player of every seed, averaged per problem
-            report["seed_mean_over_problems"].update(seeds=len(per_seed), policies=len(after))
-    text = json.dumps(report, indent=2)
-    print(text)
+    if len(per_seed) > 1:  # the headline: seeds and problems resampled
+        report["across_seeds"] = seed_mean_gain(before, after, players_per_seed=m)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        correct = {"base": before, **{f"trained[{i}]": a for i, a in enumerate(after)}}
+        write_report(report, args.out, problem_rows(prompts, refs, correct))
+    print(json.dumps(report, indent=2))
     return report
 
 

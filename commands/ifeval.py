@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.modules.evaluation import ifeval as library
+from alignment_games.modules.evaluation.audit import describe_models
 from alignment_games.modules.evaluation.ifeval import load_policy, paired_difference, read_ifeval, score_responses
+from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.training.artifacts import atomic_write_text
 
 
@@ -53,20 +55,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             parser.error(f"--limit must be at least 1, got {args.limit}")
         rows = rows[: args.limit]
     prompts = [r["prompt"] for r in rows]
+    base = base_identity(args.base) if args.base else None
+    records = describe_models([folder for _, folder in args.policy], base, "--policy")  # duplicates, other bases
     report: dict[str, Any] = {
         "data": args.data,
         "settings": {
             "base": args.base,
+            "base_identity": base,
             "system_prompt": args.system_prompt,
             "max_new_tokens": args.max_new_tokens,
             "decoding": "greedy",
         },
         "policies": {},
     }
-    for name, folder in args.policy:
+    for (name, folder), record in zip(args.policy, records):
         model, tokenizer = load_policy(folder, args.base)
         replies = greedy_replies(model, tokenizer, prompts, args.system_prompt, args.max_new_tokens, args.batch_size)
-        report["policies"][name] = {"folder": folder, **score_responses(rows, replies)}
+        report["policies"][name] = {"folder": folder, **record, **score_responses(rows, replies)}
         del model
     if len(names) == 2:
         first, second = (report["policies"][n] for n in names)

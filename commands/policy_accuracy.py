@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.modules.evaluation import policy_accuracy as library
+from alignment_games.modules.evaluation.audit import write_report
 from alignment_games.modules.evaluation.policy_accuracy import policy_accuracy
 
 
@@ -22,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--system-prompt", default="You are a helpful assistant.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--out", help="also write the report here")
+    parser.add_argument("--out", help="also write the report here, and each problem's result beside it")
     args = parser.parse_args(argv)
     report = policy_accuracy(
         args.model,
@@ -34,11 +35,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.max_new_tokens,
         args.batch_size,
     )
-    text = json.dumps(report, indent=2)
-    print(text)
+    rows = report.pop("problems")
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_report(report, args.out, rows)
+    print(json.dumps(report, indent=2))
     return report
 
 

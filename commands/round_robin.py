@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import re
 import sys
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.modules.evaluation import round_robin as library
+from alignment_games.modules.evaluation.audit import describe_models, problem_rows, write_report
 from alignment_games.modules.evaluation.round_robin import (
     PLAYER_OF_FAMILY,
     REFERENCE,
@@ -20,6 +20,7 @@ from alignment_games.modules.evaluation.round_robin import (
     markdown_table,
     round_robin_table,
 )
+from alignment_games.modules.lm.base_identity import base_identity
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -144,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if getattr(args, field) < 1:
             raise ValueError(f"--{field.replace('_', '-')} must be at least 1, got {getattr(args, field)}")
     runs = _parse_runs(args.runs)
+    base = base_identity(args.lm)
+    records = describe_models([path for _, path, _ in runs], base, "--runs")  # duplicates, other bases
     start = time.perf_counter()
     L.seed_everything(args.seed, verbose=False)
     lm = ModelConfig(args.lm, players="lora", lora_r=args.lora_r, lora_alpha=args.lora_alpha)
@@ -166,8 +169,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     table = round_robin_table(labels, policies, n_boot=args.n_boot, seed=args.seed)
     table.update(
-        runs={name: {"checkpoint": path, "player": players[name]} for name, path, _ in runs},
+        runs={
+            name: {"checkpoint": r.pop("path"), "player": players[name], **r} for (name, _, _), r in zip(runs, records)
+        },
         lm=args.lm,
+        lm_identity=base,
         data={"num_prompts": args.num_prompts, "val_fraction": args.val_fraction, "seed": args.data_seed},
         oracle={
             "class": "ProgrammaticOracle",
@@ -180,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         wall_s=round(time.perf_counter() - start, 1),
     )
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "round_robin.json"), "w") as f:
-        json.dump(table, f, indent=2)
+    rates = {f"{a}>{b}": lab.nanmean(dim=1).tolist() for (a, b), lab in labels.items()}  # each prompt's pairs
+    write_report(table, os.path.join(args.out, "round_robin.json"), problem_rows(prompts, refs, rates, "preferred"))
     with open(os.path.join(args.out, "round_robin.md"), "w") as f:
         f.write(markdown_table(table))
     print(markdown_table(table))

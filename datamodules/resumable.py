@@ -1,11 +1,15 @@
 """A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint.
 
 :class:`ResumableDataLoader` records the epoch and the batches handed out in it (Lightning fetches one batch per
-step, never ahead, so "handed out" is "trained on"); each epoch's order comes from ``seed + epoch`` only.
+step, never ahead, so "handed out" is "trained on"); each epoch's order comes from ``seed + epoch`` only, where the
+loader's ``seed`` is the data seed plus :data:`RUN_SEED_STRIDE` times the run's seed (:func:`run_seed`, what
+``seed_everything`` set): runs of different seeds train on different orders of the same data, a run resumed with its
+config (the same ``seed_everything``) on the same one, and run seed 0 on the order the data seed alone gave before.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -14,7 +18,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
-__all__ = ["ResumableDataLoader", "ResumableSampler", "bucket_order", "split_loader"]
+__all__ = ["ResumableDataLoader", "ResumableSampler", "bucket_order", "run_seed", "split_loader"]
+
+#: how far apart the orders of consecutive run seeds start (the sampler adds the epoch to its seed)
+RUN_SEED_STRIDE = 1_000_003
+
+
+def run_seed() -> int:
+    """The seed ``seed_everything`` set in this process (``PL_GLOBAL_SEED``, passed to spawned ranks), else 0."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def _world() -> tuple[int, int]:
@@ -121,7 +133,8 @@ class ResumableDataLoader(DataLoader):
         dataset: Map-style dataset.
         batch_size: Items per batch.
         shuffle: Shuffle each epoch (orders from ``seed + epoch``).
-        seed: Seed of the orders and of the loader's generator.
+        seed: The data seed; with the run's seed (:func:`run_seed`) it seeds the orders and the loader's generator.
+        order_seed: The seed of the orders as given (the run's seed not added); None: from ``seed`` and the run's.
         collate_fn: Batch collation.
         num_workers: Worker processes.
         drop_last: Drop the last incomplete batch.
@@ -143,8 +156,10 @@ class ResumableDataLoader(DataLoader):
         replicated: bool = False,
         lengths: Sequence[int] | None = None,
         bucket_window: int = 0,
+        order_seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        seed = seed + RUN_SEED_STRIDE * run_seed() if order_seed is None else order_seed
         for key in ("sampler", "batch_sampler", "generator"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"ResumableDataLoader sets its own {key}; do not pass one")

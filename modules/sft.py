@@ -24,7 +24,7 @@ from torch import nn
 from typing_extensions import override
 
 from alignment_games.modules.base import require_at_least, require_positive
-from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of
+from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of, run_record
 from alignment_games.modules.checkpoints.trust import (
     CheckpointLoading,
     family_name,
@@ -289,7 +289,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             self.tokenizer.save_pretrained(tmp)
             (player,) = self.export_players()
             kind = "lora_adapter" if self.hparams.lora else "full_model"
-            record = record_of(player, kind, {"family": family_name(self), "global_step": self.global_step})
+            source = {"family": family_name(self), "global_step": self.global_step, **run_record(trainer=self._trainer)}
+            record = record_of(player, kind, source)
             with open(os.path.join(tmp, EXPORT_RECORD), "w") as f:
                 json.dump(record, f, indent=2)
             if self._tiny_init is not None:  # the tiny base (lm: null) an adapter refers to

@@ -246,6 +246,40 @@ def test_resumable_loader_continues_the_same_order_after_a_restore():
     assert [b.tolist() for b in resumed] == epochs[2]  # and the epoch after it, as uninterrupted
 
 
+def test_the_run_seed_draws_the_data_order_and_an_explicit_order_seed_holds(monkeypatch):
+    import lightning as L
+
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.datamodules.resumable import RUN_SEED_STRIDE, ResumableDataLoader
+
+    def order(run_seed):  # the first epoch's prompts of a datamodule with its default (fixed) data seed
+        if run_seed is None:
+            monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+        else:
+            L.seed_everything(run_seed)
+        dm = PromptDataModule(num_prompts=40, batch_size=4)
+        dm.setup("fit")
+        return [p for batch in dm.train_dataloader() for p in batch["prompt"]]
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored after the test, whatever seed_everything sets
+    seed0, seed1, seed2 = order(0), order(1), order(2)
+    assert len({tuple(seed0), tuple(seed1), tuple(seed2)}) == 3  # three seeds, three orders
+    assert sorted(seed0) == sorted(seed1) == sorted(seed2)  # of the same training prompts
+    assert order(1) == seed1 and order(None) == seed0  # a seed gives its order again; unseeded is run seed 0
+    items = list(range(20))
+    L.seed_everything(3)
+    explicit = [b.tolist() for b in ResumableDataLoader(items, batch_size=4, order_seed=5)]
+    data_seed = [b.tolist() for b in ResumableDataLoader(items, batch_size=4, seed=5 - RUN_SEED_STRIDE * 3)]
+    L.seed_everything(4)
+    assert [b.tolist() for b in ResumableDataLoader(items, batch_size=4, order_seed=5)] == explicit == data_seed
+    whole = [b.tolist() for b in ResumableDataLoader(items, batch_size=4)]
+    L.seed_everything(4)  # a resumed process, seeded by its config again: the same order, continued
+    resumed = ResumableDataLoader(items, batch_size=4)
+    resumed.load_state_dict({"epoch": 0, "batches": 2})
+    resumed.sampler.set_epoch(0)
+    assert [b.tolist() for b in resumed] == whole[2:]
+
+
 def test_persistent_epoch_metrics_reset_only_outside_a_mid_epoch_resume():
     """The finished epoch's sums in an end-of-epoch checkpoint must not leak into the next epoch; a mid-epoch
     checkpoint's sums must survive (the helper every module with persistent epoch means calls)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -30,8 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from alignment_games.callbacks.run_config import RUN_CONFIG_KEY, RunConfigRecord
 from alignment_games.modules.checkpoints.trust import CheckpointLoading, family_name
 from alignment_games.modules.distributed.sharding import check_exportable, full_tensors
+from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.training.artifacts import write_error
@@ -45,6 +48,7 @@ __all__ = [
     "export_command",
     "export_module",
     "record_of",
+    "run_record",
     "select_players",
 ]
 
@@ -145,7 +149,10 @@ def base_location(name_or_path: str) -> str:
 
 
 def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, Any]:
-    """What ``export.json`` says: the base (as configured, as resolved, its revision and commit), the adapter."""
+    """What ``export.json`` says: the base (as configured, as resolved, revision, commit, identity), the adapter.
+
+    ``source`` adds the run's seed and config hash (:func:`run_record`), the checkpoint and the step.
+    """
     base_config = getattr(_base_model(player.model), "config", None)
     return {
         "player": player.name,
@@ -156,10 +163,32 @@ def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, An
         "base_resolved_path": base_location(player.lm.name_or_path),
         "base_revision": player.lm.revision,
         "base_commit": getattr(base_config, "_commit_hash", None),
+        "base_identity": base_identity(player.lm.name_or_path, player.lm.revision),
         "dtype": player.lm.dtype,
         "trained_in_4bit": player.lm.load_in_4bit,
         **source,
     }
+
+
+def run_record(config_yaml: str | None = None, trainer: Any = None) -> dict[str, Any]:
+    """The run's seed and the sha256 of its resolved config (YAML text, or ``trainer``'s :class:`RunConfigRecord`).
+
+    The seed is the config's ``seed_everything`` (LightningCLI writes the one it drew there), else the one
+    ``seed_everything`` set in this process (``PL_GLOBAL_SEED``), else None. The hash is of the config written as
+    JSON with sorted keys, ``ckpt_path`` left out (where a run resumed from is not what it is): the same config
+    gives the same hash however its YAML is laid out; None without a config.
+    """
+    import yaml
+
+    if trainer is not None:
+        config_yaml = next((c.config_yaml for c in trainer.callbacks if isinstance(c, RunConfigRecord)), None)
+    if not isinstance(config_yaml, str):
+        seed = os.environ.get("PL_GLOBAL_SEED")
+        return {"seed": None if seed is None else int(seed), "config_sha256": None}
+    config = yaml.safe_load(config_yaml) or {}
+    config.pop("ckpt_path", None)
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return {"seed": config.get("seed_everything"), "config_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def _base_model(model: nn.Module) -> nn.Module:
@@ -288,7 +317,7 @@ def export_at_fit_end(module: Any, log_dir: str | None, label: str) -> list[str]
         rank_zero_warn(f"{label}: the players were not exported at the end of fit: {err}")
         return []
     out = os.path.join(log_dir or trainer.default_root_dir, "export") if trainer.is_global_zero else ""
-    source = {"global_step": trainer.global_step, "written_at": "end of fit"}
+    source = {"global_step": trainer.global_step, "written_at": "end of fit", **run_record(trainer=trainer)}
     written = export_module(module, out, trainer.strategy, write=trainer.is_global_zero, replace=True, source=source)
     rank_zero_info(f"{label}: exported {written} to {out}")
     trainer.strategy.barrier("export")
@@ -385,14 +414,10 @@ def export_command(args: Sequence[str]) -> list[str]:
         if failures:
             raise failures[0] from None
         raise
-    step = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("global_step")
-    written = export_module(
-        model,
-        cfg.out,
-        merge=cfg.merge,
-        players=cfg.players,
-        source={"checkpoint": os.path.abspath(ckpt), "global_step": step},
-    )
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    source = {"checkpoint": os.path.abspath(ckpt), "global_step": checkpoint.get("global_step")}
+    source.update(run_record(checkpoint.get(RUN_CONFIG_KEY)))  # the run's own config, as its checkpoint records it
+    written = export_module(model, cfg.out, merge=cfg.merge, players=cfg.players, source=source)
     merged = f" (merged models in {os.path.join(cfg.out, MERGED)})" if cfg.merge else ""
     print(f"exported {written} to {cfg.out}{merged}")
     return written

@@ -3,19 +3,17 @@ r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired
 Every trained policy (one per training seed) and the policy it started from answer the same held-out problems
 greedily; a problem is solved when the reply's last ``\boxed{}`` matches the reference
 (:func:`~modules.evaluation.policy_accuracy.score_replies`'s rule). Per seed the gain is ``after − before`` with a
-bootstrap interval over problems (the same resampled problems for both, so the pairing is kept); across seeds the
-mean gain has a Student-t interval with ``seeds − 1`` degrees of freedom: the seeds are the independent training
-runs, and with 3 of them the interval is wide (t = 4.30), which is the honest price of 3 seeds. The t interval only
-sees the seeds' spread, so seeds with equal gains give it width 0; the report therefore also gives the seeds' mean
-gain with a bootstrap interval over problems (each problem's gain averaged over the seeds), which keeps the width that
-600 problems leave.
+bootstrap interval over problems (the same resampled problems for both, so the pairing is kept). Across seeds (the
+headline, ``across_seeds``) the mean gain has a two-level bootstrap interval (:func:`two_level_interval`): each
+resample draws the seeds, and the problems within them, so the interval holds both the seeds' spread (a t interval
+over 3 seeds alone has width 0 when their gains are equal) and the width the problems leave.
 
     python -m alignment_games.commands.accuracy_gain --base artifacts/competent_policy \
         --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
 
 A pool trains several players per seed: ``--players-per-seed m`` reads the trained folders as consecutive groups of m
 (one seed's players), and a seed's gain is its players' mean (each problem's gain averaged over them, bootstrapped
-over problems); the interval across seeds is over those means.
+over problems); the seeds resampled across seeds are those means.
 
 A trained folder is anything ``from_pretrained`` loads: a full model, a merged export, or an exported LoRA adapter
 (``export/<player>/``, loaded over the base its ``adapter_config.json`` names).
@@ -23,7 +21,6 @@ A trained folder is anything ``from_pretrained`` loads: a full model, a merged e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +29,7 @@ import torch
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["HELD_OUT_SEED", "paired_gain", "seed_interval", "seed_mean_gain", "solved"]
+__all__ = ["HELD_OUT_SEED", "paired_gain", "seed_mean_gain", "solved", "two_level_interval"]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
@@ -55,7 +52,7 @@ def paired_gain(
     if len(before) != len(after):
         raise ValueError(f"before has {len(before)} problems but after has {len(after)}")
     diff = torch.tensor([float(a) - float(b) for b, a in zip(before, after)], dtype=torch.float64)
-    interval = _bootstrap_mean_interval(diff, n_boot, seed, confidence)
+    interval = two_level_interval(diff[None], n_boot, seed, confidence)
     n = len(diff)
     return {
         "n": n,
@@ -72,67 +69,63 @@ def seed_mean_gain(
     n_boot: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
+    players_per_seed: int = 1,
 ) -> dict[str, Any]:
-    """The seeds' mean gain with a bootstrap interval over problems: each problem's gain averaged over the seeds.
+    """The seeds' mean gain with a two-level bootstrap interval (:func:`two_level_interval`): seeds and problems.
+
+    ``afters`` holds ``players_per_seed`` consecutive lists per seed; a seed's gain on a problem is its players' mean.
 
     Example:
         >>> seed_mean_gain([False, False, True, True], [[True, False, True, True], [True, True, True, False]])["gain"]
         0.25
 
     Raises:
-        ValueError: for no seeds, a seed whose list is not as long as ``before``, no problems, or ``n_boot < 1``.
+        ValueError: for no seeds, a list not as long as ``before``, ``afters`` not in groups of ``players_per_seed``,
+            no problems, or ``n_boot < 1``.
     """
     if not afters:
         raise ValueError("no trained policies")
     for i, after in enumerate(afters):
         if len(after) != len(before):
             raise ValueError(f"before has {len(before)} problems but trained policy {i} has {len(after)}")
+    m = players_per_seed
+    if m < 1 or len(afters) % m:
+        raise ValueError(f"players_per_seed {m}: the {len(afters)} trained policies are not groups of {m}")
     solved_after = torch.tensor([[float(a) for a in after] for after in afters], dtype=torch.float64)
-    diff = solved_after.mean(dim=0) - torch.tensor([float(b) for b in before], dtype=torch.float64)
+    diff = solved_after.view(len(afters) // m, m, len(before)).mean(dim=1) - torch.tensor([float(b) for b in before])
     return {
-        "seeds": len(afters),
+        "seeds": len(diff),
         "gain": float(diff.mean()),
-        "gain_ci": _bootstrap_mean_interval(diff, n_boot, seed, confidence),
+        "gain_ci": two_level_interval(diff, n_boot, seed, confidence),
     }
 
 
-def _bootstrap_mean_interval(diff: torch.Tensor, n_boot: int, seed: int, confidence: float) -> list[float]:
-    """Percentile bootstrap interval of the mean of ``diff`` (problems resampled with replacement).
+def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> list[float]:
+    """Percentile interval of the mean of ``diff`` (seeds × problems) under a two-level bootstrap.
+
+    Each resample draws the seeds with replacement and, within them, the problems with replacement: one draw of
+    problems for all the seeds, since every seed answered the same problems (with equal seeds this is the problem
+    bootstrap, with one seed exactly :func:`paired_gain`'s). The problems are drawn first, from a generator seeded
+    with ``seed``: the interval is a function of its arguments.
 
     Raises:
         ValueError: for no problems or ``n_boot < 1``.
     """
-    if not len(diff):
+    if not diff.shape[-1]:
         raise ValueError("no problems")
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(len(diff), (n_boot, len(diff)), generator=gen)
-    means = diff[idx].mean(dim=1)
+    diff, (seeds, problems) = diff.double(), diff.shape
+
+    def counts(n: int) -> torch.Tensor:  # each resample's draw of n items with replacement, as counts per item
+        idx = torch.randint(n, (n_boot, n), generator=gen)
+        return torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones_like(idx).double())
+
+    per_seed = counts(problems) @ diff.T / problems  # each resample's problems, every seed's mean on them
+    means = (per_seed * counts(seeds)).sum(dim=1) / seeds
     tail = (1 - confidence) / 2
     return torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
-
-
-def seed_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
-    """Mean of per-seed values with a Student-t interval (``len(values) − 1`` degrees of freedom).
-
-    Example:
-        >>> out = seed_interval([0.05, 0.07, 0.09])
-        >>> round(out["mean"], 4), [round(x, 4) for x in out["ci"]]
-        (0.07, [0.0203, 0.1197])
-
-    Raises:
-        ValueError: for fewer than two values (one seed has no spread to estimate).
-    """
-    from scipy.stats import t
-
-    if len(values) < 2:
-        raise ValueError(f"an interval over seeds needs at least 2 seeds, got {len(values)}")
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "ci": [mean - half, mean + half]}
 
 
 def solved(

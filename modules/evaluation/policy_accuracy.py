@@ -22,6 +22,7 @@ import torch
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.algorithms.debate import split_reply
+from alignment_games.modules.evaluation.audit import describe_models, problem_rows
 from alignment_games.modules.lm.text import render_chat
 
 __all__ = ["greedy_replies", "policy_accuracy", "reply_in_format", "score_replies", "wilson_interval"]
@@ -136,7 +137,9 @@ def policy_accuracy(
 
     Returns:
         :func:`score_replies`'s counts, the same per number of operations (``by_operations``, keyed by the count as a
-        string), the settings, and the first five (prompt, reference, reply) triples.
+        string), the settings, the model's sha256 and base (``model_record``, :func:`~modules.evaluation.audit.
+        describe_models`), the first five (prompt, reference, reply) triples, and each problem's result
+        (``problems``, :func:`~modules.evaluation.audit.problem_rows`).
 
     Raises:
         ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.
@@ -146,6 +149,7 @@ def policy_accuracy(
     for name, v in (("num_problems", num_problems), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
         if v < 1:
             raise ValueError(f"{name} must be at least 1, got {v}")
+    record = describe_models([model_path], None, "--model")[0]
     problems = generate_problems(num_problems, seed, min_steps, max_steps)
     model = load_model(model_path, task="causal_lm")
     tokenizer = load_tokenizer(model_path)
@@ -157,4 +161,8 @@ def policy_accuracy(
     for k in sorted({len(p.ops) for p in problems}):
         chosen = [i for i, p in enumerate(problems) if len(p.ops) == k]
         by_operations[str(k)] = score_replies([replies[i] for i in chosen], [refs[i] for i in chosen])
-    return {**score_replies(replies, refs), "by_operations": by_operations, **settings, "examples": examples}
+    rows = problem_rows(
+        prompts, refs, {"model": [answers_match(extract_final_answer(y), r) for y, r in zip(replies, refs)]}
+    )
+    report = {**score_replies(replies, refs), "by_operations": by_operations, **settings, "model_record": record}
+    return {**report, "examples": examples, "problems": rows}

@@ -226,7 +226,7 @@ def base_identity(name_or_path: str, revision: str | None = None) -> dict[str, A
 
 
 def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint trained on another frozen base than the config's.
+    """Refuse a checkpoint (or an exported adapter) trained on another frozen base than the one given.
 
     Compared: the revision, and the hash when both sides have one (a path may move; its content must not). An
     identity written before the content hash (no ``hashed: "content"``) is compared on the earlier hash
@@ -245,7 +245,7 @@ def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: 
     if changed:
         raise ValueError(
             f"{where}: the checkpoint was trained on the frozen base {stored.get('name_or_path')!r} (revision "
-            f"{stored.get('revision')!r}, {what} {a}), but the config's base is {current.get('name_or_path')!r} "
+            f"{stored.get('revision')!r}, {what} {a}), but the base given is {current.get('name_or_path')!r} "
             f"(revision {current.get('revision')!r}, sha256 {b}); its adapters only continue on the base they were "
             "trained on"
         )

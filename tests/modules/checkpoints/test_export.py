@@ -16,9 +16,10 @@ from helpers.threads import one_torch_thread
 from safetensors.torch import load_file
 
 from alignment_games import train
-from alignment_games.modules.checkpoints.export import EXPORT_RECORD, export_module
+from alignment_games.modules.checkpoints.export import EXPORT_RECORD, export_module, run_record
 from alignment_games.modules.deep_smida import DeepSMIDA
 from alignment_games.modules.grpo import GRPO
+from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.utility import Utility
@@ -132,6 +133,7 @@ def test_the_record_names_the_base_and_its_revision(tiny_lm_dir, tmp_path):
     assert sorted(os.listdir(tmp_path / "x")) == ["follower"]
     record = json.loads((tmp_path / "x" / "follower" / EXPORT_RECORD).read_text())
     assert (record["base_model_name_or_path"], record["base_revision"]) == (tiny_lm_dir, "v1.2")
+    assert record["base_identity"] == base_identity(tiny_lm_dir, "v1.2") and record["base_identity"]["sha256"]
     adapter_config = json.loads((tmp_path / "x" / "follower" / "adapter_config.json").read_text())
     assert (adapter_config["base_model_name_or_path"], adapter_config["revision"]) == (tiny_lm_dir, "v1.2")
     assert adapter_config["r"] == 4 and adapter_config["inference_mode"] is True
@@ -220,6 +222,31 @@ def test_the_export_command_writes_a_checkpoints_adapter_and_merged_model(grpo_r
     record = json.loads((out / "policy" / EXPORT_RECORD).read_text())
     assert record["checkpoint"] == os.path.abspath(ckpt) and record["global_step"] == 7
     assert not train.dispatch(["fit", "--config", config])  # other subcommands are LightningCLI's
+
+
+def test_the_record_carries_the_runs_seed_and_a_hash_of_its_config(grpo_run, tmp_path, monkeypatch):
+    _, ckpt, config = grpo_run
+    cfg = yaml.safe_load(open(config))
+    record = run_record(yaml.safe_dump(cfg))
+    assert record["seed"] == 0 and len(record["config_sha256"]) == 64
+    # the same config laid out otherwise, or resumed from a checkpoint: the same hash
+    reordered = yaml.safe_dump({"ckpt_path": "last", **dict(reversed(cfg.items()))}, sort_keys=False)
+    assert run_record(reordered) == record
+    seed1 = run_record(yaml.safe_dump({**cfg, "seed_everything": 1}))
+    assert seed1["seed"] == 1 and seed1["config_sha256"] != record["config_sha256"]
+    cfg["model"]["init_args"]["lm"]["lora_r"] = 8  # another config, the same seed
+    other = run_record(yaml.safe_dump(cfg))
+    assert other["seed"] == 0 and other["config_sha256"] != record["config_sha256"]
+    monkeypatch.setenv("PL_GLOBAL_SEED", "5")
+    assert run_record(None) == {"seed": 5, "config_sha256": None}  # no config: the seed this process was given
+    # the export command takes both from the checkpoint's record of its run's config
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint["run_config"] = open(config).read()
+    torch.save(checkpoint, tmp_path / "recorded.ckpt")
+    out = tmp_path / "out"
+    train.dispatch(["export", "--config", config, "--ckpt_path", str(tmp_path / "recorded.ckpt"), "--out", str(out)])
+    exported = json.loads((out / "policy" / EXPORT_RECORD).read_text())
+    assert (exported["seed"], exported["config_sha256"]) == (0, record["config_sha256"])
 
 
 def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
@@ -399,9 +426,11 @@ def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm
             "--data.init_args.num_prompts=8",
             "--model.init_args.policy_gradient.group_size=2",
             "--model.init_args.sampling.max_new_tokens=6",
+            "--seed_everything=3",
         ]
     )
     log_dir = cli.trainer.log_dir
+    at_fit_end = json.loads(open(os.path.join(log_dir, "export", "policy", EXPORT_RECORD)).read())
     # adapters far from the base (one GRPO step of a random policy barely moves them), saved by the run's trainer
     _perturb(cli.model.players, seed=3)
     ckpt = os.path.join(log_dir, "checkpoints", "moved.ckpt")
@@ -417,6 +446,8 @@ def test_a_runs_saved_config_exports_an_adapter_that_loads_from_anywhere(tiny_lm
     assert base == str(project / "artifacts" / "tiny_policy")
     record = json.loads((elsewhere / "adapter" / EXPORT_RECORD).read_text())
     assert (record["base_model_name_or_path"], record["base_resolved_path"]) == ("artifacts/tiny_policy", base)
+    assert record["seed"] == at_fit_end["seed"] == 3  # the run's seed and config, at the end of fit and exported
+    assert record["config_sha256"] == at_fit_end["config_sha256"] and len(record["config_sha256"]) == 64
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "adapter")
     bank = cli.model.players
     roll = _rollout(bank, "policy")

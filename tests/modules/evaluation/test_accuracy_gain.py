@@ -1,15 +1,22 @@
-"""Accuracy gains of trained policies: the paired bootstrap per seed, the t interval across seeds, the command."""
+"""Accuracy gains of trained policies: the paired bootstrap per seed, the two-level one across seeds, the command."""
 
+import hashlib
 import json
-import math
 
+import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from alignment_games.commands.accuracy_gain import main
 from alignment_games.datamodules.prompts import generated_rows
 from alignment_games.modules.algorithms.arithmetic import generate_problems
-from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, paired_gain, seed_interval, seed_mean_gain
+from alignment_games.modules.evaluation.accuracy_gain import (
+    HELD_OUT_SEED,
+    paired_gain,
+    seed_mean_gain,
+    two_level_interval,
+)
 
 
 def test_paired_gain_by_hand_and_a_constant_difference_has_no_spread():
@@ -36,13 +43,44 @@ def test_the_pairing_is_kept():
     assert out["gain"] == 0.0 and out["gain_ci"][0] < -0.1 and out["gain_ci"][1] > 0.1
 
 
-def test_seed_interval_against_scipy_and_a_hand_value():
-    values = [0.05, 0.07, 0.09]
-    out = seed_interval(values)
-    lo, hi = stats.t.interval(0.95, 2, loc=0.07, scale=stats.sem(values))
-    assert out["ci"] == pytest.approx([lo, hi])
-    assert out["ci"] == pytest.approx([0.07 - 4.302653 * 0.02 / math.sqrt(3), 0.07 + 4.302653 * 0.02 / math.sqrt(3)])
-    assert out["sd"] == pytest.approx(0.02) and out["n"] == 3
+def test_two_level_degenerate_cases_by_hand():
+    d = torch.tensor([1.0, 0.0, -1.0, 1.0, 0.0])
+    one = two_level_interval(d[None], seed=4)
+    assert two_level_interval(d.repeat(3, 1), seed=4) == pytest.approx(one)  # equal seeds: the problem bootstrap
+    assert one == paired_gain([False, False, True, False, False], [True, False, False, True, False], seed=4)["gain_ci"]
+    assert two_level_interval(torch.full((3, 7), 0.25)) == [0.25, 0.25]  # nothing varies: width 0
+    assert two_level_interval(d.repeat(3, 1), seed=4) == two_level_interval(d.repeat(3, 1), seed=4)  # seeded
+
+
+@pytest.mark.parametrize("level", ["seeds", "problems"])
+def test_two_level_reduces_to_scipys_one_level_bootstrap(level):
+    values = torch.from_numpy(np.random.default_rng(0).normal(0.1, 0.2, 40))
+    # each seed constant over the problems: only the seeds vary; one seed: only the problems
+    diff = values[:, None].repeat(1, 5) if level == "seeds" else values[None]
+    ours = two_level_interval(diff, n_boot=20000, seed=1)
+    theirs = stats.bootstrap((values.numpy(),), np.mean, n_resamples=20000, method="percentile", random_state=2)
+    assert ours == pytest.approx([theirs.confidence_interval.low, theirs.confidence_interval.high], abs=0.006)
+
+
+def test_two_level_covers_where_one_level_does_not():
+    # 10 seeds x 50 problems: a seed effect (sd 0.2), a problem effect (sd 0.3) and noise (sd 0.3) around a true
+    # gain of 0; the mean's variance is 0.04/10 + 0.09/50 + 0.09/500: mostly the seeds'. Resampling the problems
+    # alone (the seeds' mean per problem) sees about a third of it, the seeds alone (their means) about two thirds
+    gen = torch.Generator().manual_seed(0)
+    covered = {"two-level": 0, "problems only": 0, "seeds only": 0}
+    reps = 300
+    for r in range(reps):
+        noise = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+        d = 0.2 * noise(10, 1) + 0.3 * noise(1, 50) + 0.3 * noise(10, 50)
+        for name, x in (("two-level", d), ("problems only", d.mean(0)[None]), ("seeds only", d.mean(1)[:, None])):
+            lo, hi = two_level_interval(x, n_boot=1000, seed=r)
+            covered[name] += lo <= 0 <= hi
+    assert covered["two-level"] / reps >= 0.88
+    assert covered["problems only"] / reps <= 0.82 and covered["seeds only"] / reps <= 0.90
+    lo, hi = two_level_interval(d)
+    for one_level in (d.mean(0)[None], d.mean(1)[:, None]):  # wider than either one level on the same data
+        a, b = two_level_interval(one_level)
+        assert hi - lo > b - a
 
 
 def test_seed_mean_gain_by_hand_and_against_one_seeds_paired_gain():
@@ -54,11 +92,14 @@ def test_seed_mean_gain_by_hand_and_against_one_seeds_paired_gain():
     assert -0.5 <= lo < 0.25 < hi <= 1.0
     one = seed_mean_gain(before, afters[:1], seed=3)
     assert one["gain_ci"] == paired_gain(before, afters[0], seed=3)["gain_ci"]
-    # equal gains on different problems: the t interval over seeds has width 0, this one does not
+    # equal gains (0.5) on different problems: a t interval over the seeds has width 0; the problems averaged over
+    # the seeds gain 0.5 each, so a problem bootstrap of that has width 0 too; drawing the seeds as well does not
     equal = seed_mean_gain([False] * 6, [[True] * 3 + [False] * 3, [False] * 3 + [True] * 3])
-    assert equal["gain"] == 0.5 and equal["gain_ci"] == [0.5, 0.5]  # each problem gains 0.5: no spread either
-    apart = seed_mean_gain([False] * 6, [[True] * 3 + [False] * 3, [True] * 3 + [False] * 3])
-    assert apart["gain"] == 0.5 and apart["gain_ci"][0] < 0.5 < apart["gain_ci"][1]
+    assert equal["gain"] == 0.5 and equal["gain_ci"][0] < 0.5 < equal["gain_ci"][1]
+    # two seeds of two players: each seed's players averaged first, as one seed of the two
+    pooled = seed_mean_gain(before, [*afters, *afters], players_per_seed=2)
+    assert pooled["seeds"] == 2 and pooled["gain"] == 0.25
+    assert pooled["gain_ci"] == pytest.approx(seed_mean_gain(before, afters, players_per_seed=2)["gain_ci"])
 
 
 @pytest.mark.parametrize(
@@ -67,7 +108,7 @@ def test_seed_mean_gain_by_hand_and_against_one_seeds_paired_gain():
         (lambda: paired_gain([True], [True, False]), "before has 1 problems but after has 2"),
         (lambda: paired_gain([], []), "no problems"),
         (lambda: paired_gain([True], [True], n_boot=0), "n_boot"),
-        (lambda: seed_interval([0.1]), "at least 2 seeds"),
+        (lambda: seed_mean_gain([True], [[True]] * 3, players_per_seed=2), "3 trained policies are not groups of 2"),
         (lambda: seed_mean_gain([True], []), "no trained policies"),
         (lambda: seed_mean_gain([True, False], [[True, True], [True]]), "trained policy 1 has 1"),
         (lambda: seed_mean_gain([], [[]]), "no problems"),
@@ -78,28 +119,60 @@ def test_bad_input_is_refused(call, message):
         call()
 
 
-def test_the_command_on_a_policy_against_itself(tiny_lm_dir, tmp_path):
+@pytest.fixture(scope="module")
+def other_lm_dir(tmp_path_factory):
+    from alignment_games.modules.lm.models import build_tiny_causal_lm
+
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("other"), seed=1)
+
+
+def test_the_command_writes_each_model_and_each_problem(tiny_lm_dir, other_lm_dir, tmp_path):
     out = tmp_path / "gain.json"
-    report = main(
-        [
-            "--base",
-            str(tiny_lm_dir),
-            "--trained",
-            str(tiny_lm_dir),
-            str(tiny_lm_dir),
-            "--num-problems",
-            "3",
-            "--max-new-tokens",
-            "4",
-            "--out",
-            str(out),
-        ]
-    )
+    argv = ["--base", tiny_lm_dir, "--trained", tiny_lm_dir, other_lm_dir, "--num-problems", "3"]
+    report = main([*argv, "--max-new-tokens", "4", "--out", str(out)])
     assert json.loads(out.read_text()) == report
-    assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]
-    assert report["across_seeds"]["mean"] == 0.0 and report["across_seeds"]["ci"] == [0.0, 0.0]
-    assert report["seed_mean_over_problems"] == {"seeds": 2, "gain": 0.0, "gain_ci": [0.0, 0.0]}
+    assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]  # byte soup solves nothing, before or after
+    assert report["across_seeds"] == {"seeds": 2, "gain": 0.0, "gain_ci": [0.0, 0.0]}
     assert report["problems"] == {"n": 3, "seed": HELD_OUT_SEED, "steps": [2, 4]}
+    digest = lambda folder: hashlib.sha256(open(f"{folder}/model.safetensors", "rb").read()).hexdigest()  # noqa: E731
+    assert [(m["path"], m["sha256"]) for m in report["trained"]] == [
+        (p, digest(p)) for p in (tiny_lm_dir, other_lm_dir)
+    ]
+    assert report["base"]["name_or_path"] == tiny_lm_dir and report["base"]["sha256"]
+    rows_file = tmp_path / "gain.problems.jsonl"
+    assert report["per_problem"] == {
+        "file": rows_file.name,
+        "rows": 3,
+        "sha256": hashlib.sha256(rows_file.read_bytes()).hexdigest(),
+    }
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    problems = generate_problems(3, HELD_OUT_SEED, 2, 4)
+    assert [(r["sha256"], r["reference"]) for r in rows] == [
+        (hashlib.sha256(p.question.encode()).hexdigest(), str(p.answer)) for p in problems
+    ]
+    assert rows[0]["correct"] == {"base": False, "trained[0]": False, "trained[1]": False}
+
+
+def test_the_command_refuses_a_model_twice_or_on_another_base(tiny_lm_dir, other_lm_dir, tmp_path):
+    import shutil
+
+    from alignment_games.modules.lm.base_identity import base_identity
+
+    with pytest.raises(ValueError, match="are the same path"):
+        main(["--base", tiny_lm_dir, "--trained", tiny_lm_dir, f"{tiny_lm_dir}/."])  # one folder, two spellings
+    shutil.copytree(tiny_lm_dir, tmp_path / "copy")
+    with pytest.raises(ValueError, match=f"{tiny_lm_dir}' and '.*copy' are the same weights .sha256 [0-9a-f]{{64}}"):
+        main(["--base", tiny_lm_dir, "--trained", tiny_lm_dir, str(tmp_path / "copy")])
+    adapter = tmp_path / "adapter"  # an export trained on another base than --base
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    (adapter / "export.json").write_text(json.dumps({"base_identity": base_identity(other_lm_dir)}))
+    with pytest.raises(
+        ValueError, match=f"--trained '{adapter}': .*frozen base '{other_lm_dir}'.*given is '{tiny_lm_dir}'"
+    ):
+        main(["--base", tiny_lm_dir, "--trained", str(adapter)])
+    with pytest.raises(FileNotFoundError, match="--trained: 'nowhere' is not a local model folder"):
+        main(["--base", tiny_lm_dir, "--trained", "nowhere"])
 
 
 def test_the_default_problems_are_none_a_game_or_the_warm_start_trains_on():
@@ -121,12 +194,12 @@ def test_players_per_seed_groups_a_pools_players_by_hand(monkeypatch):
         "s1m1": [True, True, True, True],  # +0.50
     }
     monkeypatch.setattr(ag, "solved", lambda path, *args: table[path])
+    monkeypatch.setattr(ag, "base_identity", lambda path: {"name_or_path": path})
+    monkeypatch.setattr(ag, "describe_models", lambda paths, *args: [{"path": p} for p in paths])
     report = main(["--base", "base", "--trained", "s0m0", "s0m1", "s1m0", "s1m1", "--players-per-seed", "2"])
     seeds = report["per_seed"]
     assert [[p["gain"] for p in s["players"]] for s in seeds] == [[0.25, 0.5], [-0.25, 0.5]]
     assert [s["gain"] for s in seeds] == pytest.approx([0.375, 0.125])  # each seed: its players' mean
-    assert report["across_seeds"]["mean"] == pytest.approx(0.25)
-    assert report["seed_mean_over_problems"]["gain"] == pytest.approx(0.25)
-    assert (report["seed_mean_over_problems"]["seeds"], report["seed_mean_over_problems"]["policies"]) == (2, 4)
+    assert (report["across_seeds"]["seeds"], report["across_seeds"]["gain"]) == (2, pytest.approx(0.25))
     with pytest.raises(SystemExit, match="not groups of 3"):
         main(["--base", "base", "--trained", "s0m0", "s0m1", "--players-per-seed", "3"])

@@ -1,6 +1,7 @@
 """The IFEval command (App. G.5): reading and checking the jsonl, the four accuracies, the paired difference, and the
 command end to end on two exported LoRA followers of a tiny decoder."""
 
+import hashlib
 import json
 import math
 
@@ -15,6 +16,8 @@ from alignment_games.modules.evaluation.ifeval import (
     read_ifeval,
     score_responses,
 )
+from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.lm.models import build_tiny_causal_lm
 from alignment_games.modules.scorers.utility import Utility
 
 NO_COMMA = "punctuation:no_comma"
@@ -192,13 +195,22 @@ def test_command_scores_two_followers_and_their_difference(tiny_lm_dir, tmp_path
     argv += ["--max-new-tokens", "4"]
     report = main([*argv, "--n-boot", "200", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["settings"]["base_identity"] == base_identity(tiny_lm_dir)
+    with pytest.raises(ValueError, match=f"--policy: '{b}' and '{b}/.' are the same path"):
+        main(["--data", data, "--policy", f"x={b}", f"y={b}/."])
+    other = build_tiny_causal_lm(tmp_path / "other", seed=1)  # the adapters' records name tiny_lm_dir
+    with pytest.raises(ValueError, match=f"--policy '{a}'.*frozen base '{tiny_lm_dir}'.*given is '{other}'"):
+        main(["--data", data, "--base", other, "--policy", f"x={a}"])
     assert set(json.loads(capsys.readouterr().out)) == {"stackelberg", "follower_only"}
-    for name in ("stackelberg", "follower_only"):
-        policy = report["policies"][name]
+    for name, folder in (("stackelberg", a), ("follower_only", b)):
+        policy = dict(report["policies"][name])
         responses = [r["response"] for r in policy["results"]]
         assert all(len(r) <= 4 for r in responses)  # four byte tokens: at most four characters
         # the report is what the checkers say about the written responses
-        assert {k: v for k, v in policy.items() if k != "folder"} == score_responses(rows, responses)
+        assert {k: policy.pop(k) for k in ("folder", "path")} == {"folder": folder, "path": folder}
+        weights = hashlib.sha256(open(f"{folder}/adapter_model.safetensors", "rb").read()).hexdigest()
+        assert (policy.pop("sha256"), policy.pop("base_identity")) == (weights, base_identity(tiny_lm_dir))
+        assert policy == score_responses(rows, responses)
         first = policy["results"][0]
         # four bytes never repeat a 60-character request; fewer than 10 z's holds whenever the reply is not blank
         assert first["strict"][0] is False and first["loose"][0] is False

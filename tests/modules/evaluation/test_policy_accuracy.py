@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import pytest
@@ -73,3 +74,7 @@ def test_command_scores_a_random_tiny_model(tiny_lm_dir, tmp_path, capsys):
     assert sum(n for _, n, _ in counts) == 3 and all(c == 0 and 2 <= int(k) <= 4 for k, _, c in counts)
     assert json.loads(out.read_text()) == json.loads(capsys.readouterr().out) == report
     assert [len(e["reply"].encode()) <= 4 for e in report["examples"]] == [True] * 3
+    weights = hashlib.sha256(open(f"{tiny_lm_dir}/model.safetensors", "rb").read()).hexdigest()
+    assert report["model_record"] == {"path": tiny_lm_dir, "sha256": weights, "base_identity": None}
+    rows = [json.loads(line) for line in (tmp_path / "report.problems.jsonl").read_text().splitlines()]
+    assert report["per_problem"]["rows"] == 3 and [r["correct"] for r in rows] == [{"model": False}] * 3

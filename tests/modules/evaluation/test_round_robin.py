@@ -1,5 +1,6 @@
 """Round-robin table: hand-computed rates and intervals, mirrored cells, refusals; the command on a tiny model."""
 
+import hashlib
 import json
 import math
 import os
@@ -10,6 +11,8 @@ import torch
 
 from alignment_games.commands.round_robin import main
 from alignment_games.modules.evaluation.round_robin import adapter_tensors, markdown_table, round_robin_table
+from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.lm.models import build_tiny_causal_lm
 
 
 def test_table_matches_a_hand_computation():
@@ -111,6 +114,20 @@ def test_command_writes_the_table(tiny_lm_dir, tmp_path):
     for x, y in (("smida", "nlhf"), ("smida", "reference"), ("nlhf", "reference")):
         assert table["rates"][x][y]["rate"] + table["rates"][y][x]["rate"] == pytest.approx(1.0)
     assert os.path.exists(out / "round_robin.md")
+    digest = hashlib.sha256(open(a, "rb").read()).hexdigest()
+    assert (saved["runs"]["smida"]["checkpoint"], saved["runs"]["smida"]["sha256"]) == (a, digest)
+    rows = [json.loads(line) for line in (out / "round_robin.problems.jsonl").read_text().splitlines()]
+    assert saved["per_problem"]["rows"] == len(rows) == 3
+    assert sorted(rows[0]["preferred"]) == ["nlhf>reference", "smida>nlhf", "smida>reference"]
+    # the same checkpoint twice, or one trained on another base than --lm, is refused before anything is sampled
+    with pytest.raises(ValueError, match=f"--runs: '{a}' and '{a}' are the same path"):
+        main(["--runs", f"x={a}", f"y={a}", "--lm", tiny_lm_dir, "--out", str(out)])
+    other = build_tiny_causal_lm(tmp_path / "other", seed=1)
+    elsewhere = torch.load(b, weights_only=True)
+    elsewhere["base_identity"] = {"players": base_identity(other)}  # as modules.base records a bank's base
+    torch.save(elsewhere, tmp_path / "e.ckpt")
+    with pytest.raises(ValueError, match=f"--runs '.*e.ckpt': .*frozen base '{other}'.*given is '{tiny_lm_dir}'"):
+        main(["--runs", f"e={tmp_path / 'e.ckpt'}", "--lm", tiny_lm_dir, "--out", str(out)])
     # a checkpoint of another adapter rank, or of an unknown family, is refused naming the run
     c = _checkpoint(tmp_path / "c.ckpt", tiny_lm_dir, "alignment_games.modules.slhf.SLHF", ("leader", "follower"), r=2)
     with pytest.raises(ValueError, match="run 'slhf'.*shape"):

@@ -1,0 +1,137 @@
+"""What an evaluation read and found, for a reader to check: each trained model's sha256 and base, per-problem rows.
+
+The evaluation commands (``accuracy_gain``, ``policy_accuracy``, ``ifeval``, ``round_robin``) describe every trained
+folder or checkpoint they read with :func:`describe_models`: the sha256 of its weights (:func:`weights_sha256`; a
+checkpoint's, of the file) and the base it was trained on (:func:`recorded_base`). The same path or the same weights
+given twice is refused (two "seeds" that are one run would narrow every interval), and so is a model trained on
+another base than the one given. Per-problem results go to a JSON-lines file beside the report
+(:func:`write_report`), whose sha256 the report records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from alignment_games.modules.lm.base_identity import (
+    base_identity,
+    check_base_identity,
+    file_sha256,
+    model_folder,
+    weight_files,
+)
+from alignment_games.modules.training.artifacts import atomic_write_text
+
+__all__ = ["describe_models", "problem_rows", "recorded_base", "weights_sha256", "write_report"]
+
+#: a peft adapter folder's weight files (what :mod:`modules.checkpoints.export` writes is the first)
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def weights_sha256(folder: str) -> str:
+    """The sha256 of a model folder's weights: its one weight file's own (what ``sha256sum`` prints).
+
+    A sharded model's is the sha256 of every weight file's ``name\\0sha256\\n`` line, in name order.
+
+    Raises:
+        ValueError: naming a folder with no adapter or model weight file.
+    """
+    names = [n for n in ADAPTER_FILES if os.path.isfile(os.path.join(folder, n))] or weight_files(folder)
+    if not names:
+        raise ValueError(f"{folder!r} holds no weight file ({', '.join(ADAPTER_FILES)}, model.safetensors, ...)")
+    digests = [(n, file_sha256(os.path.join(folder, n))) for n in names]
+    if len(digests) == 1:
+        return digests[0][1]
+    return hashlib.sha256("".join(f"{n}\0{d}\n" for n, d in digests).encode()).hexdigest()
+
+
+def recorded_base(folder: str) -> dict[str, Any] | None:
+    """The base identity a trained folder (or checkpoint file) was trained on; None for a model that names no base.
+
+    An export's ``export.json`` records it (``base_identity``, taken at export); an adapter folder without one names
+    its base in ``adapter_config.json``, whose identity is taken now (it then shows the path points at those weights,
+    not that they are the ones trained on). A checkpoint records its policy banks' (``base_identity``, written by
+    ``modules.base``): the first bank's is returned (the games an evaluation reads hold one).
+    """
+    if os.path.isfile(folder):
+        from alignment_games.modules.checkpoints.trust import read_checkpoint
+
+        banks = read_checkpoint(folder, mmap=True).get("base_identity")
+        return next(iter(banks.values()), None) if isinstance(banks, dict) else None
+    for name, key in (("export.json", "base_identity"), ("adapter_config.json", "base_model_name_or_path")):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            if isinstance(record.get(key), dict):
+                return record[key]
+            if key == "base_model_name_or_path" and isinstance(record.get(key), str):
+                return base_identity(record[key], record.get("revision"))
+    return None
+
+
+def describe_models(paths: Sequence[str], base: dict[str, Any] | None, option: str) -> list[dict[str, Any]]:
+    """``{"path", "sha256", "base_identity"}`` of each trained folder, after checking them.
+
+    Args:
+        paths: The folders (local, or a ``builtin:`` name) or checkpoint files.
+        base: The identity of the base they must have been trained on (:func:`base_identity`); None: not checked.
+        option: The command-line option that gave them (named in errors).
+
+    Raises:
+        FileNotFoundError: naming a path that is not a local folder.
+        ValueError: naming both paths when two are the same path or hold the same weights, and both identities
+            when a folder records another base than ``base``.
+    """
+    out: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        folder = path if os.path.isfile(path) else model_folder(path)
+        if folder is None:
+            raise FileNotFoundError(f"{option}: {path!r} is not a local model folder (its weights cannot be hashed)")
+        sha = file_sha256(folder) if os.path.isfile(folder) else weights_sha256(folder)
+        for key, what in ((os.path.realpath(folder), "the same path"), (sha, f"the same weights (sha256 {sha})")):
+            if key in seen:
+                raise ValueError(f"{option}: {seen[key]!r} and {path!r} are {what}; give each trained model once")
+            seen[key] = path
+        stored = recorded_base(folder)
+        if base is not None and stored is not None:
+            check_base_identity(stored, base, f"{option} {path!r}")
+        out.append({"path": path, "sha256": sha, "base_identity": stored})
+    return out
+
+
+def problem_rows(
+    prompts: Sequence[str], references: Sequence[str], results: Mapping[str, Sequence[Any]], field: str = "correct"
+) -> list[dict[str, Any]]:
+    """One row per problem: its index, the sha256 of its text, the reference and under ``field`` each result's value.
+
+    Example:
+        >>> problem_rows(["1 + 1?"], ["2"], {"base": [False]})[0]["correct"]
+        {'base': False}
+    """
+    return [
+        {
+            "problem": i,
+            "sha256": hashlib.sha256(p.encode()).hexdigest(),
+            "reference": r,
+            field: {name: values[i] for name, values in results.items()},
+        }
+        for i, (p, r) in enumerate(zip(prompts, references, strict=True))
+    ]
+
+
+def write_report(report: dict[str, Any], out: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Write ``rows`` to ``<out less .json>.problems.jsonl``, then ``report`` to ``out``, each whole or not at all.
+
+    The report records the rows file's name, row count and sha256 under ``per_problem``.
+    """
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    path = (out[:-5] if out.endswith(".json") else out) + ".problems.jsonl"
+    atomic_write_text(path, text)
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    report["per_problem"] = {"file": os.path.basename(path), "rows": len(rows), "sha256": sha}
+    atomic_write_text(out, json.dumps(report, indent=2) + "\n")
