@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from alignment_games.modules.checkpoints.trust import CheckpointLoading, family_name
 from alignment_games.modules.distributed.sharding import check_exportable, full_tensors
+from alignment_games.modules.lm.decoding import base_model
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.training.artifacts import write_error
@@ -146,7 +147,7 @@ def base_location(name_or_path: str) -> str:
 
 def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, Any]:
     """What ``export.json`` says: the base (as configured, as resolved, its revision and commit), the adapter."""
-    base_config = getattr(_base_model(player.model), "config", None)
+    base_config = getattr(base_model(player.model), "config", None)
     return {
         "player": player.name,
         "kind": kind,
@@ -162,15 +163,11 @@ def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, An
     }
 
 
-def _base_model(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def _write_player(player: Player, weights: dict[str, Tensor], folder: str, source: dict[str, Any]) -> None:
     """One player's folder: a peft adapter folder, or a full transformers model for a full copy."""
     os.makedirs(folder)
     if player.adapter is None:
-        _base_model(player.model).save_pretrained(folder, state_dict=weights)
+        base_model(player.model).save_pretrained(folder, state_dict=weights)
         kind = "full_model"
     else:
         from safetensors.torch import save_file
