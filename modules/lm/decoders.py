@@ -51,19 +51,19 @@ def sample_loop(
     step_logits: StepLogits,
     ids: Tensor,
     mask: Tensor,
-    group: int,
+    g: int,
     sampling: Sampling,
     greedy: bool,
     eos: int | None,
     pad: int,
 ) -> Tensor:
-    """The sampling loop: ``[prompt | completion]`` rows, ``group`` per left-padded prompt, until every row ends.
+    """The sampling loop: ``[prompt | completion]`` rows, ``g`` per left-padded prompt, until every row ends.
 
     ``step_logits`` is first called with each prompt's last token; sampling is ``generate``'s (the same draws from the
     global generator, in the same order, see :func:`~modules.lm.decoding.next_tokens`); a row that wrote EOS is padded.
     """
-    rows = ids.repeat_interleave(group, dim=0)
-    position = mask.repeat_interleave(group, dim=0).sum(dim=1, keepdim=True) - 1
+    rows = ids.repeat_interleave(g, dim=0)
+    position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
     token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile when compiled)
     unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
     new: list[Tensor] = []
