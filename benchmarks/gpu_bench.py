@@ -99,7 +99,7 @@ GRPO_RUN = {"prompts": 16, "group": 4, "prompt_len": 64, "new_tokens": 256, "ste
 GRPO_TINY = {"prompts": 2, "group": 2, "prompt_len": 16, "new_tokens": 8, "steps": 2}
 DEEP_SMIDA = {"B": 4, "D": 4, "M": 4, "new_tokens": 128, "batches": 2, "leader_prompt_len": 128}
 DEEP_SMIDA_TINY = {"B": 2, "D": 2, "M": 2, "new_tokens": 8, "batches": 2, "leader_prompt_len": 128}
-STATIC_BUCKET = 64  # PolicyBank.static_bucket: the compiled static decode pads prompt parts to a multiple of it
+STATIC_BUCKET = 64  # StaticDecoder.bucket: the compiled static decode pads prompt parts to a multiple of it
 
 
 # ---------------------------------------------------------------------- pure arithmetic (tested by hand values)

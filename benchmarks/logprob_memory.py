@@ -68,7 +68,7 @@ def full_logits_token_logprobs(bank, player, roll, temperature: float) -> torch.
     seq, att, width = roll.sequences, roll.attention_mask, roll.prompt_width
     c = seq.shape[1] - width
     pos = (att.cumsum(dim=1) - 1).clamp_min(0)
-    with bank._use(player) as model:
+    with bank.using(player) as model:
         logits = model(input_ids=seq, attention_mask=att, position_ids=pos, logits_to_keep=c + 1).logits[:, :-1]
         logits = logits.float() / temperature
         target = seq[:, width:]

@@ -114,9 +114,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         self.phase_times = {}
         with self._timed("generate"):
             own = self.players.generate("policy", chats, d, **self.sampling.generate_kwargs())
-            opponent = generate_mixture(
-                self.players, "policy", chats, d, hp.beta, temp, self.sampling.top_p, self.sampling.max_new_tokens
-            )
+            opponent = generate_mixture(self.players, "policy", chats, d, hp.beta, self.sampling)
         self.empty_generations += own.num_empty + opponent.num_empty
         with self._timed("score"):
             xs = [x for x in prompts for _ in range(d)]

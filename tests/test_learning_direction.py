@@ -52,9 +52,9 @@ def good_token_ids(tokenizer) -> list[int]:
 @torch.no_grad()
 def good_mass(bank: PolicyBank, player: str, prompts: list[str]) -> float:
     """Mean over ``prompts`` (already formatted for the policy) of P(the first reply token is good)."""
-    enc = bank._encode_prompts(prompts)
+    enc = bank.encode_prompts(prompts)
     pos = (enc["attention_mask"].cumsum(1) - 1).clamp_min(0)
-    with bank._use(player) as model:
+    with bank.using(player) as model:
         logits = model(**enc, position_ids=pos).logits[:, -1].float()
     return float(logits.softmax(-1)[:, good_token_ids(bank.tokenizer)].sum(-1).mean())
 

@@ -35,6 +35,7 @@ from alignment_games.callbacks.run_config import RUN_CONFIG_KEY, RunConfigRecord
 from alignment_games.modules.checkpoints.trust import CheckpointLoading, family_name
 from alignment_games.modules.distributed.sharding import check_exportable, full_tensors
 from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.lm.decoding import base_model
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.training.artifacts import write_error
@@ -153,7 +154,7 @@ def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, An
 
     ``source`` adds the run's seed and config hash (:func:`run_record`), the checkpoint and the step.
     """
-    base_config = getattr(_base_model(player.model), "config", None)
+    base_config = getattr(base_model(player.model), "config", None)
     return {
         "player": player.name,
         "kind": kind,
@@ -191,15 +192,11 @@ def run_record(config_yaml: str | None = None, trainer: Any = None) -> dict[str,
     return {"seed": config.get("seed_everything"), "config_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
-def _base_model(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def _write_player(player: Player, weights: dict[str, Tensor], folder: str, source: dict[str, Any]) -> None:
     """One player's folder: a peft adapter folder, or a full transformers model for a full copy."""
     os.makedirs(folder)
     if player.adapter is None:
-        _base_model(player.model).save_pretrained(folder, state_dict=weights)
+        base_model(player.model).save_pretrained(folder, state_dict=weights)
         kind = "full_model"
     else:
         from safetensors.torch import save_file

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from alignment_games.modules.distributed.sharding import fsdp_wrapped
-from alignment_games.modules.lm.decoding import cascade_attention
+from alignment_games.modules.lm.decoding import base_model, cascade_attention
 from alignment_games.modules.lm.row_adapters import add_row_adapters
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
@@ -34,10 +34,6 @@ __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
 LEAN_MODEL_TYPES = ("llama", "qwen2")
 
 
-def _base(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def _linear(module: nn.Module) -> nn.Module:
     """The plain linear layer a (possibly peft-wrapped) projection computes with."""
     return module.get_base_layer() if hasattr(module, "get_base_layer") else module
@@ -45,7 +41,7 @@ def _linear(module: nn.Module) -> nn.Module:
 
 def lean_decode_unsupported(model: nn.Module) -> str | None:
     """Why :class:`LeanDecoder` cannot decode ``model`` exactly, or ``None`` when it can."""
-    base = _base(model)
+    base = base_model(model)
     config = getattr(base, "config", None)
     if config is None or getattr(config, "model_type", None) not in LEAN_MODEL_TYPES:
         return f"model type {getattr(config, 'model_type', None)!r} is not one of {LEAN_MODEL_TYPES}"
@@ -120,7 +116,7 @@ class LeanDecoder:
         reason = lean_decode_unsupported(model)
         if reason is not None:
             raise ValueError(f"LeanDecoder: {reason}")
-        base = _base(model)
+        base = base_model(model)
         self.inner, self.head = base.model, base.lm_head
         self.layers = list(self.inner.layers)
         b, p = prompt_mask.shape

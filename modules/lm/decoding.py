@@ -1,13 +1,14 @@
 """Decoding that reads each prompt once for its samples: grouped cascade attention, and a prefilled prompt cache.
 
 :func:`grouped_prefix_attention` is registered with transformers' attention interface; :class:`PolicyBank` switches a
-decode to it for sampled groups (see ``PolicyBank.grouped_decode``).
+decode to it for sampled groups (see :mod:`modules.lm.decoders`).
 """
 
 from __future__ import annotations
 
 import inspect
-import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -15,20 +16,50 @@ from torch import Tensor, nn
 
 __all__ = [
     "GROUPED_ATTENTION",
-    "GROUPED_DECODE_ENV",
+    "base_model",
+    "cache_arg",
     "cascade_attention",
-    "grouped_decode_setting",
+    "cascade_state",
     "grouped_prefix_attention",
     "next_tokens",
     "preallocated_cache",
     "prompt_cache",
+    "prompt_forward",
     "shared_prompt_cache",
 ]
 
 GROUPED_ATTENTION = "alignment_games_grouped_prefix"
-# layer index -> (prompt keys [B, KV, P, D], prompt values, additive prompt-padding mask [B, 1, P]) of the one decode
-# running with grouped_prefix_attention (set and cleared by PolicyBank._grouped_prefix)
-_PREFIX: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The model under a peft wrapper (or ``model`` itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def cache_arg(model: nn.Module) -> str:
+    """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(type(base_model(model)).forward).parameters else "past_key_values"
+
+
+@contextmanager
+def cascade_state(model: nn.Module, attention: str, layers: Mapping[int, Any]) -> Iterator[None]:
+    """Run ``model`` on the registered ``attention``, each attention module holding its layer's state as ``cascade``.
+
+    The state of one decode (``layers[i]`` for the module of ``layer_idx`` i) travels with the model's own modules for
+    the duration of the decode; the backend is restored and the state dropped afterwards, also on error.
+    """
+    base = base_model(model)
+    modules = [m for m in base.modules() if isinstance(getattr(m, "layer_idx", None), int) and m.layer_idx in layers]
+    previous = base.config._attn_implementation
+    try:
+        for m in modules:
+            m.cascade = layers[m.layer_idx]
+        base.config._attn_implementation = attention
+        yield
+    finally:
+        base.config._attn_implementation = previous
+        for m in modules:
+            m.__dict__.pop("cascade", None)
 
 
 def grouped_prefix_attention(
@@ -43,16 +74,17 @@ def grouped_prefix_attention(
 ) -> tuple[Tensor, None]:
     """Attention of G samples per prompt that reads each prompt's keys and values once (cascade attention).
 
-    The rows ``b*G … b*G + G - 1`` continue prompt ``b``. Their prompt part lives once per prompt in ``_PREFIX``
-    (``[B, KV, P, D]``), their own tokens in the cache (``key``/``value``: ``[B·G, KV, t, D]``). The scores against
+    The rows ``b*G … b*G + G - 1`` continue prompt ``b``. Their prompt part lives once per prompt in
+    ``module.cascade`` (keys and values ``[B, KV, P, D]``, the additive padding mask ``[B, 1, P]``; set by
+    :func:`cascade_state`), their own tokens in the cache (``key``/``value``: ``[B·G, KV, t, D]``). The scores against
     both parts share one softmax (a common maximum, one denominator), so the result equals attention over the
     prompt's cache copied to every row, as :meth:`PolicyBank.generate` did before, up to float rounding, while the
     prompt's keys are read once per group instead of G times, and grouped-query heads are never copied. Queries
     after the first (``q > 1``) are causal within the row's own tokens. Registered with transformers'
-    ``AttentionInterface``; ``attention_mask`` is ignored (the prompt's padding is in ``_PREFIX``, the own tokens
+    ``AttentionInterface``; ``attention_mask`` is ignored (the prompt's padding is in ``module.cascade``, the own tokens
     are never padding while decoding).
     """
-    keys, values, pad = _PREFIX[module.layer_idx]
+    keys, values, pad = module.cascade
     return cascade_attention(query, keys, values, pad, key, value, scaling), None
 
 
@@ -170,24 +202,6 @@ def preallocated_cache(capacity: int) -> Any:
     return cache
 
 
-GROUPED_DECODE_ENV = "ALIGNMENT_GAMES_GROUPED_DECODE"
-
-
-def grouped_decode_setting() -> bool | None:
-    """``PolicyBank.grouped_decode`` from the environment variable ``ALIGNMENT_GAMES_GROUPED_DECODE``.
-
-    Unset or ``auto`` → None (CPU only), ``1``/``true``/``on`` → True, ``0``/``false``/``off`` → False.
-
-    Raises:
-        ValueError: naming the variable, for any other value.
-    """
-    raw = os.environ.get(GROUPED_DECODE_ENV, "auto").strip().lower()
-    values = {"auto": None, "": None, "1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
-    if raw not in values:
-        raise ValueError(f"{GROUPED_DECODE_ENV} must be one of 1, 0, true, false, on, off or auto, got {raw!r}")
-    return values[raw]
-
-
 def _register_grouped_attention(name: str = GROUPED_ATTENTION, function: Any = None) -> bool:
     """Register an attention (by default :func:`grouped_prefix_attention`) and a no-op mask with transformers.
 
@@ -208,23 +222,25 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def prompt_forward(model: Any, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
+    """KV cache of ``ids[:, :end]`` and the last position's logits ``[rows, 1, V]`` (positions from the mask)."""
+    ids, mask, pos = ids[:, :end], mask[:, :end], (mask.cumsum(dim=1) - 1).clamp_min(0)[:, :end]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    return getattr(out, cache_arg(model)), out.logits
+
+
 def shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> dict[str, Any]:
     """``generate``'s cache argument: the prompts' cache but for their last token, each prefilled once, ``copies`` rows.
 
-    As :meth:`modules.lm.policy_bank.PolicyBank.generate` shares a prompt among its samples on its ``generate`` path:
-    positions from the (left-padded) mask, then ``batch_repeat_interleave``; ``generate`` runs the last token.
+    As :class:`~modules.lm.decoders.GenerateDecoder` shares a prompt among its samples: positions from the
+    (left-padded) mask, then ``batch_repeat_interleave``; ``generate`` runs the last token.
     """
-    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-    pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
-    out = model(
-        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True, logits_to_keep=1
-    )
-    cache = getattr(out, name)
+    cache, _ = prompt_forward(model, ids, mask, ids.shape[1] - 1)
     cache.batch_repeat_interleave(copies)
-    return {name: cache}
+    return {cache_arg(model): cache}
 
 
-def prompt_cache(model: Any, ids: Tensor, mask: Tensor, cache_name: str) -> tuple[Any, Tensor]:
+def prompt_cache(model: Any, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor]:
     """KV cache of each left-padded prompt ``ids`` ``[B, W]`` but its last token, and the mask of its ``W - 1`` columns.
 
     In a decode of several players' prompts (``model._row_players``, set by
@@ -233,7 +249,7 @@ def prompt_cache(model: Any, ids: Tensor, mask: Tensor, cache_name: str) -> tupl
     its keys and values handed to that player's rows, and then each row's rest is prefilled over them. The columns are
     then ``[prefix | padding | rest]`` instead of ``[padding | prompt]``, every token at its own position (from the
     mask), so attention over them reads the same keys and values (up to float rounding). Otherwise each whole prompt
-    is prefilled, as :meth:`~modules.lm.policy_bank.PolicyBank._prompt_forward` does.
+    is prefilled (:func:`prompt_forward`).
     """
     end = ids.shape[1] - 1
     players = getattr(model, "_row_players", None)
@@ -245,15 +261,7 @@ def prompt_cache(model: Any, ids: Tensor, mask: Tensor, cache_name: str) -> tupl
         while share < limit and all(r[share] == rows[0][share] for r in rows):
             share += 1
     if share == 0:
-        pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
-        out = model(
-            input_ids=ids[:, :end],
-            attention_mask=mask[:, :end],
-            position_ids=pos[:, :end],
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return getattr(out, cache_name), mask[:, :end]
+        return prompt_forward(model, ids, mask, end)[0], mask[:, :end]
     firsts = list(dict.fromkeys(players))
     head = ids[:1, ids.shape[1] - int(lengths[0]) :][:, :share]
     positions = torch.arange(ids.shape[1], device=ids.device).expand(len(firsts), -1)
@@ -264,7 +272,7 @@ def prompt_cache(model: Any, ids: Tensor, mask: Tensor, cache_name: str) -> tupl
         use_cache=True,
         logits_to_keep=1,
     )
-    cache = getattr(out, cache_name)
+    cache = getattr(out, cache_arg(model))
     cache.batch_select_indices(torch.tensor([firsts.index(p) for p in players], device=ids.device))
     # row i's rest (its last n_i - share tokens) right-aligned in columns share … W - 1, padding between
     rest_mask = torch.arange(ids.shape[1] - share, device=ids.device) >= (ids.shape[1] - lengths)[:, None]
@@ -277,6 +285,6 @@ def prompt_cache(model: Any, ids: Tensor, mask: Tensor, cache_name: str) -> tupl
             position_ids=pos[:, share:end],
             use_cache=True,
             logits_to_keep=1,
-            **{cache_name: cache},
+            **{cache_arg(model): cache},
         )
     return cache, layout[:, :end]

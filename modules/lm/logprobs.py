@@ -24,6 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from alignment_games.modules.lm.decoding import base_model
+
 __all__ = ["LOGIT_CHUNK_BYTES", "chunk_tokens_for", "head_inputs", "head_token_logprobs", "output_layer"]
 
 LOGIT_CHUNK_BYTES = 128 * 2**20
@@ -40,26 +42,22 @@ def chunk_tokens_for(vocab_size: int, chunk_bytes: int = LOGIT_CHUNK_BYTES) -> i
     return max(1, chunk_bytes // (4 * vocab_size))
 
 
-def _base(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def output_layer(model: nn.Module) -> nn.Module:
     """The module that maps final hidden states to logits (peft's wrapper of it when the head is adapted)."""
-    head = _base(model).get_output_embeddings()
+    head = base_model(model).get_output_embeddings()
     if head is None:
-        raise ValueError(f"{type(_base(model)).__name__} has no output embeddings: it is not a causal LM")
+        raise ValueError(f"{type(base_model(model)).__name__} has no output embeddings: it is not a causal LM")
     return head
 
 
 def _softcap(model: nn.Module) -> float | None:
     """``final_logit_softcapping`` of the model's config, after refusing logit scales the chunked path lacks."""
-    config = getattr(_base(model), "config", None)
+    config = getattr(base_model(model), "config", None)
     for name in _UNSUPPORTED_SCALES:
         value = getattr(config, name, None)
         if value is not None and value != 1:
             raise ValueError(
-                f"{type(_base(model)).__name__} scales its logits by config.{name}={value}; the chunked "
+                f"{type(base_model(model)).__name__} scales its logits by config.{name}={value}; the chunked "
                 "log-probabilities apply the output layer alone and would leave that scale out"
             )
     return getattr(config, "final_logit_softcapping", None)
@@ -151,7 +149,7 @@ def head_token_logprobs(
     head = output_layer(model)
     softcap = _softcap(model)
     flat_h, flat_t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    vocab = _base(model).config.vocab_size if hasattr(_base(model), "config") else head.weight.shape[0]
+    vocab = base_model(model).config.vocab_size if hasattr(base_model(model), "config") else head.weight.shape[0]
     step = chunk_tokens or chunk_tokens_for(vocab)
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     state = _adapter_state(head) if grad else []

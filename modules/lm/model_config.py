@@ -23,7 +23,10 @@ from torch import nn
 from alignment_games.modules.lm.models import DTYPES, apply_lora, load_model, load_tokenizer
 from alignment_games.modules.lm.precision import AUTO, resolve_dtype, set_tf32
 
-__all__ = ["ModelConfig"]
+__all__ = ["DECODES", "ModelConfig"]
+
+#: the values of ``lm.decode`` (see :mod:`modules.lm.decoders`)
+DECODES = ("auto", "generate", "grouped", "grouped_forward", "static")
 
 
 @dataclass
@@ -56,8 +59,11 @@ class ModelConfig:
         max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
         decode: How a policy samples: ``generate`` (transformers' ``generate``, a group's prompt cache copied to each
             of its rows), ``grouped`` (each prompt's cache read once per group, a growing cache of the rows' own
-            tokens), ``static`` (the same cascade over caches allocated once at full length: fixed shapes that
-            ``torch.compile`` and CUDA graphs can serve) or ``auto`` (``grouped`` on CPU, ``static`` on GPU).
+            tokens; Llama-family models stepped by ``LeanDecoder``), ``grouped_forward`` (the same, always through the
+            model's own forward), ``static`` (the same cascade over caches allocated once at full length: fixed shapes
+            that ``torch.compile`` and CUDA graphs can serve) or ``auto`` (``grouped`` on CPU, ``static`` on GPU). A
+            decode the chosen cascade cannot serve (a one-token prompt, gradient checkpointing, an attention backend
+            other than sdpa or eager, G = 1 for ``grouped_forward``) runs ``generate``.
         compile_decode: Compile the per-token forward of the ``static`` decode with ``torch.compile`` (CUDA graphs
             through ``mode="reduce-overhead"`` on CUDA). Needs ``decode`` ``static`` or ``auto``.
     """
@@ -78,7 +84,7 @@ class ModelConfig:
     lora_modules_to_save: list[str] | None = None
     lora_extra: dict[str, Any] | None = None
     max_prompt_tokens: int = 2048
-    decode: Literal["auto", "generate", "grouped", "static"] = "auto"
+    decode: Literal["auto", "generate", "grouped", "grouped_forward", "static"] = "auto"
     compile_decode: bool = False
 
     def __post_init__(self) -> None:
@@ -86,8 +92,8 @@ class ModelConfig:
             raise ValueError(f"lm.name_or_path: give a hub name or a folder, got {self.name_or_path!r}")
         if self.dtype not in DTYPES and self.dtype != AUTO:
             raise ValueError(f"lm.dtype: {self.dtype!r} is not one of {[AUTO, *sorted(DTYPES)]}")
-        if self.decode not in ("auto", "generate", "grouped", "static"):
-            raise ValueError(f"lm.decode: must be auto, generate, grouped or static, got {self.decode!r}")
+        if self.decode not in DECODES:
+            raise ValueError(f"lm.decode: must be one of {', '.join(DECODES)}, got {self.decode!r}")
         if self.compile_decode and self.decode not in ("auto", "static"):
             raise ValueError(f"lm.compile_decode: compiles the static decode only; lm.decode is {self.decode!r}")
         if self.players not in ("lora", "separate"):

@@ -8,7 +8,6 @@ With ``players="separate"`` each player is a full trainable copy and one frozen 
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -18,18 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from alignment_games.modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
-from alignment_games.modules.lm import static_decode
 from alignment_games.modules.lm.base_identity import base_identity
-from alignment_games.modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
-from alignment_games.modules.lm.decoding import (
-    _PREFIX,
-    GROUPED_ATTENTION,
-    _register_grouped_attention,
-    grouped_decode_setting,
-    next_tokens,
-    preallocated_cache,
-    prompt_cache,
-)
+from alignment_games.modules.lm.decoders import Decoder, make_decoder
+from alignment_games.modules.lm.decoding import cache_arg, prompt_forward
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -37,6 +27,7 @@ from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
 from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_weights_dtype
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.row_adapters import plain_lora_layers, row_adapters
+from alignment_games.modules.lm.sampling import Sampling
 
 __all__ = ["PolicyBank"]
 
@@ -71,19 +62,9 @@ class PolicyBank(nn.Module):
         self.share_prompts = not lm.gradient_checkpointing
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
-        self.merge_for_generation = True  # see _for_generation; set False under sharded strategies
-        # under lm.decode auto, sampled groups decode with grouped_prefix_attention (each prompt's cache read once per
-        # group) on CPU, where copying the prompt cache was a third of generate's time, and with the static cascade
-        # elsewhere; True/False (or the environment variable ALIGNMENT_GAMES_GROUPED_DECODE=1/0) forces grouped/generate
-        self.grouped_decode: bool | None = grouped_decode_setting()
-        # lm.decode: auto / generate / grouped / static (see ModelConfig); lm.compile_decode compiles the static step
-        self.decode, self.compile_decode = lm.decode, lm.compile_decode
-        # grouped decodes of Llama-family models step through LeanDecoder (the same arithmetic as their forward
-        # without its per-token module and cache overhead); False keeps the model's forward
-        self.lean_decode = True
-        self.static_bucket = 64  # prompt widths padded to a multiple of this in a compiled static decode
-        self._static_caches: dict[int, Any] | None = None  # kept between calls only when compiled (fixed addresses)
-        self._compiled_step: Callable | None = None
+        self.merge_for_generation = True  # see for_generation; set False under sharded strategies
+        # how generate samples, chosen once from lm.decode (see modules.lm.decoders)
+        self.decoder: Decoder = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
         self.logit_chunk_tokens: int | None = None
 
@@ -133,7 +114,8 @@ class PolicyBank(nn.Module):
         return [p for n, p in self.model.named_parameters() if f".{player}." in n]
 
     @contextmanager
-    def _use(self, player: str | None) -> Iterator[nn.Module]:
+    def using(self, player: str | None) -> Iterator[nn.Module]:
+        """The model of ``player`` (its adapter active, or its copy); ``None``: the frozen reference."""
         if self.mode == "separate":
             yield self.reference if player is None else self.models[player]
             return
@@ -159,10 +141,10 @@ class PolicyBank(nn.Module):
         return all(p is None or plain_lora_layers(self.model, p) is not None for p in set(players))
 
     @contextmanager
-    def _for_generation(
+    def for_generation(
         self, player: str | None, row_players: list[str | None] | None = None, group: int = 1
     ) -> Iterator[nn.Module]:
-        """The player as :meth:`_use` gives it, with its LoRA update merged into fresh weights when allowed.
+        """The player as :meth:`using` gives it, with its LoRA update merged into fresh weights when allowed.
 
         ``W + s·BA`` computed once per ``generate`` call makes the adapter free per token. The merged weights are new
         tensors swapped in and the originals put back, so the frozen base is bit-for-bit untouched (an in-place merge
@@ -173,16 +155,16 @@ class PolicyBank(nn.Module):
         several players).
         """
         if row_players is not None:
-            with self._use(None) as model, row_adapters(model, row_players, group):
+            with self.using(None) as model, row_adapters(model, row_players, group):
                 yield model
             return
         layers = [] if self.mode == "separate" or player is None else plain_lora_layers(self.model, player)
         if not layers or not self.merge_for_generation:
-            with self._use(player) as model:
+            with self.using(player) as model:
                 yield model
             return
         swapped = []
-        with self._use(None) as model:  # adapters disabled: every LoRA layer calls its base layer only
+        with self.using(None) as model:  # adapters disabled: every LoRA layer calls its base layer only
             try:
                 with torch.no_grad():
                     for module in layers:
@@ -208,7 +190,8 @@ class PolicyBank(nn.Module):
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
-    def _encode_prompts(self, prompts: Sequence[str]) -> dict[str, Tensor]:
+    def encode_prompts(self, prompts: Sequence[str]) -> dict[str, Tensor]:
+        """``input_ids`` and ``attention_mask`` ``[B, W]`` of the left-padded prompts, cut to ``max_prompt_tokens``."""
         enc = self.tokenizer(list(prompts), add_special_tokens=False)
         ids = enc["input_ids"]
         cut = [i for i, s in enumerate(ids) if len(s) > self.max_prompt_tokens]
@@ -268,48 +251,16 @@ class PolicyBank(nn.Module):
                     f"generate: players {sorted(set(row_players), key=str)} cannot decode in one batch (lm.players "
                     f"{self.mode!r}, or LoRA layers other than plain LoRA on nn.Linear); use generate_each"
                 )
+        tempered = (temperature, top_p) if do_sample else (1.0, 1.0)  # greedy: neither is used
+        sampling = Sampling(*tempered, max_new_tokens, min_new_tokens)
         device = next(self.parameters()).device
-        once = {k: v.to(device) for k, v in self._encode_prompts(prompts).items()}
-        enc = {k: v.repeat_interleave(num_samples, dim=0) for k, v in once.items()}
-        eos = self.tokenizer.eos_token_id
-        with self.gather_for_generation(), self._for_generation(player, row_players, num_samples) as model:
+        ids, mask = (v.to(device) for v in self.encode_prompts(prompts).values())
+        with self.gather_for_generation(), self.for_generation(player, row_players, num_samples) as model:
             was_training = model.training
             model.eval()
-            mode = self._decode_mode(model, num_samples, once["input_ids"].shape[1])
-            if mode != "generate":
-                decode = self._decode_static if mode == "static" else self._decode_grouped
-                out = decode(model, once, num_samples, temperature, top_p, max_new_tokens, do_sample, min_new_tokens)
-            else:
-                extra = {}
-                if num_samples > 1 and self.share_prompts and once["input_ids"].shape[1] > 1:
-                    # prefill each prompt once (all but its last token) and copy the cache to the prompt's samples
-                    ids, mask = once["input_ids"], once["attention_mask"]
-                    cache, _ = self._prompt_forward(model, ids, mask, ids.shape[1] - 1)
-                    cache.batch_repeat_interleave(num_samples)
-                    extra[self._cache_arg(model)] = cache
-                out = model.generate(
-                    **enc,
-                    **extra,
-                    do_sample=do_sample,
-                    temperature=temperature if do_sample else None,
-                    top_p=top_p if do_sample else None,
-                    top_k=0 if do_sample else None,
-                    max_new_tokens=max_new_tokens,
-                    min_new_tokens=min_new_tokens or None,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    eos_token_id=eos,
-                )
+            out = self.decoder.decode(model, ids, mask, num_samples, sampling, greedy=not do_sample)
             model.train(was_training)
-        width = enc["input_ids"].shape[1]
-        completion = out[:, width:]
-        is_eos = completion == eos
-        # keep tokens up to and including the first EOS (generating EOS is an action too)
-        after_first_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
-        # pads only follow a finished row's EOS; a pad token sampled mid-reply is an action like any other
-        completion_mask = (~after_first_eos).long()
-        texts = self.tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
-        attention = torch.cat([enc["attention_mask"], completion_mask], dim=1)
-        return Rollout(out, attention, width, completion_mask, texts, group_size=num_samples)
+        return Rollout.from_decode(out, mask.repeat_interleave(num_samples, dim=0), num_samples, self.tokenizer)
 
     def generate_each(
         self, requests: Sequence[tuple[str | None, Sequence[str]]], num_samples: int, **kwargs: Any
@@ -336,219 +287,6 @@ class PolicyBank(nn.Module):
         out = self.generate(rows, [y for _, x in requests for y in x], num_samples, **kwargs)
         return out.split([len(x) for _, x in requests])
 
-    def _cache_arg(self, model: nn.Module) -> str:
-        """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
-        if not hasattr(self, "_cache_name"):
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model
-            params = inspect.signature(type(base).forward).parameters
-            self._cache_name = "cache" if "cache" in params else "past_key_values"
-        return self._cache_name
-
-    def _decode_mode(self, model: nn.Module, num_samples: int, width: int) -> str:
-        """Which decode runs: ``generate``, ``grouped`` or ``static`` (see ``ModelConfig.decode``).
-
-        ``auto``: ``grouped_decode`` (True: grouped, False: generate) where it is set, else grouped on CPU and static
-        elsewhere. Grouped needs sampled groups (G > 1) unless :class:`LeanDecoder` steps it (``lean_decode`` and a
-        model it serves); both cascades a prompt cache (``share_prompts``, prompts wider than one token) and an
-        attention backend they can stand in for; otherwise ``generate`` runs.
-        """
-        mode = self.decode
-        if mode == "auto":
-            if self.grouped_decode is not None:
-                mode = "grouped" if self.grouped_decode else "generate"
-            else:
-                mode = "grouped" if next(self.parameters()).device.type == "cpu" else "static"
-        lean = self._lean_ok(model)  # LeanDecoder serves G = 1 as well
-        if (
-            mode == "generate"
-            or not self.share_prompts
-            or width < 2
-            or (mode == "grouped" and num_samples < 2 and not lean)
-        ):
-            return "generate"
-        return mode if self._cascade_ok(model) else "generate"
-
-    def _lean_ok(self, model: nn.Module) -> bool:
-        """Whether :class:`LeanDecoder` steps this decode.
-
-        It needs ``lean_decode``, no sharded strategy (it reads weights outside any gathering hook) and a model it
-        repeats exactly.
-        """
-        return self.lean_decode and self.merge_for_generation and lean_decode_unsupported(model) is None
-
-    def _grouped_ok(self, model: nn.Module) -> bool:
-        """Whether sampled groups decode with :func:`grouped_prefix_attention` (see ``grouped_decode``)."""
-        wanted = self.grouped_decode
-        if wanted is None:
-            wanted = next(self.parameters()).device.type == "cpu"
-        return bool(wanted) and self._cascade_ok(model)
-
-    def _cascade_ok(self, model: nn.Module) -> bool:
-        """Whether ``model`` can run a cascade attention: transformers' attention interface on sdpa or eager."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        # models whose attention goes through transformers' AttentionInterface, on a plain (sdpa/eager) backend
-        if not getattr(base, "_supports_attention_backend", False):
-            return False
-        if getattr(base.config, "_attn_implementation", None) not in ("sdpa", "eager"):
-            return False
-        return _register_grouped_attention()
-
-    def _decode_grouped(
-        self,
-        model: nn.Module,
-        once: dict[str, Tensor],
-        g: int,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        do_sample: bool,
-        min_new_tokens: int,
-    ) -> Tensor:
-        """Sample ``g`` continuations per prompt with the prompt's cache held once (``[prompt | completion]`` rows).
-
-        The decode loop runs the B·G rows over one prefilled copy of each prompt: stepped by :class:`LeanDecoder`
-        where it serves the model (``lean_decode``), else through the model's forward with
-        :func:`grouped_prefix_attention`; sampling is ``generate``'s (same draws from the global generator, in the
-        same order).
-        """
-        ids, mask = once["input_ids"], once["attention_mask"]
-        width = ids.shape[1]
-        cache, prompt_mask = prompt_cache(model, ids, mask, self._cache_arg(model))
-        if self._lean_ok(model):
-            decoder = LeanDecoder(model, cache, prompt_mask, g, max_new_tokens)
-            del cache
-
-            def lean_step(token: Tensor, position: Tensor, step: int) -> Tensor:
-                return decoder.step(token, position)
-
-            return self._sample(lean_step, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens)
-        pad_mask = torch.zeros(mask.shape[0], 1, width - 1, device=ids.device)  # float32, added to float32 scores
-        pad_mask = pad_mask.masked_fill(prompt_mask[:, None] == 0, float("-inf"))
-        prefix = {i: (layer.keys, layer.values, pad_mask) for i, layer in enumerate(cache.layers)}
-        own = preallocated_cache(max_new_tokens)  # the prompt's last token, then every token but the last written
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        previous = base.config._attn_implementation
-        _PREFIX.clear()
-        _PREFIX.update(prefix)
-        base.config._attn_implementation = GROUPED_ATTENTION
-
-        def step_logits(token: Tensor, position: Tensor, step: int) -> Tensor:
-            out = model(input_ids=token, position_ids=position, use_cache=True, **{self._cache_arg(model): own})
-            return out.logits[:, -1, :]
-
-        try:
-            return self._sample(
-                step_logits, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
-            )
-        finally:
-            base.config._attn_implementation = previous
-            _PREFIX.clear()
-
-    def _decode_static(
-        self,
-        model: nn.Module,
-        once: dict[str, Tensor],
-        g: int,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        do_sample: bool,
-        min_new_tokens: int,
-    ) -> Tensor:
-        """:meth:`_decode_grouped` over caches allocated once at full length (:mod:`modules.lm.static_decode`).
-
-        Each prompt's cache is held once for its ``g`` rows (never copied to them), the rows' own keys go to
-        ``max_new_tokens`` preallocated slots, and every step has the same shapes, so with ``compile_decode`` the step
-        runs under ``torch.compile`` (CUDA graphs on CUDA). Sampling is ``generate``'s, draw for draw.
-        """
-        ids, mask = once["input_ids"], once["attention_mask"]
-        prompt, prompt_mask = prompt_cache(model, ids, mask, self._cache_arg(model))
-        compiled = self.compile_decode
-        caches = static_decode.build_caches(
-            prompt,
-            prompt_mask,
-            g,
-            max_new_tokens,
-            self.static_bucket if compiled else 1,
-            reuse=self._static_caches if compiled else None,
-        )
-        del prompt
-        step_fn = static_decode.step_logits
-        if compiled:
-            if caches is not self._static_caches:
-                static_decode.mark_static(caches)
-                self._static_caches = caches
-            if self._compiled_step is None:
-                self._compiled_step = static_decode.compiled_step(ids.device)
-            step_fn = self._compiled_step
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        previous = base.config._attn_implementation
-        static_decode.register_static_attention()
-        static_decode._STATE.clear()
-        static_decode._STATE.update(caches)
-        base.config._attn_implementation = static_decode.STATIC_ATTENTION
-        step_slot = caches[0].step
-
-        def step_logits(token: Tensor, position: Tensor, step: int) -> Tensor:
-            step_slot.fill_(step)
-            return step_fn(model, token, position)
-
-        try:
-            return self._sample(
-                step_logits, ids, mask, g, temperature, top_p, max_new_tokens, do_sample, min_new_tokens
-            )
-        finally:
-            base.config._attn_implementation = previous
-            static_decode._STATE.clear()
-
-    def _sample(
-        self,
-        step_logits: Callable[[Tensor, Tensor, int], Tensor],
-        ids: Tensor,
-        mask: Tensor,
-        g: int,
-        temperature: float,
-        top_p: float,
-        max_new_tokens: int,
-        do_sample: bool,
-        min_new_tokens: int,
-    ) -> Tensor:
-        """The cascaded decodes' loop: ``[prompt | completion]`` rows, ``g`` per prompt, until every row ends.
-
-        ``step_logits(token, position, step)`` gives each row's next-token logits ``[B·G, V]``; sampling is
-        ``generate``'s (the same draws from the global generator, in the same order); a row that wrote EOS is padded.
-        """
-        rows = ids.repeat_interleave(g, dim=0)
-        position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
-        token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile when compiled)
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        unfinished = torch.ones(rows.shape[0], dtype=torch.bool, device=ids.device)
-        new: list[Tensor] = []
-        for step in range(max_new_tokens):
-            nxt = next_tokens(
-                step_logits(token, position, step), step, min_new_tokens, eos, do_sample, temperature, top_p
-            )
-            nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
-            new.append(nxt)
-            if eos is not None:
-                unfinished &= nxt != eos
-            if not bool(unfinished.any()):
-                break
-            token, position = nxt[:, None], position + 1
-        return torch.cat([rows, torch.stack(new, dim=1)], dim=1)
-
-    def _prompt_forward(self, model: nn.Module, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
-        """KV cache of ``ids[:, :end]`` and the last position's logits ``[rows, 1, V]`` (positions from the mask)."""
-        pos = (mask.cumsum(dim=1) - 1).clamp_min(0)
-        out = model(
-            input_ids=ids[:, :end],
-            attention_mask=mask[:, :end],
-            position_ids=pos[:, :end],
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return getattr(out, self._cache_arg(model)), out.logits
-
     def token_logprobs(
         self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0, max_tokens: int = 0
     ) -> Tensor:
@@ -568,7 +306,7 @@ class PolicyBank(nn.Module):
         spans, lengths = row_lengths(att, width, cmask)
         pos_all = (att.cumsum(dim=1) - 1).clamp_min(0)  # from the full rows: dropping padding columns keeps them
         out = []
-        with self._use(player) as model:
+        with self.using(player) as model:
             for i, j in micro_batches(spans, lengths, max_tokens, micro_batch, g):
                 # the chunk's columns: from its longest prompt (at least one prompt column, which predicts the first
                 # completion token) to its longest completion; the others are padding in every row of it
@@ -579,9 +317,9 @@ class PolicyBank(nn.Module):
                 with head_inputs(model) as seen:
                     if k > 1:
                         # the prompt once per group: its cache and the state predicting the first completion token
-                        cache, _ = self._prompt_forward(model, s[::k], a[::k], p)
+                        cache, _ = prompt_forward(model, s[::k], a[::k], p)
                         cache.batch_repeat_interleave(k)
-                        kw = {self._cache_arg(model): cache}
+                        kw = {cache_arg(model): cache}
                         model(input_ids=s[:, p:], attention_mask=a, position_ids=pos[:, p:], **kw)
                         first, tail = seen
                         hidden = torch.cat([first.repeat_interleave(k, dim=0), tail[:, :-1]], dim=1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,6 +36,21 @@ class Rollout:
     completion_mask: Tensor
     texts: list[str]
     group_size: int = 1
+
+    @classmethod
+    def from_decode(cls, sequences: Tensor, prompt_mask: Tensor, group_size: int, tokenizer: Any) -> Rollout:
+        """The rollout of decoded rows ``[N, P + C]`` after prompts of mask ``prompt_mask`` ``[N, P]``.
+
+        The completion is every token up to and including the first EOS (generating EOS is an action too); pads only
+        follow a finished row's EOS, a pad token sampled mid-reply is an action like any other.
+        """
+        width = prompt_mask.shape[1]
+        completion = sequences[:, width:]
+        is_eos = completion == tokenizer.eos_token_id
+        completion_mask = (~((is_eos.cumsum(dim=1) - is_eos.long()) > 0)).long()
+        texts = tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        return cls(sequences, attention, width, completion_mask, texts, group_size)
 
     @property
     def num_empty(self) -> int:

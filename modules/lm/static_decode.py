@@ -3,8 +3,8 @@
 The cascade of :mod:`modules.lm.decoding` (a group's prompt keys read once, never copied to its rows) over caches
 that do not grow: the prompt part padded to a bucket, the rows' own part ``max_new_tokens`` slots long with the
 unwritten slots masked. Every step runs the same shapes on the same buffers, which is what ``torch.compile`` and CUDA
-graphs (``mode="reduce-overhead"``) need to serve it. :class:`~modules.lm.policy_bank.PolicyBank` runs it with
-``lm.decode: static`` (the GPU default).
+graphs (``mode="reduce-overhead"``) need to serve it. :class:`~modules.lm.decoders.StaticDecoder` runs it
+(``lm.decode: static``, the GPU default).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from alignment_games.modules.lm.decoding import _register_grouped_attention, cas
 __all__ = ["STATIC_ATTENTION", "StaticCascade", "compile_options", "register_static_attention", "step_logits"]
 
 STATIC_ATTENTION = "alignment_games_static_cascade"
-# layer index -> the StaticCascade of the one decode running with static_cascade_attention (set and cleared by it)
-_STATE: dict[int, StaticCascade] = {}
 
 
 @dataclass
@@ -62,7 +60,7 @@ def static_cascade_attention(
     of its own (``use_cache=False``), so ``key``/``value`` are this token's only (``[B·G, KV, 1, D]``).
     ``attention_mask`` is ignored: the prompt's padding is in the prefix mask, the own slots are masked by ``step``.
     """
-    s = _STATE[module.layer_idx]
+    s = module.cascade  # this layer's StaticCascade (see modules.lm.decoding.cascade_state)
     s.own_keys.index_copy_(2, s.step, key.to(s.own_keys.dtype))
     s.own_values.index_copy_(2, s.step, value.to(s.own_values.dtype))
     slots = torch.arange(s.own_keys.shape[2], device=query.device)

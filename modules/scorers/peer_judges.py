@@ -125,7 +125,7 @@ def encode_texts(
         len(prompts) % group_size or any(prompts[i] != prompts[i - i % group_size] for i in range(len(prompts)))
     ):
         raise ValueError(f"encode: the {len(prompts)} rows are not groups of {group_size} sharing one prompt")
-    tok, enc, device = bank.tokenizer, bank._encode_prompts(prompts), next(bank.parameters()).device
+    tok, enc, device = bank.tokenizer, bank.encode_prompts(prompts), next(bank.parameters()).device
     ids = [s + [tok.eos_token_id] * eos for s in tok(list(completions), add_special_tokens=False)["input_ids"]]
     comp = pad_sequences([s or [tok.pad_token_id] for s in ids], tok.pad_token_id)  # at least one column
     mask = comp["attention_mask"] * torch.tensor([[int(bool(s))] for s in ids], dtype=torch.long)

@@ -93,22 +93,22 @@ def test_mixture_sampler_follows_beta(tiny_lm_dir):
     greedy = {w: bank.generate(w, prompts, 1, max_new_tokens=8, do_sample=False) for w in ("policy", None)}
     assert greedy["policy"].texts != greedy[None].texts
     for beta, who in ((0.0, "policy"), (1.0, None)):
-        out = generate_mixture(bank, "policy", prompts, 1, beta, temperature=1e-4, max_new_tokens=8)
+        out = generate_mixture(bank, "policy", prompts, 1, beta, Sampling(1e-4, max_new_tokens=8))
         assert out.texts == greedy[who].texts
         assert out.completion_mask.shape == greedy[who].completion_mask.shape
         assert torch.equal(out.sequences, greedy[who].sequences)
     # β = 0.3: as temperature → 0 the mixture's token is argmax((1 − β) logits_policy + β logits_ref) (the tempered
     # log-partition terms are constant per step); decoded here by a plain loop, one prompt at a time, no KV cache
     beta = 0.3
-    out = generate_mixture(bank, "policy", prompts, 1, beta, temperature=1e-4, max_new_tokens=8)
+    out = generate_mixture(bank, "policy", prompts, 1, beta, Sampling(1e-4, max_new_tokens=8))
     eos = bank.tokenizer.eos_token_id
     for row, prompt in enumerate(prompts):
-        ids = bank._encode_prompts([prompt])["input_ids"]
+        ids = bank.encode_prompts([prompt])["input_ids"]
         tokens = []
         for _ in range(8):
             logits = {}
             for who in ("policy", None):
-                with torch.no_grad(), bank._use(who) as model:
+                with torch.no_grad(), bank.using(who) as model:
                     logits[who] = torch.log_softmax(model(input_ids=ids).logits[0, -1].double(), dim=-1)
             nxt = int(torch.argmax((1 - beta) * logits["policy"] + beta * logits[None]))
             tokens.append(nxt)
@@ -119,7 +119,7 @@ def test_mixture_sampler_follows_beta(tiny_lm_dir):
         assert got == tokens, f"prompt {row}"
     assert out.texts != greedy["policy"].texts and out.texts != greedy[None].texts  # a mixture, neither model's own
     with pytest.raises(ValueError, match="beta"):
-        generate_mixture(bank, "policy", prompts, 1, 1.5)
+        generate_mixture(bank, "policy", prompts, 1, 1.5, Sampling())
 
 
 def test_nlhf_trains_the_policy_only_and_validates_against_the_reference(tiny_lm_dir, tmp_path):

@@ -76,21 +76,21 @@ def test_models_it_cannot_repeat_exactly_are_refused_with_the_reason(tiny_decode
     mistral = MistralForCausalLM(MistralConfig(**SMALL, sliding_window=4))
     assert "model type 'mistral'" in lean_decode_unsupported(mistral)
     bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
-    with bank._use("policy") as model:
+    with bank.using("policy") as model:
         assert "LoRA layer is active" in lean_decode_unsupported(model)
         with pytest.raises(ValueError, match="LeanDecoder: a LoRA layer is active"):
             LeanDecoder(model, DynamicCache(), torch.ones(1, 1), 1, 1)
-    with bank._use(None) as model:  # the disabled adapter: the frozen base alone
+    with bank.using(None) as model:  # the disabled adapter: the frozen base alone
         assert lean_decode_unsupported(model) is None
-    with bank._for_generation("policy") as model:  # the adapter merged into fresh weights
+    with bank.for_generation("policy") as model:  # the adapter merged into fresh weights
         assert lean_decode_unsupported(model) is None
 
 
-@pytest.mark.parametrize("lean", [False, True])
-def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tiny_decoder_dir, monkeypatch, lean):
+@pytest.mark.parametrize("decode", ["grouped_forward", "grouped"])
+def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tiny_decoder_dir, monkeypatch, decode):
     tiny_lm_dir = tiny_decoder_dir  # the tiny Qwen2, then the tiny Llama
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
-    bank.grouped_decode, bank.lean_decode = True, lean
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8, decode=decode), players=["policy"])
+    lean = decode == "grouped"
     steps = []
     original = LeanDecoder.step
     monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: steps.append(1) or original(self, *a))
@@ -98,15 +98,14 @@ def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tin
     assert len(steps) == (4 if lean else 0)
 
 
-def test_fsdp_wrapped_layers_and_sharded_strategies_keep_the_models_forward(tiny_lm_dir):
+def test_fsdp_wrapped_layers_and_sharded_parameters_keep_the_models_forward():
     """FSDP units gather their weights in forward hooks that LeanDecoder would skip: a layer class renamed as
-    ``fully_shard`` renames it is refused, and a bank under a sharded strategy (no merged generation) never steps it."""
+    ``fully_shard`` renames it is refused, and so are parameters DeepSpeed ZeRO-3 partitions (``ds_id``)."""
     model = _model("qwen2")
     layer = model.model.layers[0]
     layer.__class__ = type("FSDPQwen2DecoderLayer", (type(layer),), {})
     assert "FSDP-wrapped module FSDPQwen2DecoderLayer" == lean_decode_unsupported(model)
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["policy"])
-    with bank._use(None) as base:
-        assert bank._lean_ok(base)
-        bank.merge_for_generation = False  # what use_strategy sets under FSDP and DeepSpeed
-        assert not bank._lean_ok(base)
+    model = _model("qwen2")
+    assert lean_decode_unsupported(model) is None
+    model.model.norm.weight.ds_id = 3
+    assert lean_decode_unsupported(model) == "sharded or offloaded parameters"

@@ -47,7 +47,7 @@ def _bank(path: str, dtype: str = "float32") -> PolicyBank:
 def _rollout(bank: PolicyBank, group_size: int, tokens: int, seed: int = 0) -> Rollout:
     """Two left-padded prompts, ``group_size`` rows each, random completions over the whole vocabulary."""
     gen = torch.Generator().manual_seed(seed)
-    enc = bank._encode_prompts(["1+1=", "a longer prompt: 12*3="])
+    enc = bank.encode_prompts(["1+1=", "a longer prompt: 12*3="])
     ids, mask = (enc[k].repeat_interleave(group_size, dim=0) for k in ("input_ids", "attention_mask"))
     n = ids.shape[0]
     completion = torch.randint(0, VOCAB, (n, tokens), generator=gen)
@@ -86,7 +86,7 @@ def test_bank_values_and_adapter_gradients_equal_the_full_logits(real_vocab_dir,
     got = bank.token_logprobs("alice", roll, temperature=0.7, micro_batch=micro_batch)
     (got * weights).sum().backward()
     got_grads = _grads(params)
-    with bank._use("alice") as model:
+    with bank.using("alice") as model:
         want = _full_logits_logprobs(model, roll, 0.7)
     (want * weights).sum().backward()
     want_grads = _grads(params)
@@ -97,7 +97,7 @@ def test_bank_values_and_adapter_gradients_equal_the_full_logits(real_vocab_dir,
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # the reference (adapters off), as the KL terms and the peer judge read it
         ref = bank.token_logprobs(None, roll, temperature=1.0, micro_batch=micro_batch)
-        with bank._use(None) as model:
+        with bank.using(None) as model:
             torch.testing.assert_close(ref, _full_logits_logprobs(model, roll, 1.0), rtol=0, atol=1e-5)
 
 
@@ -111,7 +111,7 @@ def test_bf16_weights_give_the_full_logits_values_with_an_fp32_log_softmax(real_
     assert got.dtype == torch.float32
     got.sum().backward()
     got_grads = _grads(params)
-    with bank._use("alice") as model:
+    with bank.using("alice") as model:
         want = _full_logits_logprobs(model, roll, 0.7)
     want.sum().backward()
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
@@ -191,7 +191,7 @@ def test_chunked_forward_and_backward_peak_at_most_a_quarter_of_the_full_logits(
         bank.token_logprobs("alice", roll, temperature=0.7).sum().backward()
 
     def full():
-        with bank._use("alice") as model:
+        with bank.using("alice") as model:
             _full_logits_logprobs(model, roll, 0.7).sum().backward()
 
     full_peak, chunked_peak = peak_cpu_bytes(full), peak_cpu_bytes(chunked)

@@ -19,6 +19,26 @@ def bank(tiny_decoder_dir):
     return b
 
 
+def _banks(path, *lms):
+    """One bank per ``lm`` (an ``lm.decode``, or a dict of ModelConfig fields), the first one's perturbed adapter in
+    each."""
+    lms = [lm if isinstance(lm, dict) else {"decode": lm} for lm in lms]
+    banks = [PolicyBank(ModelConfig(path, lora_r=4, lora_alpha=8, **lm), players=["policy"]) for lm in lms]
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in banks[0].player_parameters("policy"):
+            p.add_(0.3 * torch.randn_like(p))
+    for b in banks[1:]:
+        b.load_state_dict(banks[0].state_dict())
+    return banks
+
+
+def _no_cascade_left(bank):
+    """The attention backend restored and no decode's state left on the model's modules."""
+    base = bank.model.get_base_model()
+    return base.config._attn_implementation == "sdpa" and not any(hasattr(m, "cascade") for m in base.modules())
+
+
 def _one_row_logprobs(model, tok, prompt, completion_ids, temperature):
     """Brute force: the unpadded prompt + completion, full log-softmax, completion positions summed."""
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -44,7 +64,7 @@ def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_decoder_dir)
     for i in range(4):
         n = int(roll.completion_mask[i].sum())
         comp = roll.sequences[i, roll.prompt_width : roll.prompt_width + n].tolist()
-        with bank._use("alice") as model, torch.no_grad():
+        with bank.using("alice") as model, torch.no_grad():
             want = _one_row_logprobs(model, tok, prompts[i // 2], comp, 0.7)
         assert torch.allclose(per_token[i, :n], want, atol=1e-4), i
         with torch.no_grad():
@@ -77,7 +97,7 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     the attention of SDPA over the prompt cache copied to every row."""
     import torch.nn.functional as F
 
-    from alignment_games.modules.lm import decoding as policy
+    from alignment_games.modules.lm.decoding import grouped_prefix_attention
 
     torch.manual_seed(0)
     b, g, h, kvh, p, t, q, d = 3, 4, 4, 2, 7, 5, 2, 8
@@ -88,12 +108,8 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     query = torch.randn(b * g, h, q, d)
     keys, values, own_k, own_v, query = (x.to(dtype) for x in (keys, values, own_k, own_v, query))
     layer = torch.nn.Module()
-    layer.layer_idx = 5
-    policy._PREFIX[5] = (keys, values, pad)
-    try:
-        out, _ = policy.grouped_prefix_attention(layer, query, own_k, own_v, None, scaling=d**-0.5)
-    finally:
-        policy._PREFIX.clear()
+    layer.cascade = (keys, values, pad)  # as cascade_state hands each attention module its layer's prompt part
+    out, _ = grouped_prefix_attention(layer, query, own_k, own_v, None, scaling=d**-0.5)
     full_k = torch.cat([keys.repeat_interleave(g, 0), own_k], 2).repeat_interleave(h // kvh, 1)
     full_v = torch.cat([values.repeat_interleave(g, 0), own_v], 2).repeat_interleave(h // kvh, 1)
     allowed = torch.ones(b * g, 1, q, p + t, dtype=torch.bool)
@@ -114,42 +130,21 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
     ],
     ids=["min_new_tokens", "top_p", "greedy"],
 )
-@pytest.mark.parametrize("lean", [True, False], ids=["lean_step", "model_forward"])
-def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decoder_dir, kw, lean):
+@pytest.mark.parametrize("decode", ["grouped", "grouped_forward"], ids=["lean_step", "model_forward"])
+def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decoder_dir, kw, decode):
     """Sampled groups decoded with each prompt's cache held once, stepped by LeanDecoder or through the model's
     forward: the tokens of transformers' generate over the copied cache, draw for draw, for prompts of different
     lengths; the attention backend is restored afterwards."""
-    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
-    bank.lean_decode = lean
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in bank.player_parameters("policy"):
-            p.add_(0.3 * torch.randn_like(p))
+    plain, grouped = _banks(tiny_decoder_dir, "generate", decode)
+    grouped.model.generate = None  # the grouped path really runs (a CPU Qwen2 on sdpa): generate would fail
     prompts = ["3 + 4 =", "Twelve apples minus five apples leaves", "9*9"]
     outs = []
-    for grouped in (False, True):
-        bank.grouped_decode = grouped
+    for bank in (plain, grouped):
         torch.manual_seed(7)
         outs.append(bank.generate("policy", prompts, 3, **kw))
-    assert bank._grouped_ok(bank.model)  # the grouped path really ran (a CPU Qwen2 on sdpa)
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
-    from alignment_games.modules.lm import decoding as policy
-
-    assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not policy._PREFIX
-
-
-def test_grouped_decode_setting_from_the_environment(monkeypatch):
-    from alignment_games.modules.lm.decoding import GROUPED_DECODE_ENV, grouped_decode_setting
-
-    for raw, expected in (("auto", None), ("1", True), ("On", True), ("false", False), ("0", False)):
-        monkeypatch.setenv(GROUPED_DECODE_ENV, raw)
-        assert grouped_decode_setting() is expected
-    monkeypatch.delenv(GROUPED_DECODE_ENV)
-    assert grouped_decode_setting() is None
-    monkeypatch.setenv(GROUPED_DECODE_ENV, "maybe")
-    with pytest.raises(ValueError, match="ALIGNMENT_GAMES_GROUPED_DECODE must be one of.*'maybe'"):
-        grouped_decode_setting()
+    assert _no_cascade_left(grouped)
 
 
 @pytest.mark.parametrize(
@@ -170,11 +165,7 @@ def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(t
 
     from alignment_games.modules.lm import static_decode
 
-    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in bank.player_parameters("policy"):
-            p.add_(0.3 * torch.randn_like(p))
+    banks = _banks(tiny_decoder_dir, "generate", "static")
     prompts = ["3 + 4 =", "Twelve apples minus five apples leaves", "9*9"]
     repeats, shapes = [], []
     original_repeat, original_build = DynamicCache.batch_repeat_interleave, static_decode.build_caches
@@ -189,15 +180,14 @@ def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(t
 
     monkeypatch.setattr(static_decode, "build_caches", build)
     outs = []
-    for mode in ("generate", "static"):
-        bank.decode = mode
+    for bank in banks:
         torch.manual_seed(7)
         outs.append(bank.generate("policy", prompts, g, **kw))
     assert repeats == ([g] if g > 1 else [])  # only generate copied the prompt cache to the rows
     assert shapes == [(len(prompts), len(prompts) * g)]  # static: the prompt part once per prompt
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
-    assert bank.model.get_base_model().config._attn_implementation == "sdpa" and not static_decode._STATE
+    assert _no_cascade_left(banks[1])
 
 
 def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_decoder_dir, monkeypatch):
@@ -205,44 +195,49 @@ def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_decoder_
     runs in seconds), the tokens stay generate's, and a second call of the same shapes refills the same buffers (what
     CUDA graphs need) with prompt widths padded to a bucket."""
     from alignment_games.modules.lm import static_decode
+    from alignment_games.modules.lm.decoders import StaticDecoder
 
     monkeypatch.setattr(static_decode, "compile_options", lambda device: {"backend": "eager", "fullgraph": True})
     torch._dynamo.reset()
-    bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8, compile_decode=True), players=["policy"])
-    bank.decode = "static"
+    compiled_bank, plain = _banks(tiny_decoder_dir, {"decode": "static", "compile_decode": True}, "generate")
     kw = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 6}
     runs = []
     for prompts in (["3 + 4 =", "a longer prompt: 12*3="], ["9*9", "7 - 2 ="]):
         torch.manual_seed(3)
-        compiled = bank.generate("policy", prompts, 2, **kw)
-        caches = bank._static_caches
-        bank.decode, bank.compile_decode = "generate", False
+        compiled = compiled_bank.generate("policy", prompts, 2, **kw)
+        caches = compiled_bank.decoder.caches
         torch.manual_seed(3)
-        assert torch.equal(compiled.sequences, bank.generate("policy", prompts, 2, **kw).sequences)
-        bank.decode, bank.compile_decode = "static", True
+        assert torch.equal(compiled.sequences, plain.generate("policy", prompts, 2, **kw).sequences)
         runs.append((caches, caches[0].own_keys.data_ptr()))
     assert runs[0][0] is runs[1][0] and runs[0][1] == runs[1][1]  # the same buffers, refilled
-    assert runs[0][0][0].prefix_keys.shape[2] == bank.static_bucket  # both prompt widths within one bucket
+    assert runs[0][0][0].prefix_keys.shape[2] == StaticDecoder.bucket  # both prompt widths within one bucket
 
 
-def test_decode_mode_per_device_and_option(tiny_decoder_dir):
-    """``auto``: grouped on CPU (static elsewhere); ``grouped_decode`` False keeps generate; grouped needs G > 1 unless
-    LeanDecoder steps it; a prompt of one token, or gradient checkpointing (no prompt cache), falls back to generate."""
+def test_each_decode_is_chosen_once_from_the_config_and_falls_back_where_it_cannot_serve(tiny_decoder_dir):
+    """``auto``: grouped on CPU, static elsewhere; grouped needs G > 1 unless LeanDecoder steps it; a prompt of one
+    token, or gradient checkpointing (no prompt cache), falls back to generate."""
+    from alignment_games.modules.lm.decoders import (
+        DeviceDecoder,
+        GenerateDecoder,
+        GroupedDecoder,
+        StaticDecoder,
+        make_decoder,
+    )
+
     bank = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=["policy"])
-    m = bank.model
-    assert bank.decode == "auto" and bank._decode_mode(m, 4, 5) == "grouped"
-    bank.grouped_decode = False
-    assert bank._decode_mode(m, 4, 5) == "generate"
-    bank.grouped_decode = None
-    assert bank._decode_mode(m, 1, 5) == "generate" and bank._decode_mode(m, 4, 1) == "generate"
-    with bank._for_generation("policy") as merged:  # LeanDecoder serves the merged model, so G = 1 goes grouped
-        assert bank._decode_mode(merged, 1, 5) == "grouped"
-        bank.lean_decode = False
-        assert bank._decode_mode(merged, 1, 5) == "generate"
-    bank.decode = "static"
-    assert bank._decode_mode(m, 1, 5) == "static" and bank._decode_mode(m, 4, 1) == "generate"
-    bank.share_prompts = False
-    assert bank._decode_mode(m, 4, 5) == "generate"
+    auto, m = bank.decoder, bank.model
+    assert isinstance(auto, DeviceDecoder) and type(auto.cpu) is GroupedDecoder and type(auto.other) is StaticDecoder
+    grouped, static = auto.cpu, auto.other
+    assert grouped.serves(m, 4, 5) and not grouped.serves(m, 1, 5) and not grouped.serves(m, 4, 1)
+    with bank.for_generation("policy") as merged:  # LeanDecoder serves the merged model, so G = 1 goes grouped
+        assert grouped.serves(merged, 1, 5)
+        assert not GroupedDecoder(grouped.fallback, lean=False).serves(merged, 1, 5)
+    assert static.serves(m, 1, 5) and not static.serves(m, 4, 1)
+    eos, pad = bank.tokenizer.eos_token_id, bank.tokenizer.pad_token_id
+    lm = {"name_or_path": tiny_decoder_dir}
+    assert type(make_decoder(ModelConfig(**lm, decode="generate"), eos, pad)) is GenerateDecoder
+    checkpointed = make_decoder(ModelConfig(**lm, decode="static", gradient_checkpointing=True), eos, pad)
+    assert type(checkpointed) is StaticDecoder and not checkpointed.serves(m, 4, 5)
 
 
 def test_preallocated_cache_returns_what_a_dynamic_cache_returns_without_concatenating(monkeypatch):

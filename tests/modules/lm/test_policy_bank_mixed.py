@@ -17,15 +17,28 @@ REQUESTS = [
 
 
 @pytest.fixture(scope="module")
-def bank(tiny_decoder_dir):
-    torch.manual_seed(0)  # peft draws lora_A's initial values from the global generator
-    b = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8), players=PLAYERS)
-    with torch.no_grad():  # each adapter off its zero init, differently, so that the players answer differently
-        for i, p in enumerate(PLAYERS):
-            gen = torch.Generator().manual_seed(10 + i)
-            for w in b.player_parameters(p):
-                w.add_(0.3 * torch.randn(w.shape, generator=gen))
-    return b
+def banks(tiny_decoder_dir):
+    """The players' bank of an ``lm.decode`` (built on first use), the same adapters in each."""
+    made = {}
+
+    def bank(decode: str = "auto") -> PolicyBank:
+        if decode not in made:
+            torch.manual_seed(0)  # peft draws lora_A's initial values from the global generator
+            b = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8, decode=decode), players=PLAYERS)
+            with torch.no_grad():  # each adapter off its zero init, differently, so that the players answer differently
+                for i, p in enumerate(PLAYERS):
+                    gen = torch.Generator().manual_seed(10 + i)
+                    for w in b.player_parameters(p):
+                        w.add_(0.3 * torch.randn(w.shape, generator=gen))
+            made[decode] = b
+        return made[decode]
+
+    return bank
+
+
+@pytest.fixture(scope="module")
+def bank(banks):
+    return banks()
 
 
 def _same(a: Rollout, b: Rollout) -> None:
@@ -36,17 +49,14 @@ def _same(a: Rollout, b: Rollout) -> None:
     assert torch.equal(a.completion_mask, b.completion_mask)
 
 
-@pytest.mark.parametrize("decode", ["auto", "auto-forward", "generate", "static"])
+@pytest.mark.parametrize("decode", ["auto", "grouped_forward", "generate", "static"])
 @pytest.mark.parametrize("num_samples", [1, 2])
-def test_one_greedy_decode_of_three_players_equals_each_players_own(bank, decode, num_samples):
-    """auto: the lean decoder on CPU; auto-forward: the grouped cascade through the model's forward."""
-    bank.decode, bank.lean_decode = ("auto" if decode.startswith("auto") else decode), decode != "auto-forward"
-    try:
-        kw = {"max_new_tokens": 8, "do_sample": False}
-        together = bank.generate_each(REQUESTS, num_samples, **kw)
-        alone = [bank.generate(p, x, num_samples, **kw) for p, x in REQUESTS]
-    finally:
-        bank.decode, bank.lean_decode = "auto", True
+def test_one_greedy_decode_of_three_players_equals_each_players_own(banks, decode, num_samples):
+    """auto: the lean decoder on CPU; grouped_forward: the grouped cascade through the model's forward."""
+    bank = banks(decode)
+    kw = {"max_new_tokens": 8, "do_sample": False}
+    together = bank.generate_each(REQUESTS, num_samples, **kw)
+    alone = [bank.generate(p, x, num_samples, **kw) for p, x in REQUESTS]
     for a, b in zip(together, alone):
         _same(a, b)
     # the adapters differ: the same prompt answered by each player gives three different replies, so a row decoded
@@ -137,8 +147,8 @@ def test_an_adapter_with_a_lora_bias_is_neither_merged_nor_mixed(tiny_lm_dir):
     assert plain_lora_layers(b.model, "plain") and plain_lora_layers(b.model, "biased") is None
     assert not b.mixes_players(["plain", "biased"])
     kw = {"max_new_tokens": 6, "do_sample": False}
-    with b._use("biased") as model:  # peft's forward with the adapter active, the bias included
-        expected = model.generate(**b._encode_prompts(["7-2="]), **kw, pad_token_id=b.tokenizer.pad_token_id)
+    with b.using("biased") as model:  # peft's forward with the adapter active, the bias included
+        expected = model.generate(**b.encode_prompts(["7-2="]), **kw, pad_token_id=b.tokenizer.pad_token_id)
     assert torch.equal(b.generate("biased", ["7-2="], 1, **kw).sequences, expected)
 
 
@@ -150,19 +160,19 @@ SHARED = [  # one instruction prefix before every row's own part (a judge templa
 ]
 
 
-@pytest.mark.parametrize(("decode", "g"), [("auto", 1), ("auto", 2), ("auto-forward", 2), ("static", 1)])
-def test_a_common_prompt_prefix_is_prefilled_once_per_player_with_the_same_tokens(bank, decode, g):
+@pytest.mark.parametrize(("decode", "g"), [("auto", 1), ("auto", 2), ("grouped_forward", 2), ("static", 1)])
+def test_a_common_prompt_prefix_is_prefilled_once_per_player_with_the_same_tokens(banks, decode, g):
     """The judge template's prefix: one prefill row per player, then each row's rest; every reply as its own player's.
 
     Each player alone decodes without the shared prefix (its whole prompts prefilled), so equal tokens mean the
     shared-prefix cache is the unshared one. A batch whose prompts differ from the first token prefills them whole.
-    (auto-forward: the grouped cascade through the model's forward, which decodes G > 1 only.)
+    (grouped_forward: the grouped cascade through the model's forward, which decodes G > 1 only.)
     """
     kw = {"max_new_tokens": 8, "do_sample": False}
+    bank = banks(decode)
     embed = bank.model.get_base_model().get_input_embeddings()
     widths = []
     hook = embed.register_forward_pre_hook(lambda mod, args: widths.append(tuple(args[0].shape)))
-    bank.decode, bank.lean_decode = ("auto" if decode.startswith("auto") else decode), decode != "auto-forward"
     try:
         together = bank.generate_each(SHARED, g, **kw)
         prefills, widths[:] = [s for s in widths if s[1] > 1], []
@@ -175,7 +185,6 @@ def test_a_common_prompt_prefix_is_prefilled_once_per_player_with_the_same_token
             _same(a, bank.generate(p, x, g, **kw))
     finally:
         hook.remove()
-        bank.decode, bank.lean_decode = "auto", True
     prefix = len(bank.tokenizer(JUDGE, add_special_tokens=False)["input_ids"])
     width = together[0].prompt_width
     assert prefills == [(3, prefix), (6, width - 1 - prefix)]  # the prefix once per player, then the 6 rows' rests

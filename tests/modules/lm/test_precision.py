@@ -114,8 +114,8 @@ def test_bf16_mixed_casts_the_frozen_base_once_not_at_every_decoded_token(tiny_l
     """Lightning's bf16-mixed autocast recasts frozen fp32 weights in every forward (it caches casts of trainable
     leaves only): 15 weight casts per decoded token of the tiny Qwen2 (7 linears × 2 layers + the tied head). The bank
     casts its frozen weights to bf16 once when it meets that plugin, and then no decode step casts a weight."""
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8), players=["alice"])
-    bank.lean_decode = False  # the model's own forward at every token (LeanDecoder's steps are counted below)
+    # the model's own forward at every token (LeanDecoder's steps are counted below)
+    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8, decode="grouped_forward"), players=["alice"])
     layers = bank.model.get_base_model().config.num_hidden_layers
     per_forward = 7 * layers + 1
     # before: every forward (the prompt prefill, then one per token) casts every weight again
@@ -130,8 +130,9 @@ def test_bf16_mixed_casts_the_frozen_base_once_not_at_every_decoded_token(tiny_l
         p.requires_grad for p in bank.player_parameters("alice")
     )
     assert _casts_over_decode(bank, 6) == 0
-    bank.lean_decode = True
-    assert _casts_over_decode(bank, 6) == 0
+    lean = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8, decode="grouped"), players=["alice"])
+    lean.use_strategy(_strategy(MixedPrecision("bf16-mixed", "cpu")))
+    assert _casts_over_decode(lean, 6) == 0
 
 
 def test_only_the_plain_bf16_autocast_plugin_asks_for_a_cast():
