@@ -14,6 +14,10 @@ repeats, and the first ``--discard`` steps of every run are dropped.
     python benchmarks/vs_trl.py                      # 64, 128 (3 repeats x 6 steps), 256 new tokens (3 x 5 steps)
     python benchmarks/vs_trl.py --tokens 256 --repeats 2 --steps 5                # one length
     python benchmarks/vs_trl.py --trl-python path/to/other/venv/bin/python   # TRL from a separate environment
+    python benchmarks/vs_trl.py --before path/to/earlier/checkout   # also that checkout's GRPO, in the same run
+
+With ``--before``, a checkout of an earlier commit (its own ``.venv``, or ``--before-python``) runs as a third worker in
+every repeat, the order rotating, so its ratio to TRL and ours come from the same spells of machine load.
 
 Every step of both sides must generate exactly ``B x G x tokens`` tokens (checked; a run that generated fewer would be
 faster by doing less). For each completion length it prints each phase's median time (generate, score, reference
@@ -271,6 +275,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--before", help="checkout of an earlier commit whose GRPO also runs, in every repeat")
+    ap.add_argument("--before-python", help="its Python (default: <before>/.venv/bin/python)")
     ap.add_argument("--worker", choices=("ours", "trl"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -289,6 +295,9 @@ def main() -> None:
         "CUDA_VISIBLE_DEVICES": "",
         "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
     }
+    if args.before:
+        args.before = os.path.abspath(args.before)
+        args.before_python = args.before_python or os.path.join(args.before, ".venv", "bin", "python")
     lengths = [args.tokens] if args.tokens else [int(x) for x in args.lengths.split(",")]
     results = {}
     for tokens in lengths:
@@ -302,6 +311,7 @@ def main() -> None:
         print(
             f"tokens={tokens} speedup={r['speedup']:.2f} ratio_iqr=[{r['q1']:.2f}, {r['q3']:.2f}] "
             + " ".join(f"{p}={r['phase_ratios'][p]:.2f}x" for p in PHASES if p != "optimizer")
+            + (f" before_speedup={r['before_speedup']:.2f}" if args.before else "")
         )
     headline = results[64] if 64 in results else results[lengths[0]]
     print(f"speedup_vs_trl={headline['speedup']:.2f}")
@@ -324,19 +334,22 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
         f"--seed={args.seed}",
     ]
     expected_tokens = args.b * args.g * tokens  # min_new_tokens = max_new_tokens: every row decodes `tokens`
-    kept: dict[str, list[dict]] = {"ours": [], "trl": []}
+    workers = ["ours", "trl", *(["before"] if args.before else [])]
+    kept: dict[str, list[dict]] = {w: [] for w in workers}
     pair_ratios: list[float] = []
     for rep in range(args.repeats):
-        order = ("ours", "trl") if rep % 2 == 0 else ("trl", "ours")
+        order = workers[rep % len(workers) :] + workers[: rep % len(workers)]
         this_rep: dict[str, list[dict]] = {}
         for who in order:
-            python = args.trl_python if who == "trl" else sys.executable
+            python, root, worker = {"trl": (args.trl_python, ROOT, "trl"), "ours": (sys.executable, ROOT, "ours")}.get(
+                who, (args.before_python, args.before, "ours")
+            )
             proc = subprocess.run(
-                [python, os.path.abspath(__file__), *common, f"--worker={who}"],
+                [python, os.path.join(root, "benchmarks", "vs_trl.py"), *common, f"--worker={worker}"],
                 capture_output=True,
                 text=True,
-                env=env,
-                cwd=ROOT,
+                env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
+                cwd=root,
             )
             if proc.returncode != 0:
                 sys.exit(f"{who} worker failed:\n{proc.stderr[-4000:]}")
@@ -351,7 +364,7 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
             this_rep[who] = run[args.discard :]
             kept[who].extend(this_rep[who])
             med = statistics.median(s["step"] for s in this_rep[who])
-            print(f"tokens {tokens} repeat {rep} {who:4s}: median step {med:.3f} s", flush=True)
+            print(f"tokens {tokens} repeat {rep} {who:6s}: median step {med:.3f} s", flush=True)
         # every TRL step against every step of ours from the same repeat (the same spell of machine load)
         pair_ratios += [t["step"] / o["step"] for t in this_rep["trl"] for o in this_rep["ours"]]
     print(
@@ -371,7 +384,13 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
     q1, _, q3 = statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) > 1 else pair_ratios * 3
     o, t = medians["step"]
     print(f"tokens={tokens}: step ratio TRL/ours {t / o:.2f}, interquartile range of step ratios [{q1:.2f}, {q3:.2f}]")
-    return {"speedup": t / o, "q1": q1, "q3": q3, "phase_ratios": ratios, "medians": medians}
+    out = {"speedup": t / o, "q1": q1, "q3": q3, "phase_ratios": ratios, "medians": medians}
+    if args.before:
+        b = statistics.median(s["step"] for s in kept["before"])
+        print(f"{'before: step':18s} {b:8.3f} {t:8.3f} {t / b:9.2f}   (the checkout {args.before})")
+        print(f"tokens={tokens}: step ratio TRL/before {t / b:.2f}, before/ours {b / o:.2f}")
+        out["before_speedup"] = t / b
+    return out
 
 
 if __name__ == "__main__":
