@@ -1,17 +1,10 @@
-"""Injected optimizers: every family's ``optimizer`` option, AdamW when it is not given.
+"""Injected optimizers: every family's ``optimizer`` option (docs/configuration.md), AdamW when it is not given.
 
 One option per family, used once per player: the rates already are per player (``leader_lr``/``follower_lr``,
-``followers.lr``, ``lr``/``backbone_lr``), so a config names the algorithm once and keeps its rates where they are::
-
-    model:
-      init_args:
-        optimizer:
-          class_path: torch.optim.SGD
-          init_args: {momentum: 0.9}
-
-The rule: the callable receives only parameter groups, each carrying the family's rate as its ``lr`` (a group's rate
-wins over an optimizer's default, so an ``lr`` in ``init_args`` is not used); everything else (momentum, betas, weight
-decay) comes from its ``init_args``. The family's ``weight_decay``/``adam_betas`` configure the default AdamW only.
+``followers.lr``, ``lr``/``backbone_lr``), so a config names the algorithm once and keeps its rates where they are.
+The callable receives only parameter groups, each at the family's rate (a group's ``lr`` wins over an optimizer's
+default, so an ``lr`` in its ``init_args`` is not used); its other settings (momentum, betas, weight decay) come from
+its ``init_args``. The family's ``weight_decay``/``adam_betas`` configure the default AdamW only.
 """
 
 from __future__ import annotations
