@@ -43,6 +43,7 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -105,6 +106,7 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         max_consecutive_nonfinite: Stop after this many skipped updates in a row.
         log_samples: Duels of the latest iteration shown at each validation in TensorBoard (``train/duels``: the
             instruction, both replies, every judge's scores, the weighted scores, the leader's reward; 0: none).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "multi-LLM pool"
@@ -132,8 +134,9 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         seed: int = 0,
         max_consecutive_nonfinite: int = 10,
         log_samples: int = 4,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
         self.leader_reward = argument_group(CompositeReward, leader_reward, "leader_reward")
@@ -200,9 +203,9 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        lr = self.followers.lr
+        make, lr = self.optimizer_callable, self.followers.lr
         return [
-            torch.optim.AdamW(self.bank(p).player_parameters(p), lr=lr, weight_decay=0.0) for p in self.player_names
+            build_optimizer(make, self.bank(p).player_parameters(p), lr, weight_decay=0.0) for p in self.player_names
         ]
 
     @override
