@@ -53,7 +53,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "scale"}
 
 
-class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
+class StackelbergPool(PoolMembers, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
     The Elo reputations are the module's own :class:`callbacks.EloRating` over its players: it applies the duels in
@@ -70,7 +70,7 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
 
     A non-finite follower loss skips that follower's step; a non-finite peer score skips the whole iteration (no
     reputation, leader or follower update); ``max_consecutive_nonfinite`` in a row stop training. The followers'
-    updates (phase 7) are :class:`~modules.games.pool_followers.FollowerUpdates`'.
+    updates (phase 7) are its :class:`~modules.games.pool_followers.FollowerUpdates`' (``follow``).
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.
@@ -173,6 +173,8 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         self.counters = {"judgements": 0, "parse_failures": 0, "empty_responses": 0, "iterations_without_pairs": 0}
         self.judge_counts = {p: [0, 0] for p in self.player_names}  # judgements, failures
         self.categories: list[str | None] | None = None  # the instructions' categories, when the data have them
+        args = (self.followers, self.player_names, self.bank, self, self.epoch_means["follower_loss"])
+        self.follow = FollowerUpdates(*args, system_prompt, self.sampling.temperature)
 
     # ------------------------------------------------------------------------------------------------ models
     @override
@@ -272,10 +274,12 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         rewards, probs = self._update_leader(chosen, side_scores, progress)
         self._show_duels(questions, duels, judges, texts, scores, side_scores, rewards)
         with self._timed("followers"):
+            trainer, opts = self._trainer, self._optimizer_list()
             if self.followers.algorithm == "dpo":
-                stats = self._train_dpo(questions, duels, texts, side_scores, iteration)
+                stats = self.follow.dpo(trainer, opts, questions, duels, texts, side_scores, iteration)
+                self.counters["iterations_without_pairs"] += not stats["duel/pairs"]
             else:
-                stats = self._train_grpo(rollouts, rollout_scores, duels)
+                stats = self.follow.grpo(trainer, opts, rollouts, rollout_scores, duels)
         # here, where every rank is in step (in an epoch-end hook rank 0's progress bar runs collectives of its own)
         state = (collectives.trainable_checksum(self.banks), probs.tolist(), self.iteration)
         collectives.check_ranks_agree(self._trainer, state, f"{self.family}: adapters, leader or iteration")

@@ -246,7 +246,8 @@ def test_grpo_followers_take_updates_per_batch_steps_on_each_batch(tiny_lm_dir, 
     from alignment_games.modules.games.pool_followers import FollowerUpdates
 
     steps, step = [], FollowerUpdates._step
-    monkeypatch.setattr(FollowerUpdates, "_step", lambda self, p, *a: steps.append((mu, p, a[2])) or step(self, p, *a))
+    record = lambda self, trainer, p, *a: steps.append((mu, p, a[2])) or step(self, trainer, p, *a)  # noqa: E731
+    monkeypatch.setattr(FollowerUpdates, "_step", record)
     for mu in (1, 3):
         pg = PolicyGradient(group_size=2, updates_per_batch=mu, clip=0.01)
         followers = FollowerTraining("grpo", lr=5e-2, batch_size=4, policy_gradient=pg)
@@ -471,7 +472,7 @@ def test_the_dpo_reference_is_the_previous_iterations_model(tiny_lm_dir, tmp_pat
     _scripted_pool(module)
     snapshots = [_adapters(module)]  # the adapters before iteration 1, then after each iteration
     references = []
-    original_rows = module._dpo_rows
+    original_rows = module.follow._dpo_rows
 
     def dpo_rows(p, pairs, questions, texts):
         both, ref = original_rows(p, pairs, questions, texts)
@@ -482,7 +483,7 @@ def test_the_dpo_reference_is_the_previous_iterations_model(tiny_lm_dir, tmp_pat
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             snapshots.append(_adapters(pl_module))
 
-    module._dpo_rows = dpo_rows
+    module.follow._dpo_rows = dpo_rows
     _fit(module, short_pool, epochs=2, tmp_path=tmp_path, callbacks=[AfterEachIteration()])
     assert len(snapshots) == 3 and sorted({it for it, *_ in references}) == [1, 2]
     final = _adapters(module)
@@ -534,7 +535,9 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 
     L.seed_everything(0)
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
-    module._dpo_rows_loss = NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
+    module.follow._dpo_rows_loss = NaNAfter(
+        module.follow._dpo_rows_loss, after=4
+    )  # iteration 0: three good follower steps
     ckpt = ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)
     trainer = make_trainer(
         tmp_path, [ckpt], max_epochs=1, limit_val_batches=0, enable_checkpointing=True, plugins=[AtomicCheckpointIO()]
