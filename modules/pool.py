@@ -173,7 +173,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         self.counters = {"judgements": 0, "parse_failures": 0, "empty_responses": 0, "iterations_without_pairs": 0}
         self.judge_counts = {p: [0, 0] for p in self.player_names}  # judgements, failures
         self.categories: list[str | None] | None = None  # the instructions' categories, when the data have them
-        args = (self.followers, self.player_names, self.bank, self, self.epoch_means["follower_loss"])
+        args = (self.followers, self.bank, self, self.epoch_means["follower_loss"])
         self.follow = FollowerUpdates(*args, system_prompt, self.sampling.temperature)
 
     # ------------------------------------------------------------------------------------------------ models
@@ -274,7 +274,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         rewards, probs = self._update_leader(chosen, side_scores, progress)
         self._show_duels(questions, duels, judges, texts, scores, side_scores, rewards)
         with self._timed("followers"):
-            trainer, opts = self._trainer, self._optimizer_list()
+            trainer, opts = self._trainer, dict(zip(names, self._optimizer_list()))
             if self.followers.algorithm == "dpo":
                 stats = self.follow.dpo(trainer, opts, questions, duels, texts, side_scores, iteration)
                 self.counters["iterations_without_pairs"] += not stats["duel/pairs"]
@@ -462,7 +462,13 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def _evaluate(self, batch: dict[str, Any]) -> None:
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
+
+        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
+        to pad the data is counted once.
+        """
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
@@ -475,7 +481,8 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
             correct[p] = torch.tensor(hits, device=self.device)
         self.eval_items.update(index, **correct)
 
-    def _log_accuracy(self) -> None:
+    @override
+    def on_validation_epoch_end(self) -> None:
         """Each model's share of prompts answered right, every prompt once across ranks (the sampler's repeats out)."""
         stage = "test" if self.trainer.testing else "val"
         ids, correct = self.eval_items.compute(self.device)
@@ -485,19 +492,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         accs = {p: correct[p].mean() for p in self.player_names}
         self.log_dict({f"{stage}/acc/{p}": v for p, v in accs.items()}, sync_dist=True)
         self.log(f"{stage}/acc_macro", torch.stack(list(accs.values())).mean(), sync_dist=True)
-
-    @override
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
-
-        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
-        to pad the data is counted once.
-        """
-        self._evaluate(batch)
-
-    @override
-    def on_validation_epoch_end(self) -> None:
-        self._log_accuracy()
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end

@@ -83,34 +83,25 @@ class FollowerTraining:
 
 
 class Stepper(Protocol):
-    """What the followers' updates use of their host's step machinery (:class:`modules.base.LanguageModelGame`'s)."""
+    """The step machinery of :class:`modules.base.LanguageModelGame` that the followers' updates use."""
 
     device: torch.device
-    board: Any  # the TensorBoard writer (:class:`~modules.evaluation.tensorboard.GameBoard`)
-
-    def gradient_sync(self, last: bool) -> AbstractContextManager:
-        """Skip the cross-process gradient reduction unless ``last``."""
-
-    def manual_backward(self, loss: Tensor) -> None:
-        """Backward of ``loss`` through the strategy."""
-
-    def check_finite(self, values: Tensor, what: str) -> bool:
-        """``True`` when every value is finite on every rank; else count, warn and return ``False``."""
-
-    def optimizer_step(self, optimizer: Any, parameters: list[Tensor]) -> Tensor:
-        """Clip the gradients of ``parameters`` and step ``optimizer``."""
+    board: Any
+    gradient_sync: Callable[[bool], AbstractContextManager]
+    manual_backward: Callable[[Tensor], None]
+    check_finite: Callable[[Tensor, str], bool]
+    optimizer_step: Callable[[Any, list[Tensor]], Tensor]
 
 
 @dataclass(eq=False)
 class FollowerUpdates:
     """Phase 7 of :class:`modules.pool.StackelbergPool`, which owns and calls it: the followers' optimizer steps.
 
-    :meth:`dpo` and :meth:`grpo` take the iteration's trainer (for the collectives), the followers' optimizers in
-    ``players`` order and the iteration's data, and return the numbers to log.
+    :meth:`dpo` and :meth:`grpo` take the iteration's trainer (for the collectives), every follower's optimizer by
+    name (in player order) and the iteration's data, and return the numbers to log.
 
     Attributes:
         settings: How each follower learns (:class:`FollowerTraining`).
-        players: The followers' names.
         bank: The :class:`~modules.lm.policy_bank.PolicyBank` holding a player, by name.
         host: The step machinery (:class:`Stepper`): the module that owns this.
         loss_mean: The epoch mean that every applied step's loss updates.
@@ -119,20 +110,19 @@ class FollowerUpdates:
     """
 
     settings: FollowerTraining
-    players: list[str]
     bank: Callable[[str], PolicyBank]
     host: Stepper
     loss_mean: MeanMetric
     system_prompt: str
     temperature: float
 
-    def dpo(self, trainer, optimizers: list, questions, duels, texts, side_scores, iteration: int) -> dict[str, float]:
+    def dpo(self, trainer, optimizers: dict, questions, duels, texts, side_scores, iteration: int) -> dict[str, float]:
         """7. DPO steps of every follower on the non-tied duels (all of them, or its own with ``dpo_pairs="own"``)."""
         pairs = rules.preference_pairs([a for a, _ in side_scores], [b for _, b in side_scores])
         if not pairs:
             warnings.warn(f"iteration {iteration}: every duel tied; no DPO pair, followers not updated", stacklevel=3)
         stats: dict[str, float] = {"duel/pairs": float(len(pairs))}
-        for (pi, p), opt in zip(enumerate(self.players), optimizers):
+        for pi, (p, opt) in enumerate(optimizers.items()):
             mine = pairs if self.settings.dpo_pairs == "all" else [(d, w) for d, w in pairs if pi in duels[d]]
             if mine:
                 stats.update(self._dpo_follower(trainer, p, opt, mine, questions, texts))
@@ -147,7 +137,9 @@ class FollowerUpdates:
         acc, margin = [], []
         loss_fn = partial(self._dpo_rows_loss, p, both, ref, acc, margin)
         micro = max(1, hp.micro_batch // 2) if hp.micro_batch else 0  # pairs: two sequences each
-        losses = self._steps(trainer, p, opt, loss_fn, collectives.local_batches(owned, hp.batch_size), micro)
+        batches = collectives.local_batches(owned, hp.batch_size)
+        steps = (self._step(trainer, p, opt, loss_fn, n, rows, micro) for n, rows in batches)
+        losses = [t for t in steps if t is not None]
         acc, margin = (sum(part, []) for part in zip(*collectives.gather_objects(trainer, (acc, margin))))
         stats = {f"follower/steps/{p}": float(len(losses))}
         if losses:
@@ -192,10 +184,10 @@ class FollowerUpdates:
             loss = loss + self.settings.dpo_nll_weight * length_normalized_nll(lp[:, 0], lengths)
         return loss.sum()
 
-    def grpo(self, trainer, optimizers: list, rollouts: dict, rollout_scores: dict, duels: list) -> dict[str, float]:
+    def grpo(self, trainer, optimizers: dict, rollouts: dict, rollout_scores: dict, duels: list) -> dict[str, float]:
         """7. GRPO steps of every combatant on batches of its rollouts in duel order (all ranks' rollouts)."""
         stats: dict[str, float] = {}
-        for (pi, p), opt in zip(enumerate(self.players), optimizers):
+        for pi, (p, opt) in enumerate(optimizers.items()):
             slots = [(d, s) for d, duel in enumerate(duels) for s in (0, 1) if duel[s] == pi]
             if slots:
                 stats.update(self._grpo_follower(trainer, p, opt, slots, *rollouts.get(p, (None, [])), rollout_scores))
@@ -223,7 +215,9 @@ class FollowerUpdates:
         batches = collectives.local_batches(owned, self.settings.batch_size)
         batches = [batch for batch in batches for _ in range(pg.updates_per_batch)]  # μ steps on each batch
         lengths = row_lengths(out.attention_mask, out.prompt_width, out.completion_mask) if own else None
-        losses = self._steps(trainer, p, opt, loss_fn, batches, pg.micro_batch, lengths, pg.max_tokens_per_micro_batch)
+        budget = (pg.micro_batch, lengths, pg.max_tokens_per_micro_batch)
+        steps = (self._step(trainer, p, opt, loss_fn, n, rows, *budget) for n, rows in batches)
+        losses = [t for t in steps if t is not None]
         clipped = sum(collectives.gather_objects(trainer, clipped), [])
         everyone = [x for slot in slots for x in rollout_scores[slot]]
         stats = {f"follower/reward/{p}": sum(everyone) / len(everyone)}
@@ -242,14 +236,6 @@ class FollowerUpdates:
         loss, st = self.settings.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows)
         clipped.append(float(st["clip_fraction"]))
         return loss * (b - a)
-
-    def _steps(self, trainer, p: str, opt, loss_fn, batches: list, micro: int | None = None, *budget) -> list[float]:
-        """Follower ``p``'s optimizer steps, one per batch ``(global size, this rank's rows)``; the finite losses.
-
-        ``budget``: the rows' lengths and the token budget of :meth:`_step`, when given.
-        """
-        totals = [self._step(trainer, p, opt, loss_fn, n, rows, micro, *budget) for n, rows in batches]
-        return [t for t in totals if t is not None]
 
     def _step(self, trainer, player: str, opt, loss_fn, n: int, rows: tuple, micro, lengths=None, max_tokens=0):
         """One optimizer step of ``player`` on a batch of ``n`` items; ``loss_fn(lo, hi)`` gives their summed loss.
