@@ -271,7 +271,7 @@ class AlignmentCLI(LightningCLI):
 
     Every family builds its own optimizers (one per player, or none for tabular SMIDA), so :func:`main` builds the
     CLI without LightningCLI's ``--optimizer``/``--lr_scheduler`` groups, which would replace them; given anyway,
-    they are refused naming the family options that set the rates.
+    they are refused naming the family options that set the rates. The model's own ``optimizer`` option injects one.
     """
 
     @override
@@ -284,7 +284,8 @@ class AlignmentCLI(LightningCLI):
                 if name in _OWN_OPTIMIZERS:
                     parser.error(
                         f"{name} is not an option: every family builds its own optimizers (one per player), and "
-                        "LightningCLI's would replace them. Set the rates on the model instead: "
+                        "LightningCLI's would replace them. Name another with --model.init_args.optimizer and set "
+                        "the rates on the model: "
                         "--model.init_args.lr (preference, SFT, GRPO, debate), leader_lr/follower_lr (deep-SMIDA), "
                         "followers.lr (pool), eta_leader/eta_follower (tabular SMIDA); see docs/configuration.md"
                     )

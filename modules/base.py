@@ -36,6 +36,7 @@ from alignment_games.modules.lm.base_identity import check_base_identity
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
+from alignment_games.modules.training.optimizers import OptimizerCallable, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = ["BASE_IDENTITY_KEY", "LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
@@ -118,6 +119,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         grad_clip: Gradient norm clip per optimizer (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         log_samples: Samples per validation shown as text in TensorBoard (0: none).
+        optimizer: The family's ``optimizer`` option, checked and kept as :attr:`optimizer_callable`.
     """
 
     family: ClassVar[str] = "language-model game"
@@ -127,9 +129,14 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     kept_state_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
-        self, grad_clip: float | None = 1.0, max_consecutive_nonfinite: int = 10, log_samples: int = 4
+        self,
+        grad_clip: float | None = 1.0,
+        max_consecutive_nonfinite: int = 10,
+        log_samples: int = 4,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
         super().__init__()
+        self.optimizer_callable = check_optimizer(optimizer)
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip must be positive or null, got {grad_clip}")
         self.automatic_optimization = False
@@ -146,7 +153,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         Plain values only, so that a checkpoint's hparams never name a class to import (checkpoints load with
         ``weights_only=True``); ``ignore`` names arguments that are objects (judges, utilities) and are not saved.
         """
-        self.save_hyperparameters(ignore=[*groups, *ignore], frame=inspect.currentframe().f_back)
+        self.save_hyperparameters(ignore=[*groups, *ignore, "optimizer"], frame=inspect.currentframe().f_back)
         self.hparams.update({k: dataclasses.asdict(v) for k, v in groups.items()})
 
     # ------------------------------------------------------------------------------------------------ what games give

@@ -61,6 +61,7 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 
@@ -108,6 +109,7 @@ class DebateSelfPlay(LanguageModelGame):
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
         log_samples: Validation transcripts shown per validation in TensorBoard (``val/debates``; 0: none).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "debate self-play"
@@ -142,8 +144,9 @@ class DebateSelfPlay(LanguageModelGame):
         max_consecutive_nonfinite: int = 10,
         seed: int = 0,
         log_samples: int = 4,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         lm = ModelConfig.coerce(lm)
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -447,7 +450,8 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.bank.player_parameters(PLAYER), lr=self.learning_rate, weight_decay=0.0)
+        params = self.bank.player_parameters(PLAYER)
+        return build_optimizer(self.optimizer_callable, params, self.learning_rate, weight_decay=0.0)
 
     @override
     def on_fit_start(self) -> None:

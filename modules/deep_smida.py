@@ -40,6 +40,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["DeepSMIDA"]
 
@@ -75,6 +76,7 @@ class DeepSMIDA(LanguageModelGame):
             ``1 − α`` quantile from the latest validation (saved in checkpoints).
         log_samples: Validation pairs of the trained leader and follower shown per validation in TensorBoard
             (``val/leader_follower``; 0: none).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "deep-SMIDA"
@@ -103,8 +105,9 @@ class DeepSMIDA(LanguageModelGame):
         candidate_alpha: float = 0.1,
         candidate_threshold: float | None = None,
         log_samples: int = 4,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         lm = ModelConfig.coerce(lm)
         # Algorithm 2's leave-one-out baselines need two samples D and M
         lf.check_leader_follower(samples_per_prompt, follower_samples, 2, follower_system_template)

@@ -39,6 +39,7 @@ from alignment_games.modules.lm.precision import resolve_dtype
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
 
 __all__ = ["GRPO"]
 
@@ -75,6 +76,7 @@ class GRPO(LanguageModelGame):
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
         log_samples: Greedy validation replies shown per validation in TensorBoard (``val/generations``; 0: none).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "GRPO"
@@ -99,9 +101,13 @@ class GRPO(LanguageModelGame):
         max_consecutive_nonfinite: int = 10,
         eval_max_new_tokens: int | None = None,
         log_samples: int = 4,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
         super().__init__(
-            grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite, log_samples=log_samples
+            grad_clip=grad_clip,
+            max_consecutive_nonfinite=max_consecutive_nonfinite,
+            log_samples=log_samples,
+            optimizer=optimizer,
         )
         lm = ModelConfig.coerce(lm)
         reward_models = list(reward_models or [])
@@ -291,7 +297,9 @@ class GRPO(LanguageModelGame):
         hp = self.hparams
         # trainable = the adapter (or the policy copy); selected by requires_grad, which survives FSDP flattening
         params = [p for p in self.players.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas))
+        return build_optimizer(
+            self.optimizer_callable, params, hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas)
+        )
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

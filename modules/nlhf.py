@@ -34,6 +34,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
 
 __all__ = ["NashMDPG"]
 
@@ -63,6 +64,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "NLHF (Nash-MD-PG)"
@@ -83,8 +85,9 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         eval_pairs: int = 2,
         oracle: PreferenceOracle | None = None,
         logprob_micro_batch: int = 0,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite)
+        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite, optimizer=optimizer)
         lm = ModelConfig.coerce(lm)
         require_positive(tau=tau, lr=lr)
         if not 0.0 <= beta <= 1.0:
@@ -149,4 +152,5 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.players.player_parameters("policy"), lr=self.hparams.lr, weight_decay=0.0)
+        policy = self.players.player_parameters("policy")
+        return build_optimizer(self.optimizer_callable, policy, self.hparams.lr, weight_decay=0.0)

@@ -43,6 +43,7 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -52,7 +53,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "scale"}
 
 
-class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
+class StackelbergPool(PoolMembers, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
     The Elo reputations are the module's own :class:`callbacks.EloRating` over its players: it applies the duels in
@@ -69,7 +70,7 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
 
     A non-finite follower loss skips that follower's step; a non-finite peer score skips the whole iteration (no
     reputation, leader or follower update); ``max_consecutive_nonfinite`` in a row stop training. The followers'
-    updates (phase 7) are :class:`~modules.games.pool_followers.FollowerUpdates`'.
+    updates (phase 7) are its :class:`~modules.games.pool_followers.FollowerUpdates`' (``follow``).
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.
@@ -105,6 +106,7 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         max_consecutive_nonfinite: Stop after this many skipped updates in a row.
         log_samples: Duels of the latest iteration shown at each validation in TensorBoard (``train/duels``: the
             instruction, both replies, every judge's scores, the weighted scores, the leader's reward; 0: none).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "multi-LLM pool"
@@ -132,8 +134,9 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         seed: int = 0,
         max_consecutive_nonfinite: int = 10,
         log_samples: int = 4,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples)
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
         self.leader_reward = argument_group(CompositeReward, leader_reward, "leader_reward")
@@ -170,6 +173,8 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         self.counters = {"judgements": 0, "parse_failures": 0, "empty_responses": 0, "iterations_without_pairs": 0}
         self.judge_counts = {p: [0, 0] for p in self.player_names}  # judgements, failures
         self.categories: list[str | None] | None = None  # the instructions' categories, when the data have them
+        args = (self.followers, self.bank, self, self.epoch_means["follower_loss"])
+        self.follow = FollowerUpdates(*args, system_prompt, self.sampling.temperature)
 
     # ------------------------------------------------------------------------------------------------ models
     @override
@@ -200,9 +205,9 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        lr = self.followers.lr
+        make, lr = self.optimizer_callable, self.followers.lr
         return [
-            torch.optim.AdamW(self.bank(p).player_parameters(p), lr=lr, weight_decay=0.0) for p in self.player_names
+            build_optimizer(make, self.bank(p).player_parameters(p), lr, weight_decay=0.0) for p in self.player_names
         ]
 
     @override
@@ -269,10 +274,12 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         rewards, probs = self._update_leader(chosen, side_scores, progress)
         self._show_duels(questions, duels, judges, texts, scores, side_scores, rewards)
         with self._timed("followers"):
+            trainer, opts = self._trainer, dict(zip(names, self._optimizer_list()))
             if self.followers.algorithm == "dpo":
-                stats = self._train_dpo(questions, duels, texts, side_scores, iteration)
+                stats = self.follow.dpo(trainer, opts, questions, duels, texts, side_scores, iteration)
+                self.counters["iterations_without_pairs"] += not stats["duel/pairs"]
             else:
-                stats = self._train_grpo(rollouts, rollout_scores, duels)
+                stats = self.follow.grpo(trainer, opts, rollouts, rollout_scores, duels)
         # here, where every rank is in step (in an epoch-end hook rank 0's progress bar runs collectives of its own)
         state = (collectives.trainable_checksum(self.banks), probs.tolist(), self.iteration)
         collectives.check_ranks_agree(self._trainer, state, f"{self.family}: adapters, leader or iteration")
@@ -455,7 +462,13 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def _evaluate(self, batch: dict[str, Any]) -> None:
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
+
+        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
+        to pad the data is counted once.
+        """
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
@@ -468,7 +481,8 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
             correct[p] = torch.tensor(hits, device=self.device)
         self.eval_items.update(index, **correct)
 
-    def _log_accuracy(self) -> None:
+    @override
+    def on_validation_epoch_end(self) -> None:
         """Each model's share of prompts answered right, every prompt once across ranks (the sampler's repeats out)."""
         stage = "test" if self.trainer.testing else "val"
         ids, correct = self.eval_items.compute(self.device)
@@ -478,19 +492,6 @@ class StackelbergPool(PoolMembers, FollowerUpdates, LanguageModelGame):
         accs = {p: correct[p].mean() for p in self.player_names}
         self.log_dict({f"{stage}/acc/{p}": v for p, v in accs.items()}, sync_dist=True)
         self.log(f"{stage}/acc_macro", torch.stack(list(accs.values())).mean(), sync_dist=True)
-
-    @override
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
-
-        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
-        to pad the data is counted once.
-        """
-        self._evaluate(batch)
-
-    @override
-    def on_validation_epoch_end(self) -> None:
-        self._log_accuracy()
 
     test_step = validation_step
     on_test_epoch_end = on_validation_epoch_end

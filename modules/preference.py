@@ -49,6 +49,7 @@ from alignment_games.modules.training.faults import (
     AutomaticStepGuard,
     reset_stale_epoch_metrics,
 )
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 
 __all__ = ["BTHead", "EnsembleUtility", "GPMHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
@@ -78,6 +79,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         max_length: Tokens per sequence in :meth:`score`.
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
         max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training (see ``AutomaticStepGuard``).
+        optimizer: The optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     def __init__(
@@ -98,8 +100,10 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         max_length: int = 256,
         report_bootstrap: int = 200,
         max_consecutive_nonfinite: int = 10,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
         super().__init__()
+        self.optimizer_callable = check_optimizer(optimizer)
         if num_members < 1:
             raise ValueError(f"num_members must be positive, got {num_members}")
         if member_type not in ("gpm", "bt"):
@@ -112,7 +116,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         require_positive(init_scale=init_scale, lr=lr, backbone_lr=backbone_lr)
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1))
         lm = ModelConfig("builtin:minilm-l6", lora_r=8, lora_alpha=16) if lm is None else ModelConfig.coerce(lm)
-        self.save_hyperparameters(ignore=["lm"])
+        self.save_hyperparameters(ignore=["lm", "optimizer"])
         self.hparams["lm"] = lm.as_dict()
         if lm.load_in_4bit and sharing == "separate":
             raise ValueError("lm.load_in_4bit: 4-bit weights cannot be fine-tuned in full; use sharing: lora or frozen")
@@ -324,7 +328,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         body = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("head.")]
         if body:
             groups.append({"params": body, "lr": self.hparams.backbone_lr})
-        return torch.optim.AdamW(groups, weight_decay=self.hparams.weight_decay)
+        return build_optimizer(self.optimizer_callable, groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:

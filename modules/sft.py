@@ -38,6 +38,7 @@ from alignment_games.modules.lm.precision import cast_frozen_for_strategy
 from alignment_games.modules.lm.text import render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
 from alignment_games.modules.training.faults import AutomaticStepGuard
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.schedules import warmup_cosine_factor
 
 __all__ = ["CausalLMSFT"]
@@ -69,6 +70,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             off: a constant ``lr``.
         min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
         max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training (see ``AutomaticStepGuard``).
+        optimizer: The optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     def __init__(
@@ -87,8 +89,10 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         cosine_decay: bool = False,
         min_lr_ratio: float = 0.1,
         max_consecutive_nonfinite: int = 10,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
         super().__init__()
+        self.optimizer_callable = check_optimizer(optimizer)
         require_positive(lr=lr)
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1), warmup_steps=(warmup_steps, 0))
         if not 0.0 <= min_lr_ratio <= 1.0:
@@ -98,7 +102,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         lm = None if lm is None else ModelConfig.coerce(lm)
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")
-        self.save_hyperparameters(ignore=["lm"])
+        self.save_hyperparameters(ignore=["lm", "optimizer"])
         self.hparams["lm"] = None if lm is None else lm.as_dict()
         self.init_nonfinite_guard(max_consecutive_nonfinite)
         # the tiny base (lm: null) is built in a temporary folder and copied to output_dir/_init by the save at the
@@ -213,14 +217,14 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
-        """AdamW over the trained weights; with ``cosine_decay``, its warmup-cosine schedule stepped every step.
+        """:func:`build_optimizer` over the trained weights; with ``cosine_decay``, a warmup-cosine schedule per step.
 
         Raises:
             ValueError: with ``cosine_decay`` and no ``trainer.max_steps`` above ``warmup_steps``.
         """
         hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]  # every weight, or the adapter
-        optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        optimizer = build_optimizer(self.optimizer_callable, params, hp.lr, weight_decay=hp.weight_decay)
         if not hp.cosine_decay:
             return optimizer
         total = self.trainer.max_steps

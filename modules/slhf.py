@@ -35,6 +35,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["SLHF"]
 
@@ -63,6 +64,7 @@ class SLHF(WinRateValidation, LanguageModelGame):
         eval_pairs: Leader–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "SLHF (StackelbergGDA)"
@@ -86,9 +88,10 @@ class SLHF(WinRateValidation, LanguageModelGame):
         eval_pairs: int = 2,
         oracle: PreferenceOracle | None = None,
         logprob_micro_batch: int = 0,
+        optimizer: OptimizerCallable | None = None,
     ) -> None:
         utility = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")
-        super().__init__(grad_clip, max_consecutive_nonfinite)
+        super().__init__(grad_clip, max_consecutive_nonfinite, optimizer=optimizer)
         lm = ModelConfig.coerce(lm)
         # a player with one sample takes the constant baseline ½ (slhf_surrogate_losses)
         lf.check_leader_follower(samples_per_prompt, follower_samples, 1, follower_system_template)

@@ -3,7 +3,7 @@
 A step, for B prompts: D leader samples ``y ~ π_θ(·|x)``; for each, M follower samples ``y′ ~ ω_φ(·|x, y)`` (the
 leader's reply in the follower's system message, App. E.4); the game's ``utility`` of the B·D·M triplets;
 log-probabilities per player and of the reference; one backward of the family's ``leader_loss + follower_loss``;
-clipped AdamW steps. Non-finite utilities or losses skip the step.
+clipped optimizer steps. Non-finite utilities or losses skip the step.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.scorers.utility import Utility
+from alignment_games.modules.training.optimizers import build_optimizer
 
 __all__ = ["LeaderFollower", "check_leader_follower", "load_play_state", "optimizers", "play_state"]
 
@@ -51,9 +52,10 @@ def load_play_state(game: Any, state: dict[str, Any]) -> None:
 
 
 def optimizers(game: Any) -> list[torch.optim.Optimizer]:
-    """A game's ``configure_optimizers``: one AdamW per player at ``leader_lr`` / ``follower_lr``, no weight decay."""
+    """A game's ``configure_optimizers``: one :func:`build_optimizer` per player at ``leader_lr`` / ``follower_lr``."""
     lrs = (("leader", game.hparams.leader_lr), ("follower", game.hparams.follower_lr))
-    return [torch.optim.AdamW(game.players.player_parameters(p), lr=lr, weight_decay=0.0) for p, lr in lrs]
+    make = game.optimizer_callable
+    return [build_optimizer(make, game.players.player_parameters(p), lr, weight_decay=0.0) for p, lr in lrs]
 
 
 class LeaderFollower:

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+from torchmetrics.aggregation import MeanMetric
 
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
+from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.scorers.peer_judges import encode_texts
 
-__all__ = ["FollowerTraining", "FollowerUpdates"]
+__all__ = ["FollowerTraining", "FollowerUpdates", "Stepper"]
 
 
 @dataclass(frozen=True)
@@ -77,39 +82,65 @@ class FollowerTraining:
             raise ValueError(f"followers.dpo_beta must be positive, got {self.dpo_beta}")
 
 
-class FollowerUpdates:
-    """Mixin of :class:`modules.pool.StackelbergPool`: phase 7, the followers' optimizer steps.
+class Stepper(Protocol):
+    """The step machinery of :class:`modules.base.LanguageModelGame` that the followers' updates use."""
 
-    It uses the pool's ``player_names``, ``bank``/``chat``/``encode``, ``counters`` and ``epoch_means``, its
-    :class:`FollowerTraining` (``followers``), ``sampling`` and ``system_prompt``, and
-    :class:`modules.base.LanguageModelGame`'s step machinery and TensorBoard ``board``. Each method returns the numbers
-    to log.
+    device: torch.device
+    board: Any
+    gradient_sync: Callable[[bool], AbstractContextManager]
+    manual_backward: Callable[[Tensor], None]
+    check_finite: Callable[[Tensor, str], bool]
+    optimizer_step: Callable[[Any, list[Tensor]], Tensor]
+
+
+@dataclass(eq=False)
+class FollowerUpdates:
+    """Phase 7 of :class:`modules.pool.StackelbergPool`, which owns and calls it: the followers' optimizer steps.
+
+    :meth:`dpo` and :meth:`grpo` take the iteration's trainer (for the collectives), every follower's optimizer by
+    name (in player order) and the iteration's data, and return the numbers to log.
+
+    Attributes:
+        settings: How each follower learns (:class:`FollowerTraining`).
+        bank: The :class:`~modules.lm.policy_bank.PolicyBank` holding a player, by name.
+        host: The step machinery (:class:`Stepper`): the module that owns this.
+        loss_mean: The epoch mean that every applied step's loss updates.
+        system_prompt: System message of the DPO pairs' prompts.
+        temperature: Sampling temperature of the GRPO rollouts.
     """
 
-    def _train_dpo(self, questions, duels, texts, side_scores, iteration: int) -> dict[str, float]:
+    settings: FollowerTraining
+    bank: Callable[[str], PolicyBank]
+    host: Stepper
+    loss_mean: MeanMetric
+    system_prompt: str
+    temperature: float
+
+    def dpo(self, trainer, optimizers: dict, questions, duels, texts, side_scores, iteration: int) -> dict[str, float]:
         """7. DPO steps of every follower on the non-tied duels (all of them, or its own with ``dpo_pairs="own"``)."""
         pairs = rules.preference_pairs([a for a, _ in side_scores], [b for _, b in side_scores])
         if not pairs:
-            self.counters["iterations_without_pairs"] += 1
             warnings.warn(f"iteration {iteration}: every duel tied; no DPO pair, followers not updated", stacklevel=3)
         stats: dict[str, float] = {"duel/pairs": float(len(pairs))}
-        for (pi, p), opt in zip(enumerate(self.player_names), self._optimizer_list()):
-            mine = pairs if self.followers.dpo_pairs == "all" else [(d, w) for d, w in pairs if pi in duels[d]]
+        for pi, (p, opt) in enumerate(optimizers.items()):
+            mine = pairs if self.settings.dpo_pairs == "all" else [(d, w) for d, w in pairs if pi in duels[d]]
             if mine:
-                stats.update(self._dpo_follower(p, opt, mine, questions, texts))
+                stats.update(self._dpo_follower(trainer, p, opt, mine, questions, texts))
         return stats
 
-    def _dpo_follower(self, p: str, opt: Any, pairs: list[tuple[int, bool]], questions, texts) -> dict[str, float]:
+    def _dpo_follower(self, trainer, p: str, opt, pairs: list[tuple[int, bool]], questions, texts) -> dict[str, float]:
         """Follower ``p``'s DPO steps on ``pairs`` in batches; each rank computes a contiguous share of each batch."""
-        hp = self.followers
-        owned = collectives.shared_rows(self._trainer, len(pairs), hp.batch_size)
+        hp = self.settings
+        owned = collectives.shared_rows(trainer, len(pairs), hp.batch_size)
         local = [x for x, mine in zip(pairs, owned) if mine]
         both, ref = self._dpo_rows(p, local, questions, texts) if local else (None, None)
         acc, margin = [], []
         loss_fn = partial(self._dpo_rows_loss, p, both, ref, acc, margin)
         micro = max(1, hp.micro_batch // 2) if hp.micro_batch else 0  # pairs: two sequences each
-        losses = self._steps(p, opt, loss_fn, collectives.local_batches(owned, hp.batch_size), micro)
-        acc, margin = (sum(part, []) for part in zip(*collectives.gather_objects(self._trainer, (acc, margin))))
+        batches = collectives.local_batches(owned, hp.batch_size)
+        steps = (self._step(trainer, p, opt, loss_fn, n, rows, micro) for n, rows in batches)
+        losses = [t for t in steps if t is not None]
+        acc, margin = (sum(part, []) for part in zip(*collectives.gather_objects(trainer, (acc, margin))))
         stats = {f"follower/steps/{p}": float(len(losses))}
         if losses:
             # The first batch has margin 0 by construction (policy = reference), so with one batch per iteration the
@@ -120,7 +151,7 @@ class FollowerUpdates:
                     lp = self.bank(p).logprobs(p, both, 1.0, hp.micro_batch).view(-1, 2)
                 _, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[:, 0], ref[:, 1], hp.dpo_beta)
                 after = (cr - rr).tolist()
-            after = sum(collectives.gather_objects(self._trainer, after), [])
+            after = sum(collectives.gather_objects(trainer, after), [])
             stats[f"follower/dpo_loss/{p}"] = sum(losses) / len(losses)
             stats[f"follower/reward_accuracy/{p}"] = sum(acc) / len(acc)
             stats[f"follower/reward_margin/{p}"] = sum(margin) / len(margin)
@@ -133,60 +164,61 @@ class FollowerUpdates:
 
         The reference log-probabilities ``[pairs, 2]`` are this follower's as it starts the iteration.
         """
-        prompts = [self.chat(p, questions[d], self.hparams.system_prompt) for d, _ in pairs]
+        bank = self.bank(p)
+        prompts = [bank.chat(self.system_prompt, questions[d]) for d, _ in pairs]
         rows = [texts[(d, side)][0] for d, a_wins in pairs for side in ((0, 1) if a_wins else (1, 0))]
-        both = self.encode(p, [x for x in prompts for _ in (0, 1)], rows, group_size=2)
+        both = encode_texts(bank, [x for x in prompts for _ in (0, 1)], rows, group_size=2)
         with torch.no_grad():
-            ref = self.bank(p).logprobs(p, both, 1.0, self.followers.micro_batch).view(-1, 2)
+            ref = bank.logprobs(p, both, 1.0, self.settings.micro_batch).view(-1, 2)
         return both, ref
 
     def _dpo_rows_loss(self, p: str, both: Rollout, ref: Tensor, acc: list, margin: list, a: int, b: int) -> Tensor:
         """Summed DPO loss (and RPO's NLL term when weighted) of this rank's pairs ``a … b`` of ``p``."""
         rows = both.rows(slice(2 * a, 2 * b))
         lp = self.bank(p).logprobs(p, rows, 1.0).view(-1, 2)
-        loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.followers.dpo_beta)
+        loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.settings.dpo_beta)
         acc.extend((cr > rr).float().tolist())
         margin.extend((cr - rr).tolist())
-        if self.followers.dpo_nll_weight:
+        if self.settings.dpo_nll_weight:
             lengths = rows.completion_mask.sum(dim=1).view(-1, 2)[:, 0]
-            loss = loss + self.followers.dpo_nll_weight * length_normalized_nll(lp[:, 0], lengths)
+            loss = loss + self.settings.dpo_nll_weight * length_normalized_nll(lp[:, 0], lengths)
         return loss.sum()
 
-    def _train_grpo(self, rollouts: dict, rollout_scores: dict, duels: list[tuple[int, int]]) -> dict[str, float]:
+    def grpo(self, trainer, optimizers: dict, rollouts: dict, rollout_scores: dict, duels: list) -> dict[str, float]:
         """7. GRPO steps of every combatant on batches of its rollouts in duel order (all ranks' rollouts)."""
         stats: dict[str, float] = {}
-        for (pi, p), opt in zip(enumerate(self.player_names), self._optimizer_list()):
+        for pi, (p, opt) in enumerate(optimizers.items()):
             slots = [(d, s) for d, duel in enumerate(duels) for s in (0, 1) if duel[s] == pi]
             if slots:
-                stats.update(self._grpo_follower(p, opt, slots, *rollouts.get(p, (None, [])), rollout_scores))
+                stats.update(self._grpo_follower(trainer, p, opt, slots, *rollouts.get(p, (None, [])), rollout_scores))
         return stats
 
-    def _grpo_follower(self, p: str, opt: Any, slots: list, out: Rollout | None, own: list, rollout_scores: dict):
+    def _grpo_follower(self, trainer, p: str, opt, slots: list, out: Rollout | None, own: list, rollout_scores: dict):
         """Follower ``p``'s GRPO steps over its ``slots`` (every rank's); this rank holds the rollouts of ``own``.
 
         A batch's rows owned by this rank are a contiguous run of its rollout (both orders follow the duels).
         """
-        pg = self.followers.policy_gradient
+        pg, temperature = self.settings.policy_gradient, self.temperature
         old = ref = adv = None
         if own:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
-            adv = rules.peer_score_advantages(rewards, pg.group_size, pg.scale_advantages).to(self.device)
-            self.board.add_values(self, {"follower/reward_hist": rewards, "follower/advantage_hist": adv})
+            adv = rules.peer_score_advantages(rewards, pg.group_size, pg.scale_advantages).to(self.host.device)
+            self.host.board.add_values(self.host, {"follower/reward_hist": rewards, "follower/advantage_hist": adv})
             budget = pg.max_tokens_per_micro_batch
             with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches
-                old = self.bank(p).token_logprobs(p, out, self.sampling.temperature, pg.logprob_micro_batch, budget)
+                old = self.bank(p).token_logprobs(p, out, temperature, pg.logprob_micro_batch, budget)
                 if pg.kl_coef > 0:
-                    ref = self.bank(p).token_logprobs(
-                        None, out, self.sampling.temperature, pg.logprob_micro_batch, budget
-                    )
-        owned = [collectives.owns(self._trainer, d) for d, _ in slots for _ in range(pg.group_size)]  # as `out`
+                    ref = self.bank(p).token_logprobs(None, out, temperature, pg.logprob_micro_batch, budget)
+        owned = [collectives.owns(trainer, d) for d, _ in slots for _ in range(pg.group_size)]  # as `out`
         clipped: list[float] = []
         loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, clipped)
-        batches = collectives.local_batches(owned, self.followers.batch_size)
+        batches = collectives.local_batches(owned, self.settings.batch_size)
         batches = [batch for batch in batches for _ in range(pg.updates_per_batch)]  # μ steps on each batch
         lengths = row_lengths(out.attention_mask, out.prompt_width, out.completion_mask) if own else None
-        losses = self._steps(p, opt, loss_fn, batches, pg.micro_batch, lengths, pg.max_tokens_per_micro_batch)
-        clipped = sum(collectives.gather_objects(self._trainer, clipped), [])
+        budget = (pg.micro_batch, lengths, pg.max_tokens_per_micro_batch)
+        steps = (self._step(trainer, p, opt, loss_fn, n, rows, *budget) for n, rows in batches)
+        losses = [t for t in steps if t is not None]
+        clipped = sum(collectives.gather_objects(trainer, clipped), [])
         everyone = [x for slot in slots for x in rollout_scores[slot]]
         stats = {f"follower/reward/{p}": sum(everyone) / len(everyone)}
         if losses:
@@ -199,37 +231,13 @@ class FollowerUpdates:
         """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows)."""
         rows = slice(a, b)
         sub = out.rows(rows)
-        lp = self.bank(p).token_logprobs(p, sub, self.sampling.temperature)
+        lp = self.bank(p).token_logprobs(p, sub, self.temperature)
         mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[rows]
-        loss, st = self.followers.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows)
+        loss, st = self.settings.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows)
         clipped.append(float(st["clip_fraction"]))
         return loss * (b - a)
 
-    def _steps(
-        self,
-        p: str,
-        opt: Any,
-        loss_fn: Any,
-        batches: list,
-        micro: int | None = None,
-        lengths: tuple[list[int], list[int]] | None = None,
-        max_tokens: int = 0,
-    ) -> list[float]:
-        """Follower ``p``'s optimizer steps, one per batch ``(global size, this rank's rows)``; the finite losses."""
-        totals = [self._step(p, opt, loss_fn, n, rows, micro, lengths, max_tokens) for n, rows in batches]
-        return [t for t in totals if t is not None]
-
-    def _step(
-        self,
-        player: str,
-        opt: Any,
-        loss_fn: Any,
-        n: int,
-        rows: tuple[int, int],
-        micro: int | None,
-        lengths: tuple[list[int], list[int]] | None = None,
-        max_tokens: int = 0,
-    ) -> float | None:
+    def _step(self, trainer, player: str, opt, loss_fn, n: int, rows: tuple, micro, lengths=None, max_tokens=0):
         """One optimizer step of ``player`` on a batch of ``n`` items; ``loss_fn(lo, hi)`` gives their summed loss.
 
         This rank computes its items ``rows`` in chunks (:func:`~modules.lm.micro_batches.micro_batches`) of at most
@@ -239,26 +247,26 @@ class FollowerUpdates:
         relies on, expects every adapter's gradient from one backward per forward, and the ranks' shares differ in
         size. Returns the loss, or ``None`` when it was not finite on some rank (the step is skipped and counted).
         """
-        a0, b0 = rows
+        host, (a0, b0) = self.host, rows
         spans, counts = lengths or ([0] * b0, [0] * b0)
-        micro = self.followers.micro_batch if micro is None else micro
+        micro = self.settings.micro_batch if micro is None else micro
         chunks = micro_batches(spans[a0:b0], counts[a0:b0], max_tokens if lengths else 0, micro)
         opt.zero_grad()
         total, finite = 0.0, True
-        with self.gradient_sync(last=False):
+        with host.gradient_sync(last=False):
             for lo, hi in chunks:
                 loss = loss_fn(a0 + lo, a0 + hi) / n
                 if not bool(torch.isfinite(loss.detach()).all()):
                     finite = False
                     break
-                self.manual_backward(loss)
+                host.manual_backward(loss)
                 total += float(loss.detach())
         params = self.bank(player).player_parameters(player)
-        total, finite = collectives.sum_gradients(self._trainer, params, total, finite)
+        total, finite = collectives.sum_gradients(trainer, params, total, finite)
         # counts, warns, logs; raises after max_consecutive_nonfinite skips in a row; a good step ends a streak
-        if not self.check_finite(torch.tensor(total if finite else float("nan")), f"losses of follower {player}"):
+        if not host.check_finite(torch.tensor(total if finite else float("nan")), f"losses of follower {player}"):
             opt.zero_grad()
             return None
-        self.optimizer_step(opt, params)
-        self.epoch_means["follower_loss"].update(total)
+        host.optimizer_step(opt, params)
+        self.loss_mean.update(total)
         return total

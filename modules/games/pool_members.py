@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
-from alignment_games.modules.scorers.peer_judges import encode_texts, judge_prompts, member_scores, peer_scores_each
+from alignment_games.modules.scorers.peer_judges import judge_prompts, member_scores, peer_scores_each
 
 __all__ = ["PoolMembers"]
 
@@ -51,12 +51,6 @@ class PoolMembers:
             requests = [(p, [self.chat(p, x, system) for x in instructions[p]]) for p in players]
             out.update(zip(players, bank.generate_each(requests, n, **self.sampling.generate_kwargs())))
         return out
-
-    def encode(
-        self, player: str, prompts: list[str], completions: list[str], eos: bool = True, group_size: int = 1
-    ) -> Rollout:
-        """Given texts as a :class:`Rollout` of ``player``'s tokenizer (see :func:`encode_texts`)."""
-        return encode_texts(self.bank(player), prompts, completions, eos, group_size)
 
     def judge(
         self, judge: str, instructions: list[str], responses: list[str], references: list[str | None] | None = None

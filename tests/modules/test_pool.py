@@ -27,7 +27,7 @@ from alignment_games.modules.evaluation.pool_figures import make_pool_figures, w
 from alignment_games.modules.games.pool_followers import FollowerTraining
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.pool import StackelbergPool
-from alignment_games.modules.scorers.peer_judges import PeerJudging
+from alignment_games.modules.scorers.peer_judges import PeerJudging, encode_texts
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -180,7 +180,7 @@ def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path,
         out = real_respond_all(instructions, n)
         if "m1" in instructions:
             prompts = [module.chat("m1", x) for x in instructions["m1"] for _ in range(n)]
-            out["m1"] = module.encode("m1", prompts, [""] * len(prompts))
+            out["m1"] = encode_texts(module.bank("m1"), prompts, [""] * len(prompts))
         return out
 
     module.respond_all = respond_all
@@ -246,7 +246,7 @@ def test_grpo_followers_take_updates_per_batch_steps_on_each_batch(tiny_lm_dir, 
     from alignment_games.modules.games.pool_followers import FollowerUpdates
 
     steps, step = [], FollowerUpdates._step
-    monkeypatch.setattr(FollowerUpdates, "_step", lambda self, p, *a: steps.append((mu, p, a[2])) or step(self, p, *a))
+    monkeypatch.setattr(FollowerUpdates, "_step", lambda *a: steps.append((mu, a[2], a[5])) or step(*a))  # player, n
     for mu in (1, 3):
         pg = PolicyGradient(group_size=2, updates_per_batch=mu, clip=0.01)
         followers = FollowerTraining("grpo", lr=5e-2, batch_size=4, policy_gradient=pg)
@@ -404,7 +404,7 @@ def _scripted_pool(module):
 
     def respond(player, instructions, n):
         prompts = [module.chat(player, x, module.hparams.system_prompt) for x in instructions for _ in range(n)]
-        return module.encode(player, prompts, [f"reply of {player}"] * len(prompts))
+        return encode_texts(module.bank(player), prompts, [f"reply of {player}"] * len(prompts))
 
     def judge(name, instructions, responses):
         j = module.player_names.index(name)
@@ -471,7 +471,7 @@ def test_the_dpo_reference_is_the_previous_iterations_model(tiny_lm_dir, tmp_pat
     _scripted_pool(module)
     snapshots = [_adapters(module)]  # the adapters before iteration 1, then after each iteration
     references = []
-    original_rows = module._dpo_rows
+    original_rows = module.follow._dpo_rows
 
     def dpo_rows(p, pairs, questions, texts):
         both, ref = original_rows(p, pairs, questions, texts)
@@ -482,7 +482,7 @@ def test_the_dpo_reference_is_the_previous_iterations_model(tiny_lm_dir, tmp_pat
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             snapshots.append(_adapters(pl_module))
 
-    module._dpo_rows = dpo_rows
+    module.follow._dpo_rows = dpo_rows
     _fit(module, short_pool, epochs=2, tmp_path=tmp_path, callbacks=[AfterEachIteration()])
     assert len(snapshots) == 3 and sorted({it for it, *_ in references}) == [1, 2]
     final = _adapters(module)
@@ -509,14 +509,14 @@ def test_paired_dpo_rows_give_the_log_probabilities_of_separate_rollouts(tiny_lm
     module = StackelbergPool(lm=_lm(tiny_lm_dir), **SMALL)
     bank, prompts = module.bank("m1"), [module.chat("m1", "1+2=?"), module.chat("m1", "10+20=?")]
     chosen, rejected = ["3", "three"], ["4", ""]
-    both = module.encode("m1", [x for x in prompts for _ in (0, 1)], ["3", "4", "three", ""], group_size=2)
+    both = encode_texts(bank, [x for x in prompts for _ in (0, 1)], ["3", "4", "three", ""], group_size=2)
     with torch.no_grad():
         paired = bank.logprobs("m1", both, 1.0).view(-1, 2)
-        alone = [bank.logprobs("m1", module.encode("m1", prompts, t), 1.0) for t in (chosen, rejected)]
+        alone = [bank.logprobs("m1", encode_texts(bank, prompts, t), 1.0) for t in (chosen, rejected)]
     assert both.group_size == 2
     assert torch.allclose(paired[:, 0], alone[0], atol=1e-5) and torch.allclose(paired[:, 1], alone[1], atol=1e-5)
     with pytest.raises(ValueError, match="groups of 2 sharing one prompt"):
-        module.encode("m1", prompts, chosen, group_size=2)
+        encode_texts(bank, prompts, chosen, group_size=2)
 
 
 def test_iterations_per_epoch_must_be_a_positive_integer():
@@ -534,7 +534,7 @@ def test_nonfinite_follower_losses_are_skipped_and_stop_with_the_last_good_check
 
     L.seed_everything(0)
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=_judging("constrained"), max_consecutive_nonfinite=2, **SMALL)
-    module._dpo_rows_loss = NaNAfter(module._dpo_rows_loss, after=4)  # iteration 0: three good follower steps
+    module.follow._dpo_rows_loss = NaNAfter(module.follow._dpo_rows_loss, after=4)  # iteration 0: three good steps
     ckpt = ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)
     trainer = make_trainer(
         tmp_path, [ckpt], max_epochs=1, limit_val_batches=0, enable_checkpointing=True, plugins=[AtomicCheckpointIO()]

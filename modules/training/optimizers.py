@@ -1,0 +1,54 @@
+"""Injected optimizers: every family's ``optimizer`` option (docs/configuration.md), AdamW when it is not given.
+
+One option per family, used once per player: the rates already are per player (``leader_lr``/``follower_lr``,
+``followers.lr``, ``lr``/``backbone_lr``), so a config names the algorithm once and keeps its rates where they are.
+The callable receives only parameter groups, each at the family's rate (a group's ``lr`` wins over an optimizer's
+default, so an ``lr`` in its ``init_args`` is not used); its other settings (momentum, betas, weight decay) come from
+its ``init_args``. The family's ``weight_decay``/``adam_betas`` configure the default AdamW only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["OptimizerCallable", "build_optimizer", "check_optimizer"]
+
+#: What ``lightning.pytorch.cli.OptimizerCallable`` is (its type, without importing the CLI): parameters to optimizer.
+OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
+
+
+def _refuse(what: str) -> TypeError:
+    return TypeError(
+        f"optimizer must build a torch.optim.Optimizer from parameters (class_path: torch.optim.SGD), got {what}"
+    )
+
+
+def check_optimizer(optimizer: Any) -> OptimizerCallable | None:
+    """``optimizer`` if it is ``None`` or a callable that may build an optimizer; else ``TypeError`` naming it."""
+    not_optimizer = isinstance(optimizer, type) and not issubclass(optimizer, torch.optim.Optimizer)
+    if optimizer is not None and (not callable(optimizer) or not_optimizer):
+        raise _refuse(repr(optimizer))
+    return optimizer
+
+
+def build_optimizer(
+    optimizer: OptimizerCallable | None, params: Iterable, lr: float, **adamw: Any
+) -> torch.optim.Optimizer:
+    """One player's optimizer: ``AdamW(params, lr=lr, **adamw)``, or the injected one built from groups at ``lr``.
+
+    The injected ``optimizer`` gets ``params`` as parameter groups, each at ``lr`` unless it has its own rate.
+
+    Raises:
+        TypeError: naming the option, when the injected callable returns something other than an optimizer.
+    """
+    if optimizer is None:
+        return torch.optim.AdamW(params, lr=lr, **adamw)
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    built = optimizer([{"lr": lr, **g} for g in groups])
+    if not isinstance(built, torch.optim.Optimizer):
+        raise _refuse(f"a {type(built).__name__} from {optimizer!r}")
+    return built
