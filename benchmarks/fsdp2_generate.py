@@ -41,6 +41,7 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
     from alignment_games.modules.distributed.sharding import parameter_gathering
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.sampling import Sampling
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -69,7 +70,7 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
             bank.gather_for_generation = modes[mode]
             before = gathers["n"]
             t0 = time.perf_counter()
-            out = bank.generate("policy", prompts, 1, max_new_tokens=args.tokens, do_sample=False)
+            out = bank.generate("policy", prompts, 1, Sampling(max_new_tokens=args.tokens), greedy=True)
             elapsed = time.perf_counter() - t0
             if rep > 0:  # the first round warms up
                 times[mode].append(elapsed)

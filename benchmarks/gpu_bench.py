@@ -345,6 +345,7 @@ def section_decode(args, out: _Partial, compiled: bool) -> None:
     from alignment_games.modules.lm import static_decode
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.sampling import Sampling
 
     if args.tiny and compiled:
         # inductor's C++ build takes minutes on a shared CPU: dynamo still traces the suite's step (what version skew
@@ -362,18 +363,17 @@ def section_decode(args, out: _Partial, compiled: bool) -> None:
     runs, lines = [], []
     for b, g in run_cfg["groups"]:
         prompts, _ = _prompts(b, run_cfg["prompt_len"])
-        kw = dict(temperature=1.0, max_new_tokens=new, min_new_tokens=new)
         before = int(counters["stats"]["unique_graphs"])
         torch.manual_seed(0)
         # compiled: the warm-up runs the timed shapes (own cache of max_new_tokens slots), so it holds the compile and
         # CUDA graphs' recording (~1 s of decode once compiled); uncompiled: a few tokens load the kernels
         warm = new if compiled else min(8, new)
-        bank.generate("policy", prompts, g, temperature=1.0, max_new_tokens=warm, min_new_tokens=warm)
+        bank.generate("policy", prompts, g, Sampling(max_new_tokens=warm, min_new_tokens=warm))
         after_warmup = int(counters["stats"]["unique_graphs"])
         torch.manual_seed(1)
         _sync(device)
         t = time.perf_counter()
-        roll = bank.generate("policy", prompts, g, **kw)
+        roll = bank.generate("policy", prompts, g, Sampling(max_new_tokens=new, min_new_tokens=new))
         _sync(device)
         dt = time.perf_counter() - t
         if roll.sequences.shape != (b * g, roll.prompt_width + new) or int(roll.completion_mask.sum()) != b * g * new:

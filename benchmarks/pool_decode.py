@@ -27,6 +27,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
 from _host import host, host_line  # benchmarks/ is the script's folder
 
@@ -95,35 +96,37 @@ def phases(bank, players: list[str], args) -> tuple[list, list]:
 def run(shape: str, args) -> dict:
     import torch
 
+    from alignment_games.modules.lm.sampling import Sampling
+
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     bank, players = pool_bank(shape, args)
     answers, asks = phases(bank, players, args)
-    answer_kw = {"max_new_tokens": args.answer_tokens, "min_new_tokens": args.answer_tokens, "temperature": 0.7}
-    judge_kw = {"max_new_tokens": args.judge_tokens, "min_new_tokens": args.judge_tokens, "do_sample": False}
-    work = {"answer": (answers, args.rollouts, answer_kw), "judge": (asks, 1, judge_kw)}
+    answer = Sampling(0.7, max_new_tokens=args.answer_tokens, min_new_tokens=args.answer_tokens)
+    judge = Sampling(max_new_tokens=args.judge_tokens, min_new_tokens=args.judge_tokens)  # greedy
+    work = {"answer": (answers, args.rollouts, answer, False), "judge": (asks, 1, judge, True)}
     times = {(phase, way): [] for phase in work for way in ("before", "after")}
     texts = {}
-    for requests, g, kw in work.values():  # untimed: first-call costs (attention registration, allocator) off both
-        bank.generate_each(requests, g, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})
-        bank.generate(*requests[0], g, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})
+    for requests, g, s, greedy in work.values():  # untimed: first-call costs off both ways
+        bank.generate_each(requests, g, replace(s, max_new_tokens=2, min_new_tokens=2), greedy)
+        bank.generate(*requests[0], g, replace(s, max_new_tokens=2, min_new_tokens=2), greedy)
     for _ in range(args.repeats):
-        for phase, (requests, g, kw) in work.items():
+        for phase, (requests, g, s, greedy) in work.items():
             for way in ("before", "after"):
                 torch.manual_seed(0)
                 start = clock()
                 if way == "before":  # player by player, as the pool decoded before
-                    outs = [bank.generate(p, x, g, **kw) for p, x in requests]
+                    outs = [bank.generate(p, x, g, s, greedy) for p, x in requests]
                 else:
-                    outs = bank.generate_each(requests, g, **kw)
+                    outs = bank.generate_each(requests, g, s, greedy)
                 times[(phase, way)].append(clock() - start)
                 texts[(phase, way)] = [o.texts for o in outs]
     result = {"shape": shape, "layers": SHAPES[shape].get("num_hidden_layers", args.layers), "players": len(players)}
     result["clock"] = args.clock
-    for phase, (requests, g, kw) in work.items():
+    for phase, (requests, g, s, _) in work.items():
         before, after = statistics.median(times[(phase, "before")]), statistics.median(times[(phase, "after")])
         result[phase] = {
             "rows": sum(len(x) for _, x in requests) * g,
-            "tokens": kw["max_new_tokens"],
+            "tokens": s.max_new_tokens,
             "before_s": round(before, 4),
             "after_s": round(after, 4),
             "speedup": round(before / after, 2),

@@ -21,6 +21,7 @@ from alignment_games.modules.evaluation.round_robin import (
     round_robin_table,
 )
 from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.lm.sampling import Sampling
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -82,18 +83,12 @@ def _load_runs(bank: Any, runs: list[tuple[str, str, str | None]]) -> dict[str, 
 
 def _sample_all(bank: Any, policies: list[str], prompts: list[str], args: argparse.Namespace) -> dict[str, list[str]]:
     chats = [bank.chat(args.system_prompt, x) for x in prompts]
+    sampling = Sampling(args.temperature, args.top_p, args.max_new_tokens)
     texts: dict[str, list[str]] = {p: [] for p in policies}
     for i in range(0, len(chats), args.batch_size):
         chunk = chats[i : i + args.batch_size]
         for p in policies:
-            out = bank.generate(
-                None if p == REFERENCE else p,
-                chunk,
-                args.pairs,
-                temperature=args.temperature,
-                top_p=args.top_p,
-                max_new_tokens=args.max_new_tokens,
-            )
+            out = bank.generate(None if p == REFERENCE else p, chunk, args.pairs, sampling)
             texts[p].extend(out.texts)
     return texts
 

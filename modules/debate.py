@@ -24,6 +24,7 @@ import json
 import math
 import random
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -244,12 +245,11 @@ class DebateSelfPlay(LanguageModelGame):
             ]
             s = self.sampling
             tokens = s.max_new_tokens if ply == "answer" else (hp.reply_max_new_tokens or s.max_new_tokens)
+            s = replace(s, max_new_tokens=tokens, min_new_tokens=min(s.min_new_tokens, tokens))
             # B-judge and B-convince train only Bob: Alice is the frozen reference (the paper's frozen Alice)
             player = None if hp.bob_reward != "constant_sum" and PLAYER_OF_PLY[ply] == "alice" else PLAYER
             with self._timed(f"generate_{ply}"):
-                out = self.bank.generate(
-                    player, prompts, 1, s.temperature, s.top_p, tokens, True, min(s.min_new_tokens, tokens)
-                )
+                out = self.bank.generate(player, prompts, 1, s)
             rollouts.append(out)
             rows = branch_rows(counts, g) if g > 1 else list(range(b))
             replies = [split_reply(text, hp.think_open, hp.think_close, hp.require_thinking) for text in out.texts]

@@ -237,7 +237,7 @@ class GRPO(LanguageModelGame):
         self.phase_times = {}
         inputs = self.format_prompts(prompts)
         with self._timed("generate"):
-            roll = self.players.generate(PLAYER, inputs, g, **self.sampling.generate_kwargs())
+            roll = self.players.generate(PLAYER, inputs, g, self.sampling)
         with self._timed("score"):
             per_reward = self.rewards(
                 [x for x in inputs for _ in range(g)], roll.texts, [r for r in refs for _ in range(g)], group_size=g
@@ -312,9 +312,8 @@ class GRPO(LanguageModelGame):
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         index = self.item_ids(batch, len(prompts))
         inputs = self.format_prompts(prompts)
-        roll = self.players.generate(
-            PLAYER, inputs, 1, max_new_tokens=hp.eval_max_new_tokens or self.sampling.max_new_tokens, do_sample=False
-        )
+        tokens = hp.eval_max_new_tokens or self.sampling.max_new_tokens
+        roll = self.players.generate(PLAYER, inputs, 1, Sampling(max_new_tokens=tokens), greedy=True)
         per_reward = self.rewards(inputs, roll.texts, refs)
         reward = (per_reward * self.reward_weight).sum(dim=1)
         accuracy = torch.full((len(prompts),), float("nan"), device=self.device)

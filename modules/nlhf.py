@@ -116,7 +116,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         chats = self.eval_prompts(prompts)
         self.phase_times = {}
         with self._timed("generate"):
-            own = self.players.generate("policy", chats, d, **self.sampling.generate_kwargs())
+            own = self.players.generate("policy", chats, d, self.sampling)
             opponent = generate_mixture(self.players, "policy", chats, d, hp.beta, self.sampling)
         self.empty_generations += own.num_empty + opponent.num_empty
         with self._timed("score"):

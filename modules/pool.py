@@ -476,7 +476,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         correct = {}
         for p in self.player_names:
             prompts = [self.chat(p, x, self.hparams.system_prompt) for x in batch["prompt"]]
-            out = self.bank(p).generate(p, prompts, 1, max_new_tokens=self.hparams.eval_max_new_tokens, do_sample=False)
+            out = self.bank(p).generate(
+                p, prompts, 1, Sampling(max_new_tokens=self.hparams.eval_max_new_tokens), greedy=True
+            )
             hits = [float(answers_match(rules.final_answer(t), r)) for t, r in zip(out.texts, refs)]
             correct[p] = torch.tensor(hits, device=self.device)
         self.eval_items.update(index, **correct)

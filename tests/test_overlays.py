@@ -117,6 +117,7 @@ def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> No
     from alignment_games.modules.distributed.sharding import parameter_gathering
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.sampling import Sampling
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -127,7 +128,7 @@ def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> No
             for p in bank.player_parameters("policy"):
                 p.add_(0.1 * torch.randn_like(p))
         prompts = ["3+4=", "twelve minus five is "]
-        whole = bank.generate("policy", prompts, 1, max_new_tokens=6, do_sample=False).sequences
+        whole = bank.generate("policy", prompts, 1, Sampling(max_new_tokens=6), greedy=True).sequences
         wrapped = FSDP(bank, use_orig_params=True, device_id=torch.device("cpu"))
 
         class FSDPStrategy:  # what parameter_gathering reads of Lightning's strategy: its name and .model
@@ -136,12 +137,12 @@ def _fsdp_worker(rank: int, world: int, policy_dir: str, port: int, queue) -> No
         bank.merge_for_generation = False  # sharded parameters must not be swapped
         sharded = sum(p.numel() for p in bank.parameters())
         try:
-            bank.generate("policy", prompts, 1, max_new_tokens=6, do_sample=False)
+            bank.generate("policy", prompts, 1, Sampling(max_new_tokens=6), greedy=True)
             ungathered = "ran"
         except Exception:
             ungathered = "failed"
         bank.gather_for_generation = parameter_gathering(FSDPStrategy(), bank)
-        gathered = bank.generate("policy", prompts, 1, max_new_tokens=6, do_sample=False).sequences
+        gathered = bank.generate("policy", prompts, 1, Sampling(max_new_tokens=6), greedy=True).sequences
         queue.put((rank, sharded, ungathered, torch.equal(gathered, whole)))
     finally:
         dist.destroy_process_group()

@@ -60,10 +60,10 @@ class WinRateValidation:
         if index.numel() != len(prompts):
             raise ValueError(f"{self.family}: {index.numel()} ids under 'index' for {len(prompts)} prompts")
         buf = self._win_rate_buffers()
-        r, kw = self.hparams.eval_pairs, self.sampling.generate_kwargs()
+        r, s = self.hparams.eval_pairs, self.sampling
         chats = self.eval_prompts(prompts)
-        trained = self.players.generate(self.eval_player, chats, r, **kw)
-        reference = self.players.generate(None, chats, r, **kw)
+        trained = self.players.generate(self.eval_player, chats, r, s)
+        reference = self.players.generate(None, chats, r, s)
         xs = [x for x in prompts for _ in range(r)]
         p0 = self.preference(xs, trained.texts, reference.texts).double()
         buf.setdefault("index", []).append(index.to(self.device))

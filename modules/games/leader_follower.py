@@ -89,10 +89,10 @@ class LeaderFollower:
         self, prompts: list[str], d: int, m: int, leader="leader", follower="follower"
     ) -> tuple[Rollout, Rollout]:
         """Leader samples ``[B·D]`` then follower samples ``[B·D·M]``, one generate call per player."""
-        players, kw = self.game.players, self.game.sampling.generate_kwargs()
-        lead = players.generate(leader, self.leader_prompts(prompts), d, **kw)
+        players, s = self.game.players, self.game.sampling
+        lead = players.generate(leader, self.leader_prompts(prompts), d, s)
         xs = [x for x in prompts for _ in range(d)]
-        foll = players.generate(follower, self.follower_prompts(xs, lead.texts), m, **kw)
+        foll = players.generate(follower, self.follower_prompts(xs, lead.texts), m, s)
         return lead, foll
 
     @staticmethod

@@ -49,7 +49,7 @@ class PoolMembers:
         system, out = self.hparams.system_prompt, {}
         for bank, players in self.banks_of(list(instructions)):
             requests = [(p, [self.chat(p, x, system) for x in instructions[p]]) for p in players]
-            out.update(zip(players, bank.generate_each(requests, n, **self.sampling.generate_kwargs())))
+            out.update(zip(players, bank.generate_each(requests, n, self.sampling)))
         return out
 
     def judge(

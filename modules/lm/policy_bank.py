@@ -218,18 +218,16 @@ class PolicyBank(nn.Module):
         player: str | None | Sequence[str | None],
         prompts: Sequence[str],
         num_samples: int,
-        temperature: float = 0.6,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        do_sample: bool = True,
-        min_new_tokens: int = 0,
+        sampling: Sampling,
+        greedy: bool = False,
     ) -> Rollout:
         """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
 
         ``player`` is one player (``None``: the frozen reference), or one per prompt: then the prompts of several
         players decode together, each row with its own player's adapter (see :meth:`mixes_players`;
-        :meth:`generate_each` splits such a decode back per player). ``min_new_tokens`` > 0 suppresses EOS until that
-        many tokens are written (benchmarks use it to fix the work per step).
+        :meth:`generate_each` splits such a decode back per player). ``greedy``: arg-max tokens, ``sampling``'s length
+        only; an argument, not a :class:`Sampling` field, since only evaluation and judges decode greedily: each
+        configured ``Sampling`` (families, ``HFJudge``, the mixture sampler) is honoured whole, none ignoring a field.
 
         Raises:
             ValueError: for a player list whose length is not the prompts', or players this bank cannot decode
@@ -251,19 +249,21 @@ class PolicyBank(nn.Module):
                     f"generate: players {sorted(set(row_players), key=str)} cannot decode in one batch (lm.players "
                     f"{self.mode!r}, or LoRA layers other than plain LoRA on nn.Linear); use generate_each"
                 )
-        tempered = (temperature, top_p) if do_sample else (1.0, 1.0)  # greedy: neither is used
-        sampling = Sampling(*tempered, max_new_tokens, min_new_tokens)
         device = next(self.parameters()).device
         ids, mask = (v.to(device) for v in self.encode_prompts(prompts).values())
         with self.gather_for_generation(), self.for_generation(player, row_players, num_samples) as model:
             was_training = model.training
             model.eval()
-            out = self.decoder.decode(model, ids, mask, num_samples, sampling, greedy=not do_sample)
+            out = self.decoder.decode(model, ids, mask, num_samples, sampling, greedy)
             model.train(was_training)
         return Rollout.from_decode(out, mask.repeat_interleave(num_samples, dim=0), num_samples, self.tokenizer)
 
     def generate_each(
-        self, requests: Sequence[tuple[str | None, Sequence[str]]], num_samples: int, **kwargs: Any
+        self,
+        requests: Sequence[tuple[str | None, Sequence[str]]],
+        num_samples: int,
+        sampling: Sampling,
+        greedy: bool = False,
     ) -> list[Rollout]:
         """:meth:`generate` of each ``(player, prompts)`` request, the requests decoded in one batch where possible.
 
@@ -271,7 +271,7 @@ class PolicyBank(nn.Module):
         player's adapter, and the result is split back per request (:meth:`Rollout.split`): with greedy decoding each
         rollout equals its own :meth:`generate` token for token (up to float rounding of the unmerged adapters); with
         sampling the draws come from the same global generator in one batch. Otherwise one :meth:`generate` per
-        request. ``kwargs`` are :meth:`generate`'s.
+        request. ``sampling`` and ``greedy`` are :meth:`generate`'s.
 
         Raises:
             ValueError: naming a request without prompts.
@@ -282,9 +282,9 @@ class PolicyBank(nn.Module):
                 raise ValueError(f"generate_each: request {i} (player {p!r}) has no prompts")
         players = [p for p, _ in requests]
         if len(requests) < 2 or len(set(players)) < 2 or not self.mixes_players(players):
-            return [self.generate(p, x, num_samples, **kwargs) for p, x in requests]
+            return [self.generate(p, x, num_samples, sampling, greedy) for p, x in requests]
         rows = [p for p, x in requests for _ in x]
-        out = self.generate(rows, [y for _, x in requests for y in x], num_samples, **kwargs)
+        out = self.generate(rows, [y for _, x in requests for y in x], num_samples, sampling, greedy)
         return out.split([len(x) for _, x in requests])
 
     def token_logprobs(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["Sampling"]
 
@@ -42,7 +40,3 @@ class Sampling:
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             bound = f"[0, max_new_tokens={self.max_new_tokens}]"
             raise ValueError(f"sampling.min_new_tokens must be in {bound}, got {self.min_new_tokens}")
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :meth:`~modules.lm.policy_bank.PolicyBank.generate`."""
-        return dataclasses.asdict(self)

@@ -25,6 +25,7 @@ from alignment_games.modules.algorithms.pool import (
 )
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 
@@ -80,6 +81,11 @@ class PeerJudging:
             raise ValueError(f"judging.samples must be at least 1, got {self.samples}")
         if not self.temperature > 0:
             raise ValueError(f"judging.temperature must be positive, got {self.temperature}")
+
+    @property
+    def sampling(self) -> Sampling:
+        """The judge's decode: ``max_new_tokens``, and ``temperature`` where sampled (``solve``, ``samples`` > 1)."""
+        return Sampling(self.temperature, max_new_tokens=self.max_new_tokens)
 
     def user_message(self, instruction: str, response: str, special_tokens: Iterable[str] = ()) -> str:
         """The judge's user message for one (instruction, response): both quoted (:func:`quote_judged`).
@@ -147,7 +153,7 @@ def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: P
             (s, True) if math.isfinite(s) else (DEFAULT_SCORE, False)
             for s in _constrained(bank, judge, prompts, prefill)
         ]
-    out = bank.generate(judge, list(prompts), 1, max_new_tokens=judging.max_new_tokens, do_sample=False)
+    out = bank.generate(judge, list(prompts), 1, judging.sampling, greedy=True)
     return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
 
 
@@ -163,7 +169,7 @@ def peer_scores_each(
     if judging.mode != "generate":
         return [peer_scores(bank, judge, prompts, judging) for judge, prompts in requests]
     live = [(judge, list(prompts)) for judge, prompts in requests if prompts]
-    outs = iter(bank.generate_each(live, 1, max_new_tokens=judging.max_new_tokens, do_sample=False) if live else [])
+    outs = iter(bank.generate_each(live, 1, judging.sampling, greedy=True) if live else [])
     return [
         [(x.score, x.ok) for x in (parse_judgement(judging.prefill + t) for t in next(outs).texts)] if prompts else []
         for _, prompts in requests
@@ -239,9 +245,7 @@ def solve_scores(
         return []
     distinct = list(dict.fromkeys(questions))
     k = judging.samples
-    out = bank.generate(
-        judge, distinct, k, temperature=judging.temperature, max_new_tokens=judging.max_new_tokens, do_sample=k > 1
-    )
+    out = bank.generate(judge, distinct, k, judging.sampling, greedy=k == 1)
     own = {q: [final_answer(t) for t in out.texts[i * k : (i + 1) * k]] for i, q in enumerate(distinct)}
     return [agreement_score(final_answer(r), own[q]) for q, r in zip(questions, responses)]
 

@@ -77,7 +77,7 @@ def _item(text: str) -> int:
 def replies(right: dict[str, set[int]]):
     """A stand-in for ``PolicyBank.generate``: ``\\boxed{i}`` (right) for the player's items in ``right``, else 99."""
 
-    def generate(player, prompts, n, **kwargs):
+    def generate(player, prompts, n, sampling, greedy=False):
         hits = right[player]
         return SimpleNamespace(texts=[rf"\boxed{{{_item(x) if _item(x) in hits else 99}}}" for x in prompts])
 

@@ -144,9 +144,9 @@ def test_bad_input_is_counted_never_a_crash(tiny_lm_dir, tmp_path):
     m = _module(tiny_lm_dir, "debate_ab", judge=Mumbler(num_votes=8))
     original = m.bank.generate
 
-    def empty_answers(player, prompts, num_samples, *a, **kw):
-        out = original(player, prompts, num_samples, *a, **kw)
-        if kw.get("max_new_tokens", a[2] if len(a) > 2 else None) == 8:  # Alice's answer turn
+    def empty_answers(player, prompts, num_samples, sampling, *a):
+        out = original(player, prompts, num_samples, sampling, *a)
+        if sampling.max_new_tokens == 8:  # Alice's answer turn
             out.texts = ["" for _ in out.texts]
         return out
 

@@ -270,7 +270,7 @@ class TabularPlayers(torch.nn.Module):
         table = self.leader if player == "leader" else self.follower[context]
         return table if player is not None else torch.zeros_like(table)
 
-    def generate(self, player, prompts, n, **kw):
+    def generate(self, player, prompts, n, sampling, greedy=False):
         # the follower's prompt quotes the leader's reply: that is its context y
         contexts = [int(p.split("action-")[1][0]) if player == "follower" else 0 for p in prompts for _ in range(n)]
         with torch.no_grad():

@@ -199,7 +199,7 @@ def test_bad_settings_are_refused(tiny_lm_dir, tmp_path):
 def test_min_new_tokens_fixes_the_reply_length(tiny_lm_dir):
     model = _model(tiny_lm_dir, sampling=Sampling(max_new_tokens=6, min_new_tokens=6))
     torch.manual_seed(0)
-    roll = model.players.generate("policy", ["1+1="], 3, max_new_tokens=6, min_new_tokens=6, temperature=1.0)
+    roll = model.players.generate("policy", ["1+1="], 3, model.sampling)
     assert roll.completion_mask.sum(1).tolist() == [6, 6, 6]
 
 
@@ -214,14 +214,14 @@ def test_merged_adapter_generation_matches_and_leaves_the_base_untouched(tiny_lm
             p.add_(0.1 * torch.randn_like(p))
     base = {n: (p, p.detach().clone()) for n, p in bank.named_parameters() if "base_layer" in n}
     prompts = ["3+4=", "twelve minus five is "]
-    merged = bank.generate("policy", prompts, 1, max_new_tokens=8, do_sample=False)
+    merged = bank.generate("policy", prompts, 1, Sampling(max_new_tokens=8), greedy=True)
     bank.merge_for_generation = False
-    unmerged = bank.generate("policy", prompts, 1, max_new_tokens=8, do_sample=False)
+    unmerged = bank.generate("policy", prompts, 1, Sampling(max_new_tokens=8), greedy=True)
     assert merged.texts == unmerged.texts
     assert torch.equal(merged.sequences, unmerged.sequences)
     after = dict(bank.named_parameters())
     assert all(after[n] is obj and torch.equal(obj, copy) for n, (obj, copy) in base.items())  # same tensors, bits
-    reference = bank.generate(None, prompts, 1, max_new_tokens=8, do_sample=False)
+    reference = bank.generate(None, prompts, 1, Sampling(max_new_tokens=8), greedy=True)
     assert not torch.equal(reference.sequences, merged.sequences)  # the adapter was really applied
 
 
@@ -234,7 +234,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(tiny_lm_dir
     with torch.no_grad():
         for p in bank.player_parameters("policy"):
             p.add_(0.1 * torch.randn_like(p))
-    roll = bank.generate("policy", ["3+4=", "a longer prompt: twelve minus five is "], 3, max_new_tokens=7)
+    roll = bank.generate("policy", ["3+4=", "a longer prompt: twelve minus five is "], 3, Sampling(0.6, 1.0, 7))
     assert roll.group_size == 3
 
     def run(share, micro):

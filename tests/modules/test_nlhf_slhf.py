@@ -90,7 +90,7 @@ def test_mixture_sampler_follows_beta(tiny_lm_dir):
         for p in bank.player_parameters("policy"):
             p.add_(torch.randn_like(p))  # LoRA B starts at zero: make the policy differ from the reference
     prompts = ["What is 2 + 3?", "Sam has 4 cards and finds 5 more."]
-    greedy = {w: bank.generate(w, prompts, 1, max_new_tokens=8, do_sample=False) for w in ("policy", None)}
+    greedy = {w: bank.generate(w, prompts, 1, Sampling(max_new_tokens=8), greedy=True) for w in ("policy", None)}
     assert greedy["policy"].texts != greedy[None].texts
     for beta, who in ((0.0, "policy"), (1.0, None)):
         out = generate_mixture(bank, "policy", prompts, 1, beta, Sampling(1e-4, max_new_tokens=8))
@@ -295,7 +295,7 @@ def test_full_fine_tuning_trains_every_weight_and_keeps_the_reference_fixed(tiny
         **lr,
     )
     bank = model.players
-    probe = bank.generate(None, [bank.chat(None, "What is 2 + 3?")], 2, max_new_tokens=6)
+    probe = bank.generate(None, [bank.chat(None, "What is 2 + 3?")], 2, Sampling(0.6, max_new_tokens=6))
     with torch.no_grad():
         ref_lp = bank.logprobs(None, probe)
     ref_before, players_before = _reference_and_players(model)

@@ -10,6 +10,7 @@ from helpers.pool_settings import lm as _lm
 from helpers.threads import one_torch_thread
 
 from alignment_games.modules.algorithms.pool import final_answer
+from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.pool import StackelbergPool
 from alignment_games.modules.scorers.peer_judges import PeerJudging, member_scores, solve_scores
 
@@ -26,8 +27,8 @@ class _SolvingBank:
     def __init__(self, answers):
         self.answers, self.calls = answers, []
 
-    def generate(self, player, prompts, k, **kw):
-        self.calls.append((player, list(prompts), k, kw))
+    def generate(self, player, prompts, k, sampling, greedy=False):
+        self.calls.append((player, list(prompts), k, sampling, greedy))
         return SimpleNamespace(texts=[t for q in prompts for t in self.answers[q][:k]])
 
 
@@ -36,12 +37,11 @@ def test_solve_scores_solve_each_question_once_and_grade_by_agreement():
     judging = PeerJudging(mode="solve", samples=4, temperature=0.9, max_new_tokens=16)
     out = solve_scores(bank, "m2", ["q1", "q2", "q1", "q1"], ["\\boxed{4}", "4", "it is 7", "no idea"], judging)
     assert out == [(1 + 9 * 2 / 4, True), (5.0, False), (1 + 9 / 4, True), (1.0, True)]
-    ((player, prompts, k, kw),) = bank.calls  # one call, each distinct question once, sampled
-    assert (player, prompts, k) == ("m2", ["q1", "q2"], 4)
-    assert kw == {"temperature": 0.9, "max_new_tokens": 16, "do_sample": True}
+    (call,) = bank.calls  # one call, each distinct question once, sampled
+    assert call == ("m2", ["q1", "q2"], 4, Sampling(0.9, max_new_tokens=16), False)
     greedy = _SolvingBank({"q1": ["\\boxed{4}"]})
     assert solve_scores(greedy, "m0", ["q1"], ["4"], PeerJudging(mode="solve")) == [(10.0, True)]
-    assert greedy.calls[0][3]["do_sample"] is False  # one solution: greedy, as the paper's judges score
+    assert greedy.calls[0][4] is True  # one solution: greedy, as the paper's judges score
     with pytest.raises(ValueError, match="2 questions for 1 responses"):
         solve_scores(bank, "m2", ["q1", "q2"], ["4"], judging)
 
@@ -50,7 +50,7 @@ def test_a_solving_judge_scores_against_its_own_greedy_answer(tiny_lm_dir):
     module = StackelbergPool(lm=_lm(tiny_lm_dir), judging=PeerJudging(mode="solve", max_new_tokens=12), **SMALL)
     question = "1+2=?"
     chat = module.chat("m0", question, module.hparams.system_prompt)
-    own = final_answer(module.bank("m0").generate("m0", [chat], 1, max_new_tokens=12, do_sample=False).texts[0])
+    own = final_answer(module.bank("m0").generate("m0", [chat], 1, Sampling(max_new_tokens=12), greedy=True).texts[0])
     scores = module.judge("m0", [question, question], [f"\\boxed{{{own}}}", "no answer here"])
     if own is None:  # the random model wrote no number: it cannot judge
         assert scores == [(5.0, False), (5.0, False)]

@@ -112,9 +112,7 @@ def test_budget_chunks_drop_their_padding_with_the_full_width_logprobs(tiny_deco
     right padding; log-probabilities and adapter gradients equal the batch's in one full-width forward (positions
     come from the full rows). With a budget of one long row the long group is cut into rows."""
     bank = _bank(tiny_decoder_dir, share_prompts)
-    roll = bank.generate(
-        "policy", ["3+4=", "a longer prompt: twelve minus five is "], 2, max_new_tokens=8, min_new_tokens=8
-    )
+    roll = bank.generate("policy", ["3+4=", "a longer prompt: twelve minus five is "], 2, Sampling(0.6, 1.0, 8, 8))
     roll = _cut(bank, roll, [2, 5, 8, 8])
     spans, _ = row_lengths(roll.attention_mask, roll.prompt_width, roll.completion_mask)
     short, long_ = spans[0], spans[2]
@@ -160,7 +158,7 @@ def test_the_grpo_update_with_a_token_budget_equals_the_unchunked_one(tiny_lm_di
         for p in bank.player_parameters("policy"):
             p.add_(0.1 * torch.randn_like(p))
     prompts = ["1+1=", "a much longer prompt: 12*3=", "7-2=", "twelve minus five is "]
-    roll = _cut(bank, bank.generate("policy", prompts, 2, max_new_tokens=8, min_new_tokens=8), [2, 5, 8, 8, 1, 3, 6, 4])
+    roll = _cut(bank, bank.generate("policy", prompts, 2, Sampling(0.6, 1.0, 8, 8)), [2, 5, 8, 8, 1, 3, 6, 4])
     spans, lengths = row_lengths(roll.attention_mask, roll.prompt_width, roll.completion_mask)
     budget = max(_cost(spans, lengths, a, a + 2) for a in range(0, 8, 2))  # the largest group's padded tokens
     with torch.no_grad():

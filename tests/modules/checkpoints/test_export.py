@@ -59,7 +59,7 @@ def _smida(tiny_lm_dir):
 
 def _rollout(bank, player, seed=0):
     torch.manual_seed(seed)
-    return bank.generate(player, PROMPTS, 2, temperature=1.0, max_new_tokens=6)
+    return bank.generate(player, PROMPTS, 2, Sampling(max_new_tokens=6))
 
 
 def _plain_logprobs(model, rollout):

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from alignment_games.modules.distributed.sharding import fsdp2_gradient_sync, parameter_gathering, shard_for_strategy
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.sampling import Sampling
 
 
 @pytest.fixture(scope="module")
@@ -80,23 +81,23 @@ def test_generation_keeps_the_units_whole_for_the_whole_call_with_the_same_token
     from torch.distributed.tensor import DTensor
 
     plain = _bank(tiny_lm_dir)
-    prompts = ["2 + 3 =", "seven minus four is"]
-    want = plain.generate("leader", prompts, 2, max_new_tokens=8, do_sample=False)
+    prompts, s = ["2 + 3 =", "seven minus four is"], Sampling(max_new_tokens=8)
+    want = plain.generate("leader", prompts, 2, s, greedy=True)
     bank = _bank(tiny_lm_dir)
     bank.shard(group)
     assert bank.merge_for_generation is False  # FSDP2 owns the weights: no merged ones swapped in
     probe = _ShardedAtEachCall(bank)
-    per_token = bank.generate("leader", prompts, 2, max_new_tokens=8, do_sample=False)  # no gathering installed
+    per_token = bank.generate("leader", prompts, 2, s, greedy=True)  # no gathering installed
     assert len(probe.calls) >= 8 and all(n > 0 for n in probe.calls[1:])  # the blocks resharded after each token
     bank.use_strategy(ModelParallelStrategy())
     probe.calls.clear()
-    once = bank.generate("leader", prompts, 2, max_new_tokens=8, do_sample=False)
+    once = bank.generate("leader", prompts, 2, s, greedy=True)
     assert len(probe.calls) >= 8 and set(probe.calls) == {0}  # whole at every decoded token
     assert once.texts == per_token.texts == want.texts
     assert torch.equal(once.sequences, want.sequences)
     assert all(isinstance(p, DTensor) for p in bank.parameters())  # resharded afterwards
-    plain_ref = plain.generate(None, prompts, 1, max_new_tokens=8, do_sample=False)
-    assert bank.generate(None, prompts, 1, max_new_tokens=8, do_sample=False).texts == plain_ref.texts  # reference
+    plain_ref = plain.generate(None, prompts, 1, s, greedy=True)
+    assert bank.generate(None, prompts, 1, s, greedy=True).texts == plain_ref.texts  # reference
     probe.calls.clear()
     out = bank.token_logprobs("leader", once, 0.7)  # training forward: FSDP2's own per-unit gathering again
     assert probe.calls and all(n > 0 for n in probe.calls)  # the blocks sharded when the embedding runs
@@ -106,7 +107,7 @@ def test_generation_keeps_the_units_whole_for_the_whole_call_with_the_same_token
 def test_micro_batches_skip_the_gradient_sync_and_the_last_reduces_the_sum(group, tiny_lm_dir):
     plain, bank = _bank(tiny_lm_dir), _bank(tiny_lm_dir)
     bank.shard(group)
-    roll = plain.generate("leader", ["1 + 1 =", "3 + 4 ="], 2, max_new_tokens=6, do_sample=False)
+    roll = plain.generate("leader", ["1 + 1 =", "3 + 4 ="], 2, Sampling(max_new_tokens=6), greedy=True)
     halves = [(0, 2), (2, 4)]
     for model in (plain, bank):
         for i, (a, b) in enumerate(halves):
@@ -189,7 +190,7 @@ def test_fsdp2_mixed_precision_gathers_in_bf16_and_keeps_fp32_shards(group, tiny
     embed = bank.model.get_base_model().get_input_embeddings()
     embed.register_forward_pre_hook(lambda m, a: seen.append(m.weight.dtype))
     bank.use_strategy(FSDP2Strategy())
-    roll = bank.generate("leader", ["2 + 3 ="], 2, max_new_tokens=4, do_sample=False)
+    roll = bank.generate("leader", ["2 + 3 ="], 2, Sampling(max_new_tokens=4), greedy=True)
     assert seen and set(seen) == {torch.bfloat16}  # every decoded token on bf16 weights
     assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in bank.parameters())  # fp32 shards
     bank.logprobs("leader", roll, 0.7).sum().backward()

@@ -99,6 +99,7 @@ def test_builtin_smollm2_decodes_alike_in_every_policy_bank_mode(smollm2_cache, 
     the same greedy tokens, with the same log-probabilities, and the answer is the model's own."""
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.sampling import Sampling
 
     monkeypatch.setenv("ALIGNMENT_GAMES_CACHE", str(smollm2_cache[0]))
     rollouts, logprobs = {}, {}
@@ -106,7 +107,7 @@ def test_builtin_smollm2_decodes_alike_in_every_policy_bank_mode(smollm2_cache, 
         bank = PolicyBank(ModelConfig(ALIAS, lora_r=4, lora_alpha=8, decode=mode), players=["p"])
         chats = [[{"role": "user", "content": q}] for q in PROMPTS[:2]]
         prompts = [bank.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
-        rollouts[mode] = bank.generate("p", prompts, 1, max_new_tokens=24, do_sample=False)
+        rollouts[mode] = bank.generate("p", prompts, 1, Sampling(max_new_tokens=24), greedy=True)
         with torch.no_grad():
             logprobs[mode] = bank.token_logprobs("p", rollouts[mode], temperature=1.0)
     for mode in ("grouped", "static"):

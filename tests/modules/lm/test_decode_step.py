@@ -15,6 +15,7 @@ from transformers import (
 from alignment_games.modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.sampling import Sampling
 
 SMALL = dict(
     vocab_size=61,
@@ -94,7 +95,7 @@ def test_the_grouped_decode_steps_through_the_lean_decoder_unless_turned_off(tin
     steps = []
     original = LeanDecoder.step
     monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: steps.append(1) or original(self, *a))
-    bank.generate("policy", ["1 + 2 =", "a longer prompt"], 2, max_new_tokens=4, min_new_tokens=4)
+    bank.generate("policy", ["1 + 2 =", "a longer prompt"], 2, Sampling(0.6, 1.0, 4, 4))
     assert len(steps) == (4 if lean else 0)
 
 

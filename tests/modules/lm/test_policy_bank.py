@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.sampling import Sampling
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def _one_row_logprobs(model, tok, prompt, completion_ids, temperature):
 def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_decoder_dir):
     prompts = ["1+1=", "a much longer prompt here: 12*3="]
     torch.manual_seed(1)
-    roll = bank.generate("alice", prompts, num_samples=2, max_new_tokens=6)
+    roll = bank.generate("alice", prompts, 2, Sampling(0.6, max_new_tokens=6))
     assert roll.sequences.shape[0] == 4
     tok = bank.tokenizer
     with torch.no_grad():
@@ -75,14 +76,14 @@ def test_token_logprobs_match_unpadded_rows_and_chunking(bank, tiny_decoder_dir)
 
 def test_greedy_batch_equals_one_prompt_at_a_time(bank):
     prompts = ["7-2=", "the sum of 3 and 4 is "]
-    batch = bank.generate("alice", prompts, num_samples=1, max_new_tokens=5, do_sample=False)
+    batch = bank.generate("alice", prompts, 1, Sampling(max_new_tokens=5), greedy=True)
     for i, p in enumerate(prompts):
-        alone = bank.generate("alice", [p], num_samples=1, max_new_tokens=5, do_sample=False)
+        alone = bank.generate("alice", [p], 1, Sampling(max_new_tokens=5), greedy=True)
         assert alone.texts[0] == batch.texts[i]
 
 
 def test_gradients_reach_only_the_player_adapter(bank):
-    roll = bank.generate("alice", ["2+2="], num_samples=2, max_new_tokens=4)
+    roll = bank.generate("alice", ["2+2="], 2, Sampling(0.6, max_new_tokens=4))
     bank.zero_grad(set_to_none=True)
     bank.token_logprobs("alice", roll).sum().backward()
     named = dict(bank.named_parameters())
@@ -122,16 +123,16 @@ def test_grouped_prefix_attention_equals_attention_over_the_copied_cache(dtype):
 
 
 @pytest.mark.parametrize(
-    "kw",
+    ("sampling", "greedy"),
     [
-        {"temperature": 1.0, "max_new_tokens": 12, "min_new_tokens": 12},
-        {"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 10},
-        {"do_sample": False, "max_new_tokens": 8},
+        (Sampling(max_new_tokens=12, min_new_tokens=12), False),
+        (Sampling(0.7, 0.8, 10), False),
+        (Sampling(max_new_tokens=8), True),
     ],
     ids=["min_new_tokens", "top_p", "greedy"],
 )
 @pytest.mark.parametrize("decode", ["grouped", "grouped_forward"], ids=["lean_step", "model_forward"])
-def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decoder_dir, kw, decode):
+def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decoder_dir, sampling, greedy, decode):
     """Sampled groups decoded with each prompt's cache held once, stepped by LeanDecoder or through the model's
     forward: the tokens of transformers' generate over the copied cache, draw for draw, for prompts of different
     lengths; the attention backend is restored afterwards."""
@@ -141,23 +142,23 @@ def test_grouped_decode_gives_generates_tokens_and_restores_the_model(tiny_decod
     outs = []
     for bank in (plain, grouped):
         torch.manual_seed(7)
-        outs.append(bank.generate("policy", prompts, 3, **kw))
+        outs.append(bank.generate("policy", prompts, 3, sampling, greedy))
     assert torch.equal(outs[0].sequences, outs[1].sequences)
     assert torch.equal(outs[0].completion_mask, outs[1].completion_mask) and outs[0].texts == outs[1].texts
     assert _no_cascade_left(grouped)
 
 
 @pytest.mark.parametrize(
-    "kw, g",
+    ("how", "g"),  # (sampling, greedy) of generate
     [
-        ({"temperature": 1.0, "max_new_tokens": 12, "min_new_tokens": 12}, 3),
-        ({"temperature": 0.7, "top_p": 0.8, "max_new_tokens": 10}, 3),
-        ({"do_sample": False, "max_new_tokens": 8}, 3),
-        ({"temperature": 0.9, "max_new_tokens": 6}, 1),
+        ((Sampling(max_new_tokens=12, min_new_tokens=12), False), 3),
+        ((Sampling(0.7, 0.8, 10), False), 3),
+        ((Sampling(max_new_tokens=8), True), 3),
+        ((Sampling(0.9, max_new_tokens=6), False), 1),
     ],
     ids=["min_new_tokens", "top_p", "greedy", "one_per_prompt"],
 )
-def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(tiny_decoder_dir, kw, g, monkeypatch):
+def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(tiny_decoder_dir, how, g, monkeypatch):
     """``lm.decode: static`` (caches allocated once at full length): the tokens of transformers' generate, draw for
     draw from the same seed, greedy and sampled; a group's prompt cache is held once (never repeated to its rows),
     and the attention backend is restored afterwards."""
@@ -182,7 +183,7 @@ def test_static_decode_gives_generates_tokens_without_copying_the_prompt_cache(t
     outs = []
     for bank in banks:
         torch.manual_seed(7)
-        outs.append(bank.generate("policy", prompts, g, **kw))
+        outs.append(bank.generate("policy", prompts, g, *how))
     assert repeats == ([g] if g > 1 else [])  # only generate copied the prompt cache to the rows
     assert shapes == [(len(prompts), len(prompts) * g)]  # static: the prompt part once per prompt
     assert torch.equal(outs[0].sequences, outs[1].sequences)
@@ -200,14 +201,14 @@ def test_compiled_static_decode_is_one_graph_and_reuses_its_caches(tiny_decoder_
     monkeypatch.setattr(static_decode, "compile_options", lambda device: {"backend": "eager", "fullgraph": True})
     torch._dynamo.reset()
     compiled_bank, plain = _banks(tiny_decoder_dir, {"decode": "static", "compile_decode": True}, "generate")
-    kw = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 6}
+    s = Sampling(0.7, 0.9, 6)
     runs = []
     for prompts in (["3 + 4 =", "a longer prompt: 12*3="], ["9*9", "7 - 2 ="]):
         torch.manual_seed(3)
-        compiled = compiled_bank.generate("policy", prompts, 2, **kw)
+        compiled = compiled_bank.generate("policy", prompts, 2, s)
         caches = compiled_bank.decoder.caches
         torch.manual_seed(3)
-        assert torch.equal(compiled.sequences, plain.generate("policy", prompts, 2, **kw).sequences)
+        assert torch.equal(compiled.sequences, plain.generate("policy", prompts, 2, s).sequences)
         runs.append((caches, caches[0].own_keys.data_ptr()))
     assert runs[0][0] is runs[1][0] and runs[0][1] == runs[1][1]  # the same buffers, refilled
     assert runs[0][0][0].prefix_keys.shape[2] == StaticDecoder.bucket  # both prompt widths within one bucket
@@ -280,9 +281,7 @@ def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_decoder_dir, 
     with torch.no_grad():
         for p in bank.player_parameters("policy"):
             p.add_(0.1 * torch.randn_like(p))
-    roll = bank.generate(
-        "policy", ["3+4=", "a longer prompt: twelve minus five is "], 2, max_new_tokens=8, min_new_tokens=8
-    )
+    roll = bank.generate("policy", ["3+4=", "a longer prompt: twelve minus five is "], 2, Sampling(0.6, 1.0, 8, 8))
     cmask, att, seq = roll.completion_mask.clone(), roll.attention_mask.clone(), roll.sequences.clone()
     cmask[:2, 2:] = 0
     att[:2, roll.prompt_width + 2 :] = 0

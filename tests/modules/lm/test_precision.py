@@ -13,6 +13,7 @@ from alignment_games.modules.lm import precision
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.precision import autocast_dtype, resolve_dtype, set_tf32
+from alignment_games.modules.lm.sampling import Sampling
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,7 @@ def test_on_a_bf16_gpu_the_base_is_bf16_the_adapters_and_adam_moments_fp32(tiny_
     before = {n: p.detach().clone() for n, p in bank.model.named_parameters()}
     opt = torch.optim.AdamW(bank.player_parameters("alice"), lr=1e-2)
     torch.manual_seed(0)
-    rollout = bank.generate("alice", ["1+1=", "two plus two"], 2, max_new_tokens=4)
+    rollout = bank.generate("alice", ["1+1=", "two plus two"], 2, Sampling(0.6, max_new_tokens=4))
     bank.logprobs("alice", rollout).sum().backward()
     opt.step()
     moments = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq")]
@@ -106,7 +107,7 @@ def _casts_over_decode(bank, steps):
     shapes = {p.shape for n, p in bank.model.named_parameters() if p.dim() == 2 and not p.requires_grad}
     torch.manual_seed(0)
     with torch.autocast("cpu", dtype=torch.bfloat16), _WeightCasts(shapes) as spy:
-        bank.generate("alice", ["3 + 4 =", "9*9"], 2, max_new_tokens=steps, min_new_tokens=steps)
+        bank.generate("alice", ["3 + 4 =", "9*9"], 2, Sampling(0.6, 1.0, steps, steps))
     return spy.count
 
 
