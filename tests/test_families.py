@@ -15,7 +15,7 @@ import test_nonfinite_gradients
 import test_refused_values
 import yaml
 from helpers import ROOT
-from helpers.resume_harness import FAMILIES as RESUME_FAMILIES
+from helpers.resume_families import FAMILIES as RESUME_FAMILIES
 
 from alignment_games import train
 from alignment_games.modules.training.registry import data_families, model_families
@@ -45,7 +45,7 @@ def _keys(table) -> set[str]:
 # contract: (where a family's entry goes, the families it covers)
 CONTRACTS = {
     "exact resume": (
-        "tests/helpers/resume_harness.py FAMILIES (a Family: a config and tiny overrides)",
+        "tests/helpers/resume_families.py FAMILIES (a Family: a config and tiny overrides)",
         lambda: {_family_of_config(f.config) for f in RESUME_FAMILIES.values()},
     ),
     "non-finite skip": (

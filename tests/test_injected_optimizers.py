@@ -8,7 +8,7 @@ Each family is built by ``train.py`` from its resume-harness config and tiny ove
 import pytest
 import torch
 from helpers import ROOT
-from helpers.resume_harness import FAMILIES as HARNESS
+from helpers.resume_families import FAMILIES as HARNESS
 from test_refused_values import FAMILIES as CONSTRUCTORS
 from test_refused_values import MISSING
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.outside_kill import Kill, Moment, OutsideRunner, _children_cpu, compare_runs, kill_and_resume
-from helpers.resume_harness import _ENV, _TINY_LORA, FAMILIES, TESTS, Family
+from helpers.resume_families import _TINY_LORA, FAMILIES
+from helpers.resume_harness import _ENV, TESTS, Family
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +30,7 @@ _POOL_GRPO_ARGS = tuple(a for a in FAMILIES["pool_dpo"].args if "duels" not in a
     "--model.init_args.followers.batch_size=2",
 )
 
-#: the families of ``resume_harness`` and the protocols and sharing modes it does not cover
+#: the families of ``resume_families`` and the protocols and sharing modes it does not cover
 OUTSIDE: dict[str, Family] = {
     **FAMILIES,
     "preference_lora": dataclasses.replace(FAMILIES["preference_ensemble"], name="preference_lora", args=_PREF_LORA),

@@ -1,5 +1,5 @@
 """Kill a run (SIGTERM, SIGKILL, mid-epoch, at an epoch boundary, during a checkpoint write), resume it with
-``fit --ckpt_path last``, and require the numbers an uninterrupted run logs. Families: ``resume_harness.FAMILIES``."""
+``fit --ckpt_path last``, and require the numbers an uninterrupted run logs. Families: ``resume_families.FAMILIES``."""
 
 import os
 import signal
@@ -7,7 +7,8 @@ import signal
 import pytest
 import torch
 from helpers.nan_after import NaNAfter
-from helpers.resume_harness import FAMILIES, ForkServer, Runner, _KillWhenPickled, compare, resume_points
+from helpers.resume_families import FAMILIES, resume_points
+from helpers.resume_harness import ForkServer, Runner, _KillWhenPickled, compare
 
 from alignment_games.callbacks.fault_tolerance import atomic_torch_save
 

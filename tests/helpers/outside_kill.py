@@ -18,9 +18,9 @@ occurrence is waited for. The result (which batch the kill landed after, what ch
 with the machine's load, the comparison must not: the resumed run has to end bit for bit where the reference ends
 whichever batch it was killed at. A run that ends before its moment is a harness failure (:class:`MissedMoment`).
 
-Runs reuse the families of :mod:`resume_harness` (configs, tiny overrides, checkpoint cadence) and its overlay
-(CSV logger, ``deterministic``, ``ModelCheckpoint(save_last, every_n_train_steps)``), without its in-process kill
-switch.
+Runs reuse the families of :mod:`resume_families` (configs, tiny overrides, checkpoint cadence) and the overlay of
+:mod:`resume_harness` (CSV logger, ``deterministic``, ``ModelCheckpoint(save_last, every_n_train_steps)``), without
+its in-process kill switch.
 
 Not compared, and why: the processes' own stdout/stderr (timings, warnings, paths); ``metrics.csv`` as a file
 (Lightning's ``CSVLogger`` deletes the file of an existing version folder when a resumed run first saves, so the

@@ -228,8 +228,6 @@ def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
 
 def test_one_step_against_an_llm_judge(tiny_lm_dir, tmp_path):
     """The module trains against a frozen HF judge through the same interface (its votes: one call per step)."""
-    from alignment_games.modules.scorers.judges import HFJudge
-
     L.seed_everything(0)
     judge = HFJudge(
         tiny_lm_dir, chain_of_thought=False, max_answer_words=50, num_votes=8, sampling=Sampling(max_new_tokens=4)
