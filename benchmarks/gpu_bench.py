@@ -11,10 +11,10 @@ section loses only that section; a section saves its partial results after each 
   static`` (and ``lm.compile_decode``), of a random Qwen2.5-1.5B-shaped policy in bf16 with a LoRA adapter, at 16
   and 64 prompts x G = 4 samples, a 64-token prompt and 512 new tokens (every row decodes them all); decode steps/s
   against the HBM bound of what the static cascade reads at every step (the weights, each prompt's cache once per
-  group, every row's whole preallocated own cache: :func:`decode_bound_steps_per_s`).
+  group, every row's whole preallocated own cache: :func:`gpu_arithmetic.decode_bound_steps_per_s`).
 * ``grpo``: two whole :class:`modules.grpo.GRPO` steps (LoRA r 16 over a bf16 base, 16 prompts x G = 4, 256 tokens,
   answer reward, KL 0.04, the second step reported) at the Qwen2.5-0.5B and 1.5B shapes: rollout tokens/s, trained
-  (completion) tokens/s of the update, and the update's MFU (:func:`grpo_update_flops`, :func:`mfu`).
+  (completion) tokens/s of the update, and the update's MFU (gpu_arithmetic).
 * ``deep_smida``: one :class:`modules.deep_smida.DeepSMIDA` step by phase at the 1.5B shape (byte vocabulary).
 
 Every section records and prints its expected H200 figure from the arithmetic at the full sizes, even under
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib
 import importlib.metadata
 import json
 import os
@@ -41,6 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+# the arithmetic beside this file: a package module for the tests, a sibling when gpu.sh runs the file
+arith = importlib.import_module(f"{__package__}.gpu_arithmetic" if __package__ else "gpu_arithmetic")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,159 +59,7 @@ SECTIONS = (
     ("grpo", 85),
     ("deep_smida", 50),
 )
-DATASHEET = {"bf16_dense_tflops": 989.0, "hbm_tb_s": 4.8}  # H200 SXM datasheet
-REFERENCE = {"bf16_dense_tflops": 790.0, "hbm_tb_s": 4.3}  # attained on such a machine: the expected figures' constants
-ASSUMED_MFU = 0.40  # of the reference peak, for the expected GRPO update (LoRA forward + backward at ~20k tokens)
 LIBRARIES = ("torch", "transformers", "lightning", "peft")
-
-QWEN25_05B = {
-    "vocab_size": 151936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1_000_000.0,
-    "tie_word_embeddings": True,
-    "rms_norm_eps": 1e-6,
-}
-QWEN25_15B = {
-    **QWEN25_05B,
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-}
-SHAPES = {"0.5b": QWEN25_05B, "1.5b": QWEN25_15B}
-TINY = {
-    "vocab_size": 300,  # past the byte tokenizer's 260, as the real vocabulary is
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-}
-TINY_SHAPES = {"0.5b": {**TINY, "num_hidden_layers": 1}, "1.5b": TINY}
-
-# what each section runs on the H200, and at --tiny
-DECODE = {"groups": ((16, 4), (64, 4)), "prompt_len": 64, "new_tokens": 512}
-DECODE_TINY = {"groups": ((2, 2), (4, 2)), "prompt_len": 16, "new_tokens": 12}
-GRPO_RUN = {"prompts": 16, "group": 4, "prompt_len": 64, "new_tokens": 256, "steps": 2}
-GRPO_TINY = {"prompts": 2, "group": 2, "prompt_len": 16, "new_tokens": 8, "steps": 2}
-DEEP_SMIDA = {"B": 4, "D": 4, "M": 4, "new_tokens": 128, "batches": 2, "leader_prompt_len": 128}
-DEEP_SMIDA_TINY = {"B": 2, "D": 2, "M": 2, "new_tokens": 8, "batches": 2, "leader_prompt_len": 128}
-STATIC_BUCKET = 64  # StaticDecoder.bucket: the compiled static decode pads prompt parts to a multiple of it
-
-
-# ---------------------------------------------------------------------- pure arithmetic (tested by hand values)
-
-
-def param_count(cfg: dict) -> int:
-    """Parameters of a Qwen2 decoder of ``cfg``: embedding, per layer biased q/k/v, o, gate/up/down and two norms,
-    the final norm, and an output layer unless tied to the embedding."""
-    h, heads, kvh = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg.get("head_dim") or h // heads
-    attn = h * heads * hd + heads * hd + 2 * (h * kvh * hd + kvh * hd) + heads * hd * h
-    layer = attn + 3 * h * cfg["intermediate_size"] + 2 * h
-    head = 0 if cfg.get("tie_word_embeddings") else cfg["vocab_size"] * h
-    return cfg["vocab_size"] * h + cfg["num_hidden_layers"] * layer + h + head
-
-
-def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
-    """Bytes of K and V one token adds to the cache: 2 x layers x KV heads x head dim x element size."""
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * dtype_bytes
-
-
-def decode_bound_steps_per_s(
-    weight_bytes: int,
-    kv_token_bytes: int,
-    batch: int,
-    prompt_len: int,
-    new_tokens: int,
-    hbm_tb_s: float,
-    group: int = 1,
-    own_slots: int | None = None,
-) -> float:
-    """Decode steps per second if every step only read the weights and the KV cache at HBM bandwidth.
-
-    A step reads every weight once, each prompt's cache once per ``group`` of rows that share it (1: every row its
-    own copy; the suite's cascades: G), and every row's own tokens: ``new_tokens / 2`` on average over the run when
-    the cache grows with them (``own_slots`` None), or ``own_slots`` when it is allocated at full length and read
-    whole at every step (the static decode: ``max_new_tokens``). Logits and sampling are not counted.
-    """
-    own = new_tokens / 2 if own_slots is None else own_slots
-    per_step = weight_bytes + (batch / group) * prompt_len * kv_token_bytes + batch * own * kv_token_bytes
-    return hbm_tb_s * 1e12 / per_step
-
-
-def mfu(flops_per_token: float, tokens_per_s: float, peak_tflops: float) -> float:
-    """Model FLOP utilisation: achieved FLOP/s over the peak."""
-    return flops_per_token * tokens_per_s / (peak_tflops * 1e12)
-
-
-def grpo_update_flops(params: int, rows: int, seq_len: int, kl: bool = True, lora: bool = True) -> float:
-    """FLOPs of a GRPO update over ``rows`` sequences of ``seq_len`` tokens (prompt and completion, as forwarded).
-
-    Per token: the policy's forward 2N and its activation gradients 2N (+ 2N weight gradients without LoRA: the
-    frozen base has none), and the reference's forward 2N with the KL. ``N`` counts a tied embedding once, as the
-    output layer's matmul; attention's own FLOPs (under 1% at a few hundred tokens) are left out.
-    """
-    per_token = 2 * params + 2 * params + (0 if lora else 2 * params) + (2 * params if kl else 0)
-    return float(per_token) * rows * seq_len
-
-
-def _prefix_slots(prompt_len: int, bucket: int) -> int:
-    """The static decode's prompt part: all but the prompt's last token, padded to a multiple of ``bucket``."""
-    return -(-(prompt_len - 1) // bucket) * bucket
-
-
-def expected_decode(cfg: dict, run: dict, compiled: bool, constants: dict = REFERENCE) -> dict:
-    """Per group shape (``"16x4"``), the static decode's HBM bound: steps/s and tokens/s, bf16 weights and cache."""
-    weights, kv = param_count(cfg) * 2, kv_bytes_per_token(cfg, 2)
-    prefix = _prefix_slots(run["prompt_len"], STATIC_BUCKET if compiled else 1)
-    out = {}
-    for b, g in run["groups"]:
-        steps = decode_bound_steps_per_s(
-            weights, kv, b * g, prefix, run["new_tokens"], constants["hbm_tb_s"], group=g, own_slots=run["new_tokens"]
-        )
-        out[f"{b}x{g}"] = {"bound_steps_per_s": steps, "bound_tokens_per_s": steps * b * g}
-    return out
-
-
-def expected_grpo(cfg: dict, run: dict, constants: dict = REFERENCE, assumed_mfu: float = ASSUMED_MFU) -> dict:
-    """A GRPO step's expected figures: the rollout at the HBM bound of the static decode (an upper bound: the
-    uncompiled decode is launch-bound), the update's FLOPs at ``assumed_mfu`` of the peak."""
-    b, g, p, new = run["prompts"], run["group"], run["prompt_len"], run["new_tokens"]
-    params, rows = param_count(cfg), run["prompts"] * run["group"]
-    steps = decode_bound_steps_per_s(
-        params * 2, kv_bytes_per_token(cfg, 2), rows, p - 1, new, constants["hbm_tb_s"], group=g, own_slots=new
-    )
-    flops = grpo_update_flops(params, b * g, p + new)
-    update_s = flops / (assumed_mfu * constants["bf16_dense_tflops"] * 1e12)
-    return {
-        "rollout_tokens_per_s_bound": steps * rows,
-        "update_flops": flops,
-        "update_seconds": update_s,
-        "trained_tokens_per_s": rows * new / update_s,
-        "update_mfu": assumed_mfu,
-        "step_seconds": new / steps + update_s,
-    }
-
-
-def expected_deep_smida(cfg: dict, run: dict, constants: dict = REFERENCE) -> dict:
-    """Deep-SMIDA's generate phase at the HBM bound: the leader's B·D rows, then the follower's B·D·M rows, whose
-    prompts hold the leader's reply (``leader_prompt_len`` + new tokens), each through the static decode."""
-    weights, kv, new = param_count(cfg) * 2, kv_bytes_per_token(cfg, 2), run["new_tokens"]
-    p, bd = run["leader_prompt_len"], run["B"] * run["D"]
-    leader = decode_bound_steps_per_s(weights, kv, bd, p, new, constants["hbm_tb_s"], group=run["D"], own_slots=new)
-    follower = decode_bound_steps_per_s(
-        weights, kv, bd * run["M"], p + new, new, constants["hbm_tb_s"], group=run["M"], own_slots=new
-    )
-    return {"generate_seconds_bound": new / leader + new / follower}
 
 
 # ---------------------------------------------------------------------- section helpers
@@ -256,7 +108,7 @@ def _policy_folder(args, shape: str, vocab: int | None = None) -> str:
 
     from alignment_games.modules.lm.models import build_byte_tokenizer
 
-    cfg = {**(TINY_SHAPES if args.tiny else SHAPES)[shape]}
+    cfg = {**(arith.TINY_SHAPES if args.tiny else arith.SHAPES)[shape]}
     if vocab is not None:
         cfg["vocab_size"] = vocab
     folder = os.path.join(args.workdir, f"policy_{'tiny_' if args.tiny else ''}{shape}_{cfg['vocab_size']}")
@@ -298,9 +150,9 @@ def _prompts(n: int, width: int) -> tuple[list[str], list[str]]:
 def section_env(args, out: _Partial) -> None:
     _expect(
         out,
-        {"reference": REFERENCE, "datasheet": DATASHEET},
-        f"{REFERENCE['bf16_dense_tflops']:.0f} TFLOP/s bf16 and {REFERENCE['hbm_tb_s']} TB/s attainable "
-        f"(datasheet {DATASHEET['bf16_dense_tflops']:.0f}, {DATASHEET['hbm_tb_s']})",
+        {"reference": arith.REFERENCE, "datasheet": arith.DATASHEET},
+        f"{arith.REFERENCE['bf16_dense_tflops']:.0f} TFLOP/s bf16 and {arith.REFERENCE['hbm_tb_s']} TB/s attainable "
+        f"(datasheet {arith.DATASHEET['bf16_dense_tflops']:.0f}, {arith.DATASHEET['hbm_tb_s']})",
     )
     torch, device, dtype = _setup(args)
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -332,12 +184,12 @@ def section_env(args, out: _Partial) -> None:
 
 def section_decode(args, out: _Partial, compiled: bool) -> None:
     """``PolicyBank.generate`` through the static cascade (compiled or not) at each group shape of ``DECODE``."""
-    full = expected_decode(QWEN25_15B, DECODE, compiled)
+    full = arith.expected_decode(arith.QWEN25_15B, arith.DECODE, compiled)
     _expect(
         out,
         full,
         ", ".join(f"{k} rows: <= {v['bound_steps_per_s']:,.0f} steps/s" for k, v in full.items())
-        + f" (HBM bound, {REFERENCE['hbm_tb_s']} TB/s, {DECODE['new_tokens']} tokens)",
+        + f" (HBM bound, {arith.REFERENCE['hbm_tb_s']} TB/s, {arith.DECODE['new_tokens']} tokens)",
     )
     torch, device, dtype = _setup(args)
     from torch._dynamo.utils import counters
@@ -351,14 +203,14 @@ def section_decode(args, out: _Partial, compiled: bool) -> None:
         # inductor's C++ build takes minutes on a shared CPU: dynamo still traces the suite's step (what version skew
         # breaks), the eager backend runs the traced graph
         static_decode.compile_options = lambda device: {"backend": "eager", "dynamic": False}
-    run_cfg = DECODE_TINY if args.tiny else DECODE
-    cfg = (TINY_SHAPES if args.tiny else SHAPES)["1.5b"]
+    run_cfg = arith.DECODE_TINY if args.tiny else arith.DECODE
+    cfg = (arith.TINY_SHAPES if args.tiny else arith.SHAPES)["1.5b"]
     folder = _policy_folder(args, "1.5b")
     lm = ModelConfig(folder, dtype=args.dtype, attn_implementation="sdpa", decode="static", compile_decode=compiled)
     bank = PolicyBank(lm, players=["policy"]).to(device)
     dtype_bytes = torch.finfo(dtype).bits // 8
-    out["weight_bytes"] = param_count(cfg) * dtype_bytes
-    out["kv_bytes_per_token"] = kv_bytes_per_token(cfg, dtype_bytes)
+    out["weight_bytes"] = arith.param_count(cfg) * dtype_bytes
+    out["kv_bytes_per_token"] = arith.kv_bytes_per_token(cfg, dtype_bytes)
     new = run_cfg["new_tokens"]
     runs, lines = [], []
     for b, g in run_cfg["groups"]:
@@ -383,7 +235,7 @@ def section_decode(args, out: _Partial, compiled: bool) -> None:
             "group": g,
             "rows": b * g,
             "prompt_width": roll.prompt_width,
-            "prefix_slots": _prefix_slots(roll.prompt_width, STATIC_BUCKET if compiled else 1),
+            "prefix_slots": arith.prefix_slots(roll.prompt_width, arith.STATIC_BUCKET if compiled else 1),
             "new_tokens": new,
             "seconds": dt,
             "decode_steps_per_s": new / dt,
@@ -393,14 +245,14 @@ def section_decode(args, out: _Partial, compiled: bool) -> None:
         }
         runs.append(run)
         out["runs"] = runs
-        bound = _run_bound(out.data, run, REFERENCE)
+        bound = _run_bound(out.data, run, arith.REFERENCE)
         lines.append(f"{b}x{g} rows {run['decode_steps_per_s']:,.0f} steps/s ({run['decode_steps_per_s'] / bound:.0%})")
         out["measured_line"] = ", ".join(lines) + " of the HBM bound"
 
 
 def _run_bound(section: dict, run: dict, constants: dict) -> float:
     """The static decode's HBM bound at the shapes a decode run measured."""
-    return decode_bound_steps_per_s(
+    return arith.decode_bound_steps_per_s(
         section["weight_bytes"],
         section["kv_bytes_per_token"],
         run["rows"],
@@ -428,13 +280,13 @@ def _collector():
 
 def section_grpo(args, out: _Partial) -> None:
     """Whole GRPO steps (LoRA over a bf16 base) at the 0.5B and 1.5B shapes; the last step of each is reported."""
-    full = {name: expected_grpo(cfg, GRPO_RUN) for name, cfg in SHAPES.items()}
+    full = {name: arith.expected_grpo(cfg, arith.GRPO_RUN) for name, cfg in arith.SHAPES.items()}
     _expect(
         out,
         full,
         "; ".join(
             f"{k}: rollout <= {v['rollout_tokens_per_s_bound']:,.0f} tok/s (HBM bound), trained "
-            f"{v['trained_tokens_per_s']:,.0f} tok/s at {ASSUMED_MFU:.0%} update MFU"
+            f"{v['trained_tokens_per_s']:,.0f} tok/s at {arith.ASSUMED_MFU:.0%} update MFU"
             for k, v in full.items()
         ),
     )
@@ -447,13 +299,13 @@ def section_grpo(args, out: _Partial) -> None:
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.sampling import Sampling
 
-    run = GRPO_TINY if args.tiny else GRPO_RUN
+    run = arith.GRPO_TINY if args.tiny else arith.GRPO_RUN
     b, g, new = run["prompts"], run["group"], run["new_tokens"]
     prompts, answers = _prompts(b * run["steps"], run["prompt_len"])
     rows = [{"prompt": p, "reference": a} for p, a in zip(prompts, answers)]
     lines = []
-    for name in SHAPES:
-        cfg = (TINY_SHAPES if args.tiny else SHAPES)[name]
+    for name in arith.SHAPES:
+        cfg = (arith.TINY_SHAPES if args.tiny else arith.SHAPES)[name]
         L.seed_everything(0)
         # lm.decode auto: the static cascade on a GPU (uncompiled, the default), the grouped decode on CPU
         lm = ModelConfig(
@@ -491,7 +343,7 @@ def section_grpo(args, out: _Partial) -> None:
         last = steps[-1]
         if last["generated_tokens"] != b * g * new:
             raise RuntimeError(f"{name}: generated {last['generated_tokens']:.0f} tokens, expected {b * g * new}")
-        params = param_count(cfg)
+        params = arith.param_count(cfg)
         update = last["ref_logprobs"] + last["backward"] + last["optimizer"]
         seq_len = run["prompt_len"] + new
         res = {
@@ -500,16 +352,16 @@ def section_grpo(args, out: _Partial) -> None:
             "prompt_len": run["prompt_len"],
             "new_tokens": new,
             "params": params,
-            "update_flops": grpo_update_flops(params, b * g, seq_len),
+            "update_flops": arith.grpo_update_flops(params, b * g, seq_len),
             "update_seconds": update,
             "rollout_tokens_per_s": last["generated_tokens"] / last["generate"],
             "trained_tokens_per_s": b * g * new / update,
-            "update_flop_per_s": grpo_update_flops(params, b * g, seq_len) / update,
+            "update_flop_per_s": arith.grpo_update_flops(params, b * g, seq_len) / update,
         }
         out[name] = res
         lines.append(
             f"{name}: rollout {res['rollout_tokens_per_s']:,.0f} tok/s, trained {res['trained_tokens_per_s']:,.0f} "
-            f"tok/s, update MFU {res['update_flop_per_s'] / (REFERENCE['bf16_dense_tflops'] * 1e12):.0%}"
+            f"tok/s, update MFU {res['update_flop_per_s'] / (arith.REFERENCE['bf16_dense_tflops'] * 1e12):.0%}"
         )
         out["measured_line"] = "; ".join(lines)
         del model, trainer
@@ -519,7 +371,7 @@ def section_grpo(args, out: _Partial) -> None:
 
 def section_deep_smida(args, out: _Partial) -> None:
     """One deep-SMIDA step by phase; its utility an untrained ensemble over the policy's own base."""
-    full = expected_deep_smida({**QWEN25_15B, "vocab_size": 260}, DEEP_SMIDA)
+    full = arith.expected_deep_smida({**arith.QWEN25_15B, "vocab_size": 260}, arith.DEEP_SMIDA)
     _expect(out, full, f"generate >= {full['generate_seconds_bound']:.2f} s a step (HBM bound)")
     torch, device, dtype = _setup(args)
     import lightning as L
@@ -533,7 +385,7 @@ def section_deep_smida(args, out: _Partial) -> None:
     # the byte vocabulary, so that sampled ids decode to text the utility reads (the 151,936-entry projection is in
     # the decode and GRPO sections)
     folder = _policy_folder(args, "1.5b", vocab=260)
-    run = DEEP_SMIDA_TINY if args.tiny else DEEP_SMIDA
+    run = arith.DEEP_SMIDA_TINY if args.tiny else arith.DEEP_SMIDA
     b, d, m, new = run["B"], run["D"], run["M"], run["new_tokens"]
     out["shape"] = {"B": b, "D": d, "M": m, "max_new_tokens": new, "vocab": 260}
     L.seed_everything(0)
@@ -589,7 +441,7 @@ SECTION_FUNCS = {
 # ---------------------------------------------------------------------- driver (standard library only)
 def derive(results: dict) -> None:
     """Bounds, fractions of them and MFU against the datasheet, the reference and the measured constants."""
-    sets = {"datasheet": DATASHEET, "reference": REFERENCE}
+    sets = {"datasheet": arith.DATASHEET, "reference": arith.REFERENCE}
     env = results["sections"].get("env", {}).get("result", {})
     if "measured_hbm_tb_s" in env:
         sets["measured"] = {
@@ -605,7 +457,7 @@ def derive(results: dict) -> None:
                 run[f"bound_steps_per_s_{name}"] = bound
                 run[f"fraction_of_bound_{name}"] = run["decode_steps_per_s"] / bound
     grpo = results["sections"].get("grpo", {}).get("result", {})
-    for shape in SHAPES:
+    for shape in arith.SHAPES:
         if shape in grpo:
             for name, c in sets.items():
                 grpo[shape][f"update_mfu_{name}"] = grpo[shape]["update_flop_per_s"] / (c["bf16_dense_tflops"] * 1e12)

