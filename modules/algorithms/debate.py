@@ -1,12 +1,8 @@
-"""Debate self-play against a frozen judge: the pure parts (no model, no Lightning), each tested by hand.
+"""Debate self-play against a frozen judge: the pure parts (no model, no Lightning).
 
 Alice answers a math problem, Bob argues that she is wrong, Alice may rebut, and a frozen judge rules on whether
-Alice's final answer is correct (:data:`PROTOCOLS`: README, "Debate self-play"). Only the visible part of a reply
-(:func:`split_reply`) reaches the judge and the other player; rewards per ply are :func:`ply_rewards`.
-
-Training forks after a prefix (:func:`choose_fork_plies`, :func:`fork_counts`, :func:`branch_rows`): per problem one
-trainable ply is drawn uniformly, the plies before it are sampled once, the forked ply ``G`` times and every later ply
-once per branch, so the ``G`` transcripts form one GRPO group; only the forked ply gets a gradient.
+Alice's final answer is correct (README, "Debate self-play"). Training forks after a prefix: per problem one trainable
+ply is drawn, the plies before it sampled once, the forked ply ``G`` times (one GRPO group), later plies once a branch.
 """
 
 from __future__ import annotations
@@ -105,23 +101,13 @@ _FIELD = re.compile(r"\{(" + "|".join(_FIELD_NAMES + ("instructions",)) + r")\}"
 
 
 def fill_fields(template: str, **values: object) -> str:
-    """Replace the known ``{field}`` names in one pass over ``template``; unknown or unset fields stay as text.
-
-    Example:
-        >>> fill_fields("Q: {problem} ({word_limit} words) {x}", problem="1+{solution}", word_limit=50)
-        'Q: 1+{solution} (50 words) {x}'
-    """
+    """Replace the known ``{field}`` names in one pass; unknown fields and values' braces stay text."""
     return _FIELD.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
 
 
 # ----------------------------------------------------------------------------------------------------------- replies
 def count_words(text: str | None) -> int:
-    """Words of ``text`` as ``wc -w`` counts them: maximal runs of non-whitespace characters.
-
-    Example:
-        >>> count_words("  12 + 5 = 17.\\nThe answer is \\\\boxed{17}. "), count_words(""), count_words(None)
-        (9, 0, 0)
-    """
+    """Words of ``text`` as ``wc -w`` counts them (0 for ``None``)."""
     return len(text.split()) if text else 0
 
 
@@ -130,10 +116,6 @@ def word_penalty(words: int, limit: int | None, coefficient: float) -> float:
 
     Raises:
         ValueError: for a negative coefficient or a non-positive limit.
-
-    Example:
-        >>> word_penalty(57, 50, 0.01), word_penalty(40, 50, 0.01), word_penalty(500, None, 0.01)
-        (0.07, 0.0, 0.0)
     """
     if coefficient < 0:
         raise ValueError(f"word_penalty_coef must be >= 0, got {coefficient}")
@@ -146,15 +128,7 @@ def word_penalty(words: int, limit: int | None, coefficient: float) -> float:
 
 @dataclass(frozen=True)
 class Reply:
-    """One ply's reply split into its hidden and visible parts.
-
-    Attributes:
-        raw: The generated text.
-        visible: What the judge and the other player see (stripped).
-        hidden: The chain of thought (never shown).
-        format_ok: Whether the thinking format is valid.
-        words: :func:`count_words` of the visible part.
-    """
+    """One ply's reply: ``visible`` is what the judge and the other player see, ``hidden`` the chain of thought."""
 
     raw: str
     visible: str
@@ -175,17 +149,7 @@ def split_reply(
 
     Valid: ``[whitespace] think_open … think_close visible`` with one of each delimiter, or, unless ``required``, no
     delimiter at all. Nothing hidden ever leaks: an invalid reply shows only what follows the last ``think_close``.
-
-    Args:
-        text: The generated reply (``None`` counts as empty).
-        think_open: Opening delimiter of the hidden part; ``""`` disables hidden reasoning (all visible, always valid).
-        think_close: Closing delimiter.
-        required: Whether a thinking block must be present.
-
-    Example:
-        >>> r = split_reply("<think>7+5=12</think> So \\\\boxed{12}.")
-        >>> r.visible, r.hidden, r.format_ok, r.words
-        ('So \\\\boxed{12}.', '7+5=12', True, 2)
+    ``think_open=""`` disables hidden reasoning (all visible, always valid).
     """
     raw = text or ""
     if not think_open:
@@ -211,14 +175,7 @@ def split_reply(
 # ------------------------------------------------------------------------------------------------------- transcripts
 @dataclass
 class Transcript:
-    """One game: the problem, its reference answer (or ``None``) and the replies of the plies played so far.
-
-    Attributes:
-        problem: The problem text.
-        reference: Reference final answer; ``None`` when the data has none (accuracy then unknown, counted).
-        protocol: One of :data:`PROTOCOLS`.
-        replies: One :class:`Reply` per ply played, in the order of ``PLIES[protocol]``.
-    """
+    """One game: the problem, its reference answer (``None``: accuracy unknown) and one reply per ply played."""
 
     problem: str
     reference: str | None
@@ -243,12 +200,7 @@ class Transcript:
 
     @property
     def final_answer(self) -> str | None:
-        """Alice's final answer: the last ``\\boxed{}`` of her visible turns, or ``None``.
-
-        The paper's definition ("The final answer is the last ``\\boxed{...}``"): in Debate-ABA a rebuttal that
-        boxes an answer replaces the one of her answer turn (the judge rules on it), and a rebuttal without a box
-        keeps it. Accuracy, the checker's truth for MCC, the missing-answer override and the judges all read this.
-        """
+        """Alice's final answer: the last ``\\boxed{}`` of her visible turns (a boxed rebuttal wins), or ``None``."""
         for ply in ("rebuttal", "answer"):  # Alice's plies, latest first
             boxed = extract_final_answer(self.visible(ply))
             if boxed is not None:
@@ -277,12 +229,12 @@ class Transcript:
 
 @dataclass(frozen=True)
 class PlyReward:
-    """The reward of one ply and its components: those of the ply's player for the whole game (:func:`ply_rewards`).
+    """The reward of one ply (:func:`ply_rewards`): its player's total for the game, with its components.
 
     Attributes:
         reward: What the policy gradient uses.
         verdict: The share of the vote (Alice's ``r`` or Bob's ``1 − r``; the checker's 1/0 in RLVR).
-        word_penalty: The player's soft word-limit penalty subtracted (of the critique, or of the rebuttal).
+        word_penalty: The player's soft word-limit penalty subtracted.
         format_override: Whether the invalid-format reward replaced the player's total.
         missing_answer: Whether the missing-``\\boxed{}`` reward replaced the verdict (Alice's plies).
     """
@@ -306,30 +258,12 @@ def ply_rewards(
 ) -> list[PlyReward]:
     """The reward of every ply of a finished transcript: each ply gets its player's total reward for the game.
 
-    The paper rewards players, not plies: "the rebuttal turn gets the same reward as her answer turn" and "an
-    invalid thinking-trace format replaces that player's total reward with a hard −1". So:
-
-    * Alice (answer and rebuttal): the verdict share ``r`` (RLVR: 1 if the checker accepts her final answer, else
-      0), replaced by ``missing_answer_reward`` when she boxed no final answer, minus the word penalty of her
-      rebuttal (her answer turn has no word limit); ``format_reward`` instead when any of her plies has an invalid
-      thinking format;
-    * Bob (critique): his verdict under ``bob_reward`` (:func:`bob_verdict`; ``constant_sum``: ``1 − r``) minus the
-      word penalty of his critique; ``format_reward`` instead when it has an invalid thinking format.
-
-    Args:
-        transcript: A transcript with one reply per ply of its protocol.
-        share: Alice's share of the judge's votes (ignored by RLVR, which uses the checker).
-        word_limit: Words allowed in critique and rebuttal (``None``: no limit).
-        word_penalty_coef: Penalty per word over the limit.
-        missing_answer_reward: Alice's reward when she boxed no final answer; must be negative.
-        format_reward: A player's total reward when one of their plies has an invalid thinking format (paper: −1).
-        bob_reward: Bob's verdict, one of :data:`BOB_REWARDS` (:func:`bob_verdict`).
-
-    Returns:
-        One :class:`PlyReward` per ply, in ply order; the plies of one player carry the same values.
+    Alice (answer and rebuttal): the verdict share ``r`` (RLVR: the checker's 1/0), ``missing_answer_reward`` when she
+    boxed no answer, minus her rebuttal's word penalty. Bob (critique): :func:`bob_verdict` minus his critique's word
+    penalty. An invalid thinking format in a player's plies replaces their total with ``format_reward`` (paper: −1).
 
     Raises:
-        ValueError: for a transcript with the wrong number of replies, a share outside [0, 1] or a non-negative
+        ValueError: for a transcript with the wrong number of replies, a share outside [0, 1], a non-negative
             ``missing_answer_reward``, or an unknown ``bob_reward``.
     """
     plies = transcript.plies
@@ -378,28 +312,17 @@ BOB_REWARDS = ("constant_sum", "b_judge", "b_convince")
 
 
 def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "constant_sum") -> float:
-    """Bob's verdict score (before penalties) under ``bob_reward``, given Alice's verdict ``alice_share``.
+    """Bob's verdict score (before penalties) under ``bob_reward`` (:data:`BOB_REWARDS`), given Alice's share.
 
-    * ``constant_sum`` (the main game): ``1 − r``, "Bob gets 1 − r".
-    * ``b_judge`` (B-judge, ground truth for judging): Bob acts as the judge. His own verdict, read from his visible
-      critique by :func:`~modules.algorithms.verdicts.parse_verdict` (``Verdict: Alice`` = her final answer is
-      correct), scores 1 when it matches the answer checker and 0 otherwise. The paper says only that B-judge's
-      "validation classification performance is reasonable" (zh), so the reward is that classification's accuracy on
-      the game. An unparseable verdict scores 0 (no classification is no correct one).
-    * ``b_convince`` (B-convince, ground truth for convincing): the share of the judge's votes for the true verdict,
-      "persuade the judge to accept the ground-truth verdict whether Alice is right or wrong" (zh): ``r`` when Alice's
-      final answer is correct, ``1 − r`` when it is not. The vote share, not a 0/1 majority, as in the main game
-      ("Alice's reward r = fraction of judge votes").
+    * ``constant_sum``: ``1 − r``, "Bob gets 1 − r".
+    * ``b_judge``: Bob's own ``Verdict:`` (:func:`~modules.algorithms.verdicts.parse_verdict`) scores 1 when it matches
+      the answer checker, else 0 (also when unparseable): "validation classification performance is reasonable" (zh).
+    * ``b_convince``: the judge's vote share for the true verdict, ``r`` when Alice is right, else ``1 − r``.
 
-    Without a reference the truth is unknown and both ground-truth rewards are 0 (as RLVR's checker scores it).
+    Without a reference both ground-truth rewards are 0.
 
     Raises:
         ValueError: for an unknown ``bob_reward``.
-
-    Example:
-        >>> right = Transcript("1+1?", "2", "debate_ab", [split_reply("\\\\boxed{2}", required=False)] * 2)
-        >>> bob_verdict(right, 0.75), bob_verdict(right, 0.75, "b_convince")
-        (0.25, 0.75)
     """
     if bob_reward not in BOB_REWARDS:
         raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
@@ -417,9 +340,8 @@ def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "c
 def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_reward: str, group_size: int) -> None:
     """Refuse an ablation setting that does not describe the paper's ablation, naming the field.
 
-    ``judging: pairwise`` compares two of Alice's rollouts (RLAIF-A's structure, ``protocol: rlaif_a``) in pairs of
-    an even group; ``b_judge`` and ``b_convince`` train only Bob (``trainable_plies: [critique]``) in a protocol with
-    a critique, Alice played by the frozen reference weights.
+    ``judging: pairwise`` needs ``protocol: rlaif_a`` and an even group; ``b_judge``/``b_convince`` train only Bob
+    (``trainable_plies: [critique]``) in a protocol with a critique.
 
     Raises:
         ValueError: naming ``judging``, ``bob_reward``, ``protocol``, ``trainable_plies`` or ``group_size``.
@@ -456,24 +378,12 @@ def choose_fork_plies(num_problems: int, trainable: Sequence[int], rng: random.R
 
 
 def fork_counts(fork_plies: Sequence[int], ply: int, group_size: int) -> list[int]:
-    """Replies generated for each problem at ``ply``: one before its fork (shared prefix), ``G`` from the fork on.
-
-    Example:
-        >>> fork_counts([0, 1, 2], ply=1, group_size=4)
-        [4, 4, 1]
-    """
+    """Replies generated for each problem at ``ply``: one before its fork (shared prefix), ``G`` from the fork on."""
     return [1 if ply < k else group_size for k in fork_plies]
 
 
 def branch_rows(counts: Sequence[int], group_size: int) -> list[int]:
-    """Row of a ply's generate call that branch ``g`` of problem ``i`` reads, flattened in ``[i, g]`` order.
-
-    A problem with one row (still in its prefix) shares it across its ``G`` branches.
-
-    Example:
-        >>> branch_rows([1, 3], group_size=3)
-        [0, 0, 0, 1, 2, 3]
-    """
+    """Row of a ply's generate call that branch ``g`` of problem ``i`` reads, in ``[i, g]`` order (1 row: shared)."""
     rows, offset = [], 0
     for c in counts:
         if c not in (1, group_size):
@@ -484,24 +394,18 @@ def branch_rows(counts: Sequence[int], group_size: int) -> list[int]:
 
 
 def derived_seed(*key: object) -> int:
-    """A seed that depends only on ``key`` (unlike ``hash`` of a string, which changes between processes).
-
-    Example:
-        >>> derived_seed(0, "fork", 3) == derived_seed(0, "fork", 3) != derived_seed(0, "fork", 4)
-        True
-    """
+    """A seed that depends only on ``key`` (unlike ``hash`` of a string, which changes between processes)."""
     return random.Random("/".join(map(str, key))).getrandbits(62)
 
 
 @dataclass
 class ForkedRollout(Generic[Rollout]):
-    """What one forked step produced: the transcripts and, per ply, the rows that were forked there.
+    """What one forked step produced.
 
     Attributes:
         transcripts: ``[B·G]`` transcripts in ``[problem, branch]`` order.
         fork_plies: The forked ply of each problem.
-        chunks: Per ply index, ``(rollout of the forked rows, their indices into transcripts)``; plies where no
-            problem forked are absent.
+        chunks: Per ply index, ``(rollout of the forked rows, their indices)``; absent where none forked.
         rollouts: The full generate output of every ply (for token counts and benchmarks).
     """
 
@@ -515,10 +419,7 @@ class ForkedRollout(Generic[Rollout]):
 def transcript_metrics(
     stage: str, transcripts: Sequence[Transcript], shares: Sequence[float], judge_counts: dict[str, int]
 ) -> dict[str, float]:
-    """Per-step statistics of finished transcripts, keyed ``<stage>/<name>``.
-
-    A training step without references logs NaN accuracy (Lightning would repeat a missing key's last value).
-    """
+    """Per-step statistics of finished transcripts, keyed ``<stage>/<name>`` (NaN accuracy without references)."""
     n = len(transcripts)
     known = [t.correct for t in transcripts if t.correct is not None]
     replies = [r for t in transcripts for r in t.replies]
@@ -545,7 +446,7 @@ def transcript_metrics(
 def forked_ply_metrics(
     plies: Sequence[str], trainable: Sequence[int], fork_plies: Sequence[int], forked: Sequence[PlyReward]
 ) -> dict[str, float]:
-    """Reward statistics of the forked plies: ``forked`` holds one :class:`PlyReward` per ``[problem, branch]`` row.
+    """Reward statistics of the forked plies, ``forked`` holding one :class:`PlyReward` per ``[problem, branch]``.
 
     A role or penalty that could fork but did not this step logs NaN (Lightning repeats a missing key's last value).
     """
