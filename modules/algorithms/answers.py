@@ -1,7 +1,4 @@
-"""Checking final answers of math solutions: plain functions, no model, no ``eval``.
-
-Model output is only ever parsed as text, never evaluated as code.
-"""
+"""Checking final answers of math solutions as text: model output is parsed, never evaluated as code."""
 
 from __future__ import annotations
 
@@ -14,12 +11,7 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def extract_final_answer(text: str | None) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None`` (also when unclosed).
-
-    Example:
-        >>> extract_final_answer(r"so \\boxed{\\frac{1}{2}} and then \\boxed{3}")
-        '3'
-    """
+    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None`` (also when unclosed)."""
     if not text:
         return None
     starts = [m.end() for m in _BOXED.finditer(text)]
@@ -63,9 +55,9 @@ def _outer_braces_match(s: str) -> bool:
 
 
 def normalize_answer(answer: str) -> str:
-    """Canonical answer text: no ``$``/``\\$``, spaces, ``\\left``/``\\right``, ``\\text{}`` units, thousands commas.
+    """Canonical answer text: no ``$``, spaces, ``\\left``/``\\right``, ``\\text{}`` units or thousands commas.
 
-    ``\\frac{a}{b}`` and ``\\dfrac{a}{b}`` become ``a/b``; a plain number loses trailing zeros (``2.50`` → ``2.5``).
+    ``\\frac{a}{b}`` becomes ``a/b``; a plain number loses trailing zeros (``2.50`` → ``2.5``).
     """
     s = answer.strip()
     s = (
@@ -116,12 +108,7 @@ def parse_number(answer: str) -> Fraction | None:
 
 
 def answers_match(prediction: str | None, reference: str | None) -> bool:
-    """Whether two final answers agree: equal as exact numbers when both parse, else as normalised text (never empty).
-
-    Example:
-        >>> answers_match(r"\\dfrac{1}{2}", "0.5"), answers_match("1,000", "1000.00"), answers_match("3", "4")
-        (True, True, False)
-    """
+    """Whether two final answers agree: as exact numbers when both parse, else as normalised text (never empty)."""
     if prediction is None or reference is None:
         return False
     a, b = normalize_answer(str(prediction)), normalize_answer(str(reference))

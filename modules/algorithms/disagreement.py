@@ -19,14 +19,7 @@ def _check(p: Tensor) -> None:
 
 
 def ensemble_variance(p: Tensor) -> Tensor:
-    """Population variance of the members' probabilities, denominator k (App. E.3).
-
-    Args:
-        p: Member probabilities, shape ``[..., k]``.
-
-    Returns:
-        Tensor of shape ``[...]``.
-    """
+    """Population variance of the members' probabilities, denominator k (App. E.3), ``[...]``."""
     _check(p)
     return p.var(dim=-1, unbiased=False)
 
@@ -45,9 +38,6 @@ def bernoulli_entropy(p: Tensor) -> Tensor:
 
 
 def ensemble_jsd(p: Tensor) -> Tensor:
-    """Jensen–Shannon divergence ``H(P̄) - mean_i H(P_i)`` among the members' Bernoulli predictions (App. F.1).
-
-    Non-negative by concavity of H; the clamp at 0 only removes rounding below zero.
-    """
+    """Jensen–Shannon divergence ``H(P̄) - mean_i H(P_i)`` among the members' Bernoulli predictions (App. F.1)."""
     _check(p)
     return (bernoulli_entropy(p.mean(dim=-1)) - bernoulli_entropy(p).mean(dim=-1)).clamp_min(0.0)
