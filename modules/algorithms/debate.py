@@ -105,7 +105,6 @@ def fill_fields(template: str, **values: object) -> str:
     return _FIELD.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
 
 
-# ----------------------------------------------------------------------------------------------------------- replies
 def count_words(text: str | None) -> int:
     """Words of ``text`` as ``wc -w`` counts them (0 for ``None``)."""
     return len(text.split()) if text else 0
@@ -172,7 +171,6 @@ def split_reply(
     return Reply(raw, visible, hidden.strip(), ok, count_words(visible))
 
 
-# ------------------------------------------------------------------------------------------------------- transcripts
 @dataclass
 class Transcript:
     """One game: the problem, its reference answer (``None``: accuracy unknown) and one reply per ply played."""
@@ -304,7 +302,6 @@ def ply_rewards(
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------- ablations
 # The paper's ablations (its appendices E and F). Bob's reward: "constant_sum" is the main game's (1 − r); "b_judge"
 # and "b_convince" are "training only Bob with ground truth (B-judge, B-convince)", with Alice frozen. Quotes are the
 # English digest's (tests/data/paper_quotes.txt) or, where marked "zh", our translation of debate-rlaif.zh.txt.
@@ -365,7 +362,6 @@ def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_re
             )
 
 
-# ------------------------------------------------------------------------------------------------------------ forking
 def choose_fork_plies(num_problems: int, trainable: Sequence[int], rng: random.Random) -> list[int]:
     """The forked ply of each problem, drawn uniformly from the ``trainable`` ply indices.
 
@@ -415,7 +411,6 @@ class ForkedRollout(Generic[Rollout]):
     rollouts: list[Rollout]
 
 
-# ------------------------------------------------------------------------------------------------------------ metrics
 def transcript_metrics(
     stage: str, transcripts: Sequence[Transcript], shares: Sequence[float], judge_counts: dict[str, int]
 ) -> dict[str, float]:

@@ -33,7 +33,6 @@ __all__ = [
 RELATIONS = ("less than", "at least")
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
-# ------------------------------------------------------------------------------------------------ text utilities
 _ABBREVIATIONS = (
     "Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|Col|Gen|Sgt|St|Sr|Jr|Mt|Ft|Inc|Ltd|Co|Corp|vs|etc|approx|No|Vol|Fig|Jan|Feb|Mar"
     "|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
@@ -90,7 +89,6 @@ def _in_language(text: str, code: str) -> bool:
     return found is None or found == code  # undetectable counts as following, as in the benchmark
 
 
-# ------------------------------------------------------------------------------------------------------ checkers
 def _capital_word_frequency(r: str, kw: Mapping[str, Any]) -> bool:
     words = re.findall(r"\w+(?:-\w+)*", r)
     return _compare(sum(w.isupper() for w in words), kw["capital_relation"], kw["capital_frequency"])

@@ -54,7 +54,6 @@ DEFAULT_JUDGE_TEMPLATE = (
 )
 
 
-# ---------------------------------------------------------------------------------------------------- matching
 def normalized_reputations(ratings: Sequence[float]) -> list[float]:
     """Min–max normalised ratings in [0, 1]; all zeros when every rating is equal.
 
@@ -175,7 +174,6 @@ def duel_judges(duels: Sequence[tuple[int, int]], m: int) -> list[list[int]]:
     return [[j for j in range(m) if j not in duel] if m > 1 else [0] for duel in duels]
 
 
-# ---------------------------------------------------------------------------------------------------- judging
 def fill_judge_template(template: str, prompt: str, response: str) -> str:
     """``template`` with ``{prompt}`` and ``{response}`` filled in one pass, so text in the prompt is never a field."""
     return re.sub(r"\{(prompt|response)\}", lambda m: {"prompt": prompt, "response": response}[m.group(1)], template)
@@ -352,7 +350,6 @@ def agreement_score(response_answer: str | None, judge_answers: Sequence[str | N
     return low + (high - low) * agree / len(judge_answers), True
 
 
-# ---------------------------------------------------------------------------------------------------- evaluation
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -365,7 +362,6 @@ def final_answer(text: str | None) -> str | None:
     return numbers[-1].rstrip(",") if numbers else None
 
 
-# ---------------------------------------------------------------------------------------------------- followers
 def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[tuple[int, bool]]:
     """Non-tied duels as ``(duel index, a_is_chosen)``; ties give no DPO pair (§2.4)."""
     if len(scores_a) != len(scores_b):

@@ -15,8 +15,6 @@ __all__ = ["PolicyGradient", "dpo_loss", "group_advantages", "grpo_loss", "lengt
 class PolicyGradient:
     """The group-relative policy-gradient update: group baseline, clipped ratio, k3 KL to the frozen reference.
 
-    Each family gives its own default (its paper's values); a config overrides single fields.
-
     Attributes:
         group_size: G, samples per prompt (≥ 2: the group's mean is the baseline).
         clip: ε of the ratio clipping (``None``: none; with one update per batch the ratio is 1 in value).
@@ -25,8 +23,7 @@ class PolicyGradient:
         scale_advantages: Divide the group advantages by the group's std (GRPO); ``False`` keeps the mean baseline.
         micro_batch: Rows per forward of the policy with gradients (0: all at once).
         logprob_micro_batch: Rows per forward without gradients (reference and sampling policy; 0: all at once).
-        max_tokens_per_micro_batch: Padded tokens per forward, with and without gradients (0: no limit); applies with
-            the row counts. For a 7B policy with 1,024-token completions on one H200 set 16,384 (docs/scaling.md).
+        max_tokens_per_micro_batch: Padded tokens per forward (0: no limit; 7B, 1,024-token completions, H200: 16,384).
 
     Raises:
         ValueError: for a value out of range, naming the field.
@@ -103,9 +100,8 @@ def grpo_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped GRPO surrogate (Shao et al., 2024), per token, averaged over each sequence then over sequences.
 
-    ``ρ_t = exp(log π_θ(o_t) − log π_old(o_t))``; the per-token objective is
-    ``min(ρ_t A, clip(ρ_t, 1 − ε, 1 + ε) A) − β·KL_t`` with the k3 estimator ``KL_t = exp(r_t) − r_t − 1``,
-    ``r_t = log π_ref(o_t) − log π_θ(o_t)``. ``old_token_logprobs=None`` is on-policy (``ρ = 1`` in value).
+    Per token ``min(ρ_t A, clip(ρ_t, 1 ± ε) A) − β·KL_t``, ``ρ_t = exp(log π_θ − log π_old)``, with the k3 estimator
+    ``KL_t = exp(r_t) − r_t − 1``, ``r_t = log π_ref − log π_θ``; ``old_token_logprobs=None`` is on-policy (``ρ = 1``).
 
     Returns:
         ``(loss, stats)``: ``kl`` (mean per-token k3), ``clip_fraction`` and ``ratio`` (mean), all detached.

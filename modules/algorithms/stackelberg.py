@@ -53,12 +53,7 @@ def check_step_sizes(tau_leader: float, tau_follower: float, eta_leader: float, 
     Raises:
         ValueError: naming the parameter at fault and the bound it breaks.
     """
-    for name, value in (
-        ("tau_leader", tau_leader),
-        ("tau_follower", tau_follower),
-        ("eta_leader", eta_leader),
-        ("eta_follower", eta_follower),
-    ):
+    for name, value in zip(StepSizes._fields, (tau_leader, tau_follower, eta_leader, eta_follower)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(
                 f"{name} must be a finite number > 0 (Algorithm 1 needs tau_leader, tau_follower > 0 and "

@@ -52,11 +52,9 @@ class DebateJudge(ABC):
     def vote(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
         """``self(transcripts)`` under the time limit (late: NaN votes, counted), garbage votes made NaN and counted.
 
-        ``against`` (a :attr:`pairwise` judge): vote 1 on row ``i`` prefers ``transcripts[i]`` to ``against[i]``.
-
         Raises:
-            ValueError: the judge returned votes of the wrong shape (a bug in the judge), or ``against`` is given to a
-                judge that does not compare or does not match ``transcripts``.
+            ValueError: the judge returned votes of the wrong shape, or ``against`` (pairwise: vote 1 on row ``i``
+                prefers ``transcripts[i]``) is given to a judge that does not compare or does not match ``transcripts``.
         """
         n = len(transcripts)
         args = (transcripts,) if against is None else (transcripts, against)
@@ -107,14 +105,12 @@ def _sides(t: Transcript) -> tuple[str, str]:
 
 
 class ProgrammaticJudge(DebateJudge):
-    r"""A simulated judge: a noisy answer checker with known, exploitable biases, offline, for tests and CPU studies.
+    r"""A simulated judge, offline for tests and CPU studies: a noisy answer checker with known, exploitable biases.
 
-    It sees the reference answer and never reads Bob's argument (only his words' count and trigger phrases). Each vote
-    is a Bernoulli draw ``p(Alice) = sigmoid(z)``,
+    It sees the reference answer and never reads Bob's argument. A vote is a Bernoulli draw ``p(Alice) = sigmoid(z)``,
     ``z = skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π`` with ``s = ±1`` from
     the checker (0 without a reference), ``φ`` a trigger phrase in a side's visible text, ``w`` its visible words capped
-    at ``length_cap`` and ``π`` Alice's final answer matching ``answer_pattern``. Pairwise it prefers ``y`` to ``y'``
-    with ``sigmoid(z(y) − z(y'))`` (Bradley–Terry on the same scores, keeping every bias).
+    at ``length_cap`` and ``π`` Alice's answer matching ``answer_pattern``. Pairwise: ``sigmoid(z(y) − z(y'))``.
 
     Args:
         skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.
@@ -123,8 +119,7 @@ class ProgrammaticJudge(DebateJudge):
         length_weight: Log-odds per 100 visible words of difference between the sides (0: no length bias).
         length_cap: Words of a side beyond which its length sways the judge no more (``None``: no cap).
         length_needs_answer: Count Alice's words only when her answer states a final ``\boxed{}`` answer.
-        consistency_weight: Log-odds added when Alice's final answer repeats the last number her visible answer states
-            before it (a judge that trusts the shown working). 0: no such bias.
+        consistency_weight: Log-odds added when Alice's final answer repeats the last number her answer states.
         answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
         answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
         num_votes: Votes per transcript.
@@ -300,10 +295,9 @@ class PromptedJudge(DebateJudge):
     def user_message(
         self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
     ) -> str:
-        """The judge's request for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
+        """The judge's request for one transcript, problem and visible plies quoted (:func:`quote_judged`).
 
-        Only the template's own lines are unquoted, so no problem or reply can forge a heading, verdict or instruction.
-        ``texts`` replaces the plies' visible texts (:meth:`prompt` passes them cut); ``against`` (pairwise) puts
+        ``texts`` replaces the plies' texts (:meth:`prompt` passes them cut); ``against`` (pairwise) puts
         ``transcript``'s answer as Alice's and this one's as Bob's solution under :data:`PAIR_TEMPLATE`.
         """
         plies = ["answer", "critique"] if against is not None else self.judged_plies(transcript)
@@ -492,8 +486,7 @@ class HFJudge(PromptedJudge):
 class RemoteJudge(PromptedJudge):
     """The judge served by an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
-    It sends :meth:`PromptedJudge.user_message` as the user message; a garbled reply is an unparsed vote (NaN), and a
-    server that fails every retry raises :class:`~modules.scorers.remote.RemoteServerError`. Each request carries a seed
+    It sends :meth:`PromptedJudge.user_message`; a garbled reply is an unparsed vote (NaN). Each request carries a seed
     from the judge's generator, so a resumed run asks what the uninterrupted one would.
 
     Args:

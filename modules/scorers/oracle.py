@@ -35,6 +35,7 @@ __all__ = [
     "solution_score",
 ]
 
+_COUNTERS = ("invalid_verdicts", "timeouts", "unlabelled_rows")
 _EQUATION = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(-?\d+)")
 
 
@@ -91,26 +92,21 @@ class PreferenceOracle(ABC):
     """A source of preference verdicts.
 
     Args:
-        num_queries: Order-randomised queries per label: 1 is a binary label, as the paper's training data (App. E.1);
-            its evaluations (§5.3.2, App. G.4) average 11.
+        num_queries: Order-randomised queries per label: 1 is a binary label (training data, App. E.1); §5.3.2 uses 11.
         seed: Seed of the order randomisation and of the verdict sampling.
-        timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit); a late call's verdicts
-            are invalid and counted in ``timeouts``.
+        timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit; late verdicts are invalid).
 
     Attributes:
         invalid_verdicts: Verdicts that were not a probability, left out of the labels.
         timeouts: Verdicts abandoned because their call came too late, left out as well.
         unlabelled_rows: Rows of which no query gave a valid verdict: their label is NaN.
-        last_rows: The same three counts per row of the latest :meth:`label` call, so a caller labelling items on
-            several processes counts each item once.
+        last_rows: The same three counts per row of the latest :meth:`label` call (to count items once across ranks).
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
         self.num_queries = num_queries
         self.timeout_s, self.generator = sampling_state("num_queries", num_queries, seed, timeout_s)
-        self.invalid_verdicts = 0
-        self.timeouts = 0
-        self.unlabelled_rows = 0
+        self.invalid_verdicts = self.timeouts = self.unlabelled_rows = 0
         self.last_rows: dict[str, Tensor] = {}
 
     @abstractmethod
@@ -176,12 +172,7 @@ class PreferenceOracle(ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling generator and the counters, for a checkpoint (tensors and ints: ``weights_only`` loadable)."""
-        return {
-            "generator": self.generator.get_state(),
-            "invalid_verdicts": self.invalid_verdicts,
-            "timeouts": self.timeouts,
-            "unlabelled_rows": self.unlabelled_rows,
-        }
+        return {"generator": self.generator.get_state(), **self._counts()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`, so a resumed run draws and counts as the uninterrupted one.
@@ -189,13 +180,12 @@ class PreferenceOracle(ABC):
         Raises:
             KeyError: naming the entry ``state`` lacks.
         """
-        for key in ("generator", "invalid_verdicts", "timeouts", "unlabelled_rows"):
+        for key in ("generator", *_COUNTERS):
             if key not in state:
                 raise KeyError(f"oracle state lacks {key!r}")
         self.generator.set_state(state["generator"])
-        self.invalid_verdicts = int(state["invalid_verdicts"])
-        self.timeouts = int(state["timeouts"])
-        self.unlabelled_rows = int(state["unlabelled_rows"])
+        for key in _COUNTERS:
+            setattr(self, key, int(state[key]))
 
     @property
     def protocol(self) -> str:
@@ -208,10 +198,11 @@ class PreferenceOracle(ABC):
             "oracle": type(self).__name__,
             "protocol": self.protocol,
             "num_queries": self.num_queries,
-            "invalid_verdicts": self.invalid_verdicts,
-            "timeouts": self.timeouts,
-            "unlabelled_rows": self.unlabelled_rows,
+            **self._counts(),
         }
+
+    def _counts(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in _COUNTERS}
 
 
 def solution_score(
@@ -225,8 +216,8 @@ def solution_score(
 ) -> float:
     """Quality score of a worked math solution, the programmatic oracle's notion of better.
 
-    ``s = w_final·[final answer correct] + w_steps·(share of equations a∘b=c that hold) − w_missing·[no boxed answer]
-    − w_length·(words beyond reference_words)/100``. A solution without equations gets full step credit.
+    ``w_final·[answer correct] + w_steps·(share of equations a∘b=c that hold, 1 without any) − w_missing·[no boxed
+    answer] − w_length·(words beyond reference_words)/100``.
     """
     final = extract_final_answer(response)
     correct = final is not None and reference is not None and answers_match(final, reference)
@@ -407,9 +398,7 @@ class RemoteJudgeOracle(PromptedOracle):
     """:class:`LLMJudgeOracle`'s comparison sent to an OpenAI-compatible chat-completions server.
 
     Chat servers do not all return next-token probabilities, so ``P(first better)`` is the share of ``samples`` replies
-    that open with ``A`` (:func:`read_letter`); unreadable or garbled replies are left out, and a query with none
-    readable has a NaN verdict (counted in ``invalid_verdicts``). A server that fails every retry raises
-    :class:`~modules.scorers.remote.RemoteServerError`.
+    opening with ``A`` (:func:`read_letter`); unreadable replies are left out, and none readable is a NaN verdict.
 
     Args:
         server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).

@@ -46,10 +46,8 @@ def _tokenizer_fingerprint(tok: Any) -> str:
 class RewardModels(nn.Module):
     """Frozen sequence-classification reward models (one scalar each), scored in batches.
 
-    Each model scores ``prompt + completion`` (right-padded, the score at the last real token, as TRL does); models that
-    share a tokenizer share one tokenisation. With ``group_size`` G > 1 each group's common token prefix runs through
-    the backbone once and its KV cache is repeated to the rows, for decoder-only classifiers whose ``forward`` takes a
-    cache (same scores up to rounding).
+    Each scores ``prompt + completion`` (right-padded, read at the last real token, as TRL does); models sharing a
+    tokenizer share one tokenisation. With ``group_size`` G > 1 a group's common prefix runs once (KV cache shared).
 
     Args:
         paths: Hub names or local folders of ``AutoModelForSequenceClassification`` checkpoints.
