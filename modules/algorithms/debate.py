@@ -275,10 +275,7 @@ def ply_rewards(
         raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
     if bob_reward not in BOB_REWARDS:
         raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
-    if transcript.protocol == "rlvr":
-        alice_verdict = 1.0 if transcript.correct else 0.0
-    else:
-        alice_verdict = float(share)
+    alice_verdict = (1.0 if transcript.correct else 0.0) if transcript.protocol == "rlvr" else float(share)
     bob = bob_verdict(transcript, alice_verdict, bob_reward) if "critique" in plies else 1.0 - alice_verdict
     verdict = {"alice": alice_verdict, "bob": bob}
     penalty = {"alice": 0.0, "bob": 0.0}
@@ -293,13 +290,10 @@ def ply_rewards(
     for who in ("alice", "bob"):
         base = missing_answer_reward if missing[who] else verdict[who]
         total[who] = base - penalty[who] if format_ok[who] else format_reward
-    out = []
-    for ply in plies:
-        who = PLAYER_OF_PLY[ply]
-        out.append(
-            PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
-        )
-    return out
+    return [
+        PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
+        for who in (PLAYER_OF_PLY[ply] for ply in plies)
+    ]
 
 
 # The paper's ablations (its appendices E and F). Bob's reward: "constant_sum" is the main game's (1 − r); "b_judge"
