@@ -146,12 +146,7 @@ def make_think_response(problem: ArithmeticProblem, width: int = 0, reverse: boo
     Each line copies the running total and the operand, so a small model only has to compute the result. ``width``
     zero-pads the equations' numbers so digits of equal place sit at fixed distances; ``reverse`` then writes them
     least-significant digit first, so a carry comes before the digit it lands on (Lee et al. 2023, "Teaching
-    Arithmetic to Small Transformers"). The boxed answer stays plain.
-
-    Example:
-        >>> print(make_think_response(ArithmeticProblem("", 51, 38, [("+", 13)]), width=3, reverse=True))
-        <think>830 + 310 = 150</think>
-        The answer is \boxed{51}.
+    Arithmetic to Small Transformers"): ``038 + 013 = 051`` becomes ``830 + 310 = 150``. The boxed answer stays plain.
 
     Raises:
         ValueError: for a negative ``width``, or ``reverse`` without a ``width``.

@@ -64,10 +64,7 @@ def nash_md_pg_surrogate_loss(
 
     For ``y ~ π_θ`` and ``y′ ~ π^β`` (held fixed), the estimate of ``∇_θ [P(π_θ ≻ π^β) − τ KL(π_θ ‖ μ)]`` is
     ``(P(y ≻ y′ | x) − b − τ log(π_θ(y|x) / μ(y|x))) ∇_θ log π_θ(y|x)`` with the constant baseline ``b = ½`` (the
-    preference of a policy against itself). ``preference`` is the frozen model's ``P(y ≻ y′ | x)``, policy first.
-
-    Returns:
-        ``loss`` and detached ``win_rate``, ``kl`` (Monte Carlo KL to μ) and ``advantage`` (per-sample weights).
+    preference of a policy against itself). Returns ``loss`` and detached ``win_rate``, ``kl`` and ``advantage``.
 
     Raises:
         ValueError: for mismatched shapes, preferences outside [0, 1] or a non-positive ``tau``.
@@ -102,12 +99,9 @@ def slhf_surrogate_losses(
     """SLHF's two-timescale updates against one frozen preference model P0 (the Stackelberg paper, App. F).
 
     ``u(x, y, y′) = P0(y′ ≻ y | x)`` in ``min_π max_ω E[u] + τ_L KL(π‖π_ref) − τ_F KL(ω‖ω_ref)`` is the regularised
-    SLHF objective; the estimators are deep-SMIDA's (22)–(25) (:func:`smida_surrogate_losses`). With one sample a player
-    (Table 3's budget, D = M = 1) the leave-one-out baseline is undefined and the constant ½ (the symmetric game's
-    value, ``P0(y ≻ y) = ½``) replaces it, keeping the estimate unbiased. ``preference`` is ``[B, D, M]``, leader first.
-
-    Returns:
-        :func:`smida_surrogate_losses`' dict, with ``leader_win_rate`` (mean ``P0(y ≻ y′)``) added.
+    SLHF objective; the estimators are deep-SMIDA's (22)–(25) (:func:`smida_surrogate_losses`, + ``leader_win_rate``).
+    With one sample a player (Table 3's budget) the leave-one-out baseline is undefined and the constant ½ (the
+    symmetric game's value) replaces it, keeping the estimate unbiased. ``preference`` is ``[B, D, M]``, leader first.
 
     Raises:
         ValueError: for preferences outside [0, 1] (and the shape errors of the SMIDA estimators).

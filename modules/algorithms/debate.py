@@ -227,15 +227,7 @@ class Transcript:
 
 @dataclass(frozen=True)
 class PlyReward:
-    """The reward of one ply (:func:`ply_rewards`): its player's total for the game, with its components.
-
-    Attributes:
-        reward: What the policy gradient uses.
-        verdict: The share of the vote (Alice's ``r`` or Bob's ``1 − r``; the checker's 1/0 in RLVR).
-        word_penalty: The player's soft word-limit penalty subtracted.
-        format_override: Whether the invalid-format reward replaced the player's total.
-        missing_answer: Whether the missing-``\\boxed{}`` reward replaced the verdict (Alice's plies).
-    """
+    """The reward of one ply (:func:`ply_rewards`) with its vote share, word penalty and overrides (format, answer)."""
 
     reward: float
     verdict: float
@@ -390,14 +382,7 @@ def derived_seed(*key: object) -> int:
 
 @dataclass
 class ForkedRollout(Generic[Rollout]):
-    """What one forked step produced.
-
-    Attributes:
-        transcripts: ``[B·G]`` transcripts in ``[problem, branch]`` order.
-        fork_plies: The forked ply of each problem.
-        chunks: Per ply index, ``(rollout of the forked rows, their indices)``; absent where none forked.
-        rollouts: The full generate output of every ply (for token counts and benchmarks).
-    """
+    """One forked step: transcripts in ``[problem, branch]`` order, forked plies, forked rows per ply, every rollout."""
 
     transcripts: list[Transcript]
     fork_plies: list[int]
@@ -435,10 +420,7 @@ def transcript_metrics(
 def forked_ply_metrics(
     plies: Sequence[str], trainable: Sequence[int], fork_plies: Sequence[int], forked: Sequence[PlyReward]
 ) -> dict[str, float]:
-    """Reward statistics of the forked plies, ``forked`` holding one :class:`PlyReward` per ``[problem, branch]``.
-
-    A role or penalty that could fork but did not this step logs NaN (Lightning repeats a missing key's last value).
-    """
+    """Reward statistics of the forked plies; a role that could fork but did not logs NaN, not a stale value."""
     g = len(forked) // len(fork_plies)
     ply_of = [plies[fork_plies[i // g]] for i in range(len(forked))]
     out: dict[str, float] = {"train/reward": sum(x.reward for x in forked) / len(forked)}

@@ -125,8 +125,6 @@ class CompositeReward:
 class Exp3:
     r"""EXP3 over K arms (instructions) with uniform mixing γ, batched rounds and importance-weighted estimates.
 
-    Sample an iteration's duels with :meth:`sample`, then call :meth:`update` once with their indices and rewards.
-
     Args:
         num_arms: K, the number of instructions (≥ 1).
         gamma: Exploration rate γ in (0, 1]; also the floor ``γ/K`` of every probability.

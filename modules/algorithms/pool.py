@@ -318,10 +318,7 @@ def judge_verdicts(scores_a: Sequence[float], scores_b: Sequence[float]) -> list
 def aggregate_duel(
     table: Sequence[Sequence[Sequence[float]]], weights: Sequence[float]
 ) -> tuple[list[list[float]], list[float]]:
-    """One duel's scores from ``table[s][r][k]``, judge k's score of side s's (0: a, 1: b) response r.
-
-    Returns each response's weighted mean score (``[side][response]``) and each judge's :func:`judge_verdicts` for a.
-    """
+    """``table[s][r][k]`` (judge k, side s, response r) to weighted means ``[s][r]`` and judges' verdicts for a."""
     per_side = [[reputation_weighted_mean(row, weights) for row in side] for side in table]
     means = [[sum(row[k] for row in side) / len(side) for k in range(len(weights))] for side in table]
     return per_side, judge_verdicts(means[0], means[1])
@@ -330,11 +327,8 @@ def aggregate_duel(
 def agreement_score(response_answer: str | None, judge_answers: Sequence[str | None]) -> tuple[float, bool]:
     """A solving judge's 1–10 score of a response: ``1 + 9 ×`` the share of its own answers the response agrees with.
 
-    For task models that cannot follow a rating prompt but can solve the question: the self-consistency signal of
-    majority voting, without a reference.
-
-    Returns:
-        ``(score, read)``: ``(5.0, False)`` if no solution of the judge has an answer; 1.0 for a response without.
+    For task models that cannot follow a rating prompt but can solve the question: majority voting's self-consistency
+    signal, without a reference. Returns ``(score, read)``: ``(5.0, False)`` when no solution of the judge has one.
 
     Raises:
         ValueError: when there are no judge answers.
@@ -395,9 +389,7 @@ def category_weights(probs: Sequence[float], categories: Sequence[str | None]) -
 
 
 def weight_extremes(probs: Sequence[float], n: int = 5) -> tuple[float, float]:
-    """The mean probability of the ``n`` most and ``n`` least likely instructions, each against uniform ``1/K``.
-
-    §5's measure of the curriculum's sharpening (Fig. 5); ``n`` is capped at ``K // 2`` so the sets never overlap.
+    """Mean probability of the ``n`` most and least likely instructions against uniform ``1/K`` (§5, Fig. 5).
 
     Raises:
         ValueError: for no probabilities or ``n`` < 1.

@@ -67,9 +67,7 @@ class PolicyGradient:
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> Tensor:
-    """Group-relative advantages: each reward minus its group's mean, divided by the group's std when ``scale``.
-
-    Rows ``[g·G, (g+1)·G)`` form group ``g``; the std is the unbiased one, plus ``eps``.
+    """Group-relative advantages of rows ``[g·G, (g+1)·G)``: reward minus group mean, over ``std + eps`` if ``scale``.
 
     Raises:
         ValueError: ``group_size`` < 2, or ``N`` not a multiple of it.
@@ -102,9 +100,7 @@ def grpo_loss(
 
     Per token ``min(ρ_t A, clip(ρ_t, 1 ± ε) A) − β·KL_t``, ``ρ_t = exp(log π_θ − log π_old)``, with the k3 estimator
     ``KL_t = exp(r_t) − r_t − 1``, ``r_t = log π_ref − log π_θ``; ``old_token_logprobs=None`` is on-policy (``ρ = 1``).
-
-    Returns:
-        ``(loss, stats)``: ``kl`` (mean per-token k3), ``clip_fraction`` and ``ratio`` (mean), all detached.
+    Returns ``(loss, stats)``, stats detached: ``kl`` (mean per-token k3), ``clip_fraction``, ``ratio`` (mean).
 
     Raises:
         ValueError: mismatched shapes, or ``beta > 0`` without reference log-probabilities.
@@ -147,11 +143,7 @@ def grpo_loss(
 def dpo_loss(
     policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Sigmoid DPO (Rafailov et al., 2023) on sequence log-probabilities ``[N]``.
-
-    Returns:
-        ``(loss per pair, chosen implicit reward β(log π_c − log π_ref,c), rejected reward)``, rewards detached.
-    """
+    """Sigmoid DPO (Rafailov et al., 2023) on sequence log-probabilities: per-pair loss, detached implicit rewards."""
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
     chosen = policy_chosen - ref_chosen

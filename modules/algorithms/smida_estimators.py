@@ -12,9 +12,7 @@ __all__ = ["follower_advantages", "leader_advantages", "leave_one_out_baseline",
 
 
 def leave_one_out_baseline(values: Tensor, dim: int = -1, single: float | None = None) -> Tensor:
-    """``b_{-j} = (n − 1)^{-1} Σ_{k≠j} v_k`` along ``dim`` (Kool et al., 2019).
-
-    ``single`` is the constant baseline of a lone sample (``n = 1``); ``None`` refuses one.
+    """``b_{-j} = (n − 1)^{-1} Σ_{k≠j} v_k`` along ``dim`` (Kool et al., 2019); ``single``: a lone sample's constant.
 
     Raises:
         ValueError: when fewer than two samples lie along ``dim`` and ``single`` is ``None``.
@@ -34,11 +32,7 @@ def follower_advantages(
     tau_follower: float,
     single_baseline: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Eq. (22)–(23): ``A^{lj} = u − τ_F log(ω_φ/ω_ref)``, ``Ā^l``, and ``A^{lj} − b^F_{−j}``, all ``[B, D, M]`` inputs.
-
-    Returns:
-        ``(A, A_bar, advantage)`` with shapes ``[B, D, M]``, ``[B, D]``, ``[B, D, M]``.
-    """
+    """Eq. (22)–(23): ``A = u − τ_F log(ω_φ/ω_ref)`` ``[B, D, M]``, its mean ``Ā^l`` ``[B, D]``, ``A − b^F_{−j}``."""
     if utility.shape != logp_follower.shape or utility.shape != logp_follower_ref.shape or utility.ndim != 3:
         raise ValueError(
             f"utility, logp_follower and logp_follower_ref must share a [B, D, M] shape, got {tuple(utility.shape)}, "
@@ -78,10 +72,8 @@ def smida_surrogate_losses(
     """Surrogate losses whose gradients are the deep-SMIDA estimators (23) and (25), both minimised.
 
     ``logp_leader`` ``[B, D]`` and ``logp_follower`` ``[B, D, M]`` carry gradients. ``single_baseline``: the constant
-    baseline of a player with one sample (D = 1 or M = 1); ``None`` refuses one (Algorithm 2 asks D, M ≥ 2).
-
-    Returns:
-        ``leader_loss``, ``follower_loss`` and detached ``a_bar``, ``leader_kl``, ``follower_kl``, ``utility_mean``.
+    baseline of a player with one sample (D = 1 or M = 1); ``None`` refuses one (Algorithm 2 asks D, M ≥ 2). Returns the
+    losses and detached ``a_bar``, ``leader_kl``, ``follower_kl``, ``utility_mean``.
     """
     a, a_bar, adv_f = follower_advantages(utility, logp_follower, logp_follower_ref, tau_follower, single_baseline)
     adv_l = leader_advantages(a_bar, logp_leader, logp_leader_ref, tau_leader, single_baseline)

@@ -128,11 +128,7 @@ def random_game(
     seed: int,
     dtype: torch.dtype = torch.float64,
 ) -> dict[str, Tensor]:
-    """A random game ``{"u", "pi_ref", "omega_ref"}``, a pure function of its arguments.
-
-    ``utility`` is a key of :data:`UTILITIES`; ``reference`` is ``"random"`` (softmax of Gaussian logits) or
-    ``"uniform"``.
-    """
+    """A random game ``{"u", "pi_ref", "omega_ref"}`` from a :data:`UTILITIES` key and random or uniform references."""
     if utility not in UTILITIES:
         raise ValueError(f"utility must be one of {sorted(UTILITIES)}, got {utility!r}")
     if reference not in ("random", "uniform"):

@@ -68,12 +68,7 @@ _HEDGE = re.compile(
 
 
 def _clause_vote(text: str, pos: int) -> tuple[bool, float | None]:
-    """Whether a verdict word stands at ``pos``, and the vote its clause gives (``None``: not read).
-
-    A negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's critique is wrong``), a negated
-    negative is positive; a player judged in other words (``Alice is partially correct``, ``Alice and Bob``) is not
-    read; a bare judgement word must stand alone (``no verdict``, ``correct answer: 12`` are not read).
-    """
+    """Whether a verdict word stands at ``pos``, and the vote its clause gives (``None``: not read)."""
     m = _SUBJECT.match(text, pos)
     if m is None:
         return False, None
@@ -101,13 +96,10 @@ def parse_verdict(text: str | None) -> float | None:
     """A judge's vote read from its visible output: 1.0 for Alice (her answer is right), 0.0 for Bob, else ``None``.
 
     The last ``Verdict: X`` (or ``Winner: X``) counts, X one of Alice/Bob, correct/incorrect/mistaken, right/wrong,
-    yes/no, any case, optional markdown around it; without one, an output that *starts* with such a word counts.
-    Negations are read (:func:`_clause_vote`); refusals and hedges anywhere (``I cannot give a verdict: Alice``,
-    ``probably Alice``) are unparseable.
-
-    Example:
-        >>> parse_verdict("Bob is nitpicking. Verdict: **Alice**"), parse_verdict("Bob's critique is wrong")
-        (1.0, 1.0)
+    yes/no, any case, optional markdown around it; without one, an output that *starts* with such a word counts. A
+    negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's critique is wrong``), a negated
+    negative is positive; hedges and refusals anywhere (``probably Alice``), a player judged in other words (``Alice is
+    partially correct``, ``Alice and Bob``) and a bare word that does not stand alone (``no verdict``) are not read.
     """
     if not text or _HEDGE.search(text):
         return None
@@ -145,14 +137,7 @@ def verdict_of(votes: Sequence[float | None]) -> str:
 
 @dataclass
 class JudgeVotes:
-    """Votes of a judge on a batch of transcripts.
-
-    Attributes:
-        votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
-        texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
-        timed_out: Transcripts whose judging ran out of time.
-        invalid: Votes that were neither 0, 1 nor NaN, replaced by NaN.
-    """
+    """A judge's ``votes`` ``[N, num_votes]`` (1 Alice, 0 Bob, NaN unparsed), raw ``texts``, late and invalid counts."""
 
     votes: Tensor
     texts: list[list[str]]
@@ -181,9 +166,7 @@ JUDGINGS = ("verdict", "pairwise")
 
 
 def pair_indices(num_problems: int, group_size: int) -> list[tuple[int, int]]:
-    """The rollout pairs the pairwise judge compares: branches ``(2k, 2k+1)`` of each problem's group.
-
-    The branches are independent samples at the same fork, so neighbours form a random pairing.
+    """The rollout pairs the pairwise judge compares: branches ``(2k, 2k+1)`` of each group (a random pairing).
 
     Raises:
         ValueError: for an odd ``group_size`` (a rollout would have no partner).

@@ -295,11 +295,7 @@ class PromptedJudge(DebateJudge):
     def user_message(
         self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
     ) -> str:
-        """The judge's request for one transcript, problem and visible plies quoted (:func:`quote_judged`).
-
-        ``texts`` replaces the plies' texts (:meth:`prompt` passes them cut); ``against`` (pairwise) puts
-        ``transcript``'s answer as Alice's and this one's as Bob's solution under :data:`PAIR_TEMPLATE`.
-        """
+        """The request for one transcript (or, ``against``, a pair), texts quoted (:func:`quote_judged`)."""
         plies = ["answer", "critique"] if against is not None else self.judged_plies(transcript)
         texts = self.judged_texts(transcript, against) if texts is None else list(texts)
         specials = self.tokenizer.all_special_tokens

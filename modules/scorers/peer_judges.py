@@ -105,9 +105,7 @@ class PeerJudging:
 def encode_texts(
     bank: PolicyBank, prompts: Sequence[str], completions: Sequence[str], eos: bool = True, group_size: int = 1
 ) -> Rollout:
-    """A :class:`Rollout` of given texts in ``bank``'s tokenizer (EOS appended unless ``eos=False``), on its device.
-
-    ``group_size`` G > 1 declares that consecutive groups of G rows share one prompt.
+    """A :class:`Rollout` of given texts (EOS appended unless ``eos=False``), groups of ``group_size`` sharing a prompt.
 
     Raises:
         ValueError: when the rows do not come in groups of ``group_size`` with one prompt each.

@@ -87,14 +87,11 @@ def fit_judged(
     field: str = "max_prompt_tokens",
     strict: bool = True,
 ) -> tuple[str, bool]:
-    """``render(spans)``, with the spans' middles cut until the prompt holds at most ``max_tokens`` tokens.
+    """``render(spans)`` with the spans' middles cut until the prompt holds ``max_tokens``; returns it and whether cut.
 
     Only the judged spans are cut, never what ``render`` adds around them. ``field`` is the setting named in errors;
     ``strict=False`` warns and returns the prompt uncut when the template alone does not fit (for a budget shared with
     other prompts, whose encoder then cuts from the left).
-
-    Returns:
-        The prompt and whether a span was cut.
 
     Raises:
         ValueError: when ``strict`` and the prompt with every span emptied is still longer than ``max_tokens``.

@@ -130,9 +130,7 @@ class ChatServer:
         max_tokens: int = 256,
         seeds: Sequence[int] | None = None,
     ) -> list[str | None]:
-        """``n`` sampled completions of one chat (``None`` where a reply lacked one), ``samples_per_request`` a request.
-
-        ``seeds``: one per request (the API's ``seed``, honoured by vLLM and SGLang); ``None``: none sent.
+        """``n`` sampled completions of one chat (``None`` where a reply lacked one), with one API ``seed`` a request.
 
         Raises:
             RemoteServerError: naming the URL when a request failed all its attempts or was refused.
