@@ -55,10 +55,7 @@ def _outer_braces_match(s: str) -> bool:
 
 
 def normalize_answer(answer: str) -> str:
-    """Canonical answer text: no ``$``, spaces, ``\\left``/``\\right``, ``\\text{}`` units or thousands commas.
-
-    ``\\frac{a}{b}`` becomes ``a/b``; a plain number loses trailing zeros (``2.50`` → ``2.5``).
-    """
+    """Canonical answer text: ``$``, spaces, ``\\left``/``\\right``, units, thousands commas out; ``a/b``."""
     s = answer.strip()
     s = (
         s.replace("\\$", "")

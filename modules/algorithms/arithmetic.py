@@ -1,8 +1,4 @@
-"""Arithmetic word problems with worked solutions and systematically corrupted ones (:data:`CORRUPTIONS`).
-
-The offline default data: every answer a checkable integer, everything a pure function of the seed. A solution has
-one sentence per operation, each with an equation ``a op b = c``, and ends with ``The answer is \\boxed{n}.``
-"""
+"""Offline arithmetic word problems, pure functions of the seed, with worked and corrupted solutions."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Disagreement scores of an ensemble of pairwise preference models (paper §3.1 and App. F.1).
-
-Every function reduces the members' probabilities ``p[..., k]`` that y≻y′ given x over the last dimension.
-"""
+"""Disagreement of an ensemble's probabilities ``p[..., k]`` that y≻y′ given x, over members (§3.1, App. F.1)."""
 
 from __future__ import annotations
 

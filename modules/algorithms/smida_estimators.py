@@ -1,7 +1,4 @@
-"""Deep-SMIDA policy-gradient estimators, eqs. (22)–(25) of the Stackelberg preference-games paper (App. D).
-
-Rollouts per step: B contexts × D leader samples × M follower samples per leader sample.
-"""
+"""Deep-SMIDA policy-gradient estimators, eqs. (22)–(25) (App. D): B contexts × D leader × M follower samples."""
 
 from __future__ import annotations
 

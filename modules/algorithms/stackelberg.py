@@ -157,10 +157,7 @@ def _log_start(
 
 
 def kl(p: Tensor, q: Tensor, *, log_space: bool = False) -> Tensor:
-    """``KL(p ‖ q) = Σ p log(p / q)`` over the last dimension, clamped at 0; ``+inf`` where ``q`` misses mass of ``p``.
-
-    ``log_space``: the inputs are log-probabilities (exact where probabilities underflow, e.g. near the equilibrium).
-    """
+    """``KL(p ‖ q) = Σ p log(p / q)`` over the last dim, clamped at 0; ``log_space``: inputs are log-probabilities."""
     if log_space:
         p_prob = p.exp()
         # 0 · log(0 / q) = 0: positions where p has no mass contribute nothing, even when q has none either.

@@ -1,8 +1,4 @@
-"""Tabular games for SMIDA: the App. E.4 and F utilities of a tabular preference ensemble, and random games.
-
-A tabular ensemble is ``P [k, X, Y, Y]`` with ``P[i, x, y, y′] = P_i(y ≻ y′ | x)``, every member antisymmetric
-(eq. 27); the utilities turn it into the game's ``u [X, Y, Y]``.
-"""
+"""Tabular games for SMIDA: App. E.4/F utilities of an antisymmetric ensemble ``P [k, X, Y, Y]``, random games."""
 
 from __future__ import annotations
 

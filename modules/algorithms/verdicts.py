@@ -1,8 +1,4 @@
-"""Reading a debate judge's verdict: which side a free-text ruling is for, or unparsed.
-
-A verdict is read as a vote for Alice (1.0) or Bob (0.0) only when the text says plainly how one named side is
-judged; a refusal, a hedge or a ruling on both sides is unparsed (``None``), counted and excluded from every share.
-"""
+"""Reading a debate judge's verdict from free text: a vote for Alice or Bob, or unparsed (counted, never a share)."""
 
 from __future__ import annotations
 
@@ -177,10 +173,7 @@ def pair_indices(num_problems: int, group_size: int) -> list[tuple[int, int]]:
 
 
 def pair_shares(first_shares: Sequence[float], pairs: Sequence[tuple[int, int]]) -> list[float]:
-    """Each rollout's share of the pairwise votes: ``P̂(y ≻ y' | x)`` for the first of a pair, ``1 − P̂`` for the other.
-
-    "Of two rollouts, the one the judge chooses gets 1" (appendix E, zh); with several votes, their share.
-    """
+    """Each rollout's share of its pair's votes: ``P̂(y ≻ y')`` for the first, ``1 − P̂`` for the other (App. E)."""
     if len(first_shares) != len(pairs):
         raise ValueError(f"{len(first_shares)} pairwise shares for {len(pairs)} pairs")
     out = [math.nan] * (2 * len(pairs))

@@ -1,8 +1,4 @@
-"""Frozen judges of the debate game: a Hugging Face causal LM, a served one, and a programmatic simulation.
-
-A judge sees only the visible parts of a :class:`~modules.algorithms.debate.Transcript` and returns ``num_votes``
-votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unparseable (left out of the share).
-"""
+"""Frozen judges of the debate game, reading only visible text and voting 1 (Alice), 0 (Bob) or NaN (unparsed)."""
 
 from __future__ import annotations
 
@@ -247,20 +243,7 @@ class PromptedJudge(DebateJudge):
     """A language-model judge's prompt and verdict reading, shared by :class:`HFJudge` and :class:`RemoteJudge`.
 
     The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``, in the
-    model's chat template when it has one. Subclasses set ``self.tokenizer`` and implement ``__call__``.
-
-    Args:
-        template: Prompt template (see above).
-        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
-        max_answer_words: Words of the visible answer that count (``None``: all).
-        num_votes: Votes per transcript (paper: 8).
-        sampling: How the votes are sampled (:class:`Sampling`; with chain of thought it needs room to think).
-        max_prompt_tokens: Prompt tokens the judge reads; the judged plies' middles are cut to fit (:meth:`prompt`).
-        think_open: Opening delimiter of the judge's hidden reasoning.
-        think_close: Closing delimiter.
-        prefill: Text the judge's answer is started with (e.g. ``Verdict:``), also put before its output when read.
-        seed: Seed of the vote sampling.
-        timeout_s: Seconds per batch (see :meth:`DebateJudge.vote`).
+    model's chat template when it has one. Its arguments are documented on :class:`HFJudge`.
     """
 
     pairwise = True
@@ -375,6 +358,7 @@ class HFJudge(PromptedJudge):
         max_prompt_tokens: Prompt tokens the judge reads (see :meth:`PromptedJudge.prompt`).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
+        prefill: Text the judge's answer is started with (e.g. ``Verdict:``), also put before its output when read.
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.
         load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CUDA only).
         trust_remote_code: Off unless turned on.
@@ -489,7 +473,7 @@ class RemoteJudge(PromptedJudge):
         server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
         tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
         max_concurrency: Transcripts asked at once (the server batches concurrent requests).
-        template: Prompt template (see :class:`PromptedJudge`); the other arguments are its own.
+        template: Prompt template (see :class:`PromptedJudge`); the other arguments are :class:`HFJudge`'s.
         trust_remote_code: For the tokenizer; off unless turned on.
     """
 

@@ -1,8 +1,4 @@
-"""Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1).
-
-:meth:`PreferenceOracle.label` randomises the display order of every query (position bias) and averages the valid
-verdicts of ``num_queries`` queries (§5.3.2: "averaging the valid binary verdicts from 11 oracle queries").
-"""
+"""Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1, §5.3.2)."""
 
 from __future__ import annotations
 
@@ -283,15 +279,7 @@ _JUDGE_TEMPLATE = (
 
 
 class PromptedOracle(PreferenceOracle):
-    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`.
-
-    Args:
-        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
-        max_length: Tokens per query; the responses' middles are cut to fit (:meth:`prompt`).
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation and verdict sampling.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
-    """
+    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`."""
 
     tokenizer: Any
 

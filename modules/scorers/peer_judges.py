@@ -197,10 +197,7 @@ def member_scores(
 def solve_scores(
     bank: PolicyBank, judge: str, questions: Sequence[str], responses: Sequence[str], judging: PeerJudging
 ) -> list[tuple[float, bool]]:
-    """A ``solve`` judge's score in [1, 10] of each response (:func:`agreement_score`), and whether it could judge.
-
-    Each distinct question (chat-formatted) is solved once, ``judging.samples`` times; only final answers are read.
-    """
+    """A ``solve`` judge's score of each response (:func:`agreement_score`), each distinct question solved once."""
     if len(questions) != len(responses):
         raise ValueError(f"solve_scores: {len(questions)} questions for {len(responses)} responses")
     if not questions:
@@ -214,10 +211,7 @@ def solve_scores(
 
 @torch.no_grad()
 def _constrained(bank: PolicyBank, judge: str, prompts: Sequence[str], prefill: str) -> list[float]:
-    """Mean score under the judge's distribution over the answers ``1`` … ``10``.
-
-    Each answer is closed by ``}`` when the prefill opens a JSON object (else by EOS), so ``1`` is no prefix of ``10``.
-    """
+    """Mean score under the judge's distribution over ``1`` … ``10``, each closed by ``}`` (JSON prefill) or EOS."""
     close = "}" if "{" in prefill else ""
     values = list(range(int(SCORE_MIN), int(SCORE_MAX) + 1))
     rows_p = [p for p in prompts for _ in values]
