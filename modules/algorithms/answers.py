@@ -31,10 +31,7 @@ def extract_final_answer(text: str | None) -> str | None:
 
 def extract_gsm8k_answer(text: str | None) -> str | None:
     """Final answer of a GSM8K worked solution: what follows the last ``####``, or ``None``."""
-    if not text or "####" not in text:
-        return None
-    ans = text.rsplit("####", 1)[1].strip()
-    return ans or None
+    return (text.rsplit("####", 1)[1].strip() or None) if text and "####" in text else None
 
 
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mbox|textnormal)\s*\{[^{}]*\}")
@@ -55,7 +52,7 @@ def _outer_braces_match(s: str) -> bool:
 
 
 def normalize_answer(answer: str) -> str:
-    """Canonical answer text: ``$``, spaces, ``\\left``/``\\right``, units, thousands commas out; ``a/b``."""
+    """Answer text without ``$``, spaces, ``\\left``/``\\right``, units or thousands commas; fractions ``a/b``."""
     s = answer.strip()
     s = (
         s.replace("\\$", "")

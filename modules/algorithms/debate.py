@@ -1,9 +1,4 @@
-"""Debate self-play against a frozen judge: the pure parts (no model, no Lightning).
-
-Alice answers a math problem, Bob argues that she is wrong, Alice may rebut, and a frozen judge rules on whether
-Alice's final answer is correct (README, "Debate self-play"). Training forks after a prefix: per problem one trainable
-ply is drawn, the plies before it sampled once, the forked ply ``G`` times (one GRPO group), later plies once a branch.
-"""
+"""Debate self-play against a frozen judge (README, "Debate self-play"): rules, rewards, forking and metrics."""
 
 from __future__ import annotations
 
@@ -322,9 +317,6 @@ def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "c
 
 def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_reward: str, group_size: int) -> None:
     """Refuse an ablation setting that does not describe the paper's ablation, naming the field.
-
-    ``judging: pairwise`` needs ``protocol: rlaif_a`` and an even group; ``b_judge``/``b_convince`` train only Bob
-    (``trainable_plies: [critique]``) in a protocol with a critique.
 
     Raises:
         ValueError: naming ``judging``, ``bob_reward``, ``protocol``, ``trainable_plies`` or ``group_size``.

@@ -7,8 +7,7 @@ Choices where the paper leaves a formula open:
   :math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i`; the mixing :math:`\gamma/K` is the floor.
 * **Difficulty reward**: :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``.
 * **Preference reward**: a Gaussian bump of the gap :math:`g = |s_a - s_b| / 9` around an ideal gap annealed over
-  training. A tie earns 0: it is no discriminable duel (§2.1) and yields no DPO pair and no GRPO advantage;
-  otherwise binary grading made ties pay more than splits late in training (``tests/modules/algorithms/test_exp3.py``).
+  training. A tie earns 0: it is no discriminable duel (§2.1) and yields no DPO pair and no GRPO advantage.
 * **Composite**: :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref} \in [0, 1]`, EXP3's range.
 """
 
@@ -179,9 +178,8 @@ class Exp3:
 
     def update(self, indices: Sequence[int] | Tensor, rewards: Sequence[float] | Tensor) -> None:
         """One EXP3 round per duel: ``log w_i += (γ/K) Σ_{d: I_d = i} r_d / p_i``."""
-        est = self.estimates(indices, rewards)
-        self.log_weights = self.log_weights + self.eta * est
-        self.log_weights = self.log_weights - self.log_weights.max()  # same probabilities, no overflow
+        w = self.log_weights + self.eta * self.estimates(indices, rewards)
+        self.log_weights = w - w.max()  # same probabilities, no overflow
         self.rounds += int(torch.as_tensor(indices).numel())
 
     def state_dict(self) -> dict[str, Any]:

@@ -294,9 +294,7 @@ def loose_variants(response: str) -> list[str]:
 
 
 def follows(instruction_id: str, kwargs: Mapping[str, Any], response: str, loose: bool = False) -> bool:
-    """Whether ``response`` follows the instruction, strictly or (``loose``) in any :func:`loose_variants`.
-
-    An empty (or blank) variant never follows, as in the benchmark.
+    """Whether ``response`` follows the instruction, strictly or (``loose``) in any non-blank :func:`loose_variants`.
 
     Raises:
         KeyError: for an unsupported ``instruction_id`` (check :func:`is_supported` first).

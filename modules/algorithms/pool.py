@@ -1,9 +1,4 @@
-r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs.
-
-Matching (§2.2) draws ``min(3, m − 1)`` candidates and picks one by a Gaussian kernel
-:math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the annealed target
-gap ``g`` (bandwidth ``h`` is our choice: the paper says "soft matching"), or uniformly with probability 0.2.
-"""
+"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs."""
 
 from __future__ import annotations
 
@@ -71,10 +66,14 @@ def normalized_reputations(ratings: Sequence[float]) -> list[float]:
 
 @dataclass(frozen=True)
 class Matchmaking:
-    """Reputation-based soft matching (§2.2): who meets whom, with the target gap annealed over training.
+    r"""Reputation-based soft matching (§2.2): who meets whom, with the target gap annealed over training.
+
+    A match draws ``min(num_candidates, m − 1)`` candidates and picks one by a Gaussian kernel
+    :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the target gap ``g``
+    (``h`` is our choice: the paper says "soft matching"), or picks uniformly with probability ``uniform_share``.
 
     Attributes:
-        num_candidates: Candidates drawn per match (``min(num_candidates, m − 1)``; the paper's 3).
+        num_candidates: Candidates drawn per match (the paper's 3).
         uniform_share: Probability of a uniform opponent instead of the soft match (the paper's 0.2).
         bandwidth: Width ``h`` of the Gaussian kernel on normalised reputations.
         gap_start: Target normalised reputation gap at the start of training.
@@ -210,9 +209,7 @@ def _json_score(text: str) -> float | None:
         if not isinstance(obj, dict):
             continue
         for key, value in obj.items():
-            if str(key).lower() not in ("score", "rating"):
-                continue
-            if isinstance(value, bool):  # True is an int in Python, not a score
+            if str(key).lower() not in ("score", "rating") or isinstance(value, bool):  # True is an int, not a score
                 continue
             try:
                 x = float(value)
@@ -249,9 +246,8 @@ REPUTATION_RULES = ("raw", "elo_odds")
 class ReputationWeighting:
     r"""How the judges' reputations (Elo ratings) become the weights of their scores (§2.3, App. G).
 
-    ``"raw"``: the paper's literal rule, the rating itself floored at 0 (ratings near 1000 make it nearly the plain
-    mean). ``"elo_odds"``: :math:`w_j \propto 10^{(R_j - \bar R)/s}`, Elo's own odds, so a judge ``s`` points higher
-    weighs 10 times as much; the weights sum to 1.
+    ``"raw"``: the paper's literal rule, the rating floored at 0 (near 1000, nearly the plain mean). ``"elo_odds"``:
+    :math:`w_j \propto 10^{(R_j - \bar R)/s}`, Elo's odds (``s`` points higher weighs 10 times as much), summing to 1.
 
     Attributes:
         rule: ``"raw"`` or ``"elo_odds"``.

@@ -117,11 +117,7 @@ VERDICTS = ("alice", "bob", "tie", "unparsed")
 
 
 def verdict_of(votes: Sequence[float | None]) -> str:
-    """One transcript's verdict on "Alice's final answer is correct" (for MCC), from its votes.
-
-    ``"alice"``/``"bob"`` when more/fewer than half the parseable votes go to Alice, ``"tie"`` at exactly half, and
-    ``"unparsed"`` when none parses; MCC counts ties and unparsed apart instead of reading them as "Alice is wrong".
-    """
+    """One transcript's verdict for MCC: majority of parseable votes, or ``"tie"``/``"unparsed"`` (counted apart)."""
     valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
     if not valid:
         return "unparsed"

@@ -29,13 +29,7 @@ __all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "Prompte
 
 
 class DebateJudge(ABC):
-    """A frozen judge: ``judge(transcripts) -> JudgeVotes``; callers use :meth:`vote`, subclasses ``__call__``.
-
-    Args:
-        num_votes: Independent votes per transcript (paper: 8).
-        seed: Seed of the judge's own sampling generator (saved with the module's checkpoints).
-        timeout_s: Seconds a batch may take before its votes default to NaN (``None``: no limit).
-    """
+    """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``."""
 
     #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
     bounds_own_time = False
@@ -147,8 +141,7 @@ class ProgrammaticJudge(DebateJudge):
             self.answer_pattern = re.compile(answer_pattern) if answer_pattern else None
         except re.error as err:
             raise ValueError(f"answer_pattern is not a valid regular expression: {err}") from None
-        self.answer_weight = float(answer_weight)
-        self.consistency_weight = float(consistency_weight)
+        self.answer_weight, self.consistency_weight = float(answer_weight), float(consistency_weight)
         self.skill, self.phrase_weight, self.length_weight = float(skill), float(phrase_weight), float(length_weight)
         self.phrases = [p.lower() for p in (phrases or []) if p.strip()]
         if length_cap is not None and int(length_cap) < 1:

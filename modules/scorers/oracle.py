@@ -67,11 +67,7 @@ def check_placeholders(template: str, keys: Sequence[str]) -> None:
 def load_frozen_causal_lm(
     model: str, dtype: str, trust_remote_code: bool, load_in_4bit: bool = False
 ) -> tuple[Any, Any]:
-    """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients.
-
-    ``dtype="auto"`` is bfloat16 with CUDA (a frozen judge has no optimizer to keep precise), else float32 (CPU bf16
-    matmuls are slow); ``load_in_4bit`` loads NF4 weights through bitsandbytes (CUDA only).
-    """
+    """``(tokenizer, model)`` of a frozen causal-LM judge: left padding, no gradients (``"auto"``: bf16 on CUDA)."""
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     if dtype == "auto":
@@ -118,11 +114,7 @@ class PreferenceOracle(ABC):
         responses_b: Sequence[str],
         references: Sequence[str] | None = None,
     ) -> Tensor:
-        """The mean of the valid verdicts that a ≻ b among ``num_queries`` queries, each in a random display order.
-
-        An invalid or late verdict is counted and left out of its row's mean (§5.3.2); a row without a valid verdict is
-        labelled NaN and counted in ``unlabelled_rows``. Returns float64 labels in [0, 1], one per row.
-        """
+        """Mean of the valid a ≻ b verdicts of ``num_queries`` order-randomised queries (§5.3.2); else NaN, counted."""
         n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
         wins = torch.zeros(n, dtype=torch.float64)
         valid = torch.zeros(n, dtype=torch.float64)

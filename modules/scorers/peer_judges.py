@@ -85,11 +85,7 @@ class PeerJudging:
         return fill_judge_template(self.template, question, quote_judged(response, special_tokens) or "(empty)")
 
     def prompt(self, bank: PolicyBank, chat: Callable[[str], str], instruction: str, response: str) -> str:
-        """``chat(user_message) + prefill`` within ``bank.max_prompt_tokens``: only the response's middle is cut.
-
-        When the template and question alone exceed the budget (shared with the players' prompts), a warning says so and
-        the prompt goes whole to the bank, which cuts it from the left and counts it.
-        """
+        """``chat(user_message) + prefill``, only the response cut to ``bank.max_prompt_tokens`` (or warned)."""
         specials = bank.tokenizer.all_special_tokens
         out, _ = fit_judged(
             bank.tokenizer,
