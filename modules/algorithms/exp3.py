@@ -1,14 +1,11 @@
 r"""The Stackelberg leader of multi-LLM alignment: EXP3 over instructions and its composite reward (§2.1, App. C).
 
-Choices where the paper leaves a formula open:
-
-* **EXP3 update**: Auer et al.'s (2002) Exp3, every duel one round (App. H). The D duels of an iteration are drawn
-  together, so each is importance-weighted by the distribution *before* the update:
-  :math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i`; the mixing :math:`\gamma/K` is the floor.
-* **Difficulty reward**: :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``.
-* **Preference reward**: a Gaussian bump of the gap :math:`g = |s_a - s_b| / 9` around an ideal gap annealed over
-  training. A tie earns 0: it is no discriminable duel (§2.1) and yields no DPO pair and no GRPO advantage.
-* **Composite**: :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref} \in [0, 1]`, EXP3's range.
+Where the paper leaves a formula open: Auer et al.'s (2002) Exp3 with every duel one round (App. H), an iteration's
+D duels importance-weighted by the distribution *before* the update,
+:math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i` (mixing :math:`\gamma/K` is the floor). Difficulty
+reward :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``. Preference reward: a
+Gaussian bump of the gap :math:`g = |s_a - s_b| / 9` around an ideal gap annealed over training; a tie earns 0 (no
+discriminable duel, §2.1: no DPO pair, no GRPO advantage). Composite :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref}`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """IFEval's verifiable instructions (Zhou et al., 2023), checked offline; strict and loose following.
 
-The Stackelberg paper's App. G.5 scores its Followers on IFEval. Each checker follows the benchmark's rule for its
-instruction id, written anew to run with no downloaded data and no regular expression taken from the input:
-
-- sentences are counted by :func:`split_sentences` (rule-based), not nltk's punkt model (a downloaded pickle);
-- ``capital_word_frequency``: words are ``\\w+`` runs joined by hyphens, as nltk's ``word_tokenize`` keeps them;
-- keywords, forbidden words and section splitters are matched literally (``re.escape``), not as patterns;
-- language: ``langdetect``, seeded for repeatable answers; an undetectable language counts as following.
-
-An id outside :data:`CHECKERS` is not guessed: :func:`is_supported` tells the caller to count it as unsupported.
+The Stackelberg paper's App. G.5 scores its Followers on IFEval. Each checker follows the benchmark's rule, written
+anew to need no downloads and no pattern from the input: rule-based :func:`split_sentences`, not nltk's punkt;
+hyphen-joined ``\\w+`` words for ``capital_word_frequency``, as nltk keeps them; keywords, forbidden words and section
+splitters matched literally; ``langdetect`` seeded, an undetectable language counting as following. An id outside
+:data:`CHECKERS` is not guessed (:func:`is_supported`).
 """
 
 from __future__ import annotations

@@ -156,6 +156,7 @@ class PreferenceOracle(ABC):
             raise ValueError(f"{type(self).__name__} returned {p_first.numel()} verdicts for {n} rows")
         bad = ~torch.isfinite(p_first) | (p_first < 0) | (p_first > 1)
         self.invalid_verdicts += int(bad.sum())
+        # ½ keeps the sampling defined; a NaN would silently award the comparison to the response shown second
         return torch.where(bad, torch.full_like(p_first, 0.5), p_first), ~bad
 
     def state_dict(self) -> dict[str, Any]:
