@@ -52,7 +52,7 @@ def _outer_braces_match(s: str) -> bool:
 
 
 def normalize_answer(answer: str) -> str:
-    """Answer text without ``$``, spaces, ``\\left``/``\\right``, units or thousands commas; fractions ``a/b``."""
+    """Answer text without ``$``, spaces, ``\\left``/``\\right``, units, thousands commas, trailing zeros; ``a/b``."""
     s = answer.strip()
     s = (
         s.replace("\\$", "")

@@ -23,7 +23,7 @@ class PolicyGradient:
         scale_advantages: Divide the group advantages by the group's std (GRPO); ``False`` keeps the mean baseline.
         micro_batch: Rows per forward of the policy with gradients (0: all at once).
         logprob_micro_batch: Rows per forward without gradients (reference and sampling policy; 0: all at once).
-        max_tokens_per_micro_batch: Padded tokens per forward (0: no limit; 7B, 1,024-token completions, H200: 16,384).
+        max_tokens_per_micro_batch: Padded tokens per forward, with or without gradients (0: no limit; docs/scaling.md).
 
     Raises:
         ValueError: for a value out of range, naming the field.
