@@ -1,7 +1,4 @@
-"""Checking final answers of math solutions: plain functions, no model, no ``eval``.
-
-Model output is only ever parsed as text, never evaluated as code.
-"""
+"""Checking final answers of math solutions as text: model output is parsed, never evaluated as code."""
 
 from __future__ import annotations
 
@@ -14,12 +11,7 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def extract_final_answer(text: str | None) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None`` (also when unclosed).
-
-    Example:
-        >>> extract_final_answer(r"so \\boxed{\\frac{1}{2}} and then \\boxed{3}")
-        '3'
-    """
+    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None`` (also when unclosed)."""
     if not text:
         return None
     starts = [m.end() for m in _BOXED.finditer(text)]
@@ -39,10 +31,7 @@ def extract_final_answer(text: str | None) -> str | None:
 
 def extract_gsm8k_answer(text: str | None) -> str | None:
     """Final answer of a GSM8K worked solution: what follows the last ``####``, or ``None``."""
-    if not text or "####" not in text:
-        return None
-    ans = text.rsplit("####", 1)[1].strip()
-    return ans or None
+    return (text.rsplit("####", 1)[1].strip() or None) if text and "####" in text else None
 
 
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mbox|textnormal)\s*\{[^{}]*\}")
@@ -63,10 +52,7 @@ def _outer_braces_match(s: str) -> bool:
 
 
 def normalize_answer(answer: str) -> str:
-    """Canonical answer text: no ``$``/``\\$``, spaces, ``\\left``/``\\right``, ``\\text{}`` units, thousands commas.
-
-    ``\\frac{a}{b}`` and ``\\dfrac{a}{b}`` become ``a/b``; a plain number loses trailing zeros (``2.50`` → ``2.5``).
-    """
+    """Answer text without ``$``, spaces, ``\\left``/``\\right``, units, thousands commas, trailing zeros; ``a/b``."""
     s = answer.strip()
     s = (
         s.replace("\\$", "")
@@ -116,12 +102,7 @@ def parse_number(answer: str) -> Fraction | None:
 
 
 def answers_match(prediction: str | None, reference: str | None) -> bool:
-    """Whether two final answers agree: equal as exact numbers when both parse, else as normalised text (never empty).
-
-    Example:
-        >>> answers_match(r"\\dfrac{1}{2}", "0.5"), answers_match("1,000", "1000.00"), answers_match("3", "4")
-        (True, True, False)
-    """
+    """Whether two final answers agree: as exact numbers when both parse, else as normalised text (never empty)."""
     if prediction is None or reference is None:
         return False
     a, b = normalize_answer(str(prediction)), normalize_answer(str(reference))

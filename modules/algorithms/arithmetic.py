@@ -1,17 +1,4 @@
-"""Arithmetic word problems with worked solutions and systematically corrupted ones.
-
-The offline default data: every answer is a checkable integer, everything a pure function of the seed. A solution
-has one sentence per operation, each with an equation ``a op b = c``, and ends with ``The answer is \\boxed{n}.``:
-
-* ``correct``: the worked solution;
-* ``padded``: the correct solution with filler sentences that add nothing;
-* ``wrong_step``: one equation's result is off by a small amount and later steps carry the error;
-* ``wrong_final``: every step right, the boxed answer wrong;
-* ``truncated``: cut off after some steps, no final answer.
-
-:func:`make_think_response` writes the correct solution compactly for a small model to execute: the bare equations
-inside ``<think>…</think>``, then the boxed answer.
-"""
+"""Offline arithmetic word problems, pure functions of the seed, with worked and corrupted solutions."""
 
 from __future__ import annotations
 
@@ -22,52 +9,14 @@ __all__ = ["CORRUPTIONS", "ArithmeticProblem", "generate_problems", "make_respon
 
 CORRUPTIONS = ("correct", "padded", "wrong_step", "wrong_final", "truncated")
 
-_NAMES = [
-    "Ava",
-    "Ben",
-    "Chloe",
-    "Dan",
-    "Emma",
-    "Finn",
-    "Grace",
-    "Hugo",
-    "Iris",
-    "Jack",
-    "Kara",
-    "Leo",
-    "Maya",
-    "Noah",
-    "Olive",
-    "Paul",
-    "Quinn",
-    "Rosa",
-    "Sam",
-    "Tara",
-    "Uma",
-    "Victor",
-    "Wendy",
-    "Xavier",
-    "Yara",
-    "Zane",
-]
-_ITEMS = [
-    "apples",
-    "marbles",
-    "stickers",
-    "books",
-    "coins",
-    "pencils",
-    "cookies",
-    "shells",
-    "cards",
-    "stamps",
-    "beads",
-    "toy cars",
-    "oranges",
-    "balloons",
-    "crayons",
-    "buttons",
-]
+_NAMES = (
+    "Ava Ben Chloe Dan Emma Finn Grace Hugo Iris Jack Kara Leo Maya Noah Olive Paul Quinn Rosa Sam Tara Uma Victor "
+    "Wendy Xavier Yara Zane"
+).split()
+_ITEMS = (
+    "apples,marbles,stickers,books,coins,pencils,cookies,shells,cards,stamps,beads,toy cars,oranges,balloons,crayons,"
+    "buttons"
+).split(",")
 _ADD = ["buys {n} more", "finds {n} more", "receives {n} more as a gift", "wins {n} more", "collects {n} more"]
 _SUB = ["gives away {n}", "loses {n}", "sells {n}", "donates {n}", "uses up {n}"]
 _MUL = {2: "doubles the collection", 3: "triples the collection"}
@@ -83,17 +32,7 @@ _FILLER = [
 
 @dataclass
 class ArithmeticProblem:
-    """A generated word problem.
-
-    Attributes:
-        question: The prompt text.
-        answer: The correct final answer.
-        start: The starting amount.
-        ops: The operations in order, as ``(op, operand)`` with op in ``+``, ``-``, ``*``.
-        name: The protagonist.
-        item: What is counted.
-        uid: Stable id of the problem within its generated set.
-    """
+    """A generated word problem: ``start`` changed by ``ops`` (``(op, operand)``, op in ``+ - *``) gives ``answer``."""
 
     question: str
     answer: int
@@ -161,7 +100,10 @@ def _step_sentence(p: ArithmeticProblem, prev: int, op: str, n: int, result: int
 
 
 def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> str:
-    """Write a solution of the given corruption ``kind`` (one of :data:`CORRUPTIONS`).
+    """Write a solution of the given corruption ``kind``.
+
+    ``padded`` adds filler sentences; ``wrong_step`` puts a small error in one equation that later steps carry;
+    ``wrong_final`` boxes a wrong answer after right steps; ``truncated`` stops before the answer.
 
     Raises:
         ValueError: for an unknown kind.
@@ -197,31 +139,13 @@ def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> 
 def make_think_response(problem: ArithmeticProblem, width: int = 0, reverse: bool = False) -> str:
     r"""The correct solution as one equation per operation inside ``<think>…</think>``, then the boxed answer.
 
-    Each line copies the running total and the operand and writes the result, so a small model only has to add,
-    subtract or multiply the two numbers in front of it. With ``width``, every number of the equations is written
-    with leading zeros to that many digits (the boxed answer stays plain): digits of equal place then sit at fixed
-    distances from each other, which a small decoder learns to line up far sooner than numbers of varying length.
-
-    Example:
-        >>> print(make_think_response(ArithmeticProblem("", 10, 3, [("+", 4), ("-", 2), ("*", 2)])))
-        <think>3 + 4 = 7
-        7 - 2 = 5
-        5 * 2 = 10</think>
-        The answer is \boxed{10}.
-        >>> print(make_think_response(ArithmeticProblem("", 110, 55, [("*", 2)]), width=3))
-        <think>055 * 002 = 110</think>
-        The answer is \boxed{110}.
-
-    With ``reverse``, every number of the equations is written least-significant digit first (after the padding to
-    ``width``): ``038 + 013 = 051`` becomes ``830 + 310 = 150``, so a carry is generated before the digit it lands
-    on (Lee et al. 2023, "Teaching Arithmetic to Small Transformers"). The boxed answer stays in normal order.
-
-        >>> print(make_think_response(ArithmeticProblem("", 51, 38, [("+", 13)]), width=3, reverse=True))
-        <think>830 + 310 = 150</think>
-        The answer is \boxed{51}.
+    Each line copies the running total and the operand, so a small model only has to compute the result. ``width``
+    zero-pads the equations' numbers so digits of equal place sit at fixed distances; ``reverse`` then writes them
+    least-significant digit first, so a carry comes before the digit it lands on (Lee et al. 2023, "Teaching
+    Arithmetic to Small Transformers"): ``038 + 013 = 051`` becomes ``830 + 310 = 150``. The boxed answer stays plain.
 
     Raises:
-        ValueError: for a negative ``width``, or ``reverse`` without a ``width`` (the digits' places must be fixed).
+        ValueError: for a negative ``width``, or ``reverse`` without a ``width``.
     """
     if width < 0:
         raise ValueError(f"width must be non-negative, got {width}")

@@ -1,13 +1,4 @@
-"""Debate self-play against a frozen judge: the pure parts (no model, no Lightning), each tested by hand.
-
-Alice answers a math problem, Bob argues that she is wrong, Alice may rebut, and a frozen judge rules on whether
-Alice's final answer is correct (:data:`PROTOCOLS`: README, "Debate self-play"). Only the visible part of a reply
-(:func:`split_reply`) reaches the judge and the other player; rewards per ply are :func:`ply_rewards`.
-
-Training forks after a prefix (:func:`choose_fork_plies`, :func:`fork_counts`, :func:`branch_rows`): per problem one
-trainable ply is drawn uniformly, the plies before it are sampled once, the forked ply ``G`` times and every later ply
-once per branch, so the ``G`` transcripts form one GRPO group; only the forked ply gets a gradient.
-"""
+"""Debate self-play against a frozen judge (README, "Debate self-play"): rules, rewards, forking and metrics."""
 
 from __future__ import annotations
 
@@ -105,23 +96,12 @@ _FIELD = re.compile(r"\{(" + "|".join(_FIELD_NAMES + ("instructions",)) + r")\}"
 
 
 def fill_fields(template: str, **values: object) -> str:
-    """Replace the known ``{field}`` names in one pass over ``template``; unknown or unset fields stay as text.
-
-    Example:
-        >>> fill_fields("Q: {problem} ({word_limit} words) {x}", problem="1+{solution}", word_limit=50)
-        'Q: 1+{solution} (50 words) {x}'
-    """
+    """Replace the known ``{field}`` names in one pass; unknown fields and values' braces stay text."""
     return _FIELD.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
 
 
-# ----------------------------------------------------------------------------------------------------------- replies
 def count_words(text: str | None) -> int:
-    """Words of ``text`` as ``wc -w`` counts them: maximal runs of non-whitespace characters.
-
-    Example:
-        >>> count_words("  12 + 5 = 17.\\nThe answer is \\\\boxed{17}. "), count_words(""), count_words(None)
-        (9, 0, 0)
-    """
+    """Words of ``text`` as ``wc -w`` counts them (0 for ``None``)."""
     return len(text.split()) if text else 0
 
 
@@ -130,10 +110,6 @@ def word_penalty(words: int, limit: int | None, coefficient: float) -> float:
 
     Raises:
         ValueError: for a negative coefficient or a non-positive limit.
-
-    Example:
-        >>> word_penalty(57, 50, 0.01), word_penalty(40, 50, 0.01), word_penalty(500, None, 0.01)
-        (0.07, 0.0, 0.0)
     """
     if coefficient < 0:
         raise ValueError(f"word_penalty_coef must be >= 0, got {coefficient}")
@@ -146,15 +122,7 @@ def word_penalty(words: int, limit: int | None, coefficient: float) -> float:
 
 @dataclass(frozen=True)
 class Reply:
-    """One ply's reply split into its hidden and visible parts.
-
-    Attributes:
-        raw: The generated text.
-        visible: What the judge and the other player see (stripped).
-        hidden: The chain of thought (never shown).
-        format_ok: Whether the thinking format is valid.
-        words: :func:`count_words` of the visible part.
-    """
+    """One ply's reply: ``visible`` is what the judge and the other player see, ``hidden`` the chain of thought."""
 
     raw: str
     visible: str
@@ -175,17 +143,7 @@ def split_reply(
 
     Valid: ``[whitespace] think_open … think_close visible`` with one of each delimiter, or, unless ``required``, no
     delimiter at all. Nothing hidden ever leaks: an invalid reply shows only what follows the last ``think_close``.
-
-    Args:
-        text: The generated reply (``None`` counts as empty).
-        think_open: Opening delimiter of the hidden part; ``""`` disables hidden reasoning (all visible, always valid).
-        think_close: Closing delimiter.
-        required: Whether a thinking block must be present.
-
-    Example:
-        >>> r = split_reply("<think>7+5=12</think> So \\\\boxed{12}.")
-        >>> r.visible, r.hidden, r.format_ok, r.words
-        ('So \\\\boxed{12}.', '7+5=12', True, 2)
+    ``think_open=""`` disables hidden reasoning (all visible, always valid).
     """
     raw = text or ""
     if not think_open:
@@ -208,17 +166,9 @@ def split_reply(
     return Reply(raw, visible, hidden.strip(), ok, count_words(visible))
 
 
-# ------------------------------------------------------------------------------------------------------- transcripts
 @dataclass
 class Transcript:
-    """One game: the problem, its reference answer (or ``None``) and the replies of the plies played so far.
-
-    Attributes:
-        problem: The problem text.
-        reference: Reference final answer; ``None`` when the data has none (accuracy then unknown, counted).
-        protocol: One of :data:`PROTOCOLS`.
-        replies: One :class:`Reply` per ply played, in the order of ``PLIES[protocol]``.
-    """
+    """One game: the problem, its reference answer (``None``: accuracy unknown) and one reply per ply played."""
 
     problem: str
     reference: str | None
@@ -243,12 +193,7 @@ class Transcript:
 
     @property
     def final_answer(self) -> str | None:
-        """Alice's final answer: the last ``\\boxed{}`` of her visible turns, or ``None``.
-
-        The paper's definition ("The final answer is the last ``\\boxed{...}``"): in Debate-ABA a rebuttal that
-        boxes an answer replaces the one of her answer turn (the judge rules on it), and a rebuttal without a box
-        keeps it. Accuracy, the checker's truth for MCC, the missing-answer override and the judges all read this.
-        """
+        """Alice's final answer: the last ``\\boxed{}`` of her visible turns (a boxed rebuttal wins), or ``None``."""
         for ply in ("rebuttal", "answer"):  # Alice's plies, latest first
             boxed = extract_final_answer(self.visible(ply))
             if boxed is not None:
@@ -277,15 +222,7 @@ class Transcript:
 
 @dataclass(frozen=True)
 class PlyReward:
-    """The reward of one ply and its components: those of the ply's player for the whole game (:func:`ply_rewards`).
-
-    Attributes:
-        reward: What the policy gradient uses.
-        verdict: The share of the vote (Alice's ``r`` or Bob's ``1 − r``; the checker's 1/0 in RLVR).
-        word_penalty: The player's soft word-limit penalty subtracted (of the critique, or of the rebuttal).
-        format_override: Whether the invalid-format reward replaced the player's total.
-        missing_answer: Whether the missing-``\\boxed{}`` reward replaced the verdict (Alice's plies).
-    """
+    """The reward of one ply (:func:`ply_rewards`) with its vote share, word penalty and overrides (format, answer)."""
 
     reward: float
     verdict: float
@@ -306,30 +243,12 @@ def ply_rewards(
 ) -> list[PlyReward]:
     """The reward of every ply of a finished transcript: each ply gets its player's total reward for the game.
 
-    The paper rewards players, not plies: "the rebuttal turn gets the same reward as her answer turn" and "an
-    invalid thinking-trace format replaces that player's total reward with a hard −1". So:
-
-    * Alice (answer and rebuttal): the verdict share ``r`` (RLVR: 1 if the checker accepts her final answer, else
-      0), replaced by ``missing_answer_reward`` when she boxed no final answer, minus the word penalty of her
-      rebuttal (her answer turn has no word limit); ``format_reward`` instead when any of her plies has an invalid
-      thinking format;
-    * Bob (critique): his verdict under ``bob_reward`` (:func:`bob_verdict`; ``constant_sum``: ``1 − r``) minus the
-      word penalty of his critique; ``format_reward`` instead when it has an invalid thinking format.
-
-    Args:
-        transcript: A transcript with one reply per ply of its protocol.
-        share: Alice's share of the judge's votes (ignored by RLVR, which uses the checker).
-        word_limit: Words allowed in critique and rebuttal (``None``: no limit).
-        word_penalty_coef: Penalty per word over the limit.
-        missing_answer_reward: Alice's reward when she boxed no final answer; must be negative.
-        format_reward: A player's total reward when one of their plies has an invalid thinking format (paper: −1).
-        bob_reward: Bob's verdict, one of :data:`BOB_REWARDS` (:func:`bob_verdict`).
-
-    Returns:
-        One :class:`PlyReward` per ply, in ply order; the plies of one player carry the same values.
+    Alice (answer and rebuttal): the verdict share ``r`` (RLVR: the checker's 1/0), ``missing_answer_reward`` when she
+    boxed no answer, minus her rebuttal's word penalty. Bob (critique): :func:`bob_verdict` minus his critique's word
+    penalty. An invalid thinking format in a player's plies replaces their total with ``format_reward`` (paper: −1).
 
     Raises:
-        ValueError: for a transcript with the wrong number of replies, a share outside [0, 1] or a non-negative
+        ValueError: for a transcript with the wrong number of replies, a share outside [0, 1], a non-negative
             ``missing_answer_reward``, or an unknown ``bob_reward``.
     """
     plies = transcript.plies
@@ -343,10 +262,7 @@ def ply_rewards(
         raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
     if bob_reward not in BOB_REWARDS:
         raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
-    if transcript.protocol == "rlvr":
-        alice_verdict = 1.0 if transcript.correct else 0.0
-    else:
-        alice_verdict = float(share)
+    alice_verdict = (1.0 if transcript.correct else 0.0) if transcript.protocol == "rlvr" else float(share)
     bob = bob_verdict(transcript, alice_verdict, bob_reward) if "critique" in plies else 1.0 - alice_verdict
     verdict = {"alice": alice_verdict, "bob": bob}
     penalty = {"alice": 0.0, "bob": 0.0}
@@ -361,16 +277,12 @@ def ply_rewards(
     for who in ("alice", "bob"):
         base = missing_answer_reward if missing[who] else verdict[who]
         total[who] = base - penalty[who] if format_ok[who] else format_reward
-    out = []
-    for ply in plies:
-        who = PLAYER_OF_PLY[ply]
-        out.append(
-            PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
-        )
-    return out
+    return [
+        PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
+        for who in (PLAYER_OF_PLY[ply] for ply in plies)
+    ]
 
 
-# ---------------------------------------------------------------------------------------------------------- ablations
 # The paper's ablations (its appendices E and F). Bob's reward: "constant_sum" is the main game's (1 − r); "b_judge"
 # and "b_convince" are "training only Bob with ground truth (B-judge, B-convince)", with Alice frozen. Quotes are the
 # English digest's (tests/data/paper_quotes.txt) or, where marked "zh", our translation of debate-rlaif.zh.txt.
@@ -378,28 +290,17 @@ BOB_REWARDS = ("constant_sum", "b_judge", "b_convince")
 
 
 def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "constant_sum") -> float:
-    """Bob's verdict score (before penalties) under ``bob_reward``, given Alice's verdict ``alice_share``.
+    """Bob's verdict score (before penalties) under ``bob_reward`` (:data:`BOB_REWARDS`), given Alice's share.
 
-    * ``constant_sum`` (the main game): ``1 − r``, "Bob gets 1 − r".
-    * ``b_judge`` (B-judge, ground truth for judging): Bob acts as the judge. His own verdict, read from his visible
-      critique by :func:`~modules.algorithms.verdicts.parse_verdict` (``Verdict: Alice`` = her final answer is
-      correct), scores 1 when it matches the answer checker and 0 otherwise. The paper says only that B-judge's
-      "validation classification performance is reasonable" (zh), so the reward is that classification's accuracy on
-      the game. An unparseable verdict scores 0 (no classification is no correct one).
-    * ``b_convince`` (B-convince, ground truth for convincing): the share of the judge's votes for the true verdict,
-      "persuade the judge to accept the ground-truth verdict whether Alice is right or wrong" (zh): ``r`` when Alice's
-      final answer is correct, ``1 − r`` when it is not. The vote share, not a 0/1 majority, as in the main game
-      ("Alice's reward r = fraction of judge votes").
+    * ``constant_sum``: ``1 − r``, "Bob gets 1 − r".
+    * ``b_judge``: Bob's own ``Verdict:`` (:func:`~modules.algorithms.verdicts.parse_verdict`) scores 1 when it matches
+      the answer checker, else 0 (also when unparseable): "validation classification performance is reasonable" (zh).
+    * ``b_convince``: the judge's vote share for the true verdict, ``r`` when Alice is right, else ``1 − r``.
 
-    Without a reference the truth is unknown and both ground-truth rewards are 0 (as RLVR's checker scores it).
+    Without a reference both ground-truth rewards are 0.
 
     Raises:
         ValueError: for an unknown ``bob_reward``.
-
-    Example:
-        >>> right = Transcript("1+1?", "2", "debate_ab", [split_reply("\\\\boxed{2}", required=False)] * 2)
-        >>> bob_verdict(right, 0.75), bob_verdict(right, 0.75, "b_convince")
-        (0.25, 0.75)
     """
     if bob_reward not in BOB_REWARDS:
         raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
@@ -416,10 +317,6 @@ def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "c
 
 def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_reward: str, group_size: int) -> None:
     """Refuse an ablation setting that does not describe the paper's ablation, naming the field.
-
-    ``judging: pairwise`` compares two of Alice's rollouts (RLAIF-A's structure, ``protocol: rlaif_a``) in pairs of
-    an even group; ``b_judge`` and ``b_convince`` train only Bob (``trainable_plies: [critique]``) in a protocol with
-    a critique, Alice played by the frozen reference weights.
 
     Raises:
         ValueError: naming ``judging``, ``bob_reward``, ``protocol``, ``trainable_plies`` or ``group_size``.
@@ -443,7 +340,6 @@ def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_re
             )
 
 
-# ------------------------------------------------------------------------------------------------------------ forking
 def choose_fork_plies(num_problems: int, trainable: Sequence[int], rng: random.Random) -> list[int]:
     """The forked ply of each problem, drawn uniformly from the ``trainable`` ply indices.
 
@@ -456,24 +352,12 @@ def choose_fork_plies(num_problems: int, trainable: Sequence[int], rng: random.R
 
 
 def fork_counts(fork_plies: Sequence[int], ply: int, group_size: int) -> list[int]:
-    """Replies generated for each problem at ``ply``: one before its fork (shared prefix), ``G`` from the fork on.
-
-    Example:
-        >>> fork_counts([0, 1, 2], ply=1, group_size=4)
-        [4, 4, 1]
-    """
+    """Replies generated for each problem at ``ply``: one before its fork (shared prefix), ``G`` from the fork on."""
     return [1 if ply < k else group_size for k in fork_plies]
 
 
 def branch_rows(counts: Sequence[int], group_size: int) -> list[int]:
-    """Row of a ply's generate call that branch ``g`` of problem ``i`` reads, flattened in ``[i, g]`` order.
-
-    A problem with one row (still in its prefix) shares it across its ``G`` branches.
-
-    Example:
-        >>> branch_rows([1, 3], group_size=3)
-        [0, 0, 0, 1, 2, 3]
-    """
+    """Row of a ply's generate call that branch ``g`` of problem ``i`` reads, in ``[i, g]`` order (1 row: shared)."""
     rows, offset = [], 0
     for c in counts:
         if c not in (1, group_size):
@@ -484,26 +368,13 @@ def branch_rows(counts: Sequence[int], group_size: int) -> list[int]:
 
 
 def derived_seed(*key: object) -> int:
-    """A seed that depends only on ``key`` (unlike ``hash`` of a string, which changes between processes).
-
-    Example:
-        >>> derived_seed(0, "fork", 3) == derived_seed(0, "fork", 3) != derived_seed(0, "fork", 4)
-        True
-    """
+    """A seed that depends only on ``key`` (unlike ``hash`` of a string, which changes between processes)."""
     return random.Random("/".join(map(str, key))).getrandbits(62)
 
 
 @dataclass
 class ForkedRollout(Generic[Rollout]):
-    """What one forked step produced: the transcripts and, per ply, the rows that were forked there.
-
-    Attributes:
-        transcripts: ``[B·G]`` transcripts in ``[problem, branch]`` order.
-        fork_plies: The forked ply of each problem.
-        chunks: Per ply index, ``(rollout of the forked rows, their indices into transcripts)``; plies where no
-            problem forked are absent.
-        rollouts: The full generate output of every ply (for token counts and benchmarks).
-    """
+    """One forked step: transcripts in ``[problem, branch]`` order, forked plies, forked rows per ply, every rollout."""
 
     transcripts: list[Transcript]
     fork_plies: list[int]
@@ -511,14 +382,10 @@ class ForkedRollout(Generic[Rollout]):
     rollouts: list[Rollout]
 
 
-# ------------------------------------------------------------------------------------------------------------ metrics
 def transcript_metrics(
     stage: str, transcripts: Sequence[Transcript], shares: Sequence[float], judge_counts: dict[str, int]
 ) -> dict[str, float]:
-    """Per-step statistics of finished transcripts, keyed ``<stage>/<name>``.
-
-    A training step without references logs NaN accuracy (Lightning would repeat a missing key's last value).
-    """
+    """Per-step statistics of finished transcripts, keyed ``<stage>/<name>`` (NaN accuracy without references)."""
     n = len(transcripts)
     known = [t.correct for t in transcripts if t.correct is not None]
     replies = [r for t in transcripts for r in t.replies]
@@ -545,10 +412,7 @@ def transcript_metrics(
 def forked_ply_metrics(
     plies: Sequence[str], trainable: Sequence[int], fork_plies: Sequence[int], forked: Sequence[PlyReward]
 ) -> dict[str, float]:
-    """Reward statistics of the forked plies: ``forked`` holds one :class:`PlyReward` per ``[problem, branch]`` row.
-
-    A role or penalty that could fork but did not this step logs NaN (Lightning repeats a missing key's last value).
-    """
+    """Reward statistics of the forked plies; a role that could fork but did not logs NaN, not a stale value."""
     g = len(forked) // len(fork_plies)
     ply_of = [plies[fork_plies[i // g]] for i in range(len(forked))]
     out: dict[str, float] = {"train/reward": sum(x.reward for x in forked) / len(forked)}

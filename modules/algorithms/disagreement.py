@@ -1,7 +1,4 @@
-"""Disagreement scores of an ensemble of pairwise preference models (paper §3.1 and App. F.1).
-
-Every function reduces the members' probabilities ``p[..., k]`` that y≻y′ given x over the last dimension.
-"""
+"""Disagreement of an ensemble's probabilities ``p[..., k]`` that y≻y′ given x, over members (§3.1, App. F.1)."""
 
 from __future__ import annotations
 
@@ -19,14 +16,7 @@ def _check(p: Tensor) -> None:
 
 
 def ensemble_variance(p: Tensor) -> Tensor:
-    """Population variance of the members' probabilities, denominator k (App. E.3).
-
-    Args:
-        p: Member probabilities, shape ``[..., k]``.
-
-    Returns:
-        Tensor of shape ``[...]``.
-    """
+    """Population variance of the members' probabilities, denominator k (App. E.3), ``[...]``."""
     _check(p)
     return p.var(dim=-1, unbiased=False)
 
@@ -45,9 +35,6 @@ def bernoulli_entropy(p: Tensor) -> Tensor:
 
 
 def ensemble_jsd(p: Tensor) -> Tensor:
-    """Jensen–Shannon divergence ``H(P̄) - mean_i H(P_i)`` among the members' Bernoulli predictions (App. F.1).
-
-    Non-negative by concavity of H; the clamp at 0 only removes rounding below zero.
-    """
+    """Jensen–Shannon divergence ``H(P̄) - mean_i H(P_i)`` among the members' Bernoulli predictions (App. F.1)."""
     _check(p)
     return (bernoulli_entropy(p.mean(dim=-1)) - bernoulli_entropy(p).mean(dim=-1)).clamp_min(0.0)

@@ -1,20 +1,11 @@
 r"""The Stackelberg leader of multi-LLM alignment: EXP3 over instructions and its composite reward (§2.1, App. C).
 
-Choices where the paper leaves a formula open:
-
-* **EXP3 update.** Auer et al.'s (2002) Exp3, every duel one round (App. H: "an O(K) update per duel"). The D duels
-  of an iteration are drawn together, so each is importance-weighted by the distribution *before* the update:
-  :math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i`. The uniform mixing :math:`\gamma/K` is the
-  paper's "nonzero floor" and keeps each step at most 1.
-* **Difficulty reward**: :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``
-  (an instruction where every answer fails has nothing to learn from).
-* **Preference reward**: a Gaussian bump of the gap normalised by the scale's range, :math:`g = |s_a - s_b| / 9`,
-  so the paper's gaps (0.6, 0.15) are attainable; the ideal gap is annealed linearly over training. A tie
-  (:math:`g = 0`) earns 0: it is not a discriminable duel (§2.1 rewards "response discriminability") and yields no
-  DPO pair and no GRPO advantage. Without this rule, binary grading (scores 1 or 10, one rollout a side) made a tie
-  pay more than a split once the ideal gap fell below about 0.5, steering the leader to instructions that teach
-  nothing (``tests/modules/algorithms/test_exp3.py``).
-* **Composite**: :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref} \in [0, 1]`, EXP3's range.
+Where the paper leaves a formula open: Auer et al.'s (2002) Exp3 with every duel one round (App. H), an iteration's
+D duels importance-weighted by the distribution *before* the update,
+:math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i` (mixing :math:`\gamma/K` is the floor). Difficulty
+reward :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``. Preference reward: a
+Gaussian bump of the gap :math:`g = |s_a - s_b| / 9` around an ideal gap annealed over training; a tie earns 0 (no
+discriminable duel, §2.1: no DPO pair, no GRPO advantage). Composite :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref}`.
 """
 
 from __future__ import annotations
@@ -40,12 +31,7 @@ SCORE_MIN, SCORE_MAX = 1.0, 10.0
 
 
 def linear_schedule(start: float, end: float, progress: float) -> float:
-    """``start + (end - start) * progress`` with ``progress`` clipped to [0, 1].
-
-    Example:
-        >>> linear_schedule(0.6, 0.15, 0.5)
-        0.375
-    """
+    """``start + (end - start) * progress`` with ``progress`` clipped to [0, 1]."""
     if not math.isfinite(progress):
         raise ValueError(f"progress must be finite, got {progress}")
     p = min(1.0, max(0.0, float(progress)))
@@ -66,7 +52,7 @@ def normalized_gap(score_a: float, score_b: float) -> float:
 
 
 def difficulty_reward(score_a: float, score_b: float, min_score: float = 3.0) -> float:
-    """``(10 - mean score) / 9``, or 0 when even the better response scores below ``min_score`` (module docstring).
+    """``(10 - mean score) / 9``, or 0 when even the better response scores below ``min_score``.
 
     Raises:
         ValueError: for a score outside [1, 10].
@@ -79,8 +65,6 @@ def difficulty_reward(score_a: float, score_b: float, min_score: float = 3.0) ->
 
 def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidth: float = 0.15) -> float:
     """Gaussian bump ``exp(-(g - ideal_gap)^2 / (2 bandwidth^2))`` of the normalised gap ``g``; 0 for a tie.
-
-    See the module docstring for why a tie earns nothing.
 
     Raises:
         ValueError: for a score outside [1, 10] or a non-positive bandwidth.
@@ -95,10 +79,7 @@ def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidt
 
 @dataclass(frozen=True)
 class CompositeReward:
-    """The leader's reward of one duel: ``λ1 r_diff + λ2 r_pref`` with the ideal gap annealed by training progress.
-
-    Call it as ``reward(score_a, score_b, progress)`` with the two reputation-weighted peer scores in [1, 10] and the
-    training progress in [0, 1] (iteration / (iterations - 1)).
+    """The leader's reward of one duel, ``λ1 r_diff + λ2 r_pref``, called as ``reward(score_a, score_b, progress)``.
 
     Attributes:
         difficulty_weight: λ1 (the paper's 0.3).
@@ -110,10 +91,6 @@ class CompositeReward:
 
     Raises:
         ValueError: for a negative weight or a non-positive bandwidth.
-
-    Example:
-        >>> round(CompositeReward()(7.4, 2.0, progress=0.0), 6)
-        0.876667
     """
 
     difficulty_weight: float = 0.3
@@ -144,23 +121,12 @@ class CompositeReward:
 class Exp3:
     r"""EXP3 over K arms (instructions) with uniform mixing γ, batched rounds and importance-weighted estimates.
 
-    Sample an iteration's duels with :meth:`sample`, then call :meth:`update` once with their indices and rewards
-    (the importance weights use :meth:`probabilities` at the time of the call).
-
     Args:
         num_arms: K, the number of instructions (≥ 1).
         gamma: Exploration rate γ in (0, 1]; also the floor ``γ/K`` of every probability.
 
     Raises:
         ValueError: on a bad argument.
-
-    Example:
-        >>> bandit = Exp3(4, gamma=0.2)
-        >>> g = torch.Generator().manual_seed(0)
-        >>> idx = bandit.sample(8, g)
-        >>> bandit.update(idx, [0.5] * 8)
-        >>> round(float(bandit.probabilities().sum()), 6)
-        1.0
     """
 
     def __init__(self, num_arms: int, gamma: float = 0.2) -> None:
@@ -172,11 +138,6 @@ class Exp3:
         self.gamma = float(gamma)
         self.log_weights = torch.zeros(self.num_arms, dtype=torch.float64)
         self.rounds = 0  # duels seen
-
-    @property
-    def floor(self) -> float:
-        """The smallest probability any arm can have, ``γ/K``."""
-        return self.gamma / self.num_arms
 
     @property
     def eta(self) -> float:
@@ -213,10 +174,9 @@ class Exp3:
         return torch.zeros(self.num_arms, dtype=torch.float64).index_add_(0, idx, r / p[idx])
 
     def update(self, indices: Sequence[int] | Tensor, rewards: Sequence[float] | Tensor) -> None:
-        """One EXP3 round per duel: ``log w_i += (γ/K) Σ_{d: I_d = i} r_d / p_i`` (see the module docstring)."""
-        est = self.estimates(indices, rewards)
-        self.log_weights = self.log_weights + self.eta * est
-        self.log_weights = self.log_weights - self.log_weights.max()  # same probabilities, no overflow
+        """One EXP3 round per duel: ``log w_i += (γ/K) Σ_{d: I_d = i} r_d / p_i``."""
+        w = self.log_weights + self.eta * self.estimates(indices, rewards)
+        self.log_weights = w - w.max()  # same probabilities, no overflow
         self.rounds += int(torch.as_tensor(indices).numel())
 
     def state_dict(self) -> dict[str, Any]:

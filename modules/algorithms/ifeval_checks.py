@@ -1,23 +1,10 @@
 """IFEval's verifiable instructions (Zhou et al., 2023), checked offline; strict and loose following.
 
-The Stackelberg paper's App. G.5 scores its Followers on IFEval's 541 prompts and 834 instructions. Each checker
-here follows the published rule of its instruction id (the benchmark's ``instructions.py``), written anew with
-these deliberate differences, all to run with no downloaded data and no regular expression taken from the input:
-
-- ``length_constraints:number_sentences``: sentences are counted by :func:`split_sentences` (a rule-based splitter
-  that keeps abbreviations, initials, decimals, web addresses and ellipses inside a sentence), not nltk's punkt
-  model, which needs a downloaded pickle. Counts can differ from punkt's on unusual punctuation.
-- ``change_case:capital_word_frequency``: words are ``\\w+`` runs joined by hyphens (the benchmark counts hyphenated
-  words as one, through nltk's ``word_tokenize``); an apostrophe splits a word, as Treebank's ``n't``/``'s`` does.
-- keywords, forbidden words and section splitters are matched literally (``re.escape``): the benchmark passes them to
-  ``re`` as patterns; for the plain words of the data the two agree.
-- language: ``langdetect`` (the benchmark's detector, whose language profiles ship inside the package), seeded with
-  ``DetectorFactory.seed = 0`` so a response always gets the same answer; as in the benchmark, a response whose
-  language cannot be detected counts as following.
-
-:func:`follows` applies one instruction strictly (the response as given) or loosely (any of the 8
-:func:`loose_variants`: the response with its first line, last line or both removed, each also without ``*``).
-An id outside :data:`CHECKERS` is not guessed: :func:`is_supported` tells the caller to count it as unsupported.
+The Stackelberg paper's App. G.5 scores its Followers on IFEval. Each checker follows the benchmark's rule, written
+anew to need no downloads and no pattern from the input: rule-based :func:`split_sentences`, not nltk's punkt;
+hyphen-joined ``\\w+`` words for ``capital_word_frequency``, as nltk keeps them; keywords, forbidden words and section
+splitters matched literally; ``langdetect`` seeded, an undetectable language counting as following. An id outside
+:data:`CHECKERS` is not guessed (:func:`is_supported`).
 """
 
 from __future__ import annotations
@@ -42,7 +29,6 @@ __all__ = [
 RELATIONS = ("less than", "at least")
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
-# ------------------------------------------------------------------------------------------------ text utilities
 _ABBREVIATIONS = (
     "Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|Col|Gen|Sgt|St|Sr|Jr|Mt|Ft|Inc|Ltd|Co|Corp|vs|etc|approx|No|Vol|Fig|Jan|Feb|Mar"
     "|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
@@ -53,13 +39,8 @@ _PRD, _STOP = "\x00", "\x01"  # placeholders for a protected period and a senten
 def split_sentences(text: str) -> list[str]:
     """Split ``text`` into sentences at ``.``, ``!`` and ``?``, keeping periods that do not end one.
 
-    A period stays inside a sentence after a title or common abbreviation (``Dr.``, ``etc.``), a single-letter initial
-    (``J. R. R. Tolkien``, ``e.g.``, ``U.S.``), between digits (``3.14``), before a web domain (``example.com``), and
-    within an ellipsis, which ends a sentence only once. Closing quotes and brackets stay with their sentence.
-
-    Example:
-        >>> split_sentences("Dr. Smith paid $3.50 at example.com... Then he left! Did he?")
-        ['Dr. Smith paid $3.50 at example.com...', 'Then he left!', 'Did he?']
+    A period stays inside a sentence after a title or common abbreviation (``Dr.``, ``etc.``), an initial (``J. R. R.``,
+    ``e.g.``, ``U.S.``), between digits, before a web domain, and within an ellipsis (which ends a sentence only once).
     """
     t = " " + text.replace("\n", " ") + " "
     t = re.sub(r"\b(" + _ABBREVIATIONS + r")\.", lambda m: m.group(1) + _PRD, t, flags=re.IGNORECASE)
@@ -104,7 +85,6 @@ def _in_language(text: str, code: str) -> bool:
     return found is None or found == code  # undetectable counts as following, as in the benchmark
 
 
-# ------------------------------------------------------------------------------------------------------ checkers
 def _capital_word_frequency(r: str, kw: Mapping[str, Any]) -> bool:
     words = re.findall(r"\w+(?:-\w+)*", r)
     return _compare(sum(w.isupper() for w in words), kw["capital_relation"], kw["capital_frequency"])
@@ -262,19 +242,10 @@ _TABLE: dict[str, tuple[Callable[[str, Mapping[str, Any]], bool], tuple[str, ...
 CHECKERS = {k: v[0] for k, v in _TABLE.items()}
 #: the kwargs each supported id needs
 REQUIRED_KWARGS = {k: v[1] for k, v in _TABLE.items()}
-_INT_KWARGS = {
-    "capital_frequency",
-    "num_placeholders",
-    "num_sections",
-    "num_bullets",
-    "num_highlights",
-    "frequency",
-    "let_frequency",
-    "num_paragraphs",
-    "nth_paragraph",
-    "num_sentences",
-    "num_words",
-}
+_INT_KWARGS = set(
+    "capital_frequency num_placeholders num_sections num_bullets num_highlights frequency "
+    "let_frequency num_paragraphs nth_paragraph num_sentences num_words".split()
+)
 _RELATION_KWARGS = {"relation", "capital_relation", "let_relation"}
 _LIST_KWARGS = {"keywords", "forbidden_words"}
 
@@ -289,9 +260,7 @@ def check_kwargs(instruction_id: str, kwargs: Mapping[str, Any]) -> None:
 
     Raises:
         KeyError: for an unsupported ``instruction_id``.
-        ValueError: for a missing kwarg, a count that is not a non-negative integer (``nth_paragraph``: positive), a
-            relation other than ``"less than"``/``"at least"``, a word list that is not a list of strings, a
-            ``letter`` that is not one character, or another kwarg that is not a non-empty string.
+        ValueError: for a missing kwarg or one of the wrong type or range.
     """
     for field in REQUIRED_KWARGS[instruction_id]:
         value = kwargs.get(field)
@@ -314,20 +283,14 @@ def check_kwargs(instruction_id: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def loose_variants(response: str) -> list[str]:
-    """IFEval's 8 loose variants of a response, the response itself first.
-
-    The response, without its first line, last line, or both (each stripped), and each of these four with every ``*``
-    removed.
-    """
+    """IFEval's 8 loose variants: the response without its first, last or both lines, each also without ``*``."""
     lines = response.split("\n")
     cut = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
     return [cut[0], cut[0].replace("*", ""), *cut[1:], *(c.replace("*", "") for c in cut[1:])]
 
 
 def follows(instruction_id: str, kwargs: Mapping[str, Any], response: str, loose: bool = False) -> bool:
-    """Whether ``response`` follows the instruction: strictly, or (``loose``) in any of :func:`loose_variants`.
-
-    An empty (or blank) variant never follows, as in the benchmark.
+    """Whether ``response`` follows the instruction, strictly or (``loose``) in any non-blank :func:`loose_variants`.
 
     Raises:
         KeyError: for an unsupported ``instruction_id`` (check :func:`is_supported` first).

@@ -1,19 +1,4 @@
-r"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs.
-
-* **Matching** (§2.2): :meth:`Matchmaking.sample` draws ``min(3, m − 1)`` candidates and picks one by a Gaussian
-  kernel :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the
-  annealed target gap ``g`` (bandwidth ``h`` is our choice: the paper says "soft matching"), or uniformly with
-  probability 0.2; :meth:`Matchmaking.distribution` is its exact marginal (Fig. 4); :meth:`Matchmaking.duels` draws a
-  round's duels and :func:`duel_judges` names their judges.
-* **Judging** (App. G): :func:`fill_judge_template`; :func:`parse_judgement` reads a 1–10 score (JSON, then a regex,
-  else 5.0 flagged as a failure); :func:`agreement_score`, the score of a judge that solves the question itself.
-* **Aggregation**: :class:`ReputationWeighting` (judges' ratings to weights: the paper's raw ratings, or their Elo
-  odds), :func:`reputation_weighted_mean`, :func:`judge_verdicts` (1 win, ½ tie, 0 loss for Elo) and
-  :func:`aggregate_duel` for one duel's table of scores.
-* **Followers**: :func:`preference_pairs` (DPO's chosen/rejected) and :func:`peer_score_advantages` (GRPO).
-* **Curriculum**: :func:`category_weights` (the leader's probability mass per instruction category) and
-  :func:`weight_extremes` (its top and bottom instructions against uniform, §5).
-"""
+"""Pure functions of the multi-LLM pool game (§2.2–2.4, App. C, G): matching, judging, aggregation, pairs."""
 
 from __future__ import annotations
 
@@ -64,7 +49,6 @@ DEFAULT_JUDGE_TEMPLATE = (
 )
 
 
-# ---------------------------------------------------------------------------------------------------- matching
 def normalized_reputations(ratings: Sequence[float]) -> list[float]:
     """Min–max normalised ratings in [0, 1]; all zeros when every rating is equal.
 
@@ -82,14 +66,18 @@ def normalized_reputations(ratings: Sequence[float]) -> list[float]:
 
 @dataclass(frozen=True)
 class Matchmaking:
-    """Reputation-based soft matching (§2.2): who meets whom, with the target gap annealed over training.
+    r"""Reputation-based soft matching (§2.2): who meets whom, with the target gap annealed over training.
+
+    A match draws ``min(num_candidates, m − 1)`` candidates and picks one by a Gaussian kernel
+    :math:`\exp(-(|\hat R_a - \hat R_j| - g)^2 / (2 h^2))` on min–max normalised reputations around the target gap ``g``
+    (``h`` is our choice: the paper says "soft matching"), or picks uniformly with probability ``uniform_share``.
 
     Attributes:
-        num_candidates: Candidates drawn per match (``min(num_candidates, m − 1)``; the paper's 3).
+        num_candidates: Candidates drawn per match (the paper's 3).
         uniform_share: Probability of a uniform opponent instead of the soft match (the paper's 0.2).
-        bandwidth: Width ``h`` of the Gaussian kernel on normalised reputations (our choice: the paper says "soft").
-        gap_start: Target normalised reputation gap at the start of training (far opponents first).
-        gap_end: Target gap at the end (near peers last).
+        bandwidth: Width ``h`` of the Gaussian kernel on normalised reputations.
+        gap_start: Target normalised reputation gap at the start of training.
+        gap_end: Target gap at the end.
 
     Raises:
         ValueError: for a non-positive ``num_candidates`` or ``bandwidth``, or ``uniform_share`` outside [0, 1].
@@ -130,11 +118,7 @@ class Matchmaking:
         return min(self.num_candidates, m - 1)
 
     def distribution(self, ratings: Sequence[float], player: int, target_gap: float) -> list[float]:
-        """Exact probability of each opponent of ``player`` under :meth:`sample` (0 for itself).
-
-        ``P(j) = u/(m−1) + (1−u) · mean over candidate sets S ∋ j of a_j / Σ_{k∈S} a_k``, enumerating all
-        ``C(m−1, c)`` sets (m ≤ 10 in practice, at most 126 sets).
-        """
+        """Exact probability of each opponent of ``player`` under :meth:`sample` (Fig. 4), over all candidate sets."""
         m, u = len(ratings), self.uniform_share
         c = self._candidates(m)
         aff = self.affinities(ratings, player, target_gap)
@@ -152,11 +136,7 @@ class Matchmaking:
         return out
 
     def sample(self, ratings: Sequence[float], player: int, target_gap: float, generator: torch.Generator) -> int:
-        """Draw an opponent for ``player`` by the two-stage process of the module docstring.
-
-        Uniform over the others with probability ``uniform_share``, else the soft match among
-        ``min(num_candidates, m − 1)`` uniformly drawn candidates.
-        """
+        """Draw an opponent for ``player``: uniform with probability ``uniform_share``, else the soft match."""
         m = len(ratings)
         c = self._candidates(m)
         others = torch.tensor([j for j in range(m) if j != player])
@@ -169,10 +149,7 @@ class Matchmaking:
         return int(cand[torch.multinomial(w, 1, generator=generator)])
 
     def selection_weights(self, ratings: Sequence[float], target_gap: float) -> list[float]:
-        """How often each member is picked as an opponent when the combatant is uniform over the pool (sums to 1).
-
-        Uniform matching gives ``1/m`` each: the reference line of the paper's Fig. 4.
-        """
+        """How often each member is picked as an opponent of a uniform combatant (sums to 1; uniform: ``1/m``)."""
         m = len(ratings)
         rows = [self.distribution(ratings, a, target_gap) for a in range(m)]
         return [sum(row[j] for row in rows) / m for j in range(m)]
@@ -180,10 +157,7 @@ class Matchmaking:
     def duels(
         self, ratings: Sequence[float], num_duels: int, target_gap: float, generator: torch.Generator
     ) -> list[tuple[int, int]]:
-        """``num_duels`` pairs ``(a, b)``: a uniformly drawn combatant and its :meth:`sample`.
-
-        A pool of one plays itself, ``(0, 0)``, without drawing anything (the self-rewarding baseline).
-        """
+        """``num_duels`` pairs ``(a, b)``: a uniform combatant and its :meth:`sample`; a pool of one plays itself."""
         m = len(ratings)
         if m == 1:
             return [(0, 0)] * num_duels
@@ -199,7 +173,6 @@ def duel_judges(duels: Sequence[tuple[int, int]], m: int) -> list[list[int]]:
     return [[j for j in range(m) if j not in duel] if m > 1 else [0] for duel in duels]
 
 
-# ---------------------------------------------------------------------------------------------------- judging
 def fill_judge_template(template: str, prompt: str, response: str) -> str:
     """``template`` with ``{prompt}`` and ``{response}`` filled in one pass, so text in the prompt is never a field."""
     return re.sub(r"\{(prompt|response)\}", lambda m: {"prompt": prompt, "response": response}[m.group(1)], template)
@@ -207,12 +180,7 @@ def fill_judge_template(template: str, prompt: str, response: str) -> str:
 
 @dataclass(frozen=True)
 class JudgeParse:
-    """A parsed judgement.
-
-    Attributes:
-        score: The score in [1, 10] (``DEFAULT_SCORE`` on failure).
-        method: ``"json"``, ``"regex"`` or ``"failed"``.
-    """
+    """A parsed judgement: ``score`` in [1, 10] (``DEFAULT_SCORE`` on failure), ``method`` json/regex/failed."""
 
     score: float
     method: str
@@ -241,9 +209,7 @@ def _json_score(text: str) -> float | None:
         if not isinstance(obj, dict):
             continue
         for key, value in obj.items():
-            if str(key).lower() not in ("score", "rating"):
-                continue
-            if isinstance(value, bool):  # True is an int in Python, not a score
+            if str(key).lower() not in ("score", "rating") or isinstance(value, bool):  # True is an int, not a score
                 continue
             try:
                 x = float(value)
@@ -257,18 +223,8 @@ def _json_score(text: str) -> float | None:
 def parse_judgement(text: str | None) -> JudgeParse:
     """Read a 1–10 score from a judge's answer: JSON first, then a regex, else 5.0 flagged ``"failed"``.
 
-    JSON: the first ``{...}`` object (without nesting) with a ``score`` or ``rating`` key holding a number (or a
-    numeric string) in [1, 10]. Regex fallback: ``score``/``rating`` followed by a number (``Score: 7``,
-    ``"score": 7`` in an unclosed object, ``rating is 8.5``), else ``n/10`` or ``n out of 10``. A number outside
-    [1, 10] is not a score. Model output is only read as text, never evaluated.
-
-    Example:
-        >>> parse_judgement('{"score": 7}')
-        JudgeParse(score=7.0, method='json')
-        >>> parse_judgement("Score: 8/10")
-        JudgeParse(score=8.0, method='regex')
-        >>> parse_judgement("great answer")
-        JudgeParse(score=5.0, method='failed')
+    JSON: the first flat ``{...}`` with a numeric ``score``/``rating`` in [1, 10]. Regex: ``score``/``rating`` followed
+    by a number (``Score: 7``, ``rating is 8.5``), else ``n/10`` or ``n out of 10``. Out-of-range numbers are no score.
     """
     if not text:
         return JudgeParse(DEFAULT_SCORE, "failed")
@@ -290,26 +246,15 @@ REPUTATION_RULES = ("raw", "elo_odds")
 class ReputationWeighting:
     r"""How the judges' reputations (Elo ratings) become the weights of their scores (§2.3, App. G).
 
-    * ``"raw"`` (the default): the paper's literal rule, "a reputation-weighted mean, using each judge's current
-      reputation score" (App. G): the rating itself, floored at 0. Ratings start equal (1000) and move by tens, so
-      two judges 100 points apart weigh 1050 against 950, about 10 % apart: the mean is close to the plain mean.
-    * ``"elo_odds"``: a normalisation that lets reputation matter, :math:`w_j \propto 10^{(R_j - \bar R)/s}`,
-      i.e. a softmax of :math:`(R_j - \bar R) \ln 10 / s`. It is the judge's strength in Elo's own expected-score
-      formula (:math:`E_{ab} = 1 / (1 + 10^{(R_b - R_a)/s})`), so a judge rated ``s`` points above another weighs
-      10 times as much, and 100 points above, 1.78 times (with ``s = 400``). A common shift of all ratings (the
-      starting 1000) changes nothing, and the weights sum to 1.
+    ``"raw"``: the paper's literal rule, the rating floored at 0 (near 1000, nearly the plain mean). ``"elo_odds"``:
+    :math:`w_j \propto 10^{(R_j - \bar R)/s}`, Elo's odds (``s`` points higher weighs 10 times as much), summing to 1.
 
     Attributes:
         rule: ``"raw"`` or ``"elo_odds"``.
-        scale: ``s`` of ``"elo_odds"``, in rating points per factor of 10 (the Elo scale; the pool's ``elo.scale``
-            is 400 unless set otherwise). Unused by ``"raw"``.
+        scale: ``s`` of ``"elo_odds"``, rating points per factor of 10 (unused by ``"raw"``).
 
     Raises:
         ValueError: for an unknown rule or a non-positive scale.
-
-    Example:
-        >>> ReputationWeighting("elo_odds").weights([1400.0, 1000.0])
-        [0.9090909090909091, 0.09090909090909091]
     """
 
     rule: str = "raw"
@@ -322,7 +267,7 @@ class ReputationWeighting:
             raise ValueError(f"reputation.scale must be a positive number, got {self.scale}")
 
     def weights(self, ratings: Sequence[float]) -> list[float]:
-        """The judges' weights from their current ratings (for :func:`reputation_weighted_mean`).
+        """The judges' weights from their current ratings.
 
         Raises:
             ValueError: for no rating or a non-finite one.
@@ -340,10 +285,7 @@ class ReputationWeighting:
 
 
 def reputation_weighted_mean(scores: Sequence[float], weights: Sequence[float]) -> float:
-    """``Σ w_j s_j / Σ w_j``; equal weights when every weight is 0 (documented: no judge has any reputation left).
-
-    The mean is kept within the scores' range, which rounding can leave (ten from judges who all gave 10 must stay 10,
-    the top of the scale the leader's reward checks).
+    """``Σ w_j s_j / Σ w_j``, clamped to the scores' range against rounding; equal weights when all are 0.
 
     Raises:
         ValueError: for no scores, mismatched lengths, a non-finite score or a negative or non-finite weight.
@@ -372,11 +314,7 @@ def judge_verdicts(scores_a: Sequence[float], scores_b: Sequence[float]) -> list
 def aggregate_duel(
     table: Sequence[Sequence[Sequence[float]]], weights: Sequence[float]
 ) -> tuple[list[list[float]], list[float]]:
-    """One duel's scores from ``table[s][r][k]``, judge k's score of side s's (0: a, 1: b) response r.
-
-    Returns each response's score, the judges' mean weighted by ``weights`` (``[side][response]``), and each judge's
-    verdict for a (:func:`judge_verdicts` of its mean scores of the two sides' responses).
-    """
+    """``table[s][r][k]`` (judge k, side s, response r) to weighted means ``[s][r]`` and judges' verdicts for a."""
     per_side = [[reputation_weighted_mean(row, weights) for row in side] for side in table]
     means = [[sum(row[k] for row in side) / len(side) for k in range(len(weights))] for side in table]
     return per_side, judge_verdicts(means[0], means[1])
@@ -385,19 +323,8 @@ def aggregate_duel(
 def agreement_score(response_answer: str | None, judge_answers: Sequence[str | None]) -> tuple[float, bool]:
     """A solving judge's 1–10 score of a response: ``1 + 9 ×`` the share of its own answers the response agrees with.
 
-    For pools of task models that cannot follow a rating prompt (a CPU-scale arithmetic policy) but can solve the
-    question: the judge samples its own solutions, and a response whose final answer matches more of them scores
-    higher. It sees no reference, so it is still a peer's judgement, as good as the judge's own skill: it is the
-    self-consistency signal of majority voting, spread over the 1–10 scale so that two responses with different
-    answers rarely tie. Reputation weighting and the composite reward read it as any other score.
-
-    Args:
-        response_answer: The response's final answer (:func:`final_answer`), ``None`` when it has none.
-        judge_answers: The final answers of the judge's own solutions (``None`` where one has none).
-
-    Returns:
-        ``(score, read)``. ``read`` is ``False`` (and the score the neutral 5.0, as for an unparsed judgement) when
-        none of the judge's solutions has an answer: it could not judge. A response without an answer scores 1.0.
+    For task models that cannot follow a rating prompt but can solve the question: majority voting's self-consistency
+    signal, without a reference. Returns ``(score, read)``: ``(5.0, False)`` when no solution of the judge has one.
 
     Raises:
         ValueError: when there are no judge answers.
@@ -413,16 +340,11 @@ def agreement_score(response_answer: str | None, judge_answers: Sequence[str | N
     return low + (high - low) * agree / len(judge_answers), True
 
 
-# ---------------------------------------------------------------------------------------------------- evaluation
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def final_answer(text: str | None) -> str | None:
-    """The final answer of a math response: the last ``\\boxed{}``, else the last number in the text, else ``None``.
-
-    The number fallback makes exact match usable with models that do not box their answers; a boxed answer always
-    wins. Thousands separators are kept for :func:`modules.algorithms.answers.answers_match` to normalise.
-    """
+    """The final answer of a math response: the last ``\\boxed{}``, else the last number in the text, else ``None``."""
     boxed = extract_final_answer(text)
     if boxed is not None:
         return boxed
@@ -430,7 +352,6 @@ def final_answer(text: str | None) -> str | None:
     return numbers[-1].rstrip(",") if numbers else None
 
 
-# ---------------------------------------------------------------------------------------------------- followers
 def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[tuple[int, bool]]:
     """Non-tied duels as ``(duel index, a_is_chosen)``; ties give no DPO pair (§2.4)."""
     if len(scores_a) != len(scores_b):
@@ -439,11 +360,7 @@ def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> li
 
 
 def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -> Tensor:
-    """GRPO advantages of rollouts from their peer scores: ``(s − group mean) / group std`` per prompt.
-
-    ``scores`` is ``[P·G]`` with a prompt's ``G = group_size`` rollouts consecutive. The peer scores are the rewards
-    (§2.4); the normalisation is :func:`modules.algorithms.rl_losses.group_advantages` (equal scores give zeros).
-    """
+    """GRPO advantages of rollouts ``[P·G]`` from their peer scores (§2.4): :func:`group_advantages` per prompt."""
     from alignment_games.modules.algorithms.rl_losses import group_advantages
 
     scores = torch.as_tensor(scores, dtype=torch.float32).flatten()
@@ -453,10 +370,7 @@ def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -
 
 
 def category_weights(probs: Sequence[float], categories: Sequence[str | None]) -> dict[str, float]:
-    """The leader's probability mass on each instruction category, the categories in first-seen order.
-
-    Which kinds of instruction the leader's curriculum favours (§5's analysis, by category instead of by instruction).
-    Instructions without a category count under ``"none"``.
+    """The leader's probability mass on each instruction category (first-seen order; ``"none"`` without one).
 
     Raises:
         ValueError: when ``probs`` and ``categories`` differ in length.
@@ -471,11 +385,7 @@ def category_weights(probs: Sequence[float], categories: Sequence[str | None]) -
 
 
 def weight_extremes(probs: Sequence[float], n: int = 5) -> tuple[float, float]:
-    """The mean probability of the ``n`` most and the ``n`` least likely instructions, each against uniform ``1/K``.
-
-    §5's measure of the curriculum's sharpening (Fig. 5: the top five reach about 1.6× uniform, the bottom five fall
-    to about 0.75×); both are 1.0 for a uniform leader. ``n`` is capped at ``K // 2`` (at least 1), so the two sets
-    never overlap.
+    """Mean probability of the ``n`` most and least likely instructions against uniform ``1/K`` (§5, Fig. 5).
 
     Raises:
         ValueError: for no probabilities or ``n`` < 1.

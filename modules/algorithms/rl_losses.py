@@ -1,9 +1,4 @@
-"""Policy-optimisation losses shared by the games: GRPO-style group advantages and clipped loss, and sigmoid DPO.
-
-Log-probabilities come from :meth:`modules.lm.policy_bank.PolicyBank.token_logprobs` (completion tokens only).
-:class:`PolicyGradient` is the one argument group of the group-relative update that GRPO, debate self-play and the
-pool's GRPO followers run (``policy_gradient:`` in their configs).
-"""
+"""Policy-optimisation losses shared by the games: GRPO-style group advantages and clipped loss, and sigmoid DPO."""
 
 from __future__ import annotations
 
@@ -20,27 +15,15 @@ __all__ = ["PolicyGradient", "dpo_loss", "group_advantages", "grpo_loss", "lengt
 class PolicyGradient:
     """The group-relative policy-gradient update: group baseline, clipped ratio, k3 KL to the frozen reference.
 
-    Each family gives its own default instance (its paper's values); a config overrides single fields
-    (``--model.init_args.policy_gradient.kl_coef 0.04``).
-
     Attributes:
         group_size: G, samples per prompt (≥ 2: the group's mean is the baseline).
         clip: ε of the ratio clipping (``None``: none; with one update per batch the ratio is 1 in value).
         kl_coef: β, weight of the k3 KL to the reference (0 skips the reference forward).
         updates_per_batch: μ, optimizer steps on each batch of rollouts (> 1 reuses it; that is where the clip acts).
         scale_advantages: Divide the group advantages by the group's std (GRPO); ``False`` keeps the mean baseline.
-        micro_batch: Rows per forward of the policy with gradients (0: all at once); GRPO and the pool's followers
-            also run the backward per micro-batch, accumulating the gradients.
-        logprob_micro_batch: Rows per forward without gradients: reference and sampling-policy log-probabilities
-            (0: all at once).
-        max_tokens_per_micro_batch: Padded tokens (rows × the micro-batch's longest prompt + longest completion) per
-            forward, with and without gradients (0: no limit; :func:`modules.lm.micro_batches.micro_batches`, which
-            refuses a row longer than the budget alone). Both this and the row counts apply when both are set: every
-            micro-batch meets each limit given. In GRPO and the pool's followers, which run the backward per
-            micro-batch, it bounds the update's activations whatever the completions' lengths; debate self-play runs
-            one backward over its plies, so there it bounds each forward. Off by default: the right value is the
-            model's (its activations per token); for a 7B policy with 1,024-token completions on one H200 set 16,384
-            (docs/scaling.md has the arithmetic).
+        micro_batch: Rows per forward of the policy with gradients (0: all at once).
+        logprob_micro_batch: Rows per forward without gradients (reference and sampling policy; 0: all at once).
+        max_tokens_per_micro_batch: Padded tokens per forward, with or without gradients (0: no limit; docs/scaling.md).
 
     Raises:
         ValueError: for a value out of range, naming the field.
@@ -84,15 +67,7 @@ class PolicyGradient:
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> Tensor:
-    """Group-relative advantages: each reward minus its group's mean, optionally divided by the group's std.
-
-    Rows ``[g·G, (g+1)·G)`` form group ``g`` (the layout of ``PolicyBank.generate``); the std is the unbiased one.
-
-    Args:
-        rewards: ``[N]`` with ``N`` a multiple of ``group_size``.
-        group_size: ``G`` ≥ 2.
-        scale: Divide by the group std (GRPO); ``False`` keeps the plain mean baseline (Dr. GRPO / RLOO-style).
-        eps: Added to the std.
+    """Group-relative advantages of rows ``[g·G, (g+1)·G)``: reward minus group mean, over ``std + eps`` if ``scale``.
 
     Raises:
         ValueError: ``group_size`` < 2, or ``N`` not a multiple of it.
@@ -123,23 +98,9 @@ def grpo_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped GRPO surrogate (Shao et al., 2024), per token, averaged over each sequence then over sequences.
 
-    ``ρ_t = exp(log π_θ(o_t) − log π_old(o_t))``; the per-token objective is
-    ``min(ρ_t A, clip(ρ_t, 1 − ε, 1 + ε) A) − β·KL_t`` with the k3 estimator
-    ``KL_t = exp(r_t) − r_t − 1``, ``r_t = log π_ref(o_t) − log π_θ(o_t)`` (unbiased and non-negative). With
-    ``old_token_logprobs=None`` the rollout is on-policy (``π_old`` is ``π_θ`` detached, so ``ρ = 1`` in value).
-
-    Args:
-        token_logprobs: ``[N, C]`` log π_θ of each completion token (with gradients).
-        completion_mask: ``[N, C]``, 1 on completion tokens.
-        advantages: ``[N]``.
-        old_token_logprobs: ``[N, C]`` from the sampling policy, or ``None`` (on-policy).
-        ref_token_logprobs: ``[N, C]`` from the frozen reference; needed when ``beta > 0``.
-        clip: ε of the ratio clipping, or ``None`` for no clipping.
-        beta: KL coefficient.
-
-    Returns:
-        ``(loss, stats)`` with ``stats``: ``kl`` (mean per-token k3 KL, 0 without a reference), ``clip_fraction``
-        (share of tokens whose ratio was clipped), ``ratio`` (mean ratio).
+    Per token ``min(ρ_t A, clip(ρ_t, 1 ± ε) A) − β·KL_t``, ``ρ_t = exp(log π_θ − log π_old)``, with the k3 estimator
+    ``KL_t = exp(r_t) − r_t − 1``, ``r_t = log π_ref − log π_θ``; ``old_token_logprobs=None`` is on-policy (``ρ = 1``).
+    Returns ``(loss, stats)``, stats detached: ``kl`` (mean per-token k3), ``clip_fraction``, ``ratio`` (mean).
 
     Raises:
         ValueError: mismatched shapes, or ``beta > 0`` without reference log-probabilities.
@@ -182,14 +143,7 @@ def grpo_loss(
 def dpo_loss(
     policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Sigmoid DPO (Rafailov et al., 2023): ``−log σ(β[(log π_c − log π_ref,c) − (log π_r − log π_ref,r)])``.
-
-    Inputs are sequence log-probabilities (sums over completion tokens), ``[N]`` each.
-
-    Returns:
-        ``(loss per pair [N], chosen implicit reward β(log π_c − log π_ref,c) [N], rejected reward [N])``; the
-        rewards are detached, for logging margins and accuracies.
-    """
+    """Sigmoid DPO (Rafailov et al., 2023) on sequence log-probabilities: per-pair loss, detached implicit rewards."""
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
     chosen = policy_chosen - ref_chosen
@@ -199,12 +153,9 @@ def dpo_loss(
 
 
 def length_normalized_nll(policy_chosen: Tensor, chosen_lengths: Tensor) -> Tensor:
-    """The NLL term of RPO (Pang et al., 2024, iterative reasoning preference optimisation): ``−log π(y_c) / |y_c|``.
+    """The NLL term of RPO (Pang et al., 2024): ``−log π(y_c) / |y_c|``, ``[N]``.
 
-    Added to DPO's loss with a weight (``α = 1`` in the paper), it keeps the chosen solutions likely: on GSM8K the
-    paper found DPO alone lowers the chosen sequences' likelihood along with the rejected ones and gains little, while
-    DPO + NLL raised accuracy over iterations. Inputs are sequence log-probabilities ``[N]`` and completion token
-    counts ``[N]``; returns ``[N]``.
+    Added to DPO's loss it keeps the chosen solutions likely (DPO alone lowers them along with the rejected ones).
 
     Raises:
         ValueError: for a length below 1 or shapes that differ.

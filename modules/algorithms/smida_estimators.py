@@ -1,8 +1,4 @@
-"""Deep-SMIDA policy-gradient estimators, eqs. (22)–(25) of the Stackelberg preference-games paper (App. D).
-
-Rollouts per step: B contexts × D leader samples × M follower samples per leader sample. From utilities and
-sequence log-probabilities these return the advantages of the estimators and surrogate losses whose gradients they are.
-"""
+"""Deep-SMIDA policy-gradient estimators, eqs. (22)–(25) (App. D): B contexts × D leader × M follower samples."""
 
 from __future__ import annotations
 
@@ -13,17 +9,10 @@ __all__ = ["follower_advantages", "leader_advantages", "leave_one_out_baseline",
 
 
 def leave_one_out_baseline(values: Tensor, dim: int = -1, single: float | None = None) -> Tensor:
-    """``b_{-j} = (n − 1)^{-1} Σ_{k≠j} v_k`` along ``dim`` (Kool et al., 2019).
-
-    Args:
-        values: The per-sample values.
-        dim: The dimension of the samples.
-        single: The baseline of a lone sample (``n = 1``, where the leave-one-out mean is undefined): a constant, so
-            the estimator stays unbiased; ``None`` refuses a lone sample.
+    """``b_{-j} = (n − 1)^{-1} Σ_{k≠j} v_k`` along ``dim`` (Kool et al., 2019); ``single``: a lone sample's constant.
 
     Raises:
-        ValueError: when fewer than two samples lie along ``dim`` and ``single`` is ``None`` (the baseline is
-            undefined).
+        ValueError: when fewer than two samples lie along ``dim`` and ``single`` is ``None``.
     """
     n = values.shape[dim]
     if n == 1 and single is not None:
@@ -40,18 +29,7 @@ def follower_advantages(
     tau_follower: float,
     single_baseline: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Eq. (22)–(23): ``A^{lj} = u − τ_F log(ω_φ/ω_ref)``, ``Ā^l``, and ``A^{lj} − b^F_{−j}``.
-
-    Args:
-        utility: ``u(x, y^l, y'^{lj})``, shape ``[B, D, M]``.
-        logp_follower: ``log ω_φ(y'^{lj} | x, y^l)``, ``[B, D, M]`` (treated as a constant here).
-        logp_follower_ref: ``log ω_ref(y'^{lj} | x, y^l)``, ``[B, D, M]``.
-        tau_follower: ``τ_F``.
-        single_baseline: ``b^F`` when M = 1 (see :func:`leave_one_out_baseline`); ``None`` refuses M = 1.
-
-    Returns:
-        ``(A, A_bar, advantage)`` with shapes ``[B, D, M]``, ``[B, D]``, ``[B, D, M]``.
-    """
+    """Eq. (22)–(23): ``A = u − τ_F log(ω_φ/ω_ref)`` ``[B, D, M]``, its mean ``Ā^l`` ``[B, D]``, ``A − b^F_{−j}``."""
     if utility.shape != logp_follower.shape or utility.shape != logp_follower_ref.shape or utility.ndim != 3:
         raise ValueError(
             f"utility, logp_follower and logp_follower_ref must share a [B, D, M] shape, got {tuple(utility.shape)}, "
@@ -68,10 +46,7 @@ def leader_advantages(
     tau_leader: float,
     single_baseline: float | None = None,
 ) -> Tensor:
-    """Eq. (24)–(25): ``L^l = Ā^l + τ_L log(π_θ/π_ref)`` and ``L^l − b^L_{−l}``, shape ``[B, D]``.
-
-    ``single_baseline``: ``b^L`` when D = 1 (see :func:`leave_one_out_baseline`); ``None`` refuses D = 1.
-    """
+    """Eq. (24)–(25): ``L^l = Ā^l + τ_L log(π_θ/π_ref)`` and ``L^l − b^L_{−l}``, shape ``[B, D]``."""
     if a_bar.shape != logp_leader.shape or a_bar.shape != logp_leader_ref.shape or a_bar.ndim != 2:
         raise ValueError(
             f"a_bar, logp_leader and logp_leader_ref must share a [B, D] shape, got {tuple(a_bar.shape)}, "
@@ -91,24 +66,11 @@ def smida_surrogate_losses(
     tau_follower: float,
     single_baseline: float | None = None,
 ) -> dict[str, Tensor]:
-    """Surrogate losses whose gradients are the deep-SMIDA estimators (23) and (25).
+    """Surrogate losses whose gradients are the deep-SMIDA estimators (23) and (25), both minimised.
 
-    Both are minimised: the leader descends ``J^L``, and ``follower_loss = −(estimator)`` makes the follower ascend.
-
-    Args:
-        utility: ``[B, D, M]``.
-        logp_leader: ``log π_θ(y^l | x)`` with gradients, ``[B, D]``.
-        logp_leader_ref: ``log π_ref(y^l | x)``, ``[B, D]``.
-        logp_follower: ``log ω_φ(y'^{lj} | x, y^l)`` with gradients, ``[B, D, M]``.
-        logp_follower_ref: ``[B, D, M]``.
-        tau_leader: ``τ_L``.
-        tau_follower: ``τ_F``.
-        single_baseline: The constant baseline of a player with one sample (D = 1 or M = 1), where the leave-one-out
-            baseline is undefined; ``None`` (deep-SMIDA, whose Algorithm 2 asks D, M ≥ 2) refuses one sample.
-
-    Returns:
-        ``leader_loss``, ``follower_loss`` and detached diagnostics: ``a_bar`` (plug-in cost estimates), ``leader_kl``
-        and ``follower_kl`` (Monte Carlo KL to the references), ``utility_mean``.
+    ``logp_leader`` ``[B, D]`` and ``logp_follower`` ``[B, D, M]`` carry gradients. ``single_baseline``: the constant
+    baseline of a player with one sample (D = 1 or M = 1); ``None`` refuses one (Algorithm 2 asks D, M ≥ 2). Returns the
+    losses and detached ``a_bar``, ``leader_kl``, ``follower_kl``, ``utility_mean``.
     """
     a, a_bar, adv_f = follower_advantages(utility, logp_follower, logp_follower_ref, tau_follower, single_baseline)
     adv_l = leader_advantages(a_bar, logp_leader, logp_leader_ref, tau_leader, single_baseline)

@@ -2,14 +2,13 @@
 
 The Leader plays ``y ~ π(·|x)``, the Follower ``y′ ~ ω(·|x, y)`` and maximises what the Leader minimises (eq. 4).
 Shapes: ``u`` and ``ω`` are ``[X, Y, Y]``, ``π`` is ``[X, Y]``, distributions over the last dimension; all in log space.
-The games themselves are in :mod:`modules.algorithms.tabular_games`; ``ρ`` only weights aggregates (:func:`game_value`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -30,7 +29,6 @@ __all__ = [
     "log_normalise",
     "oscillations",
     "smida",
-    "smida_step",
     "stackelberg_equilibrium",
 ]
 
@@ -48,20 +46,14 @@ class StepSizes(NamedTuple):
 
 
 def check_step_sizes(tau_leader: float, tau_follower: float, eta_leader: float, eta_follower: float) -> None:
-    """Refuse regularisation weights and step sizes that break ``τ_L, τ_F > 0`` or condition (6).
+    """Refuse weights and step sizes that break ``τ_L, τ_F > 0`` or condition (6), ``0 < η_L τ_L < η_F τ_F ≤ 1``.
 
-    Condition (6) is ``0 < η_L τ_L < η_F τ_F ≤ 1``: the Follower, who solves the inner maximisation, must be the fast
-    player, and neither geometric factor ``1 − η τ`` may turn negative.
+    The Follower, who solves the inner maximisation, is the fast player; no factor ``1 − η τ`` may turn negative.
 
     Raises:
         ValueError: naming the parameter at fault and the bound it breaks.
     """
-    for name, value in (
-        ("tau_leader", tau_leader),
-        ("tau_follower", tau_follower),
-        ("eta_leader", eta_leader),
-        ("eta_follower", eta_follower),
-    ):
+    for name, value in zip(StepSizes._fields, (tau_leader, tau_follower, eta_leader, eta_follower)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(
                 f"{name} must be a finite number > 0 (Algorithm 1 needs tau_leader, tau_follower > 0 and "
@@ -152,7 +144,7 @@ def log_normalise(z: Tensor) -> Tensor:
 
 
 def _log_normalised(p: Tensor, dtype: torch.dtype) -> Tensor:
-    """``log p`` renormalised over the last dimension (removes the rounding a float32 source leaves)."""
+    """``log p`` renormalised over the last dimension (removes a float32 source's rounding)."""
     return log_normalise(p.to(dtype).log())
 
 
@@ -165,18 +157,7 @@ def _log_start(
 
 
 def kl(p: Tensor, q: Tensor, *, log_space: bool = False) -> Tensor:
-    """``KL(p ‖ q) = Σ p log(p / q)`` over the last dimension.
-
-    Args:
-        p: Probabilities (or log-probabilities with ``log_space=True``), shape ``[..., n]``.
-        q: Same shape as ``p`` (broadcastable).
-        log_space: Inputs are log-probabilities. Preferred near the equilibrium or for small τ, where probabilities
-            underflow but their logarithms do not.
-
-    Returns:
-        Tensor of shape ``[...]``: 0 where ``p == q``, ``+inf`` where ``q`` misses mass of ``p``. Rounding below zero
-        is clamped to 0 (KL is non-negative), so the values can be plotted on a log scale.
-    """
+    """``KL(p ‖ q) = Σ p log(p / q)`` over the last dim, clamped at 0; ``log_space``: inputs are log-probabilities."""
     if log_space:
         p_prob = p.exp()
         # 0 · log(0 / q) = 0: positions where p has no mass contribute nothing, even when q has none either.
@@ -220,30 +201,11 @@ def stackelberg_equilibrium(
         ω*(y′|x, y) = ω_ref(y′|x, y) exp(u(x, y, y′) / τ_F) / Z^F(x, y)
         π*(y|x)     = π_ref(y|x) exp(−(τ_F / τ_L) log Z^F(x, y)) / Z^L(x)
 
-    Args:
-        u: Follower's utility (the Leader's cost), ``[X, Y, Y]``.
-        pi_ref: Leader's full-support reference, ``[X, Y]``.
-        omega_ref: Follower's full-support reference, ``[X, Y, Y]``.
-        tau_leader: ``τ_L > 0``.
-        tau_follower: ``τ_F > 0``.
-        log_space: Return log-probabilities (exact even where probabilities underflow, e.g. for tiny τ).
-
-    Returns:
-        ``(π*, ω*)`` of shapes ``[X, Y]`` and ``[X, Y, Y]`` in the promoted dtype of the inputs.
+    ``pi_ref`` and ``omega_ref`` are full-support references; ``log_space`` returns log-probabilities.
 
     Raises:
         ValueError: for a bad shape, a non-distribution, non-finite ``u`` or a non-positive τ.
         TypeError: for a non-tensor input.
-
-    Example:
-        >>> u = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]], dtype=torch.float64)  # one context, two actions
-        >>> half = torch.tensor(0.5, dtype=torch.float64)
-        >>> pi, omega = stackelberg_equilibrium(u, half.expand(1, 2), half.expand(1, 2, 2), 1.0, 1.0)
-        >>> omega[0].round(decimals=4)  # after y = 0 the follower leans to y′ = 1; after y = 1 it is indifferent
-        tensor([[0.2689, 0.7311],
-                [0.5000, 0.5000]], dtype=torch.float64)
-        >>> pi[0].round(decimals=4)  # the leader avoids y = 0, where the follower's value log((1 + e) / 2) > ½
-        tensor([0.4700, 0.5300], dtype=torch.float64)
     """
     dtype = _check_game(u, pi_ref, omega_ref)
     for name, value in (("tau_leader", tau_leader), ("tau_follower", tau_follower)):
@@ -303,17 +265,7 @@ class SMIDAStep:
         log π_{t+1}  = (1 − η_L τ_L) log π_t + η_L τ_L log π_ref − η_L r̂_t  − log-normaliser   (Leader, descent)
         log ω_{t+1}  = (1 − η_F τ_F) log ω_t + η_F τ_F log ω_ref + η_F u    − log-normaliser   (Follower, ascent)
 
-    The inputs are not validated (this is the inner loop): build it from a game checked as in :func:`smida`, with
-    normalised log references and step sizes satisfying condition (6) (:func:`check_step_sizes`).
-
-    Args:
-        u: ``[X, Y, Y]``.
-        log_pi_ref: ``[X, Y]`` normalised log-probabilities.
-        log_omega_ref: ``[X, Y, Y]`` normalised log-probabilities.
-        tau_leader: ``τ_L``.
-        tau_follower: ``τ_F``.
-        eta_leader: ``η_L``.
-        eta_follower: ``η_F``.
+    Not validated (the inner loop): build it from a game checked as in :func:`smida`, with normalised log references.
     """
 
     def __init__(
@@ -341,14 +293,6 @@ class SMIDAStep:
         return log_normalise(leader), log_normalise(follower)
 
 
-def smida_step(log_pi: Tensor, log_omega: Tensor, *game: Any) -> tuple[Tensor, Tensor]:
-    """One iteration of Algorithm 1 in log space, ``(log π_t, log ω_t) → (log π_{t+1}, log ω_{t+1})``.
-
-    ``game`` is :class:`SMIDAStep`'s arguments (in a loop build the :class:`SMIDAStep` once). Not validated.
-    """
-    return SMIDAStep(*game)(log_pi, log_omega)
-
-
 def smida(
     u: Tensor,
     pi_ref: Tensor,
@@ -366,26 +310,9 @@ def smida(
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
     """Stackelberg Mirror Descent–Ascent, tabular form (Algorithm 1): ``steps`` iterations from ``(π_0, ω_0)``.
 
-    Each step is a :class:`SMIDAStep`. Under condition (6) the last iterate converges linearly to
-    :func:`stackelberg_equilibrium` (Theorem 4.3; per-step bounds in :func:`kl_bound`).
-
-    Args:
-        u: Utility ``[X, Y, Y]``.
-        pi_ref: Leader reference ``[X, Y]``, full support.
-        omega_ref: Follower reference ``[X, Y, Y]``, full support.
-        tau_leader: ``τ_L > 0``.
-        tau_follower: ``τ_F > 0``.
-        eta_leader: ``η_L`` with ``0 < η_L τ_L < η_F τ_F``.
-        eta_follower: ``η_F`` with ``η_F τ_F ≤ 1``.
-        steps: Number of iterations, ``>= 0``.
-        pi0: Leader's initial policy (default ``π_ref``, as in Algorithm 1), full support.
-        omega0: Follower's initial policy (default ``ω_ref``), full support.
-        return_trajectory: Also return every iterate ``t = 0 … steps`` stacked as ``([steps + 1, X, Y],
-            [steps + 1, X, Y, Y])``; memory grows with ``steps · X · Y²``, meant for small games.
-        log_space: Return log-probabilities (also for the trajectory).
-
-    Returns:
-        ``(π_steps, ω_steps)``, or ``(π_steps, ω_steps, (πs, ωs))`` with ``return_trajectory``.
+    Under condition (6) the last iterate converges linearly to :func:`stackelberg_equilibrium` (Theorem 4.3; bounds in
+    :func:`kl_bound`). ``pi0``/``omega0`` default to the references. ``return_trajectory`` also returns every iterate
+    ``t = 0 … steps`` stacked (memory grows with ``steps · X · Y²``); ``log_space`` returns log-probabilities.
 
     Raises:
         ValueError: step sizes breaking condition (6) (naming the parameter and the bound), bad shapes or
@@ -423,7 +350,7 @@ def oscillations(u: Tensor, omega_ref: Tensor, tau_follower: float) -> tuple[flo
     """The payoff oscillations of Theorem C.1: ``(D, D_F, D_L)``.
 
     ``D_F = max_{x,y} osc u(x, y, ·)``, ``D = max_x osc u(x, ·, ·)`` and ``D_L = max_x osc r(x, ·)`` with
-    ``r = τ_F log Σ_y′ ω_ref exp(u / τ_F)`` the Follower's optimal value. ``D_F ≤ D`` and ``D_L ≤ D``.
+    ``r = τ_F log Σ_y′ ω_ref exp(u / τ_F)`` the Follower's optimal value.
     """
     if u.ndim != 3 or tuple(omega_ref.shape) != tuple(u.shape):
         raise ValueError(
@@ -437,9 +364,7 @@ def oscillations(u: Tensor, omega_ref: Tensor, tau_follower: float) -> tuple[flo
 
 
 class KLBound(NamedTuple):
-    """Per-step bounds of Theorem C.1, each a float64 tensor over ``t = 0 … steps`` (0-d from :func:`kl_bound_start`).
-
-    Each bounds both directions of the KL between the iterate and the equilibrium, for every context.
+    """Per-step bounds of Theorem C.1 on both KL directions to the equilibrium, float64 over ``t = 0 … steps``.
 
     Attributes:
         leader: eq. (14), ``q_L^t D_L / τ_L + η_L D_F (q_L^t − q_F^t) / (q_L − q_F)``.
@@ -461,13 +386,7 @@ def kl_bound(
     pi0: Tensor | None = None,
     omega0: Tensor | None = None,
 ) -> KLBound:
-    """The bounds of Theorem C.1 on ``max(KL(π* ‖ π_t), KL(π_t ‖ π*))`` and the Follower's analogue, ``t = 0 … steps``.
-
-    With ``q_L = 1 − η_L τ_L``, ``q_F = 1 − η_F τ_F`` and ``κ = η_F τ_F / (η_L τ_L) > 1``:
-
-    * Follower (13): ``max_{x,y} KL ≤ q_F^t D_F / τ_F``;
-    * Leader (14): ``max_x KL ≤ q_L^t D_L / τ_L + η_L D_F (q_L^t − q_F^t) / (q_L − q_F)``;
-    * Leader, simpler (15): ``max_x KL ≤ q_L^t (D / τ_L) κ / (κ − 1)`` (the fraction the proof gives).
+    """The bounds of Theorem C.1 (:class:`KLBound`) for ``t = 0 … steps``, with ``κ = η_F τ_F / (η_L τ_L)``.
 
     ``D``, ``D_F``, ``D_L`` are :func:`oscillations`. For another start (``pi0``/``omega0``) ``D_F / τ_F`` and
     ``D_L / τ_L`` become ``V_0 = max_{x,y} osc log(ω_0 / ω*)`` and ``M_0 = max_x osc log(π_0 / π*)``, and

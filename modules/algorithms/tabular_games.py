@@ -1,11 +1,4 @@
-"""Tabular games for SMIDA: the App. E.4 and F utilities of a tabular preference ensemble, and random games.
-
-A tabular ensemble is ``P [k, X, Y, Y]`` with ``P[i, x, y, y′] = P_i(y ≻ y′ | x)``, every member antisymmetric
-(eq. 27). The utilities turn it into the game's ``u [X, Y, Y]``: :func:`tabular_ensemble_variance` (``4·Var``, the
-paper's), :func:`slhf_utility`, :func:`decision_uncertainty_utility`, :func:`jsd_utility`, :func:`directed_utility`.
-:func:`random_preference_ensemble` draws an ensemble, :func:`random_game` a whole game ``{u, pi_ref, omega_ref}``, and
-:func:`load_game` reads one saved with ``torch.save``.
-"""
+"""Tabular games for SMIDA: App. E.4/F utilities of an antisymmetric ensemble ``P [k, X, Y, Y]``, random games."""
 
 from __future__ import annotations
 
@@ -50,63 +43,31 @@ def _check_preferences(name: str, p: Tensor, ensemble: bool) -> None:
 
 
 def tabular_ensemble_variance(P: Tensor) -> Tensor:
-    """The paper's utility ``u = 4·Var_i P_i(y ≻ y′ | x)`` of a tabular ensemble (§3.1, App. E.4), ``[X, Y, Y]``.
-
-    Population variance (denominator k) times 4, the scale the paper trains with (App. E.4), in [0, 1] like the
-    other utilities; ``Var`` with ``τ / 4`` is the same game. Symmetric in ``(y, y′)`` and zero on ``y′ = y``.
-
-    Args:
-        P: Members' preference matrices ``[k, X, Y, Y]``, ``P[i, x, y, y′] = P_i(y ≻ y′ | x)``, antisymmetric.
-    """
+    """The paper's utility ``u = 4·Var_i P_i(y ≻ y′ | x)`` (population variance; §3.1, App. E.4), ``[X, Y, Y]``."""
     _check_preferences("P", P, ensemble=True)
     return 4.0 * ensemble_variance(P.movedim(0, -1))
 
 
 def slhf_utility(P: Tensor) -> Tensor:
-    """``u(x, y, y′) = P(y′ ≻ y | x)``, ``[X, Y, Y]``: the Follower seeks a reply preferred to the Leader's (App. F).
-
-    Args:
-        P: One preference model's matrices ``[X, Y, Y]``, ``P[x, y, y′] = P(y ≻ y′ | x)``, antisymmetric (for an
-            ensemble pass e.g. its mean ``P.mean(0)``).
-    """
+    """``u(x, y, y′) = P(y′ ≻ y | x)`` of one preference model ``[X, Y, Y]``: the Follower seeks to beat the Leader."""
     _check_preferences("P", P, ensemble=False)
     return P.transpose(-1, -2).clone()
 
 
 def decision_uncertainty_utility(P: Tensor) -> Tensor:
-    """``u = min(P̄, 1 − P̄) = ½ − |P̄ − ½|`` of the ensemble mean (App. F.1), ``[X, Y, Y]``.
-
-    Antisymmetry makes ``u(x, y, y) = ½`` its maximum: copying the Leader is always a best response (App. F.1).
-
-    Args:
-        P: ``[k, X, Y, Y]`` antisymmetric member matrices.
-    """
+    """``u = min(P̄, 1 − P̄)`` of the ensemble mean (App. F.1); antisymmetry makes copying the Leader a best response."""
     _check_preferences("P", P, ensemble=True)
     return decision_uncertainty(P.movedim(0, -1))
 
 
 def jsd_utility(P: Tensor) -> Tensor:
-    """Jensen–Shannon divergence ``H(P̄) − mean_i H(P_i)`` among the members' Bernoulli predictions (App. F.1).
-
-    Zero when all members agree (in particular on ``y′ = y``), at most ``log 2``. Shape ``[X, Y, Y]``.
-
-    Args:
-        P: ``[k, X, Y, Y]`` antisymmetric member matrices.
-    """
+    """Jensen–Shannon divergence ``H(P̄) − mean_i H(P_i)`` among the members (App. F.1): 0 where all agree."""
     _check_preferences("P", P, ensemble=True)
     return ensemble_jsd(P.movedim(0, -1))
 
 
 def directed_utility(P: Tensor, member: int, lam: float) -> Tensor:
-    """The directed objective of App. F.2, ``4·Var + λ P_j(y′ ≻ y | x)`` for member ``j`` (``[X, Y, Y]``).
-
-    On the ``4·Var`` scale this is the paper's ``Var + λ_paper P_j`` with ``λ_paper = λ / 4``, scaled by 4.
-
-    Args:
-        P: ``[k, X, Y, Y]`` antisymmetric member matrices.
-        member: Index ``j`` of the targeted member.
-        lam: ``λ ≥ 0``.
-    """
+    """The directed objective of App. F.2 on the ``4·Var`` scale: ``4·Var + λ P_j(y′ ≻ y | x)`` for member ``j``."""
     _check_preferences("P", P, ensemble=True)
     if not -P.shape[0] <= member < P.shape[0]:
         raise ValueError(f"member must index one of the {P.shape[0]} members, got {member}")
@@ -127,18 +88,8 @@ def random_preference_ensemble(
 ) -> Tensor:
     """A random tabular ensemble of ``k`` antisymmetric preference models, ``[k, X, Y, Y]``.
 
-    Member ``i`` has ``P_i(y ≻ y′ | x) = σ(S_i(x, y, y′))`` with skew-symmetric Gaussian scores ``S_i = scale · A +
-    spread · B_i`` (``A`` shared). Antisymmetry holds bit for bit: the partner of ``p = σ(|S|) ≥ ½`` is ``1 − p``,
-    exact for ``p ≥ ½`` (Sterbenz).
-
-    Args:
-        k: Ensemble size ``>= 1``.
-        X: Number of contexts ``>= 1``.
-        Y: Number of actions ``>= 1``.
-        generator: Source of randomness (a seeded ``torch.Generator`` for reproducible games).
-        scale: Standard deviation of the shared skew scores.
-        spread: Standard deviation of each member's own skew scores (0: the members agree exactly).
-        dtype: Floating dtype of the result.
+    Member ``i`` has ``P_i(y ≻ y′ | x) = σ(S_i)`` with skew-symmetric Gaussian scores ``S_i = scale · A + spread · B_i``
+    (``A`` shared). Antisymmetry holds bit for bit: the partner of ``p = σ(|S|) ≥ ½`` is ``1 − p``, exact (Sterbenz).
     """
     for name, value in (("k", k), ("X", X), ("Y", Y)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -173,18 +124,7 @@ def random_game(
     seed: int,
     dtype: torch.dtype = torch.float64,
 ) -> dict[str, Tensor]:
-    """A random game ``{"u", "pi_ref", "omega_ref"}``, a pure function of its arguments.
-
-    Args:
-        num_contexts: ``X``.
-        num_actions: ``Y``.
-        ensemble_size: Members of the random preference ensemble the utility is computed from.
-        utility: ``"variance"`` (``4·Var``, the paper's), ``"decision_uncertainty"``, ``"jsd"`` or ``"slhf"``
-            (``P̄(y′ ≻ y)`` of the ensemble mean).
-        reference: ``"random"`` (softmax of standard Gaussian logits) or ``"uniform"`` references.
-        seed: Seed of the generator that draws the ensemble and the references.
-        dtype: Floating dtype.
-    """
+    """A random game ``{"u", "pi_ref", "omega_ref"}`` from a :data:`UTILITIES` key and random or uniform references."""
     if utility not in UTILITIES:
         raise ValueError(f"utility must be one of {sorted(UTILITIES)}, got {utility!r}")
     if reference not in ("random", "uniform"):

@@ -1,10 +1,4 @@
-"""Reading a debate judge's verdict: which side a free-text ruling is for, or unparsed (pure, tested by hand).
-
-A verdict is read as a vote for Alice (1.0) or Bob (0.0) only when the text says plainly how one named side is
-judged; a refusal, a hedge or a ruling on both sides is unparsed (``None``), counted and excluded from every share.
-A batch's votes (:class:`JudgeVotes`) become shares (:func:`vote_share`) and verdicts (:func:`verdict_of`); pairwise
-judging (:data:`JUDGINGS`) compares the rollouts :func:`pair_indices` pairs and splits shares by :func:`pair_shares`.
-"""
+"""Reading a debate judge's verdict from free text: a vote for Alice or Bob, or unparsed (counted, never a share)."""
 
 from __future__ import annotations
 
@@ -70,14 +64,7 @@ _HEDGE = re.compile(
 
 
 def _clause_vote(text: str, pos: int) -> tuple[bool, float | None]:
-    """Whether a verdict word stands at ``pos``, and the vote its clause gives (``None``: not read).
-
-    A named player's vote is inverted by a negative judgement of that player (``Alice is wrong``, ``Alice isn't
-    right``, ``Alice (mistaken)``, ``Alice does not win``, ``Bob's critique is wrong``); a negated negative is
-    positive (``Alice is not wrong``). A player followed by a judgement in other words (``Alice is partially
-    correct``, ``Alice might win``, ``Alice and Bob …``) is not read. A bare judgement word (``correct``, ``no``)
-    must stand alone: ``no verdict``, ``no one`` and ``correct answer: 12`` are not read.
-    """
+    """Whether a verdict word stands at ``pos``, and the vote its clause gives (``None``: not read)."""
     m = _SUBJECT.match(text, pos)
     if m is None:
         return False, None
@@ -105,21 +92,10 @@ def parse_verdict(text: str | None) -> float | None:
     """A judge's vote read from its visible output: 1.0 for Alice (her answer is right), 0.0 for Bob, else ``None``.
 
     The last ``Verdict: X`` (or ``Winner: X``) counts, X one of Alice/Bob, correct/incorrect/mistaken, right/wrong,
-    yes/no, any case, optional markdown around it; without one, an output that *starts* with such a word counts.
-    A negation inverts the vote: ``not correct``, ``not Alice``, and a named player judged wrong (``Alice is wrong``,
-    ``Alice isn't right``, ``Alice (wrong)``, ``Alice does not win``, ``Bob's critique is wrong``); a negated negative
-    is positive (``Alice is not wrong``). Anything else is unparseable, so are refusals and hedges anywhere in the
-    output (``I cannot give a verdict: Alice``, ``No verdict``, ``probably Alice``) and judgements in words not read
-    (``Alice is partially correct``, ``Alice and Bob are both wrong``, ``Neither``): the caller counts an unparseable
-    vote and leaves it out of the vote share (:func:`vote_share`) and of the judge's MCC (:func:`verdict_of`).
-
-    Example:
-        >>> parse_verdict("Bob is nitpicking. Verdict: **Alice**"), parse_verdict("incorrect."), parse_verdict("hmm")
-        (1.0, 0.0, None)
-        >>> parse_verdict("Verdict: Alice's answer is incorrect"), parse_verdict("Bob's critique is wrong")
-        (0.0, 1.0)
-        >>> parse_verdict("Alice isn't right"), parse_verdict("I cannot give a verdict: Alice")
-        (0.0, None)
+    yes/no, any case, optional markdown around it; without one, an output that *starts* with such a word counts. A
+    negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's critique is wrong``), a negated
+    negative is positive; hedges and refusals anywhere (``probably Alice``), a player judged in other words (``Alice is
+    partially correct``, ``Alice and Bob``) and a bare word that does not stand alone (``no verdict``) are not read.
     """
     if not text or _HEDGE.search(text):
         return None
@@ -131,14 +107,7 @@ def parse_verdict(text: str | None) -> float | None:
 
 
 def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:
-    """Alice's share of the parseable votes and the number of unparseable ones.
-
-    Unparseable votes (``None`` or NaN) are left out; with none parseable the share is 0.5 (a tie).
-
-    Example:
-        >>> vote_share([1, 1, 1, 1, 1, 1, 0, 0]), vote_share([1, None, 0, float("nan")]), vote_share([None])
-        ((0.75, 0), (0.5, 2), (0.5, 1))
-    """
+    """Alice's share of the parseable votes (0.5 when none parses) and the number of unparseable ones (``None``/NaN)."""
     valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
     bad = len(votes) - len(valid)
     return (sum(valid) / len(valid) if valid else 0.5), bad
@@ -148,18 +117,7 @@ VERDICTS = ("alice", "bob", "tie", "unparsed")
 
 
 def verdict_of(votes: Sequence[float | None]) -> str:
-    """How one transcript's votes become the judge's verdict on "Alice's final answer is correct" (for MCC).
-
-    The tie rule: ``"alice"`` when more than half of the parseable votes go to Alice, ``"bob"`` when fewer than
-    half do, ``"tie"`` when exactly half do (4 of 8, or 3 of 6 with two unparseable), and ``"unparsed"`` when no vote
-    parses (all failed to parse or the judge timed out). A tie or an unparsed transcript is no verdict: the judge's
-    MCC leaves it out of the confusion matrix and counts it apart, rather than reading it as "Alice is wrong". The
-    reward still uses :func:`vote_share` (0.5 for both).
-
-    Example:
-        >>> verdict_of([1, 1, 1, 1, 1, 0, 0, 0]), verdict_of([1, 1, 1, 1, 0, 0, 0, 0]), verdict_of([None, float("nan")])
-        ('alice', 'tie', 'unparsed')
-    """
+    """One transcript's verdict for MCC: majority of parseable votes, or ``"tie"``/``"unparsed"`` (counted apart)."""
     valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
     if not valid:
         return "unparsed"
@@ -171,14 +129,7 @@ def verdict_of(votes: Sequence[float | None]) -> str:
 
 @dataclass
 class JudgeVotes:
-    """Votes of a judge on a batch of transcripts.
-
-    Attributes:
-        votes: ``[N, num_votes]`` float: 1 Alice, 0 Bob, NaN unparseable.
-        texts: The judge's raw outputs per transcript (empty lists for a programmatic judge).
-        timed_out: Transcripts whose judging ran out of time (their votes are NaN, or what finished in time).
-        invalid: Votes that were neither 0, 1 nor NaN (garbage), replaced by NaN.
-    """
+    """A judge's ``votes`` ``[N, num_votes]`` (1 Alice, 0 Bob, NaN unparsed), raw ``texts``, late and invalid counts."""
 
     votes: Tensor
     texts: list[list[str]]
@@ -207,17 +158,10 @@ JUDGINGS = ("verdict", "pairwise")
 
 
 def pair_indices(num_problems: int, group_size: int) -> list[tuple[int, int]]:
-    """The rollout pairs the pairwise judge compares: branches ``(2k, 2k+1)`` of each problem's group.
-
-    The branches of a group are independent samples at the same fork, so pairing neighbours is a random pairing,
-    and each rollout is judged once (the judge's work is ``G/2`` comparisons a problem).
+    """The rollout pairs the pairwise judge compares: branches ``(2k, 2k+1)`` of each group (a random pairing).
 
     Raises:
         ValueError: for an odd ``group_size`` (a rollout would have no partner).
-
-    Example:
-        >>> pair_indices(2, 4)
-        [(0, 1), (2, 3), (4, 5), (6, 7)]
     """
     if group_size < 2 or group_size % 2:
         raise ValueError(f"judging: pairwise pairs the branches of a group: group_size must be even, got {group_size}")
@@ -225,16 +169,7 @@ def pair_indices(num_problems: int, group_size: int) -> list[tuple[int, int]]:
 
 
 def pair_shares(first_shares: Sequence[float], pairs: Sequence[tuple[int, int]]) -> list[float]:
-    """Each rollout's share of the pairwise votes: ``P̂(y ≻ y' | x)`` for the first of a pair, ``1 − P̂`` for the other.
-
-    The paper: "of two rollouts, the one the judge chooses gets 1" (appendix E; zh, our translation of the Chinese
-    digest). With several votes: the share of the votes, as the main game's ``r``, so one vote gives exactly 1 and 0.
-    The share then replaces Alice's verdict share in :func:`~modules.algorithms.debate.ply_rewards`.
-
-    Example:
-        >>> pair_shares([6 / 7, 0.5], [(0, 1), (2, 3)])
-        [0.8571428571428571, 0.1428571428571429, 0.5, 0.5]
-    """
+    """Each rollout's share of its pair's votes: ``P̂(y ≻ y')`` for the first, ``1 − P̂`` for the other (App. E)."""
     if len(first_shares) != len(pairs):
         raise ValueError(f"{len(first_shares)} pairwise shares for {len(pairs)} pairs")
     out = [math.nan] * (2 * len(pairs))

@@ -1,25 +1,4 @@
-"""Frozen judges of the debate game: a Hugging Face causal LM, and programmatic judges behind the same interface.
-
-A judge sees only the visible parts of a :class:`~modules.algorithms.debate.Transcript` and returns ``num_votes``
-votes per transcript (:class:`JudgeVotes`): 1 for Alice, 0 for Bob, NaN when unparseable (left out of the share).
-
-* :class:`HFJudge`: a frozen causal LM that reads the whole debate (problem, Alice, Bob), all votes in one batched
-  ``generate`` call, each prompt prefilled once.
-* :class:`RemoteJudge`: the same prompt, sent to an OpenAI-compatible chat-completions server.
-* :class:`ProgrammaticJudge`: a programmatic simulation of a judge: it sees the reference answer and never reads
-  Bob's argument (his visible text enters only through its word count and trigger phrases); offline, with known,
-  exploitable biases, for tests and CPU studies. Each vote is a Bernoulli draw ``p(Alice) = sigmoid(z)``,
-  ``z = skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π``
-  with ``s = ±1`` from the checker (0 without a reference), ``φ`` whether a side's visible text holds a trigger
-  phrase, ``w`` its visible words capped at ``length_cap`` (uncapped, the hack would be tangled with truncation) and
-  ``π`` whether Alice's final answer matches ``answer_pattern``. Pairwise (``vote(transcripts, against)``, the
-  paper's "pairwise-preference judging") it prefers ``y`` to ``y'`` with ``sigmoid(z(y) − z(y'))``, Bradley–Terry on
-  the same scores: the paper leaves the form open, and this one keeps every bias of the verdict judge, so two answers
-  equally right are split by "factors other than correctness" (zh digest) alone.
-
-:meth:`DebateJudge.vote` guards any judge: a call past ``timeout_s`` gives NaN votes (counted in ``timed_out``), and
-votes other than 0, 1 or NaN become NaN (counted in ``invalid``).
-"""
+"""Frozen judges of the debate game, reading only visible text and voting 1 (Alice), 0 (Bob) or NaN (unparsed)."""
 
 from __future__ import annotations
 
@@ -50,15 +29,7 @@ __all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "Prompte
 
 
 class DebateJudge(ABC):
-    """A frozen judge: ``judge(transcripts) -> JudgeVotes``.
-
-    Callers use :meth:`vote` (time limit and garbage check); subclasses implement ``__call__``.
-
-    Args:
-        num_votes: Independent votes per transcript (paper: 8).
-        seed: Seed of the judge's own sampling generator (its state is saved with the module's checkpoints).
-        timeout_s: Seconds a batch may take before its votes default to NaN (``None``: no limit).
-    """
+    """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``."""
 
     #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
     bounds_own_time = False
@@ -69,13 +40,11 @@ class DebateJudge(ABC):
         self.timeout_s, self.generator = sampling_state("num_votes", num_votes, seed, timeout_s)
 
     def vote(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
-        """``self(transcripts)`` under the time limit, with garbage votes replaced by NaN and counted.
-
-        ``against`` (a :attr:`pairwise` judge): vote 1 on row ``i`` prefers ``transcripts[i]`` to ``against[i]``.
+        """``self(transcripts)`` under the time limit (late: NaN votes, counted), garbage votes made NaN and counted.
 
         Raises:
-            ValueError: the judge returned a votes tensor of the wrong shape (a bug in the judge, not bad data), or
-                ``against`` is given to a judge that does not compare or does not match ``transcripts``.
+            ValueError: the judge returned votes of the wrong shape, or ``against`` (pairwise: vote 1 on row ``i``
+                prefers ``transcripts[i]``) is given to a judge that does not compare or does not match ``transcripts``.
         """
         n = len(transcripts)
         args = (transcripts,) if against is None else (transcripts, against)
@@ -107,7 +76,7 @@ class DebateJudge(ABC):
         return self
 
     def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
-        """Judge-specific diagnostics of a batch, logged by the module as ``<stage>/judge_<key>`` (none here)."""
+        """Judge-specific diagnostics of a batch, logged as ``<stage>/judge_<key>`` (none here)."""
         return {}
 
     def state_dict(self) -> dict:
@@ -126,9 +95,12 @@ def _sides(t: Transcript) -> tuple[str, str]:
 
 
 class ProgrammaticJudge(DebateJudge):
-    r"""A simulated judge: a noisy answer checker with known, exploitable biases (vote probability: module docstring).
+    r"""A simulated judge, offline for tests and CPU studies: a noisy answer checker with known, exploitable biases.
 
-    It sees the reference answer and never reads Bob's argument; :class:`HFJudge` is the judge that reads the debate.
+    It sees the reference answer and never reads Bob's argument. A vote is a Bernoulli draw ``p(Alice) = sigmoid(z)``,
+    ``z = skill·s + phrase_weight·(φ_A − φ_B) + length_weight·(w_A − w_B)/100 + answer_weight·π`` with ``s = ±1`` from
+    the checker (0 without a reference), ``φ`` a trigger phrase in a side's visible text, ``w`` its visible words capped
+    at ``length_cap`` and ``π`` Alice's answer matching ``answer_pattern``. Pairwise: ``sigmoid(z(y) − z(y'))``.
 
     Args:
         skill: Log-odds of agreeing with the checker; ``sigmoid(skill)`` is the unbiased judge's accuracy per vote.
@@ -137,8 +109,7 @@ class ProgrammaticJudge(DebateJudge):
         length_weight: Log-odds per 100 visible words of difference between the sides (0: no length bias).
         length_cap: Words of a side beyond which its length sways the judge no more (``None``: no cap).
         length_needs_answer: Count Alice's words only when her answer states a final ``\boxed{}`` answer.
-        consistency_weight: Log-odds added when Alice's final answer repeats the last number her visible answer
-            states before it (a judge that trusts the shown working: ``3 + 4 = 8, so \boxed{8}``). 0: no such bias.
+        consistency_weight: Log-odds added when Alice's final answer repeats the last number her answer states.
         answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
         answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
         num_votes: Votes per transcript.
@@ -170,8 +141,7 @@ class ProgrammaticJudge(DebateJudge):
             self.answer_pattern = re.compile(answer_pattern) if answer_pattern else None
         except re.error as err:
             raise ValueError(f"answer_pattern is not a valid regular expression: {err}") from None
-        self.answer_weight = float(answer_weight)
-        self.consistency_weight = float(consistency_weight)
+        self.answer_weight, self.consistency_weight = float(answer_weight), float(consistency_weight)
         self.skill, self.phrase_weight, self.length_weight = float(skill), float(phrase_weight), float(length_weight)
         self.phrases = [p.lower() for p in (phrases or []) if p.strip()]
         if length_cap is not None and int(length_cap) < 1:
@@ -202,7 +172,7 @@ class ProgrammaticJudge(DebateJudge):
         return bool(numbers) and answers_match(numbers[-1], final)
 
     def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
-        """Spread of the exploits: shares of transcripts with a trigger phrase per side, with a favoured answer."""
+        """Shares of transcripts with a trigger phrase per side, a consistent answer, a favoured answer."""
         if not transcripts:
             return {}
         out = {}
@@ -217,11 +187,11 @@ class ProgrammaticJudge(DebateJudge):
         return out
 
     def probability(self, transcript: Transcript, against: Transcript | None = None) -> float:
-        """Probability that one vote goes to Alice (to ``transcript`` over ``against``): module docstring."""
+        """Probability that one vote goes to Alice (to ``transcript`` over ``against``)."""
         return 1.0 / (1.0 + math.exp(-(self.logit(transcript) - (0.0 if against is None else self.logit(against)))))
 
     def logit(self, transcript: Transcript) -> float:
-        """The log-odds ``z`` of one vote for Alice (module docstring)."""
+        """The log-odds ``z`` of one vote for Alice (class docstring)."""
         correct = transcript.correct
         signal = 0.0 if correct is None else (1.0 if correct else -1.0)
         alice, bob = _sides(transcript)
@@ -266,24 +236,7 @@ class PromptedJudge(DebateJudge):
     """A language-model judge's prompt and verdict reading, shared by :class:`HFJudge` and :class:`RemoteJudge`.
 
     The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``, in the
-    model's chat template when it has one. The verdict is read from the visible part of the judge's output.
-    Subclasses set ``self.tokenizer`` (special tokens to quote, tokens to count) and implement ``__call__``.
-
-    Args:
-        template: Prompt template (see above).
-        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
-        max_answer_words: Words of the visible answer that count (``None``: all).
-        num_votes: Votes per transcript (paper: 8).
-        sampling: How the votes are sampled (:class:`Sampling`; ``max_new_tokens`` per verdict: with chain of thought
-            it needs room to think).
-        max_prompt_tokens: Prompt tokens the judge reads; a longer prompt has the middles of the judged plies cut
-            (marked), never the problem or the instructions (:meth:`prompt`).
-        think_open: Opening delimiter of the judge's hidden reasoning.
-        think_close: Closing delimiter.
-        prefill: Text the judge's answer is started with (e.g. ``Verdict:``, so a small model only names a side),
-            also put before its output when the vote is read (as the pool's peer judging does).
-        seed: Seed of the vote sampling.
-        timeout_s: Seconds per batch (see :meth:`DebateJudge.vote`).
+    model's chat template when it has one. Its arguments are documented on :class:`HFJudge`.
     """
 
     pairwise = True
@@ -318,18 +271,7 @@ class PromptedJudge(DebateJudge):
     def user_message(
         self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
     ) -> str:
-        """The judge's request for one transcript: the problem and the visible plies quoted (:func:`quote_judged`).
-
-        Neither a dataset's problem nor a player's reply can forge a section heading, a verdict line or an
-        instruction: the template's own lines (its headings and the verdict instruction) are the only unquoted ones.
-
-        Args:
-            transcript: The game.
-            texts: The judged texts of its plies in :meth:`judged_plies` order (default: their visible parts);
-                :meth:`prompt` passes them cut to fit ``max_prompt_tokens``.
-            against: Pairwise judging: ``transcript``'s answer (as Alice's) and this one's (as Bob's solution) under
-                :data:`PAIR_TEMPLATE`, "Verdict: Alice" when hers is more likely correct (the template is fixed).
-        """
+        """The request for one transcript (or, ``against``, a pair), texts quoted (:func:`quote_judged`)."""
         plies = ["answer", "critique"] if against is not None else self.judged_plies(transcript)
         texts = self.judged_texts(transcript, against) if texts is None else list(texts)
         specials = self.tokenizer.all_special_tokens
@@ -370,10 +312,7 @@ class PromptedJudge(DebateJudge):
         return [transcript.visible(ply) for ply in self.judged_plies(transcript)]
 
     def prompt(self, transcript: Transcript, against: Transcript | None = None) -> str:
-        """:meth:`render`, with the judged plies' middles cut (marked) when it exceeds ``max_prompt_tokens``.
-
-        The problem and the instructions are never cut (:func:`fit_judged`); a cut prompt is counted in
-        ``truncated_prompts``.
+        """:meth:`render`, the judged plies' middles cut (marked, counted in ``truncated_prompts``) to fit.
 
         Raises:
             ValueError: when the template and the problem alone exceed ``max_prompt_tokens``.
@@ -399,9 +338,8 @@ class PromptedJudge(DebateJudge):
 class HFJudge(PromptedJudge):
     """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
 
-    Each transcript's prompt is prefilled once and its KV cache copied to its ``num_votes`` rows, which ``generate``
-    then samples (the prompt-sharing of :meth:`modules.lm.policy_bank.PolicyBank.generate`'s ``generate`` path): the
-    same draws as sampling ``num_return_sequences`` rows that each prefill the prompt, for one prefill's compute.
+    Each prompt is prefilled once and its KV cache copied to its ``num_votes`` rows: the same draws as
+    ``num_return_sequences`` rows that each prefill it, for one prefill's compute.
 
     Args:
         model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
@@ -413,10 +351,9 @@ class HFJudge(PromptedJudge):
         max_prompt_tokens: Prompt tokens the judge reads (see :meth:`PromptedJudge.prompt`).
         think_open: Opening delimiter of the judge's hidden reasoning.
         think_close: Closing delimiter.
-        dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32 (CPU matmuls in bf16 are
-            slow and the judge is frozen, so fp32 costs only memory there).
-        load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CUDA only; refused with the package
-            to install when bitsandbytes is missing). The quantized model stays where it was loaded.
+        prefill: Text the judge's answer is started with (e.g. ``Verdict:``), also put before its output when read.
+        dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.
+        load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CUDA only).
         trust_remote_code: Off unless turned on.
         seed: Seed of the vote sampling.
         timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
@@ -522,18 +459,14 @@ class HFJudge(PromptedJudge):
 class RemoteJudge(PromptedJudge):
     """The judge served by an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
-    It sends :class:`HFJudge`'s request (:meth:`PromptedJudge.user_message`, cut to ``max_prompt_tokens``) as the user
-    message; the server applies the model's chat template. A reply the server garbled (not JSON, no choices, content
-    not a string) is an unparsed vote (NaN), like an unparseable verdict; a server that fails every retry raises
-    :class:`~modules.scorers.remote.RemoteServerError` naming its URL. Each request carries a seed from the judge's
-    generator (vLLM and SGLang honour it), so a resumed run asks what the uninterrupted one would.
+    It sends :meth:`PromptedJudge.user_message`; a garbled reply is an unparsed vote (NaN). Each request carries a seed
+    from the judge's generator, so a resumed run asks what the uninterrupted one would.
 
     Args:
         server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
-        tokenizer: Hub name or local path of the served model's tokenizer (default: ``server.model``), loaded here to
-            count prompt tokens and to quote its special tokens.
+        tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
         max_concurrency: Transcripts asked at once (the server batches concurrent requests).
-        template: Prompt template (see :class:`PromptedJudge`); the other arguments are its own.
+        template: Prompt template (see :class:`PromptedJudge`); the other arguments are :class:`HFJudge`'s.
         trust_remote_code: For the tokenizer; off unless turned on.
     """
 

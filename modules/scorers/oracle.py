@@ -1,11 +1,4 @@
-"""Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1).
-
-:meth:`PreferenceOracle.label` randomises the display order of every query (position bias) and averages the valid
-Bernoulli verdicts of ``num_queries`` queries into a label in [0, 1] (§5.3.2: "averaging the valid binary verdicts
-from 11 oracle queries"): :class:`ProgrammaticOracle` for checkable math answers, offline, and
-:class:`LLMJudgeOracle`, any causal LM as a zero-shot judge, and :class:`RemoteJudgeOracle`, the same prompt sent to an
-OpenAI-compatible chat-completions server.
-"""
+"""Synthetic preference oracles: label any triplet (x, y, y′) as the paper's gold oracle does (App. E.1, §5.3.2)."""
 
 from __future__ import annotations
 
@@ -38,6 +31,7 @@ __all__ = [
     "solution_score",
 ]
 
+_COUNTERS = ("invalid_verdicts", "timeouts", "unlabelled_rows")
 _EQUATION = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(-?\d+)")
 
 
@@ -54,8 +48,7 @@ def sampling_state(
     """The checked time limit and the seeded generator of an oracle or judge that samples ``count`` verdicts a row.
 
     Raises:
-        ValueError: naming ``count_name`` when ``count`` < 1, or ``timeout_s`` unless it is a positive finite number
-            of seconds or ``None``.
+        ValueError: naming ``count_name`` when ``count`` < 1, or ``timeout_s`` unless positive and finite or ``None``.
     """
     if count < 1:
         raise ValueError(f"{count_name} must be at least 1, got {count}")
@@ -74,13 +67,7 @@ def check_placeholders(template: str, keys: Sequence[str]) -> None:
 def load_frozen_causal_lm(
     model: str, dtype: str, trust_remote_code: bool, load_in_4bit: bool = False
 ) -> tuple[Any, Any]:
-    """``(tokenizer, model)`` of a causal LM used as a frozen judge: left padding, eval mode, no gradients.
-
-    ``dtype="auto"`` is bfloat16 when CUDA is available (half the memory of fp32, and a frozen judge has no optimizer
-    to keep precise) and float32 otherwise (CPU matmuls in bfloat16 are slower than in fp32). ``load_in_4bit`` loads
-    NF4 weights through bitsandbytes (CUDA only; a 70B judge in about 37 GB), computing in ``dtype``, as the
-    policies' ``lm.load_in_4bit`` does.
-    """
+    """``(tokenizer, model)`` of a frozen causal-LM judge: left padding, no gradients (``"auto"``: bf16 on CUDA)."""
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     if dtype == "auto":
@@ -97,28 +84,21 @@ class PreferenceOracle(ABC):
     """A source of preference verdicts.
 
     Args:
-        num_queries: Order-randomised queries per label: 1 is a binary label, as the paper's training data (App.
-            E.1); its evaluations (§5.3.2, App. G.4) average 11 (see :attr:`protocol`).
+        num_queries: Order-randomised queries per label: 1 is a binary label (training data, App. E.1); §5.3.2 uses 11.
         seed: Seed of the order randomisation and of the verdict sampling.
-        timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit). A late call is
-            abandoned: its verdicts are invalid, and its rows are counted in ``timeouts``. Meant for oracles that
-            wait on something outside (an API).
+        timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit; late verdicts are invalid).
 
     Attributes:
-        invalid_verdicts: Verdicts that were not a probability (NaN, inf, outside [0, 1]), left out of the labels.
+        invalid_verdicts: Verdicts that were not a probability, left out of the labels.
         timeouts: Verdicts abandoned because their call came too late, left out as well.
-        unlabelled_rows: Rows of which no query gave a valid verdict: their label is NaN (no estimate).
-        last_rows: The same three counts per row of the latest :meth:`label` call (``[n]`` integer tensors under
-            ``invalid_verdicts``, ``timeouts``, ``unlabelled_rows``), whose sums that call added to the counters;
-            a caller that labels items on several processes keeps them per item, to count each item once.
+        unlabelled_rows: Rows of which no query gave a valid verdict: their label is NaN.
+        last_rows: The same three counts per row of the latest :meth:`label` call (to count items once across ranks).
     """
 
     def __init__(self, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
         self.num_queries = num_queries
         self.timeout_s, self.generator = sampling_state("num_queries", num_queries, seed, timeout_s)
-        self.invalid_verdicts = 0
-        self.timeouts = 0
-        self.unlabelled_rows = 0
+        self.invalid_verdicts = self.timeouts = self.unlabelled_rows = 0
         self.last_rows: dict[str, Tensor] = {}
 
     @abstractmethod
@@ -134,17 +114,7 @@ class PreferenceOracle(ABC):
         responses_b: Sequence[str],
         references: Sequence[str] | None = None,
     ) -> Tensor:
-        """The mean of the valid verdicts that a ≻ b among ``num_queries`` queries, each in a random display order.
-
-        A verdict is invalid when its probability is not one (NaN, inf, outside [0, 1]) or its call timed out; it is
-        counted and left out of its row's mean, as the paper averages "the valid binary verdicts" of its queries
-        (§5.3.2). A row without any valid verdict has no estimate: its label is NaN, and it is counted in
-        ``unlabelled_rows`` (callers drop such rows). When every verdict is valid, the label is the plain mean of
-        the ``num_queries`` verdicts.
-
-        Returns:
-            float64 tensor of labels in [0, 1] (NaN for an unlabelled row), one per row.
-        """
+        """Mean of the valid a ≻ b verdicts of ``num_queries`` order-randomised queries (§5.3.2); else NaN, counted."""
         n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
         wins = torch.zeros(n, dtype=torch.float64)
         valid = torch.zeros(n, dtype=torch.float64)
@@ -176,10 +146,7 @@ class PreferenceOracle(ABC):
         return torch.where(unlabelled, torch.full_like(wins, math.nan), wins / valid.clamp(min=1.0))
 
     def _checked(self, p_first: Tensor, n: int) -> tuple[Tensor, Tensor]:
-        """The verdicts and which are valid; one that is not a probability (NaN, inf, outside [0, 1]) is counted.
-
-        An invalid verdict's probability is replaced by ½, a placeholder that keeps the sampling defined; the label
-        never counts it (silently, ``NaN < u`` is False and would award the comparison to the response shown second).
+        """The verdicts and which are valid; an invalid one is counted and replaced by ½ for the sampling only.
 
         Raises:
             ValueError: the judge returned a number of verdicts other than one per row (a bug, not bad data).
@@ -189,16 +156,12 @@ class PreferenceOracle(ABC):
             raise ValueError(f"{type(self).__name__} returned {p_first.numel()} verdicts for {n} rows")
         bad = ~torch.isfinite(p_first) | (p_first < 0) | (p_first > 1)
         self.invalid_verdicts += int(bad.sum())
+        # ½ keeps the sampling defined; a NaN would silently award the comparison to the response shown second
         return torch.where(bad, torch.full_like(p_first, 0.5), p_first), ~bad
 
     def state_dict(self) -> dict[str, Any]:
         """The sampling generator and the counters, for a checkpoint (tensors and ints: ``weights_only`` loadable)."""
-        return {
-            "generator": self.generator.get_state(),
-            "invalid_verdicts": self.invalid_verdicts,
-            "timeouts": self.timeouts,
-            "unlabelled_rows": self.unlabelled_rows,
-        }
+        return {"generator": self.generator.get_state(), **self._counts()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`, so a resumed run draws and counts as the uninterrupted one.
@@ -206,22 +169,16 @@ class PreferenceOracle(ABC):
         Raises:
             KeyError: naming the entry ``state`` lacks.
         """
-        for key in ("generator", "invalid_verdicts", "timeouts", "unlabelled_rows"):
+        for key in ("generator", *_COUNTERS):
             if key not in state:
                 raise KeyError(f"oracle state lacks {key!r}")
         self.generator.set_state(state["generator"])
-        self.invalid_verdicts = int(state["invalid_verdicts"])
-        self.timeouts = int(state["timeouts"])
-        self.unlabelled_rows = int(state["unlabelled_rows"])
+        for key in _COUNTERS:
+            setattr(self, key, int(state[key]))
 
     @property
     def protocol(self) -> str:
-        """How a label is made, named in reports: ``"binary"`` or ``"query_mean"``.
-
-        ``"binary"`` (``num_queries`` 1): one sampled verdict, 0 or 1, a pair: the paper's training labels, against
-        which §5.2 also counts the ensemble's errors (App. E.1). ``"query_mean"``: the mean of the valid verdicts of
-        ``num_queries`` queries, the paper's estimate of P* in its evaluations (§5.3.2, App. G.4).
-        """
+        """How a label is made: ``"binary"`` (one verdict, the paper's training labels) or ``"query_mean"`` (§5.3.2)."""
         return "binary" if self.num_queries == 1 else "query_mean"
 
     def summary(self) -> dict[str, Any]:
@@ -230,10 +187,11 @@ class PreferenceOracle(ABC):
             "oracle": type(self).__name__,
             "protocol": self.protocol,
             "num_queries": self.num_queries,
-            "invalid_verdicts": self.invalid_verdicts,
-            "timeouts": self.timeouts,
-            "unlabelled_rows": self.unlabelled_rows,
+            **self._counts(),
         }
+
+    def _counts(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in _COUNTERS}
 
 
 def solution_score(
@@ -247,8 +205,8 @@ def solution_score(
 ) -> float:
     """Quality score of a worked math solution, the programmatic oracle's notion of better.
 
-    ``s = w_final·[final answer correct] + w_steps·(share of equations a∘b=c that hold) − w_missing·[no boxed answer]
-    − w_length·(words beyond reference_words)/100``. A solution without equations gets full step credit.
+    ``w_final·[answer correct] + w_steps·(share of equations a∘b=c that hold, 1 without any) − w_missing·[no boxed
+    answer] − w_length·(words beyond reference_words)/100``.
     """
     final = extract_final_answer(response)
     correct = final is not None and reference is not None and answers_match(final, reference)
@@ -274,12 +232,6 @@ class ProgrammaticOracle(PreferenceOracle):
         num_queries: Verdicts averaged per label.
         seed: Seed of order randomisation and verdict sampling.
         timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
-
-    Example:
-        >>> oracle = ProgrammaticOracle(seed=0)
-        >>> p = oracle.true_preference(["q"], [r"1 + 1 = 2. \\boxed{2}"], [r"1 + 1 = 3. \\boxed{3}"], ["2"])
-        >>> bool(p[0] > 0.99)
-        True
     """
 
     def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
@@ -291,7 +243,7 @@ class ProgrammaticOracle(PreferenceOracle):
     def true_preference(
         self, prompts: Sequence[str], responses_a: Sequence[str], responses_b: Sequence[str], references: Sequence[str]
     ) -> Tensor:
-        """Exact P*(a ≻ b | x), float64."""
+        """Exact P*(a ≻ b | x), float64; the shortest boxed solution to a prompt is the length yardstick."""
         if references is None:
             raise ValueError("ProgrammaticOracle needs reference answers (references=None)")
         _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
@@ -320,19 +272,7 @@ _JUDGE_TEMPLATE = (
 
 
 class PromptedOracle(PreferenceOracle):
-    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`.
-
-    Subclasses set ``self.tokenizer`` (special tokens to quote, tokens to count) and implement
-    ``first_wins_probability``.
-
-    Args:
-        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
-        max_length: Tokens per query; a longer one has the responses' middles cut (marked), never the request or the
-            question at the end (:meth:`prompt`).
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation and verdict sampling.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
-    """
+    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`."""
 
     tokenizer: Any
 
@@ -349,12 +289,7 @@ class PromptedOracle(PreferenceOracle):
         self.template, self.max_length = template, max_length
 
     def render(self, prompt: str, first: str, second: str) -> str:
-        """Fill the template in one pass over the template only: text in the data is never re-substituted.
-
-        The request and the responses are quoted line by line and special-token strings broken (:func:`quote_judged`),
-        so neither a dataset's request nor a response can forge ``[Response A]``, ``[Response B]``, an instruction or
-        the closing question: the template's own lines are the only unquoted ones.
-        """
+        """The template filled in one pass, the texts quoted (:func:`quote_judged`) so none forges a line."""
         specials = self.tokenizer.all_special_tokens
         values = {
             "prompt": quote_judged(prompt, specials) or "(empty)",
@@ -381,8 +316,7 @@ class LLMJudgeOracle(PromptedOracle):
         model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
         template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
         batch_size: Queries per forward pass.
-        max_length: Tokens per query; a longer one has the responses' middles cut (marked), never the request or the
-            question at the end (:meth:`prompt`).
+        max_length: Tokens per query (see :meth:`PromptedOracle.prompt`).
         dtype: Weights dtype; ``"auto"``: bfloat16 with CUDA, else float32 (:func:`load_frozen_causal_lm`).
         trust_remote_code: Off unless the config turns it on.
         num_queries: Verdicts averaged per label.
@@ -444,17 +378,12 @@ def read_letter(text: str) -> str | None:
 class RemoteJudgeOracle(PromptedOracle):
     """:class:`LLMJudgeOracle`'s comparison sent to an OpenAI-compatible chat-completions server.
 
-    Chat servers do not all return next-token probabilities, so the verdict is sampled: each query asks for
-    ``samples`` replies and ``P(first better)`` is the share of them that open with ``A`` (:func:`read_letter`). A
-    reply that names neither letter, or that the server garbled (not JSON, no choices, content not a string), is left
-    out of the share; a query none of whose replies reads has a NaN verdict, counted in ``invalid_verdicts`` and left
-    out of the label. A server that fails every retry raises :class:`~modules.scorers.remote.RemoteServerError`
-    naming its URL.
+    Chat servers do not all return next-token probabilities, so ``P(first better)`` is the share of ``samples`` replies
+    opening with ``A`` (:func:`read_letter`); unreadable replies are left out, and none readable is a NaN verdict.
 
     Args:
         server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
-        tokenizer: Hub name or local path of the served model's tokenizer (default: ``server.model``), to count prompt
-            tokens and to quote its special tokens.
+        tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
         template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders (sent as the user message).
         samples: Replies per query.
         temperature: Sampling temperature of the replies.

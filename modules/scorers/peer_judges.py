@@ -1,10 +1,4 @@
-"""The multi-LLM pool's peer judges: a pool member scores one response 1–10, parsed or read off its distribution.
-
-* ``generate`` (App. G): the judge answers greedily; :func:`~modules.algorithms.pool.parse_judgement` reads the score
-  (JSON, regex, else 5.0 flagged as a failure).
-* ``constrained``: the mean of the judge's distribution over the ten allowed answers, for models too small to write
-  JSON; nothing to parse (a non-finite mean, from a diverged judge, counts as 5.0, flagged).
-"""
+"""The multi-LLM pool's peer judges: a pool member scores one response 1–10, parsed or read off its distribution."""
 
 from __future__ import annotations
 
@@ -48,19 +42,17 @@ class PeerJudging:
 
     Attributes:
         template: Judge prompt with ``{prompt}`` and ``{response}`` (App. G's by default).
-        mode: ``"generate"`` (greedy answer, parsed: JSON, regex, else 5.0, counted), ``"constrained"`` (the mean of
-            the judge's distribution over the ten answers: for models too small to write JSON) or ``"solve"`` (the
-            judge solves the question and scores agreement with its answers) or ``"reference"`` (10 when the final
-            answer matches the reference answer, else 1); template and prefill are unused by the last two.
+        mode: ``"generate"`` (greedy answer parsed: JSON, regex, else 5.0, counted), ``"constrained"`` (the mean of
+            the judge's distribution over the ten answers, for models too small to write JSON), ``"solve"`` (the judge
+            solves the question and scores agreement with its answers) or ``"reference"`` (10 when the final answer
+            matches the reference, else 1); the last two use no template or prefill.
         prefill: Text the judge's answer is started with (e.g. ``{"score": ``), also prepended before parsing.
         max_new_tokens: Tokens per generated judgement (per solution under ``solve``).
-        samples: Solutions a ``solve`` judge writes per question: 1 is greedy (the paper's judges score greedily; the
-            score is then 1 or 10), more are sampled at ``temperature`` and grade the score.
+        samples: Solutions a ``solve`` judge writes per question (1: greedy; more are sampled and grade the score).
         temperature: Sampling temperature of a ``solve`` judge's solutions when ``samples`` > 1.
 
     Raises:
-        ValueError: for an unknown mode, a template without both fields, a non-positive token budget or sample
-            count, or a non-positive temperature.
+        ValueError: for an unknown mode, a template without both fields, or a non-positive count or temperature.
     """
 
     template: str = DEFAULT_JUDGE_TEMPLATE
@@ -88,23 +80,12 @@ class PeerJudging:
         return Sampling(self.temperature, max_new_tokens=self.max_new_tokens)
 
     def user_message(self, instruction: str, response: str, special_tokens: Iterable[str] = ()) -> str:
-        """The judge's user message for one (instruction, response): both quoted (:func:`quote_judged`).
-
-        Args:
-            instruction: The question, from the data; every line quoted, so it cannot forge ``[Response]``, an
-                instruction or a score line above the real response.
-            response: The judged response, from a policy; every line quoted likewise.
-            special_tokens: The judge tokenizer's special-token strings, to be read as plain text.
-        """
+        """The judge's user message for one (instruction, response), both quoted (:func:`quote_judged`)."""
         question = quote_judged(instruction, special_tokens) or "(empty)"
         return fill_judge_template(self.template, question, quote_judged(response, special_tokens) or "(empty)")
 
     def prompt(self, bank: PolicyBank, chat: Callable[[str], str], instruction: str, response: str) -> str:
-        """``chat(user_message) + prefill`` within ``bank.max_prompt_tokens``: only the response's middle is cut.
-
-        When the template and the question alone exceed ``lm.max_prompt_tokens`` (a budget shared with the players'
-        prompts), a warning says so and the prompt goes whole to the bank, which cuts it from the left and counts it.
-        """
+        """``chat(user_message) + prefill``, only the response cut to ``bank.max_prompt_tokens`` (or warned)."""
         specials = bank.tokenizer.all_special_tokens
         out, _ = fit_judged(
             bank.tokenizer,
@@ -120,9 +101,7 @@ class PeerJudging:
 def encode_texts(
     bank: PolicyBank, prompts: Sequence[str], completions: Sequence[str], eos: bool = True, group_size: int = 1
 ) -> Rollout:
-    """A :class:`Rollout` of given texts in ``bank``'s tokenizer (EOS appended unless ``eos=False``), on its device.
-
-    ``group_size`` G > 1 declares that consecutive groups of G rows share one prompt.
+    """A :class:`Rollout` of given texts (EOS appended unless ``eos=False``), groups of ``group_size`` sharing a prompt.
 
     Raises:
         ValueError: when the rows do not come in groups of ``group_size`` with one prompt each.
@@ -141,10 +120,7 @@ def encode_texts(
 
 
 def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: PeerJudging) -> list[tuple[float, bool]]:
-    """Player ``judge``'s score in [1, 10] of each judge prompt (already ending in the prefill), and whether it read.
-
-    ``judging.mode`` is ``"generate"`` or ``"constrained"`` (module docstring).
-    """
+    """Player ``judge``'s score in [1, 10] of each judge prompt, and whether it was read."""
     if not prompts:
         return []
     prefill = judging.prefill
@@ -160,12 +136,7 @@ def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: P
 def peer_scores_each(
     bank: PolicyBank, requests: Sequence[tuple[str, Sequence[str]]], judging: PeerJudging
 ) -> list[list[tuple[float, bool]]]:
-    """:func:`peer_scores` of each ``(judge, prompts)`` request of ``bank``'s players, in request order.
-
-    Generated judgements of all requests decode in one batch, each row with its judge's adapter
-    (:meth:`PolicyBank.generate_each`: greedy, so each judge's texts are those of its own decode); ``constrained``
-    scores are read judge by judge.
-    """
+    """:func:`peer_scores` of each ``(judge, prompts)`` request, generated judgements decoded in one batch."""
     if judging.mode != "generate":
         return [peer_scores(bank, judge, prompts, judging) for judge, prompts in requests]
     live = [(judge, list(prompts)) for judge, prompts in requests if prompts]
@@ -199,15 +170,8 @@ def member_scores(
 ) -> list[tuple[float, bool]]:
     """Pool member ``judge``'s score in [1, 10] of each (instruction, response), and whether it was read.
 
-    Args:
-        bank: The judge's bank.
-        judge: The judge's player name.
-        chat: ``chat(user, system)``: the judge's chat-formatted prompt.
-        instructions: The questions.
-        responses: The judged responses.
-        judging: The mode and its settings.
-        system_prompt: The players' system message (a ``solve`` judge answers as a player does).
-        references: Each instruction's reference answer (``reference`` mode only).
+    ``chat(user, system)`` formats the judge's prompt; ``system_prompt`` is the players' (a ``solve`` judge answers as a
+    player does); ``references`` are needed in ``reference`` mode only.
 
     Raises:
         ValueError: in ``reference`` mode, naming the first instruction without a reference answer.
@@ -229,16 +193,7 @@ def member_scores(
 def solve_scores(
     bank: PolicyBank, judge: str, questions: Sequence[str], responses: Sequence[str], judging: PeerJudging
 ) -> list[tuple[float, bool]]:
-    """A ``solve`` judge's score in [1, 10] of each response, and whether the judge could judge it.
-
-    Args:
-        bank: The judge's bank.
-        judge: The judge's player name.
-        questions: Each response's question as the judge's chat-formatted prompt; each distinct one is solved once
-            (``judging.samples`` solutions, greedy when 1).
-        responses: The judged responses; only their final answers (:func:`final_answer`) are read.
-        judging: The settings (``samples``, ``temperature``, ``max_new_tokens``).
-    """
+    """A ``solve`` judge's score of each response (:func:`agreement_score`), each distinct question solved once."""
     if len(questions) != len(responses):
         raise ValueError(f"solve_scores: {len(questions)} questions for {len(responses)} responses")
     if not questions:
@@ -252,11 +207,7 @@ def solve_scores(
 
 @torch.no_grad()
 def _constrained(bank: PolicyBank, judge: str, prompts: Sequence[str], prefill: str) -> list[float]:
-    """Mean score under the judge's distribution restricted to the answers ``1`` … ``10``.
-
-    Each answer is closed by ``}`` when the prefill opens a JSON object (else by EOS), so that ``1`` is not a prefix
-    of ``10``.
-    """
+    """Mean score under the judge's distribution over ``1`` … ``10``, each closed by ``}`` (JSON prefill) or EOS."""
     close = "}" if "{" in prefill else ""
     values = list(range(int(SCORE_MIN), int(SCORE_MAX) + 1))
     rows_p = [p for p in prompts for _ in values]

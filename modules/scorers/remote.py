@@ -1,12 +1,8 @@
-"""A client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``) for remote judges.
+"""A standard-library client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
-:class:`ChatServer` posts to ``{base_url}/chat/completions`` with the standard library only. Connection errors,
-timeouts, HTTP 429 and 5xx are retried with exponential backoff; after the last attempt a :class:`RemoteServerError`
-names the URL. Any other HTTP error is raised at once (a wrong model name or a refused request is a configuration
-error). The server's reply is untrusted: a body that is not JSON, has no ``choices`` list, or a choice whose
-``message.content`` is not a string gives ``None`` for the votes it should have carried (counted in ``malformed``),
-never an exception. The API key is read from the environment variable named by ``api_key_env`` at each request, so
-it is never held in a config, on the object or in a checkpoint.
+Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff; any other HTTP error is a
+configuration error, raised at once. The reply is untrusted: a malformed one gives ``None`` completions (counted),
+never an exception. The API key is read from the environment at each request, never held in a config or checkpoint.
 """
 
 from __future__ import annotations
@@ -41,11 +37,10 @@ class ChatServer:
         timeout_s: Seconds one HTTP request may take before it counts as failed (and is retried).
         retries: Further attempts after a failed one (connection error, timeout, HTTP 429 or 5xx).
         backoff_s: Wait before the first retry; doubled at each further one.
-        samples_per_request: Completions asked per request (``n``); servers that ignore ``n`` (``transformers
-            serve``) need 1, and votes are then drawn by repeated requests.
+        samples_per_request: Completions asked per request (``n``); 1 for servers that ignore ``n``.
 
     Attributes:
-        malformed: Completions a reply should have carried but did not (garbage body, missing fields).
+        malformed: Completions a reply should have carried but did not.
         requests: Requests answered (after retries).
     """
 
@@ -135,18 +130,7 @@ class ChatServer:
         max_tokens: int = 256,
         seeds: Sequence[int] | None = None,
     ) -> list[str | None]:
-        """``n`` sampled completions of one chat, in ``ceil(n / samples_per_request)`` requests.
-
-        Args:
-            messages: The chat (``[{"role": "user", "content": ...}]``).
-            n: Completions wanted.
-            temperature: Sampling temperature.
-            top_p: Nucleus mass.
-            max_tokens: Tokens per completion.
-            seeds: One seed per request (``seed`` of the API, honoured by vLLM and SGLang); ``None``: none sent.
-
-        Returns:
-            ``n`` texts, ``None`` where the reply lacked a well-formed completion.
+        """``n`` sampled completions of one chat (``None`` where a reply lacked one), with one API ``seed`` a request.
 
         Raises:
             RemoteServerError: naming the URL when a request failed all its attempts or was refused.

@@ -21,7 +21,7 @@ def answer_rewards(completions: Sequence[str], references: Sequence[str | None])
     """RLVR reward: 1.0 where the completion's last ``\\boxed{}`` equals the reference answer, else 0.0.
 
     Raises:
-        ValueError: naming the row, when a reference is missing (the checker needs one for every prompt).
+        ValueError: naming the row, when a reference is missing.
     """
     if len(completions) != len(references):
         raise ValueError(f"{len(completions)} completions but {len(references)} references")
@@ -46,14 +46,8 @@ def _tokenizer_fingerprint(tok: Any) -> str:
 class RewardModels(nn.Module):
     """Frozen sequence-classification reward models (one scalar each), scored in batches.
 
-    Each model scores ``prompt + completion`` (right-padded, the score at the last real token, as TRL does); models
-    that share a tokenizer share one tokenisation per call.
-
-    With ``group_size`` G > 1 (rows in groups of G sampled from one prompt) each group's common token prefix runs
-    through the backbone once and its KV cache is repeated to the rows (same scores up to float rounding), for
-    decoder-only classifiers whose ``forward`` takes a cache; others take the unshared path. The last decoder layer
-    runs only at the position a score is read from, where the architecture allows it
-    (:func:`~modules.lm.pooled_scoring.pooled_scores`; the same scores, about half the work of a 2-layer classifier).
+    Each scores ``prompt + completion`` (right-padded, read at the last real token, as TRL does); models sharing a
+    tokenizer share one tokenisation. With ``group_size`` G > 1 a group's common prefix runs once (KV cache shared).
 
     Args:
         paths: Hub names or local folders of ``AutoModelForSequenceClassification`` checkpoints.
@@ -144,8 +138,8 @@ def _takes_cache(model: nn.Module) -> bool:
 def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) -> Tensor | None:
     """Scores of right-padded rows in groups of ``g``, each group's common token prefix run once.
 
-    ``None`` when a group shares fewer than 2 tokens. Each prefix keeps at least one token of every row; positions
-    come from the attention mask, so every real token keeps its unshared position.
+    ``None`` when a group shares fewer than 2 tokens. Each prefix keeps at least one token of every row; positions come
+    from the attention mask, so every token keeps its unshared position.
     """
     n, width = ids.shape
     lengths = att.sum(dim=1)

@@ -1,8 +1,4 @@
-"""Utilities u(x, y, y′) of the Stackelberg game: any scorer of (prompt, leader response, follower response).
-
-The paper's utility is ``4·Var`` of a frozen preference ensemble (App. E.4); the alternatives of App. F are
-computed from the same member probabilities (:func:`utility_from_member_probs`).
-"""
+"""Utilities u(x, y, y′) of the Stackelberg game: any scorer of (prompt, leader response, follower response)."""
 
 from __future__ import annotations
 
@@ -26,14 +22,11 @@ def utility_from_member_probs(
     """The game utility from member probabilities ``p[..., k] = P_i(y ≻ y′ | x)`` (leader response first).
 
     * ``variance``: ``scale · Var`` (``scale = 4`` maps it to [0, 1], App. E.4);
-    * ``decision_uncertainty``: ``min(P̄, 1 − P̄)``;
-    * ``jsd``: Jensen–Shannon divergence among the members;
+    * ``decision_uncertainty``: ``min(P̄, 1 − P̄)``; ``jsd``: Jensen–Shannon divergence among the members;
     * ``slhf``: ``P(y′ ≻ y) = 1 − P̄`` (the follower wants to beat the leader, App. F);
     * ``directed``: ``scale · Var + λ · P_j(y′ ≻ y)`` with member ``j = member`` (App. F.2);
-    * ``preference``: ``P_j(y ≻ y′)`` of member ``j = member`` alone, the first response's win probability: the one
-      frozen preference model P0 of the NLHF and SLHF baselines (App. G.4), which read it as a preference;
-    * ``mean_preference``: ``P̄(y ≻ y′)``, the ensemble mean (the prediction the paper's Definition 3.1 and its 75.7%
-      accuracy are stated for), the other choice of P0.
+    * ``preference``: ``P_j(y ≻ y′)`` of member ``j`` alone, the frozen P0 of the NLHF/SLHF baselines (App. G.4);
+    * ``mean_preference``: ``P̄(y ≻ y′)``, the ensemble mean, the other choice of P0.
 
     Raises:
         ValueError: for an unknown kind or a member index out of range.
