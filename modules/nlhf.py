@@ -1,18 +1,10 @@
 """NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
 
-Per training step, for B prompts: D samples ``y ~ π_θ(·|x)`` in one batched ``generate``; D opponent samples
-``y′ ~ π^β(·|x)`` from the token-level geometric mixture ``π_θ^{1−β} π_ref^β`` (:mod:`modules.lm.mixture`); the frozen
-preference model's ``P0(y ≻ y′ | x)``; log-probabilities of ``y`` under the policy (with gradients) and the reference
-(the disabled adapter); the Nash-MD-PG estimate (:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`);
-the gradient clipped by ``grad_clip``; one AdamW step. Validation plays the policy against the reference on held-out
-prompts (:class:`~modules.evaluation.win_rate.WinRateValidation`).
-
-Budget (Table 3 of the Stackelberg paper): "Responses per prompt: 2" counts the answers sampled for a prompt in a
-step, the two sides of the one comparison P0 scores: one ``y ~ π_θ`` and one ``y′ ~ π^β``, so the default
-``samples_per_prompt`` D = 1 (Munos et al.'s Nash-MD-PG draws one pair per prompt). D > 1 draws D such pairs (2·D
-answers a prompt). Table 3's 32 prompts a step, temperature 0.6, top-p 1.0 and 512 tokens are the data module's
-``batch_size`` and :class:`Sampling`'s defaults here; the paper fine-tunes every weight ("LoRA disabled"), which is
-``lm.players: separate`` (a trainable copy of the policy and a frozen copy as the KL reference, as Table 3 says).
+A step: D samples ``y ~ π_θ`` and D opponent samples from the geometric mixture ``π_θ^{1−β} π_ref^β``
+(:mod:`modules.lm.mixture`), P0's preferences, the Nash-MD-PG loss
+(:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`), one clipped step. Table 3's "responses per prompt:
+2" is one pair (D = 1); the paper fine-tunes every weight (``lm.players: separate``). Validation:
+:class:`~modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations
@@ -43,28 +35,20 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
     """An LM policy trained by Nash-MD-PG against a frozen preference model P0 (the paper's NLHF baseline).
 
     Args:
-        lm: The policy and its reference (:class:`ModelConfig`): ``players: lora`` gives one adapter, ``policy``,
-            over the frozen base, whose disabled adapter is the reference μ; ``players: separate`` fine-tunes a full
-            copy (the paper's setting, "LoRA disabled") against a frozen copy as μ.
-        preference: ``P0(first ≻ second | x)`` on (prompt, first, second) lists. The paper names P0 "the frozen
-            preference model" without saying which; the configs take member 0 of the main job's ensemble
-            (``EnsembleUtility(kind="preference", member=0)``): one preference model trained on the ensemble's data,
-            as the paper's singular P0 reads; the members are exchangeable (they differ in data partition, head
-            initialisation and seed), so 0 is a fixed, arbitrary pick. ``member=j`` takes another and
-            ``kind="mean_preference"`` the ensemble mean. ``None`` is refused (an untrained ensemble).
+        lm: The policy (``players: lora``: one adapter, disabled as the reference μ; ``separate``: full copies).
+        preference: P0(first ≻ second | x); the configs take ensemble member 0; ``None`` is refused (untrained).
         tau: τ, the weight of ``KL(π_θ ‖ μ)``.
         beta: β, the reference's weight in the opponent's geometric mixture (0: self-play, 1: the reference).
-        lr: The policy's learning rate (AdamW, no weight decay).
-        samples_per_prompt: D, policy samples per prompt, each paired with one mixture sample: 2·D answers a prompt
-            (1: Table 3's 2).
-        sampling: How both the policy and the mixture sample (temperature, also that of the log-probabilities).
+        lr: The policy's learning rate.
+        samples_per_prompt: D, policy samples per prompt, each paired with one mixture sample (1: Table 3's budget).
+        sampling: How the policy and the mixture sample (temperature also that of the log-probabilities).
         system_prompt: The policy's system message.
         grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "NLHF (Nash-MD-PG)"
