@@ -1,21 +1,11 @@
 """Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
 
-Per step each problem forks at one trainable ply drawn uniformly: the plies before it are sampled once, the forked
-ply ``group_size`` times and every later ply once per branch, one ``generate`` call per ply for the whole batch. The
-judge votes on the finished transcripts in one call, the rules of :mod:`modules.algorithms.debate` turn Alice's share
-of the votes into per-ply rewards, and the clipped GRPO surrogate with the group baseline trains the forked ply only.
-Validation plays each problem once and returns verdicts, truth and item ids (for :class:`callbacks.MCCTracker`) and
-per-item outcomes (for :class:`callbacks.PeakCheckpoint`); at its end it gathers one record per problem from every
-rank, each problem once (a distributed sampler repeats some to pad the data), logs the exact ``val/correct``,
-``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and rewrites ``debate_evals.jsonl``
-from its evaluation history, one line per evaluation, so a resumed run lists each once (read by
-:mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
-:func:`~modules.algorithms.debate.verdict_of`: a tie (half the parseable votes each way) or a transcript with no
-parseable vote is no verdict, so MCC leaves it out and counts it apart. Bad input is counted, never a crash.
-Sampling is seeded from ``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the
-per-epoch averages, so a resumed run draws and logs what the uninterrupted one would. The paper's ablations are
-options: ``judging: pairwise`` and ``bob_reward: b_judge | b_convince`` (docs/debate.md, "Ablations"). The game
-itself: README, "Debate self-play".
+Per step each problem forks at one trainable ply drawn uniformly: the plies before it are sampled once, the forked ply
+``group_size`` times and every later ply once per branch. The judge's votes become Alice's share and per-ply rewards
+(:mod:`modules.algorithms.debate`); the clipped GRPO surrogate trains the forked ply only. Validation plays each
+problem once, logs exact counts over every problem once across ranks and rewrites ``debate_evals.jsonl``
+(:mod:`modules.evaluation.debate_compare`). Sampling is seeded from ``(seed, batches_seen)`` so resumes draw the same.
+The game and its ablations: README, "Debate self-play"; docs/debate.md, "Ablations".
 """
 
 from __future__ import annotations
@@ -73,19 +63,15 @@ class DebateSelfPlay(LanguageModelGame):
     """One set of weights plays Alice and Bob in RLAIF-A, Debate-AB, Debate-ABA or RLVR against a frozen judge.
 
     Args:
-        lm: The policy: where it comes from, how it loads, its LoRA adapter or full copy (``players: separate``)
-            (:class:`ModelConfig`). Its frozen weights are the reference.
+        lm: The policy (:class:`ModelConfig`: LoRA adapter or full copy); its frozen weights are the reference.
         protocol: ``rlaif_a``, ``debate_ab``, ``debate_aba`` or ``rlvr``.
         judge: The frozen judge; ``None`` builds a :class:`modules.scorers.judges.ProgrammaticJudge` with its defaults.
         lr: Single-player learning rate (RLAIF-A, RLVR).
         multi_player_lr_scale: Debate protocols train at ``lr`` times this (paper: 1/4).
-        policy_gradient: The update of the forked ply (:class:`PolicyGradient`): ``group_size`` G is the branches
-            sampled at the fork; the KL is to the reference on the forked ply.
-        sampling: How the players sample (:class:`Sampling`: temperature, also that of the log-probabilities, top-p,
-            tokens of Alice's answer turn, and ``min_new_tokens`` of every turn).
+        policy_gradient: The forked ply's update (:class:`PolicyGradient`; ``group_size``: branches at the fork).
+        sampling: How the players sample (temperature also of the log-probabilities; tokens of Alice's answer).
         reply_max_new_tokens: Tokens of critique and rebuttal turns (``None``: ``sampling.max_new_tokens``).
-        word_limit: Words allowed in critique and rebuttal, stated in the prompt and enforced by the penalty
-            (paper: 50, 100 or 150; ``None``: no limit).
+        word_limit: Words allowed in critique and rebuttal, stated and enforced by the penalty (``None``: no limit).
         word_penalty_coef: Penalty per word over the limit.
         missing_answer_reward: Alice's reward when her answer has no ``\\boxed{}`` (strictly negative).
         format_reward: Reward of a ply with an invalid thinking format (paper: −1).
@@ -93,24 +79,17 @@ class DebateSelfPlay(LanguageModelGame):
         think_close: Closing delimiter.
         require_thinking: Whether a reply without a thinking block has an invalid format.
         system_prompt: System message of every turn (``None``: none).
-        alice_prompt: Alice's answer prompt: a name in :data:`modules.algorithms.debate.PROMPTS` (``alice``,
-            ``alice_misaligned``) or a template with ``{problem}``.
-        bob_prompt: Bob's prompt: ``bob_honest_broker``, ``bob_incentive_aligned``, ``bob_misaligned`` or a template
-            with ``{problem}`` and ``{solution}``.
+        alice_prompt: Alice's answer prompt: a name (``alice``, ``alice_misaligned``) or a ``{problem}`` template.
+        bob_prompt: Bob's prompt: a name (``bob_honest_broker``, ...) or a ``{problem}``, ``{solution}`` template.
         rebuttal_prompt: Alice's rebuttal prompt: ``alice_rebuttal`` or a template with ``{critique}``.
         trainable_plies: Plies that may be forked (``None``: all plies of the protocol), e.g. ``["critique"]``.
-        judging: ``verdict`` (the judge rules on each transcript) or ``pairwise``, the paper's "pairwise-preference
-            judging" ablation (RLAIF-A, even ``group_size``): training rewards each of two rollouts with the judge's
-            share of votes preferring it (:func:`~modules.algorithms.verdicts.pair_shares`); validation keeps the
-            verdict, whose MCC measures the hacking.
-        bob_reward: ``constant_sum`` (``1 − r``) or the paper's "training only Bob with ground truth" ablations,
-            ``b_judge`` and ``b_convince`` (:func:`~modules.algorithms.debate.bob_verdict`): Alice is then played by
-            the frozen reference weights and ``trainable_plies`` must be ``["critique"]``.
+        judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
+        bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
         grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
         log_samples: Validation transcripts shown per validation in TensorBoard (``val/debates``; 0: none).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "debate self-play"
@@ -185,16 +164,8 @@ class DebateSelfPlay(LanguageModelGame):
         self.epoch_accuracy = torchmetrics.MeanMetric()
         for metric in (self.epoch_reward, self.epoch_accuracy):
             metric.persistent(True)
-        self.counters = {
-            "batches_seen": 0,
-            "no_reference": 0,
-            "judge_unparseable": 0,
-            "judge_timeouts": 0,
-            "judge_invalid": 0,
-            "judge_ties": 0,
-            "judge_unparsed": 0,
-            "empty_replies": 0,
-        }
+        keys = "batches_seen no_reference judge_unparseable judge_timeouts judge_invalid judge_ties judge_unparsed"
+        self.counters = dict.fromkeys([*keys.split(), "empty_replies"], 0)
         self._records = ItemRecords(self._RECORD_COLUMNS)
         self.eval_history: list[dict[str, float]] = []
 
@@ -224,10 +195,9 @@ class DebateSelfPlay(LanguageModelGame):
     def play(
         self, problems: list[str], references: list[str | None], group_size: int, fork_plies: list[int] | None = None
     ) -> ForkedRollout[Rollout]:
-        """Play every problem to the verdict, forking ``group_size`` branches at ``fork_plies`` (one per problem).
+        """Play every problem, forking ``group_size`` branches at ``fork_plies`` (``None``: once each, group size 1).
 
-        ``fork_plies=None`` plays one transcript per problem with one sample per ply (evaluation; ``group_size``
-        must then be 1). One ``generate`` call per ply holds every row of that ply, Alice's and Bob's alike.
+        One ``generate`` call per ply holds every row of that ply, Alice's and Bob's alike.
         """
         hp = self.hparams
         b, g = len(problems), group_size
@@ -325,10 +295,9 @@ class DebateSelfPlay(LanguageModelGame):
     def _judge(
         self, transcripts: list[Transcript], against: list[Transcript] | None = None
     ) -> tuple[list[float], dict[str, int], list[str]]:
-        """Alice's vote shares, the judge's counts and the verdicts (:func:`~modules.algorithms.debate.verdict_of`).
+        """Alice's vote shares, the judge's counts and the verdicts (``against``: pairwise, ``transcripts`` over it).
 
-        ``judge_ties`` and ``judge_unparsed`` count the transcripts with a reference (those MCC would score) whose
-        votes tie or of which no vote parses. ``against``: pairwise, shares and verdicts of ``transcripts`` over it.
+        ``judge_ties`` and ``judge_unparsed`` count the referenced transcripts whose votes tie or none parses.
         """
         votes = self.judge.vote(transcripts, against)
         verdicts = votes.verdicts
@@ -407,11 +376,9 @@ class DebateSelfPlay(LanguageModelGame):
     def _mcc_outputs(
         self, transcripts: list[Transcript], verdicts: list[str], items: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        """What the callbacks read from a step's output.
+        """What the callbacks read: ``judge``/``truth`` of referenced, decided transcripts; with ``items`` their ids.
 
-        ``judge`` (1 accepts, 0 rejects) and ``truth`` of the transcripts with a reference and a verdict (ties and
-        unparsed left out); given the items' ids, those ids (``judge_item``), and every referenced transcript's
-        correctness (``correct``) and id (``correct_item``).
+        Given ``items``, also ``judge_item`` and every referenced transcript's ``correct`` and ``correct_item``.
         """
         known = [i for i, t in enumerate(transcripts) if t.correct is not None]
         keep = [i for i in known if verdicts[i] in ("alice", "bob")]
@@ -488,11 +455,7 @@ class DebateSelfPlay(LanguageModelGame):
         return self._mcc_outputs(transcripts, verdicts, items)
 
     def _end_evaluation(self, stage: str) -> dict[str, float] | None:
-        """Gather the evaluation's per-problem records (each problem once), log the exact counts, return them.
-
-        A collective: every rank calls it at the end of each evaluation. ``tp``/``fp``/``tn``/``fn`` hold the
-        problems with a reference and a verdict; ``ties`` and ``unparsed`` the referenced ones without a verdict.
-        """
+        """Gather the per-problem records (each problem once; a collective), log the exact counts, return them."""
         _, v = self._records.compute(self.device)
         self._records.reset()
         if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
@@ -539,9 +502,7 @@ class DebateSelfPlay(LanguageModelGame):
     def on_validation_epoch_start(self) -> None:
         self._records.reset()
 
-    @override
-    def on_test_epoch_start(self) -> None:
-        self._records.reset()
+    on_test_epoch_start = on_validation_epoch_start
 
     @override
     def on_test_epoch_end(self) -> None:
@@ -564,8 +525,7 @@ class DebateSelfPlay(LanguageModelGame):
             "protocol": self.hparams.protocol,
         }
         self.eval_history.append(record)
-        # the whole history rewritten, not one line appended: a resumed run (history restored from its checkpoint)
-        # drops the evaluations made after that checkpoint, and each evaluation is in the file once
+        # rewritten whole: a resumed run drops the evaluations after its checkpoint, and each is in the file once
         lines = [
             {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in e.items()}
             for e in self.eval_history
