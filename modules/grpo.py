@@ -1,17 +1,9 @@
 """GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
 
-Per training step, for B prompts: B·G completions in one batched ``generate`` (left padding, KV cache); rewards from
-each reward model in one batched pass (models that share a tokenizer share one tokenisation) and/or the answer
-checker (RLVR: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference); group advantages
-and reference log-probabilities once per step without gradients through the disabled adapter; the clipped surrogate
-with the k3 KL on completion tokens only (both :class:`~modules.algorithms.rl_losses.PolicyGradient`); AdamW. With
-``policy_gradient.updates_per_batch`` μ > 1 the sampling policy's log-probabilities are kept (one extra forward
-without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
-
-Each phase's wall time is logged (``time/generate``, ``time/score``, ``time/ref_logprobs``, ``time/backward``: the
-policy's forward and backward, ``time/optimizer``) and kept in :attr:`GRPO.phase_times`. A step with a non-finite
-reward or loss is skipped, counted (``train/nonfinite_skipped``) and warned about; ``max_consecutive_nonfinite`` in a
-row stop training with a clear error (one decision for all ranks).
+A step: B·G completions in one ``generate``; rewards from the reward models and/or the answer checker (RLVR); group
+advantages, and reference log-probabilities through the disabled adapter; the clipped surrogate with the k3 KL
+(:class:`~modules.algorithms.rl_losses.PolicyGradient`), μ optimizer steps per rollout. Each phase's time is logged
+(``time/<phase>``); a non-finite reward or loss skips the step (one decision for all ranks).
 """
 
 from __future__ import annotations
@@ -50,33 +42,25 @@ class GRPO(LanguageModelGame):
     """Group Relative Policy Optimization of one LM policy (LoRA over a frozen base, or a full copy).
 
     Args:
-        lm: The policy: where it comes from, how it loads, its LoRA adapter (:class:`ModelConfig`). Its frozen
-            weights are the reference.
-        reward_models: Sequence-classification reward models (paths), each one scalar; summed with
-            ``reward_weights``. They load with the policy's ``dtype`` and ``trust_remote_code``.
+        lm: The policy (:class:`ModelConfig`: LoRA adapter or full copy); its frozen weights are the reference.
+        reward_models: Sequence-classification reward models (paths), each one scalar, loaded like the policy.
         answer_reward: Add the RLVR reward: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference.
         reward_weights: One weight per reward model, then one for the answer reward (default: all 1).
         reward_batch_size: Rows per reward-model forward (0: the whole batch at once).
         reward_max_length: Tokens per reward-model input (cut from the left).
-        policy_gradient: The update (:class:`PolicyGradient`: group size G, clip, KL coefficient β, updates per
-            rollout, advantage scaling, micro-batches); default G = 4, β = 0.04.
+        policy_gradient: The update (:class:`PolicyGradient`); default G = 4, β = 0.04.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         adam_betas: AdamW betas.
         grad_clip: Gradient norm clip (``None``: none).
-        sampling: How replies are sampled (:class:`Sampling`: temperature, also that of the log-probabilities,
-            top-p, tokens per reply, and ``min_new_tokens``, which fixes the work per step).
+        sampling: How replies are sampled (:class:`Sampling`; temperature also of the log-probabilities).
         system_prompt: System message of the chat template (``None``: none).
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
-        skip_uniform_groups: Leave out of the policy's forward and backward the groups whose rewards are all equal
-            (every reply right, or every reply wrong): their advantages are 0, so with β = 0 their surrogate and its
-            gradient are exactly 0 and the update is the same. The mean still counts their rows. Only with β = 0
-            (the KL term has a gradient at any advantage) and in a one-process run (sharded and data-parallel
-            ranks must run the same forwards). ``train/informative_groups`` logs the share of groups that count.
+        skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, one process only).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
         log_samples: Greedy validation replies shown per validation in TensorBoard (``val/generations``; 0: none).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "GRPO"
@@ -103,12 +87,7 @@ class GRPO(LanguageModelGame):
         log_samples: int = 4,
         optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(
-            grad_clip=grad_clip,
-            max_consecutive_nonfinite=max_consecutive_nonfinite,
-            log_samples=log_samples,
-            optimizer=optimizer,
-        )
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         lm = ModelConfig.coerce(lm)
         reward_models = list(reward_models or [])
         if not reward_models and not answer_reward:
@@ -185,13 +164,10 @@ class GRPO(LanguageModelGame):
         old: Tensor | None,
         groups: Tensor | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in micro-batches: loss and stats, or ``None``.
+        """Forward and backward in micro-batches (:func:`~modules.lm.micro_batches.micro_batches`): loss and stats.
 
-        A micro-batch holds at most ``policy_gradient.micro_batch`` rows (rounded up to whole groups) and
-        ``max_tokens_per_micro_batch`` padded tokens (:func:`~modules.lm.micro_batches.micro_batches`: whole groups
-        unless a group alone is over the budget). ``groups``: indices of the groups to run (default: all). The loss
-        stays the mean over all ``N`` rows, so the rows left out count as rows of loss 0 (exact for groups whose
-        advantages are 0 when β = 0).
+        ``groups``: the groups to run (default: all); the loss stays the mean over all rows, those left out count 0.
+        ``None`` when the loss is not finite.
         """
         pg = self.policy_gradient
         total, g = rollout.sequences.shape[0], rollout.group_size
@@ -207,8 +183,7 @@ class GRPO(LanguageModelGame):
 
         bounds = chunks()
         if len(bounds) > 1:
-            # groups ordered by their longest completion: each chunk then runs to its own longest reply (see
-            # PolicyBank.token_logprobs), not the batch's; the loss is a mean over rows, so the order does not change it
+            # groups by their longest completion: each chunk then runs to its own longest reply, not the batch's
             order = _groups_by_length(rollout.completion_mask, g)
             rollout, advantages = rollout.rows(order, g), advantages[order]
             ref = None if ref is None else ref[order]
@@ -303,11 +278,7 @@ class GRPO(LanguageModelGame):
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``.
-
-        The means are taken at the epoch's end over every prompt once, identified by the batch's ``"index"`` (dataset
-        indices), so that a prompt a distributed sampler repeats to pad the data is not counted twice.
-        """
+        """Greedy reply per held-out prompt: its reward and, with a reference, its accuracy (each prompt once)."""
         hp = self.hparams
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         index = self.item_ids(batch, len(prompts))
