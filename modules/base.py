@@ -35,7 +35,7 @@ from alignment_games.modules.lm.base_identity import check_base_identity
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
-from alignment_games.modules.training.optimizers import OptimizerCallable, check_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = ["BASE_IDENTITY_KEY", "LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
@@ -254,6 +254,10 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         optimizer.step()
         self.record_update()
         return grad_norm_after_step(self.trainer.strategy, norm)
+
+    def make_optimizer(self, params: Any, lr: float, **adamw: Any) -> torch.optim.Optimizer:
+        """The family's ``optimizer`` over ``params`` at ``lr`` (no weight decay by default)."""
+        return build_optimizer(self.optimizer_callable, params, lr, **{"weight_decay": 0.0, **adamw})
 
     def _optimizer_list(self) -> list[Any]:
         opts = self.optimizers()

@@ -52,7 +52,7 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 
@@ -160,8 +160,7 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(
                 f"judging: pairwise needs a judge that compares two answers; {type(self.judge).__name__} does not"
             )
-        self.epoch_reward = torchmetrics.MeanMetric()
-        self.epoch_accuracy = torchmetrics.MeanMetric()
+        self.epoch_reward, self.epoch_accuracy = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
         for metric in (self.epoch_reward, self.epoch_accuracy):
             metric.persistent(True)
         keys = "batches_seen no_reference judge_unparseable judge_timeouts judge_invalid judge_ties judge_unparsed"
@@ -235,19 +234,9 @@ class DebateSelfPlay(LanguageModelGame):
 
     def rewards(self, transcripts: list[Transcript], shares: list[float]) -> list[list[PlyReward]]:
         """:func:`modules.algorithms.debate.ply_rewards` of every transcript with this module's settings."""
-        hp = self.hparams
-        return [
-            ply_rewards(
-                t,
-                s,
-                word_limit=hp.word_limit,
-                word_penalty_coef=hp.word_penalty_coef,
-                missing_answer_reward=hp.missing_answer_reward,
-                format_reward=hp.format_reward,
-                bob_reward=hp.bob_reward,
-            )
-            for t, s in zip(transcripts, shares)
-        ]
+        keys = ("word_limit", "word_penalty_coef", "missing_answer_reward", "format_reward", "bob_reward")
+        settings = {k: self.hparams[k] for k in keys}
+        return [ply_rewards(t, s, **settings) for t, s in zip(transcripts, shares)]
 
     def policy_loss(
         self,
@@ -299,14 +288,11 @@ class DebateSelfPlay(LanguageModelGame):
 
         ``judge_ties`` and ``judge_unparsed`` count the referenced transcripts whose votes tie or none parses.
         """
-        votes = self.judge.vote(transcripts, against)
-        verdicts = votes.verdicts
-        counts = {"judge_unparseable": votes.unparseable, "judge_timeouts": votes.timed_out}
-        counts["judge_invalid"] = votes.invalid
-        referenced = [v for v, t in zip(verdicts, transcripts) if t.correct is not None]
-        counts["judge_ties"] = referenced.count("tie")
-        counts["judge_unparsed"] = referenced.count("unparsed")
-        return votes.shares, counts, verdicts
+        out = self.judge.vote(transcripts, against)
+        counts = {"judge_unparseable": out.unparseable, "judge_timeouts": out.timed_out, "judge_invalid": out.invalid}
+        referenced = [v for v, t in zip(out.verdicts, transcripts) if t.correct is not None]
+        counts |= {"judge_ties": referenced.count("tie"), "judge_unparsed": referenced.count("unparsed")}
+        return out.shares, counts, out.verdicts
 
     @override
     def on_train_epoch_start(self) -> None:
@@ -417,8 +403,7 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = self.bank.player_parameters(PLAYER)
-        return build_optimizer(self.optimizer_callable, params, self.learning_rate, weight_decay=0.0)
+        return self.make_optimizer(self.bank.player_parameters(PLAYER), self.learning_rate)
 
     @override
     def on_fit_start(self) -> None:

@@ -31,7 +31,7 @@ from alignment_games.modules.lm.precision import resolve_dtype
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["GRPO"]
 
@@ -272,9 +272,7 @@ class GRPO(LanguageModelGame):
         hp = self.hparams
         # trainable = the adapter (or the policy copy); selected by requires_grad, which survives FSDP flattening
         params = [p for p in self.players.parameters() if p.requires_grad]
-        return build_optimizer(
-            self.optimizer_callable, params, hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas)
-        )
+        return self.make_optimizer(params, hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas))
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:

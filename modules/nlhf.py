@@ -26,7 +26,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["NashMDPG"]
 
@@ -136,5 +136,4 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        policy = self.players.player_parameters("policy")
-        return build_optimizer(self.optimizer_callable, policy, self.hparams.lr, weight_decay=0.0)
+        return self.make_optimizer(self.players.player_parameters("policy"), self.hparams.lr)

@@ -39,7 +39,7 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -178,10 +178,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        make, lr = self.optimizer_callable, self.followers.lr
-        return [
-            build_optimizer(make, self.bank(p).player_parameters(p), lr, weight_decay=0.0) for p in self.player_names
-        ]
+        return [self.make_optimizer(self.bank(p).player_parameters(p), self.followers.lr) for p in self.player_names]
 
     @override
     def on_train_start(self) -> None:

@@ -18,7 +18,6 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import build_optimizer
 
 __all__ = ["LeaderFollower", "check_leader_follower", "load_play_state", "optimizers", "play_state"]
 
@@ -51,10 +50,9 @@ def load_play_state(game: Any, state: dict[str, Any]) -> None:
 
 
 def optimizers(game: Any) -> list[torch.optim.Optimizer]:
-    """A game's ``configure_optimizers``: one :func:`build_optimizer` per player at ``leader_lr`` / ``follower_lr``."""
+    """A game's ``configure_optimizers``: one optimizer per player at ``leader_lr`` / ``follower_lr``."""
     lrs = (("leader", game.hparams.leader_lr), ("follower", game.hparams.follower_lr))
-    make = game.optimizer_callable
-    return [build_optimizer(make, game.players.player_parameters(p), lr, weight_decay=0.0) for p, lr in lrs]
+    return [game.make_optimizer(game.players.player_parameters(p), lr) for p, lr in lrs]
 
 
 class LeaderFollower:
