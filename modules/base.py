@@ -142,15 +142,19 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.phase_times: dict[str, float] = {}
         self.board = GameBoard(log_samples)
 
-    def save_hyperparameters_and_groups(self, groups: dict[str, Any], ignore: Sequence[str] = ()) -> None:
-        """The calling ``__init__``'s arguments as hparams, argument groups as plain dicts (``weights_only`` loading).
+    def save_arguments(self, lm: Any, ignore: Sequence[str] = (), **groups: type) -> None:
+        """The calling ``__init__``'s arguments as hparams, ``lm`` and the argument groups as plain dicts.
 
-        ``ignore`` names arguments that are objects (judges, utilities), not saved.
+        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group`, kept as an attribute.
+        Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments (judges, utilities).
         """
-        self.save_hyperparameters(ignore=[*groups, *ignore, "optimizer"], frame=inspect.currentframe().f_back)
-        self.hparams.update({k: dataclasses.asdict(v) for k, v in groups.items()})
+        frame = inspect.currentframe().f_back
+        for name, cls in groups.items():
+            setattr(self, name, argument_group(cls, frame.f_locals[name], name))
+        self.save_hyperparameters(ignore=["lm", *groups, *ignore, "optimizer"], frame=frame)
+        plain = {"lm": lm, **{name: getattr(self, name) for name in groups}}
+        self.hparams.update({k: dataclasses.asdict(v) for k, v in plain.items()})
 
-    # ------------------------------------------------------------------------------------------------ what games give
     def policy_banks(self) -> dict[str, PolicyBank]:
         """The game's policy banks by attribute name (sharded, fitted to the strategy, trimmed in checkpoints)."""
         return {name: m for name, m in self.named_children() if isinstance(m, PolicyBank)}
@@ -162,7 +166,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     def load_game_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`game_state` returned."""
 
-    # ------------------------------------------------------------------------------------------------ strategies
     @override
     def configure_model(self) -> None:
         """Under FSDP2 shard each bank over the data-parallel mesh, one unit per decoder block; elsewhere nothing."""
@@ -195,7 +198,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         """Write the samples kept for TensorBoard (rank zero, TensorBoard logger only; see :attr:`board`)."""
         self.board.write_samples(self)
 
-    # ------------------------------------------------------------------------------------------------ optimisation
     def accumulate(
         self,
         chunks: Sequence[tuple[int, int]],
@@ -263,7 +265,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         opts = self.optimizers()
         return list(opts) if isinstance(opts, (list, tuple)) else [opts]
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
     def trainable_state_names(self) -> set[str]:
         """State-dict names of every trainable tensor of the banks."""
         return {
@@ -299,7 +300,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.load_nonfinite_state(state.pop("nonfinite", None))
         self.load_game_state(state)
 
-    # ------------------------------------------------------------------------------------------------ artifacts
     def item_ids(self, batch: dict[str, Any], count: int) -> Tensor:
         """The dataset indices of an evaluation batch's ``count`` items (``batch["index"]``): each counted once.
 
@@ -341,7 +341,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         atomic_write_text(path, text)
         return path
 
-    # ------------------------------------------------------------------------------------------------ export
     def export_players(self) -> list[Player]:
         """Every bank's players: LoRA adapters over the bank's base, or (``players: separate``) full copies."""
         return [

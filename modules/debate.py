@@ -44,7 +44,7 @@ from alignment_games.modules.algorithms.debate import (
 )
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from alignment_games.modules.base import LanguageModelGame, require_at_least, require_positive
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -147,11 +147,8 @@ class DebateSelfPlay(LanguageModelGame):
             "critique": self._template("bob_prompt", bob_prompt, ["{problem}", "{solution}"]),
             "rebuttal": self._template("rebuttal_prompt", rebuttal_prompt, ["{critique}"]),
         }
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
+        self.save_arguments(lm, ["judge"], sampling=Sampling, policy_gradient=PolicyGradient)
         check_ablation(protocol, trainable, judging, bob_reward, self.policy_gradient.group_size)
-        groups = {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
-        self.save_hyperparameters_and_groups(groups, ignore=["judge"])
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
@@ -184,7 +181,6 @@ class DebateSelfPlay(LanguageModelGame):
         hp = self.hparams
         return hp.lr * (hp.multi_player_lr_scale if hp.protocol in ("debate_ab", "debate_aba") else 1.0)
 
-    # ------------------------------------------------------------------------------------------------ playing
     def render(self, ply: str, transcript: Transcript) -> str:
         """The chat-formatted prompt of ``ply`` given the transcript so far (visible parts only)."""
         hp = self.hparams
@@ -272,7 +268,6 @@ class DebateSelfPlay(LanguageModelGame):
             current[j] = lp.detach()
         return loss, {k: torch.tensor(v) for k, v in stats.items()}, current
 
-    # ------------------------------------------------------------------------------------------------ training
     @contextmanager
     def _seeded(self, *key: int) -> Any:
         """Seed the players' sampling from ``(seed, *key)`` without touching the caller's global RNG state."""
@@ -409,7 +404,6 @@ class DebateSelfPlay(LanguageModelGame):
     def on_fit_start(self) -> None:
         self.judge.to(self.device)
 
-    # ------------------------------------------------------------------------------------------------ evaluation
     _RECORD_COLUMNS = ("referenced", "correct", "accepts", "tie", "unparsed", "reward")
 
     def _evaluate(self, stage: str, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
@@ -517,7 +511,6 @@ class DebateSelfPlay(LanguageModelGame):
         ]
         self.write_artifact("debate_evals.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
     @override
     def game_state(self) -> dict[str, Any]:
         """The counters, the evaluation history and the judge's sampling state."""

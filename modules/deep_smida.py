@@ -21,7 +21,6 @@ from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 from alignment_games.modules.base import (
     LanguageModelGame,
-    argument_group,
     require_at_least,
     require_in_range,
     require_positive,
@@ -109,8 +108,7 @@ class DeepSMIDA(LanguageModelGame):
             )
         for i, eps in enumerate(epsilons):  # margins on a probability
             require_in_range(f"epsilons[{i}]", eps, 0.0, 1.0, open_high=True)
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["utility", "oracle"])
+        self.save_arguments(lm, ["utility", "oracle"], sampling=Sampling)
         utility = utility if utility is not None else EnsembleUtility()  # refuses, before the players load
         self.play = lf.LeaderFollower(self, lm, utility, oracle)
         self._eval: dict[str, list[Tensor]] = {}
@@ -126,7 +124,6 @@ class DeepSMIDA(LanguageModelGame):
         lf.load_play_state(self, state)
         self.reference_thresholds = dict(state.get("reference_thresholds", {}))
 
-    # ------------------------------------------------------------------ training
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.play.train_step(batch, self.surrogate_losses, follower_only=self.hparams.follower_only)
@@ -151,7 +148,6 @@ class DeepSMIDA(LanguageModelGame):
 
     configure_optimizers = lf.optimizers
 
-    # ------------------------------------------------------------------ evaluation
     def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[Tensor, Tensor]:
         if isinstance(self.utility, EnsembleUtility):
             p = self.utility.member_probs(prompts, ys, y2s)
@@ -244,7 +240,6 @@ class DeepSMIDA(LanguageModelGame):
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
             log_figure(self._trainer, f"val/{name}", fig, self.global_step)
 
-    # ------------------------------------------------------------------ candidates for annotation
     @override
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """α-online candidates of the trained pair, as rows of the preference datamodule's format (leader first)."""

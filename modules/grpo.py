@@ -19,7 +19,6 @@ from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.base import (
     LanguageModelGame,
-    argument_group,
     require_at_least,
     require_in_range,
     require_positive,
@@ -108,23 +107,10 @@ class GRPO(LanguageModelGame):
             require_at_least(eval_max_new_tokens=(eval_max_new_tokens, 1))
         for i, b in enumerate(adam_betas):
             require_in_range(f"adam_betas[{i}]", b, 0.0, 1.0, open_high=True)
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
-        self.save_hyperparameters_and_groups(
-            {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
-        )
+        self.save_arguments(lm, sampling=Sampling, policy_gradient=PolicyGradient)
         self.players = PolicyBank(lm, players=(PLAYER,))
-        self.reward_models = (
-            RewardModels(
-                reward_models,
-                reward_batch_size,
-                reward_max_length,
-                resolve_dtype(lm.dtype, frozen=True),
-                lm.trust_remote_code,
-            )
-            if reward_models
-            else None
-        )
+        scoring = (reward_batch_size, reward_max_length, resolve_dtype(lm.dtype, frozen=True), lm.trust_remote_code)
+        self.reward_models = RewardModels(reward_models, *scoring) if reward_models else None
         self.register_buffer(
             "reward_weight", torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32), persistent=False
         )
@@ -171,11 +157,12 @@ class GRPO(LanguageModelGame):
         """
         pg = self.policy_gradient
         total, g = rollout.sequences.shape[0], rollout.group_size
+
+        def select(rows: Tensor) -> tuple[Rollout, Tensor, Tensor | None, Tensor | None]:
+            return rollout.rows(rows, g), advantages[rows], *(None if t is None else t[rows] for t in (ref, old))
+
         if groups is not None and len(groups) < total // g:
-            rows = (groups.cpu()[:, None] * g + torch.arange(g)).reshape(-1).to(advantages.device)
-            rollout, advantages = rollout.rows(rows, g), advantages[rows]
-            ref = None if ref is None else ref[rows]
-            old = None if old is None else old[rows]
+            rollout, advantages, ref, old = select(_group_rows(groups, g, advantages.device))
 
         def chunks() -> list[tuple[int, int]]:
             spans, lengths = row_lengths(rollout.attention_mask, rollout.prompt_width, rollout.completion_mask)
@@ -184,22 +171,14 @@ class GRPO(LanguageModelGame):
         bounds = chunks()
         if len(bounds) > 1:
             # groups by their longest completion: each chunk then runs to its own longest reply, not the batch's
-            order = _groups_by_length(rollout.completion_mask, g)
-            rollout, advantages = rollout.rows(order, g), advantages[order]
-            ref = None if ref is None else ref[order]
-            old = None if old is None else old[order]
+            rollout, advantages, ref, old = select(_groups_by_length(rollout.completion_mask, g))
             bounds = chunks()
 
         def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
             part = rollout.rows(slice(start, stop))
             lp = self.players.token_logprobs(PLAYER, part, self.sampling.temperature)
-            return pg.loss(
-                lp,
-                part.completion_mask.to(lp.dtype),
-                advantages[start:stop],
-                None if old is None else old[start:stop],
-                None if ref is None else ref[start:stop],
-            )
+            old_ref = (None if t is None else t[start:stop] for t in (old, ref))
+            return pg.loss(lp, part.completion_mask.to(lp.dtype), advantages[start:stop], *old_ref)
 
         return self.accumulate(bounds, loss_of, total_rows=total)
 
@@ -229,17 +208,14 @@ class GRPO(LanguageModelGame):
             groups = informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
         self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})
         ref = old = None
+        budget = (self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch)
         with torch.no_grad():
             if pg.kl_coef > 0:
                 with self._timed("ref_logprobs"):
-                    ref = self.players.token_logprobs(
-                        None, roll, self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch
-                    )
+                    ref = self.players.token_logprobs(None, roll, *budget)
             if pg.updates_per_batch > 1:
                 with self._timed("old_logprobs"):
-                    old = self.players.token_logprobs(
-                        PLAYER, roll, self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch
-                    )
+                    old = self.players.token_logprobs(PLAYER, roll, *budget)
         for _ in range(pg.updates_per_batch):
             opt.zero_grad()
             with self._timed("backward"):
@@ -312,8 +288,12 @@ class GRPO(LanguageModelGame):
     on_test_epoch_end = on_validation_epoch_end
 
 
+def _group_rows(groups: Tensor, g: int, device: torch.device) -> Tensor:
+    """The rows of ``groups`` of ``g`` rows each, in their order."""
+    return (groups.cpu()[:, None] * g + torch.arange(g)).reshape(-1).to(device)
+
+
 def _groups_by_length(completion_mask: Tensor, g: int) -> Tensor:
     """Row order that keeps groups of ``g`` whole and sorts them by their longest completion (stable)."""
     longest = completion_mask.sum(dim=1).view(-1, g).amax(dim=1)
-    groups = torch.sort(longest.cpu(), stable=True).indices
-    return (groups[:, None] * g + torch.arange(g)).reshape(-1).to(completion_mask.device)
+    return _group_rows(torch.sort(longest.cpu(), stable=True).indices, g, completion_mask.device)

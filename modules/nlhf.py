@@ -15,7 +15,7 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_positive
+from alignment_games.modules.base import LanguageModelGame, require_positive
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games.leader_follower import load_play_state, play_state
 from alignment_games.modules.lm.mixture import generate_mixture
@@ -80,8 +80,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
             raise ValueError(
                 f"samples_per_prompt and eval_pairs must be at least 1, got {samples_per_prompt}, {eval_pairs}"
             )
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["preference", "oracle"])
+        self.save_arguments(lm, ["preference", "oracle"], sampling=Sampling)
         self.players = PolicyBank(lm, players=("policy",))
         self.preference = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")
         self.preference.requires_grad_(False)

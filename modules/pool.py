@@ -29,7 +29,7 @@ from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
+from alignment_games.modules.base import LanguageModelGame, require_at_least, require_in_range
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates
@@ -112,14 +112,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
-        self.leader_reward = argument_group(CompositeReward, leader_reward, "leader_reward")
-        self.matchmaking = argument_group(rules.Matchmaking, matchmaking, "matchmaking")
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.judging = argument_group(PeerJudging, judging, "judging")
-        self.reputation = argument_group(rules.ReputationWeighting, reputation, "reputation")
-        self.followers = argument_group(FollowerTraining, followers, "followers")
-        groups = ("leader_reward", "matchmaking", "sampling", "judging", "reputation", "followers")
-        self.save_hyperparameters_and_groups({"lm": lm, **{k: getattr(self, k) for k in groups}})
+        groups = {"leader_reward": CompositeReward, "matchmaking": rules.Matchmaking, "sampling": Sampling}
+        groups |= {"judging": PeerJudging, "reputation": rules.ReputationWeighting, "followers": FollowerTraining}
+        self.save_arguments(lm, **groups)
         _check_settings(m, self.hparams)
         self.player_names = [f"m{i}" for i in range(m)]
         if models:
@@ -149,13 +144,11 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         args = (self.followers, self.bank, self, self.epoch_means["follower_loss"])
         self.follow = FollowerUpdates(*args, system_prompt, self.sampling.temperature)
 
-    # ------------------------------------------------------------------------------------------------ models
     @override
     def policy_banks(self) -> dict[str, PolicyBank]:
         """Every bank by its state-dict prefix (``banks.<i>``)."""
         return {f"banks.{i}": bank for i, bank in enumerate(self.banks)}
 
-    # ------------------------------------------------------------------------------------------------ Lightning
     @override
     def setup(self, stage: str) -> None:
         collectives.check_replicated_strategy(self.trainer, self.family)  # before the base fits the banks to it
@@ -197,7 +190,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         # a follower that sits out this iteration logs nothing, rather than its last loss again (resumed or not)
         forget_earlier_step_values(self.trainer)
 
-    # ------------------------------------------------------------------------------------------------ the game
     def _ensure_leader(self, k: int) -> None:
         if self.leader_bandit is None:
             self.leader_bandit = Exp3(k, gamma=self.hparams.gamma)
@@ -429,7 +421,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         self.board.write_distribution(self, "leader/exp3_probs", probs)  # every iteration: the leader's distribution
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
-    # ------------------------------------------------------------------------------------------------ evaluation
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test)."""
@@ -481,7 +472,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
             figures = make_pool_figures(self.history, self.player_names)
             write_pool_artifacts(folder, record, figures, self.trainer, self.global_step)
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
     @override
     def game_state(self) -> dict[str, Any]:
         """The leader, iteration, histories, counters, the game's generator and the Elo ratings."""

@@ -145,7 +145,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         self._collected: dict[str, list[tuple[Tensor, ...]]] = {"val": [], "test": []}
         self.last_report: dict[str, Any] | None = None
 
-    # ------------------------------------------------------------------ representation
     @override
     def train(self, mode: bool = True):
         super().train(mode)
@@ -234,7 +233,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         """Member probabilities ``P_i(a ≻ b | x)``, shape ``[B, k]``."""
         return torch.sigmoid(self.member_logits(batch))
 
-    # ------------------------------------------------------------------ training
     def _own_member_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """The logit of each row's own member only, so no member sees another member's partition."""
         member = batch["member"]
@@ -315,7 +313,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             groups.append({"params": body, "lr": self.hparams.backbone_lr})
         return build_optimizer(self.optimizer_callable, groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
-    # ------------------------------------------------------------------ evaluation
     def _eval_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         probs = self(batch)
         self._collected[stage].append(
@@ -428,7 +425,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             )
         return rows
 
-    # ------------------------------------------------------------------ checkpoint and scoring API
     def _frozen_prefixes(self) -> list[str]:
         return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import slhf_surrogate_losses
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from alignment_games.modules.base import LanguageModelGame, require_at_least, require_positive
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games import leader_follower as lf
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -81,8 +81,7 @@ class SLHF(WinRateValidation, LanguageModelGame):
         lf.check_leader_follower(samples_per_prompt, follower_samples, 1, follower_system_template)
         require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)
         require_at_least(eval_pairs=(eval_pairs, 1), logprob_micro_batch=(logprob_micro_batch, 0))
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["preference", "oracle"])
+        self.save_arguments(lm, ["preference", "oracle"], sampling=Sampling)
         self.play = lf.LeaderFollower(self, lm, utility, oracle)
         self.last_eval: dict[str, Any] | None = None
 
