@@ -160,22 +160,24 @@ class DeepSMIDA(LanguageModelGame):
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         self._eval.setdefault("index", []).append(self.item_ids(batch, len(prompts)))
         r = self.hparams.eval_pairs
+        refs_r = [ref for ref in refs for _ in range(r)]
+
+        def keep(key: str, values: Tensor) -> None:
+            self._eval.setdefault(key, []).append(values.view(len(prompts), r).to(self.device))
+
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
             lead, foll = self.play.rollout(prompts, r, 1, leader=lp, follower=fp)
             xs, ys, y2s = self.play.triplets(prompts, lead, foll, r, 1)
             var, mean = self._variances(xs, ys, y2s)
             if tag == "trained" and self.board.wants_samples(self, "val/leader_follower"):
-                refs_r, stats = [ref for ref in refs for _ in range(r)], zip(var.tolist(), mean.tolist())
-                rows = zip(xs, refs_r, ys, y2s, stats)
+                rows = zip(xs, refs_r, ys, y2s, zip(var.tolist(), mean.tolist()))
                 self.board.add_samples(self, "val/leader_follower", (_pair_row(*row) for row in rows))
-            self._eval.setdefault(f"{tag}_var", []).append(var.view(len(prompts), r).to(self.device))
-            self._eval.setdefault(f"{tag}_mean", []).append(mean.view(len(prompts), r).to(self.device))
+            keep(f"{tag}_var", var)
+            keep(f"{tag}_mean", mean)
             if self.oracle is not None and all(x is not None for x in refs):
-                refs_t = [ref for ref in refs for _ in range(r)]
-                p_star = self.oracle.label(xs, ys, y2s, refs_t).float()
-                self._eval.setdefault(f"{tag}_oracle", []).append(p_star.view(len(prompts), r).to(self.device))
+                keep(f"{tag}_oracle", self.oracle.label(xs, ys, y2s, refs_r).float())
                 for name, rows in self.oracle.last_rows.items():  # per row, so a repeated prompt counts once
-                    self._eval.setdefault(f"{tag}_{name}", []).append(rows.view(len(prompts), r).to(self.device))
+                    keep(f"{tag}_{name}", rows)
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -194,14 +196,9 @@ class DeepSMIDA(LanguageModelGame):
                     share = adversarial_yield(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
                     result["adversarial_yield"].setdefault(str(eps), {})[tag] = share
             # the joint yield (Fig. 2b) and the candidates' precision (Fig. 5), both pairs on the reference thresholds
+            thresholds = (result["thresholds"], hp.epsilons)
             result["oracle_errors"] = {
-                tag: adversarial_report(
-                    gathered[f"{tag}_var"],
-                    gathered[f"{tag}_oracle"],
-                    gathered[f"{tag}_mean"],
-                    result["thresholds"],
-                    hp.epsilons,
-                )
+                tag: adversarial_report(*(gathered[f"{tag}_{k}"] for k in ("var", "oracle", "mean")), *thresholds)
                 for tag in ("trained", "reference")
             }
         if self.oracle is not None:  # this validation's verdicts left out (not probabilities, or too late), every rank

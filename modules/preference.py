@@ -339,13 +339,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         # §5.2 counts errors against the binary oracle label, which a 0/1 label is (oracle protocol "binary"); a label
         # averaged over several queries ("query_mean", a deviation) or a file's soft label counts by its majority.
         binary = (labels.cpu() > 0.5).double()
-        report = build_report(
-            probs.cpu(),
-            binary,
-            prompts.cpu(),
-            n_boot=self.hparams.report_bootstrap if full else 0,
-            seed=self.hparams.seed,
-        )
+        n_boot = self.hparams.report_bootstrap if full else 0
+        report = build_report(probs.cpu(), binary, prompts.cpu(), n_boot=n_boot, seed=self.hparams.seed)
         flat = {
             f"{stage}/ensemble_acc": report["ensemble_accuracy"],
             f"{stage}/overall_error_rate": report["overall_error_rate"],
@@ -393,14 +388,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         # atomic: an old report is never half-overwritten; a full disk is raised naming the report
         text = json.dumps(json_safe(out["report"]), indent=2, allow_nan=False)
         atomic_write_text(os.path.join(log_dir, "report.json"), text)
-        figures = make_figures(
-            out["probs"],
-            out["labels"],
-            out["prompts"],
-            n_boot=self.hparams.report_bootstrap,
-            seed=self.hparams.seed,
-            report=out["report"],
-        )
+        data, hp = (out[k] for k in ("probs", "labels", "prompts")), self.hparams
+        figures = make_figures(*data, n_boot=hp.report_bootstrap, seed=hp.seed, report=out["report"])
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
             log_figure(self._trainer, f"test/{name}", fig, self.global_step)
@@ -410,20 +399,13 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> list[dict[str, Any]]:
         """Score pairs: member probabilities, their mean and the three disagreement scores, one dict per row."""
         p = self(batch)
-        rows = []
-        var, du, jsd = ensemble_variance(p), decision_uncertainty(p), ensemble_jsd(p)
-        for j in range(p.shape[0]):
-            rows.append(
-                {
-                    "row": int(batch["row"][j]),
-                    "member_probs": [float(x) for x in p[j]],
-                    "prob": float(p[j].mean()),
-                    "variance": float(var[j]),
-                    "decision_uncertainty": float(du[j]),
-                    "jsd": float(jsd[j]),
-                }
-            )
-        return rows
+        scores = {"variance": ensemble_variance(p), "decision_uncertainty": decision_uncertainty(p)}
+        scores["jsd"] = ensemble_jsd(p)
+        return [
+            {"row": int(batch["row"][j]), "member_probs": [float(x) for x in p[j]], "prob": float(p[j].mean())}
+            | {k: float(v[j]) for k, v in scores.items()}
+            for j in range(p.shape[0])
+        ]
 
     def _frozen_prefixes(self) -> list[str]:
         return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]

@@ -33,7 +33,7 @@ from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import TINY_TOKENIZERS, build_tiny_causal_lm
 from alignment_games.modules.lm.precision import cast_frozen_for_strategy
-from alignment_games.modules.lm.text import render_chat
+from alignment_games.modules.lm.text import pad_sequences, render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
 from alignment_games.modules.training.faults import AutomaticStepGuard
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
@@ -139,19 +139,9 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             r_ids = self.tokenizer(y, add_special_tokens=False)["input_ids"] + [eos]
             room = self.hparams.max_length - len(r_ids)
             p_ids = p_ids[-room:] if room > 0 else []
-            ids = (p_ids + r_ids)[: self.hparams.max_length]
-            rows.append(ids)
+            rows.append((p_ids + r_ids)[: self.hparams.max_length])
             labels.append(([-100] * len(p_ids) + r_ids)[: self.hparams.max_length])
-        width = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        lab = torch.full((len(rows), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (r, lb) in enumerate(zip(rows, labels)):
-            input_ids[i, : len(r)] = torch.tensor(r)
-            lab[i, : len(lb)] = torch.tensor(lb)
-            mask[i, : len(r)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": lab}
+        return {**pad_sequences(rows, self.tokenizer.pad_token_id), "labels": pad_sequences(labels, -100)["input_ids"]}
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Mean cross-entropy over the response tokens, whose logits are formed a chunk at a time."""

@@ -166,17 +166,8 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         return None
 
     def _value(self, log_pi: Tensor, log_omega: Tensor) -> Tensor:
-        hp = self.hparams
-        return game_value(
-            self.u,
-            log_pi.exp(),
-            log_omega.exp(),
-            self.log_pi_ref.exp(),
-            self.log_omega_ref.exp(),
-            hp.tau_leader,
-            hp.tau_follower,
-            self.rho,
-        )
+        hp, refs = self.hparams, (self.log_pi_ref.exp(), self.log_omega_ref.exp())
+        return game_value(self.u, log_pi.exp(), log_omega.exp(), *refs, hp.tau_leader, hp.tau_follower, self.rho)
 
     @torch.no_grad()
     def metrics(self) -> dict[str, Tensor]:
@@ -245,19 +236,10 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     @rank_zero_only
     def _write_result(self, log_dir: str) -> None:
         final = {k: float(v) for k, v in self.metrics().items()}
-        result = {
-            "pi": self.log_pi.exp().cpu(),
-            "omega": self.log_omega.exp().cpu(),
-            "pi_star": self.log_pi_star.exp().cpu(),
-            "omega_star": self.log_omega_star.exp().cpu(),
-            "u": self.u.cpu(),
-            "pi_ref": self.log_pi_ref.exp().cpu(),
-            "omega_ref": self.log_omega_ref.exp().cpu(),
-            "rho": self.rho.cpu(),
-            "iteration": int(self.iteration),
-            "metrics": final,
-            "hparams": dict(self.hparams),
-        }
+        probs = {k: getattr(self, f"log_{k}").exp().cpu() for k in ("pi", "omega", "pi_star", "omega_star")}
+        refs = {k: getattr(self, f"log_{k}").exp().cpu() for k in ("pi_ref", "omega_ref")}
+        result = {**probs, "u": self.u.cpu(), **refs, "rho": self.rho.cpu(), "iteration": int(self.iteration)}
+        result |= {"metrics": final, "hparams": dict(self.hparams)}
         path = os.path.join(log_dir, "smida_result.pt")
         atomic_torch_save(result, path)  # a reader never sees half a file
         rank_zero_info(
