@@ -75,9 +75,6 @@ def require_in_range(
 
     Raises:
         ValueError: ``"<name> must be in (low, high], got <value>"`` with the interval as checked.
-
-    Example:
-        >>> require_in_range("gamma", 0.2, 0.0, 1.0, open_low=True)
     """
     above = value > low if open_low else value >= low
     below = value < high if open_high else value <= high

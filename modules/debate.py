@@ -1,11 +1,8 @@
 """Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
 
-Per step each problem forks at one trainable ply drawn uniformly: the plies before it are sampled once, the forked ply
-``group_size`` times and every later ply once per branch. The judge's votes become Alice's share and per-ply rewards
-(:mod:`modules.algorithms.debate`); the clipped GRPO surrogate trains the forked ply only. Validation plays each
-problem once, logs exact counts over every problem once across ranks and rewrites ``debate_evals.jsonl``
-(:mod:`modules.evaluation.debate_compare`). Sampling is seeded from ``(seed, batches_seen)`` so resumes draw the same.
-The game and its ablations: README, "Debate self-play"; docs/debate.md, "Ablations".
+Each problem forks at one trainable ply, the forked ply sampled ``group_size`` times and trained alone by the clipped
+GRPO surrogate on rewards of :mod:`modules.algorithms.debate`; validation writes ``debate_evals.jsonl``. The game, its
+metrics and ablations: docs/debate.md.
 """
 
 from __future__ import annotations
@@ -421,16 +418,12 @@ class DebateSelfPlay(LanguageModelGame):
         for key in ("accuracy", "judge_ties", "judge_unparsed"):
             metrics.pop(f"{stage}/{key}", None)
         self.log_dict(metrics, batch_size=len(problems), sync_dist=True)
-        known = [t.correct is not None for t in transcripts]
-        self._records.update(
-            items,
-            referenced=torch.tensor(known, device=self.device),
-            correct=torch.tensor([bool(t.correct) for t in transcripts], device=self.device),
-            accepts=torch.tensor([v == "alice" for v in verdicts], device=self.device),
-            tie=torch.tensor([v == "tie" for v in verdicts], device=self.device),
-            unparsed=torch.tensor([v == "unparsed" for v in verdicts], device=self.device),
-            reward=torch.tensor([r[0].reward for r in rewards], dtype=torch.float64, device=self.device),
-        )
+        flags = {"referenced": [t.correct is not None for t in transcripts]}
+        flags["correct"] = [bool(t.correct) for t in transcripts]
+        flags["accepts"] = [v == "alice" for v in verdicts]
+        flags |= {k: [v == k for v in verdicts] for k in ("tie", "unparsed")}
+        reward = torch.tensor([r[0].reward for r in rewards], dtype=torch.float64, device=self.device)
+        self._records.update(items, **{k: torch.tensor(x, device=self.device) for k, x in flags.items()}, reward=reward)
         return self._mcc_outputs(transcripts, verdicts, items)
 
     def _end_evaluation(self, stage: str) -> dict[str, float] | None:
@@ -455,12 +448,8 @@ class DebateSelfPlay(LanguageModelGame):
         values = torch.stack([cells[k].sum() for k in keys] + [v["reward"].sum()]).tolist()
         counts = {k: float(x) for k, x in zip(keys + ["reward_sum"], values)}
         counts["n"] = float(v["reward"].numel())
-        logged = {
-            f"{stage}/correct": counts["successes"],
-            f"{stage}/total": counts["trials"],
-            f"{stage}/judge_ties": counts["ties"],
-            f"{stage}/judge_unparsed": counts["unparsed"],
-        }
+        names = {"correct": "successes", "total": "trials", "judge_ties": "ties", "judge_unparsed": "unparsed"}
+        logged = {f"{stage}/{name}": counts[key] for name, key in names.items()}
         if counts["trials"]:
             logged[f"{stage}/accuracy"] = counts["successes"] / counts["trials"]
         if counts["n"]:

@@ -1,9 +1,7 @@
 """GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
 
-A step: B·G completions in one ``generate``; rewards from the reward models and/or the answer checker (RLVR); group
-advantages, and reference log-probabilities through the disabled adapter; the clipped surrogate with the k3 KL
-(:class:`~modules.algorithms.rl_losses.PolicyGradient`), μ optimizer steps per rollout. Each phase's time is logged
-(``time/<phase>``); a non-finite reward or loss skips the step (one decision for all ranks).
+Rewards from reward models and/or the answer checker (RLVR); the clipped surrogate with the k3 KL to the disabled
+adapter (:class:`~modules.algorithms.rl_losses.PolicyGradient`), μ steps per rollout; docs/grpo.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
 
-A step: D samples ``y ~ π_θ`` and D opponent samples from the geometric mixture ``π_θ^{1−β} π_ref^β``
-(:mod:`modules.lm.mixture`), P0's preferences, the Nash-MD-PG loss
-(:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`), one clipped step. Table 3's "responses per prompt:
-2" is one pair (D = 1); the paper fine-tunes every weight (``lm.players: separate``). Validation:
-:class:`~modules.evaluation.win_rate.WinRateValidation`.
+A step pairs D samples ``y ~ π_θ`` with D samples of the geometric mixture ``π_θ^{1−β} π_ref^β``, scores them by P0
+and takes the Nash-MD-PG step (:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's budget and
+why: docs/baselines.md. Validation: :class:`~modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations

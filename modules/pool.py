@@ -1,16 +1,8 @@
 """Multi-LLM Stackelberg alignment (Hahn et al.): an EXP3 leader, a pool of followers that duel, judge and learn.
 
-One training batch is one game iteration over the whole instruction pool, in seven phases:
-
-1. **Choose**: the leader (:class:`~modules.algorithms.exp3.Exp3`, or uniform: SPARTA) draws D duel instructions.
-2. **Match**: a uniform combatant meets an opponent by reputation (:meth:`~modules.algorithms.pool.Matchmaking.duels`).
-3. **Answer**: each combatant answers its duels (G rollouts under GRPO), one decode per base.
-4. **Judge**: every member outside a duel scores each response 1–10 (an empty response scores 1.0).
-5. **Aggregate**: reputation-weighted means of the judges' scores; the weighted verdict updates the Elo reputations.
-6. **Lead**: the composite reward of each duel's two scores updates EXP3.
-7. **Follow**: DPO on the non-tied duels or GRPO on the peer scores, one optimizer per follower; then **log**.
-
-Validation and test: greedy answers, exact match of the final answer per model and macro-averaged.
+One training batch is one game iteration over the whole instruction pool in seven phases, numbered so in the methods:
+1. choose, 2. match, 3. answer, 4. judge, 5. aggregate, 6. lead, 7. follow (docs/pool.md). Validation and test: greedy
+answers, exact match of the final answer per model and macro-averaged.
 """
 
 from __future__ import annotations
@@ -52,11 +44,9 @@ ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "s
 class StackelbergPool(PoolMembers, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
-    The Elo reputations are the module's own :class:`callbacks.EloRating`, applied in ``training_step`` (where every
-    rank is in step) and kept in the game state; not a trainer callback, whose epoch-end gather would interleave with
-    the progress bar's rank-0 sync and hang DDP. Under DDP every rank draws the same duels, rank ``r`` plays the duels
-    ``d % world == r``, and the texts and scores are gathered; the adapters, leader and iteration are checked identical
-    after every iteration. A non-finite peer score skips the whole iteration, a non-finite follower loss that step.
+    The Elo reputations are the module's own :class:`callbacks.EloRating`, applied in ``training_step`` (a trainer
+    callback's epoch-end gather would interleave with the progress bar's rank-0 sync and hang DDP). Under DDP rank
+    ``r`` plays the duels ``d % world == r`` and the texts and scores are gathered, so every rank updates alike.
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.

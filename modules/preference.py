@@ -1,12 +1,9 @@
 """An ensemble of general preference models (GPM) whose disagreement flags likely errors (paper §3.1, §5.2, App. E.2).
 
-Member ``i`` embeds a (prompt, response) as a unit vector ``z_i`` and compares two through a fixed skew-symmetric ``J``
-and a learned scale ``λ_i`` (eq. 27): ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)``, so ``P(y≻y′) + P(y′≻y)
-= 1`` by construction while intransitive preferences stay representable; a Bradley–Terry member is there for
-comparison. Backbone ``sharing``: ``"frozen"`` (one frozen backbone, a head per member, features cached), ``"lora"``
-(one adapter and head per member) or ``"separate"`` (a fine-tuned copy per member, the paper's setup). Each member
-learns only from its own prompt-disjoint partition (rows tagged ``member``); ``test`` writes ``report.json`` and
-figures.
+Member ``i`` compares two responses through unit embeddings ``z_i``, a fixed skew-symmetric ``J`` and a learned scale
+``λ_i`` (eq. 27): ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)``; a Bradley–Terry member is there for
+comparison. Each member learns only from its own prompt-disjoint partition; ``test`` writes ``report.json`` and
+figures (docs/preference-ensemble.md).
 """
 
 from __future__ import annotations
@@ -60,7 +57,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         embed_dim: ``d`` of the GPM embedding (even).
         init_scale: Initial λ of every GPM member.
         pooling: ``"mean"``, ``"cls"``, ``"last"`` (last real token), or ``"auto"`` (last for decoders, else mean).
-        sharing: ``"frozen"``, ``"lora"`` or ``"separate"`` (see the module docstring).
+        sharing: ``"frozen"`` (one backbone, a head each), ``"lora"`` (an adapter each) or ``"separate"`` (copies).
         cache_features: Cache frozen backbone features by sequence content (``sharing="frozen"`` only).
         lr: Learning rate of the heads.
         backbone_lr: Learning rate of LoRA adapters or fine-tuned backbones.

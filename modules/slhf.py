@@ -1,9 +1,8 @@
 """SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0.
 
 Deep-SMIDA's game (:class:`~modules.games.leader_follower.LeaderFollower`) scored by ``P0(y ≻ y′ | x)``, with SLHF's
-losses in the Stackelberg paper's minimisation form (:func:`~modules.algorithms.baselines.slhf_surrogate_losses`).
-Table 3's "responses per prompt: 2" is D = M = 1 (one sample takes the constant baseline ½); the paper fine-tunes
-every weight (``lm.players: separate``). Validation: :class:`~modules.evaluation.win_rate.WinRateValidation`.
+losses (:func:`~modules.algorithms.baselines.slhf_surrogate_losses`); Table 3's budget: docs/baselines.md. Validation:
+:class:`~modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations
