@@ -265,9 +265,8 @@ class GRPO(LanguageModelGame):
         self.eval_items.update(index, reward=reward.to(self.device), accuracy=accuracy)
         if not self.trainer.testing and self.board.wants_samples(self, "val/generations"):
             rows = zip(prompts, refs, roll.texts, reward.tolist())
-            self.board.add_samples(
-                self, "val/generations", ({"prompt": x, "reference": r, "reply": y, "reward": v} for x, r, y, v in rows)
-            )
+            keys = ("prompt", "reference", "reply", "reward")
+            self.board.add_samples(self, "val/generations", (dict(zip(keys, row)) for row in rows))
 
     @override
     def on_validation_epoch_end(self) -> None:
