@@ -241,20 +241,18 @@ class DebateSelfPlay(LanguageModelGame):
 
         Returns ``(loss, stats, token_logprobs per ply)`` (the latter detached, as the next update's ``old``).
         """
-        pg = self.policy_gradient
+        pg, temp = self.policy_gradient, self.sampling.temperature
+        budget = pg.max_tokens_per_micro_batch
         n = sum(len(idx) for _, idx in rollout.chunks.values())
         loss = torch.zeros((), device=self.device)
         stats = {"kl": 0.0, "clip_fraction": 0.0}
         current = {}
         for j, (chunk, idx) in rollout.chunks.items():
-            budget = pg.max_tokens_per_micro_batch
-            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, pg.micro_batch, budget)
+            lp = self.bank.token_logprobs(PLAYER, chunk, temp, pg.micro_batch, budget)
             ref = None
             if pg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self.bank.token_logprobs(
-                        None, chunk, self.sampling.temperature, pg.logprob_micro_batch, budget
-                    )
+                    ref = self.bank.token_logprobs(None, chunk, temp, pg.logprob_micro_batch, budget)
             mask = chunk.completion_mask.to(lp.device)
             adv = advantages[torch.tensor(idx, device=advantages.device)].to(lp.device)
             part, st = pg.loss(lp, mask, adv, None if old is None else old[j], ref)
@@ -403,7 +401,9 @@ class DebateSelfPlay(LanguageModelGame):
 
     _RECORD_COLUMNS = ("referenced", "correct", "accepts", "tie", "unparsed", "reward")
 
-    def _evaluate(self, stage: str, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
+        stage = "test" if self.trainer.testing else "val"
         problems, refs = list(batch["prompt"]), list(batch["reference"])
         items = self.item_ids(batch, len(problems))
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
@@ -458,13 +458,7 @@ class DebateSelfPlay(LanguageModelGame):
         self.log_dict(logged, sync_dist=self.trainer.world_size > 1, reduce_fx="max", batch_size=1)
         return counts
 
-    @override
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
-        return self._evaluate("val", batch, batch_idx)
-
-    @override
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
-        return self._evaluate("test", batch, batch_idx)
+    test_step = validation_step
 
     @override
     def on_validation_epoch_start(self) -> None:

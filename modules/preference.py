@@ -310,20 +310,14 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             groups.append({"params": body, "lr": self.hparams.backbone_lr})
         return build_optimizer(self.optimizer_callable, groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
-        probs = self(batch)
-        self._collected[stage].append(
-            (batch["row"], probs.detach().double(), batch["label"].detach().double(), batch["prompt_id"])
-        )
-        return probs
-
     @override
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
+        probs = self(batch).detach().double()
+        self._collected["test" if self.trainer.testing else "val"].append(
+            (batch["row"], probs, batch["label"].double(), batch["prompt_id"])
+        )
 
-    @override
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
+    test_step = validation_step
 
     def _summary(self, stage: str, full: bool) -> dict[str, Any]:
         from alignment_games.modules.evaluation.preference_report import build_report
