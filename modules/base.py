@@ -323,19 +323,12 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         return getattr(logger, "log_dir", None) or logger.save_dir or self.trainer.default_root_dir
 
     @rank_zero_only
-    def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any], append: bool = False) -> str | None:
-        """Write text, or JSON for a dict or list (``append``: one line more), to ``<log dir>/<name>`` atomically.
-
-        Rank 0 only, not in a ``fast_dev_run``. Returns the path.
-        """
+    def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any]) -> str | None:
+        """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run)."""
         if self.trainer.fast_dev_run:
             return None
         path = os.path.join(self.artifact_dir(), name)
-        text = content if isinstance(content, str) else json.dumps(content, indent=None if append else 2)
-        if append:
-            old = open(path).read() if os.path.exists(path) else ""
-            text = old + text + "\n"
-        atomic_write_text(path, text)
+        atomic_write_text(path, content if isinstance(content, str) else json.dumps(content, indent=2))
         return path
 
     def export_players(self) -> list[Player]:
