@@ -1,9 +1,8 @@
-"""The base of the language-model games (GRPO, debate, deep-SMIDA, the pool), as torchgeo's ``BaseTask`` is.
+"""The base of the language-model games (GRPO, debate, deep-SMIDA, SLHF, NLHF, the pool), as torchgeo's ``BaseTask`` is.
 
-It does once what every game needs: the strategy check and the sharding of its policy banks, one manual optimisation
-path (micro-batch accumulation with gradient sync on the last micro-batch only, the non-finite guard, Lightning's
-``clip_gradients``), checkpoints that hold only what trains plus the game's state under one key, the generator
-states through :class:`callbacks.RNGStateCallback`, and one atomic writer for the run's artifacts.
+Once for every game: the strategy check and sharding of its policy banks, manual optimisation (micro-batch
+accumulation, the non-finite guard, clipping), checkpoints holding only what trains plus the game's state, and one
+atomic writer for the run's artifacts.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from alignment_games.modules.lm.base_identity import check_base_identity
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
-from alignment_games.modules.training.optimizers import OptimizerCallable, check_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = ["BASE_IDENTITY_KEY", "LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
@@ -76,9 +75,6 @@ def require_in_range(
 
     Raises:
         ValueError: ``"<name> must be in (low, high], got <value>"`` with the interval as checked.
-
-    Example:
-        >>> require_in_range("gamma", 0.2, 0.0, 1.0, open_low=True)
     """
     above = value > low if open_low else value >= low
     below = value < high if open_high else value <= high
@@ -107,13 +103,9 @@ def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:
 class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.LightningModule):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
-    A subclass sets :attr:`family` (its name in error messages), builds its banks in ``__init__`` after calling
-    ``super().__init__(...)``, lists them in :meth:`policy_banks`, and keeps any further game state in
-    :meth:`game_state` / :meth:`load_game_state`. State-dict entries that are not trainable but must be kept (a
-    persistent metric, say) are named by prefix in :attr:`kept_state_prefixes`.
-
-    What the game shows in TensorBoard beyond scalars goes through :attr:`board` (a
-    :class:`~modules.evaluation.tensorboard.GameBoard`); the samples a validation kept are written at its end.
+    A subclass sets :attr:`family` (its name in error messages), builds its banks after ``super().__init__(...)``,
+    keeps further state in :meth:`game_state` / :meth:`load_game_state`, and names non-trainable state-dict entries to
+    keep by prefix in :attr:`kept_state_prefixes`. TensorBoard beyond scalars goes through :attr:`board`.
 
     Args:
         grad_clip: Gradient norm clip per optimizer (``None``: none).
@@ -147,16 +139,19 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.phase_times: dict[str, float] = {}
         self.board = GameBoard(log_samples)
 
-    def save_hyperparameters_and_groups(self, groups: dict[str, Any], ignore: Sequence[str] = ()) -> None:
-        """The calling ``__init__``'s arguments as hparams, with its argument groups (dataclasses) as plain dicts.
+    def save_arguments(self, lm: Any, ignore: Sequence[str] = (), **groups: type) -> None:
+        """The calling ``__init__``'s arguments as hparams, ``lm`` and the argument groups as plain dicts.
 
-        Plain values only, so that a checkpoint's hparams never name a class to import (checkpoints load with
-        ``weights_only=True``); ``ignore`` names arguments that are objects (judges, utilities) and are not saved.
+        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group`, kept as an attribute.
+        Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments (judges, utilities).
         """
-        self.save_hyperparameters(ignore=[*groups, *ignore, "optimizer"], frame=inspect.currentframe().f_back)
-        self.hparams.update({k: dataclasses.asdict(v) for k, v in groups.items()})
+        frame = inspect.currentframe().f_back
+        for name, cls in groups.items():
+            setattr(self, name, argument_group(cls, frame.f_locals[name], name))
+        self.save_hyperparameters(ignore=["lm", *groups, *ignore, "optimizer"], frame=frame)
+        plain = {"lm": lm, **{name: getattr(self, name) for name in groups}}
+        self.hparams.update({k: dataclasses.asdict(v) for k, v in plain.items()})
 
-    # ------------------------------------------------------------------------------------------------ what games give
     def policy_banks(self) -> dict[str, PolicyBank]:
         """The game's policy banks by attribute name (sharded, fitted to the strategy, trimmed in checkpoints)."""
         return {name: m for name, m in self.named_children() if isinstance(m, PolicyBank)}
@@ -168,7 +163,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
     def load_game_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`game_state` returned."""
 
-    # ------------------------------------------------------------------------------------------------ strategies
     @override
     def configure_model(self) -> None:
         """Under FSDP2 shard each bank over the data-parallel mesh, one unit per decoder block; elsewhere nothing."""
@@ -201,22 +195,17 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         """Write the samples kept for TensorBoard (rank zero, TensorBoard logger only; see :attr:`board`)."""
         self.board.write_samples(self)
 
-    # ------------------------------------------------------------------------------------------------ optimisation
     def accumulate(
         self,
         chunks: Sequence[tuple[int, int]],
         loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]],
         total_rows: int | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward of rows in chunks; the row-weighted mean loss and stats.
+        """Forward and backward of row ranges ``chunks``; row-weighted mean loss and stats, or ``None`` (non-finite).
 
-        ``chunks``: ``(start, stop)`` row ranges, consecutive from 0. ``loss_of(start, stop)`` returns the mean loss
-        over its rows and detached statistics; each chunk's backward is weighted by its share of the rows, so the
-        gradient is that of the whole batch's mean however the rows are cut
-        (:func:`~modules.lm.micro_batches.micro_batches`). With ``total_rows`` more than the chunks' rows the shares
-        are of ``total_rows``: the rows not run count as rows of loss and statistics 0. Gradients are synchronised
-        across processes on the last chunk only. ``None``, after zeroing the gradients, when a chunk's loss is not
-        finite on any rank (the caller skips the step).
+        ``loss_of(start, stop)`` gives the mean loss of its rows and detached stats; each backward is weighted by its
+        share of ``total_rows`` (default: the chunks' rows; rows not run count 0), so the gradient is the batch mean's.
+        Gradients are synchronised on the last chunk only.
         """
         num_rows = chunks[-1][1] if chunks else 0
         total: dict[str, Tensor] = {}
@@ -241,15 +230,10 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
             yield
 
     def optimizer_step(self, optimizer: Any, parameters: list[nn.Parameter] | None = None) -> Tensor:
-        """Check the gradients, clip by :attr:`grad_clip` through Lightning's ``clip_gradients``, step; the norm.
+        """Check the gradients, clip by :attr:`grad_clip`, step; the 2-norm before clipping over ``parameters``.
 
-        The norm is the total 2-norm before clipping, over ``parameters`` (default: the optimizer's). When a gradient
-        of the optimizer's parameters is NaN or inf on any rank (a finite loss can still overflow in the backward),
-        the gradients are dropped and the optimizer does not step: its weights and moments stay as they were,
-        ``global_step`` does not advance (so ``max_steps`` counts applied updates), the skip is counted and logged
-        (``train/nonfinite_skipped``), and ``max_consecutive_nonfinite`` skips in a row stop the run; the norm
-        returned is then NaN. Under DeepSpeed the engine holds the gradients (not checked here) and clips inside its
-        step (configured from ``grad_clip`` by the strategy check) and reports the norm.
+        A NaN or inf gradient on any rank drops the gradients without a step (``global_step`` stays; the skip is
+        counted) and returns NaN. Under DeepSpeed the engine checks, clips and reports the norm itself.
         """
         params = parameters if parameters is not None else [p for g in optimizer.param_groups for p in g["params"]]
         stepped = [p for g in optimizer.param_groups for p in g["params"]]
@@ -270,11 +254,14 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.record_update()
         return grad_norm_after_step(self.trainer.strategy, norm)
 
+    def make_optimizer(self, params: Any, lr: float, **adamw: Any) -> torch.optim.Optimizer:
+        """The family's ``optimizer`` over ``params`` at ``lr`` (no weight decay by default)."""
+        return build_optimizer(self.optimizer_callable, params, lr, **{"weight_decay": 0.0, **adamw})
+
     def _optimizer_list(self) -> list[Any]:
         opts = self.optimizers()
         return list(opts) if isinstance(opts, (list, tuple)) else [opts]
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
     def trainable_state_names(self) -> set[str]:
         """State-dict names of every trainable tensor of the banks."""
         return {
@@ -286,11 +273,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the trainable tensors (adapters or trained copies) and the game state; drop frozen weights.
-
-        The checkpoint records the family that wrote it and each bank's frozen base (:data:`BASE_IDENTITY_KEY`),
-        and is refused (``RuntimeError``, nothing written) when a kept tensor or an optimizer moment is NaN or inf.
-        """
+        """Keep the trainable tensors, game state, family and each bank's base; refuse NaN or inf (``RuntimeError``)."""
         keep = self.trainable_state_names()
         state_dict = checkpoint.get("state_dict")
         if state_dict is not None:  # DeepSpeed keeps weights in its own files
@@ -304,10 +287,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another family, that does not fit, or of another base; restore the game state.
-
-        The base is compared through the checkpoint's :data:`BASE_IDENTITY_KEY` record, when it has one.
-        """
+        """Refuse a checkpoint of another family, that does not fit, or of another base; restore the game state."""
         check_checkpoint_matches(self, checkpoint, self.trainable_state_names())
         banks = self.policy_banks()
         for name, stored in (checkpoint.get(BASE_IDENTITY_KEY) or {}).items():
@@ -317,12 +297,8 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         self.load_nonfinite_state(state.pop("nonfinite", None))
         self.load_game_state(state)
 
-    # ------------------------------------------------------------------------------------------------ artifacts
     def item_ids(self, batch: dict[str, Any], count: int) -> Tensor:
-        """The dataset indices of an evaluation batch's ``count`` items (``batch["index"]``), on this device.
-
-        Evaluation counts each item once across processes by these ids, so that one a distributed sampler repeats to
-        pad the data is not counted twice.
+        """The dataset indices of an evaluation batch's ``count`` items (``batch["index"]``): each counted once.
 
         Raises:
             KeyError: the batch has no ``"index"``.
@@ -340,33 +316,21 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         return ids
 
     def artifact_dir(self) -> str:
-        """The run's log folder (the trainer's root folder without a logger).
-
-        Read from the first logger, not ``trainer.log_dir``: that property is a broadcast, which the rank-zero-only
-        writers cannot call (rank 0 would wait for ranks that never come).
-        """
+        """The run's log folder, from the first logger (``trainer.log_dir`` is a broadcast rank 0 alone cannot call)."""
         logger = self.trainer.loggers[0] if self.trainer.loggers else None
         if logger is None:
             return self.trainer.default_root_dir
         return getattr(logger, "log_dir", None) or logger.save_dir or self.trainer.default_root_dir
 
     @rank_zero_only
-    def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any], append: bool = False) -> str | None:
-        """Write ``content`` (text, or JSON for a dict or list) to ``<log dir>/<name>`` atomically, on rank 0 only.
-
-        ``append`` adds one JSON line to a ``.jsonl`` file. Nothing is written in a ``fast_dev_run``. Returns the path.
-        """
+    def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any]) -> str | None:
+        """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run)."""
         if self.trainer.fast_dev_run:
             return None
         path = os.path.join(self.artifact_dir(), name)
-        text = content if isinstance(content, str) else json.dumps(content, indent=None if append else 2)
-        if append:
-            old = open(path).read() if os.path.exists(path) else ""
-            text = old + text + "\n"
-        atomic_write_text(path, text)
+        atomic_write_text(path, content if isinstance(content, str) else json.dumps(content, indent=2))
         return path
 
-    # ------------------------------------------------------------------------------------------------ export
     def export_players(self) -> list[Player]:
         """Every bank's players: LoRA adapters over the bank's base, or (``players: separate``) full copies."""
         return [
@@ -383,9 +347,5 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
 
     @override
     def on_fit_end(self) -> None:
-        """Write each player's adapter as a peft folder under ``<log dir>/export/`` (:mod:`modules.checkpoints.export`).
-
-        Every rank gathers the weights (a collective under FSDP2 and ZeRO-3); rank 0 writes, replacing the export of
-        an earlier run in the same folder. Not in a ``fast_dev_run``.
-        """
+        """Write each player under ``<log dir>/export/`` (:mod:`modules.checkpoints.export`; every rank gathers)."""
         export_at_fit_end(self, self.artifact_dir() if self.trainer.is_global_zero else None, self.family)

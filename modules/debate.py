@@ -1,21 +1,8 @@
 """Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
 
-Per step each problem forks at one trainable ply drawn uniformly: the plies before it are sampled once, the forked
-ply ``group_size`` times and every later ply once per branch, one ``generate`` call per ply for the whole batch. The
-judge votes on the finished transcripts in one call, the rules of :mod:`modules.algorithms.debate` turn Alice's share
-of the votes into per-ply rewards, and the clipped GRPO surrogate with the group baseline trains the forked ply only.
-Validation plays each problem once and returns verdicts, truth and item ids (for :class:`callbacks.MCCTracker`) and
-per-item outcomes (for :class:`callbacks.PeakCheckpoint`); at its end it gathers one record per problem from every
-rank, each problem once (a distributed sampler repeats some to pad the data), logs the exact ``val/correct``,
-``val/total``, ``val/accuracy``, ``val/judge_ties`` and ``val/judge_unparsed``, and rewrites ``debate_evals.jsonl``
-from its evaluation history, one line per evaluation, so a resumed run lists each once (read by
-:mod:`modules.evaluation.debate_compare`). The judge's 8 votes become a verdict by
-:func:`~modules.algorithms.debate.verdict_of`: a tie (half the parseable votes each way) or a transcript with no
-parseable vote is no verdict, so MCC leaves it out and counts it apart. Bad input is counted, never a crash.
-Sampling is seeded from ``(seed, batches_seen)``, and checkpoints hold the counters, the judge's generator and the
-per-epoch averages, so a resumed run draws and logs what the uninterrupted one would. The paper's ablations are
-options: ``judging: pairwise`` and ``bob_reward: b_judge | b_convince`` (docs/debate.md, "Ablations"). The game
-itself: README, "Debate self-play".
+Each problem forks at one trainable ply, the forked ply sampled ``group_size`` times and trained alone by the clipped
+GRPO surrogate on rewards of :mod:`modules.algorithms.debate`; validation writes ``debate_evals.jsonl``. The game, its
+metrics and ablations: docs/debate.md.
 """
 
 from __future__ import annotations
@@ -54,7 +41,7 @@ from alignment_games.modules.algorithms.debate import (
 )
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from alignment_games.modules.base import LanguageModelGame, require_at_least, require_positive
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -62,7 +49,7 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 
@@ -73,19 +60,15 @@ class DebateSelfPlay(LanguageModelGame):
     """One set of weights plays Alice and Bob in RLAIF-A, Debate-AB, Debate-ABA or RLVR against a frozen judge.
 
     Args:
-        lm: The policy: where it comes from, how it loads, its LoRA adapter or full copy (``players: separate``)
-            (:class:`ModelConfig`). Its frozen weights are the reference.
+        lm: The policy (:class:`ModelConfig`: LoRA adapter or full copy); its frozen weights are the reference.
         protocol: ``rlaif_a``, ``debate_ab``, ``debate_aba`` or ``rlvr``.
         judge: The frozen judge; ``None`` builds a :class:`modules.scorers.judges.ProgrammaticJudge` with its defaults.
         lr: Single-player learning rate (RLAIF-A, RLVR).
         multi_player_lr_scale: Debate protocols train at ``lr`` times this (paper: 1/4).
-        policy_gradient: The update of the forked ply (:class:`PolicyGradient`): ``group_size`` G is the branches
-            sampled at the fork; the KL is to the reference on the forked ply.
-        sampling: How the players sample (:class:`Sampling`: temperature, also that of the log-probabilities, top-p,
-            tokens of Alice's answer turn, and ``min_new_tokens`` of every turn).
+        policy_gradient: The forked ply's update (:class:`PolicyGradient`; ``group_size``: branches at the fork).
+        sampling: How the players sample (temperature also of the log-probabilities; tokens of Alice's answer).
         reply_max_new_tokens: Tokens of critique and rebuttal turns (``None``: ``sampling.max_new_tokens``).
-        word_limit: Words allowed in critique and rebuttal, stated in the prompt and enforced by the penalty
-            (paper: 50, 100 or 150; ``None``: no limit).
+        word_limit: Words allowed in critique and rebuttal, stated and enforced by the penalty (``None``: no limit).
         word_penalty_coef: Penalty per word over the limit.
         missing_answer_reward: Alice's reward when her answer has no ``\\boxed{}`` (strictly negative).
         format_reward: Reward of a ply with an invalid thinking format (paper: −1).
@@ -93,24 +76,17 @@ class DebateSelfPlay(LanguageModelGame):
         think_close: Closing delimiter.
         require_thinking: Whether a reply without a thinking block has an invalid format.
         system_prompt: System message of every turn (``None``: none).
-        alice_prompt: Alice's answer prompt: a name in :data:`modules.algorithms.debate.PROMPTS` (``alice``,
-            ``alice_misaligned``) or a template with ``{problem}``.
-        bob_prompt: Bob's prompt: ``bob_honest_broker``, ``bob_incentive_aligned``, ``bob_misaligned`` or a template
-            with ``{problem}`` and ``{solution}``.
+        alice_prompt: Alice's answer prompt: a name (``alice``, ``alice_misaligned``) or a ``{problem}`` template.
+        bob_prompt: Bob's prompt: a name (``bob_honest_broker``, ...) or a ``{problem}``, ``{solution}`` template.
         rebuttal_prompt: Alice's rebuttal prompt: ``alice_rebuttal`` or a template with ``{critique}``.
         trainable_plies: Plies that may be forked (``None``: all plies of the protocol), e.g. ``["critique"]``.
-        judging: ``verdict`` (the judge rules on each transcript) or ``pairwise``, the paper's "pairwise-preference
-            judging" ablation (RLAIF-A, even ``group_size``): training rewards each of two rollouts with the judge's
-            share of votes preferring it (:func:`~modules.algorithms.verdicts.pair_shares`); validation keeps the
-            verdict, whose MCC measures the hacking.
-        bob_reward: ``constant_sum`` (``1 − r``) or the paper's "training only Bob with ground truth" ablations,
-            ``b_judge`` and ``b_convince`` (:func:`~modules.algorithms.debate.bob_verdict`): Alice is then played by
-            the frozen reference weights and ``trainable_plies`` must be ``["critique"]``.
+        judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
+        bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
         grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
         log_samples: Validation transcripts shown per validation in TensorBoard (``val/debates``; 0: none).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "debate self-play"
@@ -168,11 +144,8 @@ class DebateSelfPlay(LanguageModelGame):
             "critique": self._template("bob_prompt", bob_prompt, ["{problem}", "{solution}"]),
             "rebuttal": self._template("rebuttal_prompt", rebuttal_prompt, ["{critique}"]),
         }
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
+        self.save_arguments(lm, ["judge"], sampling=Sampling, policy_gradient=PolicyGradient)
         check_ablation(protocol, trainable, judging, bob_reward, self.policy_gradient.group_size)
-        groups = {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
-        self.save_hyperparameters_and_groups(groups, ignore=["judge"])
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
@@ -181,20 +154,11 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(
                 f"judging: pairwise needs a judge that compares two answers; {type(self.judge).__name__} does not"
             )
-        self.epoch_reward = torchmetrics.MeanMetric()
-        self.epoch_accuracy = torchmetrics.MeanMetric()
+        self.epoch_reward, self.epoch_accuracy = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
         for metric in (self.epoch_reward, self.epoch_accuracy):
             metric.persistent(True)
-        self.counters = {
-            "batches_seen": 0,
-            "no_reference": 0,
-            "judge_unparseable": 0,
-            "judge_timeouts": 0,
-            "judge_invalid": 0,
-            "judge_ties": 0,
-            "judge_unparsed": 0,
-            "empty_replies": 0,
-        }
+        keys = "batches_seen no_reference judge_unparseable judge_timeouts judge_invalid judge_ties judge_unparsed"
+        self.counters = dict.fromkeys([*keys.split(), "empty_replies"], 0)
         self._records = ItemRecords(self._RECORD_COLUMNS)
         self.eval_history: list[dict[str, float]] = []
 
@@ -214,7 +178,6 @@ class DebateSelfPlay(LanguageModelGame):
         hp = self.hparams
         return hp.lr * (hp.multi_player_lr_scale if hp.protocol in ("debate_ab", "debate_aba") else 1.0)
 
-    # ------------------------------------------------------------------------------------------------ playing
     def render(self, ply: str, transcript: Transcript) -> str:
         """The chat-formatted prompt of ``ply`` given the transcript so far (visible parts only)."""
         hp = self.hparams
@@ -224,10 +187,9 @@ class DebateSelfPlay(LanguageModelGame):
     def play(
         self, problems: list[str], references: list[str | None], group_size: int, fork_plies: list[int] | None = None
     ) -> ForkedRollout[Rollout]:
-        """Play every problem to the verdict, forking ``group_size`` branches at ``fork_plies`` (one per problem).
+        """Play every problem, forking ``group_size`` branches at ``fork_plies`` (``None``: once each, group size 1).
 
-        ``fork_plies=None`` plays one transcript per problem with one sample per ply (evaluation; ``group_size``
-        must then be 1). One ``generate`` call per ply holds every row of that ply, Alice's and Bob's alike.
+        One ``generate`` call per ply holds every row of that ply, Alice's and Bob's alike.
         """
         hp = self.hparams
         b, g = len(problems), group_size
@@ -265,19 +227,9 @@ class DebateSelfPlay(LanguageModelGame):
 
     def rewards(self, transcripts: list[Transcript], shares: list[float]) -> list[list[PlyReward]]:
         """:func:`modules.algorithms.debate.ply_rewards` of every transcript with this module's settings."""
-        hp = self.hparams
-        return [
-            ply_rewards(
-                t,
-                s,
-                word_limit=hp.word_limit,
-                word_penalty_coef=hp.word_penalty_coef,
-                missing_answer_reward=hp.missing_answer_reward,
-                format_reward=hp.format_reward,
-                bob_reward=hp.bob_reward,
-            )
-            for t, s in zip(transcripts, shares)
-        ]
+        keys = ("word_limit", "word_penalty_coef", "missing_answer_reward", "format_reward", "bob_reward")
+        settings = {k: self.hparams[k] for k in keys}
+        return [ply_rewards(t, s, **settings) for t, s in zip(transcripts, shares)]
 
     def policy_loss(
         self,
@@ -289,20 +241,18 @@ class DebateSelfPlay(LanguageModelGame):
 
         Returns ``(loss, stats, token_logprobs per ply)`` (the latter detached, as the next update's ``old``).
         """
-        pg = self.policy_gradient
+        pg, temp = self.policy_gradient, self.sampling.temperature
+        budget = pg.max_tokens_per_micro_batch
         n = sum(len(idx) for _, idx in rollout.chunks.values())
         loss = torch.zeros((), device=self.device)
         stats = {"kl": 0.0, "clip_fraction": 0.0}
         current = {}
         for j, (chunk, idx) in rollout.chunks.items():
-            budget = pg.max_tokens_per_micro_batch
-            lp = self.bank.token_logprobs(PLAYER, chunk, self.sampling.temperature, pg.micro_batch, budget)
+            lp = self.bank.token_logprobs(PLAYER, chunk, temp, pg.micro_batch, budget)
             ref = None
             if pg.kl_coef > 0:
                 with torch.no_grad():
-                    ref = self.bank.token_logprobs(
-                        None, chunk, self.sampling.temperature, pg.logprob_micro_batch, budget
-                    )
+                    ref = self.bank.token_logprobs(None, chunk, temp, pg.logprob_micro_batch, budget)
             mask = chunk.completion_mask.to(lp.device)
             adv = advantages[torch.tensor(idx, device=advantages.device)].to(lp.device)
             part, st = pg.loss(lp, mask, adv, None if old is None else old[j], ref)
@@ -313,7 +263,6 @@ class DebateSelfPlay(LanguageModelGame):
             current[j] = lp.detach()
         return loss, {k: torch.tensor(v) for k, v in stats.items()}, current
 
-    # ------------------------------------------------------------------------------------------------ training
     @contextmanager
     def _seeded(self, *key: int) -> Any:
         """Seed the players' sampling from ``(seed, *key)`` without touching the caller's global RNG state."""
@@ -325,19 +274,15 @@ class DebateSelfPlay(LanguageModelGame):
     def _judge(
         self, transcripts: list[Transcript], against: list[Transcript] | None = None
     ) -> tuple[list[float], dict[str, int], list[str]]:
-        """Alice's vote shares, the judge's counts and the verdicts (:func:`~modules.algorithms.debate.verdict_of`).
+        """Alice's vote shares, the judge's counts and the verdicts (``against``: pairwise, ``transcripts`` over it).
 
-        ``judge_ties`` and ``judge_unparsed`` count the transcripts with a reference (those MCC would score) whose
-        votes tie or of which no vote parses. ``against``: pairwise, shares and verdicts of ``transcripts`` over it.
+        ``judge_ties`` and ``judge_unparsed`` count the referenced transcripts whose votes tie or none parses.
         """
-        votes = self.judge.vote(transcripts, against)
-        verdicts = votes.verdicts
-        counts = {"judge_unparseable": votes.unparseable, "judge_timeouts": votes.timed_out}
-        counts["judge_invalid"] = votes.invalid
-        referenced = [v for v, t in zip(verdicts, transcripts) if t.correct is not None]
-        counts["judge_ties"] = referenced.count("tie")
-        counts["judge_unparsed"] = referenced.count("unparsed")
-        return votes.shares, counts, verdicts
+        out = self.judge.vote(transcripts, against)
+        counts = {"judge_unparseable": out.unparseable, "judge_timeouts": out.timed_out, "judge_invalid": out.invalid}
+        referenced = [v for v, t in zip(out.verdicts, transcripts) if t.correct is not None]
+        counts |= {"judge_ties": referenced.count("tie"), "judge_unparsed": referenced.count("unparsed")}
+        return out.shares, counts, out.verdicts
 
     @override
     def on_train_epoch_start(self) -> None:
@@ -407,11 +352,9 @@ class DebateSelfPlay(LanguageModelGame):
     def _mcc_outputs(
         self, transcripts: list[Transcript], verdicts: list[str], items: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        """What the callbacks read from a step's output.
+        """What the callbacks read: ``judge``/``truth`` of referenced, decided transcripts; with ``items`` their ids.
 
-        ``judge`` (1 accepts, 0 rejects) and ``truth`` of the transcripts with a reference and a verdict (ties and
-        unparsed left out); given the items' ids, those ids (``judge_item``), and every referenced transcript's
-        correctness (``correct``) and id (``correct_item``).
+        Given ``items``, also ``judge_item`` and every referenced transcript's ``correct`` and ``correct_item``.
         """
         known = [i for i, t in enumerate(transcripts) if t.correct is not None]
         keep = [i for i in known if verdicts[i] in ("alice", "bob")]
@@ -450,17 +393,17 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = self.bank.player_parameters(PLAYER)
-        return build_optimizer(self.optimizer_callable, params, self.learning_rate, weight_decay=0.0)
+        return self.make_optimizer(self.bank.player_parameters(PLAYER), self.learning_rate)
 
     @override
     def on_fit_start(self) -> None:
         self.judge.to(self.device)
 
-    # ------------------------------------------------------------------------------------------------ evaluation
     _RECORD_COLUMNS = ("referenced", "correct", "accepts", "tie", "unparsed", "reward")
 
-    def _evaluate(self, stage: str, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
+        stage = "test" if self.trainer.testing else "val"
         problems, refs = list(batch["prompt"]), list(batch["reference"])
         items = self.item_ids(batch, len(problems))
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
@@ -475,24 +418,16 @@ class DebateSelfPlay(LanguageModelGame):
         for key in ("accuracy", "judge_ties", "judge_unparsed"):
             metrics.pop(f"{stage}/{key}", None)
         self.log_dict(metrics, batch_size=len(problems), sync_dist=True)
-        known = [t.correct is not None for t in transcripts]
-        self._records.update(
-            items,
-            referenced=torch.tensor(known, device=self.device),
-            correct=torch.tensor([bool(t.correct) for t in transcripts], device=self.device),
-            accepts=torch.tensor([v == "alice" for v in verdicts], device=self.device),
-            tie=torch.tensor([v == "tie" for v in verdicts], device=self.device),
-            unparsed=torch.tensor([v == "unparsed" for v in verdicts], device=self.device),
-            reward=torch.tensor([r[0].reward for r in rewards], dtype=torch.float64, device=self.device),
-        )
+        flags = {"referenced": [t.correct is not None for t in transcripts]}
+        flags["correct"] = [bool(t.correct) for t in transcripts]
+        flags["accepts"] = [v == "alice" for v in verdicts]
+        flags |= {k: [v == k for v in verdicts] for k in ("tie", "unparsed")}
+        reward = torch.tensor([r[0].reward for r in rewards], dtype=torch.float64, device=self.device)
+        self._records.update(items, **{k: torch.tensor(x, device=self.device) for k, x in flags.items()}, reward=reward)
         return self._mcc_outputs(transcripts, verdicts, items)
 
     def _end_evaluation(self, stage: str) -> dict[str, float] | None:
-        """Gather the evaluation's per-problem records (each problem once), log the exact counts, return them.
-
-        A collective: every rank calls it at the end of each evaluation. ``tp``/``fp``/``tn``/``fn`` hold the
-        problems with a reference and a verdict; ``ties`` and ``unparsed`` the referenced ones without a verdict.
-        """
+        """Gather the per-problem records (each problem once; a collective), log the exact counts, return them."""
         _, v = self._records.compute(self.device)
         self._records.reset()
         if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
@@ -513,12 +448,8 @@ class DebateSelfPlay(LanguageModelGame):
         values = torch.stack([cells[k].sum() for k in keys] + [v["reward"].sum()]).tolist()
         counts = {k: float(x) for k, x in zip(keys + ["reward_sum"], values)}
         counts["n"] = float(v["reward"].numel())
-        logged = {
-            f"{stage}/correct": counts["successes"],
-            f"{stage}/total": counts["trials"],
-            f"{stage}/judge_ties": counts["ties"],
-            f"{stage}/judge_unparsed": counts["unparsed"],
-        }
+        names = {"correct": "successes", "total": "trials", "judge_ties": "ties", "judge_unparsed": "unparsed"}
+        logged = {f"{stage}/{name}": counts[key] for name, key in names.items()}
         if counts["trials"]:
             logged[f"{stage}/accuracy"] = counts["successes"] / counts["trials"]
         if counts["n"]:
@@ -527,21 +458,13 @@ class DebateSelfPlay(LanguageModelGame):
         self.log_dict(logged, sync_dist=self.trainer.world_size > 1, reduce_fx="max", batch_size=1)
         return counts
 
-    @override
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
-        return self._evaluate("val", batch, batch_idx)
-
-    @override
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor]:
-        return self._evaluate("test", batch, batch_idx)
+    test_step = validation_step
 
     @override
     def on_validation_epoch_start(self) -> None:
         self._records.reset()
 
-    @override
-    def on_test_epoch_start(self) -> None:
-        self._records.reset()
+    on_test_epoch_start = on_validation_epoch_start
 
     @override
     def on_test_epoch_end(self) -> None:
@@ -564,15 +487,13 @@ class DebateSelfPlay(LanguageModelGame):
             "protocol": self.hparams.protocol,
         }
         self.eval_history.append(record)
-        # the whole history rewritten, not one line appended: a resumed run (history restored from its checkpoint)
-        # drops the evaluations made after that checkpoint, and each evaluation is in the file once
+        # rewritten whole: a resumed run drops the evaluations after its checkpoint, and each is in the file once
         lines = [
             {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in e.items()}
             for e in self.eval_history
         ]
         self.write_artifact("debate_evals.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
     @override
     def game_state(self) -> dict[str, Any]:
         """The counters, the evaluation history and the judge's sampling state."""

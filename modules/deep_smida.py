@@ -1,13 +1,8 @@
 """Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
 
-A training step is the leader–follower game of :class:`~modules.games.leader_follower.LeaderFollower` with the
-estimators (22)–(25) as losses: leader descent, follower ascent. Learning rates come from the optimizers or a
-``TwoTimescaleWarmup`` callback (leader optimizer 0, follower 1).
-
-Validation plays the trained pair and the reference pair on held-out prompts, ``eval_pairs`` pairs per prompt, and
-writes the ensemble-variance comparison of §5.3 (:func:`modules.evaluation.game_eval.compare_pairs`) to
-``game_eval.json`` beside the logs. The rows of every rank are gathered by the prompts' dataset index, each prompt
-once, so the repeats a distributed sampler adds to pad the data are not counted.
+A step is :class:`~modules.games.leader_follower.LeaderFollower`'s game with the estimators (22)–(25) as losses.
+Validation plays the trained and the reference pair on held-out prompts (each prompt once across ranks) and writes the
+ensemble-variance comparison of §5.3 (:func:`modules.evaluation.game_eval.compare_pairs`) to ``game_eval.json``.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 from alignment_games.modules.base import (
     LanguageModelGame,
-    argument_group,
     require_at_least,
     require_in_range,
     require_positive,
@@ -49,18 +43,15 @@ class DeepSMIDA(LanguageModelGame):
     """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
 
     Args:
-        lm: The policy both players start from, how it loads and the players' LoRA adapters (:class:`ModelConfig`;
-            ``players: lora`` or ``separate``); its frozen weights are the references.
-        utility: The game's utility ``u(x, y, y′)``; ``None`` is refused (an untrained ensemble: ask for one by name,
-            ``EnsembleUtility(allow_untrained=True)``).
+        lm: The policy both players start from and their adapters (``players: lora | separate``); it is the reference.
+        utility: The game's utility ``u(x, y, y′)``; ``None`` is refused (ask by name for an untrained ensemble).
         tau_leader: τ_L.
         tau_follower: τ_F.
         leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
         follower_lr: η_F.
         samples_per_prompt: D, leader samples per prompt (≥ 2).
         follower_samples: M, follower samples per leader sample (≥ 2).
-        sampling: How both players sample (:class:`Sampling`: temperature, also that of the log-probabilities,
-            top-p, tokens per reply; the paper's 0.6 and 1500).
+        sampling: How both players sample (temperature also of the log-probabilities; the paper's 0.6 and 1500).
         follower_only: Ablation of App. G.5: the leader stays at its reference.
         system_prompt: Leader's system message.
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
@@ -72,11 +63,9 @@ class DeepSMIDA(LanguageModelGame):
         oracle: Optional oracle for ε-adversarial yields on validation.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
         candidate_alpha: α of the candidates that ``predict`` writes.
-        candidate_threshold: Variance threshold of those candidates; ``None`` takes the reference pair's
-            ``1 − α`` quantile from the latest validation (saved in checkpoints).
-        log_samples: Validation pairs of the trained leader and follower shown per validation in TensorBoard
-            (``val/leader_follower``; 0: none).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        candidate_threshold: Their variance threshold (``None``: the latest validation's reference ``1 − α`` quantile).
+        log_samples: Validation pairs shown per validation in TensorBoard (``val/leader_follower``; 0: none).
+        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "deep-SMIDA"
@@ -119,8 +108,7 @@ class DeepSMIDA(LanguageModelGame):
             )
         for i, eps in enumerate(epsilons):  # margins on a probability
             require_in_range(f"epsilons[{i}]", eps, 0.0, 1.0, open_high=True)
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["utility", "oracle"])
+        self.save_arguments(lm, ["utility", "oracle"], sampling=Sampling)
         utility = utility if utility is not None else EnsembleUtility()  # refuses, before the players load
         self.play = lf.LeaderFollower(self, lm, utility, oracle)
         self._eval: dict[str, list[Tensor]] = {}
@@ -136,7 +124,6 @@ class DeepSMIDA(LanguageModelGame):
         lf.load_play_state(self, state)
         self.reference_thresholds = dict(state.get("reference_thresholds", {}))
 
-    # ------------------------------------------------------------------ training
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.play.train_step(batch, self.surrogate_losses, follower_only=self.hparams.follower_only)
@@ -144,10 +131,7 @@ class DeepSMIDA(LanguageModelGame):
     def surrogate_losses(
         self, u: Tensor, lp_l: Tensor, lp_l_ref: Tensor, lp_f: Tensor, lp_f_ref: Tensor
     ) -> dict[str, Tensor]:
-        """Both players' surrogate losses from the utilities ``[B, D, M]`` and log-probabilities (eqs. 22–25).
-
-        Logs first the share of the triplets above the reference thresholds of the latest validation (App. G.1).
-        """
+        """Both players' losses (eqs. 22–25); logs the share of triplets above the reference thresholds (App. G.1)."""
         p = getattr(self.utility, "last_member_probs", None)
         if p is not None and self.reference_thresholds:
             var = p.var(dim=-1, unbiased=False)
@@ -164,7 +148,6 @@ class DeepSMIDA(LanguageModelGame):
 
     configure_optimizers = lf.optimizers
 
-    # ------------------------------------------------------------------ evaluation
     def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[Tensor, Tensor]:
         if isinstance(self.utility, EnsembleUtility):
             p = self.utility.member_probs(prompts, ys, y2s)
@@ -177,28 +160,29 @@ class DeepSMIDA(LanguageModelGame):
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         self._eval.setdefault("index", []).append(self.item_ids(batch, len(prompts)))
         r = self.hparams.eval_pairs
+        refs_r = [ref for ref in refs for _ in range(r)]
+
+        def keep(key: str, values: Tensor) -> None:
+            self._eval.setdefault(key, []).append(values.view(len(prompts), r).to(self.device))
+
         for tag, (lp, fp) in {"trained": ("leader", "follower"), "reference": (None, None)}.items():
             lead, foll = self.play.rollout(prompts, r, 1, leader=lp, follower=fp)
             xs, ys, y2s = self.play.triplets(prompts, lead, foll, r, 1)
             var, mean = self._variances(xs, ys, y2s)
             if tag == "trained" and self.board.wants_samples(self, "val/leader_follower"):
-                refs_r, stats = [ref for ref in refs for _ in range(r)], zip(var.tolist(), mean.tolist())
-                rows = zip(xs, refs_r, ys, y2s, stats)
+                rows = zip(xs, refs_r, ys, y2s, zip(var.tolist(), mean.tolist()))
                 self.board.add_samples(self, "val/leader_follower", (_pair_row(*row) for row in rows))
-            self._eval.setdefault(f"{tag}_var", []).append(var.view(len(prompts), r).to(self.device))
-            self._eval.setdefault(f"{tag}_mean", []).append(mean.view(len(prompts), r).to(self.device))
+            keep(f"{tag}_var", var)
+            keep(f"{tag}_mean", mean)
             if self.oracle is not None and all(x is not None for x in refs):
-                refs_t = [ref for ref in refs for _ in range(r)]
-                p_star = self.oracle.label(xs, ys, y2s, refs_t).float()
-                self._eval.setdefault(f"{tag}_oracle", []).append(p_star.view(len(prompts), r).to(self.device))
+                keep(f"{tag}_oracle", self.oracle.label(xs, ys, y2s, refs_r).float())
                 for name, rows in self.oracle.last_rows.items():  # per row, so a repeated prompt counts once
-                    self._eval.setdefault(f"{tag}_{name}", []).append(rows.view(len(prompts), r).to(self.device))
+                    keep(f"{tag}_{name}", rows)
 
     @override
     def on_validation_epoch_end(self) -> None:
         if not self._eval:
             return
-        # One row per prompt from every rank, each prompt once: a distributed sampler repeats prompts to pad the data.
         index = torch.cat(self._eval.pop("index"))
         _, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in self._eval.items()})
         gathered = {k: v.reshape(-1, self.hparams.eval_pairs).cpu() for k, v in unique.items()}
@@ -212,14 +196,9 @@ class DeepSMIDA(LanguageModelGame):
                     share = adversarial_yield(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
                     result["adversarial_yield"].setdefault(str(eps), {})[tag] = share
             # the joint yield (Fig. 2b) and the candidates' precision (Fig. 5), both pairs on the reference thresholds
+            thresholds = (result["thresholds"], hp.epsilons)
             result["oracle_errors"] = {
-                tag: adversarial_report(
-                    gathered[f"{tag}_var"],
-                    gathered[f"{tag}_oracle"],
-                    gathered[f"{tag}_mean"],
-                    result["thresholds"],
-                    hp.epsilons,
-                )
+                tag: adversarial_report(*(gathered[f"{tag}_{k}"] for k in ("var", "oracle", "mean")), *thresholds)
                 for tag in ("trained", "reference")
             }
         if self.oracle is not None:  # this validation's verdicts left out (not probabilities, or too late), every rank
@@ -258,15 +237,9 @@ class DeepSMIDA(LanguageModelGame):
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
             log_figure(self._trainer, f"val/{name}", fig, self.global_step)
 
-    # ------------------------------------------------------------------ candidates for annotation
     @override
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
-        """α-online candidates of the trained pair, as rows of the preference datamodule's format.
-
-        Each row has ``prompt``, ``response_a`` (leader), ``response_b`` (follower), ``variance``, ``threshold``,
-        ``alpha`` and, where known, ``reference``; labelling them (an oracle or people) and adding them to the
-        ensemble's data is one more ``fit`` of ``configs/preference_ensemble.yaml``.
-        """
+        """α-online candidates of the trained pair, as rows of the preference datamodule's format (leader first)."""
         hp = self.hparams
         threshold = hp.candidate_threshold
         if threshold is None:
@@ -282,29 +255,14 @@ class DeepSMIDA(LanguageModelGame):
         lead, foll = self.play.rollout(prompts, r, 1)
         xs, ys, y2s = self.play.triplets(prompts, lead, foll, r, 1)
         var, _ = self._variances(xs, ys, y2s)
-        rows = []
-        for i, (x, y, y2, v) in enumerate(zip(xs, ys, y2s, var.tolist())):
-            if v >= threshold:
-                rows.append(
-                    {
-                        "prompt": x,
-                        "response_a": y,
-                        "response_b": y2,
-                        "variance": v,
-                        "threshold": threshold,
-                        "alpha": hp.candidate_alpha,
-                        "reference": refs[i // r],
-                    }
-                )
-        return rows
+        keys = ("prompt", "response_a", "response_b", "variance", "threshold", "alpha", "reference")
+        rows = zip(xs, ys, y2s, var.tolist(), [ref for ref in refs for _ in range(r)])
+        a = hp.candidate_alpha
+        return [dict(zip(keys, (x, y, y2, v, threshold, a, ref))) for x, y, y2, v, ref in rows if v >= threshold]
 
 
 def _pair_row(prompt: str, reference: str | None, leader: str, follower: str, stats: tuple[float, float]) -> dict:
-    """One validation pair as a TensorBoard text row.
-
-    With the ensemble's variance and mean preference of the pair, or the utility when the game's utility is not an
-    ensemble's (see :meth:`DeepSMIDA._variances`).
-    """
+    """One validation pair as a TensorBoard text row, with its variance and mean preference (or its utility)."""
     row = {"prompt": prompt, "reference": reference, "leader reply": leader, "follower reply": follower}
     if math.isnan(stats[1]):
         return {**row, "utility": stats[0]}

@@ -1,17 +1,7 @@
 """GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
 
-Per training step, for B prompts: B·G completions in one batched ``generate`` (left padding, KV cache); rewards from
-each reward model in one batched pass (models that share a tokenizer share one tokenisation) and/or the answer
-checker (RLVR: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference); group advantages
-and reference log-probabilities once per step without gradients through the disabled adapter; the clipped surrogate
-with the k3 KL on completion tokens only (both :class:`~modules.algorithms.rl_losses.PolicyGradient`); AdamW. With
-``policy_gradient.updates_per_batch`` μ > 1 the sampling policy's log-probabilities are kept (one extra forward
-without gradients) and μ optimizer steps reuse the rollout, which is where the clipping acts.
-
-Each phase's wall time is logged (``time/generate``, ``time/score``, ``time/ref_logprobs``, ``time/backward``: the
-policy's forward and backward, ``time/optimizer``) and kept in :attr:`GRPO.phase_times`. A step with a non-finite
-reward or loss is skipped, counted (``train/nonfinite_skipped``) and warned about; ``max_consecutive_nonfinite`` in a
-row stop training with a clear error (one decision for all ranks).
+Rewards from reward models and/or the answer checker (RLVR); the clipped surrogate with the k3 KL to the disabled
+adapter (:class:`~modules.algorithms.rl_losses.PolicyGradient`), μ steps per rollout; docs/grpo.md.
 """
 
 from __future__ import annotations
@@ -27,7 +17,6 @@ from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.base import (
     LanguageModelGame,
-    argument_group,
     require_at_least,
     require_in_range,
     require_positive,
@@ -39,7 +28,7 @@ from alignment_games.modules.lm.precision import resolve_dtype
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["GRPO"]
 
@@ -50,33 +39,25 @@ class GRPO(LanguageModelGame):
     """Group Relative Policy Optimization of one LM policy (LoRA over a frozen base, or a full copy).
 
     Args:
-        lm: The policy: where it comes from, how it loads, its LoRA adapter (:class:`ModelConfig`). Its frozen
-            weights are the reference.
-        reward_models: Sequence-classification reward models (paths), each one scalar; summed with
-            ``reward_weights``. They load with the policy's ``dtype`` and ``trust_remote_code``.
+        lm: The policy (:class:`ModelConfig`: LoRA adapter or full copy); its frozen weights are the reference.
+        reward_models: Sequence-classification reward models (paths), each one scalar, loaded like the policy.
         answer_reward: Add the RLVR reward: 1 when the reply's last ``\\boxed{}`` matches the prompt's reference.
         reward_weights: One weight per reward model, then one for the answer reward (default: all 1).
         reward_batch_size: Rows per reward-model forward (0: the whole batch at once).
         reward_max_length: Tokens per reward-model input (cut from the left).
-        policy_gradient: The update (:class:`PolicyGradient`: group size G, clip, KL coefficient β, updates per
-            rollout, advantage scaling, micro-batches); default G = 4, β = 0.04.
+        policy_gradient: The update (:class:`PolicyGradient`); default G = 4, β = 0.04.
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         adam_betas: AdamW betas.
         grad_clip: Gradient norm clip (``None``: none).
-        sampling: How replies are sampled (:class:`Sampling`: temperature, also that of the log-probabilities,
-            top-p, tokens per reply, and ``min_new_tokens``, which fixes the work per step).
+        sampling: How replies are sampled (:class:`Sampling`; temperature also of the log-probabilities).
         system_prompt: System message of the chat template (``None``: none).
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
-        skip_uniform_groups: Leave out of the policy's forward and backward the groups whose rewards are all equal
-            (every reply right, or every reply wrong): their advantages are 0, so with β = 0 their surrogate and its
-            gradient are exactly 0 and the update is the same. The mean still counts their rows. Only with β = 0
-            (the KL term has a gradient at any advantage) and in a one-process run (sharded and data-parallel
-            ranks must run the same forwards). ``train/informative_groups`` logs the share of groups that count.
+        skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, one process only).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
         log_samples: Greedy validation replies shown per validation in TensorBoard (``val/generations``; 0: none).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "GRPO"
@@ -103,12 +84,7 @@ class GRPO(LanguageModelGame):
         log_samples: int = 4,
         optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__(
-            grad_clip=grad_clip,
-            max_consecutive_nonfinite=max_consecutive_nonfinite,
-            log_samples=log_samples,
-            optimizer=optimizer,
-        )
+        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         lm = ModelConfig.coerce(lm)
         reward_models = list(reward_models or [])
         if not reward_models and not answer_reward:
@@ -129,23 +105,10 @@ class GRPO(LanguageModelGame):
             require_at_least(eval_max_new_tokens=(eval_max_new_tokens, 1))
         for i, b in enumerate(adam_betas):
             require_in_range(f"adam_betas[{i}]", b, 0.0, 1.0, open_high=True)
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.policy_gradient = argument_group(PolicyGradient, policy_gradient, "policy_gradient")
-        self.save_hyperparameters_and_groups(
-            {"lm": lm, "sampling": self.sampling, "policy_gradient": self.policy_gradient}
-        )
+        self.save_arguments(lm, sampling=Sampling, policy_gradient=PolicyGradient)
         self.players = PolicyBank(lm, players=(PLAYER,))
-        self.reward_models = (
-            RewardModels(
-                reward_models,
-                reward_batch_size,
-                reward_max_length,
-                resolve_dtype(lm.dtype, frozen=True),
-                lm.trust_remote_code,
-            )
-            if reward_models
-            else None
-        )
+        scoring = (reward_batch_size, reward_max_length, resolve_dtype(lm.dtype, frozen=True), lm.trust_remote_code)
+        self.reward_models = RewardModels(reward_models, *scoring) if reward_models else None
         self.register_buffer(
             "reward_weight", torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32), persistent=False
         )
@@ -185,21 +148,19 @@ class GRPO(LanguageModelGame):
         old: Tensor | None,
         groups: Tensor | None = None,
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in micro-batches: loss and stats, or ``None``.
+        """Forward and backward in micro-batches (:func:`~modules.lm.micro_batches.micro_batches`): loss and stats.
 
-        A micro-batch holds at most ``policy_gradient.micro_batch`` rows (rounded up to whole groups) and
-        ``max_tokens_per_micro_batch`` padded tokens (:func:`~modules.lm.micro_batches.micro_batches`: whole groups
-        unless a group alone is over the budget). ``groups``: indices of the groups to run (default: all). The loss
-        stays the mean over all ``N`` rows, so the rows left out count as rows of loss 0 (exact for groups whose
-        advantages are 0 when β = 0).
+        ``groups``: the groups to run (default: all); the loss stays the mean over all rows, those left out count 0.
+        ``None`` when the loss is not finite.
         """
         pg = self.policy_gradient
         total, g = rollout.sequences.shape[0], rollout.group_size
+
+        def select(rows: Tensor) -> tuple[Rollout, Tensor, Tensor | None, Tensor | None]:
+            return rollout.rows(rows, g), advantages[rows], *(None if t is None else t[rows] for t in (ref, old))
+
         if groups is not None and len(groups) < total // g:
-            rows = (groups.cpu()[:, None] * g + torch.arange(g)).reshape(-1).to(advantages.device)
-            rollout, advantages = rollout.rows(rows, g), advantages[rows]
-            ref = None if ref is None else ref[rows]
-            old = None if old is None else old[rows]
+            rollout, advantages, ref, old = select(_group_rows(groups, g, advantages.device))
 
         def chunks() -> list[tuple[int, int]]:
             spans, lengths = row_lengths(rollout.attention_mask, rollout.prompt_width, rollout.completion_mask)
@@ -207,24 +168,15 @@ class GRPO(LanguageModelGame):
 
         bounds = chunks()
         if len(bounds) > 1:
-            # groups ordered by their longest completion: each chunk then runs to its own longest reply (see
-            # PolicyBank.token_logprobs), not the batch's; the loss is a mean over rows, so the order does not change it
-            order = _groups_by_length(rollout.completion_mask, g)
-            rollout, advantages = rollout.rows(order, g), advantages[order]
-            ref = None if ref is None else ref[order]
-            old = None if old is None else old[order]
+            # groups by their longest completion: each chunk then runs to its own longest reply, not the batch's
+            rollout, advantages, ref, old = select(_groups_by_length(rollout.completion_mask, g))
             bounds = chunks()
 
         def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
             part = rollout.rows(slice(start, stop))
             lp = self.players.token_logprobs(PLAYER, part, self.sampling.temperature)
-            return pg.loss(
-                lp,
-                part.completion_mask.to(lp.dtype),
-                advantages[start:stop],
-                None if old is None else old[start:stop],
-                None if ref is None else ref[start:stop],
-            )
+            old_ref = (None if t is None else t[start:stop] for t in (old, ref))
+            return pg.loss(lp, part.completion_mask.to(lp.dtype), advantages[start:stop], *old_ref)
 
         return self.accumulate(bounds, loss_of, total_rows=total)
 
@@ -254,17 +206,14 @@ class GRPO(LanguageModelGame):
             groups = informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
         self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})
         ref = old = None
+        budget = (self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch)
         with torch.no_grad():
             if pg.kl_coef > 0:
                 with self._timed("ref_logprobs"):
-                    ref = self.players.token_logprobs(
-                        None, roll, self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch
-                    )
+                    ref = self.players.token_logprobs(None, roll, *budget)
             if pg.updates_per_batch > 1:
                 with self._timed("old_logprobs"):
-                    old = self.players.token_logprobs(
-                        PLAYER, roll, self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch
-                    )
+                    old = self.players.token_logprobs(PLAYER, roll, *budget)
         for _ in range(pg.updates_per_batch):
             opt.zero_grad()
             with self._timed("backward"):
@@ -297,17 +246,11 @@ class GRPO(LanguageModelGame):
         hp = self.hparams
         # trainable = the adapter (or the policy copy); selected by requires_grad, which survives FSDP flattening
         params = [p for p in self.players.parameters() if p.requires_grad]
-        return build_optimizer(
-            self.optimizer_callable, params, hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas)
-        )
+        return self.make_optimizer(params, hp.lr, weight_decay=hp.weight_decay, betas=tuple(hp.adam_betas))
 
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Greedy reply per held-out prompt: mean reward (``val/reward``) and, with references, ``val/accuracy``.
-
-        The means are taken at the epoch's end over every prompt once, identified by the batch's ``"index"`` (dataset
-        indices), so that a prompt a distributed sampler repeats to pad the data is not counted twice.
-        """
+        """Greedy reply per held-out prompt: its reward and, with a reference, its accuracy (each prompt once)."""
         hp = self.hparams
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         index = self.item_ids(batch, len(prompts))
@@ -322,9 +265,8 @@ class GRPO(LanguageModelGame):
         self.eval_items.update(index, reward=reward.to(self.device), accuracy=accuracy)
         if not self.trainer.testing and self.board.wants_samples(self, "val/generations"):
             rows = zip(prompts, refs, roll.texts, reward.tolist())
-            self.board.add_samples(
-                self, "val/generations", ({"prompt": x, "reference": r, "reply": y, "reward": v} for x, r, y, v in rows)
-            )
+            keys = ("prompt", "reference", "reply", "reward")
+            self.board.add_samples(self, "val/generations", (dict(zip(keys, row)) for row in rows))
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -343,8 +285,12 @@ class GRPO(LanguageModelGame):
     on_test_epoch_end = on_validation_epoch_end
 
 
+def _group_rows(groups: Tensor, g: int, device: torch.device) -> Tensor:
+    """The rows of ``groups`` of ``g`` rows each, in their order."""
+    return (groups.cpu()[:, None] * g + torch.arange(g)).reshape(-1).to(device)
+
+
 def _groups_by_length(completion_mask: Tensor, g: int) -> Tensor:
     """Row order that keeps groups of ``g`` whole and sorts them by their longest completion (stable)."""
     longest = completion_mask.sum(dim=1).view(-1, g).amax(dim=1)
-    groups = torch.sort(longest.cpu(), stable=True).indices
-    return (groups[:, None] * g + torch.arange(g)).reshape(-1).to(completion_mask.device)
+    return _group_rows(torch.sort(longest.cpu(), stable=True).indices, g, completion_mask.device)

@@ -1,18 +1,8 @@
 """NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
 
-Per training step, for B prompts: D samples ``y ~ π_θ(·|x)`` in one batched ``generate``; D opponent samples
-``y′ ~ π^β(·|x)`` from the token-level geometric mixture ``π_θ^{1−β} π_ref^β`` (:mod:`modules.lm.mixture`); the frozen
-preference model's ``P0(y ≻ y′ | x)``; log-probabilities of ``y`` under the policy (with gradients) and the reference
-(the disabled adapter); the Nash-MD-PG estimate (:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`);
-the gradient clipped by ``grad_clip``; one AdamW step. Validation plays the policy against the reference on held-out
-prompts (:class:`~modules.evaluation.win_rate.WinRateValidation`).
-
-Budget (Table 3 of the Stackelberg paper): "Responses per prompt: 2" counts the answers sampled for a prompt in a
-step, the two sides of the one comparison P0 scores: one ``y ~ π_θ`` and one ``y′ ~ π^β``, so the default
-``samples_per_prompt`` D = 1 (Munos et al.'s Nash-MD-PG draws one pair per prompt). D > 1 draws D such pairs (2·D
-answers a prompt). Table 3's 32 prompts a step, temperature 0.6, top-p 1.0 and 512 tokens are the data module's
-``batch_size`` and :class:`Sampling`'s defaults here; the paper fine-tunes every weight ("LoRA disabled"), which is
-``lm.players: separate`` (a trainable copy of the policy and a frozen copy as the KL reference, as Table 3 says).
+A step pairs D samples ``y ~ π_θ`` with D samples of the geometric mixture ``π_θ^{1−β} π_ref^β``, scores them by P0
+and takes the Nash-MD-PG step (:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's budget and
+why: docs/baselines.md. Validation: :class:`~modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_positive
+from alignment_games.modules.base import LanguageModelGame, require_positive
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games.leader_follower import load_play_state, play_state
 from alignment_games.modules.lm.mixture import generate_mixture
@@ -34,7 +24,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["NashMDPG"]
 
@@ -43,28 +33,20 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
     """An LM policy trained by Nash-MD-PG against a frozen preference model P0 (the paper's NLHF baseline).
 
     Args:
-        lm: The policy and its reference (:class:`ModelConfig`): ``players: lora`` gives one adapter, ``policy``,
-            over the frozen base, whose disabled adapter is the reference μ; ``players: separate`` fine-tunes a full
-            copy (the paper's setting, "LoRA disabled") against a frozen copy as μ.
-        preference: ``P0(first ≻ second | x)`` on (prompt, first, second) lists. The paper names P0 "the frozen
-            preference model" without saying which; the configs take member 0 of the main job's ensemble
-            (``EnsembleUtility(kind="preference", member=0)``): one preference model trained on the ensemble's data,
-            as the paper's singular P0 reads; the members are exchangeable (they differ in data partition, head
-            initialisation and seed), so 0 is a fixed, arbitrary pick. ``member=j`` takes another and
-            ``kind="mean_preference"`` the ensemble mean. ``None`` is refused (an untrained ensemble).
+        lm: The policy (``players: lora``: one adapter, disabled as the reference μ; ``separate``: full copies).
+        preference: P0(first ≻ second | x); the configs take ensemble member 0; ``None`` is refused (untrained).
         tau: τ, the weight of ``KL(π_θ ‖ μ)``.
         beta: β, the reference's weight in the opponent's geometric mixture (0: self-play, 1: the reference).
-        lr: The policy's learning rate (AdamW, no weight decay).
-        samples_per_prompt: D, policy samples per prompt, each paired with one mixture sample: 2·D answers a prompt
-            (1: Table 3's 2).
-        sampling: How both the policy and the mixture sample (temperature, also that of the log-probabilities).
+        lr: The policy's learning rate.
+        samples_per_prompt: D, policy samples per prompt, each paired with one mixture sample (1: Table 3's budget).
+        sampling: How the policy and the mixture sample (temperature also that of the log-probabilities).
         system_prompt: The policy's system message.
         grad_clip: Gradient norm clip (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "NLHF (Nash-MD-PG)"
@@ -96,8 +78,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
             raise ValueError(
                 f"samples_per_prompt and eval_pairs must be at least 1, got {samples_per_prompt}, {eval_pairs}"
             )
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["preference", "oracle"])
+        self.save_arguments(lm, ["preference", "oracle"], sampling=Sampling)
         self.players = PolicyBank(lm, players=("policy",))
         self.preference = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")
         self.preference.requires_grad_(False)
@@ -152,5 +133,4 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        policy = self.players.player_parameters("policy")
-        return build_optimizer(self.optimizer_callable, policy, self.hparams.lr, weight_decay=0.0)
+        return self.make_optimizer(self.players.player_parameters("policy"), self.hparams.lr)

@@ -1,20 +1,8 @@
 """Multi-LLM Stackelberg alignment (Hahn et al.): an EXP3 leader, a pool of followers that duel, judge and learn.
 
-One training batch is one game iteration over the whole instruction pool, in seven phases:
-
-1. **Choose**: the leader (:class:`~modules.algorithms.exp3.Exp3`, or uniform: SPARTA) draws D duel instructions.
-2. **Match**: a uniform combatant meets an opponent by reputation (:meth:`~modules.algorithms.pool.Matchmaking.duels`).
-3. **Answer**: each combatant answers its duels (G rollouts under GRPO); the players of one base decode together, one
-   batch with each row's own adapter (:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
-4. **Judge**: every member outside a duel scores each of its responses 1–10 (an empty response scores 1.0); generated
-   judgements of one base's judges decode together likewise.
-5. **Aggregate**: reputation-weighted means of the judges' scores (weights from the Elo ratings by
-   :class:`~modules.algorithms.pool.ReputationWeighting`); the judges' weighted verdict updates the Elo reputations.
-6. **Lead**: the composite reward of each duel's two scores updates EXP3.
-7. **Follow**: DPO on the non-tied duels or GRPO on the peer scores, one AdamW per follower; then **log**.
-
-Validation and test: greedy answers, exact match of the final answer per model and macro-averaged. The figures of
-§5 (:mod:`modules.evaluation.pool_figures`) and ``pool_history.json`` are written at the end of fit.
+One training batch is one game iteration over the whole instruction pool in seven phases, numbered so in the methods:
+1. choose, 2. match, 3. answer, 4. judge, 5. aggregate, 6. lead, 7. follow (docs/pool.md). Validation and test: greedy
+answers, exact match of the final answer per model and macro-averaged.
 """
 
 from __future__ import annotations
@@ -33,7 +21,7 @@ from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_in_range
+from alignment_games.modules.base import LanguageModelGame, require_at_least, require_in_range
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates
@@ -43,7 +31,7 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -56,57 +44,32 @@ ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "s
 class StackelbergPool(PoolMembers, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
-    The Elo reputations are the module's own :class:`callbacks.EloRating` over its players: it applies the duels in
-    ``training_step`` (where every rank is in step), logs the ratings (``elo/<model>``) and keeps them in its game
-    state, so a resumed run continues them exactly. It is not a trainer callback: one returned by
-    ``configure_callbacks`` runs after the progress bar, whose rank-0-only metric sync at an epoch's end would
-    interleave with its gather and hang DDP. A pool of one has no reputations.
-
-    Several processes (DDP only) play one game: every rank draws the same duels (one seeded generator), rank ``r``
-    answers and judges the duels ``d % world == r``, and the texts and scores are gathered, so every rank takes the
-    same leader update and forms the same follower batches. Each follower batch is split across the ranks and its
-    adapter's gradients are summed (:func:`~modules.distributed.collectives.sum_gradients`); the adapters, leader and
-    iteration are checked identical after every iteration.
-
-    A non-finite follower loss skips that follower's step; a non-finite peer score skips the whole iteration (no
-    reputation, leader or follower update); ``max_consecutive_nonfinite`` in a row stop training. The followers'
-    updates (phase 7) are its :class:`~modules.games.pool_followers.FollowerUpdates`' (``follow``).
+    The Elo reputations are the module's own :class:`callbacks.EloRating`, applied in ``training_step`` (a trainer
+    callback's epoch-end gather would interleave with the progress bar's rank-0 sync and hang DDP). Under DDP rank
+    ``r`` plays the duels ``d % world == r`` and the texts and scores are gathered, so every rank updates alike.
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.
         num_players: m, the pool size with a shared base (≥ 3, or 1 for the self-rewarding baseline).
-        models: Separate pool members (each its own base with one adapter), overriding ``num_players``: each a name
-            or path, or a dict of :class:`ModelConfig` fields, applied over ``lm``. Overrides rather than whole
-            configs, so that what the members share (dtype, LoRA rank, attention) is said once, in ``lm``.
-        elo: The reputations' update rule: :class:`callbacks.EloRating`'s ``initial_rating``, ``k_factor``,
-            ``k_decay``, ``volatility_window`` and ``scale`` (its defaults when ``None``).
+        models: Separate members (a name or path, or a dict of :class:`ModelConfig` fields over ``lm``); overrides m.
+        elo: Settings of the pool's :class:`callbacks.EloRating` (``k_factor``, ``scale``, ...; ``None``: defaults).
         leader: ``"exp3"`` (Stackelberg) or ``"uniform"`` (SPARTA baseline).
         duels_per_iteration: D, duels drawn per iteration (paper: 64).
-        num_iterations: Iterations the annealing schedules span (paper: 8). ``None`` (the default): the iterations
-            the trainer plays, ``trainer.max_epochs`` times the training batches of an epoch (the datamodule's
-            ``iterations_per_epoch``), so the length is stated once, in the trainer. Given, it is used as is (a
-            warning names both when the trainer plays another number).
+        num_iterations: Iterations the annealing schedules span (paper: 8; ``None``: the iterations the trainer plays).
         gamma: EXP3 exploration rate γ (also the probability floor γ/K).
-        leader_reward: The leader's composite reward of a duel (:class:`CompositeReward`: λ1, λ2, the difficulty
-            threshold, the preference bump and its annealed ideal gap).
-        matchmaking: Opponent matching by reputation (:class:`~modules.algorithms.pool.Matchmaking`: candidates,
-            uniform share, kernel width and the annealed target gap).
+        leader_reward: The leader's composite reward of a duel (:class:`CompositeReward`).
+        matchmaking: Opponent matching by reputation (:class:`~modules.algorithms.pool.Matchmaking`).
         sampling: How responses are sampled (:class:`Sampling`; the paper's temperature 0.7 and top-p 0.9).
         system_prompt: System message of responses and evaluation answers.
         judging: How a member judges a response (:class:`PeerJudging`: template, mode, prefill, token budget).
-        reputation: How the judges' Elo ratings weight their scores and verdicts
-            (:class:`~modules.algorithms.pool.ReputationWeighting`): ``rule: raw``, the paper's literal rule and the
-            default (the ratings themselves, which stay near 1000, so the weights are nearly equal), or
-            ``rule: elo_odds`` (``10^((R − R̄)/scale)``, normalised: reputation has an effect).
-        followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO, learning rate, batch and the
-            algorithm's settings).
+        reputation: How Elo ratings weight the judges (:class:`~modules.algorithms.pool.ReputationWeighting`).
+        followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO and its settings).
         grad_clip: Per-follower gradient norm clip (``None``: none).
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
         seed: Seed of the leader's and the matching's generator (saved in checkpoints).
         max_consecutive_nonfinite: Stop after this many skipped updates in a row.
-        log_samples: Duels of the latest iteration shown at each validation in TensorBoard (``train/duels``: the
-            instruction, both replies, every judge's scores, the weighted scores, the leader's reward; 0: none).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        log_samples: Duels of the latest iteration shown at each validation in TensorBoard (``train/duels``; 0: none).
+        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "multi-LLM pool"
@@ -139,14 +102,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
-        self.leader_reward = argument_group(CompositeReward, leader_reward, "leader_reward")
-        self.matchmaking = argument_group(rules.Matchmaking, matchmaking, "matchmaking")
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.judging = argument_group(PeerJudging, judging, "judging")
-        self.reputation = argument_group(rules.ReputationWeighting, reputation, "reputation")
-        self.followers = argument_group(FollowerTraining, followers, "followers")
-        groups = ("leader_reward", "matchmaking", "sampling", "judging", "reputation", "followers")
-        self.save_hyperparameters_and_groups({"lm": lm, **{k: getattr(self, k) for k in groups}})
+        groups = {"leader_reward": CompositeReward, "matchmaking": rules.Matchmaking, "sampling": Sampling}
+        groups |= {"judging": PeerJudging, "reputation": rules.ReputationWeighting, "followers": FollowerTraining}
+        self.save_arguments(lm, **groups)
         _check_settings(m, self.hparams)
         self.player_names = [f"m{i}" for i in range(m)]
         if models:
@@ -176,13 +134,11 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         args = (self.followers, self.bank, self, self.epoch_means["follower_loss"])
         self.follow = FollowerUpdates(*args, system_prompt, self.sampling.temperature)
 
-    # ------------------------------------------------------------------------------------------------ models
     @override
     def policy_banks(self) -> dict[str, PolicyBank]:
         """Every bank by its state-dict prefix (``banks.<i>``)."""
         return {f"banks.{i}": bank for i, bank in enumerate(self.banks)}
 
-    # ------------------------------------------------------------------------------------------------ Lightning
     @override
     def setup(self, stage: str) -> None:
         collectives.check_replicated_strategy(self.trainer, self.family)  # before the base fits the banks to it
@@ -205,10 +161,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
 
     @override
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
-        make, lr = self.optimizer_callable, self.followers.lr
-        return [
-            build_optimizer(make, self.bank(p).player_parameters(p), lr, weight_decay=0.0) for p in self.player_names
-        ]
+        return [self.make_optimizer(self.bank(p).player_parameters(p), self.followers.lr) for p in self.player_names]
 
     @override
     def on_train_start(self) -> None:
@@ -227,7 +180,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         # a follower that sits out this iteration logs nothing, rather than its last loss again (resumed or not)
         forget_earlier_step_values(self.trainer)
 
-    # ------------------------------------------------------------------------------------------------ the game
     def _ensure_leader(self, k: int) -> None:
         if self.leader_bandit is None:
             self.leader_bandit = Exp3(k, gamma=self.hparams.gamma)
@@ -303,10 +255,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         return duels, gap
 
     def _answer(self, duels: list[tuple[int, int]], questions: list[str], g: int) -> tuple[dict, dict]:
-        """3. ``g`` responses per side of this rank's duels, one bank's players in one decode (:meth:`respond_all`).
+        """3. Every duel's texts ``{(duel, side): [g texts]}`` and this rank's ``{player: (rollout, slots)}``.
 
-        Returns every duel's texts ``{(duel, side): [g texts]}`` (gathered from all ranks) and this rank's rollouts
-        ``{player: (rollout, [(duel, side), ...])}``, each rollout as the player's own ``generate`` would shape it.
+        One bank's players answer in one decode (:meth:`respond_all`).
         """
         texts, rollouts = {}, {}
         mine = [d for d in range(len(duels)) if collectives.owns(self._trainer, d)]
@@ -321,10 +272,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         return texts, rollouts
 
     def _judge_duels(self, judges: list[list[int]], questions: list[str], texts: dict, g: int, iteration: int, refs):
-        """4. ``{(duel, side, rollout): {judge: score}}`` of every duel in duel order (each rank judges its own).
+        """4. ``{(duel, side, rollout): {judge: score}}`` of every duel; ``None`` when a score is not finite.
 
-        An empty response is not shown to the judges: it scores 1.0, the bottom of the scale, from each. ``None``
-        (counted, warned) when a score is not finite: the whole iteration is skipped.
+        An empty response is not shown to the judges: it scores 1.0, the bottom of the scale, from each.
         """
         responses = [(d, s, r) for d in range(len(judges)) for s in (0, 1) for r in range(g)]
         shown = [x for x in responses if texts[x[:2]][x[2]].strip() and collectives.owns(self._trainer, x[0])]
@@ -461,14 +411,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         self.board.write_distribution(self, "leader/exp3_probs", probs)  # every iteration: the leader's distribution
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 
-    # ------------------------------------------------------------------------------------------------ evaluation
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test).
-
-        The batch's ``"index"`` (dataset indices) identifies each prompt, so that one a distributed sampler repeats
-        to pad the data is counted once.
-        """
+        """Each model's greedy answers scored by exact final-answer match: ``val/acc/<model>`` (``test/`` in test)."""
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
@@ -517,7 +462,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
             figures = make_pool_figures(self.history, self.player_names)
             write_pool_artifacts(folder, record, figures, self.trainer, self.global_step)
 
-    # ------------------------------------------------------------------------------------------------ checkpoints
     @override
     def game_state(self) -> dict[str, Any]:
         """The leader, iteration, histories, counters, the game's generator and the Elo ratings."""

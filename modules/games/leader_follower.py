@@ -1,9 +1,8 @@
 """The leader–follower game that deep-SMIDA and SLHF play, each with its own losses.
 
-A step, for B prompts: D leader samples ``y ~ π_θ(·|x)``; for each, M follower samples ``y′ ~ ω_φ(·|x, y)`` (the
-leader's reply in the follower's system message, App. E.4); the game's ``utility`` of the B·D·M triplets;
-log-probabilities per player and of the reference; one backward of the family's ``leader_loss + follower_loss``;
-clipped optimizer steps. Non-finite utilities or losses skip the step.
+A step: D leader samples per prompt, M follower samples per leader sample (the leader's reply in the follower's system
+message, App. E.4), the ``utility`` of the triplets, log-probabilities of each player and the reference, one backward
+of the family's losses, clipped steps. Non-finite utilities or losses skip the step.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import build_optimizer
 
 __all__ = ["LeaderFollower", "check_leader_follower", "load_play_state", "optimizers", "play_state"]
 
@@ -52,20 +50,16 @@ def load_play_state(game: Any, state: dict[str, Any]) -> None:
 
 
 def optimizers(game: Any) -> list[torch.optim.Optimizer]:
-    """A game's ``configure_optimizers``: one :func:`build_optimizer` per player at ``leader_lr`` / ``follower_lr``."""
+    """A game's ``configure_optimizers``: one optimizer per player at ``leader_lr`` / ``follower_lr``."""
     lrs = (("leader", game.hparams.leader_lr), ("follower", game.hparams.follower_lr))
-    make = game.optimizer_callable
-    return [build_optimizer(make, game.players.player_parameters(p), lr, weight_decay=0.0) for p, lr in lrs]
+    return [game.make_optimizer(game.players.player_parameters(p), lr) for p, lr in lrs]
 
 
 class LeaderFollower:
     """The rollout, scoring, log-probabilities and updates of a game's ``leader`` and ``follower``.
 
     Args:
-        game: The :class:`~modules.base.LanguageModelGame` that plays, read when used: ``players`` (built here from
-            ``lm``), ``utility``, ``oracle``, ``sampling``, ``empty_generations``, two optimizers (leader, follower) and
-            ``hparams`` (``system_prompt``, ``follower_system_template``, ``samples_per_prompt``, ``follower_samples``,
-            ``logprob_micro_batch``).
+        game: The game that plays; this sets its ``players``, ``utility``, ``oracle`` and ``empty_generations``.
         lm: The policy both players start from; its frozen weights are the references.
         utility: The game's score of (x, y, y′), frozen here.
         oracle: The game's optional oracle.
@@ -103,11 +97,7 @@ class LeaderFollower:
         return xs, ys, foll.texts
 
     def train_step(self, batch: dict[str, Any], losses: Callable[..., dict[str, Tensor]], follower_only: bool) -> None:
-        """One step on ``batch["prompt"]``; ``follower_only``: the leader neither learns nor steps (its norm is logged).
-
-        ``losses(u [B, D, M], lp_leader [B, D], its reference, lp_follower [B, D, M], its reference)`` returns
-        ``leader_loss``, ``follower_loss``, ``a_bar``, ``utility_mean``, ``leader_kl`` and ``follower_kl``.
-        """
+        """One step; ``follower_only``: the leader neither learns nor steps. ``losses(u, lp_l, ref, lp_f, ref)``."""
         game, players = self.game, self.game.players
         opt_l, opt_f = game.optimizers()
         prompts = list(batch["prompt"])

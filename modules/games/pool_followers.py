@@ -1,9 +1,8 @@
 """The followers' updates of the multi-LLM pool (:class:`modules.pool.StackelbergPool`): DPO or GRPO per member.
 
-Every rank forms the same batches (the iteration's texts and scores are gathered first) and computes a contiguous
-share of each; the gradients of one follower's adapter are summed over the ranks by
-:func:`~modules.distributed.collectives.sum_gradients` (DDP's own reducer expects every adapter's gradient from one
-backward per forward, which a step that trains one of several adapters from unequal shares cannot give).
+Every rank forms the same batches and computes a contiguous share of each; a follower's adapter gradients are summed
+over the ranks by :func:`~modules.distributed.collectives.sum_gradients` (DDP's reducer expects every adapter's
+gradient from each backward, which a step training one of several adapters on unequal shares cannot give).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ __all__ = ["FollowerTraining", "FollowerUpdates", "Stepper"]
 
 @dataclass(frozen=True)
 class FollowerTraining:
-    """Phase 7 of the pool: how each follower learns from the iteration's duels (one AdamW per follower).
+    """Phase 7 of the pool: how each follower learns from the iteration's duels (one optimizer per follower).
 
     Attributes:
         algorithm: ``"dpo"`` (on the non-tied duels) or ``"grpo"`` (on the peer scores of its rollouts).
@@ -42,11 +41,8 @@ class FollowerTraining:
         micro_batch: Sequences per DPO forward inside a batch (0: the whole batch); gradients are accumulated.
         dpo_beta: β of DPO.
         dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
-        dpo_nll_weight: α of RPO's length-normalised NLL of the chosen response added to DPO
-            (:func:`~modules.algorithms.rl_losses.length_normalized_nll`; 0: plain DPO, the paper's).
-        policy_gradient: The GRPO update (:class:`PolicyGradient`): ``group_size`` G is the rollouts per combatant
-            and duel (paper: 4), ``kl_coef`` > 0 uses the disabled adapter as reference (paper: 0); each of the
-            ``updates_per_batch`` steps takes one batch of ``batch_size`` rollouts.
+        dpo_nll_weight: α of RPO's length-normalised NLL of the chosen response added to DPO (0: plain DPO).
+        policy_gradient: The GRPO update (:class:`PolicyGradient`; ``group_size``: rollouts per combatant and duel).
 
     Raises:
         ValueError: naming a field out of range.
@@ -95,10 +91,7 @@ class Stepper(Protocol):
 
 @dataclass(eq=False)
 class FollowerUpdates:
-    """Phase 7 of :class:`modules.pool.StackelbergPool`, which owns and calls it: the followers' optimizer steps.
-
-    :meth:`dpo` and :meth:`grpo` take the iteration's trainer (for the collectives), every follower's optimizer by
-    name (in player order) and the iteration's data, and return the numbers to log.
+    """Phase 7 of :class:`modules.pool.StackelbergPool`: the followers' optimizer steps, with the numbers to log.
 
     Attributes:
         settings: How each follower learns (:class:`FollowerTraining`).
@@ -143,8 +136,7 @@ class FollowerUpdates:
         acc, margin = (sum(part, []) for part in zip(*collectives.gather_objects(trainer, (acc, margin))))
         stats = {f"follower/steps/{p}": float(len(losses))}
         if losses:
-            # The first batch has margin 0 by construction (policy = reference), so with one batch per iteration the
-            # loss always reads ln 2; the margin after the updates, on the same pairs, shows what was learned.
+            # the first batch's loss is ln 2 (policy = reference); the margin after the updates shows what was learned
             after = []
             if local:
                 with torch.no_grad():
@@ -160,10 +152,7 @@ class FollowerUpdates:
         return stats
 
     def _dpo_rows(self, p: str, pairs: list[tuple[int, bool]], questions, texts) -> tuple[Rollout, Tensor]:
-        """Pair ``i`` as rows ``2i`` (chosen) and ``2i + 1`` (rejected), its prompt run once, and its reference.
-
-        The reference log-probabilities ``[pairs, 2]`` are this follower's as it starts the iteration.
-        """
+        """Pair ``i`` as rows ``2i`` (chosen) and ``2i + 1`` (rejected), and ``p``'s reference ``[pairs, 2]``."""
         bank = self.bank(p)
         prompts = [bank.chat(self.system_prompt, questions[d]) for d, _ in pairs]
         rows = [texts[(d, side)][0] for d, a_wins in pairs for side in ((0, 1) if a_wins else (1, 0))]
@@ -194,10 +183,7 @@ class FollowerUpdates:
         return stats
 
     def _grpo_follower(self, trainer, p: str, opt, slots: list, out: Rollout | None, own: list, rollout_scores: dict):
-        """Follower ``p``'s GRPO steps over its ``slots`` (every rank's); this rank holds the rollouts of ``own``.
-
-        A batch's rows owned by this rank are a contiguous run of its rollout (both orders follow the duels).
-        """
+        """Follower ``p``'s GRPO steps over its ``slots`` (every rank's); this rank holds the rollouts of ``own``."""
         pg, temperature = self.settings.policy_gradient, self.temperature
         old = ref = adv = None
         if own:
@@ -238,14 +224,10 @@ class FollowerUpdates:
         return loss * (b - a)
 
     def _step(self, trainer, player: str, opt, loss_fn, n: int, rows: tuple, micro, lengths=None, max_tokens=0):
-        """One optimizer step of ``player`` on a batch of ``n`` items; ``loss_fn(lo, hi)`` gives their summed loss.
+        """One step of ``player`` on ``n`` items (``loss_fn(lo, hi)``: their summed loss); its loss, or ``None``.
 
-        This rank computes its items ``rows`` in chunks (:func:`~modules.lm.micro_batches.micro_batches`) of at most
-        ``micro`` items (default ``micro_batch``; 0: all) and, given the items' ``(prompt spans, completion lengths)``,
-        ``max_tokens`` padded tokens, each chunk's loss divided by the global ``n``; the gradients of every rank's
-        share are summed over this player's adapter alone. Not the base's ``accumulate``: DDP's reducer, which it
-        relies on, expects every adapter's gradient from one backward per forward, and the ranks' shares differ in
-        size. Returns the loss, or ``None`` when it was not finite on some rank (the step is skipped and counted).
+        This rank runs its ``rows`` in chunks of at most ``micro`` items (``None``: ``micro_batch``) and ``max_tokens``
+        padded tokens given ``lengths``; the ranks' gradients are summed over this player's adapter (module docstring).
         """
         host, (a0, b0) = self.host, rows
         spans, counts = lengths or ([0] * b0, [0] * b0)
@@ -263,7 +245,6 @@ class FollowerUpdates:
                 total += float(loss.detach())
         params = self.bank(player).player_parameters(player)
         total, finite = collectives.sum_gradients(trainer, params, total, finite)
-        # counts, warns, logs; raises after max_consecutive_nonfinite skips in a row; a good step ends a streak
         if not host.check_finite(torch.tensor(total if finite else float("nan")), f"losses of follower {player}"):
             opt.zero_grad()
             return None

@@ -1,11 +1,12 @@
 """The multi-LLM pool's members answering and judging (:class:`modules.pool.StackelbergPool`, phases 3 and 4).
 
-Each member is a player of a :class:`~modules.lm.policy_bank.PolicyBank`; the players of one bank answer in one batch
-and give their generated judgements in one batch, each row with its own player's adapter
-(:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
+The players of one :class:`~modules.lm.policy_bank.PolicyBank` answer, and give generated judgements, in one batch,
+each row with its own player's adapter (:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
@@ -41,11 +42,7 @@ class PoolMembers:
         return self.respond_all({player: instructions}, n)[player]
 
     def respond_all(self, instructions: dict[str, list[str]], n: int) -> dict[str, Rollout]:
-        """:meth:`respond` of each player to its instructions; the players of one bank decode in one batch.
-
-        Each row has its own player's adapter (:meth:`PolicyBank.generate_each`), and each player's rollout has the
-        shapes its own decode would give.
-        """
+        """:meth:`respond` of each player to its instructions; each rollout shaped as the player's own decode."""
         system, out = self.hparams.system_prompt, {}
         for bank, players in self.banks_of(list(instructions)):
             requests = [(p, [self.chat(p, x, system) for x in instructions[p]]) for p in players]
@@ -59,21 +56,13 @@ class PoolMembers:
         return self.judge_all({judge: (instructions, responses, references)})[judge]
 
     def judge_all(self, asked: dict[str, tuple[list[str], list[str], list[str | None] | None]]) -> dict[str, list]:
-        """:meth:`judge` of each judge's ``(instructions, responses, references)``, by judge.
-
-        Generated judgements (``judging.mode: generate``) of one bank's judges decode in one batch, each row with its
-        judge's adapter (:func:`peer_scores_each`); the other modes judge one judge at a time.
-        """
+        """:meth:`judge` of each judge's ``(instructions, responses, references)``; generated ones a bank at a time."""
         j, system, out = self.judging, self.hparams.system_prompt, {}
         if j.mode != "generate":
             for name, (xs, ys, refs) in asked.items():
-                chat = lambda user, system_, n=name: self.chat(n, user, system_)  # noqa: E731
-                out[name] = member_scores(self.bank(name), name, chat, xs, ys, j, system, refs)
+                out[name] = member_scores(self.bank(name), name, partial(self.chat, name), xs, ys, j, system, refs)
             return out
         for bank, players in self.banks_of(list(asked)):
-            requests = []
-            for p in players:
-                chat = lambda user, system_, p=p: self.chat(p, user, system_)  # noqa: E731
-                requests.append((p, judge_prompts(bank, chat, asked[p][0], asked[p][1], j)))
+            requests = [(p, judge_prompts(bank, partial(self.chat, p), asked[p][0], asked[p][1], j)) for p in players]
             out.update(zip(players, peer_scores_each(bank, requests, j)))
         return out
