@@ -38,7 +38,14 @@ from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfi
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
-__all__ = ["BASE_IDENTITY_KEY", "LanguageModelGame", "argument_group", "require_at_least", "require_positive"]
+__all__ = [
+    "BASE_IDENTITY_KEY",
+    "InjectedOptimizer",
+    "LanguageModelGame",
+    "argument_group",
+    "require_at_least",
+    "require_positive",
+]
 
 G = TypeVar("G")
 
@@ -100,7 +107,19 @@ def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:
     return cls(**value)
 
 
-class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.LightningModule):
+class InjectedOptimizer(L.LightningModule):
+    """A LightningModule with a family's ``optimizer`` option, checked on construction (:func:`check_optimizer`)."""
+
+    def __init__(self, optimizer: OptimizerCallable | None = None) -> None:
+        super().__init__()
+        self.optimizer_callable = check_optimizer(optimizer)
+
+    def make_optimizer(self, params: Any, lr: float, **adamw: Any) -> torch.optim.Optimizer:
+        """The family's ``optimizer`` over ``params`` at ``lr`` (no weight decay by default)."""
+        return build_optimizer(self.optimizer_callable, params, lr, **{"weight_decay": 0.0, **adamw})
+
+
+class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedOptimizer):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
     A subclass sets :attr:`family` (its name in error messages), builds its banks after ``super().__init__(...)``,
@@ -127,8 +146,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         log_samples: int = 4,
         optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__()
-        self.optimizer_callable = check_optimizer(optimizer)
+        super().__init__(optimizer)
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip must be positive or null, got {grad_clip}")
         self.automatic_optimization = False
@@ -253,10 +271,6 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, L.Lightni
         optimizer.step()
         self.record_update()
         return grad_norm_after_step(self.trainer.strategy, norm)
-
-    def make_optimizer(self, params: Any, lr: float, **adamw: Any) -> torch.optim.Optimizer:
-        """The family's ``optimizer`` over ``params`` at ``lr`` (no weight decay by default)."""
-        return build_optimizer(self.optimizer_callable, params, lr, **{"weight_decay": 0.0, **adamw})
 
     def _optimizer_list(self) -> list[Any]:
         opts = self.optimizers()

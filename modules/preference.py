@@ -15,7 +15,6 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 import torchmetrics
@@ -26,7 +25,7 @@ from typing_extensions import override
 from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from alignment_games.modules.base import require_at_least, require_positive
+from alignment_games.modules.base import InjectedOptimizer, require_at_least, require_positive
 from alignment_games.modules.checkpoints.trust import CheckpointLoading, seal_checkpoint
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
 from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy
@@ -41,12 +40,12 @@ from alignment_games.modules.training.faults import (
     AutomaticStepGuard,
     reset_stale_epoch_metrics,
 )
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["BTHead", "EnsembleUtility", "GPMHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
 
-class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
+class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
@@ -89,8 +88,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         max_consecutive_nonfinite: int = 10,
         optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__()
-        self.optimizer_callable = check_optimizer(optimizer)
+        super().__init__(optimizer)
         if num_members < 1:
             raise ValueError(f"num_members must be positive, got {num_members}")
         if member_type not in ("gpm", "bt"):
@@ -308,7 +306,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, L.LightningModul
         body = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("head.")]
         if body:
             groups.append({"params": body, "lr": self.hparams.backbone_lr})
-        return build_optimizer(self.optimizer_callable, groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        return self.make_optimizer(groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
     @override
     def validation_step(self, batch, batch_idx):

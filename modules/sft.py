@@ -15,13 +15,12 @@ import weakref
 from functools import partial
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 from typing_extensions import override
 
-from alignment_games.modules.base import require_at_least, require_positive
+from alignment_games.modules.base import InjectedOptimizer, require_at_least, require_positive
 from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of, run_record
 from alignment_games.modules.checkpoints.trust import (
     CheckpointLoading,
@@ -36,13 +35,13 @@ from alignment_games.modules.lm.precision import cast_frozen_for_strategy
 from alignment_games.modules.lm.text import pad_sequences, render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
 from alignment_games.modules.training.faults import AutomaticStepGuard
-from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
+from alignment_games.modules.training.optimizers import OptimizerCallable
 from alignment_games.modules.training.schedules import warmup_cosine_factor
 
 __all__ = ["CausalLMSFT"]
 
 
-class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
+class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.
 
     Args:
@@ -81,8 +80,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
         max_consecutive_nonfinite: int = 10,
         optimizer: OptimizerCallable | None = None,
     ) -> None:
-        super().__init__()
-        self.optimizer_callable = check_optimizer(optimizer)
+        super().__init__(optimizer)
         require_positive(lr=lr)
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1), warmup_steps=(warmup_steps, 0))
         if not 0.0 <= min_lr_ratio <= 1.0:
@@ -189,14 +187,14 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, L.LightningModule):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
-        """:func:`build_optimizer` over the trained weights; with ``cosine_decay``, a warmup-cosine schedule per step.
+        """:meth:`make_optimizer` over the trained weights; with ``cosine_decay``, a warmup-cosine schedule per step.
 
         Raises:
             ValueError: with ``cosine_decay`` and no ``trainer.max_steps`` above ``warmup_steps``.
         """
         hp = self.hparams
         params = [p for p in self.model.parameters() if p.requires_grad]  # every weight, or the adapter
-        optimizer = build_optimizer(self.optimizer_callable, params, hp.lr, weight_decay=hp.weight_decay)
+        optimizer = self.make_optimizer(params, hp.lr, weight_decay=hp.weight_decay)
         if not hp.cosine_decay:
             return optimizer
         total = self.trainer.max_steps

@@ -87,19 +87,12 @@ def nash_md_pg_surrogate_loss(
     }
 
 
-def slhf_surrogate_losses(
-    preference: Tensor,
-    logp_leader: Tensor,
-    logp_leader_ref: Tensor,
-    logp_follower: Tensor,
-    logp_follower_ref: Tensor,
-    tau_leader: float,
-    tau_follower: float,
-) -> dict[str, Tensor]:
+def slhf_surrogate_losses(preference: Tensor, *logps_and_taus: Tensor | float) -> dict[str, Tensor]:
     """SLHF's two-timescale updates against one frozen preference model P0 (the Stackelberg paper, App. F).
 
     ``u(x, y, y′) = P0(y′ ≻ y | x)`` in ``min_π max_ω E[u] + τ_L KL(π‖π_ref) − τ_F KL(ω‖ω_ref)`` is the regularised
-    SLHF objective; the estimators are deep-SMIDA's (22)–(25) (:func:`smida_surrogate_losses`, + ``leader_win_rate``).
+    SLHF objective; the estimators are deep-SMIDA's (22)–(25) (:func:`smida_surrogate_losses`, + ``leader_win_rate``),
+    whose arguments after ``utility`` follow ``preference`` (the four log-probabilities, τ_L, τ_F).
     With one sample a player (Table 3's budget) the leave-one-out baseline is undefined and the constant ½ (the
     symmetric game's value) replaces it, keeping the estimate unbiased. ``preference`` is ``[B, D, M]``, leader first.
 
@@ -107,15 +100,6 @@ def slhf_surrogate_losses(
         ValueError: for preferences outside [0, 1] (and the shape errors of the SMIDA estimators).
     """
     check_preferences("preference", preference.detach())
-    out = smida_surrogate_losses(
-        1.0 - preference,
-        logp_leader,
-        logp_leader_ref,
-        logp_follower,
-        logp_follower_ref,
-        tau_leader,
-        tau_follower,
-        single_baseline=SLHF_SINGLE_BASELINE,
-    )
+    out = smida_surrogate_losses(1.0 - preference, *logps_and_taus, single_baseline=SLHF_SINGLE_BASELINE)
     out["leader_win_rate"] = preference.detach().mean()
     return out
