@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
 __all__ = [
     "DEFAULT_FRACTIONS",
@@ -250,8 +251,7 @@ def prompt_bootstrap(
         raise ValueError(f"level must lie in (0, 1), got {level}")
     _, group_index = torch.unique(g, return_inverse=True)
     n_groups = int(group_index.max()) + 1
-    gen = torch.Generator().manual_seed(int(seed))
-    draws = torch.randint(n_groups, (n_boot, n_groups), generator=gen)
+    draws = resample_prompts(n_groups, n_boot, seed)
     times_drawn = torch.zeros(n_boot, n_groups, dtype=torch.long).scatter_add_(1, draws, torch.ones_like(draws))
     items = torch.arange(g.numel())
     replicates = []
@@ -264,9 +264,7 @@ def prompt_bootstrap(
             )
         replicates.append(value)
     stacked = torch.stack(replicates).reshape(n_boot, -1)
-    alpha = (1.0 - level) / 2.0
-    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
-    bounds = torch.nanquantile(stacked, q, dim=0, interpolation="linear")
+    bounds = torch.nanquantile(stacked, interval_ends(level), dim=0, interpolation="linear")
     shape = replicates[0].shape
     return bounds[0].reshape(shape), bounds[1].reshape(shape)
 

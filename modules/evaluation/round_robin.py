@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
+
 __all__ = ["PLAYER_OF_FAMILY", "adapter_tensors", "markdown_table", "round_robin_table"]
 
 #: which player of a checkpoint's family is compared (the Leaders, as in Table 4; NLHF's one policy)
@@ -64,9 +66,8 @@ def round_robin_table(
     if any(len(s) != 2 for s in shapes.values()) or len({s[0] for s in shapes.values()}) != 1:
         raise ValueError(f"every label tensor must be [prompts, pairs] over the same prompts, got {shapes}")
     n = next(iter(shapes.values()))[0]
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (n_boot, n), generator=g)
-    q = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    idx = resample_prompts(n, n_boot, seed)
+    q = interval_ends(level)
     rates: dict[str, dict[str, Any]] = {a: {} for a in names}
     for a, b in pairs:
         flip = (a, b) not in given
