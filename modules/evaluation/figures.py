@@ -51,24 +51,10 @@ def make_figures(
     n_boot: int = 200,
     seed: int = 0,
 ) -> dict[str, Figure]:
-    """Build the three report figures.
+    """The three report figures: ``decile_accuracy``, ``roc_curves`` and ``error_rate_vs_fraction`` (paper Fig. 1).
 
-    * ``decile_accuracy``: ensemble accuracy by variance decile, lowest first, with prompt-bootstrap error bars.
-    * ``roc_curves``: error-detection ROC curves of the three scores (AUROC in the legend) and the chance diagonal.
-    * ``error_rate_vs_fraction``: error rate among comparisons selected in decreasing order of each score, with
-      shaded prompt-bootstrap bands and the overall error rate as a horizontal line.
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-        labels: Binary oracle labels, shape ``[N]``.
-        prompt_ids: Prompt ids, shape ``[N]``.
-        report: Optional output of :func:`~modules.evaluation.preference_report.build_report` on the same inputs,
-            reused to avoid a second bootstrap.
-        n_boot: Bootstrap replicates when ``report`` is not given (0 draws no bands).
-        seed: Bootstrap seed when ``report`` is not given.
-
-    Returns:
-        ``{"decile_accuracy": Figure, "roc_curves": Figure, "error_rate_vs_fraction": Figure}``.
+    ``report`` (:func:`build_report` on the same inputs) avoids a second bootstrap; otherwise ``n_boot`` and ``seed``
+    make one.
 
     Raises:
         ValueError: As ``build_report``, or if ``report`` was computed on a different number of triplets.
@@ -148,18 +134,7 @@ def _error_rate_figure(report: Mapping[str, Any]) -> Figure:
 def save_figures(
     member_probs: Tensor, labels: Tensor, prompt_ids: Tensor, out_dir: str | Path, *, dpi: int = 120, **kwargs: Any
 ) -> list[Path]:
-    """Write the figures of :func:`make_figures` as PNG files into ``out_dir`` (created if missing).
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-        labels: Binary oracle labels, shape ``[N]``.
-        prompt_ids: Prompt ids, shape ``[N]``.
-        out_dir: Output folder.
-        dpi: Resolution of the PNG files.
-        **kwargs: ``report``, ``n_boot``, ``seed`` of :func:`make_figures`.
-
-    Returns:
-        Paths of ``decile_accuracy.png``, ``roc_curves.png`` and ``error_rate_vs_fraction.png``, in that order.
+    """Write :func:`make_figures`'s figures (``kwargs`` passed on) as PNG files into ``out_dir``; returns their paths.
 
     Raises:
         ValueError: As :func:`make_figures`; nothing is written then.
@@ -178,15 +153,7 @@ def save_figures(
 def make_game_figures(
     trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01), n_boot: int = 1000, seed: int = 0
 ) -> dict:
-    """Figures of §5.3 / G.1: the score CDFs of both pairs, and the candidate yield of both pairs over α (Fig. 2a).
-
-    With scores laid out ``[P, R]`` (P prompts × R pairs) and ``n_boot`` above 0, the yield curves carry shaded 95%
-    prompt-bootstrap bands (:func:`~modules.evaluation.game_eval.candidate_yield_intervals`, the threshold
-    re-estimated in every resample), as Fig. 2(a)'s; flat scores get no bands.
-
-    Returns:
-        ``{"variance_cdf": Figure, "candidate_yield": Figure}``.
-    """
+    """``variance_cdf`` and ``candidate_yield`` (Fig. 2a) of both pairs; ``[P, R]`` scores get bands."""
     t, r = trained.double().flatten(), reference.double().flatten()
     thresholds = candidate_thresholds(r, alphas)
     cdf, ax = _new_axes((6, 4))
