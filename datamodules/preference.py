@@ -1,9 +1,8 @@
 """Preference triplets (prompt, response_a, response_b, label) for training an ensemble of preference models.
 
-Sources: a local file (``path``), a hub dataset (``name``), or neither: generated arithmetic problems labelled by
-a :class:`~modules.scorers.oracle.PreferenceOracle` (offline). Partitions are disjoint at the prompt level (App.
-E.2): one per ensemble member, a shared validation set and a held-out set. Every distinct (prompt, response)
-sequence is tokenised once, with a content key so a frozen backbone can cache its features.
+Sources: a local file, a hub dataset, or generated arithmetic labelled by a
+:class:`~modules.scorers.oracle.PreferenceOracle`. Partitions are prompt-disjoint (App. E.2); every distinct
+(prompt, response) is tokenised once, with a content key so a frozen backbone can cache its features.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from alignment_games.modules.scorers.oracle import PreferenceOracle, Programmati
 __all__ = [
     "PREFERENCE_FORMATS",
     "PreferenceDataModule",
-    "load_preference_rows",
     "read_preference_table",
     "resolve_preference_columns",
     "rows_as_text",
@@ -46,16 +44,10 @@ PREFERENCE_FORMATS = ("auto", "columns", "trl")
 def resolve_preference_columns(
     present: Sequence[str], data_format: str, columns: dict[str, str | None]
 ) -> dict[str, str | None]:
-    """The columns to read, as a mapping field → column, for a table whose columns are ``present``.
+    """The columns to read (field → column) of a table whose columns are ``present``.
 
-    Args:
-        present: The table's column names.
-        data_format: ``columns`` (the configured ``columns``), ``trl`` (TRL's preference names: ``chosen`` and
-            ``rejected``, the chosen one preferred, and ``prompt`` when present, else an implicit prompt) or ``auto``
-            (``trl`` when the table has ``chosen`` and ``rejected`` but not the configured ``response_a`` column).
-        columns: The configured mapping of ``prompt``, ``response_a``, ``response_b``, ``label`` (and optionally
-            ``reference``) to columns; a ``prompt`` of ``None`` is an implicit prompt, a ``label`` of ``None``
-            chosen/rejected data.
+    ``trl`` reads ``chosen``/``rejected`` (and ``prompt`` when present, else an implicit prompt); ``auto`` picks ``trl``
+    when those exist but the configured ``response_a`` column does not; ``columns`` keeps the configured mapping.
 
     Raises:
         ValueError: for an unknown ``data_format``.
@@ -72,16 +64,6 @@ def resolve_preference_columns(
     return dict(columns)
 
 
-def load_preference_rows(
-    path: str | None = None,
-    name: str | None = None,
-    split: str = "train",
-    columns: dict[str, str | None] | None = None,
-) -> list[dict[str, Any]]:
-    """The rows of :func:`read_preference_table` with the configured ``columns`` (no format detection)."""
-    return read_preference_table(path, name, split, columns)[0]
-
-
 def read_preference_table(
     path: str | None = None,
     name: str | None = None,
@@ -91,31 +73,16 @@ def read_preference_table(
     config_name: str | None = None,
     revision: str | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str | None], str]:
-    """Read rows through ``datasets`` and map columns to ``prompt``, ``response_a``, ``response_b``, ``label``.
+    """Read rows through ``datasets`` as stored, mapped to ``prompt``, ``response_a``, ``response_b``, ``label``.
 
-    Values are returned as stored: text, or lists of messages (TRL's conversational format), for
-    :func:`rows_as_text` to render.
-
-    Args:
-        path: Local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``).
-        name: Hub dataset name (used when ``path`` is ``None``).
-        split: Split to read.
-        columns: Mapping from the canonical field to the dataset's column; a ``label`` of ``None`` means
-            ``response_a`` is always the preferred one (chosen/rejected data), a ``prompt`` of ``None`` that the
-            prompt is the shared beginning of the two responses (TRL's implicit prompt).
-        data_format: See :func:`resolve_preference_columns`.
-        config_name: Hub subset.
-        revision: Hub revision (a tag or commit).
-
-    Returns:
-        ``(rows, columns, where)``: the rows, the columns read (after ``data_format``) and the source's description.
+    A ``label`` column of ``None`` means ``response_a`` is preferred (chosen/rejected data), a ``prompt`` of ``None``
+    an implicit prompt. Returns ``(rows, columns read, source description)``.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
         ValueError: naming the missing column and the columns present.
     """
-    cols: dict[str, str | None] = {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b"}
-    cols["label"] = "label"
+    cols: dict[str, str | None] = {f: f for f in ("prompt", "response_a", "response_b", "label")}
     cols.update(columns or {})
     ds, where = open_table(path, name, split, {}, config_name, revision)
     cols = resolve_preference_columns(ds.column_names, data_format, cols)
@@ -131,12 +98,6 @@ def read_preference_table(
 
 def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data") -> list[dict[str, Any]]:
     """Rows with text ``prompt``, ``response_a`` and ``response_b``: implicit prompts split off, messages rendered.
-
-    A row without a ``prompt`` key takes the shared beginning of its two responses as the prompt
-    (:func:`~datamodules.formats.extract_implicit_prompt`). A row where any of the three is a list of messages is
-    conversational: a text prompt becomes one user message, a text response one assistant message, and the texts are
-    those of :func:`~datamodules.formats.render_prompt_completion` (the chat template, or its plain fallback). Other
-    values are left for :func:`validate_rows` to refuse.
 
     Raises:
         ValueError: naming the row and field of a malformed message list, or of an implicit prompt between a text and
@@ -169,11 +130,11 @@ def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data
 
 
 def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict[str, Any]]:
-    """Check every row; return rows with ``label`` as float. Raises on the first bad row, naming row and field.
+    """Check every row; return rows with ``label`` as float.
 
     Raises:
-        ValueError: a missing/non-text/empty prompt or response, or a label that is not a finite number in [0, 1]
-            (a number written as text, ``"0.7"``, or ``true`` is refused too).
+        ValueError: naming row and field, for a missing, non-text or blank prompt or response, or a label that is not
+            a finite number in [0, 1].
     """
     out = []
     for i, row in enumerate(rows):
@@ -190,8 +151,7 @@ def check_relabelling(
 
     Raises:
         ValueError: ``relabel`` without file or hub data or without an ``oracle``; a ``reference_column`` without
-            ``relabel`` (it is read for nothing else); the programmatic oracle relabelling without a
-            ``reference_column``.
+            ``relabel``; the programmatic oracle relabelling without a ``reference_column``.
     """
     if relabel and not has_data:
         raise ValueError(
@@ -213,41 +173,31 @@ def check_relabelling(
 class PreferenceDataModule(L.LightningDataModule):
     """Prompt-disjoint partitions of preference triplets for a k-member ensemble.
 
-    The tokenizer and the number of members come from the LightningModule being trained (its ``tokenizer`` and
-    ``hparams.num_members``) unless given here, so a config names the backbone once.
+    The tokenizer and ``num_members`` default to the model's, so a config names the backbone once.
 
     Args:
-        path: Local jsonl/json/parquet/csv of triplets; ``None`` with ``name`` ``None`` generates arithmetic data.
+        path: Local jsonl/json/parquet/csv of triplets; with no ``name`` either, arithmetic data is generated.
         name: Hub dataset name.
         split: Split of the hub dataset.
         config_name: Subset of the hub dataset.
-        revision: Revision of the hub dataset (a tag or commit, for a reproducible run).
-        format: How the file's columns are read: ``columns`` (the column options below), ``trl`` (TRL's preference
-            format: ``chosen``/``rejected``, with ``prompt`` or an implicit prompt, text or message lists) or
-            ``auto`` (``trl`` when the file has ``chosen`` and ``rejected`` but no ``response_a_column``).
-        prompt_column: Column holding the prompt; ``None``: an implicit prompt, the shared beginning of the two
-            responses (TRL's rule). Any of the three columns may hold lists of ``{"role", "content"}`` messages,
-            rendered with the tokenizer's chat template (or ``role: content`` lines when it has none).
+        revision: Revision of the hub dataset (a tag or commit).
+        format: ``columns`` (the column options), ``trl`` (``chosen``/``rejected``, text or messages) or ``auto``.
+        prompt_column: Column holding the prompt; ``None``: the responses' shared beginning (TRL's implicit prompt).
         response_a_column: Column holding the first response (the chosen one when ``label_column`` is ``None``).
         response_b_column: Column holding the second response.
-        label_column: Column holding P(a ≻ b) in [0, 1] (0/1 labels are fine); ``None`` for chosen/rejected data,
-            whose rows are then put in random order with the label set to match.
+        label_column: Column holding P(a ≻ b) in [0, 1]; ``None`` for chosen/rejected data (pairs then shuffled).
         num_members: Training partitions; ``None`` takes ``num_members`` from the model.
         val_fraction: Share of prompts in the shared validation set.
         heldout_fraction: Share of prompts held out for ``test`` (the report).
-        max_length: Tokens per (prompt, response) sequence; longer prompts are cut from the left, counted and warned.
+        max_length: Tokens per (prompt, response) sequence; longer prompts are cut from the left, with a warning.
         batch_size: Triplets per batch.
         num_workers: DataLoader workers.
         seed: Seed of generation, order and partitioning.
         num_prompts: Generated problems (offline default data).
-        responses_per_prompt: Generated solutions per problem, from the corruption kinds in order; every pair of
-            them becomes a triplet.
-        oracle: Labels generated data (default :class:`~modules.scorers.oracle.ProgrammaticOracle`). File or hub
-            data keep their own labels unless ``relabel`` is set.
-        relabel: Relabel every pair of the file or hub data with ``oracle``, the paper's synthetic-oracle setup
-            (the file's labels, if any, are then ignored).
-        reference_column: Column with the reference final answer, read only with ``relabel`` (the programmatic
-            oracle needs it).
+        responses_per_prompt: Generated solutions per problem; every pair of them becomes a triplet.
+        oracle: Labels generated data (default :class:`~modules.scorers.oracle.ProgrammaticOracle`).
+        relabel: Relabel every pair of the file or hub data with ``oracle`` (the paper's synthetic-oracle setup).
+        reference_column: Column with the reference final answer, read only with ``relabel``.
         predict_path: jsonl of pairs (prompt, response_a, response_b) to score in ``predict``.
         tokenizer: Tokenizer name or path; ``None`` takes the model's tokenizer.
     """
@@ -344,20 +294,15 @@ class PreferenceDataModule(L.LightningDataModule):
         return kept
 
     def oracle_summary(self) -> dict[str, Any] | None:
-        """What the report says of the labels: the oracle's summary and the pairs it left unlabelled.
-
-        The labelling oracle's :meth:`~modules.scorers.oracle.PreferenceOracle.summary` with ``pairs_dropped``, the
-        pairs dropped for want of a valid verdict; ``None`` when the labels came with the data.
-        """
+        """The labelling oracle's summary with ``pairs_dropped``; ``None`` when the data came labelled."""
         if self.labelled_by is None:
             return None
         return {**self.labelled_by.summary(), "pairs_dropped": self.num_unlabelled}
 
     def read_rows(self) -> list[dict[str, Any]]:
-        """Rows of the configured source as text, validated (errors name the row and field).
+        """Rows of the configured source as validated text, labelled by the oracle when generated or ``relabel`` is set.
 
-        Generated rows are labelled by the oracle; file or hub rows keep their labels, or are relabelled by the
-        oracle with ``relabel``. Chosen/rejected rows (no label column) are put half in the other order.
+        Chosen/rejected rows are put half in the other order, so position carries no signal.
         """
         hp = self.hparams
         if hp.path is None and hp.name is None:
@@ -397,7 +342,6 @@ class PreferenceDataModule(L.LightningDataModule):
                 )
             rows = validate_rows(rows, source)
         if columns["label"] is None:
-            # chosen/rejected data: put half of the pairs in the other order so position carries no signal
             rng = random.Random(hp.seed)
             for r in rows:
                 if rng.random() < 0.5:
