@@ -24,24 +24,14 @@ def open_table(
 ) -> tuple[Any, str]:
     """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
 
-    Args:
-        path: Local file; takes precedence over ``name``.
-        name: Hub dataset name.
-        split: Split of the hub dataset.
-        columns: Columns that must be present (``None`` entries are skipped); a mapping field → column also names
-            the field in the error.
-        config_name: Subset of the hub dataset (GSM8K's ``"main"``).
-        revision: Git revision of the hub dataset (a tag or commit, for a reproducible run).
-
-    Returns:
-        ``(dataset, where)`` with ``where`` a short description for error messages; a JSON file with a column of
-        mixed types comes as :class:`JsonRows` (its values as written, not as ``datasets`` retypes them).
+    ``columns`` must be present (``None`` skipped; a mapping field → column names the field in errors). Returns
+    ``(dataset, where)``, ``where`` describing the source for errors; a JSON file with a column of mixed types comes
+    as :class:`JsonRows`.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
         ValueError: for an unsupported file type, neither source given, a file that cannot be parsed (bad JSON or CSV,
-            bytes that are not UTF-8, no rows; for JSON the row and field of a bad line or of a number that is not
-            finite, such as ``1e309``), or a missing column (listing those present).
+            not UTF-8, no rows, a JSON number that is not finite: naming row and field), or a missing column.
     """
     import datasets
 
@@ -172,10 +162,7 @@ def _json_records(path: str, **hooks: Any) -> list[Any]:
 
 
 def _json_problem(path: str) -> str | None:
-    """The first row of a JSON (Lines) file that does not parse or holds a number that is not finite, described.
-
-    ``None`` when every row parses and is finite (the problem is elsewhere).
-    """
+    """The first JSON (Lines) row that does not parse or holds a non-finite number, described; else ``None``."""
     try:
         records = _json_records(path, parse_float=_json_float, parse_constant=_NonFinite)
     except (OSError, UnicodeDecodeError):
@@ -194,9 +181,7 @@ def _json_problem(path: str) -> str | None:
 class JsonRows(list):
     """The rows of a JSON (Lines) file as Python's ``json`` reads them, with ``column_names`` like a dataset's.
 
-    Used for a file with a column of mixed types, which ``datasets`` stores as JSON text and reads back retyped (the
-    text ``"0.7"`` comes back as the number 0.7, ``"true"`` as ``True``): here each value keeps its type, and a key a
-    row lacks reads ``None`` as in ``datasets``.
+    For a column of mixed types, which ``datasets`` would retype (``"0.7"`` → 0.7); a missing key reads ``None``.
     """
 
     def __init__(self, records: list[dict[str, Any]]) -> None:
