@@ -1,10 +1,6 @@
 """Nothing lost on a preemption: RNG states in every checkpoint, a checkpoint on SIGTERM, atomic checkpoint files.
 
-Three pieces, each usable on its own with any ``LightningModule`` (``train.py`` wires all three by default):
-
-* :class:`RNGStateCallback`: every rank's generator states saved in each checkpoint and restored on resume.
-* :class:`CheckpointOnSigterm`: ``last.ckpt`` written when Lightning stops on SIGTERM (preemption, ``scancel``).
-* :class:`AtomicCheckpointIO`: a kill during a save leaves the previous checkpoint whole.
+Each piece works alone with any ``LightningModule``; ``train.py`` wires all three by default.
 """
 
 from __future__ import annotations
@@ -39,10 +35,9 @@ __all__ = [
 
 
 def collect_rng_state() -> dict[str, Any]:
-    """The generator states of this process, as tensors and plain Python values (loadable with ``weights_only``).
+    """The process's ``python``, ``numpy`` (legacy global), ``torch`` and, once initialised, ``cuda`` generator states.
 
-    Keys: ``python`` (:func:`random.getstate`), ``numpy`` (the legacy global ``MT19937`` state), ``torch`` (CPU) and,
-    once CUDA is initialised, ``cuda`` (one state per visible device).
+    Tensors and plain values only, so ``weights_only`` loading reads them.
     """
     version, keys, gauss = random.getstate()
     name, np_keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
@@ -90,8 +85,7 @@ def _world() -> tuple[int, int]:
 class RNGStateCallback(Callback):
     """Save every rank's generator states in each checkpoint and restore them when a run resumes.
 
-    A resumed run then draws the same samples (generation, dropout, shuffling) as the run that was stopped. Under
-    DDP rank ``r`` restores entry ``r``; a resume on a different number of ranks restores the ranks in both and warns.
+    Rank ``r`` restores entry ``r``; a resume on a different number of ranks restores the ranks in both and warns.
     """
 
     @property
@@ -123,23 +117,14 @@ class RNGStateCallback(Callback):
 
 
 class CheckpointOnSigterm(EvaluationBatchCallback):
-    """Write ``last.ckpt`` when ``fit`` stops on SIGTERM, so a preempted run resumes from where it stopped.
+    """Write ``last.ckpt`` (:meth:`target_path`) when ``fit`` stops on SIGTERM, so a preempted run resumes from there.
 
-    The checkpoint goes to :meth:`target_path`, where ``fit --ckpt_path last`` looks. The last periodic checkpoint
-    is kept instead (README, "Resuming and failures") when the signal lands in an epoch's last batch (Lightning
-    resumes from there one epoch's data order off), during validation, or on any other exception (which may arrive
-    mid-update). Nothing is written before the run's first training step (a SIGTERM during the sanity check, for
-    instance: "nothing was trained"), nor with ``fast_dev_run`` or in stages other than ``fit``.
+    Nothing is written before the first training step, during validation, at an epoch's last batch (Lightning would
+    resume one epoch's data order off), on other exceptions, with ``fast_dev_run`` or outside ``fit``.
 
-    Under DDP (``fit``, ``validate``, ``test``) the signal is only noted by the handler: Lightning's own runs a
-    broadcast inside the signal handler, at whatever collective each rank is in, so two signalled ranks hung, and
-    one rank signalled alone (during the sanity check) waited in a broadcast the others never made. The ranks agree
-    by one all-reduce whether any of them was signalled at every point all of them reach: each training batch end,
-    each validation or test batch end (the sanity check's too) and the start of training. If one was, all set
-    Lightning's flag there and stop together: after that training batch (writing the checkpoint together), after
-    that validation batch (nothing written), or before the first training batch (nothing trained). Each rank must
-    run the same number of validation batches (Lightning's distributed sampler pads to that). A signal after the
-    last such point (during the final save) is not acted on: the run ends normally.
+    Under DDP the handler only notes the signal (Lightning's broadcasts inside the handler and hangs); the ranks agree
+    by one all-reduce at every batch end and at training start, then stop together. Each rank must run the same number
+    of validation batches.
     """
 
     def __init__(self) -> None:
@@ -177,11 +162,7 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
             self._trainer = None
 
     def _agree(self, trainer: pl.Trainer) -> None:
-        """One all-reduce, where every rank is: any rank signalled sets Lightning's flag on all of them.
-
-        Lightning then raises ``SIGTERMException`` at the same point on every rank (after the batch, or before the
-        first training batch), and :meth:`on_exception` decides what is written.
-        """
+        """One all-reduce, where every rank is: any rank signalled sets Lightning's flag on all of them."""
         if self._trainer is not None and trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
             trainer._signal_connector.received_sigterm = True
 
@@ -278,10 +259,9 @@ def _remove_stale_temps(path: str) -> None:
 
 
 def _write_error(err: BaseException, path: str) -> OSError | None:
-    """The ``OSError`` behind ``err``, made again naming ``path``; ``None`` when there is none.
+    """The ``OSError`` behind ``err`` (``torch.save`` wraps it) made again naming ``path``; ``None`` when there is none.
 
-    ``torch.save`` turns a failed write into a ``RuntimeError`` ("unexpected pos") whose context is the ``OSError``.
-    The same message as ``modules.training.artifacts.write_error`` (callbacks import nothing from modules/).
+    The message matches ``modules.training.artifacts.write_error``.
     """
     cause: BaseException | None = err
     while cause is not None and not isinstance(cause, OSError):
@@ -298,12 +278,11 @@ def _write_error(err: BaseException, path: str) -> OSError | None:
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save(obj, path)`` such that ``path`` holds either its old content or the complete new one.
 
-    Written to ``.<name>.tmp-<pid>`` in the same folder (the rename never crosses file systems; the name never ends
-    in ``.ckpt``), ``fsync`` ed and renamed over ``path``; the next save removes a killed process's temporary.
+    Written to ``.<name>.tmp-<pid>`` in the same folder, ``fsync`` ed and renamed over ``path``; the next save removes
+    a killed process's temporary.
 
     Raises:
-        OSError: naming ``path`` when it cannot be written (a full disk, a read-only folder), of the errno of the
-            failed write; ``path`` is left as it was.
+        OSError: naming ``path`` when it cannot be written, with the failed write's errno; ``path`` is left as it was.
     """
     path = os.fspath(path)
     folder = os.path.dirname(path)
@@ -328,11 +307,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``TorchCheckpointIO`` with atomic, durable writes of local checkpoints (:func:`atomic_torch_save`).
+    """Lightning's ``TorchCheckpointIO`` with atomic, durable local writes (:func:`atomic_torch_save`).
 
-    Lightning's default moves a temporary from the system's temp folder, a copy a kill can cut short when that is
-    another file system. Remote paths (``s3://`` …) keep Lightning's transaction. Loading reads tensors and plain
-    values only (``weights_only=True``); asking for ``weights_only=False`` raises.
+    Lightning's default moves a temporary across file systems, a copy a kill can cut short; remote paths keep it.
+    Loading is ``weights_only=True`` only; asking for ``weights_only=False`` raises.
     """
 
     @override
