@@ -15,16 +15,10 @@ __all__ = ["JsonlPredictionWriter"]
 
 
 class JsonlPredictionWriter(BasePredictionWriter):
-    """Append each predicted row to ``<log_dir>/<filename>`` (one file per rank when several run).
-
-    For a ``predict_step`` that returns a list of JSON-serialisable dicts; each batch is flushed as it comes.
+    """Append each row ``predict_step`` returns (a list of dicts) to ``<log_dir>/<filename>``, one file per rank.
 
     Args:
         filename: File name inside the trainer's log folder, or an absolute path.
-
-    Example:
-        >>> writer = JsonlPredictionWriter("predictions.jsonl")
-        >>> # trainer = L.Trainer(callbacks=[writer]); trainer.predict(model, datamodule=dm)
     """
 
     def __init__(self, filename: str = "predictions.jsonl") -> None:
