@@ -139,11 +139,7 @@ class EloRating(Callback):
             raise ValueError(f"Unknown player {player!r}; the players are {self.players}.") from None
 
     def report(
-        self,
-        player_a: str,
-        player_b: str,
-        score_a: float | Sequence[float],
-        weights: Sequence[float] | None = None,
+        self, player_a: str, player_b: str, score_a: float | Sequence[float], weights: Sequence[float] | None = None
     ) -> None:
         """Report the result of one duel, applied at the next flush.
 

@@ -24,14 +24,13 @@ def open_table(
 ) -> tuple[Any, str]:
     """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
 
-    ``columns`` must be present (``None`` skipped; a mapping field → column names the field in errors). Returns
-    ``(dataset, where)``, ``where`` describing the source for errors; a JSON file with a column of mixed types comes
-    as :class:`JsonRows`.
+    Returns ``(dataset, where)``, ``where`` naming the source in errors; a JSON file with a column of mixed types comes
+    as :class:`JsonRows`. ``columns`` must be present (``None`` skipped; a mapping's keys are named in errors).
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
-        ValueError: for an unsupported file type, neither source given, a file that cannot be parsed (bad JSON or CSV,
-            not UTF-8, no rows, a JSON number that is not finite: naming row and field), or a missing column.
+        ValueError: for an unsupported file type, no source, a file that cannot be parsed (naming the row and field
+            of bad JSON or a non-finite number), or a missing column.
     """
     import datasets
 

@@ -257,7 +257,6 @@ class PreferenceDataModule(L.LightningDataModule):
         self.pad_id = 0
         self._tokenizer = None
 
-    # ------------------------------------------------------------------ raw rows
     def generate_rows(self) -> list[dict[str, Any]]:
         """Generated arithmetic triplets: every pair of ``responses_per_prompt`` solutions, labelled by the oracle."""
         hp = self.hparams
@@ -307,12 +306,7 @@ class PreferenceDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.path is None and hp.name is None:
             return self.generate_rows()
-        columns = {
-            "prompt": hp.prompt_column,
-            "response_a": hp.response_a_column,
-            "response_b": hp.response_b_column,
-            "label": hp.label_column,
-        }
+        columns = self._columns(hp.label_column)
         if hp.relabel:  # the oracle's labels replace the file's, which need not exist
             columns["label"] = None
             if hp.reference_column is not None:
@@ -348,6 +342,12 @@ class PreferenceDataModule(L.LightningDataModule):
                     r["response_a"], r["response_b"], r["label"] = r["response_b"], r["response_a"], 1.0 - r["label"]
         return rows
 
+    def _columns(self, label: str | None) -> dict[str, str | None]:
+        """The configured columns of ``prompt``, ``response_a`` and ``response_b``, and ``label``'s."""
+        hp = self.hparams
+        a, b = hp.response_a_column, hp.response_b_column
+        return {"prompt": hp.prompt_column, "response_a": a, "response_b": b, "label": label}
+
     def _tokenizer_if_conversational(self, rows: list[dict[str, Any]]) -> Any:
         """The tokenizer when a row holds messages (their chat template renders them), else ``None``."""
         fields = ("prompt", "response_a", "response_b")
@@ -355,7 +355,6 @@ class PreferenceDataModule(L.LightningDataModule):
             return self._resolve_tokenizer()
         return None
 
-    # ------------------------------------------------------------------ partitions
     @staticmethod
     def partition_prompts(
         prompts: list[str], num_members: int, val_fraction: float, heldout_fraction: float, seed: int
@@ -435,14 +434,7 @@ class PreferenceDataModule(L.LightningDataModule):
                 raise ValueError("predict needs data.predict_path (a jsonl of prompt, response_a, response_b)")
             if "predict" not in self.splits:
                 rows, _, source = read_preference_table(
-                    self.hparams.predict_path,
-                    columns={
-                        "prompt": self.hparams.prompt_column,
-                        "response_a": self.hparams.response_a_column,
-                        "response_b": self.hparams.response_b_column,
-                        "label": None,
-                    },
-                    data_format=self.hparams.format,
+                    self.hparams.predict_path, columns=self._columns(None), data_format=self.hparams.format
                 )
                 rows = validate_rows(rows_as_text(rows, self._tokenizer_if_conversational(rows), source), source)
                 pairs = self._encode(rows)
@@ -479,7 +471,6 @@ class PreferenceDataModule(L.LightningDataModule):
         self.splits = splits
         self.prompts_by_split = {s: len({it["prompt_id"] for it in items}) for s, items in splits.items()}
 
-    # ------------------------------------------------------------------ loaders
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Pad the distinct sequences of a batch once; triplets index into them with ``idx_a`` / ``idx_b``."""
         order: dict[int, int] = {}
@@ -496,9 +487,8 @@ class PreferenceDataModule(L.LightningDataModule):
         batch["idx_a"] = torch.tensor([order[it["seq_a"]] for it in items], dtype=torch.long)
         batch["idx_b"] = torch.tensor([order[it["seq_b"]] for it in items], dtype=torch.long)
         batch["label"] = torch.tensor([it["label"] for it in items], dtype=torch.float32)
-        batch["prompt_id"] = torch.tensor([it["prompt_id"] for it in items], dtype=torch.long)
-        batch["member"] = torch.tensor([it["member"] for it in items], dtype=torch.long)
-        batch["row"] = torch.tensor([it["row"] for it in items], dtype=torch.long)
+        for key in ("prompt_id", "member", "row"):
+            batch[key] = torch.tensor([it[key] for it in items], dtype=torch.long)
         return batch
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:

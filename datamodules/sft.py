@@ -41,10 +41,8 @@ __all__ = [
 
 Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
-#: ``worded``: :func:`~modules.algorithms.arithmetic.make_response`'s sentences; ``think``: the bare equations in
-#: ``<think>…</think>`` and the boxed answer (:func:`~modules.algorithms.arithmetic.make_think_response`, correct only);
-#: ``think_padded``: the same with the equations' numbers zero-padded to three digits (``038 + 013 = 051``);
-#: ``think_reversed``: padded and written least-significant digit first (``830 + 310 = 150``), the box in normal order
+#: ``worded`` sentences; ``think``: bare equations in ``<think>…</think>`` and the boxed answer (correct only);
+#: ``think_padded``: numbers zero-padded to three digits; ``think_reversed``: padded, least-significant digit first
 SOLUTION_STYLES = ("worded", "think", "think_padded", "think_reversed")
 THINK_WIDTH = {"think": 0, "think_padded": 3, "think_reversed": 3}
 THINK_REVERSED = {"think_reversed"}

@@ -24,12 +24,7 @@ def elo_expected_score(rating_a: float, rating_b: float, scale: float = 400.0) -
 
 
 def elo_update(
-    rating_a: float,
-    rating_b: float,
-    score_a: float,
-    k_a: float,
-    k_b: float | None = None,
-    scale: float = 400.0,
+    rating_a: float, rating_b: float, score_a: float, k_a: float, k_b: float | None = None, scale: float = 400.0
 ) -> tuple[float, float]:
     r"""Ratings after one duel: :math:`R_a + K_a (S_a - E_a)` and :math:`R_b - K_b (S_a - E_a)`, from the old ratings.
 

@@ -20,14 +20,7 @@ from alignment_games.callbacks.functional import (
 )
 from alignment_games.callbacks.functional.mcc import matthews_corrcoef_from_counts
 
-__all__ = [
-    "compare_groups",
-    "dedup_evaluations",
-    "format_table",
-    "judge_trend",
-    "load_evaluations",
-    "peak_window",
-]
+__all__ = ["compare_groups", "dedup_evaluations", "format_table", "judge_trend", "load_evaluations", "peak_window"]
 
 COUNTS = ("tp", "fp", "tn", "fn")
 

@@ -221,11 +221,7 @@ def adversarial_report(
 
 
 def compare_pairs(
-    trained: Tensor,
-    reference: Tensor,
-    alphas: Sequence[float] = (0.1, 0.05, 0.01),
-    n_boot: int = 1000,
-    seed: int = 0,
+    trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01), n_boot: int = 1000, seed: int = 0
 ) -> dict:
     """Trained pair vs reference pair on the same prompts, scores ``[P, R]`` each: summaries, gain, candidate yields.
 

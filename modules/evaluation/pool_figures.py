@@ -11,18 +11,14 @@ from typing import Any
 import torch
 
 from alignment_games.callbacks.media import log_figure
+from alignment_games.modules.evaluation.figures import _new_axes
 from alignment_games.modules.training.artifacts import atomic_write_bytes, atomic_write_text
 
 __all__ = ["make_pool_figures", "write_pool_artifacts", "write_pool_figures"]
 
 
 def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.5, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = _new_axes((6.5, 4))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

@@ -289,11 +289,7 @@ def _check_report_inputs(member_probs: Any, labels: Any, prompt_ids: Any) -> tup
 def disagreement_scores(member_probs: Tensor) -> dict[str, Tensor]:
     """The three disagreement scores of ``member_probs [N, k]`` in float64: ``{name: [N]}`` for :data:`SCORE_NAMES`."""
     p = torch.as_tensor(member_probs).detach().cpu().to(torch.float64)
-    return {
-        "variance": ensemble_variance(p),
-        "decision_uncertainty": decision_uncertainty(p),
-        "jsd": ensemble_jsd(p),
-    }
+    return {"variance": ensemble_variance(p), "decision_uncertainty": decision_uncertainty(p), "jsd": ensemble_jsd(p)}
 
 
 def _nll(prob: Tensor, labels: Tensor, eps: float = 1e-12) -> Tensor:

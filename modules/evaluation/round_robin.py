@@ -1,12 +1,8 @@
 """Round-robin oracle preference rates between trained policies and the reference (App. G.4, Table 4).
 
-``python -m alignment_games.commands.round_robin --runs smida=<ckpt> nlhf=<ckpt> slhf=<ckpt>
---lm artifacts/tiny_policy``
-builds one frozen base with one LoRA adapter per run, loads each checkpoint's adapter tensors into it (tensors only,
-``weights_only=True``: a checkpoint configures nothing), samples ``--pairs`` answers per held-out prompt from every
-policy and from the reference (the disabled adapter), has the oracle label every pair of policies on the same
-prompts, and writes ``round_robin.json`` and ``round_robin.md``: the rate at which each row policy's answer is
-preferred to each column policy's, with prompt-bootstrap intervals (:func:`round_robin_table`).
+The command (``commands/round_robin.py``) loads each checkpoint's LoRA adapter tensors (``weights_only``) into one
+frozen base, samples answers per held-out prompt from every policy and the reference, has the oracle label every
+pair, and writes the table of :func:`round_robin_table`.
 """
 
 from __future__ import annotations
@@ -35,17 +31,10 @@ REFERENCE = "reference"
 def round_robin_table(
     labels: dict[tuple[str, str], Tensor], names: Sequence[str], n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> dict[str, Any]:
-    """Pairwise preference rates with prompt-bootstrap intervals.
+    """Pairwise preference rates with prompt-bootstrap intervals, every cell from the same resamples.
 
-    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s, R pairs on each of the
-    same P prompts (NaN: an unlabelled pair). A prompt's rate is the mean of its labelled pairs; a cell is the mean
-    over prompts with at least one; the mirror cell ``(b, a)`` is ``1 − (a, b)`` (an oracle label is a share of
-    verdicts that ``a`` wins). Every cell's interval uses the same bootstrap resamples of the prompts (the
-    ``level`` quantiles of the resampled means), so cells are comparable.
-
-    Returns:
-        ``{"names", "n_prompts", "pairs_per_prompt", "level", "n_boot", "rates": {row: {col: {"rate", "ci",
-        "n_prompts"}}}}``; the diagonal is absent.
+    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s (NaN: unlabelled). A
+    prompt's rate is the mean of its labelled pairs, a cell the mean over such prompts; ``(b, a)`` is ``1 − (a, b)``.
 
     Raises:
         ValueError: for a pair given both ways or not at all, a name outside ``names``, a tensor that is not
@@ -97,10 +86,7 @@ def round_robin_table(
 def markdown_table(table: dict[str, Any]) -> str:
     """Rows: the preferred policy; columns: its opponent; cells ``rate [lo, hi]`` (4 decimals)."""
     names = table["names"]
-    lines = [
-        "| row ≻ column | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
+    lines = ["| row ≻ column | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for a in names:
         cells = []
         for b in names:

@@ -94,7 +94,6 @@ class GameBoard:
         self._samples: dict[str, list[dict[str, Any]]] = {}
         self._values: dict[str, list[np.ndarray]] = {}
 
-    # ------------------------------------------------------------------------------------------------ text
     def wants_samples(self, module: L.LightningModule, tag: str) -> bool:
         """Whether ``tag`` still takes rows (so a caller can skip building them)."""
         if self.num_samples == 0 or not media_loggers(module._trainer):
@@ -122,7 +121,6 @@ class GameBoard:
             if rows:
                 log_text(module._trainer, tag, samples_markdown(rows))
 
-    # ------------------------------------------------------------------------------------------------ histograms
     def add_values(self, module: L.LightningModule, values: Mapping[str, Any]) -> None:
         """Buffer finite values per tag until :meth:`write_values_if_due` writes them as histograms."""
         if not media_loggers(module._trainer):
