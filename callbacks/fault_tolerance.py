@@ -129,7 +129,6 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved_path: str | None = None
         self._signalled = False  # set by the handler (the signal came to this process), read where the ranks agree
         self._trainer: pl.Trainer | None = None  # set while this callback's handler replaces Lightning's (DDP)
         self._start_step: int | None = None  # the global step training started from in this run
@@ -200,7 +199,6 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
             # the callback's own `last`, so after the resume it is overwritten instead of getting a `last-v1.ckpt`
             ckpt.last_model_path = path
         trainer.save_checkpoint(path, weights_only=False)  # the full state a resume needs, asked for by name
-        self.saved_path = path
         rank_zero_info(f"SIGTERM: checkpoint of step {trainer.global_step} written to {path}")
 
     @override

@@ -137,29 +137,14 @@ class MCCTracker(EvaluationBatchCallback):
         total = tp + fp + tn + fn
         mcc = matthews_corrcoef_from_counts(tp, fp, tn, fn)
         recent = [h["mcc"] for h in self.history[-(self.trend_window - 1) :]] + [mcc]
-        values = {
-            "mcc": mcc,
-            "trend": least_squares_slope(recent),
-            "accept_rate": (tp + fp) / total if total else 0.0,
-            "tp": float(tp),
-            "fp": float(fp),
-            "tn": float(tn),
-            "fn": float(fn),
-        }
+        values = {"mcc": mcc, "trend": least_squares_slope(recent), "accept_rate": (tp + fp) / total if total else 0.0}
+        values.update(tp=float(tp), fp=float(fp), tn=float(tn), fn=float(fn))
         self.history.append({**values, "step": float(trainer.global_step)})
+        prefix = f"{self.stage}/{self.name}"
+        logged = {prefix if key == "mcc" else f"{prefix}_{key}": value for key, value in values.items()}
         # Identical on every rank; "max" makes Lightning's epoch-level reduction exact (and silences its warning).
         sync = trainer.world_size > 1
-        prefix = f"{self.stage}/{self.name}"
-        for key, value in values.items():
-            pl_module.log(
-                prefix if key == "mcc" else f"{prefix}_{key}",
-                value,
-                on_step=False,
-                on_epoch=True,
-                sync_dist=sync,
-                reduce_fx="max",
-                batch_size=1,
-            )
+        pl_module.log_dict(logged, on_step=False, on_epoch=True, sync_dist=sync, reduce_fx="max", batch_size=1)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -262,25 +262,26 @@ class PreferenceDataModule(L.LightningDataModule):
         hp = self.hparams
         rng = random.Random(hp.seed)
         kinds = CORRUPTIONS[: hp.responses_per_prompt]
-        prompts, resp_a, resp_b, refs = [], [], [], []
+        rows = []
         for p in generate_problems(hp.num_prompts, seed=hp.seed):
             responses = [make_response(p, k, rng) for k in kinds]
             rng.shuffle(responses)
-            for a, b in itertools.combinations(responses, 2):
-                prompts.append(p.question)
-                resp_a.append(a)
-                resp_b.append(b)
-                refs.append(str(p.answer))
+            pairs = itertools.combinations(responses, 2)
+            rows += [
+                {"prompt": p.question, "response_a": a, "response_b": b, "reference": str(p.answer)} for a, b in pairs
+            ]
         oracle = self.oracle or ProgrammaticOracle(seed=hp.seed)
-        labels = oracle.label(prompts, resp_a, resp_b, refs).tolist()
-        rows = [
-            {"prompt": x, "response_a": a, "response_b": b, "label": y, "reference": r}
-            for x, a, b, y, r in zip(prompts, resp_a, resp_b, labels, refs)
-        ]
-        return self._labelled_rows(rows, oracle)
+        return self._labelled_rows(rows, oracle, [r["reference"] for r in rows])
 
-    def _labelled_rows(self, rows: list[dict[str, Any]], oracle: PreferenceOracle) -> list[dict[str, Any]]:
-        """The rows that ``oracle`` gave a label, the others (no valid verdict: a NaN label) dropped and counted."""
+    def _labelled_rows(
+        self, rows: list[dict[str, Any]], oracle: PreferenceOracle, refs: list[str | None] | None
+    ) -> list[dict[str, Any]]:
+        """``rows`` labelled by ``oracle``; those without a valid verdict (a NaN label) dropped and counted."""
+        labels = oracle.label(
+            [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows], refs
+        )
+        for r, y in zip(rows, labels.tolist()):
+            r["label"] = y
         self.labelled_by = oracle
         kept = [r for r in rows if not math.isnan(r["label"])]
         self.num_unlabelled = len(rows) - len(kept)
@@ -322,12 +323,7 @@ class PreferenceDataModule(L.LightningDataModule):
             refs = None
             if hp.reference_column is not None:  # as text, like the generated rows' (a file may hold numbers)
                 refs = [None if r.get("reference") is None else str(r["reference"]) for r in rows]
-            labels = self.oracle.label(
-                [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows], refs
-            )
-            for r, y in zip(rows, labels.tolist()):
-                r["label"] = y
-            rows = self._labelled_rows(rows, self.oracle)
+            rows = self._labelled_rows(rows, self.oracle, refs)
         else:
             if self.oracle is not None:
                 rank_zero_info(

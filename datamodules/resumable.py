@@ -64,16 +64,9 @@ class ResumableSampler(DistributedSampler):
     """Each epoch's order from ``seed + epoch`` (shuffled or not), split across ranks, with a skip for resuming.
 
     A ``DistributedSampler``, so Lightning neither replaces it under DDP nor forgets :meth:`set_epoch`; without
-    Lightning, an iteration without a new :meth:`set_epoch` moves to the next epoch.
-
-    Args:
-        dataset: The map-style dataset (only its length is used).
-        shuffle: Shuffle within each epoch.
-        seed: Seed of the orders.
-        replicated: Every rank gets every item in the same order (ranks that split one game's work themselves).
-        lengths: Each item's length, for :func:`bucket_order` batches of similar lengths.
-        bucket_batch: The batch size the buckets are cut to.
-        bucket_window: Batches per sorted run; 0 (or no ``lengths``): no bucketing.
+    Lightning, an iteration without a new :meth:`set_epoch` moves to the next epoch. ``replicated``: every rank gets
+    every item (ranks that split one game's work themselves); ``lengths`` with ``bucket_batch`` and a positive
+    ``bucket_window``: batches of similar lengths (:func:`bucket_order`).
     """
 
     def __init__(
@@ -118,22 +111,9 @@ class ResumableSampler(DistributedSampler):
 class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` whose ``state_dict`` (``{"epoch", "batches"}``) resumes it exactly mid-epoch.
 
-    After ``load_state_dict`` the next iteration of the saved epoch starts after its saved batch, of any other epoch at
-    its beginning. The global torch generator is never used.
-
-    Args:
-        dataset: Map-style dataset.
-        batch_size: Items per batch.
-        shuffle: Shuffle each epoch (orders from ``seed + epoch``).
-        seed: The data seed; with the run's seed (:func:`run_seed`) it seeds the orders and the loader's generator.
-        order_seed: The seed of the orders as given (the run's seed not added); None: from ``seed`` and the run's.
-        collate_fn: Batch collation.
-        num_workers: Worker processes.
-        drop_last: Drop the last incomplete batch.
-        replicated: Every rank iterates over every batch (:class:`ResumableSampler`).
-        lengths: Each item's length, for batches of similar lengths (with ``bucket_window``).
-        bucket_window: Batches per length-sorted run; 0: plain shuffled batches.
-        **kwargs: Any other ``DataLoader`` argument (not ``sampler``, ``batch_sampler`` or ``generator``).
+    The orders come from ``seed`` plus the run's seed (:func:`run_seed`), or ``order_seed`` as given; the global torch
+    generator is never used. ``replicated``, ``lengths`` and ``bucket_window`` as :class:`ResumableSampler`'s; other
+    ``DataLoader`` arguments pass through (not ``sampler``, ``batch_sampler`` or ``generator``).
     """
 
     def __init__(

@@ -13,8 +13,8 @@ def require_text(value: Any, field: str, where: str, row: int) -> str:
     """``value`` when it is text with a non-whitespace character; else a ``ValueError`` naming the row and field.
 
     Raises:
-        ValueError: ``"<where>: row <row>: field '<field>' is missing"`` (``None``), ``"... must be text, got int"``
-            or ``"... is empty"`` (empty or only whitespace).
+        ValueError: ``"<where>: row <row>: field '<field>' is missing"``, ``"... must be text, got int"`` or
+            ``"... is empty"``.
 
     Example:
         >>> require_text("2 + 2?", "prompt", "q.jsonl", 0)
@@ -33,8 +33,7 @@ def require_number(value: Any, field: str, where: str, row: int, low: float, hig
     """``value`` as a float when it is a number (not text such as ``"0.7"``, not a bool), finite and in ``[low, high]``.
 
     Raises:
-        ValueError: ``"<where>: row <row>: field '<field>' is missing"`` (``None``), ``"... = '0.7' is not a number
-            (got str)"``, ``"... = inf is not finite"`` or ``"... = 1.5 is outside [0, 1]"``.
+        ValueError: naming row and field: missing, ``"... = '0.7' is not a number (got str)"``, not finite, or outside.
 
     Example:
         >>> require_number(1, "label", "pairs.jsonl", 0, 0.0, 1.0)

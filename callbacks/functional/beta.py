@@ -67,10 +67,10 @@ def p_best(groups: Sequence[Group], draws: int = ..., seed: int = ...) -> list[f
 def p_best(
     groups: Mapping[str, Group] | Sequence[Group], draws: int = 100_000, seed: int = 0
 ) -> dict[str, float] | list[float]:
-    """Share of ``draws`` Monte Carlo draws in which each group's Beta posterior sample is the highest.
+    """Share of ``draws`` joint posterior draws in which each group's Beta sample is the highest.
 
-    ``groups``: a mapping name → merged ``(successes, trials)`` (a dict comes back) or a sequence of them (a list).
-    Correlated rollouts make this over-confident (the paper's warning).
+    ``groups``: name → merged ``(successes, trials)`` (a dict comes back) or a sequence of them (a list). Correlated
+    rollouts make it over-confident.
 
     Raises:
         ValueError: with no group, ``draws < 1`` or invalid counts.

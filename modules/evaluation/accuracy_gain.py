@@ -3,9 +3,6 @@ r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired
 Per seed the gain ``after − before`` has a paired bootstrap interval over problems; across seeds (the headline) a
 two-level bootstrap (:func:`two_level_interval`) holds both the seeds' spread and the problems'. With
 ``--players-per-seed m`` the trained folders are consecutive groups of m, a seed's gain their mean.
-
-    python -m alignment_games.commands.accuracy_gain --base artifacts/competent_policy \
-        --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
 """
 
 from __future__ import annotations

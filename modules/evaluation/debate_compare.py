@@ -1,7 +1,12 @@
 """Compare groups of debate runs as the paper's Table 1 does: merged peak windows, P(Best), gap recovery.
 
 A run is a log folder with ``debate_evals.jsonl`` or the file; its peak follows :class:`callbacks.PeakCheckpoint`'s
-rule, and a group merges its runs' peak-window counts.
+rule, and a group merges its runs' peak-window counts. Correlated rollouts make P(Best) over-confident (App. A.3).
+
+    python -m alignment_games.commands.debate_compare \\
+        --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\
+        --group Debate-AB=runs/debate_ab/version_0 --upper RLVR=runs/debate_rlvr/version_0 \\
+        --baseline RLAIF-A --out compare.json
 """
 
 from __future__ import annotations
@@ -116,16 +121,9 @@ def compare_groups(
     draws: int = 100_000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Merge each group's peak windows and compare the groups.
+    """Merge each group's runs' peak windows (``window``, ``quantile``) and compare the groups: P(Best), gap recovery.
 
-    Args:
-        groups: Group name → runs → evaluations (dicts with ``successes``, ``trials``, ``step``).
-        upper: The upper-bound group (RLVR): reported, left out of P(Best), the top of the gap.
-        baseline: The baseline group (RLAIF-A): the bottom of the gap.
-        window: Evaluations per peak window (paper: 3).
-        quantile: Posterior quantile of the lower bound.
-        draws: Monte Carlo draws of P(Best) (paper: 100,000).
-        seed: Seed of the draws.
+    ``upper`` (RLVR) is reported but left out of P(Best) and tops the gap; ``baseline`` (RLAIF-A) is its bottom.
 
     Raises:
         ValueError: for an unknown ``upper``/``baseline`` or a group without runs.

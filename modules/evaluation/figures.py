@@ -1,13 +1,12 @@
 """Figures of the evaluations, as matplotlib Figures on an Agg canvas (pyplot's global state is never touched).
 
-:func:`make_figures` / :func:`save_figures` draw the preference ensemble's report (paper §5.2, Fig. 1),
+:func:`make_figures` draws the preference ensemble's report (paper §5.2, Fig. 1),
 :func:`make_game_figures` a trained Leader–Follower pair against the reference pair (§5.3, G.1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,9 +24,8 @@ from alignment_games.modules.evaluation.preference_report import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["make_figures", "make_game_figures", "save_figures"]
+__all__ = ["make_figures", "make_game_figures"]
 
-_FIGURE_NAMES = ("decile_accuracy", "roc_curves", "error_rate_vs_fraction")
 _SCORE_LABELS = {"variance": "variance", "decision_uncertainty": "decision uncertainty", "jsd": "JSD"}
 _SCORE_COLOURS = {"variance": "tab:green", "decision_uncertainty": "tab:blue", "jsd": "tab:red"}
 
@@ -129,25 +127,6 @@ def _error_rate_figure(report: Mapping[str, Any]) -> Figure:
     ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
     ax.legend(loc="upper right")
     return fig
-
-
-def save_figures(
-    member_probs: Tensor, labels: Tensor, prompt_ids: Tensor, out_dir: str | Path, *, dpi: int = 120, **kwargs: Any
-) -> list[Path]:
-    """Write :func:`make_figures`'s figures (``kwargs`` passed on) as PNG files into ``out_dir``; returns their paths.
-
-    Raises:
-        ValueError: As :func:`make_figures`; nothing is written then.
-    """
-    figures = make_figures(member_probs, labels, prompt_ids, **kwargs)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in _FIGURE_NAMES:
-        path = out / f"{name}.png"
-        figures[name].savefig(path, format="png", dpi=dpi)
-        paths.append(path)
-    return paths
 
 
 def make_game_figures(

@@ -37,6 +37,14 @@ def interval_ends(level: float) -> Tensor:
     return torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
 
 
+def _check_pair_shapes(trained: Tensor, reference: Tensor) -> None:
+    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
+        raise ValueError(
+            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
+            f"{tuple(reference.shape)}"
+        )
+
+
 def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> dict[float, float]:
     """``F_ref^{-1}(1 − α)`` for each α, the empirical quantile (linear interpolation) of the reference scores.
 
@@ -126,11 +134,7 @@ def candidate_yield_intervals(
         ValueError: when the tensors differ in shape or are not a non-empty ``[P, R]``, for an α outside (0, 1), or
             ``n_boot`` below 1.
     """
-    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
-        raise ValueError(
-            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
-            f"{tuple(reference.shape)}"
-        )
+    _check_pair_shapes(trained, reference)
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     for a in alphas:
@@ -228,11 +232,7 @@ def compare_pairs(
     Raises:
         ValueError: when the two tensors differ in shape or are not ``[P, R]``.
     """
-    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
-        raise ValueError(
-            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
-            f"{tuple(reference.shape)}"
-        )
+    _check_pair_shapes(trained, reference)
     t, r = trained.double(), reference.double()
     thresholds = candidate_thresholds(r, alphas)
 

@@ -4,10 +4,6 @@ Each policy answers every prompt greedily (the prompt as one user message after 
 reply); instructions are checked strictly and loosely (:mod:`modules.algorithms.ifeval_checks`) for IFEval's four
 accuracies and the loose per-category ones. Two policies add a paired prompt-bootstrap difference. An instruction
 id with no checker is counted under ``unsupported`` and left out of the accuracies (its prompt too).
-
-    python -m alignment_games.commands.ifeval --data ../shared/data/ifeval/input_data.jsonl \\
-        --base Qwen/Qwen2.5-1.5B-Instruct --policy stackelberg=runs/smida/version_0/export/follower \\
-        follower_only=runs/smida_fo/version_0/export/follower --out ifeval.json
 """
 
 from __future__ import annotations

@@ -3,9 +3,6 @@ r"""Greedy held-out accuracy and format compliance of a saved policy on generate
 A reply is *correct* when its last ``\boxed{}`` matches the reference, and *in format* when it is one
 ``<think>…</think>`` block followed by a visible ``\boxed{}`` answer. The problems default to the games' held-out
 prompts (seed ``0 + 1_000_003``), which the SFT data (seed ``0 + 2_000_003``) does not hold.
-
-    python -m alignment_games.commands.policy_accuracy --model artifacts/competent_policy \
-        --min-steps 1 --max-steps 2
 """
 
 from __future__ import annotations
