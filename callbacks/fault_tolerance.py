@@ -1,7 +1,4 @@
-"""Nothing lost on a preemption: RNG states in every checkpoint, a checkpoint on SIGTERM, atomic checkpoint files.
-
-Each piece works alone with any ``LightningModule``; ``train.py`` wires all three by default.
-"""
+"""Nothing lost on a preemption: RNG states in every checkpoint, a checkpoint on SIGTERM, atomic checkpoint files."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Each evaluation item counted once across ranks: records keyed by an item id, gathered and de-duplicated.
-
-Lightning's distributed sampler pads evaluation data with repeated items (101 items on 2 ranks: item 0 twice);
-records carrying the item's id are gathered and kept once, giving exactly the single-process result.
-"""
+"""Each evaluation item counted once across ranks, undoing the distributed sampler's padding with repeated items."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Text, histograms and figures for every logger a trainer has: TensorBoard, Weights & Biases, MLflow and CSV.
 
-Lightning's loggers share only scalars; these functions write the richer media to every supported logger, on rank
-zero, each in its own form (the table is in ``docs/tensorboard.md``). Every logger gets the same histogram buckets
-and the same PNG; the dummy logger gets nothing, an unknown one a warning, and one that fails does not stop the others.
+Written on rank zero, each logger in its own form (``docs/tensorboard.md``); one that fails does not stop the others.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Progress bars whose training line counts what ends the run: the epochs of ``max_epochs``, the steps of ``max_steps``.
-
-Lightning's rich bar reads ``Epoch 0/-2`` when only ``max_steps`` bounds the run; these write
-:func:`train_description` instead (``Epoch 0, step 12/200``, ``Epoch 1/3``), updated after every batch.
-"""
+"""Progress bars whose training line counts what ends the run: epochs of ``max_epochs``, steps of ``max_steps``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Problems for the debate game that a tiny CPU model can actually solve (``a + b`` with one-digit operands).
-
-On the default 2–4-step problems a tiny warm-started policy is right about 1% of the time, so the judge's MCC
-would be measured on one class.
-"""
+"""Problems for the debate game that a tiny CPU model can solve (``a + b``), so the judge's MCC sees both classes."""
 
 from __future__ import annotations
 

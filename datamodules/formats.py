@@ -1,7 +1,4 @@
-"""TRL's dataset formats as plain text: chat messages rendered, implicit prompts split off, bad values named.
-
-A value is *conversational* when it is a list of ``{"role", "content"}`` messages, *standard* when it is text.
-"""
+"""TRL's dataset formats as plain text: chat messages rendered, implicit prompts split off, bad values named."""
 
 from __future__ import annotations
 

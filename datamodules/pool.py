@@ -1,8 +1,6 @@
 """The instruction pool of the multi-LLM game (App. E): a development split cut 80/20, a test set kept apart.
 
-A training batch *is* the pool: each of ``iterations_per_epoch`` batches per epoch holds every candidate
-instruction. Validation and test come in ``batch_size`` chunks; without a file or hub set the instructions are
-generated arithmetic problems (development and test from different seeds).
+A training batch *is* the pool: each of ``iterations_per_epoch`` batches per epoch holds every instruction.
 """
 
 from __future__ import annotations

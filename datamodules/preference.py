@@ -1,9 +1,4 @@
-"""Preference triplets (prompt, response_a, response_b, label) for training an ensemble of preference models.
-
-Sources: a local file, a hub dataset, or generated arithmetic labelled by a
-:class:`~modules.scorers.oracle.PreferenceOracle`. Partitions are prompt-disjoint (App. E.2); every distinct
-(prompt, response) is tokenised once, with a content key so a frozen backbone can cache its features.
-"""
+"""Preference triplets (prompt, response_a, response_b, label) for training an ensemble of preference models."""
 
 from __future__ import annotations
 

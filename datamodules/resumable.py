@@ -1,7 +1,6 @@
 """A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint.
 
-Each epoch's order comes from ``seed + epoch`` only, where ``seed`` is the data seed plus :data:`RUN_SEED_STRIDE`
-times the run's seed (:func:`run_seed`): runs of different seeds see different orders, a resumed run the same one.
+Orders come from ``seed + epoch`` only, the seed including the run's (:func:`run_seed`): a resumed run sees the same.
 """
 
 from __future__ import annotations

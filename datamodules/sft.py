@@ -1,9 +1,4 @@
-"""(system, prompt, response) triples for a supervised warm start of a game's players.
-
-* :class:`ArithmeticSFTDataModule`: correct and corrupted solutions keep the warm-started reference diverse.
-* :class:`SingleStepSFTDataModule`: filler sentences give a biased judge something to reward (reward hacking).
-* :class:`SFTFileDataModule`: your own data in TRL's prompt-completion or messages format.
-"""
+"""(system, prompt, response) triples for a supervised warm start of a game's players."""
 
 from __future__ import annotations
 

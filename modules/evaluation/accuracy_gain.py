@@ -1,8 +1,7 @@
 r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired over problems, and across seeds.
 
-Per seed the gain ``after − before`` has a paired bootstrap interval over problems; across seeds (the headline) a
-two-level bootstrap (:func:`two_level_interval`) holds both the seeds' spread and the problems'. With
-``--players-per-seed m`` the trained folders are consecutive groups of m, a seed's gain their mean.
+Across seeds (the headline) a two-level bootstrap (:func:`two_level_interval`) holds both the seeds' spread and the
+problems'; with ``--players-per-seed m`` a seed's gain is its m players' mean.
 """
 
 from __future__ import annotations

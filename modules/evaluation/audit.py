@@ -1,7 +1,6 @@
 """What an evaluation read and found, for a reader to check: each trained model's sha256 and base, per-problem rows.
 
-The same path or weights given twice is refused (two "seeds" that are one run would narrow every interval), and so
-is a model trained on another base than the one given.
+The same path or weights given twice is refused: two "seeds" that are one run would narrow every interval.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Figures of the evaluations, as matplotlib Figures on an Agg canvas (pyplot's global state is never touched).
-
-:func:`make_figures` draws the preference ensemble's report (paper §5.2, Fig. 1),
-:func:`make_game_figures` a trained Leader–Follower pair against the reference pair (§5.3, G.1).
-"""
+"""Figures of the evaluations as matplotlib Figures on an Agg canvas (pyplot's global state is never touched)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """IFEval accuracy of exported followers: the Stackelberg paper's App. G.5 Leader ablation (Table 5).
 
-Each policy answers every prompt greedily (the prompt as one user message after ``--system-prompt``, no Leader
-reply); instructions are checked strictly and loosely (:mod:`modules.algorithms.ifeval_checks`) for IFEval's four
-accuracies and the loose per-category ones. Two policies add a paired prompt-bootstrap difference. An instruction
-id with no checker is counted under ``unsupported`` and left out of the accuracies (its prompt too).
+Each policy answers every prompt greedily (one user message after ``--system-prompt``, no Leader reply). An
+instruction id with no checker is counted under ``unsupported`` and left out of the accuracies (its prompt too).
 """
 
 from __future__ import annotations

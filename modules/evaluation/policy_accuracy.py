@@ -1,9 +1,4 @@
-r"""Greedy held-out accuracy and format compliance of a saved policy on generated arithmetic problems.
-
-A reply is *correct* when its last ``\boxed{}`` matches the reference, and *in format* when it is one
-``<think>…</think>`` block followed by a visible ``\boxed{}`` answer. The problems default to the games' held-out
-prompts (seed ``0 + 1_000_003``), which the SFT data (seed ``0 + 2_000_003``) does not hold.
-"""
+"""Greedy held-out accuracy and format compliance of a saved policy on generated arithmetic problems."""
 
 from __future__ import annotations
 

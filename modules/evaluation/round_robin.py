@@ -1,9 +1,4 @@
-"""Round-robin oracle preference rates between trained policies and the reference (App. G.4, Table 4).
-
-The command (``commands/round_robin.py``) loads each checkpoint's LoRA adapter tensors (``weights_only``) into one
-frozen base, samples answers per held-out prompt from every policy and the reference, has the oracle label every
-pair, and writes the table of :func:`round_robin_table`.
-"""
+"""Round-robin oracle preference rates between trained policies and the reference (App. G.4, Table 4)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What a game shows beyond its scalars: sampled text, value histograms, a distribution over arms.
 
-The games hand a :class:`GameBoard` what they already produced (never a fresh draw, so RNG streams and resumes are
-untouched); it writes through :mod:`alignment_games.callbacks.media`, on rank zero, to the media-capable loggers.
+The games hand a :class:`GameBoard` what they already produced (never a fresh draw, so resumes stay exact).
 """
 
 from __future__ import annotations

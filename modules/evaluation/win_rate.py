@@ -1,8 +1,4 @@
-"""Held-out validation of the preference baselines: the trained policy against the frozen reference.
-
-:class:`WinRateValidation` mixes into a game with ``players``, ``preference``, an optional ``oracle`` and
-``hparams.eval_pairs``; it writes ``baseline_eval.json`` and logs ``val/p0_win_rate`` and ``val/oracle_win_rate``.
-"""
+"""Held-out validation of the preference baselines: the trained policy against the frozen reference."""
 
 from __future__ import annotations
 
