@@ -163,14 +163,10 @@ class PeakCheckpoint(EvaluationBatchCallback):
         pairs = [(e["successes"], e["trials"]) for e in self.evaluations] + [(correct, total)]
         lower = pooled_lower_bound(pairs, self.window, self.quantile)
         recent = pairs[-self.window :]
-        evaluation = {
-            "successes": correct,
-            "trials": total,
-            "lower_bound": lower,
-            "step": float(trainer.global_step),
-            "epoch": float(trainer.current_epoch),
-        }
-        self.evaluations.append(evaluation)
+        step, epoch = float(trainer.global_step), float(trainer.current_epoch)
+        self.evaluations.append(
+            {"successes": correct, "trials": total, "lower_bound": lower, "step": step, "epoch": epoch}
+        )
         if self.peak is None or lower > self.peak["value"]:
             assert self.dirpath is not None
             self.peak = {
@@ -188,13 +184,9 @@ class PeakCheckpoint(EvaluationBatchCallback):
                     f"PeakCheckpoint: new peak at step {trainer.global_step}: lower bound {lower:.4f} of the last"
                     f" {len(recent)} evaluation(s); saved {self.peak['path']}."
                 )
-        metrics = {
-            f"{self.name}/lower_bound": lower,
-            f"{self.name}/value": self.peak["value"],
-            f"{self.name}/step": float(self.peak["step"]),
-            f"{self.name}/epoch": float(self.peak["epoch"]),
-            f"{self.name}/accuracy": self.peak["accuracy"],
-        }
+        peak = {"lower_bound": lower, "value": self.peak["value"], "step": float(self.peak["step"])}
+        peak.update(epoch=float(self.peak["epoch"]), accuracy=self.peak["accuracy"])
+        metrics = {f"{self.name}/{k}": v for k, v in peak.items()}
         # The x-axis Lightning itself uses for logged metrics (as LearningRateMonitor does).
         step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
         for logger in trainer.loggers:

@@ -157,13 +157,11 @@ class TwoTimescaleWarmup(Callback):
                     " `configure_optimizers` must return the leader's and the follower's optimizers."
                 )
         # optimizer states (and rates) are restored after on_fit_start: these are the rates the module built them with
-        self.targets = tuple(
-            _optimizer_rate(trainer.optimizers[index], role) if given is None else given
-            for given, index, role in (
-                (self.leader_lr, self.leader_optimizer, "leader"),
-                (self.follower_lr, self.follower_optimizer, "follower"),
-            )
+        roles = (
+            (self.leader_lr, self.leader_optimizer, "leader"),
+            (self.follower_lr, self.follower_optimizer, "follower"),
         )
+        self.targets = tuple(given or _optimizer_rate(trainer.optimizers[i], role) for given, i, role in roles)
         taus = (self.tau_leader, self.tau_follower)
         hparams = getattr(pl_module, "hparams", {})
         if self.tau_leader is None and "tau_leader" in hparams and "tau_follower" in hparams:
@@ -194,9 +192,10 @@ class TwoTimescaleWarmup(Callback):
         leader, follower, ratio = self._apply(trainer)
         self.batches_seen += 1
         # Python floats: Lightning turns them into tensors; nothing is read back from the device.
-        pl_module.log(f"{self.name}/leader_lr", leader, on_step=True, on_epoch=False, batch_size=1)
-        pl_module.log(f"{self.name}/follower_lr", follower, on_step=True, on_epoch=False, batch_size=1)
-        pl_module.log(f"{self.name}/ratio", ratio, on_step=True, on_epoch=False, batch_size=1)
+        rates = {"leader_lr": leader, "follower_lr": follower, "ratio": ratio}
+        pl_module.log_dict(
+            {f"{self.name}/{k}": v for k, v in rates.items()}, on_step=True, on_epoch=False, batch_size=1
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:
