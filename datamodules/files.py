@@ -24,13 +24,11 @@ def open_table(
 ) -> tuple[Any, str]:
     """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
 
-    Returns ``(dataset, where)``, ``where`` naming the source in errors; a JSON file with a column of mixed types comes
-    as :class:`JsonRows`. ``columns`` must be present (``None`` skipped; a mapping's keys are named in errors).
+    Returns ``(dataset, where)``; a JSON file with a column of mixed types comes as :class:`JsonRows`.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
-        ValueError: for an unsupported file type, no source, a file that cannot be parsed (naming the row and field
-            of bad JSON or a non-finite number), or a missing column.
+        ValueError: for an unsupported type, no source, an unparsable file (naming row and field), a missing column.
     """
     import datasets
 
@@ -138,10 +136,9 @@ def _non_finite_field(value: Any, field: str | None = None) -> tuple[str | None,
 
 
 def _json_records(path: str, **hooks: Any) -> list[Any]:
-    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines (the readers' rows).
+    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines.
 
     Raises:
-        OSError, UnicodeDecodeError: the file cannot be read as UTF-8 text.
         ValueError: ``"row <i>: not valid JSON (...)"`` for the first line that does not parse.
     """
     with _open_text(path) as f:

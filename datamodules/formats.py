@@ -50,11 +50,8 @@ def render_prompt_completion(
 ) -> tuple[str, str]:
     """Prompt and completion messages as texts, as TRL's ``maybe_apply_chat_template`` renders them.
 
-    The completion is what the whole conversation's rendering adds after the prompt's (with the generation prompt).
-
     Raises:
-        ValueError: naming ``where`` when the template renders the prompt differently alone and followed by the
-            completion (the completion cannot then be cut off as a suffix).
+        ValueError: naming ``where`` when the template renders the prompt differently alone and before the completion.
     """
     prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True)
     full = render_chat(tokenizer, [*prompt, *completion], add_generation_prompt=False)

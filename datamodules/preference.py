@@ -39,10 +39,7 @@ PREFERENCE_FORMATS = ("auto", "columns", "trl")
 def resolve_preference_columns(
     present: Sequence[str], data_format: str, columns: dict[str, str | None]
 ) -> dict[str, str | None]:
-    """The columns to read (field → column) of a table whose columns are ``present``.
-
-    ``trl`` reads ``chosen``/``rejected`` (and ``prompt`` when present, else an implicit prompt); ``auto`` picks ``trl``
-    when those exist but the configured ``response_a`` column does not; ``columns`` keeps the configured mapping.
+    """The columns to read (field → column): ``trl`` (``chosen``/``rejected``), ``columns`` (as configured) or ``auto``.
 
     Raises:
         ValueError: for an unknown ``data_format``.
@@ -70,8 +67,7 @@ def read_preference_table(
 ) -> tuple[list[dict[str, Any]], dict[str, str | None], str]:
     """Read rows through ``datasets`` as stored, mapped to ``prompt``, ``response_a``, ``response_b``, ``label``.
 
-    A ``label`` column of ``None`` means ``response_a`` is preferred (chosen/rejected data), a ``prompt`` of ``None``
-    an implicit prompt. Returns ``(rows, columns read, source description)``.
+    Returns ``(rows, columns read, source description)``; a ``None`` label column means ``response_a`` is preferred.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
@@ -95,8 +91,7 @@ def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data
     """Rows with text ``prompt``, ``response_a`` and ``response_b``: implicit prompts split off, messages rendered.
 
     Raises:
-        ValueError: naming the row and field of a malformed message list, or of an implicit prompt between a text and
-            a conversation.
+        ValueError: naming the row and field of a malformed message list or a text-versus-conversation pair.
     """
     out = []
     for i, row in enumerate(rows):
@@ -128,8 +123,7 @@ def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict
     """Check every row; return rows with ``label`` as float.
 
     Raises:
-        ValueError: naming row and field, for a missing, non-text or blank prompt or response, or a label that is not
-            a finite number in [0, 1].
+        ValueError: naming row and field: a missing or blank text, or a label not a finite number in [0, 1].
     """
     out = []
     for i, row in enumerate(rows):
@@ -145,8 +139,7 @@ def check_relabelling(
     """Refuse relabelling options that cannot apply, naming the option to set.
 
     Raises:
-        ValueError: ``relabel`` without file or hub data or without an ``oracle``; a ``reference_column`` without
-            ``relabel``; the programmatic oracle relabelling without a ``reference_column``.
+        ValueError: ``relabel`` without data, an ``oracle`` or (programmatic) ``reference_column``; the column alone.
     """
     if relabel and not has_data:
         raise ValueError(
@@ -295,7 +288,7 @@ class PreferenceDataModule(L.LightningDataModule):
         return {**self.labelled_by.summary(), "pairs_dropped": self.num_unlabelled}
 
     def read_rows(self) -> list[dict[str, Any]]:
-        """Rows of the configured source as validated text, labelled by the oracle when generated or ``relabel`` is set.
+        """Rows of the configured source as validated text, labelled by the oracle when generated or relabelled.
 
         Chosen/rejected rows are put half in the other order, so position carries no signal.
         """
@@ -450,14 +443,7 @@ class PreferenceDataModule(L.LightningDataModule):
         for i, (r, (a, b)) in enumerate(zip(rows, pairs)):
             split = assignment[r["prompt"]]
             member = int(split.split("_")[1]) if split.startswith("train_") else -1
-            item = {
-                "seq_a": a,
-                "seq_b": b,
-                "label": r["label"],
-                "prompt_id": prompt_ids[r["prompt"]],
-                "member": member,
-                "row": i,
-            }
+            item = dict(seq_a=a, seq_b=b, label=r["label"], prompt_id=prompt_ids[r["prompt"]], member=member, row=i)
             splits["train" if member >= 0 else split].append(item)
         self.splits = splits
         self.prompts_by_split = {s: len({it["prompt_id"] for it in items}) for s, items in splits.items()}

@@ -82,8 +82,7 @@ class PromptSource:
         """Rows ``{"prompt", "reference"}`` (and ``"category"``) of the file or hub split.
 
         Raises:
-            ValueError: naming the file, row and column of a bad prompt (:func:`prompt_text`), reference or category
-                (:func:`scalar_text`).
+            ValueError: naming the file, row and column of a bad prompt, reference or category.
         """
         columns = [self.prompt_column, self.reference_column, self.category_column]
         ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
@@ -104,8 +103,7 @@ def prompt_text(value: Any, field: str, where: str, row: int) -> str:
     """A prompt as text: text itself, or the content of a conversation of one user message (after a system one).
 
     Raises:
-        ValueError: naming the file, row and field for a missing, empty or non-text prompt or another kind of
-            conversation.
+        ValueError: naming the file, row and field of a missing, empty or non-text prompt or another conversation.
     """
     if is_messages(value):
         at = f"{where}: row {row}: field {field!r}"
@@ -121,8 +119,7 @@ def scalar_text(value: Any, field: str, where: str, row: int) -> str:
     """A reference or category as non-empty text; a finite number is written out (``7`` → ``"7"``).
 
     Raises:
-        ValueError: naming the file, row and field for a missing, empty, non-finite (NaN marks a missing value in
-            pandas) or non-scalar value.
+        ValueError: naming the file, row and field of a missing, empty, non-finite or non-scalar value.
     """
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: row {row}: field {field!r} = {value!r} is not finite (a missing value is null)")

@@ -34,10 +34,7 @@ def _world() -> tuple[int, int]:
 def bucket_order(
     indices: Sequence[int], lengths: Sequence[int], batch_size: int, window: int, rng: random.Random
 ) -> list[int]:
-    """``indices`` regrouped so that each batch holds items of similar length: less padding, the same items.
-
-    Every run of ``window`` batches' worth of indices is sorted by length (stably) and cut into batches, shuffled by
-    ``rng`` within the run; a last incomplete batch stays last.
+    """``indices`` regrouped into batches of similar length (sorted within runs of ``window`` batches, then shuffled).
 
     Example:
         >>> bucket_order([0, 1, 2, 3, 4], [5, 1, 4, 2, 3], 2, 4, random.Random(0))
@@ -62,10 +59,8 @@ def bucket_order(
 class ResumableSampler(DistributedSampler):
     """Each epoch's order from ``seed + epoch`` (shuffled or not), split across ranks, with a skip for resuming.
 
-    A ``DistributedSampler``, so Lightning neither replaces it under DDP nor forgets :meth:`set_epoch`; without
-    Lightning, an iteration without a new :meth:`set_epoch` moves to the next epoch. ``replicated``: every rank gets
-    every item (ranks that split one game's work themselves); ``lengths`` with ``bucket_batch`` and a positive
-    ``bucket_window``: batches of similar lengths (:func:`bucket_order`).
+    A ``DistributedSampler``, so Lightning neither replaces it under DDP nor forgets :meth:`set_epoch`. ``replicated``:
+    every rank gets every item; ``lengths``, ``bucket_batch``, ``bucket_window``: :func:`bucket_order` batches.
     """
 
     def __init__(
@@ -110,9 +105,7 @@ class ResumableSampler(DistributedSampler):
 class ResumableDataLoader(DataLoader):
     """A ``DataLoader`` whose ``state_dict`` (``{"epoch", "batches"}``) resumes it exactly mid-epoch.
 
-    The orders come from ``seed`` plus the run's seed (:func:`run_seed`), or ``order_seed`` as given; the global torch
-    generator is never used. ``replicated``, ``lengths`` and ``bucket_window`` as :class:`ResumableSampler`'s; other
-    ``DataLoader`` arguments pass through (not ``sampler``, ``batch_sampler`` or ``generator``).
+    Orders come from ``seed`` plus the run's seed, or ``order_seed`` as given; the global generator is never used.
     """
 
     def __init__(

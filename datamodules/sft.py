@@ -232,12 +232,8 @@ def sft_example(
 ) -> tuple[str | list[dict[str, Any]], str]:
     """One record as ``(prompt, completion)``: the prompt text or messages, the completion text.
 
-    ``prompt_completion`` takes a conversational completion's one assistant message; ``messages`` splits a conversation
-    at its last assistant message. ``where`` and ``row`` name the record in errors.
-
     Raises:
-        ValueError: naming ``where``, the row and the field of a missing, empty or malformed prompt, completion or
-            conversation.
+        ValueError: naming ``where``, the row and the field of a bad prompt, completion or conversation.
     """
     at = f"{where}: row {row}"
     if data_format == "messages":

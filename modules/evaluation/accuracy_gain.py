@@ -71,11 +71,7 @@ def seed_mean_gain(
         raise ValueError(f"players_per_seed {m}: the {len(afters)} trained policies are not groups of {m}")
     solved_after = torch.tensor([[float(a) for a in after] for after in afters], dtype=torch.float64)
     diff = solved_after.view(len(afters) // m, m, len(before)).mean(dim=1) - torch.tensor([float(b) for b in before])
-    return {
-        "seeds": len(diff),
-        "gain": float(diff.mean()),
-        "gain_ci": two_level_interval(diff, n_boot, seed, confidence),
-    }
+    return dict(seeds=len(diff), gain=float(diff.mean()), gain_ci=two_level_interval(diff, n_boot, seed, confidence))
 
 
 def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> list[float]:

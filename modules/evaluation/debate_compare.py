@@ -160,14 +160,7 @@ def compare_groups(
                 )
             except ValueError:
                 row["gap_recovery"] = None  # no gap between baseline and upper bound
-    return {
-        "window": window,
-        "quantile": quantile,
-        "draws": draws,
-        "upper": upper,
-        "baseline": baseline,
-        "groups": rows,
-    }
+    return dict(window=window, quantile=quantile, draws=draws, upper=upper, baseline=baseline, groups=rows)
 
 
 def format_table(result: Mapping[str, Any]) -> str:

@@ -203,14 +203,7 @@ def adversarial_report(
     for eps in epsilons:
         adversarial = adversarial_mask(oracle_prob, ensemble_mean, eps) & labelled
         plain = prompt_bootstrap_share(adversarial, labelled, n_boot, seed)
-        per_eps: dict = {
-            "adversarial": list(plain),
-            "joint": {},
-            "precision": {},
-            "enrichment": {},
-            "captured": {},
-            "candidates": {},
-        }
+        per_eps: dict = dict(adversarial=list(plain), joint={}, precision={}, enrichment={}, captured={}, candidates={})
         for alpha, threshold in thresholds.items():
             candidate = (variance >= threshold) & labelled
             per_eps["candidates"][alpha] = int(candidate.sum())
