@@ -32,19 +32,15 @@ if TYPE_CHECKING:
 class EloRating(Callback):
     r"""Elo reputations of named players, updated with an adapted Elo rule after every reported duel (§2.3, App. C).
 
-    After a duel with score :math:`S_a \in [0, 1]` for a (b scores :math:`1 - S_a`), both from the ratings before it:
-
     .. math::
         E_a = \frac{1}{1 + 10^{(R_b - R_a)/400}}, \quad R_a \leftarrow R_a + K_a (S_a - E_a), \quad
-        R_b \leftarrow R_b - K_b (S_a - E_a),
+        R_b \leftarrow R_b - K_b (S_a - E_a), \quad
+        K_i = \frac{K_0}{1 + n_i / d} \left(1 + \min\left(1, \frac{\sigma_i}{K_0}\right)\right)
 
-    .. math:: K_i = \frac{K_0}{1 + n_i / d} \left(1 + \min\left(1, \frac{\sigma_i}{K_0}\right)\right)
-
-    with :math:`n_i` player i's duels and :math:`\sigma_i` the sample std of its last ``volatility_window`` rating
-    changes (README, "Elo reputations"). The module calls :meth:`report` (with Python numbers, not tensors, to avoid a
-    device sync); reports are applied at batch and epoch ends and before a checkpoint, gathered across ranks in rank
-    order so ratings agree. Give it to the ``Trainer``, not ``configure_callbacks`` (that would hang under DDP).
-    Logs ``{name}/<player>`` and ``{name}_volatility/<player>`` every training batch.
+    with :math:`n_i` player i's duels and :math:`\sigma_i` the std of its recent rating changes (README, "Elo
+    reputations"). :meth:`report` buffers a duel (pass Python numbers: a tensor would sync the device); duels are
+    applied at batch and epoch ends and before a checkpoint, in rank order across ranks. Give it to the ``Trainer``,
+    not ``configure_callbacks`` (it hangs under DDP). Logs ``{name}/<player>`` and ``{name}_volatility/<player>``.
 
     Args:
         players: the players' names (unique, at least two).

@@ -116,12 +116,9 @@ class RNGStateCallback(Callback):
 class CheckpointOnSigterm(EvaluationBatchCallback):
     """Write ``last.ckpt`` (:meth:`target_path`) when ``fit`` stops on SIGTERM, so a preempted run resumes from there.
 
-    Nothing is written before the first training step, during validation, at an epoch's last batch (Lightning would
-    resume one epoch's data order off), on other exceptions, with ``fast_dev_run`` or outside ``fit``.
-
-    Under DDP the handler only notes the signal (Lightning's broadcasts inside the handler and hangs); the ranks agree
-    by one all-reduce at every batch end and at training start, then stop together. Each rank must run the same number
-    of validation batches.
+    Nothing is written before the first step, during validation, at an epoch's last batch, on other exceptions, with
+    ``fast_dev_run`` or outside ``fit``. Under DDP the handler only notes the signal (Lightning's broadcasts inside it
+    and hangs); the ranks agree by one all-reduce at each batch end and stop together.
     """
 
     def __init__(self) -> None:
@@ -271,10 +268,7 @@ def _write_error(err: BaseException, path: str) -> OSError | None:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` such that ``path`` holds either its old content or the complete new one.
-
-    Written to ``.<name>.tmp-<pid>`` in the same folder, ``fsync`` ed and renamed over ``path``; the next save removes
-    a killed process's temporary.
+    """``torch.save(obj, path)`` via a ``.<name>.tmp-<pid>`` file renamed over ``path``: old content or all the new.
 
     Raises:
         OSError: naming ``path`` when it cannot be written, with the failed write's errno; ``path`` is left as it was.

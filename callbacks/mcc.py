@@ -24,11 +24,9 @@ def _evaluation_stage(trainer: pl.Trainer) -> str:
 class MCCTracker(EvaluationBatchCallback):
     r"""Matthews correlation of a binary judge with the truth per epoch, and its trend (debate RLAIF, "Metrics").
 
-    Reward hacking shows as MCC falling, hence the least-squares slope over the last ``trend_window`` evaluations. The
-    ``stage``'s step returns a mapping with the verdicts (bool, 0/1 or probabilities) under ``prediction_key`` and the
-    truth under ``target_key``; counts are summed over ranks at the epoch's end. With ``id_key`` (unique per item) each
-    item counts once across ranks, undoing the distributed sampler's padding. Logs ``{stage}/{name}``, ``_trend``,
-    ``_accept_rate`` and ``_tp``/``_fp``/``_tn``/``_fn``; checkpoints keep the history and a running train epoch.
+    Reward hacking shows as MCC falling, hence the slope over the last ``trend_window`` evaluations. The ``stage``'s
+    step returns the verdicts (bool, 0/1 or probabilities) and the truth in a mapping; with ``id_key`` each item counts
+    once across ranks. Logs ``{stage}/{name}``, ``_trend``, ``_accept_rate`` and ``_tp``/``_fp``/``_tn``/``_fn``.
 
     Args:
         prediction_key: key of the judge's verdicts in the step's output mapping.

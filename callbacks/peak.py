@@ -19,11 +19,9 @@ from alignment_games.callbacks.items import ItemRecords, read_step_outputs
 class PeakCheckpoint(EvaluationBatchCallback):
     r"""Checkpoint the peak: the evaluation whose rolling window has the highest Beta-posterior lower bound (App. A).
 
-    After each validation the successes and trials of the last ``window`` evaluations are pooled; when the posterior's
-    ``quantile`` beats the best so far, a full checkpoint goes to ``dirpath/filename.ckpt``. The module logs the counts
-    as epoch sums (``reduce_fx="sum"``, ``sync_dist=True``) named by the monitors, or returns per-item outcomes and ids
-    from ``validation_step`` (``success_key``, ``id_key``) so each item counts once across ranks. Only ``fit`` counts;
-    rank 0's values decide. Logs ``{name}/lower_bound``, ``/step``, ``/epoch``, ``/value`` and ``/accuracy``.
+    The module logs each evaluation's successes and trials as epoch sums named by the monitors, or returns per-item
+    outcomes and ids (``success_key``, ``id_key``) so each item counts once across ranks. Only ``fit`` counts; rank 0
+    decides. Logs ``{name}/lower_bound``, ``/step``, ``/epoch``, ``/value`` and ``/accuracy``.
 
     Args:
         monitor_correct: name of the logged number of successes of an evaluation (``None`` with ``success_key``).
@@ -38,9 +36,8 @@ class PeakCheckpoint(EvaluationBatchCallback):
         id_key: key of the outcomes' integer item ids in the same mapping (needed with ``success_key``).
 
     Raises:
-        ValueError: if ``window < 1``, ``quantile`` is outside (0, 1), or not exactly one of the two monitors and
-            ``success_key``/``id_key`` is given; during the run, if the counts are not ``0 <= correct <= total``, or
-            outcomes and ids differ in size.
+        ValueError: for ``window < 1``, ``quantile`` outside (0, 1), not exactly one way of counting; in the run, for
+            counts not ``0 <= correct <= total`` or outcomes and ids of different sizes.
         RuntimeError: during the run, if a monitored metric was not logged or the step's output lacks a key.
     """
 

@@ -48,11 +48,9 @@ def _check_timescales(
 class TwoTimescaleWarmup(Callback):
     r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both (§4.3, App. D.1).
 
-    The schedule is :func:`~callbacks.functional.warmup_learning_rates` over training batches (not
-    ``trainer.global_step``, which counts each manual optimizer step); the count is saved, so a resume continues it.
-    The callback writes every parameter group of the two optimizers before each batch (a scheduler on them would be
-    overridden: it warns). Targets and taus not given are read from the module (its optimizers' rates at fit start, its
-    ``hparams.tau_leader``/``tau_follower``), so they are stated once. Logs ``{name}/leader_lr``, ``/follower_lr``,
+    :func:`~callbacks.functional.warmup_learning_rates` over training batches (saved, so a resume continues), written
+    to every parameter group of both optimizers before each batch. Targets and taus not given are the module's
+    (its optimizers' rates, ``hparams.tau_leader``/``tau_follower``). Logs ``{name}/leader_lr``, ``/follower_lr``,
     ``/ratio``.
 
     Args:
@@ -67,9 +65,8 @@ class TwoTimescaleWarmup(Callback):
         name: namespace of the logged keys and part of :attr:`state_key` (two instances may coexist).
 
     Raises:
-        ValueError: if a rate or ``warmup_steps`` is out of range, the optimizer indices are equal or negative, one tau
-            only is given or a tau is not positive, or the targets break :math:`\eta^L \tau^L < \eta^F \tau^F`
-            (Theorem 4.3); at fit start, also for a missing optimizer or one with several rates.
+        ValueError: for an out-of-range rate, step count, optimizer index or tau, or targets that break
+            :math:`\eta^L \tau^L < \eta^F \tau^F` (Theorem 4.3); at fit start, for a missing or multi-rate optimizer.
     """
 
     def __init__(

@@ -48,8 +48,7 @@ def elo_update(
 def decayed_k_factor(k_factor: float, games_played: int, k_decay: float | None) -> float:
     r"""K factor after ``games_played`` duels under harmonic decay: :math:`K_n = K_0 / (1 + n / d)`; ``None``: no decay.
 
-    Harmonic, not exponential, decay meets the Robbins-Monro conditions, so a rating can still follow a player that
-    keeps improving.
+    Harmonic decay meets the Robbins-Monro conditions, so a rating still follows a player that keeps improving.
 
     Example:
         >>> decayed_k_factor(32.0, 50, k_decay=50.0)
@@ -97,8 +96,7 @@ def weighted_score(scores: Sequence[float], weights: Sequence[float] | None = No
     """Weighted mean of judges' scores in [0, 1] (App. G's reputation-weighted mean); equal weights when ``None``.
 
     Raises:
-        ValueError: on an empty list, a score outside [0, 1], a negative weight, a length mismatch or weights
-            that sum to zero.
+        ValueError: on no score, a score outside [0, 1], a negative weight, a length mismatch or a zero sum.
 
     Example:
         >>> weighted_score([1.0, 0.0], [3.0, 1.0])
