@@ -7,10 +7,8 @@
     python train.py fit --config configs/preference_ensemble.yaml --print_config
     python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 
-Logs go to TensorBoard under ``runs/``; without a logger, to ``runs/no_logger/``. After ``fit`` the held-out set is
-tested (``--test_after_fit false`` turns it off). ``fit --ckpt_path last`` resumes the newest ``last*.ckpt`` of the
-logger folder (README, "Resuming and failures"). The config given is the config that runs: a checkpoint's stored
-hyper-parameters are never parsed over it, and a checkpoint that does not fit the model is refused before running.
+The config given is the config that runs: a checkpoint's stored hyper-parameters are never parsed over it, and a
+checkpoint that does not fit the model is refused before running. Resuming: README, "Resuming and failures".
 """
 
 from __future__ import annotations
@@ -65,8 +63,7 @@ def recover_interrupted_saves(folder: str) -> None:
 
 # Options LightningCLI adds for a module that lets the CLI build its optimizer; every family here builds its own.
 _OWN_OPTIMIZERS = ("--optimizer", "--lr_scheduler")
-#: Options folded into the ``policy_gradient`` group, per family: old name -> new name (both under ``init_args``).
-#: jsonargparse would refuse the old names with its generic "unrecognized" error; these are refused naming the new one.
+#: Options folded into the ``policy_gradient`` group, per family: old name -> new name, refused naming the new one.
 RENAMED_OPTIONS = {
     "GRPO": {
         "num_generations": "group_size",
@@ -94,8 +91,7 @@ _UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     """The newest ``last*.ckpt`` under every ``<save_dir>/<name>/version_*/checkpoints``, adopting its version folder.
 
-    Lightning's own lookup sees only the new run's fresh ``version_<n+1>``. ``None`` (Lightning's lookup applies) with
-    an explicit ``ModelCheckpoint`` ``dirpath``, without a logger, or when nothing is found.
+    ``None`` (Lightning's lookup applies) with an explicit ``ModelCheckpoint`` ``dirpath``, no logger, or no file.
     """
     if any(isinstance(cb, ModelCheckpoint) and cb.dirpath is not None for cb in trainer.checkpoint_callbacks):
         return None
@@ -134,8 +130,7 @@ def take_run_folder(trainer: L.Trainer) -> RunFolderLock | None:
 def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[str]:
     """After an exception, remove the run folder this run created if it never trained a step; returns what it removed.
 
-    A failed start would otherwise leave a ``version_N/`` that the next run counts on from. Only a folder this process
-    created, still locks and holds no checkpoint goes, and only on rank 0.
+    Only a folder this process created, still locks and holds no checkpoint goes, so the next run does not count on.
     """
     if lock is None or not lock.created or not lock.held() or trainer.global_step > 0 or trainer.global_rank != 0:
         return []
@@ -254,10 +249,9 @@ class AlignmentCLI(LightningCLI):
             self._refuse_dropped_callbacks(parser, [str(a) for a in given])
 
     def _refuse_dropped_callbacks(self, parser, given: list[str]) -> None:
-        """Refuse a command-line ``--trainer.callbacks=X`` that drops callbacks the config files listed.
+        """Refuse a command-line ``--trainer.callbacks=X`` that silently drops callbacks the config files listed.
 
-        jsonargparse replaces a list given again, which silently removed the configs' callbacks; ``+=`` appends, and
-        clearing first (``=[]`` or ``null``) then adding with ``+=`` is a deliberate replacement.
+        ``+=`` appends; clearing first (``=[]`` or ``null``) then adding with ``+=`` is a deliberate replacement.
         """
         first = _callbacks_replacement(given)
         if first is None or any(a in ("-h", "--help") for a in given):
@@ -345,8 +339,7 @@ class AlignmentCLI(LightningCLI):
             kwargs["callbacks"] = [*callbacks, progress_bar()]
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.fast_dev_run:
-            # Lightning's ModelCheckpoint skips every save in a fast_dev_run except `save_last`'s at the end of training
-            # (on_train_end lacks the check), which left checkpoints/last-vN.ckpt in the working folder
+            # Lightning's ModelCheckpoint still writes `save_last`'s file at the end of a fast_dev_run
             for callback in trainer.checkpoint_callbacks:
                 if isinstance(callback, ModelCheckpoint):
                     callback.save_last = False
@@ -436,8 +429,7 @@ _DESCRIPTION = (
 
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
-    # The families imported before the parser is built: ``fit --help`` lists them as the known subclasses of
-    # ``--model``/``--data`` and short class names (``--model GRPO``) resolve.
+    # imported before the parser is built, so ``fit --help`` lists the families and ``--model GRPO`` resolves
     model_families()
     data_families()
     # The state after the optimizer step, which this warning is about, is the state a resume needs.

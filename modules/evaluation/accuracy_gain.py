@@ -58,8 +58,7 @@ def seed_mean_gain(
     """The seeds' mean gain with a two-level bootstrap interval; ``afters`` holds ``players_per_seed`` lists per seed.
 
     Raises:
-        ValueError: for no seeds, a list not as long as ``before``, ``afters`` not in groups of ``players_per_seed``,
-            no problems, or ``n_boot < 1``.
+        ValueError: for no seeds or problems, lists of other lengths or groups, or ``n_boot < 1``.
     """
     if not afters:
         raise ValueError("no trained policies")

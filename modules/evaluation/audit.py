@@ -69,8 +69,7 @@ def describe_models(paths: Sequence[str], base: dict[str, Any] | None, option: s
 
     Raises:
         FileNotFoundError: naming a path that is not a local folder.
-        ValueError: naming both paths when two are the same path or hold the same weights, and both identities
-            when a folder records another base than ``base``.
+        ValueError: naming both paths of the same path or weights given twice, or a model of another base.
     """
     out: list[dict[str, Any]] = []
     seen: dict[str, str] = {}

@@ -93,10 +93,9 @@ def prompt_bootstrap_mean(
 def prompt_bootstrap_share(
     hits: Tensor, counted: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float]:
-    """``(share, low, high)``: ``Σ hits / Σ counted`` over ``[P, R]`` masks with its prompt-bootstrap interval.
+    """``(share, low, high)``: ``Σ hits / Σ counted`` over ``[P, R]`` masks, a ratio of sums per prompt resample.
 
-    A ratio of sums per resample, since prompts count different numbers of triplets; a resample that counts nothing
-    is left out. NaNs when nothing is counted.
+    A resample that counts nothing is left out; NaNs when nothing is counted.
 
     Raises:
         ValueError: when the masks differ in shape or are not ``[P, R]``, or a hit is not counted.
@@ -126,13 +125,11 @@ def candidate_yield_intervals(
 ) -> dict[float, dict[str, list[float]]]:
     """Paired prompt-bootstrap intervals of both pairs' α-online candidate yields (Fig. 2a, §5.3.1).
 
-    Each resample re-estimates ``F_ref^{-1}(1 − α)`` from the resampled reference scores: a Wilson interval on the
-    count would ignore both the within-prompt correlation and the threshold's own uncertainty. ``chunk`` resamples
-    are computed at once (memory ``chunk · P · R``). Returns ``{α: {"trained": [low, high], "reference": [...]}}``.
+    Each resample re-estimates ``F_ref^{-1}(1 − α)`` from its reference scores, so the interval holds the threshold's
+    uncertainty and the within-prompt correlation; ``chunk`` resamples at once bound the memory.
 
     Raises:
-        ValueError: when the tensors differ in shape or are not a non-empty ``[P, R]``, for an α outside (0, 1), or
-            ``n_boot`` below 1.
+        ValueError: for scores not a shared non-empty ``[P, R]``, an α outside (0, 1), or ``n_boot`` below 1.
     """
     _check_pair_shapes(trained, reference)
     if n_boot < 1:

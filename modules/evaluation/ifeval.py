@@ -28,8 +28,7 @@ def read_ifeval(path: str) -> list[dict[str, Any]]:
     """The rows of an IFEval-format jsonl (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``), checked up front.
 
     Raises:
-        ValueError: naming the file, the line, the row's key and the field, for a line that is not a JSON object, a
-            missing or ill-typed field, a repeated key, kwargs that do not match the instructions, or no rows.
+        ValueError: naming the file, line, key and field of a bad line, field, repeated key or kwargs, or no rows.
     """
     rows, seen = [], set()
     with open(path, encoding="utf-8") as f:
@@ -142,8 +141,7 @@ def paired_difference(
 ) -> dict[str, Any]:
     """Each accuracy of :data:`METRICS` for both policies and their difference (first − second), paired by prompt.
 
-    Each resample draws prompts and recomputes both policies' accuracies as ratios of sums (an instruction-level one
-    weighs prompts by their instructions, as IFEval does); resamples with nothing to score are left out.
+    Each resample recomputes both accuracies as ratios of sums on the same prompts; empty resamples are left out.
 
     Raises:
         ValueError: when the two were scored on different prompts (keys or instructions), or ``n_boot`` is below 1.

@@ -101,10 +101,9 @@ def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
 
 
 def error_auroc(scores: Tensor, errors: Tensor) -> float:
-    """AUROC of ``scores [N]`` at ranking ``errors [N]`` (0/1) first: the normalised Mann–Whitney U (paper §5.2).
+    """AUROC of ``scores`` at ranking ``errors`` (0/1) first, the normalised Mann–Whitney U (§5.2; sklearn's value).
 
-    Equals ``sklearn.metrics.roc_auc_score(errors, scores)``; 0.5 when only one class is present, so bootstrap
-    replicates never fail.
+    0.5 when only one class is present, so bootstrap replicates never fail.
 
     Raises:
         ValueError: If an input is empty, not 1-D, of mismatched length, non-binary (``errors``) or NaN (``scores``).
@@ -197,10 +196,7 @@ def top_fraction_lift(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> 
 def variance_summary(
     variance: Tensor, errors: Tensor | None = None, threshold: float = VARIANCE_THRESHOLD
 ) -> dict[str, float]:
-    """Distribution summary of the per-triplet ensemble variance (App. E.3, Table 1).
-
-    Population variance/std, linear-interpolation percentiles, the share strictly above ``threshold``; with
-    ``errors`` also ``mean_when_error`` and ``mean_when_correct`` (NaN for an empty group).
+    """Distribution summary of the per-triplet ensemble variance (App. E.3, Table 1), with error/correct means if given.
 
     Raises:
         ValueError: If an input is empty, not 1-D, of mismatched length, NaN or non-binary.
@@ -237,12 +233,10 @@ def prompt_bootstrap(
 ) -> tuple[Tensor, Tensor]:
     """Percentile bootstrap ``(low, high)`` of ``stat_fn``, resampling prompts (``groups [N]``) with replacement.
 
-    ``stat_fn`` gets the resample's item indices (every item of a prompt, once per draw) and returns a fixed shape.
-    NaN replicate values are ignored element-wise.
+    ``stat_fn`` gets the resample's item indices (every item of a prompt, once per draw); NaN replicates are ignored.
 
     Raises:
-        ValueError: If ``groups`` is empty or not 1-D, ``n_boot < 1``, ``level`` is outside (0, 1), or ``stat_fn``
-            changes the shape of its output between replicates.
+        ValueError: for bad ``groups``, ``n_boot < 1``, ``level`` outside (0, 1), or ``stat_fn`` changing its shape.
     """
     g = _one_d(groups, "groups")
     if n_boot < 1:
@@ -313,12 +307,10 @@ def build_report(
 ) -> dict[str, Any]:
     """The held-out report (``report.json``) from members' ``P_i(y≻y′|x)`` ``[N, k]``, binary labels and prompt ids.
 
-    ``fractions`` are where the error-rate curve (Fig. 1b) is evaluated; ``n_boot > 0`` adds prompt-bootstrap
-    ``bands`` (low/high per statistic). Empty deciles are NaN: pass the report through :func:`json_safe`.
+    ``n_boot > 0`` adds prompt-bootstrap ``bands``. Empty deciles are NaN: pass the report through :func:`json_safe`.
 
     Raises:
-        ValueError: Naming the argument, if an input is empty, has the wrong shape or mismatched length, a
-            probability lies outside [0, 1] or a label is not binary.
+        ValueError: naming the argument that is empty, misshapen, of another length, outside [0, 1] or not binary.
     """
     p, y, g = _check_report_inputs(member_probs, labels, prompt_ids)
     fractions = [float(f) for f in fractions]

@@ -28,12 +28,11 @@ def round_robin_table(
 ) -> dict[str, Any]:
     """Pairwise preference rates with prompt-bootstrap intervals, every cell from the same resamples.
 
-    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s (NaN: unlabelled). A
-    prompt's rate is the mean of its labelled pairs, a cell the mean over such prompts; ``(b, a)`` is ``1 − (a, b)``.
+    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s (NaN: unlabelled); a cell
+    is the mean over prompts of their labelled pairs' mean, and ``(b, a)`` is ``1 − (a, b)``.
 
     Raises:
-        ValueError: for a pair given both ways or not at all, a name outside ``names``, a tensor that is not
-            ``[P, R]`` or whose P differs from the others.
+        ValueError: for a pair given twice or not at all, an unknown name, or tensors not ``[P, R]`` on the same P.
     """
     names = list(names)
     if len(set(names)) != len(names) or len(names) < 2:
@@ -98,8 +97,7 @@ def adapter_tensors(state: dict[str, Tensor], player: str, run: str, source: str
     """A checkpoint's LoRA tensors of ``player`` renamed to the round robin's adapter ``run`` (bank state names).
 
     Raises:
-        ValueError: naming ``source`` when it holds no LoRA tensors of ``player`` (a full-copy checkpoint, or
-            another player name).
+        ValueError: naming ``source`` when it holds no LoRA tensors of ``player``.
     """
     out = {}
     marker = f".{player}."
