@@ -123,14 +123,8 @@ class InstructionPoolDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         # resumable, so a mid-epoch checkpoint does not replay an iteration; replicated: StackelbergPool splits the
         # duels across ranks itself
-        return ResumableDataLoader(
-            _WholePool(self.splits["train"], int(self.hparams.iterations_per_epoch)),
-            batch_size=None,
-            shuffle=False,
-            seed=self.hparams.seed,
-            collate_fn=collate_prompts,
-            replicated=True,
-        )
+        pool = _WholePool(self.splits["train"], int(self.hparams.iterations_per_epoch))
+        return ResumableDataLoader(pool, None, False, self.hparams.seed, collate_prompts, replicated=True)
 
     def _loader(self, split: str) -> DataLoader:
         rows = index_rows(self.splits[split])

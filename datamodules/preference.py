@@ -472,15 +472,8 @@ class PreferenceDataModule(L.LightningDataModule):
         if split not in self.splits:
             raise RuntimeError(f"call setup() before asking for the {split} loader")
         hp = self.hparams
-        return split_loader(
-            self.splits[split],
-            hp.batch_size,
-            self.collate,
-            train=split == "train",
-            shuffle=shuffle,
-            seed=hp.seed,
-            num_workers=hp.num_workers,
-        )
+        kwargs = dict(shuffle=shuffle, seed=hp.seed, num_workers=hp.num_workers)
+        return split_loader(self.splits[split], hp.batch_size, self.collate, train=split == "train", **kwargs)
 
     @override
     def train_dataloader(self) -> DataLoader:

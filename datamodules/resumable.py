@@ -129,24 +129,10 @@ class ResumableDataLoader(DataLoader):
                 raise ValueError(f"ResumableDataLoader sets its own {key}; do not pass one")
             kwargs.pop(key, None)
         kwargs.pop("shuffle", None)
-        super().__init__(
-            dataset,
-            batch_size=batch_size,
-            sampler=ResumableSampler(
-                dataset,
-                shuffle=shuffle,
-                seed=seed,
-                replicated=replicated,
-                lengths=lengths,
-                bucket_batch=batch_size or 1,
-                bucket_window=bucket_window,
-            ),
-            collate_fn=collate_fn,
-            num_workers=num_workers,
-            drop_last=drop_last,
-            generator=torch.Generator().manual_seed(seed),
-            **kwargs,
-        )
+        sampler = ResumableSampler(dataset, shuffle, seed, replicated, lengths, batch_size or 1, bucket_window)
+        generator = torch.Generator().manual_seed(seed)
+        loader_args = dict(collate_fn=collate_fn, num_workers=num_workers, drop_last=drop_last, generator=generator)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, **loader_args, **kwargs)
         self.seed = seed
         self.shuffle = shuffle
         self._batches = 0

@@ -82,15 +82,10 @@ class _TriplesDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
-        window = self.hparams.get("bucket_window", 0)
+        hp, window = self.hparams, self.hparams.get("bucket_window", 0)
+        lengths = [_chars(t) for t in self.train_pairs] if window else None
         return ResumableDataLoader(
-            self.train_pairs,
-            batch_size=self.hparams.batch_size,
-            shuffle=True,
-            seed=self.hparams.seed,
-            collate_fn=_collate,
-            lengths=[_chars(t) for t in self.train_pairs] if window else None,
-            bucket_window=window,
+            self.train_pairs, hp.batch_size, True, hp.seed, _collate, lengths=lengths, bucket_window=window
         )
 
     @override
