@@ -434,6 +434,14 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     data_families()
     # The state after the optimizer step, which this warning is about, is the state a resume needs.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
+    # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md
+    tensorboard = {"save_dir": "runs", "name": "default", "default_hp_metric": False}
+    trainer_defaults = {
+        # without a logger (and in a fast_dev_run) what the run writes goes here, not in the working folder
+        "default_root_dir": NO_LOGGER_DIR,
+        "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": tensorboard},
+        "callbacks": [RNGStateCallback(), CheckpointOnSigterm()],  # persistent: added to a config's callbacks
+    }
     return AlignmentCLI(
         L.LightningModule,
         L.LightningDataModule,
@@ -444,17 +452,7 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         run=run,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"description": _DESCRIPTION},
-        trainer_defaults={
-            # without a logger (and in a fast_dev_run) what the run writes goes here, not in the working folder
-            "default_root_dir": NO_LOGGER_DIR,
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md
-                "init_args": {"save_dir": "runs", "name": "default", "default_hp_metric": False},
-            },
-            # persistent: added to whatever callbacks a config lists
-            "callbacks": [RNGStateCallback(), CheckpointOnSigterm()],
-        },
+        trainer_defaults=trainer_defaults,
     )
 
 

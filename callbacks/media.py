@@ -176,16 +176,11 @@ def log_histogram(trainer: pl.Trainer | None, tag: str, histogram: Histogram, st
 
     def write(logger: Logger, step: int) -> None:
         if isinstance(logger, TensorBoardLogger):
+            moments = {k: getattr(histogram, k) for k in ("min", "max", "num", "sum", "sum_squares")}
+            # TensorBoard's buckets are named by their right edge
+            limits, counts = list(histogram.edges[1:]), list(histogram.counts)
             logger.experiment.add_histogram_raw(
-                tag,
-                min=histogram.min,
-                max=histogram.max,
-                num=histogram.num,
-                sum=histogram.sum,
-                sum_squares=histogram.sum_squares,
-                bucket_limits=list(histogram.edges[1:]),  # TensorBoard's buckets are named by their right edge
-                bucket_counts=list(histogram.counts),
-                global_step=step,
+                tag, **moments, bucket_limits=limits, bucket_counts=counts, global_step=step
             )
         elif isinstance(logger, WandbLogger):
             import wandb

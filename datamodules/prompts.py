@@ -212,14 +212,8 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError("no training prompts left after the validation/test split")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return split_loader(
-            index_rows(self.splits[split]),
-            self.hparams.batch_size,
-            collate_prompts,
-            train=split == "train",
-            shuffle=shuffle,
-            seed=self.hparams.seed,
-        )
+        rows, hp = index_rows(self.splits[split]), self.hparams
+        return split_loader(rows, hp.batch_size, collate_prompts, train=split == "train", shuffle=shuffle, seed=hp.seed)
 
     @override
     def train_dataloader(self) -> DataLoader:

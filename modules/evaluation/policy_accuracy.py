@@ -85,13 +85,8 @@ def greedy_replies(
             for x in prompts[i : i + batch_size]
         ]
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = model.generate(
-            **enc,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+        special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+        ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, **special)
         out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return out
 
