@@ -400,9 +400,8 @@ class PreferenceDataModule(L.LightningDataModule):
                     texts.append(key)
                 ids.append(index[key])
             pairs.append((ids[0], ids[1]))
-        enc = encode_prompt_responses(
-            tok, [t[0] for t in texts], [t[1] for t in texts], self.hparams.max_length, warn=True
-        )
+        prompts, responses = [x for x, _ in texts], [y for _, y in texts]
+        enc = encode_prompt_responses(tok, prompts, responses, self.hparams.max_length, warn=True)
         self.num_truncated += len(enc.truncated)
         self.sequences.extend(enc.input_ids)
         if enc.token_type_ids is not None:
@@ -430,11 +429,8 @@ class PreferenceDataModule(L.LightningDataModule):
         if "val" in self.splits:
             return
         rows = self.read_rows()
-        k = self._num_members()
-        hp = self.hparams
-        assignment = self.partition_prompts(
-            [r["prompt"] for r in rows], k, hp.val_fraction, hp.heldout_fraction, hp.seed
-        )
+        k, hp, prompts = self._num_members(), self.hparams, [r["prompt"] for r in rows]
+        assignment = self.partition_prompts(prompts, k, hp.val_fraction, hp.heldout_fraction, hp.seed)
         prompt_ids = {x: i for i, x in enumerate(sorted(assignment))}
         pairs = self._encode(rows)
         if self.num_truncated:
@@ -455,11 +451,8 @@ class PreferenceDataModule(L.LightningDataModule):
             for s in (it["seq_a"], it["seq_b"]):
                 order.setdefault(s, len(order))
         seqs = list(order)
-        batch = pad_sequences(
-            [self.sequences[s] for s in seqs],
-            self.pad_id,
-            [self.type_ids[s] for s in seqs] if self.type_ids is not None else None,
-        )
+        types = [self.type_ids[s] for s in seqs] if self.type_ids is not None else None
+        batch = pad_sequences([self.sequences[s] for s in seqs], self.pad_id, types)
         batch["seq_keys"] = torch.tensor([self.keys[s] for s in seqs], dtype=torch.long)
         batch["idx_a"] = torch.tensor([order[it["seq_a"]] for it in items], dtype=torch.long)
         batch["idx_b"] = torch.tensor([order[it["seq_b"]] for it in items], dtype=torch.long)

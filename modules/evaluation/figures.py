@@ -78,9 +78,7 @@ def _decile_figure(report: Mapping[str, Any]) -> Figure:
         yerr = torch.stack([(acc - low).clamp_min(0), (high - acc).clamp_min(0)]).nan_to_num(0.0).numpy()
     ax.bar(x.numpy(), acc.nan_to_num(0.0).numpy(), yerr=yerr, capsize=3, color="tab:green", alpha=0.8)
     ax.axhline(report["ensemble_accuracy"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set_xticks(x.numpy())
-    ax.set_xlabel("variance decile (1 = lowest)")
-    ax.set_ylabel("oracle agreement (accuracy)")
+    ax.set(xticks=x.numpy(), xlabel="variance decile (1 = lowest)", ylabel="oracle agreement (accuracy)")
     ax.set_ylim(0.0, 1.05)
     title = "Accuracy by variance decile"
     ax.set_title(title + (f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""), fontsize=10)
@@ -95,10 +93,8 @@ def _roc_figure(report: Mapping[str, Any], scores: Mapping[str, Tensor], errors:
         label = f"{_SCORE_LABELS[name]} (AUROC {report['auroc'][name]:.3f})"
         ax.plot(fpr.numpy(), tpr.numpy(), color=_SCORE_COLOURS[name], label=label)
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance")
-    ax.set_xlabel("false positive rate (correct flagged)")
-    ax.set_ylabel("true positive rate (errors flagged)")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set(xlabel="false positive rate (correct flagged)", ylabel="true positive rate (errors flagged)")
+    ax.set(xlim=(0, 1), ylim=(0, 1))
     ax.set_title("Error detection ROC", fontsize=10)
     ax.legend(loc="lower right")
     return fig
@@ -116,10 +112,7 @@ def _error_rate_figure(report: Mapping[str, Any]) -> Figure:
             band = bands["error_rate_curve"]
             ax.fill_between(frac, band["low"][name], band["high"][name], color=colour, alpha=0.2, linewidth=0)
     ax.axhline(report["overall_error_rate"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set_xlabel("fraction selected (decreasing score)")
-    ax.set_ylabel("ensemble error rate")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set(xlabel="fraction selected (decreasing score)", ylabel="ensemble error rate", xlim=(0, 1), ylim=(0, 1))
     ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
     ax.legend(loc="upper right")
     return fig
@@ -138,8 +131,7 @@ def make_game_figures(
     for a, th in thresholds.items():
         ax.axvline(th, color="grey", lw=0.8, ls=":")
         ax.text(th, 0.02, f"α={a}", rotation=90, fontsize=7, va="bottom")
-    ax.set_xlabel("ensemble variance")
-    ax.set_ylabel("empirical CDF")
+    ax.set(xlabel="ensemble variance", ylabel="empirical CDF")
     ax.legend()
     grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64).tolist()
     yields_t, yields_r = [], []
@@ -157,8 +149,7 @@ def make_game_figures(
             lo, hi = [bands[a][tag][0] for a in grid], [bands[a][tag][1] for a in grid]
             ax.fill_between(grid, lo, hi, color=colour, alpha=0.2, linewidth=0)
     ax.plot([0, 0.5], [0, 0.5], ":", color="grey", label="nominal α")
-    ax.set_xlabel("α (reference-quantile threshold)")
-    ax.set_ylabel("α-online candidate yield")
+    ax.set(xlabel="α (reference-quantile threshold)", ylabel="α-online candidate yield")
     ax.set_title("Candidate yield" + (" (shaded: 95% prompt bootstrap)" if banded else ""), fontsize=10)
     ax.legend()
     return {"variance_cdf": cdf, "candidate_yield": fy}

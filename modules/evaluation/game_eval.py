@@ -231,6 +231,7 @@ def compare_pairs(
         return {"mean": float(v.mean()), "median": float(v.flatten().median()), "mean_ci": [lo, hi]}
 
     gain_lo, gain_hi = prompt_bootstrap_mean(t - r, n_boot, seed)
+    intervals = candidate_yield_intervals(t, r, list(thresholds), n_boot, seed)
     return {
         "n_prompts": int(t.shape[0]),
         "pairs_per_prompt": int(t.shape[1]),
@@ -244,7 +245,5 @@ def compare_pairs(
             str(a): {"trained": float((t >= v).double().mean()), "reference": float((r >= v).double().mean())}
             for a, v in thresholds.items()
         },
-        "candidate_yield_ci": {
-            str(a): ci for a, ci in candidate_yield_intervals(t, r, list(thresholds), n_boot, seed).items()
-        },
+        "candidate_yield_ci": {str(a): ci for a, ci in intervals.items()},
     }

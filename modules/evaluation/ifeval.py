@@ -85,16 +85,15 @@ def score_responses(rows: Sequence[Mapping[str, Any]], responses: Sequence[str])
     for row, response in zip(rows, responses):
         strict, loose = [], []
         for iid, kw in zip(row["instruction_id_list"], row["kwargs"]):
-            if not is_supported(iid):
+            s = lo = None
+            if is_supported(iid):
+                s, lo = follows(iid, kw, response), follows(iid, kw, response, loose=True)
+                cell = per_category.setdefault(iid.split(":")[0], [0, 0, 0])
+                cell[0], cell[1], cell[2] = cell[0] + s, cell[1] + lo, cell[2] + 1
+            else:
                 unsupported[iid] += 1
-                strict.append(None)
-                loose.append(None)
-                continue
-            s, lo = follows(iid, kw, response), follows(iid, kw, response, loose=True)
             strict.append(s)
             loose.append(lo)
-            cell = per_category.setdefault(iid.split(":")[0], [0, 0, 0])
-            cell[0], cell[1], cell[2] = cell[0] + s, cell[1] + lo, cell[2] + 1
         results.append({"key": row["key"], "response": response, "strict": strict, "loose": loose})
     hits = _per_prompt(results)
     full = hits["complete"]

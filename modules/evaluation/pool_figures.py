@@ -19,9 +19,7 @@ __all__ = ["make_pool_figures", "write_pool_artifacts", "write_pool_figures"]
 
 def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     fig, ax = _new_axes((6.5, 4))
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return fig, ax
 
 
