@@ -55,8 +55,7 @@ def recover_interrupted_saves(folder: str) -> None:
     """Finish or undo sharded ``last*.ckpt`` saves in ``folder`` that a kill cut short (see ``recover_folder``)."""
     with contextlib.suppress(OSError):
         for entry in os.listdir(folder):
-            m = _INTERRUPTED.match(entry)
-            if m:
+            if m := _INTERRUPTED.match(entry):
                 with contextlib.suppress(OSError):  # another rank may be recovering the same folder
                     recover_folder(os.path.join(folder, m.group("name")))
 

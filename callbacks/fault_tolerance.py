@@ -244,8 +244,7 @@ def _remove_stale_temps(path: str) -> None:
     folder, name = os.path.split(path)
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir(folder or "."):
-            m = _TMP.match(entry)
-            if m and m.group("name") == name and not _pid_alive(int(m.group("pid"))):
+            if (m := _TMP.match(entry)) and m.group("name") == name and not _pid_alive(int(m.group("pid"))):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(folder, entry))
 

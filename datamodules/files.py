@@ -129,8 +129,7 @@ def _non_finite_field(value: Any, field: str | None = None) -> tuple[str | None,
         return field, value
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        found = _non_finite_field(item, key if field is None and isinstance(value, dict) else field)
-        if found is not None:
+        if (found := _non_finite_field(item, key if field is None and isinstance(value, dict) else field)) is not None:
             return found
     return None
 
@@ -166,8 +165,7 @@ def _json_problem(path: str) -> str | None:
     except ValueError as e:
         return str(e)
     for i, rec in enumerate(records):
-        found = _non_finite_field(rec)
-        if found is not None:
+        if (found := _non_finite_field(rec)) is not None:
             field, number = found
             at = f"row {i}: field {field!r}" if field is not None else f"row {i}"
             return f"{at} = {number} is not finite (beyond the range of a float, or NaN/Infinity)"
