@@ -274,9 +274,7 @@ class EloRating(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.apply_pending(trainer)
 
-    @override
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.apply_pending(trainer)
+    on_validation_epoch_end = on_train_epoch_end
 
     @override
     def on_save_checkpoint(

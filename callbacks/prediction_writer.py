@@ -27,7 +27,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self._handle = None
         self.path: str | None = None
 
-    def _open(self, trainer: L.Trainer) -> None:
+    @override
+    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         base = self.filename
         if not os.path.isabs(base):
             base = os.path.join(trainer.log_dir or trainer.default_root_dir, base)
@@ -37,10 +38,6 @@ class JsonlPredictionWriter(BasePredictionWriter):
         os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
         self.path = base
         self._handle = open(base, "w")
-
-    @override
-    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._open(trainer)
 
     @override
     def write_on_batch_end(self, trainer, pl_module, prediction: Any, batch_indices, batch, batch_idx, dataloader_idx):
