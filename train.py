@@ -7,20 +7,8 @@
     python train.py fit --config configs/preference_ensemble.yaml --print_config
     python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 
-Logs go to TensorBoard under ``runs/`` by default (``tensorboard --logdir runs``); the resolved config is saved next
-to the logs. Without a logger, checkpoints and results go to ``runs/no_logger/`` (the trainer's ``default_root_dir``),
-never the working folder; a ``fast_dev_run`` writes nothing. The progress bar counts the steps of ``max_steps``
-(:mod:`callbacks.progress`). After ``fit`` the held-out set is tested (``--test_after_fit false`` turns it off).
-
-Resuming: README, "Resuming and failures"; ``fit --ckpt_path last`` continues the newest ``last*.ckpt`` of the
-config's logger folder (:func:`find_last_checkpoint`), or starts afresh. One process at a time writes to a run folder
-(:func:`take_run_folder`); a failed start removes only the folder it created (:func:`remove_failed_start`).
-
-Checkpoints: the config given is the config that runs. A checkpoint's stored hyper-parameters are never parsed over
-it (LightningCLI does that by default, which let an edited checkpoint name a model folder with code to run); a
-checkpoint of another family, or whose tensors do not fit the config's model, is refused before anything runs
-(:func:`modules.checkpoints.trust.check_checkpoint_matches`). ``--ckpt_path <file>`` and ``--ckpt_path last``
-behave alike.
+The config given is the config that runs: a checkpoint's stored hyper-parameters are never parsed over it, and a
+checkpoint that does not fit the model is refused before running. Resuming: README, "Resuming and failures".
 """
 
 from __future__ import annotations
@@ -67,16 +55,14 @@ def recover_interrupted_saves(folder: str) -> None:
     """Finish or undo sharded ``last*.ckpt`` saves in ``folder`` that a kill cut short (see ``recover_folder``)."""
     with contextlib.suppress(OSError):
         for entry in os.listdir(folder):
-            m = _INTERRUPTED.match(entry)
-            if m:
+            if m := _INTERRUPTED.match(entry):
                 with contextlib.suppress(OSError):  # another rank may be recovering the same folder
                     recover_folder(os.path.join(folder, m.group("name")))
 
 
 # Options LightningCLI adds for a module that lets the CLI build its optimizer; every family here builds its own.
 _OWN_OPTIMIZERS = ("--optimizer", "--lr_scheduler")
-#: Options folded into the ``policy_gradient`` group, per family: old name -> new name (both under ``init_args``).
-#: jsonargparse would refuse the old names with its generic "unrecognized" error; these are refused naming the new one.
+#: Options folded into the ``policy_gradient`` group, per family: old name -> new name, refused naming the new one.
 RENAMED_OPTIONS = {
     "GRPO": {
         "num_generations": "group_size",
@@ -102,12 +88,9 @@ _UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 
 
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
-    """The newest ``last*.ckpt`` under the trainer's logger folder, adopting its version folder for the logger.
+    """The newest ``last*.ckpt`` under every ``<save_dir>/<name>/version_*/checkpoints``, adopting its version folder.
 
-    Lightning's own lookup sees only the *new* run's fresh ``version_<n+1>``; this searches every
-    ``<save_dir>/<name>/version_*/checkpoints``, so logs and checkpoints continue in one folder. Returns ``None``
-    (Lightning's lookup applies) with an explicit ``ModelCheckpoint`` ``dirpath``, without a logger, or when nothing
-    is found.
+    ``None`` (Lightning's lookup applies) with an explicit ``ModelCheckpoint`` ``dirpath``, no logger, or no file.
     """
     if any(isinstance(cb, ModelCheckpoint) and cb.dirpath is not None for cb in trainer.checkpoint_callbacks):
         return None
@@ -134,49 +117,19 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     return newest
 
 
-def add_resume_arguments(parser) -> None:
-    """``--trusted_checkpoint_sources``: URL prefixes a remote ``--ckpt_path`` may come from (none by default)."""
-    parser.add_argument(
-        "--trusted_checkpoint_sources",
-        type=list[str],
-        default=[],
-        help="URL prefixes (e.g. https://host/models/) a remote --ckpt_path may be fetched from; any other remote "
-        "path is refused. Checkpoints are read with weights_only=True wherever they come from.",
-    )
-
-
-def run_folder(trainer: L.Trainer) -> str | None:
-    """The run's folder: the first logger's ``log_dir`` (``None`` without a logger that has one).
-
-    Reading it fixes a fresh run's version (the logger numbers on from the folders it finds).
-    """
-    folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
-    return os.fspath(folder) if isinstance(folder, (str, os.PathLike)) else None
-
-
 def take_run_folder(trainer: L.Trainer) -> RunFolderLock | None:
-    """On rank 0, lock the run folder for this process (:class:`~modules.training.run_lock.RunFolderLock`).
-
-    Called before the run writes there; another live process in the folder is refused, naming the folder and its pid.
-    Other ranks write only where rank 0 says, so they take nothing.
-    """
+    """On rank 0, lock the run folder (the first logger's ``log_dir``) for this process, before the run writes there."""
     if trainer.global_rank != 0:
         return None
-    folder = run_folder(trainer)
-    return RunFolderLock.acquire(folder) if folder else None
+    # reading log_dir fixes a fresh run's version (the logger numbers on from the folders it finds)
+    folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+    return RunFolderLock.acquire(os.fspath(folder)) if isinstance(folder, (str, os.PathLike)) and folder else None
 
 
 def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[str]:
-    """After an exception, remove the run folder this run created if it never trained a step.
+    """After an exception, remove the run folder this run created if it never trained a step; returns what it removed.
 
-    A failed start (a bad value or row refused in ``setup``, before the first step) otherwise leaves a
-    ``version_N/`` holding only an event file and the saved config, and the next run counts on from it. Only the
-    folder this process created and still holds the lock of is removed: never another run's folder (a run started
-    meanwhile under the same logger name), a folder that existed before, or one holding a checkpoint; only rank 0
-    removes.
-
-    Returns:
-        The folders removed.
+    Only a folder this process created, still locks and holds no checkpoint goes, so the next run does not count on.
     """
     if lock is None or not lock.created or not lock.held() or trainer.global_step > 0 or trainer.global_rank != 0:
         return []
@@ -192,11 +145,7 @@ def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[
 
 
 def _callbacks_replacement(args: list[str]) -> int | None:
-    """The index of the first argument that sets the whole ``trainer.callbacks`` list, if one does.
-
-    Not ``+=`` (appends), nor one callback's init args; nor a deliberate clear (``[]``, ``null``), after which
-    callbacks are added with ``+=``. The value may follow as the next argument.
-    """
+    """The index of the first argument replacing the whole ``trainer.callbacks`` list (not ``+=``, ``[]``, ``null``)."""
     for i, arg in enumerate(args):
         key, eq, value = arg.partition("=")
         if key != "--trainer.callbacks":
@@ -208,12 +157,16 @@ def _callbacks_replacement(args: list[str]) -> int | None:
     return None
 
 
+def _as_list(value: object) -> list:
+    """``value`` as a list: ``None`` empty, a list or tuple copied, anything else alone."""
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def _parsed_callbacks(config) -> list:
     """``trainer.callbacks`` of a parsed config: of its subcommand's section when there is one."""
     section = config.get(config.get("subcommand")) if config.get("subcommand") else config
     value = (section or {}).get("trainer", {}) or {}
-    value = value.get("callbacks") if hasattr(value, "get") else None
-    return [] if value is None else list(value) if isinstance(value, list) else [value]
+    return _as_list(value.get("callbacks") if hasattr(value, "get") else None)
 
 
 def _callback_classes(callbacks: list) -> list[str]:
@@ -269,9 +222,8 @@ def renamed_options(args: list[str]) -> list[str]:
 class AlignmentCLI(LightningCLI):
     """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
 
-    Every family builds its own optimizers (one per player, or none for tabular SMIDA), so :func:`main` builds the
-    CLI without LightningCLI's ``--optimizer``/``--lr_scheduler`` groups, which would replace them; given anyway,
-    they are refused naming the family options that set the rates. The model's own ``optimizer`` option injects one.
+    Every family builds its own optimizers, so LightningCLI's ``--optimizer``/``--lr_scheduler`` are refused, naming
+    the family options that set the rates.
     """
 
     @override
@@ -296,12 +248,9 @@ class AlignmentCLI(LightningCLI):
             self._refuse_dropped_callbacks(parser, [str(a) for a in given])
 
     def _refuse_dropped_callbacks(self, parser, given: list[str]) -> None:
-        """Refuse a command-line ``--trainer.callbacks=X`` that drops callbacks the config files listed.
+        """Refuse a command-line ``--trainer.callbacks=X`` that silently drops callbacks the config files listed.
 
-        jsonargparse replaces a list given again, so ``--trainer.callbacks=X`` after ``--config`` silently removed
-        the configs' MCCTracker, PeakCheckpoint and ModelCheckpoint. ``--trainer.callbacks+=X`` appends; clearing
-        the list on purpose (``--trainer.callbacks=[]`` or ``null``) and adding with ``+=`` is a deliberate
-        replacement and is let through.
+        ``+=`` appends; clearing first (``=[]`` or ``null``) then adding with ``+=`` is a deliberate replacement.
         """
         first = _callbacks_replacement(given)
         if first is None or any(a in ("-h", "--help") for a in given):
@@ -325,16 +274,17 @@ class AlignmentCLI(LightningCLI):
             default=True,
             help="After fit, run test on the datamodule's held-out set (best checkpoint when one is tracked).",
         )
-        add_resume_arguments(parser)
+        parser.add_argument(
+            "--trusted_checkpoint_sources",
+            type=list[str],
+            default=[],
+            help="URL prefixes (e.g. https://host/models/) a remote --ckpt_path may be fetched from; any other remote "
+            "path is refused. Checkpoints are read with weights_only=True wherever they come from.",
+        )
 
     @override
     def instantiate_classes(self) -> None:
-        """Build the model, data and trainer; a family's own refusal is raised as itself.
-
-        jsonargparse reports an exception raised in a family's ``__init__`` inside its "Does not validate against any
-        of the Union subtypes" summary with the whole namespace; the family's message (which names the field and the
-        fix) is what the user needs, so that exception is raised instead, with its own traceback.
-        """
+        """Build the model, data and trainer; a family's own refusal is raised as itself, not in a summary."""
         try:
             super().instantiate_classes()
         except ValueError as err:
@@ -347,19 +297,12 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def _parse_ckpt_path(self) -> None:
-        """Do not read the checkpoint's hyper-parameters into the config: the config given is the config that runs.
-
-        LightningCLI's version parses them over the config, so a checkpoint could set ``trust_remote_code``, a model
-        path, a dtype or the model's class (and command-line model options were silently overridden with an
-        explicit path but not with ``last``). The checkpoint is checked against the model instead
-        (:meth:`_check_checkpoint`).
-        """
+        """Never parse the checkpoint's hyper-parameters over the config (they could name code to run)."""
 
     def _check_checkpoint(self) -> None:
         """Refuse a ``--ckpt_path`` file of another family, or whose tensors do not fit the model, before running.
 
-        A remote path is refused unless ``--trusted_checkpoint_sources`` names it; a truncated file is named with
-        the newest intact checkpoint beside it.
+        A remote path is refused unless ``--trusted_checkpoint_sources`` names it.
         """
         config = self.config_init[self.subcommand]
         path = config.get("ckpt_path")
@@ -371,19 +314,11 @@ class AlignmentCLI(LightningCLI):
         check_checkpoint_matches(self.model, read_checkpoint(path, mmap=True), source=f"--ckpt_path {path}")
 
     def before_validate(self) -> None:
-        """Check ``--ckpt_path`` before validating; then lock the run folder."""
+        """Check ``--ckpt_path`` before validating, testing or predicting; then lock the run folder."""
         self._check_checkpoint()
         self._take_run_folder()
 
-    def before_test(self) -> None:
-        """Check ``--ckpt_path`` before testing; then lock the run folder."""
-        self._check_checkpoint()
-        self._take_run_folder()
-
-    def before_predict(self) -> None:
-        """Check ``--ckpt_path`` before predicting; then lock the run folder."""
-        self._check_checkpoint()
-        self._take_run_folder()
+    before_test = before_predict = before_validate
 
     @override
     def instantiate_trainer(self, **kwargs):
@@ -394,21 +329,16 @@ class AlignmentCLI(LightningCLI):
         safe = safe_deepspeed_strategy(strategy)
         if safe is not strategy:
             kwargs["strategy"] = safe
-        plugins = kwargs.get("plugins", config.get("plugins"))
-        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        plugins = _as_list(kwargs.get("plugins", config.get("plugins")))
         if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         # a bar that counts the steps of max_steps (Lightning's reads "Epoch 0/-2"), unless a config brings its own
-        callbacks = kwargs.get("callbacks", config.get("callbacks"))
-        callbacks = (
-            [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        )
+        callbacks = _as_list(kwargs.get("callbacks", config.get("callbacks")))
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             kwargs["callbacks"] = [*callbacks, progress_bar()]
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.fast_dev_run:
-            # Lightning's ModelCheckpoint skips every save in a fast_dev_run except `save_last`'s at the end of training
-            # (on_train_end lacks the check), which left checkpoints/last-vN.ckpt in the working folder
+            # Lightning's ModelCheckpoint still writes `save_last`'s file at the end of a fast_dev_run
             for callback in trainer.checkpoint_callbacks:
                 if isinstance(callback, ModelCheckpoint):
                     callback.save_last = False
@@ -416,11 +346,7 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:
-        """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind.
-
-        The ``before_<subcommand>`` hook takes the lock (:meth:`_take_run_folder`); it is released at the end, also
-        on failure. See :func:`remove_failed_start`.
-        """
+        """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind."""
         self._run_lock = None
         try:
             super()._run_subcommand(subcommand)
@@ -438,11 +364,7 @@ class AlignmentCLI(LightningCLI):
             self._run_lock = take_run_folder(self.trainer)
 
     def before_fit(self) -> None:
-        """Resolve ``--ckpt_path last`` across the logger's version folders (see :func:`find_last_checkpoint`).
-
-        Then lock the run folder (:meth:`_take_run_folder`) and check the checkpoint against the model, as an explicit
-        path is (:meth:`_check_checkpoint`).
-        """
+        """Resolve ``--ckpt_path last`` (:func:`find_last_checkpoint`), lock the run folder and check the checkpoint."""
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") == "last":
             path = find_last_checkpoint(self.trainer)
@@ -506,12 +428,19 @@ _DESCRIPTION = (
 
 def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     """Build (and by default run) the CLI; ``args`` replaces ``sys.argv[1:]`` (tests call it this way)."""
-    # The families imported before the parser is built: ``fit --help`` lists them as the known subclasses of
-    # ``--model``/``--data`` and short class names (``--model GRPO``) resolve.
+    # imported before the parser is built, so ``fit --help`` lists the families and ``--model GRPO`` resolves
     model_families()
     data_families()
     # The state after the optimizer step, which this warning is about, is the state a resume needs.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
+    # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md
+    tensorboard = {"save_dir": "runs", "name": "default", "default_hp_metric": False}
+    trainer_defaults = {
+        # without a logger (and in a fast_dev_run) what the run writes goes here, not in the working folder
+        "default_root_dir": NO_LOGGER_DIR,
+        "logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": tensorboard},
+        "callbacks": [RNGStateCallback(), CheckpointOnSigterm()],  # persistent: added to a config's callbacks
+    }
     return AlignmentCLI(
         L.LightningModule,
         L.LightningDataModule,
@@ -522,17 +451,7 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         run=run,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"description": _DESCRIPTION},
-        trainer_defaults={
-            # without a logger (and in a fast_dev_run) what the run writes goes here, not in the working folder
-            "default_root_dir": NO_LOGGER_DIR,
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md
-                "init_args": {"save_dir": "runs", "name": "default", "default_hp_metric": False},
-            },
-            # persistent: added to whatever callbacks a config lists
-            "callbacks": [RNGStateCallback(), CheckpointOnSigterm()],
-        },
+        trainer_defaults=trainer_defaults,
     )
 
 

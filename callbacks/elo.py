@@ -30,34 +30,17 @@ if TYPE_CHECKING:
 
 
 class EloRating(Callback):
-    r"""Elo reputations of named players, updated with an adapted Elo rule after every reported duel.
-
-    The reputation system of multi-LLM Stackelberg alignment (§2.3, App. C): after each duel between players a
-    and b, with score :math:`S_a \in [0, 1]` for a (1 win, 0.5 draw, 0 loss; b scores :math:`1 - S_a`),
+    r"""Elo reputations of named players, updated with an adapted Elo rule after every reported duel (§2.3, App. C).
 
     .. math::
         E_a = \frac{1}{1 + 10^{(R_b - R_a)/400}}, \quad R_a \leftarrow R_a + K_a (S_a - E_a), \quad
-        R_b \leftarrow R_b - K_b (S_a - E_a),
+        R_b \leftarrow R_b - K_b (S_a - E_a), \quad
+        K_i = \frac{K_0}{1 + n_i / d} \left(1 + \min\left(1, \frac{\sigma_i}{K_0}\right)\right)
 
-    (400 is ``scale``), both from the ratings before the duel, with each player's own K factor
-
-    .. math:: K_i = \frac{K_0}{1 + n_i / d} \left(1 + \min\left(1, \frac{\sigma_i}{K_0}\right)\right)
-
-    where :math:`n_i` is the number of duels player i has played, :math:`d` = ``k_decay`` and :math:`\sigma_i`
-    the sample standard deviation (``ddof=1``, 0 with fewer than two) of its last ``volatility_window`` rating
-    changes (why this formula: README, "Elo reputations"). Per-player K factors make a duel non-zero-sum.
-
-    The module finds the callback with :meth:`find` and calls :meth:`report` (pass Python numbers: converting a
-    tensor would synchronise with the device). Reports are buffered and applied at the end of the training batch
-    (every ``apply_every_n_batches`` batches), of each training or validation epoch, and before a checkpoint is
-    written; under DDP all ranks' duels are gathered and applied in rank order, so ratings agree on every rank. Give
-    it to the ``Trainer``, not through ``configure_callbacks`` (that would hang under DDP; README, "Elo reputations").
-
-    Logged at the end of every training batch: ``{name}/<player>`` (rating) and ``{name}_volatility/<player>``.
-    With a ``TensorBoardLogger``, rank 0 also writes a custom-scalars layout at the start of fit
-    (:meth:`tensorboard_layout`): every player's rating in one chart, and every volatility in another. With a
-    ``figure_path``, the trajectory figure also goes to every logger that takes figures
-    (:mod:`alignment_games.callbacks.media`) as ``<name>/trajectories``.
+    with :math:`n_i` player i's duels and :math:`\sigma_i` the std of its recent rating changes (README, "Elo
+    reputations"). :meth:`report` buffers a duel (pass Python numbers: a tensor would sync the device); duels are
+    applied at batch and epoch ends and before a checkpoint, in rank order across ranks. Give it to the ``Trainer``,
+    not ``configure_callbacks`` (it hangs under DDP). Logs ``{name}/<player>`` and ``{name}_volatility/<player>``.
 
     Args:
         players: the players' names (unique, at least two).
@@ -66,8 +49,7 @@ class EloRating(Callback):
         k_decay: :math:`d`, duels after which the decayed K has halved; ``None`` keeps K at ``k_factor``.
         volatility_window: number of recent rating changes whose standard deviation is the volatility (>= 2).
         scale: logistic scale of the expected score (400: a 400-point gap means 10:1 odds).
-        apply_every_n_batches: under DDP, gather and apply the buffered duels every n training batches (each
-            application is one collective); on one process duels are applied at every batch end at no cost.
+        apply_every_n_batches: under DDP, gather and apply the buffered duels every n training batches.
         figure_path: if given, rank 0 writes the trajectory figure there at the end of fit, and to the loggers.
         name: namespace of the logged keys and part of :attr:`state_key`.
 
@@ -118,9 +100,6 @@ class EloRating(Callback):
         self.figure_path = figure_path
         self.name = name
         self._index = {p: i for i, p in enumerate(players)}
-        self._reset_state()
-
-    def _reset_state(self) -> None:
         n = len(self.players)
         self._ratings = [self.initial_rating] * n
         self._games = [0] * n
@@ -156,20 +135,15 @@ class EloRating(Callback):
             raise ValueError(f"Unknown player {player!r}; the players are {self.players}.") from None
 
     def report(
-        self,
-        player_a: str,
-        player_b: str,
-        score_a: float | Sequence[float],
-        weights: Sequence[float] | None = None,
+        self, player_a: str, player_b: str, score_a: float | Sequence[float], weights: Sequence[float] | None = None
     ) -> None:
-        """Report the result of one duel; it is applied at the next flush (see the class docstring).
+        """Report the result of one duel, applied at the next flush.
 
         Args:
             player_a: name of player a.
             player_b: name of player b (not a).
             score_a: a's score in [0, 1], or one score in [0, 1] per judge.
-            weights: with per-judge scores, one non-negative weight per judge (e.g. :meth:`judge_weights`);
-                the score is then their weighted mean. Equal weights when omitted.
+            weights: with per-judge scores, one non-negative weight per judge (e.g. :meth:`judge_weights`).
 
         Raises:
             ValueError: on an unknown player, ``player_a == player_b``, a score outside [0, 1] or bad weights.
@@ -257,21 +231,14 @@ class EloRating(Callback):
         return [(int(a), int(b), s) for rank, n in enumerate(counts) for a, b, s in gathered[rank][:n]]
 
     def apply_pending(self, trainer: pl.Trainer | None = None) -> int:
-        """Apply the buffered duels now (of every rank under DDP: call it on all ranks); returns how many.
-
-        Call it directly outside a ``Trainer``, or when a module owns the ratings as an attribute (then where every
-        rank is in step, and with :meth:`state_dict` in the module's own state).
-        """
+        """Apply the buffered duels now (of every rank under DDP: call it on all ranks); returns how many."""
         duels = self._gather(trainer)
         for ia, ib, score in duels:
             self._apply_one(ia, ib, score)
         return len(duels)
 
     def tensorboard_layout(self) -> dict[str, dict[str, list[Any]]]:
-        """TensorBoard's custom-scalars layout of the logged keys: all ratings in one chart, all volatilities in one.
-
-        In the format of ``SummaryWriter.add_custom_scalars``; each tag is an anchored regex of one logged key.
-        """
+        """TensorBoard custom-scalars layout: all ratings in one chart, all volatilities in another."""
 
         def tags(prefix: str) -> list[str]:
             return [f"^{re.escape(f'{prefix}/{p}')}$" for p in self.players]
@@ -285,7 +252,7 @@ class EloRating(Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # TensorBoard reads the first layout of a run: written once, here, on rank 0 (no other rank has a writer)
+        # TensorBoard reads the first layout of a run: written once, here
         log_scalar_layout(trainer, self.tensorboard_layout())
 
     def _log(self, pl_module: pl.LightningModule) -> None:
@@ -307,9 +274,7 @@ class EloRating(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.apply_pending(trainer)
 
-    @override
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.apply_pending(trainer)
+    on_validation_epoch_end = on_train_epoch_end
 
     @override
     def on_save_checkpoint(

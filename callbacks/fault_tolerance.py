@@ -1,11 +1,4 @@
-"""Nothing lost on a preemption: RNG states in every checkpoint, a checkpoint on SIGTERM, atomic checkpoint files.
-
-Three pieces, each usable on its own with any ``LightningModule`` (``train.py`` wires all three by default):
-
-* :class:`RNGStateCallback`: every rank's generator states saved in each checkpoint and restored on resume.
-* :class:`CheckpointOnSigterm`: ``last.ckpt`` written when Lightning stops on SIGTERM (preemption, ``scancel``).
-* :class:`AtomicCheckpointIO`: a kill during a save leaves the previous checkpoint whole.
-"""
+"""Nothing lost on a preemption: RNG states in every checkpoint, a checkpoint on SIGTERM, atomic checkpoint files."""
 
 from __future__ import annotations
 
@@ -39,10 +32,9 @@ __all__ = [
 
 
 def collect_rng_state() -> dict[str, Any]:
-    """The generator states of this process, as tensors and plain Python values (loadable with ``weights_only``).
+    """The process's ``python``, ``numpy`` (legacy global), ``torch`` and, once initialised, ``cuda`` generator states.
 
-    Keys: ``python`` (:func:`random.getstate`), ``numpy`` (the legacy global ``MT19937`` state), ``torch`` (CPU) and,
-    once CUDA is initialised, ``cuda`` (one state per visible device).
+    Tensors and plain values only, so ``weights_only`` loading reads them.
     """
     version, keys, gauss = random.getstate()
     name, np_keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
@@ -90,8 +82,7 @@ def _world() -> tuple[int, int]:
 class RNGStateCallback(Callback):
     """Save every rank's generator states in each checkpoint and restore them when a run resumes.
 
-    A resumed run then draws the same samples (generation, dropout, shuffling) as the run that was stopped. Under
-    DDP rank ``r`` restores entry ``r``; a resume on a different number of ranks restores the ranks in both and warns.
+    Rank ``r`` restores entry ``r``; a resume on a different number of ranks restores the ranks in both and warns.
     """
 
     @property
@@ -123,28 +114,15 @@ class RNGStateCallback(Callback):
 
 
 class CheckpointOnSigterm(EvaluationBatchCallback):
-    """Write ``last.ckpt`` when ``fit`` stops on SIGTERM, so a preempted run resumes from where it stopped.
+    """Write ``last.ckpt`` (:meth:`target_path`) when ``fit`` stops on SIGTERM, so a preempted run resumes from there.
 
-    The checkpoint goes to :meth:`target_path`, where ``fit --ckpt_path last`` looks. The last periodic checkpoint
-    is kept instead (README, "Resuming and failures") when the signal lands in an epoch's last batch (Lightning
-    resumes from there one epoch's data order off), during validation, or on any other exception (which may arrive
-    mid-update). Nothing is written before the run's first training step (a SIGTERM during the sanity check, for
-    instance: "nothing was trained"), nor with ``fast_dev_run`` or in stages other than ``fit``.
-
-    Under DDP (``fit``, ``validate``, ``test``) the signal is only noted by the handler: Lightning's own runs a
-    broadcast inside the signal handler, at whatever collective each rank is in, so two signalled ranks hung, and
-    one rank signalled alone (during the sanity check) waited in a broadcast the others never made. The ranks agree
-    by one all-reduce whether any of them was signalled at every point all of them reach: each training batch end,
-    each validation or test batch end (the sanity check's too) and the start of training. If one was, all set
-    Lightning's flag there and stop together: after that training batch (writing the checkpoint together), after
-    that validation batch (nothing written), or before the first training batch (nothing trained). Each rank must
-    run the same number of validation batches (Lightning's distributed sampler pads to that). A signal after the
-    last such point (during the final save) is not acted on: the run ends normally.
+    Nothing is written before the first step, during validation, at an epoch's last batch, on other exceptions, with
+    ``fast_dev_run`` or outside ``fit``. Under DDP the handler only notes the signal (Lightning's broadcasts inside it
+    and hangs); the ranks agree by one all-reduce at each batch end and stop together.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved_path: str | None = None
         self._signalled = False  # set by the handler (the signal came to this process), read where the ranks agree
         self._trainer: pl.Trainer | None = None  # set while this callback's handler replaces Lightning's (DDP)
         self._start_step: int | None = None  # the global step training started from in this run
@@ -177,11 +155,7 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
             self._trainer = None
 
     def _agree(self, trainer: pl.Trainer) -> None:
-        """One all-reduce, where every rank is: any rank signalled sets Lightning's flag on all of them.
-
-        Lightning then raises ``SIGTERMException`` at the same point on every rank (after the batch, or before the
-        first training batch), and :meth:`on_exception` decides what is written.
-        """
+        """One all-reduce, where every rank is: any rank signalled sets Lightning's flag on all of them."""
         if self._trainer is not None and trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
             trainer._signal_connector.received_sigterm = True
 
@@ -219,7 +193,6 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
             # the callback's own `last`, so after the resume it is overwritten instead of getting a `last-v1.ckpt`
             ckpt.last_model_path = path
         trainer.save_checkpoint(path, weights_only=False)  # the full state a resume needs, asked for by name
-        self.saved_path = path
         rank_zero_info(f"SIGTERM: checkpoint of step {trainer.global_step} written to {path}")
 
     @override
@@ -271,17 +244,15 @@ def _remove_stale_temps(path: str) -> None:
     folder, name = os.path.split(path)
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir(folder or "."):
-            m = _TMP.match(entry)
-            if m and m.group("name") == name and not _pid_alive(int(m.group("pid"))):
+            if (m := _TMP.match(entry)) and m.group("name") == name and not _pid_alive(int(m.group("pid"))):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(folder, entry))
 
 
 def _write_error(err: BaseException, path: str) -> OSError | None:
-    """The ``OSError`` behind ``err``, made again naming ``path``; ``None`` when there is none.
+    """The ``OSError`` behind ``err`` (``torch.save`` wraps it) made again naming ``path``; ``None`` when there is none.
 
-    ``torch.save`` turns a failed write into a ``RuntimeError`` ("unexpected pos") whose context is the ``OSError``.
-    The same message as ``modules.training.artifacts.write_error`` (callbacks import nothing from modules/).
+    The message matches ``modules.training.artifacts.write_error``.
     """
     cause: BaseException | None = err
     while cause is not None and not isinstance(cause, OSError):
@@ -296,14 +267,10 @@ def _write_error(err: BaseException, path: str) -> OSError | None:
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` such that ``path`` holds either its old content or the complete new one.
-
-    Written to ``.<name>.tmp-<pid>`` in the same folder (the rename never crosses file systems; the name never ends
-    in ``.ckpt``), ``fsync`` ed and renamed over ``path``; the next save removes a killed process's temporary.
+    """``torch.save(obj, path)`` via a ``.<name>.tmp-<pid>`` file renamed over ``path``: old content or all the new.
 
     Raises:
-        OSError: naming ``path`` when it cannot be written (a full disk, a read-only folder), of the errno of the
-            failed write; ``path`` is left as it was.
+        OSError: naming ``path`` when it cannot be written, with the failed write's errno; ``path`` is left as it was.
     """
     path = os.fspath(path)
     folder = os.path.dirname(path)
@@ -328,11 +295,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``TorchCheckpointIO`` with atomic, durable writes of local checkpoints (:func:`atomic_torch_save`).
+    """Lightning's ``TorchCheckpointIO`` with atomic, durable local writes (:func:`atomic_torch_save`).
 
-    Lightning's default moves a temporary from the system's temp folder, a copy a kill can cut short when that is
-    another file system. Remote paths (``s3://`` …) keep Lightning's transaction. Loading reads tensors and plain
-    values only (``weights_only=True``); asking for ``weights_only=False`` raises.
+    Lightning's default moves a temporary across file systems, a copy a kill can cut short; remote paths keep it.
+    Loading is ``weights_only=True`` only; asking for ``weights_only=False`` raises.
     """
 
     @override

@@ -14,8 +14,7 @@ __all__ = ["EvaluationBatchCallback"]
 class EvaluationBatchCallback(Callback):
     """A ``Callback`` that answers the end of each validation batch with :meth:`on_evaluation_batch_end`.
 
-    A subclass that reads test batches as well sets
-    ``on_test_batch_end = EvaluationBatchCallback.on_validation_batch_end``.
+    For test batches too, a subclass sets ``on_test_batch_end = EvaluationBatchCallback.on_validation_batch_end``.
     """
 
     @override

@@ -1,10 +1,4 @@
-"""Each evaluation item counted once across ranks: records keyed by an item id, gathered and de-duplicated.
-
-Lightning's distributed sampler pads the evaluation data with repeated items so that every rank gets the same number
-(101 items on 2 ranks: 102 rows, item 0 twice). Counts summed over ranks then hold the repeats. A record that carries
-the item's id (a dataset index) can be gathered from every rank and kept once, which makes the result exactly the
-single-process one, whatever the sizes.
-"""
+"""Each evaluation item counted once across ranks, undoing the distributed sampler's padding with repeated items."""
 
 from __future__ import annotations
 
@@ -18,13 +12,7 @@ __all__ = ["ItemRecords", "first_occurrences", "gather_unique_items", "read_step
 
 
 def read_step_outputs(outputs: Any, wanted: Mapping[str, str], owner: str, step: str) -> dict[str, Tensor]:
-    """The values under each key of ``wanted`` in what a step returned, as 1-D tensors of one length.
-
-    Args:
-        outputs: What the LightningModule's step returned.
-        wanted: Each key with what it holds, in the plural (``{"judge": "verdicts"}``), for the errors.
-        owner: The callback's name, for the errors.
-        step: The step's name (``validation_step``), for the errors.
+    """The values under each key of ``wanted`` (key → what it holds, for errors) in a step's output, as 1-D tensors.
 
     Raises:
         RuntimeError: when ``outputs`` is not a mapping holding every key, listing what it holds.
@@ -80,17 +68,10 @@ def _gather(tensor: Tensor) -> Tensor:
 
 
 def gather_unique_items(ids: Tensor, columns: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-    """Gather per-item records from every rank and keep each item id once (its first record in rank order).
+    """Gather per-item records (``columns``, each ``[n, ...]``) from every rank; keep each id once, first in rank order.
 
-    A collective under torch.distributed: every rank must call it, in the same order, with the same column names
-    (row counts may differ, zero included). On one process it only drops repeated ids.
-
-    Args:
-        ids: ``[n]`` integer item ids of this rank's records.
-        columns: Per-record values, each ``[n, ...]``, same trailing shape and dtype on every rank.
-
-    Returns:
-        The unique ids in increasing order and the columns' matching rows.
+    A collective: every rank calls it in the same order with the same column names (row counts may differ). Returns
+    the unique ids in increasing order and the columns' matching rows.
 
     Raises:
         ValueError: if ids are not one-dimensional integers or a column's length differs from the ids'.
@@ -108,9 +89,7 @@ def gather_unique_items(ids: Tensor, columns: Mapping[str, Tensor]) -> tuple[Ten
 class ItemRecords:
     """Per-item records of one epoch, kept on the device and gathered once, each item id once, at the end.
 
-    :meth:`update` only appends tensors (nothing is read back from the device per batch); :meth:`compute` is a
-    collective (see :func:`gather_unique_items`). ``extra`` records, e.g. restored from a checkpoint and already
-    unique across ranks, are put first, so that they win over a repeat of the same item.
+    ``extra`` records (e.g. restored from a checkpoint) are put first, so they win over a repeat of the same item.
 
     Args:
         columns: Names of the per-record values (each a 1-D tensor in :meth:`update`).
@@ -144,13 +123,7 @@ class ItemRecords:
             self._values[name].append(value.detach().reshape(-1).double().to(ids.device))
 
     def compute(self, device: torch.device, extra: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """All ranks' records, each item id once, as ``(ids, {column: values})`` in increasing id order.
-
-        Args:
-            device: Where the (possibly empty) local records are gathered from (the module's device).
-            extra: ``{"ids": [...], column: [...]}`` lists of records to put before this rank's own (rank 0 only
-                needs them; every rank may pass the same ones).
-        """
+        """All ranks' records, each id once, as ``(ids, {column: values})``; ``extra`` lists come before this rank's."""
         ids = torch.cat(self._ids).to(device) if self._ids else torch.zeros(0, dtype=torch.long, device=device)
         values = {
             c: torch.cat(v).to(device) if v else torch.zeros(0, dtype=torch.float64, device=device)

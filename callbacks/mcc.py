@@ -22,27 +22,11 @@ def _evaluation_stage(trainer: pl.Trainer) -> str:
 
 
 class MCCTracker(EvaluationBatchCallback):
-    r"""Matthews correlation of a binary judge with the truth per epoch, and its trend; exact under DDP with ``id_key``.
+    r"""Matthews correlation of a binary judge with the truth per epoch, and its trend (debate RLAIF, "Metrics").
 
-    The judge metric of debate RLAIF ("Metrics"; formula: :func:`~callbacks.functional.matthews_corrcoef_from_counts`).
-    Reward hacking shows as MCC falling, so the callback also logs the least-squares slope of MCC over the last
-    ``trend_window`` evaluations. An epoch with a single class gives 0 (scikit-learn's convention), never NaN.
-
-    The module's ``training_step`` / ``validation_step`` / ``test_step`` (per ``stage``) returns a mapping holding
-    the verdicts under ``prediction_key`` and the truth under ``target_key``, tensors of the same number of elements:
-    bool or 0/1, or, for the verdicts, probabilities (accepted above ``threshold``). Counts are summed over ranks at
-    the epoch's end only (nothing is read back from the device per batch).
-
-    Under DDP Lightning's distributed sampler pads the evaluation data with repeated items when its size does not
-    divide by the number of processes, and plain counts hold the repeats. With ``id_key`` the mapping also holds each
-    verdict's item id (e.g. the dataset index) under that key; the records are gathered from every rank at the
-    epoch's end and each id is counted once (its first record in rank order), so the counts are exactly those of
-    one process. Ids must then be unique per item within an epoch (not per rollout of the same problem).
-
-    Logged at the end of each epoch of ``stage`` (sanity checks skipped): ``{stage}/{name}`` (MCC),
-    ``{stage}/{name}_trend``, ``{stage}/{name}_accept_rate`` (share of verdicts that accept), and the counts
-    ``{stage}/{name}_tp``, ``_fp``, ``_tn``, ``_fn``. The history (hence the trend) and, with ``stage="train"``, a
-    running epoch's counts are saved in checkpoints.
+    Reward hacking shows as MCC falling, hence the slope over the last ``trend_window`` evaluations. The ``stage``'s
+    step returns the verdicts (bool, 0/1 or probabilities) and the truth in a mapping; with ``id_key`` each item counts
+    once across ranks. Logs ``{stage}/{name}``, ``_trend``, ``_accept_rate`` and ``_tp``/``_fp``/``_tn``/``_fn``.
 
     Args:
         prediction_key: key of the judge's verdicts in the step's output mapping.
@@ -51,8 +35,7 @@ class MCCTracker(EvaluationBatchCallback):
         trend_window: number of most recent evaluations the slope is fitted on (>= 2).
         threshold: probability above which a floating verdict counts as accepting.
         name: metric name inside the stage namespace, and part of :attr:`state_key`.
-        id_key: key of the verdicts' integer item ids in the step's output mapping; ``None`` (default) counts every
-            verdict returned, repeats included.
+        id_key: key of the verdicts' integer item ids in the step's output; ``None`` counts every verdict.
 
     Raises:
         ValueError: on an unknown ``stage``, ``trend_window < 2`` or ``threshold`` outside [0, 1]; during the run,
@@ -152,29 +135,14 @@ class MCCTracker(EvaluationBatchCallback):
         total = tp + fp + tn + fn
         mcc = matthews_corrcoef_from_counts(tp, fp, tn, fn)
         recent = [h["mcc"] for h in self.history[-(self.trend_window - 1) :]] + [mcc]
-        values = {
-            "mcc": mcc,
-            "trend": least_squares_slope(recent),
-            "accept_rate": (tp + fp) / total if total else 0.0,
-            "tp": float(tp),
-            "fp": float(fp),
-            "tn": float(tn),
-            "fn": float(fn),
-        }
+        values = {"mcc": mcc, "trend": least_squares_slope(recent), "accept_rate": (tp + fp) / total if total else 0.0}
+        values.update(tp=float(tp), fp=float(fp), tn=float(tn), fn=float(fn))
         self.history.append({**values, "step": float(trainer.global_step)})
+        prefix = f"{self.stage}/{self.name}"
+        logged = {prefix if key == "mcc" else f"{prefix}_{key}": value for key, value in values.items()}
         # Identical on every rank; "max" makes Lightning's epoch-level reduction exact (and silences its warning).
         sync = trainer.world_size > 1
-        prefix = f"{self.stage}/{self.name}"
-        for key, value in values.items():
-            pl_module.log(
-                prefix if key == "mcc" else f"{prefix}_{key}",
-                value,
-                on_step=False,
-                on_epoch=True,
-                sync_dist=sync,
-                reduce_fx="max",
-                batch_size=1,
-            )
+        pl_module.log_dict(logged, on_step=False, on_epoch=True, sync_dist=sync, reduce_fx="max", batch_size=1)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

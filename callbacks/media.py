@@ -1,24 +1,6 @@
 """Text, histograms and figures for every logger a trainer has: TensorBoard, Weights & Biases, MLflow and CSV.
 
-Lightning's loggers share scalars (``log_metrics``) but nothing richer; the games' samples, reward histograms and
-figures go through these functions instead, which write each to every supported logger of the trainer, on rank
-zero only:
-
-=================== ============================== ================================== ================================
-logger              text                           histogram                          figure
-=================== ============================== ================================== ================================
-TensorBoardLogger   ``add_text`` (markdown)        ``add_histogram_raw``              ``add_image`` (the PNG's pixels)
-WandbLogger         a one-cell ``wandb.Table``     ``wandb.Histogram``                ``wandb.Image``
-MLFlowLogger        artifact ``media/<tag>/        artifact ``media/<tag>/            artifact ``media/<tag>/
-                    step_<n>.md``                  step_<n>.json``                    step_<n>.png``
-CSVLogger           ``<log_dir>/media/<tag>/       ``<log_dir>/media/<tag>/           ``<log_dir>/media/<tag>/
-                    step_<n>.md``                  step_<n>.json``                    step_<n>.png``
-=================== ============================== ================================== ================================
-
-Every logger gets the same buckets of a histogram (:class:`Histogram`) and the same PNG of a figure (rendered once).
-Lightning's dummy logger (``fast_dev_run``) gets nothing; any other logger is skipped with one warning naming it. A
-logger that fails does not stop the others: they are all written, and the failure is warned about naming the logger.
-User guide: ``docs/tensorboard.md``.
+Written on rank zero, each logger in its own form (``docs/tensorboard.md``); one that fails does not stop the others.
 """
 
 from __future__ import annotations
@@ -39,15 +21,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoa
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-__all__ = [
-    "Histogram",
-    "log_figure",
-    "log_histogram",
-    "log_scalar_layout",
-    "log_text",
-    "logging_step",
-    "media_loggers",
-]
+__all__ = ["Histogram", "log_figure", "log_histogram", "log_scalar_layout", "log_text", "logging_step", "media_loggers"]
 
 SUPPORTED = (TensorBoardLogger, WandbLogger, MLFlowLogger, CSVLogger)
 _warned: set[str] = set()  # the unknown loggers already warned about (once per class and process)
@@ -56,10 +30,7 @@ _PART = re.compile(r"[^A-Za-z0-9_.=-]")
 
 @dataclass(frozen=True)
 class Histogram:
-    """Buckets ``[edges[i], edges[i + 1])`` holding ``counts[i]`` (a count or a weight), and the values' moments.
-
-    Build it with :meth:`of_values` or :meth:`of_distribution`; every logger is given these same numbers.
-    """
+    """Buckets ``[edges[i], edges[i + 1])`` holding ``counts[i]`` (a count or a weight), and the values' moments."""
 
     edges: tuple[float, ...]
     counts: tuple[float, ...]
@@ -89,10 +60,7 @@ class Histogram:
 
     @classmethod
     def of_distribution(cls, probabilities: Any) -> Histogram:
-        """A distribution over ``0 … K-1``: bucket ``i`` spans ``[i - ½, i + ½)`` with height ``p_i``.
-
-        So a histogram view shows the distribution itself, not a histogram of its values.
-        """
+        """A distribution over ``0 … K-1`` whose bucket ``i`` (``[i - ½, i + ½)``) has height ``p_i``."""
         p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
         arms = np.arange(p.size, dtype=np.float64)
         return cls(
@@ -111,10 +79,7 @@ class Histogram:
 
 
 def logging_step(trainer: pl.Trainer) -> int:
-    """The step Lightning gives the scalars logged now (batches that stepped: one per batch, not per optimizer).
-
-    Read as Lightning's own ``LearningRateMonitor`` reads it, so histograms and text line up with the scalars.
-    """
+    """The step Lightning gives the scalars logged now (read as ``LearningRateMonitor`` does), so media line up."""
     loop = getattr(trainer, "fit_loop", None)
     if trainer.state.fn == "fit" and loop is not None:
         return int(loop.epoch_loop._batches_that_stepped)
@@ -122,10 +87,7 @@ def logging_step(trainer: pl.Trainer) -> int:
 
 
 def media_loggers(trainer: pl.Trainer | None) -> list[Logger]:
-    """The trainer's loggers that take text, histograms and figures, on rank zero; ``[]`` elsewhere.
-
-    Lightning's dummy logger is left out quietly; another unknown logger with one warning naming it.
-    """
+    """The trainer's loggers that take text, histograms and figures, on rank zero; ``[]`` elsewhere."""
     if trainer is None or not trainer.is_global_zero:
         return []
     loggers = []
@@ -171,11 +133,7 @@ def _write_file(logger: Logger, relative: str, data: bytes) -> None:
 
 
 def _each(loggers: Iterable[Logger], what: str, tag: str, step: int, write: Callable[[Logger], None]) -> None:
-    """``write`` to every logger; one that fails is warned about, naming it, and the others are written all the same.
-
-    A warning, not an error: text, histograms and figures are the run's extras, and a logger's outage (a full disk,
-    a dead tracking server) must not end a training whose scalars and checkpoints are still written.
-    """
+    """``write`` to every logger; one that fails is only warned about, so a logger's outage cannot end a training."""
     for logger in loggers:
         try:
             write(logger)
@@ -218,16 +176,11 @@ def log_histogram(trainer: pl.Trainer | None, tag: str, histogram: Histogram, st
 
     def write(logger: Logger, step: int) -> None:
         if isinstance(logger, TensorBoardLogger):
+            moments = {k: getattr(histogram, k) for k in ("min", "max", "num", "sum", "sum_squares")}
+            # TensorBoard's buckets are named by their right edge
+            limits, counts = list(histogram.edges[1:]), list(histogram.counts)
             logger.experiment.add_histogram_raw(
-                tag,
-                min=histogram.min,
-                max=histogram.max,
-                num=histogram.num,
-                sum=histogram.sum,
-                sum_squares=histogram.sum_squares,
-                bucket_limits=list(histogram.edges[1:]),  # TensorBoard's buckets are named by their right edge
-                bucket_counts=list(histogram.counts),
-                global_step=step,
+                tag, **moments, bucket_limits=limits, bucket_counts=counts, global_step=step
             )
         elif isinstance(logger, WandbLogger):
             import wandb
@@ -270,11 +223,9 @@ def log_figure(trainer: pl.Trainer | None, tag: str, figure: Any, step: int | No
 
 
 def log_scalar_layout(trainer: pl.Trainer | None, layout: dict[str, dict[str, list[Any]]]) -> None:
-    """A chart layout of logged scalars (``{category: {chart: ["Multiline", [tag regexes]]}}``).
+    """A chart layout of logged scalars (``{category: {chart: ["Multiline", [tag regexes]]}}``) for TensorBoard.
 
-    TensorBoard shows it in its Custom Scalars tab and reads a run's first one, so write it once, whole, at the start
-    of fit. The other loggers have no such layout: W&B groups keys by their prefix by itself; MLflow and CSV show each
-    key apart.
+    TensorBoard reads a run's first one, so write it once, whole, at the start of fit; other loggers have no layout.
     """
     loggers = [logger for logger in media_loggers(trainer) if isinstance(logger, TensorBoardLogger)]
 

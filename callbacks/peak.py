@@ -17,53 +17,27 @@ from alignment_games.callbacks.items import ItemRecords, read_step_outputs
 
 
 class PeakCheckpoint(EvaluationBatchCallback):
-    r"""Checkpoint the peak: the evaluation whose rolling window has the highest Beta-posterior lower bound.
+    r"""Checkpoint the peak: the evaluation whose rolling window has the highest Beta-posterior lower bound (App. A).
 
-    Peak selection of debate RLAIF ("Metrics", App. A): after each validation the successes :math:`S` and trials
-    :math:`N` of the last ``window`` evaluations are pooled and the ``quantile`` of the
-    :math:`\mathrm{Beta}(1 + S, 1 + N - S)` posterior is taken. When it beats the best so far, a full checkpoint is
-    written to ``dirpath/filename.ckpt`` (overwriting the previous peak).
-
-    What the module must provide: the monitored counts as epoch-level metrics summed over the evaluation (and over
-    ranks), e.g. in ``validation_step``::
-
-        self.log("val/correct", correct.sum(), on_epoch=True, reduce_fx="sum", sync_dist=True)
-        self.log("val/total", float(correct.numel()), on_epoch=True, reduce_fx="sum", sync_dist=True)
-
-    Sums over ranks count the items that Lightning's distributed sampler repeats to pad the data (when its size does
-    not divide by the number of processes). To count each item once, give ``success_key`` and ``id_key`` instead of
-    the monitors and return per-item outcomes and ids from ``validation_step``::
-
-        return {"correct": correct, "item": batch["index"]}  # PeakCheckpoint(success_key="correct", id_key="item")
-
-    The records are gathered from every rank after the evaluation and each id is counted once.
-
-    Sanity checks, ``fast_dev_run`` and runs other than ``fit`` are skipped; rank 0's values are broadcast, so all
-    ranks take the same decision.
-
-    Logged to the trainer's loggers (``on_validation_end`` cannot use ``self.log``): ``{name}/lower_bound`` (this
-    window), ``{name}/step``, ``{name}/epoch``, ``{name}/value`` (the peak's lower bound) and ``{name}/accuracy``
-    (the peak window's posterior mean); also in :attr:`peak` and :attr:`evaluations`.
+    The module logs each evaluation's successes and trials as epoch sums named by the monitors, or returns per-item
+    outcomes and ids (``success_key``, ``id_key``) so each item counts once across ranks. Only ``fit`` counts; rank 0
+    decides. Logs ``{name}/lower_bound``, ``/step``, ``/epoch``, ``/value`` and ``/accuracy``.
 
     Args:
         monitor_correct: name of the logged number of successes of an evaluation (``None`` with ``success_key``).
         monitor_total: name of the logged number of trials of an evaluation (``None`` with ``success_key``).
         window: number of most recent evaluations pooled (the paper uses 3).
         quantile: posterior quantile used as the lower bound, in (0, 1).
-        dirpath: directory of the peak checkpoint; default ``<trainer.log_dir>/checkpoints`` (the trainer's
-            ``default_root_dir`` without a logger).
+        dirpath: directory of the peak checkpoint; default ``<trainer.log_dir>/checkpoints``.
         filename: file name of the peak checkpoint, without ``.ckpt``.
         name: namespace of the logged keys and part of :attr:`state_key`.
         verbose: report each new peak with ``rank_zero_info``.
-        success_key: key of the per-item outcomes (bool or 0/1) in ``validation_step``'s output mapping, read instead
-            of the monitors.
-        id_key: key of the outcomes' integer item ids in the same mapping (needed with ``success_key``): each item
-            counts once across ranks and batches.
+        success_key: key of the per-item outcomes (bool or 0/1) in ``validation_step``'s output, instead of monitors.
+        id_key: key of the outcomes' integer item ids in the same mapping (needed with ``success_key``).
 
     Raises:
-        ValueError: if ``window < 1``, ``quantile`` is outside (0, 1), or not exactly one of the two monitors and
-            ``success_key``/``id_key`` is given; during the run, if the counts are not ``0 <= correct <= total``, or
-            outcomes and ids differ in size.
+        ValueError: for ``window < 1``, ``quantile`` outside (0, 1), not exactly one way of counting; in the run, for
+            counts not ``0 <= correct <= total`` or outcomes and ids of different sizes.
         RuntimeError: during the run, if a monitored metric was not logged or the step's output lacks a key.
     """
 
@@ -186,14 +160,10 @@ class PeakCheckpoint(EvaluationBatchCallback):
         pairs = [(e["successes"], e["trials"]) for e in self.evaluations] + [(correct, total)]
         lower = pooled_lower_bound(pairs, self.window, self.quantile)
         recent = pairs[-self.window :]
-        evaluation = {
-            "successes": correct,
-            "trials": total,
-            "lower_bound": lower,
-            "step": float(trainer.global_step),
-            "epoch": float(trainer.current_epoch),
-        }
-        self.evaluations.append(evaluation)
+        step, epoch = float(trainer.global_step), float(trainer.current_epoch)
+        self.evaluations.append(
+            {"successes": correct, "trials": total, "lower_bound": lower, "step": step, "epoch": epoch}
+        )
         if self.peak is None or lower > self.peak["value"]:
             assert self.dirpath is not None
             self.peak = {
@@ -204,21 +174,16 @@ class PeakCheckpoint(EvaluationBatchCallback):
                 "evaluation": len(self.evaluations) - 1,
                 "path": os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION),
             }
-            # The state above goes into the file, so the peak checkpoint knows it is the peak.
-            # a full checkpoint (it resumes), asked for by name: Lightning logs "`weights_only` was not set" otherwise
+            # the state above goes into the file, so the peak checkpoint knows it is the peak; full, so it resumes
             trainer.save_checkpoint(self.peak["path"], weights_only=False)
             if self.verbose:
                 rank_zero_info(
                     f"PeakCheckpoint: new peak at step {trainer.global_step}: lower bound {lower:.4f} of the last"
                     f" {len(recent)} evaluation(s); saved {self.peak['path']}."
                 )
-        metrics = {
-            f"{self.name}/lower_bound": lower,
-            f"{self.name}/value": self.peak["value"],
-            f"{self.name}/step": float(self.peak["step"]),
-            f"{self.name}/epoch": float(self.peak["epoch"]),
-            f"{self.name}/accuracy": self.peak["accuracy"],
-        }
+        peak = {"lower_bound": lower, "value": self.peak["value"], "step": float(self.peak["step"])}
+        peak.update(epoch=float(self.peak["epoch"]), accuracy=self.peak["accuracy"])
+        metrics = {f"{self.name}/{k}": v for k, v in peak.items()}
         # The x-axis Lightning itself uses for logged metrics (as LearningRateMonitor does).
         step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
         for logger in trainer.loggers:

@@ -15,16 +15,10 @@ __all__ = ["JsonlPredictionWriter"]
 
 
 class JsonlPredictionWriter(BasePredictionWriter):
-    """Append each predicted row to ``<log_dir>/<filename>`` (one file per rank when several run).
-
-    For a ``predict_step`` that returns a list of JSON-serialisable dicts; each batch is flushed as it comes.
+    """Append each row ``predict_step`` returns (a list of dicts) to ``<log_dir>/<filename>``, one file per rank.
 
     Args:
         filename: File name inside the trainer's log folder, or an absolute path.
-
-    Example:
-        >>> writer = JsonlPredictionWriter("predictions.jsonl")
-        >>> # trainer = L.Trainer(callbacks=[writer]); trainer.predict(model, datamodule=dm)
     """
 
     def __init__(self, filename: str = "predictions.jsonl") -> None:
@@ -33,7 +27,8 @@ class JsonlPredictionWriter(BasePredictionWriter):
         self._handle = None
         self.path: str | None = None
 
-    def _open(self, trainer: L.Trainer) -> None:
+    @override
+    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         base = self.filename
         if not os.path.isabs(base):
             base = os.path.join(trainer.log_dir or trainer.default_root_dir, base)
@@ -43,10 +38,6 @@ class JsonlPredictionWriter(BasePredictionWriter):
         os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
         self.path = base
         self._handle = open(base, "w")
-
-    @override
-    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._open(trainer)
 
     @override
     def write_on_batch_end(self, trainer, pl_module, prediction: Any, batch_indices, batch, batch_idx, dataloader_idx):

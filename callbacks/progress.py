@@ -1,10 +1,4 @@
-"""Progress bars whose training line counts what ends the run: the epochs of ``max_epochs``, the steps of ``max_steps``.
-
-Lightning's rich bar writes ``Epoch {e}/{max_epochs - 1}``, which reads ``Epoch 0/-2`` when only ``max_steps`` bounds
-the run (``max_epochs`` is then -1, "unbounded"), and its tqdm bar names the epoch alone. These bars write
-:func:`train_description`: ``Epoch 0, step 12/200`` for a step-bounded run, ``Epoch 1/3`` for an epoch-bounded one
-(Lightning's zero-based last epoch), both when both are set; the step is updated after every batch.
-"""
+"""Progress bars whose training line counts what ends the run: epochs of ``max_epochs``, steps of ``max_steps``."""
 
 from __future__ import annotations
 
@@ -19,10 +13,7 @@ __all__ = ["StepsRichProgressBar", "StepsTQDMProgressBar", "progress_bar", "trai
 
 
 def train_description(trainer: pl.Trainer, epoch: int | None = None) -> str:
-    """The training line's label: ``Epoch e[/last epoch][, step s/max_steps]``, only the limits that are set.
-
-    ``epoch`` defaults to the trainer's current epoch.
-    """
+    """The training line's label: ``Epoch e[/last epoch][, step s/max_steps]``, only the limits that are set."""
     text = f"Epoch {trainer.current_epoch if epoch is None else epoch}"
     if trainer.max_epochs is not None and trainer.max_epochs > 0:
         text += f"/{trainer.max_epochs - 1}"

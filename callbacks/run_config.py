@@ -15,10 +15,7 @@ RUN_CONFIG_KEY = "run_config"
 
 
 class RunConfigRecord(Callback):
-    """Write ``config_yaml`` (the run's resolved config, as YAML text) under ``checkpoint["run_config"]``.
-
-    Plain text, so it loads with ``weights_only=True``; ``train.py`` adds this callback to every ``fit`` and
-    compares the record with the given config on ``--ckpt_path last``.
+    """Write ``config_yaml`` (the resolved config) under ``checkpoint["run_config"]``, checked on resume.
 
     Args:
         config_yaml: The resolved config.

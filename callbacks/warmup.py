@@ -26,7 +26,7 @@ def _optimizer_rate(optimizer: Any, role: str) -> float:
 def _check_timescales(
     leader_lr: float, follower_lr: float, tau_leader: float | None, tau_follower: float | None
 ) -> None:
-    """Refuse targets that break the two-timescale order (given both taus), or warn without taus (class docstring)."""
+    """Refuse targets that break the two-timescale order (given both taus); without, warn if the follower is slower."""
     if not leader_lr > 0 or not follower_lr > 0:
         raise ValueError(f"`leader_lr` and `follower_lr` must be > 0, got {leader_lr} and {follower_lr}.")
     if tau_leader is not None and tau_follower is not None:
@@ -46,27 +46,12 @@ def _check_timescales(
 
 
 class TwoTimescaleWarmup(Callback):
-    r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both.
+    r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both (§4.3, App. D.1).
 
-    The schedule of deep-smida (Stackelberg preference games, §4.3 and App. D.1):
-
-    .. math::
-        p_t = \min(t / T_{warm}, 1), \quad
-        \eta^L_t = \eta^L_{init} + p_t (\eta^L - \eta^L_{init}), \quad
-        \eta^F_t = \eta^L_t \, [1 + p_t (\eta^F / \eta^L - 1)].
-
-    The module's ``configure_optimizers`` returns the leader's optimizer at index ``leader_optimizer`` and the
-    follower's at ``follower_optimizer``. The callback owns their learning rates (it writes every parameter group
-    before each training batch), so attach no scheduler to them (it would be overwritten; the callback warns).
-
-    :math:`t` counts training batches (0 for the first ever), not ``trainer.global_step`` (twice per batch under
-    manual optimization); the count is saved in the callback's state, so a resumed run continues the schedule.
-
-    Logged (every training batch): ``{name}/leader_lr``, ``{name}/follower_lr``, ``{name}/ratio``.
-
-    The targets and the KL weights can be left to the module, so that they are stated once: a target not given is
-    the rate its optimizer was built with (read at fit start, before a resumed run restores the optimizers' saved
-    rates), and the taus not given are the module's ``hparams.tau_leader``/``hparams.tau_follower`` when it has both.
+    :func:`~callbacks.functional.warmup_learning_rates` over training batches (saved, so a resume continues), written
+    to every parameter group of both optimizers before each batch. Targets and taus not given are the module's
+    (its optimizers' rates, ``hparams.tau_leader``/``tau_follower``). Logs ``{name}/leader_lr``, ``/follower_lr``,
+    ``/ratio``.
 
     Args:
         leader_lr: the leader's target rate :math:`\eta^L` (> 0); ``None``: the leader optimizer's rate.
@@ -75,18 +60,13 @@ class TwoTimescaleWarmup(Callback):
         warmup_steps: :math:`T_{warm}`, number of training batches of the warm-up (0: start at the targets).
         leader_optimizer: index of the leader's optimizer in ``trainer.optimizers``.
         follower_optimizer: index of the follower's optimizer in ``trainer.optimizers``.
-        tau_leader: the leader's KL weight :math:`\tau^L`; with ``tau_follower``, enables the timescale check.
-            ``None`` (both): the module's ``hparams.tau_leader``/``tau_follower`` when it has both, else no check.
+        tau_leader: the leader's KL weight :math:`\tau^L` for the timescale check; ``None``: the module's, if any.
         tau_follower: the follower's KL weight :math:`\tau^F`.
-        name: namespace of the logged keys and part of :attr:`state_key`, so two instances (for two pairs of
-            optimizers) can coexist.
+        name: namespace of the logged keys and part of :attr:`state_key` (two instances may coexist).
 
     Raises:
-        ValueError: if a rate or ``warmup_steps`` is out of range, the two optimizer indices are equal or
-            negative, only one tau is given, a tau is not positive, or, given both taus, the targets break the
-            timescale order :math:`\eta^L \tau^L < \eta^F \tau^F` of Theorem 4.3 (the follower must be the fast
-            player); the targets and taus taken from the module are checked at fit start. At fit start, also if the
-            module has no optimizer at one of the two indices, or one whose parameter groups have different rates.
+        ValueError: for an out-of-range rate, step count, optimizer index or tau, or targets that break
+            :math:`\eta^L \tau^L < \eta^F \tau^F` (Theorem 4.3); at fit start, for a missing or multi-rate optimizer.
     """
 
     def __init__(
@@ -116,7 +96,7 @@ class TwoTimescaleWarmup(Callback):
             )
         if (tau_leader is None) != (tau_follower is None):
             raise ValueError("Give both `tau_leader` and `tau_follower` (to check the timescale order) or neither.")
-        if tau_leader is not None and tau_follower is not None and (not tau_leader > 0 or not tau_follower > 0):
+        if tau_leader is not None and (not tau_leader > 0 or not tau_follower > 0):
             raise ValueError(f"The KL weights must be > 0, got tau_leader={tau_leader}, tau_follower={tau_follower}.")
         if leader_lr is not None and follower_lr is not None:
             _check_timescales(leader_lr, follower_lr, tau_leader, tau_follower)
@@ -166,23 +146,19 @@ class TwoTimescaleWarmup(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         count = len(trainer.optimizers)
-        for role, index in (
-            ("leader_optimizer", self.leader_optimizer),
-            ("follower_optimizer", self.follower_optimizer),
-        ):
+        for role in ("leader_optimizer", "follower_optimizer"):
+            index = getattr(self, role)
             if index >= count:
                 raise ValueError(
                     f"TwoTimescaleWarmup: `{role}={index}` but the module configured {count} optimizer(s);"
                     " `configure_optimizers` must return the leader's and the follower's optimizers."
                 )
         # optimizer states (and rates) are restored after on_fit_start: these are the rates the module built them with
-        self.targets = tuple(
-            _optimizer_rate(trainer.optimizers[index], role) if given is None else given
-            for given, index, role in (
-                (self.leader_lr, self.leader_optimizer, "leader"),
-                (self.follower_lr, self.follower_optimizer, "follower"),
-            )
+        roles = (
+            (self.leader_lr, self.leader_optimizer, "leader"),
+            (self.follower_lr, self.follower_optimizer, "follower"),
         )
+        self.targets = tuple(given or _optimizer_rate(trainer.optimizers[i], role) for given, i, role in roles)
         taus = (self.tau_leader, self.tau_follower)
         hparams = getattr(pl_module, "hparams", {})
         if self.tau_leader is None and "tau_leader" in hparams and "tau_follower" in hparams:
@@ -213,9 +189,10 @@ class TwoTimescaleWarmup(Callback):
         leader, follower, ratio = self._apply(trainer)
         self.batches_seen += 1
         # Python floats: Lightning turns them into tensors; nothing is read back from the device.
-        pl_module.log(f"{self.name}/leader_lr", leader, on_step=True, on_epoch=False, batch_size=1)
-        pl_module.log(f"{self.name}/follower_lr", follower, on_step=True, on_epoch=False, batch_size=1)
-        pl_module.log(f"{self.name}/ratio", ratio, on_step=True, on_epoch=False, batch_size=1)
+        rates = {"leader_lr": leader, "follower_lr": follower, "ratio": ratio}
+        pl_module.log_dict(
+            {f"{self.name}/{k}": v for k, v in rates.items()}, on_step=True, on_epoch=False, batch_size=1
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -1,10 +1,4 @@
-"""Problems for the debate game, among them problems that a tiny CPU model can actually solve.
-
-:class:`datamodules.prompts.PromptDataModule` serves the debate, but on its default 2–4-step problems a tiny
-warm-started policy is right about 1% of the time, so the judge's MCC would be measured on one class. Hence
-:func:`single_step_problems` (``a + b`` with one-digit operands), :class:`DebateDataModule` (``problems:
-single_step``) and :func:`single_step_solution` (for :class:`datamodules.sft.SingleStepSFTDataModule`'s warm start).
-"""
+"""Problems for the debate game that a tiny CPU model can solve (``a + b``), so the judge's MCC sees both classes."""
 
 from __future__ import annotations
 
@@ -54,11 +48,9 @@ class DebateDataModule(PromptDataModule):
     """:class:`~datamodules.prompts.PromptDataModule` with a choice of generated problems.
 
     Args:
-        problems: Generated problems when no ``path``/``name`` is given: ``arithmetic`` (2–4 steps, the default
-            of the suite) or ``single_step`` (one addition of one-digit numbers).
+        problems: Generated problems without ``path``/``name``: ``arithmetic`` (2–4 steps) or ``single_step``.
         max_operand: Largest operand of ``single_step`` problems.
-        **kwargs: Everything :class:`~datamodules.prompts.PromptDataModule` takes (``val_fraction: 0.5`` for the
-            paper's split).
+        **kwargs: Everything :class:`~datamodules.prompts.PromptDataModule` takes.
     """
 
     def __init__(self, problems: str = "arithmetic", max_operand: int = 9, **kwargs: Any) -> None:
@@ -83,10 +75,7 @@ class DebateDataModule(PromptDataModule):
                 unique.append({"prompt": r["prompt"], "reference": r["reference"]})
         random.Random(hp.seed).shuffle(unique)
         n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)
-        self.splits = {
-            "val": unique[:n_val],
-            "test": unique[n_val : n_val + n_test],
-            "train": unique[n_val + n_test :],
-        }
+        val, test, train = unique[:n_val], unique[n_val : n_val + n_test], unique[n_val + n_test :]
+        self.splits = {"val": val, "test": test, "train": train}
         if not self.splits["train"]:
             raise ValueError("no training prompts left after the validation/test split")

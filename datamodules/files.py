@@ -24,24 +24,11 @@ def open_table(
 ) -> tuple[Any, str]:
     """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
 
-    Args:
-        path: Local file; takes precedence over ``name``.
-        name: Hub dataset name.
-        split: Split of the hub dataset.
-        columns: Columns that must be present (``None`` entries are skipped); a mapping field → column also names
-            the field in the error.
-        config_name: Subset of the hub dataset (GSM8K's ``"main"``).
-        revision: Git revision of the hub dataset (a tag or commit, for a reproducible run).
-
-    Returns:
-        ``(dataset, where)`` with ``where`` a short description for error messages; a JSON file with a column of
-        mixed types comes as :class:`JsonRows` (its values as written, not as ``datasets`` retypes them).
+    Returns ``(dataset, where)``; a JSON file with a column of mixed types comes as :class:`JsonRows`.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
-        ValueError: for an unsupported file type, neither source given, a file that cannot be parsed (bad JSON or CSV,
-            bytes that are not UTF-8, no rows; for JSON the row and field of a bad line or of a number that is not
-            finite, such as ``1e309``), or a missing column (listing those present).
+        ValueError: for an unsupported type, no source, an unparsable file (naming row and field), a missing column.
     """
     import datasets
 
@@ -142,17 +129,15 @@ def _non_finite_field(value: Any, field: str | None = None) -> tuple[str | None,
         return field, value
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        found = _non_finite_field(item, key if field is None and isinstance(value, dict) else field)
-        if found is not None:
+        if (found := _non_finite_field(item, key if field is None and isinstance(value, dict) else field)) is not None:
             return found
     return None
 
 
 def _json_records(path: str, **hooks: Any) -> list[Any]:
-    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines (the readers' rows).
+    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines.
 
     Raises:
-        OSError, UnicodeDecodeError: the file cannot be read as UTF-8 text.
         ValueError: ``"row <i>: not valid JSON (...)"`` for the first line that does not parse.
     """
     with _open_text(path) as f:
@@ -172,10 +157,7 @@ def _json_records(path: str, **hooks: Any) -> list[Any]:
 
 
 def _json_problem(path: str) -> str | None:
-    """The first row of a JSON (Lines) file that does not parse or holds a number that is not finite, described.
-
-    ``None`` when every row parses and is finite (the problem is elsewhere).
-    """
+    """The first JSON (Lines) row that does not parse or holds a non-finite number, described; else ``None``."""
     try:
         records = _json_records(path, parse_float=_json_float, parse_constant=_NonFinite)
     except (OSError, UnicodeDecodeError):
@@ -183,8 +165,7 @@ def _json_problem(path: str) -> str | None:
     except ValueError as e:
         return str(e)
     for i, rec in enumerate(records):
-        found = _non_finite_field(rec)
-        if found is not None:
+        if (found := _non_finite_field(rec)) is not None:
             field, number = found
             at = f"row {i}: field {field!r}" if field is not None else f"row {i}"
             return f"{at} = {number} is not finite (beyond the range of a float, or NaN/Infinity)"
@@ -194,9 +175,7 @@ def _json_problem(path: str) -> str | None:
 class JsonRows(list):
     """The rows of a JSON (Lines) file as Python's ``json`` reads them, with ``column_names`` like a dataset's.
 
-    Used for a file with a column of mixed types, which ``datasets`` stores as JSON text and reads back retyped (the
-    text ``"0.7"`` comes back as the number 0.7, ``"true"`` as ``True``): here each value keeps its type, and a key a
-    row lacks reads ``None`` as in ``datasets``.
+    For a column of mixed types, which ``datasets`` would retype (``"0.7"`` → 0.7); a missing key reads ``None``.
     """
 
     def __init__(self, records: list[dict[str, Any]]) -> None:

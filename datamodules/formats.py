@@ -1,9 +1,4 @@
-"""TRL's dataset formats as plain text: chat messages rendered, implicit prompts split off, bad values named.
-
-A value is *conversational* when it is a list of ``{"role", "content"}`` messages (TRL's conversational formats),
-*standard* when it is text. Messages are rendered with the tokenizer's chat template; a tokenizer without one (an
-encoder such as MiniLM, a base LM) gets the plain fallback of :func:`render_chat`. No Lightning here.
-"""
+"""TRL's dataset formats as plain text: chat messages rendered, implicit prompts split off, bad values named."""
 
 from __future__ import annotations
 
@@ -31,10 +26,7 @@ def is_messages(value: Any) -> bool:
 
 
 def as_messages(value: Any, where: str) -> Messages:
-    """``value`` as a list of messages, each with a text ``role`` and ``content`` (keys set to ``None`` dropped).
-
-    ``datasets`` fills keys that other rows' messages have with ``None``; those are dropped so chat templates do not
-    see them.
+    """``value`` as a list of messages with text ``role`` and ``content`` (keys ``datasets`` set to ``None`` dropped).
 
     Raises:
         ValueError: naming ``where`` (file, row, field) when a message is not a mapping or lacks a text role or content.
@@ -56,14 +48,10 @@ def as_messages(value: Any, where: str) -> Messages:
 def render_prompt_completion(
     tokenizer: Any, prompt: Sequence[dict[str, Any]], completion: Sequence[dict[str, Any]], where: str = "data"
 ) -> tuple[str, str]:
-    """Prompt and completion messages as texts, the way TRL's ``maybe_apply_chat_template`` renders them.
-
-    The prompt is rendered with the generation prompt; the completion is what the whole conversation's rendering
-    adds after it (so the template's end-of-turn tokens are part of the completion).
+    """Prompt and completion messages as texts, as TRL's ``maybe_apply_chat_template`` renders them.
 
     Raises:
-        ValueError: naming ``where`` when the template renders the prompt differently alone and followed by the
-            completion (the completion cannot then be cut off as a suffix).
+        ValueError: naming ``where`` when the template renders the prompt differently alone and before the completion.
     """
     prompt_text = render_chat(tokenizer, prompt, add_generation_prompt=True)
     full = render_chat(tokenizer, [*prompt, *completion], add_generation_prompt=False)
@@ -76,10 +64,9 @@ def render_prompt_completion(
 
 
 def extract_implicit_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
-    """Split the shared beginning off two completions: ``(prompt, chosen_rest, rejected_rest)``.
+    """``(prompt, chosen_rest, rejected_rest)``: the shared beginning split off, TRL's ``extract_prompt`` rule.
 
-    TRL's ``extract_prompt`` rule: the prompt is the longest common prefix (of characters for text, of messages for
-    conversations); for text, a space just before the first difference goes with the completions.
+    For text, a space just before the first difference goes with the completions.
     """
     n = min(len(chosen), len(rejected))
     idx = next((i for i in range(n) if chosen[i] != rejected[i]), n)

@@ -1,11 +1,6 @@
 """The instruction pool of the multi-LLM game (App. E): a development split cut 80/20, a test set kept apart.
 
-The leader samples duels from the whole candidate pool every iteration, so a training batch *is* the pool: the train
-loader yields ``iterations_per_epoch`` batches per epoch (default 1: one epoch = one game iteration), each one game
-iteration holding every candidate instruction, ``{"prompt": [...], "reference": [...], "index": tensor}``.
-Validation (the 20%) and test batches have the same keys in ``batch_size`` chunks. Without a file or hub set the
-instructions are generated arithmetic word problems (:func:`modules.algorithms.arithmetic.generate_problems`), the
-development and test problems from different seeds.
+A training batch *is* the pool: each of ``iterations_per_epoch`` batches per epoch holds every instruction.
 """
 
 from __future__ import annotations
@@ -67,19 +62,15 @@ class InstructionPoolDataModule(L.LightningDataModule):
     """Candidate instructions (80% of a development split), validation (20%) and a separate test set.
 
     Args:
-        source: The development split (:class:`~datamodules.prompts.PromptSource`; its reference column, if any,
-            gives the exact-match evaluation); neither file nor hub set: generated arithmetic problems.
-        test_source: The test set (e.g. the same hub set with ``split: test``); ``None``: generated test problems when
-            the development split is generated, else no test set.
+        source: The development split (:class:`~datamodules.prompts.PromptSource`); none: generated problems.
+        test_source: The test set; ``None``: generated test problems when ``source`` is generated, else no test set.
         num_problems: Generated development problems (when ``source`` names no file or hub set).
         num_test_problems: Generated test problems.
         val_fraction: Share of the development split held out for validation (paper: 0.2).
         batch_size: Validation/test prompts per batch.
-        iterations_per_epoch: Game iterations (training batches, each the whole pool) per epoch; validation runs at
-            the end of each epoch. 1 (the default) is the paper's one iteration per epoch.
+        iterations_per_epoch: Game iterations (training batches, each the whole pool) per epoch (paper: 1).
         seed: Seed of generation and splitting.
-        generation_seed_offset: Generated problems use ``seed + offset`` (test: ``+ 1`` more), so they differ from
-            the SFT warm start's problems.
+        generation_seed_offset: Generated problems use ``seed + offset`` (test: ``+ 1``), unlike the SFT warm start's.
     """
 
     def __init__(
@@ -130,17 +121,10 @@ class InstructionPoolDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        # resumable: a checkpoint written after an iteration's batch but before its epoch ended resumes at the next
-        # iteration instead of replaying this one. Replicated: under DDP every rank plays every iteration of the one
-        # game (StackelbergPool splits an iteration's duels across the ranks itself)
-        return ResumableDataLoader(
-            _WholePool(self.splits["train"], int(self.hparams.iterations_per_epoch)),
-            batch_size=None,
-            shuffle=False,
-            seed=self.hparams.seed,
-            collate_fn=collate_prompts,
-            replicated=True,
-        )
+        # resumable, so a mid-epoch checkpoint does not replay an iteration; replicated: StackelbergPool splits the
+        # duels across ranks itself
+        pool = _WholePool(self.splits["train"], int(self.hparams.iterations_per_epoch))
+        return ResumableDataLoader(pool, None, False, self.hparams.seed, collate_prompts, replicated=True)
 
     def _loader(self, split: str) -> DataLoader:
         rows = index_rows(self.splits[split])

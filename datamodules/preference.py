@@ -1,10 +1,4 @@
-"""Preference triplets (prompt, response_a, response_b, label) for training an ensemble of preference models.
-
-Sources: a local file (``path``), a hub dataset (``name``), or neither: generated arithmetic problems labelled by
-a :class:`~modules.scorers.oracle.PreferenceOracle` (offline). Partitions are disjoint at the prompt level (App.
-E.2): one per ensemble member, a shared validation set and a held-out set. Every distinct (prompt, response)
-sequence is tokenised once, with a content key so a frozen backbone can cache its features.
-"""
+"""Preference triplets (prompt, response_a, response_b, label) for training an ensemble of preference models."""
 
 from __future__ import annotations
 
@@ -32,7 +26,6 @@ from alignment_games.modules.scorers.oracle import PreferenceOracle, Programmati
 __all__ = [
     "PREFERENCE_FORMATS",
     "PreferenceDataModule",
-    "load_preference_rows",
     "read_preference_table",
     "resolve_preference_columns",
     "rows_as_text",
@@ -46,16 +39,7 @@ PREFERENCE_FORMATS = ("auto", "columns", "trl")
 def resolve_preference_columns(
     present: Sequence[str], data_format: str, columns: dict[str, str | None]
 ) -> dict[str, str | None]:
-    """The columns to read, as a mapping field → column, for a table whose columns are ``present``.
-
-    Args:
-        present: The table's column names.
-        data_format: ``columns`` (the configured ``columns``), ``trl`` (TRL's preference names: ``chosen`` and
-            ``rejected``, the chosen one preferred, and ``prompt`` when present, else an implicit prompt) or ``auto``
-            (``trl`` when the table has ``chosen`` and ``rejected`` but not the configured ``response_a`` column).
-        columns: The configured mapping of ``prompt``, ``response_a``, ``response_b``, ``label`` (and optionally
-            ``reference``) to columns; a ``prompt`` of ``None`` is an implicit prompt, a ``label`` of ``None``
-            chosen/rejected data.
+    """The columns to read (field → column): ``trl`` (``chosen``/``rejected``), ``columns`` (as configured) or ``auto``.
 
     Raises:
         ValueError: for an unknown ``data_format``.
@@ -72,16 +56,6 @@ def resolve_preference_columns(
     return dict(columns)
 
 
-def load_preference_rows(
-    path: str | None = None,
-    name: str | None = None,
-    split: str = "train",
-    columns: dict[str, str | None] | None = None,
-) -> list[dict[str, Any]]:
-    """The rows of :func:`read_preference_table` with the configured ``columns`` (no format detection)."""
-    return read_preference_table(path, name, split, columns)[0]
-
-
 def read_preference_table(
     path: str | None = None,
     name: str | None = None,
@@ -91,31 +65,15 @@ def read_preference_table(
     config_name: str | None = None,
     revision: str | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str | None], str]:
-    """Read rows through ``datasets`` and map columns to ``prompt``, ``response_a``, ``response_b``, ``label``.
+    """Read rows through ``datasets`` as stored, mapped to ``prompt``, ``response_a``, ``response_b``, ``label``.
 
-    Values are returned as stored: text, or lists of messages (TRL's conversational format), for
-    :func:`rows_as_text` to render.
-
-    Args:
-        path: Local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``).
-        name: Hub dataset name (used when ``path`` is ``None``).
-        split: Split to read.
-        columns: Mapping from the canonical field to the dataset's column; a ``label`` of ``None`` means
-            ``response_a`` is always the preferred one (chosen/rejected data), a ``prompt`` of ``None`` that the
-            prompt is the shared beginning of the two responses (TRL's implicit prompt).
-        data_format: See :func:`resolve_preference_columns`.
-        config_name: Hub subset.
-        revision: Hub revision (a tag or commit).
-
-    Returns:
-        ``(rows, columns, where)``: the rows, the columns read (after ``data_format``) and the source's description.
+    Returns ``(rows, columns read, source description)``; a ``None`` label column means ``response_a`` is preferred.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
         ValueError: naming the missing column and the columns present.
     """
-    cols: dict[str, str | None] = {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b"}
-    cols["label"] = "label"
+    cols: dict[str, str | None] = {f: f for f in ("prompt", "response_a", "response_b", "label")}
     cols.update(columns or {})
     ds, where = open_table(path, name, split, {}, config_name, revision)
     cols = resolve_preference_columns(ds.column_names, data_format, cols)
@@ -132,15 +90,8 @@ def read_preference_table(
 def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data") -> list[dict[str, Any]]:
     """Rows with text ``prompt``, ``response_a`` and ``response_b``: implicit prompts split off, messages rendered.
 
-    A row without a ``prompt`` key takes the shared beginning of its two responses as the prompt
-    (:func:`~datamodules.formats.extract_implicit_prompt`). A row where any of the three is a list of messages is
-    conversational: a text prompt becomes one user message, a text response one assistant message, and the texts are
-    those of :func:`~datamodules.formats.render_prompt_completion` (the chat template, or its plain fallback). Other
-    values are left for :func:`validate_rows` to refuse.
-
     Raises:
-        ValueError: naming the row and field of a malformed message list, or of an implicit prompt between a text and
-            a conversation.
+        ValueError: naming the row and field of a malformed message list or a text-versus-conversation pair.
     """
     out = []
     for i, row in enumerate(rows):
@@ -169,11 +120,10 @@ def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data
 
 
 def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict[str, Any]]:
-    """Check every row; return rows with ``label`` as float. Raises on the first bad row, naming row and field.
+    """Check every row; return rows with ``label`` as float.
 
     Raises:
-        ValueError: a missing/non-text/empty prompt or response, or a label that is not a finite number in [0, 1]
-            (a number written as text, ``"0.7"``, or ``true`` is refused too).
+        ValueError: naming row and field: a missing or blank text, or a label not a finite number in [0, 1].
     """
     out = []
     for i, row in enumerate(rows):
@@ -189,9 +139,7 @@ def check_relabelling(
     """Refuse relabelling options that cannot apply, naming the option to set.
 
     Raises:
-        ValueError: ``relabel`` without file or hub data or without an ``oracle``; a ``reference_column`` without
-            ``relabel`` (it is read for nothing else); the programmatic oracle relabelling without a
-            ``reference_column``.
+        ValueError: ``relabel`` without data, an ``oracle`` or (programmatic) ``reference_column``; the column alone.
     """
     if relabel and not has_data:
         raise ValueError(
@@ -213,41 +161,31 @@ def check_relabelling(
 class PreferenceDataModule(L.LightningDataModule):
     """Prompt-disjoint partitions of preference triplets for a k-member ensemble.
 
-    The tokenizer and the number of members come from the LightningModule being trained (its ``tokenizer`` and
-    ``hparams.num_members``) unless given here, so a config names the backbone once.
+    The tokenizer and ``num_members`` default to the model's, so a config names the backbone once.
 
     Args:
-        path: Local jsonl/json/parquet/csv of triplets; ``None`` with ``name`` ``None`` generates arithmetic data.
+        path: Local jsonl/json/parquet/csv of triplets; with no ``name`` either, arithmetic data is generated.
         name: Hub dataset name.
         split: Split of the hub dataset.
         config_name: Subset of the hub dataset.
-        revision: Revision of the hub dataset (a tag or commit, for a reproducible run).
-        format: How the file's columns are read: ``columns`` (the column options below), ``trl`` (TRL's preference
-            format: ``chosen``/``rejected``, with ``prompt`` or an implicit prompt, text or message lists) or
-            ``auto`` (``trl`` when the file has ``chosen`` and ``rejected`` but no ``response_a_column``).
-        prompt_column: Column holding the prompt; ``None``: an implicit prompt, the shared beginning of the two
-            responses (TRL's rule). Any of the three columns may hold lists of ``{"role", "content"}`` messages,
-            rendered with the tokenizer's chat template (or ``role: content`` lines when it has none).
+        revision: Revision of the hub dataset (a tag or commit).
+        format: ``columns`` (the column options), ``trl`` (``chosen``/``rejected``, text or messages) or ``auto``.
+        prompt_column: Column holding the prompt; ``None``: the responses' shared beginning (TRL's implicit prompt).
         response_a_column: Column holding the first response (the chosen one when ``label_column`` is ``None``).
         response_b_column: Column holding the second response.
-        label_column: Column holding P(a ≻ b) in [0, 1] (0/1 labels are fine); ``None`` for chosen/rejected data,
-            whose rows are then put in random order with the label set to match.
+        label_column: Column holding P(a ≻ b) in [0, 1]; ``None`` for chosen/rejected data (pairs then shuffled).
         num_members: Training partitions; ``None`` takes ``num_members`` from the model.
         val_fraction: Share of prompts in the shared validation set.
         heldout_fraction: Share of prompts held out for ``test`` (the report).
-        max_length: Tokens per (prompt, response) sequence; longer prompts are cut from the left, counted and warned.
+        max_length: Tokens per (prompt, response) sequence; longer prompts are cut from the left, with a warning.
         batch_size: Triplets per batch.
         num_workers: DataLoader workers.
         seed: Seed of generation, order and partitioning.
         num_prompts: Generated problems (offline default data).
-        responses_per_prompt: Generated solutions per problem, from the corruption kinds in order; every pair of
-            them becomes a triplet.
-        oracle: Labels generated data (default :class:`~modules.scorers.oracle.ProgrammaticOracle`). File or hub
-            data keep their own labels unless ``relabel`` is set.
-        relabel: Relabel every pair of the file or hub data with ``oracle``, the paper's synthetic-oracle setup
-            (the file's labels, if any, are then ignored).
-        reference_column: Column with the reference final answer, read only with ``relabel`` (the programmatic
-            oracle needs it).
+        responses_per_prompt: Generated solutions per problem; every pair of them becomes a triplet.
+        oracle: Labels generated data (default :class:`~modules.scorers.oracle.ProgrammaticOracle`).
+        relabel: Relabel every pair of the file or hub data with ``oracle`` (the paper's synthetic-oracle setup).
+        reference_column: Column with the reference final answer, read only with ``relabel``.
         predict_path: jsonl of pairs (prompt, response_a, response_b) to score in ``predict``.
         tokenizer: Tokenizer name or path; ``None`` takes the model's tokenizer.
     """
@@ -307,31 +245,31 @@ class PreferenceDataModule(L.LightningDataModule):
         self.pad_id = 0
         self._tokenizer = None
 
-    # ------------------------------------------------------------------ raw rows
     def generate_rows(self) -> list[dict[str, Any]]:
         """Generated arithmetic triplets: every pair of ``responses_per_prompt`` solutions, labelled by the oracle."""
         hp = self.hparams
         rng = random.Random(hp.seed)
         kinds = CORRUPTIONS[: hp.responses_per_prompt]
-        prompts, resp_a, resp_b, refs = [], [], [], []
+        rows = []
         for p in generate_problems(hp.num_prompts, seed=hp.seed):
             responses = [make_response(p, k, rng) for k in kinds]
             rng.shuffle(responses)
-            for a, b in itertools.combinations(responses, 2):
-                prompts.append(p.question)
-                resp_a.append(a)
-                resp_b.append(b)
-                refs.append(str(p.answer))
+            pairs = itertools.combinations(responses, 2)
+            rows += [
+                {"prompt": p.question, "response_a": a, "response_b": b, "reference": str(p.answer)} for a, b in pairs
+            ]
         oracle = self.oracle or ProgrammaticOracle(seed=hp.seed)
-        labels = oracle.label(prompts, resp_a, resp_b, refs).tolist()
-        rows = [
-            {"prompt": x, "response_a": a, "response_b": b, "label": y, "reference": r}
-            for x, a, b, y, r in zip(prompts, resp_a, resp_b, labels, refs)
-        ]
-        return self._labelled_rows(rows, oracle)
+        return self._labelled_rows(rows, oracle, [r["reference"] for r in rows])
 
-    def _labelled_rows(self, rows: list[dict[str, Any]], oracle: PreferenceOracle) -> list[dict[str, Any]]:
-        """The rows that ``oracle`` gave a label, the others (no valid verdict: a NaN label) dropped and counted."""
+    def _labelled_rows(
+        self, rows: list[dict[str, Any]], oracle: PreferenceOracle, refs: list[str | None] | None
+    ) -> list[dict[str, Any]]:
+        """``rows`` labelled by ``oracle``; those without a valid verdict (a NaN label) dropped and counted."""
+        labels = oracle.label(
+            [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows], refs
+        )
+        for r, y in zip(rows, labels.tolist()):
+            r["label"] = y
         self.labelled_by = oracle
         kept = [r for r in rows if not math.isnan(r["label"])]
         self.num_unlabelled = len(rows) - len(kept)
@@ -344,30 +282,20 @@ class PreferenceDataModule(L.LightningDataModule):
         return kept
 
     def oracle_summary(self) -> dict[str, Any] | None:
-        """What the report says of the labels: the oracle's summary and the pairs it left unlabelled.
-
-        The labelling oracle's :meth:`~modules.scorers.oracle.PreferenceOracle.summary` with ``pairs_dropped``, the
-        pairs dropped for want of a valid verdict; ``None`` when the labels came with the data.
-        """
+        """The labelling oracle's summary with ``pairs_dropped``; ``None`` when the data came labelled."""
         if self.labelled_by is None:
             return None
         return {**self.labelled_by.summary(), "pairs_dropped": self.num_unlabelled}
 
     def read_rows(self) -> list[dict[str, Any]]:
-        """Rows of the configured source as text, validated (errors name the row and field).
+        """Rows of the configured source as validated text, labelled by the oracle when generated or relabelled.
 
-        Generated rows are labelled by the oracle; file or hub rows keep their labels, or are relabelled by the
-        oracle with ``relabel``. Chosen/rejected rows (no label column) are put half in the other order.
+        Chosen/rejected rows are put half in the other order, so position carries no signal.
         """
         hp = self.hparams
         if hp.path is None and hp.name is None:
             return self.generate_rows()
-        columns = {
-            "prompt": hp.prompt_column,
-            "response_a": hp.response_a_column,
-            "response_b": hp.response_b_column,
-            "label": hp.label_column,
-        }
+        columns = self._columns(hp.label_column)
         if hp.relabel:  # the oracle's labels replace the file's, which need not exist
             columns["label"] = None
             if hp.reference_column is not None:
@@ -383,12 +311,7 @@ class PreferenceDataModule(L.LightningDataModule):
             refs = None
             if hp.reference_column is not None:  # as text, like the generated rows' (a file may hold numbers)
                 refs = [None if r.get("reference") is None else str(r["reference"]) for r in rows]
-            labels = self.oracle.label(
-                [r["prompt"] for r in rows], [r["response_a"] for r in rows], [r["response_b"] for r in rows], refs
-            )
-            for r, y in zip(rows, labels.tolist()):
-                r["label"] = y
-            rows = self._labelled_rows(rows, self.oracle)
+            rows = self._labelled_rows(rows, self.oracle, refs)
         else:
             if self.oracle is not None:
                 rank_zero_info(
@@ -397,12 +320,17 @@ class PreferenceDataModule(L.LightningDataModule):
                 )
             rows = validate_rows(rows, source)
         if columns["label"] is None:
-            # chosen/rejected data: put half of the pairs in the other order so position carries no signal
             rng = random.Random(hp.seed)
             for r in rows:
                 if rng.random() < 0.5:
                     r["response_a"], r["response_b"], r["label"] = r["response_b"], r["response_a"], 1.0 - r["label"]
         return rows
+
+    def _columns(self, label: str | None) -> dict[str, str | None]:
+        """The configured columns of ``prompt``, ``response_a`` and ``response_b``, and ``label``'s."""
+        hp = self.hparams
+        a, b = hp.response_a_column, hp.response_b_column
+        return {"prompt": hp.prompt_column, "response_a": a, "response_b": b, "label": label}
 
     def _tokenizer_if_conversational(self, rows: list[dict[str, Any]]) -> Any:
         """The tokenizer when a row holds messages (their chat template renders them), else ``None``."""
@@ -411,7 +339,6 @@ class PreferenceDataModule(L.LightningDataModule):
             return self._resolve_tokenizer()
         return None
 
-    # ------------------------------------------------------------------ partitions
     @staticmethod
     def partition_prompts(
         prompts: list[str], num_members: int, val_fraction: float, heldout_fraction: float, seed: int
@@ -473,9 +400,8 @@ class PreferenceDataModule(L.LightningDataModule):
                     texts.append(key)
                 ids.append(index[key])
             pairs.append((ids[0], ids[1]))
-        enc = encode_prompt_responses(
-            tok, [t[0] for t in texts], [t[1] for t in texts], self.hparams.max_length, warn=True
-        )
+        prompts, responses = [x for x, _ in texts], [y for _, y in texts]
+        enc = encode_prompt_responses(tok, prompts, responses, self.hparams.max_length, warn=True)
         self.num_truncated += len(enc.truncated)
         self.sequences.extend(enc.input_ids)
         if enc.token_type_ids is not None:
@@ -491,14 +417,7 @@ class PreferenceDataModule(L.LightningDataModule):
                 raise ValueError("predict needs data.predict_path (a jsonl of prompt, response_a, response_b)")
             if "predict" not in self.splits:
                 rows, _, source = read_preference_table(
-                    self.hparams.predict_path,
-                    columns={
-                        "prompt": self.hparams.prompt_column,
-                        "response_a": self.hparams.response_a_column,
-                        "response_b": self.hparams.response_b_column,
-                        "label": None,
-                    },
-                    data_format=self.hparams.format,
+                    self.hparams.predict_path, columns=self._columns(None), data_format=self.hparams.format
                 )
                 rows = validate_rows(rows_as_text(rows, self._tokenizer_if_conversational(rows), source), source)
                 pairs = self._encode(rows)
@@ -510,11 +429,8 @@ class PreferenceDataModule(L.LightningDataModule):
         if "val" in self.splits:
             return
         rows = self.read_rows()
-        k = self._num_members()
-        hp = self.hparams
-        assignment = self.partition_prompts(
-            [r["prompt"] for r in rows], k, hp.val_fraction, hp.heldout_fraction, hp.seed
-        )
+        k, hp, prompts = self._num_members(), self.hparams, [r["prompt"] for r in rows]
+        assignment = self.partition_prompts(prompts, k, hp.val_fraction, hp.heldout_fraction, hp.seed)
         prompt_ids = {x: i for i, x in enumerate(sorted(assignment))}
         pairs = self._encode(rows)
         if self.num_truncated:
@@ -523,19 +439,11 @@ class PreferenceDataModule(L.LightningDataModule):
         for i, (r, (a, b)) in enumerate(zip(rows, pairs)):
             split = assignment[r["prompt"]]
             member = int(split.split("_")[1]) if split.startswith("train_") else -1
-            item = {
-                "seq_a": a,
-                "seq_b": b,
-                "label": r["label"],
-                "prompt_id": prompt_ids[r["prompt"]],
-                "member": member,
-                "row": i,
-            }
+            item = dict(seq_a=a, seq_b=b, label=r["label"], prompt_id=prompt_ids[r["prompt"]], member=member, row=i)
             splits["train" if member >= 0 else split].append(item)
         self.splits = splits
         self.prompts_by_split = {s: len({it["prompt_id"] for it in items}) for s, items in splits.items()}
 
-    # ------------------------------------------------------------------ loaders
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Pad the distinct sequences of a batch once; triplets index into them with ``idx_a`` / ``idx_b``."""
         order: dict[int, int] = {}
@@ -543,33 +451,22 @@ class PreferenceDataModule(L.LightningDataModule):
             for s in (it["seq_a"], it["seq_b"]):
                 order.setdefault(s, len(order))
         seqs = list(order)
-        batch = pad_sequences(
-            [self.sequences[s] for s in seqs],
-            self.pad_id,
-            [self.type_ids[s] for s in seqs] if self.type_ids is not None else None,
-        )
+        types = [self.type_ids[s] for s in seqs] if self.type_ids is not None else None
+        batch = pad_sequences([self.sequences[s] for s in seqs], self.pad_id, types)
         batch["seq_keys"] = torch.tensor([self.keys[s] for s in seqs], dtype=torch.long)
         batch["idx_a"] = torch.tensor([order[it["seq_a"]] for it in items], dtype=torch.long)
         batch["idx_b"] = torch.tensor([order[it["seq_b"]] for it in items], dtype=torch.long)
         batch["label"] = torch.tensor([it["label"] for it in items], dtype=torch.float32)
-        batch["prompt_id"] = torch.tensor([it["prompt_id"] for it in items], dtype=torch.long)
-        batch["member"] = torch.tensor([it["member"] for it in items], dtype=torch.long)
-        batch["row"] = torch.tensor([it["row"] for it in items], dtype=torch.long)
+        for key in ("prompt_id", "member", "row"):
+            batch[key] = torch.tensor([it[key] for it in items], dtype=torch.long)
         return batch
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         if split not in self.splits:
             raise RuntimeError(f"call setup() before asking for the {split} loader")
         hp = self.hparams
-        return split_loader(
-            self.splits[split],
-            hp.batch_size,
-            self.collate,
-            train=split == "train",
-            shuffle=shuffle,
-            seed=hp.seed,
-            num_workers=hp.num_workers,
-        )
+        kwargs = dict(shuffle=shuffle, seed=hp.seed, num_workers=hp.num_workers)
+        return split_loader(self.splits[split], hp.batch_size, self.collate, train=split == "train", **kwargs)
 
     @override
     def train_dataloader(self) -> DataLoader:

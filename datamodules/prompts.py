@@ -1,7 +1,4 @@
-"""Prompts (with optional reference answers) for the games: generated arithmetic problems, a local file or a hub set.
-
-Batches are :func:`collate_prompts`'s; splits are disjoint at the prompt level and deterministic for a seed.
-"""
+"""Prompts (with optional reference answers) for the games: generated arithmetic problems, a local file or a hub set."""
 
 from __future__ import annotations
 
@@ -46,14 +43,10 @@ class PromptSource:
         config_name: Hub subset (GSM8K needs ``"main"``).
         revision: Hub revision (a tag or commit).
         split: Hub split.
-        prompt_column: Column with the prompt: text, or TRL's conversational prompt (a list of messages) holding
-            one user message (after an optional system message), whose content is taken.
-        reference_column: Column with the reference answer (optional): text or a finite number; a row whose value
-            is null, or does not parse in ``reference_format``, has the reference ``None`` (a NaN is refused).
-        reference_format: ``plain`` (the column is the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last
-            ``\\boxed{}`` of a worked solution, as in MATH).
-        category_column: Column with each prompt's category (optional; text or a finite number), carried in the rows and
-            batches as ``category`` (the instruction pool logs its leader's weight per category).
+        prompt_column: Column with the prompt: text, or one user message (after an optional system message).
+        reference_column: Column with the reference answer (optional); a null or unparsable value gives ``None``.
+        reference_format: ``plain`` (the answer), ``gsm8k`` (after ``####``) or ``boxed`` (the last ``\\boxed{}``).
+        category_column: Column with each prompt's category (optional), carried in rows and batches as ``category``.
 
     Raises:
         ValueError: for an unknown ``reference_format``.
@@ -89,9 +82,7 @@ class PromptSource:
         """Rows ``{"prompt", "reference"}`` (and ``"category"``) of the file or hub split.
 
         Raises:
-            ValueError: naming the file, row and column of a missing, empty or non-text prompt (a number), a
-                conversational prompt that is not one user message, a reference or category that is neither text nor
-                a finite number (NaN refused, not read as ``"nan"``), or a missing or empty category.
+            ValueError: naming the file, row and column of a bad prompt, reference or category.
         """
         columns = [self.prompt_column, self.reference_column, self.category_column]
         ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
@@ -111,15 +102,8 @@ class PromptSource:
 def prompt_text(value: Any, field: str, where: str, row: int) -> str:
     """A prompt as text: text itself, or the content of a conversation of one user message (after a system one).
 
-    Args:
-        value: The field's value in the row.
-        field: The prompt column, quoted in errors.
-        where: The file or split the row comes from.
-        row: The row's number (0-based, in file order).
-
     Raises:
-        ValueError: naming the file, row and field for a missing, empty or non-text prompt (a number is refused as
-            not text, :func:`~datamodules.validation.require_text`) or another kind of conversation.
+        ValueError: naming the file, row and field of a missing, empty or non-text prompt or another conversation.
     """
     if is_messages(value):
         at = f"{where}: row {row}: field {field!r}"
@@ -134,11 +118,8 @@ def prompt_text(value: Any, field: str, where: str, row: int) -> str:
 def scalar_text(value: Any, field: str, where: str, row: int) -> str:
     """A reference or category as non-empty text; a finite number is written out (``7`` → ``"7"``).
 
-    NaN (how pandas and parquet mark a missing number) and infinities are refused rather than written out as
-    ``"nan"``/``"inf"``; so are ``True``/``False``, lists and mappings.
-
     Raises:
-        ValueError: naming the file, row and field for a missing, empty, non-finite or non-scalar value.
+        ValueError: naming the file, row and field of a missing, empty, non-finite or non-scalar value.
     """
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: row {row}: field {field!r} = {value!r} is not finite (a missing value is null)")
@@ -160,10 +141,7 @@ def index_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def collate_prompts(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Batch indexed rows as ``{"prompt": [...], "reference": [...], "index": tensor}`` (and ``"category"``).
-
-    ``"category"`` is there when a row has one (rows of a source with a ``category_column``).
-    """
+    """Batch indexed rows as ``{"prompt": [...], "reference": [...], "index": tensor}`` (and ``"category"`` if any)."""
     batch = {
         "prompt": [it["prompt"] for it in items],
         "reference": [it["reference"] for it in items],
@@ -175,7 +153,7 @@ def collate_prompts(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class PromptDataModule(L.LightningDataModule):
-    """Train/validation/test prompts for a game.
+    """Train/validation/test prompts for a game, split disjointly by prompt and deterministically for a seed.
 
     Args:
         source: Where the prompts come from (:class:`PromptSource`: a file, a hub set, or generated problems).
@@ -184,8 +162,7 @@ class PromptDataModule(L.LightningDataModule):
         test_fraction: Share of prompts for test.
         batch_size: Prompts per step (the paper's B).
         seed: Seed of generation and splitting.
-        generation_seed_offset: Generated problems use ``seed + offset`` so that game prompts differ from the
-            preference ensemble's training prompts (the paper trains the game on unseen prompts).
+        generation_seed_offset: Generated problems use ``seed + offset``, unseen by the preference ensemble.
     """
 
     def __init__(
@@ -235,14 +212,8 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError("no training prompts left after the validation/test split")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return split_loader(
-            index_rows(self.splits[split]),
-            self.hparams.batch_size,
-            collate_prompts,
-            train=split == "train",
-            shuffle=shuffle,
-            seed=self.hparams.seed,
-        )
+        rows, hp = index_rows(self.splits[split]), self.hparams
+        return split_loader(rows, hp.batch_size, collate_prompts, train=split == "train", shuffle=shuffle, seed=hp.seed)
 
     @override
     def train_dataloader(self) -> DataLoader:
@@ -256,6 +227,4 @@ class PromptDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader("test" if self.splits["test"] else "val", False)
 
-    @override
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test" if self.splits["test"] else "val", False)
+    predict_dataloader = test_dataloader

@@ -1,10 +1,6 @@
 """A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint.
 
-:class:`ResumableDataLoader` records the epoch and the batches handed out in it (Lightning fetches one batch per
-step, never ahead, so "handed out" is "trained on"); each epoch's order comes from ``seed + epoch`` only, where the
-loader's ``seed`` is the data seed plus :data:`RUN_SEED_STRIDE` times the run's seed (:func:`run_seed`, what
-``seed_everything`` set): runs of different seeds train on different orders of the same data, a run resumed with its
-config (the same ``seed_everything``) on the same one, and run seed 0 on the order the data seed alone gave before.
+Orders come from ``seed + epoch`` only, the seed including the run's (:func:`run_seed`): a resumed run sees the same.
 """
 
 from __future__ import annotations
@@ -38,11 +34,7 @@ def _world() -> tuple[int, int]:
 def bucket_order(
     indices: Sequence[int], lengths: Sequence[int], batch_size: int, window: int, rng: random.Random
 ) -> list[int]:
-    """``indices`` regrouped so that each batch holds items of similar length: less padding, the same items.
-
-    Every run of ``window`` batches' worth of consecutive indices is sorted by length (stably) and cut into batches,
-    whose order within the run is then shuffled by ``rng``; a last incomplete batch stays last. The result is a
-    permutation of ``indices`` whose consecutive ``batch_size`` items are the batches.
+    """``indices`` regrouped into batches of similar length (sorted within runs of ``window`` batches, then shuffled).
 
     Example:
         >>> bucket_order([0, 1, 2, 3, 4], [5, 1, 4, 2, 3], 2, 4, random.Random(0))
@@ -67,20 +59,8 @@ def bucket_order(
 class ResumableSampler(DistributedSampler):
     """Each epoch's order from ``seed + epoch`` (shuffled or not), split across ranks, with a skip for resuming.
 
-    A :class:`~torch.utils.data.DistributedSampler`, so Lightning neither replaces it under DDP nor forgets
-    :meth:`set_epoch`; without Lightning, an iteration without a new :meth:`set_epoch` moves to the next epoch.
-
-    Args:
-        dataset: The map-style dataset (only its length is used).
-        shuffle: Shuffle within each epoch.
-        seed: Seed of the orders.
-        replicated: Every rank gets every item, in the same order, instead of its share (for a module whose ranks
-            play one game together and split its work themselves, such as the multi-LLM pool).
-        lengths: Each item's length; with ``bucket_batch`` (the loader's batch size) and ``bucket_window``, each
-            epoch's order (this rank's share) is regrouped by :func:`bucket_order` into batches of similar lengths,
-            shuffled within runs of ``bucket_window`` batches from ``seed + epoch``: the same items, less padding.
-        bucket_batch: The batch size the buckets are cut to.
-        bucket_window: Batches per sorted run; 0 (or no ``lengths``): no bucketing.
+    A ``DistributedSampler``, so Lightning neither replaces it under DDP nor forgets :meth:`set_epoch`. ``replicated``:
+    every rank gets every item; ``lengths``, ``bucket_batch``, ``bucket_window``: :func:`bucket_order` batches.
     """
 
     def __init__(
@@ -123,25 +103,9 @@ class ResumableSampler(DistributedSampler):
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` with ``state_dict``/``load_state_dict`` for exact mid-epoch resumption in Lightning.
+    """A ``DataLoader`` whose ``state_dict`` (``{"epoch", "batches"}``) resumes it exactly mid-epoch.
 
-    State: ``{"epoch": e, "batches": b}``, the epoch of the running (or last) iteration and the batches handed out
-    in it. After ``load_state_dict`` the next iteration of epoch ``e`` starts at batch ``b``, of any other epoch at
-    its beginning. The global torch generator is never used.
-
-    Args:
-        dataset: Map-style dataset.
-        batch_size: Items per batch.
-        shuffle: Shuffle each epoch (orders from ``seed + epoch``).
-        seed: The data seed; with the run's seed (:func:`run_seed`) it seeds the orders and the loader's generator.
-        order_seed: The seed of the orders as given (the run's seed not added); None: from ``seed`` and the run's.
-        collate_fn: Batch collation.
-        num_workers: Worker processes.
-        drop_last: Drop the last incomplete batch.
-        replicated: Every rank iterates over every batch (:class:`ResumableSampler`).
-        lengths: Each item's length, for batches of similar lengths (with ``bucket_window``; :class:`ResumableSampler`).
-        bucket_window: Batches per length-sorted run; 0: plain shuffled batches.
-        **kwargs: Any other ``DataLoader`` argument (not ``sampler``, ``batch_sampler`` or ``generator``).
+    Orders come from ``seed`` plus the run's seed, or ``order_seed`` as given; the global generator is never used.
     """
 
     def __init__(
@@ -165,35 +129,18 @@ class ResumableDataLoader(DataLoader):
                 raise ValueError(f"ResumableDataLoader sets its own {key}; do not pass one")
             kwargs.pop(key, None)
         kwargs.pop("shuffle", None)
-        super().__init__(
-            dataset,
-            batch_size=batch_size,
-            sampler=ResumableSampler(
-                dataset,
-                shuffle=shuffle,
-                seed=seed,
-                replicated=replicated,
-                lengths=lengths,
-                bucket_batch=batch_size or 1,
-                bucket_window=bucket_window,
-            ),
-            collate_fn=collate_fn,
-            num_workers=num_workers,
-            drop_last=drop_last,
-            generator=torch.Generator().manual_seed(seed),
-            **kwargs,
-        )
+        sampler = ResumableSampler(dataset, shuffle, seed, replicated, lengths, batch_size or 1, bucket_window)
+        generator = torch.Generator().manual_seed(seed)
+        loader_args = dict(collate_fn=collate_fn, num_workers=num_workers, drop_last=drop_last, generator=generator)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, **loader_args, **kwargs)
         self.seed = seed
         self.shuffle = shuffle
         self._batches = 0
         self._resume: tuple[int, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
-        return self._iterate(sampler)
-
-    def _iterate(self, sampler: ResumableSampler) -> Iterator[Any]:
         # A generator: the body runs at the first next(), after Lightning's set_epoch for this epoch.
+        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
         epoch = sampler.epoch if sampler._epoch_fresh else sampler.epoch + 1
         skip = 0
         if self._resume is not None:
@@ -228,10 +175,7 @@ def split_loader(
     seed: int = 0,
     num_workers: int = 0,
 ) -> DataLoader:
-    """The loader of one split: a :class:`ResumableDataLoader` for training, else a plain ``DataLoader``.
-
-    A list of items serves as the dataset.
-    """
+    """The loader of one split (a list of items serves): :class:`ResumableDataLoader` for training, else plain."""
     if train:
         return ResumableDataLoader(
             dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, num_workers=num_workers, collate_fn=collate_fn

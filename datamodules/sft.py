@@ -1,11 +1,4 @@
-"""(system, prompt, response) triples for a supervised warm start of a game's players.
-
-* :class:`ArithmeticSFTDataModule`: correct and corrupted solutions keep the warm-started reference diverse, so the
-  ensemble sometimes disagrees about its replies.
-* :class:`SingleStepSFTDataModule`: filler sentences independent of correctness give a biased judge a behaviour to
-  reward that is unrelated to being right (the reward-hacking study).
-* :class:`SFTFileDataModule`: your own data, a file or hub set in TRL's prompt-completion or messages format.
-"""
+"""(system, prompt, response) triples for a supervised warm start of a game's players."""
 
 from __future__ import annotations
 
@@ -43,10 +36,8 @@ __all__ = [
 
 Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
-#: ``worded``: :func:`~modules.algorithms.arithmetic.make_response`'s sentences; ``think``: the bare equations in
-#: ``<think>…</think>`` and the boxed answer (:func:`~modules.algorithms.arithmetic.make_think_response`, correct only);
-#: ``think_padded``: the same with the equations' numbers zero-padded to three digits (``038 + 013 = 051``);
-#: ``think_reversed``: padded and written least-significant digit first (``830 + 310 = 150``), the box in normal order
+#: ``worded`` sentences; ``think``: bare equations in ``<think>…</think>`` and the boxed answer (correct only);
+#: ``think_padded``: numbers zero-padded to three digits; ``think_reversed``: padded, least-significant digit first
 SOLUTION_STYLES = ("worded", "think", "think_padded", "think_reversed")
 THINK_WIDTH = {"think": 0, "think_padded": 3, "think_reversed": 3}
 THINK_REVERSED = {"think_reversed"}
@@ -67,9 +58,7 @@ def _chars(triple: Triple) -> int:
 class _TriplesDataModule(L.LightningDataModule):
     """Triples made once by :meth:`triples`; the first ``val_fraction`` of them (at least one) validate.
 
-    A subclass calls ``save_hyperparameters`` with ``val_fraction``, ``batch_size`` and ``seed`` among its arguments,
-    and ``bucket_window`` if it offers batches of similar lengths (:func:`~datamodules.resumable.bucket_order`, the
-    length of a triple its characters).
+    A subclass saves ``val_fraction``, ``batch_size``, ``seed`` and optionally ``bucket_window`` as hyperparameters.
     """
 
     def __init__(self) -> None:
@@ -93,15 +82,10 @@ class _TriplesDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> ResumableDataLoader:
-        window = self.hparams.get("bucket_window", 0)
+        hp, window = self.hparams, self.hparams.get("bucket_window", 0)
+        lengths = [_chars(t) for t in self.train_pairs] if window else None
         return ResumableDataLoader(
-            self.train_pairs,
-            batch_size=self.hparams.batch_size,
-            shuffle=True,
-            seed=self.hparams.seed,
-            collate_fn=_collate,
-            lengths=[_chars(t) for t in self.train_pairs] if window else None,
-            bucket_window=window,
+            self.train_pairs, hp.batch_size, True, hp.seed, _collate, lengths=lengths, bucket_window=window
         )
 
     @override
@@ -119,23 +103,17 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         val_fraction: Share of problems for validation.
         batch_size: Pairs per batch.
         seed: Seed (problems use ``seed + 2_000_003`` so they differ from the ensemble's and the game's).
-        follower_fraction: Share of examples in the follower's format (App. E.4): another solution of the same
-            problem in the system message, so a warm-started follower answers in kind instead of babbling.
+        follower_fraction: Share of examples in the follower's format: another solution as system message (App. E.4).
         system_prompt: The leader's system message (the game's default).
         follower_system_template: The follower's system message with ``{leader_response}``.
-        style: How solutions are written (:data:`SOLUTION_STYLES`); the ``think*`` styles write correct
-            solutions only, so ``kinds`` must then be ``["correct"]``.
+        style: How solutions are written (:data:`SOLUTION_STYLES`); ``think*`` styles need ``kinds: [correct]``.
         min_steps: Fewest operations of a problem.
         max_steps: Most operations of a problem.
-        bucket_window: Training batches of similar lengths, less padding: each epoch's shuffled order is sorted by
-            length within runs of this many batches, which are then shuffled
-            (:func:`~datamodules.resumable.bucket_order`; resumable, a function of ``seed`` and the epoch); 0: plain
-            shuffled batches.
+        bucket_window: Sort the shuffled order by length within runs of this many batches (less padding); 0: off.
 
     Raises:
         ValueError: for an unknown kind or style, ``think`` with a corrupted kind, bad weights or
-            ``follower_fraction``, a negative ``bucket_window``, or a step range that
-            :func:`~modules.algorithms.arithmetic.generate_problems` refuses.
+            ``follower_fraction``, a negative ``bucket_window``, or a bad step range.
     """
 
     def __init__(
@@ -204,8 +182,7 @@ class SingleStepSFTDataModule(_TriplesDataModule):
     Args:
         num_prompts: Problems generated (seed offset 3_000_017, so they differ from the game's).
         correct_fraction: Share of solutions whose result is right; the others are off by 1 or 2.
-        filler_fraction: Share of solutions (right or wrong alike) with one filler sentence from
-            :data:`modules.algorithms.arithmetic._FILLER`.
+        filler_fraction: Share of solutions (right or wrong alike) with one filler sentence.
         max_operand: Largest operand.
         val_fraction: Share of pairs for validation.
         batch_size: Pairs per batch.
@@ -250,18 +227,8 @@ def sft_example(
 ) -> tuple[str | list[dict[str, Any]], str]:
     """One record as ``(prompt, completion)``: the prompt text or messages, the completion text.
 
-    Args:
-        rec: The record.
-        data_format: ``prompt_completion`` (TRL's prompt-completion format, standard or conversational: a
-            conversational completion is one assistant message, whose content is taken) or ``messages`` (a whole
-            conversation: the prompt is everything before its last assistant message, the completion that message).
-        columns: The ``prompt``, ``completion`` and ``messages`` columns.
-        where: The file, for errors.
-        row: The row's number (0-based, in file order), for errors.
-
     Raises:
-        ValueError: naming ``where``, the row and the field of a missing, empty or malformed prompt, completion or
-            conversation (a prompt or completion that is a number is refused as not text).
+        ValueError: naming ``where``, the row and the field of a bad prompt, completion or conversation.
     """
     at = f"{where}: row {row}"
     if data_format == "messages":
@@ -290,9 +257,7 @@ def sft_example(
 class SFTFileDataModule(_TriplesDataModule):
     """Your own SFT data: a jsonl/json/parquet/csv file or a hub set in TRL's prompt-completion or messages format.
 
-    Rows are shuffled with ``seed``; the first ``val_fraction`` of them (at least one) validate. The loss is on the
-    completion only (:class:`~modules.sft.CausalLMSFT`); conversational prompts are rendered with the model's chat
-    template (or ``role: content`` lines when it has none).
+    Rows are shuffled with ``seed``; the loss is on the completion only (:class:`~modules.sft.CausalLMSFT`).
 
     Args:
         path: Local file; takes precedence over ``name``.
@@ -300,9 +265,7 @@ class SFTFileDataModule(_TriplesDataModule):
         split: Hub split.
         config_name: Hub subset.
         revision: Hub revision (a tag or commit).
-        format: ``prompt_completion`` (``prompt`` text or messages, ``completion`` text or one assistant message),
-            ``messages`` (a conversation per row; trained on its last assistant message, the turns before it the
-            prompt) or ``auto`` (``messages`` when the table has ``messages_column`` and no ``prompt_column``).
+        format: ``prompt_completion``, ``messages`` (trained on the last assistant reply) or ``auto`` (by the columns).
         prompt_column: Column with the prompt.
         completion_column: Column with the completion.
         messages_column: Column with the conversation (``messages`` format).
@@ -352,15 +315,8 @@ class SFTFileDataModule(_TriplesDataModule):
             messages_only = hp.messages_column in ds.column_names and hp.prompt_column not in ds.column_names
             data_format = "messages" if messages_only else "prompt_completion"
         columns = {"prompt": hp.prompt_column, "completion": hp.completion_column, "messages": hp.messages_column}
-        needed = (
-            {"messages": columns["messages"]}
-            if data_format == "messages"
-            else {
-                "prompt": columns["prompt"],
-                "completion": columns["completion"],
-            }
-        )
-        check_columns(ds.column_names, where, needed)
+        needed = ("messages",) if data_format == "messages" else ("prompt", "completion")
+        check_columns(ds.column_names, where, {k: columns[k] for k in needed})
         triples = []
         for i, rec in iter_rows(ds, where):
             prompt, completion = sft_example(rec, data_format, columns, where, i)

@@ -1,8 +1,4 @@
-"""A datamodule of dummy step indices, for modules whose training step needs no data (e.g. tabular SMIDA).
-
-The LightningCLI of ``train.py`` requires a datamodule; this one lets the trainer's loop (``max_steps``, epochs,
-checkpoints, logging cadence) drive an algorithm that computes its own update.
-"""
+"""A datamodule of dummy step indices, so the trainer's loop drives modules that need no data (e.g. tabular SMIDA)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ class StepDataModule(L.LightningDataModule):
     """Yields the integers ``0 … steps_per_epoch − 1`` as training batches, one per step.
 
     Args:
-        steps_per_epoch: Training steps in one epoch (the length of the dummy training set); ``max_steps`` may span
-            several epochs.
+        steps_per_epoch: Training steps in one epoch; ``max_steps`` may span several epochs.
 
     Raises:
         ValueError: for ``steps_per_epoch < 1``.
@@ -33,8 +28,5 @@ class StepDataModule(L.LightningDataModule):
         self.save_hyperparameters()
 
     def train_dataloader(self) -> DataLoader:
-        """One index per batch, in order (``batch_size=None``: no collation, the batch is the plain int).
-
-        Resumable: a run stopped mid-epoch continues with the next index.
-        """
+        """One plain int index per batch, in order; resumable mid-epoch."""
         return ResumableDataLoader(range(self.steps_per_epoch), batch_size=None, shuffle=False)

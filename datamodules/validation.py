@@ -12,15 +12,9 @@ __all__ = ["require_number", "require_text"]
 def require_text(value: Any, field: str, where: str, row: int) -> str:
     """``value`` when it is text with a non-whitespace character; else a ``ValueError`` naming the row and field.
 
-    Args:
-        value: The field's value in the row.
-        field: The field (or column) name, quoted in the error.
-        where: The file or split the row comes from.
-        row: The row's number (0-based, in file order).
-
     Raises:
-        ValueError: ``"<where>: row <row>: field '<field>' is missing"`` (``None``), ``"... must be text, got int"``
-            or ``"... is empty"`` (empty or only whitespace).
+        ValueError: ``"<where>: row <row>: field '<field>' is missing"``, ``"... must be text, got int"`` or
+            ``"... is empty"``.
 
     Example:
         >>> require_text("2 + 2?", "prompt", "q.jsonl", 0)
@@ -36,22 +30,10 @@ def require_text(value: Any, field: str, where: str, row: int) -> str:
 
 
 def require_number(value: Any, field: str, where: str, row: int, low: float, high: float) -> float:
-    """``value`` as a float when it is a number (not text, not true/false), finite and in ``[low, high]``.
-
-    A number written as text (``"0.7"``) is refused rather than parsed: a column of numbers as text is a broken
-    export, and ``true`` is not a probability.
-
-    Args:
-        value: The field's value in the row.
-        field: The field (or column) name, quoted in the error.
-        where: The file or split the row comes from.
-        row: The row's number (0-based, in file order).
-        low: The smallest value allowed.
-        high: The largest value allowed.
+    """``value`` as a float when it is a number (not text such as ``"0.7"``, not a bool), finite and in ``[low, high]``.
 
     Raises:
-        ValueError: ``"<where>: row <row>: field '<field>' is missing"`` (``None``), ``"... = '0.7' is not a number
-            (got str)"``, ``"... = inf is not finite"`` or ``"... = 1.5 is outside [0, 1]"``.
+        ValueError: naming row and field: missing, ``"... = '0.7' is not a number (got str)"``, not finite, or outside.
 
     Example:
         >>> require_number(1, "label", "pairs.jsonl", 0, 0.0, 1.0)

@@ -18,7 +18,7 @@ from helpers import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alignment_games.datamodules.preference import load_preference_rows, validate_rows
+from alignment_games.datamodules.preference import read_preference_table, validate_rows
 from alignment_games.datamodules.prompts import PromptDataModule, PromptSource
 from alignment_games.modules.algorithms.answers import (
     answers_match,
@@ -122,7 +122,7 @@ def _write(path, raw: bytes):
 def test_bad_preference_files_fail_with_the_file_row_and_field(tmp_path, raw, suffix, match):
     path = _write(tmp_path / f"data{suffix}", raw)
     with pytest.raises(ValueError, match=match):
-        validate_rows(load_preference_rows(path), path)
+        validate_rows(read_preference_table(path)[0], path)
 
 
 GOOD_PAIR = b'{"prompt": "a", "response_a": "x", "response_b": "y", "label": 0.5}'
@@ -169,7 +169,7 @@ def _pair_label(label: bytes) -> bytes:
 def test_labels_must_be_finite_numbers_named_by_file_row_and_field(tmp_path, raw, suffix, message):
     path = _write(tmp_path / f"pairs{suffix}", raw)
     with pytest.raises(ValueError) as err:
-        validate_rows(load_preference_rows(path), path)
+        validate_rows(read_preference_table(path)[0], path)
     assert path in str(err.value) and message in str(err.value)
 
 
@@ -177,7 +177,7 @@ def test_huge_fields_load_whole(tmp_path):
     huge = "x" * 2_000_000
     path = tmp_path / "huge.jsonl"
     path.write_text(json.dumps({"prompt": huge, "response_a": huge, "response_b": "y", "label": 0.5}) + "\n")
-    rows = validate_rows(load_preference_rows(str(path)), str(path))
+    rows = validate_rows(read_preference_table(str(path))[0], str(path))
     assert len(rows[0]["prompt"]) == 2_000_000
 
 

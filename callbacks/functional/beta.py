@@ -19,9 +19,7 @@ def _check_counts(successes: float, trials: float) -> tuple[float, float]:
 
 
 def beta_lower_bound(successes: float, trials: float, quantile: float = 0.025) -> float:
-    """``quantile`` of the Beta(1 + successes, 1 + failures) posterior of an accuracy under a Beta(1, 1) prior.
-
-    With the default 0.025 this is the lower end of the central 95% credible interval, the paper's "lower bound".
+    """``quantile`` of the Beta(1 + successes, 1 + failures) posterior (0.025: the paper's 95% "lower bound").
 
     Raises:
         ValueError: unless ``0 <= successes <= trials`` and ``0 < quantile < 1``.
@@ -39,10 +37,7 @@ def beta_lower_bound(successes: float, trials: float, quantile: float = 0.025) -
 
 
 def pooled_lower_bound(evaluations: Sequence[Group], window: int, quantile: float = 0.025) -> float:
-    """:func:`beta_lower_bound` of the successes and trials pooled over the last ``window`` evaluations.
-
-    Fewer evaluations than ``window`` are pooled as they are: fewer trials give a wider posterior, so a short
-    window is penalised by the bound itself.
+    """:func:`beta_lower_bound` of the counts pooled over the last ``window`` evaluations (fewer pooled as they are).
 
     Raises:
         ValueError: on an empty ``evaluations`` or ``window < 1``.
@@ -72,18 +67,10 @@ def p_best(groups: Sequence[Group], draws: int = ..., seed: int = ...) -> list[f
 def p_best(
     groups: Mapping[str, Group] | Sequence[Group], draws: int = 100_000, seed: int = 0
 ) -> dict[str, float] | list[float]:
-    """Share of Monte Carlo draws in which each group's posterior sample is the highest.
+    """Share of ``draws`` joint posterior draws in which each group's Beta sample is the highest.
 
-    Each group is given as merged ``(successes, trials)``; its posterior is Beta(1 + successes, 1 + failures).
-    The paper uses 100,000 draws and warns that correlated rollouts make this over-confident.
-
-    Args:
-        groups: a mapping name -> (successes, trials), or a sequence of such pairs.
-        draws: number of joint posterior draws.
-        seed: seed of the NumPy generator, so the result is reproducible.
-
-    Returns:
-        The shares, summing to 1, as a dict with the same keys for a mapping and as a list otherwise.
+    ``groups``: name → merged ``(successes, trials)`` (a dict comes back) or a sequence of them (a list). Correlated
+    rollouts make it over-confident.
 
     Raises:
         ValueError: with no group, ``draws < 1`` or invalid counts.
@@ -109,10 +96,7 @@ def p_best(
 
 
 def gap_recovery(debate: Group, baseline: Group, upper_bound: Group) -> float:
-    """Share of the baseline-to-upper-bound gap that ``debate`` recovers, on posterior means.
-
-    ``(mean(debate) - mean(baseline)) / (mean(upper_bound) - mean(baseline))`` with :func:`posterior_mean`;
-    each argument is merged ``(successes, trials)``.
+    """Share of the baseline-to-upper-bound gap that ``debate`` recovers, on :func:`posterior_mean` of merged counts.
 
     Raises:
         ValueError: if the upper bound's and the baseline's posterior means are equal (no gap to recover).

@@ -14,12 +14,7 @@ def _check_score(score: float) -> float:
 
 
 def elo_expected_score(rating_a: float, rating_b: float, scale: float = 400.0) -> float:
-    r"""Expected score of player a against player b: :math:`E_a = 1 / (1 + 10^{(R_b - R_a) / s})`.
-
-    Args:
-        rating_a: rating of player a.
-        rating_b: rating of player b.
-        scale: the logistic scale :math:`s` (400 in chess: a 400-point gap means 10:1 odds).
+    r"""Expected score of a against b: :math:`E_a = 1 / (1 + 10^{(R_b - R_a) / s})` (``scale`` :math:`s`, 400 in chess).
 
     Example:
         >>> elo_expected_score(1000.0, 1000.0)
@@ -29,27 +24,11 @@ def elo_expected_score(rating_a: float, rating_b: float, scale: float = 400.0) -
 
 
 def elo_update(
-    rating_a: float,
-    rating_b: float,
-    score_a: float,
-    k_a: float,
-    k_b: float | None = None,
-    scale: float = 400.0,
+    rating_a: float, rating_b: float, score_a: float, k_a: float, k_b: float | None = None, scale: float = 400.0
 ) -> tuple[float, float]:
-    r"""Ratings of a and b after one duel: :math:`R'_a = R_a + K_a (S_a - E_a)`, :math:`R'_b = R_b - K_b (S_a - E_a)`.
+    r"""Ratings after one duel: :math:`R_a + K_a (S_a - E_a)` and :math:`R_b - K_b (S_a - E_a)`, from the old ratings.
 
-    Both updates use the ratings from before the duel. With ``k_a == k_b`` the update is zero-sum.
-
-    Args:
-        rating_a: rating of player a before the duel.
-        rating_b: rating of player b before the duel.
-        score_a: a's score in [0, 1]; b scores ``1 - score_a``.
-        k_a: K factor of player a.
-        k_b: K factor of player b (defaults to ``k_a``).
-        scale: the logistic scale of :func:`elo_expected_score`.
-
-    Returns:
-        ``(new_rating_a, new_rating_b)``.
+    ``k_b`` defaults to ``k_a`` (a zero-sum update); b scores ``1 - score_a``.
 
     Raises:
         ValueError: if ``score_a`` is outside [0, 1] or a K factor is negative.
@@ -67,11 +46,9 @@ def elo_update(
 
 
 def decayed_k_factor(k_factor: float, games_played: int, k_decay: float | None) -> float:
-    r"""K factor after ``games_played`` duels under harmonic decay: :math:`K_n = K_0 / (1 + n / d)`.
+    r"""K factor after ``games_played`` duels under harmonic decay: :math:`K_n = K_0 / (1 + n / d)`; ``None``: no decay.
 
-    ``k_decay`` (:math:`d`) is the number of duels after which K has halved; ``None`` disables the decay.
-    Harmonic, not exponential, decay meets the Robbins-Monro conditions, so a rating can still follow a player that
-    keeps improving.
+    Harmonic decay meets the Robbins-Monro conditions, so a rating still follows a player that keeps improving.
 
     Example:
         >>> decayed_k_factor(32.0, 50, k_decay=50.0)
@@ -100,12 +77,10 @@ def sample_std(values: Iterable[float]) -> float:
 
 
 def effective_k_factor(k_factor: float, games_played: int, k_decay: float | None, volatility: float) -> float:
-    r"""K factor of a player for its next duel: decayed K boosted by its recent volatility.
+    r"""K factor of a player's next duel: :math:`K_0 / (1 + n / d) \cdot (1 + \min(1, \sigma / K_0))`.
 
-    .. math:: K = K_0 / (1 + n / d) \cdot (1 + \min(1, \sigma / K_0))
-
-    where :math:`\sigma` is the sample standard deviation of the player's recent rating changes
-    (:func:`sample_std`): a rating that still scatters moves faster (as in Glicko-2), at most twice as fast.
+    A rating that still scatters (``volatility`` :math:`\sigma`, :func:`sample_std` of recent changes) moves faster, as
+    in Glicko-2, at most twice as fast.
 
     Example:
         >>> effective_k_factor(32.0, 0, k_decay=50.0, volatility=8.0)
@@ -118,15 +93,10 @@ def effective_k_factor(k_factor: float, games_played: int, k_decay: float | None
 
 
 def weighted_score(scores: Sequence[float], weights: Sequence[float] | None = None) -> float:
-    """Weighted mean of judges' scores (the reputation-weighted mean of App. G when weights are reputations).
-
-    Args:
-        scores: one score in [0, 1] per judge.
-        weights: one non-negative weight per judge (equal weights when ``None``).
+    """Weighted mean of judges' scores in [0, 1] (App. G's reputation-weighted mean); equal weights when ``None``.
 
     Raises:
-        ValueError: on an empty list, a score outside [0, 1], a negative weight, a length mismatch or weights
-            that sum to zero.
+        ValueError: on no score, a score outside [0, 1], a negative weight, a length mismatch or a zero sum.
 
     Example:
         >>> weighted_score([1.0, 0.0], [3.0, 1.0])

@@ -9,11 +9,8 @@ __all__ = ["fsync_dir"]
 
 
 def fsync_dir(folder: str) -> None:
-    """Flush ``folder``'s entries (a rename or a new file in it) to disk; ``""`` is the working directory.
-
-    A file system that cannot open or sync a directory is passed over silently.
-    """
-    with contextlib.suppress(OSError):  # some file systems cannot open or sync a directory
+    """Flush ``folder``'s entries (a rename or a new file in it) to disk; ``""`` is the working directory."""
+    with contextlib.suppress(OSError):  # some file systems cannot open or sync a directory: passed over
         fd = os.open(folder or ".", os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -7,11 +7,7 @@ from collections.abc import Sequence
 
 
 def matthews_corrcoef_from_counts(tp: float, fp: float, tn: float, fn: float) -> float:
-    r"""Matthews correlation from confusion counts, 0.0 where it is undefined.
-
-    :math:`MCC = (TP \cdot TN - FP \cdot FN) / \sqrt{(TP+FP)(TP+FN)(TN+FP)(TN+FN)}`. When a factor of the
-    denominator is zero (a single class in the truth or in the predictions, or no samples) the result is 0.0,
-    the convention of ``sklearn.metrics.matthews_corrcoef``.
+    r"""Matthews correlation from confusion counts; 0.0 where a denominator factor is zero, as sklearn's.
 
     Raises:
         ValueError: if a count is negative.

@@ -6,26 +6,13 @@ from __future__ import annotations
 def warmup_learning_rates(
     step: int, initial_lr: float, leader_lr: float, follower_lr: float, warmup_steps: int
 ) -> tuple[float, float, float]:
-    r"""Leader rate, follower rate and follower/leader ratio after ``step`` warm-up steps.
+    r"""Leader rate, follower rate and follower/leader ratio after ``step`` warm-up steps (App. D.1).
 
-    The schedule of App. D.1: with :math:`p_t = \min(t / T_{warm}, 1)`,
+    With :math:`p_t = \min(t / T_{warm}, 1)` (1 when ``warmup_steps`` is 0):
 
     .. math::
         \eta^L_t = \eta^L_{init} + p_t (\eta^L - \eta^L_{init}), \qquad
         \eta^F_t = \eta^L_t \, [1 + p_t (\eta^F / \eta^L - 1)].
-
-    Both rates equal ``initial_lr`` at step 0 and their targets from step ``warmup_steps`` on.
-    ``warmup_steps == 0`` means no warm-up (``p_t = 1``).
-
-    Args:
-        step: number of training batches already taken (0 for the first batch).
-        initial_lr: :math:`\eta^L_{init}`, the leader's (and follower's) rate at step 0.
-        leader_lr: :math:`\eta^L`, the leader's target rate.
-        follower_lr: :math:`\eta^F`, the follower's target rate.
-        warmup_steps: :math:`T_{warm}`.
-
-    Returns:
-        ``(leader_rate, follower_rate, ratio)`` with ``follower_rate == leader_rate * ratio``.
 
     Raises:
         ValueError: if ``step`` or ``warmup_steps`` is negative or ``leader_lr`` is not positive.

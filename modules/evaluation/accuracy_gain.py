@@ -1,22 +1,7 @@
 r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired over problems, and across seeds.
 
-Every trained policy (one per training seed) and the policy it started from answer the same held-out problems
-greedily; a problem is solved when the reply's last ``\boxed{}`` matches the reference
-(:func:`~modules.evaluation.policy_accuracy.score_replies`'s rule). Per seed the gain is ``after − before`` with a
-bootstrap interval over problems (the same resampled problems for both, so the pairing is kept). Across seeds (the
-headline, ``across_seeds``) the mean gain has a two-level bootstrap interval (:func:`two_level_interval`): each
-resample draws the seeds, and the problems within them, so the interval holds both the seeds' spread (a t interval
-over 3 seeds alone has width 0 when their gains are equal) and the width the problems leave.
-
-    python -m alignment_games.commands.accuracy_gain --base artifacts/competent_policy \
-        --trained runs/grpo_competent/version_0/export/policy runs/grpo_competent/version_1/export/policy ...
-
-A pool trains several players per seed: ``--players-per-seed m`` reads the trained folders as consecutive groups of m
-(one seed's players), and a seed's gain is its players' mean (each problem's gain averaged over them, bootstrapped
-over problems); the seeds resampled across seeds are those means.
-
-A trained folder is anything ``from_pretrained`` loads: a full model, a merged export, or an exported LoRA adapter
-(``export/<player>/``, loaded over the base its ``adapter_config.json`` names).
+Across seeds (the headline) a two-level bootstrap (:func:`two_level_interval`) holds both the seeds' spread and the
+problems'; with ``--players-per-seed m`` a seed's gain is its m players' mean.
 """
 
 from __future__ import annotations
@@ -42,9 +27,8 @@ def paired_gain(
     """Accuracy before and after on the same problems, and the gain with a paired bootstrap interval.
 
     Example:
-        >>> out = paired_gain([True, False, False, False], [True, True, False, True])
-        >>> out["before"], out["after"], out["gain"]
-        (0.25, 0.75, 0.5)
+        >>> paired_gain([True, False, False, False], [True, True, False, True])["gain"]
+        0.5
 
     Raises:
         ValueError: for lists of different lengths, no problems, or ``n_boot < 1``.
@@ -71,17 +55,10 @@ def seed_mean_gain(
     confidence: float = 0.95,
     players_per_seed: int = 1,
 ) -> dict[str, Any]:
-    """The seeds' mean gain with a two-level bootstrap interval (:func:`two_level_interval`): seeds and problems.
-
-    ``afters`` holds ``players_per_seed`` consecutive lists per seed; a seed's gain on a problem is its players' mean.
-
-    Example:
-        >>> seed_mean_gain([False, False, True, True], [[True, False, True, True], [True, True, True, False]])["gain"]
-        0.25
+    """The seeds' mean gain with a two-level bootstrap interval; ``afters`` holds ``players_per_seed`` lists per seed.
 
     Raises:
-        ValueError: for no seeds, a list not as long as ``before``, ``afters`` not in groups of ``players_per_seed``,
-            no problems, or ``n_boot < 1``.
+        ValueError: for no seeds or problems, lists of other lengths or groups, or ``n_boot < 1``.
     """
     if not afters:
         raise ValueError("no trained policies")
@@ -93,20 +70,14 @@ def seed_mean_gain(
         raise ValueError(f"players_per_seed {m}: the {len(afters)} trained policies are not groups of {m}")
     solved_after = torch.tensor([[float(a) for a in after] for after in afters], dtype=torch.float64)
     diff = solved_after.view(len(afters) // m, m, len(before)).mean(dim=1) - torch.tensor([float(b) for b in before])
-    return {
-        "seeds": len(diff),
-        "gain": float(diff.mean()),
-        "gain_ci": two_level_interval(diff, n_boot, seed, confidence),
-    }
+    return dict(seeds=len(diff), gain=float(diff.mean()), gain_ci=two_level_interval(diff, n_boot, seed, confidence))
 
 
 def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> list[float]:
     """Percentile interval of the mean of ``diff`` (seeds × problems) under a two-level bootstrap.
 
-    Each resample draws the seeds with replacement and, within them, the problems with replacement: one draw of
-    problems for all the seeds, since every seed answered the same problems (with equal seeds this is the problem
-    bootstrap, with one seed exactly :func:`paired_gain`'s). The problems are drawn first, from a generator seeded
-    with ``seed``: the interval is a function of its arguments.
+    Each resample draws the problems (once for all seeds: they answered the same ones), then the seeds, both with
+    replacement; with one seed this is exactly :func:`paired_gain`'s interval.
 
     Raises:
         ValueError: for no problems or ``n_boot < 1``.

@@ -1,11 +1,6 @@
 """What an evaluation read and found, for a reader to check: each trained model's sha256 and base, per-problem rows.
 
-The evaluation commands (``accuracy_gain``, ``policy_accuracy``, ``ifeval``, ``round_robin``) describe every trained
-folder or checkpoint they read with :func:`describe_models`: the sha256 of its weights (:func:`weights_sha256`; a
-checkpoint's, of the file) and the base it was trained on (:func:`recorded_base`). The same path or the same weights
-given twice is refused (two "seeds" that are one run would narrow every interval), and so is a model trained on
-another base than the one given. Per-problem results go to a JSON-lines file beside the report
-(:func:`write_report`), whose sha256 the report records.
+The same path or weights given twice is refused: two "seeds" that are one run would narrow every interval.
 """
 
 from __future__ import annotations
@@ -32,9 +27,7 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 
 
 def weights_sha256(folder: str) -> str:
-    """The sha256 of a model folder's weights: its one weight file's own (what ``sha256sum`` prints).
-
-    A sharded model's is the sha256 of every weight file's ``name\\0sha256\\n`` line, in name order.
+    """The sha256 of a model folder's one weight file; for a sharded model, of every file's ``name\\0sha256\\n`` line.
 
     Raises:
         ValueError: naming a folder with no adapter or model weight file.
@@ -49,12 +42,10 @@ def weights_sha256(folder: str) -> str:
 
 
 def recorded_base(folder: str) -> dict[str, Any] | None:
-    """The base identity a trained folder (or checkpoint file) was trained on; None for a model that names no base.
+    """The base identity a trained folder or checkpoint was trained on; None when it names no base.
 
-    An export's ``export.json`` records it (``base_identity``, taken at export); an adapter folder without one names
-    its base in ``adapter_config.json``, whose identity is taken now (it then shows the path points at those weights,
-    not that they are the ones trained on). A checkpoint records its policy banks' (``base_identity``, written by
-    ``modules.base``): the first bank's is returned (the games an evaluation reads hold one).
+    Read from ``export.json``, else the base ``adapter_config.json`` names (identity taken now), else a checkpoint's
+    first policy bank's ``base_identity``.
     """
     if os.path.isfile(folder):
         from alignment_games.modules.checkpoints.trust import read_checkpoint
@@ -74,17 +65,11 @@ def recorded_base(folder: str) -> dict[str, Any] | None:
 
 
 def describe_models(paths: Sequence[str], base: dict[str, Any] | None, option: str) -> list[dict[str, Any]]:
-    """``{"path", "sha256", "base_identity"}`` of each trained folder, after checking them.
-
-    Args:
-        paths: The folders (local, or a ``builtin:`` name) or checkpoint files.
-        base: The identity of the base they must have been trained on (:func:`base_identity`); None: not checked.
-        option: The command-line option that gave them (named in errors).
+    """``{"path", "sha256", "base_identity"}`` of each trained folder or checkpoint, ``option`` naming them in errors.
 
     Raises:
         FileNotFoundError: naming a path that is not a local folder.
-        ValueError: naming both paths when two are the same path or hold the same weights, and both identities
-            when a folder records another base than ``base``.
+        ValueError: naming both paths of the same path or weights given twice, or a model of another base.
     """
     out: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
@@ -125,10 +110,7 @@ def problem_rows(
 
 
 def write_report(report: dict[str, Any], out: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``rows`` to ``<out less .json>.problems.jsonl``, then ``report`` to ``out``, each whole or not at all.
-
-    The report records the rows file's name, row count and sha256 under ``per_problem``.
-    """
+    """Write ``rows`` to ``<out less .json>.problems.jsonl``, then ``report`` (with their sha256) to ``out``."""
     text = "".join(json.dumps(r) + "\n" for r in rows)
     path = (out[:-5] if out.endswith(".json") else out) + ".problems.jsonl"
     atomic_write_text(path, text)

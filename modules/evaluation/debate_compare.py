@@ -1,8 +1,7 @@
 """Compare groups of debate runs as the paper's Table 1 does: merged peak windows, P(Best), gap recovery.
 
-Each run is a log folder holding ``debate_evals.jsonl`` (written by :class:`modules.debate.DebateSelfPlay`) or the
-file itself. Per run the peak is chosen by the rule of :class:`callbacks.PeakCheckpoint`; a group's runs are merged
-by adding the counts of their peak windows. Correlated rollouts make P(Best) over-confident (App. A.3).
+A run is a log folder with ``debate_evals.jsonl`` or the file; its peak follows :class:`callbacks.PeakCheckpoint`'s
+rule, and a group merges its runs' peak-window counts. Correlated rollouts make P(Best) over-confident (App. A.3).
 
     python -m alignment_games.commands.debate_compare \\
         --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\
@@ -26,14 +25,7 @@ from alignment_games.callbacks.functional import (
 )
 from alignment_games.callbacks.functional.mcc import matthews_corrcoef_from_counts
 
-__all__ = [
-    "compare_groups",
-    "dedup_evaluations",
-    "format_table",
-    "judge_trend",
-    "load_evaluations",
-    "peak_window",
-]
+__all__ = ["compare_groups", "dedup_evaluations", "format_table", "judge_trend", "load_evaluations", "peak_window"]
 
 COUNTS = ("tp", "fp", "tn", "fn")
 
@@ -64,11 +56,7 @@ def load_evaluations(path: str) -> list[dict[str, Any]]:
 
 
 def dedup_evaluations(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Each evaluation once: a later record of the same ``(step, batches_seen)`` replaces the earlier in its place.
-
-    A run resumed from a checkpoint older than its last evaluation evaluates that step again (a log appended by an
-    older version of the suite then holds both); the later one is the run's. Records without a ``step`` are kept.
-    """
+    """Each evaluation once: a later record of the same ``(step, batches_seen)`` replaces the earlier."""
     out: list[Mapping[str, Any]] = []
     where: dict[tuple[Any, Any], int] = {}
     for rec in records:
@@ -83,12 +71,7 @@ def dedup_evaluations(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str,
 
 
 def peak_window(evaluations: Sequence[Mapping[str, Any]], window: int = 3, quantile: float = 0.025) -> dict[str, Any]:
-    """The evaluation whose trailing window of ``window`` evaluations has the highest pooled Beta lower bound.
-
-    Returns:
-        ``{"index", "step", "lower_bound", "successes", "trials"}`` (the pooled counts of the peak window); the first
-        of equal bounds wins, as in :class:`callbacks.PeakCheckpoint`.
-    """
+    """The evaluation whose trailing ``window`` has the highest pooled Beta lower bound (first of equals wins)."""
     pairs = [(float(e["successes"]), float(e["trials"])) for e in evaluations]
     best = None
     for i in range(len(pairs)):
@@ -107,15 +90,9 @@ def peak_window(evaluations: Sequence[Mapping[str, Any]], window: int = 3, quant
 
 
 def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> dict[str, Any] | None:
-    """The judge's MCC and the mean reward over a run's first and last ``window`` evaluations (hacking shows here).
+    """The judge's pooled MCC, accept rate and mean reward over a run's first and last ``window`` evaluations.
 
-    One evaluation of 64 problems holds a handful of correct answers, so its MCC moves by ±0.2 between neighbours;
-    the confusion counts of ``window`` evaluations are pooled first. ``None`` when the records lack the counts.
-
-    Returns:
-        ``{"first": {...}, "last": {...}}``, each with the pooled ``mcc``, ``false_accepts`` (fp), ``accept_rate``
-        (the share of answers the judge accepts: its reward to the answerer), ``trials``, the mean ``reward`` (the
-        full reward, word penalty included; ``None`` when not recorded) and the ``steps`` it covers.
+    One evaluation's MCC is too noisy alone, hence the pooling. ``None`` when the records lack the counts.
     """
     if not evaluations or not all(all(k in e for k in COUNTS) for e in evaluations):
         return None
@@ -144,16 +121,9 @@ def compare_groups(
     draws: int = 100_000,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Merge each group's peak windows and compare the groups.
+    """Merge each group's runs' peak windows (``window``, ``quantile``) and compare the groups: P(Best), gap recovery.
 
-    Args:
-        groups: Group name → runs → evaluations (dicts with ``successes``, ``trials``, ``step``).
-        upper: The upper-bound group (RLVR): reported, left out of P(Best), the top of the gap.
-        baseline: The baseline group (RLAIF-A): the bottom of the gap.
-        window: Evaluations per peak window (paper: 3).
-        quantile: Posterior quantile of the lower bound (0.025: the 95% interval's lower end).
-        draws: Monte Carlo draws of P(Best) (paper: 100,000).
-        seed: Seed of the draws.
+    ``upper`` (RLVR) is reported but left out of P(Best) and tops the gap; ``baseline`` (RLAIF-A) is its bottom.
 
     Raises:
         ValueError: for an unknown ``upper``/``baseline`` or a group without runs.
@@ -190,14 +160,7 @@ def compare_groups(
                 )
             except ValueError:
                 row["gap_recovery"] = None  # no gap between baseline and upper bound
-    return {
-        "window": window,
-        "quantile": quantile,
-        "draws": draws,
-        "upper": upper,
-        "baseline": baseline,
-        "groups": rows,
-    }
+    return dict(window=window, quantile=quantile, draws=draws, upper=upper, baseline=baseline, groups=rows)
 
 
 def format_table(result: Mapping[str, Any]) -> str:

@@ -1,13 +1,8 @@
-"""Figures of the evaluations, as matplotlib Figures on an Agg canvas (pyplot's global state is never touched).
-
-:func:`make_figures` / :func:`save_figures` draw the preference ensemble's report (paper §5.2, Fig. 1),
-:func:`make_game_figures` a trained Leader–Follower pair against the reference pair (§5.3, G.1).
-"""
+"""Figures of the evaluations as matplotlib Figures on an Agg canvas (pyplot's global state is never touched)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,9 +20,8 @@ from alignment_games.modules.evaluation.preference_report import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["make_figures", "make_game_figures", "save_figures"]
+__all__ = ["make_figures", "make_game_figures"]
 
-_FIGURE_NAMES = ("decile_accuracy", "roc_curves", "error_rate_vs_fraction")
 _SCORE_LABELS = {"variance": "variance", "decision_uncertainty": "decision uncertainty", "jsd": "JSD"}
 _SCORE_COLOURS = {"variance": "tab:green", "decision_uncertainty": "tab:blue", "jsd": "tab:red"}
 
@@ -51,24 +45,10 @@ def make_figures(
     n_boot: int = 200,
     seed: int = 0,
 ) -> dict[str, Figure]:
-    """Build the three report figures.
+    """The three report figures: ``decile_accuracy``, ``roc_curves`` and ``error_rate_vs_fraction`` (paper Fig. 1).
 
-    * ``decile_accuracy``: ensemble accuracy by variance decile, lowest first, with prompt-bootstrap error bars.
-    * ``roc_curves``: error-detection ROC curves of the three scores (AUROC in the legend) and the chance diagonal.
-    * ``error_rate_vs_fraction``: error rate among comparisons selected in decreasing order of each score, with
-      shaded prompt-bootstrap bands and the overall error rate as a horizontal line.
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-        labels: Binary oracle labels, shape ``[N]``.
-        prompt_ids: Prompt ids, shape ``[N]``.
-        report: Optional output of :func:`~modules.evaluation.preference_report.build_report` on the same inputs,
-            reused to avoid a second bootstrap.
-        n_boot: Bootstrap replicates when ``report`` is not given (0 draws no bands).
-        seed: Bootstrap seed when ``report`` is not given.
-
-    Returns:
-        ``{"decile_accuracy": Figure, "roc_curves": Figure, "error_rate_vs_fraction": Figure}``.
+    ``report`` (:func:`build_report` on the same inputs) avoids a second bootstrap; otherwise ``n_boot`` and ``seed``
+    make one.
 
     Raises:
         ValueError: As ``build_report``, or if ``report`` was computed on a different number of triplets.
@@ -98,9 +78,7 @@ def _decile_figure(report: Mapping[str, Any]) -> Figure:
         yerr = torch.stack([(acc - low).clamp_min(0), (high - acc).clamp_min(0)]).nan_to_num(0.0).numpy()
     ax.bar(x.numpy(), acc.nan_to_num(0.0).numpy(), yerr=yerr, capsize=3, color="tab:green", alpha=0.8)
     ax.axhline(report["ensemble_accuracy"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set_xticks(x.numpy())
-    ax.set_xlabel("variance decile (1 = lowest)")
-    ax.set_ylabel("oracle agreement (accuracy)")
+    ax.set(xticks=x.numpy(), xlabel="variance decile (1 = lowest)", ylabel="oracle agreement (accuracy)")
     ax.set_ylim(0.0, 1.05)
     title = "Accuracy by variance decile"
     ax.set_title(title + (f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""), fontsize=10)
@@ -115,10 +93,8 @@ def _roc_figure(report: Mapping[str, Any], scores: Mapping[str, Tensor], errors:
         label = f"{_SCORE_LABELS[name]} (AUROC {report['auroc'][name]:.3f})"
         ax.plot(fpr.numpy(), tpr.numpy(), color=_SCORE_COLOURS[name], label=label)
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance")
-    ax.set_xlabel("false positive rate (correct flagged)")
-    ax.set_ylabel("true positive rate (errors flagged)")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set(xlabel="false positive rate (correct flagged)", ylabel="true positive rate (errors flagged)")
+    ax.set(xlim=(0, 1), ylim=(0, 1))
     ax.set_title("Error detection ROC", fontsize=10)
     ax.legend(loc="lower right")
     return fig
@@ -136,57 +112,16 @@ def _error_rate_figure(report: Mapping[str, Any]) -> Figure:
             band = bands["error_rate_curve"]
             ax.fill_between(frac, band["low"][name], band["high"][name], color=colour, alpha=0.2, linewidth=0)
     ax.axhline(report["overall_error_rate"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set_xlabel("fraction selected (decreasing score)")
-    ax.set_ylabel("ensemble error rate")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set(xlabel="fraction selected (decreasing score)", ylabel="ensemble error rate", xlim=(0, 1), ylim=(0, 1))
     ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
     ax.legend(loc="upper right")
     return fig
 
 
-def save_figures(
-    member_probs: Tensor, labels: Tensor, prompt_ids: Tensor, out_dir: str | Path, *, dpi: int = 120, **kwargs: Any
-) -> list[Path]:
-    """Write the figures of :func:`make_figures` as PNG files into ``out_dir`` (created if missing).
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-        labels: Binary oracle labels, shape ``[N]``.
-        prompt_ids: Prompt ids, shape ``[N]``.
-        out_dir: Output folder.
-        dpi: Resolution of the PNG files.
-        **kwargs: ``report``, ``n_boot``, ``seed`` of :func:`make_figures`.
-
-    Returns:
-        Paths of ``decile_accuracy.png``, ``roc_curves.png`` and ``error_rate_vs_fraction.png``, in that order.
-
-    Raises:
-        ValueError: As :func:`make_figures`; nothing is written then.
-    """
-    figures = make_figures(member_probs, labels, prompt_ids, **kwargs)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name in _FIGURE_NAMES:
-        path = out / f"{name}.png"
-        figures[name].savefig(path, format="png", dpi=dpi)
-        paths.append(path)
-    return paths
-
-
 def make_game_figures(
     trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01), n_boot: int = 1000, seed: int = 0
 ) -> dict:
-    """Figures of §5.3 / G.1: the score CDFs of both pairs, and the candidate yield of both pairs over α (Fig. 2a).
-
-    With scores laid out ``[P, R]`` (P prompts × R pairs) and ``n_boot`` above 0, the yield curves carry shaded 95%
-    prompt-bootstrap bands (:func:`~modules.evaluation.game_eval.candidate_yield_intervals`, the threshold
-    re-estimated in every resample), as Fig. 2(a)'s; flat scores get no bands.
-
-    Returns:
-        ``{"variance_cdf": Figure, "candidate_yield": Figure}``.
-    """
+    """``variance_cdf`` and ``candidate_yield`` (Fig. 2a) of both pairs; ``[P, R]`` scores get bands."""
     t, r = trained.double().flatten(), reference.double().flatten()
     thresholds = candidate_thresholds(r, alphas)
     cdf, ax = _new_axes((6, 4))
@@ -196,8 +131,7 @@ def make_game_figures(
     for a, th in thresholds.items():
         ax.axvline(th, color="grey", lw=0.8, ls=":")
         ax.text(th, 0.02, f"α={a}", rotation=90, fontsize=7, va="bottom")
-    ax.set_xlabel("ensemble variance")
-    ax.set_ylabel("empirical CDF")
+    ax.set(xlabel="ensemble variance", ylabel="empirical CDF")
     ax.legend()
     grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64).tolist()
     yields_t, yields_r = [], []
@@ -215,8 +149,7 @@ def make_game_figures(
             lo, hi = [bands[a][tag][0] for a in grid], [bands[a][tag][1] for a in grid]
             ax.fill_between(grid, lo, hi, color=colour, alpha=0.2, linewidth=0)
     ax.plot([0, 0.5], [0, 0.5], ":", color="grey", label="nominal α")
-    ax.set_xlabel("α (reference-quantile threshold)")
-    ax.set_ylabel("α-online candidate yield")
+    ax.set(xlabel="α (reference-quantile threshold)", ylabel="α-online candidate yield")
     ax.set_title("Candidate yield" + (" (shaded: 95% prompt bootstrap)" if banded else ""), fontsize=10)
     ax.legend()
     return {"variance_cdf": cdf, "candidate_yield": fy}

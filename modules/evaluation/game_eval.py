@@ -19,10 +19,30 @@ __all__ = [
     "candidate_thresholds",
     "candidate_yield_intervals",
     "compare_pairs",
+    "interval_ends",
     "prompt_bootstrap_mean",
     "prompt_bootstrap_share",
+    "resample_prompts",
     "reversal_capture",
 ]
+
+
+def resample_prompts(n: int, n_boot: int, seed: int) -> Tensor:
+    """``[n_boot, n]`` prompt indices drawn with replacement: the resamples every prompt bootstrap here shares."""
+    return torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(int(seed)))
+
+
+def interval_ends(level: float) -> Tensor:
+    """The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantile levels of a two-sided interval."""
+    return torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+
+
+def _check_pair_shapes(trained: Tensor, reference: Tensor) -> None:
+    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
+        raise ValueError(
+            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
+            f"{tuple(reference.shape)}"
+        )
 
 
 def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> dict[float, float]:
@@ -43,11 +63,7 @@ def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> d
 
 
 def adversarial_yield(oracle_prob: Tensor, ensemble_mean: Tensor, epsilon: float) -> float:
-    """The share of the labelled triplets that are ε-adversarial (:func:`adversarial_mask`).
-
-    §5.3.2 reports "the fraction of all labelled triplets": a triplet without an oracle label (NaN: no valid
-    verdict) is left out of both counts; NaN when none is labelled.
-    """
+    """The share of the labelled (finite ``oracle_prob``) triplets that are ε-adversarial (§5.3.2); NaN if none."""
     labelled = torch.isfinite(oracle_prob)
     adversarial = adversarial_mask(oracle_prob, ensemble_mean, epsilon)[labelled]
     return float(adversarial.double().mean()) if adversarial.numel() else math.nan
@@ -68,26 +84,18 @@ def prompt_bootstrap_mean(
     values: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
     """Prompt-bootstrap interval of the mean of ``values[P, R]`` (resampling prompts, all R pairs of each)."""
-    g = torch.Generator().manual_seed(seed)
     per_prompt = values.double().mean(dim=1)
-    idx = torch.randint(0, per_prompt.numel(), (n_boot, per_prompt.numel()), generator=g)
-    means = per_prompt[idx].mean(dim=1)
-    lo, hi = torch.quantile(means, torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64))
+    means = per_prompt[resample_prompts(per_prompt.numel(), n_boot, seed)].mean(dim=1)
+    lo, hi = torch.quantile(means, interval_ends(level))
     return float(lo), float(hi)
 
 
 def prompt_bootstrap_share(
     hits: Tensor, counted: Tensor, n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float, float]:
-    """A share ``Σ hits / Σ counted`` over ``[P, R]`` masks, with its prompt-bootstrap interval.
+    """``(share, low, high)``: ``Σ hits / Σ counted`` over ``[P, R]`` masks, a ratio of sums per prompt resample.
 
-    Prompts are resampled with all their R triplets, and the share is recomputed as a ratio of sums in each resample:
-    the number of counted triplets differs between prompts (a triplet without a valid oracle verdict, or one that is not
-    a candidate, is not counted), so the mean of per-prompt shares would weight prompts wrongly. A resample that counts
-    nothing is left out of the quantiles.
-
-    Returns:
-        ``(share, low, high)``; NaNs when nothing is counted.
+    A resample that counts nothing is left out; NaNs when nothing is counted.
 
     Raises:
         ValueError: when the masks differ in shape or are not ``[P, R]``, or a hit is not counted.
@@ -99,12 +107,10 @@ def prompt_bootstrap_share(
     num, den = hits.double().sum(dim=1), counted.double().sum(dim=1)
     if float(den.sum()) == 0:
         return math.nan, math.nan, math.nan
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, num.numel(), (n_boot, num.numel()), generator=g)
+    idx = resample_prompts(num.numel(), n_boot, seed)
     boot_num, boot_den = num[idx].sum(dim=1), den[idx].sum(dim=1)
     shares = (boot_num / boot_den)[boot_den > 0]
-    q = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
-    lo, hi = torch.quantile(shares, q)
+    lo, hi = torch.quantile(shares, interval_ends(level))
     return float(num.sum() / den.sum()), float(lo), float(hi)
 
 
@@ -117,39 +123,15 @@ def candidate_yield_intervals(
     level: float = 0.95,
     chunk: int = 200,
 ) -> dict[float, dict[str, list[float]]]:
-    """Prompt-bootstrap intervals of both pairs' α-online candidate yields (Fig. 2a's shading, §5.3.1's interval).
+    """Paired prompt-bootstrap intervals of both pairs' α-online candidate yields (Fig. 2a, §5.3.1).
 
-    A paired prompt bootstrap, as the paper's ("Shading shows 95% prompt-bootstrap intervals"): each resample draws
-    P prompts with replacement, keeps all R triplets of each for both pairs, re-estimates the threshold
-    ``F_ref^{-1}(1 − α)`` from the resampled reference scores, and counts each pair's share at or above it; the
-    interval is the ``level`` quantiles of those shares. Why not a Wilson or Clopper–Pearson interval on the count:
-    those treat the P·R triplets as independent draws around a fixed threshold, but the R triplets of a prompt
-    share it (their variances are correlated) and the threshold is itself estimated from the same prompts'
-    reference generations; both widen the interval, and only a resampling of whole prompts that recomputes the
-    threshold carries both. So the reference pair's interval stays near α (its yield is α by construction, up to
-    ties), while the trained pair's holds the threshold's uncertainty too.
-
-    Args:
-        trained: The trained pair's scores ``[P, R]``.
-        reference: The reference pair's scores ``[P, R]``, on the same prompts.
-        alphas: The α levels, each in (0, 1).
-        n_boot: Bootstrap resamples.
-        seed: Seed of the resampling.
-        level: Coverage of the interval.
-        chunk: Resamples computed at once (bounds the memory to ``chunk · P · R`` values).
-
-    Returns:
-        ``{α: {"trained": [low, high], "reference": [low, high]}}``.
+    Each resample re-estimates ``F_ref^{-1}(1 − α)`` from its reference scores, so the interval holds the threshold's
+    uncertainty and the within-prompt correlation; ``chunk`` resamples at once bound the memory.
 
     Raises:
-        ValueError: when the tensors differ in shape or are not a non-empty ``[P, R]``, for an α outside (0, 1), or
-            ``n_boot`` below 1.
+        ValueError: for scores not a shared non-empty ``[P, R]``, an α outside (0, 1), or ``n_boot`` below 1.
     """
-    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
-        raise ValueError(
-            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
-            f"{tuple(reference.shape)}"
-        )
+    _check_pair_shapes(trained, reference)
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     for a in alphas:
@@ -157,8 +139,7 @@ def candidate_yield_intervals(
             raise ValueError(f"alpha must be in (0, 1), got {a}")
     t, r = trained.detach().double(), reference.detach().double()
     n_prompts = t.shape[0]
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n_prompts, (n_boot, n_prompts), generator=g)
+    idx = resample_prompts(n_prompts, n_boot, seed)
     q = torch.tensor([1.0 - a for a in alphas], dtype=torch.float64)
     shares_t, shares_r = [], []
     for start in range(0, n_boot, chunk):
@@ -167,7 +148,7 @@ def candidate_yield_intervals(
         th = torch.quantile(boot_r, q, dim=1).T.unsqueeze(-1)  # [b, A, 1]: each resample's own thresholds
         shares_t.append((boot_t.unsqueeze(1) >= th).double().mean(dim=-1))  # [b, A]
         shares_r.append((boot_r.unsqueeze(1) >= th).double().mean(dim=-1))
-    ends = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    ends = interval_ends(level)
     lo_hi_t = torch.quantile(torch.cat(shares_t), ends, dim=0).T.tolist()  # [A, 2]
     lo_hi_r = torch.quantile(torch.cat(shares_r), ends, dim=0).T.tolist()
     return {float(a): {"trained": lo_hi_t[i], "reference": lo_hi_r[i]} for i, a in enumerate(alphas)}
@@ -182,19 +163,10 @@ def reversal_capture(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """The share of a pair's oracle reversals that its α-online candidates capture, with a prompt-bootstrap interval.
+    """``(share, low, high)`` of a pair's labelled oracle reversals that its α-online candidates capture (§5.3.2).
 
-    §5.3.2: "At α=0.1, 29.7% of their candidates reverse the preferences, compared with 19.4% of their generations
-    overall, capturing 49.2% of all their reversals." A reversal is Definition 3.1 at margin 0 ("Reversal is
-    recovered when the margin is ε=0"): the ensemble mean strictly reverses the oracle's preference,
-    ``(P* − ½)(P̄ − ½) < 0`` (:func:`adversarial_mask`); a larger ``epsilon`` counts only ε-adversarial triplets.
-    The candidates are game_eval's own selection, ``Var ≥`` the reference pair's ``F_ref^{-1}(1 − α)``
-    (Definition 3.2, :func:`candidate_thresholds`). Over the labelled triplets (a finite oracle probability):
-    ``Σ (candidate ∧ reversal) / Σ reversal`` on ``[P, R]`` tensors, resampled by prompt
-    (:func:`prompt_bootstrap_share`).
-
-    Returns:
-        ``(share, low, high)``; NaNs when the pair has no labelled reversal.
+    A reversal is Definition 3.1 at margin ``epsilon`` (0: "capturing 49.2% of all their reversals"); candidates have
+    ``Var ≥ threshold``. NaNs when the pair has no labelled reversal.
 
     Raises:
         ValueError: for ε outside [0, ½), or tensors that do not share a ``[P, R]`` shape.
@@ -217,34 +189,18 @@ def adversarial_report(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict:
-    """Oracle-confirmed errors among one pair's triplets ``[P, R]`` (§5.3.2, Fig. 2b; App. G.3, Fig. 5).
+    """Oracle-confirmed errors among one pair's labelled triplets ``[P, R]`` (§5.3.2, Fig. 2b; App. G.3, Fig. 5).
 
-    Over the labelled triplets (a finite oracle probability), for each ε and each α of ``thresholds`` (the reference
-    pair's ``F_ref^{-1}(1 − α)``, shared by both pairs as in §5.3.1):
-
-    - ``adversarial``: the share that is ε-adversarial (Definition 3.1), "the fraction of all labelled triplets";
-    - ``joint``: the share that is both an α-online candidate (``Var ≥`` threshold, Definition 3.2) and ε-adversarial,
-      the joint yield of Fig. 2(b);
-    - ``precision``: among labelled α-online candidates, the share that is ε-adversarial (Fig. 5), and
-      ``enrichment``, precision over the plain adversarial share ("a 1.53-fold enrichment over random selection");
-    - ``captured``: among the ε-adversarial triplets, the share that the α-online candidates capture
-      (:func:`reversal_capture`; at ε = 0 §5.3.2's "capturing 49.2% of all their reversals").
-
-    Each share comes as ``[value, low, high]`` with a prompt-bootstrap interval (:func:`prompt_bootstrap_share`).
+    Per ε and per α of ``thresholds``: ``adversarial`` share, ``joint`` (candidate and adversarial), ``precision``
+    among candidates with its ``enrichment`` over the plain share, and ``captured`` (:func:`reversal_capture`); each
+    as ``[value, low, high]``.
     """
     labelled = torch.isfinite(oracle_prob)
     out: dict = {"labelled": int(labelled.sum())}
     for eps in epsilons:
         adversarial = adversarial_mask(oracle_prob, ensemble_mean, eps) & labelled
         plain = prompt_bootstrap_share(adversarial, labelled, n_boot, seed)
-        per_eps: dict = {
-            "adversarial": list(plain),
-            "joint": {},
-            "precision": {},
-            "enrichment": {},
-            "captured": {},
-            "candidates": {},
-        }
+        per_eps: dict = dict(adversarial=list(plain), joint={}, precision={}, enrichment={}, captured={}, candidates={})
         for alpha, threshold in thresholds.items():
             candidate = (variance >= threshold) & labelled
             per_eps["candidates"][alpha] = int(candidate.sum())
@@ -259,28 +215,14 @@ def adversarial_report(
 
 
 def compare_pairs(
-    trained: Tensor,
-    reference: Tensor,
-    alphas: Sequence[float] = (0.1, 0.05, 0.01),
-    n_boot: int = 1000,
-    seed: int = 0,
+    trained: Tensor, reference: Tensor, alphas: Sequence[float] = (0.1, 0.05, 0.01), n_boot: int = 1000, seed: int = 0
 ) -> dict:
-    """Trained pair vs reference pair on the same prompts, scores ``[P, R]`` each.
-
-    Returns:
-        ``trained``/``reference`` summaries (mean, median, mean's bootstrap interval), ``mean_gain`` with its paired
-        prompt-bootstrap interval, ``share_prompts_higher`` (prompts where the trained pair's mean score is higher),
-        ``thresholds`` per α from the reference quantiles, ``candidate_yield`` per α for both pairs, and
-        ``candidate_yield_ci`` per α for both pairs (:func:`candidate_yield_intervals`, Fig. 2a's intervals).
+    """Trained pair vs reference pair on the same prompts, scores ``[P, R]`` each: summaries, gain, candidate yields.
 
     Raises:
         ValueError: when the two tensors differ in shape or are not ``[P, R]``.
     """
-    if trained.shape != reference.shape or trained.ndim != 2 or trained.numel() == 0:
-        raise ValueError(
-            f"trained and reference scores must share a non-empty [P, R] shape, got {tuple(trained.shape)} and "
-            f"{tuple(reference.shape)}"
-        )
+    _check_pair_shapes(trained, reference)
     t, r = trained.double(), reference.double()
     thresholds = candidate_thresholds(r, alphas)
 
@@ -289,6 +231,7 @@ def compare_pairs(
         return {"mean": float(v.mean()), "median": float(v.flatten().median()), "mean_ci": [lo, hi]}
 
     gain_lo, gain_hi = prompt_bootstrap_mean(t - r, n_boot, seed)
+    intervals = candidate_yield_intervals(t, r, list(thresholds), n_boot, seed)
     return {
         "n_prompts": int(t.shape[0]),
         "pairs_per_prompt": int(t.shape[1]),
@@ -302,7 +245,5 @@ def compare_pairs(
             str(a): {"trained": float((t >= v).double().mean()), "reference": float((r >= v).double().mean())}
             for a, v in thresholds.items()
         },
-        "candidate_yield_ci": {
-            str(a): ci for a, ci in candidate_yield_intervals(t, r, list(thresholds), n_boot, seed).items()
-        },
+        "candidate_yield_ci": {str(a): ci for a, ci in intervals.items()},
     }

@@ -1,21 +1,7 @@
 """IFEval accuracy of exported followers: the Stackelberg paper's App. G.5 Leader ablation (Table 5).
 
-Each policy (an exported follower: a peft adapter folder over its base, or a full model folder, see
-:mod:`modules.checkpoints.export`) answers every prompt of an IFEval-format jsonl greedily; every instruction is checked
-strictly and loosely (:mod:`modules.algorithms.ifeval_checks`), giving IFEval's four accuracies: prompt-level (all
-of a prompt's instructions followed) and instruction-level (the share of instructions followed), strict and loose,
-and the loose instruction-level accuracy per category (Table 5's rows). With two policies the report adds each
-accuracy's difference (first − second) with a paired prompt-bootstrap interval: both policies answered the same
-prompts, so each resample draws prompts and keeps both policies' results on them.
-
-    python -m alignment_games.commands.ifeval --data ../shared/data/ifeval/input_data.jsonl \\
-        --base Qwen/Qwen2.5-1.5B-Instruct --policy stackelberg=runs/smida/version_0/export/follower \\
-        follower_only=runs/smida_fo/version_0/export/follower --out ifeval.json
-
-The paper does not say how a Follower was prompted on IFEval; here it gets the prompt as the one user message after
-``--system-prompt`` (default: the games' system message, :data:`~modules.lm.prompts.QWEN_SYSTEM`), without a Leader
-reply. An instruction id with no checker is not guessed: it is counted under ``unsupported``, left out of the
-instruction-level accuracies, and its prompt out of the prompt-level ones.
+Each policy answers every prompt greedily (one user message after ``--system-prompt``, no Leader reply). An
+instruction id with no checker is counted under ``unsupported`` and left out of the accuracies (its prompt too).
 """
 
 from __future__ import annotations
@@ -30,6 +16,7 @@ from typing import Any
 import torch
 
 from alignment_games.modules.algorithms.ifeval_checks import check_kwargs, follows, is_supported
+from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
 __all__ = ["METRICS", "load_policy", "paired_difference", "read_ifeval", "score_responses"]
 
@@ -38,15 +25,10 @@ METRICS = ("prompt_loose", "instruction_loose", "prompt_strict", "instruction_st
 
 
 def read_ifeval(path: str) -> list[dict[str, Any]]:
-    """The rows of an IFEval-format jsonl, each checked before anything is generated.
-
-    A row is an object with ``key`` (distinct), ``prompt`` (a non-empty string), ``instruction_id_list`` (a non-empty
-    list of strings) and ``kwargs`` (one object per instruction); the kwargs of a supported instruction are checked by
-    :func:`~modules.algorithms.ifeval_checks.check_kwargs`. Blank lines are skipped.
+    """The rows of an IFEval-format jsonl (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``), checked up front.
 
     Raises:
-        ValueError: naming the file, the line, the row's key and the field, for a line that is not a JSON object, a
-            missing or ill-typed field, a repeated key, kwargs that do not match the instructions, or no rows.
+        ValueError: naming the file, line, key and field of a bad line, field, repeated key or kwargs, or no rows.
     """
     rows, seen = [], set()
     with open(path, encoding="utf-8") as f:
@@ -91,13 +73,7 @@ def read_ifeval(path: str) -> list[dict[str, Any]]:
 
 
 def score_responses(rows: Sequence[Mapping[str, Any]], responses: Sequence[str]) -> dict[str, Any]:
-    """Strict and loose following of every instruction, and IFEval's four accuracies.
-
-    Returns:
-        ``accuracy`` (:data:`METRICS`; NaN when nothing is supported), ``counts`` (prompts and instructions scored),
-        ``unsupported`` (``instructions``, ``prompts`` and per-id counts), ``by_category`` (strict and loose
-        instruction-level accuracy per id prefix, e.g. ``keywords``) and ``results``: per prompt its key, response and
-        ``strict``/``loose`` lists (``None`` for an unsupported instruction).
+    """Strict and loose following of every instruction, IFEval's four accuracies, unsupported and per-category counts.
 
     Raises:
         ValueError: for a different number of rows and responses.
@@ -109,16 +85,15 @@ def score_responses(rows: Sequence[Mapping[str, Any]], responses: Sequence[str])
     for row, response in zip(rows, responses):
         strict, loose = [], []
         for iid, kw in zip(row["instruction_id_list"], row["kwargs"]):
-            if not is_supported(iid):
+            s = lo = None
+            if is_supported(iid):
+                s, lo = follows(iid, kw, response), follows(iid, kw, response, loose=True)
+                cell = per_category.setdefault(iid.split(":")[0], [0, 0, 0])
+                cell[0], cell[1], cell[2] = cell[0] + s, cell[1] + lo, cell[2] + 1
+            else:
                 unsupported[iid] += 1
-                strict.append(None)
-                loose.append(None)
-                continue
-            s, lo = follows(iid, kw, response), follows(iid, kw, response, loose=True)
             strict.append(s)
             loose.append(lo)
-            cell = per_category.setdefault(iid.split(":")[0], [0, 0, 0])
-            cell[0], cell[1], cell[2] = cell[0] + s, cell[1] + lo, cell[2] + 1
         results.append({"key": row["key"], "response": response, "strict": strict, "loose": loose})
     hits = _per_prompt(results)
     full = hits["complete"]
@@ -165,20 +140,7 @@ def paired_difference(
 ) -> dict[str, Any]:
     """Each accuracy of :data:`METRICS` for both policies and their difference (first − second), paired by prompt.
 
-    A percentile bootstrap over prompts: every resample draws prompts with replacement and recomputes both policies'
-    accuracies on the same draw, a prompt-level accuracy as the mean over its fully supported prompts and an
-    instruction-level one as followed over supported instructions (a ratio of sums, so a prompt with three
-    instructions weighs three times one with one, as in IFEval). Resamples with nothing to score are left out.
-
-    Args:
-        first: :func:`score_responses` of one policy.
-        second: The same for the other policy, on the same prompts in the same order.
-        n_boot: Resamples.
-        seed: Seed of the resampling.
-        level: Coverage of the interval.
-
-    Returns:
-        ``{metric: {"first", "second", "difference", "ci"}}`` and ``n_boot``, ``level``.
+    Each resample recomputes both accuracies as ratios of sums on the same prompts; empty resamples are left out.
 
     Raises:
         ValueError: when the two were scored on different prompts (keys or instructions), or ``n_boot`` is below 1.
@@ -190,9 +152,8 @@ def paired_difference(
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     ha, hb = _per_prompt(a), _per_prompt(b)
     complete = ha["complete"].double()
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, len(a), (n_boot, len(a)), generator=g)
-    ends = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    idx = resample_prompts(len(a), n_boot, seed)
+    ends = interval_ends(level)
     out: dict[str, Any] = {"n_boot": n_boot, "level": level}
     for metric in METRICS:
         kind, mode = metric.split("_")
@@ -213,12 +174,9 @@ def paired_difference(
 
 
 def load_policy(folder: str, base: str | None = None) -> tuple[Any, Any]:
-    """A policy and its tokenizer from an exported folder.
+    """A policy and its tokenizer from an exported folder: a full model, or a peft adapter merged over its base.
 
-    A peft adapter folder (``adapter_config.json``, what :mod:`modules.checkpoints.export` writes for a LoRA player)
-    is loaded over ``base``, or over the base its config names when ``base`` is ``None``, and merged for generation;
-    any other folder is loaded as a full causal LM. The tokenizer is the folder's own when it holds one (an export
-    does), else the base's. Weights are read as safetensors by transformers/peft; nothing in the folder is run.
+    The base is ``base`` or the adapter's own; the tokenizer the folder's when it holds one, else the base's.
 
     Raises:
         FileNotFoundError: naming the folder when it does not exist.

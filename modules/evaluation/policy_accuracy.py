@@ -1,15 +1,4 @@
-r"""Greedy held-out accuracy and format compliance of a saved policy on generated arithmetic problems.
-
-A reply is *correct* when its last ``\boxed{}`` matches the reference (the games' answer reward,
-:func:`~modules.scorers.reward_models.answer_rewards`), and *in format* when it is one ``<think>…</think>`` block
-followed by a visible part that holds a ``\boxed{}`` answer (:func:`~modules.algorithms.debate.split_reply`).
-
-    python -m alignment_games.commands.policy_accuracy --model artifacts/competent_policy \
-        --min-steps 1 --max-steps 2
-
-The problems default to the games' own held-out prompts (:class:`~datamodules.prompts.PromptDataModule` generates
-with seed ``0 + 1_000_003``), which the SFT data (seed ``0 + 2_000_003``) does not hold.
-"""
+"""Greedy held-out accuracy and format compliance of a saved policy on generated arithmetic problems."""
 
 from __future__ import annotations
 
@@ -31,9 +20,7 @@ Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
 def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95% with the default ``z``).
-
-    Unlike the normal approximation it stays inside [0, 1] and is sensible at 0 or ``n`` successes.
+    """Wilson score interval of a binomial proportion (95% with the default ``z``); stays inside [0, 1].
 
     Example:
         >>> [round(x, 4) for x in wilson_interval(5, 10)]
@@ -62,11 +49,7 @@ def reply_in_format(text: str) -> bool:
 
 
 def score_replies(replies: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-    """Counts and rates of correct and in-format replies.
-
-    Returns:
-        ``{"n", "correct", "in_format", "accuracy", "accuracy_ci95", "format_rate"}``; ``accuracy_ci95`` is the
-        Wilson 95% interval of the accuracy (:func:`wilson_interval`).
+    """``{"n", "correct", "in_format", "accuracy", "accuracy_ci95" (Wilson), "format_rate"}`` of the replies.
 
     Raises:
         ValueError: for no replies, or a different number of replies and references.
@@ -102,13 +85,8 @@ def greedy_replies(
             for x in prompts[i : i + batch_size]
         ]
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = model.generate(
-            **enc,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+        special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+        ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, **special)
         out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return out
 
@@ -125,21 +103,8 @@ def policy_accuracy(
 ) -> dict[str, Any]:
     """Score the greedy replies of the policy saved in ``model_path`` on ``num_problems`` generated problems.
 
-    Args:
-        model_path: A folder (or hub name) loadable by ``from_pretrained``, with its tokenizer.
-        num_problems: Problems generated from ``seed``.
-        seed: Seed of :func:`~modules.algorithms.arithmetic.generate_problems`.
-        min_steps: Fewest operations per problem.
-        max_steps: Most operations per problem.
-        system_prompt: System message of every prompt (the one the policy was trained with).
-        max_new_tokens: Reply budget.
-        batch_size: Prompts generated at once.
-
-    Returns:
-        :func:`score_replies`'s counts, the same per number of operations (``by_operations``, keyed by the count as a
-        string), the settings, the model's sha256 and base (``model_record``, :func:`~modules.evaluation.audit.
-        describe_models`), the first five (prompt, reference, reply) triples, and each problem's result
-        (``problems``, :func:`~modules.evaluation.audit.problem_rows`).
+    Returns :func:`score_replies`'s counts overall and ``by_operations``, the settings, ``model_record``, five examples
+    and per-problem ``problems`` rows.
 
     Raises:
         ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.

@@ -1,17 +1,11 @@
 """The pool leader's curriculum from runs' ``pool_history.json``: how it sharpens, and which instructions it favours.
 
-Per run and iteration: the mean weight of the five most and the five least likely instructions against uniform
-(:func:`~modules.algorithms.pool.weight_extremes`, the paper's §5 measure, Fig. 5). At the end: for a generated
-arithmetic pool, the mean number of operations (the problems' difficulty) of the ``--feature-top`` most and least
-likely instructions against the pool's mean. Comparing runs
-that differ only in the composite reward's weights shows what each term makes the leader favour.
+Per iteration, the top and bottom five instructions' mean weight against uniform (Fig. 5); at the end, for a
+generated arithmetic pool, the mean operation count of the most and least likely instructions. A run's
+``config.yaml`` supplies only the data section's numbers, to rebuild the pool in the leader's order.
 
     python -m alignment_games.commands.pool_curriculum --run default=runs/pool_grpo_competent/version_0 \\
         --run difficulty=runs/pool_grpo_difficulty/version_0 --out pool_curriculum.json
-
-A run folder holds ``pool_history.json`` (written by :class:`modules.pool.StackelbergPool` at the end of fit) and the
-``config.yaml`` LightningCLI saves beside it; only the data section's numbers are read from the latter, to rebuild the
-generated pool's instructions in the leader's order.
 """
 
 from __future__ import annotations
@@ -64,9 +58,7 @@ def sharpening(weights: Sequence[Sequence[float]], n: int = 5) -> list[dict[str,
 
 
 def feature_extremes(probs: Sequence[float], feature: Sequence[float], n: int) -> dict[str, float]:
-    """The mean ``feature`` of the ``n`` most and ``n`` least likely instructions, and over all of them.
-
-    Ties in probability are broken by position, so the result is deterministic.
+    """The mean ``feature`` of the ``n`` most and least likely instructions (ties by position), and over all.
 
     Raises:
         ValueError: for lengths that differ or ``n`` outside ``[1, K // 2]``.
@@ -81,11 +73,7 @@ def feature_extremes(probs: Sequence[float], feature: Sequence[float], n: int) -
 
 
 def pool_operations(data: dict[str, Any]) -> list[int]:
-    """The operation count of each candidate instruction of a generated pool, in the leader's order.
-
-    ``data`` holds :class:`datamodules.pool.InstructionPoolDataModule`'s numeric settings (missing ones take its
-    defaults); the pool is rebuilt exactly as training built it.
-    """
+    """The operation count of each instruction of the generated pool that ``data`` rebuilds, in the leader's order."""
     from alignment_games.datamodules.pool import InstructionPoolDataModule
     from alignment_games.modules.algorithms.arithmetic import generate_problems
 

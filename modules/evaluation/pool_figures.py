@@ -1,9 +1,4 @@
-"""The multi-LLM pool's figures of §5 (Figs. 3–5) from its history, and their writing beside the logs.
-
-:func:`make_pool_figures` draws them (matplotlib's Agg canvas, no pyplot state); :func:`write_pool_figures` writes
-each as a PNG atomically and hands it to the trainer's loggers (:func:`~alignment_games.callbacks.media.log_figure`);
-:func:`write_pool_artifacts` writes them with the run's record, ``pool_history.json``.
-"""
+"""The multi-LLM pool's figures of §5 (Figs. 3–5) from its history, and their writing beside the logs."""
 
 from __future__ import annotations
 
@@ -16,21 +11,15 @@ from typing import Any
 import torch
 
 from alignment_games.callbacks.media import log_figure
+from alignment_games.modules.evaluation.figures import _new_axes
 from alignment_games.modules.training.artifacts import atomic_write_bytes, atomic_write_text
 
 __all__ = ["make_pool_figures", "write_pool_artifacts", "write_pool_figures"]
 
 
 def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.5, 4))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    fig, ax = _new_axes((6.5, 4))
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     return fig, ax
 
 
@@ -73,10 +62,8 @@ def _per_player(values: list[list[float]], players: Sequence[str], title: str, y
 def make_pool_figures(history: dict[str, list[Any]], players: Sequence[str], top: int = 5) -> dict[str, Any]:
     """The figures of §5 from a run's history (``weights``, ``ratings``, ``selection``: one row per iteration).
 
-    * ``instruction_weights``: the leader's probability of the ``top`` instructions with the highest and the lowest
-      final weight, relative to uniform (1 = uniform), per iteration (Fig. 5);
-    * ``reputations``: each model's Elo rating at the start of each iteration and at the end (Fig. 3);
-    * ``opponent_selection``: each model's opponent-selection weight per iteration against uniform ``1/m`` (Fig. 4).
+    ``instruction_weights`` (Fig. 5: the ``top`` and bottom instructions' weight over uniform), ``reputations``
+    (Fig. 3: Elo ratings), ``opponent_selection`` (Fig. 4: against uniform ``1/m``).
     """
     figures = {}
     weights = torch.tensor(history["weights"], dtype=torch.float64)  # [T + 1, K]
@@ -94,10 +81,7 @@ def make_pool_figures(history: dict[str, list[Any]], players: Sequence[str], top
 
 
 def write_pool_figures(figures: dict[str, Any], folder: str, trainer: Any = None, step: int = 0) -> list[str]:
-    """Each figure as ``<folder>/<name>.png`` (atomically) and, as ``pool/<name>``, to the ``trainer``'s loggers.
-
-    Call it on rank zero. Returns the paths written.
-    """
+    """Each figure as ``<folder>/<name>.png`` (atomically) and as ``pool/<name>`` to the loggers; call on rank zero."""
     paths = []
     for name, fig in figures.items():
         buffer = io.BytesIO()
@@ -112,10 +96,7 @@ def write_pool_figures(figures: dict[str, Any], folder: str, trainer: Any = None
 def write_pool_artifacts(
     folder: str, record: dict[str, Any], figures: dict[str, Any], trainer: Any = None, step: int = 0
 ) -> list[str]:
-    """``<folder>/pool_history.json`` (``record``) and the figures (:func:`write_pool_figures`), each atomically.
-
-    Call it on one rank. Returns the paths written.
-    """
+    """``<folder>/pool_history.json`` and the figures (:func:`write_pool_figures`); call on one rank."""
     path = os.path.join(folder, "pool_history.json")
     atomic_write_text(path, json.dumps(record, indent=1))
     return [path, *write_pool_figures(figures, folder, trainer, step)]

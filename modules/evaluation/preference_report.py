@@ -1,11 +1,7 @@
 """Evaluation report of a preference-model ensemble on held-out triplets (paper §5.2, App. E.3 Table 1, App. F.1).
 
-Pure tensor code: from the members' probabilities ``P_i(y≻y′|x)`` ``[N, k]``, the binary oracle labels (1 if y≻y′) and
-the prompt ids, :func:`build_report` computes ``report.json`` (figures: :mod:`modules.evaluation.figures`).
-
-An *error* is a triplet where the ensemble-mean prediction (y≻y′ when ``>= 0.5``) disagrees with the label. Where a
-ranking is cut, ties keep the item order (stable sort). Bootstrap intervals resample whole prompts: triplets that
-share a prompt are not independent. Computations run on the CPU in float64.
+An *error* is a triplet where the ensemble-mean prediction (y≻y′ when ``>= 0.5``) disagrees with the label. Rankings
+keep item order on ties (stable sort); bootstrap intervals resample whole prompts; all math is float64 on the CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
+from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
 __all__ = [
     "DEFAULT_FRACTIONS",
@@ -47,27 +44,27 @@ VARIANCE_THRESHOLD = 0.02
 _PERCENTILES = (25, 75, 90, 95, 99)
 
 
-def _vector(x: Any, name: str, dtype: torch.dtype = torch.float64) -> Tensor:
-    """Return ``x`` as a non-empty 1-D CPU tensor of ``dtype``; raise ValueError naming ``name`` otherwise."""
+def _one_d(x: Any, name: str) -> Tensor:
+    """Return ``x`` as a non-empty 1-D CPU tensor; raise ValueError naming ``name`` otherwise."""
     t = torch.as_tensor(x).detach().cpu()
     if t.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
     if t.numel() == 0:
         raise ValueError(f"{name} is empty")
-    if dtype.is_floating_point:
-        t = t.to(dtype)
-        if torch.isnan(t).any():
-            raise ValueError(f"{name} contains NaN at index {int(torch.isnan(t).nonzero()[0])}")
+    return t
+
+
+def _vector(x: Any, name: str) -> Tensor:
+    """``x`` as a non-empty 1-D float64 CPU tensor without NaN."""
+    t = _one_d(x, name).to(torch.float64)
+    if torch.isnan(t).any():
+        raise ValueError(f"{name} contains NaN at index {int(torch.isnan(t).nonzero()[0])}")
     return t
 
 
 def _binary(x: Any, name: str) -> Tensor:
     """Return ``x`` as a non-empty 1-D bool tensor; its values must be 0/1 (or bool)."""
-    t = torch.as_tensor(x).detach().cpu()
-    if t.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
-    if t.numel() == 0:
-        raise ValueError(f"{name} is empty")
+    t = _one_d(x, name)
     if t.dtype != torch.bool:
         bad = ~((t == 0) | (t == 1))
         if bad.any():
@@ -93,10 +90,7 @@ def _scores_and_errors(scores: Any, errors: Any, errors_name: str = "errors") ->
 
 
 def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
-    """Number of items ``ceil(f * n)`` (at least 1) for each fraction ``f`` in (0, 1].
-
-    ``f * n`` is rounded to 9 decimals first, so that ``0.07 * 100 = 7.000000000000001`` does not select 8 items.
-    """
+    """``ceil(f * n)`` (at least 1) per fraction in (0, 1]; rounded to 9 decimals first so 0.07 * 100 selects 7."""
     f = torch.as_tensor(fractions, dtype=torch.float64).detach().cpu().reshape(-1)
     if f.numel() == 0:
         raise ValueError("fractions is empty")
@@ -107,16 +101,9 @@ def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
 
 
 def error_auroc(scores: Tensor, errors: Tensor) -> float:
-    """AUROC of a score at ranking errors above correct predictions (paper §5.2, Fawcett 2006).
+    """AUROC of ``scores`` at ranking ``errors`` (0/1) first, the normalised Mann–Whitney U (§5.2; sklearn's value).
 
-    The normalised Mann–Whitney U statistic, equal to ``sklearn.metrics.roc_auc_score(errors, scores)``.
-
-    Args:
-        scores: Disagreement scores, shape ``[N]`` (higher = more likely an error).
-        errors: 1 (or True) where the ensemble errs, 0 where it is correct, shape ``[N]``.
-
-    Returns:
-        The AUROC in [0, 1]; 0.5 (chance) when only one class is present, so bootstrap replicates never fail.
+    0.5 when only one class is present, so bootstrap replicates never fail.
 
     Raises:
         ValueError: If an input is empty, not 1-D, of mismatched length, non-binary (``errors``) or NaN (``scores``).
@@ -136,13 +123,9 @@ def error_auroc(scores: Tensor, errors: Tensor) -> float:
 
 
 def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
-    """ROC curve of a score as an error detector: one point per distinct score threshold.
+    """``(fpr, tpr)`` of a score as an error detector, one point per distinct score.
 
-    Tied items enter together, so the trapezoid area equals :func:`error_auroc`. Arguments as :func:`error_auroc`.
-
-    Returns:
-        ``(fpr, tpr)`` from (0, 0) to (1, 1), float64 tensors of length ``n_distinct_scores + 1``; the chance diagonal
-        ``([0, 1], [0, 1])`` when only one class is present.
+    The trapezoid area equals :func:`error_auroc`; the chance diagonal when only one class is present.
 
     Raises:
         ValueError: As :func:`error_auroc`.
@@ -163,18 +146,9 @@ def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[float]:
-    """Accuracy within each score decile, lowest score first (paper Fig. 1a).
+    """Accuracy (``correct`` 0/1) within each of ``n_bins`` score bins, lowest score first (paper Fig. 1a).
 
-    Bins are cut by ``torch.tensor_split`` (the first ``N % n_bins`` bins hold one extra item).
-
-    Args:
-        scores: Disagreement scores, shape ``[N]``.
-        correct: 1 where the ensemble is correct, 0 where it errs, shape ``[N]``.
-        n_bins: Number of bins (10 for deciles).
-
-    Returns:
-        ``n_bins`` accuracies, lowest-score bin first. With fewer than ``n_bins`` items the trailing bins are empty
-        and their accuracy is ``float('nan')`` (undefined; :func:`json_safe` maps it to ``null``).
+    Bins come from ``torch.tensor_split``; an empty bin (fewer than ``n_bins`` items) is NaN.
 
     Raises:
         ValueError: As :func:`error_auroc` (with ``correct`` in place of ``errors``), or if ``n_bins < 1``.
@@ -188,17 +162,7 @@ def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[f
 
 
 def error_rate_curve(scores: Tensor, errors: Tensor, fractions: Sequence[float] | Tensor) -> Tensor:
-    """Error rate among the comparisons selected in decreasing order of score, for many fractions (paper Fig. 1b).
-
-    For each fraction ``f`` the ``ceil(f * N)`` highest-score items (at least one) are selected.
-
-    Args:
-        scores: Disagreement scores, shape ``[N]``.
-        errors: 1 where the ensemble errs, 0 where it is correct, shape ``[N]``.
-        fractions: Fractions in (0, 1], any length.
-
-    Returns:
-        float64 tensor of error rates, one per fraction.
+    """Error rate among the ``ceil(f * N)`` highest-score items, one per fraction ``f`` in (0, 1] (paper Fig. 1b).
 
     Raises:
         ValueError: As :func:`error_auroc`, or if a fraction lies outside (0, 1] or ``fractions`` is empty.
@@ -212,8 +176,6 @@ def error_rate_curve(scores: Tensor, errors: Tensor, fractions: Sequence[float] 
 
 def top_fraction_error_rate(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> float:
     """Error rate among the ``ceil(fraction * N)`` highest-score items (paper §5.2: top 10% by variance).
-
-    ``scores`` and ``errors`` as :func:`error_rate_curve`; ``fraction`` lies in (0, 1].
 
     Raises:
         ValueError: As :func:`error_rate_curve`.
@@ -234,18 +196,7 @@ def top_fraction_lift(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> 
 def variance_summary(
     variance: Tensor, errors: Tensor | None = None, threshold: float = VARIANCE_THRESHOLD
 ) -> dict[str, float]:
-    """Distribution summary of the ensemble variance, every triplet weighted equally (App. E.3, Table 1).
-
-    Args:
-        variance: Per-triplet ensemble variance, shape ``[N]``.
-        errors: Optional 1 where the ensemble errs, 0 where it agrees with the oracle, shape ``[N]``.
-        threshold: Threshold of ``fraction_above_threshold`` (0.02 in the paper).
-
-    Returns:
-        Plain floats: ``n``, ``mean``, ``median``, ``variance`` (population, denominator N), ``std`` (population),
-        ``min``, ``max``, percentiles ``p25``, ``p75``, ``p90``, ``p95``, ``p99`` (linear interpolation, as numpy's
-        default), ``threshold`` and ``fraction_above_threshold`` (strictly greater). With ``errors`` also
-        ``mean_when_error`` and ``mean_when_correct``, ``float('nan')`` when that group is empty.
+    """Distribution summary of the per-triplet ensemble variance (App. E.3, Table 1), with error/correct means if given.
 
     Raises:
         ValueError: If an input is empty, not 1-D, of mismatched length, NaN or non-binary.
@@ -280,41 +231,21 @@ def prompt_bootstrap(
     seed: int = 0,
     level: float = 0.95,
 ) -> tuple[Tensor, Tensor]:
-    """Percentile bootstrap interval of a statistic, resampling prompts (groups) with replacement.
+    """Percentile bootstrap ``(low, high)`` of ``stat_fn``, resampling prompts (``groups [N]``) with replacement.
 
-    Each replicate draws as many prompts as there are, and includes every item of a drawn prompt once per draw.
-
-    Args:
-        stat_fn: Called once per replicate with the item indices of the resample (int64, shape ``[M]``, ``M`` varies
-            with the sizes of the drawn prompts; items of a prompt drawn twice appear twice); returns a tensor (or
-            float / sequence) of a fixed shape. ``stat_fn(torch.arange(N))`` is the point estimate.
-        groups: Prompt id of every item, shape ``[N]``, any integer values.
-        n_boot: Number of bootstrap replicates (at least 1).
-        seed: Seed of the resampling.
-        level: Coverage of the two-sided interval, in (0, 1).
-
-    Returns:
-        ``(low, high)``: float64 tensors with the shape of ``stat_fn``'s output, the ``(1 - level) / 2`` and
-        ``(1 + level) / 2`` quantiles (linear interpolation) of the replicates. NaN replicate values (e.g. an empty
-        decile) are ignored element-wise; an element that is NaN in every replicate stays NaN.
+    ``stat_fn`` gets the resample's item indices (every item of a prompt, once per draw); NaN replicates are ignored.
 
     Raises:
-        ValueError: If ``groups`` is empty or not 1-D, ``n_boot < 1``, ``level`` is outside (0, 1), or ``stat_fn``
-            changes the shape of its output between replicates.
+        ValueError: for bad ``groups``, ``n_boot < 1``, ``level`` outside (0, 1), or ``stat_fn`` changing its shape.
     """
-    g = torch.as_tensor(groups).detach().cpu()
-    if g.ndim != 1:
-        raise ValueError(f"groups must be 1-D, got shape {tuple(g.shape)}")
-    if g.numel() == 0:
-        raise ValueError("groups is empty")
+    g = _one_d(groups, "groups")
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     _, group_index = torch.unique(g, return_inverse=True)
     n_groups = int(group_index.max()) + 1
-    gen = torch.Generator().manual_seed(int(seed))
-    draws = torch.randint(n_groups, (n_boot, n_groups), generator=gen)
+    draws = resample_prompts(n_groups, n_boot, seed)
     times_drawn = torch.zeros(n_boot, n_groups, dtype=torch.long).scatter_add_(1, draws, torch.ones_like(draws))
     items = torch.arange(g.numel())
     replicates = []
@@ -327,9 +258,7 @@ def prompt_bootstrap(
             )
         replicates.append(value)
     stacked = torch.stack(replicates).reshape(n_boot, -1)
-    alpha = (1.0 - level) / 2.0
-    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
-    bounds = torch.nanquantile(stacked, q, dim=0, interpolation="linear")
+    bounds = torch.nanquantile(stacked, interval_ends(level), dim=0, interpolation="linear")
     shape = replicates[0].shape
     return bounds[0].reshape(shape), bounds[1].reshape(shape)
 
@@ -346,30 +275,15 @@ def _check_report_inputs(member_probs: Any, labels: Any, prompt_ids: Any) -> tup
         row, col = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"member_probs must lie in [0, 1], got {p[row, col].item()!r} at row {row}, member {col}")
     y = _binary(labels, "labels")
-    g = torch.as_tensor(prompt_ids).detach().cpu()
-    if g.ndim != 1:
-        raise ValueError(f"prompt_ids must be 1-D, got shape {tuple(g.shape)}")
-    if g.numel() == 0:
-        raise ValueError("prompt_ids is empty")
+    g = _one_d(prompt_ids, "prompt_ids")
     _same_length(("member_probs", p), ("labels", y), ("prompt_ids", g))
     return p, y, g
 
 
 def disagreement_scores(member_probs: Tensor) -> dict[str, Tensor]:
-    """The three disagreement scores of every triplet, in float64: ``{name: tensor [N]}`` for :data:`SCORE_NAMES`.
-
-    Args:
-        member_probs: Members' probabilities, shape ``[N, k]``.
-
-    Returns:
-        Dict with keys ``variance``, ``decision_uncertainty`` and ``jsd`` (see :mod:`modules.algorithms.disagreement`).
-    """
+    """The three disagreement scores of ``member_probs [N, k]`` in float64: ``{name: [N]}`` for :data:`SCORE_NAMES`."""
     p = torch.as_tensor(member_probs).detach().cpu().to(torch.float64)
-    return {
-        "variance": ensemble_variance(p),
-        "decision_uncertainty": decision_uncertainty(p),
-        "jsd": ensemble_jsd(p),
-    }
+    return {"variance": ensemble_variance(p), "decision_uncertainty": decision_uncertainty(p), "jsd": ensemble_jsd(p)}
 
 
 def _nll(prob: Tensor, labels: Tensor, eps: float = 1e-12) -> Tensor:
@@ -391,34 +305,12 @@ def build_report(
     seed: int = 0,
     level: float = 0.95,
 ) -> dict[str, Any]:
-    """Compute the held-out evaluation report of the ensemble (the content of ``report.json``).
+    """The held-out report (``report.json``) from members' ``P_i(y≻y′|x)`` ``[N, k]``, binary labels and prompt ids.
 
-    Args:
-        member_probs: Members' probabilities ``P_i(y≻y′|x)``, shape ``[N, k]``, values in [0, 1].
-        labels: Binary oracle labels, 1 if y≻y′, shape ``[N]``.
-        prompt_ids: Prompt id of every triplet (the bootstrap unit), shape ``[N]``.
-        fractions: Fractions in (0, 1] at which the error-rate curve (Fig. 1b) is evaluated.
-        n_boot: Prompt-bootstrap replicates for ``bands``; 0 omits ``bands``.
-        seed: Seed of the bootstrap.
-        level: Coverage of the bootstrap intervals.
-
-    Returns:
-        JSON-ready dict (plain floats, ints, lists, dicts) with the required keys ``ensemble_accuracy``,
-        ``member_accuracy`` (list of k), ``auroc`` (``variance``, ``decision_uncertainty``, ``jsd``),
-        ``decile_accuracy`` (10 values, lowest variance first), ``top10_error_rate`` (by variance),
-        ``overall_error_rate``, ``top10_lift`` (their ratio, with a band), ``variance_summary`` (see
-        :func:`variance_summary`, with errors), ``n_pairs``,
-        ``n_prompts``; and the extra keys ``n_members``, ``n_errors``, ``member_nll`` (list), ``ensemble_nll``,
-        ``top10_error_rate_by_score`` (per score), ``error_rate_curve`` (``fractions`` and one list per score) and,
-        when ``n_boot > 0``, ``bands``: ``n_boot``, ``level``, ``seed`` and ``{"low": ..., "high": ...}`` prompt-
-        bootstrap intervals for ``ensemble_accuracy``, ``overall_error_rate``, ``decile_accuracy``, ``auroc``,
-        ``top10_error_rate_by_score`` and ``error_rate_curve`` (shapes as the point estimates). Deciles of fewer
-        than 10 triplets are NaN (see :func:`decile_accuracy`); pass the report through :func:`json_safe` before
-        writing strict JSON.
+    ``n_boot > 0`` adds prompt-bootstrap ``bands``. Empty deciles are NaN: pass the report through :func:`json_safe`.
 
     Raises:
-        ValueError: Naming the argument, if an input is empty, has the wrong shape or mismatched length, a
-            probability lies outside [0, 1] or a label is not binary.
+        ValueError: naming the argument that is empty, misshapen, of another length, outside [0, 1] or not binary.
     """
     p, y, g = _check_report_inputs(member_probs, labels, prompt_ids)
     fractions = [float(f) for f in fractions]

@@ -1,13 +1,4 @@
-"""Round-robin oracle preference rates between trained policies and the reference (App. G.4, Table 4).
-
-``python -m alignment_games.commands.round_robin --runs smida=<ckpt> nlhf=<ckpt> slhf=<ckpt>
---lm artifacts/tiny_policy``
-builds one frozen base with one LoRA adapter per run, loads each checkpoint's adapter tensors into it (tensors only,
-``weights_only=True``: a checkpoint configures nothing), samples ``--pairs`` answers per held-out prompt from every
-policy and from the reference (the disabled adapter), has the oracle label every pair of policies on the same
-prompts, and writes ``round_robin.json`` and ``round_robin.md``: the rate at which each row policy's answer is
-preferred to each column policy's, with prompt-bootstrap intervals (:func:`round_robin_table`).
-"""
+"""Round-robin oracle preference rates between trained policies and the reference (App. G.4, Table 4)."""
 
 from __future__ import annotations
 
@@ -18,6 +9,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
 __all__ = ["PLAYER_OF_FAMILY", "adapter_tensors", "markdown_table", "round_robin_table"]
 
@@ -33,21 +26,13 @@ REFERENCE = "reference"
 def round_robin_table(
     labels: dict[tuple[str, str], Tensor], names: Sequence[str], n_boot: int = 1000, seed: int = 0, level: float = 0.95
 ) -> dict[str, Any]:
-    """Pairwise preference rates with prompt-bootstrap intervals.
+    """Pairwise preference rates with prompt-bootstrap intervals, every cell from the same resamples.
 
-    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s, R pairs on each of the
-    same P prompts (NaN: an unlabelled pair). A prompt's rate is the mean of its labelled pairs; a cell is the mean
-    over prompts with at least one; the mirror cell ``(b, a)`` is ``1 − (a, b)`` (an oracle label is a share of
-    verdicts that ``a`` wins). Every cell's interval uses the same bootstrap resamples of the prompts (the
-    ``level`` quantiles of the resampled means), so cells are comparable.
-
-    Returns:
-        ``{"names", "n_prompts", "pairs_per_prompt", "level", "n_boot", "rates": {row: {col: {"rate", "ci",
-        "n_prompts"}}}}``; the diagonal is absent.
+    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s (NaN: unlabelled); a cell
+    is the mean over prompts of their labelled pairs' mean, and ``(b, a)`` is ``1 − (a, b)``.
 
     Raises:
-        ValueError: for a pair given both ways or not at all, a name outside ``names``, a tensor that is not
-            ``[P, R]`` or whose P differs from the others.
+        ValueError: for a pair given twice or not at all, an unknown name, or tensors not ``[P, R]`` on the same P.
     """
     names = list(names)
     if len(set(names)) != len(names) or len(names) < 2:
@@ -64,9 +49,8 @@ def round_robin_table(
     if any(len(s) != 2 for s in shapes.values()) or len({s[0] for s in shapes.values()}) != 1:
         raise ValueError(f"every label tensor must be [prompts, pairs] over the same prompts, got {shapes}")
     n = next(iter(shapes.values()))[0]
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (n_boot, n), generator=g)
-    q = torch.tensor([(1 - level) / 2, 1 - (1 - level) / 2], dtype=torch.float64)
+    idx = resample_prompts(n, n_boot, seed)
+    q = interval_ends(level)
     rates: dict[str, dict[str, Any]] = {a: {} for a in names}
     for a, b in pairs:
         flip = (a, b) not in given
@@ -96,10 +80,7 @@ def round_robin_table(
 def markdown_table(table: dict[str, Any]) -> str:
     """Rows: the preferred policy; columns: its opponent; cells ``rate [lo, hi]`` (4 decimals)."""
     names = table["names"]
-    lines = [
-        "| row ≻ column | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
+    lines = ["| row ≻ column | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for a in names:
         cells = []
         for b in names:
@@ -116,8 +97,7 @@ def adapter_tensors(state: dict[str, Tensor], player: str, run: str, source: str
     """A checkpoint's LoRA tensors of ``player`` renamed to the round robin's adapter ``run`` (bank state names).
 
     Raises:
-        ValueError: naming ``source`` when it holds no LoRA tensors of ``player`` (a full-copy checkpoint, or
-            another player name).
+        ValueError: naming ``source`` when it holds no LoRA tensors of ``player``.
     """
     out = {}
     marker = f".{player}."

@@ -1,12 +1,6 @@
 """What a game shows beyond its scalars: sampled text, value histograms, a distribution over arms.
 
-The games (GRPO, debate, deep-SMIDA, the pool) each hold one :class:`GameBoard` and hand it what they already
-produced: the first rows of a validation (never a draw from a generator, so the RNG streams and exact resumes are
-untouched), the step's rewards and advantages, the leader's probabilities. It writes through
-:mod:`alignment_games.callbacks.media`: on rank zero, to every TensorBoard, W&B, MLflow and CSV logger of the trainer;
-with none of them, or in a ``fast_dev_run`` (Lightning's dummy logger), it keeps and writes nothing. Text is
-markdown-escaped (:func:`escape_markdown`) so a generated reply cannot restyle or break the page that renders it.
-User guide: ``docs/tensorboard.md``.
+The games hand a :class:`GameBoard` what they already produced (never a fresh draw, so resumes stay exact).
 """
 
 from __future__ import annotations
@@ -33,9 +27,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def escape_markdown(text: str, max_chars: int = 2000) -> str:
     """``text`` as markdown that renders as exactly that text: no markup, HTML or layout of its own survives.
 
-    Punctuation becomes numeric HTML entities, leading spaces and tabs (4 each) non-breaking spaces (no indented
-    code block), a blank line one non-breaking space (no paragraph break), line breaks hard breaks; trailing blanks
-    of a line and control characters are dropped. Longer text is cut at ``max_chars`` with a note.
+    Punctuation becomes numeric entities, indents and blank lines non-breaking spaces, line breaks hard breaks;
+    control characters are dropped, and text past ``max_chars`` is cut with a note.
 
     Example:
         >>> escape_markdown("# 1*2 <b>")
@@ -72,10 +65,7 @@ def _value(value: Any) -> str:
 
 
 def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """One markdown document: each row a numbered section of ``**field**`` and its escaped value, rows ruled off.
-
-    Field names are escaped too (they may hold a model's name).
-    """
+    """One markdown document: each row a numbered section of escaped ``**field**`` and value, rows ruled off."""
     parts = []
     for i, row in enumerate(rows, start=1):
         fields = [f"**{escape_markdown(k, 200)}**  \n{_value(v)}" for k, v in row.items()]
@@ -86,8 +76,8 @@ def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
 class GameBoard:
     """A game's extras: validation samples as text, training values as histograms, a leader's arms.
 
-    Nothing here touches a generator or the module's state that trains or is checkpointed; every method returns at
-    once off rank zero or without a logger that takes them (:func:`~alignment_games.callbacks.media.media_loggers`).
+    Touches no generator nor trained or checkpointed state; off rank zero or without a media logger every method
+    returns at once.
 
     Args:
         num_samples: Rows of text per tag and validation (0: no text).
@@ -103,7 +93,6 @@ class GameBoard:
         self._samples: dict[str, list[dict[str, Any]]] = {}
         self._values: dict[str, list[np.ndarray]] = {}
 
-    # ------------------------------------------------------------------------------------------------ text
     def wants_samples(self, module: L.LightningModule, tag: str) -> bool:
         """Whether ``tag`` still takes rows (so a caller can skip building them)."""
         if self.num_samples == 0 or not media_loggers(module._trainer):
@@ -131,12 +120,8 @@ class GameBoard:
             if rows:
                 log_text(module._trainer, tag, samples_markdown(rows))
 
-    # ------------------------------------------------------------------------------------------------ histograms
     def add_values(self, module: L.LightningModule, values: Mapping[str, Any]) -> None:
-        """Buffer values per tag until :meth:`write_values_if_due` writes them as histograms.
-
-        Non-finite values are left out (a histogram cannot bin them; the games count them apart).
-        """
+        """Buffer finite values per tag until :meth:`write_values_if_due` writes them as histograms."""
         if not media_loggers(module._trainer):
             return
         for tag, value in values.items():
@@ -144,10 +129,7 @@ class GameBoard:
             self._values.setdefault(tag, []).append(array[np.isfinite(array)])
 
     def write_values_if_due(self, module: L.LightningModule) -> None:
-        """At the end of a training batch that logs scalars, write each tag's buffer as one histogram.
-
-        So a histogram holds every value since the previous one (``trainer.log_every_n_steps`` batches).
-        """
+        """At a training batch that logs scalars, write each tag's buffer (values since the last) as one histogram."""
         trainer = module._trainer
         if self._values and (trainer._logger_connector.should_update_logs or trainer.fast_dev_run):
             self.flush_values(module)  # asked as Lightning's own LearningRateMonitor asks
@@ -161,28 +143,17 @@ class GameBoard:
                 log_histogram(module._trainer, tag, histogram)
 
     def write_distribution(self, module: L.LightningModule, tag: str, probabilities: Any) -> None:
-        """A distribution over arms ``0 … K-1`` as a histogram: bucket ``i`` spans ``[i - ½, i + ½)``, height ``p_i``.
-
-        A histogram view then shows the distribution itself per step (not a histogram of its values).
-        """
+        """A distribution over arms ``0 … K-1`` as a histogram whose bucket ``i`` has height ``p_i``."""
         p = torch.as_tensor(probabilities).detach().double().cpu().reshape(-1).numpy()
         log_histogram(module._trainer, tag, Histogram.of_distribution(p))
 
     def write_layout(self, module: L.LightningModule, layout: dict[str, dict[str, list[Any]]]) -> None:
-        """Write a custom-scalars layout (``{category: {chart: ["Multiline", [tag regexes]]}}``).
-
-        TensorBoard reads a run's first one, so a game writes one, whole, at the start of fit; the other loggers have
-        no such layout (:func:`~alignment_games.callbacks.media.log_scalar_layout`).
-        """
+        """Write a custom-scalars layout (``{category: {chart: ["Multiline", [tag regexes]]}}``) once, at fit start."""
         log_scalar_layout(module._trainer, layout)
 
 
 def debate_row(transcript: Any, share: float, verdict: str, rewards: Sequence[Any]) -> dict[str, Any]:
-    """One debate as a text row: the problem, its reference, every ply's full reply and reward, the judge's ruling.
-
-    ``transcript`` is a :class:`~modules.algorithms.debate.Transcript`, ``rewards`` its
-    :class:`~modules.algorithms.debate.PlyReward` per ply, ``share`` Alice's share of the judge's votes.
-    """
+    """One debate as a text row: problem, reference, each ply's reply and reward, the judge's verdict."""
     row: dict[str, Any] = {"problem": transcript.problem, "reference": transcript.reference}
     for ply, reply, reward in zip(transcript.plies, transcript.replies, rewards):
         row[ply] = reply.raw

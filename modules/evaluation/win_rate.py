@@ -1,10 +1,4 @@
-"""Held-out validation of the preference baselines: the trained policy against the frozen reference.
-
-:class:`WinRateValidation` is a mixin for a :class:`~modules.base.LanguageModelGame` with a ``players`` bank, a
-``preference`` scorer (``P0(first ≻ second)``), an optional ``oracle`` and ``hparams.eval_pairs``; the player that is
-evaluated is :attr:`eval_player`. It writes ``baseline_eval.json`` (:func:`win_rate_summary`) and logs
-``val/p0_win_rate`` and ``val/oracle_win_rate``.
-"""
+"""Held-out validation of the preference baselines: the trained policy against the frozen reference."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from alignment_games.datamodules.preference import PreferenceDataModule, load_preference_rows, validate_rows
+from alignment_games.datamodules.preference import PreferenceDataModule, read_preference_table, validate_rows
 from alignment_games.modules.algorithms.answers import extract_final_answer
 from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
 from alignment_games.modules.lm.models import load_tokenizer
@@ -107,9 +107,9 @@ def test_bad_rows_name_the_row_and_field(tmp_path):
         validate_rows([GOOD, GOOD, {**GOOD, "prompt": None}])
     path = _write(tmp_path, [{"question": "q", "response_a": "a", "response_b": "b", "label": 1}])
     with pytest.raises(ValueError, match=r"column 'prompt' \(for field 'prompt'\) is missing; columns present"):
-        load_preference_rows(path)
+        read_preference_table(path)[0]
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_preference_rows(str(tmp_path / "nope.jsonl"))
+        read_preference_table(str(tmp_path / "nope.jsonl"))[0]
 
 
 def test_file_data_with_column_mapping_and_chosen_rejected(tmp_path, minilm_tok):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from alignment_games.modules.algorithms.disagreement import ensemble_jsd
-from alignment_games.modules.evaluation.figures import make_figures, save_figures
+from alignment_games.modules.evaluation.figures import make_figures
 from alignment_games.modules.evaluation.preference_report import (
     build_report,
     decile_accuracy,
@@ -23,7 +23,6 @@ from alignment_games.modules.evaluation.preference_report import (
     variance_summary,
 )
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 REQUIRED_KEYS = {
     "ensemble_accuracy",
     "member_accuracy",
@@ -441,14 +440,13 @@ def test_json_safe_replaces_nan():
         ({"prompt_ids": torch.tensor([], dtype=torch.long)}, "prompt_ids"),
     ],
 )
-def test_build_report_and_figures_reject_bad_input(tmp_path, kwargs, name):
+def test_build_report_and_figures_reject_bad_input(kwargs, name):
     args = {"member_probs": torch.rand(4, 3), "labels": torch.tensor([1, 0, 1, 1]), "prompt_ids": torch.arange(4)}
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
         build_report(**args, n_boot=0)
     with pytest.raises(ValueError, match=name):
-        save_figures(**args, out_dir=tmp_path / "figs", n_boot=0)
-    assert not (tmp_path / "figs").exists()
+        make_figures(**args, n_boot=0)
 
 
 @pytest.mark.parametrize(
@@ -489,16 +487,11 @@ def test_fraction_validation():
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def test_save_figures_writes_png_files(tmp_path):
+def test_make_figures_draws_the_three_figures():
     from matplotlib.figure import Figure
 
     probs, labels, prompts = _random_inputs(n=300, n_prompts=50)
     report = build_report(probs, labels, prompts, n_boot=20)
-    paths = save_figures(probs, labels, prompts, tmp_path / "out", report=report)
-    assert [p.name for p in paths] == ["decile_accuracy.png", "roc_curves.png", "error_rate_vs_fraction.png"]
-    for path in paths:
-        data = path.read_bytes()
-        assert data[:8] == PNG_MAGIC and len(data) > 5000, path
     figures = make_figures(probs, labels, prompts, n_boot=0)
     assert set(figures) == {"decile_accuracy", "roc_curves", "error_rate_vs_fraction"}
     assert all(isinstance(f, Figure) for f in figures.values())
