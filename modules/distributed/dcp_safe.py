@@ -1,9 +1,8 @@
 """Reading a torch.distributed.checkpoint (DCP) folder without unpickling code from it.
 
-DCP reads its ``.metadata`` with plain ``pickle.load`` and the non-tensor entries of a state (optimizer
-``param_groups``) with ``torch.load(weights_only=False)``: a folder from elsewhere could run code when loaded. Here
-the metadata goes through an unpickler that builds only DCP's own metadata classes, ``torch.Size``, dtypes, layouts
-and paths, and the entries through ``torch.load(weights_only=True)``.
+DCP reads ``.metadata`` with ``pickle.load`` and non-tensor entries with ``torch.load(weights_only=False)``; here the
+metadata goes through an unpickler that builds only DCP's metadata classes, sizes, dtypes, layouts and paths, and the
+entries through ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
