@@ -1,12 +1,9 @@
 """How a :class:`~modules.lm.policy_bank.PolicyBank` samples: decoders behind one protocol and one sampling loop.
 
-:func:`make_decoder` picks the decoder once from ``ModelConfig.decode``: :class:`GenerateDecoder` (transformers'
-``generate``, a group's prompt cache copied to its rows), :class:`GroupedDecoder` (each prompt's cache read once per
-group, see :func:`~modules.lm.decoding.grouped_prefix_attention`; stepped by
-:class:`~modules.lm.decode_step.LeanDecoder` where it serves the model), :class:`StaticDecoder` (the same cascade over
-caches allocated once at full length, compilable) or, for ``auto``, :class:`DeviceDecoder` (grouped on CPU, static
-elsewhere). A cascade decoder hands a decode it cannot serve to ``generate``. The cascades and the mixture sampler
-(:mod:`modules.lm.mixture`) supply each step's logits to :func:`sample_loop`.
+:func:`make_decoder` picks one from ``lm.decode``: ``generate`` (:class:`GenerateDecoder`), ``grouped`` or
+``grouped_forward`` (:class:`GroupedDecoder`, each prompt's cache read once per group), ``static``
+(:class:`StaticDecoder`, the same cascade over full-length caches, compilable) or ``auto`` (:class:`DeviceDecoder`:
+grouped on CPU, static elsewhere). A cascade decoder hands a decode it cannot serve to ``generate``.
 """
 
 from __future__ import annotations
@@ -57,10 +54,9 @@ def sample_loop(
     eos: int | None,
     pad: int,
 ) -> Tensor:
-    """The sampling loop: ``[prompt | completion]`` rows, ``g`` per left-padded prompt, until every row ends.
+    """``[prompt | completion]`` rows, ``g`` per left-padded prompt, sampled as ``generate`` samples them.
 
-    ``step_logits`` is first called with each prompt's last token; sampling is ``generate``'s (the same draws from the
-    global generator, in the same order, see :func:`~modules.lm.decoding.next_tokens`); a row that wrote EOS is padded.
+    ``step_logits`` is first called with each prompt's last token; a row that wrote EOS is padded.
     """
     rows = ids.repeat_interleave(g, dim=0)
     position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
@@ -142,9 +138,8 @@ def _cascade_ok(model: nn.Module) -> bool:
 class GroupedDecoder:
     """Each prompt's cache held once for its G rows (``grouped_prefix_attention``), the rows' own tokens growing.
 
-    Stepped by :class:`~modules.lm.decode_step.LeanDecoder` where it serves the model (``lean``), else through the
-    model's forward. Decodes it cannot serve go to ``fallback``: no shared prompt cache, a prompt of one token, an
-    attention backend the cascade cannot stand in for, or G = 1 without LeanDecoder.
+    Stepped by :class:`~modules.lm.decode_step.LeanDecoder` where it serves the model (``lean``), else by the model's
+    forward; what it cannot serve goes to ``fallback``.
 
     Args:
         fallback: The ``generate`` decoder (its EOS and pad ids are used here too).
@@ -188,9 +183,8 @@ class GroupedDecoder:
 class StaticDecoder(GroupedDecoder):
     """The grouped cascade over caches allocated once at full length (:mod:`modules.lm.static_decode`).
 
-    Each prompt's cache is held once for its G rows, the rows' own keys go to ``max_new_tokens`` preallocated slots,
-    and every step has the same shapes, so with ``compile`` the step runs under ``torch.compile`` (CUDA graphs on
-    CUDA); a compiled decoder keeps its caches (fixed addresses) for the next call of the same shapes.
+    Every step has the same shapes, so with ``compile`` it runs under ``torch.compile`` (CUDA graphs on CUDA), the
+    caches kept for the next call of the same shapes.
 
     Args:
         fallback: The ``generate`` decoder.
@@ -237,10 +231,7 @@ class StaticDecoder(GroupedDecoder):
 
 
 class DeviceDecoder:
-    """``lm.decode: auto``: ``cpu`` on CPU, ``other`` elsewhere.
-
-    Grouped on CPU (where copying the prompt cache was a third of ``generate``'s time), static on GPU.
-    """
+    """``lm.decode: auto``: ``cpu`` on CPU (grouped), ``other`` elsewhere (static)."""
 
     def __init__(self, cpu: Decoder, other: Decoder) -> None:
         self.cpu, self.other = cpu, other

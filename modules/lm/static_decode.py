@@ -1,10 +1,7 @@
 """Static-cache grouped decoding: every cache allocated once at full length, so each decoded token has one shape.
 
-The cascade of :mod:`modules.lm.decoding` (a group's prompt keys read once, never copied to its rows) over caches
-that do not grow: the prompt part padded to a bucket, the rows' own part ``max_new_tokens`` slots long with the
-unwritten slots masked. Every step runs the same shapes on the same buffers, which is what ``torch.compile`` and CUDA
-graphs (``mode="reduce-overhead"``) need to serve it. :class:`~modules.lm.decoders.StaticDecoder` runs it
-(``lm.decode: static``, the GPU default).
+The prompt part is padded to a bucket, the rows' own part has ``max_new_tokens`` slots with unwritten ones masked:
+the fixed shapes ``torch.compile`` and CUDA graphs need. Run by :class:`~modules.lm.decoders.StaticDecoder`.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ class StaticCascade:
         prefix_mask: ``[B, 1, Pb]`` additive: ``-inf`` on the prompt's padding and the bucket's.
         own_keys: ``[B·G, KV, T, D]``: the rows' own tokens, slot ``s`` written at step ``s``; zeros before.
         own_values: ``[B·G, KV, T, D]``.
-        step: ``[1]`` int64: the slot the running step writes (the same tensor in every layer, set in place).
+        step: ``[1]`` int64: the slot the running step writes (shared by every layer, set in place).
     """
 
     prefix_keys: Tensor
@@ -56,9 +53,7 @@ def static_cascade_attention(
 ) -> tuple[Tensor, None]:
     """Write this step's key and value into slot ``step`` of the own cache, then attend over both parts.
 
-    Registered with transformers' ``AttentionInterface`` as :data:`STATIC_ATTENTION`; the model runs without a cache
-    of its own (``use_cache=False``), so ``key``/``value`` are this token's only (``[B·G, KV, 1, D]``).
-    ``attention_mask`` is ignored: the prompt's padding is in the prefix mask, the own slots are masked by ``step``.
+    The model runs with ``use_cache=False``; ``attention_mask`` is ignored (the masks are in the cache).
     """
     s = module.cascade  # this layer's StaticCascade (see modules.lm.decoding.cascade_state)
     s.own_keys.index_copy_(2, s.step, key.to(s.own_keys.dtype))
@@ -87,14 +82,12 @@ def build_caches(
     """Static caches of every layer filled from the prefilled prompt cache (``P = width - 1`` tokens per prompt).
 
     Args:
-        prompt_cache: transformers' cache of the prompts' first ``P`` tokens (``layers[i].keys``: ``[B, KV, P, D]``).
+        prompt_cache: transformers' cache of the prompts' first ``P`` tokens.
         prompt_mask: ``[B, P]`` attention mask of those tokens (0 on left padding).
         group: Rows per prompt (G).
-        max_new_tokens: Own slots per row (T): the prompt's last token, then the tokens written.
-        bucket: The prompt part is padded up to a multiple of it, so that prompt widths within a bucket share one
-            shape (one compiled graph); 1: no padding.
-        reuse: Caches of an earlier call; refilled in place when every shape, dtype and device matches, so a
-            compiled step keeps its buffers' addresses (no recompile, no CUDA-graph re-record).
+        max_new_tokens: Own slots per row (T).
+        bucket: The prompt part is padded up to a multiple of it (one compiled graph per bucket); 1: no padding.
+        reuse: Caches of an earlier call, refilled in place when shapes, dtype and device match (no recompile).
     """
     b, p = prompt_mask.shape
     pb = -(-p // bucket) * bucket
