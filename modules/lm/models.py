@@ -237,28 +237,36 @@ def apply_lora(
     return peft_model
 
 
-def build_byte_tokenizer() -> Any:
-    """A byte-level tokenizer (256 byte tokens plus specials, no merges, no download); every string round-trips."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+#: the tiny tokenizers' specials, at ids 0-3: end of text, chat turn open and close, padding
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+
+def with_specials(core: Any) -> Any:
+    """A ``PreTrainedTokenizerFast`` around ``core`` with :data:`SPECIAL_TOKENS` and a ChatML chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    byte_vocab = pre_tokenizers.ByteLevel.alphabet()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-    vocab = {tok: i for i, tok in enumerate(specials + sorted(byte_vocab))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
-        eos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        eos_token=SPECIAL_TOKENS[0],
+        pad_token=SPECIAL_TOKENS[3],
+        additional_special_tokens=SPECIAL_TOKENS[1:3],
     )
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     return tok
+
+
+def build_byte_tokenizer() -> Any:
+    """A byte-level tokenizer (256 byte tokens plus specials, no merges, no download); every string round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return with_specials(core)
 
 
 TINY_QWEN2: dict[str, Any] = {
