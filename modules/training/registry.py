@@ -1,9 +1,7 @@
 """The families, read from the code: what ``--model`` and ``--data`` can be.
 
-A model family is a public ``LightningModule`` subclass defined in a top-level file of ``modules/`` (``base.py``
-holds what the families share, not a family); a data family is a public ``LightningDataModule`` subclass defined in
-a top-level file of ``datamodules/``. Adding a family is adding its file: ``train.py``, ``fit --help`` and the
-contract tests (``tests/test_families.py``) find it here.
+A family is a public ``LightningModule`` (``LightningDataModule``) subclass in a top-level file of ``modules/``
+(``datamodules/``); adding a family is adding its file.
 """
 
 from __future__ import annotations
