@@ -66,16 +66,7 @@ FIT_ONLY_KEYS = (
 
 @dataclass
 class Player:
-    """One trained player as a family holds it.
-
-    Attributes:
-        name: The player's name in the game (the exported folder's name).
-        lm: The base the player was trained on.
-        model: A peft model holding the player's adapter, or (``adapter=None``) the player's full trained copy.
-        adapter: The adapter's name inside ``model``; ``None``: ``model`` is the player's whole weights.
-        tokenizer: The tokenizer the player was trained with.
-        task: ``"causal_lm"`` (decoders) or ``"encoder"`` (the preference ensemble's backbone).
-    """
+    """One trained player as a family holds it (``adapter=None``: ``model`` is the player's full copy)."""
 
     name: str
     lm: ModelConfig
@@ -111,10 +102,7 @@ def select_players(module: nn.Module, names: Sequence[str] | None = None) -> lis
 
 
 def gather_weights(player: Player, strategy: Any = None, keep: bool = True) -> dict[str, Tensor]:
-    """The player's trained tensors, whole, on CPU (adapter or full state dict).
-
-    A collective under sharded strategies: every rank calls it; ranks with ``keep=False`` get ``{}``.
-    """
+    """The player's trained tensors, whole, on CPU (adapter or full state dict)."""
     if player.adapter is None:
         names = set(player.model.state_dict().keys())
         named = dict(player.model.named_parameters())
@@ -158,11 +146,7 @@ def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, An
 
 
 def run_record(config_yaml: str | None = None, trainer: Any = None) -> dict[str, Any]:
-    """The run's seed and the sha256 of its resolved config (YAML text, or ``trainer``'s :class:`RunConfigRecord`).
-
-    The seed is the config's ``seed_everything``, else ``PL_GLOBAL_SEED``; the hash is of the config as sorted JSON
-    without ``ckpt_path``, so layout does not matter.
-    """
+    """The run's seed and the sha256 of its resolved config (sorted JSON without ``ckpt_path``)."""
     import yaml
 
     if trainer is not None:
@@ -230,19 +214,7 @@ def export_module(
     players: Sequence[str] | None = None,
     source: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Export ``module``'s players to ``out`` (layout: module docstring); the player names written.
-
-    Every rank calls it (a collective gather); only the one with ``write`` writes.
-
-    Args:
-        module: A family with ``export_players()``.
-        out: The export folder.
-        strategy: ``trainer.strategy`` when sharded weights must be gathered; ``None`` on one process.
-        write: Whether this process writes (rank zero).
-        merge: Also write ``<out>/merged/<player>`` for every adapter player.
-        replace: Replace an existing ``out``; else refuse one that is not empty.
-        players: The players to export (default: all).
-        source: Extra fields of every ``export.json``.
+    """Export ``module``'s players to ``out`` (every rank; only ``write`` writes); the player names written.
 
     Raises:
         FileExistsError: ``out`` is not empty and ``replace`` is off.
@@ -278,10 +250,7 @@ def export_module(
 
 
 def export_at_fit_end(module: Any, log_dir: str | None, label: str) -> list[str]:
-    """At the end of ``fit``: every player to ``<log_dir>/export``; the names written. Call on every rank.
-
-    Nothing in a ``fast_dev_run`` or without players; a strategy whose weights cannot be gathered is warned about.
-    """
+    """At the end of ``fit`` (every rank): every player to ``<log_dir>/export``; the names written."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
     trainer = module.trainer
@@ -345,9 +314,6 @@ def _parser() -> Any:
 
 def export_command(args: Sequence[str]) -> list[str]:
     """``python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge] [--players ...]``.
-
-    Checks the checkpoint is a file and ``--out`` is new or empty, then builds the config's model, loads the tensors
-    through the family's ``load_from_checkpoint`` and exports. Returns the players written.
 
     Raises:
         FileNotFoundError: naming a checkpoint that does not exist.

@@ -87,11 +87,7 @@ def _shape(value: Any) -> list[int] | None:
 def check_checkpoint_matches(
     module: nn.Module, checkpoint: dict[str, Any], trainable: set[str] | None = None, source: str = "the checkpoint"
 ) -> None:
-    """Refuse a checkpoint of another family, or whose tensors do not fit ``module``; before anything is loaded.
-
-    Checks the family stamp (or ``_class_path``); for a ``state_dict`` (DeepSpeed has none): every ``trainable``
-    tensor (default :func:`trainable_names`), no unknown one, the same shapes; then no NaN/inf (``-inf`` allowed in
-    the module's ``minus_inf_allowed``). The default ``source`` names the trainer's ``ckpt_path``.
+    """Refuse a checkpoint of another family, with missing, unknown or misshapen tensors, or NaN/inf; before loading.
 
     Raises:
         ValueError: naming both families, a tensor with both shapes, the unknown tensors, or the first NaN/inf.
@@ -182,15 +178,7 @@ class CheckpointLoading:
         weights_only: bool | None = True,
         **kwargs: Any,
     ) -> Any:
-        """The model ``cls(**kwargs)`` with the checkpoint's tensors and state loaded into it.
-
-        Args:
-            checkpoint_path: A one-file checkpoint of this family.
-            map_location: Where the tensors are loaded.
-            hparams_file: Refused: the caller's arguments are the configuration.
-            strict: Strict state-dict loading; ``None``: the model's ``strict_loading``.
-            weights_only: Only ``True`` (or ``None``) is accepted.
-            **kwargs: The model's arguments, as in its config.
+        """The model ``cls(**kwargs)`` (the config's arguments) with the checkpoint's tensors and state loaded.
 
         Raises:
             ValueError: for ``hparams_file`` or ``weights_only=False``, or a checkpoint that does not match.
@@ -287,8 +275,6 @@ def _url_under(url: str, prefix: str) -> bool:
 
 def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[str, ...] = ()) -> None:
     """Refuse a remote checkpoint (``scheme://``, not ``file://``) unless a ``trusted`` source holds it.
-
-    Trust only lets it be fetched; it is still read with ``weights_only=True``.
 
     Raises:
         ValueError: naming the path and the option that trusts it.
@@ -395,9 +381,7 @@ def config_differences(
 
 
 def check_resume_config(checkpoint: dict[str, Any], given_yaml: str, source: str = "the checkpoint") -> bool:
-    """Refuse to continue ``checkpoint`` with a config that differs beyond :data:`RESUME_SAFE_KEYS`.
-
-    Returns ``False`` for a checkpoint that records no config.
+    """Refuse a config differing from the checkpoint's beyond :data:`RESUME_SAFE_KEYS`; ``False`` if none recorded.
 
     Raises:
         ValueError: naming ``source`` and every differing key with both values.

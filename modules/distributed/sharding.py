@@ -26,19 +26,13 @@ __all__ = [
 
 
 def sharded_strategy_kind(strategy: Any) -> str | None:
-    """``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` (FSDP1), ``"ModelParallelStrategy"`` (FSDP2) or None.
-
-    Read from the class hierarchy's names: nothing is imported and a subclass counts as its base.
-    """
+    """``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` or ``"ModelParallelStrategy"`` by class names, else None."""
     names = {cls.__name__ for cls in type(strategy).__mro__}
     return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy") if k in names), None)
 
 
 def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
     """FSDP2 (from ``configure_model``): shard ``bank`` over the module's data-parallel mesh, if it has one.
-
-    ``bank`` is a policy bank (its own ``shard``) or a transformers model; the strategy's ``mixed_precision_policy``
-    goes to every unit.
 
     Raises:
         ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism.
@@ -94,11 +88,7 @@ def check_manual_backward_strategy(
 
 
 def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:
-    """A factory of contexts in which ``module``'s sharded parameters are whole (one gather per ``generate``).
-
-    ZeRO-3: :func:`_zero3_whole`; FSDP1: ``summon_full_params`` outside a forward (inside one, a no-op); FSDP2:
-    :func:`_fsdp2_whole`; anything else: a no-op.
-    """
+    """A factory of contexts in which ``module``'s sharded parameters are whole (one gather per ``generate``)."""
     kind = sharded_strategy_kind(strategy)
     if kind == "DeepSpeedStrategy":
         stage = (getattr(strategy, "config", None) or {}).get("zero_optimization", {}).get("stage", 0)
@@ -135,10 +125,7 @@ def check_exportable(strategy: Any) -> None:
 
 
 def full_tensors(strategy: Any, tensors: dict[str, Tensor], keep: bool = True) -> dict[str, Tensor]:
-    """Whole CPU copies of ``tensors`` (by name), gathered from their shards; a collective when sharded.
-
-    Every rank calls it with the same names in the same order; ``keep=False`` takes part and gets ``{}``. FSDP2
-    ``DTensor``s are gathered in their own dtype, ZeRO-3 parameters with ``GatheredParameters``.
+    """Whole CPU copies of ``tensors``; a collective (same names, same order; ``keep=False`` gets ``{}``).
 
     Raises:
         ValueError: naming ``trainer.strategy`` under Lightning's FSDP (:func:`check_exportable`).
@@ -184,10 +171,7 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> No
 
 
 def fsdp_wrapped(module: nn.Module) -> str | None:
-    """The class name of the first FSDP unit inside ``module`` (FSDP1 or FSDP2), or None.
-
-    Such units gather their weights in forward hooks, which code reading the weights directly would skip.
-    """
+    """The first FSDP unit's class name in ``module`` (its weights are gathered by hooks), or None."""
     for m in module.modules():
         if type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
             return type(m).__name__

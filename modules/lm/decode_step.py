@@ -88,13 +88,6 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class LeanDecoder:
     """Decodes ``B·G`` rows continuing ``B`` prompts, one token per :meth:`step`.
 
-    Args:
-        model: A causal LM of :data:`LEAN_MODEL_TYPES` (or a peft model around one with no active adapter).
-        prompt_cache: transformers' cache of the prompts' first ``P`` tokens (``[B, KV, P, D]`` per layer).
-        prompt_mask: ``[B, P]``: 1 on real prompt tokens, 0 on (left) padding.
-        group_size: G rows per prompt.
-        max_new_tokens: Tokens each row may still write.
-
     Raises:
         ValueError: naming the reason :func:`lean_decode_unsupported` gives, or for a step past ``max_new_tokens``.
     """

@@ -81,27 +81,12 @@ class Decoder(Protocol):
     """Samples ``g`` continuations of each left-padded prompt."""
 
     def decode(self, model: nn.Module, ids: Tensor, mask: Tensor, g: int, sampling: Sampling, greedy: bool) -> Tensor:
-        """``[B·G, W + T]`` rows: prompt ``b``'s ids ``[W]`` then a completion, rows ``b*G … b*G + G - 1``.
-
-        Args:
-            model: The causal LM, in eval mode.
-            ids: ``[B, W]`` left-padded prompt ids.
-            mask: ``[B, W]`` their attention mask.
-            g: Rows per prompt (G).
-            sampling: Temperature, nucleus and length.
-            greedy: Arg-max tokens instead of sampled ones.
-        """
+        """``[B·G, W + T]`` rows: prompt ``b``'s ids ``[W]`` then a completion, rows ``b*G … b*G + G - 1``."""
         ...
 
 
 class GenerateDecoder:
-    """transformers' ``generate``; a group's prompt (but its last token) prefilled once, its cache copied to the rows.
-
-    Args:
-        eos: The tokenizer's EOS id.
-        pad: Its pad id.
-        share_prompts: Prefill each prompt once for its rows (off under activation checkpointing: no cache).
-    """
+    """transformers' ``generate``; a group's prompt (but its last token) prefilled once, its cache copied per row."""
 
     def __init__(self, eos: int | None, pad: int, share_prompts: bool = True) -> None:
         self.eos, self.pad, self.share_prompts = eos, pad, share_prompts
@@ -136,15 +121,7 @@ def _cascade_ok(model: nn.Module) -> bool:
 
 
 class GroupedDecoder:
-    """Each prompt's cache held once for its G rows (``grouped_prefix_attention``), the rows' own tokens growing.
-
-    Stepped by :class:`~modules.lm.decode_step.LeanDecoder` where it serves the model (``lean``), else by the model's
-    forward; what it cannot serve goes to ``fallback``.
-
-    Args:
-        fallback: The ``generate`` decoder (its EOS and pad ids are used here too).
-        lean: Step through LeanDecoder where it serves the model; False keeps the model's forward.
-    """
+    """Each prompt's cache held once for its G rows, stepped by ``LeanDecoder`` if ``lean`` and it serves the model."""
 
     def __init__(self, fallback: GenerateDecoder, lean: bool = True) -> None:
         self.fallback, self.lean = fallback, lean
@@ -181,15 +158,7 @@ class GroupedDecoder:
 
 
 class StaticDecoder(GroupedDecoder):
-    """The grouped cascade over caches allocated once at full length (:mod:`modules.lm.static_decode`).
-
-    Every step has the same shapes, so with ``compile`` it runs under ``torch.compile`` (CUDA graphs on CUDA), the
-    caches kept for the next call of the same shapes.
-
-    Args:
-        fallback: The ``generate`` decoder.
-        compile: Compile the step (``lm.compile_decode``).
-    """
+    """The grouped cascade over full-length caches (:mod:`modules.lm.static_decode`), compiled with ``compile``."""
 
     #: prompt widths are padded to a multiple of this in a compiled decode (one graph per bucket)
     bucket = 64

@@ -87,23 +87,7 @@ def cascade_attention(
     scaling: float | None = None,
     own_mask: Tensor | None = None,
 ) -> Tensor:
-    """Attention of ``[B·G, H, q, D]`` queries over a prompt part held once per prompt and each row's own part.
-
-    Both parts share one softmax (a common maximum, one denominator).
-
-    Args:
-        query: ``[B·G, H, q, D]``; rows ``b*G … b*G + G - 1`` continue prompt ``b``.
-        keys: The prompts' keys ``[B, KV, P, D]``.
-        values: The prompts' values ``[B, KV, P, D]``.
-        pad: Additive mask of the prompt part ``[B, 1, P]`` (``-inf`` on padding).
-        key: The rows' own keys ``[B·G, KV, t, D]``.
-        value: The rows' own values ``[B·G, KV, t, D]``.
-        scaling: Score scale; ``None``: ``D ** -0.5``.
-        own_mask: Additive mask ``[t]`` of the own part, shared by every row; ``None``: all valid (causal for q > 1).
-
-    Returns:
-        ``[B·G, q, H, D]`` in the query's dtype.
-    """
+    """``[B·G, q, H, D]``: queries over a prompt part ``[B, KV, P, D]`` held once and each row's own, one softmax."""
     n, h, q, d = query.shape
     b, kvh, p, _ = keys.shape
     g, rep = n // b, h // kvh

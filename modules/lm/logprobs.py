@@ -114,16 +114,7 @@ def head_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int | None = None,
 ) -> Tensor:
-    """``log softmax(head(hidden) / T)[target]`` per token, fp32, shaped like ``targets``, a chunk at a time.
-
-    With gradients each chunk is checkpointed and recomputed in the backward with the adapter its forward used.
-
-    Args:
-        model: The causal LM (or the peft model around it) whose output layer gives the logits.
-        hidden: ``[..., H]`` final hidden states (from :func:`head_inputs`).
-        targets: ``[...]`` token ids, one per hidden state.
-        temperature: Divides the logits before the log-softmax.
-        chunk_tokens: Tokens per chunk; ``None``: :func:`chunk_tokens_for` the vocabulary.
+    """``log softmax(head(hidden) / T)[target]`` per token, fp32, a checkpointed chunk at a time.
 
     Raises:
         ValueError: for a model without output embeddings, or whose config scales its logits (``logit_scale``,

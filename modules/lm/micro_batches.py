@@ -10,13 +10,7 @@ __all__ = ["micro_batches", "row_lengths"]
 
 
 def row_lengths(attention_mask: Tensor, prompt_width: int, completion_mask: Tensor) -> tuple[list[int], list[int]]:
-    """Each row's prompt span (left-padded: its token count) and completion tokens (the mask's sum).
-
-    Args:
-        attention_mask: ``[N, P + C]``.
-        prompt_width: ``P``.
-        completion_mask: ``[N, C]``.
-    """
+    """Each row's prompt span (left-padded: its token count) and completion tokens (the mask's sum)."""
     prompt = attention_mask[:, :prompt_width].bool()
     first = prompt.int().argmax(dim=1)  # the first real prompt column (0 when the row has none: see below)
     span = (prompt_width - first) * prompt.any(dim=1)
@@ -30,22 +24,9 @@ def micro_batches(
     max_rows: int = 0,
     group_size: int = 1,
 ) -> list[tuple[int, int]]:
-    """Consecutive row ranges, in the given order, each within ``max_tokens`` padded tokens and ``max_rows`` rows.
+    """``(start, stop)`` row ranges in order, each within ``max_tokens`` padded tokens and ``max_rows`` rows (0: none).
 
-    A chunk costs its rows × (longest prompt span + longest completion, at least 1); chunks are filled greedily (0: no
-    limit). Groups (``group_size`` dividing the row count, one shared prompt) stay whole, ``max_rows`` rounded up to
-    whole groups; a group alone over ``max_tokens`` is cut into rows. Never sorts: a caller sorting rows must permute
-    every per-row tensor with them.
-
-    Args:
-        prompt_lengths: Each row's prompt span (:func:`row_lengths`).
-        completion_lengths: Each row's completion tokens.
-        max_tokens: Padded tokens per chunk at most (``policy_gradient.max_tokens_per_micro_batch``; 0: no limit).
-        max_rows: Rows per chunk at most (0: no limit).
-        group_size: Rows per prompt group.
-
-    Returns:
-        ``[(start, stop), ...]`` covering ``0 … N`` in order.
+    Groups (one shared prompt) stay whole unless one alone exceeds ``max_tokens``; never sorts.
 
     Raises:
         ValueError: a negative limit, lengths that differ in number, or a row whose own cost exceeds ``max_tokens``.

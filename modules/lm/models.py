@@ -108,9 +108,7 @@ def _saved_as_plain_fast(path: str) -> bool:
 def load_tokenizer(
     name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False, padding_side: str | None = None
 ) -> Any:
-    """Load a tokenizer by hub name, local path or ``builtin:`` alias, with a pad token.
-
-    ``padding_side``: ``"left"`` for generation, ``"right"`` for scoring; ``None`` keeps the tokenizer's own.
+    """Load a tokenizer by hub name, local path or ``builtin:`` alias, with a pad token (``padding_side`` if given).
 
     Raises:
         OSError: naming the path when nothing can be loaded from it.
@@ -146,17 +144,7 @@ def load_model(
     load_in_4bit: bool = False,
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """Load a backbone through ``from_pretrained``.
-
-    Args:
-        name_or_path: Hub name, local folder, or a ``builtin:`` alias (:data:`BUILTIN_MODELS`).
-        task: ``"encoder"`` gives ``AutoModel`` (hidden states), ``"causal_lm"`` gives ``AutoModelForCausalLM``.
-        revision: Hub revision; ``None``: the default branch.
-        dtype: One of :data:`DTYPES`.
-        attn_implementation: e.g. ``"sdpa"``, ``"eager"``; ``None`` lets transformers choose.
-        gradient_checkpointing: Trade compute for activation memory.
-        load_in_4bit: NF4 quantisation through bitsandbytes (GPU only), for a frozen base under LoRA.
-        trust_remote_code: Never run a repository's code unless a config asks for it.
+    """Load a backbone (``AutoModel`` or ``AutoModelForCausalLM``) through ``from_pretrained``.
 
     Raises:
         ValueError: for an unknown dtype or task.
@@ -209,15 +197,6 @@ def apply_lora(
     adapter_names: list[str] | None = None,
 ) -> nn.Module:
     """Wrap ``model`` in a peft model with one LoRA adapter per name (base frozen; all disabled: the reference).
-
-    Args:
-        model: A transformers model.
-        config: A ``peft.LoraConfig`` for every adapter; ``None`` builds one from the arguments below.
-        r: LoRA rank.
-        alpha: LoRA scaling numerator (scale ``alpha / r``).
-        dropout: LoRA dropout.
-        target_modules: Module names to adapt; ``None`` lets peft choose, ``"all-linear"`` adapts all.
-        adapter_names: Names of the adapters to create (default ``["default"]``); the first one is active.
 
     Raises:
         ValueError: for a non-positive rank or a duplicated adapter name.
@@ -310,13 +289,6 @@ def build_tiny_causal_lm(
     architecture: str = "qwen2",
 ) -> str:
     """Save a seeded random Qwen2 or Llama decoder with its tokenizer (an identical one is reused); its folder.
-
-    Args:
-        save_dir: Folder to write the config, weights and tokenizer into.
-        config: Overrides of :data:`TINY_QWEN2` (``vocab_size`` at least the tokenizer's: 260 for ``byte``).
-        seed: Seed of the random initialisation.
-        tokenizer: ``byte`` or ``task`` (:func:`tiny_tokenizer`).
-        architecture: ``qwen2`` (biased q/k/v projections) or ``llama`` (no biases), the same shapes.
 
     Raises:
         ValueError: for an unknown ``tokenizer`` or ``architecture``.

@@ -31,12 +31,7 @@ __all__ = ["PolicyBank"]
 
 
 class PolicyBank(nn.Module):
-    """The players of a game over one base model.
-
-    Args:
-        lm: Where the causal LM comes from and how it is loaded; ``lm.players``: ``"lora"`` or ``"separate"``.
-        players: Player names (e.g. ``["leader", "follower"]``).
-    """
+    """The players of a game over one base model (``lm.players``: ``lora`` or ``separate``)."""
 
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
@@ -73,10 +68,7 @@ class PolicyBank(nn.Module):
             self.cast_frozen(dtype)
 
     def cast_frozen(self, dtype: torch.dtype) -> int:
-        """Hold the frozen weights (base or reference copy) in ``dtype``; return how many.
-
-        Under ``bf16-mixed`` autocast would otherwise recast them at every forward; trainable weights keep fp32.
-        """
+        """Hold the frozen weights in ``dtype`` (autocast would recast them every forward); return how many."""
         self._all_players_trainable()
         frozen = self.model if self.mode == "lora" else self.reference
         return cast_frozen_parameters(frozen, dtype)

@@ -113,14 +113,7 @@ def _last_layer_replaced(model: nn.Module, positions: Tensor | None, key_mask: T
 
 
 def pooled_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Tensor:
-    """``model(input_ids, attention_mask, **kwargs).logits`` (``[N, num_labels]``), its last layer pooled.
-
-    Args:
-        model: A sequence classifier (pooled at the rightmost non-pad token), in eval mode.
-        input_ids: ``[N, T]``.
-        attention_mask: ``[N, S]`` over a cache's keys and these tokens (``S = T`` without a cache).
-        kwargs: Passed to the model (``position_ids``, the cache).
-    """
+    """``model(input_ids, attention_mask, **kwargs).logits`` (``[N, num_labels]``), its last layer pooled."""
     if not supports_pooled_last_layer(model):
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
     positions = pooled_positions(input_ids, model.config.pad_token_id)

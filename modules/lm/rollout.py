@@ -14,16 +14,7 @@ __all__ = ["Rollout"]
 
 @dataclass
 class Rollout:
-    """Sampled sequences of one player.
-
-    Attributes:
-        sequences: ``[N, P + C]`` token ids: left-padded prompt (width P) then completion (right-padded).
-        attention_mask: ``[N, P + C]``.
-        prompt_width: P.
-        completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
-        texts: Decoded completions.
-        group_size: Consecutive rows that share one prompt (1 when unknown).
-    """
+    """Sampled sequences of one player: ``[N, P + C]`` left-padded prompts then completions (``completion_mask``)."""
 
     sequences: Tensor
     attention_mask: Tensor

@@ -22,16 +22,7 @@ STATIC_ATTENTION = "alignment_games_static_cascade"
 
 @dataclass
 class StaticCascade:
-    """One layer's caches of a static decode.
-
-    Attributes:
-        prefix_keys: ``[B, KV, Pb, D]``: each prompt's keys once, padded to the bucket ``Pb``.
-        prefix_values: ``[B, KV, Pb, D]``.
-        prefix_mask: ``[B, 1, Pb]`` additive: ``-inf`` on the prompt's padding and the bucket's.
-        own_keys: ``[B·G, KV, T, D]``: the rows' own tokens, slot ``s`` written at step ``s``; zeros before.
-        own_values: ``[B·G, KV, T, D]``.
-        step: ``[1]`` int64: the slot the running step writes (shared by every layer, set in place).
-    """
+    """One layer's caches: prompt keys/values/mask once per prompt (bucket-padded), the rows' own, the step."""
 
     prefix_keys: Tensor
     prefix_values: Tensor
@@ -79,16 +70,7 @@ def build_caches(
     bucket: int,
     reuse: dict[int, StaticCascade] | None = None,
 ) -> dict[int, StaticCascade]:
-    """Static caches of every layer filled from the prefilled prompt cache (``P = width - 1`` tokens per prompt).
-
-    Args:
-        prompt_cache: transformers' cache of the prompts' first ``P`` tokens.
-        prompt_mask: ``[B, P]`` attention mask of those tokens (0 on left padding).
-        group: Rows per prompt (G).
-        max_new_tokens: Own slots per row (T).
-        bucket: The prompt part is padded up to a multiple of it (one compiled graph per bucket); 1: no padding.
-        reuse: Caches of an earlier call, refilled in place when shapes, dtype and device match (no recompile).
-    """
+    """Static caches of every layer filled from the prompt cache; ``reuse`` refilled in place when shapes match."""
     b, p = prompt_mask.shape
     pb = -(-p // bucket) * bucket
     layers = prompt_cache.layers

@@ -24,13 +24,7 @@ __all__ = [
 
 @dataclass
 class EncodedSequences:
-    """Token ids (and token type ids where the tokenizer has them) of (prompt, response) sequences.
-
-    Attributes:
-        input_ids: One list of ids per sequence.
-        token_type_ids: Same shape, or ``None``.
-        truncated: Indices of the sequences whose prompt was cut to fit ``max_length``.
-    """
+    """Token ids (and token type ids, or ``None``) of (prompt, response) sequences, and the truncated rows."""
 
     input_ids: list[list[int]]
     token_type_ids: list[list[int]] | None

@@ -57,8 +57,7 @@ def count_nonfinite(tensors: Iterable[Tensor | None]) -> tuple[int, int]:
 def nonfinite_entries(checkpoint: dict[str, Any], minus_inf_allowed: Iterable[str] = ()) -> list[str]:
     """Where a checkpoint's floating tensors (``state_dict``, then optimizer states) hold NaN or inf.
 
-    ``minus_inf_allowed``: ``state_dict`` names whose ``-inf`` entries are valid (log-probabilities of zero).
-    Returns entries as ``state_dict['name']`` or ``optimizer_states[i].state[param]['key']``.
+    ``-inf`` is allowed in the ``state_dict`` names ``minus_inf_allowed`` (log-probabilities of zero).
     """
     allowed = set(minus_inf_allowed)
     found = []
@@ -117,9 +116,7 @@ def forget_earlier_step_values(trainer: Any) -> int:
 
 
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
-    """``(fn(*args, **kwargs), False)``, or ``(None, True)`` when the call has not returned within ``timeout_s``.
-
-    ``None`` runs it in this thread, else a daemon thread is abandoned when late (for calls waiting on an API).
+    """``(fn(*args, **kwargs), False)``, or ``(None, True)`` when a daemon thread has not returned in ``timeout_s``.
 
     Raises:
         ValueError: ``timeout_s`` is not a positive finite number or ``None``.
