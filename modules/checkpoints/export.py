@@ -1,12 +1,7 @@
 """Trained players out of the suite: a peft adapter folder per player, a record of its base, merged models on request.
 
-Layout (written beside ``<out>`` and renamed into place, so no reader sees a part of it)::
-
-    <out>/<player>/                adapter_config.json, adapter_model.safetensors, the tokenizer, export.json
-    <out>/merged/<player>/         with merge: the base with the adapter merged in (a plain transformers model)
-
-A full-copy player (``players: separate``) is a full transformers model in ``<out>/<player>``. ``train.py export``
-(:func:`export_command`) builds the model from the config and takes only tensors from the checkpoint.
+Layout, written beside ``<out>`` and renamed into place: ``<out>/<player>/`` (adapter, tokenizer, export.json; a full
+model for ``players: separate``) and, with merge, ``<out>/merged/<player>/``.
 """
 
 from __future__ import annotations

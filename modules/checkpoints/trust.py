@@ -1,8 +1,6 @@
 """What a checkpoint may do: carry weights and state into a model the caller's config built, never configure it.
 
-Stored hyper-parameters are a record, not an input (they could name remote code): every loader builds the model from
-the caller's config and reads only tensors and plain state (``weights_only=True``), after
-:func:`check_checkpoint_matches` has checked the family and tensors.
+Stored hyper-parameters could name remote code, so loaders build from the config and read weights only.
 """
 
 from __future__ import annotations

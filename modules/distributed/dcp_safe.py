@@ -1,8 +1,6 @@
 """Reading a torch.distributed.checkpoint (DCP) folder without unpickling code from it.
 
-DCP reads ``.metadata`` with ``pickle.load`` and non-tensor entries with ``torch.load(weights_only=False)``; here the
-metadata goes through an unpickler that builds only DCP's metadata classes, sizes, dtypes, layouts and paths, and the
-entries through ``torch.load(weights_only=True)``.
+DCP itself unpickles ``.metadata`` and non-tensor entries; here only its metadata classes and weights-only entries.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""SafeDeepSpeedStrategy: Lightning's DeepSpeed strategy with atomic saves and loads that cannot run pickled code.
+"""SafeDeepSpeedStrategy: Lightning's DeepSpeed strategy with atomic saves and weights-only loads.
 
-A save is written into ``.<name>.partial`` beside its target and swapped in by rank 0; a load reads every file with
-``torch.load(weights_only=True)``, allowing only DeepSpeed's own classes (:data:`ALLOWED_GLOBALS`). Universal and MoE
-checkpoints, ZeRO-3 loads outside ``fit`` and a ``latest`` leading outside the folder are refused, naming the path.
-``train.py`` uses it for every ``deepspeed*`` strategy name (:func:`safe_deepspeed_strategy`).
+Only DeepSpeed's own classes (:data:`ALLOWED_GLOBALS`) may be unpickled; what cannot be read that way is refused.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Which frozen base a checkpoint was trained on: its path, revision and a sha256 of its config and weights' content.
+"""Which frozen base a checkpoint was trained on: path, revision and a sha256 of its config and weights' content.
 
-``sha256`` (``hashed: "content"``) covers ``config.json``, the weights index and every weight file's content. A hub
-snapshot file's hash is its blob's name; any other file is hashed once and cached by (real path, size, mtime, inode,
-ctime) in the user's own ``~/.cache/alignment-games/`` (a shared cache could vouch for weights it never saw).
-``header_sha256`` is the older identity (config, index, safetensors header), still compared for old checkpoints.
-A hub name is looked up in the local cache only.
+Weight-file hashes come from hub blob names or a cache in the user's own ``~/.cache/alignment-games/`` (a shared one
+could vouch for weights it never saw); ``header_sha256`` is the older identity, still compared for old checkpoints.
 """
 
 from __future__ import annotations

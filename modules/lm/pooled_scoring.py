@@ -1,9 +1,4 @@
-"""Sequence-classifier scores with the last decoder layer run only where its output is read.
-
-A decoder classifier reads one position per row, so the last layer needs keys and values everywhere but the query,
-attention, output projection and MLP at that position only (about ``1/L`` of the work). Only
-:data:`POOLED_MODEL_TYPES` layers are replaced; the scores equal the full forward up to float rounding.
-"""
+"""Sequence-classifier scores with the last decoder layer's query, MLP and output run only at the pooled position."""
 
 from __future__ import annotations
 

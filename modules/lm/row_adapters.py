@@ -1,7 +1,6 @@
-"""Several players' LoRA adapters in one decode: each row gets its own player's update over the disabled-adapter base.
+"""Several players' LoRA adapters in one decode: each row its own player's update over the disabled-adapter base.
 
-A layer's adapters are stacked once per decode (``A`` as ``[Σr, in]``, scaled ``B`` as ``[out, Σr]``), so a forward
-adds every row's update with two matrix products and a row mask, whatever the number of players.
+A layer's adapters are stacked once, so every row's update costs two matrix products and a row mask.
 """
 
 from __future__ import annotations

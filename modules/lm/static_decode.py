@@ -1,8 +1,4 @@
-"""Static-cache grouped decoding: every cache allocated once at full length, so each decoded token has one shape.
-
-The prompt part is padded to a bucket, the rows' own part has ``max_new_tokens`` slots with unwritten ones masked:
-the fixed shapes ``torch.compile`` and CUDA graphs need. Run by :class:`~modules.lm.decoders.StaticDecoder`.
-"""
+"""Static-cache grouped decoding: caches allocated once at full length, the fixed shapes ``torch.compile`` needs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-r"""A byte-level BPE tokenizer trained on the generated arithmetic task, digits one per token.
-
-Merging the task's frequent words makes sequences about 2.8 times shorter than the byte tokenizer's; numbers stay one
-token per digit so the model adds digit by digit. Specials and chat template are the byte tokenizer's.
-"""
+r"""A byte-level BPE tokenizer trained on the generated arithmetic task, digits one per token (2.8 times shorter)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """One writer for a run's artifacts (reports, records, figures, checkpoint folders): never a torn one.
 
-Files go through a temporary and ``os.replace``; folders are written beside the target and swapped in by two renames,
-and a kill between them leaves the old one under ``.<name>.previous``, which :func:`recover_folder` puts back.
+Folders are swapped in by two renames; a kill between them leaves ``.<name>.previous`` for :func:`recover_folder`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Non-finite losses, utilities, rewards and gradients: skip the update, log and count it, stop after too many in a row.
 
-Decisions are taken for all ranks together, so DDP never waits for a backward one rank skipped. A streak of skips ends
-only when an update is applied (:meth:`NonFiniteGuard.record_update`); stopping raises ``RuntimeError``, so the last
-checkpoint stays as it was, and :func:`refuse_nonfinite_checkpoint` keeps NaN/inf out of every checkpoint.
+Decisions are taken for all ranks together, so DDP never waits for a backward one rank skipped.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Injected optimizers: every family's ``optimizer`` option (docs/configuration.md), AdamW when it is not given.
-
-The callable receives parameter groups at the family's per-player rates (an ``lr`` in its ``init_args`` is unused);
-the family's ``weight_decay``/``adam_betas`` configure the default AdamW only.
-"""
+"""Injected optimizers: every family's ``optimizer`` option, built on groups at the family's rates; AdamW by default."""
 
 from __future__ import annotations
 

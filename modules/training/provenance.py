@@ -1,7 +1,4 @@
-"""Which shipped config makes a local artifact, so that a missing one is reported with the command that makes it.
-
-Configs are read only when a path is missing, so the answer follows the configs as they are edited.
-"""
+"""Which shipped config makes a local artifact, so that a missing one is reported with the command that makes it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The families, read from the code: what ``--model`` and ``--data`` can be.
-
-A family is a public ``LightningModule`` (``LightningDataModule``) subclass in a top-level file of ``modules/``
-(``datamodules/``); adding a family is adding its file.
-"""
+"""The families, read from the code: public LightningModules of ``modules/``, DataModules of ``datamodules/``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """One process at a time in a run folder: ``<run folder>/run.lock`` names the owner's pid and host.
 
-The lock file is hard-linked into place whole (``link`` fails on an existing name, so one starter wins); others are
-refused while the owner lives. A lock whose pid is gone on this host is stale and taken over; one naming another
-host is refused with the file to remove.
+A lock whose pid is gone on this host is stale and taken over; one naming another host is refused.
 """
 
 from __future__ import annotations
