@@ -47,15 +47,8 @@ EXPORT_RECORD = "export.json"
 #: the folder under ``<out>`` holding the merged models
 MERGED = "merged"
 #: top-level ``train.py fit`` options that export reads from a config and ignores
-FIT_ONLY_KEYS = (
-    "trainer",
-    "data",
-    "seed_everything",
-    "test_after_fit",
-    "trusted_checkpoint_sources",
-    "weights_only",
-    "optimizer",
-    "lr_scheduler",
+FIT_ONLY_KEYS = tuple(
+    "trainer data seed_everything test_after_fit trusted_checkpoint_sources weights_only optimizer lr_scheduler".split()
 )
 
 

@@ -208,30 +208,11 @@ class CheckpointLoading:
 RUN_CONFIG_KEY = "run_config"
 
 #: config keys (dotted, with everything under them) a resumed run may change
-RESUME_SAFE_KEYS = (
-    "config",
-    "ckpt_path",
-    "test_after_fit",
-    "print_config",
-    "trusted_checkpoint_sources",
-    "trainer.max_steps",
-    "trainer.max_epochs",
-    "trainer.min_steps",
-    "trainer.min_epochs",
-    "trainer.max_time",
-    "trainer.logger",
-    "trainer.callbacks",
-    "trainer.log_every_n_steps",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "trainer.enable_checkpointing",
-    "trainer.devices",
-    "trainer.num_nodes",
-    "trainer.accelerator",
-    "trainer.strategy",
-    "trainer.plugins",
-    "trainer.profiler",
-    "trainer.default_root_dir",
+RESUME_SAFE_KEYS = ("config", "ckpt_path", "test_after_fit", "print_config", "trusted_checkpoint_sources") + tuple(
+    f"trainer.{key}"
+    for key in "max_steps max_epochs min_steps min_epochs max_time logger callbacks log_every_n_steps "
+    "enable_progress_bar enable_model_summary enable_checkpointing devices num_nodes accelerator strategy plugins "
+    "profiler default_root_dir".split()
 )
 
 

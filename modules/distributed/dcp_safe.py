@@ -44,8 +44,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
-        # ``pickle`` resolves a dotted name attribute by attribute (``filesystem`` + ``os.system`` reaches
-        # ``os.system``), so a name is looked up here, undotted, and must be a class the allowed module defines.
+        # a dotted name would reach through attributes (``filesystem`` + ``os.system``): undotted own classes only
         if "." not in name:
             if (module, name) in _ALLOWED:
                 return super().find_class(module, name)

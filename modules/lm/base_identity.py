@@ -121,10 +121,7 @@ def _hub_cache() -> str | None:
 
 
 def _hub_blob_sha256(path: str) -> str | None:
-    """The hub's sha256 of a snapshot file: the name of the blob it links to (LFS files only); else None.
-
-    Only ``<cache>/<repo>/snapshots/<rev>/<file>`` linking to ``<cache>/<repo>/blobs/<sha256>`` counts.
-    """
+    """The hub's sha256 of a snapshot file: the name of the ``blobs/`` file it links to in the hub cache; else None."""
     cache = _hub_cache()
     if cache is None or not os.path.islink(path):
         return None
@@ -204,10 +201,7 @@ def base_identity(name_or_path: str, revision: str | None = None) -> dict[str, A
 
 
 def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint (or an exported adapter) trained on another frozen base than the one given.
-
-    Compares the revision, and the hashes where both sides have one; an identity without ``hashed: "content"`` is
-    compared on ``header_sha256`` and warned about.
+    """Refuse a checkpoint or exported adapter trained on another base (revision, hash; old ones: header hash, warned).
 
     Raises:
         ValueError: naming ``where`` and both identities.

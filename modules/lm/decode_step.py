@@ -1,8 +1,4 @@
-"""One decoded token of a Llama-family decoder as plain tensor operations (the CPU grouped decode's step).
-
-Same operations in the same order as the model's forward, without module calls and cache bookkeeping (4.97 s
-against 5.38 s on the vs_trl policy).
-"""
+"""One decoded token of a Llama-family decoder as plain tensor operations, without module calls (the CPU step)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from alignment_games.modules.lm.row_adapters import add_row_adapters
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
 
-#: model types whose decoder layer is ``x + o(attn(rope(q), rope(k), v))`` then ``x + down(act(gate) * up)`` on
-#: RMS-normed inputs (Llama's), with the output layer on the final norm
+#: model types with Llama's pre-RMS-norm rotary attention and gated MLP layer
 LEAN_MODEL_TYPES = ("llama", "qwen2")
 
 

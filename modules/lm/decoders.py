@@ -51,10 +51,7 @@ def sample_loop(
     eos: int | None,
     pad: int,
 ) -> Tensor:
-    """``[prompt | completion]`` rows, ``g`` per left-padded prompt, sampled as ``generate`` samples them.
-
-    ``step_logits`` is first called with each prompt's last token; a row that wrote EOS is padded.
-    """
+    """``[prompt | completion]`` rows, ``g`` per left-padded prompt, sampled as ``generate`` does, then padded."""
     rows = ids.repeat_interleave(g, dim=0)
     position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
     token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile when compiled)

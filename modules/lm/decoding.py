@@ -39,10 +39,7 @@ def cache_arg(model: nn.Module) -> str:
 
 @contextmanager
 def cascade_state(model: nn.Module, attention: str, layers: Mapping[int, Any]) -> Iterator[None]:
-    """Run ``model`` on the registered ``attention``, each attention module holding ``layers[layer_idx]`` (``cascade``).
-
-    The backend is restored and the state dropped afterwards, also on error.
-    """
+    """Run ``model`` on ``attention``, each attention module holding its ``layers[layer_idx]`` (restored after)."""
     base = base_model(model)
     modules = [m for m in base.modules() if isinstance(getattr(m, "layer_idx", None), int) and m.layer_idx in layers]
     previous = base.config._attn_implementation
@@ -67,12 +64,7 @@ def grouped_prefix_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Cascade attention of G rows per prompt that reads each prompt's keys and values once.
-
-    Rows ``b*G … b*G + G - 1`` continue prompt ``b``, whose keys, values and padding mask are ``module.cascade`` (set by
-    :func:`cascade_state`); ``key``/``value`` are the rows' own tokens. Equal, up to rounding, to attention over the
-    prompt's cache copied to every row. ``attention_mask`` is ignored.
-    """
+    """Cascade attention of G rows per prompt over ``module.cascade`` (each prompt's keys once) and the rows' own."""
     keys, values, pad = module.cascade
     return cascade_attention(query, keys, values, pad, key, value, scaling), None
 
@@ -117,11 +109,7 @@ def cascade_attention(
 def next_tokens(
     logits: Tensor, step: int, min_new_tokens: int, eos: int | None, do_sample: bool, temperature: float, top_p: float
 ) -> Tensor:
-    """The next token of every row from its last logits ``[N, V]``, as transformers' ``generate`` draws it.
-
-    EOS is held back for ``min_new_tokens`` steps; temperature, top-p, then ``torch.multinomial`` on the global
-    generator (``generate``'s draws, in its order, so seeded and resumed runs agree); greedy takes the arg-max.
-    """
+    """The next token of every row from its last logits ``[N, V]``, drawn as ``generate`` draws it."""
     logits = logits.to(dtype=torch.float32)
     if step < min_new_tokens and eos is not None:
         logits[:, eos] = float("-inf")
@@ -203,11 +191,7 @@ def shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> d
 
 
 def prompt_cache(model: Any, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor]:
-    """KV cache of each left-padded prompt ``[B, W]`` but its last token, and the mask of its ``W - 1`` columns.
-
-    In a decode of several players' prompts (``model._row_players``), the prompts' longest common prefix is prefilled
-    once per player and each row's rest over it: columns ``[prefix | padding | rest]``, each token at its own position.
-    """
+    """KV cache of each left-padded prompt but its last token (a shared prefix once per player), and its mask."""
     end = ids.shape[1] - 1
     players = getattr(model, "_row_players", None)
     lengths = mask.sum(dim=1)

@@ -21,8 +21,7 @@ __all__ = ["LOGIT_CHUNK_BYTES", "chunk_tokens_for", "head_inputs", "head_token_l
 LOGIT_CHUNK_BYTES = 128 * 2**20
 """Default size of one chunk's fp32 logits (about 220 tokens at a vocabulary of 151,936)."""
 
-# logit transforms some architectures apply after the output layer that a bare head call would miss; the chunked path
-# reproduces final_logit_softcapping (Gemma 2/3) and refuses the multiplicative scales it has not been tested against
+# logit scales a bare head call would miss (final_logit_softcapping is reproduced instead)
 _UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")
 
 
@@ -54,11 +53,7 @@ def _softcap(model: nn.Module) -> float | None:
 
 @contextmanager
 def head_inputs(model: nn.Module) -> Iterator[list[Tensor]]:
-    """Within the block, ``model``'s output layer gets no positions; the hidden states it was given are collected.
-
-    Each forward appends its final hidden states ``[rows, kept positions, H]`` to the yielded list and returns empty
-    logits ``[rows, 0, V]``.
-    """
+    """Within the block, ``model``'s output layer gets no positions (empty logits); its inputs are collected."""
     seen: list[Tensor] = []
 
     def keep_none(module: nn.Module, args: tuple) -> tuple:

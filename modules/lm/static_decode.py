@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,15 +86,9 @@ def build_caches(
     else:
         step = torch.zeros(1, dtype=torch.long, device=device)
         mask = torch.empty(shapes[1], device=device)
+        empty = functools.partial(torch.empty, dtype=dtype, device=device)
         caches = {
-            i: StaticCascade(
-                torch.empty(shapes[0], dtype=dtype, device=device),
-                torch.empty(shapes[0], dtype=dtype, device=device),
-                mask,
-                torch.empty(shapes[2], dtype=dtype, device=device),
-                torch.empty(shapes[2], dtype=dtype, device=device),
-                step,
-            )
+            i: StaticCascade(empty(shapes[0]), empty(shapes[0]), mask, empty(shapes[2]), empty(shapes[2]), step)
             for i in range(len(layers))
         }
     first = caches[0]

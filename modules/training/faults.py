@@ -266,8 +266,7 @@ class AutomaticStepGuard(NonFiniteGuard):
             self.record_update()
 
     def _uncount_optimizer_step(self) -> None:
-        # Lightning marks the step ready before this hook and completed after it (loops/optimization/automatic.py,
-        # ``_optimizer_step``); taking one off both here leaves the pair equal once it has marked it completed.
+        # Lightning marks the step ready before this hook and completed after it: one off both keeps them equal
         trainer = getattr(self, "_trainer", None)
         if trainer is None:
             return
