@@ -9,7 +9,6 @@ import contextlib
 import os
 import pickle
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,12 +16,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from alignment_games.modules.training.artifacts import (
-    folder_beside,
-    prepare_folder_beside,
-    recover_folder_on_rank_zero,
-    swap_folder_in,
-)
+from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero, saved_beside
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -155,17 +149,8 @@ class SafeDeepSpeedStrategy(DeepSpeedStrategy):
         """Every rank writes its DeepSpeed files into a folder beside ``filepath``; rank 0 then swaps it in."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
-        path = Path(self.broadcast(str(filepath)))
-        tmp = folder_beside(path)
-        if self.global_rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            prepare_folder_beside(path)
-        self.barrier("deepspeed_save_prepared")
-        super().save_checkpoint(checkpoint, tmp)
-        self.barrier("deepspeed_save_written")
-        if self.global_rank == 0:
-            swap_folder_in(tmp, path)
-        self.barrier("deepspeed_save_swapped")
+        with saved_beside(self, filepath, "deepspeed") as tmp:
+            super().save_checkpoint(checkpoint, tmp)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

@@ -79,23 +79,14 @@ class FSDP2Strategy(ModelParallelStrategy):
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
         from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save
 
-        from alignment_games.modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in
+        from alignment_games.modules.training.artifacts import saved_beside
 
-        path = Path(self.broadcast(str(filepath)))
-        tmp = Path(folder_beside(path))
-        if self.global_rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            prepare_folder_beside(path)
-        self.barrier("fsdp2_save_prepared")
-        converted = {"state_dict": checkpoint.pop("state_dict")}
-        converted.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
-        _distributed_checkpoint_save(converted, tmp)
-        if self.global_rank == 0:
-            torch.save(checkpoint, tmp / METADATA_FILE)
-        self.barrier("fsdp2_save_written")
-        if self.global_rank == 0:
-            swap_folder_in(tmp, path)
-        self.barrier("fsdp2_save_swapped")
+        with saved_beside(self, filepath, "fsdp2") as tmp:
+            converted = {"state_dict": checkpoint.pop("state_dict")}
+            converted.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+            _distributed_checkpoint_save(converted, Path(tmp))
+            if self.global_rank == 0:
+                torch.save(checkpoint, Path(tmp) / METADATA_FILE)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from alignment_games.callbacks.functional.files import fsync_dir
@@ -22,6 +23,7 @@ __all__ = [
     "prepare_folder_beside",
     "recover_folder",
     "recover_folder_on_rank_zero",
+    "saved_beside",
     "swap_folder_in",
     "write_error",
 ]
@@ -169,6 +171,22 @@ def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     fsync_dir(parent)
     if had_old:
         _remove(previous)
+
+
+@contextlib.contextmanager
+def saved_beside(strategy: Any, filepath: Any, name: str) -> Iterator[str]:
+    """Every rank writes a checkpoint into the folder beside ``filepath`` yielded here; rank 0 then swaps it in."""
+    path = Path(strategy.broadcast(str(filepath)))
+    tmp = folder_beside(path)
+    if strategy.global_rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prepare_folder_beside(path)
+    strategy.barrier(f"{name}_save_prepared")
+    yield tmp
+    strategy.barrier(f"{name}_save_written")
+    if strategy.global_rank == 0:
+        swap_folder_in(tmp, path)
+    strategy.barrier(f"{name}_save_swapped")
 
 
 @contextlib.contextmanager
