@@ -42,7 +42,6 @@ __all__ = [
     "select_players",
 ]
 
-#: the record written into every exported folder
 EXPORT_RECORD = "export.json"
 #: the folder under ``<out>`` holding the merged models
 MERGED = "merged"
@@ -275,7 +274,6 @@ def _put_in_place(stage: str, out: str, replace: bool) -> None:
     os.replace(stage, out)  # an empty or absent ``out``: one rename (a non-empty one was refused before)
 
 
-# ------------------------------------------------------------------------------------------------ the command
 def _parser() -> Any:
     """``train.py export``'s arguments: a fit config's ``model`` (other sections ignored) and ours."""
     import lightning as L

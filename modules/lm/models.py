@@ -27,12 +27,9 @@ __all__ = [
 ]
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+    **dict.fromkeys(("float32", "fp32"), torch.float32),
+    **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),
+    **dict.fromkeys(("float16", "fp16"), torch.float16),
 }
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 __all__ = ["LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
 
-#: the lock file's name inside the run folder
 LOCK_NAME = "run.lock"
 
 
