@@ -61,14 +61,9 @@ class PolicyBank(nn.Module):
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
         dtype = frozen_weights_dtype(strategy)
-        if dtype is not None:
-            self.cast_frozen(dtype)
-
-    def cast_frozen(self, dtype: torch.dtype) -> int:
-        """Hold the frozen weights in ``dtype`` (autocast would recast them every forward); return how many."""
-        self._all_players_trainable()
-        frozen = self.model if self.mode == "lora" else self.reference
-        return cast_frozen_parameters(frozen, dtype)
+        if dtype is not None:  # frozen weights held in dtype: autocast would recast them at every forward
+            self._all_players_trainable()
+            cast_frozen_parameters(self.model if self.mode == "lora" else self.reference, dtype)
 
     def shard(self, mesh: Any, mp_policy: Any = None) -> None:
         """FSDP2 over ``mesh``: each decoder block a unit, each causal LM the root (:func:`fully_shard_blocks`).
