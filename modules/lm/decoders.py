@@ -181,7 +181,7 @@ class StaticDecoder(GroupedDecoder):
                 static_decode.mark_static(caches)
                 self.caches = caches
             if self.compiled is None:
-                self.compiled = static_decode.compiled_step(ids.device)
+                self.compiled = torch.compile(static_decode.step_logits, **static_decode.compile_options(ids.device))
             step_fn = self.compiled
         slot = caches[0].step
 

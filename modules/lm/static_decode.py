@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +114,6 @@ def step_logits(model: nn.Module, token: Tensor, position: Tensor) -> Tensor:
 def compile_options(device: torch.device) -> dict[str, Any]:
     """``torch.compile`` keywords of the decode step: CUDA graphs on CUDA (``reduce-overhead``), inductor elsewhere."""
     return {"mode": "reduce-overhead" if device.type == "cuda" else "default", "dynamic": False}
-
-
-def compiled_step(device: torch.device) -> Callable[[nn.Module, Tensor, Tensor], Tensor]:
-    """:func:`step_logits` under ``torch.compile`` with :func:`compile_options` (compiles on its first call)."""
-    return torch.compile(step_logits, **compile_options(device))
 
 
 def mark_static(caches: dict[int, StaticCascade]) -> None:
