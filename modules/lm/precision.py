@@ -49,10 +49,8 @@ def set_tf32(enabled: bool) -> bool:
 
 def autocast_dtype(precision_plugin: Any) -> torch.dtype | None:
     """bf16 for a plain ``MixedPrecision`` plugin of ``bf16-mixed`` (not sharded, not ``16-mixed``), else None."""
-    try:
-        from lightning.pytorch.plugins.precision import MixedPrecision
-    except ImportError:  # pragma: no cover - Lightning is a dependency of the suite
-        return None
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
     if type(precision_plugin) is MixedPrecision and precision_plugin.precision == "bf16-mixed":
         return torch.bfloat16
     return None
