@@ -1,18 +1,7 @@
 """Trained players out of the suite: a peft adapter folder per player, a record of its base, merged models on request.
 
-A family lists its players with ``export_players()`` (:class:`Player`: the model holding the weights, the adapter's
-name, the base's :class:`ModelConfig`). :func:`export_module` gathers each player's weights (a collective under
-sharded strategies, see :func:`modules.distributed.sharding.full_tensors`) and, on the writing rank, lays out::
-
-    <out>/<player>/                adapter_config.json, adapter_model.safetensors, the tokenizer, export.json
-    <out>/merged/<player>/         with merge: the base with the adapter merged in (a plain transformers model)
-
-A player trained as a full copy (``players: separate``) is written as a full transformers model in ``<out>/<player>``.
-The whole folder is written beside ``<out>`` and renamed into place, so no reader sees a part of it.
-
-``python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]`` (:func:`export_command`)
-builds the model from the config alone and takes only tensors from the checkpoint (``weights_only=True``, through the
-family's ``load_from_checkpoint``, :class:`modules.checkpoints.trust.CheckpointLoading`).
+Layout, written beside ``<out>`` and renamed into place: ``<out>/<player>/`` (adapter, tokenizer, export.json; a full
+model for ``players: separate``) and, with merge, ``<out>/merged/<player>/``.
 """
 
 from __future__ import annotations
@@ -53,35 +42,18 @@ __all__ = [
     "select_players",
 ]
 
-#: the record written into every exported folder
 EXPORT_RECORD = "export.json"
 #: the folder under ``<out>`` holding the merged models
 MERGED = "merged"
-#: the top-level options of ``train.py fit`` that export reads from a config (a run's saved config.yaml) and ignores
-FIT_ONLY_KEYS = (
-    "trainer",
-    "data",
-    "seed_everything",
-    "test_after_fit",
-    "trusted_checkpoint_sources",
-    "weights_only",
-    "optimizer",
-    "lr_scheduler",
+#: top-level ``train.py fit`` options that export reads from a config and ignores
+FIT_ONLY_KEYS = tuple(
+    "trainer data seed_everything test_after_fit trusted_checkpoint_sources weights_only optimizer lr_scheduler".split()
 )
 
 
 @dataclass
 class Player:
-    """One trained player as a family holds it.
-
-    Attributes:
-        name: The player's name in the game (the exported folder's name).
-        lm: The base the player was trained on (name or path, revision, dtype, LoRA settings).
-        model: A peft model holding the player's adapter, or (``adapter=None``) the player's full trained copy.
-        adapter: The adapter's name inside ``model``; ``None``: ``model`` is the player's whole weights.
-        tokenizer: The tokenizer the player was trained with (saved beside its weights).
-        task: ``"causal_lm"`` (decoders) or ``"encoder"`` (the preference ensemble's backbone).
-    """
+    """One trained player as a family holds it (``adapter=None``: ``model`` is the player's full copy)."""
 
     name: str
     lm: ModelConfig
@@ -117,11 +89,7 @@ def select_players(module: nn.Module, names: Sequence[str] | None = None) -> lis
 
 
 def gather_weights(player: Player, strategy: Any = None, keep: bool = True) -> dict[str, Tensor]:
-    """The player's trained tensors, whole, on CPU: its adapter's (peft names) or its copy's full state dict.
-
-    A collective under sharded strategies: every rank calls it, for the same players in the same order; ranks with
-    ``keep=False`` take part and get ``{}``.
-    """
+    """The player's trained tensors, whole, on CPU (adapter or full state dict)."""
     if player.adapter is None:
         names = set(player.model.state_dict().keys())
         named = dict(player.model.named_parameters())
@@ -140,20 +108,13 @@ def gather_weights(player: Player, strategy: Any = None, keep: bool = True) -> d
 
 
 def base_location(name_or_path: str) -> str:
-    """Where the base is found from any folder: a local path made absolute, a hub id (or ``builtin:`` folder) as is.
-
-    A relative path (``artifacts/tiny_policy``, as the configs name their bases) means nothing once the adapter is
-    copied elsewhere: peft and transformers would take it for a hub id.
-    """
+    """Where the base is found from any folder: a local path made absolute, a hub id (or ``builtin:``) as is."""
     resolved = resolve_name_or_path(name_or_path)
     return os.path.abspath(os.path.expanduser(resolved)) if looks_local(resolved) else resolved
 
 
 def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, Any]:
-    """What ``export.json`` says: the base (as configured, as resolved, revision, commit, identity), the adapter.
-
-    ``source`` adds the run's seed and config hash (:func:`run_record`), the checkpoint and the step.
-    """
+    """What ``export.json`` says: the base (configured, resolved, revision, commit, identity), and the adapter."""
     base_config = getattr(base_model(player.model), "config", None)
     return {
         "player": player.name,
@@ -172,13 +133,7 @@ def record_of(player: Player, kind: str, source: dict[str, Any]) -> dict[str, An
 
 
 def run_record(config_yaml: str | None = None, trainer: Any = None) -> dict[str, Any]:
-    """The run's seed and the sha256 of its resolved config (YAML text, or ``trainer``'s :class:`RunConfigRecord`).
-
-    The seed is the config's ``seed_everything`` (LightningCLI writes the one it drew there), else the one
-    ``seed_everything`` set in this process (``PL_GLOBAL_SEED``), else None. The hash is of the config written as
-    JSON with sorted keys, ``ckpt_path`` left out (where a run resumed from is not what it is): the same config
-    gives the same hash however its YAML is laid out; None without a config.
-    """
+    """The run's seed and the sha256 of its resolved config (sorted JSON without ``ckpt_path``)."""
     import yaml
 
     if trainer is not None:
@@ -193,7 +148,7 @@ def run_record(config_yaml: str | None = None, trainer: Any = None) -> dict[str,
 
 
 def _write_player(player: Player, weights: dict[str, Tensor], folder: str, source: dict[str, Any]) -> None:
-    """One player's folder: a peft adapter folder, or a full transformers model for a full copy."""
+    """One player's folder: a peft adapter folder, or a full transformers model."""
     os.makedirs(folder)
     if player.adapter is None:
         base_model(player.model).save_pretrained(folder, state_dict=weights)
@@ -214,7 +169,7 @@ def _write_player(player: Player, weights: dict[str, Tensor], folder: str, sourc
 
 
 def _write_merged(player: Player, adapter_folder: str, folder: str, source: dict[str, Any]) -> None:
-    """The base, loaded afresh from the player's config (full precision, no 4 bits), with the adapter merged in."""
+    """The base loaded afresh (full precision, no 4 bits) with the adapter merged in."""
     from peft import PeftModel
 
     lm = dataclasses.replace(player.lm, load_in_4bit=False, gradient_checkpointing=False)
@@ -246,25 +201,11 @@ def export_module(
     players: Sequence[str] | None = None,
     source: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Export ``module``'s players to ``out`` (layout: module docstring); the player names written.
-
-    Every rank calls it (the weights are gathered collectively); only the one with ``write`` writes. ``out`` is built
-    in a temporary folder beside it and renamed into place.
-
-    Args:
-        module: A family with ``export_players()``.
-        out: The export folder.
-        strategy: ``trainer.strategy`` when sharded weights must be gathered; ``None`` on one process.
-        write: Whether this process writes (rank zero).
-        merge: Also write ``<out>/merged/<player>`` for every adapter player.
-        replace: Replace an existing ``out`` (the end of ``fit`` in a resumed run's folder); else refuse one that
-            is not empty.
-        players: The players to export (default: all).
-        source: Extra fields of every ``export.json`` (the checkpoint, the step).
+    """Export ``module``'s players to ``out`` (every rank; only ``write`` writes); the player names written.
 
     Raises:
         FileExistsError: ``out`` is not empty and ``replace`` is off.
-        OSError: naming ``out`` when it cannot be written (a full disk); an earlier export there is left whole.
+        OSError: naming ``out`` when it cannot be written; an earlier export there is left whole.
         KeyError, TypeError, ValueError: see :func:`select_players`.
     """
     out = os.path.abspath(os.fspath(out))
@@ -296,13 +237,7 @@ def export_module(
 
 
 def export_at_fit_end(module: Any, log_dir: str | None, label: str) -> list[str]:
-    """At the end of ``fit``: every player to ``<log_dir>/export`` (replacing an earlier run's); the names written.
-
-    Call from the family's ``on_fit_end`` on every rank (the gather is a collective under sharded strategies);
-    ``log_dir`` matters on rank 0 only. Nothing in a ``fast_dev_run``, or without players. A strategy whose weights
-    cannot be gathered here (Lightning's FSDP) is warned about, naming ``train.py export``, and nothing is written:
-    training has ended well, and the checkpoint exports.
-    """
+    """At the end of ``fit`` (every rank): every player to ``<log_dir>/export``; the names written."""
     from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
     trainer = module.trainer
@@ -339,9 +274,8 @@ def _put_in_place(stage: str, out: str, replace: bool) -> None:
     os.replace(stage, out)  # an empty or absent ``out``: one rename (a non-empty one was refused before)
 
 
-# ------------------------------------------------------------------------------------------------ the command
 def _parser() -> Any:
-    """``train.py export``'s arguments: a fit config's ``model`` (its other sections read and ignored) and ours."""
+    """``train.py export``'s arguments: a fit config's ``model`` (other sections ignored) and ours."""
     import lightning as L
     from jsonargparse import ActionConfigFile
     from lightning.pytorch.cli import LightningArgumentParser
@@ -366,11 +300,6 @@ def _parser() -> Any:
 
 def export_command(args: Sequence[str]) -> list[str]:
     """``python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge] [--players ...]``.
-
-    Checks, before anything is loaded: the checkpoint is a file (a sharded checkpoint folder is refused with how to
-    convert it) and ``--out`` is new or empty. Then builds the config's model and loads the checkpoint's tensors
-    into it through the family's ``load_from_checkpoint`` (configuration from the config only), and exports.
-    Returns the players written.
 
     Raises:
         FileNotFoundError: naming a checkpoint that does not exist.

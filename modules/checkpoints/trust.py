@@ -1,11 +1,6 @@
 """What a checkpoint may do: carry weights and state into a model the caller's config built, never configure it.
 
-A checkpoint's hyper-parameters are a record, not an input: they could name a model folder with custom code and
-``trust_remote_code: true``, a hub repository, a dtype or another class, and building a model from them would run
-whatever that names. So every loader here builds the model from the caller's arguments (the config) and takes only
-tensors and plain state from the file (``torch.load(weights_only=True)``). Before anything is loaded,
-:func:`check_checkpoint_matches` refuses a checkpoint written by another family (the class stored under
-:data:`FAMILY_KEY`) or whose tensors do not fit the model the config built (names and shapes), naming both.
+Stored hyper-parameters could name remote code, so loaders build from the config and read weights only.
 """
 
 from __future__ import annotations
@@ -76,7 +71,7 @@ def checkpoint_family(checkpoint: dict[str, Any]) -> str | None:
 
 
 def trainable_names(module: nn.Module) -> set[str]:
-    """State-dict names of the tensors that train (a family's ``trainable_state_names`` where it has one)."""
+    """State-dict names of the tensors that train (``trainable_state_names`` where defined)."""
     own = getattr(module, "trainable_state_names", None)
     if callable(own):
         return set(own())
@@ -90,19 +85,10 @@ def _shape(value: Any) -> list[int] | None:
 def check_checkpoint_matches(
     module: nn.Module, checkpoint: dict[str, Any], trainable: set[str] | None = None, source: str = "the checkpoint"
 ) -> None:
-    """Refuse a checkpoint of another family, or whose tensors do not fit ``module``; before anything is loaded.
-
-    Checks, in order: the family stamp (or LightningCLI's ``_class_path``) against ``module``'s class; then, when
-    the checkpoint has a ``state_dict`` (DeepSpeed keeps weights in its own files), that it holds every trainable
-    tensor (``trainable``; default :func:`trainable_names`), no tensor ``module`` does not have, and every tensor in
-    the shape ``module`` has; then that no floating tensor of its ``state_dict`` or optimizer state is NaN or inf
-    (``-inf`` is allowed in the tensors a module names in its ``minus_inf_allowed``: log-probabilities of zero). A
-    checkpoint without a stamp (written before stamps existed) is judged by its tensors. Called with the default
-    ``source`` by a module that a trainer is restoring, the checkpoint is named by the trainer's ``ckpt_path``.
+    """Refuse a checkpoint of another family, with missing, unknown or misshapen tensors, or NaN/inf; before loading.
 
     Raises:
-        ValueError: naming both families, or the tensor with both its shapes, or the tensors the model lacks, or
-            the checkpoint and the first tensor holding NaN or inf.
+        ValueError: naming both families, a tensor with both shapes, the unknown tensors, or the first NaN/inf.
         KeyError: naming the trainable tensors the checkpoint lacks.
     """
     if source == "the checkpoint":
@@ -124,7 +110,7 @@ def check_checkpoint_matches(
 def _check_tensors_fit(
     module: nn.Module, state: dict[str, Any], trainable: set[str] | None, here: str, there: str | None, source: str
 ) -> None:
-    """The tensor checks of :func:`check_checkpoint_matches`: every trainable one, no unknown one, the same shapes."""
+    """The tensor checks of :func:`check_checkpoint_matches`."""
     expected = trainable_names(module) if trainable is None else trainable
     missing = sorted(expected - set(state))
     if missing:
@@ -149,7 +135,7 @@ def _check_tensors_fit(
 
 
 def _refuse_nonfinite(module: nn.Module, checkpoint: dict[str, Any], source: str) -> None:
-    """Refuse a checkpoint whose weights or optimizer state hold NaN or inf (it is no state to continue from)."""
+    """Refuse a checkpoint whose weights or optimizer state hold NaN or inf."""
     found = nonfinite_entries(checkpoint, getattr(module, "minus_inf_allowed", ()))
     if found:
         raise ValueError(
@@ -159,9 +145,7 @@ def _refuse_nonfinite(module: nn.Module, checkpoint: dict[str, Any], source: str
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """A one-file checkpoint's contents, tensors and plain values only (``weights_only=True``).
-
-    ``mmap`` maps the tensors instead of reading them (enough to check names and shapes of a large checkpoint).
+    """A one-file checkpoint's tensors and plain values (``weights_only=True``; ``mmap`` maps the tensors).
 
     Raises:
         FileNotFoundError: naming the path when it is not a file (and the config that makes it, when one does).
@@ -180,13 +164,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
 
 
 class CheckpointLoading:
-    """Mixin of the families: ``load_from_checkpoint`` builds from the caller's arguments, never from the file's.
-
-    Lightning's own ``load_from_checkpoint`` calls the class with the checkpoint's stored hyper-parameters (the
-    model path, ``trust_remote_code``, the dtype); this one calls it with ``**kwargs`` only, checks the checkpoint
-    against the model built (:func:`check_checkpoint_matches`, through the family's ``on_load_checkpoint``) and
-    loads its tensors.
-    """
+    """Mixin of the families: ``load_from_checkpoint`` builds from the caller's ``**kwargs``, never the file's."""
 
     @classmethod
     def load_from_checkpoint(  # type: ignore[override]
@@ -198,15 +176,7 @@ class CheckpointLoading:
         weights_only: bool | None = True,
         **kwargs: Any,
     ) -> Any:
-        """The model ``cls(**kwargs)`` with the checkpoint's tensors and state loaded into it.
-
-        Args:
-            checkpoint_path: A one-file checkpoint of this family.
-            map_location: Where the tensors are loaded.
-            hparams_file: Refused: the caller's arguments are the configuration.
-            strict: Strict state-dict loading; ``None``: the model's ``strict_loading``.
-            weights_only: Only ``True`` (or ``None``) is accepted.
-            **kwargs: The model's arguments, as in its config.
+        """The model ``cls(**kwargs)`` (the config's arguments) with the checkpoint's tensors and state loaded.
 
         Raises:
             ValueError: for ``hparams_file`` or ``weights_only=False``, or a checkpoint that does not match.
@@ -229,48 +199,20 @@ class CheckpointLoading:
         return model
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse a checkpoint of another family, or missing a trainable tensor, or whose tensors do not fit.
-
-        The default for a family with ``trainable_state_names`` and ``NonFiniteGuard``'s counters: checks with
-        :func:`check_checkpoint_matches`, then restores the counters from ``checkpoint["nonfinite"]``.
-        """
+        """Check with :func:`check_checkpoint_matches`, then restore the ``NonFiniteGuard`` counters."""
         check_checkpoint_matches(self, checkpoint, self.trainable_state_names())  # type: ignore[arg-type, attr-defined]
         self.load_nonfinite_state(checkpoint.get("nonfinite"))  # type: ignore[attr-defined]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Where a checkpoint may come from, whether it is whole, and whether it belongs to the run that resumes it
-# ---------------------------------------------------------------------------------------------------------------------
-
 #: where a checkpoint records the resolved config (YAML text) of the run that wrote it
 RUN_CONFIG_KEY = "run_config"
 
-#: config keys (dotted, a key and everything under it) a resumed run may change: length, logging, hardware, the
-#: callbacks, the config files named and the resume option itself
-RESUME_SAFE_KEYS = (
-    "config",
-    "ckpt_path",
-    "test_after_fit",
-    "print_config",
-    "trusted_checkpoint_sources",
-    "trainer.max_steps",
-    "trainer.max_epochs",
-    "trainer.min_steps",
-    "trainer.min_epochs",
-    "trainer.max_time",
-    "trainer.logger",
-    "trainer.callbacks",
-    "trainer.log_every_n_steps",
-    "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "trainer.enable_checkpointing",
-    "trainer.devices",
-    "trainer.num_nodes",
-    "trainer.accelerator",
-    "trainer.strategy",
-    "trainer.plugins",
-    "trainer.profiler",
-    "trainer.default_root_dir",
+#: config keys (dotted, with everything under them) a resumed run may change
+RESUME_SAFE_KEYS = ("config", "ckpt_path", "test_after_fit", "print_config", "trusted_checkpoint_sources") + tuple(
+    f"trainer.{key}"
+    for key in "max_steps max_epochs min_steps min_epochs max_time logger callbacks log_every_n_steps "
+    "enable_progress_bar enable_model_summary enable_checkpointing devices num_nodes accelerator strategy plugins "
+    "profiler default_root_dir".split()
 )
 
 
@@ -278,7 +220,7 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _segments(path: str) -> list[str] | None:
-    """A URL path's segments, percent-decoded and with ``.``/``..`` resolved; None when ``..`` climbs above ``/``."""
+    """A URL path's segments, decoded, ``.``/``..`` resolved; None when ``..`` climbs above ``/``."""
     out: list[str] = []
     for segment in urllib.parse.unquote(path).split("/"):
         if segment in ("", "."):
@@ -293,11 +235,9 @@ def _segments(path: str) -> list[str] | None:
 
 
 def _url_under(url: str, prefix: str) -> bool:
-    """Whether ``url`` lies under the trusted ``prefix``: the same scheme, host, port and user, and whole segments.
+    """Whether ``url`` lies under ``prefix``: same scheme, host, port and user, and whole path segments.
 
-    The prefix's path segments (after ``..`` is resolved) must lead the URL's: ``https://host.evil.net`` is not
-    under ``https://host``, nor ``https://host/runs-x`` under ``https://host/runs``, nor
-    ``https://host/runs/../private`` under ``https://host/runs/``.
+    ``https://host.evil.net`` is not under ``https://host``, nor ``https://host/runs/../private`` under ``https://host/runs/``.
     """
     try:
         a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(prefix)
@@ -313,14 +253,7 @@ def _url_under(url: str, prefix: str) -> bool:
 
 
 def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[str, ...] = ()) -> None:
-    """Refuse a remote checkpoint (``scheme://``, other than ``file://``) unless a source in ``trusted`` holds it.
-
-    A source is a URL prefix: the checkpoint's URL must have its scheme, host and port exactly (the default port
-    of ``http``/``https`` counts as given) and its path's whole segments, compared after percent-decoding and
-    resolving ``.``/``..``; a plain string prefix would let ``https://host.evil.net/`` pass as ``https://host`` and
-    ``https://host/runs/../private/`` as ``https://host/runs/``. Local paths (and ``file://``) are not remote and are
-    never refused here. A trusted remote checkpoint is still read with ``weights_only=True``; trust only lets it be
-    fetched.
+    """Refuse a remote checkpoint (``scheme://``, not ``file://``) unless a ``trusted`` source holds it.
 
     Raises:
         ValueError: naming the path and the option that trusts it.
@@ -336,7 +269,7 @@ def check_checkpoint_source(path: str | os.PathLike, trusted: list[str] | tuple[
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a sharded (DCP) checkpoint folder: ``meta.pt`` and DCP's ``.metadata`` in it."""
+    """Whether ``path`` is a sharded (DCP) checkpoint folder: ``meta.pt`` and ``.metadata`` in it."""
     return os.path.isfile(os.path.join(path, "meta.pt")) and os.path.isfile(os.path.join(path, ".metadata"))
 
 
@@ -376,8 +309,6 @@ def newest_intact_checkpoint(folder: str | os.PathLike, exclude: str | os.PathLi
 def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True) -> dict[str, Any]:
     """A checkpoint's plain contents (a file, a sharded folder's ``meta.pt``, a DeepSpeed folder's Lightning state).
 
-    An unreadable one is named.
-
     Raises:
         FileNotFoundError: naming the path.
         ValueError: naming the unreadable (truncated, corrupt) checkpoint and the newest intact one beside it.
@@ -394,7 +325,7 @@ def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True) -> di
 
 
 def _unreadable(path: str, err: Exception) -> ValueError:
-    """The error for a checkpoint that cannot be read: the path, the cause, and the newest intact one beside it."""
+    """The error naming an unreadable checkpoint, the cause, and the newest intact one beside it."""
     intact = newest_intact_checkpoint(os.path.dirname(path) or ".", exclude=path)
     offer = (
         f"the newest intact checkpoint beside it is {intact!r} (give --ckpt_path {intact})"
@@ -429,9 +360,7 @@ def config_differences(
 
 
 def check_resume_config(checkpoint: dict[str, Any], given_yaml: str, source: str = "the checkpoint") -> bool:
-    """Refuse to continue ``checkpoint`` with a config that differs from its own beyond :data:`RESUME_SAFE_KEYS`.
-
-    Returns ``False`` (nothing to compare) for a checkpoint that records no config (written before records).
+    """Refuse a config differing from the checkpoint's beyond :data:`RESUME_SAFE_KEYS`; ``False`` if none recorded.
 
     Raises:
         ValueError: naming ``source`` and every differing key with both values.

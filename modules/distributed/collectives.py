@@ -56,11 +56,7 @@ def shared_rows(trainer: Any, n: int, batch_size: int) -> list[bool]:
 
 
 def local_batches(owned: Sequence[bool], batch_size: int) -> list[tuple[int, tuple[int, int]]]:
-    """Each batch of ``batch_size`` rows: its size, and the rows ``[a, b)`` of it this rank computes.
-
-    ``owned`` flags the rows this rank computes; they are numbered in order, so ``[a, b)`` indexes this rank's own
-    tensors of them (a batch's owned rows are contiguous among them).
-    """
+    """Each batch of ``batch_size`` rows: its size, and the rows ``[a, b)`` of this rank's own tensors it covers."""
     before = [0, *itertools.accumulate(int(x) for x in owned)]
     ends = [(lo, min(len(owned), lo + batch_size)) for lo in range(0, len(owned), batch_size)]
     return [(hi - lo, (before[lo], before[hi])) for lo, hi in ends]
@@ -78,9 +74,8 @@ def gather_objects(trainer: Any, obj: Any) -> list[Any]:
 def sum_gradients(trainer: Any, params: list[Tensor], total: float, finite: bool) -> tuple[float, bool]:
     """Sum the gradients of ``params`` and the loss ``total`` over the ranks; finite only if finite on every rank.
 
-    One ``all_reduce`` of one fp32 buffer (whatever the parameters' dtype) and one of the loss and flag. For steps that
-    train a subset of the module's parameters from unequal shares of rows on each rank, where DDP's own reducer (which
-    expects every parameter's gradient from one backward per forward) does not apply.
+    One fp32 ``all_reduce``, for steps training a subset of parameters from unequal row shares (where DDP's reducer
+    does not apply).
     """
     if world(trainer)[1] == 1:
         return total, finite
@@ -134,11 +129,7 @@ def check_replicated_strategy(trainer: Any, family: str) -> None:
 
 
 def lockstep(trainer: Any) -> bool:
-    """Whether every rank must run each sharded forward the same number of times, in the same order.
-
-    Under strategies that shard parameters (FSDP, FSDP2, DeepSpeed; ZeRO-1/2 included for simplicity) a forward
-    gathers its shards with collectives, so a rank that skips a forward the others run leaves them waiting forever.
-    """
+    """Whether every rank must run each sharded forward equally often (its collectives would otherwise hang)."""
     if trainer is None or sharded_strategy_kind(trainer.strategy) is None:
         return False
     return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1

@@ -1,9 +1,6 @@
 """Reading a torch.distributed.checkpoint (DCP) folder without unpickling code from it.
 
-DCP reads its ``.metadata`` with plain ``pickle.load`` and the non-tensor entries of a state (optimizer
-``param_groups``) with ``torch.load(weights_only=False)``: a folder from elsewhere could run code when loaded. Here
-the metadata goes through an unpickler that builds only DCP's own metadata classes, ``torch.Size``, dtypes, layouts
-and paths, and the entries through ``torch.load(weights_only=True)``.
+DCP itself unpickles ``.metadata`` and non-tensor entries; here only its metadata classes and weights-only entries.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.source = source
 
     def find_class(self, module: str, name: str) -> Any:
-        # ``pickle`` resolves a dotted name attribute by attribute (``filesystem`` + ``os.system`` reaches
-        # ``os.system``), so a name is looked up here, undotted, and must be a class the allowed module defines.
+        # a dotted name would reach through attributes (``filesystem`` + ``os.system``): undotted own classes only
         if "." not in name:
             if (module, name) in _ALLOWED:
                 return super().find_class(module, name)

@@ -1,17 +1,6 @@
-"""SafeDeepSpeedStrategy: Lightning's DeepSpeed strategy with atomic saves and loads that cannot run pickled code.
+"""SafeDeepSpeedStrategy: Lightning's DeepSpeed strategy with atomic saves and weights-only loads.
 
-Lightning's ``DeepSpeedStrategy`` lets DeepSpeed write its checkpoint folder in place (a kill in the middle leaves new
-shards of some ranks beside the old loop state and ``latest``) and DeepSpeed reads every file of it with
-``torch.load(weights_only=False)``: a folder from elsewhere could run code when resumed. Here a save is written whole
-into ``.<name>.partial`` beside its target and swapped in by rank 0 (:func:`modules.training.artifacts.swap_folder_in`,
-as :class:`modules.distributed.strategies.FSDP2Strategy` does), and a load reads every file with
-``torch.load(weights_only=True)``, allowing only the DeepSpeed classes a checkpoint of its own holds
-(:data:`ALLOWED_GLOBALS`). What cannot be loaded that way is refused before anything is read, naming the path and
-the reason: universal checkpoints, MoE checkpoints (expert files), ZeRO-3 checkpoints outside ``fit`` and a
-``latest`` file that names anything but a folder inside the checkpoint.
-
-``train.py`` runs this strategy for every ``deepspeed*`` strategy name (:func:`safe_deepspeed_strategy`) and refuses
-an instance of Lightning's own class.
+Only DeepSpeed's own classes (:data:`ALLOWED_GLOBALS`) may be unpickled; what cannot be read that way is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +9,6 @@ import contextlib
 import os
 import pickle
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,12 +16,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from alignment_games.modules.training.artifacts import (
-    folder_beside,
-    prepare_folder_beside,
-    recover_folder_on_rank_zero,
-    swap_folder_in,
-)
+from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero, saved_beside
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -52,8 +35,7 @@ def _allowed_globals() -> list[Any]:
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    # optimizer-states files: the loss scaler (static; dynamic under fp16), the ZeRO stage, and at ZeRO-1/2 the
-    # address of each parameter's fragment in the flat partition. Model-states files hold tensors and plain values.
+    # optimizer-states files: the loss scaler, the ZeRO stage, and at ZeRO-1/2 each parameter's fragment address
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
@@ -120,8 +102,7 @@ def check_deepspeed_checkpoint(path: str | os.PathLike, stage_3: bool = False, f
     Raises:
         FileNotFoundError: naming the path when it is not a DeepSpeed checkpoint folder.
         ValueError: naming the path and the reason for a universal or MoE checkpoint, a ZeRO-3 load outside ``fit``
-            (DeepSpeed cannot load one into the optimizer-less engine of validate/test: deepspeedai/DeepSpeed#7272)
-            or a ``latest`` that leads outside the folder.
+            (deepspeedai/DeepSpeed#7272) or a ``latest`` that leads outside the folder.
     """
     path = os.fspath(path)
     if os.path.isfile(os.path.join(path, "latest_universal")):
@@ -147,10 +128,7 @@ def check_deepspeed_checkpoint(path: str | os.PathLike, stage_3: bool = False, f
 
 
 def read_deepspeed_client_state(path: str | os.PathLike) -> dict[str, Any]:
-    """The Lightning state of a DeepSpeed checkpoint folder (rank 0's model-states file, weights-only).
-
-    What ``--ckpt_path last`` checks before a resume (the run's config, the family); the tensors stay in the shards.
-    """
+    """The Lightning state of a DeepSpeed checkpoint folder (rank 0's model-states file, weights-only, no tensors)."""
     path = os.fspath(path)
     tag = check_deepspeed_checkpoint(path)
     folder = os.path.join(path, tag)
@@ -160,8 +138,7 @@ def read_deepspeed_client_state(path: str | os.PathLike) -> dict[str, Any]:
     if not names:
         raise FileNotFoundError(f"DeepSpeed checkpoint {path!r} has no model-states file in {tag}/")
     state = _WeightsOnlyEngine(None).load(os.path.join(folder, names[0]), map_location="cpu")
-    client = {k: v for k, v in state.items() if k != "module"}
-    return client
+    return {k: v for k, v in state.items() if k != "module"}
 
 
 class SafeDeepSpeedStrategy(DeepSpeedStrategy):
@@ -172,25 +149,15 @@ class SafeDeepSpeedStrategy(DeepSpeedStrategy):
         """Every rank writes its DeepSpeed files into a folder beside ``filepath``; rank 0 then swaps it in."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
-        path = Path(self.broadcast(str(filepath)))
-        tmp = folder_beside(path)
-        if self.global_rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            prepare_folder_beside(path)
-        self.barrier("deepspeed_save_prepared")
-        super().save_checkpoint(checkpoint, tmp)
-        self.barrier("deepspeed_save_written")
-        if self.global_rank == 0:
-            swap_folder_in(tmp, path)
-        self.barrier("deepspeed_save_swapped")
+        with saved_beside(self, filepath, "deepspeed") as tmp:
+            super().save_checkpoint(checkpoint, tmp)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a DeepSpeed checkpoint folder (or, with ``load_full_weights``, one file) weights-only.
 
         Raises:
-            ValueError: for ``weights_only=False``, and for a checkpoint refused by
-                :func:`check_deepspeed_checkpoint` (naming its path and why).
+            ValueError: for ``weights_only=False``, and for a checkpoint :func:`check_deepspeed_checkpoint` refuses.
         """
         if weights_only is False:
             raise ValueError(
@@ -216,13 +183,10 @@ class SafeDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 def safe_deepspeed_strategy(strategy: Any) -> Any:
-    """The strategy ``train.py`` runs for ``strategy``: a ``deepspeed*`` name becomes :class:`SafeDeepSpeedStrategy`.
-
-    Any other value is returned as it is.
+    """The strategy ``train.py`` runs: a ``deepspeed*`` name becomes :class:`SafeDeepSpeedStrategy`, others stay.
 
     Raises:
-        ValueError: naming ``trainer.strategy`` for an instance of Lightning's own ``DeepSpeedStrategy`` (or a
-            subclass of it that is not a :class:`SafeDeepSpeedStrategy`), whose saves tear and whose loads unpickle.
+        ValueError: naming ``trainer.strategy`` for Lightning's own ``DeepSpeedStrategy`` (or a non-safe subclass).
     """
     if isinstance(strategy, str) and strategy.startswith("deepspeed") and strategy in StrategyRegistry:
         return SafeDeepSpeedStrategy(**StrategyRegistry[strategy]["init_params"])

@@ -1,11 +1,4 @@
-"""Everything that depends on the distributed strategy: the only place that names DDP, FSDP, FSDP2 or DeepSpeed.
-
-The families ask through these functions: which sharded strategy runs (:func:`sharded_strategy_kind`), whether a
-manual-backward family can run under it (:func:`check_manual_backward_strategy`), how to shard a policy under FSDP2
-(:func:`shard_for_strategy`), how to keep its parameters whole for a generate call (:func:`parameter_gathering`), how
-to skip the gradient reduction of all but the last micro-batch (:func:`gradient_sync`), and the gradient norm of a step
-(:func:`grad_norm_after_step`).
-"""
+"""Everything that depends on the distributed strategy: the only place that names DDP, FSDP, FSDP2 or DeepSpeed."""
 
 from __future__ import annotations
 
@@ -19,14 +12,12 @@ from torch import Tensor, nn
 __all__ = [
     "check_exportable",
     "check_manual_backward_strategy",
-    "engine_grad_norm",
     "fsdp2_gradient_sync",
     "fsdp_wrapped",
     "fully_shard_blocks",
     "full_tensors",
     "grad_norm_after_step",
     "gradient_sync",
-    "is_deepspeed",
     "is_fsdp2",
     "parameter_gathering",
     "shard_for_strategy",
@@ -35,25 +26,16 @@ __all__ = [
 
 
 def sharded_strategy_kind(strategy: Any) -> str | None:
-    """The sharded strategy ``strategy`` is (a subclass of), by its base's name, else None.
-
-    ``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` (FSDP1) or ``"ModelParallelStrategy"`` (FSDP2). Read from the class
-    hierarchy's names, so nothing is imported and a user's subclass counts as the strategy it extends.
-    """
+    """``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` or ``"ModelParallelStrategy"`` by class names, else None."""
     names = {cls.__name__ for cls in type(strategy).__mro__}
     return next((k for k in ("DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy") if k in names), None)
 
 
 def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
-    """FSDP2: shard ``bank`` over the data-parallel mesh when the trainer's strategy gives the module one.
-
-    ``bank`` is a policy bank (its own ``shard(mesh, mp_policy)``) or a transformers model (:func:`fully_shard_blocks`).
-    Call from the LightningModule's ``configure_model``; without a mesh it does nothing. Frozen scorers stay whole on
-    every rank. The strategy's ``mixed_precision_policy``, if any, goes to every unit.
+    """FSDP2 (from ``configure_model``): shard ``bank`` over the module's data-parallel mesh, if it has one.
 
     Raises:
-        ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism (the families shard by FSDP
-            only; :class:`~.strategies.FSDP2Strategy` puts every process in the data-parallel dimension).
+        ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism.
     """
     mesh = getattr(module, "_device_mesh", None)
     if mesh is None:
@@ -77,15 +59,10 @@ def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
 def check_manual_backward_strategy(
     strategy: Any, family: str, grad_clip: float | None, num_optimizers: int = 1
 ) -> None:
-    """Fit a family that runs its backward passes inside ``training_step`` (manual optimization) to the strategy.
+    """Fit a manual-optimization family to the strategy (from ``setup("fit")``, before wrapping).
 
-    Call from the LightningModule's ``setup("fit")``, before the strategy wraps the model.
-
-    * FSDP1 (``FSDPStrategy``) is refused: Lightning runs ``training_step`` inside the root unit's forward, so each
-      backward runs before that forward ends and FSDP's backward hooks assert. FSDP2 runs ``training_step`` outside
-      any forward: the families take it (:func:`shard_for_strategy`).
-    * DeepSpeed: ``grad_clip`` becomes the engine's ``gradient_clipping`` (the engine keeps the gradients in its own
-      partitions, so a clip of ``p.grad`` would see none). It takes exactly one optimizer in Lightning.
+    FSDP1 is refused (its backward hooks assert when a backward runs inside the root's forward). DeepSpeed takes one
+    optimizer, and ``grad_clip`` becomes its ``gradient_clipping`` (the engine holds the gradients).
 
     Raises:
         ValueError: naming ``trainer.strategy``, under FSDP, or under DeepSpeed with more than one optimizer.
@@ -110,29 +87,8 @@ def check_manual_backward_strategy(
             config["gradient_clipping"] = float(grad_clip)
 
 
-def engine_grad_norm(strategy: Any) -> float | None:
-    """The global gradient norm DeepSpeed computed in its last ``step`` (before clipping); None elsewhere."""
-    if sharded_strategy_kind(strategy) != "DeepSpeedStrategy":
-        return None
-    norm = strategy.model.get_global_grad_norm()
-    return None if norm is None else float(norm)
-
-
 def parameter_gathering(strategy: Any, module: nn.Module) -> Callable[[], AbstractContextManager]:
-    """A factory of contexts in which ``module``'s sharded parameters are whole, for generation under sharding.
-
-    Gathering once around the whole ``generate`` call costs one all-gather instead of one per decoded token.
-
-    * DeepSpeed ZeRO-3: :func:`_zero3_whole`.
-    * FSDP1: ``summon_full_params(recurse=True, writeback=False)`` outside a forward; inside one (``training_step``)
-      the root's parameters are already whole and inner units gather themselves, so a no-op.
-    * FSDP2: every ``fully_shard`` unit unsharded once for the block (:func:`_fsdp2_whole`).
-    * Everything else (single device, DDP, ZeRO-1/2 keep whole parameters): a no-op.
-
-    Args:
-        strategy: ``trainer.strategy`` (a subclass of Lightning's strategies counts as its base).
-        module: The module whose parameters generation needs (e.g. a :class:`PolicyBank`).
-    """
+    """A factory of contexts in which ``module``'s sharded parameters are whole (one gather per ``generate``)."""
     kind = sharded_strategy_kind(strategy)
     if kind == "DeepSpeedStrategy":
         stage = (getattr(strategy, "config", None) or {}).get("zero_optimization", {}).get("stage", 0)
@@ -158,8 +114,7 @@ def check_exportable(strategy: Any) -> None:
     """Refuse a strategy :func:`full_tensors` cannot gather from: Lightning's FSDP (FSDP1).
 
     Raises:
-        ValueError: naming ``trainer.strategy``; its original parameters are views of flat shards, and a whole copy
-            needs ``summon_full_params`` over the root unit, which is not done here.
+        ValueError: naming ``trainer.strategy``.
     """
     if sharded_strategy_kind(strategy) == "FSDPStrategy":
         raise ValueError(
@@ -170,12 +125,7 @@ def check_exportable(strategy: Any) -> None:
 
 
 def full_tensors(strategy: Any, tensors: dict[str, Tensor], keep: bool = True) -> dict[str, Tensor]:
-    """Whole CPU copies of ``tensors`` (parameters, by name), gathered from their shards; a collective when sharded.
-
-    Every rank must call it with the same names in the same order; a rank with ``keep=False`` (one that writes
-    nothing) takes part in the gathers and gets ``{}``, holding no copy. FSDP2 parameters (``DTensor``) are all-gathered
-    one by one in their own dtype (the fp32 shards, not a ``param_dtype`` cast); ZeRO-3 parameters are gathered with
-    ``GatheredParameters``; whole parameters (one device, DDP, ZeRO-1/2) are copied.
+    """Whole CPU copies of ``tensors``; a collective (same names, same order; ``keep=False`` gets ``{}``).
 
     Raises:
         ValueError: naming ``trainer.strategy`` under Lightning's FSDP (:func:`check_exportable`).
@@ -199,10 +149,7 @@ def full_tensors(strategy: Any, tensors: dict[str, Tensor], keep: bool = True) -
 
 
 def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> None:
-    """FSDP2 on a transformers model: each block of ``model._no_split_modules`` a unit, then ``model`` the root unit.
-
-    The root keeps its parameters after the forward (the backward needs them at once); a sharded model is left as it
-    is. ``mp_policy``: an FSDP2 ``MixedPrecisionPolicy`` for every unit (None: the parameters' own dtype).
+    """FSDP2: each ``model._no_split_modules`` block a unit, then ``model`` the root unit; a sharded model is kept.
 
     Raises:
         ValueError: for a model without ``_no_split_modules`` (its blocks cannot be found by name).
@@ -224,11 +171,7 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> No
 
 
 def fsdp_wrapped(module: nn.Module) -> str | None:
-    """The class name of the first FSDP unit inside ``module`` (FSDP1's wrapper or FSDP2's ``FSDP<Class>``), or None.
-
-    Such units gather their weights in their own forward hooks, so code that reads weights without calling those
-    forwards must not run on them.
-    """
+    """The first FSDP unit's class name in ``module`` (its weights are gathered by hooks), or None."""
     for m in module.modules():
         if type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
             return type(m).__name__
@@ -243,10 +186,7 @@ def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
 
 @contextmanager
 def _fsdp2_whole(module: nn.Module) -> Iterator[None]:
-    """FSDP2: ``module``'s ``fully_shard`` units whole for the block, each all-gathered once, resharded on exit.
-
-    Reshard-after-forward is off for the block (else every decoded token would gather again), then put back.
-    """
+    """FSDP2: ``module``'s units gathered once, whole for the block (reshard-after-forward off), then resharded."""
     units = _fsdp2_units(module)
     try:
         for unit in units:
@@ -261,10 +201,7 @@ def _fsdp2_whole(module: nn.Module) -> Iterator[None]:
 
 @contextmanager
 def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
-    """FSDP2: turn the gradient reduce-scatter of ``module``'s units off (``enabled=False``) for the block.
-
-    FSDP2's counterpart of DDP's ``no_sync``; a no-op for a module without units or with ``enabled=True``.
-    """
+    """FSDP2's ``no_sync``: the reduce-scatter of ``module``'s units off for the block unless ``enabled``."""
     units = [] if enabled else _fsdp2_units(module)
     try:
         for unit in units:
@@ -277,12 +214,10 @@ def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
 
 @contextmanager
 def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
-    """ZeRO-3: ``module``'s parameters whole for the whole block, gathered once, with DeepSpeed's hooks held off.
+    """ZeRO-3: ``module``'s parameters gathered once for the block.
 
-    ``GatheredParameters`` alone is not enough: DeepSpeed's per-module hooks would re-partition each submodule after
-    its forward, so every token would gather again. So the coordinator releases ``module``, DeepSpeed's own forward
-    hooks are taken off its submodules (others stay) and put back on exit. A model without ZeRO-3 offload state (not
-    yet wrapped) gets the plain gather.
+    DeepSpeed's forward hooks on its submodules would re-partition after each forward (a gather per token), so they are
+    taken off and put back on exit. A model not yet wrapped gets the plain gather.
     """
     import deepspeed
 
@@ -311,30 +246,24 @@ def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
             m._forward_pre_hooks, m._forward_hooks = pre, post
 
 
-def is_deepspeed(strategy: Any) -> bool:
-    """Whether ``strategy`` is (a subclass of) Lightning's DeepSpeed strategy."""
-    return sharded_strategy_kind(strategy) == "DeepSpeedStrategy"
-
-
 def is_fsdp2(strategy: Any) -> bool:
-    """Whether ``strategy`` is (a subclass of) Lightning's ``ModelParallelStrategy`` (FSDP2 ``fully_shard``)."""
+    """Whether ``strategy`` is (a subclass of) Lightning's ``ModelParallelStrategy`` (FSDP2)."""
     return sharded_strategy_kind(strategy) == "ModelParallelStrategy"
 
 
 def grad_norm_after_step(strategy: Any, norm: Tensor) -> Tensor:
-    """The gradient norm to log for a step: DeepSpeed's own (its engine holds the gradients), else ``norm``."""
-    engine = engine_grad_norm(strategy)
-    return norm if engine is None else torch.tensor(engine)
+    """The gradient norm to log for a step: DeepSpeed's own (before clipping), else ``norm``."""
+    if sharded_strategy_kind(strategy) != "DeepSpeedStrategy":
+        return norm
+    engine = strategy.model.get_global_grad_norm()
+    return norm if engine is None else torch.tensor(float(engine))
 
 
 @contextmanager
 def gradient_sync(trainer: Any, module: nn.Module, banks: Sequence[nn.Module], enabled: bool) -> Iterator[None]:
-    """Skip the gradient reduction of a micro-batch unless ``enabled`` (the last micro-batch of a step).
+    """Skip the gradient reduction of a micro-batch unless ``enabled`` (the last of a step).
 
-    * DDP: the wrapped model's ``no_sync``.
-    * FSDP2: each bank's ``fully_shard`` units skip their reduce-scatter (:func:`fsdp2_gradient_sync`).
-    * DeepSpeed: nothing; its engine refuses ``no_sync`` with ZeRO-2/3 and keeps its own accumulation boundary.
-    * One process: nothing.
+    DDP: ``no_sync``; FSDP2: :func:`fsdp2_gradient_sync`; DeepSpeed (keeps its own boundary) and one process: nothing.
     """
     strategy = getattr(trainer, "strategy", None) if trainer is not None else None
     if enabled or strategy is None:
@@ -347,7 +276,8 @@ def gradient_sync(trainer: Any, module: nn.Module, banks: Sequence[nn.Module], e
             yield
         return
     wrapped = strategy.model
-    if wrapped is None or wrapped is module or not hasattr(wrapped, "no_sync") or is_deepspeed(strategy):
+    deepspeed = sharded_strategy_kind(strategy) == "DeepSpeedStrategy"
+    if wrapped is None or wrapped is module or not hasattr(wrapped, "no_sync") or deepspeed:
         yield
         return
     with wrapped.no_sync():

@@ -1,9 +1,4 @@
-"""FSDP2Strategy: Lightning's ``ModelParallelStrategy`` with every process data-parallel, loading partial checkpoints.
-
-``ModelParallelStrategy``'s default would put a node's processes in the tensor-parallel dimension, all reading the
-same batches. Lightning's own loader asks a checkpoint for every tensor (the families drop the frozen base);
-:meth:`FSDP2Strategy.load_checkpoint` loads what the checkpoint holds.
-"""
+"""FSDP2Strategy: ``ModelParallelStrategy`` with every process data-parallel, loading partial checkpoints."""
 
 from __future__ import annotations
 
@@ -27,27 +22,19 @@ METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a shard
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
 
-    A sharded checkpoint (a folder) is written whole into ``.<name>.partial`` beside its target and swapped in by
-    rank 0 (:func:`modules.training.artifacts.swap_folder_in`): a kill at any moment of a save leaves the previous
-    checkpoint whole. It is read without unpickling code (:mod:`modules.distributed.dcp_safe`) and loaded for the
-    tensors it holds, after checking that it holds every trainable one (a ``KeyError`` names the first missing) and
-    no NaN or inf (a ``ValueError`` names the folder and the tensor). A ``.<name>.previous`` that is a symbolic link
-    is never restored (:func:`modules.training.artifacts.recover_folder`). Full checkpoints (one file) load as
-    Lightning does.
-
-    With ``param_dtype`` the shards keep their own dtype (the optimizer's master weights) and every all-gather casts
-    them; use it with the trainer's ``precision: 32-true`` (autocast on top would only add casts).
+    A sharded checkpoint folder is written beside its target and swapped in (a kill mid-save leaves the previous one
+    whole), read without unpickling code (:mod:`modules.distributed.dcp_safe`) and loaded for the tensors it holds,
+    refusing a missing trainable tensor or NaN/inf. Use ``param_dtype`` with ``precision: 32-true``.
 
     Args:
-        save_distributed_checkpoint: Each rank writes its shards to a checkpoint folder (True, the default), or the
-            whole state is gathered to rank 0 and written as one file (False).
+        save_distributed_checkpoint: Each rank writes its shards to a folder (True), or rank 0 writes one file (False).
         process_group_backend: ``"nccl"`` on GPUs, ``"gloo"`` on CPUs by default.
         timeout: Of collective operations.
         param_dtype: Dtype the parameters are gathered and computed in (None: their own).
         reduce_dtype: Dtype gradients are reduced in (None: ``param_dtype``'s).
 
     Raises:
-        ValueError: naming the argument, for a dtype name not in ``modules.lm.models.DTYPES``.
+        ValueError: naming the argument, for a dtype name not in ``MIXED_PRECISION_DTYPES``.
     """
 
     def __init__(
@@ -81,10 +68,9 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        """Write a sharded checkpoint beside ``filepath`` (every rank its shards, rank 0 ``meta.pt``), then swap it in.
+        """Write a sharded checkpoint beside ``filepath`` (shards per rank, ``meta.pt`` on rank 0), then swap it in.
 
-        A one-file checkpoint (``save_distributed_checkpoint=False``) goes through the checkpoint IO (atomic under
-        ``train.py``'s ``AtomicCheckpointIO``).
+        A one-file checkpoint (``save_distributed_checkpoint=False``) goes through the checkpoint IO.
         """
         if not self._save_distributed_checkpoint:
             super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -93,31 +79,18 @@ class FSDP2Strategy(ModelParallelStrategy):
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
         from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save
 
-        from alignment_games.modules.training.artifacts import folder_beside, prepare_folder_beside, swap_folder_in
+        from alignment_games.modules.training.artifacts import saved_beside
 
-        path = Path(self.broadcast(str(filepath)))
-        tmp = Path(folder_beside(path))
-        if self.global_rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            prepare_folder_beside(path)
-        self.barrier("fsdp2_save_prepared")
-        converted = {"state_dict": checkpoint.pop("state_dict")}
-        converted.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
-        _distributed_checkpoint_save(converted, tmp)
-        if self.global_rank == 0:
-            torch.save(checkpoint, tmp / METADATA_FILE)
-        self.barrier("fsdp2_save_written")
-        if self.global_rank == 0:
-            swap_folder_in(tmp, path)
-        self.barrier("fsdp2_save_swapped")
+        with saved_beside(self, filepath, "fsdp2") as tmp:
+            converted = {"state_dict": checkpoint.pop("state_dict")}
+            converted.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+            _distributed_checkpoint_save(converted, Path(tmp))
+            if self.global_rank == 0:
+                torch.save(checkpoint, Path(tmp) / METADATA_FILE)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a sharded checkpoint's model tensors and optimizer states in place; return the rest of it.
-
-        The rest (``meta.pt``) is read with ``weights_only=True`` like every checkpoint of the suite; asking for
-        ``weights_only=False`` raises before anything is loaded.
-        """
+        """Load a sharded checkpoint's tensors and optimizer states in place; return ``meta.pt`` (weights only)."""
         if weights_only is False:
             raise ValueError(
                 f"weights_only: {type(self).__name__} reads sharded checkpoints with weights_only=True only "
@@ -178,7 +151,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         return checkpoint
 
     def _refuse_nonfinite(self, path: Path, part: dict[str, Any]) -> None:
-        """Refuse a sharded checkpoint whose tensors (this rank's shards) hold NaN or inf, on every rank together.
+        """Refuse NaN or inf in this rank's shards, on every rank together.
 
         Raises:
             ValueError: naming the folder and, on the ranks whose shards hold it, the first such tensor.

@@ -1,28 +1,7 @@
-"""Which frozen base a checkpoint was trained on: its path, revision and a sha256 of its config and weights' content.
+"""Which frozen base a checkpoint was trained on: path, revision and a sha256 of its config and weights' content.
 
-A checkpoint keeps the trainable tensors only (adapters over a frozen base, reloaded from its path). Continued on
-another base, or on the same path after its files changed, the adapters would silently train against other weights.
-The identity is ``{"name_or_path", "revision", "sha256", "hashed", "header_sha256"}``:
-
-* ``sha256`` covers ``config.json``, the weights index (``model.safetensors.index.json``,
-  ``pytorch_model.bin.index.json``) and the **content** of every weight file (each shard the index names, else
-  ``model.safetensors``, else ``pytorch_model.bin``), so a same-shape swap of the weights is a different base.
-  ``hashed: "content"`` marks it.
-* Each weight file's sha256 costs nothing at a resume: a file of a snapshot in the hub cache (``HF_HUB_CACHE``) is a
-  link to its repository's blob named by its sha256 (the hub's recorded hash of an LFS file), which is read from
-  the name (a link elsewhere is hashed like any file: it could name any blob); any other file is hashed once
-  and its hash cached by (real path, size, mtime_ns, inode, ctime_ns) in ``~/.cache/alignment-games/`` (or
-  ``$XDG_CACHE_HOME/alignment-games/``). The cache is the user's own, not a file beside the model: a model folder
-  and its parent may be shared or read-only, and a cache others can write could vouch for weights it never saw.
-  The inode and ctime, which a copy or ``touch`` cannot set back, keep a file replaced with its old size and mtime
-  from being taken for the old one. A cache that cannot be read or written is skipped (the file is hashed again).
-  A hub blob changed in place keeps its name; the hub never writes one in place.
-* ``header_sha256`` is the earlier identity's hash (``config.json``, the index, a single ``model.safetensors``
-  file's header). A checkpoint written before the content hash records only that one, and is still compared, on
-  it: it resumes when the config and the weights' names, dtypes and shapes are unchanged (a warning says the
-  weights' content was not verified for it), and is refused naming both bases otherwise.
-
-A hub name is looked up in the local cache only (never downloaded).
+Weight-file hashes come from hub blob names or a cache in the user's own ``~/.cache/alignment-games/`` (a shared one
+could vouch for weights it never saw); ``header_sha256`` is the older identity, still compared for old checkpoints.
 """
 
 from __future__ import annotations
@@ -97,7 +76,7 @@ def weight_files(folder: str) -> list[str]:
 
 
 def _cache_file() -> str | None:
-    """The user's cache of weight files' hashes (see the module's docstring); None without a home to keep it in."""
+    """The user's cache of weight files' hashes; None without a home to keep it in."""
     root = os.environ.get("XDG_CACHE_HOME")
     if not root:
         home = os.path.expanduser("~")
@@ -142,11 +121,7 @@ def _hub_cache() -> str | None:
 
 
 def _hub_blob_sha256(path: str) -> str | None:
-    """The hub's recorded sha256 of a snapshot file: the name of the blob it links to (LFS files only); else None.
-
-    Only a file of a snapshot in the hub cache counts (``<cache>/<repo>/snapshots/<rev>/<file>`` linking to
-    ``<cache>/<repo>/blobs/<sha256>``): a link anywhere else could name any blob it likes.
-    """
+    """The hub's sha256 of a snapshot file: the name of the ``blobs/`` file it links to in the hub cache; else None."""
     cache = _hub_cache()
     if cache is None or not os.path.islink(path):
         return None
@@ -226,11 +201,7 @@ def base_identity(name_or_path: str, revision: str | None = None) -> dict[str, A
 
 
 def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: str) -> None:
-    """Refuse a checkpoint (or an exported adapter) trained on another frozen base than the one given.
-
-    Compared: the revision, and the hash when both sides have one (a path may move; its content must not). An
-    identity written before the content hash (no ``hashed: "content"``) is compared on the earlier hash
-    (``header_sha256``: config, weights index and header) and warned about: the weights' content is not verified.
+    """Refuse a checkpoint or exported adapter trained on another base (revision, hash; old ones: header hash, warned).
 
     Raises:
         ValueError: naming ``where`` and both identities.

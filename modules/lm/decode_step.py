@@ -1,19 +1,4 @@
-"""One decoded token of a Llama-family decoder as plain tensor operations (the CPU grouped decode's step).
-
-The model's own ``forward`` for one token of a small decoder on a CPU spends much of its time outside arithmetic:
-module calls, cache bookkeeping and mask construction. :class:`LeanDecoder` computes the same token with the same
-operations in the same order (RMS-normed pre-norm attention with rotary queries and keys, the MLP, the final norm and
-the output layer) straight from the model's weights: each prompt's keys and values held once for its G rows (the
-cascade of :func:`modules.lm.decoding.cascade_attention`), the rows' own in buffers allocated once. The logits equal
-the model's forward up to float rounding. Measured on the vs_trl policy (hidden 256, 4 layers, 32 rows × 256 tokens,
-2 threads): 4.97 s against 5.38 s through the model's forward with the same cascade (medians of 5 alternating runs).
-
-Only architectures whose layer this repeats exactly are served (:data:`LEAN_MODEL_TYPES`, checked by
-:func:`lean_decode_unsupported`); anything else (an active LoRA layer, sharded or quantised weights, sliding windows,
-query/key norms) decodes through the model's forward. A decode of several players' rows (adapters disabled, each
-row's own LoRA update set by :func:`modules.lm.row_adapters.row_adapters`) is served: its projections add the rows'
-updates.
-"""
+"""One decoded token of a Llama-family decoder as plain tensor operations, without module calls (the CPU step)."""
 
 from __future__ import annotations
 
@@ -29,8 +14,7 @@ from alignment_games.modules.lm.row_adapters import add_row_adapters
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
 
-#: model types whose decoder layer is ``x + o(attn(rope(q), rope(k), v))`` then ``x + down(act(gate) * up)`` on
-#: RMS-normed inputs (Llama's), with the output layer on the final norm
+#: model types with Llama's pre-RMS-norm rotary attention and gated MLP layer
 LEAN_MODEL_TYPES = ("llama", "qwen2")
 
 
@@ -98,16 +82,8 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class LeanDecoder:
     """Decodes ``B·G`` rows continuing ``B`` prompts, one token per :meth:`step`.
 
-    Args:
-        model: A causal LM of :data:`LEAN_MODEL_TYPES` (or a peft model around one with no active adapter).
-        prompt_cache: transformers' cache of the prompts' first ``P`` tokens (``[B, KV, P, D]`` per layer).
-        prompt_mask: ``[B, P]``: 1 on real prompt tokens, 0 on (left) padding.
-        group_size: G rows per prompt (rows ``b*G … b*G + G - 1`` continue prompt ``b``).
-        max_new_tokens: Tokens each row may still write (the buffers' free slots).
-
     Raises:
-        ValueError: naming the reason, for a model :func:`lean_decode_unsupported` refuses, and for a step past
-            ``max_new_tokens``.
+        ValueError: naming the reason :func:`lean_decode_unsupported` gives, or for a step past ``max_new_tokens``.
     """
 
     def __init__(

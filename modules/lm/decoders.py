@@ -1,12 +1,6 @@
-"""How a :class:`~modules.lm.policy_bank.PolicyBank` samples: decoders behind one protocol and one sampling loop.
+"""How a :class:`PolicyBank` samples: decoders behind one protocol (:func:`make_decoder` picks from ``lm.decode``).
 
-:func:`make_decoder` picks the decoder once from ``ModelConfig.decode``: :class:`GenerateDecoder` (transformers'
-``generate``, a group's prompt cache copied to its rows), :class:`GroupedDecoder` (each prompt's cache read once per
-group, see :func:`~modules.lm.decoding.grouped_prefix_attention`; stepped by
-:class:`~modules.lm.decode_step.LeanDecoder` where it serves the model), :class:`StaticDecoder` (the same cascade over
-caches allocated once at full length, compilable) or, for ``auto``, :class:`DeviceDecoder` (grouped on CPU, static
-elsewhere). A cascade decoder hands a decode it cannot serve to ``generate``. The cascades and the mixture sampler
-(:mod:`modules.lm.mixture`) supply each step's logits to :func:`sample_loop`.
+Cascade decoders read each prompt's cache once per group and hand what they cannot serve to ``generate``.
 """
 
 from __future__ import annotations
@@ -57,11 +51,7 @@ def sample_loop(
     eos: int | None,
     pad: int,
 ) -> Tensor:
-    """The sampling loop: ``[prompt | completion]`` rows, ``g`` per left-padded prompt, until every row ends.
-
-    ``step_logits`` is first called with each prompt's last token; sampling is ``generate``'s (the same draws from the
-    global generator, in the same order, see :func:`~modules.lm.decoding.next_tokens`); a row that wrote EOS is padded.
-    """
+    """``[prompt | completion]`` rows, ``g`` per left-padded prompt, sampled as ``generate`` does, then padded."""
     rows = ids.repeat_interleave(g, dim=0)
     position = mask.repeat_interleave(g, dim=0).sum(dim=1, keepdim=True) - 1
     token = rows[:, -1:].contiguous()  # the strides of every later step's token (no recompile when compiled)
@@ -85,27 +75,12 @@ class Decoder(Protocol):
     """Samples ``g`` continuations of each left-padded prompt."""
 
     def decode(self, model: nn.Module, ids: Tensor, mask: Tensor, g: int, sampling: Sampling, greedy: bool) -> Tensor:
-        """``[B·G, W + T]`` rows: prompt ``b``'s ids ``[W]`` then a completion, rows ``b*G … b*G + G - 1``.
-
-        Args:
-            model: The causal LM, in eval mode.
-            ids: ``[B, W]`` left-padded prompt ids.
-            mask: ``[B, W]`` their attention mask.
-            g: Rows per prompt (G).
-            sampling: Temperature, nucleus and length.
-            greedy: Arg-max tokens instead of sampled ones.
-        """
+        """``[B·G, W + T]`` rows: prompt ``b``'s ids ``[W]`` then a completion, rows ``b*G … b*G + G - 1``."""
         ...
 
 
 class GenerateDecoder:
-    """transformers' ``generate``; a group's prompt (but its last token) prefilled once, its cache copied to the rows.
-
-    Args:
-        eos: The tokenizer's EOS id.
-        pad: Its pad id.
-        share_prompts: Prefill each prompt once for its rows (off under activation checkpointing: no cache).
-    """
+    """transformers' ``generate``; a group's prompt (but its last token) prefilled once, its cache copied per row."""
 
     def __init__(self, eos: int | None, pad: int, share_prompts: bool = True) -> None:
         self.eos, self.pad, self.share_prompts = eos, pad, share_prompts
@@ -140,16 +115,7 @@ def _cascade_ok(model: nn.Module) -> bool:
 
 
 class GroupedDecoder:
-    """Each prompt's cache held once for its G rows (``grouped_prefix_attention``), the rows' own tokens growing.
-
-    Stepped by :class:`~modules.lm.decode_step.LeanDecoder` where it serves the model (``lean``), else through the
-    model's forward. Decodes it cannot serve go to ``fallback``: no shared prompt cache, a prompt of one token, an
-    attention backend the cascade cannot stand in for, or G = 1 without LeanDecoder.
-
-    Args:
-        fallback: The ``generate`` decoder (its EOS and pad ids are used here too).
-        lean: Step through LeanDecoder where it serves the model; False keeps the model's forward.
-    """
+    """Each prompt's cache held once for its G rows, stepped by ``LeanDecoder`` if ``lean`` and it serves the model."""
 
     def __init__(self, fallback: GenerateDecoder, lean: bool = True) -> None:
         self.fallback, self.lean = fallback, lean
@@ -186,16 +152,7 @@ class GroupedDecoder:
 
 
 class StaticDecoder(GroupedDecoder):
-    """The grouped cascade over caches allocated once at full length (:mod:`modules.lm.static_decode`).
-
-    Each prompt's cache is held once for its G rows, the rows' own keys go to ``max_new_tokens`` preallocated slots,
-    and every step has the same shapes, so with ``compile`` the step runs under ``torch.compile`` (CUDA graphs on
-    CUDA); a compiled decoder keeps its caches (fixed addresses) for the next call of the same shapes.
-
-    Args:
-        fallback: The ``generate`` decoder.
-        compile: Compile the step (``lm.compile_decode``).
-    """
+    """The grouped cascade over full-length caches (:mod:`modules.lm.static_decode`), compiled with ``compile``."""
 
     #: prompt widths are padded to a multiple of this in a compiled decode (one graph per bucket)
     bucket = 64
@@ -224,7 +181,7 @@ class StaticDecoder(GroupedDecoder):
                 static_decode.mark_static(caches)
                 self.caches = caches
             if self.compiled is None:
-                self.compiled = static_decode.compiled_step(ids.device)
+                self.compiled = torch.compile(static_decode.step_logits, **static_decode.compile_options(ids.device))
             step_fn = self.compiled
         slot = caches[0].step
 
@@ -237,10 +194,7 @@ class StaticDecoder(GroupedDecoder):
 
 
 class DeviceDecoder:
-    """``lm.decode: auto``: ``cpu`` on CPU, ``other`` elsewhere.
-
-    Grouped on CPU (where copying the prompt cache was a third of ``generate``'s time), static on GPU.
-    """
+    """``lm.decode: auto``: ``cpu`` on CPU (grouped), ``other`` elsewhere (static)."""
 
     def __init__(self, cpu: Decoder, other: Decoder) -> None:
         self.cpu, self.other = cpu, other

@@ -1,8 +1,4 @@
-"""Decoding that reads each prompt once for its samples: grouped cascade attention, and a prefilled prompt cache.
-
-:func:`grouped_prefix_attention` is registered with transformers' attention interface; :class:`PolicyBank` switches a
-decode to it for sampled groups (see :mod:`modules.lm.decoders`).
-"""
+"""Decoding that reads each prompt once for its samples: grouped cascade attention, and a prefilled prompt cache."""
 
 from __future__ import annotations
 
@@ -43,11 +39,7 @@ def cache_arg(model: nn.Module) -> str:
 
 @contextmanager
 def cascade_state(model: nn.Module, attention: str, layers: Mapping[int, Any]) -> Iterator[None]:
-    """Run ``model`` on the registered ``attention``, each attention module holding its layer's state as ``cascade``.
-
-    The state of one decode (``layers[i]`` for the module of ``layer_idx`` i) travels with the model's own modules for
-    the duration of the decode; the backend is restored and the state dropped afterwards, also on error.
-    """
+    """Run ``model`` on ``attention``, each attention module holding its ``layers[layer_idx]`` (restored after)."""
     base = base_model(model)
     modules = [m for m in base.modules() if isinstance(getattr(m, "layer_idx", None), int) and m.layer_idx in layers]
     previous = base.config._attn_implementation
@@ -72,18 +64,7 @@ def grouped_prefix_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Attention of G samples per prompt that reads each prompt's keys and values once (cascade attention).
-
-    The rows ``b*G … b*G + G - 1`` continue prompt ``b``. Their prompt part lives once per prompt in
-    ``module.cascade`` (keys and values ``[B, KV, P, D]``, the additive padding mask ``[B, 1, P]``; set by
-    :func:`cascade_state`), their own tokens in the cache (``key``/``value``: ``[B·G, KV, t, D]``). The scores against
-    both parts share one softmax (a common maximum, one denominator), so the result equals attention over the
-    prompt's cache copied to every row, as :meth:`PolicyBank.generate` did before, up to float rounding, while the
-    prompt's keys are read once per group instead of G times, and grouped-query heads are never copied. Queries
-    after the first (``q > 1``) are causal within the row's own tokens. Registered with transformers'
-    ``AttentionInterface``; ``attention_mask`` is ignored (the prompt's padding is in ``module.cascade``, the own tokens
-    are never padding while decoding).
-    """
+    """Cascade attention of G rows per prompt over ``module.cascade`` (each prompt's keys once) and the rows' own."""
     keys, values, pad = module.cascade
     return cascade_attention(query, keys, values, pad, key, value, scaling), None
 
@@ -98,22 +79,7 @@ def cascade_attention(
     scaling: float | None = None,
     own_mask: Tensor | None = None,
 ) -> Tensor:
-    """Attention of ``[B·G, H, q, D]`` queries over a prompt part held once per prompt and each row's own part.
-
-    Args:
-        query: ``[B·G, H, q, D]``; rows ``b*G … b*G + G - 1`` continue prompt ``b``.
-        keys: The prompts' keys ``[B, KV, P, D]``.
-        values: The prompts' values ``[B, KV, P, D]``.
-        pad: Additive mask of the prompt part ``[B, 1, P]`` (``-inf`` on padding).
-        key: The rows' own keys ``[B·G, KV, t, D]``.
-        value: The rows' own values ``[B·G, KV, t, D]``.
-        scaling: Score scale; ``None``: ``D ** -0.5``.
-        own_mask: Additive mask ``[t]`` of the own part, shared by every row (``-inf`` on slots not yet written, as
-            a cache allocated at full length has); ``None``: every own slot is valid (causal within them for q > 1).
-
-    Returns:
-        ``[B·G, q, H, D]`` in the query's dtype.
-    """
+    """``[B·G, q, H, D]``: queries over a prompt part ``[B, KV, P, D]`` held once and each row's own, one softmax."""
     n, h, q, d = query.shape
     b, kvh, p, _ = keys.shape
     g, rep = n // b, h // kvh
@@ -143,12 +109,7 @@ def cascade_attention(
 def next_tokens(
     logits: Tensor, step: int, min_new_tokens: int, eos: int | None, do_sample: bool, temperature: float, top_p: float
 ) -> Tensor:
-    """The next token of every row from its last logits ``[N, V]``, as transformers' ``generate`` draws it.
-
-    EOS is held back for the first ``min_new_tokens`` steps; sampling divides by the temperature, keeps the top-p
-    nucleus and draws with ``torch.multinomial`` from the global generator (the draws of ``generate``, in its order,
-    so a seeded run and a resumed one give the same tokens); greedy takes the arg-max.
-    """
+    """The next token of every row from its last logits ``[N, V]``, drawn as ``generate`` draws it."""
     logits = logits.to(dtype=torch.float32)
     if step < min_new_tokens and eos is not None:
         logits[:, eos] = float("-inf")
@@ -165,11 +126,7 @@ def next_tokens(
 
 
 def preallocated_cache(capacity: int) -> Any:
-    """A transformers ``DynamicCache`` whose layers write each token into buffers of ``capacity`` tokens in place.
-
-    ``DynamicCache`` concatenates the whole cache with every token (a copy of it per decoded token, a quadratic cost
-    over a reply: 14% of a CPU decode at 128 tokens); these layers allocate once, on their first update, and hand out
-    views of the filled part, so attention reads exactly the tokens written so far.
+    """A ``DynamicCache`` whose layers write into buffers of ``capacity`` tokens in place (no copy per token).
 
     Raises:
         ValueError: when more than ``capacity`` tokens are written to a layer.
@@ -203,10 +160,7 @@ def preallocated_cache(capacity: int) -> Any:
 
 
 def _register_grouped_attention(name: str = GROUPED_ATTENTION, function: Any = None) -> bool:
-    """Register an attention (by default :func:`grouped_prefix_attention`) and a no-op mask with transformers.
-
-    False where this transformers has no attention interface.
-    """
+    """Register an attention (default :func:`grouped_prefix_attention`) and a no-op mask; False where unsupported."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
@@ -230,27 +184,14 @@ def prompt_forward(model: Any, ids: Tensor, mask: Tensor, end: int) -> tuple[Any
 
 
 def shared_prompt_cache(model: Any, ids: Tensor, mask: Tensor, copies: int) -> dict[str, Any]:
-    """``generate``'s cache argument: the prompts' cache but for their last token, each prefilled once, ``copies`` rows.
-
-    As :class:`~modules.lm.decoders.GenerateDecoder` shares a prompt among its samples: positions from the
-    (left-padded) mask, then ``batch_repeat_interleave``; ``generate`` runs the last token.
-    """
+    """``generate``'s cache argument: each prompt but its last token prefilled once, repeated ``copies`` times."""
     cache, _ = prompt_forward(model, ids, mask, ids.shape[1] - 1)
     cache.batch_repeat_interleave(copies)
     return {cache_arg(model): cache}
 
 
 def prompt_cache(model: Any, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor]:
-    """KV cache of each left-padded prompt ``ids`` ``[B, W]`` but its last token, and the mask of its ``W - 1`` columns.
-
-    In a decode of several players' prompts (``model._row_players``, set by
-    :func:`~modules.lm.row_adapters.row_adapters`) where a player has several prompts, the prompts' longest common
-    prefix (a judge template's instructions; at most all but each prompt's last token) is prefilled once per player,
-    its keys and values handed to that player's rows, and then each row's rest is prefilled over them. The columns are
-    then ``[prefix | padding | rest]`` instead of ``[padding | prompt]``, every token at its own position (from the
-    mask), so attention over them reads the same keys and values (up to float rounding). Otherwise each whole prompt
-    is prefilled (:func:`prompt_forward`).
-    """
+    """KV cache of each left-padded prompt but its last token (a shared prefix once per player), and its mask."""
     end = ids.shape[1] - 1
     players = getattr(model, "_row_players", None)
     lengths = mask.sum(dim=1)

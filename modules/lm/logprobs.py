@@ -1,16 +1,6 @@
 """Log-probabilities of chosen tokens under a causal LM's head, in memory bounded by a chunk of tokens.
 
-A causal LM's ``forward`` projects every kept position onto the whole vocabulary: at a vocabulary of 151,936 entries
-``[N, T, V]`` fp32 logits are tens of GB, and autograd keeps them (and the log-softmax's copies) until the backward.
-Here the model runs with its output layer fed no positions (:func:`head_inputs` captures the final hidden states that
-layer was given), then :func:`head_token_logprobs` applies the output layer to a chunk of tokens at a time, takes the
-fp32 log-softmax and keeps only the chosen token's entry. Each chunk runs under non-reentrant activation checkpointing,
-so nothing of size ``V`` is kept for the backward, which recomputes one chunk's logits at a time: peak memory is
-O(chunk × V), not O(N × T × V).
-
-The output layer is called as the module the model holds (a LoRA-wrapped head, tied embeddings, DeepSpeed's or
-FSDP2's parameter gathering all apply as in the model's own forward), and it computes in the weights' dtype as the
-model would; only the log-softmax is in fp32.
+The head runs on a checkpointed chunk at a time, so peak memory is O(chunk × V), not O(N × T × V) fp32 logits.
 """
 
 from __future__ import annotations
@@ -29,11 +19,9 @@ from alignment_games.modules.lm.decoding import base_model
 __all__ = ["LOGIT_CHUNK_BYTES", "chunk_tokens_for", "head_inputs", "head_token_logprobs", "output_layer"]
 
 LOGIT_CHUNK_BYTES = 128 * 2**20
-"""Default size of one chunk's fp32 logits (about 220 tokens at a vocabulary of 151,936): large enough that the
-matrix products stay efficient on a GPU, small enough that a few copies of it are a fraction of a GPU's memory."""
+"""Default size of one chunk's fp32 logits (about 220 tokens at a vocabulary of 151,936)."""
 
-# logit transforms some architectures apply after the output layer that a bare head call would miss; the chunked path
-# reproduces final_logit_softcapping (Gemma 2/3) and refuses the multiplicative scales it has not been tested against
+# logit scales a bare head call would miss (final_logit_softcapping is reproduced instead)
 _UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling")
 
 
@@ -65,14 +53,7 @@ def _softcap(model: nn.Module) -> float | None:
 
 @contextmanager
 def head_inputs(model: nn.Module) -> Iterator[list[Tensor]]:
-    """Within the block, ``model``'s output layer gets no positions; the hidden states it was given are collected.
-
-    Each forward of ``model`` in the block appends the final hidden states the output layer would have projected
-    (``[rows, kept positions, H]``, after ``logits_to_keep``) to the yielded list, and returns empty logits
-    ``[rows, 0, V]``: the projection onto the vocabulary is left to :func:`head_token_logprobs`. Capturing inside the
-    model's own forward keeps the hidden states the model computes (final norm, adapters, sharded parameters
-    gathered by the strategy's hooks) without naming its decoder.
-    """
+    """Within the block, ``model``'s output layer gets no positions (empty logits); its inputs are collected."""
     seen: list[Tensor] = []
 
     def keep_none(module: nn.Module, args: tuple) -> tuple:
@@ -126,25 +107,11 @@ def head_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int | None = None,
 ) -> Tensor:
-    """``log softmax(head(hidden) / T)[target]`` per token, fp32, shaped like ``targets``, a chunk at a time.
-
-    Args:
-        model: The causal LM (or the peft model around it) whose output layer gives the logits.
-        hidden: ``[..., H]`` final hidden states (from :func:`head_inputs`).
-        targets: ``[...]`` token ids, one per hidden state.
-        temperature: Divides the logits before the log-softmax.
-        chunk_tokens: Tokens per chunk; ``None``: :func:`chunk_tokens_for` the vocabulary.
-
-    Returns:
-        fp32 log-probabilities shaped like ``targets``, with gradients to ``hidden`` and the head's trainable
-        parameters when gradients are enabled.
+    """``log softmax(head(hidden) / T)[target]`` per token, fp32, a checkpointed chunk at a time.
 
     Raises:
-        ValueError: for a model without output embeddings, or one whose config scales its logits
-            (``logit_scale``, ``logits_scaling``), which a bare call of the output layer would leave out.
-
-    With gradients enabled each chunk is checkpointed: its logits are freed after the forward and recomputed in the
-    backward with the adapter the forward used, even when another player's adapter is active by then.
+        ValueError: for a model without output embeddings, or whose config scales its logits (``logit_scale``,
+            ``logits_scaling``).
     """
     head = output_layer(model)
     softcap = _softcap(model)
@@ -161,9 +128,7 @@ def head_token_logprobs(
     for start in range(0, flat_h.shape[0], step):
         h, t = flat_h[start : start + step], flat_t[start : start + step]
         if grad:
-            # no metadata check of the recomputed tensors: a strategy that partitions parameters (ZeRO-3) saves the
-            # head's weight as its Parameter, whose data it swaps out after the recompute and back before the
-            # head's backward, so the check would see the swapped-out shape; the values are the forward's
+            # no metadata check: ZeRO-3 swaps the head weight's data out after the recompute (values are the same)
             lp = checkpoint(
                 _chunk_logprobs,
                 head,

@@ -1,9 +1,4 @@
-"""Row chunks (micro-batches) of a rollout's forward passes: at most a number of rows, and of padded tokens, a chunk.
-
-Pure: row lengths in, ``(start, stop)`` row ranges out. :meth:`modules.lm.policy_bank.PolicyBank.token_logprobs`, the
-GRPO update (``modules.grpo``) and the pool's GRPO followers chunk with :func:`micro_batches`, so a
-``policy_gradient.max_tokens_per_micro_batch`` budget bounds every forward the same way.
-"""
+"""Row chunks (micro-batches) of a rollout's forward passes: at most a number of rows, and of padded tokens, a chunk."""
 
 from __future__ import annotations
 
@@ -15,16 +10,7 @@ __all__ = ["micro_batches", "row_lengths"]
 
 
 def row_lengths(attention_mask: Tensor, prompt_width: int, completion_mask: Tensor) -> tuple[list[int], list[int]]:
-    """Each row's prompt span and completion tokens: the columns a forward of the row alone needs.
-
-    The prompt span runs from the row's first real prompt token to the prompt's end (prompts are left-padded, so it
-    is the prompt's token count); the completion count is the mask's sum (completions are right-padded).
-
-    Args:
-        attention_mask: ``[N, P + C]``.
-        prompt_width: ``P``.
-        completion_mask: ``[N, C]``.
-    """
+    """Each row's prompt span (left-padded: its token count) and completion tokens (the mask's sum)."""
     prompt = attention_mask[:, :prompt_width].bool()
     first = prompt.int().argmax(dim=1)  # the first real prompt column (0 when the row has none: see below)
     span = (prompt_width - first) * prompt.any(dim=1)
@@ -38,38 +24,12 @@ def micro_batches(
     max_rows: int = 0,
     group_size: int = 1,
 ) -> list[tuple[int, int]]:
-    """Consecutive row ranges, in the given order, each within ``max_tokens`` padded tokens and ``max_rows`` rows.
+    """``(start, stop)`` row ranges in order, each within ``max_tokens`` padded tokens and ``max_rows`` rows (0: none).
 
-    A chunk's padded cost is its rows × (its longest prompt span + its longest completion, at least 1): the width of
-    the chunk's forward once the columns that are padding in all its rows are dropped (left-padded prompts, right-padded
-    completions; an all-empty chunk still runs one completion column). Chunks are filled greedily. Both limits apply
-    when both are set (0: no limit; neither: one chunk of every row).
-
-    Groups (``group_size`` > 1 dividing the row count: consecutive rows sharing one prompt, which ``token_logprobs``
-    then runs once per group) stay whole: ``max_rows`` is rounded up to whole groups, and a chunk ends on a group
-    boundary. A group whose rows alone exceed ``max_tokens`` is cut into chunks of its own rows (its prompt then runs
-    once per row), so only a single row over the budget is refused.
-
-    The order is the caller's: this function never sorts. A caller may sort rows by length first (fewer padded tokens
-    in each chunk, fewer chunks) when each row's part of its result does not depend on the others': a per-row
-    ``token_logprobs``, or GRPO's loss, a mean over rows of per-row sequence means, where each chunk's mean weighted by
-    its share of the rows (``accumulate`` of :mod:`modules.base`) sums to the whole batch's mean in any order. Every
-    per-row tensor (advantages, old and reference log-probabilities) must then be permuted with the rows. A loss
-    normalised over all tokens of the batch (a token mean) would need token weights instead of row weights.
-
-    Args:
-        prompt_lengths: Each row's prompt span (:func:`row_lengths`).
-        completion_lengths: Each row's completion tokens.
-        max_tokens: Padded tokens per chunk at most (``policy_gradient.max_tokens_per_micro_batch``; 0: no limit).
-        max_rows: Rows per chunk at most (0: no limit).
-        group_size: Rows per prompt group.
-
-    Returns:
-        ``[(start, stop), ...]`` covering ``0 … N`` in order.
+    Groups (one shared prompt) stay whole unless one alone exceeds ``max_tokens``; never sorts.
 
     Raises:
-        ValueError: a negative limit, lengths that differ in number, or a row whose own cost exceeds ``max_tokens``
-            (naming ``max_tokens_per_micro_batch``, the row and its length).
+        ValueError: a negative limit, lengths that differ in number, or a row whose own cost exceeds ``max_tokens``.
     """
     n = len(prompt_lengths)
     if len(completion_lengths) != n:

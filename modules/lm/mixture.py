@@ -36,12 +36,6 @@ def generate_mixture(
 ) -> Rollout:
     """Sample ``num_samples`` completions per prompt from ``π^β ∝ π_player^{1−β} π_ref^β``, token by token.
 
-    Each step runs the player and the reference (the disabled adapter, or the frozen copy) on the same prefix, each
-    with its own KV cache, tempers both logits by ``sampling.temperature`` and mixes the two log-distributions
-    (:func:`~modules.algorithms.baselines.geometric_mixture_logprobs`); the sampling loop of every decode
-    (:func:`~modules.lm.decoders.sample_loop`) applies top-p to the mixture and samples. Rows, masks and texts are
-    laid out as :meth:`PolicyBank.generate` lays them out.
-
     Raises:
         ValueError: for ``beta`` outside [0, 1] or ``num_samples`` < 1.
     """

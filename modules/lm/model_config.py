@@ -1,14 +1,4 @@
-"""How a family loads its language model: one dataclass for every family (the role of TRL's ``ModelConfig``).
-
-In a config it is the ``lm`` argument of GRPO, debate, deep-SMIDA, the pool and SFT::
-
-    lm:
-      name_or_path: Qwen/Qwen2.5-1.5B-Instruct
-      dtype: auto                 # bf16 frozen base on a bf16 GPU, fp32 on CPU (docs/precision.md)
-      attn_implementation: sdpa
-      load_in_4bit: true          # QLoRA: a 4-bit frozen base under the adapters (bitsandbytes, CUDA)
-      lora_r: 16
-"""
+"""How a family loads its language model: one dataclass for every family (``lm:`` in configs, TRL's ``ModelConfig``)."""
 
 from __future__ import annotations
 
@@ -36,20 +26,13 @@ class ModelConfig:
     Attributes:
         name_or_path: Hub name, local folder, or ``builtin:`` alias, read by ``from_pretrained``.
         revision: Hub revision (branch, tag or commit); ``None``: the default branch.
-        dtype: Weights dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16`` (``fp32``/``bf16``/``fp16`` too).
-            ``auto``: a frozen model (the base under the adapters, a frozen reference copy) in ``bfloat16`` on a CUDA
-            device with bf16, everything else in ``float32`` (trainable weights, every model on CPU). LoRA adapters
-            are ``float32`` whatever the base's dtype, so their optimizer moments are too.
-        tf32: On a CUDA machine, fp32 matmuls run on TF32 tensor cores (``set_float32_matmul_precision("high")``);
-            ``false`` asks for full fp32 (``"highest"``). Nothing changes on CPU.
+        dtype: ``auto`` (frozen weights bf16 on a bf16 CUDA device, else fp32), ``float32``, ``bfloat16``, ``float16``.
+        tf32: On CUDA, fp32 matmuls on TF32 tensor cores; ``false``: full fp32. Nothing changes on CPU.
         attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` lets transformers choose.
         trust_remote_code: Run the repository's own model code; off unless you trust the repository.
-        load_in_4bit: NF4 quantisation of the frozen base through bitsandbytes (QLoRA; CUDA only). Needs
-            ``players: lora``.
+        load_in_4bit: NF4 quantisation of the frozen base (QLoRA; bitsandbytes, CUDA only; ``players: lora``).
         gradient_checkpointing: Trade compute for activation memory.
-        players: ``lora``: every player an adapter over one frozen base, the disabled adapter the reference;
-            ``separate``: full fine-tuning, a trainable full copy per player and one frozen reference copy (the
-            Stackelberg paper's App. G.4 setting, "LoRA disabled"; the ``lora_*`` fields are then unused).
+        players: ``lora`` (adapters over one frozen base) or ``separate`` (a full trainable copy each, App. G.4).
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling numerator (scale ``lora_alpha / lora_r``).
         lora_dropout: LoRA dropout.
@@ -57,15 +40,8 @@ class ModelConfig:
         lora_modules_to_save: Modules trained in full beside the adapters (e.g. ``lm_head``).
         lora_extra: More ``peft.LoraConfig`` fields (e.g. ``{use_rslora: true}``), passed as they are.
         max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
-        decode: How a policy samples: ``generate`` (transformers' ``generate``, a group's prompt cache copied to each
-            of its rows), ``grouped`` (each prompt's cache read once per group, a growing cache of the rows' own
-            tokens; Llama-family models stepped by ``LeanDecoder``), ``grouped_forward`` (the same, always through the
-            model's own forward), ``static`` (the same cascade over caches allocated once at full length: fixed shapes
-            that ``torch.compile`` and CUDA graphs can serve) or ``auto`` (``grouped`` on CPU, ``static`` on GPU). A
-            decode the chosen cascade cannot serve (a one-token prompt, gradient checkpointing, an attention backend
-            other than sdpa or eager, G = 1 for ``grouped_forward``) runs ``generate``.
-        compile_decode: Compile the per-token forward of the ``static`` decode with ``torch.compile`` (CUDA graphs
-            through ``mode="reduce-overhead"`` on CUDA). Needs ``decode`` ``static`` or ``auto``.
+        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static`` or ``auto`` (see :mod:`modules.lm.decoders`).
+        compile_decode: ``torch.compile`` the ``static`` decode's step (CUDA graphs on CUDA).
     """
 
     name_or_path: str
@@ -111,7 +87,7 @@ class ModelConfig:
 
     @classmethod
     def coerce(cls, value: ModelConfig | dict[str, Any] | str) -> ModelConfig:
-        """A ``ModelConfig`` from itself, a dict of its fields (as checkpoints store it) or a bare name or path.
+        """A ``ModelConfig`` from itself, a dict of its fields or a bare name or path.
 
         Raises:
             ValueError: naming an unknown field.
@@ -142,10 +118,7 @@ class ModelConfig:
         )
 
     def load_model(self, task: Literal["encoder", "causal_lm"] = "causal_lm", frozen: bool = False) -> nn.Module:
-        """The model through ``from_pretrained`` with every loading option (and TF32 set on CUDA, see ``tf32``).
-
-        ``frozen``: no parameter of it will be trained, so it may load in 4 bits, and in bf16 under ``dtype: auto``.
-        """
+        """The model with every loading option (TF32 set on CUDA); ``frozen`` allows 4 bits and bf16 under ``auto``."""
         set_tf32(self.tf32)
         return load_model(
             self.name_or_path,
@@ -173,11 +146,7 @@ class ModelConfig:
         )
 
     def with_adapters(self, model: nn.Module, adapter_names: Sequence[str]) -> nn.Module:
-        """``model`` frozen and wrapped in peft with one adapter per name (see :func:`modules.lm.models.apply_lora`).
-
-        Every adapter (and every module trained in full beside them) is held in fp32 whatever the base's dtype, so the
-        optimizer's moments are fp32 too; peft itself casts only the first adapter it makes.
-        """
+        """``model`` frozen and wrapped in peft with one adapter per name, every adapter held in fp32."""
         model.requires_grad_(False)
         wrapped = apply_lora(model, self.lora_config(), adapter_names=list(adapter_names))
         for name, p in wrapped.named_parameters():

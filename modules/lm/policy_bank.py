@@ -1,10 +1,4 @@
-"""Language-model players on one frozen base: LoRA adapters per player, the disabled adapter as the reference.
-
-:class:`PolicyBank` batches :meth:`~PolicyBank.generate` (all prompts × samples of a player in one call, or of several
-players, each row with its own adapter: :meth:`~PolicyBank.generate_each`) and :meth:`~PolicyBank.logprobs`
-(completion tokens only, for a player or the frozen reference with ``player=None``).
-With ``players="separate"`` each player is a full trainable copy and one frozen copy serves as the reference.
-"""
+"""Language-model players on one frozen base: LoRA adapters (or full copies), the disabled adapter as the reference."""
 
 from __future__ import annotations
 
@@ -28,19 +22,13 @@ from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.row_adapters import plain_lora_layers, row_adapters
 from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.lm.text import render_chat
 
 __all__ = ["PolicyBank"]
 
 
 class PolicyBank(nn.Module):
-    """The players of a game over one base model.
-
-    Args:
-        lm: Where the causal LM comes from and how it is loaded; ``lm.players`` says how the players are held:
-            ``"lora"`` (adapters over one frozen base, loaded in 4 bits with ``lm.load_in_4bit``) or ``"separate"``
-            (a trainable copy each + one frozen reference copy).
-        players: Player names (e.g. ``["leader", "follower"]``).
-    """
+    """The players of a game over one base model (``lm.players``: ``lora`` or ``separate``)."""
 
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
@@ -69,33 +57,16 @@ class PolicyBank(nn.Module):
         self.logit_chunk_tokens: int | None = None
 
     def use_strategy(self, strategy: Any) -> None:
-        """Fit generation to the trainer's strategy (call from the LightningModule's ``setup``).
-
-        Sharded strategies gather the parameters once per ``generate`` call and keep the adapters unmerged.
-        """
+        """Fit generation to the trainer's strategy (from ``setup``): one gather per ``generate``."""
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded_strategy_kind(strategy) is None
         dtype = frozen_weights_dtype(strategy)
-        if dtype is not None:
-            self.cast_frozen(dtype)
-
-    def cast_frozen(self, dtype: torch.dtype) -> int:
-        """Hold the frozen weights (the base under the adapters, the reference copy) in ``dtype``; return how many.
-
-        Under Lightning's ``bf16-mixed`` (``use_strategy`` calls this) autocast would cast frozen fp32 weights again
-        at every forward and every decoded token, since it caches casts of trainable weights only. Adapters and
-        trainable copies keep their dtype (fp32), and so do their optimizer moments.
-        """
-        self._all_players_trainable()
-        frozen = self.model if self.mode == "lora" else self.reference
-        return cast_frozen_parameters(frozen, dtype)
+        if dtype is not None:  # frozen weights held in dtype: autocast would recast them at every forward
+            self._all_players_trainable()
+            cast_frozen_parameters(self.model if self.mode == "lora" else self.reference, dtype)
 
     def shard(self, mesh: Any, mp_policy: Any = None) -> None:
-        """FSDP2 (``fully_shard``) over ``mesh``: each decoder block a unit, then each causal LM the root unit.
-
-        The blocks are the architecture's ``_no_split_modules`` (see :func:`fully_shard_blocks`). In LoRA mode the one
-        base model is sharded, in separate mode every copy and the reference; idempotent. A sharded bank never swaps
-        merged weights in for generation (FSDP2 owns the parameters). ``mp_policy``: FSDP2's ``MixedPrecisionPolicy``.
+        """FSDP2 over ``mesh``: each decoder block a unit, each causal LM the root (:func:`fully_shard_blocks`).
 
         Raises:
             ValueError: for an architecture without ``_no_split_modules`` (its blocks cannot be found by name).
@@ -126,16 +97,11 @@ class PolicyBank(nn.Module):
             self.model.set_adapter(player)
             self._all_players_trainable()
             yield self.model
-        # peft's set_adapter / disable_adapter freeze the inactive adapters; a graph built earlier with another
-        # player would then lose its gradients at backward time, so every player is made trainable again.
+        # peft freezes the inactive adapters, which would cut gradients of a graph built with another player
         self._all_players_trainable()
 
     def mixes_players(self, players: Sequence[str | None]) -> bool:
-        """Whether one :meth:`generate` can decode rows of all ``players`` together, each with its own adapter.
-
-        True for adapters over one base (``lm.players: lora``) whose LoRA layers are plain (see
-        :func:`~modules.lm.row_adapters.plain_lora_layers`); ``None`` is the frozen reference.
-        """
+        """Whether one :meth:`generate` can decode all ``players``' rows together (plain LoRA over one base)."""
         if self.mode != "lora":
             return False
         return all(p is None or plain_lora_layers(self.model, p) is not None for p in set(players))
@@ -144,15 +110,11 @@ class PolicyBank(nn.Module):
     def for_generation(
         self, player: str | None, row_players: list[str | None] | None = None, group: int = 1
     ) -> Iterator[nn.Module]:
-        """The player as :meth:`using` gives it, with its LoRA update merged into fresh weights when allowed.
+        """The player as :meth:`using` gives it, its LoRA update merged into fresh weights when allowed.
 
-        ``W + s·BA`` computed once per ``generate`` call makes the adapter free per token. The merged weights are new
-        tensors swapped in and the originals put back, so the frozen base is bit-for-bit untouched (an in-place merge
-        and unmerge would not be). Off under sharded strategies (``merge_for_generation``).
-
-        ``row_players`` (one per prompt, each prompt's ``group`` rows following it): the base with adapters disabled,
-        and each row's own adapter added to its rows by :func:`~modules.lm.row_adapters.row_adapters` (one decode of
-        several players).
+        The merged weights are swapped in and the originals put back, so the base stays bit-for-bit untouched.
+        ``row_players`` (one per prompt of ``group`` rows): adapters disabled, each row's own added by
+        :func:`~modules.lm.row_adapters.row_adapters`.
         """
         if row_players is not None:
             with self.using(None) as model, row_adapters(model, row_players, group):
@@ -186,9 +148,7 @@ class PolicyBank(nn.Module):
     def chat(self, system: str | None, user: str) -> str:
         """Render one conversation turn with the tokenizer's chat template, ready for the assistant's reply."""
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+        return render_chat(self.tokenizer, messages, add_generation_prompt=True)
 
     def encode_prompts(self, prompts: Sequence[str]) -> dict[str, Tensor]:
         """``input_ids`` and ``attention_mask`` ``[B, W]`` of the left-padded prompts, cut to ``max_prompt_tokens``."""
@@ -223,15 +183,11 @@ class PolicyBank(nn.Module):
     ) -> Rollout:
         """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
 
-        ``player`` is one player (``None``: the frozen reference), or one per prompt: then the prompts of several
-        players decode together, each row with its own player's adapter (see :meth:`mixes_players`;
-        :meth:`generate_each` splits such a decode back per player). ``greedy``: arg-max tokens, ``sampling``'s length
-        only; an argument, not a :class:`Sampling` field, since only evaluation and judges decode greedily: each
-        configured ``Sampling`` (families, ``HFJudge``, the mixture sampler) is honoured whole, none ignoring a field.
+        ``player``: one player (``None``: the reference), or one per prompt, decoded together with each row's own
+        adapter (see :meth:`mixes_players`). ``greedy``: arg-max tokens, ``sampling``'s length only.
 
         Raises:
-            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode
-                together.
+            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode together.
             KeyError: naming an unknown player of the list.
         """
         row_players = None
@@ -265,13 +221,7 @@ class PolicyBank(nn.Module):
         sampling: Sampling,
         greedy: bool = False,
     ) -> list[Rollout]:
-        """:meth:`generate` of each ``(player, prompts)`` request, the requests decoded in one batch where possible.
-
-        Where :meth:`mixes_players` allows, all requests' prompts go through one decode, each row with its own
-        player's adapter, and the result is split back per request (:meth:`Rollout.split`): with greedy decoding each
-        rollout equals its own :meth:`generate` token for token (up to float rounding of the unmerged adapters); with
-        sampling the draws come from the same global generator in one batch. Otherwise one :meth:`generate` per
-        request. ``sampling`` and ``greedy`` are :meth:`generate`'s.
+        """:meth:`generate` of each ``(player, prompts)`` request, in one decode split back where :meth:`mixes_players`.
 
         Raises:
             ValueError: naming a request without prompts.
@@ -292,12 +242,8 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        No ``[N, C, V]`` logits are held: the model runs to its final hidden states and the completion's logits are
-        formed ``logit_chunk_tokens`` at a time, recomputed in the backward (:mod:`modules.lm.logprobs`). Rows run in
-        the chunks of :func:`~modules.lm.micro_batches.micro_batches` (at most ``micro_batch`` rows and ``max_tokens``
-        padded tokens; 0: no limit), a group sharing one prompt (G > 1) running it once. A chunk runs only the columns
-        its rows use (from its longest prompt to its longest completion); exact, since positions come from each full
-        row's mask. Gradients flow unless under ``no_grad``; ``player=None`` is the frozen reference.
+        No ``[N, C, V]`` logits are held (:mod:`modules.lm.logprobs`). Rows run in :func:`micro_batches` chunks
+        (0: no limit), a group's shared prompt once, each chunk over the columns it uses. ``player=None``: reference.
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)

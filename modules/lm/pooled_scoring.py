@@ -1,17 +1,4 @@
-"""Sequence-classifier scores with the last decoder layer run only where its output is read.
-
-A decoder-only classifier (``…ForSequenceClassification``) reads one position per row: the rightmost token that is
-not padding. Every layer but the last must run at every position (later positions attend to them), but the last
-layer's output is read only there, so at the other positions it needs only its keys and values. :func:`pooled_scores`
-runs the last layer that way: keys and values at every position, the query, attention, output projection and MLP at
-the pooled position only; :func:`prefix_cache` (a prefix that later tokens continue) runs no query there at all.
-The scores equal the full forward up to float rounding. The saving is about half of a 2-layer classifier's work,
-``1/L`` of an ``L``-layer one.
-
-Only layers whose computation :class:`_PooledLastLayer` repeats exactly are replaced (:data:`POOLED_MODEL_TYPES`:
-pre-norm attention with rotary embeddings and an MLP, no sliding window, no query/key norms); any other model runs
-its own full forward.
-"""
+"""Sequence-classifier scores with the last decoder layer's query, MLP and output run only at the pooled position."""
 
 from __future__ import annotations
 
@@ -49,10 +36,7 @@ def supports_pooled_last_layer(model: nn.Module) -> bool:
 
 
 def pooled_positions(input_ids: Tensor, pad_token_id: int | None) -> Tensor:
-    """Each row's pooled position: the rightmost token that is not ``pad_token_id`` (transformers' rule).
-
-    Without a pad token every row is read at its last position.
-    """
+    """Each row's pooled position: the rightmost token that is not ``pad_token_id`` (the last without one)."""
     n, width = input_ids.shape
     if pad_token_id is None:
         return torch.full((n,), width - 1, dtype=torch.long, device=input_ids.device)
@@ -66,11 +50,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class _PooledLastLayer(nn.Module):
-    """Stands in for a decoder layer: keys and values everywhere, the rest only at ``positions`` (``None``: no query).
-
-    Returns the input hidden states with the pooled rows' positions replaced by the layer's output there; the other
-    positions are left as they came in (nothing reads them).
-    """
+    """Stands in for a decoder layer: keys and values everywhere, the rest at ``positions`` (``None``: none)."""
 
     def __init__(self, layer: nn.Module, positions: Tensor | None, key_mask: Tensor) -> None:
         super().__init__()
@@ -128,14 +108,7 @@ def _last_layer_replaced(model: nn.Module, positions: Tensor | None, key_mask: T
 
 
 def pooled_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Tensor:
-    """``model(input_ids, attention_mask, **kwargs).logits`` (pooled scores ``[N, num_labels]``), last layer pooled.
-
-    Args:
-        model: A sequence classifier (pooled at the rightmost non-pad token), in eval mode.
-        input_ids: ``[N, T]``.
-        attention_mask: ``[N, S]`` over a cache's keys and these tokens (``S = T`` without a cache).
-        kwargs: Passed to the model (``position_ids``, the cache).
-    """
+    """``model(input_ids, attention_mask, **kwargs).logits`` (``[N, num_labels]``), its last layer pooled."""
     if not supports_pooled_last_layer(model):
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
     positions = pooled_positions(input_ids, model.config.pad_token_id)
@@ -144,10 +117,7 @@ def pooled_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
 
 
 def prefix_cache(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Any:
-    """The KV cache of ``model``'s backbone over a prefix that later tokens continue (nothing of it is pooled).
-
-    The last layer writes its keys and values and, where :func:`supports_pooled_last_layer`, computes nothing else.
-    """
+    """The KV cache of ``model``'s backbone over a prefix that later tokens continue (its last layer runs no query)."""
     replaced = _last_layer_replaced(model, None, attention_mask) if supports_pooled_last_layer(model) else nullcontext()
     with replaced:
         out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)

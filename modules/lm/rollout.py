@@ -1,8 +1,4 @@
-"""Sampled sequences of a player: :class:`Rollout`, as :meth:`~modules.lm.policy_bank.PolicyBank.generate` returns them.
-
-Rows are a left-padded prompt then the completion; :meth:`Rollout.split` cuts a decode of several players' prompts back
-into each player's own, :meth:`Rollout.rows` selects rows.
-"""
+"""Sampled sequences of a player: :class:`Rollout`, as :meth:`PolicyBank.generate` gives them."""
 
 from __future__ import annotations
 
@@ -18,17 +14,7 @@ __all__ = ["Rollout"]
 
 @dataclass
 class Rollout:
-    """Sampled sequences of one player.
-
-    Attributes:
-        sequences: ``[N, P + C]`` token ids: left-padded prompt (width P) then completion (right-padded).
-        attention_mask: ``[N, P + C]``.
-        prompt_width: P.
-        completion_mask: ``[N, C]``: 1 on completion tokens up to and including the first EOS.
-        texts: Decoded completions.
-        group_size: Consecutive rows that share one prompt (``num_samples`` of :meth:`PolicyBank.generate`; 1 when
-            unknown).
-    """
+    """Sampled sequences of one player: ``[N, P + C]`` left-padded prompts then completions (``completion_mask``)."""
 
     sequences: Tensor
     attention_mask: Tensor
@@ -39,11 +25,7 @@ class Rollout:
 
     @classmethod
     def from_decode(cls, sequences: Tensor, prompt_mask: Tensor, group_size: int, tokenizer: Any) -> Rollout:
-        """The rollout of decoded rows ``[N, P + C]`` after prompts of mask ``prompt_mask`` ``[N, P]``.
-
-        The completion is every token up to and including the first EOS (generating EOS is an action too); pads only
-        follow a finished row's EOS, a pad token sampled mid-reply is an action like any other.
-        """
+        """Rows ``[N, P + C]`` decoded after prompts of mask ``[N, P]``; each completion ends at its first EOS."""
         width = prompt_mask.shape[1]
         completion = sequences[:, width:]
         is_eos = completion == tokenizer.eos_token_id
@@ -58,11 +40,7 @@ class Rollout:
         return sum(1 for t in self.texts if not t.strip())
 
     def split(self, counts: Sequence[int]) -> list[Rollout]:
-        """Consecutive pieces of ``counts[i]`` prompts each (``group_size`` rows a prompt), each as decoded alone.
-
-        A piece keeps only its own widest prompt and its own longest completion (the columns before and after are
-        padding in every row of it), so a piece of a decode of several players' prompts (:meth:`PolicyBank.generate`
-        with a player per prompt) has the shapes a decode of its prompts alone gives.
+        """Consecutive pieces of ``counts[i]`` prompts each, each with the shapes a decode of its prompts alone gives.
 
         Raises:
             ValueError: when the counts do not add up to the rollout's prompts.
@@ -91,10 +69,9 @@ class Rollout:
         return pieces
 
     def rows(self, index: slice | Sequence[int] | Tensor, group_size: int | None = None) -> Rollout:
-        """The rows ``index`` (a slice, or row numbers in order), prompt width kept.
+        """The rows ``index`` (a slice, or row numbers), prompt width kept.
 
-        ``group_size`` of the result: the one given; else, for a slice, this rollout's when the slice cuts no prompt
-        group, and 1 otherwise or for row numbers.
+        ``group_size``: the one given, else this rollout's for a slice that cuts no group, else 1.
         """
         if isinstance(index, slice):
             start, stop, _ = index.indices(self.sequences.shape[0])

@@ -1,13 +1,6 @@
-"""Several players' LoRA adapters in one decode: each row gets its own player's update over the disabled-adapter base.
+"""Several players' LoRA adapters in one decode: each row its own player's update over the disabled-adapter base.
 
-:meth:`~modules.lm.policy_bank.PolicyBank.generate` with a player per prompt runs the base with adapters disabled
-inside :func:`row_adapters`, which hooks every LoRA layer to add each row its own player's update
-(:func:`add_row_adapters`); :class:`~modules.lm.decode_step.LeanDecoder` adds them in its own projections.
-
-The players' adapters of a layer are stacked once per decode (``A`` of all of them as one ``[Σr, in]`` matrix, ``B``
-scaled as one ``[out, Σr]``), so a forward adds every row's update with two matrix products and a row mask that keeps
-each row's own player's block: a fixed number of operations whatever the number of players or how their rows
-interleave (a loop over runs of rows cost several small operations per run, per layer, per token).
+A layer's adapters are stacked once, so every row's update costs two matrix products and a row mask.
 """
 
 from __future__ import annotations
@@ -23,11 +16,7 @@ __all__ = ["add_row_adapters", "plain_lora_layers", "row_adapters"]
 
 
 def plain_lora_layers(model: nn.Module, player: str) -> list[nn.Module] | None:
-    """``player``'s LoRA layers in ``model`` when all are plain LoRA on ``nn.Linear``, else ``None``.
-
-    The form ``W + s·BA`` (merged into the weights, or added per row by :func:`row_adapters`) holds for those only, not
-    for DoRA, a LoRA bias, embeddings or convolutions.
-    """
+    """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (the form ``W + s·BA``), else ``None``."""
     from peft.tuners.lora import LoraLayer
 
     layers = [m for m in model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
@@ -44,12 +33,9 @@ def plain_lora_layers(model: nn.Module, player: str) -> list[nn.Module] | None:
 def row_adapters(model: nn.Module, players: Sequence[str | None], group: int) -> Iterator[None]:
     """Each row's own adapter in a decode of several players' prompts over the base with adapters disabled.
 
-    ``players[i]`` is prompt ``i``'s player (``None``: no adapter, the frozen reference); its ``group`` rows
-    (``i*group …``) follow it. Every LoRA layer gets its players' stacked adapters (see the module's docstring), a
-    row mask for inputs of one row per prompt (the prefill), one for ``len(players) · group`` rows, and, where a
-    player has several prompts, one for a row per player in order of first appearance (a shared prompt prefix, see
-    :func:`~modules.lm.decoding.prompt_cache`), and a forward hook that adds the update to its base output
-    (:func:`add_row_adapters`). The players are kept on ``model._row_players``. All is removed on exit.
+    ``players[i]``: prompt ``i``'s player (``None``: the reference), its ``group`` rows following it. Every LoRA layer
+    gets row masks for one row per prompt, per row, and (shared prompt prefix) per player, and a hook adding the
+    update; the players are kept on ``model._row_players``. All is removed on exit.
     """
     from peft.tuners.lora import LoraLayer
 
@@ -90,10 +76,7 @@ def _row_mask(who: Sequence[str | None], own: list[str], ranks: list[int], like:
 
 
 def add_row_adapters(module: nn.Module, x: Tensor, out: Tensor) -> Tensor:
-    """Add to ``out`` (the base layer's output for ``x``) each row's own LoRA update (set by :func:`row_adapters`).
-
-    The update is peft's ``lora_B(lora_A(x)) · scaling`` (no dropout: generation runs in eval mode) of the row's
-    player, through the stacked adapters and the row mask; a row of no adapter here gets none.
+    """Add to ``out`` (the base layer's output for ``x``) each row's own LoRA update (no dropout).
 
     Raises:
         RuntimeError: naming the row counts, for an input whose rows are neither the prompts' nor the samples'.

@@ -11,9 +11,7 @@ __all__ = ["Sampling"]
 class Sampling:
     """Temperature, nucleus and length of the sampled completions a family trains on.
 
-    The temperature is also the one the policy's log-probabilities are computed at, so the ratios of the policy
-    gradient refer to the distribution that was sampled. Each family gives its own default instance (its paper's
-    values); a config overrides single fields (``--model.init_args.sampling.top_p 0.9``), the rest keep the family's.
+    Each family gives its own default; a config overrides single fields (``--model.init_args.sampling.top_p 0.9``).
 
     Attributes:
         temperature: Softmax temperature of sampling and of the log-probabilities (> 0).

@@ -1,15 +1,8 @@
-"""Static-cache grouped decoding: every cache allocated once at full length, so each decoded token has one shape.
-
-The cascade of :mod:`modules.lm.decoding` (a group's prompt keys read once, never copied to its rows) over caches
-that do not grow: the prompt part padded to a bucket, the rows' own part ``max_new_tokens`` slots long with the
-unwritten slots masked. Every step runs the same shapes on the same buffers, which is what ``torch.compile`` and CUDA
-graphs (``mode="reduce-overhead"``) need to serve it. :class:`~modules.lm.decoders.StaticDecoder` runs it
-(``lm.decode: static``, the GPU default).
-"""
+"""Static-cache grouped decoding: caches allocated once at full length, the fixed shapes ``torch.compile`` needs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +18,7 @@ STATIC_ATTENTION = "alignment_games_static_cascade"
 
 @dataclass
 class StaticCascade:
-    """One layer's caches of a static decode.
-
-    Attributes:
-        prefix_keys: ``[B, KV, Pb, D]``: each prompt's keys once, padded to the bucket ``Pb``.
-        prefix_values: ``[B, KV, Pb, D]``.
-        prefix_mask: ``[B, 1, Pb]`` additive: ``-inf`` on the prompt's padding and the bucket's.
-        own_keys: ``[B·G, KV, T, D]``: the rows' own tokens, slot ``s`` written at step ``s``; zeros before.
-        own_values: ``[B·G, KV, T, D]``.
-        step: ``[1]`` int64: the slot the running step writes (the same tensor in every layer, set in place).
-    """
+    """One layer's caches: prompt keys/values/mask once per prompt (bucket-padded), the rows' own, the step."""
 
     prefix_keys: Tensor
     prefix_values: Tensor
@@ -56,9 +40,7 @@ def static_cascade_attention(
 ) -> tuple[Tensor, None]:
     """Write this step's key and value into slot ``step`` of the own cache, then attend over both parts.
 
-    Registered with transformers' ``AttentionInterface`` as :data:`STATIC_ATTENTION`; the model runs without a cache
-    of its own (``use_cache=False``), so ``key``/``value`` are this token's only (``[B·G, KV, 1, D]``).
-    ``attention_mask`` is ignored: the prompt's padding is in the prefix mask, the own slots are masked by ``step``.
+    The model runs with ``use_cache=False``; ``attention_mask`` is ignored (the masks are in the cache).
     """
     s = module.cascade  # this layer's StaticCascade (see modules.lm.decoding.cascade_state)
     s.own_keys.index_copy_(2, s.step, key.to(s.own_keys.dtype))
@@ -84,18 +66,7 @@ def build_caches(
     bucket: int,
     reuse: dict[int, StaticCascade] | None = None,
 ) -> dict[int, StaticCascade]:
-    """Static caches of every layer filled from the prefilled prompt cache (``P = width - 1`` tokens per prompt).
-
-    Args:
-        prompt_cache: transformers' cache of the prompts' first ``P`` tokens (``layers[i].keys``: ``[B, KV, P, D]``).
-        prompt_mask: ``[B, P]`` attention mask of those tokens (0 on left padding).
-        group: Rows per prompt (G).
-        max_new_tokens: Own slots per row (T): the prompt's last token, then the tokens written.
-        bucket: The prompt part is padded up to a multiple of it, so that prompt widths within a bucket share one
-            shape (one compiled graph); 1: no padding.
-        reuse: Caches of an earlier call; refilled in place when every shape, dtype and device matches, so a
-            compiled step keeps its buffers' addresses (no recompile, no CUDA-graph re-record).
-    """
+    """Static caches of every layer filled from the prompt cache; ``reuse`` refilled in place when shapes match."""
     b, p = prompt_mask.shape
     pb = -(-p // bucket) * bucket
     layers = prompt_cache.layers
@@ -114,15 +85,9 @@ def build_caches(
     else:
         step = torch.zeros(1, dtype=torch.long, device=device)
         mask = torch.empty(shapes[1], device=device)
+        empty = functools.partial(torch.empty, dtype=dtype, device=device)
         caches = {
-            i: StaticCascade(
-                torch.empty(shapes[0], dtype=dtype, device=device),
-                torch.empty(shapes[0], dtype=dtype, device=device),
-                mask,
-                torch.empty(shapes[2], dtype=dtype, device=device),
-                torch.empty(shapes[2], dtype=dtype, device=device),
-                step,
-            )
+            i: StaticCascade(empty(shapes[0]), empty(shapes[0]), mask, empty(shapes[2]), empty(shapes[2]), step)
             for i in range(len(layers))
         }
     first = caches[0]
@@ -149,11 +114,6 @@ def step_logits(model: nn.Module, token: Tensor, position: Tensor) -> Tensor:
 def compile_options(device: torch.device) -> dict[str, Any]:
     """``torch.compile`` keywords of the decode step: CUDA graphs on CUDA (``reduce-overhead``), inductor elsewhere."""
     return {"mode": "reduce-overhead" if device.type == "cuda" else "default", "dynamic": False}
-
-
-def compiled_step(device: torch.device) -> Callable[[nn.Module, Tensor, Tensor], Tensor]:
-    """:func:`step_logits` under ``torch.compile`` with :func:`compile_options` (compiles on its first call)."""
-    return torch.compile(step_logits, **compile_options(device))
 
 
 def mark_static(caches: dict[int, StaticCascade]) -> None:

@@ -1,12 +1,4 @@
-r"""A byte-level BPE tokenizer trained on the generated arithmetic task, digits one per token.
-
-The byte tokenizer (:func:`~modules.lm.models.build_byte_tokenizer`) spends one token per character, so a tiny model
-trained on a CPU sees few problems per second. Merging the task's frequent words (names, items, ``<think>``,
-``\boxed``) makes sequences about 2.8 times shorter; numbers stay one token per digit so that the model adds digit by
-digit instead of memorising a token per number. Every string still round-trips (byte-level), the special tokens and
-the chat template are the byte tokenizer's, and the folder it is saved to loads through
-:func:`~modules.lm.models.load_tokenizer` like any Hugging Face tokenizer.
-"""
+r"""A byte-level BPE tokenizer trained on the generated arithmetic task, digits one per token (2.8 times shorter)."""
 
 from __future__ import annotations
 
@@ -14,15 +6,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from alignment_games.modules.algorithms.arithmetic import generate_problems, make_think_response
+from alignment_games.modules.lm.models import SPECIAL_TOKENS, with_specials
 
 __all__ = ["SPECIAL_TOKENS", "build_task_tokenizer", "task_corpus"]
 
-#: The byte tokenizer's specials, at the same ids (0-3): end of text, chat turn open and close, padding
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # problems of the corpus: a seed no datamodule uses, so the tokenizer sees none of the held-out questions
 CORPUS_SEED = 4_000_037
 
@@ -49,15 +36,10 @@ def build_task_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 7
         texts: Training text; ``None``: :func:`task_corpus` with its defaults (deterministic).
         vocab_size: Entries in all: the 4 specials, the 256 byte symbols and the learnt merges.
 
-    Returns:
-        A ``PreTrainedTokenizerFast`` with the byte tokenizer's specials (``eos`` ``<|endoftext|>``, ``pad``
-        ``<|pad|>``) and chat template.
-
     Raises:
         ValueError: for ``vocab_size`` below 260 (the specials and the byte alphabet).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(SPECIAL_TOKENS) + len(alphabet):
@@ -72,11 +54,4 @@ def build_task_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 7
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False
     )
     core.train_from_iterator(task_corpus() if texts is None else texts, trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token=SPECIAL_TOKENS[0],
-        pad_token=SPECIAL_TOKENS[3],
-        additional_special_tokens=SPECIAL_TOKENS[1:3],
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    return with_specials(core)

@@ -1,7 +1,4 @@
-"""Tokenising (prompt, response) sequences for scoring models, shared by datamodules and modules.
-
-The datamodule and a frozen scorer must tokenise identically, so both call :func:`encode_prompt_responses`.
-"""
+"""Tokenising (prompt, response) sequences for scoring models: datamodules and frozen scorers share one encoding."""
 
 from __future__ import annotations
 
@@ -27,13 +24,7 @@ __all__ = [
 
 @dataclass
 class EncodedSequences:
-    """Token ids (and token type ids where the tokenizer has them) of (prompt, response) sequences.
-
-    Attributes:
-        input_ids: One list of ids per sequence.
-        token_type_ids: Same shape, or ``None``.
-        truncated: Indices of the sequences whose prompt was cut to fit ``max_length``.
-    """
+    """Token ids (and token type ids, or ``None``) of (prompt, response) sequences, and the truncated rows."""
 
     input_ids: list[list[int]]
     token_type_ids: list[list[int]] | None
@@ -43,16 +34,7 @@ class EncodedSequences:
 def encode_prompt_responses(
     tokenizer, prompts: Sequence[str], responses: Sequence[str], max_length: int, warn: bool = True
 ) -> EncodedSequences:
-    """Tokenise each (prompt, response) as a pair; when too long, cut the prompt from the left and count it.
-
-    The response (what is judged) is kept whole when it fits; a response longer than ``max_length`` is cut as well.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer.
-        prompts: Prompt texts.
-        responses: Response texts (same length as ``prompts``).
-        max_length: Maximum tokens per sequence, special tokens included.
-        warn: Emit one warning with the count of truncated sequences.
+    """Tokenise each (prompt, response) pair; one too long is cut from the prompt's left first, counted and warned of.
 
     Raises:
         ValueError: when lengths differ or ``max_length`` is too small to hold anything.
@@ -126,10 +108,7 @@ def fill_template(template: str, **values: str) -> str:
 
 
 def plain_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-    """The plain rendering for tokenizers without a chat template: one ``role: content`` line per message.
-
-    With ``add_generation_prompt`` the text ends in ``"assistant: "``, so a reply rendered as the suffix of the whole
-    conversation (:func:`datamodules.formats.render_prompt_completion`) is the reply's content and a newline.
+    """One ``role: content`` line per message, for tokenizers without a chat template (then ``"assistant: "``).
 
     Example:
         >>> plain_chat([{"role": "user", "content": "Hi?"}], add_generation_prompt=True)

@@ -1,9 +1,6 @@
-"""One writer for a run's artifacts (reports, evaluation records, figures, checkpoint folders): never a torn one.
+"""One writer for a run's artifacts (reports, records, figures, checkpoint folders): never a torn one.
 
-Files go through a temporary beside them and ``os.replace``. Folders (a sharded checkpoint, a ``save_pretrained``
-model) are written whole into a folder beside the target and swapped in by two renames (the old one aside, the new
-one in); a kill between the two leaves the old one whole under ``.<name>.previous``, which :func:`recover_folder`
-puts back before the next read or write.
+Folders are swapped in by two renames; a kill between them leaves ``.<name>.previous`` for :func:`recover_folder`.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from alignment_games.callbacks.functional.files import fsync_dir
@@ -25,21 +23,17 @@ __all__ = [
     "prepare_folder_beside",
     "recover_folder",
     "recover_folder_on_rank_zero",
+    "saved_beside",
     "swap_folder_in",
     "write_error",
 ]
 
-#: called with "written" (the new folder complete, nothing renamed yet) and "old_aside" (between the two renames);
-#: tests set it to kill the process at those moments
+#: called with "written" and "old_aside" (between the two renames); tests set it to kill the process there
 SWAP_HOOK: Callable[[str], None] | None = None
 
 
 def write_error(err: OSError, path: str | os.PathLike) -> OSError:
-    """``err`` as an ``OSError`` of the same errno (and class) whose message names ``path``, the file being written.
-
-    A full disk (``ENOSPC``) or a lost mount raise with no file name, or with a temporary's; the run's own path is
-    what the reader needs. Raise it ``from err``.
-    """
+    """``err`` as an ``OSError`` of the same errno whose message names ``path`` (a full disk names no file)."""
     detail = err.strerror or str(err) or type(err).__name__
     if err.filename is not None and os.fspath(err.filename) != os.fspath(path):
         detail += f" ({os.fspath(err.filename)})"
@@ -48,13 +42,10 @@ def write_error(err: OSError, path: str | os.PathLike) -> OSError:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``.
-
-    A reader (or a run killed mid-write) sees the old file or the new one, never a part.
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace`` (never a part).
 
     Raises:
-        OSError: naming ``path`` (:func:`write_error`) when it cannot be written (a full disk); ``path`` is left
-            as it was.
+        OSError: naming ``path`` (:func:`write_error`) when it cannot be written; ``path`` is left as it was.
     """
     path = os.fspath(path)
     folder = os.path.dirname(path) or "."
@@ -109,12 +100,9 @@ def _outside(previous: str, folder: str) -> bool:
 
 
 def recover_folder(path: str | os.PathLike) -> bool:
-    """Finish or undo a swap a kill interrupted: the old ``path`` back when only it survived, leftovers removed.
+    """Finish or undo a swap a kill interrupted (rank 0, no save running); return whether the old version was put back.
 
-    Call from one process only (rank 0), with no save of ``path`` in progress. Returns whether the old version was
-    put back. A ``.<name>.previous`` that is a symbolic link, or resolves outside ``path``'s folder, is never put
-    back (a swap only ever renames a real folder aside; a link would put whatever it points to in the checkpoint's
-    place): it is refused and left as it is.
+    A ``.<name>.previous`` that is a symbolic link or resolves outside the folder is never put back.
 
     Raises:
         ValueError: naming the ``.previous`` link and where it points.
@@ -142,19 +130,14 @@ def recover_folder(path: str | os.PathLike) -> bool:
 def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier: str) -> None:
     """:func:`recover_folder` on ``strategy``'s rank 0 before a load; every rank then meets at ``barrier``.
 
-    Args:
-        strategy: The Lightning strategy (its ``global_rank``, ``broadcast`` and ``barrier``).
-        path: The checkpoint folder about to be read.
-        barrier: The barrier's name.
-
     Raises:
-        ValueError: ``recover_folder``'s refusal (a ``.previous`` link), on every rank: none waits for rank 0.
+        ValueError: ``recover_folder``'s refusal, on every rank (none waits for rank 0).
     """
     refused = None
-    if strategy.global_rank == 0:  # a save killed between its two renames: the previous checkpoint back in place
+    if strategy.global_rank == 0:
         try:
             recover_folder(path)
-        except ValueError as err:  # a .previous link refused: every rank raises it, none waits for rank 0
+        except ValueError as err:
             refused = str(err)
     refused = strategy.broadcast(refused)
     if refused:
@@ -191,11 +174,26 @@ def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
+def saved_beside(strategy: Any, filepath: Any, name: str) -> Iterator[str]:
+    """Every rank writes a checkpoint into the folder beside ``filepath`` yielded here; rank 0 then swaps it in."""
+    path = Path(strategy.broadcast(str(filepath)))
+    tmp = folder_beside(path)
+    if strategy.global_rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prepare_folder_beside(path)
+    strategy.barrier(f"{name}_save_prepared")
+    yield tmp
+    strategy.barrier(f"{name}_save_written")
+    if strategy.global_rank == 0:
+        swap_folder_in(tmp, path)
+    strategy.barrier(f"{name}_save_swapped")
+
+
+@contextlib.contextmanager
 def atomic_folder(path: str | os.PathLike) -> Iterator[str]:
     """Write a folder whole or not at all: yields an empty folder beside ``path``, swapped in when the block ends.
 
-    On an exception in the block the new folder is removed and ``path`` is left as it was (an ``OSError`` is raised
-    again naming ``path``, :func:`write_error`). One process only.
+    On an exception the new folder is removed and ``path`` left as it was (an ``OSError`` names ``path``).
 
     Example:
         >>> with atomic_folder("out/model") as tmp:  # doctest: +SKIP

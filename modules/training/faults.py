@@ -1,13 +1,6 @@
 """Non-finite losses, utilities, rewards and gradients: skip the update, log and count it, stop after too many in a row.
 
-:meth:`NonFiniteGuard.check_finite` returning ``False`` means: return without an update. The decision is taken for
-all ranks together, so DDP never waits for a backward that one rank skipped. :meth:`NonFiniteGuard.check_gradients`
-does the same for the gradients after a backward (a finite loss can still give a NaN gradient, as an fp16/bf16
-overflow in the backward does): the manual families call it from ``LanguageModelGame.optimizer_step``, the automatic
-ones through :class:`AutomaticStepGuard`. A streak of skips ends only when an update is applied
-(:meth:`NonFiniteGuard.record_update`). Stopping raises ``RuntimeError``, after which Lightning writes no checkpoint:
-the last periodic one, from before the failing streak, stays as it was, and :func:`refuse_nonfinite_checkpoint`
-makes sure no checkpoint ever holds a non-finite trainable tensor or optimizer moment.
+Decisions are taken for all ranks together, so DDP never waits for a backward one rank skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ __all__ = [
     "forget_earlier_step_values",
     "nonfinite_entries",
     "refuse_nonfinite_checkpoint",
-    "require_trainable_tensors",
     "reset_stale_epoch_metrics",
 ]
 
@@ -61,18 +53,9 @@ def count_nonfinite(tensors: Iterable[Tensor | None]) -> tuple[int, int]:
 
 
 def nonfinite_entries(checkpoint: dict[str, Any], minus_inf_allowed: Iterable[str] = ()) -> list[str]:
-    """Where a checkpoint's floating tensors hold NaN or inf, in order: ``state_dict`` first, then the optimizers.
+    """Where a checkpoint's floating tensors (``state_dict``, then optimizer states) hold NaN or inf.
 
-    Checks every floating tensor of ``checkpoint["state_dict"]`` and of each optimizer's per-parameter ``state``
-    (Adam's ``exp_avg``/``exp_avg_sq``, ...); integer tensors (step counts) and other values are skipped.
-
-    Args:
-        checkpoint: A Lightning checkpoint dict.
-        minus_inf_allowed: ``state_dict`` names whose ``-inf`` entries are valid (log-probabilities of zero); NaN
-            and ``+inf`` are still found there.
-
-    Returns:
-        Each offending entry as ``state_dict['name']`` or ``optimizer_states[i].state[param]['key']``.
+    ``-inf`` is allowed in the ``state_dict`` names ``minus_inf_allowed`` (log-probabilities of zero).
     """
     allowed = set(minus_inf_allowed)
     found = []
@@ -91,12 +74,7 @@ def nonfinite_entries(checkpoint: dict[str, Any], minus_inf_allowed: Iterable[st
 
 
 def refuse_nonfinite_checkpoint(checkpoint: dict[str, Any], family: str) -> None:
-    """Raise when the checkpoint's weights or optimizer moments hold a NaN or inf, before anything is written.
-
-    Call it at the end of ``on_save_checkpoint`` (after the frozen weights were dropped). The skip of non-finite
-    gradients keeps such values out of the weights; this is the last line: a checkpoint that ``--ckpt_path last``
-    would resume from must never carry them. Checks what :func:`nonfinite_entries` checks. A checkpoint read back
-    is checked the same way (:func:`modules.checkpoints.trust.check_checkpoint_matches`).
+    """Raise when the checkpoint's weights or optimizer moments hold NaN or inf (end of ``on_save_checkpoint``).
 
     Raises:
         RuntimeError: naming the first tensors with non-finite values.
@@ -110,29 +88,8 @@ def refuse_nonfinite_checkpoint(checkpoint: dict[str, Any], family: str) -> None
         )
 
 
-def require_trainable_tensors(checkpoint: dict[str, Any], trainable: set[str]) -> None:
-    """Raise naming the first missing names when ``checkpoint["state_dict"]`` lacks any of ``trainable``.
-
-    The modules save only what trains and load non-strictly. A checkpoint without a ``state_dict`` (DeepSpeed, whose
-    engine restored its own shards) is not checked.
-
-    Raises:
-        KeyError: listing up to five missing tensor names.
-    """
-    if "state_dict" not in checkpoint:
-        return
-    missing = sorted(trainable - set(checkpoint["state_dict"]))
-    if missing:
-        raise KeyError(f"checkpoint lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}")
-
-
 def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:
-    """Reset ``metrics`` (torchmetrics, persistent) at the start of a training epoch unless it resumes mid-epoch.
-
-    Call from ``on_train_epoch_start``, where Lightning's batch counter still holds the batches of this epoch already
-    trained: strictly between 0 and the epoch's length only after a mid-epoch resume (sums kept). Returns whether it
-    reset (an end-of-epoch checkpoint holds the finished epoch's sums, which must not leak into the next).
-    """
+    """Reset ``metrics`` in ``on_train_epoch_start`` unless resuming mid-epoch (sums kept); return whether it did."""
     done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
     if 0 < done < trainer.num_training_batches:
         return False
@@ -142,14 +99,10 @@ def reset_stale_epoch_metrics(trainer: Any, metrics: Any) -> bool:
 
 
 def forget_earlier_step_values(trainer: Any) -> int:
-    """Drop the step-only values earlier batches of this epoch logged from Lightning's result collection.
+    """Drop step-only values earlier batches logged (``on_train_batch_start``); return how many.
 
-    Lightning keeps a value logged with ``on_step=True, on_epoch=False`` until the epoch ends and writes it again in
-    every later row of the epoch whose step does not log that key (a follower that sat out an iteration repeats its
-    previous loss). A run resumed mid-epoch starts with an empty collection, so its rows lacked those repeats and the
-    logged numbers of a resumed run differed from an uninterrupted one. Call at the start of every training batch
-    (``on_train_batch_start``): each row then holds what its own step logged, resumed or not. Epoch aggregates
-    (``on_epoch=True``) and torchmetrics are left alone. Returns how many values were dropped.
+    Lightning repeats such a value in later rows that do not log the key, which a mid-epoch resume cannot reproduce;
+    dropping them makes each row hold what its own step logged, resumed or not.
     """
     results = getattr(trainer, "_results", None)
     dropped = 0
@@ -161,11 +114,7 @@ def forget_earlier_step_values(trainer: Any) -> int:
 
 
 def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: Any, **kwargs: Any) -> tuple[Any, bool]:
-    """``(fn(*args, **kwargs), False)``, or ``(None, True)`` when the call has not returned within ``timeout_s``.
-
-    With ``timeout_s=None`` the call runs in this thread, else in a daemon thread that is abandoned when late (it
-    cannot be killed), so use it for calls that wait on something outside (an API); an in-process model should bound
-    itself (``generate(max_time=...)``). An exception raised by ``fn`` in time propagates unchanged.
+    """``(fn(*args, **kwargs), False)``, or ``(None, True)`` when a daemon thread has not returned in ``timeout_s``.
 
     Raises:
         ValueError: ``timeout_s`` is not a positive finite number or ``None``.
@@ -200,17 +149,14 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
 
 
 class NonFiniteGuard:
-    """Mixin: call ``check_finite(values, what)`` before an update; counts skipped steps, stops after too many.
-
-    Call :meth:`init_nonfinite_guard` in ``__init__``. A skipped step logs ``train/nonfinite_skipped`` and warns.
-    """
+    """Mixin: ``check_finite`` before an update counts, logs (``train/nonfinite_skipped``) and warns on a skip."""
 
     nonfinite_skipped: int
     consecutive_nonfinite: int
     max_consecutive_nonfinite: int
 
     def init_nonfinite_guard(self, max_consecutive_nonfinite: int) -> None:
-        """Set the limit and zero the counters.
+        """Set the limit and zero the counters (call in ``__init__``).
 
         Raises:
             ValueError: if the limit is not a positive integer.
@@ -226,9 +172,6 @@ class NonFiniteGuard:
     def check_finite(self, values: Tensor, what: str) -> bool:
         """``True`` when every value (on every rank) is finite; else count, log, warn and return ``False``.
 
-        A ``True`` does not end a streak of skipped steps: only an applied update does (:meth:`record_update`), so a
-        step whose loss is finite but whose gradients are not still counts toward the limit.
-
         Raises:
             RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
         """
@@ -237,11 +180,7 @@ class NonFiniteGuard:
         return self._decide(bad, values.numel(), what)
 
     def check_gradients(self, parameters: Iterable[Tensor], what: str = "gradients") -> bool:
-        """``True`` when every gradient of ``parameters`` (on every rank) is finite; else count, log, warn, ``False``.
-
-        Call after the backward and before the optimizer step; on ``False`` the caller drops the gradients and does
-        not step, so neither the weights nor the optimizer's moments see them. Under DDP the gradients checked are the
-        reduced ones; under FSDP2 each rank checks its shard and the decision is taken for all ranks together.
+        """``True`` when every gradient (on every rank) is finite; else count, log, warn, ``False`` (caller skips).
 
         Raises:
             RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
@@ -250,11 +189,7 @@ class NonFiniteGuard:
         return self._decide(bad, total, what)
 
     def record_update(self) -> None:
-        """An update was applied: the streak of skipped steps ends, unless another update of this batch was skipped.
-
-        A game with several optimizers (deep-SMIDA's leader and follower, the pool's followers) steps each on its own;
-        one that keeps getting NaN gradients while the others step must still reach the limit.
-        """
+        """An update was applied: the skip streak ends, unless another optimizer of this batch was skipped."""
         key = self._batch_key()
         if key is None or key != getattr(self, "_last_skip_key", None):
             self.consecutive_nonfinite = 0
@@ -303,25 +238,10 @@ class NonFiniteGuard:
 
 
 class AutomaticStepGuard(NonFiniteGuard):
-    """Mixin for automatic optimisation: non-finite gradients never reach the weights, and skips never cost a step.
+    """Mixin for automatic optimisation: non-finite gradients are dropped (``None``) before the step.
 
-    After Lightning's backward (and, under a ``GradScaler``, its unscale), :meth:`on_before_optimizer_step` checks
-    the optimizer's gradients; when one is NaN or inf on any rank they are all dropped (set to ``None``), so the
-    optimizer's step changes neither a weight nor a moment (PyTorch's optimizers skip parameters without a gradient),
-    and the skip is counted, logged and warned about like a non-finite loss. A scaler still sees its own overflow
-    and lowers its scale.
-
-    ``max_steps``: Lightning counts every ``optimizer_step`` call of automatic optimisation in ``global_step``, also
-    one that changed nothing. :meth:`optimizer_step` takes a skipped step (a non-finite loss, for which
-    ``training_step`` returned ``None``, or non-finite gradients) back out of that count, so ``global_step`` and
-    ``max_steps`` count applied updates, as under manual optimisation: a run with skips trains ``max_steps`` updates
-    on more batches, and checkpoints named by step do not skip numbers. ``max_epochs`` still means passes over the
-    data (a skipped batch is not retried).
-
-    A skipped batch leaves the weights and the optimizer state untouched and is logged and counted;
-    ``max_consecutive_nonfinite`` skips in a row stop training with an error, the last checkpoint intact.
-
-    Put it before ``LightningModule`` in the bases and call :meth:`init_nonfinite_guard` in ``__init__``.
+    A skipped step is taken back out of ``global_step``, so ``max_steps`` counts applied updates as under manual
+    optimisation. Put it before ``LightningModule`` in the bases.
     """
 
     _gradients_dropped: bool = False
@@ -346,8 +266,7 @@ class AutomaticStepGuard(NonFiniteGuard):
             self.record_update()
 
     def _uncount_optimizer_step(self) -> None:
-        # Lightning marks the step ready before this hook and completed after it (loops/optimization/automatic.py,
-        # ``_optimizer_step``); taking one off both here leaves the pair equal once it has marked it completed.
+        # Lightning marks the step ready before this hook and completed after it: one off both keeps them equal
         trainer = getattr(self, "_trainer", None)
         if trainer is None:
             return

@@ -1,11 +1,4 @@
-"""Injected optimizers: every family's ``optimizer`` option (docs/configuration.md), AdamW when it is not given.
-
-One option per family, used once per player: the rates already are per player (``leader_lr``/``follower_lr``,
-``followers.lr``, ``lr``/``backbone_lr``), so a config names the algorithm once and keeps its rates where they are.
-The callable receives only parameter groups, each at the family's rate (a group's ``lr`` wins over an optimizer's
-default, so an ``lr`` in its ``init_args`` is not used); its other settings (momentum, betas, weight decay) come from
-its ``init_args``. The family's ``weight_decay``/``adam_betas`` configure the default AdamW only.
-"""
+"""Injected optimizers: every family's ``optimizer`` option, built on groups at the family's rates; AdamW by default."""
 
 from __future__ import annotations
 
@@ -37,9 +30,7 @@ def check_optimizer(optimizer: Any) -> OptimizerCallable | None:
 def build_optimizer(
     optimizer: OptimizerCallable | None, params: Iterable, lr: float, **adamw: Any
 ) -> torch.optim.Optimizer:
-    """One player's optimizer: ``AdamW(params, lr=lr, **adamw)``, or the injected one built from groups at ``lr``.
-
-    The injected ``optimizer`` gets ``params`` as parameter groups, each at ``lr`` unless it has its own rate.
+    """One player's optimizer: ``AdamW(params, lr=lr, **adamw)``, or the injected one on groups at ``lr``.
 
     Raises:
         TypeError: naming the option, when the injected callable returns something other than an optimizer.

@@ -1,10 +1,4 @@
-"""Which shipped config makes a local artifact, so that a missing one is reported with the command that makes it.
-
-Two kinds of artifacts come from the configs under ``configs/``: model folders written by ``output_dir``
-(``artifacts/tiny_policy`` by ``configs/sft_tiny.yaml``) and run folders under the logger's
-``<save_dir>/<name>`` (``runs/preference_ensemble/...`` by ``configs/preference_ensemble.yaml``). The configs are read
-when a path is missing, never before, so the answer follows the configs as they are edited.
-"""
+"""Which shipped config makes a local artifact, so that a missing one is reported with the command that makes it."""
 
 from __future__ import annotations
 
@@ -30,11 +24,7 @@ def _norm(path: str | os.PathLike) -> str:
 
 
 def looks_local(name_or_path: str | os.PathLike) -> bool:
-    """Whether ``name_or_path`` names a local path rather than a hub repository (``org/name``).
-
-    Local: an absolute, ``.``- or ``~``-relative path, an existing path, a path under one of :data:`LOCAL_ROOTS`, or
-    a path of more than two parts (a hub name has at most one ``/``).
-    """
+    """Whether a path is local: absolute, ``.``/``~``-relative, existing, under :data:`LOCAL_ROOTS`, or of 3+ parts."""
     text = os.fspath(name_or_path)
     if text.startswith((os.path.sep, ".", "~")) or os.path.exists(text):
         return True
@@ -51,11 +41,7 @@ def _get(config: Any, *keys: str) -> Any:
 
 
 def producing_config(path: str | os.PathLike, configs_dir: str | os.PathLike = CONFIGS_DIR) -> str | None:
-    """The config under ``configs_dir`` that writes ``path``, as ``configs/<file>.yaml``; ``None`` when none does.
-
-    A config writes ``path`` when its ``model.init_args.output_dir`` is ``path`` or a folder above it, or when
-    ``path`` lies under its logger's ``<save_dir>/<name>``. Unreadable configs are skipped.
-    """
+    """The config (``configs/<file>.yaml``) whose ``output_dir`` or logger ``<save_dir>/<name>`` holds ``path``."""
     import yaml
 
     target = _norm(path)

@@ -1,10 +1,4 @@
-"""The families, read from the code: what ``--model`` and ``--data`` can be.
-
-A model family is a public ``LightningModule`` subclass defined in a top-level file of ``modules/`` (``base.py``
-holds what the families share, not a family); a data family is a public ``LightningDataModule`` subclass defined in
-a top-level file of ``datamodules/``. Adding a family is adding its file: ``train.py``, ``fit --help`` and the
-contract tests (``tests/test_families.py``) find it here.
-"""
+"""The families, read from the code: public LightningModules of ``modules/``, DataModules of ``datamodules/``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """One process at a time in a run folder: ``<run folder>/run.lock`` names the owner's pid and host.
 
-Two processes resuming the same run (``fit --ckpt_path last`` twice) would otherwise both run to the end, write
-their checkpoints and logs into one folder and recover each other's half-written saves. The first process to start
-writing links its whole lock file into place (``link`` fails on an existing name, so of two starters exactly one
-succeeds, and nobody reads a half-written lock); any other is refused, naming the folder and the owner, while the
-owner lives. A lock whose pid is gone on this host (a run killed with SIGKILL or by a crash) is stale and taken over.
-The owner's liveness cannot be checked from another host: a lock naming another host is refused with the file to
-remove once that process is known to be gone.
+A lock whose pid is gone on this host is stale and taken over; one naming another host is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ from dataclasses import dataclass
 
 __all__ = ["LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
 
-#: the lock file's name inside the run folder
 LOCK_NAME = "run.lock"
 
 
@@ -84,10 +77,7 @@ def _read(path: str) -> str | None:
 
 
 def live_owner(folder: str | os.PathLike) -> LockOwner | None:
-    """The live process, other than this one, whose lock is in ``folder`` (``None``: nobody else is writing there).
-
-    An unreadable lock counts as held (by pid 0): its owner may be writing it this instant.
-    """
+    """The live process, other than this one, whose lock is in ``folder`` (an unreadable lock: pid 0), else ``None``."""
     text = _read(os.path.join(os.fspath(folder), LOCK_NAME))
     if text is None:
         return None
@@ -132,11 +122,7 @@ def _take_over(path: str, stale: str) -> None:
 
 
 def _publish(path: str, text: str) -> bool:
-    """Create the lock file at ``path`` holding ``text`` whole, unless one exists (then ``False``).
-
-    The text is written to a private file first and hard-linked into place: ``link`` fails when the name exists, like
-    ``O_EXCL``, and a starter that loses never reads a lock file that its owner has created but not yet written.
-    """
+    """Create the lock file at ``path`` holding ``text`` whole (a private draft hard-linked), unless one exists."""
     draft = f"{path}.draft-{os.getpid()}"
     with open(draft, "w", encoding="utf-8") as f:
         f.write(text)
@@ -165,7 +151,8 @@ class RunFolderLock:
     Attributes:
         folder: the run folder.
         path: the lock file.
-        created: whether this process created the folder (it did not exist before :meth:`acquire`).
+        created: whether this process created the folder.
+        owner: this process.
     """
 
     folder: str
@@ -178,8 +165,7 @@ class RunFolderLock:
         """Create ``folder`` if needed and take its lock; a stale lock (its pid gone, on this host) is taken over.
 
         Raises:
-            RunFolderInUse: another live process holds the lock, or the lock names no process; the message names
-                the folder, the pid and the host.
+            RunFolderInUse: another live process holds the lock, or it names no process; naming folder, pid and host.
         """
         folder = os.fspath(folder)
         created = not os.path.isdir(folder)

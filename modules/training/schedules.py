@@ -1,7 +1,4 @@
-"""Schedules: learning-rate factors and the length a game's annealing schedules span.
-
-The factors are plain functions of the step, for ``torch.optim.lr_scheduler.LambdaLR``.
-"""
+"""Schedules: learning-rate factors (for ``LambdaLR``) and the length a game's annealing schedules span."""
 
 from __future__ import annotations
 
@@ -13,11 +10,7 @@ __all__ = ["schedule_length", "warmup_cosine_factor"]
 
 
 def warmup_cosine_factor(step: int, warmup_steps: int, total_steps: int, floor: float = 0.1) -> float:
-    """Multiplier of the peak learning rate: linear warmup, then cosine decay to ``floor`` at ``total_steps``.
-
-    Step ``s < warmup_steps`` gets ``(s + 1) / warmup_steps``; later steps get
-    ``floor + (1 - floor) * (1 + cos(pi * t)) / 2`` with ``t = (s - warmup_steps) / (total_steps - warmup_steps)``
-    clipped to [0, 1], so steps past the end stay at ``floor``.
+    """Peak learning-rate multiplier: linear warmup, then cosine decay to ``floor`` at ``total_steps``, held after.
 
     Example:
         >>> [round(warmup_cosine_factor(s, 2, 6, 0.0), 3) for s in range(7)]
@@ -37,12 +30,7 @@ def warmup_cosine_factor(step: int, warmup_steps: int, total_steps: int, floor: 
 
 
 def schedule_length(num_iterations: int | None, max_epochs: int | None, batches_per_epoch: float) -> int:
-    """The iterations the annealing schedules span: ``num_iterations``, or the trainer's ``max_epochs × batches``.
-
-    Args:
-        num_iterations: The model's setting; ``None`` derives it from the trainer.
-        max_epochs: ``trainer.max_epochs`` (``None`` or ``-1``: unbounded).
-        batches_per_epoch: ``trainer.num_training_batches`` (one batch is one game iteration).
+    """The iterations the annealing schedules span: ``num_iterations``, or ``max_epochs × batches_per_epoch``.
 
     Raises:
         ValueError: naming both settings when ``num_iterations`` is ``None`` and the trainer's length is unbounded.

@@ -1,9 +1,4 @@
-"""Per-phase wall time of a training step, shared by the modules that generate (deep-SMIDA, GRPO, debate).
-
-A module resets ``self.phase_times = {}`` at the start of a step and wraps each phase in ``with self._timed(name):``.
-A phase entered twice in one step (several updates per rollout, one generation per debate ply) adds up. On CUDA the
-device is synchronised before and after, so queued kernels are charged to the phase that launched them.
-"""
+"""Per-phase wall time of a training step (a phase entered twice adds up; CUDA synchronised around it)."""
 
 from __future__ import annotations
 
