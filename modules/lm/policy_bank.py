@@ -22,7 +22,7 @@ from alignment_games.modules.lm.precision import cast_frozen_parameters, frozen_
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.row_adapters import plain_lora_layers, row_adapters
 from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.lm.text import render_chat
+from alignment_games.modules.lm.text import pad_sequences, render_chat
 
 __all__ = ["PolicyBank"]
 
@@ -162,15 +162,7 @@ class PolicyBank(nn.Module):
                 stacklevel=3,
             )
             ids = [s[-self.max_prompt_tokens :] for s in ids]
-        width = max(len(s) for s in ids)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(ids), width), dtype=torch.long)
-        for i, s in enumerate(ids):
-            if s:
-                input_ids[i, width - len(s) :] = torch.tensor(s)
-                mask[i, width - len(s) :] = 1
-        return {"input_ids": input_ids, "attention_mask": mask}
+        return pad_sequences(ids, self.tokenizer.pad_token_id, left=True)
 
     @torch.no_grad()
     def generate(

@@ -81,21 +81,20 @@ def sequence_key(ids: Sequence[int]) -> int:
 
 
 def pad_sequences(
-    seqs: Sequence[Sequence[int]], pad_id: int, type_ids: Sequence[Sequence[int]] | None = None
+    seqs: Sequence[Sequence[int]], pad_id: int, type_ids: Sequence[Sequence[int]] | None = None, left: bool = False
 ) -> dict[str, Tensor]:
-    """Right-pad a batch; returns ``input_ids``, ``attention_mask`` and, when given, ``token_type_ids``."""
+    """Right-pad (``left``: left-pad) a batch; ``input_ids``, ``attention_mask`` and, when given, ``token_type_ids``."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    out = {"input_ids": ids, "attention_mask": mask}
+    out = {"input_ids": torch.full((len(seqs), width), pad_id, dtype=torch.long)}
+    out["attention_mask"] = torch.zeros_like(out["input_ids"])
     if type_ids is not None:
-        tt = torch.zeros_like(ids)
-        for i, s in enumerate(type_ids):
-            tt[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        out["token_type_ids"] = tt
+        out["token_type_ids"] = torch.zeros_like(out["input_ids"])
+    for i, s in enumerate(seqs):
+        cols = slice(width - len(s), width) if left else slice(0, len(s))
+        out["input_ids"][i, cols] = torch.as_tensor(s, dtype=torch.long)
+        out["attention_mask"][i, cols] = 1
+        if type_ids is not None:
+            out["token_type_ids"][i, cols] = torch.as_tensor(type_ids[i], dtype=torch.long)
     return out
 
 

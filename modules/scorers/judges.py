@@ -18,6 +18,7 @@ from alignment_games.modules.algorithms.debate import Transcript, count_words, f
 from alignment_games.modules.algorithms.verdicts import JudgeVotes, parse_verdict
 from alignment_games.modules.lm.decoding import shared_prompt_cache
 from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 from alignment_games.modules.scorers.remote import ChatServer
@@ -412,12 +413,8 @@ class HFJudge(PromptedJudge):
             return JudgeVotes(torch.zeros((0, self.num_votes)), [])
         pairs = zip(transcripts, against if against is not None else [None] * len(transcripts))
         ids = self.tokenizer([self.prompt(t, o) for t, o in pairs], add_special_tokens=False)["input_ids"]
-        width = max(len(s) for s in ids)
-        input_ids = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for i, s in enumerate(ids):
-            input_ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
+        input_ids, mask = pad_sequences(ids, self.tokenizer.pad_token_id, left=True).values()
+        width = input_ids.shape[1]
         # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
         seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
         devices = [self.device] if self.device.type == "cuda" else []

@@ -10,7 +10,7 @@ from alignment_games.datamodules.formats import (
     split_last_reply,
 )
 from alignment_games.modules.lm.models import load_tokenizer
-from alignment_games.modules.lm.text import plain_chat, render_chat
+from alignment_games.modules.lm.text import pad_sequences, plain_chat, render_chat
 
 trl_data = pytest.importorskip("trl.data_utils")
 
@@ -107,3 +107,15 @@ def test_last_reply_split():
     for bad in (USER, BLUE + USER):
         with pytest.raises(ValueError, match="row 2: the conversation needs an assistant message after"):
             split_last_reply(bad, "row 2")
+
+
+def test_pad_sequences_pads_on_either_side_with_the_mask_and_type_ids():
+    out = pad_sequences([[5, 6, 7], [8], []], pad_id=0, type_ids=[[0, 1, 1], [0], []])
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0], [0, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0], [0, 0, 0]]
+    assert out["token_type_ids"].tolist() == [[0, 1, 1], [0, 0, 0], [0, 0, 0]]
+    left = pad_sequences([[5, 6, 7], [8], []], pad_id=9, left=True)
+    assert left["input_ids"].tolist() == [[5, 6, 7], [9, 9, 8], [9, 9, 9]]
+    assert left["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+    both = pad_sequences([[5, 6], [8]], pad_id=0, type_ids=[[0, 1], [1]], left=True)
+    assert both["token_type_ids"].tolist() == [[0, 1], [0, 1]]
