@@ -20,6 +20,7 @@ from typing_extensions import override
 
 from alignment_games.callbacks.functional import matthews_corrcoef_from_counts
 from alignment_games.callbacks.items import ItemRecords
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.debate import (
     PLAYER_OF_PLY,
     PLIES,
@@ -41,7 +42,7 @@ from alignment_games.modules.algorithms.debate import (
 )
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
-from alignment_games.modules.base import LanguageModelGame, require_at_least, require_positive
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank

@@ -18,13 +18,9 @@ from typing_extensions import override
 
 from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.callbacks.media import log_figure
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
-from alignment_games.modules.base import (
-    LanguageModelGame,
-    require_at_least,
-    require_in_range,
-    require_positive,
-)
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.evaluation.figures import make_game_figures
 from alignment_games.modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
 from alignment_games.modules.games import leader_follower as lf

@@ -14,13 +14,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.callbacks.items import ItemRecords
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
-from alignment_games.modules.base import (
-    LanguageModelGame,
-    require_at_least,
-    require_in_range,
-    require_positive,
-)
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank

@@ -13,7 +13,8 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
-from alignment_games.modules.base import LanguageModelGame, require_positive
+from alignment_games.modules.algorithms.checks import require_positive
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games.leader_follower import load_play_state, play_state
 from alignment_games.modules.lm.mixture import generate_mixture

@@ -20,8 +20,9 @@ from alignment_games.callbacks import EloRating
 from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.answers import answers_match
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range
 from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
-from alignment_games.modules.base import LanguageModelGame, require_at_least, require_in_range
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates

@@ -24,8 +24,9 @@ from typing_extensions import override
 
 from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.callbacks.media import log_figure
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from alignment_games.modules.base import InjectedOptimizer, require_at_least, require_positive
+from alignment_games.modules.base import InjectedOptimizer
 from alignment_games.modules.checkpoints.trust import CheckpointLoading, seal_checkpoint
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
 from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy

@@ -20,7 +20,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import nn
 from typing_extensions import override
 
-from alignment_games.modules.base import InjectedOptimizer, require_at_least, require_positive
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
+from alignment_games.modules.base import InjectedOptimizer
 from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of, run_record
 from alignment_games.modules.checkpoints.trust import (
     CheckpointLoading,

@@ -13,7 +13,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import slhf_surrogate_losses
-from alignment_games.modules.base import LanguageModelGame, require_at_least, require_positive
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games import leader_follower as lf
 from alignment_games.modules.lm.model_config import ModelConfig
