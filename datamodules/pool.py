@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from alignment_games.datamodules.prompts import PromptSource, collate_prompts, generated_rows, index_rows
 from alignment_games.datamodules.resumable import ResumableDataLoader
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 
 __all__ = ["InstructionPoolDataModule", "split_pool"]
 
@@ -86,14 +87,11 @@ class InstructionPoolDataModule(L.LightningDataModule):
         generation_seed_offset: int = 2_000_003,
     ) -> None:
         super().__init__()
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        require_in_range("val_fraction", val_fraction, 0, 1, open_high=True)
+        require_positive(batch_size=batch_size)
         if isinstance(iterations_per_epoch, bool) or int(iterations_per_epoch) != iterations_per_epoch:
             raise ValueError(f"iterations_per_epoch must be an integer, got {iterations_per_epoch!r}")
-        if iterations_per_epoch < 1:
-            raise ValueError(f"iterations_per_epoch must be positive, got {iterations_per_epoch}")
+        require_positive(iterations_per_epoch=iterations_per_epoch)
         self.source = PromptSource.coerce(source)
         self.test_source = None if test_source is None else PromptSource.coerce(test_source)
         self.save_hyperparameters(ignore=["source", "test_source"], logger=False)

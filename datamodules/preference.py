@@ -20,6 +20,7 @@ from alignment_games.datamodules.formats import as_messages, extract_implicit_pr
 from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_number, require_text
 from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from alignment_games.modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
@@ -219,16 +220,13 @@ class PreferenceDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         for field, frac in (("val_fraction", val_fraction), ("heldout_fraction", heldout_fraction)):
-            if not 0.0 <= frac < 1.0:
-                raise ValueError(f"{field} must be in [0, 1), got {frac}")
+            require_in_range(field, frac, 0, 1, open_high=True)
         if val_fraction + heldout_fraction >= 1.0:
             raise ValueError(f"val_fraction + heldout_fraction must be below 1, got {val_fraction + heldout_fraction}")
-        if not 2 <= responses_per_prompt <= len(CORRUPTIONS):
-            raise ValueError(f"responses_per_prompt must be in [2, {len(CORRUPTIONS)}], got {responses_per_prompt}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if num_members is not None and num_members < 1:
-            raise ValueError(f"num_members must be positive, got {num_members}")
+        require_in_range("responses_per_prompt", responses_per_prompt, 2, len(CORRUPTIONS))
+        require_positive(batch_size=batch_size)
+        if num_members is not None:
+            require_positive(num_members=num_members)
         if format not in PREFERENCE_FORMATS:
             raise ValueError(f"data.format must be one of {list(PREFERENCE_FORMATS)}, got {format!r}")
         check_relabelling(path is not None or name is not None, relabel, oracle, reference_column)

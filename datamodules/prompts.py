@@ -19,6 +19,7 @@ from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_text
 from alignment_games.modules.algorithms.answers import extract_final_answer, extract_gsm8k_answer
 from alignment_games.modules.algorithms.arithmetic import generate_problems
+from alignment_games.modules.algorithms.checks import require_positive
 
 __all__ = [
     "PromptDataModule",
@@ -180,8 +181,7 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError(
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} must be in [0, 1) and sum below 1"
             )
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        require_positive(batch_size=batch_size)
         self.source = PromptSource.coerce(source)
         self.save_hyperparameters(ignore=["source"], logger=False)
         self.hparams["source"] = dataclasses.asdict(self.source)  # plain values: checkpoints load weights-only

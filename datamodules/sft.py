@@ -22,6 +22,7 @@ from alignment_games.modules.algorithms.arithmetic import (
     make_response,
     make_think_response,
 )
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.text import fill_template
 
@@ -146,8 +147,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         unknown = [k for k in kinds if k not in CORRUPTIONS]
         if unknown:
             raise ValueError(f"kinds: unknown {unknown}; expected some of {CORRUPTIONS}")
-        if not 0.0 <= follower_fraction <= 1.0:
-            raise ValueError(f"follower_fraction must be in [0, 1], got {follower_fraction}")
+        require_in_range("follower_fraction", follower_fraction, 0, 1)
         if len(weights) != len(kinds) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"weights must be {len(kinds)} non-negative numbers with a positive sum, got {weights}")
         self.save_hyperparameters(logger=False)
@@ -300,10 +300,8 @@ class SFTFileDataModule(_TriplesDataModule):
             raise ValueError(f"data.format must be one of {list(SFT_FORMATS)}, got {format!r}")
         if path is None and name is None:
             raise ValueError("SFTFileDataModule needs data.path (a local file) or data.name (a hub dataset)")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        require_in_range("val_fraction", val_fraction, 0, 1, open_high=True)
+        require_positive(batch_size=batch_size)
         self.save_hyperparameters(logger=False)
 
     @override

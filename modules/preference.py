@@ -90,8 +90,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, InjectedOptimize
         optimizer: OptimizerCallable | None = None,
     ) -> None:
         super().__init__(optimizer)
-        if num_members < 1:
-            raise ValueError(f"num_members must be positive, got {num_members}")
+        require_positive(num_members=num_members)
         if member_type not in ("gpm", "bt"):
             raise ValueError(f"member_type must be 'gpm' or 'bt', got {member_type!r}")
         if sharing not in ("frozen", "lora", "separate"):

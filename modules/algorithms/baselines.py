@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from alignment_games.modules.algorithms.checks import require_positive
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 
 # the baseline of a player with one sample a step (D = 1 or M = 1): the value ½ of the symmetric preference game
@@ -74,8 +75,7 @@ def nash_md_pg_surrogate_loss(
             f"preference, logp_policy and logp_reference must share a shape, got {tuple(preference.shape)}, "
             f"{tuple(logp_policy.shape)}, {tuple(logp_reference.shape)}"
         )
-    if not tau > 0:
-        raise ValueError(f"tau must be positive, got {tau}")
+    require_positive(tau=tau)
     check_preferences("preference", preference.detach())
     log_ratio = (logp_policy - logp_reference).detach()
     advantage = preference.detach() - baseline - tau * log_ratio

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
+
 __all__ = [
     "CompositeReward",
     "Exp3",
@@ -69,8 +71,7 @@ def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidt
     Raises:
         ValueError: for a score outside [1, 10] or a non-positive bandwidth.
     """
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    require_positive(bandwidth=bandwidth)
     g = normalized_gap(score_a, score_b)
     if g == 0.0:
         return 0.0
@@ -106,8 +107,7 @@ class CompositeReward:
                 f"difficulty_weight and preference_weight must be >= 0, got {self.difficulty_weight}, "
                 f"{self.preference_weight}"
             )
-        if not self.bandwidth > 0:
-            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
+        require_positive(bandwidth=self.bandwidth)
 
     def __call__(self, score_a: float, score_b: float, progress: float) -> float:
         """The reward of one duel with scores ``score_a``, ``score_b`` at training ``progress``."""
@@ -132,8 +132,7 @@ class Exp3:
     def __init__(self, num_arms: int, gamma: float = 0.2) -> None:
         if int(num_arms) != num_arms or num_arms < 1:
             raise ValueError(f"num_arms must be a positive integer, got {num_arms}")
-        if not 0.0 < gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        require_in_range("gamma", gamma, 0, 1, open_low=True)
         self.num_arms = int(num_arms)
         self.gamma = float(gamma)
         self.log_weights = torch.zeros(self.num_arms, dtype=torch.float64)
@@ -150,8 +149,7 @@ class Exp3:
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         """Draw ``n`` arms with replacement from :meth:`probabilities` (long tensor ``[n]``)."""
-        if n < 1:
-            raise ValueError(f"n must be positive, got {n}")
+        require_positive(n=n)
         return torch.multinomial(self.probabilities(), n, replacement=True, generator=generator)
 
     def estimates(self, indices: Sequence[int] | Tensor, rewards: Sequence[float] | Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 from alignment_games.modules.algorithms.exp3 import linear_schedule
 
 __all__ = [
@@ -90,12 +91,9 @@ class Matchmaking:
     gap_end: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.num_candidates < 1:
-            raise ValueError(f"num_candidates must be positive, got {self.num_candidates}")
-        if not 0.0 <= self.uniform_share <= 1.0:
-            raise ValueError(f"uniform_share must be in [0, 1], got {self.uniform_share}")
-        if not self.bandwidth > 0:
-            raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
+        require_positive(num_candidates=self.num_candidates)
+        require_in_range("uniform_share", self.uniform_share, 0, 1)
+        require_positive(bandwidth=self.bandwidth)
 
     def target_gap(self, progress: float) -> float:
         """The target gap at training ``progress`` in [0, 1], linear from ``gap_start`` to ``gap_end``."""

@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
+
 __all__ = ["PolicyGradient", "dpo_loss", "group_advantages", "grpo_loss", "length_normalized_nll"]
 
 
@@ -39,14 +41,8 @@ class PolicyGradient:
     max_tokens_per_micro_batch: int = 0
 
     def __post_init__(self) -> None:
-        for name, minimum in (
-            ("group_size", 2),
-            ("updates_per_batch", 1),
-            ("micro_batch", 0),
-            ("max_tokens_per_micro_batch", 0),
-        ):
-            if not getattr(self, name) >= minimum:
-                raise ValueError(f"policy_gradient.{name} must be at least {minimum}, got {getattr(self, name)!r}")
+        minima = (("group_size", 2), ("updates_per_batch", 1), ("micro_batch", 0), ("max_tokens_per_micro_batch", 0))
+        require_at_least(**{f"policy_gradient.{name}": (getattr(self, name), least) for name, least in minima})
         if not self.logprob_micro_batch >= 0 or not self.kl_coef >= 0:
             raise ValueError(
                 f"policy_gradient.kl_coef ({self.kl_coef!r}) and logprob_micro_batch ({self.logprob_micro_batch!r}) "
@@ -144,8 +140,7 @@ def dpo_loss(
     policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Sigmoid DPO (Rafailov et al., 2023) on sequence log-probabilities: per-pair loss, detached implicit rewards."""
-    if beta <= 0:
-        raise ValueError(f"beta must be positive, got {beta}")
+    require_positive(beta=beta)
     chosen = policy_chosen - ref_chosen
     rejected = policy_rejected - ref_rejected
     loss = -F.logsigmoid(beta * (chosen - rejected))

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
 __all__ = ["HELD_OUT_SEED", "paired_gain", "seed_mean_gain", "solved", "two_level_interval"]
@@ -84,8 +85,7 @@ def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, co
     """
     if not diff.shape[-1]:
         raise ValueError("no problems")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
+    require_at_least(n_boot=(n_boot, 1))
     gen = torch.Generator().manual_seed(seed)
     diff, (seeds, problems) = diff.double(), diff.shape
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from alignment_games.modules.algorithms.checks import require_in_range
+
 __all__ = [
     "adversarial_mask",
     "adversarial_report",
@@ -56,8 +58,7 @@ def candidate_thresholds(reference_scores: Tensor, alphas: Sequence[float]) -> d
         raise ValueError("candidate thresholds need at least one reference score")
     out = {}
     for a in alphas:
-        if not 0.0 < a < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {a}")
+        require_in_range("alpha", a, 0, 1, open_low=True, open_high=True)
         out[float(a)] = float(torch.quantile(ref, 1.0 - a))
     return out
 
@@ -75,8 +76,7 @@ def adversarial_mask(oracle_prob: Tensor, ensemble_mean: Tensor, epsilon: float)
     Raises:
         ValueError: for ε outside [0, ½).
     """
-    if not 0.0 <= epsilon < 0.5:
-        raise ValueError(f"epsilon must be in [0, 0.5), got {epsilon}")
+    require_in_range("epsilon", epsilon, 0, 0.5, open_high=True)
     return ((oracle_prob - 0.5) * (ensemble_mean - 0.5) < 0) & ((oracle_prob - 0.5).abs() > epsilon)
 
 
@@ -135,8 +135,7 @@ def candidate_yield_intervals(
     if n_boot < 1:
         raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     for a in alphas:
-        if not 0.0 < a < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {a}")
+        require_in_range("alpha", a, 0, 1, open_low=True, open_high=True)
     t, r = trained.detach().double(), reference.detach().double()
     n_prompts = t.shape[0]
     idx = resample_prompts(n_prompts, n_boot, seed)

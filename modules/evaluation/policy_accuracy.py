@@ -10,6 +10,7 @@ import torch
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.algorithms.arithmetic import generate_problems
+from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.algorithms.debate import split_reply
 from alignment_games.modules.evaluation.audit import describe_models, problem_rows
 from alignment_games.modules.lm.text import render_chat
@@ -111,9 +112,7 @@ def policy_accuracy(
     """
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
-    for name, v in (("num_problems", num_problems), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
-        if v < 1:
-            raise ValueError(f"{name} must be at least 1, got {v}")
+    require_at_least(num_problems=(num_problems, 1), max_new_tokens=(max_new_tokens, 1), batch_size=(batch_size, 1))
     record = describe_models([model_path], None, "--model")[0]
     problems = generate_problems(num_problems, seed, min_steps, max_steps)
     model = load_model(model_path, task="causal_lm")

@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from alignment_games.modules.algorithms.checks import require_in_range
 from alignment_games.modules.algorithms.pool import weight_extremes
 
 __all__ = ["feature_extremes", "load_weights", "pool_operations", "sharpening"]
@@ -65,8 +66,7 @@ def feature_extremes(probs: Sequence[float], feature: Sequence[float], n: int) -
     """
     if len(probs) != len(feature):
         raise ValueError(f"{len(probs)} probabilities for {len(feature)} feature values")
-    if not 1 <= n <= len(probs) // 2:
-        raise ValueError(f"n must be in [1, {len(probs) // 2}], got {n}")
+    require_in_range("n", n, 1, len(probs) // 2)
     order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
     mean = lambda idx: sum(feature[i] for i in idx) / len(idx)  # noqa: E731
     return {"top": mean(order[:n]), "bottom": mean(order[-n:]), "all": mean(range(len(probs)))}

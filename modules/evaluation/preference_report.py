@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
@@ -153,8 +154,7 @@ def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[f
     Raises:
         ValueError: As :func:`error_auroc` (with ``correct`` in place of ``errors``), or if ``n_bins < 1``.
     """
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be at least 1, got {n_bins}")
+    require_at_least(n_bins=(n_bins, 1))
     s, c = _scores_and_errors(scores, correct, errors_name="correct")
     order = torch.sort(s, stable=True).indices
     c = c.to(torch.float64)

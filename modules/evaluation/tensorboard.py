@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from alignment_games.callbacks.media import Histogram, log_histogram, log_scalar_layout, log_text, media_loggers
+from alignment_games.modules.algorithms.checks import require_at_least
 
 __all__ = ["GameBoard", "escape_markdown", "samples_markdown"]
 
@@ -87,8 +88,7 @@ class GameBoard:
     """
 
     def __init__(self, num_samples: int = 4) -> None:
-        if num_samples < 0:
-            raise ValueError(f"log_samples must be at least 0, got {num_samples}")
+        require_at_least(log_samples=(num_samples, 0))
         self.num_samples = int(num_samples)
         self._samples: dict[str, list[dict[str, Any]]] = {}
         self._values: dict[str, list[np.ndarray]] = {}

@@ -20,6 +20,7 @@ from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
 from alignment_games.modules.algorithms import pool as rules
+from alignment_games.modules.algorithms.checks import require_positive
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
@@ -66,16 +67,14 @@ class FollowerTraining:
         for field, allowed in (("algorithm", ("dpo", "grpo")), ("dpo_pairs", ("all", "own"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"followers.{field} must be one of {allowed}, got {getattr(self, field)!r}")
-        if not self.lr > 0:
-            raise ValueError(f"followers.lr must be positive, got {self.lr}")
+        require_positive(**{"followers.lr": self.lr})
         if self.batch_size < 1 or self.micro_batch < 0:
             raise ValueError(
                 f"followers.batch_size must be positive and micro_batch >= 0, got {self.batch_size}, {self.micro_batch}"
             )
         if self.dpo_nll_weight < 0:
             raise ValueError(f"followers.dpo_nll_weight must be non-negative, got {self.dpo_nll_weight}")
-        if not self.dpo_beta > 0:
-            raise ValueError(f"followers.dpo_beta must be positive, got {self.dpo_beta}")
+        require_positive(**{"followers.dpo_beta": self.dpo_beta})
 
 
 class Stepper(Protocol):

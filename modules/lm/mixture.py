@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from alignment_games.modules.algorithms.baselines import geometric_mixture_logprobs
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range
 from alignment_games.modules.lm.decoders import sample_loop
 from alignment_games.modules.lm.decoding import cache_arg
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -39,10 +40,8 @@ def generate_mixture(
     Raises:
         ValueError: for ``beta`` outside [0, 1] or ``num_samples`` < 1.
     """
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
+    require_in_range("beta", beta, 0, 1)
+    require_at_least(num_samples=(num_samples, 1))
     device = next(bank.parameters()).device
     once = {k: v.to(device) for k, v in bank.encode_prompts(prompts).items()}
     ids, mask = (v.repeat_interleave(num_samples, dim=0) for v in once.values())

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from alignment_games.modules.algorithms.checks import require_positive
 from alignment_games.modules.training.provenance import looks_local, missing_artifact
 
 __all__ = [
@@ -196,8 +197,8 @@ def apply_lora(
     """
     from peft import LoraConfig, get_peft_model
 
-    if config is None and r <= 0:
-        raise ValueError(f"lora_r must be positive, got {r}")
+    if config is None:
+        require_positive(lora_r=r)
     names = adapter_names or ["default"]
     if len(set(names)) != len(names):
         raise ValueError(f"adapter names must be distinct, got {names}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
+
 __all__ = ["Sampling"]
 
 
@@ -29,12 +31,9 @@ class Sampling:
     min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"sampling.temperature must be positive, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling.max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        require_positive(**{"sampling.temperature": self.temperature})
+        require_in_range("sampling.top_p", self.top_p, 0, 1, open_low=True)
+        require_at_least(**{"sampling.max_new_tokens": (self.max_new_tokens, 1)})
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             bound = f"[0, max_new_tokens={self.max_new_tokens}]"
             raise ValueError(f"sampling.min_new_tokens must be in {bound}, got {self.min_new_tokens}")

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from alignment_games.modules.algorithms.arithmetic import generate_problems, make_think_response
+from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.lm.models import SPECIAL_TOKENS, with_specials
 
 __all__ = ["SPECIAL_TOKENS", "build_task_tokenizer", "task_corpus"]
@@ -20,8 +21,7 @@ def task_corpus(num_problems: int = 5000, seed: int = CORPUS_SEED, max_steps: in
     Raises:
         ValueError: for ``num_problems`` below 1 or ``max_steps`` below 1.
     """
-    if num_problems < 1:
-        raise ValueError(f"num_problems must be at least 1, got {num_problems}")
+    require_at_least(num_problems=(num_problems, 1))
     texts = []
     for p in generate_problems(num_problems, seed, 1, max_steps):
         texts.append(f"system\nYou are a helpful assistant.\nuser\n{p.question}\nassistant\n")
@@ -42,8 +42,7 @@ def build_task_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 7
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(SPECIAL_TOKENS) + len(alphabet):
-        raise ValueError(f"vocab_size must be at least {len(SPECIAL_TOKENS) + len(alphabet)}, got {vocab_size}")
+    require_at_least(vocab_size=(vocab_size, len(SPECIAL_TOKENS) + len(alphabet)))
     core = Tokenizer(models.BPE(unk_token=None))
     # digits split first, one per piece, so no merge can join them; then GPT-2's byte-level word split
     core.pre_tokenizer = pre_tokenizers.Sequence(

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from alignment_games.modules.algorithms.checks import require_at_least
+
 __all__ = [
     "EncodedSequences",
     "encode_prompt_responses",
@@ -41,8 +43,7 @@ def encode_prompt_responses(
     """
     if len(prompts) != len(responses):
         raise ValueError(f"prompts and responses differ in length: {len(prompts)} != {len(responses)}")
-    if max_length < 8:
-        raise ValueError(f"max_length must be at least 8, got {max_length}")
+    require_at_least(max_length=(max_length, 8))
     if not prompts:
         return EncodedSequences([], None, [])
     full = tokenizer(list(prompts), list(responses), truncation=False, add_special_tokens=True)

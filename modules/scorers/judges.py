@@ -14,6 +14,7 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.answers import answers_match
+from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
 from alignment_games.modules.algorithms.verdicts import JudgeVotes, parse_verdict
 from alignment_games.modules.lm.decoding import shared_prompt_cache
@@ -499,8 +500,7 @@ class RemoteJudge(PromptedJudge):
         from alignment_games.modules.lm.models import load_tokenizer
 
         self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        require_at_least(max_concurrency=(max_concurrency, 1))
         self.max_concurrency = max_concurrency
         self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
 

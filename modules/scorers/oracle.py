@@ -14,6 +14,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 from alignment_games.modules.scorers.remote import ChatServer
 from alignment_games.modules.training.faults import call_with_timeout
@@ -50,8 +51,7 @@ def sampling_state(
     Raises:
         ValueError: naming ``count_name`` when ``count`` < 1, or ``timeout_s`` unless positive and finite or ``None``.
     """
-    if count < 1:
-        raise ValueError(f"{count_name} must be at least 1, got {count}")
+    require_at_least(**{count_name: (count, 1)})
     if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
     return (None if timeout_s is None else float(timeout_s)), torch.Generator().manual_seed(seed)
@@ -414,9 +414,7 @@ class RemoteJudgeOracle(PromptedOracle):
         super().__init__(template, max_length, num_queries, seed, timeout_s)
         from alignment_games.modules.lm.models import load_tokenizer
 
-        for name, value in (("samples", samples), ("max_tokens", max_tokens), ("max_concurrency", max_concurrency)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1), max_concurrency=(max_concurrency, 1))
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.server = server if isinstance(server, ChatServer) else ChatServer(**server)

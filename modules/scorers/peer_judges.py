@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.exp3 import SCORE_MAX, SCORE_MIN
 from alignment_games.modules.algorithms.pool import (
     DEFAULT_JUDGE_TEMPLATE,
@@ -67,12 +68,8 @@ class PeerJudging:
             raise ValueError(f"judging.mode must be one of {MODES}, got {self.mode!r}")
         if "{prompt}" not in self.template or "{response}" not in self.template:
             raise ValueError("judging.template must contain {prompt} and {response}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"judging.max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.samples < 1:
-            raise ValueError(f"judging.samples must be at least 1, got {self.samples}")
-        if not self.temperature > 0:
-            raise ValueError(f"judging.temperature must be positive, got {self.temperature}")
+        require_at_least(**{"judging.max_new_tokens": (self.max_new_tokens, 1), "judging.samples": (self.samples, 1)})
+        require_positive(**{"judging.temperature": self.temperature})
 
     @property
     def sampling(self) -> Sampling:

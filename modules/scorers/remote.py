@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from alignment_games.modules.algorithms.checks import require_at_least
+
 __all__ = ["ChatServer", "RemoteServerError"]
 
 #: Bytes of a reply read at most; a longer body is malformed (a hostile server cannot fill the memory).
@@ -63,8 +65,7 @@ class ChatServer:
             raise ValueError(f"server.timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
         if self.retries < 0 or self.backoff_s < 0:
             raise ValueError(f"server.retries and server.backoff_s must be >= 0, got {self.retries}, {self.backoff_s}")
-        if self.samples_per_request < 1:
-            raise ValueError(f"server.samples_per_request must be at least 1, got {self.samples_per_request}")
+        require_at_least(**{"server.samples_per_request": (self.samples_per_request, 1)})
 
     @property
     def url(self) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from alignment_games.modules.algorithms.checks import require_at_least
+
 __all__ = [
     "AutomaticStepGuard",
     "NonFiniteGuard",
@@ -163,8 +165,7 @@ class NonFiniteGuard:
         """
         if isinstance(max_consecutive_nonfinite, bool) or int(max_consecutive_nonfinite) != max_consecutive_nonfinite:
             raise ValueError(f"max_consecutive_nonfinite must be an integer, got {max_consecutive_nonfinite!r}")
-        if max_consecutive_nonfinite < 1:
-            raise ValueError(f"max_consecutive_nonfinite must be at least 1, got {max_consecutive_nonfinite}")
+        require_at_least(max_consecutive_nonfinite=(max_consecutive_nonfinite, 1))
         self.max_consecutive_nonfinite = int(max_consecutive_nonfinite)
         self.nonfinite_skipped = 0
         self.consecutive_nonfinite = 0
