@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from alignment_games.modules.algorithms.checks import require_in_range
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range
 
 __all__ = [
     "adversarial_mask",
@@ -30,7 +30,12 @@ __all__ = [
 
 
 def resample_prompts(n: int, n_boot: int, seed: int) -> Tensor:
-    """``[n_boot, n]`` prompt indices drawn with replacement: the resamples every prompt bootstrap here shares."""
+    """``[n_boot, n]`` prompt indices drawn with replacement: the resamples every prompt bootstrap here shares.
+
+    Raises:
+        ValueError: for ``n_boot`` below 1.
+    """
+    require_at_least(n_boot=(n_boot, 1))
     return torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(int(seed)))
 
 
@@ -132,8 +137,6 @@ def candidate_yield_intervals(
         ValueError: for scores not a shared non-empty ``[P, R]``, an α outside (0, 1), or ``n_boot`` below 1.
     """
     _check_pair_shapes(trained, reference)
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     for a in alphas:
         require_in_range("alpha", a, 0, 1, open_low=True, open_high=True)
     t, r = trained.detach().double(), reference.detach().double()

@@ -148,8 +148,6 @@ def paired_difference(
     a, b = first["results"], second["results"]
     if [r["key"] for r in a] != [r["key"] for r in b] or [len(r["strict"]) for r in a] != [len(r["strict"]) for r in b]:
         raise ValueError("the two policies were scored on different prompts: a paired comparison needs the same ones")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     ha, hb = _per_prompt(a), _per_prompt(b)
     complete = ha["complete"].double()
     idx = resample_prompts(len(a), n_boot, seed)

@@ -239,8 +239,6 @@ def prompt_bootstrap(
         ValueError: for bad ``groups``, ``n_boot < 1``, ``level`` outside (0, 1), or ``stat_fn`` changing its shape.
     """
     g = _one_d(groups, "groups")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be at least 1, got {n_boot}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     _, group_index = torch.unique(g, return_inverse=True)
