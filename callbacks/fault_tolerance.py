@@ -224,11 +224,6 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 
 
-def _temp_path(path: str) -> str:
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f".{name}.tmp-{os.getpid()}")
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -274,7 +269,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """
     path = os.fspath(path)
     folder = os.path.dirname(path)
-    tmp = _temp_path(path)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
         if folder:
             os.makedirs(folder, exist_ok=True)

@@ -109,7 +109,8 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         _check_settings(m, self.hparams)
         self.player_names = [f"m{i}" for i in range(m)]
         if models:
-            configs = [ModelConfig.coerce({**lm.as_dict(), **_override(x)}) for x in models]
+            fields = [{"name_or_path": x} if isinstance(x, str) else x for x in models]  # a name or path, or fields
+            configs = [ModelConfig.coerce({**lm.as_dict(), **f}) for f in fields]
             self.banks = nn.ModuleList([PolicyBank(c, players=[p]) for c, p in zip(configs, self.player_names)])
             self._bank_of = {p: i for i, p in enumerate(self.player_names)}
         else:
@@ -508,8 +509,3 @@ def _check_settings(m: int, hp: Any) -> None:
     if set(hp.elo or {}) - ELO_SETTINGS:
         unknown = sorted(set(hp.elo) - ELO_SETTINGS)
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")
-
-
-def _override(entry: str | dict[str, Any]) -> dict[str, Any]:
-    """A pool member's :class:`ModelConfig` fields over ``lm``: a bare name or path, or a dict of fields."""
-    return {"name_or_path": entry} if isinstance(entry, str) else dict(entry)

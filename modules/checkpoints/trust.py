@@ -346,17 +346,14 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: tree}
 
 
-def _resume_safe(key: str, safe: tuple[str, ...]) -> bool:
-    return any(key == s or key.startswith(f"{s}.") for s in safe)
-
-
 def config_differences(
     stored: dict[str, Any], given: dict[str, Any], safe: tuple[str, ...] = RESUME_SAFE_KEYS
 ) -> list[str]:
     """The dotted config keys whose values differ between ``stored`` and ``given``, resume-safe keys left out."""
     a, b = _flatten(stored), _flatten(given)
     missing = object()
-    return sorted(k for k in set(a) | set(b) if not _resume_safe(k, safe) and a.get(k, missing) != b.get(k, missing))
+    differ = (k for k in set(a) | set(b) if a.get(k, missing) != b.get(k, missing))
+    return sorted(k for k in differ if not any(k == s or k.startswith(f"{s}.") for s in safe))
 
 
 def check_resume_config(checkpoint: dict[str, Any], given_yaml: str, source: str = "the checkpoint") -> bool:

@@ -31,11 +31,6 @@ _ALLOWED = {
 }
 
 
-def _is_record(cls: type) -> bool:
-    """Whether ``cls`` is a dataclass or an enum: DCP's metadata is made of these; readers and planners are not."""
-    return dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum)
-
-
 class _MetadataUnpickler(pickle.Unpickler):
     """Builds DCP metadata dataclasses and enums, dtypes, ``torch.Size``, layouts and paths; refuses all else."""
 
@@ -49,7 +44,9 @@ class _MetadataUnpickler(pickle.Unpickler):
             if (module, name) in _ALLOWED:
                 return super().find_class(module, name)
             found = getattr(sys.modules.get(module), name, None) if module in _ALLOWED_MODULES else None
-            if isinstance(found, type) and found.__module__ == module and _is_record(found):
+            # DCP's metadata is dataclasses and enums; readers and planners are neither
+            record = isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum))
+            if record and found.__module__ == module:
                 return found
             if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
                 return getattr(torch, name)

@@ -167,13 +167,8 @@ def _register_grouped_attention(name: str = GROUPED_ATTENTION, function: Any = N
     except ImportError:
         return False
     AttentionInterface.register(name, function or grouped_prefix_attention)
-    AttentionMaskInterface.register(name, _no_mask)
+    AttentionMaskInterface.register(name, lambda *args, **kwargs: None)  # the masks travel with the caches
     return True
-
-
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The mask of the cascade attentions: none (their masks travel with their caches)."""
-    return None
 
 
 def prompt_forward(model: Any, ids: Tensor, mask: Tensor, end: int) -> tuple[Any, Tensor]:
