@@ -20,7 +20,8 @@ LEAN_MODEL_TYPES = ("llama", "qwen2")
 
 def _linear(module: nn.Module) -> nn.Module:
     """The plain linear layer a (possibly peft-wrapped) projection computes with."""
-    return module.get_base_layer() if hasattr(module, "get_base_layer") else module
+    # looked up on the class: a miss on the instance costs an exception in nn.Module.__getattr__, per token
+    return module.get_base_layer() if hasattr(type(module), "get_base_layer") else module
 
 
 def lean_decode_unsupported(model: nn.Module) -> str | None:
@@ -139,6 +140,6 @@ def _project(module: nn.Module, x: Tensor) -> Tensor:
     """The projection's base weights on ``x``, plus each row's own LoRA update in a decode of several players."""
     linear = _linear(module)
     out = F.linear(x, linear.weight, linear.bias)
-    if hasattr(module, "_row_adapter"):
+    if "_row_adapter" in module.__dict__:  # set by row_adapters (not hasattr: see _linear)
         out = add_row_adapters(module, x, out)
     return out
