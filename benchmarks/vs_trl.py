@@ -17,7 +17,8 @@ repeats, and the first ``--discard`` steps of every run are dropped.
     python benchmarks/vs_trl.py --before path/to/earlier/checkout   # also that checkout's GRPO, in the same run
 
 With ``--before``, a checkout of an earlier commit (its own ``.venv``, or ``--before-python``) runs as a third worker in
-every repeat, the order rotating, so its ratio to TRL and ours come from the same spells of machine load.
+every repeat, so its ratio to TRL and ours come from the same spells of machine load; the order rotates, then rotates
+reversed, so that over 6 repeats each worker follows each other one equally often (give ``--repeats 6``).
 
 Every step of both sides must generate exactly ``B x G x tokens`` tokens (checked; a run that generated fewer would be
 faster by doing less). For each completion length it prints each phase's median time (generate, score, reference
@@ -338,7 +339,11 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
     kept: dict[str, list[dict]] = {w: [] for w in workers}
     pair_ratios: list[float] = []
     for rep in range(args.repeats):
-        order = workers[rep % len(workers) :] + workers[: rep % len(workers)]
+        # rotations, then rotations of the reversed list: over 2 x len(workers) repeats each worker runs after each
+        # other one equally often (a plain rotation of three always runs `before` right after TRL)
+        lists = (workers, workers[::-1]) if len(workers) > 2 else (workers,)
+        orders = [w[i:] + w[:i] for w in lists for i in range(len(workers))]
+        order = orders[rep % len(orders)]
         this_rep: dict[str, list[dict]] = {}
         for who in order:
             python, root, worker = {"trl": (args.trl_python, ROOT, "trl"), "ours": (sys.executable, ROOT, "ours")}.get(
