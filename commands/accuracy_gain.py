@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from alignment_games.datamodules.debate import single_step_problems
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation import accuracy_gain as library
 from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, paired_gain, seed_mean_gain, solved
@@ -21,8 +22,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--trained", nargs="+", required=True, help="one trained policy per seed")
     parser.add_argument("--num-problems", type=int, default=400)
     parser.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="default: problems no game trains on")
-    parser.add_argument("--min-steps", type=int, default=2, help="default: the games' 2-4 operations")
+    parser.add_argument(
+        "--problems", choices=("arithmetic", "single_step"), default="arithmetic", help="as the games' data generates"
+    )
+    parser.add_argument("--min-steps", type=int, default=2, help="arithmetic: default the games' 2-4 operations")
     parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--max-operand", type=int, default=9, help="single_step: largest operand")
     parser.add_argument("--system-prompt", default="You are a helpful assistant.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--players-per-seed", type=int, default=1, help="consecutive trained folders of one seed")
@@ -35,8 +40,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--players-per-seed {m}: the {len(args.trained)} trained folders are not groups of {m}")
     base = base_identity(args.base)
     models = describe_models(args.trained, base, "--trained")  # before any generation: duplicates, other bases
-    problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
-    prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
+    if args.problems == "arithmetic":
+        problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
+        prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
+        drawn = {"kind": "arithmetic", "steps": [args.min_steps, args.max_steps]}
+    else:
+        rows = single_step_problems(args.num_problems, args.seed, args.max_operand)
+        prompts, refs = [r["prompt"] for r in rows], [r["reference"] for r in rows]
+        drawn = {"kind": "single_step", "max_operand": args.max_operand}
     run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
     before = run(args.base)
     after = [run(path) for path in args.trained]
@@ -58,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "base": base,
         "trained": models,
-        "problems": {"n": args.num_problems, "seed": args.seed, "steps": [args.min_steps, args.max_steps]},
+        "problems": {"n": args.num_problems, "seed": args.seed, **drawn},
         "per_seed": per_seed,
     }
     if len(per_seed) > 1:  # the headline: seeds and problems resampled

@@ -9,6 +9,7 @@ import torch
 from scipy import stats
 
 from alignment_games.commands.accuracy_gain import main
+from alignment_games.datamodules.debate import single_step_problems
 from alignment_games.datamodules.prompts import generated_rows
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation.accuracy_gain import (
@@ -133,7 +134,7 @@ def test_the_command_writes_each_model_and_each_problem(tiny_lm_dir, other_lm_di
     assert json.loads(out.read_text()) == report
     assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]  # byte soup solves nothing, before or after
     assert report["across_seeds"] == {"seeds": 2, "gain": 0.0, "gain_ci": [0.0, 0.0]}
-    assert report["problems"] == {"n": 3, "seed": HELD_OUT_SEED, "steps": [2, 4]}
+    assert report["problems"] == {"n": 3, "seed": HELD_OUT_SEED, "kind": "arithmetic", "steps": [2, 4]}
     digest = lambda folder: hashlib.sha256(open(f"{folder}/model.safetensors", "rb").read()).hexdigest()  # noqa: E731
     assert [(m["path"], m["sha256"]) for m in report["trained"]] == [
         (p, digest(p)) for p in (tiny_lm_dir, other_lm_dir)
@@ -151,6 +152,26 @@ def test_the_command_writes_each_model_and_each_problem(tiny_lm_dir, other_lm_di
         (hashlib.sha256(p.question.encode()).hexdigest(), str(p.answer)) for p in problems
     ]
     assert rows[0]["correct"] == {"base": False, "trained[0]": False, "trained[1]": False}
+
+
+def test_the_command_scores_the_single_step_problems_the_debate_data_generates(monkeypatch):
+    import alignment_games.commands.accuracy_gain as ag
+
+    seen = {}
+
+    def solved(path, prompts, refs, *args):
+        seen[path] = (prompts, refs)
+        return [path == "trained" and int(r) % 2 == 0 for r in refs]  # the trained one solves the even sums
+
+    monkeypatch.setattr(ag, "solved", solved)
+    monkeypatch.setattr(ag, "base_identity", lambda path: {"name_or_path": path})
+    monkeypatch.setattr(ag, "describe_models", lambda paths, *args: [{"path": p} for p in paths])
+    report = main(["--base", "base", "--trained", "trained", "--problems", "single_step", "--max-operand", "30"])
+    rows = single_step_problems(400, seed=HELD_OUT_SEED, max_operand=30)
+    assert seen["trained"] == seen["base"] == ([r["prompt"] for r in rows], [r["reference"] for r in rows])
+    assert max(r["a"] for r in rows) == 30 and min(r["b"] for r in rows) == 1
+    assert report["problems"] == {"n": 400, "seed": HELD_OUT_SEED, "kind": "single_step", "max_operand": 30}
+    assert report["per_seed"][0]["gain"] == sum(int(r["reference"]) % 2 == 0 for r in rows) / 400
 
 
 def test_the_command_refuses_a_model_twice_or_on_another_base(tiny_lm_dir, other_lm_dir, tmp_path):
