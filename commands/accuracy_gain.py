@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.datamodules.debate import single_step_problems
+from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation import accuracy_gain as library
-from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, paired_gain, seed_mean_gain, solved
+from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, final_answers, paired_gain, seed_mean_gain
 from alignment_games.modules.evaluation.audit import describe_models, problem_rows, write_report
 from alignment_games.modules.lm.base_identity import base_identity
 
@@ -48,9 +49,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rows = single_step_problems(args.num_problems, args.seed, args.max_operand)
         prompts, refs = [r["prompt"] for r in rows], [r["reference"] for r in rows]
         drawn = {"kind": "single_step", "max_operand": args.max_operand}
-    run = lambda path: solved(path, prompts, refs, args.system_prompt, args.max_new_tokens)  # noqa: E731
-    before = run(args.base)
-    after = [run(path) for path in args.trained]
+    answers = {"base": final_answers(args.base, prompts, args.system_prompt, args.max_new_tokens)}
+    for i, path in enumerate(args.trained):
+        answers[f"trained[{i}]"] = final_answers(path, prompts, args.system_prompt, args.max_new_tokens)
+    correct = {name: [answers_match(a, r) for a, r in zip(given, refs)] for name, given in answers.items()}
+    before, after = correct["base"], [correct[f"trained[{i}]"] for i in range(len(args.trained))]
     if m == 1:
         per_seed = [
             {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
@@ -71,12 +74,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "trained": models,
         "problems": {"n": args.num_problems, "seed": args.seed, **drawn},
         "per_seed": per_seed,
+        # the share of replies with a final \boxed{} at all: what of a gain is the format, not the answer
+        "answered": {name: sum(a is not None for a in given) / len(given) for name, given in answers.items()},
     }
     if len(per_seed) > 1:  # the headline: seeds and problems resampled
         report["across_seeds"] = seed_mean_gain(before, after, players_per_seed=m)
     if args.out:
-        correct = {"base": before, **{f"trained[{i}]": a for i, a in enumerate(after)}}
-        write_report(report, args.out, problem_rows(prompts, refs, correct))
+        per_problem = problem_rows(prompts, refs, correct)
+        for i, row in enumerate(per_problem):
+            row["answer"] = {name: given[i] for name, given in answers.items()}
+        write_report(report, args.out, per_problem)
     print(json.dumps(report, indent=2))
     return report
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
+from alignment_games.modules.algorithms.answers import extract_final_answer
 from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["HELD_OUT_SEED", "paired_gain", "seed_mean_gain", "solved", "two_level_interval"]
+__all__ = ["HELD_OUT_SEED", "paired_gain", "final_answers", "seed_mean_gain", "two_level_interval"]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
@@ -99,13 +99,15 @@ def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, co
     return torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
 
 
-def solved(
-    model_path: str, prompts: Sequence[str], references: Sequence[str], system_prompt: str, max_new_tokens: int
-) -> list[bool]:
-    """Whether the greedy reply of the policy in ``model_path`` solves each problem."""
+def final_answers(model_path: str, prompts: Sequence[str], system_prompt: str, max_new_tokens: int) -> list[str | None]:
+    """The last ``\\boxed{}`` of the greedy reply of the policy in ``model_path`` to each prompt (``None``: no box).
+
+    Kept apart from the scoring so that a report can tell a missing answer (the format) from a wrong one.
+    """
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
     model = load_model(model_path, task="causal_lm")
     tokenizer = load_tokenizer(model_path)
-    replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, batch_size=32)
-    return [answers_match(extract_final_answer(y), r) for y, r in zip(replies, references)]
+    return [
+        extract_final_answer(y) for y in greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, 32)
+    ]

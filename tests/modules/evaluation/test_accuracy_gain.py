@@ -152,6 +152,9 @@ def test_the_command_writes_each_model_and_each_problem(tiny_lm_dir, other_lm_di
         (hashlib.sha256(p.question.encode()).hexdigest(), str(p.answer)) for p in problems
     ]
     assert rows[0]["correct"] == {"base": False, "trained[0]": False, "trained[1]": False}
+    assert set(rows[0]["answer"]) == {"base", "trained[0]", "trained[1]"}
+    assert set(report["answered"]) == set(rows[0]["answer"])
+    assert report["answered"]["base"] == sum(r["answer"]["base"] is not None for r in rows) / 3
 
 
 def test_the_command_scores_the_single_step_problems_the_debate_data_generates(monkeypatch):
@@ -159,19 +162,25 @@ def test_the_command_scores_the_single_step_problems_the_debate_data_generates(m
 
     seen = {}
 
-    def solved(path, prompts, refs, *args):
-        seen[path] = (prompts, refs)
-        return [path == "trained" and int(r) % 2 == 0 for r in refs]  # the trained one solves the even sums
+    rows = single_step_problems(400, seed=HELD_OUT_SEED, max_operand=30)
 
-    monkeypatch.setattr(ag, "solved", solved)
+    def final_answers(path, prompts, *args):
+        seen[path] = prompts
+        sums = [int(r["a"]) + int(r["b"]) for r in rows]
+        if path == "base":  # boxes the odd sums' problems, one too high: a format but no right answer
+            return [str(t + 1) if t % 2 else None for t in sums]
+        return [str(t) if t % 2 == 0 else "x" for t in sums]  # the trained one boxes every answer, the even sums right
+
+    monkeypatch.setattr(ag, "final_answers", final_answers)
     monkeypatch.setattr(ag, "base_identity", lambda path: {"name_or_path": path})
     monkeypatch.setattr(ag, "describe_models", lambda paths, *args: [{"path": p} for p in paths])
     report = main(["--base", "base", "--trained", "trained", "--problems", "single_step", "--max-operand", "30"])
-    rows = single_step_problems(400, seed=HELD_OUT_SEED, max_operand=30)
-    assert seen["trained"] == seen["base"] == ([r["prompt"] for r in rows], [r["reference"] for r in rows])
+    assert seen["trained"] == seen["base"] == [r["prompt"] for r in rows]
     assert max(r["a"] for r in rows) == 30 and min(r["b"] for r in rows) == 1
     assert report["problems"] == {"n": 400, "seed": HELD_OUT_SEED, "kind": "single_step", "max_operand": 30}
-    assert report["per_seed"][0]["gain"] == sum(int(r["reference"]) % 2 == 0 for r in rows) / 400
+    even = sum(int(r["reference"]) % 2 == 0 for r in rows)
+    assert report["per_seed"][0]["gain"] == even / 400
+    assert report["answered"] == {"base": (400 - even) / 400, "trained[0]": 1.0}
 
 
 def test_the_command_refuses_a_model_twice_or_on_another_base(tiny_lm_dir, other_lm_dir, tmp_path):
@@ -214,7 +223,10 @@ def test_players_per_seed_groups_a_pools_players_by_hand(monkeypatch):
         "s1m0": [False, False, True, False],  # -0.25
         "s1m1": [True, True, True, True],  # +0.50
     }
-    monkeypatch.setattr(ag, "solved", lambda path, *args: table[path])
+    refs = [str(p.answer) for p in generate_problems(400, HELD_OUT_SEED, 2, 4)][:4]
+    monkeypatch.setattr(
+        ag, "final_answers", lambda path, *args: [r if c else str(int(r) + 1) for r, c in zip(refs, table[path])]
+    )
     monkeypatch.setattr(ag, "base_identity", lambda path: {"name_or_path": path})
     monkeypatch.setattr(ag, "describe_models", lambda paths, *args: [{"path": p} for p in paths])
     report = main(["--base", "base", "--trained", "s0m0", "s0m1", "s1m0", "s1m1", "--players-per-seed", "2"])
