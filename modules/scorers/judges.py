@@ -238,7 +238,20 @@ class PromptedJudge(DebateJudge):
     """A language-model judge's prompt and verdict reading, shared by :class:`HFJudge` and :class:`RemoteJudge`.
 
     The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``, in the
-    model's chat template when it has one. Its arguments are documented on :class:`HFJudge`.
+    model's chat template when it has one.
+
+    Args:
+        template: The prompt template.
+        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
+        max_answer_words: Words of the visible answer that count (``None``: all).
+        num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
+        sampling: How the votes are sampled (:class:`Sampling`).
+        max_prompt_tokens: Prompt tokens the judge reads (see :meth:`prompt`).
+        think_open: Opening delimiter of the judge's hidden reasoning.
+        think_close: Closing delimiter.
+        prefill: Text the judge's answer is started with (e.g. ``Verdict:``), also put before its output when read.
+        seed: Seed of the vote sampling.
+        timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
     """
 
     pairwise = True
@@ -345,20 +358,10 @@ class HFJudge(PromptedJudge):
 
     Args:
         model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
-        template: Prompt template (see :class:`PromptedJudge`).
-        chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
-        max_answer_words: Words of the visible answer that count (``None``: all).
-        num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
-        sampling: How the votes are sampled (:class:`Sampling`).
-        max_prompt_tokens: Prompt tokens the judge reads (see :meth:`PromptedJudge.prompt`).
-        think_open: Opening delimiter of the judge's hidden reasoning.
-        think_close: Closing delimiter.
-        prefill: Text the judge's answer is started with (e.g. ``Verdict:``), also put before its output when read.
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.
         load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CUDA only).
         trust_remote_code: Off unless turned on.
-        seed: Seed of the vote sampling.
-        timeout_s: Seconds of generation per batch (``generate(max_time=)``); unfinished votes are NaN.
+        **prompting: :class:`PromptedJudge`'s arguments.
     """
 
     bounds_own_time = True
@@ -366,34 +369,12 @@ class HFJudge(PromptedJudge):
     def __init__(
         self,
         model: str,
-        template: str = JUDGE_TEMPLATE,
-        chain_of_thought: bool = True,
-        max_answer_words: int | None = None,
-        num_votes: int = 8,
-        sampling: Sampling = Sampling(),
-        max_prompt_tokens: int = 2048,
-        think_open: str = "<think>",
-        think_close: str = "</think>",
-        prefill: str = "",
         dtype: str = "auto",
         load_in_4bit: bool = False,
         trust_remote_code: bool = False,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **prompting: Any,
     ) -> None:
-        super().__init__(
-            template,
-            chain_of_thought,
-            max_answer_words,
-            num_votes,
-            sampling,
-            max_prompt_tokens,
-            think_open,
-            think_close,
-            prefill=prefill,
-            seed=seed,
-            timeout_s=timeout_s,
-        )
+        super().__init__(**prompting)
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code, load_in_4bit)
         self.device = next(self.model.parameters()).device
         # prefill each prompt once for its votes; False samples num_return_sequences rows that each prefill it
@@ -464,8 +445,8 @@ class RemoteJudge(PromptedJudge):
         server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
         tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
         max_concurrency: Transcripts asked at once (the server batches concurrent requests).
-        template: Prompt template (see :class:`PromptedJudge`); the other arguments are :class:`HFJudge`'s.
         trust_remote_code: For the tokenizer; off unless turned on.
+        **prompting: :class:`PromptedJudge`'s arguments but ``prefill``.
     """
 
     def __init__(
@@ -473,30 +454,12 @@ class RemoteJudge(PromptedJudge):
         server: ChatServer | dict,
         tokenizer: str | None = None,
         max_concurrency: int = 8,
-        template: str = JUDGE_TEMPLATE,
-        chain_of_thought: bool = True,
-        max_answer_words: int | None = None,
-        num_votes: int = 8,
-        sampling: Sampling = Sampling(),
-        max_prompt_tokens: int = 2048,
-        think_open: str = "<think>",
-        think_close: str = "</think>",
         trust_remote_code: bool = False,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **prompting: Any,
     ) -> None:
-        super().__init__(
-            template,
-            chain_of_thought,
-            max_answer_words,
-            num_votes,
-            sampling,
-            max_prompt_tokens,
-            think_open,
-            think_close,
-            seed=seed,
-            timeout_s=timeout_s,
-        )
+        if prompting.get("prefill"):
+            raise ValueError("RemoteJudge: prefill is not supported (a chat-completions reply cannot be started)")
+        super().__init__(**prompting)
         from alignment_games.modules.lm.models import load_tokenizer
 
         self.server = server if isinstance(server, ChatServer) else ChatServer(**server)

@@ -226,6 +226,11 @@ def test_bad_server_settings_are_refused(fields, message):
         ChatServer(**{"base_url": "http://h/v1", "model": "m", **fields})
 
 
+def test_a_prefill_is_refused_since_a_chat_reply_cannot_be_started(tiny_lm_dir):
+    with pytest.raises(ValueError, match="RemoteJudge: prefill is not supported"):
+        RemoteJudge({"base_url": "http://h/v1", "model": "m"}, tokenizer=str(tiny_lm_dir), prefill="Verdict:")
+
+
 def test_remote_oracle_reads_letters_and_leaves_unread_queries_out(server, tiny_lm_dir):
     fields = {"base_url": server.url, "model": "judge", "retries": 0, "timeout_s": 5.0}
     oracle = RemoteJudgeOracle(fields, tokenizer=str(tiny_lm_dir), samples=4, max_concurrency=1)
