@@ -272,7 +272,15 @@ _JUDGE_TEMPLATE = (
 
 
 class PromptedOracle(PreferenceOracle):
-    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`."""
+    """An LLM judge's comparison prompt, shared by :class:`LLMJudgeOracle` and :class:`RemoteJudgeOracle`.
+
+    Args:
+        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
+        max_length: Tokens per query (see :meth:`prompt`).
+        num_queries: Verdicts averaged per label.
+        seed: Seed of order randomisation, verdict sampling and (remote) the requests' seeds.
+        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+    """
 
     tokenizer: Any
 
@@ -314,29 +322,21 @@ class LLMJudgeOracle(PromptedOracle):
 
     Args:
         model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
-        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
         batch_size: Queries per forward pass.
-        max_length: Tokens per query (see :meth:`PromptedOracle.prompt`).
         dtype: Weights dtype; ``"auto"``: bfloat16 with CUDA, else float32 (:func:`load_frozen_causal_lm`).
         trust_remote_code: Off unless the config turns it on.
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation and verdict sampling.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+        **prompting: :class:`PromptedOracle`'s arguments.
     """
 
     def __init__(
         self,
         model: str,
-        template: str = _JUDGE_TEMPLATE,
         batch_size: int = 8,
-        max_length: int = 2048,
         dtype: str = "auto",
         trust_remote_code: bool = False,
-        num_queries: int = 1,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **prompting: Any,
     ) -> None:
-        super().__init__(template, max_length, num_queries, seed, timeout_s)
+        super().__init__(**prompting)
         self.batch_size = batch_size
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.tokenizer.truncation_side = "left"
@@ -384,34 +384,26 @@ class RemoteJudgeOracle(PromptedOracle):
     Args:
         server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
         tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
-        template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders (sent as the user message).
         samples: Replies per query.
         temperature: Sampling temperature of the replies.
         max_tokens: Tokens per reply (the letter needs one or two).
-        max_length: Tokens per query (see :meth:`PromptedOracle.prompt`).
         max_concurrency: Queries asked at once.
         trust_remote_code: For the tokenizer; off unless turned on.
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation, verdict sampling and the requests' seeds.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+        **prompting: :class:`PromptedOracle`'s arguments (the template is sent as the user message).
     """
 
     def __init__(
         self,
         server: ChatServer | dict,
         tokenizer: str | None = None,
-        template: str = _JUDGE_TEMPLATE,
         samples: int = 1,
         temperature: float = 1.0,
         max_tokens: int = 8,
-        max_length: int = 2048,
         max_concurrency: int = 8,
         trust_remote_code: bool = False,
-        num_queries: int = 1,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **prompting: Any,
     ) -> None:
-        super().__init__(template, max_length, num_queries, seed, timeout_s)
+        super().__init__(**prompting)
         from alignment_games.modules.lm.models import load_tokenizer
 
         require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1), max_concurrency=(max_concurrency, 1))

@@ -6,6 +6,7 @@ normal replies, 5xx and 429 then success, a server past the timeout, garbage bod
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import pickle
@@ -18,8 +19,8 @@ import torch
 
 from alignment_games.modules.algorithms.debate import Transcript, split_reply
 from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.scorers.judges import HFJudge, RemoteJudge
-from alignment_games.modules.scorers.oracle import RemoteJudgeOracle
+from alignment_games.modules.scorers.judges import HFJudge, PromptedJudge, RemoteJudge
+from alignment_games.modules.scorers.oracle import LLMJudgeOracle, PromptedOracle, RemoteJudgeOracle
 from alignment_games.modules.scorers.remote import ChatServer, RemoteServerError
 
 
@@ -224,6 +225,25 @@ def test_api_key_comes_from_the_named_variable_and_is_never_stored(server, tiny_
 def test_bad_server_settings_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         ChatServer(**{"base_url": "http://h/v1", "model": "m", **fields})
+
+
+@pytest.mark.parametrize(
+    ("cls", "shared"),
+    [
+        (HFJudge, PromptedJudge),
+        (RemoteJudge, PromptedJudge),
+        (LLMJudgeOracle, PromptedOracle),
+        (RemoteJudgeOracle, PromptedOracle),
+    ],
+)
+def test_the_prompting_arguments_passed_on_as_kwargs_are_config_options(cls, shared):
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(cls, "x")
+    options = {a.dest.split(".")[1] for a in parser._actions if a.dest.startswith("x.")}
+    own = set(inspect.signature(cls.__init__).parameters) - {"self", "prompting"}
+    assert own | (set(inspect.signature(shared.__init__).parameters) - {"self"}) <= options
 
 
 def test_a_prefill_is_refused_since_a_chat_reply_cannot_be_started(tiny_lm_dir):
