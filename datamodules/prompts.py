@@ -162,6 +162,8 @@ class PromptDataModule(L.LightningDataModule):
         val_fraction: Share of prompts for validation (held-out evaluation of the game).
         test_fraction: Share of prompts for test.
         batch_size: Prompts per step (the paper's B).
+        eval_batch_size: Prompts per validation or test batch (an evaluation decodes more rows at once than a step's
+            ``batch_size`` prompts, which each fork into a group); default ``batch_size``.
         seed: Seed of generation and splitting.
         generation_seed_offset: Generated problems use ``seed + offset``, unseen by the preference ensemble.
     """
@@ -173,6 +175,7 @@ class PromptDataModule(L.LightningDataModule):
         val_fraction: float = 0.25,
         test_fraction: float = 0.0,
         batch_size: int = 4,
+        eval_batch_size: int | None = None,
         seed: int = 0,
         generation_seed_offset: int = 1_000_003,
     ) -> None:
@@ -182,6 +185,8 @@ class PromptDataModule(L.LightningDataModule):
                 f"val_fraction={val_fraction} and test_fraction={test_fraction} must be in [0, 1) and sum below 1"
             )
         require_positive(batch_size=batch_size)
+        if eval_batch_size is not None:
+            require_positive(eval_batch_size=eval_batch_size)
         self.source = PromptSource.coerce(source)
         self.save_hyperparameters(ignore=["source"], logger=False)
         self.hparams["source"] = dataclasses.asdict(self.source)  # plain values: checkpoints load weights-only
@@ -212,8 +217,9 @@ class PromptDataModule(L.LightningDataModule):
             raise ValueError("no training prompts left after the validation/test split")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        rows, hp = index_rows(self.splits[split]), self.hparams
-        return split_loader(rows, hp.batch_size, collate_prompts, train=split == "train", shuffle=shuffle, seed=hp.seed)
+        rows, hp, train = index_rows(self.splits[split]), self.hparams, split == "train"
+        size = hp.batch_size if train or hp.get("eval_batch_size") is None else hp.eval_batch_size
+        return split_loader(rows, size, collate_prompts, train=train, shuffle=shuffle, seed=hp.seed)
 
     @override
     def train_dataloader(self) -> DataLoader:

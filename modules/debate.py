@@ -43,6 +43,7 @@ from alignment_games.modules.algorithms.debate import (
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
 from alignment_games.modules.base import LanguageModelGame
+from alignment_games.modules.evaluation.audit import tensors_sha256
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -69,6 +70,8 @@ class DebateSelfPlay(LanguageModelGame):
         policy_gradient: The forked ply's update (:class:`PolicyGradient`; ``group_size``: branches at the fork).
         sampling: How the players sample (temperature also of the log-probabilities; tokens of Alice's answer).
         reply_max_new_tokens: Tokens of critique and rebuttal turns (``None``: ``sampling.max_new_tokens``).
+        eval_greedy: Validation and test decode every ply greedily, as GRPO's and the pool's evaluations do (the
+            judge's votes stay sampled); ``False``: with ``sampling``, as training plays.
         word_limit: Words allowed in critique and rebuttal, stated and enforced by the penalty (``None``: no limit).
         word_penalty_coef: Penalty per word over the limit.
         missing_answer_reward: Alice's reward when her answer has no ``\\boxed{}`` (strictly negative).
@@ -104,6 +107,7 @@ class DebateSelfPlay(LanguageModelGame):
         policy_gradient: PolicyGradient = PolicyGradient(),
         sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
         reply_max_new_tokens: int | None = None,
+        eval_greedy: bool = False,
         word_limit: int | None = 100,
         word_penalty_coef: float = 0.01,
         missing_answer_reward: float = -0.5,
@@ -186,7 +190,12 @@ class DebateSelfPlay(LanguageModelGame):
         return self.bank.chat(hp.system_prompt, fill_fields(self.templates[ply], **fields))
 
     def play(
-        self, problems: list[str], references: list[str | None], group_size: int, fork_plies: list[int] | None = None
+        self,
+        problems: list[str],
+        references: list[str | None],
+        group_size: int,
+        fork_plies: list[int] | None = None,
+        greedy: bool = False,
     ) -> ForkedRollout[Rollout]:
         """Play every problem, forking ``group_size`` branches at ``fork_plies`` (``None``: once each, group size 1).
 
@@ -212,7 +221,7 @@ class DebateSelfPlay(LanguageModelGame):
             # B-judge and B-convince train only Bob: Alice is the frozen reference (the paper's frozen Alice)
             player = None if hp.bob_reward != "constant_sum" and PLAYER_OF_PLY[ply] == "alice" else PLAYER
             with self._timed(f"generate_{ply}"):
-                out = self.bank.generate(player, prompts, 1, s)
+                out = self.bank.generate(player, prompts, 1, s, greedy=greedy)
             rollouts.append(out)
             rows = branch_rows(counts, g) if g > 1 else list(range(b))
             replies = [split_reply(text, hp.think_open, hp.think_close, hp.require_thinking) for text in out.texts]
@@ -408,7 +417,7 @@ class DebateSelfPlay(LanguageModelGame):
         problems, refs = list(batch["prompt"]), list(batch["reference"])
         items = self.item_ids(batch, len(problems))
         with self._seeded(1, self.counters["batches_seen"], batch_idx):
-            roll = self.play(problems, refs, 1, None)
+            roll = self.play(problems, refs, 1, None, greedy=self.hparams.eval_greedy)
         transcripts = roll.transcripts
         shares, judge_counts, verdicts = self._judge(transcripts)
         metrics = self._rollout_metrics(stage, transcripts, shares, judge_counts)
@@ -427,9 +436,12 @@ class DebateSelfPlay(LanguageModelGame):
         self._records.update(items, **{k: torch.tensor(x, device=self.device) for k, x in flags.items()}, reward=reward)
         return self._mcc_outputs(transcripts, verdicts, items)
 
-    def _end_evaluation(self, stage: str) -> dict[str, float] | None:
-        """Gather the per-problem records (each problem once; a collective), log the exact counts, return them."""
-        _, v = self._records.compute(self.device)
+    def _end_evaluation(self, stage: str) -> tuple[dict[str, float], dict[str, list[Any]]] | None:
+        """Gather the per-problem records (each problem once; a collective), log the exact counts, return them.
+
+        The rows returned beside the counts hold each problem's dataset index and record columns.
+        """
+        ids, v = self._records.compute(self.device)
         self._records.reset()
         if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
             return None
@@ -457,7 +469,8 @@ class DebateSelfPlay(LanguageModelGame):
             logged[f"{stage}/reward"] = counts["reward_sum"] / counts["n"]
         # identical on every rank (gathered); "max" keeps Lightning's epoch-level reduction exact
         self.log_dict(logged, sync_dist=self.trainer.world_size > 1, reduce_fx="max", batch_size=1)
-        return counts
+        rows = {"item": ids.tolist()} | {k: [int(x) for x in v[k].tolist()] for k in self._RECORD_COLUMNS[:-1]}
+        return counts, rows
 
     test_step = validation_step
 
@@ -473,9 +486,10 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def on_validation_epoch_end(self) -> None:
-        v = self._end_evaluation("val")
-        if v is None:
+        ended = self._end_evaluation("val")
+        if ended is None:
             return
+        v, rows = ended
         record = {
             "step": int(self.global_step),
             "batches_seen": int(self.counters["batches_seen"]),
@@ -486,6 +500,9 @@ class DebateSelfPlay(LanguageModelGame):
             **{k: v[k] for k in ("tp", "fp", "tn", "fn", "ties", "unparsed")},
             "reward": v["reward_sum"] / v["n"] if v["n"] else float("nan"),
             "protocol": self.hparams.protocol,
+            # what was evaluated and each problem's result, for a reader to check and resample (debate_compare)
+            "adapter_sha256": tensors_sha256(self.bank.player_parameters(PLAYER)),
+            "problems": rows,
         }
         self.eval_history.append(record)
         # rewritten whole: a resumed run drops the evaluations after its checkpoint, and each is in the file once

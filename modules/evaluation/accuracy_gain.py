@@ -15,7 +15,15 @@ from alignment_games.modules.algorithms.answers import extract_final_answer
 from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["HELD_OUT_SEED", "paired_gain", "final_answers", "seed_mean_gain", "two_level_interval"]
+__all__ = [
+    "HELD_OUT_SEED",
+    "final_answers",
+    "paired_gain",
+    "percentile_interval",
+    "seed_mean_gain",
+    "two_level_counts",
+    "two_level_interval",
+]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
@@ -74,29 +82,46 @@ def seed_mean_gain(
     return dict(seeds=len(diff), gain=float(diff.mean()), gain_ci=two_level_interval(diff, n_boot, seed, confidence))
 
 
-def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> list[float]:
-    """Percentile interval of the mean of ``diff`` (seeds × problems) under a two-level bootstrap.
+def two_level_counts(seeds: int, problems: int, n_boot: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """How often each resample draws each seed ``[n_boot, seeds]`` and each problem ``[n_boot, problems]``.
 
-    Each resample draws the problems (once for all seeds: they answered the same ones), then the seeds, both with
-    replacement; with one seed this is exactly :func:`paired_gain`'s interval.
+    A two-level bootstrap draws the problems (once for all seeds: they answered the same ones), then the seeds, both
+    with replacement; a statistic of the resample weighs seed ``s`` on problem ``p`` by the product of the two counts.
+
+    Raises:
+        ValueError: for no seeds, no problems or ``n_boot < 1``.
+    """
+    if not problems:
+        raise ValueError("no problems")
+    require_at_least(n_boot=(n_boot, 1), seeds=(seeds, 1))
+    gen = torch.Generator().manual_seed(seed)
+
+    def counts(n: int) -> torch.Tensor:
+        idx = torch.randint(n, (n_boot, n), generator=gen)
+        return torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones_like(idx).double())
+
+    by_problem = counts(problems)
+    return counts(seeds), by_problem
+
+
+def percentile_interval(values: torch.Tensor, confidence: float = 0.95) -> list[float]:
+    """The central ``confidence`` percentile interval of bootstrap ``values``."""
+    tail = (1 - confidence) / 2
+    return torch.quantile(values.double(), torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+
+
+def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> list[float]:
+    """Percentile interval of the mean of ``diff`` (seeds × problems) under :func:`two_level_counts`' bootstrap.
+
+    With one seed this is exactly :func:`paired_gain`'s interval.
 
     Raises:
         ValueError: for no problems or ``n_boot < 1``.
     """
-    if not diff.shape[-1]:
-        raise ValueError("no problems")
-    require_at_least(n_boot=(n_boot, 1))
-    gen = torch.Generator().manual_seed(seed)
     diff, (seeds, problems) = diff.double(), diff.shape
-
-    def counts(n: int) -> torch.Tensor:  # each resample's draw of n items with replacement, as counts per item
-        idx = torch.randint(n, (n_boot, n), generator=gen)
-        return torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones_like(idx).double())
-
-    per_seed = counts(problems) @ diff.T / problems  # each resample's problems, every seed's mean on them
-    means = (per_seed * counts(seeds)).sum(dim=1) / seeds
-    tail = (1 - confidence) / 2
-    return torch.quantile(means, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    by_seed, by_problem = two_level_counts(seeds, problems, n_boot, seed)
+    per_seed = by_problem @ diff.T / problems  # each resample's problems, every seed's mean on them
+    return percentile_interval((per_seed * by_seed).sum(dim=1) / seeds, confidence)
 
 
 def final_answers(model_path: str, prompts: Sequence[str], system_prompt: str, max_new_tokens: int) -> list[str | None]:

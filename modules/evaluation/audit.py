@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from alignment_games.modules.lm.base_identity import (
     base_identity,
     check_base_identity,
@@ -20,7 +22,7 @@ from alignment_games.modules.lm.base_identity import (
 )
 from alignment_games.modules.training.artifacts import atomic_write_text
 
-__all__ = ["describe_models", "problem_rows", "recorded_base", "weights_sha256", "write_report"]
+__all__ = ["describe_models", "problem_rows", "recorded_base", "tensors_sha256", "weights_sha256", "write_report"]
 
 #: a peft adapter folder's weight files (what :mod:`modules.checkpoints.export` writes is the first)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -39,6 +41,19 @@ def weights_sha256(folder: str) -> str:
     if len(digests) == 1:
         return digests[0][1]
     return hashlib.sha256("".join(f"{n}\0{d}\n" for n, d in digests).encode()).hexdigest()
+
+
+def tensors_sha256(tensors: Sequence[torch.Tensor]) -> str:
+    """The sha256 of tensors in order, each as ``dtype shape`` then its bytes.
+
+    It names the weights an in-training evaluation used (a sharded parameter hashes this process's shard).
+    """
+    digest = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        digest.update(f"{t.dtype} {tuple(t.shape)}\n".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
 
 
 def recorded_base(folder: str) -> dict[str, Any] | None:

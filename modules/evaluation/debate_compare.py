@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from alignment_games.callbacks.functional import (
     beta_lower_bound,
     gap_recovery,
@@ -24,8 +26,17 @@ from alignment_games.callbacks.functional import (
     posterior_mean,
 )
 from alignment_games.callbacks.functional.mcc import matthews_corrcoef_from_counts
+from alignment_games.modules.evaluation.accuracy_gain import percentile_interval, two_level_counts
 
-__all__ = ["compare_groups", "dedup_evaluations", "format_table", "judge_trend", "load_evaluations", "peak_window"]
+__all__ = [
+    "compare_groups",
+    "dedup_evaluations",
+    "final_intervals",
+    "format_table",
+    "judge_trend",
+    "load_evaluations",
+    "peak_window",
+]
 
 COUNTS = ("tp", "fp", "tn", "fn")
 
@@ -112,6 +123,79 @@ def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> di
     return {"first": pooled(evaluations[:window]), "last": pooled(evaluations[-window:])}
 
 
+def _last_problems(runs: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, torch.Tensor] | None:
+    """Runs × problems indicators of each run's last evaluation (correct, tp, fp, tn, fn), problems in item order.
+
+    ``None`` when a run lacks per-problem rows or the runs evaluated different problems.
+    """
+    rows = [r[-1].get("problems") for r in runs]
+    if not rows or any(not p or not p.get("item") for p in rows) or len({tuple(sorted(p["item"])) for p in rows}) > 1:
+        return None
+    cols: dict[str, list[list[float]]] = {k: [] for k in ("correct", *COUNTS)}
+    for p in rows:
+        order = sorted(range(len(p["item"])), key=p["item"].__getitem__)
+        v = {k: torch.tensor([float(p[k][i]) for i in order]) for k in ("referenced", "correct", "accepts", "tie")}
+        v["unparsed"] = torch.tensor([float(p["unparsed"][i]) for i in order])
+        truth, accepts = v["correct"] > 0, v["accepts"] > 0
+        decisive = (v["referenced"] > 0) & (v["tie"] == 0) & (v["unparsed"] == 0)
+        cells = {"correct": truth, "tp": decisive & accepts & truth, "fp": decisive & accepts & ~truth}
+        cells |= {"tn": decisive & ~accepts & ~truth, "fn": decisive & ~accepts & truth}
+        for k, x in cells.items():
+            cols[k].append(x.double().tolist())
+    return {k: torch.tensor(x, dtype=torch.float64) for k, x in cols.items()}
+
+
+def _resampled(
+    m: Mapping[str, torch.Tensor], by_seed: torch.Tensor, by_problem: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Each resample's accuracy and MCC: run ``s`` on problem ``p`` weighs ``by_seed[b, s] * by_problem[b, p]``."""
+    w = {k: torch.einsum("bs,sp,bp->b", by_seed, x, by_problem) for k, x in m.items()}
+    acc = w["correct"] / (by_seed.sum(dim=1) * by_problem.sum(dim=1))
+    tp, fp, tn, fn = (w[k] for k in COUNTS)
+    den = ((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)).sqrt()
+    return acc, torch.where(den > 0, (tp * tn - fp * fn) / den.clamp_min(1e-300), torch.zeros_like(den))
+
+
+def final_intervals(
+    groups: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
+    baseline: str | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Each group's last-evaluation accuracy and judge MCC with two-level bootstrap intervals (runs, then problems).
+
+    One resample weighs run ``s`` on problem ``p`` by how often each was drawn (:func:`two_level_counts`): the accuracy
+    is the weighted mean, the MCC that of the weighted confusion counts. Against ``baseline`` the runs pair by position
+    (give the seeds in the same order: a seed also draws the data order) and the differences share the resample.
+    A group is left out when its runs lack per-problem rows or evaluated different problems.
+    """
+    mats = {name: _last_problems(runs) for name, runs in groups.items()}
+    out: dict[str, Any] = {}
+    for name, m in mats.items():
+        if m is None:
+            continue
+        runs, problems = m["correct"].shape
+        draws = two_level_counts(runs, problems, n_boot, seed)
+        acc, mcc = _resampled(m, *draws)
+        pooled = {k: float(x.sum()) for k, x in m.items()}
+        row = {
+            "runs": runs,
+            "problems": problems,
+            "accuracy": pooled["correct"] / (runs * problems),
+            "accuracy_ci": percentile_interval(acc, confidence),
+            "mcc": matthews_corrcoef_from_counts(*(pooled[k] for k in COUNTS)),
+            "mcc_ci": percentile_interval(mcc, confidence),
+        }
+        base = mats.get(baseline) if baseline is not None and name != baseline else None
+        if base is not None and base["correct"].shape == m["correct"].shape:
+            base_acc, base_mcc = _resampled(base, *draws)
+            row["accuracy_diff_ci"] = percentile_interval(acc - base_acc, confidence)
+            row["mcc_diff_ci"] = percentile_interval(mcc - base_mcc, confidence)
+        out[name] = row
+    return out
+
+
 def compare_groups(
     groups: Mapping[str, Sequence[Sequence[Mapping[str, Any]]]],
     upper: str | None = None,
@@ -160,7 +244,10 @@ def compare_groups(
                 )
             except ValueError:
                 row["gap_recovery"] = None  # no gap between baseline and upper bound
-    return dict(window=window, quantile=quantile, draws=draws, upper=upper, baseline=baseline, groups=rows)
+    finals = final_intervals(groups, baseline, seed=seed)
+    return dict(
+        window=window, quantile=quantile, draws=draws, upper=upper, baseline=baseline, groups=rows, final=finals
+    )
 
 
 def format_table(result: Mapping[str, Any]) -> str:
@@ -196,5 +283,23 @@ def format_table(result: Mapping[str, Any]) -> str:
                 f"| {name} | {i} | {f['mcc']:.2f} → {last['mcc']:.2f} | {f['accept_rate']:.2f} → "
                 f"{last['accept_rate']:.2f} | {f['false_accepts']:.0f} → "
                 f"{last['false_accepts']:.0f} | {reward} |"
+            )
+    finals = result.get("final") or {}
+    if finals:
+        lines += [
+            "",
+            "| protocol | last evaluation: accuracy [95% two-level] | judge MCC [95%] | vs baseline: accuracy, MCC "
+            "| runs × problems |",
+            "|---|---|---|---|---|",
+        ]
+        for name, f in finals.items():
+            a, m = f["accuracy_ci"], f["mcc_ci"]
+            diff = "—"
+            if "accuracy_diff_ci" in f:
+                da, dm = f["accuracy_diff_ci"], f["mcc_diff_ci"]
+                diff = f"[{da[0]:+.3f}, {da[1]:+.3f}], [{dm[0]:+.2f}, {dm[1]:+.2f}]"
+            lines.append(
+                f"| {name} | {f['accuracy']:.3f} [{a[0]:.3f}, {a[1]:.3f}] | {f['mcc']:.2f} [{m[0]:.2f}, {m[1]:.2f}] "
+                f"| {diff} | {f['runs']} × {f['problems']} |"
             )
     return "\n".join(lines)

@@ -218,6 +218,21 @@ def test_prompt_files_read_gsm8k_and_boxed_references(tmp_path):
     assert len(dm.splits["train"]) == 1 and len(dm.splits["val"]) == 1
 
 
+def test_evaluation_batches_take_eval_batch_size_and_training_keeps_batch_size():
+    from alignment_games.datamodules.prompts import PromptDataModule
+
+    dm = PromptDataModule(num_prompts=40, val_fraction=0.5, test_fraction=0.25, batch_size=3, eval_batch_size=8)
+    dm.setup()
+    assert [len(b["prompt"]) for b in dm.val_dataloader()] == [8, 8, 4]  # 20 held-out prompts, in order
+    assert [len(b["prompt"]) for b in dm.test_dataloader()] == [8, 2]
+    assert sorted(len(b["prompt"]) for b in dm.train_dataloader()) == [1, 3, 3, 3]  # the other 10
+    plain = PromptDataModule(num_prompts=40, val_fraction=0.5, batch_size=3)
+    plain.setup()
+    assert [len(b["prompt"]) for b in plain.val_dataloader()] == [3] * 6 + [2]
+    with pytest.raises(ValueError, match="eval_batch_size"):
+        PromptDataModule(eval_batch_size=0)
+
+
 class Alternating:
     """Verdicts by hand: on even queries a is better, on odd queries b (certain verdicts, whatever the order);
     ``invalid[row]`` names the queries whose verdict for that row is garbage (NaN, inf, 1.7, -0.2 in turn)."""

@@ -12,6 +12,7 @@ from helpers.debate import script_judge, tiny_debate_module
 from alignment_games.callbacks import MCCTracker, PeakCheckpoint
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
 from alignment_games.modules.algorithms.debate import Transcript, split_reply
+from alignment_games.modules.evaluation.audit import tensors_sha256
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, HFJudge, JudgeVotes, ProgrammaticJudge
 
@@ -138,14 +139,30 @@ def _loader(rows):
     return torch.utils.data.DataLoader(Rows(items), batch_size=len(rows), collate_fn=collate_prompts)
 
 
+def test_eval_greedy_decodes_every_evaluation_ply_greedily_and_training_samples(tiny_lm_dir, tmp_path):
+    L.seed_everything(0)
+    m = _module(tiny_lm_dir, "debate_aba", eval_greedy=True)
+    calls, original = [], m.bank.generate
+
+    def recording(player, prompts, num_samples, sampling, greedy=False):
+        calls.append((m.trainer.training, greedy))
+        return original(player, prompts, num_samples, sampling, greedy=greedy)
+
+    m.bank.generate = recording
+    rows = [(PROBLEMS[0], "5"), (PROBLEMS[1], "8")]
+    _quiet_trainer(tmp_path, max_steps=1, limit_val_batches=1).fit(m, _loader(rows), _loader(rows))
+    # the sanity check, one step, one validation, three plies each: greedy exactly when not training
+    assert calls == [(False, True)] * 3 + [(True, False)] * 3 + [(False, True)] * 3
+
+
 def test_bad_input_is_counted_never_a_crash(tiny_lm_dir, tmp_path):
     """No reference, an unparseable judge and empty replies: one full step and a validation, all counted."""
     L.seed_everything(0)
     m = _module(tiny_lm_dir, "debate_ab", judge=Mumbler(num_votes=8))
     original = m.bank.generate
 
-    def empty_answers(player, prompts, num_samples, sampling, *a):
-        out = original(player, prompts, num_samples, sampling, *a)
+    def empty_answers(player, prompts, num_samples, sampling, *a, **kw):
+        out = original(player, prompts, num_samples, sampling, *a, **kw)
         if sampling.max_new_tokens == 8:  # Alice's answer turn
             out.texts = ["" for _ in out.texts]
         return out
@@ -206,6 +223,14 @@ def test_rlvr_step_and_checkpoint_round_trip(tiny_lm_dir, tmp_path):
     truth, accepted = [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]
     assert last["mcc"] == pytest.approx(matthews_corrcoef(truth, accepted))
     assert last["mcc"] == pytest.approx(6 / 72**0.5)  # (3 * 2 - 1 * 0) / sqrt(4 * 2 * 3 * 3)
+    # each problem's result, in the dataset's order, and the adapter that produced them (it trained in between)
+    rows = last["problems"]
+    assert sorted(rows["item"]) == list(range(6))
+    by_item = {k: [rows[k][rows["item"].index(i)] for i in range(6)] for k in ("correct", "accepts", "tie")}
+    assert by_item == {"correct": truth, "accepts": accepted, "tie": [0] * 6}
+    assert last["adapter_sha256"] == tensors_sha256(m.bank.player_parameters("policy"))
+    assert records[0]["adapter_sha256"] == tensors_sha256(before)  # equal-reward groups: no update in between
+    assert tensors_sha256([before[0] + 1e-3, *before[1:]]) != last["adapter_sha256"]
     path = tmp_path / "x.ckpt"
     trainer.save_checkpoint(path)
     ckpt = torch.load(path, weights_only=False)

@@ -2,13 +2,16 @@
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from alignment_games.callbacks import beta_lower_bound, posterior_mean
 from alignment_games.commands.debate_compare import main
 from alignment_games.modules.evaluation.debate_compare import (
     compare_groups,
     dedup_evaluations,
+    final_intervals,
     format_table,
     judge_trend,
     load_evaluations,
@@ -135,3 +138,56 @@ def test_judge_trend_pools_the_first_and_last_windows_against_sklearn():
     assert trend["first"]["accept_rate"] == pytest.approx((6 + 5 + 5 + 6) / (54 + 51))
     assert trend["first"]["reward"] == pytest.approx(0.35) and trend["last"]["steps"] == [60, 80]
     assert judge_trend([{"step": 1, "successes": 1, "trials": 2}]) is None  # no confusion counts recorded
+
+
+def _run(correct, accepts, items=None, tie=None):
+    """One run whose last evaluation holds these per-problem results (problems listed in ``items`` order)."""
+    n = len(correct)
+    rows = {"item": items or list(range(n)), "referenced": [1] * n, "correct": correct, "accepts": accepts}
+    rows |= {"tie": tie or [0] * n, "unparsed": [0] * n}
+    return [
+        {"step": 1, "successes": 0, "trials": n},
+        {"step": 2, "successes": sum(correct), "trials": n, "problems": rows},
+    ]
+
+
+def test_final_intervals_resample_runs_and_problems_against_sklearn():
+    from sklearn.metrics import matthews_corrcoef
+
+    from alignment_games.modules.evaluation.accuracy_gain import two_level_counts, two_level_interval
+
+    a = [
+        _run([1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]),
+        _run([1, 0, 0, 0, 1, 1], [1, 0, 1, 0, 1, 1], tie=[0, 0, 1, 0, 0, 0]),
+    ]
+    # the same results listed in another problem order: rows are matched by item
+    b = [_run([0, 1, 0, 0, 1, 1], [0, 1, 1, 0, 1, 0], items=[5, 4, 3, 2, 1, 0]), _run([1] * 3 + [0] * 3, [1] * 6)]
+    out = final_intervals({"A": a, "B": b}, baseline="A", n_boot=300, seed=3)
+    truth = [1, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 1]
+    said = [1, 0, 0, 1, 1, 0, 1, 0, None, 0, 1, 1]  # the tie is no verdict
+    kept = [i for i, s in enumerate(said) if s is not None]
+    assert out["A"]["accuracy"] == pytest.approx(6 / 12)
+    assert out["A"]["mcc"] == pytest.approx(matthews_corrcoef([truth[i] for i in kept], [said[i] for i in kept]))
+    correct = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 1, 1]], dtype=torch.float64)
+    assert out["A"]["accuracy_ci"] == pytest.approx(two_level_interval(correct, 300, seed=3))
+    by_seed, by_problem = two_level_counts(2, 6, 300, seed=3)
+    mccs = []
+    for r in range(300):
+        w = [by_seed[r, s] * by_problem[r, p] for s in range(2) for p in range(6)]
+        mccs.append(
+            matthews_corrcoef([truth[i] for i in kept], [said[i] for i in kept], sample_weight=[w[i] for i in kept])
+        )
+    assert out["A"]["mcc_ci"] == pytest.approx(np.quantile(mccs, [0.025, 0.975]).tolist())
+    assert "accuracy_diff_ci" not in out["A"] and out["B"]["runs"] == 2 and out["B"]["problems"] == 6
+    b_correct = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0]], dtype=torch.float64)
+    assert out["B"]["accuracy_diff_ci"] == pytest.approx(two_level_interval(b_correct - correct, 300, seed=3))
+    same = final_intervals({"A": a, "C": list(a)}, baseline="A", n_boot=50)
+    assert same["C"]["accuracy_diff_ci"] == [0.0, 0.0] and same["C"]["mcc_diff_ci"] == [0.0, 0.0]
+
+
+def test_final_intervals_leave_out_groups_without_comparable_rows():
+    old = [_evals((1, 4))]  # records from before per-problem rows
+    other = [_run([1, 0], [1, 0]), _run([1, 0], [1, 0], items=[2, 3])]  # different problems
+    assert final_intervals({"old": old, "other": other}) == {}
+    table = format_table(compare_groups({"A": [_run([1, 0, 1], [1, 0, 0])]}, window=1, draws=100))
+    assert "| A | 0.667 [" in table
