@@ -34,12 +34,13 @@ from alignment_games.modules.evaluation.tensorboard import GameBoard
 from alignment_games.modules.lm.base_identity import check_base_identity
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
-from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
+from alignment_games.modules.training.faults import AutomaticStepGuard, NonFiniteGuard, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = [
     "BASE_IDENTITY_KEY",
+    "AutomaticFamily",
     "InjectedOptimizer",
     "LanguageModelGame",
     "argument_group",
@@ -80,6 +81,21 @@ class InjectedOptimizer(L.LightningModule):
         return build_optimizer(self.optimizer_callable, params, lr, **{"weight_decay": 0.0, **adamw})
 
 
+class AutomaticFamily(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
+    """The base of the automatically optimised families (the preference ensemble, SFT), owning their shared arguments.
+
+    A family takes them as ``**training`` and passes them on: they stay its config options, with this help.
+
+    Args:
+        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+    """
+
+    def __init__(self, max_consecutive_nonfinite: int = 10, optimizer: OptimizerCallable | None = None) -> None:
+        super().__init__(optimizer)
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
+
+
 class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedOptimizer):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
@@ -93,7 +109,7 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
         grad_clip: Gradient norm clip per optimizer (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         log_samples: Samples per validation shown as text in TensorBoard (0: none).
-        optimizer: The family's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family: ClassVar[str] = "language-model game"
