@@ -16,7 +16,7 @@ from typing_extensions import override
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
-from alignment_games.modules.scorers.remote import ChatServer
+from alignment_games.modules.scorers.remote import RemoteClient
 from alignment_games.modules.training.faults import call_with_timeout
 
 __all__ = [
@@ -375,44 +375,26 @@ def read_letter(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-class RemoteJudgeOracle(PromptedOracle):
+class RemoteJudgeOracle(RemoteClient, PromptedOracle):
     """:class:`LLMJudgeOracle`'s comparison sent to an OpenAI-compatible chat-completions server.
 
     Chat servers do not all return next-token probabilities, so ``P(first better)`` is the share of ``samples`` replies
     opening with ``A`` (:func:`read_letter`); unreadable replies are left out, and none readable is a NaN verdict.
 
     Args:
-        server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
-        tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
         samples: Replies per query.
         temperature: Sampling temperature of the replies.
         max_tokens: Tokens per reply (the letter needs one or two).
-        max_concurrency: Queries asked at once.
-        trust_remote_code: For the tokenizer; off unless turned on.
-        **prompting: :class:`PromptedOracle`'s arguments (the template is sent as the user message).
+        **remote: :class:`~modules.scorers.remote.RemoteClient`'s arguments (the server, its tokenizer, how many
+            queries at once), then :class:`PromptedOracle`'s (the template is sent as the user message).
     """
 
-    def __init__(
-        self,
-        server: ChatServer | dict,
-        tokenizer: str | None = None,
-        samples: int = 1,
-        temperature: float = 1.0,
-        max_tokens: int = 8,
-        max_concurrency: int = 8,
-        trust_remote_code: bool = False,
-        **prompting: Any,
-    ) -> None:
-        super().__init__(**prompting)
-        from alignment_games.modules.lm.models import load_tokenizer
-
-        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1), max_concurrency=(max_concurrency, 1))
+    def __init__(self, samples: int = 1, temperature: float = 1.0, max_tokens: int = 8, **remote: Any) -> None:
+        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1))
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
+        super().__init__(**remote)
         self.samples, self.temperature, self.max_tokens = samples, float(temperature), max_tokens
-        self.max_concurrency = max_concurrency
-        self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
 
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):
