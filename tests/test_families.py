@@ -149,7 +149,15 @@ FORWARDING = sorted(n for n, c in {**MODELS, **data_families()}.items() if _pass
 
 
 def test_some_families_pass_their_bases_arguments_on():
-    assert {"GRPO", "DeepSMIDA", "StackelbergPool", "PreferenceEnsemble", "CausalLMSFT"} <= set(FORWARDING)
+    assert {
+        "GRPO",
+        "DeepSMIDA",
+        "StackelbergPool",
+        "PreferenceEnsemble",
+        "CausalLMSFT",
+        "SFTFileDataModule",
+        "PreferenceDataModule",
+    } <= set(FORWARDING)
 
 
 @pytest.mark.parametrize("name", FORWARDING)
