@@ -30,7 +30,13 @@ __all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "Prompte
 
 
 class DebateJudge(ABC):
-    """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``."""
+    """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``.
+
+    Args:
+        num_votes: Votes per transcript.
+        seed: Seed of the vote sampling.
+        timeout_s: Seconds a batch may take (see :meth:`vote`; ``None``: no limit).
+    """
 
     #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
     bounds_own_time = False
@@ -113,9 +119,7 @@ class ProgrammaticJudge(DebateJudge):
         consistency_weight: Log-odds added when Alice's final answer repeats the last number her answer states.
         answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
         answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
-        num_votes: Votes per transcript.
-        seed: Seed of the vote sampling.
-        timeout_s: Seconds a batch may take (see :meth:`DebateJudge.vote`).
+        **judge: :class:`DebateJudge`'s arguments (``num_votes``, ``seed``, ``timeout_s``).
     """
 
     pairwise = True
@@ -131,11 +135,9 @@ class ProgrammaticJudge(DebateJudge):
         consistency_weight: float = 0.0,
         answer_pattern: str | None = None,
         answer_weight: float = 0.0,
-        num_votes: int = 8,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **judge: Any,
     ) -> None:
-        super().__init__(num_votes, seed, timeout_s)
+        super().__init__(**judge)
         if answer_weight and not answer_pattern:
             raise ValueError("answer_weight is set but no answer_pattern is given")
         try:

@@ -85,7 +85,7 @@ class PreferenceOracle(ABC):
 
     Args:
         num_queries: Order-randomised queries per label: 1 is a binary label (training data, App. E.1); §5.3.2 uses 11.
-        seed: Seed of the order randomisation and of the verdict sampling.
+        seed: Seed of the order randomisation and of the verdict sampling (and of a remote judge's requests).
         timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit; late verdicts are invalid).
 
     Attributes:
@@ -229,13 +229,11 @@ class ProgrammaticOracle(PreferenceOracle):
 
     Args:
         beta: Inverse temperature of P*; larger is a more decisive oracle.
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation and verdict sampling.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+        **oracle: :class:`PreferenceOracle`'s arguments (``num_queries``, ``seed``, ``timeout_s``).
     """
 
-    def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
-        super().__init__(num_queries, seed, timeout_s)
+    def __init__(self, beta: float = 10.0, **oracle: Any) -> None:
+        super().__init__(**oracle)
         if not math.isfinite(beta) or beta <= 0:
             raise ValueError(f"beta must be positive and finite, got {beta}")
         self.beta = beta
@@ -277,9 +275,7 @@ class PromptedOracle(PreferenceOracle):
     Args:
         template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
         max_length: Tokens per query (see :meth:`prompt`).
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation, verdict sampling and (remote) the requests' seeds.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+        **oracle: :class:`PreferenceOracle`'s arguments (``num_queries``, ``seed``, ``timeout_s``).
     """
 
     tokenizer: Any
@@ -288,11 +284,9 @@ class PromptedOracle(PreferenceOracle):
         self,
         template: str = _JUDGE_TEMPLATE,
         max_length: int = 2048,
-        num_queries: int = 1,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **oracle: Any,
     ) -> None:
-        super().__init__(num_queries, seed, timeout_s)
+        super().__init__(**oracle)
         check_placeholders(template, ("{prompt}", "{first}", "{second}"))
         self.template, self.max_length = template, max_length
 

@@ -242,14 +242,18 @@ def test_the_prompting_arguments_passed_on_as_kwargs_are_config_options(cls, sha
     parser = ArgumentParser()
     parser.add_class_arguments(cls, "x")
     options = {a.dest.split(".")[1] for a in parser._actions if a.dest.startswith("x.")}
-    named = {  # every argument of the class and its bases (RemoteClient's too), but the **kwargs passed on
-        p.name
-        for c in cls.__mro__
-        if "__init__" in vars(c) and c.__module__.startswith("alignment_games")
-        for p in inspect.signature(c.__init__).parameters.values()
-        if p.kind is not p.VAR_KEYWORD and p.name != "self"
-    }
-    assert set(inspect.signature(shared.__init__).parameters) - {"self"} <= named <= options
+
+    def named(c: type) -> set[str]:  # every argument of c and its bases (RemoteClient's too), but **kwargs passed on
+        return {
+            p.name
+            for b in c.__mro__
+            if "__init__" in vars(b) and b.__module__.startswith("alignment_games")
+            for p in inspect.signature(b.__init__).parameters.values()
+            if p.kind is not p.VAR_KEYWORD and p.name != "self"
+        }
+
+    assert named(shared) <= named(cls) <= options
+    assert {"seed", "timeout_s"} <= named(shared)
 
 
 def test_a_prefill_is_refused_since_a_chat_reply_cannot_be_started(tiny_lm_dir):
