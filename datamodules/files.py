@@ -9,6 +9,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import lightning as L
+
 __all__ = ["FORMATS", "check_columns", "iter_rows", "open_table"]
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -64,6 +66,37 @@ def open_table(
         raise ValueError("give data.path or data.name")
     check_columns(ds.column_names, where, columns)
     return ds, where
+
+
+class _TableDataModule(L.LightningDataModule):
+    """A data module reading a local file or a hub dataset split (:func:`open_table`): the arguments that say which.
+
+    A family takes them as ``**table`` and passes them on: they stay its config options, with this help. They are kept
+    as :attr:`table`; the family adds them to its hyperparameters after its own.
+
+    Args:
+        path: Local jsonl/json/parquet/csv (optionally ``.gz``); takes precedence over ``name``.
+        name: Hub dataset name.
+        split: Split of the hub dataset.
+        config_name: Subset of the hub dataset.
+        revision: Revision of the hub dataset (a tag or commit).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        name: str | None = None,
+        split: str = "train",
+        config_name: str | None = None,
+        revision: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.table = {"path": path, "name": name, "split": split, "config_name": config_name, "revision": revision}
+
+    @property
+    def table_given(self) -> bool:
+        """Whether a file or a hub set is named."""
+        return self.table["path"] is not None or self.table["name"] is not None
 
 
 def check_columns(present: Iterable[str], where: str, columns: Mapping[str, str | None] | Iterable[str | None]) -> None:

@@ -9,13 +9,12 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from alignment_games.datamodules.files import check_columns, iter_rows, open_table
+from alignment_games.datamodules.files import _TableDataModule, check_columns, iter_rows, open_table
 from alignment_games.datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
 from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_number, require_text
@@ -159,17 +158,12 @@ def check_relabelling(
         )
 
 
-class PreferenceDataModule(L.LightningDataModule):
+class PreferenceDataModule(_TableDataModule):
     """Prompt-disjoint partitions of preference triplets for a k-member ensemble.
 
     The tokenizer and ``num_members`` default to the model's, so a config names the backbone once.
 
     Args:
-        path: Local jsonl/json/parquet/csv of triplets; with no ``name`` either, arithmetic data is generated.
-        name: Hub dataset name.
-        split: Split of the hub dataset.
-        config_name: Subset of the hub dataset.
-        revision: Revision of the hub dataset (a tag or commit).
         format: ``columns`` (the column options), ``trl`` (``chosen``/``rejected``, text or messages) or ``auto``.
         prompt_column: Column holding the prompt; ``None``: the responses' shared beginning (TRL's implicit prompt).
         response_a_column: Column holding the first response (the chosen one when ``label_column`` is ``None``).
@@ -189,15 +183,12 @@ class PreferenceDataModule(L.LightningDataModule):
         reference_column: Column with the reference final answer, read only with ``relabel``.
         predict_path: jsonl of pairs (prompt, response_a, response_b) to score in ``predict``.
         tokenizer: Tokenizer name or path; ``None`` takes the model's tokenizer.
+        **table: The triplets' file or hub set (:class:`~datamodules.files._TableDataModule`'s arguments); with
+            neither ``path`` nor ``name``, arithmetic data is generated.
     """
 
     def __init__(
         self,
-        path: str | None = None,
-        name: str | None = None,
-        split: str = "train",
-        config_name: str | None = None,
-        revision: str | None = None,
         format: str = "auto",
         prompt_column: str | None = "prompt",
         response_a_column: str = "response_a",
@@ -217,8 +208,9 @@ class PreferenceDataModule(L.LightningDataModule):
         reference_column: str | None = None,
         predict_path: str | None = None,
         tokenizer: str | None = None,
+        **table: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**table)
         for field, frac in (("val_fraction", val_fraction), ("heldout_fraction", heldout_fraction)):
             require_in_range(field, frac, 0, 1, open_high=True)
         if val_fraction + heldout_fraction >= 1.0:
@@ -229,8 +221,9 @@ class PreferenceDataModule(L.LightningDataModule):
             require_positive(num_members=num_members)
         if format not in PREFERENCE_FORMATS:
             raise ValueError(f"data.format must be one of {list(PREFERENCE_FORMATS)}, got {format!r}")
-        check_relabelling(path is not None or name is not None, relabel, oracle, reference_column)
+        check_relabelling(self.table_given, relabel, oracle, reference_column)
         self.save_hyperparameters(ignore=["oracle"], logger=False)  # the saved config.yaml records them
+        self.hparams.update(self.table)
         self.oracle = oracle
         self.splits: dict[str, list[dict[str, Any]]] = {}
         self.sequences: list[list[int]] = []
@@ -291,16 +284,14 @@ class PreferenceDataModule(L.LightningDataModule):
         Chosen/rejected rows are put half in the other order, so position carries no signal.
         """
         hp = self.hparams
-        if hp.path is None and hp.name is None:
+        if not self.table_given:
             return self.generate_rows()
         columns = self._columns(hp.label_column)
         if hp.relabel:  # the oracle's labels replace the file's, which need not exist
             columns["label"] = None
             if hp.reference_column is not None:
                 columns["reference"] = hp.reference_column
-        rows, columns, source = read_preference_table(
-            hp.path, hp.name, hp.split, columns, hp.format, hp.config_name, hp.revision
-        )
+        rows, columns, source = read_preference_table(columns=columns, data_format=hp.format, **self.table)
         rows = rows_as_text(rows, self._tokenizer_if_conversational(rows), source)
         if hp.relabel:
             for r in rows:

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from alignment_games.datamodules.debate import single_step_problems, single_step_solution
-from alignment_games.datamodules.files import check_columns, iter_rows, open_table
+from alignment_games.datamodules.files import _TableDataModule, check_columns, iter_rows, open_table
 from alignment_games.datamodules.formats import as_messages, split_last_reply
 from alignment_games.datamodules.resumable import ResumableDataLoader
 from alignment_games.datamodules.validation import require_text
@@ -254,17 +254,12 @@ def sft_example(
     return prompt, require_text(completion, columns["completion"], where, row)
 
 
-class SFTFileDataModule(_TriplesDataModule):
+class SFTFileDataModule(_TableDataModule, _TriplesDataModule):
     """Your own SFT data: a jsonl/json/parquet/csv file or a hub set in TRL's prompt-completion or messages format.
 
     Rows are shuffled with ``seed``; the loss is on the completion only (:class:`~modules.sft.CausalLMSFT`).
 
     Args:
-        path: Local file; takes precedence over ``name``.
-        name: Hub dataset name.
-        split: Hub split.
-        config_name: Hub subset.
-        revision: Hub revision (a tag or commit).
         format: ``prompt_completion``, ``messages`` (trained on the last assistant reply) or ``auto`` (by the columns).
         prompt_column: Column with the prompt.
         completion_column: Column with the completion.
@@ -273,6 +268,7 @@ class SFTFileDataModule(_TriplesDataModule):
         val_fraction: Share of examples for validation.
         batch_size: Examples per batch.
         seed: Seed of the shuffle.
+        **table: The file or hub set (:class:`~datamodules.files._TableDataModule`'s arguments; one is needed).
 
     Raises:
         ValueError: for an unknown ``format`` or ``val_fraction`` outside [0, 1); reading, a missing column (listing
@@ -281,11 +277,6 @@ class SFTFileDataModule(_TriplesDataModule):
 
     def __init__(
         self,
-        path: str | None = None,
-        name: str | None = None,
-        split: str = "train",
-        config_name: str | None = None,
-        revision: str | None = None,
         format: str = "auto",
         prompt_column: str = "prompt",
         completion_column: str = "completion",
@@ -294,20 +285,22 @@ class SFTFileDataModule(_TriplesDataModule):
         val_fraction: float = 0.05,
         batch_size: int = 16,
         seed: int = 0,
+        **table: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(**table)
         if format not in SFT_FORMATS:
             raise ValueError(f"data.format must be one of {list(SFT_FORMATS)}, got {format!r}")
-        if path is None and name is None:
+        if not self.table_given:
             raise ValueError("SFTFileDataModule needs data.path (a local file) or data.name (a hub dataset)")
         require_in_range("val_fraction", val_fraction, 0, 1, open_high=True)
         require_positive(batch_size=batch_size)
         self.save_hyperparameters(logger=False)
+        self.hparams.update(self.table)
 
     @override
     def triples(self) -> list[Triple]:
         hp = self.hparams
-        ds, where = open_table(hp.path, hp.name, hp.split, {}, hp.config_name, hp.revision)
+        ds, where = open_table(columns={}, **self.table)
         data_format = hp.format
         if data_format == "auto":
             messages_only = hp.messages_column in ds.column_names and hp.prompt_column not in ds.column_names

@@ -34,12 +34,13 @@ from alignment_games.modules.evaluation.tensorboard import GameBoard
 from alignment_games.modules.lm.base_identity import check_base_identity
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
-from alignment_games.modules.training.faults import NonFiniteGuard, refuse_nonfinite_checkpoint
+from alignment_games.modules.training.faults import AutomaticStepGuard, NonFiniteGuard, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = [
     "BASE_IDENTITY_KEY",
+    "AutomaticFamily",
     "InjectedOptimizer",
     "LanguageModelGame",
     "argument_group",
@@ -80,6 +81,21 @@ class InjectedOptimizer(L.LightningModule):
         return build_optimizer(self.optimizer_callable, params, lr, **{"weight_decay": 0.0, **adamw})
 
 
+class AutomaticFamily(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
+    """The base of the automatically optimised families (the preference ensemble, SFT), owning their shared arguments.
+
+    A family takes them as ``**training`` and passes them on: they stay its config options, with this help.
+
+    Args:
+        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
+        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+    """
+
+    def __init__(self, max_consecutive_nonfinite: int = 10, optimizer: OptimizerCallable | None = None) -> None:
+        super().__init__(optimizer)
+        self.init_nonfinite_guard(max_consecutive_nonfinite)
+
+
 class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedOptimizer):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
@@ -87,11 +103,13 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
     keeps further state in :meth:`game_state` / :meth:`load_game_state`, and names non-trainable state-dict entries to
     keep by prefix in :attr:`kept_state_prefixes`. TensorBoard beyond scalars goes through :attr:`board`.
 
+    A family may take these arguments as ``**game`` and pass them on: they stay its config options, with this help.
+
     Args:
         grad_clip: Gradient norm clip per optimizer (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         log_samples: Samples per validation shown as text in TensorBoard (0: none).
-        optimizer: The family's ``optimizer`` option, checked and kept as :attr:`optimizer_callable`.
+        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
     """
 
     family: ClassVar[str] = "language-model game"
@@ -117,17 +135,24 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
         self.grad_clip = grad_clip
         self.phase_times: dict[str, float] = {}
         self.board = GameBoard(log_samples)
+        self._base_hparams = dict(
+            grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite, log_samples=log_samples
+        )
 
     def save_arguments(self, lm: Any, ignore: Sequence[str] = (), **groups: type) -> None:
         """The calling ``__init__``'s arguments as hparams, ``lm`` and the argument groups as plain dicts.
 
         Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group`, kept as an attribute.
-        Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments (judges, utilities).
+        Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments (judges, utilities). The
+        arguments the caller passes on as ``**game`` are kept with their values here, defaults included.
         """
         frame = inspect.currentframe().f_back
         for name, cls in groups.items():
             setattr(self, name, argument_group(cls, frame.f_locals[name], name))
         self.save_hyperparameters(ignore=["lm", *groups, *ignore, "optimizer"], frame=frame)
+        code = frame.f_code
+        declared = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        self.hparams.update({k: v for k, v in self._base_hparams.items() if k not in declared})
         plain = {"lm": lm, **{name: getattr(self, name) for name in groups}}
         self.hparams.update({k: dataclasses.asdict(v) for k, v in plain.items()})
 

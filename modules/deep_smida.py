@@ -30,7 +30,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["DeepSMIDA"]
 
@@ -51,8 +50,6 @@ class DeepSMIDA(LanguageModelGame):
         follower_only: Ablation of App. G.5: the leader stays at its reference.
         system_prompt: Leader's system message.
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
-        grad_clip: Per-player gradient norm clip (paper: 1.0; ``None``: none).
-        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_pairs: Response pairs per held-out prompt (paper: 2).
         alphas: α levels of the online candidate yield.
         epsilons: ε margins of the adversarial yield (needs an oracle and references).
@@ -60,8 +57,8 @@ class DeepSMIDA(LanguageModelGame):
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
         candidate_alpha: α of the candidates that ``predict`` writes.
         candidate_threshold: Their variance threshold (``None``: the latest validation's reference ``1 − α`` quantile).
-        log_samples: Validation pairs shown per validation in TensorBoard (``val/leader_follower``; 0: none).
-        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **game: :class:`~modules.base.LanguageModelGame`'s arguments (per player; paper: ``grad_clip`` 1.0;
+            ``log_samples``: validation pairs, ``val/leader_follower``).
     """
 
     family = "deep-SMIDA"
@@ -80,8 +77,6 @@ class DeepSMIDA(LanguageModelGame):
         follower_only: bool = False,
         system_prompt: str = QWEN_SYSTEM,
         follower_system_template: str = FOLLOWER_SYSTEM,
-        grad_clip: float | None = 1.0,
-        max_consecutive_nonfinite: int = 10,
         eval_pairs: int = 2,
         alphas: tuple[float, ...] = (0.1, 0.05, 0.01),
         epsilons: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3),
@@ -89,10 +84,9 @@ class DeepSMIDA(LanguageModelGame):
         logprob_micro_batch: int = 0,
         candidate_alpha: float = 0.1,
         candidate_threshold: float | None = None,
-        log_samples: int = 4,
-        optimizer: OptimizerCallable | None = None,
+        **game: Any,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
+        super().__init__(**game)
         lm = ModelConfig.coerce(lm)
         # Algorithm 2's leave-one-out baselines need two samples D and M
         lf.check_leader_follower(samples_per_prompt, follower_samples, 2, follower_system_template)

@@ -24,7 +24,6 @@ from alignment_games.modules.lm.precision import resolve_dtype
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
-from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["GRPO"]
 
@@ -45,15 +44,13 @@ class GRPO(LanguageModelGame):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         adam_betas: AdamW betas.
-        grad_clip: Gradient norm clip (``None``: none).
         sampling: How replies are sampled (:class:`Sampling`; temperature also of the log-probabilities).
         system_prompt: System message of the chat template (``None``: none).
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
         skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, one process only).
-        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
-        log_samples: Greedy validation replies shown per validation in TensorBoard (``val/generations``; 0: none).
-        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **game: :class:`~modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation replies,
+            ``val/generations``).
     """
 
     family = "GRPO"
@@ -70,17 +67,14 @@ class GRPO(LanguageModelGame):
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         adam_betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float | None = 1.0,
         sampling: Sampling = Sampling(),
         system_prompt: str | None = None,
         chat_template: bool = True,
         skip_uniform_groups: bool = True,
-        max_consecutive_nonfinite: int = 10,
         eval_max_new_tokens: int | None = None,
-        log_samples: int = 4,
-        optimizer: OptimizerCallable | None = None,
+        **game: Any,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
+        super().__init__(**game)
         lm = ModelConfig.coerce(lm)
         reward_models = list(reward_models or [])
         if not reward_models and not answer_reward:

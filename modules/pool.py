@@ -32,7 +32,6 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
-from alignment_games.modules.training.optimizers import OptimizerCallable
 from alignment_games.modules.training.schedules import schedule_length
 
 __all__ = ["StackelbergPool"]
@@ -65,12 +64,10 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         judging: How a member judges a response (:class:`PeerJudging`: template, mode, prefill, token budget).
         reputation: How Elo ratings weight the judges (:class:`~modules.algorithms.pool.ReputationWeighting`).
         followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO and its settings).
-        grad_clip: Per-follower gradient norm clip (``None``: none).
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
         seed: Seed of the leader's and the matching's generator (saved in checkpoints).
-        max_consecutive_nonfinite: Stop after this many skipped updates in a row.
-        log_samples: Duels of the latest iteration shown at each validation in TensorBoard (``train/duels``; 0: none).
-        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **game: :class:`~modules.base.LanguageModelGame`'s arguments (per follower; ``log_samples``: duels of the latest
+            iteration, ``train/duels``).
     """
 
     family = "multi-LLM pool"
@@ -93,14 +90,11 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         judging: PeerJudging = PeerJudging(),
         reputation: rules.ReputationWeighting = rules.ReputationWeighting(),
         followers: FollowerTraining = FollowerTraining(),
-        grad_clip: float | None = 1.0,
         eval_max_new_tokens: int = 256,
         seed: int = 0,
-        max_consecutive_nonfinite: int = 10,
-        log_samples: int = 4,
-        optimizer: OptimizerCallable | None = None,
+        **game: Any,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
+        super().__init__(**game)
         m = len(models) if models else num_players
         lm = ModelConfig.coerce(lm)
         groups = {"leader_reward": CompositeReward, "matchmaking": rules.Matchmaking, "sampling": Sampling}

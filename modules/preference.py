@@ -26,8 +26,8 @@ from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
-from alignment_games.modules.base import InjectedOptimizer
-from alignment_games.modules.checkpoints.trust import CheckpointLoading, seal_checkpoint
+from alignment_games.modules.base import AutomaticFamily
+from alignment_games.modules.checkpoints.trust import seal_checkpoint
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
 from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -37,16 +37,12 @@ from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequenc
 from alignment_games.modules.scorers.preference_heads import BTHead, GPMHead, skew_symmetric_block_matrix
 from alignment_games.modules.scorers.utility import UTILITY_KINDS, Utility, UtilityKind, utility_from_member_probs
 from alignment_games.modules.training.artifacts import atomic_write_text
-from alignment_games.modules.training.faults import (
-    AutomaticStepGuard,
-    reset_stale_epoch_metrics,
-)
-from alignment_games.modules.training.optimizers import OptimizerCallable
+from alignment_games.modules.training.faults import reset_stale_epoch_metrics
 
 __all__ = ["BTHead", "EnsembleUtility", "GPMHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
 
 
-class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
+class PreferenceEnsemble(AutomaticFamily):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
@@ -65,8 +61,7 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, InjectedOptimize
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
-        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
-        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **training: :class:`~modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``, ``optimizer``).
     """
 
     def __init__(
@@ -86,10 +81,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, InjectedOptimize
         seed: int = 0,
         max_length: int = 256,
         report_bootstrap: int = 200,
-        max_consecutive_nonfinite: int = 10,
-        optimizer: OptimizerCallable | None = None,
+        **training: Any,
     ) -> None:
-        super().__init__(optimizer)
+        super().__init__(**training)
         require_positive(num_members=num_members)
         if member_type not in ("gpm", "bt"):
             raise ValueError(f"member_type must be 'gpm' or 'bt', got {member_type!r}")
@@ -102,10 +96,9 @@ class PreferenceEnsemble(CheckpointLoading, AutomaticStepGuard, InjectedOptimize
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1))
         lm = ModelConfig("builtin:minilm-l6", lora_r=8, lora_alpha=16) if lm is None else ModelConfig.coerce(lm)
         self.save_hyperparameters(ignore=["lm", "optimizer"])
-        self.hparams["lm"] = lm.as_dict()
+        self.hparams.update(lm=lm.as_dict(), max_consecutive_nonfinite=self.max_consecutive_nonfinite)
         if lm.load_in_4bit and sharing == "separate":
             raise ValueError("lm.load_in_4bit: 4-bit weights cannot be fine-tuned in full; use sharing: lora or frozen")
-        self.init_nonfinite_guard(max_consecutive_nonfinite)
         self.adapter_names = [f"member_{i}" for i in range(num_members)]
 
         check_exists("lm.name_or_path", resolve_name_or_path(lm.name_or_path))

@@ -21,13 +21,9 @@ from torch import nn
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
-from alignment_games.modules.base import InjectedOptimizer
+from alignment_games.modules.base import AutomaticFamily
 from alignment_games.modules.checkpoints.export import EXPORT_RECORD, Player, record_of, run_record
-from alignment_games.modules.checkpoints.trust import (
-    CheckpointLoading,
-    family_name,
-    seal_checkpoint,
-)
+from alignment_games.modules.checkpoints.trust import family_name, seal_checkpoint
 from alignment_games.modules.distributed.sharding import is_fsdp2, parameter_gathering, shard_for_strategy
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -35,14 +31,12 @@ from alignment_games.modules.lm.models import TINY_TOKENIZERS, build_tiny_causal
 from alignment_games.modules.lm.precision import cast_frozen_for_strategy
 from alignment_games.modules.lm.text import pad_sequences, render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
-from alignment_games.modules.training.faults import AutomaticStepGuard
-from alignment_games.modules.training.optimizers import OptimizerCallable
 from alignment_games.modules.training.schedules import warmup_cosine_factor
 
 __all__ = ["CausalLMSFT"]
 
 
-class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
+class CausalLMSFT(AutomaticFamily):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.
 
     Args:
@@ -59,8 +53,7 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
         warmup_steps: With ``cosine_decay``, steps of linear warmup to ``lr``.
         cosine_decay: Decay the rate along a cosine to ``lr * min_lr_ratio`` at ``trainer.max_steps`` (off: constant).
         min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
-        max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
-        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **training: :class:`~modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``, ``optimizer``).
     """
 
     def __init__(
@@ -78,10 +71,9 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
         warmup_steps: int = 0,
         cosine_decay: bool = False,
         min_lr_ratio: float = 0.1,
-        max_consecutive_nonfinite: int = 10,
-        optimizer: OptimizerCallable | None = None,
+        **training: Any,
     ) -> None:
-        super().__init__(optimizer)
+        super().__init__(**training)
         require_positive(lr=lr)
         require_at_least(weight_decay=(weight_decay, 0.0), max_length=(max_length, 1), warmup_steps=(warmup_steps, 0))
         if not 0.0 <= min_lr_ratio <= 1.0:
@@ -92,8 +84,9 @@ class CausalLMSFT(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")
         self.save_hyperparameters(ignore=["lm", "optimizer"])
-        self.hparams["lm"] = None if lm is None else lm.as_dict()
-        self.init_nonfinite_guard(max_consecutive_nonfinite)
+        self.hparams.update(
+            lm=None if lm is None else lm.as_dict(), max_consecutive_nonfinite=self.max_consecutive_nonfinite
+        )
         # the tiny base is built in a temporary folder, copied to output_dir/_init only by the save at the end of fit
         self._tiny_init: str | None = None
         source = lm

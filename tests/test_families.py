@@ -7,6 +7,7 @@ one family). A family that a contract does not apply to, or that still lacks its
 """
 
 import contextlib
+import inspect
 import io
 
 import pytest
@@ -138,3 +139,41 @@ def test_every_exemption_names_a_family_and_a_contract():
 def test_the_configuration_page_names_the_family(name):
     with open(f"{ROOT}/docs/configuration.md") as f:
         assert f"`{name}`" in f.read(), f"docs/configuration.md does not list the family {name}"
+
+
+def _passes_on_kwargs(cls: type) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
+
+
+FORWARDING = sorted(n for n, c in {**MODELS, **data_families()}.items() if _passes_on_kwargs(c))
+
+
+def test_some_families_pass_their_bases_arguments_on():
+    assert {
+        "GRPO",
+        "DeepSMIDA",
+        "StackelbergPool",
+        "PreferenceEnsemble",
+        "CausalLMSFT",
+        "SFTFileDataModule",
+        "PreferenceDataModule",
+    } <= set(FORWARDING)
+
+
+@pytest.mark.parametrize("name", FORWARDING)
+def test_the_arguments_a_family_passes_on_as_kwargs_are_config_options(name):
+    """A family taking its base's arguments as ``**kwargs`` (the base owns them and their help) still offers them."""
+    from jsonargparse import ArgumentParser
+
+    cls = MODELS.get(name) or data_families()[name]
+    parser = ArgumentParser()
+    parser.add_class_arguments(cls, "x")
+    options = {a.dest.split(".")[1] for a in parser._actions if a.dest.startswith("x.")}
+    named = {
+        p.name
+        for c in cls.__mro__
+        if c.__module__.startswith("alignment_games") and "__init__" in vars(c)
+        for p in inspect.signature(c.__init__).parameters.values()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"
+    }
+    assert named <= options

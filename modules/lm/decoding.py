@@ -64,7 +64,12 @@ def grouped_prefix_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Cascade attention of G rows per prompt over ``module.cascade`` (each prompt's keys once) and the rows' own."""
+    """Cascade attention of G rows per prompt over ``module.cascade`` (each prompt's keys once) and the rows' own.
+
+    ``module.cascade`` is ``(keys, values, pad)``, or a cache that attends itself (``attend``, as the static one).
+    """
+    if hasattr(module.cascade, "attend"):
+        return module.cascade.attend(query, key, value, scaling), None
     keys, values, pad = module.cascade
     return cascade_attention(query, keys, values, pad, key, value, scaling), None
 

@@ -9,7 +9,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from alignment_games.modules.lm.decoding import _register_grouped_attention, cascade_attention
+from alignment_games.modules.lm.decoding import (
+    _register_grouped_attention,
+    cascade_attention,
+    grouped_prefix_attention,
+)
 
 __all__ = ["STATIC_ATTENTION", "StaticCascade", "compile_options", "register_static_attention", "step_logits"]
 
@@ -27,35 +31,22 @@ class StaticCascade:
     own_values: Tensor
     step: Tensor
 
+    def attend(self, query: Tensor, key: Tensor, value: Tensor, scaling: float | None) -> Tensor:
+        """Write this step's key and value into slot ``step`` of the own cache, then attend over both parts.
 
-def static_cascade_attention(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[Tensor, None]:
-    """Write this step's key and value into slot ``step`` of the own cache, then attend over both parts.
-
-    The model runs with ``use_cache=False``; ``attention_mask`` is ignored (the masks are in the cache).
-    """
-    s = module.cascade  # this layer's StaticCascade (see modules.lm.decoding.cascade_state)
-    s.own_keys.index_copy_(2, s.step, key.to(s.own_keys.dtype))
-    s.own_values.index_copy_(2, s.step, value.to(s.own_values.dtype))
-    slots = torch.arange(s.own_keys.shape[2], device=query.device)
-    own_mask = torch.zeros(slots.shape, device=query.device).masked_fill(slots > s.step, float("-inf"))
-    out = cascade_attention(
-        query, s.prefix_keys, s.prefix_values, s.prefix_mask, s.own_keys, s.own_values, scaling, own_mask
-    )
-    return out, None
+        The model runs with ``use_cache=False``; its ``attention_mask`` is ignored (the masks are in the cache).
+        """
+        self.own_keys.index_copy_(2, self.step, key.to(self.own_keys.dtype))
+        self.own_values.index_copy_(2, self.step, value.to(self.own_values.dtype))
+        slots = torch.arange(self.own_keys.shape[2], device=query.device)
+        own_mask = torch.zeros(slots.shape, device=query.device).masked_fill(slots > self.step, float("-inf"))
+        prefix = (self.prefix_keys, self.prefix_values, self.prefix_mask)
+        return cascade_attention(query, *prefix, self.own_keys, self.own_values, scaling, own_mask)
 
 
 def register_static_attention() -> bool:
-    """Register :func:`static_cascade_attention` with transformers; False where unsupported."""
-    return _register_grouped_attention(STATIC_ATTENTION, static_cascade_attention)
+    """Register :func:`~modules.lm.decoding.grouped_prefix_attention` (which lets a StaticCascade attend) by name."""
+    return _register_grouped_attention(STATIC_ATTENTION, grouped_prefix_attention)
 
 
 def build_caches(

@@ -14,7 +14,6 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.answers import answers_match
-from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
 from alignment_games.modules.algorithms.verdicts import JudgeVotes, parse_verdict
 from alignment_games.modules.lm.decoding import shared_prompt_cache
@@ -22,7 +21,7 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
-from alignment_games.modules.scorers.remote import ChatServer
+from alignment_games.modules.scorers.remote import RemoteClient
 from alignment_games.modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -31,7 +30,13 @@ __all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "Prompte
 
 
 class DebateJudge(ABC):
-    """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``."""
+    """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``.
+
+    Args:
+        num_votes: Votes per transcript.
+        seed: Seed of the vote sampling.
+        timeout_s: Seconds a batch may take (see :meth:`vote`; ``None``: no limit).
+    """
 
     #: A judge that bounds its own time (``timeout_s`` passed into its computation) is not run in a worker thread.
     bounds_own_time = False
@@ -114,9 +119,7 @@ class ProgrammaticJudge(DebateJudge):
         consistency_weight: Log-odds added when Alice's final answer repeats the last number her answer states.
         answer_pattern: Regular expression (full match) of the final answers the judge favours, e.g. ``\d*[02468]``.
         answer_weight: Log-odds added when Alice's final answer matches ``answer_pattern`` (0: no such bias).
-        num_votes: Votes per transcript.
-        seed: Seed of the vote sampling.
-        timeout_s: Seconds a batch may take (see :meth:`DebateJudge.vote`).
+        **judge: :class:`DebateJudge`'s arguments (``num_votes``, ``seed``, ``timeout_s``).
     """
 
     pairwise = True
@@ -132,11 +135,9 @@ class ProgrammaticJudge(DebateJudge):
         consistency_weight: float = 0.0,
         answer_pattern: str | None = None,
         answer_weight: float = 0.0,
-        num_votes: int = 8,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **judge: Any,
     ) -> None:
-        super().__init__(num_votes, seed, timeout_s)
+        super().__init__(**judge)
         if answer_weight and not answer_pattern:
             raise ValueError("answer_weight is set but no answer_pattern is given")
         try:
@@ -435,37 +436,21 @@ class HFJudge(PromptedJudge):
         return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)
 
 
-class RemoteJudge(PromptedJudge):
+class RemoteJudge(RemoteClient, PromptedJudge):
     """The judge served by an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
     It sends :meth:`PromptedJudge.user_message`; a garbled reply is an unparsed vote (NaN). Each request carries a seed
     from the judge's generator, so a resumed run asks what the uninterrupted one would.
 
     Args:
-        server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
-        tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
-        max_concurrency: Transcripts asked at once (the server batches concurrent requests).
-        trust_remote_code: For the tokenizer; off unless turned on.
-        **prompting: :class:`PromptedJudge`'s arguments but ``prefill``.
+        **remote: :class:`~modules.scorers.remote.RemoteClient`'s arguments (the server, its tokenizer, how many
+            transcripts at once), then :class:`PromptedJudge`'s but ``prefill``.
     """
 
-    def __init__(
-        self,
-        server: ChatServer | dict,
-        tokenizer: str | None = None,
-        max_concurrency: int = 8,
-        trust_remote_code: bool = False,
-        **prompting: Any,
-    ) -> None:
-        if prompting.get("prefill"):
+    def __init__(self, **remote: Any) -> None:
+        if remote.get("prefill"):
             raise ValueError("RemoteJudge: prefill is not supported (a chat-completions reply cannot be started)")
-        super().__init__(**prompting)
-        from alignment_games.modules.lm.models import load_tokenizer
-
-        self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
-        require_at_least(max_concurrency=(max_concurrency, 1))
-        self.max_concurrency = max_concurrency
-        self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
+        super().__init__(**remote)
 
     @override
     def render(

@@ -16,7 +16,7 @@ from typing_extensions import override
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
-from alignment_games.modules.scorers.remote import ChatServer
+from alignment_games.modules.scorers.remote import RemoteClient
 from alignment_games.modules.training.faults import call_with_timeout
 
 __all__ = [
@@ -85,7 +85,7 @@ class PreferenceOracle(ABC):
 
     Args:
         num_queries: Order-randomised queries per label: 1 is a binary label (training data, App. E.1); §5.3.2 uses 11.
-        seed: Seed of the order randomisation and of the verdict sampling.
+        seed: Seed of the order randomisation and of the verdict sampling (and of a remote judge's requests).
         timeout_s: Seconds one ``first_wins_probability`` call may take (``None``: no limit; late verdicts are invalid).
 
     Attributes:
@@ -229,13 +229,11 @@ class ProgrammaticOracle(PreferenceOracle):
 
     Args:
         beta: Inverse temperature of P*; larger is a more decisive oracle.
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation and verdict sampling.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+        **oracle: :class:`PreferenceOracle`'s arguments (``num_queries``, ``seed``, ``timeout_s``).
     """
 
-    def __init__(self, beta: float = 10.0, num_queries: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
-        super().__init__(num_queries, seed, timeout_s)
+    def __init__(self, beta: float = 10.0, **oracle: Any) -> None:
+        super().__init__(**oracle)
         if not math.isfinite(beta) or beta <= 0:
             raise ValueError(f"beta must be positive and finite, got {beta}")
         self.beta = beta
@@ -277,9 +275,7 @@ class PromptedOracle(PreferenceOracle):
     Args:
         template: Prompt with ``{prompt}``, ``{first}`` and ``{second}`` placeholders.
         max_length: Tokens per query (see :meth:`prompt`).
-        num_queries: Verdicts averaged per label.
-        seed: Seed of order randomisation, verdict sampling and (remote) the requests' seeds.
-        timeout_s: Seconds per verdict call (see :class:`PreferenceOracle`).
+        **oracle: :class:`PreferenceOracle`'s arguments (``num_queries``, ``seed``, ``timeout_s``).
     """
 
     tokenizer: Any
@@ -288,11 +284,9 @@ class PromptedOracle(PreferenceOracle):
         self,
         template: str = _JUDGE_TEMPLATE,
         max_length: int = 2048,
-        num_queries: int = 1,
-        seed: int = 0,
-        timeout_s: float | None = None,
+        **oracle: Any,
     ) -> None:
-        super().__init__(num_queries, seed, timeout_s)
+        super().__init__(**oracle)
         check_placeholders(template, ("{prompt}", "{first}", "{second}"))
         self.template, self.max_length = template, max_length
 
@@ -375,44 +369,26 @@ def read_letter(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-class RemoteJudgeOracle(PromptedOracle):
+class RemoteJudgeOracle(RemoteClient, PromptedOracle):
     """:class:`LLMJudgeOracle`'s comparison sent to an OpenAI-compatible chat-completions server.
 
     Chat servers do not all return next-token probabilities, so ``P(first better)`` is the share of ``samples`` replies
     opening with ``A`` (:func:`read_letter`); unreadable replies are left out, and none readable is a NaN verdict.
 
     Args:
-        server: Where and how to ask (:class:`~modules.scorers.remote.ChatServer`, or its fields as a dict).
-        tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
         samples: Replies per query.
         temperature: Sampling temperature of the replies.
         max_tokens: Tokens per reply (the letter needs one or two).
-        max_concurrency: Queries asked at once.
-        trust_remote_code: For the tokenizer; off unless turned on.
-        **prompting: :class:`PromptedOracle`'s arguments (the template is sent as the user message).
+        **remote: :class:`~modules.scorers.remote.RemoteClient`'s arguments (the server, its tokenizer, how many
+            queries at once), then :class:`PromptedOracle`'s (the template is sent as the user message).
     """
 
-    def __init__(
-        self,
-        server: ChatServer | dict,
-        tokenizer: str | None = None,
-        samples: int = 1,
-        temperature: float = 1.0,
-        max_tokens: int = 8,
-        max_concurrency: int = 8,
-        trust_remote_code: bool = False,
-        **prompting: Any,
-    ) -> None:
-        super().__init__(**prompting)
-        from alignment_games.modules.lm.models import load_tokenizer
-
-        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1), max_concurrency=(max_concurrency, 1))
+    def __init__(self, samples: int = 1, temperature: float = 1.0, max_tokens: int = 8, **remote: Any) -> None:
+        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1))
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
+        super().__init__(**remote)
         self.samples, self.temperature, self.max_tokens = samples, float(temperature), max_tokens
-        self.max_concurrency = max_concurrency
-        self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
 
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):

@@ -15,10 +15,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from alignment_games.modules.algorithms.checks import require_at_least
 
-__all__ = ["ChatServer", "RemoteServerError"]
+__all__ = ["ChatServer", "RemoteClient", "RemoteServerError"]
 
 #: Bytes of a reply read at most; a longer body is malformed (a hostile server cannot fill the memory).
 MAX_REPLY_BYTES = 8 * 2**20
@@ -159,3 +160,31 @@ class ChatServer:
     def requests_for(self, n: int) -> int:
         """Requests :meth:`complete` sends for ``n`` completions."""
         return -(-n // self.samples_per_request)
+
+
+class RemoteClient:
+    """Mixin of a prompted judge or oracle served by a chat-completions server, before its prompted base in the bases.
+
+    Args:
+        server: Where and how to ask (:class:`ChatServer`, or its fields as a dict).
+        tokenizer: The served model's tokenizer (default: ``server.model``), to count tokens and quote special ones.
+        max_concurrency: Transcripts or queries asked at once (the server batches concurrent requests).
+        trust_remote_code: For the tokenizer; off unless turned on.
+        **prompting: The prompted base's arguments, passed on.
+    """
+
+    def __init__(
+        self,
+        server: ChatServer | dict,
+        tokenizer: str | None = None,
+        max_concurrency: int = 8,
+        trust_remote_code: bool = False,
+        **prompting: Any,
+    ) -> None:
+        super().__init__(**prompting)
+        from alignment_games.modules.lm.models import load_tokenizer
+
+        self.server = server if isinstance(server, ChatServer) else ChatServer(**server)
+        require_at_least(max_concurrency=(max_concurrency, 1))
+        self.max_concurrency = max_concurrency
+        self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)

@@ -351,3 +351,9 @@ def test_uniform_groups_are_run_when_the_kl_term_has_a_gradient(tiny_lm_dir, tmp
     _trainer(tmp_path, steps=1).fit(model, _dm())
     assert rows == [4]
     assert float(model.trainer.callback_metrics["train/informative_groups"]) == 0.5
+
+
+def test_the_arguments_passed_on_to_the_base_are_kept_in_the_hparams_with_their_defaults(tiny_lm_dir):
+    model = _model(tiny_lm_dir, log_samples=2)
+    assert (model.hparams.grad_clip, model.hparams.max_consecutive_nonfinite, model.hparams.log_samples) == (1.0, 10, 2)
+    assert model.board.num_samples == 2 and "optimizer" not in model.hparams

@@ -150,3 +150,9 @@ def test_the_tiny_base_is_written_only_by_the_save_and_named_where_it_is_saved(t
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(out))
     ids = torch.tensor([[1, 2, 3]])
     torch.testing.assert_close(loaded(ids).logits, model.model(ids).logits)
+
+
+def test_the_arguments_passed_on_to_the_base_are_kept_in_the_hparams(tiny_lm_dir):
+    model = CausalLMSFT(lm=ModelConfig(tiny_lm_dir), max_consecutive_nonfinite=3)
+    assert model.hparams.max_consecutive_nonfinite == model.max_consecutive_nonfinite == 3
+    assert CausalLMSFT(lm=ModelConfig(tiny_lm_dir)).hparams.max_consecutive_nonfinite == 10

@@ -85,7 +85,7 @@ def transcript(answer: str = r"2 + 2 = 4. \boxed{4}") -> Transcript:
 def remote_judge(url, tiny_lm_dir, num_votes=3, **server):
     fields = {"base_url": url, "model": "judge", "retries": 2, "backoff_s": 0.01, "timeout_s": 5.0, **server}
     return RemoteJudge(
-        fields, tokenizer=str(tiny_lm_dir), chain_of_thought=False, num_votes=num_votes, sampling=Sampling()
+        server=fields, tokenizer=str(tiny_lm_dir), chain_of_thought=False, num_votes=num_votes, sampling=Sampling()
     )
 
 
@@ -242,18 +242,28 @@ def test_the_prompting_arguments_passed_on_as_kwargs_are_config_options(cls, sha
     parser = ArgumentParser()
     parser.add_class_arguments(cls, "x")
     options = {a.dest.split(".")[1] for a in parser._actions if a.dest.startswith("x.")}
-    own = set(inspect.signature(cls.__init__).parameters) - {"self", "prompting"}
-    assert own | (set(inspect.signature(shared.__init__).parameters) - {"self"}) <= options
+
+    def named(c: type) -> set[str]:  # every argument of c and its bases (RemoteClient's too), but **kwargs passed on
+        return {
+            p.name
+            for b in c.__mro__
+            if "__init__" in vars(b) and b.__module__.startswith("alignment_games")
+            for p in inspect.signature(b.__init__).parameters.values()
+            if p.kind is not p.VAR_KEYWORD and p.name != "self"
+        }
+
+    assert named(shared) <= named(cls) <= options
+    assert {"seed", "timeout_s"} <= named(shared)
 
 
 def test_a_prefill_is_refused_since_a_chat_reply_cannot_be_started(tiny_lm_dir):
     with pytest.raises(ValueError, match="RemoteJudge: prefill is not supported"):
-        RemoteJudge({"base_url": "http://h/v1", "model": "m"}, tokenizer=str(tiny_lm_dir), prefill="Verdict:")
+        RemoteJudge(server={"base_url": "http://h/v1", "model": "m"}, tokenizer=str(tiny_lm_dir), prefill="Verdict:")
 
 
 def test_remote_oracle_reads_letters_and_leaves_unread_queries_out(server, tiny_lm_dir):
     fields = {"base_url": server.url, "model": "judge", "retries": 0, "timeout_s": 5.0}
-    oracle = RemoteJudgeOracle(fields, tokenizer=str(tiny_lm_dir), samples=4, max_concurrency=1)
+    oracle = RemoteJudgeOracle(server=fields, tokenizer=str(tiny_lm_dir), samples=4, max_concurrency=1)
     server.replies = [
         (200, completion("A", " B.", "Response A", "not sure"), 0.0),  # 2 of 3 read say A
         (200, b"garbage", 0.0),  # nothing reads: NaN
@@ -313,12 +323,12 @@ def transformers_serve(tiny_lm_dir):
 def test_remote_judge_and_oracle_against_transformers_serve(transformers_serve, tiny_lm_dir):
     # transformers serve ignores n: one completion per request
     fields = {"base_url": transformers_serve, "model": str(tiny_lm_dir), "samples_per_request": 1, "timeout_s": 60}
-    judge = RemoteJudge(fields, chain_of_thought=False, num_votes=2, sampling=Sampling(max_new_tokens=8))
+    judge = RemoteJudge(server=fields, chain_of_thought=False, num_votes=2, sampling=Sampling(max_new_tokens=8))
     out = judge.vote([transcript()])
     assert judge.server.requests == 2 and judge.server.malformed == 0
     assert len(out.texts[0]) == 2 and all(isinstance(t, str) for t in out.texts[0])
     expected = [judge.read_vote(t) for t in out.texts[0]]
     assert torch.equal(torch.isnan(out.votes[0]), torch.isnan(torch.tensor(expected)))
-    oracle = RemoteJudgeOracle(fields, samples=1)
+    oracle = RemoteJudgeOracle(server=fields, samples=1)
     p = oracle.first_wins_probability(["q"], ["a"], ["b"], None)
     assert oracle.server.requests == 1 and oracle.server.malformed == 0 and p.shape == (1,)
