@@ -18,7 +18,7 @@ import torch
 import torchmetrics
 from typing_extensions import override
 
-from alignment_games.callbacks.functional import matthews_corrcoef_from_counts
+from alignment_games.callbacks.functional import confusion_cells, matthews_corrcoef_from_counts
 from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.debate import (
@@ -51,7 +51,6 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics
-from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["DebateSelfPlay", "ForkedRollout"]
 
@@ -86,11 +85,9 @@ class DebateSelfPlay(LanguageModelGame):
         trainable_plies: Plies that may be forked (``None``: all plies of the protocol), e.g. ``["critique"]``.
         judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
         bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
-        grad_clip: Gradient norm clip (``None``: none).
-        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
-        log_samples: Validation transcripts shown per validation in TensorBoard (``val/debates``; 0: none).
-        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **game: :class:`~modules.base.LanguageModelGame`'s arguments (``log_samples``: validation transcripts shown
+            in TensorBoard, ``val/debates``).
     """
 
     family = "debate self-play"
@@ -122,13 +119,10 @@ class DebateSelfPlay(LanguageModelGame):
         trainable_plies: list[str] | None = None,
         judging: str = "verdict",
         bob_reward: str = "constant_sum",
-        grad_clip: float | None = 1.0,
-        max_consecutive_nonfinite: int = 10,
         seed: int = 0,
-        log_samples: int = 4,
-        optimizer: OptimizerCallable | None = None,
+        **game: Any,
     ) -> None:
-        super().__init__(grad_clip, max_consecutive_nonfinite, log_samples, optimizer=optimizer)
+        super().__init__(**game)
         lm = ModelConfig.coerce(lm)
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -445,17 +439,12 @@ class DebateSelfPlay(LanguageModelGame):
         self._records.reset()
         if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
             return None
-        ref, truth, accepts = v["referenced"] > 0, v["correct"] > 0, v["accepts"] > 0
-        decisive = ref & (v["tie"] == 0) & (v["unparsed"] == 0)
-        cells = {
-            "tp": decisive & accepts & truth,
-            "fp": decisive & accepts & ~truth,
-            "tn": decisive & ~accepts & ~truth,
-            "fn": decisive & ~accepts & truth,
+        ref, truth, tie, unparsed = (v[k] > 0 for k in ("referenced", "correct", "tie", "unparsed"))
+        cells = confusion_cells(ref, truth, v["accepts"] > 0, tie, unparsed) | {
             "successes": ref & truth,
             "trials": ref,
-            "ties": ref & (v["tie"] > 0),
-            "unparsed": ref & (v["unparsed"] > 0),
+            "ties": ref & tie,
+            "unparsed": ref & unparsed,
         }
         keys = sorted(cells)
         values = torch.stack([cells[k].sum() for k in keys] + [v["reward"].sum()]).tolist()

@@ -25,7 +25,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["NashMDPG"]
 
@@ -42,12 +41,10 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         samples_per_prompt: D, policy samples per prompt, each paired with one mixture sample (1: Table 3's budget).
         sampling: How the policy and the mixture sample (temperature also that of the log-probabilities).
         system_prompt: The policy's system message.
-        grad_clip: Gradient norm clip (``None``: none).
-        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **game: :class:`~modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer, ...).
     """
 
     family = "NLHF (Nash-MD-PG)"
@@ -63,14 +60,12 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         samples_per_prompt: int = 1,
         sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
         system_prompt: str = QWEN_SYSTEM,
-        grad_clip: float | None = 1.0,
-        max_consecutive_nonfinite: int = 10,
         eval_pairs: int = 2,
         oracle: PreferenceOracle | None = None,
         logprob_micro_batch: int = 0,
-        optimizer: OptimizerCallable | None = None,
+        **game: Any,
     ) -> None:
-        super().__init__(grad_clip=grad_clip, max_consecutive_nonfinite=max_consecutive_nonfinite, optimizer=optimizer)
+        super().__init__(**game)
         lm = ModelConfig.coerce(lm)
         require_positive(tau=tau, lr=lr)
         if not 0.0 <= beta <= 1.0:

@@ -23,7 +23,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
-from alignment_games.modules.training.optimizers import OptimizerCallable
 
 __all__ = ["SLHF"]
 
@@ -43,12 +42,10 @@ class SLHF(WinRateValidation, LanguageModelGame):
         sampling: How both players sample.
         system_prompt: Leader's system message.
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
-        grad_clip: Per-player gradient norm clip (``None``: none).
-        max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         eval_pairs: Leader–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        **game: :class:`~modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer, ...).
     """
 
     family = "SLHF (StackelbergGDA)"
@@ -67,15 +64,13 @@ class SLHF(WinRateValidation, LanguageModelGame):
         sampling: Sampling = Sampling(temperature=0.6, max_new_tokens=512),
         system_prompt: str = QWEN_SYSTEM,
         follower_system_template: str = FOLLOWER_SYSTEM,
-        grad_clip: float | None = 1.0,
-        max_consecutive_nonfinite: int = 10,
         eval_pairs: int = 2,
         oracle: PreferenceOracle | None = None,
         logprob_micro_batch: int = 0,
-        optimizer: OptimizerCallable | None = None,
+        **game: Any,
     ) -> None:
         utility = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")
-        super().__init__(grad_clip, max_consecutive_nonfinite, optimizer=optimizer)
+        super().__init__(**game)
         lm = ModelConfig.coerce(lm)
         # a player with one sample takes the constant baseline ½ (slhf_surrogate_losses)
         lf.check_leader_follower(samples_per_prompt, follower_samples, 1, follower_system_template)

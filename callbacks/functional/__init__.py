@@ -15,11 +15,12 @@ from alignment_games.callbacks.functional.elo import (
     sample_std,
     weighted_score,
 )
-from alignment_games.callbacks.functional.mcc import least_squares_slope, matthews_corrcoef_from_counts
+from alignment_games.callbacks.functional.mcc import confusion_cells, least_squares_slope, matthews_corrcoef_from_counts
 from alignment_games.callbacks.functional.warmup import warmup_learning_rates
 
 __all__ = [
     "beta_lower_bound",
+    "confusion_cells",
     "decayed_k_factor",
     "effective_k_factor",
     "elo_expected_score",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 
 def matthews_corrcoef_from_counts(tp: float, fp: float, tn: float, fn: float) -> float:
@@ -22,6 +23,20 @@ def matthews_corrcoef_from_counts(tp: float, fp: float, tn: float, fn: float) ->
     if any(f == 0 for f in factors):
         return 0.0
     return (tp * tn - fp * fn) / math.sqrt(math.prod(float(f) for f in factors))
+
+
+def confusion_cells(referenced: Any, truth: Any, accepts: Any, tie: Any, unparsed: Any) -> dict[str, Any]:
+    """Each item's cell (tp, fp, tn, fn) of a judge's verdict on an answer, elementwise on boolean tensors or arrays.
+
+    Only a decisive verdict (no tie, parsed) on an answer with a reference falls in a cell.
+    """
+    decisive = referenced & ~tie & ~unparsed
+    return {
+        "tp": decisive & accepts & truth,
+        "fp": decisive & accepts & ~truth,
+        "tn": decisive & ~accepts & ~truth,
+        "fn": decisive & ~accepts & truth,
+    }
 
 
 def least_squares_slope(values: Sequence[float]) -> float:

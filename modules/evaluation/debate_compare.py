@@ -20,6 +20,7 @@ import torch
 
 from alignment_games.callbacks.functional import (
     beta_lower_bound,
+    confusion_cells,
     gap_recovery,
     p_best,
     pooled_lower_bound,
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 COUNTS = ("tp", "fp", "tn", "fn")
+_VERDICT = ("correct", "accepts", "tie", "unparsed")
 
 
 def load_evaluations(path: str) -> list[dict[str, Any]]:
@@ -128,28 +130,24 @@ def _last_problems(runs: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, tor
 
     ``None`` when a run lacks per-problem rows or the runs evaluated different problems.
     """
-    rows = [r[-1].get("problems") for r in runs]
-    if not rows or any(not p or not p.get("item") for p in rows) or len({tuple(sorted(p["item"])) for p in rows}) > 1:
+    rows = [r[-1].get("problems") or {} for r in runs]
+    items = {tuple(sorted(p.get("item") or ())) for p in rows}
+    if len(items) != 1 or not next(iter(items)):
         return None
-    cols: dict[str, list[list[float]]] = {k: [] for k in ("correct", *COUNTS)}
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("correct", *COUNTS)}
     for p in rows:
-        order = sorted(range(len(p["item"])), key=p["item"].__getitem__)
-        v = {k: torch.tensor([float(p[k][i]) for i in order]) for k in ("referenced", "correct", "accepts", "tie")}
-        v["unparsed"] = torch.tensor([float(p["unparsed"][i]) for i in order])
-        truth, accepts = v["correct"] > 0, v["accepts"] > 0
-        decisive = (v["referenced"] > 0) & (v["tie"] == 0) & (v["unparsed"] == 0)
-        cells = {"correct": truth, "tp": decisive & accepts & truth, "fp": decisive & accepts & ~truth}
-        cells |= {"tn": decisive & ~accepts & ~truth, "fn": decisive & ~accepts & truth}
-        for k, x in cells.items():
-            cols[k].append(x.double().tolist())
-    return {k: torch.tensor(x, dtype=torch.float64) for k, x in cols.items()}
+        v = {k: torch.tensor([x for _, x in sorted(zip(p["item"], p[k]))]) > 0 for k in ("referenced", *_VERDICT)}
+        cells = confusion_cells(v["referenced"], v["correct"], v["accepts"], v["tie"], v["unparsed"])
+        for k, x in (cells | {"correct": v["correct"]}).items():
+            cols[k].append(x.double())
+    return {"item": torch.tensor(next(iter(items)))} | {k: torch.stack(x) for k, x in cols.items()}
 
 
 def _resampled(
     m: Mapping[str, torch.Tensor], by_seed: torch.Tensor, by_problem: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
     """Each resample's accuracy and MCC: run ``s`` on problem ``p`` weighs ``by_seed[b, s] * by_problem[b, p]``."""
-    w = {k: torch.einsum("bs,sp,bp->b", by_seed, x, by_problem) for k, x in m.items()}
+    w = {k: torch.einsum("bs,sp,bp->b", by_seed, m[k], by_problem) for k in ("correct", *COUNTS)}
     acc = w["correct"] / (by_seed.sum(dim=1) * by_problem.sum(dim=1))
     tp, fp, tn, fn = (w[k] for k in COUNTS)
     den = ((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)).sqrt()
@@ -178,7 +176,7 @@ def final_intervals(
         runs, problems = m["correct"].shape
         draws = two_level_counts(runs, problems, n_boot, seed)
         acc, mcc = _resampled(m, *draws)
-        pooled = {k: float(x.sum()) for k, x in m.items()}
+        pooled = {k: float(m[k].sum()) for k in ("correct", *COUNTS)}
         row = {
             "runs": runs,
             "problems": problems,
@@ -188,7 +186,7 @@ def final_intervals(
             "mcc_ci": percentile_interval(mcc, confidence),
         }
         base = mats.get(baseline) if baseline is not None and name != baseline else None
-        if base is not None and base["correct"].shape == m["correct"].shape:
+        if base is not None and base["correct"].shape == m["correct"].shape and base["item"].equal(m["item"]):
             base_acc, base_mcc = _resampled(base, *draws)
             row["accuracy_diff_ci"] = percentile_interval(acc - base_acc, confidence)
             row["mcc_diff_ci"] = percentile_interval(mcc - base_mcc, confidence)

@@ -605,7 +605,8 @@ def test_a_resumed_run_lists_each_evaluation_once(tiny_lm_dir, tmp_path, monkeyp
     def evaluation(stage):
         s, t = next(counts)
         cells = {"tp": s, "fp": 0, "tn": 0, "fn": t - s, "ties": 0, "unparsed": 0}
-        return {"successes": s, "trials": t, **cells, "reward_sum": 0.0, "n": 0}  # n = 0: reward NaN
+        found = {"successes": s, "trials": t, **cells, "reward_sum": 0.0, "n": 0}  # n = 0: reward NaN
+        return found, {"item": list(range(t)), "correct": [1] * s + [0] * (t - s)}
 
     monkeypatch.setattr(m, "_end_evaluation", evaluation)
     m.counters["batches_seen"] = 1
@@ -622,3 +623,4 @@ def test_a_resumed_run_lists_each_evaluation_once(tiny_lm_dir, tmp_path, monkeyp
     records = [json.loads(x) for x in path.read_text().splitlines()]
     assert [(r["batches_seen"], r["successes"]) for r in records] == [(1, 3), (2, 5)]
     assert records[0]["reward"] is None  # NaN written as null, as before
+    assert records[1]["problems"]["correct"] == [1] * 5 + [0]  # the resumed run's rows replaced the killed run's
