@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from alignment_games.callbacks.functional.files import fsync_dir
+from alignment_games.callbacks.functional.files import fsync_dir, pid_alive
 from alignment_games.callbacks.hooks import EvaluationBatchCallback
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "RNGStateCallback",
     "atomic_torch_save",
     "collect_rng_state",
+    "rank_and_world",
     "restore_rng_state",
 ]
 
@@ -73,7 +74,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             rank_zero_warn("The checkpoint holds CUDA generator states for another set of devices; not restored.")
 
 
-def _world() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
+    """The process's rank and the world size under ``torch.distributed``; ``(0, 1)`` without a process group."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
@@ -93,7 +95,7 @@ class RNGStateCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         local = collect_rng_state()
-        rank, world = _world()
+        rank, world = rank_and_world()
         if world == 1:
             return {"ranks": [local]}
         gathered: list[Any] = [None] * world
@@ -103,7 +105,7 @@ class RNGStateCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         ranks = state_dict.get("ranks", [])
-        rank, world = _world()
+        rank, world = rank_and_world()
         if len(ranks) != world:
             rank_zero_warn(
                 f"RNGStateCallback: the checkpoint holds generator states of {len(ranks)} rank(s), this run has "
@@ -224,22 +226,12 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_temps(path: str) -> None:
     """Remove temporaries of ``path`` left by processes that died while writing it (a kill during a save)."""
     folder, name = os.path.split(path)
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir(folder or "."):
-            if (m := _TMP.match(entry)) and m.group("name") == name and not _pid_alive(int(m.group("pid"))):
+            if (m := _TMP.match(entry)) and m.group("name") == name and not pid_alive(int(m.group("pid"))):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(folder, entry))
 

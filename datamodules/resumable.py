@@ -14,6 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
+from alignment_games.callbacks.fault_tolerance import rank_and_world
+
 __all__ = ["ResumableDataLoader", "ResumableSampler", "bucket_order", "run_seed", "split_loader"]
 
 #: how far apart the orders of consecutive run seeds start (the sampler adds the epoch to its seed)
@@ -23,12 +25,6 @@ RUN_SEED_STRIDE = 1_000_003
 def run_seed() -> int:
     """The seed ``seed_everything`` set in this process (``PL_GLOBAL_SEED``, passed to spawned ranks), else 0."""
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-
-def _world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def bucket_order(
@@ -73,7 +69,7 @@ class ResumableSampler(DistributedSampler):
         bucket_batch: int = 1,
         bucket_window: int = 0,
     ) -> None:
-        rank, world = (0, 1) if replicated else _world()
+        rank, world = (0, 1) if replicated else rank_and_world()
         super().__init__(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         if lengths is not None and len(lengths) != len(dataset):  # type: ignore[arg-type]
             raise ValueError(f"lengths holds {len(lengths)} entries for {len(dataset)} items")  # type: ignore[arg-type]

@@ -1,11 +1,11 @@
-"""File-system helpers shared by the callbacks' atomic writes and the modules' folder swaps (plain ``os``)."""
+"""File-system helpers shared by the callbacks' atomic writes and the modules' folder swaps and locks (plain ``os``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 
-__all__ = ["fsync_dir"]
+__all__ = ["fsync_dir", "pid_alive"]
 
 
 def fsync_dir(folder: str) -> None:
@@ -16,3 +16,14 @@ def fsync_dir(folder: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0 only asks; one run by another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -17,6 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from alignment_games.callbacks.functional.files import pid_alive
+
 __all__ = [
     "GGUF_MEMBER",
     "GGUF_SHA256",
@@ -124,14 +126,8 @@ def _remove_stale_temps(cache: Path) -> None:
     host = socket.gethostname()
     for tmp in cache.glob(_TMP_PREFIX + "*"):
         parts = tmp.name[len(_TMP_PREFIX) :].split("-")
-        if len(parts) < 3 or "-".join(parts[:-2]) != host or not parts[-2].isdigit():
-            continue
-        try:
-            os.kill(int(parts[-2]), 0)
-        except ProcessLookupError:
+        if len(parts) >= 3 and "-".join(parts[:-2]) == host and parts[-2].isdigit() and not pid_alive(int(parts[-2])):
             shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:  # alive under another user
-            pass
 
 
 def _check_source(folder: Path) -> None:

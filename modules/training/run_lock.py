@@ -11,6 +11,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from alignment_games.callbacks.functional.files import pid_alive
+
 __all__ = ["LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
 
 LOCK_NAME = "run.lock"
@@ -58,13 +60,7 @@ def _alive(owner: LockOwner) -> bool:
         return True
     if owner.pid == me.pid:  # an earlier process that had this pid (a restarted container): not this one's lock
         return False
-    try:
-        os.kill(owner.pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, run by another user
-        return True
-    return True
+    return pid_alive(owner.pid)
 
 
 def _read(path: str) -> str | None:
