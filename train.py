@@ -100,14 +100,11 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     root = os.path.join(logger.save_dir, str(logger.name or ""))
     fixed = getattr(logger, "_version", None)
     folder = "version_*" if fixed is None else (fixed if isinstance(fixed, str) else f"version_{fixed}")
-    for checkpoints in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints")):
+    pattern = os.path.join(glob.escape(root), folder, "checkpoints")
+    for checkpoints in glob.glob(pattern):
         if live_owner(os.path.dirname(checkpoints)) is None:  # never under a live run: its save may be in progress
             recover_interrupted_saves(checkpoints)
-    found = [
-        p
-        for p in glob.glob(os.path.join(glob.escape(root), folder, "checkpoints", "last*.ckpt"))
-        if _LAST.match(os.path.basename(p))
-    ]
+    found = [p for p in glob.glob(os.path.join(pattern, "last*.ckpt")) if _LAST.match(os.path.basename(p))]
     if not found:
         return None
     newest = max(found, key=os.path.getmtime)

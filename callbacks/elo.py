@@ -97,8 +97,7 @@ class EloRating(Callback):
         self.volatility_window = int(volatility_window)
         self.scale = float(scale)
         self.apply_every_n_batches = int(apply_every_n_batches)
-        self.figure_path = figure_path
-        self.name = name
+        self.figure_path, self.name = figure_path, name
         self._index = {p: i for i, p in enumerate(players)}
         n = len(self.players)
         self._ratings = [self.initial_rating] * n

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from alignment_games.callbacks.functional.files import fsync_dir, pid_alive
+from alignment_games.callbacks.functional.files import fsync_dir, pid_alive, write_error
 from alignment_games.callbacks.hooks import EvaluationBatchCallback
 
 __all__ = [
@@ -237,20 +237,11 @@ def _remove_stale_temps(path: str) -> None:
 
 
 def _write_error(err: BaseException, path: str) -> OSError | None:
-    """The ``OSError`` behind ``err`` (``torch.save`` wraps it) made again naming ``path``; ``None`` when there is none.
-
-    The message matches ``modules.training.artifacts.write_error``.
-    """
+    """The ``OSError`` behind ``err`` (``torch.save`` wraps it) made again naming ``path``; ``None`` without one."""
     cause: BaseException | None = err
     while cause is not None and not isinstance(cause, OSError):
         cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        return None
-    detail = cause.strerror or str(cause) or type(cause).__name__
-    if cause.filename is not None and os.fspath(cause.filename) != path:
-        detail += f" ({os.fspath(cause.filename)})"
-    message = f"cannot write {path}: {detail}; its previous version is left as it was"
-    return OSError(cause.errno, message) if cause.errno is not None else OSError(message)
+    return None if cause is None else write_error(cause, path)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:

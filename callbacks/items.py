@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from alignment_games.callbacks.fault_tolerance import rank_and_world
+
 __all__ = ["ItemRecords", "first_occurrences", "gather_unique_items", "read_step_outputs"]
 
 
@@ -51,9 +53,7 @@ def first_occurrences(ids: Tensor) -> Tensor:
 
 def _gather(tensor: Tensor) -> Tensor:
     """``tensor`` of every rank concatenated along dim 0 in rank order (itself on one process); sizes may differ."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return tensor
-    world = torch.distributed.get_world_size()
+    _, world = rank_and_world()
     if world == 1:
         return tensor
     local = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)

@@ -70,16 +70,12 @@ class PeakCheckpoint(EvaluationBatchCallback):
             raise ValueError(f"`window` must be >= 1, got {window}.")
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"`quantile` must lie in (0, 1), got {quantile}.")
-        self.monitor_correct = monitor_correct
-        self.monitor_total = monitor_total
+        self.monitor_correct, self.monitor_total = monitor_correct, monitor_total
         self.window = int(window)
         self.quantile = float(quantile)
         self.dirpath = None if dirpath is None else os.fspath(dirpath)
-        self.filename = filename
-        self.name = name
-        self.verbose = verbose
-        self.success_key = success_key
-        self.id_key = id_key
+        self.filename, self.name, self.verbose = filename, name, verbose
+        self.success_key, self.id_key = success_key, id_key
         self.items = ItemRecords(("success",))
         self.evaluations: list[dict[str, float]] = []
         self.peak: dict[str, Any] | None = None

@@ -105,11 +105,8 @@ class TwoTimescaleWarmup(Callback):
         self.targets = (self.leader_lr, self.follower_lr)  # resolved at fit start
         self.initial_lr = float(initial_lr)
         self.warmup_steps = int(warmup_steps)
-        self.leader_optimizer = leader_optimizer
-        self.follower_optimizer = follower_optimizer
-        self.tau_leader = tau_leader
-        self.tau_follower = tau_follower
-        self.name = name
+        self.leader_optimizer, self.follower_optimizer = leader_optimizer, follower_optimizer
+        self.tau_leader, self.tau_follower, self.name = tau_leader, tau_follower, name
         self.batches_seen = 0
 
     @property

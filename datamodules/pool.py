@@ -29,11 +29,10 @@ def split_pool(
     Raises:
         ValueError: when fewer than two distinct prompts would remain as candidate instructions.
     """
-    seen, unique = set(), []
+    first: dict[str, dict[str, Any]] = {}
     for r in rows:
-        if r["prompt"] not in seen:
-            seen.add(r["prompt"])
-            unique.append(r)
+        first.setdefault(r["prompt"], r)
+    unique = list(first.values())
     random.Random(seed).shuffle(unique)
     n_val = round(len(unique) * val_fraction)
     val, train = unique[:n_val], unique[n_val:]
@@ -49,8 +48,7 @@ class _WholePool(Dataset):
     """``iterations`` items, each the whole pool (one item = one game iteration)."""
 
     def __init__(self, rows: list[dict[str, Any]], iterations: int = 1) -> None:
-        self.rows = rows
-        self.iterations = iterations
+        self.rows, self.iterations = rows, iterations
 
     def __len__(self) -> int:
         return self.iterations
@@ -88,10 +86,9 @@ class InstructionPoolDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         require_in_range("val_fraction", val_fraction, 0, 1, open_high=True)
-        require_positive(batch_size=batch_size)
         if isinstance(iterations_per_epoch, bool) or int(iterations_per_epoch) != iterations_per_epoch:
             raise ValueError(f"iterations_per_epoch must be an integer, got {iterations_per_epoch!r}")
-        require_positive(iterations_per_epoch=iterations_per_epoch)
+        require_positive(batch_size=batch_size, iterations_per_epoch=iterations_per_epoch)
         self.source = PromptSource.coerce(source)
         self.test_source = None if test_source is None else PromptSource.coerce(test_source)
         self.save_hyperparameters(ignore=["source", "test_source"], logger=False)

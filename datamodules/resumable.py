@@ -129,8 +129,7 @@ class ResumableDataLoader(DataLoader):
         generator = torch.Generator().manual_seed(seed)
         loader_args = dict(collate_fn=collate_fn, num_workers=num_workers, drop_last=drop_last, generator=generator)
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **loader_args, **kwargs)
-        self.seed = seed
-        self.shuffle = shuffle
+        self.seed, self.shuffle = seed, shuffle
         self._batches = 0
         self._resume: tuple[int, int] | None = None
 

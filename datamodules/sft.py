@@ -202,9 +202,8 @@ class SingleStepSFTDataModule(_TriplesDataModule):
         system_prompt: str = "You are a helpful assistant.",
     ) -> None:
         super().__init__()
-        for name, v in (("correct_fraction", correct_fraction), ("filler_fraction", filler_fraction)):
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"{name} must lie in [0, 1], got {v}")
+        require_in_range("correct_fraction", correct_fraction, 0, 1)
+        require_in_range("filler_fraction", filler_fraction, 0, 1)
         self.save_hyperparameters(logger=False)
 
     @override

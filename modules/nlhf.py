@@ -13,7 +13,7 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
-from alignment_games.modules.algorithms.checks import require_positive
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games.leader_follower import load_play_state, play_state
@@ -68,8 +68,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         super().__init__(**game)
         lm = ModelConfig.coerce(lm)
         require_positive(tau=tau, lr=lr)
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta (the reference's weight in the mixture) must be in [0, 1], got {beta}")
+        require_in_range("beta (the reference's weight in the mixture)", beta, 0, 1)
         if samples_per_prompt < 1 or eval_pairs < 1:
             raise ValueError(
                 f"samples_per_prompt and eval_pairs must be at least 1, got {samples_per_prompt}, {eval_pairs}"

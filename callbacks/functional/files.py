@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["fsync_dir", "pid_alive"]
+__all__ = ["fsync_dir", "pid_alive", "write_error"]
 
 
 def fsync_dir(folder: str) -> None:
@@ -27,3 +27,12 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def write_error(err: OSError, path: str | os.PathLike) -> OSError:
+    """``err`` as an ``OSError`` of the same errno whose message names ``path`` (a full disk names no file)."""
+    detail = err.strerror or str(err) or type(err).__name__
+    if err.filename is not None and os.fspath(err.filename) != os.fspath(path):
+        detail += f" ({os.fspath(err.filename)})"
+    message = f"cannot write {os.fspath(path)}: {detail}; its previous version is left as it was"
+    return OSError(err.errno, message) if err.errno is not None else OSError(message)

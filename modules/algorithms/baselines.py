@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from alignment_games.modules.algorithms.checks import require_positive
+from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 
 # the baseline of a player with one sample a step (D = 1 or M = 1): the value ½ of the symmetric preference game
@@ -41,8 +41,7 @@ def geometric_mixture_logprobs(logp_policy: Tensor, logp_reference: Tensor, beta
     Raises:
         ValueError: when ``beta`` is not in [0, 1] or the shapes differ.
     """
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta (the mixture's weight on the reference) must be in [0, 1], got {beta}")
+    require_in_range("beta (the mixture's weight on the reference)", beta, 0, 1)
     if logp_policy.shape != logp_reference.shape:
         raise ValueError(
             f"logp_policy and logp_reference must share a shape, got {tuple(logp_policy.shape)} and "

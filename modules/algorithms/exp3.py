@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from alignment_games.modules.algorithms.checks import require_in_range, require_positive
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 
 __all__ = [
     "CompositeReward",
@@ -42,8 +42,7 @@ def linear_schedule(start: float, end: float, progress: float) -> float:
 
 def _check_score(name: str, s: float) -> float:
     s = float(s)
-    if not SCORE_MIN <= s <= SCORE_MAX:
-        raise ValueError(f"{name} must be a judge score in [{SCORE_MIN}, {SCORE_MAX}], got {s}")
+    require_in_range(f"{name} (a judge score)", s, SCORE_MIN, SCORE_MAX)
     return s
 
 
@@ -102,11 +101,9 @@ class CompositeReward:
     gap_end: float = 0.15
 
     def __post_init__(self) -> None:
-        if self.difficulty_weight < 0 or self.preference_weight < 0:
-            raise ValueError(
-                f"difficulty_weight and preference_weight must be >= 0, got {self.difficulty_weight}, "
-                f"{self.preference_weight}"
-            )
+        require_at_least(
+            difficulty_weight=(self.difficulty_weight, 0.0), preference_weight=(self.preference_weight, 0.0)
+        )
         require_positive(bandwidth=self.bandwidth)
 
     def __call__(self, score_a: float, score_b: float, progress: float) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from alignment_games.modules.algorithms.checks import require_at_least
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
@@ -239,8 +239,7 @@ def prompt_bootstrap(
         ValueError: for bad ``groups``, ``n_boot < 1``, ``level`` outside (0, 1), or ``stat_fn`` changing its shape.
     """
     g = _one_d(groups, "groups")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
+    require_in_range("level", level, 0, 1, open_low=True, open_high=True)
     _, group_index = torch.unique(g, return_inverse=True)
     n_groups = int(group_index.max()) + 1
     draws = resample_prompts(n_groups, n_boot, seed)

@@ -20,7 +20,7 @@ from torch import Tensor
 from torchmetrics.aggregation import MeanMetric
 
 from alignment_games.modules.algorithms import pool as rules
-from alignment_games.modules.algorithms.checks import require_positive
+from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
@@ -67,14 +67,9 @@ class FollowerTraining:
         for field, allowed in (("algorithm", ("dpo", "grpo")), ("dpo_pairs", ("all", "own"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"followers.{field} must be one of {allowed}, got {getattr(self, field)!r}")
-        require_positive(**{"followers.lr": self.lr})
-        if self.batch_size < 1 or self.micro_batch < 0:
-            raise ValueError(
-                f"followers.batch_size must be positive and micro_batch >= 0, got {self.batch_size}, {self.micro_batch}"
-            )
-        if self.dpo_nll_weight < 0:
-            raise ValueError(f"followers.dpo_nll_weight must be non-negative, got {self.dpo_nll_weight}")
-        require_positive(**{"followers.dpo_beta": self.dpo_beta})
+        require_positive(**{"followers.lr": self.lr, "followers.dpo_beta": self.dpo_beta})
+        least = {"batch_size": 1, "micro_batch": 0, "dpo_nll_weight": 0.0}
+        require_at_least(**{f"followers.{k}": (getattr(self, k), m) for k, m in least.items()})
 
 
 class Stepper(Protocol):

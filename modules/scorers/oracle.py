@@ -384,9 +384,7 @@ class RemoteJudgeOracle(RemoteClient, PromptedOracle):
     """
 
     def __init__(self, samples: int = 1, temperature: float = 1.0, max_tokens: int = 8, **remote: Any) -> None:
-        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1))
-        if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        require_at_least(samples=(samples, 1), max_tokens=(max_tokens, 1), temperature=(temperature, 0))
         super().__init__(**remote)
         self.samples, self.temperature, self.max_tokens = samples, float(temperature), max_tokens
 

@@ -64,9 +64,8 @@ class ChatServer:
             raise ValueError("server.model must name the served model")
         if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < math.inf):
             raise ValueError(f"server.timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
-        if self.retries < 0 or self.backoff_s < 0:
-            raise ValueError(f"server.retries and server.backoff_s must be >= 0, got {self.retries}, {self.backoff_s}")
-        require_at_least(**{"server.samples_per_request": (self.samples_per_request, 1)})
+        least = {"retries": 0, "backoff_s": 0, "samples_per_request": 1}
+        require_at_least(**{f"server.{k}": (getattr(self, k), m) for k, m in least.items()})
 
     @property
     def url(self) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from alignment_games.callbacks.functional.files import fsync_dir
+from alignment_games.callbacks.functional.files import fsync_dir, write_error
 
 __all__ = [
     "atomic_folder",
@@ -30,15 +30,6 @@ __all__ = [
 
 #: called with "written" and "old_aside" (between the two renames); tests set it to kill the process there
 SWAP_HOOK: Callable[[str], None] | None = None
-
-
-def write_error(err: OSError, path: str | os.PathLike) -> OSError:
-    """``err`` as an ``OSError`` of the same errno whose message names ``path`` (a full disk names no file)."""
-    detail = err.strerror or str(err) or type(err).__name__
-    if err.filename is not None and os.fspath(err.filename) != os.fspath(path):
-        detail += f" ({os.fspath(err.filename)})"
-    message = f"cannot write {os.fspath(path)}: {detail}; its previous version is left as it was"
-    return OSError(err.errno, message) if err.errno is not None else OSError(message)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
