@@ -91,11 +91,11 @@ class InstructionPoolDataModule(L.LightningDataModule):
         require_positive(batch_size=batch_size, iterations_per_epoch=iterations_per_epoch)
         self.source = PromptSource.coerce(source)
         self.test_source = None if test_source is None else PromptSource.coerce(test_source)
+        self.splits: dict[str, list[dict[str, Any]]] = {}
         self.save_hyperparameters(ignore=["source", "test_source"], logger=False)
         # plain values: checkpoints load weights-only
         test = None if self.test_source is None else dataclasses.asdict(self.test_source)
         self.hparams.update(source=dataclasses.asdict(self.source), test_source=test)
-        self.splits: dict[str, list[dict[str, Any]]] = {}
 
     @override
     def setup(self, stage: str | None = None) -> None:
