@@ -50,6 +50,7 @@ def tensors_sha256(tensors: Sequence[torch.Tensor]) -> str:
     """
     digest = hashlib.sha256()
     for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor (FSDP2): this process's shard
         t = t.detach().cpu().contiguous()
         digest.update(f"{t.dtype} {tuple(t.shape)}\n".encode())
         digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
