@@ -219,6 +219,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         if scores is None:
             return
         side_scores, rollout_scores = self._aggregate(duels, judges, scores, g)
+        self._log_reference_agreement(texts, rollout_scores, refs)
         rewards, probs = self._update_leader(chosen, side_scores, progress)
         self._show_duels(questions, duels, judges, texts, scores, side_scores, rewards)
         with self._timed("followers"):
@@ -336,6 +337,19 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         if elo is not None:  # every rank's duels, in rank order, on every rank
             elo.apply_pending(self._trainer)
         return side_scores, rollout_scores
+
+    def _log_reference_agreement(self, texts: dict, rollout_scores: dict, refs: list) -> None:
+        """Peer judging against the references, where all exist (a diagnostic: no reward reads it; docs/pool.md)."""
+        if not refs or any(r is None for r in refs) or self.judging.mode == "reference":
+            return
+        sides = [[(d, s) for s in (0, 1)] for d in range(len(refs))]
+        scores = [[x for slot in duel for x in rollout_scores[slot]] for duel in sides]
+        right = [
+            [answers_match(rules.final_answer(t), refs[d]) for d, s in duel for t in texts[(d, s)]] for duel in sides
+        ]
+        agreement, pairs = rules.reference_agreement(scores, right)
+        logs = {"duel/reference_accuracy": sum(map(sum, right)) / sum(map(len, right)), "judge/reference_pairs": pairs}
+        self.log_dict({**logs, **({"judge/reference_agreement": agreement} if pairs else {})}, batch_size=1)
 
     def _update_leader(self, chosen: list[int], side_scores: list, progress: float) -> tuple[list[float], Tensor]:
         """6. The duels' composite rewards and the EXP3 update; the leader's new distribution."""

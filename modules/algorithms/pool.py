@@ -34,6 +34,7 @@ __all__ = [
     "parse_judgement",
     "peer_score_advantages",
     "preference_pairs",
+    "reference_agreement",
     "reputation_weighted_mean",
     "weight_extremes",
 ]
@@ -348,6 +349,21 @@ def final_answer(text: str | None) -> str | None:
         return boxed
     numbers = _NUMBER.findall(text or "")
     return numbers[-1].rstrip(",") if numbers else None
+
+
+def reference_agreement(scores: Sequence[Sequence[float]], correct: Sequence[Sequence[bool]]) -> tuple[float, int]:
+    """How well peer judging ranks right above wrong, where a reference exists (a diagnostic, never a reward).
+
+    ``scores[d]``/``correct[d]``: duel d's responses (both sides, every rollout), their aggregate scores and whether
+    each matches the reference. Returns the share of (right, wrong) pairs within a duel scored right > wrong, a tie
+    counting ½ (per duel the AUC of the scores, pooled over duels by pairs), and the number of such pairs (0: nan).
+    """
+    total, n = 0.0, 0
+    for s, c in zip(scores, correct, strict=True):
+        for i, j in itertools.product(range(len(s)), repeat=2):
+            if c[i] and not c[j]:
+                total, n = total + (1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0), n + 1
+    return (total / n if n else math.nan), n
 
 
 def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[tuple[int, bool]]:

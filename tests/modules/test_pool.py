@@ -166,6 +166,9 @@ def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, t
     assert c["judgements"] == c["parse_failures"] > 0
     assert c["iterations_without_pairs"] == 1
     assert trainer.callback_metrics["judge/parse_failure_rate"] == 1.0
+    # every score ties, so peer judging ranks a right answer above a wrong one at chance, where there is such a pair
+    assert "judge/reference_pairs" in trainer.callback_metrics and "duel/reference_accuracy" in trainer.callback_metrics
+    assert trainer.callback_metrics.get("judge/reference_agreement", torch.tensor(0.5)) == 0.5
     assert all(torch.equal(before[n], p) for n, p in _adapters(module).items())
     assert trainer.global_step == 0
     assert len(module.history["weights"]) == 2  # before and after the iteration

@@ -21,6 +21,7 @@ from alignment_games.modules.algorithms.pool import (
     parse_judgement,
     peer_score_advantages,
     preference_pairs,
+    reference_agreement,
     reputation_weighted_mean,
     weight_extremes,
 )
@@ -228,3 +229,19 @@ def test_weight_extremes_against_uniform():
     assert weight_extremes([1.0]) == pytest.approx((1.0, 1.0))
     with pytest.raises(ValueError, match="n >= 1"):
         weight_extremes([0.5, 0.5], n=0)
+
+
+def test_reference_agreement_is_the_per_duel_auc_pooled_by_pairs() -> None:
+    from sklearn.metrics import roc_auc_score
+
+    scores = [[7.0, 3.0], [2.0, 5.0, 5.0, 9.0], [4.0, 4.0], [1.0, 1.0]]
+    right = [[True, False], [True, False, True, False], [True, False], [True, True]]
+    share, pairs = reference_agreement(scores, right)
+    # duel 0: 1 pair ranked right; duel 1: 4 pairs, AUC by sklearn; duel 2: 1 tie; duel 3: no (right, wrong) pair
+    auc1 = roc_auc_score(right[1], scores[1])
+    assert pairs == 6
+    assert share == pytest.approx((1.0 + 4 * auc1 + 0.5) / 6)
+    assert auc1 == pytest.approx(0.5 / 4)  # by hand: right 2 and 5 against wrong 5 and 9: only 5 = 5 (a tie) counts
+    assert math.isnan(reference_agreement([[1.0, 2.0]], [[False, False]])[0])
+    with pytest.raises(ValueError):
+        reference_agreement([[1.0]], [])
