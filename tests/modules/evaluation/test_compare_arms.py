@@ -1,0 +1,63 @@
+"""Arms of a study compared on the same problems: accuracies and paired differences by hand, and the refusals."""
+
+import json
+
+import pytest
+
+from alignment_games.commands.compare_arms import main
+from alignment_games.modules.evaluation.audit import problem_rows, write_report
+
+PROMPTS, REFS = ["a?", "b?", "c?", "d?"], ["1", "2", "3", "4"]
+BASE = [False, True, False, False]
+
+
+def _report(path, seeds: list[list[list[bool]]], base=BASE, prompts=PROMPTS) -> str:
+    """An accuracy_gain report of ``seeds[s][player]`` results per problem, written as the command writes it."""
+    results = {"base": base}
+    flat = [player for seed in seeds for player in seed]
+    results.update({f"trained[{i}]": r for i, r in enumerate(flat)})
+    report = {"trained": [{"path": f"p{i}"} for i in range(len(flat))], "per_seed": [{} for _ in seeds]}
+    write_report(report, str(path), problem_rows(prompts, REFS, results))
+    return str(path)
+
+
+def test_accuracies_and_paired_differences_by_hand(tmp_path):
+    t, f = True, False
+    # pool: 2 seeds x 2 players; seed means per problem: [1, .5, 0, 0] and [1, 1, .5, 0] -> accuracy (0.375 + 0.625) / 2
+    pool = _report(tmp_path / "pool.json", [[[t, t, f, f], [t, f, f, f]], [[t, t, t, f], [t, t, f, f]]])
+    single = _report(tmp_path / "single.json", [[[t, f, f, f]], [[t, t, f, f]]])  # 0.25 and 0.5
+    out = main([f"single={single}", f"pool={pool}", "--out", str(tmp_path / "c.json")])
+    assert out["baseline"] == "single" and out["problems"] == 4 and out["base"] == 0.25
+    arms = out["arms"]
+    assert arms["pool"]["players_per_seed"] == 2 and arms["single"]["players_per_seed"] == 1
+    assert arms["pool"]["per_seed"] == [0.375, 0.625] and arms["pool"]["accuracy"] == 0.5
+    assert arms["single"]["accuracy"] == 0.375 and "difference" not in arms["single"]
+    assert arms["pool"]["difference"] == pytest.approx(0.125)
+    lo, hi = arms["pool"]["difference_ci"]
+    assert 0 <= lo <= 0.125 <= hi <= 0.5  # seed differences per problem are 0, .5, 0, 0 and 0, 0, .5, 0: never < 0
+    assert json.loads((tmp_path / "c.json").read_text()) == out
+
+
+def test_a_constant_difference_has_no_spread(tmp_path):
+    a = _report(tmp_path / "a.json", [[[False] * 4], [[False] * 4]])
+    b = _report(tmp_path / "b.json", [[[True] * 4], [[True] * 4]])
+    assert main([f"a={a}", f"b={b}"])["arms"]["b"]["difference_ci"] == [1.0, 1.0]
+
+
+def test_refusals_name_the_arm_or_file(tmp_path):
+    a = _report(tmp_path / "a.json", [[[True, False, False, True]]])
+    other = _report(tmp_path / "o.json", [[[True] * 4]], prompts=["w?", "x?", "y?", "z?"])
+    with pytest.raises(SystemExit, match="arm o: other problems"):
+        main([f"a={a}", f"o={other}"])
+    rebased = _report(tmp_path / "r.json", [[[True] * 4]], base=[True] * 4)
+    with pytest.raises(SystemExit, match="arm r: other problems or base"):
+        main([f"a={a}", f"r={rebased}"])
+    two = _report(tmp_path / "two.json", [[[True] * 4], [[True] * 4]])
+    with pytest.raises(SystemExit, match="2 seeds against 1"):
+        main([f"a={a}", f"two={two}"])
+    (tmp_path / "a.problems.jsonl").write_text((tmp_path / "a.problems.jsonl").read_text().replace("true", "false"))
+    with pytest.raises(SystemExit, match="sha256 is not the one"):
+        main([f"a={a}", f"two={two}"])
+    for bad in ([f"a={a}"], [f"a={a}", f"a={two}"], [f"a={a}", "b="]):
+        with pytest.raises(SystemExit):
+            main(bad)
