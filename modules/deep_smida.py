@@ -34,7 +34,7 @@ from alignment_games.modules.scorers.utility import Utility
 __all__ = ["DeepSMIDA"]
 
 
-class DeepSMIDA(LanguageModelGame):
+class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
     """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
 
     Args:
@@ -131,12 +131,6 @@ class DeepSMIDA(LanguageModelGame):
             self.log_dict({k: float(v) for k, v in shares.items()}, batch_size=u.shape[0])
         hp = self.hparams
         return smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
-
-    @override
-    def num_optimizers(self) -> int:
-        return 2  # leader and follower
-
-    configure_optimizers = lf.optimizers
 
     def _variances(self, prompts: list[str], ys: list[str], y2s: list[str]) -> tuple[Tensor, Tensor]:
         if isinstance(self.utility, EnsembleUtility):

@@ -13,7 +13,7 @@ import torch
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.baselines import nash_md_pg_surrogate_loss
-from alignment_games.modules.algorithms.checks import require_in_range, require_positive
+from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.evaluation.win_rate import WinRateValidation
 from alignment_games.modules.games.leader_follower import load_play_state, play_state
@@ -69,10 +69,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         lm = ModelConfig.coerce(lm)
         require_positive(tau=tau, lr=lr)
         require_in_range("beta (the reference's weight in the mixture)", beta, 0, 1)
-        if samples_per_prompt < 1 or eval_pairs < 1:
-            raise ValueError(
-                f"samples_per_prompt and eval_pairs must be at least 1, got {samples_per_prompt}, {eval_pairs}"
-            )
+        require_at_least(samples_per_prompt=(samples_per_prompt, 1), eval_pairs=(eval_pairs, 1))
         self.save_arguments(lm, ["preference", "oracle"], sampling=Sampling)
         self.players = PolicyBank(lm, players=("policy",))
         self.preference = preference if preference is not None else EnsembleUtility(checkpoint=None, kind="preference")

@@ -27,7 +27,7 @@ from alignment_games.modules.scorers.utility import Utility
 __all__ = ["SLHF"]
 
 
-class SLHF(WinRateValidation, LanguageModelGame):
+class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
     """Leader and Follower trained by SLHF's StackelbergGDA against one frozen preference model P0.
 
     Args:
@@ -85,11 +85,7 @@ class SLHF(WinRateValidation, LanguageModelGame):
         """P0, held as the game's ``utility`` (scored once per triplet, leader's response first)."""
         return self.utility
 
-    game_state, load_game_state, configure_optimizers = lf.play_state, lf.load_play_state, lf.optimizers
-
-    @override
-    def num_optimizers(self) -> int:
-        return 2  # leader and follower
+    game_state, load_game_state = lf.play_state, lf.load_play_state
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:

@@ -66,8 +66,8 @@ CASES = [
         {"beta": float("nan")},
         r"beta \(the reference's weight in the mixture\) must be in \[0, 1\], got nan",
     ),
-    ("NashMDPG", {"samples_per_prompt": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 0, 2"),
-    ("NashMDPG", {"eval_pairs": 0}, "samples_per_prompt and eval_pairs must be at least 1, got 1, 0"),
+    ("NashMDPG", {"samples_per_prompt": 0}, "samples_per_prompt must be at least 1, got 0"),
+    ("NashMDPG", {"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
     ("SLHF", {"tau_follower": 0.0}, "tau_follower must be positive, got 0.0"),
     ("SLHF", {"leader_lr": -1e-3}, "leader_lr must be positive, got -0.001"),
     (

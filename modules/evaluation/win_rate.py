@@ -48,11 +48,7 @@ class WinRateValidation:
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """``eval_pairs`` answers of the player and of the reference per prompt, scored by P0 and the oracle."""
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
-        if "index" not in batch:
-            raise KeyError(f"{self.family}: validation batches need each prompt's dataset index under 'index'")
-        index = torch.as_tensor(batch["index"]).reshape(-1).long()
-        if index.numel() != len(prompts):
-            raise ValueError(f"{self.family}: {index.numel()} ids under 'index' for {len(prompts)} prompts")
+        index = self.item_ids(batch, len(prompts))  # refuses a batch without one id per prompt
         buf = self._win_rate_buffers()
         r, s = self.hparams.eval_pairs, self.sampling
         chats = self.eval_prompts(prompts)
@@ -60,7 +56,7 @@ class WinRateValidation:
         reference = self.players.generate(None, chats, r, s)
         xs = [x for x in prompts for _ in range(r)]
         p0 = self.preference(xs, trained.texts, reference.texts).double()
-        buf.setdefault("index", []).append(index.to(self.device))
+        buf.setdefault("index", []).append(index)
         buf.setdefault("p0", []).append(p0.view(len(prompts), r).to(self.device))
         if self.oracle is not None and all(x is not None for x in refs):
             label = self.oracle.label(xs, trained.texts, reference.texts, [x for x in refs for _ in range(r)])

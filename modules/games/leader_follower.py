@@ -19,7 +19,7 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.scorers.utility import Utility
 
-__all__ = ["LeaderFollower", "check_leader_follower", "load_play_state", "optimizers", "play_state"]
+__all__ = ["LeaderFollower", "TwoOptimizers", "check_leader_follower", "load_play_state", "play_state"]
 
 
 def check_leader_follower(samples_per_prompt: int, follower_samples: int, minimum: int, template: str) -> None:
@@ -49,10 +49,17 @@ def load_play_state(game: Any, state: dict[str, Any]) -> None:
         game.oracle.load_state_dict(state["oracle"])
 
 
-def optimizers(game: Any) -> list[torch.optim.Optimizer]:
-    """A game's ``configure_optimizers``: one optimizer per player at ``leader_lr`` / ``follower_lr``."""
-    lrs = (("leader", game.hparams.leader_lr), ("follower", game.hparams.follower_lr))
-    return [game.make_optimizer(game.players.player_parameters(p), lr) for p, lr in lrs]
+class TwoOptimizers:
+    """A leader–follower game's optimizers (mixin, before ``LanguageModelGame``): one per player."""
+
+    def num_optimizers(self) -> int:
+        """Two: the leader's and the follower's."""
+        return 2
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        """One optimizer per player at ``leader_lr`` / ``follower_lr``."""
+        lrs = (("leader", self.hparams.leader_lr), ("follower", self.hparams.follower_lr))
+        return [self.make_optimizer(self.players.player_parameters(p), lr) for p, lr in lrs]
 
 
 class LeaderFollower:
