@@ -38,13 +38,7 @@ from alignment_games.modules.training.faults import AutomaticStepGuard, NonFinit
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 from alignment_games.modules.training.timing import PhaseTimer
 
-__all__ = [
-    "BASE_IDENTITY_KEY",
-    "AutomaticFamily",
-    "InjectedOptimizer",
-    "LanguageModelGame",
-    "argument_group",
-]
+__all__ = ["BASE_IDENTITY_KEY", "AutomaticFamily", "InjectedOptimizer", "LanguageModelGame", "argument_group"]
 
 G = TypeVar("G")
 

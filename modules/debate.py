@@ -236,10 +236,7 @@ class DebateSelfPlay(LanguageModelGame):
         return [ply_rewards(t, s, **settings) for t, s in zip(transcripts, shares)]
 
     def policy_loss(
-        self,
-        rollout: ForkedRollout,
-        advantages: torch.Tensor,
-        old: dict[int, torch.Tensor] | None = None,
+        self, rollout: ForkedRollout, advantages: torch.Tensor, old: dict[int, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[int, torch.Tensor]]:
         """GRPO loss on the forked plies only: per ply, the forked rows' completion tokens; weighted by rows.
 

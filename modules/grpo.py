@@ -112,11 +112,7 @@ class GRPO(LanguageModelGame):
         return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
 
     def rewards(
-        self,
-        inputs: Sequence[str],
-        completions: Sequence[str],
-        references: Sequence[str | None],
-        group_size: int = 1,
+        self, inputs: Sequence[str], completions: Sequence[str], references: Sequence[str | None], group_size: int = 1
     ) -> Tensor:
         """Per-reward scores ``[N, K]`` (reward models first, then the answer reward), before weighting.
 
@@ -131,12 +127,7 @@ class GRPO(LanguageModelGame):
         return torch.cat(cols, dim=1)
 
     def _policy_loss(
-        self,
-        rollout: Rollout,
-        advantages: Tensor,
-        ref: Tensor | None,
-        old: Tensor | None,
-        groups: Tensor | None = None,
+        self, rollout: Rollout, advantages: Tensor, ref: Tensor | None, old: Tensor | None, groups: Tensor | None = None
     ) -> dict[str, Tensor] | None:
         """Forward and backward in micro-batches (:func:`~modules.lm.micro_batches.micro_batches`): loss and stats.
 

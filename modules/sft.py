@@ -107,10 +107,7 @@ class CausalLMSFT(AutomaticFamily):
         self.logit_chunk_tokens: int | None = None
 
     def encode(
-        self,
-        prompts: list[str | list[dict[str, str]]],
-        responses: list[str],
-        systems: list[str | None] | None = None,
+        self, prompts: list[str | list[dict[str, str]]], responses: list[str], systems: list[str | None] | None = None
     ) -> dict[str, torch.Tensor]:
         """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens).
 

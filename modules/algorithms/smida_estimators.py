@@ -40,11 +40,7 @@ def follower_advantages(
 
 
 def leader_advantages(
-    a_bar: Tensor,
-    logp_leader: Tensor,
-    logp_leader_ref: Tensor,
-    tau_leader: float,
-    single_baseline: float | None = None,
+    a_bar: Tensor, logp_leader: Tensor, logp_leader_ref: Tensor, tau_leader: float, single_baseline: float | None = None
 ) -> Tensor:
     """Eq. (24)–(25): ``L^l = Ā^l + τ_L log(π_θ/π_ref)`` and ``L^l − b^L_{−l}``, shape ``[B, D]``."""
     if a_bar.shape != logp_leader.shape or a_bar.shape != logp_leader_ref.shape or a_bar.ndim != 2:

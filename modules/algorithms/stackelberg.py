@@ -186,13 +186,7 @@ def _log_equilibrium(
 
 
 def stackelberg_equilibrium(
-    u: Tensor,
-    pi_ref: Tensor,
-    omega_ref: Tensor,
-    tau_leader: float,
-    tau_follower: float,
-    *,
-    log_space: bool = False,
+    u: Tensor, pi_ref: Tensor, omega_ref: Tensor, tau_leader: float, tau_follower: float, *, log_space: bool = False
 ) -> tuple[Tensor, Tensor]:
     """The unique regularised Stackelberg equilibrium ``(π*, ω*)`` in closed form (Theorem 4.2, proof in B.4).
 

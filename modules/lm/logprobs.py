@@ -101,11 +101,7 @@ def _chunk_logprobs(
 
 
 def head_token_logprobs(
-    model: nn.Module,
-    hidden: Tensor,
-    targets: Tensor,
-    temperature: float = 1.0,
-    chunk_tokens: int | None = None,
+    model: nn.Module, hidden: Tensor, targets: Tensor, temperature: float = 1.0, chunk_tokens: int | None = None
 ) -> Tensor:
     """``log softmax(head(hidden) / T)[target]`` per token, fp32, a checkpointed chunk at a time.
 

@@ -9,11 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from alignment_games.modules.lm.decoding import (
-    _register_grouped_attention,
-    cascade_attention,
-    grouped_prefix_attention,
-)
+from alignment_games.modules.lm.decoding import _register_grouped_attention, cascade_attention, grouped_prefix_attention
 
 __all__ = ["STATIC_ATTENTION", "StaticCascade", "compile_options", "register_static_attention", "step_logits"]
 

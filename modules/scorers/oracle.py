@@ -280,12 +280,7 @@ class PromptedOracle(PreferenceOracle):
 
     tokenizer: Any
 
-    def __init__(
-        self,
-        template: str = _JUDGE_TEMPLATE,
-        max_length: int = 2048,
-        **oracle: Any,
-    ) -> None:
+    def __init__(self, template: str = _JUDGE_TEMPLATE, max_length: int = 2048, **oracle: Any) -> None:
         super().__init__(**oracle)
         check_placeholders(template, ("{prompt}", "{first}", "{second}"))
         self.template, self.max_length = template, max_length
@@ -323,12 +318,7 @@ class LLMJudgeOracle(PromptedOracle):
     """
 
     def __init__(
-        self,
-        model: str,
-        batch_size: int = 8,
-        dtype: str = "auto",
-        trust_remote_code: bool = False,
-        **prompting: Any,
+        self, model: str, batch_size: int = 8, dtype: str = "auto", trust_remote_code: bool = False, **prompting: Any
     ) -> None:
         super().__init__(**prompting)
         self.batch_size = batch_size
