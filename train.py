@@ -133,10 +133,8 @@ def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[
     if glob.glob(os.path.join(glob.escape(lock.folder), "**", "*.ckpt"), recursive=True):
         return []
     for logger in trainer.loggers:  # close open event/metrics files before their folder goes
-        try:
+        with contextlib.suppress(Exception):  # best effort: the folder is removed either way
             logger.finalize("failed")
-        except Exception:  # best effort: the folder is removed either way
-            pass
     shutil.rmtree(lock.folder, ignore_errors=True)
     return [lock.folder]
 
@@ -227,22 +225,21 @@ class AlignmentCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         """Refuse ``--optimizer``/``--lr_scheduler`` with the reason, before jsonargparse's generic error."""
         given = sys.argv[1:] if args is None else args
-        if isinstance(given, (list, tuple)):
-            for arg in given:
-                name = str(arg).split("=", 1)[0].split(".", 1)[0]
-                if name in _OWN_OPTIMIZERS:
-                    parser.error(
-                        f"{name} is not an option: every family builds its own optimizers (one per player), and "
-                        "LightningCLI's would replace them. Name another with --model.init_args.optimizer and set "
-                        "the rates on the model: "
-                        "--model.init_args.lr (preference, SFT, GRPO, debate), leader_lr/follower_lr (deep-SMIDA), "
-                        "followers.lr (pool), eta_leader/eta_follower (tabular SMIDA); see docs/configuration.md"
-                    )
-        if isinstance(given, (list, tuple)) and (renamed := renamed_options([str(a) for a in given])):
+        given = [str(a) for a in given] if isinstance(given, (list, tuple)) else None
+        for name in (arg.split("=", 1)[0].split(".", 1)[0] for arg in given or ()):
+            if name in _OWN_OPTIMIZERS:
+                parser.error(
+                    f"{name} is not an option: every family builds its own optimizers (one per player), and "
+                    "LightningCLI's would replace them. Name another with --model.init_args.optimizer and set "
+                    "the rates on the model: "
+                    "--model.init_args.lr (preference, SFT, GRPO, debate), leader_lr/follower_lr (deep-SMIDA), "
+                    "followers.lr (pool), eta_leader/eta_follower (tabular SMIDA); see docs/configuration.md"
+                )
+        if given and (renamed := renamed_options(given)):
             parser.error("; ".join(renamed))
         super().parse_arguments(parser, args)
-        if isinstance(given, (list, tuple)):
-            self._refuse_dropped_callbacks(parser, [str(a) for a in given])
+        if given is not None:
+            self._refuse_dropped_callbacks(parser, given)
 
     def _refuse_dropped_callbacks(self, parser, given: list[str]) -> None:
         """Refuse a command-line ``--trainer.callbacks=X`` that silently drops callbacks the config files listed.

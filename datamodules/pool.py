@@ -133,5 +133,4 @@ class InstructionPoolDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         if not self.splits["test"]:
             warnings.warn("no test set was given (test_source): testing on the validation split", stacklevel=2)
-            return self._loader("val")
-        return self._loader("test")
+        return self._loader("test" if self.splits["test"] else "val")

@@ -201,18 +201,17 @@ class PromptDataModule(L.LightningDataModule):
             rows = generated_rows(hp.num_prompts, hp.seed + hp.generation_seed_offset)
         else:
             rows = self.source.load()
-        unique = sorted({r["prompt"] for r in rows})
+        first: dict[str, dict[str, Any]] = {}  # each prompt's first row
+        for r in rows:
+            first.setdefault(r["prompt"], r)
+        unique = sorted(first)
         random.Random(hp.seed).shuffle(unique)
         n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)
         split_of = {x: "val" for x in unique[:n_val]}
         split_of.update({x: "test" for x in unique[n_val : n_val + n_test]})
         self.splits = {"train": [], "val": [], "test": []}
-        seen = set()
-        for r in rows:
-            if r["prompt"] in seen:
-                continue
-            seen.add(r["prompt"])
-            self.splits[split_of.get(r["prompt"], "train")].append(r)
+        for x, r in first.items():
+            self.splits[split_of.get(x, "train")].append(r)
         if not self.splits["train"]:
             raise ValueError("no training prompts left after the validation/test split")
 

@@ -330,8 +330,7 @@ def smida(
     out = (log_pi, log_omega) if log_space else (log_pi.exp(), log_omega.exp())
     if not return_trajectory:
         return out
-    pis = torch.stack([p for p, _ in trajectory])
-    omegas = torch.stack([o for _, o in trajectory])
+    pis, omegas = (torch.stack(iterates) for iterates in zip(*trajectory))
     return (*out, (pis, omegas) if log_space else (pis.exp(), omegas.exp()))
 
 
