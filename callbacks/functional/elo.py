@@ -56,9 +56,7 @@ def decayed_k_factor(k_factor: float, games_played: int, k_decay: float | None) 
     """
     if games_played < 0:
         raise ValueError(f"`games_played` must be >= 0, got {games_played}.")
-    if k_decay is None:
-        return float(k_factor)
-    return k_factor / (1.0 + games_played / k_decay)
+    return float(k_factor) if k_decay is None else k_factor / (1.0 + games_played / k_decay)
 
 
 def sample_std(values: Iterable[float]) -> float:

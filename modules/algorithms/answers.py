@@ -109,6 +109,4 @@ def answers_match(prediction: str | None, reference: str | None) -> bool:
     if not a or not b:
         return False
     va, vb = parse_number(a), parse_number(b)
-    if va is not None and vb is not None:
-        return va == vb
-    return a == b
+    return va == vb if va is not None and vb is not None else a == b

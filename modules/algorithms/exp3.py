@@ -52,9 +52,7 @@ def difficulty_reward(score_a: float, score_b: float, min_score: float = 3.0) ->
         ValueError: for a score outside [1, 10].
     """
     a, b = _check_score("score_a", score_a), _check_score("score_b", score_b)
-    if max(a, b) < min_score:
-        return 0.0
-    return (SCORE_MAX - 0.5 * (a + b)) / (SCORE_MAX - SCORE_MIN)
+    return 0.0 if max(a, b) < min_score else (SCORE_MAX - 0.5 * (a + b)) / (SCORE_MAX - SCORE_MIN)
 
 
 def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidth: float = 0.15) -> float:
@@ -65,9 +63,7 @@ def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidt
     """
     require_positive(bandwidth=bandwidth)
     g = normalized_gap(score_a, score_b)
-    if g == 0.0:
-        return 0.0
-    return math.exp(-((g - ideal_gap) ** 2) / (2.0 * bandwidth**2))
+    return 0.0 if g == 0.0 else math.exp(-((g - ideal_gap) ** 2) / (2.0 * bandwidth**2))
 
 
 @dataclass(frozen=True)

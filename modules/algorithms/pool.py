@@ -61,9 +61,7 @@ def normalized_reputations(ratings: Sequence[float]) -> list[float]:
     if not r or not all(math.isfinite(x) for x in r):
         raise ValueError(f"ratings must be a non-empty list of finite numbers, got {r}")
     lo, hi = min(r), max(r)
-    if hi == lo:
-        return [0.0] * len(r)
-    return [(x - lo) / (hi - lo) for x in r]
+    return [0.0] * len(r) if hi == lo else [(x - lo) / (hi - lo) for x in r]
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,7 @@ def checkpoint_family(checkpoint: dict[str, Any]) -> str | None:
 def trainable_names(module: nn.Module) -> set[str]:
     """State-dict names of the tensors that train (``trainable_state_names`` where defined)."""
     own = getattr(module, "trainable_state_names", None)
-    if callable(own):
-        return set(own())
-    return {name for name, p in module.named_parameters() if p.requires_grad}
+    return set(own()) if callable(own) else {name for name, p in module.named_parameters() if p.requires_grad}
 
 
 def _shape(value: Any) -> list[int] | None:

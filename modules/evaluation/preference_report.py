@@ -400,6 +400,4 @@ def json_safe(obj: Any) -> Any:
         return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [json_safe(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj

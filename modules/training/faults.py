@@ -198,9 +198,7 @@ class NonFiniteGuard:
     def _batch_key(self) -> int | None:
         """Which training batch this is (Lightning's count of batches started), ``None`` outside a trainer."""
         trainer = getattr(self, "_trainer", None)
-        if trainer is None:
-            return None
-        return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
+        return None if trainer is None else int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
 
     def _decide(self, bad: int, total: int, what: str) -> bool:
         ok = bad == 0
