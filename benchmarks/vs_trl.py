@@ -338,6 +338,7 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
     workers = ["ours", "trl", *(["before"] if args.before else [])]
     kept: dict[str, list[dict]] = {w: [] for w in workers}
     pair_ratios: list[float] = []
+    before_ratios: list[float] = []  # every step of `before` against every step of ours from the same repeat
     for rep in range(args.repeats):
         # rotations, then rotations of the reversed list: over 2 x len(workers) repeats each worker runs after each
         # other one equally often (a plain rotation of three always runs `before` right after TRL)
@@ -372,6 +373,7 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
             print(f"tokens {tokens} repeat {rep} {who:6s}: median step {med:.3f} s", flush=True)
         # every TRL step against every step of ours from the same repeat (the same spell of machine load)
         pair_ratios += [t["step"] / o["step"] for t in this_rep["trl"] for o in this_rep["ours"]]
+        before_ratios += [b["step"] / o["step"] for b in this_rep.get("before", []) for o in this_rep["ours"]]
     print(
         f"\nworkload: B={args.b} prompts x G={args.g} generations, {tokens} new tokens ({expected_tokens} generated "
         f"tokens per step on both sides), {args.rewards} reward models, beta={args.beta}, LoRA r={args.lora_r}, fp32 "
@@ -393,8 +395,12 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
     if args.before:
         b = statistics.median(s["step"] for s in kept["before"])
         print(f"{'before: step':18s} {b:8.3f} {t:8.3f} {t / b:9.2f}   (the checkout {args.before})")
-        print(f"tokens={tokens}: step ratio TRL/before {t / b:.2f}, before/ours {b / o:.2f}")
-        out["before_speedup"] = t / b
+        bq1, _, bq3 = statistics.quantiles(before_ratios, n=4) if len(before_ratios) > 1 else before_ratios * 3
+        print(
+            f"tokens={tokens}: step ratio TRL/before {t / b:.2f}, before/ours {b / o:.2f}, "
+            f"interquartile range of before/ours step ratios [{bq1:.2f}, {bq3:.2f}]"
+        )
+        out.update(before_speedup=t / b, before_over_ours=b / o, before_q1=bq1, before_q3=bq3)
     return out
 
 
