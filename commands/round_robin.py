@@ -67,7 +67,8 @@ def _load_runs(bank: Any, runs: list[tuple[str, str, str | None]]) -> dict[str, 
         if set(tensors) != expected:
             missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
             raise ValueError(
-                f"checkpoint {path!r} of run {name!r} does not fit --lm/--lora-*: missing {missing[:3]}, "
+                f"checkpoint {path!r} of run {name!r} does not fit --lm/--lora-* (--lora-target-modules must be the "
+                f"run's lm.lora_target_modules): missing {missing[:3]}, "
                 f"unexpected {extra[:3]}"
             )
         for k, v in tensors.items():
@@ -103,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=16)
+    p.add_argument(
+        "--lora-target-modules", nargs="+", default=None, help="the runs' lm.lora_target_modules (default: peft's)"
+    )
     p.add_argument("--no-reference", action="store_true", help="leave the reference policy out of the table")
     p.add_argument("--num-prompts", type=int, default=1000, help="generated problems (PromptDataModule)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share; the table uses these prompts")
@@ -144,7 +148,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     records = describe_models([path for _, path, _ in runs], base, "--runs")  # duplicates, other bases
     start = time.perf_counter()
     L.seed_everything(args.seed, verbose=False)
-    lm = ModelConfig(args.lm, players="lora", lora_r=args.lora_r, lora_alpha=args.lora_alpha)
+    lm = ModelConfig(
+        args.lm,
+        players="lora",
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_target_modules=args.lora_target_modules,
+    )
     bank = PolicyBank(lm, players=[r[0] for r in runs]).eval().requires_grad_(False)
     players = _load_runs(bank, runs)
     dm = PromptDataModule(num_prompts=args.num_prompts, val_fraction=args.val_fraction, seed=args.data_seed)

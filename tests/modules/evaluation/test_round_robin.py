@@ -77,13 +77,14 @@ def test_adapter_tensors_renames_one_player_and_refuses_none():
         adapter_tensors(state, "policy", "nlhf", "ckpt")
 
 
-def _checkpoint(path, tiny_lm_dir, family, players, r=4, scale=0.0, seed=0):
+def _checkpoint(path, tiny_lm_dir, family, players, r=4, scale=0.0, seed=0, targets=None):
     """A checkpoint as the families write it: the family stamp and the players' adapter tensors only."""
     from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.policy_bank import PolicyBank
 
     torch.manual_seed(seed)
-    bank = PolicyBank(ModelConfig(tiny_lm_dir, lora_r=r, lora_alpha=2 * r), players=players)
+    lm = ModelConfig(tiny_lm_dir, lora_r=r, lora_alpha=2 * r, lora_target_modules=targets)
+    bank = PolicyBank(lm, players=players)
     state = {}
     for k, v in bank.state_dict().items():
         if ".lora_" in k:
@@ -137,3 +138,13 @@ def test_command_writes_the_table(tiny_lm_dir, tmp_path):
         main(["--runs", f"g={d}", "--lm", tiny_lm_dir, "--lora-r", "4", "--lora-alpha", "8", "--out", str(out)])
     with pytest.raises(ValueError, match="NAME=CHECKPOINT"):
         main(["--runs", "smida", "--lm", tiny_lm_dir])
+    # adapters on other modules than peft's default (the SmolLM2 configs adapt the MLP too) load when named
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    f = _checkpoint(
+        tmp_path / "f.ckpt", tiny_lm_dir, "alignment_games.modules.nlhf.NashMDPG", ("policy",), targets=targets
+    )
+    few = ["--runs", f"nlhf={f}", "--lm", tiny_lm_dir, "--lora-r", "4", "--lora-alpha", "8", "--max-prompts", "1"]
+    few += ["--num-prompts", "40", "--val-fraction", "0.25", "--max-new-tokens", "2", "--out", str(out)]
+    with pytest.raises(ValueError, match=r"run 'nlhf' does not fit .*--lora-target-modules.*unexpected \['.*gate_proj"):
+        main(few)
+    assert main([*few, "--lora-target-modules", *targets])["n_prompts"] == 1
