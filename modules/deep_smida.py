@@ -168,7 +168,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         if not self._eval:
             return
         index = torch.cat(self._eval.pop("index"))
-        _, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in self._eval.items()})
+        items, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in self._eval.items()})
         gathered = {k: v.reshape(-1, self.hparams.eval_pairs).cpu() for k, v in unique.items()}
         self._eval = {}
         hp = self.hparams
@@ -206,7 +206,9 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
             for a, (share, _, _) in (per_eps or {"joint": {}})["joint"].items():
                 flat[f"val/joint_yield_{a}{suffix}"] = share
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
-        self.write_artifact("game_eval.json", {"step": int(self.global_step), **result})
+        # per prompt (data item id): what a bootstrap over runs and prompts together needs
+        per_prompt = {"item": items.tolist(), **{k: gathered[f"{k}_var"].tolist() for k in ("trained", "reference")}}
+        self.write_artifact("game_eval.json", {"step": int(self.global_step), **result, "per_prompt": per_prompt})
         self._write_figures(gathered)
 
     @rank_zero_only

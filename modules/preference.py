@@ -316,7 +316,7 @@ class PreferenceEnsemble(AutomaticFamily):
         # every data row once across ranks: the distributed sampler's padding repeats rows, which the row ids drop
         rows, probs, labels, prompts = (torch.cat(c) for c in zip(*self._collected[stage]))
         self._collected[stage] = []
-        _, kept = gather_unique_items(rows, {"probs": probs, "labels": labels, "prompts": prompts})
+        rows, kept = gather_unique_items(rows, {"probs": probs, "labels": labels, "prompts": prompts})
         probs, labels, prompts = kept["probs"], kept["labels"], kept["prompts"]
         # §5.2 counts errors against the binary oracle label, which a 0/1 label is (oracle protocol "binary"); a label
         # averaged over several queries ("query_mean", a deviation) or a file's soft label counts by its majority.
@@ -339,7 +339,7 @@ class PreferenceEnsemble(AutomaticFamily):
             flat[f"{stage}/member_{i}_acc"] = acc
         for k, v in flat.items():
             self.log(k, float(v), sync_dist=True)  # identical on every rank (gathered): the mean is the value
-        return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu()}
+        return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu(), "rows": rows.cpu()}
 
     @override
     def on_validation_epoch_end(self) -> None:
@@ -370,6 +370,10 @@ class PreferenceEnsemble(AutomaticFamily):
         # atomic: an old report is never half-overwritten; a full disk is raised naming the report
         text = json.dumps(json_safe(out["report"]), indent=2, allow_nan=False)
         atomic_write_text(os.path.join(log_dir, "report.json"), text)
+        # per held-out pair (its data row): what a bootstrap over runs and pairs, or a paired comparison, needs
+        per_row = zip(*(out[k].tolist() for k in ("rows", "prompts", "labels", "probs")))
+        lines = (json.dumps({"row": r, "prompt": g, "label": y, "members": p}) for r, g, y, p in per_row)
+        atomic_write_text(os.path.join(log_dir, "report.rows.jsonl"), "".join(f"{line}\n" for line in lines))
         data, hp = (out[k] for k in ("probs", "labels", "prompts")), self.hparams
         figures = make_figures(*data, n_boot=hp.report_bootstrap, seed=hp.seed, report=out["report"])
         for name, fig in figures.items():

@@ -105,6 +105,11 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
     trainer.fit(model, _dm())
     result = json.load(open(os.path.join(trainer.log_dir, "game_eval.json")))
     assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
+    per = result["per_prompt"]  # each prompt's pair variances, whose mean is the reported one
+    assert len(set(per["item"])) == 4 and all(len(row) == 2 for row in per["trained"] + per["reference"])
+    assert abs(sum(map(sum, per["trained"])) / 8 - result["trained"]["mean"]) < 1e-6
+    gain = sum(map(sum, per["trained"])) / 8 - sum(map(sum, per["reference"])) / 8
+    assert abs(gain - result["mean_gain"]) < 1e-6
     assert set(result["candidate_yield"]) == {"0.1", "0.05", "0.01"}
     assert set(result["adversarial_yield"]) == {"0.0", "0.1", "0.2", "0.3"}
     errors = result["oracle_errors"]

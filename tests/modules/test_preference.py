@@ -160,6 +160,10 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     assert set(report["auroc"]) == {"variance", "decision_uncertainty", "jsd"}
     assert len(report["decile_accuracy"]) == 10 and len(report["member_accuracy"]) == 3
     assert report["n_pairs"] == len(dm.splits["test"]) and report["n_prompts"] == dm.prompts_by_split["test"]
+    rows = [json.loads(line) for line in open(os.path.join(log_dir, "report.rows.jsonl"))]  # each held-out pair once
+    assert sorted(r["row"] for r in rows) == sorted({r["row"] for r in rows}) and len(rows) == report["n_pairs"]
+    right = [(sum(r["members"]) / 3 >= 0.5) == (r["label"] == 1.0) for r in rows]
+    assert abs(sum(right) / len(rows) - report["ensemble_accuracy"]) < 1e-12
     for png in ("decile_accuracy.png", "roc_curves.png", "error_rate_vs_fraction.png"):
         assert open(os.path.join(log_dir, png), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     ckpt = os.path.join(tmp_path, "model.ckpt")
