@@ -47,7 +47,8 @@ class GRPO(LanguageModelGame):
         sampling: How replies are sampled (:class:`Sampling`; temperature also of the log-probabilities).
         system_prompt: System message of the chat template (``None``: none).
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
-        skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, one process only).
+        skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, a group baseline and one
+            process only).
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
         **game: :class:`~modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation replies,
             ``val/generations``).
@@ -182,7 +183,7 @@ class GRPO(LanguageModelGame):
         grouped = reward.view(b, g)
         informative = (grouped != grouped[:, :1]).any(dim=1)
         groups = None
-        if hp.skip_uniform_groups and pg.kl_coef == 0 and self.trainer.world_size == 1:
+        if hp.skip_uniform_groups and pg.baseline and pg.kl_coef == 0 and self.trainer.world_size == 1:
             # at least one group, so the optimizer still steps on a (zero) gradient as it would without the skip
             groups = informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
         self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})

@@ -371,14 +371,14 @@ def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> li
     return [(i, x > y) for i, (x, y) in enumerate(zip(scores_a, scores_b)) if x != y]
 
 
-def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True) -> Tensor:
+def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True, baseline: bool = True) -> Tensor:
     """GRPO advantages of rollouts ``[P·G]`` from their peer scores (§2.4): :func:`group_advantages` per prompt."""
     from alignment_games.modules.algorithms.rl_losses import group_advantages
 
     scores = torch.as_tensor(scores, dtype=torch.float32).flatten()
     if not torch.isfinite(scores).all():
         raise ValueError(f"peer scores must be finite, got {scores.tolist()}")
-    return group_advantages(scores, group_size, scale=scale)
+    return group_advantages(scores, group_size, scale=scale, baseline=baseline)
 
 
 def category_weights(probs: Sequence[float], categories: Sequence[str | None]) -> dict[str, float]:

@@ -23,6 +23,9 @@ class PolicyGradient:
         kl_coef: β, weight of the k3 KL to the reference (0 skips the reference forward).
         updates_per_batch: μ, optimizer steps on each batch of rollouts (> 1 reuses it; that is where the clip acts).
         scale_advantages: Divide the group advantages by the group's std (GRPO); ``False`` keeps the mean baseline.
+        baseline: Subtract the group's mean reward (GRPO). ``False`` makes the reward itself the advantage: with the
+            answer checker's 0/1 reward that is Online RFT (Shao et al., 2024, §5.2.1: fine-tuning on the policy's own
+            correct samples), GRPO's equal-compute baseline; it needs ``scale_advantages: false``.
         micro_batch: Rows per forward of the policy with gradients (0: all at once).
         logprob_micro_batch: Rows per forward without gradients (reference and sampling policy; 0: all at once).
         max_tokens_per_micro_batch: Padded tokens per forward, with or without gradients (0: no limit; docs/scaling.md).
@@ -36,6 +39,7 @@ class PolicyGradient:
     kl_coef: float = 0.0
     updates_per_batch: int = 1
     scale_advantages: bool = True
+    baseline: bool = True
     micro_batch: int = 0
     logprob_micro_batch: int = 0
     max_tokens_per_micro_batch: int = 0
@@ -50,10 +54,12 @@ class PolicyGradient:
             )
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"policy_gradient.clip must be positive or null, got {self.clip!r}")
+        if not self.baseline and self.scale_advantages:
+            raise ValueError("policy_gradient.scale_advantages must be false when policy_gradient.baseline is false")
 
     def advantages(self, rewards: Tensor) -> Tensor:
         """:func:`group_advantages` of ``rewards`` ``[N]`` in groups of :attr:`group_size`."""
-        return group_advantages(rewards, self.group_size, scale=self.scale_advantages)
+        return group_advantages(rewards, self.group_size, scale=self.scale_advantages, baseline=self.baseline)
 
     def loss(
         self, logprobs: Tensor, mask: Tensor, advantages: Tensor, old: Tensor | None = None, ref: Tensor | None = None
@@ -62,11 +68,15 @@ class PolicyGradient:
         return grpo_loss(logprobs, mask, advantages, old, ref, clip=self.clip, beta=self.kl_coef)
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> Tensor:
+def group_advantages(
+    rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4, baseline: bool = True
+) -> Tensor:
     """Group-relative advantages of rows ``[g·G, (g+1)·G)``: reward minus group mean, over ``std + eps`` if ``scale``.
 
+    ``baseline=False`` returns the rewards themselves (Online RFT with a 0/1 reward).
+
     Raises:
-        ValueError: ``group_size`` < 2, or ``N`` not a multiple of it.
+        ValueError: ``group_size`` < 2, ``N`` not a multiple of it, or ``scale`` without a baseline.
     """
     if group_size < 2:
         raise ValueError(f"group_size must be at least 2 for a group baseline, got {group_size}")
@@ -76,6 +86,10 @@ def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: 
         )
     # float64: a float32 mean of rewards far from zero (a composite reward of ~100) is off by an ulp of the
     # rewards, which skews a near-tied group's advantages; in float64 a pair's are exact negatives
+    if not baseline:
+        if scale:
+            raise ValueError("scaling by the group's std needs its mean as the baseline (baseline=True)")
+        return rewards.clone()
     grouped = rewards.view(-1, group_size).double()
     adv = grouped - grouped.mean(dim=1, keepdim=True)
     if scale:

@@ -182,7 +182,8 @@ class FollowerUpdates:
         old = ref = adv = None
         if own:
             rewards = torch.tensor([x for slot in own for x in rollout_scores[slot]], dtype=torch.float32)
-            adv = rules.peer_score_advantages(rewards, pg.group_size, pg.scale_advantages).to(self.host.device)
+            adv = rules.peer_score_advantages(rewards, pg.group_size, pg.scale_advantages, pg.baseline)
+            adv = adv.to(self.host.device)
             self.host.board.add_values(self.host, {"follower/reward_hist": rewards, "follower/advantage_hist": adv})
             budget = pg.max_tokens_per_micro_batch
             with torch.no_grad():  # the sampling policy, for the clipped ratio of later mini-batches

@@ -337,9 +337,13 @@ def test_uniform_groups_are_left_out_of_the_backward_with_the_same_update(tiny_l
     assert sum(not torch.equal(after[0][n], before[0][n]) for n in after[0]) >= len(after[0]) // 2
 
 
-def test_uniform_groups_are_run_when_the_kl_term_has_a_gradient(tiny_lm_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "settings", [{"kl_coef": 0.1}, {"kl_coef": 0.0, "baseline": False, "scale_advantages": False}], ids=["kl", "rft"]
+)
+def test_uniform_groups_are_run_when_they_have_a_gradient(settings, tiny_lm_dir, tmp_path, monkeypatch):
+    """The KL term pulls every row; without a baseline (Online RFT) an all-correct group has advantage 1."""
     monkeypatch.setattr(GRPO, "rewards", lambda self, *a, **k: torch.tensor([[1.0], [1.0], [0.0], [1.0]]))
-    model = _model(tiny_lm_dir, {"kl_coef": 0.1}, answer_reward=True)
+    model = _model(tiny_lm_dir, settings, answer_reward=True)
     rows, run = [], model.players.token_logprobs
 
     def spy(name, rollout, *a, **k):

@@ -89,6 +89,11 @@ def test_policy_gradient_group_applies_its_settings_by_hand():
         1.0,
     ]
     assert PolicyGradient(group_size=2).advantages(r)[0].item() == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-4))
+    # Online RFT: the 0/1 reward is the advantage, so an all-correct group still pushes and a wrong reply is ignored
+    rft = PolicyGradient(group_size=2, baseline=False, scale_advantages=False)
+    assert rft.advantages(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])).tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    loss, _ = rft.loss(lp, torch.ones(1, 2), torch.tensor([1.0]))  # exp(lp - lp.detach()) is 1: the loss is -A
+    assert loss.item() == pytest.approx(-1.0)
 
 
 @pytest.mark.parametrize(
@@ -101,6 +106,7 @@ def test_policy_gradient_group_applies_its_settings_by_hand():
         ("kl_coef", -0.1, r"policy_gradient.kl_coef \(-0.1\) and logprob_micro_batch \(0\) must be at least 0"),
         ("kl_coef", float("nan"), r"policy_gradient.kl_coef \(nan\)"),
         ("clip", 0.0, "policy_gradient.clip must be positive or null, got 0.0"),
+        ("baseline", False, "policy_gradient.scale_advantages must be false when policy_gradient.baseline is false"),
     ],
 )
 def test_policy_gradient_refuses_values_naming_the_field(field, bad, message):
