@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.datamodules.debate import single_step_problems
+from alignment_games.datamodules.prompts import PromptSource
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation import accuracy_gain as library
@@ -24,11 +26,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-problems", type=int, default=400)
     parser.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="default: problems no game trains on")
     parser.add_argument(
-        "--problems", choices=("arithmetic", "single_step"), default="arithmetic", help="as the games' data generates"
+        "--problems",
+        choices=("arithmetic", "single_step", "file"),
+        default="arithmetic",
+        help="as the games' data generates, or the first --num-problems rows of --data",
     )
     parser.add_argument("--min-steps", type=int, default=2, help="arithmetic: default the games' 2-4 operations")
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--max-operand", type=int, default=9, help="single_step: largest operand")
+    parser.add_argument("--data", help="file: a local jsonl/json/parquet/csv table (e.g. GSM8K's test split)")
+    parser.add_argument("--prompt-column", default="question", help="file: the prompt's column")
+    parser.add_argument("--reference-column", default="answer", help="file: the reference's column")
+    parser.add_argument("--reference-format", default="gsm8k", help="file: plain, gsm8k (after ####) or boxed")
     parser.add_argument("--system-prompt", default="You are a helpful assistant.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--players-per-seed", type=int, default=1, help="consecutive trained folders of one seed")
@@ -45,10 +54,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
         prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
         drawn = {"kind": "arithmetic", "steps": [args.min_steps, args.max_steps]}
-    else:
+    elif args.problems == "single_step":
         rows = single_step_problems(args.num_problems, args.seed, args.max_operand)
         prompts, refs = [r["prompt"] for r in rows], [r["reference"] for r in rows]
         drawn = {"kind": "single_step", "max_operand": args.max_operand}
+    else:
+        prompts, refs, drawn = file_problems(args)
     answers = {"base": final_answers(args.base, prompts, args.system_prompt, args.max_new_tokens)}
     for i, path in enumerate(args.trained):
         answers[f"trained[{i}]"] = final_answers(path, prompts, args.system_prompt, args.max_new_tokens)
@@ -86,6 +97,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         write_report(report, args.out, per_problem)
     print(json.dumps(report, indent=2))
     return report
+
+
+def file_problems(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, Any]]:
+    """The first ``--num-problems`` rows of ``--data``: prompts, references and what identifies them (the file's hash).
+
+    Raises:
+        SystemExit: without ``--data``, with fewer rows than asked, or naming the first row without a reference.
+    """
+    if args.data is None:
+        raise SystemExit("--problems file needs --data (the table to read)")
+    source = PromptSource(
+        path=args.data,
+        prompt_column=args.prompt_column,
+        reference_column=args.reference_column,
+        reference_format=args.reference_format,
+    )
+    rows = source.load()[: args.num_problems]
+    if len(rows) < args.num_problems:
+        raise SystemExit(f"--data {args.data} has {len(rows)} rows, fewer than --num-problems {args.num_problems}")
+    missing = [i for i, r in enumerate(rows) if r["reference"] is None]
+    if missing:
+        raise SystemExit(f"--data {args.data}: row {missing[0]} has no {args.reference_format} reference")
+    columns = {"prompt": args.prompt_column, "reference": args.reference_column, "format": args.reference_format}
+    with open(args.data, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    drawn = {"kind": "file", "path": args.data, "sha256": digest, "columns": columns}
+    return [r["prompt"] for r in rows], [r["reference"] for r in rows], drawn
 
 
 if __name__ == "__main__":

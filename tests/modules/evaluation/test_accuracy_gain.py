@@ -236,3 +236,34 @@ def test_players_per_seed_groups_a_pools_players_by_hand(monkeypatch):
     assert (report["across_seeds"]["seeds"], report["across_seeds"]["gain"]) == (2, pytest.approx(0.25))
     with pytest.raises(SystemExit, match="not groups of 3"):
         main(["--base", "base", "--trained", "s0m0", "s0m1", "--players-per-seed", "3"])
+
+
+def test_the_command_scores_the_first_rows_of_a_file_by_its_reference_format(monkeypatch, tmp_path):
+    """GSM8K's layout: the answer after ``####``; the report names the file by its sha256; bad files are refused."""
+    import alignment_games.commands.accuracy_gain as ag
+
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(5)]
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seen = {}
+
+    def final_answers(path, prompts, *args):
+        seen[path] = prompts
+        return [str(2 * i) if path == "trained" or i == 0 else None for i in range(len(prompts))]
+
+    monkeypatch.setattr(ag, "final_answers", final_answers)
+    monkeypatch.setattr(ag, "base_identity", lambda path: {"name_or_path": path})
+    monkeypatch.setattr(ag, "describe_models", lambda paths, *args: [{"path": p} for p in paths])
+    argv = ["--base", "base", "--trained", "trained", "--problems", "file", "--data", str(data)]
+    report = main([*argv, "--num-problems", "4"])
+    assert seen["base"] == seen["trained"] == [r["question"] for r in rows[:4]]
+    assert report["problems"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert report["problems"]["kind"] == "file" and report["problems"]["n"] == 4
+    assert report["per_seed"][0]["gain"] == 0.75  # the base answers only the first, the trained one all four
+    with pytest.raises(SystemExit, match="has 5 rows, fewer than --num-problems 6"):
+        main([*argv, "--num-problems", "6"])
+    with pytest.raises(SystemExit, match="--problems file needs --data"):
+        main(["--base", "base", "--trained", "trained", "--problems", "file"])
+    data.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
+    with pytest.raises(SystemExit, match="row 0 has no gsm8k reference"):
+        main([*argv, "--num-problems", "1"])
