@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +14,7 @@ from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation import accuracy_gain as library
 from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, final_answers, paired_gain, seed_mean_gain
 from alignment_games.modules.evaluation.audit import describe_models, problem_rows, write_report
-from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.lm.base_identity import base_identity, file_sha256
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -120,9 +119,7 @@ def file_problems(args: argparse.Namespace) -> tuple[list[str], list[str], dict[
     if missing:
         raise SystemExit(f"--data {args.data}: row {missing[0]} has no {args.reference_format} reference")
     columns = {"prompt": args.prompt_column, "reference": args.reference_column, "format": args.reference_format}
-    with open(args.data, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    drawn = {"kind": "file", "path": args.data, "sha256": digest, "columns": columns}
+    drawn = {"kind": "file", "path": args.data, "sha256": file_sha256(args.data), "columns": columns}
     return [r["prompt"] for r in rows], [r["reference"] for r in rows], drawn
 
 
