@@ -1,7 +1,8 @@
 """A standard-library client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff; any other HTTP error is a
-configuration error, raised at once. The reply is untrusted: a malformed one gives ``None`` completions (counted),
+configuration error, raised at once. A redirect is never followed (it would carry the API key to another URL): it is
+refused, naming its ``Location``. The reply is untrusted: a malformed one gives ``None`` completions (counted),
 never an exception. The API key is read from the environment at each request, never held in a config or checkpoint.
 """
 
@@ -27,6 +28,13 @@ MAX_REPLY_BYTES = 8 * 2**20
 
 class RemoteServerError(RuntimeError):
     """A chat-completions server that failed every attempt, or refused a request."""
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: a 3xx reply reaches the caller as an ``HTTPError`` (urllib would re-send the headers)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl) -> None:
+        return None
 
 
 @dataclass
@@ -94,9 +102,15 @@ class ChatServer:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             request = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                with urllib.request.build_opener(_RefuseRedirects).open(request, timeout=self.timeout_s) as reply:
                     return reply.read(MAX_REPLY_BYTES + 1)
             except urllib.error.HTTPError as err:
+                if 300 <= err.code < 400:
+                    location = (err.headers.get("Location") or "")[:300]
+                    raise RemoteServerError(
+                        f"{self.url} answered HTTP {err.code} redirect to {location!r} refused: requests go to "
+                        "server.base_url only (with the API key); set it to the address that answers"
+                    ) from None
                 detail = err.read(300).decode(errors="replace")
                 if err.code != 429 and err.code < 500:
                     raise RemoteServerError(f"{self.url} refused the request: HTTP {err.code}: {detail}") from None

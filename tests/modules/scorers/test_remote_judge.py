@@ -6,10 +6,12 @@ normal replies, 5xx and 429 then success, a server past the timeout, garbage bod
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
 import pickle
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,50 +33,77 @@ def completion(*contents) -> bytes:
 
 
 class Script:
-    """Replies served in order (the last one repeats), and the requests received."""
+    """Replies served in order (the last one repeats), and the requests received.
+
+    A reply is ``(status, body, delay)`` or ``(status, body, delay, headers)`` with extra reply headers.
+    """
 
     def __init__(self) -> None:
-        self.replies: list[tuple[int, bytes, float]] = []
-        self.requests: list[tuple[dict, dict]] = []
+        self.replies: list[tuple] = []
+        self.requests: list[tuple[dict | None, dict]] = []
         self.lock = threading.Lock()
 
-    def next(self) -> tuple[int, bytes, float]:
+    def next(self) -> tuple:
         with self.lock:
             return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+
+
+class ScriptHandler(BaseHTTPRequestHandler):
+    """Answers each request (a POST, or the GET a followed 303 turns it into) with the script's next reply."""
+
+    script: Script
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        with self.script.lock:
+            self.script.requests.append((json.loads(body) if body else None, dict(self.headers)))
+        status, reply, delay, *extra = self.script.next()
+        time.sleep(delay)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            for key, value in (extra[0] if extra else {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(reply)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+            pass
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]):
+    """``handler`` answering on a free port of 127.0.0.1 in a thread, until the block ends; yields the port."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def scripted(script: Script):
+    """A server answering from ``script`` (a context manager yielding its port)."""
+    handler = type("Handler", (ScriptHandler,), {"script": script})
+    return serving(handler)
 
 
 @pytest.fixture
 def server():
     script = Script()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            with script.lock:
-                script.requests.append((json.loads(body), dict(self.headers)))
-            status, reply, delay = script.next()
-            time.sleep(delay)
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
-                pass
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    script.url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    yield script
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(5)
+    with scripted(script) as port:
+        script.url = f"http://127.0.0.1:{port}/v1"
+        yield script
 
 
 def transcript(answer: str = r"2 + 2 = 4. \boxed{4}") -> Transcript:
@@ -141,6 +170,24 @@ def test_a_refused_request_raises_at_once(server, tiny_lm_dir):
     with pytest.raises(RemoteServerError, match=r"/v1/chat/completions refused the request: HTTP 404.*not found"):
         judge.vote([transcript()])
     assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_is_refused_naming_the_location_and_the_key_goes_nowhere_else(
+    server, tiny_lm_dir, monkeypatch, code
+):
+    elsewhere = Script()
+    elsewhere.replies = [(200, completion("Verdict: Bob"), 0.0)]
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", "sekrit-123")
+    with scripted(elsewhere) as port:
+        location = f"http://127.0.0.1:{port}/v1/chat/completions"
+        server.replies = [(code, b"moved", 0.0, {"Location": location})]
+        judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, retries=2, api_key_env="JUDGE_KEY_FOR_TEST")
+        with pytest.raises(RemoteServerError, match=rf"HTTP {code} redirect to '{re.escape(location)}' refused"):
+            judge.vote([transcript()])
+    assert len(server.requests) == 1  # refused at once, not retried
+    assert server.requests[0][1]["Authorization"] == "Bearer sekrit-123"
+    assert elsewhere.requests == []  # the redirected host saw nothing, so it gave no vote
 
 
 def test_no_server_listening_raises_naming_the_url(tiny_lm_dir):
