@@ -1,42 +1,61 @@
 """One process at a time in a run folder: ``<run folder>/run.lock`` names the owner's pid and host.
 
-A lock whose pid is gone on this host is stale and taken over; one naming another host is refused.
+The record also holds the host's boot id and the owner's start time (``/proc/<pid>/stat``). On this host a lock is
+stale when its pid is gone, now names a later process (another start time: the pid was reused), or the host booted
+again since; a stale lock is taken over. A lock of another host cannot be checked from here: it is refused until the
+user names it in ``ALIGNMENT_GAMES_BREAK_LOCK`` (``host:pid``, as the refusal prints) or removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import socket
 from dataclasses import dataclass
 
-from alignment_games.callbacks.functional.files import pid_alive
+from alignment_games.callbacks.functional.files import pid_alive, process_start
 
-__all__ = ["LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
+__all__ = ["BREAK_LOCK_ENV", "LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
 
 LOCK_NAME = "run.lock"
+#: names the locks of other hosts (``host:pid``, comma-separated) that the user knows to be stale
+BREAK_LOCK_ENV = "ALIGNMENT_GAMES_BREAK_LOCK"
 
 
 class RunFolderInUse(RuntimeError):
     """Another live process owns the run folder (or its lock cannot be read)."""
 
 
+@functools.cache
+def _boot_id() -> str | None:
+    """The id of the host's current boot (Linux's ``boot_id``); None where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class LockOwner:
-    """Who holds a lock: a process id on a host."""
+    """Who holds a lock: a process id on a host, with the host's boot id and the process's start time when known."""
 
     pid: int
     host: str
+    boot: str | None = None
+    start: int | None = None
 
     @classmethod
     def me(cls) -> LockOwner:
         """The owner record of the calling process."""
-        return cls(os.getpid(), socket.gethostname())
+        pid = os.getpid()
+        return cls(pid, socket.gethostname(), _boot_id(), process_start(pid))
 
     def text(self) -> str:
         """The lock file's content."""
-        return json.dumps({"pid": self.pid, "host": self.host}) + "\n"
+        return json.dumps({"pid": self.pid, "host": self.host, "boot": self.boot, "start": self.start}) + "\n"
 
     @classmethod
     def parse(cls, text: str) -> LockOwner | None:
@@ -50,17 +69,31 @@ class LockOwner:
         pid, host = record.get("pid"), record.get("host")
         if type(pid) is not int or pid <= 0 or not isinstance(host, str) or not host:
             return None
-        return cls(pid, host)
+        boot, start = record.get("boot"), record.get("start")  # absent in locks written before they were recorded
+        boot = boot if isinstance(boot, str) and boot else None
+        start = start if type(start) is int and start >= 0 else None
+        return cls(pid, host, boot, start)
+
+    def token(self) -> str:
+        """``host:pid``, the value of :data:`BREAK_LOCK_ENV` that names this owner's lock as stale."""
+        return f"{self.host}:{self.pid}"
+
+
+def _broken_by_user(owner: LockOwner) -> bool:
+    """Whether :data:`BREAK_LOCK_ENV` names ``owner`` as gone."""
+    return owner.token() in {t.strip() for t in os.environ.get(BREAK_LOCK_ENV, "").split(",")}
 
 
 def _alive(owner: LockOwner) -> bool:
-    """Whether ``owner`` may still be running (a process on another host is assumed to be)."""
+    """Whether ``owner`` may still be running (a process on another host is, unless the user named it gone)."""
     me = LockOwner.me()
     if owner.host != me.host:
-        return True
+        return not _broken_by_user(owner)
+    if owner.boot is not None and me.boot is not None and owner.boot != me.boot:
+        return False  # the host booted again since the lock was taken: no process of that boot runs
     if owner.pid == me.pid:  # an earlier process that had this pid (a restarted container): not this one's lock
         return False
-    return pid_alive(owner.pid)
+    return pid_alive(owner.pid, owner.start)
 
 
 def _read(path: str) -> str | None:
@@ -93,7 +126,8 @@ def _refusal(folder: str, path: str, owner: LockOwner | None, text: str) -> RunF
     if owner.host != LockOwner.me().host:
         return RunFolderInUse(
             f"run folder {folder} is in use by pid {owner.pid} on host {owner.host} (lock {path}); whether that "
-            f"process lives cannot be checked from {LockOwner.me().host}: if it is gone, remove {path} ({why})"
+            f"process lives cannot be checked from {LockOwner.me().host}: once it is known to be gone, run again with "
+            f"{BREAK_LOCK_ENV}={owner.token()} to take this lock over, or remove {path} ({why})"
         )
     return RunFolderInUse(
         f"run folder {folder} is in use by pid {owner.pid} on {owner.host} (lock {path}): wait for that run to end or "
@@ -117,24 +151,46 @@ def _take_over(path: str, stale: str) -> None:
     os.remove(aside)
 
 
+def _create_new(path: str) -> int:
+    """A file descriptor of a new file at ``path``, never through a link planted there.
+
+    Raises:
+        FileExistsError: when anything (a file, a link) is already at ``path``.
+    """
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+
+
 def _publish(path: str, text: str) -> bool:
-    """Create the lock file at ``path`` holding ``text`` whole (a private draft hard-linked), unless one exists."""
+    """Create the lock file at ``path`` holding ``text`` whole (a private draft hard-linked), unless one exists.
+
+    Raises:
+        RunFolderInUse: when the draft's name is taken (a link planted there is neither followed nor removed).
+    """
     draft = f"{path}.draft-{os.getpid()}"
-    with open(draft, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
     try:
-        os.link(draft, path)
+        fd = _create_new(draft)
     except FileExistsError:
-        return False
-    except OSError:  # a file system without hard links: exclusive create, then write
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
+        kind = f"a symbolic link to {os.readlink(draft)!r}" if os.path.islink(draft) else "a file"
+        raise RunFolderInUse(
+            f"the lock draft {draft} exists ({kind}) and is not this process's: nothing was written through it; "
+            f"remove {draft} and run again"
+        ) from None
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: exclusive create, then write
+            try:
+                fd = _create_new(path)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
     finally:
         os.remove(draft)
     return True
@@ -158,7 +214,7 @@ class RunFolderLock:
 
     @classmethod
     def acquire(cls, folder: str | os.PathLike) -> RunFolderLock:
-        """Create ``folder`` if needed and take its lock; a stale lock (its pid gone, on this host) is taken over.
+        """Create ``folder`` if needed and take its lock; a stale lock (see the module's docstring) is taken over.
 
         Raises:
             RunFolderInUse: another live process holds the lock, or it names no process; naming folder, pid and host.

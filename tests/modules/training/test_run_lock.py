@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from alignment_games.modules.training.run_lock import (
+    BREAK_LOCK_ENV,
     LOCK_NAME,
     LockOwner,
     RunFolderInUse,
@@ -21,6 +22,14 @@ from alignment_games.modules.training.run_lock import (
 )
 
 HOST = socket.gethostname()
+with open("/proc/sys/kernel/random/boot_id") as _f:
+    _BOOT = _f.read().strip()
+
+
+def _start(pid: int) -> int:
+    """Field 22 of ``/proc/<pid>/stat`` (the process's start time in ticks), read by hand."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
 def _lock_text(pid: int, host: str = HOST) -> str:
@@ -46,7 +55,8 @@ def test_a_fresh_folder_is_created_and_locked_by_this_process_and_released(tmp_p
     folder = tmp_path / "runs" / "version_0"
     with RunFolderLock.acquire(folder) as lock:
         assert lock.created and lock.folder == str(folder) and lock.path == str(folder / LOCK_NAME)
-        assert json.loads((folder / LOCK_NAME).read_text()) == {"pid": os.getpid(), "host": HOST}
+        record = json.loads((folder / LOCK_NAME).read_text())
+        assert record == {"pid": os.getpid(), "host": HOST, "boot": _BOOT, "start": _start(os.getpid())}
         assert live_owner(folder) is None  # this process's own lock does not stop it
     assert not (folder / LOCK_NAME).exists() and folder.is_dir()
     again = RunFolderLock.acquire(folder)  # an existing folder: taken, but not created by this process
@@ -91,7 +101,9 @@ def test_a_lock_left_by_an_earlier_process_with_this_pid_is_taken_over(tmp_path)
 
 def test_a_lock_of_another_host_is_refused_with_the_file_to_remove(tmp_path):
     (tmp_path / LOCK_NAME).write_text(_lock_text(_dead_pid(), host="node-17"))
-    with pytest.raises(RunFolderInUse, match=r"on host node-17 .* cannot be checked from .*: if it is gone, remove"):
+    with pytest.raises(
+        RunFolderInUse, match=r"on host node-17 .* cannot be checked from .*: once it is known to be gone, .* or remove"
+    ):
         RunFolderLock.acquire(tmp_path)
     assert "node-17" in (tmp_path / LOCK_NAME).read_text()
 
@@ -188,8 +200,56 @@ def test_without_hard_links_the_lock_is_created_exclusively(tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "link", no_link)
     with RunFolderLock.acquire(tmp_path / "a") as lock:
-        assert json.loads(open(lock.path).read()) == {"pid": os.getpid(), "host": HOST}
+        assert json.loads(open(lock.path).read())["pid"] == os.getpid()
         assert os.listdir(tmp_path / "a") == [LOCK_NAME]
     (tmp_path / LOCK_NAME).write_text(_lock_text(live_pid))
     with pytest.raises(RunFolderInUse, match=f"in use by pid {live_pid}"):
         RunFolderLock.acquire(tmp_path)
+
+
+def test_a_symlink_planted_as_the_lock_draft_is_not_written_through(tmp_path):
+    folder, target = tmp_path / "run", tmp_path / "precious.txt"
+    folder.mkdir()
+    target.write_text("keep me")
+    draft = folder / f"{LOCK_NAME}.draft-{os.getpid()}"
+    os.symlink(target, draft)
+    with pytest.raises(RunFolderInUse, match="nothing was written through it") as err:
+        RunFolderLock.acquire(folder)
+    assert f"the lock draft {draft} exists (a symbolic link to {str(target)!r})" in str(err.value)
+    assert target.read_text() == "keep me"  # neither overwritten nor truncated
+    assert os.path.islink(draft) and sorted(os.listdir(folder)) == [draft.name]  # the link left, no lock taken
+
+
+def test_a_lock_whose_pid_now_names_a_later_process_is_taken_over(tmp_path, live_pid):
+    """PID reuse: the recorded start time is not the live process's, so the lock's owner is gone."""
+    record = {"pid": live_pid, "host": HOST, "boot": _BOOT, "start": _start(live_pid) - 1}
+    (tmp_path / LOCK_NAME).write_text(json.dumps(record))
+    assert live_owner(tmp_path) is None
+    with RunFolderLock.acquire(tmp_path):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    # the same pid with its own start time is the owner alive: refused
+    (tmp_path / LOCK_NAME).write_text(json.dumps({**record, "start": _start(live_pid)}))
+    with pytest.raises(RunFolderInUse, match=f"in use by pid {live_pid} on {HOST}"):
+        RunFolderLock.acquire(tmp_path)
+
+
+def test_a_lock_of_an_earlier_boot_of_this_host_is_taken_over(tmp_path, live_pid):
+    record = {"pid": live_pid, "host": HOST, "boot": "00000000-0000-0000-0000-000000000000", "start": _start(live_pid)}
+    (tmp_path / LOCK_NAME).write_text(json.dumps(record))
+    with RunFolderLock.acquire(tmp_path):  # no process of an earlier boot runs, whatever its pid
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_a_lock_of_another_host_is_taken_over_only_when_the_user_names_it(tmp_path, monkeypatch):
+    text = json.dumps({"pid": 4242, "host": "node-17", "boot": "b", "start": 1})
+    (tmp_path / LOCK_NAME).write_text(text)
+    with pytest.raises(RunFolderInUse) as err:
+        RunFolderLock.acquire(tmp_path)
+    assert f"run again with {BREAK_LOCK_ENV}=node-17:4242 to take this lock over" in str(err.value)
+    monkeypatch.setenv(BREAK_LOCK_ENV, "node-17:4243, node-9:4242")  # other owners named: still held
+    with pytest.raises(RunFolderInUse):
+        RunFolderLock.acquire(tmp_path)
+    assert (tmp_path / LOCK_NAME).read_text() == text
+    monkeypatch.setenv(BREAK_LOCK_ENV, "node-9:1,node-17:4242")
+    with RunFolderLock.acquire(tmp_path):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == HOST
