@@ -26,6 +26,7 @@ from alignment_games.modules.lm.decoding import (
 )
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.lm.vllm_engine import VLLMEngine
 
 __all__ = [
     "Decoder",
@@ -205,8 +206,13 @@ class DeviceDecoder:
         return decoder.decode(model, ids, mask, g, sampling, greedy)
 
 
-def make_decoder(lm: ModelConfig, eos: int | None, pad: int) -> Decoder:
-    """The decoder ``lm.decode`` names (``lm.compile_decode`` compiles the static one); see :class:`ModelConfig`."""
+def make_decoder(lm: ModelConfig, eos: int | None, pad: int) -> Decoder | VLLMEngine:
+    """The decoder ``lm.decode`` names (``lm.compile_decode`` compiles the static one); see :class:`ModelConfig`.
+
+    ``vllm``: a :class:`VLLMEngine`, which decodes the bank's players itself (it takes players, not a model).
+    """
+    if lm.decode == "vllm":
+        return VLLMEngine(lm, eos, pad)
     fallback = GenerateDecoder(eos, pad, share_prompts=not lm.gradient_checkpointing)
     if lm.decode == "generate":
         return fallback

@@ -16,7 +16,7 @@ from alignment_games.modules.lm.precision import AUTO, resolve_dtype, set_tf32
 __all__ = ["DECODES", "ModelConfig"]
 
 #: the values of ``lm.decode`` (see :mod:`modules.lm.decoders`)
-DECODES = ("auto", "generate", "grouped", "grouped_forward", "static")
+DECODES = ("auto", "generate", "grouped", "grouped_forward", "static", "vllm")
 
 
 @dataclass
@@ -40,8 +40,10 @@ class ModelConfig:
         lora_modules_to_save: Modules trained in full beside the adapters (e.g. ``lm_head``).
         lora_extra: More ``peft.LoraConfig`` fields (e.g. ``{use_rslora: true}``), passed as they are.
         max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
-        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static`` or ``auto`` (see :mod:`modules.lm.decoders`).
+        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static`` or ``auto`` (see :mod:`modules.lm.decoders`);
+            ``vllm``: a colocated vLLM engine (:mod:`modules.lm.vllm_engine`; ``pip install -e ".[vllm]"``).
         compile_decode: ``torch.compile`` the ``static`` decode's step (CUDA graphs on CUDA).
+        vllm_kv_cache_gib: Memory the vLLM engine reserves for its KV cache, in GiB (``decode: vllm`` only).
     """
 
     name_or_path: str
@@ -60,8 +62,9 @@ class ModelConfig:
     lora_modules_to_save: list[str] | None = None
     lora_extra: dict[str, Any] | None = None
     max_prompt_tokens: int = 2048
-    decode: Literal["auto", "generate", "grouped", "grouped_forward", "static"] = "auto"
+    decode: Literal["auto", "generate", "grouped", "grouped_forward", "static", "vllm"] = "auto"
     compile_decode: bool = False
+    vllm_kv_cache_gib: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name_or_path, str) or not self.name_or_path:
@@ -82,6 +85,10 @@ class ModelConfig:
             raise ValueError(f"lm.lora_dropout: must lie in [0, 1), got {self.lora_dropout}")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"lm.max_prompt_tokens: must be positive, got {self.max_prompt_tokens}")
+        if self.vllm_kv_cache_gib <= 0:
+            raise ValueError(f"lm.vllm_kv_cache_gib: must be positive, got {self.vllm_kv_cache_gib}")
+        if self.load_in_4bit and self.decode == "vllm":
+            raise ValueError("lm.load_in_4bit: not with lm.decode: vllm (the engine serves an unquantized base)")
         if self.load_in_4bit and self.players != "lora":
             raise ValueError("lm.load_in_4bit: a 4-bit base cannot be trained in full; use players: lora (QLoRA)")
 

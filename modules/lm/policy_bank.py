@@ -23,6 +23,7 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.row_adapters import plain_lora_layers, row_adapters
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import pad_sequences, render_chat
+from alignment_games.modules.lm.vllm_engine import VLLMEngine
 
 __all__ = ["PolicyBank"]
 
@@ -52,14 +53,17 @@ class PolicyBank(nn.Module):
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see for_generation; set False under sharded strategies
         # how generate samples, chosen once from lm.decode (see modules.lm.decoders)
-        self.decoder: Decoder = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        self.decoder: Decoder | VLLMEngine = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
         self.logit_chunk_tokens: int | None = None
 
     def use_strategy(self, strategy: Any) -> None:
         """Fit generation to the trainer's strategy (from ``setup``): one gather per ``generate``."""
+        sharded = sharded_strategy_kind(strategy)
+        if sharded is not None and isinstance(self.decoder, VLLMEngine):
+            raise ValueError(f"lm.decode: vllm loads one process's whole weights, not {sharded}'s shards")
         self.gather_for_generation = parameter_gathering(strategy, self)
-        self.merge_for_generation = sharded_strategy_kind(strategy) is None
+        self.merge_for_generation = sharded is None
         dtype = frozen_weights_dtype(strategy)
         if dtype is not None:  # frozen weights held in dtype: autocast would recast them at every forward
             self._all_players_trainable()
@@ -104,6 +108,8 @@ class PolicyBank(nn.Module):
         """Whether one :meth:`generate` can decode all ``players``' rows together (plain LoRA over one base)."""
         if self.mode != "lora":
             return False
+        if isinstance(self.decoder, VLLMEngine):
+            return True  # one LoRARequest per row
         return all(p is None or plain_lora_layers(self.model, p) is not None for p in set(players))
 
     @contextmanager
@@ -199,12 +205,17 @@ class PolicyBank(nn.Module):
                 )
         device = next(self.parameters()).device
         ids, mask = (v.to(device) for v in self.encode_prompts(prompts).values())
+        prompt_mask = mask.repeat_interleave(num_samples, dim=0)
+        if isinstance(self.decoder, VLLMEngine):
+            rows = row_players or [player] * len(prompts)
+            out, lps = self.decoder.decode_players(self, rows, ids, mask, num_samples, sampling, greedy)
+            return Rollout.from_decode(out, prompt_mask, num_samples, self.tokenizer, sample_logprobs=lps)
         with self.gather_for_generation(), self.for_generation(player, row_players, num_samples) as model:
             was_training = model.training
             model.eval()
             out = self.decoder.decode(model, ids, mask, num_samples, sampling, greedy)
             model.train(was_training)
-        return Rollout.from_decode(out, mask.repeat_interleave(num_samples, dim=0), num_samples, self.tokenizer)
+        return Rollout.from_decode(out, prompt_mask, num_samples, self.tokenizer)
 
     def generate_each(
         self,

