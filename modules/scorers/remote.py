@@ -2,8 +2,10 @@
 
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff; any other HTTP error is a
 configuration error, raised at once. A redirect is never followed (it would carry the API key to another URL): it is
-refused, naming its ``Location``. The reply is untrusted: a malformed one gives ``None`` completions (counted),
-never an exception. The API key is read from the environment at each request, never held in a config or checkpoint.
+refused, naming its ``Location``. Error messages quote at most 300 characters of the server's text with the API key cut
+out of it, and never a request header: a server echoing the request cannot put the key into a log. The reply is
+untrusted: a malformed one gives ``None`` completions (counted), never an exception. The API key is read from the
+environment at each request, never held in a config or checkpoint.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +28,44 @@ __all__ = ["ChatServer", "RemoteClient", "RemoteServerError"]
 
 #: Bytes of a reply read at most; a longer body is malformed (a hostile server cannot fill the memory).
 MAX_REPLY_BYTES = 8 * 2**20
+#: Characters of a server's error text quoted in a message at most.
+QUOTED_CHARS = 300
+#: What an API key is replaced with in quoted server text.
+REDACTED = "[redacted]"
+# a key sent as one header token: printable ASCII, no space (a line break would inject headers)
+_HEADER_TOKEN = re.compile(r"[!-~]+")
+
+
+def _key_forms(secret: str) -> list[str]:
+    """How a server may echo ``secret``: literally, JSON-escaped or percent-encoded."""
+    return list(dict.fromkeys([secret, json.dumps(secret)[1:-1], urllib.parse.quote(secret, safe="")]))
+
+
+def redacted(text: str, secret: str | None) -> str:
+    """``text`` with every echo of ``secret`` (:func:`_key_forms`, or percent-encoded otherwise) replaced."""
+    if not secret:
+        return text
+    for form in _key_forms(secret):
+        text = text.replace(form, REDACTED)
+    if secret in urllib.parse.unquote(text):  # percent-encoded another way: quote the decoded text
+        text = urllib.parse.unquote(text).replace(secret, REDACTED)
+    return text
+
+
+def quoted_reply(reply: Any, secret: str | None) -> str:
+    """The start of an error reply's body, at most :data:`QUOTED_CHARS` characters, ``secret`` cut out of it.
+
+    Enough bytes are read that a key starting within the quoted characters is read whole; a read that stops inside an
+    echo of the key drops that echo's start.
+    """
+    limit = 4 * QUOTED_CHARS + 3 * len(secret or "")
+    raw = reply.read(limit)
+    text = raw.decode(errors="replace")
+    if secret and len(raw) == limit:
+        for form in _key_forms(secret):
+            cut = next((k for k in range(min(len(form), len(text) + 1) - 1, 0, -1) if text.endswith(form[:k])), 0)
+            text = text[: len(text) - cut]
+    return redacted(text, secret)[:QUOTED_CHARS]
 
 
 class RemoteServerError(RuntimeError):
@@ -80,14 +122,19 @@ class ChatServer:
         """The chat-completions endpoint."""
         return self.base_url.rstrip("/") + "/chat/completions"
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key_env is not None:
-            key = os.environ.get(self.api_key_env)
-            if not key:
-                raise ValueError(f"server.api_key_env names {self.api_key_env!r}, which is not set in the environment")
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
+    def _api_key(self) -> str | None:
+        """The API key, read from the environment now (``None`` when none is sent); its value is never quoted."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ValueError(f"server.api_key_env names {self.api_key_env!r}, which is not set in the environment")
+        if not _HEADER_TOKEN.fullmatch(key):
+            raise ValueError(
+                f"server.api_key_env names {self.api_key_env!r}, whose value is not printable ASCII without spaces or "
+                "line breaks (it would break the Authorization header); the value is not shown"
+            )
+        return key
 
     def _post(self, payload: dict) -> bytes:
         """The body of a successful reply, after up to ``retries`` retries.
@@ -100,23 +147,26 @@ class ChatServer:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
+            key = self._api_key()
+            headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
             try:
                 with urllib.request.build_opener(_RefuseRedirects).open(request, timeout=self.timeout_s) as reply:
                     return reply.read(MAX_REPLY_BYTES + 1)
             except urllib.error.HTTPError as err:
                 if 300 <= err.code < 400:
-                    location = (err.headers.get("Location") or "")[:300]
+                    location = redacted(err.headers.get("Location") or "", key)[:QUOTED_CHARS]
                     raise RemoteServerError(
                         f"{self.url} answered HTTP {err.code} redirect to {location!r} refused: requests go to "
                         "server.base_url only (with the API key); set it to the address that answers"
                     ) from None
-                detail = err.read(300).decode(errors="replace")
+                detail = quoted_reply(err, key)
                 if err.code != 429 and err.code < 500:
                     raise RemoteServerError(f"{self.url} refused the request: HTTP {err.code}: {detail}") from None
                 last = f"HTTP {err.code}: {detail}"
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
+                # the reason may quote the server (a malformed status line): the key is cut out of it too
+                last = redacted(f"{type(err).__name__}: {getattr(err, 'reason', err)}", key)[:QUOTED_CHARS]
         raise RemoteServerError(f"{self.url} failed {self.retries + 1} attempts; the last: {last}")
 
     def _texts(self, body: bytes, n: int) -> list[str | None]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import json
 import math
 import pickle
 import re
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -23,7 +25,7 @@ from alignment_games.modules.algorithms.debate import Transcript, split_reply
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import HFJudge, PromptedJudge, RemoteJudge
 from alignment_games.modules.scorers.oracle import LLMJudgeOracle, PromptedOracle, RemoteJudgeOracle
-from alignment_games.modules.scorers.remote import ChatServer, RemoteServerError
+from alignment_games.modules.scorers.remote import REDACTED, ChatServer, RemoteServerError, quoted_reply
 
 
 def completion(*contents) -> bytes:
@@ -256,6 +258,67 @@ def test_api_key_comes_from_the_named_variable_and_is_never_stored(server, tiny_
     monkeypatch.delenv("JUDGE_KEY_FOR_TEST")
     with pytest.raises(ValueError, match="JUDGE_KEY_FOR_TEST"):
         judge.vote([transcript()])
+
+
+KEY = "sekrit-0123456789abcdef0123"
+
+
+def leaked(err: BaseException, secret: str = KEY) -> list[str]:
+    """The 8-character pieces of ``secret`` found in ``err``'s traceback, causes and context included."""
+    text = "".join(traceback.format_exception(err)) + repr(err) + repr(err.args)
+    return [secret[i : i + 8] for i in range(len(secret) - 7) if secret[i : i + 8] in text]
+
+
+@pytest.mark.parametrize(
+    ("status", "pad", "extra"),
+    [
+        (400, 0, {}),  # the body echoes every request header
+        (400, 300 - len("Authorization: Bearer ") - 10, {}),  # the key's start inside the 300 characters quoted
+        (503, 0, {}),  # retried, then quoted as the last failure
+        (302, 0, {"Location": "http://elsewhere/?echo=Bearer%20" + KEY.replace("-", "%2D")}),  # urlencoded
+    ],
+)
+def test_a_server_echoing_the_api_key_never_gets_it_into_the_error(tiny_lm_dir, monkeypatch, status, pad, extra):
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            echo = f"Authorization: {self.headers['Authorization']}\n" + json.dumps(dict(self.headers))
+            body = ("x" * pad + echo).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in {**extra, "X-Echo": self.headers["Authorization"]}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", KEY)
+    with serving(Echo) as port:
+        judge = remote_judge(f"http://127.0.0.1:{port}/v1", tiny_lm_dir, num_votes=1, api_key_env="JUDGE_KEY_FOR_TEST")
+        with pytest.raises(RemoteServerError, match=rf"HTTP {status}") as caught:
+            judge.vote([transcript()])
+    assert leaked(caught.value) == []
+    assert "[redacted]" in str(caught.value)  # the server's text is still quoted, the key cut out of it
+
+
+def test_a_key_split_by_the_read_limit_is_cut_out_too():
+    secret = "k" + "0123456789" * 5  # long: its 26 redactions bring the split echo within the quoted characters
+    body = "x" * 25 + f"{secret}" * 30
+    text = quoted_reply(io.BytesIO(body.encode()), secret)
+    assert text == "x" * 25 + REDACTED * 26 and len(text) == 285
+    assert leaked(RuntimeError(text), secret) == []
+
+
+@pytest.mark.parametrize("key", [KEY + "\r\nX-Injected: 1", KEY + " trailing", KEY + "\u2603"])
+def test_an_api_key_unfit_for_a_header_is_refused_without_quoting_it(server, tiny_lm_dir, monkeypatch, key):
+    server.replies = [(200, completion("Verdict: Alice"), 0.0)]
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", key)
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, api_key_env="JUDGE_KEY_FOR_TEST")
+    with pytest.raises(ValueError, match="JUDGE_KEY_FOR_TEST") as caught:
+        judge.vote([transcript()])
+    assert leaked(caught.value) == [] and server.requests == []
 
 
 @pytest.mark.parametrize(
