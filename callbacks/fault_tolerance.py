@@ -18,6 +18,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from alignment_games.callbacks.functional.digests import (
+    read_sidecar,
+    sha256_file,
+    sidecar_of,
+    verify_sidecar,
+    write_sidecar,
+)
 from alignment_games.callbacks.functional.files import fsync_dir, pid_alive, write_error
 from alignment_games.callbacks.hooks import EvaluationBatchCallback
 
@@ -244,8 +251,25 @@ def _write_error(err: BaseException, path: str) -> OSError | None:
     return None if cause is None else write_error(cause, path)
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+def _replace_with_sidecar(tmp: str, path: str) -> None:
+    """Rename ``tmp`` over ``path`` and leave ``path``'s sidecar holding ``tmp``'s sha256."""
+    _remove_stale_temps(sidecar_of(path))
+    digest = sha256_file(tmp)
+    try:
+        previous = read_sidecar(path) if os.path.isfile(path) else None
+    except ValueError:  # a torn sidecar of the file being replaced: nothing of it to keep
+        previous = None
+    if previous:
+        write_sidecar(path, [digest, previous[0]])  # a kill before the next rename leaves the old file accepted
+    os.replace(tmp, path)
+    write_sidecar(path, [digest])
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike, sidecar: bool = False) -> None:
     """``torch.save(obj, path)`` via a ``.<name>.tmp-<pid>`` file renamed over ``path``: old content or all the new.
+
+    With ``sidecar`` the file's sha256 is written beside it (:mod:`~callbacks.functional.digests`); between the two
+    renames the sidecar accepts the old file and the new, so a kill there leaves a checkpoint that verifies.
 
     Raises:
         OSError: naming ``path`` when it cannot be written, with the failed write's errno; ``path`` is left as it was.
@@ -261,7 +285,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if sidecar:
+            _replace_with_sidecar(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.remove(tmp)
@@ -276,7 +303,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable local writes (:func:`atomic_torch_save`).
 
     Lightning's default moves a temporary across file systems, a copy a kill can cut short; remote paths keep it.
-    Loading is ``weights_only=True`` only; asking for ``weights_only=False`` raises.
+    Each local file gets its sha256 in ``<file>.sha256``, checked when it is loaded (one without a sidecar loads with
+    a warning). Loading is ``weights_only=True`` only; asking for ``weights_only=False`` raises.
     """
 
     @override
@@ -286,7 +314,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"weights_only: {type(self).__name__} reads checkpoints with weights_only=True only (no pickled code); "
                 f"refused for {path}"
             )
+        if _local(path) and os.path.isfile(_local(path)):
+            verify_sidecar(_local(path))
         return super().load_checkpoint(path, *args, weights_only=True, **kwargs)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        if _local(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(sidecar_of(_local(path)))
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -295,4 +332,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path) and not str(path).startswith("file://"):
             super().save_checkpoint(checkpoint, path)
             return
-        atomic_torch_save(checkpoint, str(path).removeprefix("file://"))
+        atomic_torch_save(checkpoint, _local(path), sidecar=True)
+
+
+def _local(path: Any) -> str:
+    """``path`` as a local path (``file://`` dropped); ``""`` for a remote one."""
+    text = str(path)
+    return "" if "://" in text and not text.startswith("file://") else text.removeprefix("file://")

@@ -17,11 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from alignment_games.callbacks.run_config import RUN_CONFIG_KEY, RunConfigRecord
-from alignment_games.modules.checkpoints.trust import CheckpointLoading, family_name
+from alignment_games.modules.checkpoints.trust import CheckpointLoading, family_name, read_checkpoint
 from alignment_games.modules.distributed.sharding import check_exportable, full_tensors
 from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.lm.decoding import base_model
@@ -340,7 +339,7 @@ def export_command(args: Sequence[str]) -> list[str]:
         if failures:
             raise failures[0] from None
         raise
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    checkpoint = read_checkpoint(ckpt, mmap=True)  # verified against its sidecar when the model was built
     source = {"checkpoint": os.path.abspath(ckpt), "global_step": checkpoint.get("global_step")}
     source.update(run_record(checkpoint.get(RUN_CONFIG_KEY)))  # the run's own config, as its checkpoint records it
     written = export_module(model, cfg.out, merge=cfg.merge, players=cfg.players, source=source)

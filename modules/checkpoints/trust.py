@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from alignment_games.callbacks.functional.digests import verify_sidecar
 from alignment_games.modules.training.faults import nonfinite_entries, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.provenance import made_by
 
@@ -145,15 +146,19 @@ def _refuse_nonfinite(module: nn.Module, checkpoint: dict[str, Any], source: str
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """A one-file checkpoint's tensors and plain values (``weights_only=True``; ``mmap`` maps the tensors).
 
+    The file is checked against its ``.sha256`` sidecar first; one without a sidecar loads with a warning.
+
     Raises:
         FileNotFoundError: naming the path when it is not a file (and the config that makes it, when one does).
-        ValueError: naming a truncated or corrupt file and the newest intact checkpoint beside it.
+        ValueError: naming a truncated or corrupt file (or one whose sha256 is not its sidecar's) and the newest
+            intact checkpoint beside it.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"checkpoint {str(path)!r} is not a file{'' if os.path.exists(path) else made_by(path)}"
         )
     try:
+        verify_sidecar(path)
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:  # weights_only refused a global: torch's message names it
         raise
@@ -283,6 +288,7 @@ def _read_any(path: str, mmap: bool) -> dict[str, Any]:
 
         read_dcp_metadata(path)
         return torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
+    verify_sidecar(path)
     return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
 
 

@@ -359,7 +359,10 @@ def _output_files(workdir: Path) -> dict[str, Path]:
     out = {}
     for path in workdir.rglob("*"):
         rel = path.relative_to(workdir).as_posix()
-        if path.is_file() and not rel.startswith(HARNESS_FILES) and not rel.endswith("metrics.csv"):
+        # a checkpoint's .sha256 sidecar follows its bytes, which differ with the recorded ckpt_path: the checkpoints
+        # themselves are compared by value
+        skip = rel.startswith(HARNESS_FILES) or rel.endswith(("metrics.csv", ".ckpt.sha256"))
+        if path.is_file() and not skip:
             out[rel] = path
     return out
 

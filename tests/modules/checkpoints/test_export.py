@@ -11,6 +11,7 @@ import torch
 import yaml
 from helpers import ROOT
 from helpers.callback_helpers import make_trainer
+from helpers.corrupt import change_a_number
 from helpers.deep_smida import tiny_deep_smida
 from helpers.threads import one_torch_thread
 from safetensors.torch import load_file
@@ -279,6 +280,19 @@ def test_the_export_command_refuses_bad_input(grpo_run, tmp_path):
             ["export", "--config", str(tmp_path / "rank8.yaml"), "--ckpt_path", ckpt, "--out", str(tmp_path / "n")]
         )
     assert not (tmp_path / "new").exists() and not (tmp_path / "n").exists()
+
+
+def test_the_export_command_refuses_a_checkpoint_whose_bytes_changed_naming_it(grpo_run, tmp_path):
+    from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
+
+    _, ckpt, config = grpo_run
+    saved = str(tmp_path / "sealed.ckpt")
+    checkpoint = torch.load(ckpt, weights_only=True)
+    AtomicCheckpointIO().save_checkpoint(checkpoint, saved)  # as a fit saves it: with its sha256 beside it
+    change_a_number(saved, next(v for v in checkpoint["state_dict"].values() if v.is_floating_point()))
+    with pytest.raises(ValueError, match=f"checkpoint {saved!r} is corrupt: its sha256 is"):
+        train.dispatch(["export", "--config", config, "--ckpt_path", saved, "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------------ other layouts
