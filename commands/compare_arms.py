@@ -1,9 +1,11 @@
 """``python -m alignment_games.commands.compare_arms``: arms of a study compared on the same held-out problems.
 
 Each arm is an ``accuracy_gain`` report (``--out``) of that arm's seeds, every report over the same problems and base.
-Per arm: its accuracy (a seed's accuracy on a problem is the mean of its players') with a two-level interval (seeds,
-then problems). Against the first arm: the paired difference, seed ``i`` of each arm against seed ``i`` of the first
-(the runs of one seed share their data), with the same two-level interval.
+Per arm: its accuracy (a seed's accuracy on a problem is the mean of its players') with the crossed and nested
+bootstraps and the seed-level t interval side by side, the most conservative named (the null: the base's accuracy,
+taken as known). Against the first arm: the paired difference, seed ``i`` of each arm against seed ``i`` of the first
+(the runs of one seed share their data), with the same three intervals; ``excludes_null`` holds only when all three
+exclude 0.
 
     python -m alignment_games.commands.compare_arms exp3=exp3.json uniform=uniform.json single=single.json --out c.json
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-from alignment_games.modules.evaluation.accuracy_gain import two_level_interval
+from alignment_games.modules.evaluation.intervals import seed_intervals
 from alignment_games.modules.training.artifacts import atomic_write_text
 
 
@@ -69,13 +71,13 @@ def compare(arms: dict[str, str], n_boot: int = 2000, seed: int = 0) -> dict[str
         if problems != problems0 or base != base0:
             raise SystemExit(f"arm {name}: other problems or base results than arm {first[0]} ({arms[name]})")
         arm = {"report": arms[name], "seeds": len(acc), "players_per_seed": m, "accuracy": float(acc.mean())}
-        arm["accuracy_ci"] = two_level_interval(acc, n_boot, seed)
+        arm["accuracy_intervals"] = seed_intervals(acc, n_boot, seed, null=out["base"])
         arm["per_seed"] = acc.mean(dim=1).tolist()
         if name != first[0]:
             if len(acc) != len(acc0):
                 raise SystemExit(f"arm {name}: {len(acc)} seeds against {len(acc0)} of arm {first[0]}: none to pair")
             arm["difference"] = float((acc - acc0).mean())
-            arm["difference_ci"] = two_level_interval(acc - acc0, n_boot, seed)
+            arm["difference_intervals"] = seed_intervals(acc - acc0, n_boot, seed)
         out["arms"][name] = arm
     return out
 

@@ -1,7 +1,8 @@
 r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired over problems, and across seeds.
 
-Across seeds (the headline) a two-level bootstrap (:func:`two_level_interval`) holds both the seeds' spread and the
-problems'; with ``--players-per-seed m`` a seed's gain is its m players' mean.
+Across seeds (the headline) the crossed and nested bootstraps and the seed-level t interval side by side
+(:func:`~alignment_games.modules.evaluation.intervals.seed_intervals`); with ``--players-per-seed m`` a seed's gain is
+its m players' mean.
 """
 
 from __future__ import annotations
@@ -12,17 +13,14 @@ from typing import Any
 import torch
 
 from alignment_games.modules.algorithms.answers import extract_final_answer
-from alignment_games.modules.algorithms.checks import require_at_least
+from alignment_games.modules.evaluation.intervals import crossed_bootstrap_interval, seed_intervals
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
 __all__ = [
     "HELD_OUT_SEED",
     "final_answers",
     "paired_gain",
-    "percentile_interval",
     "seed_mean_gain",
-    "two_level_counts",
-    "two_level_interval",
 ]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
@@ -33,7 +31,7 @@ HELD_OUT_SEED = 7_000_003
 def paired_gain(
     before: Sequence[bool], after: Sequence[bool], n_boot: int = 2000, seed: int = 0, confidence: float = 0.95
 ) -> dict[str, Any]:
-    """Accuracy before and after on the same problems, and the gain with a paired bootstrap interval.
+    """Accuracy before and after on the same problems, and the gain with a paired problem-bootstrap interval.
 
     Example:
         >>> paired_gain([True, False, False, False], [True, True, False, True])["gain"]
@@ -45,7 +43,7 @@ def paired_gain(
     if len(before) != len(after):
         raise ValueError(f"before has {len(before)} problems but after has {len(after)}")
     diff = torch.tensor([float(a) - float(b) for b, a in zip(before, after)], dtype=torch.float64)
-    interval = two_level_interval(diff[None], n_boot, seed, confidence)
+    interval = crossed_bootstrap_interval(diff[None], n_boot, seed, confidence).tolist()  # one seed: the problems
     n = len(diff)
     return {
         "n": n,
@@ -64,7 +62,7 @@ def seed_mean_gain(
     confidence: float = 0.95,
     players_per_seed: int = 1,
 ) -> dict[str, Any]:
-    """The seeds' mean gain with a two-level bootstrap interval; ``afters`` holds ``players_per_seed`` lists per seed.
+    """The seeds' mean gain and its three intervals (:func:`seed_intervals`); ``players_per_seed`` lists a seed.
 
     Raises:
         ValueError: for no seeds or problems, lists of other lengths or groups, or ``n_boot < 1``.
@@ -79,49 +77,7 @@ def seed_mean_gain(
         raise ValueError(f"players_per_seed {m}: the {len(afters)} trained policies are not groups of {m}")
     solved_after = torch.tensor([[float(a) for a in after] for after in afters], dtype=torch.float64)
     diff = solved_after.view(len(afters) // m, m, len(before)).mean(dim=1) - torch.tensor([float(b) for b in before])
-    return dict(seeds=len(diff), gain=float(diff.mean()), gain_ci=two_level_interval(diff, n_boot, seed, confidence))
-
-
-def two_level_counts(seeds: int, problems: int, n_boot: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """How often each resample draws each seed ``[n_boot, seeds]`` and each problem ``[n_boot, problems]``.
-
-    A two-level bootstrap draws the problems (once for all seeds: they answered the same ones), then the seeds, both
-    with replacement; a statistic of the resample weighs seed ``s`` on problem ``p`` by the product of the two counts.
-
-    Raises:
-        ValueError: for no seeds, no problems or ``n_boot < 1``.
-    """
-    if not problems:
-        raise ValueError("no problems")
-    require_at_least(n_boot=(n_boot, 1), seeds=(seeds, 1))
-    gen = torch.Generator().manual_seed(seed)
-
-    def counts(n: int) -> torch.Tensor:
-        idx = torch.randint(n, (n_boot, n), generator=gen)
-        return torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones_like(idx).double())
-
-    by_problem = counts(problems)
-    return counts(seeds), by_problem
-
-
-def percentile_interval(values: torch.Tensor, confidence: float = 0.95) -> list[float]:
-    """The central ``confidence`` percentile interval of bootstrap ``values``."""
-    tail = (1 - confidence) / 2
-    return torch.quantile(values.double(), torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
-
-
-def two_level_interval(diff: torch.Tensor, n_boot: int = 2000, seed: int = 0, confidence: float = 0.95) -> list[float]:
-    """Percentile interval of the mean of ``diff`` (seeds × problems) under :func:`two_level_counts`' bootstrap.
-
-    With one seed this is exactly :func:`paired_gain`'s interval.
-
-    Raises:
-        ValueError: for no problems or ``n_boot < 1``.
-    """
-    diff, (seeds, problems) = diff.double(), diff.shape
-    by_seed, by_problem = two_level_counts(seeds, problems, n_boot, seed)
-    per_seed = by_problem @ diff.T / problems  # each resample's problems, every seed's mean on them
-    return percentile_interval((per_seed * by_seed).sum(dim=1) / seeds, confidence)
+    return dict(seeds=len(diff), gain=float(diff.mean()), intervals=seed_intervals(diff, n_boot, seed, confidence))
 
 
 def final_answers(model_path: str, prompts: Sequence[str], system_prompt: str, max_new_tokens: int) -> list[str | None]:

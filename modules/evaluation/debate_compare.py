@@ -27,7 +27,14 @@ from alignment_games.callbacks.functional import (
     posterior_mean,
 )
 from alignment_games.callbacks.functional.mcc import matthews_corrcoef_from_counts
-from alignment_games.modules.evaluation.accuracy_gain import percentile_interval, two_level_counts
+from alignment_games.modules.evaluation.intervals import (
+    compare_intervals,
+    crossed_bootstrap_weights,
+    format_intervals,
+    nested_bootstrap_weights,
+    percentile_interval,
+    seed_t_interval,
+)
 
 __all__ = [
     "compare_groups",
@@ -143,15 +150,29 @@ def _last_problems(runs: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, tor
     return {"item": torch.tensor(next(iter(items)))} | {k: torch.stack(x) for k, x in cols.items()}
 
 
-def _resampled(
-    m: Mapping[str, torch.Tensor], by_seed: torch.Tensor, by_problem: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """Each resample's accuracy and MCC: run ``s`` on problem ``p`` weighs ``by_seed[b, s] * by_problem[b, p]``."""
-    w = {k: torch.einsum("bs,sp,bp->b", by_seed, m[k], by_problem) for k in ("correct", *COUNTS)}
-    acc = w["correct"] / (by_seed.sum(dim=1) * by_problem.sum(dim=1))
-    tp, fp, tn, fn = (w[k] for k in COUNTS)
+def _resampled(m: Mapping[str, torch.Tensor], weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each resample's accuracy and MCC: run ``s`` on problem ``p`` weighs ``weights[b, s, p]``."""
+    w = {k: torch.einsum("bsp,sp->b", weights, m[k]) for k in ("correct", *COUNTS)}
+    acc = w["correct"] / weights.sum(dim=(1, 2))
+    return acc, _mcc(*(w[k] for k in COUNTS))
+
+
+def _mcc(tp: torch.Tensor, fp: torch.Tensor, tn: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
+    """MCC of (weighted) confusion counts, 0 where a margin is empty."""
     den = ((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)).sqrt()
-    return acc, torch.where(den > 0, (tp * tn - fp * fn) / den.clamp_min(1e-300), torch.zeros_like(den))
+    return torch.where(den > 0, (tp * tn - fp * fn) / den.clamp_min(1e-300), torch.zeros_like(den))
+
+
+def _per_run(m: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each run's accuracy and MCC, for the t interval over runs."""
+    return m["correct"].mean(dim=1), _mcc(*(m[k].sum(dim=1) for k in COUNTS))
+
+
+def _three(boot: Mapping[str, torch.Tensor], runs: torch.Tensor, confidence: float) -> dict[str, Any]:
+    """The bootstraps' percentile intervals and the t interval over runs, compared (null 0 for a difference)."""
+    cis = {k: percentile_interval(v, confidence).tolist() for k, v in boot.items()}
+    seed_t = seed_t_interval(runs, confidence).tolist() if len(runs) > 1 else None
+    return compare_intervals(cis | {"seed_t": seed_t})
 
 
 def final_intervals(
@@ -161,12 +182,14 @@ def final_intervals(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> dict[str, Any]:
-    """Each group's last-evaluation accuracy and judge MCC with two-level bootstrap intervals (runs, then problems).
+    """Each group's last-evaluation accuracy and judge MCC with three intervals each (:mod:`.intervals`).
 
-    One resample weighs run ``s`` on problem ``p`` by how often each was drawn (:func:`two_level_counts`): the accuracy
-    is the weighted mean, the MCC that of the weighted confusion counts. Against ``baseline`` the runs pair by position
-    (give the seeds in the same order: a seed also draws the data order) and the differences share the resample.
-    A group is left out when its runs lack per-problem rows or evaluated different problems.
+    The crossed bootstrap (runs, and the problems once for all runs) and the nested one (runs, then problems within
+    each drawn run) weigh run ``s`` on problem ``p`` by how often a resample counts it: the accuracy is the weighted
+    mean, the MCC that of the weighted confusion counts. The t interval is over the runs' own accuracies and MCCs.
+    Against ``baseline`` the runs pair by position (give the seeds in the same order: a seed also draws the data
+    order) and the differences share the resamples. A group is left out when its runs lack per-problem rows or
+    evaluated different problems.
     """
     mats = {name: _last_problems(runs) for name, runs in groups.items()}
     out: dict[str, Any] = {}
@@ -174,22 +197,30 @@ def final_intervals(
         if m is None:
             continue
         runs, problems = m["correct"].shape
-        draws = two_level_counts(runs, problems, n_boot, seed)
-        acc, mcc = _resampled(m, *draws)
+        weights = {
+            "crossed": crossed_bootstrap_weights(runs, problems, n_boot, seed),
+            "nested": nested_bootstrap_weights(runs, problems, n_boot, seed),
+        }
+        boot = {k: _resampled(m, w) for k, w in weights.items()}
+        acc_runs, mcc_runs = _per_run(m)
         pooled = {k: float(m[k].sum()) for k in ("correct", *COUNTS)}
         row = {
             "runs": runs,
             "problems": problems,
             "accuracy": pooled["correct"] / (runs * problems),
-            "accuracy_ci": percentile_interval(acc, confidence),
+            "accuracy_intervals": _three({k: b[0] for k, b in boot.items()}, acc_runs, confidence),
             "mcc": matthews_corrcoef_from_counts(*(pooled[k] for k in COUNTS)),
-            "mcc_ci": percentile_interval(mcc, confidence),
+            "mcc_intervals": _three({k: b[1] for k, b in boot.items()}, mcc_runs, confidence),
         }
         base = mats.get(baseline) if baseline is not None and name != baseline else None
         if base is not None and base["correct"].shape == m["correct"].shape and base["item"].equal(m["item"]):
-            base_acc, base_mcc = _resampled(base, *draws)
-            row["accuracy_diff_ci"] = percentile_interval(acc - base_acc, confidence)
-            row["mcc_diff_ci"] = percentile_interval(mcc - base_mcc, confidence)
+            against = {k: _resampled(base, w) for k, w in weights.items()}
+            base_acc, base_mcc = _per_run(base)
+            diffs = {k: (boot[k][0] - against[k][0], boot[k][1] - against[k][1]) for k in weights}
+            row["accuracy_diff_intervals"] = _three(
+                {k: d[0] for k, d in diffs.items()}, acc_runs - base_acc, confidence
+            )
+            row["mcc_diff_intervals"] = _three({k: d[1] for k, d in diffs.items()}, mcc_runs - base_mcc, confidence)
         out[name] = row
     return out
 
@@ -286,18 +317,18 @@ def format_table(result: Mapping[str, Any]) -> str:
     if finals:
         lines += [
             "",
-            "| protocol | last evaluation: accuracy [95% two-level] | judge MCC [95%] | vs baseline: accuracy, MCC "
-            "| runs × problems |",
-            "|---|---|---|---|---|",
+            "| protocol | last evaluation | accuracy: 95% intervals (most conservative in bold) "
+            "| judge MCC: 95% intervals | vs baseline, accuracy | vs baseline, MCC | runs × problems |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name, f in finals.items():
-            a, m = f["accuracy_ci"], f["mcc_ci"]
-            diff = "—"
-            if "accuracy_diff_ci" in f:
-                da, dm = f["accuracy_diff_ci"], f["mcc_diff_ci"]
-                diff = f"[{da[0]:+.3f}, {da[1]:+.3f}], [{dm[0]:+.2f}, {dm[1]:+.2f}]"
+            diff = [
+                format_intervals(f[k], spec) if k in f else "—"
+                for k, spec in (("accuracy_diff_intervals", "+.3f"), ("mcc_diff_intervals", "+.2f"))
+            ]
+            acc, mcc = format_intervals(f["accuracy_intervals"], ".3f"), format_intervals(f["mcc_intervals"], "+.2f")
             lines.append(
-                f"| {name} | {f['accuracy']:.3f} [{a[0]:.3f}, {a[1]:.3f}] | {f['mcc']:.2f} [{m[0]:.2f}, {m[1]:.2f}] "
-                f"| {diff} | {f['runs']} × {f['problems']} |"
+                f"| {name} | accuracy {f['accuracy']:.3f}, MCC {f['mcc']:.2f} | {acc} | {mcc} | {diff[0]} | {diff[1]} "
+                f"| {f['runs']} × {f['problems']} |"
             )
     return "\n".join(lines)

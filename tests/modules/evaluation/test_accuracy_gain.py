@@ -1,12 +1,10 @@
-"""Accuracy gains of trained policies: the paired bootstrap per seed, the two-level one across seeds, the command."""
+"""Accuracy gains of trained policies: the paired bootstrap per seed, the three intervals across seeds, the command."""
 
 import hashlib
 import json
 
-import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from alignment_games.commands.accuracy_gain import main
 from alignment_games.datamodules.debate import single_step_problems
@@ -16,8 +14,8 @@ from alignment_games.modules.evaluation.accuracy_gain import (
     HELD_OUT_SEED,
     paired_gain,
     seed_mean_gain,
-    two_level_interval,
 )
+from alignment_games.modules.evaluation.intervals import seed_intervals
 
 
 def test_paired_gain_by_hand_and_a_constant_difference_has_no_spread():
@@ -44,63 +42,27 @@ def test_the_pairing_is_kept():
     assert out["gain"] == 0.0 and out["gain_ci"][0] < -0.1 and out["gain_ci"][1] > 0.1
 
 
-def test_two_level_degenerate_cases_by_hand():
-    d = torch.tensor([1.0, 0.0, -1.0, 1.0, 0.0])
-    one = two_level_interval(d[None], seed=4)
-    assert two_level_interval(d.repeat(3, 1), seed=4) == pytest.approx(one)  # equal seeds: the problem bootstrap
-    assert one == paired_gain([False, False, True, False, False], [True, False, False, True, False], seed=4)["gain_ci"]
-    assert two_level_interval(torch.full((3, 7), 0.25)) == [0.25, 0.25]  # nothing varies: width 0
-    assert two_level_interval(d.repeat(3, 1), seed=4) == two_level_interval(d.repeat(3, 1), seed=4)  # seeded
-
-
-@pytest.mark.parametrize("level", ["seeds", "problems"])
-def test_two_level_reduces_to_scipys_one_level_bootstrap(level):
-    values = torch.from_numpy(np.random.default_rng(0).normal(0.1, 0.2, 40))
-    # each seed constant over the problems: only the seeds vary; one seed: only the problems
-    diff = values[:, None].repeat(1, 5) if level == "seeds" else values[None]
-    ours = two_level_interval(diff, n_boot=20000, seed=1)
-    theirs = stats.bootstrap((values.numpy(),), np.mean, n_resamples=20000, method="percentile", random_state=2)
-    assert ours == pytest.approx([theirs.confidence_interval.low, theirs.confidence_interval.high], abs=0.006)
-
-
-def test_two_level_covers_where_one_level_does_not():
-    # 10 seeds x 50 problems: a seed effect (sd 0.2), a problem effect (sd 0.3) and noise (sd 0.3) around a true
-    # gain of 0; the mean's variance is 0.04/10 + 0.09/50 + 0.09/500: mostly the seeds'. Resampling the problems
-    # alone (the seeds' mean per problem) sees about a third of it, the seeds alone (their means) about two thirds
-    gen = torch.Generator().manual_seed(0)
-    covered = {"two-level": 0, "problems only": 0, "seeds only": 0}
-    reps = 300
-    for r in range(reps):
-        noise = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
-        d = 0.2 * noise(10, 1) + 0.3 * noise(1, 50) + 0.3 * noise(10, 50)
-        for name, x in (("two-level", d), ("problems only", d.mean(0)[None]), ("seeds only", d.mean(1)[:, None])):
-            lo, hi = two_level_interval(x, n_boot=1000, seed=r)
-            covered[name] += lo <= 0 <= hi
-    assert covered["two-level"] / reps >= 0.88
-    assert covered["problems only"] / reps <= 0.82 and covered["seeds only"] / reps <= 0.90
-    lo, hi = two_level_interval(d)
-    for one_level in (d.mean(0)[None], d.mean(1)[:, None]):  # wider than either one level on the same data
-        a, b = two_level_interval(one_level)
-        assert hi - lo > b - a
-
-
 def test_seed_mean_gain_by_hand_and_against_one_seeds_paired_gain():
     before = [False, False, True, True]
     afters = [[True, False, True, True], [True, True, True, False]]  # per problem: +1, +0.5, 0, -0.5 on average
     out = seed_mean_gain(before, afters)
     assert out["seeds"] == 2 and out["gain"] == 0.25
-    lo, hi = out["gain_ci"]
-    assert -0.5 <= lo < 0.25 < hi <= 1.0
+    diff = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, -1.0]])
+    assert out["intervals"] == seed_intervals(diff)
     one = seed_mean_gain(before, afters[:1], seed=3)
-    assert one["gain_ci"] == paired_gain(before, afters[0], seed=3)["gain_ci"]
-    # equal gains (0.5) on different problems: a t interval over the seeds has width 0; the problems averaged over
-    # the seeds gain 0.5 each, so a problem bootstrap of that has width 0 too; drawing the seeds as well does not
-    equal = seed_mean_gain([False] * 6, [[True] * 3 + [False] * 3, [False] * 3 + [True] * 3])
-    assert equal["gain"] == 0.5 and equal["gain_ci"][0] < 0.5 < equal["gain_ci"][1]
+    assert one["intervals"]["crossed"] == paired_gain(before, afters[0], seed=3)["gain_ci"]
+    assert one["intervals"]["seed_t"] is None  # one seed: no spread to estimate
+    # equal gains (0.5) on different problems: the t interval over the seeds has width 0, the bootstraps do not (a
+    # resample drawing one seed twice sees only its problems); the widest names the most conservative
+    equal = seed_mean_gain([False] * 6, [[True] * 3 + [False] * 3, [False] * 3 + [True] * 3])["intervals"]
+    assert equal["seed_t"] == [0.5, 0.5] and equal["nested"][0] < 0.5 < equal["nested"][1]
+    assert equal["crossed"][0] < equal["nested"][0] and equal["most_conservative"] == "crossed"
     # two seeds of two players: each seed's players averaged first, as one seed of the two
     pooled = seed_mean_gain(before, [*afters, *afters], players_per_seed=2)
     assert pooled["seeds"] == 2 and pooled["gain"] == 0.25
-    assert pooled["gain_ci"] == pytest.approx(seed_mean_gain(before, afters, players_per_seed=2)["gain_ci"])
+    one_seed = seed_mean_gain(before, afters, players_per_seed=2)["intervals"]  # the two seeds are this one, twice
+    assert pooled["intervals"]["crossed"] == pytest.approx(one_seed["crossed"])
+    assert pooled["intervals"]["seed_t"] == [0.25, 0.25] and one_seed["seed_t"] is None
 
 
 @pytest.mark.parametrize(
@@ -133,7 +95,8 @@ def test_the_command_writes_each_model_and_each_problem(tiny_lm_dir, other_lm_di
     report = main([*argv, "--max-new-tokens", "4", "--out", str(out)])
     assert json.loads(out.read_text()) == report
     assert [s["gain"] for s in report["per_seed"]] == [0.0, 0.0]  # byte soup solves nothing, before or after
-    assert report["across_seeds"] == {"seeds": 2, "gain": 0.0, "gain_ci": [0.0, 0.0]}
+    nothing = {"crossed": [0.0, 0.0], "nested": [0.0, 0.0], "seed_t": [0.0, 0.0], "null": 0.0, "excludes_null": False}
+    assert report["across_seeds"] == {"seeds": 2, "gain": 0.0, "intervals": {**nothing, "most_conservative": "crossed"}}
     assert report["problems"] == {"n": 3, "seed": HELD_OUT_SEED, "kind": "arithmetic", "steps": [2, 4]}
     digest = lambda folder: hashlib.sha256(open(f"{folder}/model.safetensors", "rb").read()).hexdigest()  # noqa: E731
     assert [(m["path"], m["sha256"]) for m in report["trained"]] == [

@@ -33,15 +33,21 @@ def test_accuracies_and_paired_differences_by_hand(tmp_path):
     assert arms["pool"]["per_seed"] == [0.375, 0.625] and arms["pool"]["accuracy"] == 0.5
     assert arms["single"]["accuracy"] == 0.375 and "difference" not in arms["single"]
     assert arms["pool"]["difference"] == pytest.approx(0.125)
-    lo, hi = arms["pool"]["difference_ci"]
-    assert 0 <= lo <= 0.125 <= hi <= 0.5  # seed differences per problem are 0, .5, 0, 0 and 0, 0, .5, 0: never < 0
+    diff = arms["pool"]["difference_intervals"]
+    for name in ("crossed", "nested"):  # seed differences per problem are 0, .5, 0, 0 and 0, 0, .5, 0: never < 0
+        assert 0 <= diff[name][0] <= 0.125 <= diff[name][1] <= 0.5
+    # per seed both differences are 0.125: the t interval over seeds has no width, the bootstraps decide
+    assert diff["seed_t"] == pytest.approx([0.125, 0.125]) and diff["most_conservative"] != "seed_t"
+    assert diff["excludes_null"] is False  # the bootstraps' lower ends reach 0
+    assert arms["pool"]["accuracy_intervals"]["null"] == 0.25  # the base's accuracy
     assert json.loads((tmp_path / "c.json").read_text()) == out
 
 
 def test_a_constant_difference_has_no_spread(tmp_path):
     a = _report(tmp_path / "a.json", [[[False] * 4], [[False] * 4]])
     b = _report(tmp_path / "b.json", [[[True] * 4], [[True] * 4]])
-    assert main([f"a={a}", f"b={b}"])["arms"]["b"]["difference_ci"] == [1.0, 1.0]
+    diff = main([f"a={a}", f"b={b}"])["arms"]["b"]["difference_intervals"]
+    assert [diff[k] for k in ("crossed", "nested", "seed_t")] == [[1.0, 1.0]] * 3 and diff["excludes_null"]
 
 
 def test_refusals_name_the_arm_or_file(tmp_path):

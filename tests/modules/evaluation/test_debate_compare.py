@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from alignment_games.callbacks import beta_lower_bound, posterior_mean
 from alignment_games.commands.debate_compare import main
@@ -154,7 +155,13 @@ def _run(correct, accepts, items=None, tie=None):
 def test_final_intervals_resample_runs_and_problems_against_sklearn():
     from sklearn.metrics import matthews_corrcoef
 
-    from alignment_games.modules.evaluation.accuracy_gain import two_level_counts, two_level_interval
+    from alignment_games.modules.evaluation.intervals import (
+        crossed_bootstrap_interval,
+        crossed_bootstrap_weights,
+        nested_bootstrap_interval,
+        nested_bootstrap_weights,
+        seed_t_interval,
+    )
 
     a = [
         _run([1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]),
@@ -169,20 +176,35 @@ def test_final_intervals_resample_runs_and_problems_against_sklearn():
     assert out["A"]["accuracy"] == pytest.approx(6 / 12)
     assert out["A"]["mcc"] == pytest.approx(matthews_corrcoef([truth[i] for i in kept], [said[i] for i in kept]))
     correct = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 1, 1]], dtype=torch.float64)
-    assert out["A"]["accuracy_ci"] == pytest.approx(two_level_interval(correct, 300, seed=3))
-    by_seed, by_problem = two_level_counts(2, 6, 300, seed=3)
-    mccs = []
-    for r in range(300):
-        w = [by_seed[r, s] * by_problem[r, p] for s in range(2) for p in range(6)]
-        mccs.append(
-            matthews_corrcoef([truth[i] for i in kept], [said[i] for i in kept], sample_weight=[w[i] for i in kept])
-        )
-    assert out["A"]["mcc_ci"] == pytest.approx(np.quantile(mccs, [0.025, 0.975]).tolist())
-    assert "accuracy_diff_ci" not in out["A"] and out["B"]["runs"] == 2 and out["B"]["problems"] == 6
+    acc = out["A"]["accuracy_intervals"]
+    assert acc["crossed"] == pytest.approx(crossed_bootstrap_interval(correct, 300, seed=3).tolist())
+    assert acc["nested"] == pytest.approx(nested_bootstrap_interval(correct, 300, seed=3).tolist())
+    assert acc["seed_t"] == pytest.approx(seed_t_interval(correct.mean(1)).tolist())
+    for name, weights in (("crossed", crossed_bootstrap_weights), ("nested", nested_bootstrap_weights)):
+        w = weights(2, 6, 300, seed=3).view(300, 12)
+        mccs = [
+            matthews_corrcoef(
+                [truth[i] for i in kept], [said[i] for i in kept], sample_weight=[float(w[r, i]) for i in kept]
+            )
+            for r in range(300)
+        ]
+        assert out["A"]["mcc_intervals"][name] == pytest.approx(np.quantile(mccs, [0.025, 0.975]).tolist())
+    per_run = [
+        matthews_corrcoef([truth[i] for i in kept if i // 6 == s], [said[i] for i in kept if i // 6 == s])
+        for s in (0, 1)
+    ]
+    assert out["A"]["mcc_intervals"]["seed_t"] == pytest.approx(
+        list(stats.t.interval(0.95, 1, np.mean(per_run), stats.sem(per_run)))
+    )
+    assert "accuracy_diff_intervals" not in out["A"] and out["B"]["runs"] == 2 and out["B"]["problems"] == 6
     b_correct = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0]], dtype=torch.float64)
-    assert out["B"]["accuracy_diff_ci"] == pytest.approx(two_level_interval(b_correct - correct, 300, seed=3))
+    diff = out["B"]["accuracy_diff_intervals"]
+    assert diff["crossed"] == pytest.approx(crossed_bootstrap_interval(b_correct - correct, 300, seed=3).tolist())
+    assert diff["nested"] == pytest.approx(nested_bootstrap_interval(b_correct - correct, 300, seed=3).tolist())
+    assert diff["seed_t"] == pytest.approx(seed_t_interval((b_correct - correct).mean(1)).tolist())
     same = final_intervals({"A": a, "C": list(a)}, baseline="A", n_boot=50)
-    assert same["C"]["accuracy_diff_ci"] == [0.0, 0.0] and same["C"]["mcc_diff_ci"] == [0.0, 0.0]
+    for key in ("accuracy_diff_intervals", "mcc_diff_intervals"):
+        assert [same["C"][key][k] for k in ("crossed", "nested", "seed_t")] == [[0.0, 0.0]] * 3
 
 
 def test_final_intervals_leave_out_groups_without_comparable_rows():
@@ -190,4 +212,5 @@ def test_final_intervals_leave_out_groups_without_comparable_rows():
     other = [_run([1, 0], [1, 0]), _run([1, 0], [1, 0], items=[2, 3])]  # different problems
     assert final_intervals({"old": old, "other": other}) == {}
     table = format_table(compare_groups({"A": [_run([1, 0, 1], [1, 0, 0])]}, window=1, draws=100))
-    assert "| A | 0.667 [" in table
+    assert "| A | accuracy 0.667, MCC 0.50 | **crossed bootstrap [0.000, 1.000]** · nested" in table
+    assert "seed t" not in table  # one run: no spread over runs
