@@ -34,3 +34,14 @@ def tiny_llama_dir(tmp_path_factory):
 def tiny_decoder_dir(request):
     """The tiny Qwen2 and the tiny Llama in turn: a test taking it runs on both architectures."""
     return request.getfixturevalue("tiny_lm_dir" if request.param == "qwen2" else "tiny_llama_dir")
+
+
+@pytest.fixture
+def without_bitsandbytes(monkeypatch):
+    """bitsandbytes looks absent to ``importlib.util.find_spec``, as in an install without the quantization extra."""
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == "bitsandbytes" else find(name, *a, **k)
+    )

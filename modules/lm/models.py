@@ -159,7 +159,7 @@ def load_model(
     if load_in_4bit:
         if importlib.util.find_spec("bitsandbytes") is None:
             raise ImportError(
-                "load_in_4bit=True needs the optional package bitsandbytes and a CUDA GPU: pip install bitsandbytes"
+                'load_in_4bit=True needs the optional package bitsandbytes: pip install -e ".[quantization]"'
             )
         from transformers import BitsAndBytesConfig
 
@@ -173,11 +173,29 @@ def load_model(
         model = auto.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
         raise _explain_load_error("backbone", name_or_path, err) from err
+    if load_in_4bit:
+        exact_4bit_on_cpu(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model.config, "use_cache"):
             model.config.use_cache = False
     return model
+
+
+def exact_4bit_on_cpu(model: nn.Module) -> int:
+    """Turn off bitsandbytes' fused CPU kernel in every ``Linear4bit`` of ``model``; return how many.
+
+    On a CPU with AVX512-BF16, an eval-mode forward without gradients repacks the layer's weights for that kernel,
+    which computes in bf16 whatever the compute dtype, and every later forward (training too) takes that kernel, which
+    has no backward. Without it each forward dequantises the NF4 weights and multiplies in the compute dtype, with
+    autograd, on every host alike.
+    """
+    from bitsandbytes.nn import Linear4bit
+
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    for m in layers:
+        m.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def apply_lora(

@@ -360,7 +360,7 @@ class HFJudge(PromptedJudge):
     Args:
         model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.
-        load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CUDA only).
+        load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CPU or CUDA).
         trust_remote_code: Off unless turned on.
         **prompting: :class:`PromptedJudge`'s arguments.
     """

@@ -1,8 +1,6 @@
 """ModelConfig: bad values name their field, and every loading option reaches ``from_pretrained`` and peft in every
 family that loads a language model."""
 
-import importlib.util
-
 import pytest
 import torch
 import transformers
@@ -173,8 +171,7 @@ def test_every_option_reaches_from_pretrained_and_peft(family, tiny_lm_dir, spie
         assert "lm_head" in config.modules_to_save
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_4bit_loading_without_bitsandbytes_names_the_option(family, tiny_lm_dir):
+def test_4bit_loading_without_bitsandbytes_names_the_option(family, tiny_lm_dir, without_bitsandbytes):
     with pytest.raises(ImportError, match="load_in_4bit"):
         FAMILIES[family](ModelConfig(str(tiny_lm_dir), load_in_4bit=True))

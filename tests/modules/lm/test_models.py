@@ -1,5 +1,3 @@
-import importlib.util
-
 import pytest
 import torch
 
@@ -59,9 +57,8 @@ def test_missing_path_and_bad_options_are_clear(tmp_path):
         load_model("builtin:minilm-l6", dtype="float8")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes installed")
-def test_4bit_without_bitsandbytes_names_the_package():
-    with pytest.raises(ImportError, match="bitsandbytes"):
+def test_4bit_without_bitsandbytes_names_the_package_and_the_extra(without_bitsandbytes):
+    with pytest.raises(ImportError, match=r"bitsandbytes: pip install -e \"\.\[quantization\]\""):
         load_model("builtin:minilm-l6", load_in_4bit=True)
 
 
