@@ -13,7 +13,8 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -117,6 +118,17 @@ def version(parameters: Iterable[Tensor]) -> tuple[tuple[int, int], ...]:
     return tuple((p.data_ptr(), p._version) for p in parameters)
 
 
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Torch's intra-op threads set to ``n``, then put back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class VLLMEngine:
     """Samples a :class:`PolicyBank`'s players with ``vllm.LLM`` (built on first use, in this process)."""
 
@@ -124,6 +136,9 @@ class VLLMEngine:
         require_vllm()
         self.lm, self.eos, self.pad = lm, eos, pad
         self.llm: Any = None
+        # torch's threads while the engine decodes: vLLM's serving rule, one unless OMP_NUM_THREADS is set (each
+        # small op of a decode step waits on every thread: with two, 15x slower on 2 busy cores, measured)
+        self.threads = torch.get_num_threads() if os.environ.get("OMP_NUM_THREADS") else 1
         self.folder: str | None = None  # adapters written for the engine, removed with it
         self.adapters: dict[str, tuple[Any, Any]] = {}  # player -> (version, LoRARequest)
         self.next_id = 1
@@ -162,7 +177,8 @@ class VLLMEngine:
                 prompts.append(prompt)
                 params.append(SamplingParams(**request_options(sampling, greedy, self.eos, seeds[b * g + s])))
                 loras.append(adapters[p])
-        outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        with torch_threads(self.threads):
+            outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         completions = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = [[d[t].logprob for t, d in zip(c, o.outputs[0].logprobs)] for c, o in zip(completions, outs)]
         return assemble(ids, mask, g, completions, logprobs, self.pad)
@@ -176,7 +192,8 @@ class VLLMEngine:
                 raise ImportError(f"lm.decode: vllm could not import vllm ({err}): {INSTALL}") from err
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process, as TRL's colocate mode
             options = engine_options(self.lm, len(bank.player_names) if bank.mode == "lora" else 0)
-            # vLLM's CPU worker sets this process's torch threads to 1 and replaces torch.set_num_threads: undo both
+            # vLLM's CPU worker replaces torch.set_num_threads (a no-op once its threads are bound): the trainer
+            # gets the function and its thread count back
             threads, set_threads = torch.get_num_threads(), torch.set_num_threads
             try:
                 self.llm = LLM(**options)
