@@ -34,20 +34,20 @@ from typing_extensions import override
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
 from alignment_games.callbacks.progress import progress_bar
 from alignment_games.callbacks.run_config import RunConfigRecord
+from alignment_games.modules.checkpoints.run_identity import check_resumed_run, run_inputs
 from alignment_games.modules.checkpoints.trust import (
     check_checkpoint_matches,
     check_checkpoint_source,
-    check_resume_config,
     read_checkpoint,
-    read_checkpoint_or_explain,
 )
 from alignment_games.modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
 from alignment_games.modules.distributed.launch import follow_the_launcher
 from alignment_games.modules.training.artifacts import recover_folder
 from alignment_games.modules.training.registry import data_families, model_families
-from alignment_games.modules.training.run_lock import RunFolderLock, live_owner
+from alignment_games.modules.training.run_lock import LOCK_NAME, RunFolderLock, live_owner
 
-_LAST = re.compile(r"^last(-\d+)?\.ckpt$")
+# ``last.ckpt``, and Lightning's ``last-v1.ckpt`` … beside another run's ``last.ckpt`` in a shared folder
+_LAST = re.compile(r"^last(-v?\d+)?\.ckpt$")
 _INTERRUPTED = re.compile(r"^\.(?P<name>last(-\d+)?\.ckpt)\.(previous|partial)$")
 
 
@@ -87,40 +87,99 @@ RENAMED_OPTIONS = {
 _UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 
 
-def find_last_checkpoint(trainer: L.Trainer) -> str | None:
-    """The newest ``last*.ckpt`` under every ``<save_dir>/<name>/version_*/checkpoints``, adopting its version folder.
+def checkpoint_folders(trainer: L.Trainer) -> list[str]:
+    """The folders this run's ``ModelCheckpoint``s write to outside the logger's run folder.
 
-    ``None`` (Lightning's lookup applies) with an explicit ``ModelCheckpoint`` ``dirpath``, no logger, or no file.
+    Each explicit ``dirpath``; without a logger, Lightning's default ``<default_root_dir>/checkpoints``.
     """
-    if any(isinstance(cb, ModelCheckpoint) and cb.dirpath is not None for cb in trainer.checkpoint_callbacks):
-        return None
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+    folders = [os.fspath(cb.dirpath) for cb in callbacks if cb.dirpath is not None]
+    if trainer.logger is None and any(cb.dirpath is None for cb in callbacks):
+        folders.append(os.path.join(trainer.default_root_dir, "checkpoints"))
+    return list(dict.fromkeys(folders))
+
+
+def _newest_last(folders: list[tuple[str, str]]) -> str | None:
+    """The newest ``last*.ckpt`` of ``(checkpoint folder, its locked folder)`` pairs, interrupted saves finished."""
+    for checkpoints, locked in folders:
+        if live_owner(locked) is None:  # never under a live run: its save may be in progress
+            recover_interrupted_saves(checkpoints)
+    found = [
+        os.path.join(checkpoints, name)
+        for checkpoints, _ in folders
+        for name in (os.listdir(checkpoints) if os.path.isdir(checkpoints) else ())
+        if _LAST.match(name)
+    ]
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def find_last_checkpoint(trainer: L.Trainer) -> str | None:
+    """The newest ``last*.ckpt`` of the folders this run writes checkpoints to; ``None`` when there is none.
+
+    Its explicit ``dirpath`` (or, without a logger, Lightning's default folder), else every
+    ``<save_dir>/<name>/version_*/checkpoints``, adopting the version folder of the one found.
+    """
+    if folders := checkpoint_folders(trainer):
+        return _newest_last([(f, f) for f in folders])
     logger = trainer.logger
-    if logger is None or getattr(logger, "save_dir", None) is None:
+    if getattr(logger, "save_dir", None) is None:
         return None
     root = os.path.join(logger.save_dir, str(logger.name or ""))
     fixed = getattr(logger, "_version", None)
     folder = "version_*" if fixed is None else (fixed if isinstance(fixed, str) else f"version_{fixed}")
     pattern = os.path.join(glob.escape(root), folder, "checkpoints")
-    for checkpoints in glob.glob(pattern):
-        if live_owner(os.path.dirname(checkpoints)) is None:  # never under a live run: its save may be in progress
-            recover_interrupted_saves(checkpoints)
-    found = [p for p in glob.glob(os.path.join(pattern, "last*.ckpt")) if _LAST.match(os.path.basename(p))]
-    if not found:
+    newest = _newest_last([(c, os.path.dirname(c)) for c in glob.glob(pattern)])
+    if newest is None:
         return None
-    newest = max(found, key=os.path.getmtime)
     if fixed is None:
         version = os.path.basename(os.path.dirname(os.path.dirname(newest)))
         logger._version = int(version[len("version_") :]) if re.fullmatch(r"version_\d+", version) else version
     return newest
 
 
-def take_run_folder(trainer: L.Trainer) -> RunFolderLock | None:
-    """On rank 0, lock the run folder (the first logger's ``log_dir``) for this process, before the run writes there."""
+def take_run_folder(trainer: L.Trainer, fresh: bool = False) -> RunFolderLock | None:
+    """On rank 0, lock the run folder (the first logger's ``log_dir``) for this process, before the run writes there.
+
+    ``fresh`` (a fit that resumes nothing) refuses a folder already holding files: they are another run's.
+
+    Raises:
+        FileExistsError: naming the folder, what it holds and the remedies.
+    """
     if trainer.global_rank != 0:
         return None
     # reading log_dir fixes a fresh run's version (the logger numbers on from the folders it finds)
     folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
-    return RunFolderLock.acquire(os.fspath(folder)) if isinstance(folder, (str, os.PathLike)) and folder else None
+    if not isinstance(folder, (str, os.PathLike)) or not folder:
+        return None
+    lock = RunFolderLock.acquire(os.fspath(folder))
+    held = sorted(e for e in os.listdir(lock.folder) if not e.startswith(LOCK_NAME)) if fresh else []
+    if held:
+        lock.release()
+        raise FileExistsError(
+            f"run folder {lock.folder} already holds another run's files ({', '.join(held[:5])}"
+            f"{' …' if len(held) > 5 else ''}): a new run there would overwrite its config and mix its TensorBoard "
+            "curves. Continue that run with --ckpt_path last, give this one another "
+            "--trainer.logger.init_args.version, or remove the folder"
+        )
+    return lock
+
+
+def take_checkpoint_folders(trainer: L.Trainer) -> list[RunFolderLock]:
+    """On rank 0, lock every folder of :func:`checkpoint_folders` like the run folder (see :class:`RunFolderLock`)."""
+    locks: list[RunFolderLock] = []
+    if trainer.global_rank != 0:
+        return locks
+    try:
+        for folder in checkpoint_folders(trainer):
+            if not os.path.isdir(folder):  # Lightning's "not empty" warning would be about this lock alone
+                pattern = f"Checkpoint directory {re.escape(folder)} exists and is not empty"
+                warnings.filterwarnings("ignore", message=pattern)
+            locks.append(RunFolderLock.acquire(folder))
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+    return locks
 
 
 def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[str]:
@@ -341,33 +400,41 @@ class AlignmentCLI(LightningCLI):
     @override
     def _run_subcommand(self, subcommand: str) -> None:
         """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind."""
-        self._run_lock = None
+        self._run_lock, self._checkpoint_locks = None, []
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
             remove_failed_start(self.trainer, self._run_lock)
             raise
         finally:
-            if self._run_lock is not None:
-                self._run_lock.release()
-                self._run_lock = None
+            for lock in [self._run_lock, *self._checkpoint_locks]:
+                if lock is not None:
+                    lock.release()
+            self._run_lock, self._checkpoint_locks = None, []
 
-    def _take_run_folder(self) -> None:
-        """Lock the run folder for this process before the run writes there (see :func:`take_run_folder`)."""
+    def _take_run_folder(self, fresh: bool = False) -> None:
+        """Lock the run folder and the checkpoint folders before the run writes there (:func:`take_run_folder`)."""
         if getattr(self, "_run_lock", None) is None:
-            self._run_lock = take_run_folder(self.trainer)
+            self._run_lock = take_run_folder(self.trainer, fresh)
+            self._checkpoint_locks = take_checkpoint_folders(self.trainer)
 
     def before_fit(self) -> None:
-        """Resolve ``--ckpt_path last`` (:func:`find_last_checkpoint`), lock the run folder and check the checkpoint."""
+        """Resolve ``--ckpt_path last`` (:func:`find_last_checkpoint`), check the run identity, lock the folders."""
         config = self.config_init[self.subcommand]
-        if config.get("ckpt_path") == "last":
+        text = self._config_yaml()
+        inputs = run_inputs(yaml.safe_load(text) or {}) if text is not None else {}
+        given = config.get("ckpt_path")
+        if given == "last":
             path = find_last_checkpoint(self.trainer)
+            config["ckpt_path"] = path  # None: nothing to resume, a fresh run
             if path is not None:
-                config["ckpt_path"] = path
                 rank_zero_info(f"resuming from {path}")
-                self._check_same_run(path, self._config_yaml())
-        self._take_run_folder()  # the folder resumed (or a fresh one), before anything is written there
-        self._record_config()
+                self._check_same_run(path, text, inputs, strict=True, source=f"--ckpt_path last ({path})")
+        elif given and os.path.exists(str(given)):  # an explicit checkpoint (file or sharded folder)
+            self._check_same_run(str(given), text, inputs, strict=False, source=f"--ckpt_path {given}")
+        self._take_run_folder(fresh=not config.get("ckpt_path"))  # before anything is written there
+        if text is not None:
+            self.trainer.callbacks.append(RunConfigRecord(text, inputs))
         self._check_checkpoint()
 
     def _config_yaml(self) -> str | None:
@@ -378,18 +445,16 @@ class AlignmentCLI(LightningCLI):
             rank_zero_warn(f"the run's config could not be recorded in its checkpoints ({err})")
             return None
 
-    def _record_config(self) -> None:
-        """Record the resolved config in every checkpoint this fit writes (``callbacks.run_config``)."""
-        text = self._config_yaml()
-        if text is not None:
-            self.trainer.callbacks.append(RunConfigRecord(text))
+    def _check_same_run(self, path: str, config_yaml: str | None, inputs: dict, strict: bool, source: str) -> None:
+        """Refuse a checkpoint that is unreadable, another experiment's (``strict``), or read other inputs.
 
-    @staticmethod
-    def _check_same_run(path: str, config_yaml: str | None) -> None:
-        """Refuse ``--ckpt_path last``'s checkpoint when it is unreadable or another experiment's (naming why)."""
-        checkpoint = read_checkpoint_or_explain(path)
-        if config_yaml is None or not check_resume_config(checkpoint, config_yaml, source=f"--ckpt_path last ({path})"):
+        See :func:`~modules.checkpoints.run_identity.check_resumed_run`.
+        """
+        changed = check_resumed_run(path, config_yaml, inputs, strict, source)
+        if changed is None:
             rank_zero_warn(f"{path} records no run config: not checked to belong to this experiment")
+        elif changed:
+            rank_zero_info(f"{source}: continuing with the given settings, which differ in {changed}")
 
     def after_fit(self) -> None:
         """Test on the held-out set with the best checkpoint (or the final weights) when the family has a test set."""

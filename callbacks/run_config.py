@@ -8,30 +8,38 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-__all__ = ["RUN_CONFIG_KEY", "RunConfigRecord"]
+__all__ = ["RUN_CONFIG_KEY", "RUN_INPUTS_KEY", "RunConfigRecord"]
 
 #: the checkpoint key (also ``modules.checkpoints.trust.RUN_CONFIG_KEY``; callbacks import nothing from modules)
 RUN_CONFIG_KEY = "run_config"
+#: the checkpoint key of the inputs' identities (also ``modules.checkpoints.run_identity.RUN_INPUTS_KEY``)
+RUN_INPUTS_KEY = "run_inputs"
 
 
 class RunConfigRecord(Callback):
-    """Write ``config_yaml`` (the resolved config) under ``checkpoint["run_config"]``, checked on resume.
+    """Write ``config_yaml`` (the resolved config) and ``inputs`` (what the run reads) into checkpoints, for resumes.
 
     Args:
-        config_yaml: The resolved config.
+        config_yaml: The resolved config, under ``checkpoint["run_config"]``.
+        inputs: The sha256 of each model folder and file the run reads, by config key, under
+            ``checkpoint["run_inputs"]`` (``modules.checkpoints.run_identity.run_inputs``).
 
     Raises:
-        TypeError: when ``config_yaml`` is not a string.
+        TypeError: when ``config_yaml`` is not a string or ``inputs`` not a dict.
     """
 
-    def __init__(self, config_yaml: str) -> None:
+    def __init__(self, config_yaml: str, inputs: dict[str, Any] | None = None) -> None:
         super().__init__()
         if not isinstance(config_yaml, str):
             raise TypeError(f"config_yaml: YAML text expected, got {type(config_yaml).__name__}")
+        if not isinstance(inputs, (dict, type(None))):
+            raise TypeError(f"inputs: a dict expected, got {type(inputs).__name__}")
         self.config_yaml = config_yaml
+        self.inputs = {} if inputs is None else inputs
 
     @override
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint[RUN_CONFIG_KEY] = self.config_yaml
+        checkpoint[RUN_INPUTS_KEY] = {key: dict(identity) for key, identity in self.inputs.items()}

@@ -6,7 +6,9 @@ CLI runs use the tabular SMIDA config (no language model; a few seconds a run).
 from __future__ import annotations
 
 import glob
+import hashlib
 import math
+import multiprocessing
 import os
 import shutil
 
@@ -16,6 +18,8 @@ import yaml
 
 from alignment_games import train
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
+from alignment_games.modules.algorithms.tabular_games import random_game
+from alignment_games.modules.checkpoints.run_identity import check_run_inputs, run_inputs
 from alignment_games.modules.checkpoints.trust import (
     RUN_CONFIG_KEY,
     check_checkpoint_matches,
@@ -24,6 +28,8 @@ from alignment_games.modules.checkpoints.trust import (
     config_differences,
     read_checkpoint,
 )
+from alignment_games.modules.lm.base_identity import base_identity
+from alignment_games.modules.training.run_lock import RunFolderInUse, RunFolderLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABULAR = os.path.join(ROOT, "configs", "smida_tabular.yaml")
@@ -212,3 +218,165 @@ def test_checkpoint_io_refuses_weights_only_false(tmp_path):
     assert torch.equal(AtomicCheckpointIO().load_checkpoint(path)["x"], torch.ones(2))
     with pytest.raises(ValueError, match="weights_only"):
         AtomicCheckpointIO().load_checkpoint(path, weights_only=False)
+
+
+def _dirpath_overlay(tmp_path, dirpath) -> str:
+    """A config replacing the tabular config's checkpoint callback by one writing to ``dirpath``."""
+    callback = {"dirpath": str(dirpath), "save_last": True, "save_top_k": 0}
+    overlay = {
+        "trainer": {"callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": callback}]}
+    }
+    path = tmp_path / f"dirpath_{os.path.basename(dirpath)}.yaml"
+    path.write_text(yaml.safe_dump(overlay))
+    return str(path)
+
+
+def test_two_runs_sharing_a_dirpath_cannot_resume_each_others_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shared = tmp_path / "shared"
+    overlay = _dirpath_overlay(tmp_path, shared)
+    _fit("--config", overlay, "--trainer.max_steps=2")  # run a: eta_leader 1.0
+    _fit("--config", overlay, "--trainer.max_steps=2", "--model.init_args.eta_leader=2.0")  # run b, beside it
+    a, b = shared / "last.ckpt", shared / "last-v1.ckpt"
+    os.utime(a, (1, 1))  # b's is the newest: `last` finds it
+    with pytest.raises(ValueError, match="another experiment") as err:
+        _fit("--config", overlay, "--trainer.max_steps=4", "--ckpt_path=last")  # run a resumes
+    assert f"--ckpt_path last ({b})" in str(err.value)
+    assert "model.init_args.eta_leader: 2.0 -> 1.0" in str(err.value)  # the field, b's value, a's value
+    assert [torch.load(p, weights_only=True)["global_step"] for p in (a, b)] == [2, 2]  # nothing ran
+    cli = _fit("--config", overlay, "--trainer.max_steps=4", "--model.init_args.eta_leader=2.0", "--ckpt_path=last")
+    assert cli.trainer.global_step == 4  # run b continues its own
+
+
+def _hold(folder: str, held, done) -> None:
+    """A second process: lock ``folder`` and live until ``done``."""
+    RunFolderLock.acquire(folder)
+    held.set()
+    done.wait(120)
+
+
+@pytest.fixture
+def live_holder():
+    """A function that starts a live process holding a folder's lock and returns its pid (all ended at teardown)."""
+    ctx, procs, done = multiprocessing.get_context("fork"), [], multiprocessing.get_context("fork").Event()
+
+    def hold(folder) -> int:
+        held = ctx.Event()
+        proc = ctx.Process(target=_hold, args=(str(folder), held, done))
+        proc.start()
+        procs.append(proc)
+        assert held.wait(60)
+        return proc.pid
+
+    yield hold
+    done.set()
+    for proc in procs:
+        proc.join(60)
+
+
+def test_a_checkpoint_folder_locked_by_a_live_process_is_not_written(tmp_path, monkeypatch, live_holder):
+    monkeypatch.chdir(tmp_path)
+    shared = tmp_path / "shared"
+    pid = live_holder(shared)
+    with pytest.raises(RunFolderInUse, match=f"run folder {shared} is in use by pid {pid} on "):
+        _fit("--config", _dirpath_overlay(tmp_path, shared), "--trainer.max_steps=2")
+    assert os.listdir(shared) == ["run.lock"]
+    assert not glob.glob(str(tmp_path / "runs" / "smida_tabular" / "version_*"))  # the failed start left nothing
+    # a checkpoint folder inside a folder another live process holds (its run folder) is refused like it
+    other = tmp_path / "runs" / "other" / "version_0"
+    pid = live_holder(other)
+    with pytest.raises(RunFolderInUse, match=f"run folder {other} is in use by pid {pid} on "):
+        _fit("--config", _dirpath_overlay(tmp_path, other / "checkpoints"), "--trainer.max_steps=2")
+    assert os.listdir(other) == ["run.lock"]
+
+
+def test_a_fresh_run_into_another_runs_fixed_version_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fit("--trainer.max_steps=2", "--trainer.logger.init_args.version=exp")
+    folder = tmp_path / "runs" / "smida_tabular" / "exp"
+    before = {p: open(p, "rb").read() for p in glob.glob(str(folder / "**"), recursive=True) if os.path.isfile(p)}
+    with pytest.raises(FileExistsError) as err:
+        _fit("--trainer.max_steps=2", "--trainer.logger.init_args.version=exp", "--model.init_args.eta_leader=2.0")
+    message = str(err.value)
+    assert message.startswith(f"run folder {os.path.join('runs', 'smida_tabular', 'exp')} already holds another run's")
+    assert "checkpoints, config.yaml, events.out.tfevents." in message
+    assert "--ckpt_path last" in message and "--trainer.logger.init_args.version" in message
+    after = {p: open(p, "rb").read() for p in glob.glob(str(folder / "**"), recursive=True) if os.path.isfile(p)}
+    assert after == before  # its config, curves and checkpoint untouched, no file added
+    cli = _fit("--trainer.max_steps=4", "--trainer.logger.init_args.version=exp", "--ckpt_path=last")
+    assert cli.trainer.global_step == 4  # continuing that run is still a resume into it
+
+
+def _save_game(path, rho_first: float) -> str:
+    game = random_game(16, 8, 5, "variance", "random", seed=0)
+    rho = torch.full((16,), 1.0, dtype=torch.float64)
+    rho[0] = rho_first
+    torch.save({**game, "rho": rho / rho.sum()}, path)
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_a_data_file_changed_between_kill_and_resume_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    old = _save_game("game.pt", 1.0)
+    _fit("--trainer.max_steps=2", "--model.init_args.game_path=game.pt")
+    last = _last(tmp_path)
+    assert torch.load(last, weights_only=True)["run_inputs"] == {
+        "model.init_args.game_path": {"path": "game.pt", "kind": "file", "sha256": old}
+    }
+    new = _save_game("game.pt", 3.0)  # same path, another context prior (the tensors' shapes are the same)
+    expected = f"the file 'game.pt' (model.init_args.game_path): sha256 {old} in the checkpoint, {new} now"
+    for ckpt_path in ("last", last):  # `last` and an explicit file alike
+        with pytest.raises(ValueError, match="what the run reads changed") as err:
+            _fit("--trainer.max_steps=4", "--model.init_args.game_path=game.pt", f"--ckpt_path={ckpt_path}")
+        assert expected in str(err.value)
+    assert torch.load(last, weights_only=True)["global_step"] == 2  # nothing ran
+    _save_game("game.pt", 1.0)  # the same bytes again: resumed
+    cli = _fit("--trainer.max_steps=4", "--model.init_args.game_path=game.pt", "--ckpt_path=last")
+    assert cli.trainer.global_step == 4
+
+
+def test_run_inputs_hash_every_model_folder_and_file_and_refuse_a_changed_one(tmp_path, tiny_lm_dir):
+    judge, data = tmp_path / "judge", tmp_path / "pairs.jsonl"
+    shutil.copytree(tiny_lm_dir, judge)
+    data.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n')
+    config = {
+        "model": {
+            "init_args": {
+                "judge": {"class_path": "x.HFJudge", "init_args": {"model": str(judge)}},
+                "reward_models": [str(judge)],
+                "output_dir": str(judge),  # written by the run, not read: not an input
+                "name": "judge",  # a word, not a path
+            }
+        },
+        "data": {"init_args": {"path": str(data)}},
+        "trainer": {"logger": {"init_args": {"save_dir": str(tmp_path)}}},
+    }
+    inputs = run_inputs(config)
+    assert sorted(inputs) == [
+        "data.init_args.path",
+        "model.init_args.judge.init_args.model",
+        "model.init_args.reward_models.0",
+    ]
+    assert inputs["data.init_args.path"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    folder_sha = inputs["model.init_args.judge.init_args.model"]["sha256"]
+    assert (
+        folder_sha == base_identity(str(judge))["sha256"]
+        and inputs["model.init_args.reward_models.0"]["kind"] == "model folder"
+    )
+    check_run_inputs(inputs, run_inputs(config), "x")  # unchanged: passes
+    weights = judge / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-8:] = bytes(8) if raw[-8:] != bytes(8) else b"\x01" * 8  # the same size, other weights
+    weights.write_bytes(bytes(raw))
+    now = run_inputs(config)["model.init_args.judge.init_args.model"]["sha256"]
+    assert now != folder_sha
+    with pytest.raises(ValueError) as err:
+        check_run_inputs(inputs, run_inputs(config), "--ckpt_path last (x.ckpt)")
+    assert str(err.value).startswith("--ckpt_path last (x.ckpt): what the run reads changed")
+    for key in ("model.init_args.judge.init_args.model", "model.init_args.reward_models.0"):
+        assert f"the model folder {str(judge)!r} ({key}): sha256 {folder_sha} in the checkpoint, {now} now" in str(
+            err.value
+        )
+    assert "data.init_args.path" not in str(err.value)
+    moved = {k: {**v, "path": "elsewhere"} for k, v in inputs.items()}  # another path: the config decides, not this
+    check_run_inputs(moved, run_inputs(config), "x")

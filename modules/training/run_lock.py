@@ -116,6 +116,24 @@ def live_owner(folder: str | os.PathLike) -> LockOwner | None:
     return owner if owner != LockOwner.me() and _alive(owner) else None
 
 
+def _refuse_live_ancestor(folder: str) -> None:
+    """Refuse ``folder`` when a folder above it is locked by another live process (or by a lock naming none)."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    while True:
+        path = os.path.join(parent, LOCK_NAME)
+        try:
+            text = _read(path)
+        except OSError:  # unreadable (another user's folder): no lock of this user's runs
+            text = None
+        if text is not None:
+            owner = LockOwner.parse(text)
+            if owner is None or (owner != LockOwner.me() and _alive(owner)):
+                raise _refusal(parent, path, owner, text)
+        if os.path.dirname(parent) == parent:
+            return
+        parent = os.path.dirname(parent)
+
+
 def _refusal(folder: str, path: str, owner: LockOwner | None, text: str) -> RunFolderInUse:
     why = "two processes in one run folder would interleave their checkpoints and logs"
     if owner is None:
@@ -216,10 +234,14 @@ class RunFolderLock:
     def acquire(cls, folder: str | os.PathLike) -> RunFolderLock:
         """Create ``folder`` if needed and take its lock; a stale lock (see the module's docstring) is taken over.
 
+        A folder inside one that another live process has locked (a checkpoint folder inside its run folder) is
+        refused like that folder.
+
         Raises:
             RunFolderInUse: another live process holds the lock, or it names no process; naming folder, pid and host.
         """
         folder = os.fspath(folder)
+        _refuse_live_ancestor(folder)
         created = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, LOCK_NAME)
