@@ -2,18 +2,24 @@
 
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff; any other HTTP error is a
 configuration error, raised at once. A redirect is never followed (it would carry the API key to another URL): it is
-refused, naming its ``Location``. Error messages quote at most 300 characters of the server's text with the API key cut
-out of it, and never a request header: a server echoing the request cannot put the key into a log. The reply is
-untrusted: a malformed one gives ``None`` completions (counted), never an exception. The API key is read from the
-environment at each request, never held in a config or checkpoint.
+refused, naming its ``Location``. Each attempt has one wall-clock deadline, ``timeout_s`` from its start, for the
+connection, the TLS handshake, the status line, the headers and the body alike (a server trickling a byte at a time is
+cut off there, not after ``timeout_s`` per read); only the name lookup is outside it. Error messages quote at most 300
+characters of the server's text with the API key cut out of it, and never a request header: a server echoing the
+request cannot put the key into a log. The reply is untrusted: a malformed one gives ``None`` completions (counted),
+never an exception. The API key is read from the environment at each request, never held in a config or checkpoint.
 """
 
 from __future__ import annotations
 
+import functools
+import http.client
 import json
 import math
 import os
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -72,6 +78,95 @@ class RemoteServerError(RuntimeError):
     """A chat-completions server that failed every attempt, or refused a request."""
 
 
+class _Watchdog:
+    """Shuts the sockets of one attempt down at its monotonic ``deadline``, waking any read blocked on them."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._fired = False
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline has passed (a read it cut short may look like a short reply: never trust one)."""
+        return self._fired or time.monotonic() >= self.deadline
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut ``sock`` down at the deadline (at once when it has passed)."""
+        with self._lock:
+            self._socks.append(sock)
+            fired = self._fired
+        if fired:
+            self._shut(sock)
+
+    def cancel(self) -> None:
+        """Stop the timer: the attempt is over."""
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            socks = list(self._socks)
+        for sock in socks:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        try:  # the plain socket's shutdown, also under TLS: it works on the descriptor, whoever reads it
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+
+class _Watched:
+    """Mixin of an ``http.client`` connection whose sockets a :class:`_Watchdog` shuts down at the deadline."""
+
+    def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.watchdog = watchdog
+        self._create_connection = self._watched_connection
+
+    def _watched_connection(self, *args: Any, **kwargs: Any) -> socket.socket:
+        sock = socket.create_connection(*args, **kwargs)
+        self.watchdog.watch(sock)  # a proxy tunnel is read on it
+        return sock
+
+    def connect(self) -> None:
+        """Connect, then watch the socket that is read (the TLS one under HTTPS)."""
+        super().connect()
+        self.watchdog.watch(self.sock)
+
+
+class _WatchedHTTP(_Watched, http.client.HTTPConnection):
+    """The HTTP connection, watched."""
+
+
+class _WatchedHTTPS(_Watched, http.client.HTTPSConnection):
+    """The HTTPS connection, watched (its handshake is bounded by the socket timeout, the time left)."""
+
+
+class _WatchedHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """Opens the HTTP and HTTPS connections of one attempt, watched by its :class:`_Watchdog`."""
+
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_WatchedHTTP, watchdog=self.watchdog), req)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_WatchedHTTPS, watchdog=self.watchdog), req)
+
+
+class _Failed(Exception):
+    """One failed attempt worth retrying, with what to report of it (already free of the key)."""
+
+
 class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
     """Follows no redirect: a 3xx reply reaches the caller as an ``HTTPError`` (urllib would re-send the headers)."""
 
@@ -87,7 +182,8 @@ class ChatServer:
         base_url: The API root, e.g. ``http://judge-host:8000/v1`` (``/chat/completions`` is appended).
         model: The served model's name, sent as ``model``.
         api_key_env: Name of the environment variable holding the API key (``None``: no key is sent).
-        timeout_s: Seconds one HTTP request may take before it counts as failed (and is retried).
+        timeout_s: Wall-clock seconds one attempt may take, from connecting to the reply's last byte, before it counts
+            as failed (and is retried).
         retries: Further attempts after a failed one (connection error, timeout, HTTP 429 or 5xx).
         backoff_s: Wait before the first retry; doubled at each further one.
         samples_per_request: Completions asked per request (``n``); 1 for servers that ignore ``n``.
@@ -147,27 +243,58 @@ class ChatServer:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            key = self._api_key()
-            headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
             try:
-                with urllib.request.build_opener(_RefuseRedirects).open(request, timeout=self.timeout_s) as reply:
-                    return reply.read(MAX_REPLY_BYTES + 1)
-            except urllib.error.HTTPError as err:
-                if 300 <= err.code < 400:
-                    location = redacted(err.headers.get("Location") or "", key)[:QUOTED_CHARS]
-                    raise RemoteServerError(
-                        f"{self.url} answered HTTP {err.code} redirect to {location!r} refused: requests go to "
-                        "server.base_url only (with the API key); set it to the address that answers"
-                    ) from None
-                detail = quoted_reply(err, key)
-                if err.code != 429 and err.code < 500:
-                    raise RemoteServerError(f"{self.url} refused the request: HTTP {err.code}: {detail}") from None
-                last = f"HTTP {err.code}: {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-                # the reason may quote the server (a malformed status line): the key is cut out of it too
-                last = redacted(f"{type(err).__name__}: {getattr(err, 'reason', err)}", key)[:QUOTED_CHARS]
+                return self._attempt(data, time.monotonic() + self.timeout_s)
+            except _Failed as failed:
+                last = str(failed)
         raise RemoteServerError(f"{self.url} failed {self.retries + 1} attempts; the last: {last}")
+
+    def _attempt(self, data: bytes, deadline: float) -> bytes:
+        """One request, whole before the monotonic ``deadline`` (connection, headers and body).
+
+        Raises:
+            _Failed: a failure worth retrying (connection error, timeout, HTTP 429 or 5xx).
+            RemoteServerError: a refusal (a redirect, any other HTTP error).
+        """
+        key = self._api_key()
+        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+        request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        watchdog = _Watchdog(deadline)
+        opener = urllib.request.build_opener(_RefuseRedirects, _WatchedHandler(watchdog))
+        late = f"timed out: no whole reply within timeout_s={self.timeout_s} s"
+        try:
+            with opener.open(request, timeout=max(deadline - time.monotonic(), 1e-3)) as reply:
+                body = bytearray()
+                while len(body) <= MAX_REPLY_BYTES and not watchdog.expired:
+                    chunk = reply.read1(min(2**16, MAX_REPLY_BYTES + 1 - len(body)))
+                    if not chunk:
+                        break
+                    body += chunk
+            if watchdog.expired:  # a read the watchdog cut short ends like a whole reply
+                raise _Failed(late)
+            return bytes(body)
+        except urllib.error.HTTPError as err:
+            if 300 <= err.code < 400:
+                location = redacted(err.headers.get("Location") or "", key)[:QUOTED_CHARS]
+                raise RemoteServerError(
+                    f"{self.url} answered HTTP {err.code} redirect to {location!r} refused: requests go to "
+                    "server.base_url only (with the API key); set it to the address that answers"
+                ) from None
+            detail = quoted_reply(err, key)
+            if watchdog.expired:
+                raise _Failed(late) from None
+            if err.code != 429 and err.code < 500:
+                raise RemoteServerError(f"{self.url} refused the request: HTTP {err.code}: {detail}") from None
+            raise _Failed(f"HTTP {err.code}: {detail}") from None
+        except (OSError, http.client.HTTPException) as err:  # URLError, timeouts, resets, garbled status lines
+            if watchdog.expired:
+                raise _Failed(late) from None
+            # the reason may quote the server (a malformed status line): the key is cut out of it too
+            raise _Failed(
+                redacted(f"{type(err).__name__}: {getattr(err, 'reason', err)}", key)[:QUOTED_CHARS]
+            ) from None
+        finally:
+            watchdog.cancel()
 
     def _texts(self, body: bytes, n: int) -> list[str | None]:
         """The ``n`` completions of a reply body, ``None`` for each one missing or malformed."""

@@ -13,6 +13,8 @@ import json
 import math
 import pickle
 import re
+import socketserver
+import ssl
 import threading
 import time
 import traceback
@@ -80,10 +82,16 @@ class ScriptHandler(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]):
-    """``handler`` answering on a free port of 127.0.0.1 in a thread, until the block ends; yields the port."""
+def serving(handler: type[socketserver.BaseRequestHandler], tls: ssl.SSLContext | None = None):
+    """``handler`` answering on a free port of 127.0.0.1 in a thread (over TLS with ``tls``), until the block ends.
+
+    Yields:
+        The port.
+    """
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -219,6 +227,110 @@ def test_a_server_slower_than_the_timeout_raises_in_bounded_time(server, tiny_lm
     assert time.perf_counter() - start < 1.5
 
 
+@pytest.fixture
+def tls(tmp_path, monkeypatch) -> ssl.SSLContext:
+    """A server context with a self-signed certificate for 127.0.0.1, which the client's default context trusts."""
+    pytest.importorskip("cryptography")
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (tmp_path / "key.pem").write_bytes(pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "cert.pem"))  # what the default context loads
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    return context
+
+
+def trickler(where: str, gave_up: threading.Event) -> type[socketserver.BaseRequestHandler]:
+    """A server sending a whole ``Verdict: Bob`` reply, but its ``body`` or ``headers`` a byte every 50 ms (5-6.5 s),
+    or (``handshake``) a TLS record of 100 bytes as slowly in answer to the client's hello.
+
+    ``gave_up`` is set when the client drops the connection; the trickle ends even when the client waits for it.
+    """
+    if where == "handshake":
+
+        class SlowHello(socketserver.BaseRequestHandler):
+            def handle(self):
+                self.request.recv(4096)
+                try:
+                    self.request.sendall(b"\x16\x03\x03\x00\x64")  # a handshake record of 100 bytes follows
+                    for _ in range(100):
+                        time.sleep(0.05)
+                        self.request.sendall(b"\x00")
+                except (BrokenPipeError, ConnectionResetError):
+                    gave_up.set()
+
+        return SlowHello
+    reply = completion("Verdict: Bob")
+    trickled = reply if where == "body" else b"X-Pad: " + b"a" * (100 - 9) + b"\r\n"
+    assert 90 <= len(trickled) <= 130
+
+    class Trickle(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            tail = f"Content-Length: {len(reply)}\r\nConnection: close\r\n\r\n".encode()
+            try:
+                self.wfile.write(head + (tail if where == "body" else b""))
+                for i in range(len(trickled)):
+                    self.wfile.write(trickled[i : i + 1])
+                    time.sleep(0.05)
+                self.wfile.write(b"" if where == "body" else tail + reply)
+            except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+                gave_up.set()
+
+        def log_message(self, *args):
+            pass
+
+    return Trickle
+
+
+@pytest.mark.parametrize(("where", "https"), [("body", False), ("headers", False), ("body", True), ("handshake", True)])
+def test_a_trickling_server_is_abandoned_at_the_wall_clock_deadline(tiny_lm_dir, request, where, https):
+    """A byte every 50 ms never trips a per-read timeout; the whole reply takes 5-6.5 s against ``timeout_s=1``."""
+    gave_up = threading.Event()
+    context = request.getfixturevalue("tls") if https and where != "handshake" else None
+    with serving(trickler(where, gave_up), context) as port:
+        url = f"{'https' if https else 'http'}://127.0.0.1:{port}/v1"
+        judge = remote_judge(url, tiny_lm_dir, num_votes=1, retries=0, timeout_s=1.0)
+        start = time.monotonic()
+        with pytest.raises(RemoteServerError, match=r"failed 1 attempts; the last: .*timeout_s=1\.0"):
+            judge.vote([transcript()])
+        elapsed = time.monotonic() - start
+        assert gave_up.wait(3)  # the connection was dropped, not read on
+    assert 1.0 <= elapsed < 3.0  # the whole reply takes over 5 s
+
+
+def test_https_replies_are_read_through_the_watched_tls_connection(server, tls, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Alice", "Verdict: Bob"), 0.0)]
+    with serving(type("Handler", (ScriptHandler,), {"script": server}), tls) as port:
+        judge = remote_judge(f"https://127.0.0.1:{port}/v1", tiny_lm_dir, num_votes=2)
+        assert judge.vote([transcript()]).votes.tolist() == [[1.0, 0.0]]
+    assert len(server.requests) == 1
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -301,6 +413,22 @@ def test_a_server_echoing_the_api_key_never_gets_it_into_the_error(tiny_lm_dir, 
             judge.vote([transcript()])
     assert leaked(caught.value) == []
     assert "[redacted]" in str(caught.value)  # the server's text is still quoted, the key cut out of it
+
+
+def test_a_garbled_status_line_echoing_the_key_is_a_failed_attempt_without_the_key(tiny_lm_dir, monkeypatch):
+    class Garbled(socketserver.StreamRequestHandler):
+        def handle(self):
+            lines = iter(self.rfile.readline, b"\r\n")
+            auth = next(x for x in lines if x.lower().startswith(b"authorization:")).split(b":", 1)[1].strip()
+            self.wfile.write(b"HTTP/1.1 2x0 " + auth + b"\r\n\r\n")
+
+    monkeypatch.setenv("JUDGE_KEY_FOR_TEST", KEY)
+    with serving(Garbled) as port:
+        url = f"http://127.0.0.1:{port}/v1"
+        judge = remote_judge(url, tiny_lm_dir, num_votes=1, retries=1, api_key_env="JUDGE_KEY_FOR_TEST")
+        with pytest.raises(RemoteServerError, match=r"failed 2 attempts; the last: BadStatusLine") as caught:
+            judge.vote([transcript()])
+    assert leaked(caught.value) == [] and REDACTED in str(caught.value)
 
 
 def test_a_key_split_by_the_read_limit_is_cut_out_too():
