@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
+from alignment_games.callbacks.given_settings import GivenOptimizerSettings
 from alignment_games.callbacks.progress import progress_bar
 from alignment_games.callbacks.run_config import RunConfigRecord
 from alignment_games.modules.checkpoints.run_identity import check_resumed_run, run_inputs
@@ -448,13 +449,15 @@ class AlignmentCLI(LightningCLI):
     def _check_same_run(self, path: str, config_yaml: str | None, inputs: dict, strict: bool, source: str) -> None:
         """Refuse a checkpoint that is unreadable, another experiment's (``strict``), or read other inputs.
 
-        See :func:`~modules.checkpoints.run_identity.check_resumed_run`.
+        See :func:`~modules.checkpoints.run_identity.check_resumed_run`. A resume with other settings (an explicit
+        checkpoint) runs with the given ones: the optimizers' are set after the restore (``GivenOptimizerSettings``).
         """
         changed = check_resumed_run(path, config_yaml, inputs, strict, source)
         if changed is None:
             rank_zero_warn(f"{path} records no run config: not checked to belong to this experiment")
         elif changed:
             rank_zero_info(f"{source}: continuing with the given settings, which differ in {changed}")
+            self.trainer.callbacks.append(GivenOptimizerSettings())
 
     def after_fit(self) -> None:
         """Test on the held-out set with the best checkpoint (or the final weights) when the family has a test set."""

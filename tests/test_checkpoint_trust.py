@@ -185,3 +185,22 @@ def test_every_familys_load_from_checkpoint_ignores_the_stored_hyper_parameters(
     lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
     with pytest.raises(ValueError, match=r"modules\.preference\.PreferenceEnsemble.*modules\.grpo\.GRPO"):
         GRPO.load_from_checkpoint(work["last"], lm=lm, chat_template=False)
+
+
+def _rates(optimizer_state: dict) -> set[float]:
+    return {group["lr"] for group in optimizer_state["param_groups"]}
+
+
+def test_an_explicit_checkpoint_resumes_with_the_given_learning_rate(work, tmp_path, monkeypatch):
+    """Lightning restored the stored param groups whole: ``--model.init_args.lr=0.5`` trained at the stored 0.01."""
+    monkeypatch.chdir(tmp_path)
+    assert [_rates(s) for s in torch.load(work["last"], weights_only=True)["optimizer_states"]] == [{0.01}]
+    args = ["fit", "--config", CONFIG, *SMALL, "--trainer.max_steps=2", "--test_after_fit=false"]
+    cli = train.main([*args, "--model.init_args.lr=0.5", f"--ckpt_path={work['last']}"])
+    assert cli.trainer.global_step == 2
+    (optimizer,) = cli.trainer.optimizers
+    assert _rates(optimizer.state_dict()) == {0.5}  # the given rate, after one resumed step
+    assert {float(state["step"]) for state in optimizer.state.values()} == {2.0}  # the stored moments went on
+    saved = torch.load(os.path.join(cli.trainer.log_dir, "checkpoints", "last.ckpt"), weights_only=True)
+    assert [_rates(s) for s in saved["optimizer_states"]] == [{0.5}]  # the next checkpoint shows it
+    assert yaml.safe_load(saved["run_config"])["model"]["init_args"]["lr"] == 0.5
