@@ -11,6 +11,7 @@ import inspect
 import io
 
 import pytest
+import test_4bit_families
 import test_learning_direction
 import test_nonfinite_gradients
 import test_refused_values
@@ -65,6 +66,10 @@ CONTRACTS = {
         "tests/modules/lm/test_model_config.py FAMILIES (a builder from a ModelConfig)",
         _loader_table,
     ),
+    "4-bit base": (
+        "tests/test_4bit_families.py FAMILIES (a builder on a load_in_4bit ModelConfig and its data)",
+        lambda: _keys(test_4bit_families.FAMILIES),
+    ),
 }
 EXEMPT = {
     (
@@ -80,6 +85,7 @@ EXEMPT = {
         "TabularSMIDA",
     ): "test_tabular_smida.test_smida_reaches_the_closed_form_within_the_bound_at_every_step",
     ("options reach the loader", "TabularSMIDA"): "loads no model",
+    ("4-bit base", "TabularSMIDA"): "loads no model",
 }
 MODELS = model_families()
 

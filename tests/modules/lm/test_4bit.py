@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import bitsandbytes as bnb  # the quantization extra, also in the dev extra: these tests run wherever the suite does
 import pytest
 import torch
+from helpers.four_bit import four_bit_lm
 from helpers.threads import one_torch_thread
 
 from alignment_games.modules.lm.decoders import make_decoder
-from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
-
-bnb = pytest.importorskip("bitsandbytes")
 
 PLAYERS = ["first", "second"]
 PROMPTS = ["What is 2 + 3?", "Name a colour.", "Hi"]
@@ -31,13 +30,9 @@ def one_thread():
         yield
 
 
-def _lm(path, **kw) -> ModelConfig:
-    return ModelConfig(str(path), load_in_4bit=True, lora_r=4, lora_alpha=8, **kw)
-
-
 def _banks(path, **kw) -> tuple[PolicyBank, PolicyBank]:
     """A 4-bit bank with non-zero adapters and its dequantised fp32 twin holding the same adapters."""
-    lm = _lm(path, **kw)
+    lm = four_bit_lm(path, **kw)
     quantised = PolicyBank(lm, PLAYERS)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
