@@ -433,7 +433,8 @@ class AlignmentCLI(LightningCLI):
                 self._check_same_run(path, text, inputs, strict=True, source=f"--ckpt_path last ({path})")
         elif given and os.path.exists(str(given)):  # an explicit checkpoint (file or sharded folder)
             self._check_same_run(str(given), text, inputs, strict=False, source=f"--ckpt_path {given}")
-        self._take_run_folder(fresh=not config.get("ckpt_path"))  # before anything is written there
+        # a fresh run refuses another run's folder; `last` with nothing to resume restarts its own (a preempted job)
+        self._take_run_folder(fresh=not given)  # before anything is written there
         if text is not None:
             self.trainer.callbacks.append(RunConfigRecord(text, inputs))
         self._check_checkpoint()

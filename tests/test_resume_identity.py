@@ -305,6 +305,12 @@ def test_a_fresh_run_into_another_runs_fixed_version_folder_is_refused(tmp_path,
     assert after == before  # its config, curves and checkpoint untouched, no file added
     cli = _fit("--trainer.max_steps=4", "--trainer.logger.init_args.version=exp", "--ckpt_path=last")
     assert cli.trainer.global_step == 4  # continuing that run is still a resume into it
+    # a job preempted before its first checkpoint restarts in its folder with `last` (nothing to resume)
+    preempted = tmp_path / "runs" / "smida_tabular" / "pre"
+    preempted.mkdir()
+    (preempted / "config.yaml").write_text("the preempted attempt's")
+    cli = _fit("--trainer.max_steps=2", "--trainer.logger.init_args.version=pre", "--ckpt_path=last")
+    assert cli.trainer.global_step == 2 and os.path.isfile(preempted / "checkpoints" / "last.ckpt")
 
 
 def _save_game(path, rho_first: float) -> str:
