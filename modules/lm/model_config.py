@@ -30,7 +30,7 @@ class ModelConfig:
         tf32: On CUDA, fp32 matmuls on TF32 tensor cores; ``false``: full fp32. Nothing changes on CPU.
         attn_implementation: e.g. ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` lets transformers choose.
         trust_remote_code: Run the repository's own model code; off unless you trust the repository.
-        load_in_4bit: NF4 quantisation of the frozen base (QLoRA; bitsandbytes, CUDA only; ``players: lora``).
+        load_in_4bit: NF4 quantisation of the frozen base (QLoRA; bitsandbytes, CPU or CUDA; ``players: lora``).
         gradient_checkpointing: Trade compute for activation memory.
         players: ``lora`` (adapters over one frozen base) or ``separate`` (a full trainable copy each, App. G.4).
         lora_r: LoRA rank.
