@@ -103,7 +103,7 @@ def checkpoint_folders(trainer: L.Trainer) -> list[str]:
 def _newest_last(folders: list[tuple[str, str]]) -> str | None:
     """The newest ``last*.ckpt`` of ``(checkpoint folder, its locked folder)`` pairs, interrupted saves finished."""
     for checkpoints, locked in folders:
-        if live_owner(locked) is None:  # never under a live run: its save may be in progress
+        if live_owner(locked, above=True) is None:  # never under a live run: its save may be in progress
             recover_interrupted_saves(checkpoints)
     found = [
         os.path.join(checkpoints, name)

@@ -105,33 +105,46 @@ def _read(path: str) -> str | None:
         return None
 
 
-def live_owner(folder: str | os.PathLike) -> LockOwner | None:
-    """The live process, other than this one, whose lock is in ``folder`` (an unreadable lock: pid 0), else ``None``."""
-    text = _read(os.path.join(os.fspath(folder), LOCK_NAME))
+def _above(folder: str) -> list[str]:
+    """The folders above ``folder`` (absolute), nearest first."""
+    out, parent = [], os.path.dirname(os.path.abspath(folder))
+    while True:
+        out.append(parent)
+        if os.path.dirname(parent) == parent:
+            return out
+        parent = os.path.dirname(parent)
+
+
+def _holder(folder: str) -> tuple[str, LockOwner | None, str] | None:
+    """``(lock path, owner or None when it names none, text)`` of a lock in ``folder`` held by another live process."""
+    path = os.path.join(folder, LOCK_NAME)
+    try:
+        text = _read(path)
+    except OSError:  # unreadable (a folder of another user's above this one): no lock of this user's runs
+        return None
     if text is None:
         return None
     owner = LockOwner.parse(text)
-    if owner is None:
-        return LockOwner(0, "")
-    return owner if owner != LockOwner.me() and _alive(owner) else None
+    return (path, owner, text) if owner is None or (owner != LockOwner.me() and _alive(owner)) else None
+
+
+def live_owner(folder: str | os.PathLike, above: bool = False) -> LockOwner | None:
+    """The live process, other than this one, whose lock is in ``folder`` (an unreadable lock: pid 0), else ``None``.
+
+    ``above``: or in a folder above it (a checkpoint folder inside another run's folder).
+    """
+    folder = os.fspath(folder)
+    for candidate in [folder, *(_above(folder) if above else ())]:
+        if (held := _holder(candidate)) is not None:
+            return held[1] or LockOwner(0, "")
+    return None
 
 
 def _refuse_live_ancestor(folder: str) -> None:
     """Refuse ``folder`` when a folder above it is locked by another live process (or by a lock naming none)."""
-    parent = os.path.dirname(os.path.abspath(folder))
-    while True:
-        path = os.path.join(parent, LOCK_NAME)
-        try:
-            text = _read(path)
-        except OSError:  # unreadable (another user's folder): no lock of this user's runs
-            text = None
-        if text is not None:
-            owner = LockOwner.parse(text)
-            if owner is None or (owner != LockOwner.me() and _alive(owner)):
-                raise _refusal(parent, path, owner, text)
-        if os.path.dirname(parent) == parent:
-            return
-        parent = os.path.dirname(parent)
+    for parent in _above(folder):
+        if (held := _holder(parent)) is not None:
+            raise _refusal(parent, *held)
 
 
 def _refusal(folder: str, path: str, owner: LockOwner | None, text: str) -> RunFolderInUse:

@@ -253,3 +253,15 @@ def test_a_lock_of_another_host_is_taken_over_only_when_the_user_names_it(tmp_pa
     monkeypatch.setenv(BREAK_LOCK_ENV, "node-9:1,node-17:4242")
     with RunFolderLock.acquire(tmp_path):
         assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == HOST
+
+
+def test_a_folder_inside_one_a_live_process_holds_is_refused_like_it(tmp_path, live_pid):
+    (tmp_path / LOCK_NAME).write_text(_lock_text(live_pid))
+    inner = tmp_path / "checkpoints"
+    assert live_owner(inner) is None and live_owner(inner, above=True).pid == live_pid
+    with pytest.raises(RunFolderInUse, match=f"run folder {tmp_path} is in use by pid {live_pid} on {HOST}"):
+        RunFolderLock.acquire(inner)
+    assert not inner.exists()  # refused before it was made
+    (tmp_path / LOCK_NAME).write_text(_lock_text(_dead_pid()))  # its owner gone: the inner folder is free
+    with RunFolderLock.acquire(inner) as lock:
+        assert lock.created and live_owner(inner, above=True) is None
