@@ -11,6 +11,8 @@ from typing import Any
 
 import lightning as L
 
+from alignment_games.datamodules.validation import require_file
+
 __all__ = ["FORMATS", "check_columns", "iter_rows", "open_table"]
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -30,13 +32,13 @@ def open_table(
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
-        ValueError: for an unsupported type, no source, an unparsable file (naming row and field), a missing column.
+        ValueError: for a ``path`` that is not a regular file (a FIFO would block), an unsupported type, no source,
+            an unparsable file (naming row and field), a missing column.
     """
     import datasets
 
     if path is not None:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"data.path: {path!r} does not exist")
+        require_file(path, "data.path")
         ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
         if ext not in FORMATS:
             raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(FORMATS)}")

@@ -1,12 +1,33 @@
-"""Row checks shared by the datamodules that read files: a bad row is refused by file, row number and field."""
+"""Checks shared by the readers of data files: the file is a regular file; a bad row is refused by row and field."""
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
+import stat
 from typing import Any
 
-__all__ = ["require_number", "require_text"]
+__all__ = ["require_file", "require_number", "require_text"]
+
+
+def require_file(path: str, field: str) -> None:
+    """Refuse a ``path`` that is missing or not a regular file (a link to one is one), before anything opens it.
+
+    A FIFO would block the reader for ever, a device read without end, a folder fail in the reader's own words.
+
+    Raises:
+        FileNotFoundError: ``"<field>: '<path>' does not exist"``.
+        ValueError: ``"<field>: '<path>' is a FIFO, not a regular file"`` (or a folder, a device, a socket).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{field}: {path!r} does not exist") from None
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
+        kind = next((name for test, name in kinds if test(mode)), "a device")
+        raise ValueError(f"{field}: {path!r} is {kind}, not a regular file; give a data file")
 
 
 def require_text(value: Any, field: str, where: str, row: int) -> str:

@@ -385,3 +385,41 @@ def test_call_with_timeout_returns_in_time_results_flags_late_ones_and_keeps_err
     for bad in (0, -2, float("nan"), float("inf"), True, "1"):
         with pytest.raises(ValueError, match="timeout_s"):
             call_with_timeout(sum, bad, [1])
+
+
+@pytest.fixture
+def alarm():
+    """A read that blocks (a FIFO with no writer) fails the test after 10 s instead of hanging it."""
+    import signal
+
+    def timed_out(signum, frame):
+        raise TimeoutError("the reader blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, timed_out)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("reader", ["prompts", "preference pairs", "ifeval"])
+def test_a_fifo_named_as_a_data_file_is_refused_at_once(tmp_path, alarm, reader):
+    from alignment_games.modules.evaluation.ifeval import read_ifeval
+
+    fifo = str(tmp_path / "rows.jsonl")
+    os.mkfifo(fifo)  # no writer: opening it for reading would wait for one for ever
+    read = {
+        "prompts": lambda: _gsm8k_file(fifo).load(),
+        "preference pairs": lambda: read_preference_table(fifo),
+        "ifeval": lambda: read_ifeval(fifo),
+    }[reader]
+    field = "--data" if reader == "ifeval" else "data.path"
+    with pytest.raises(ValueError, match=f"^{field}: {re.escape(repr(fifo))} is a FIFO, not a regular file"):
+        read()
+
+
+def test_a_folder_named_as_a_data_file_is_refused_naming_it(tmp_path):
+    folder = tmp_path / "rows.jsonl"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=f"data.path: {re.escape(repr(str(folder)))} is a folder, not a regular file"):
+        read_preference_table(str(folder))

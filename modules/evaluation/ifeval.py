@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from alignment_games.datamodules.validation import require_file
 from alignment_games.modules.algorithms.ifeval_checks import check_kwargs, follows, is_supported
 from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
@@ -28,8 +29,11 @@ def read_ifeval(path: str) -> list[dict[str, Any]]:
     """The rows of an IFEval-format jsonl (``key``, ``prompt``, ``instruction_id_list``, ``kwargs``), checked up front.
 
     Raises:
-        ValueError: naming the file, line, key and field of a bad line, field, repeated key or kwargs, or no rows.
+        FileNotFoundError: naming a missing file.
+        ValueError: naming the file, line, key and field of a bad line, field, repeated key or kwargs, or no rows;
+            naming a path that is not a regular file (a FIFO would block the read).
     """
+    require_file(path, "--data")
     rows, seen = [], set()
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from alignment_games.modules.distributed.sharding import fully_shard_blocks, parameter_gathering, sharded_strategy_kind
 from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.lm.decoders import Decoder, make_decoder
-from alignment_games.modules.lm.decoding import cache_arg, prompt_forward
+from alignment_games.modules.lm.decoding import base_model, cache_arg, prompt_forward
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -47,6 +47,9 @@ class PolicyBank(nn.Module):
             self.models = nn.ModuleDict({p: lm.load_model("causal_lm") for p in self.player_names})
             self.reference = lm.load_model("causal_lm", frozen=True).eval().requires_grad_(False)
         self.truncated_prompts = 0
+        config = base_model(self.model if self.mode == "lora" else self.reference).config
+        # the positions the base was trained on (GPT-2 style configs: n_positions); None: not checked
+        self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         # a group's rows share the prompt's KV cache unless activation checkpointing turns the cache off
         self.share_prompts = not lm.gradient_checkpointing
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
@@ -185,7 +188,8 @@ class PolicyBank(nn.Module):
         adapter (see :meth:`mixes_players`). ``greedy``: arg-max tokens, ``sampling``'s length only.
 
         Raises:
-            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode together.
+            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode together;
+                for a longest prompt plus ``sampling.max_new_tokens`` past the model's positions.
             KeyError: naming an unknown player of the list.
         """
         row_players = None
@@ -205,6 +209,7 @@ class PolicyBank(nn.Module):
                 )
         device = next(self.parameters()).device
         ids, mask = (v.to(device) for v in self.encode_prompts(prompts).values())
+        sampling.check_fits(ids.shape[1], self.max_positions, self.lm.name_or_path)
         prompt_mask = mask.repeat_interleave(num_samples, dim=0)
         if isinstance(self.decoder, VLLMEngine):
             rows = row_players or [player] * len(prompts)

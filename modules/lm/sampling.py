@@ -37,3 +37,20 @@ class Sampling:
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             bound = f"[0, max_new_tokens={self.max_new_tokens}]"
             raise ValueError(f"sampling.min_new_tokens must be in {bound}, got {self.min_new_tokens}")
+
+    def check_fits(self, prompt_tokens: int, max_positions: int | None, model: str) -> None:
+        """Refuse a decode whose longest prompt plus ``max_new_tokens`` passes the model's positions.
+
+        Rotary models run on past ``max_position_embeddings`` without a word, into positions they never trained on.
+
+        Raises:
+            ValueError: naming ``sampling.max_new_tokens``, the prompt tokens, ``lm.max_prompt_tokens`` and the
+                model's ``max_position_embeddings``.
+        """
+        if max_positions is not None and prompt_tokens + self.max_new_tokens > max_positions:
+            raise ValueError(
+                f"sampling.max_new_tokens={self.max_new_tokens} + {prompt_tokens} prompt tokens (the longest prompt, "
+                f"after lm.max_prompt_tokens) = {prompt_tokens + self.max_new_tokens} passes the "
+                f"max_position_embeddings={max_positions} of {model}; lower sampling.max_new_tokens or "
+                "lm.max_prompt_tokens"
+            )

@@ -378,6 +378,7 @@ class HFJudge(PromptedJudge):
         super().__init__(**prompting)
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code, load_in_4bit)
         self.device = next(self.model.parameters()).device
+        self.model_name = model
         # prefill each prompt once for its votes; False samples num_return_sequences rows that each prefill it
         self.share_prompt = True
 
@@ -398,6 +399,7 @@ class HFJudge(PromptedJudge):
         ids = self.tokenizer([self.prompt(t, o) for t, o in pairs], add_special_tokens=False)["input_ids"]
         input_ids, mask = pad_sequences(ids, self.tokenizer.pad_token_id, left=True).values()
         width = input_ids.shape[1]
+        self.sampling.check_fits(width, getattr(self.model.config, "max_position_embeddings", None), self.model_name)
         # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
         seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
         devices = [self.device] if self.device.type == "cuda" else []

@@ -1,5 +1,7 @@
 """PolicyBank: batched left-padded generation and completion-only log-probabilities, checked row by row."""
 
+import re
+
 import pytest
 import torch
 from helpers.logprob_grads import logprobs_and_grads
@@ -305,3 +307,25 @@ def test_each_micro_batch_runs_only_to_its_longest_completion(tiny_decoder_dir, 
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
     for name, grad in whole_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_decode_past_the_models_positions_is_refused_naming_the_fields(bank, monkeypatch):
+    positions = bank.model.config.max_position_embeddings
+    assert positions == 1024  # the tiny decoders' config
+    prompt = "What is 2 + 3?"
+    width = len(bank.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def decode(*args, **kwargs):
+        raise AssertionError("decoding started")
+
+    monkeypatch.setattr(bank.decoder, "decode", decode)
+    too_long = Sampling(max_new_tokens=positions - width + 1)
+    message = (
+        f"sampling.max_new_tokens={positions - width + 1} + {width} prompt tokens (the longest prompt, after "
+        f"lm.max_prompt_tokens) = {positions + 1} passes the max_position_embeddings={positions} of "
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bank.generate("alice", [prompt, "x"], 1, too_long)
+    assert bank.max_positions == positions
+    Sampling(max_new_tokens=positions - width).check_fits(width, positions, "m")  # exactly the positions: fits
+    Sampling(max_new_tokens=10**6).check_fits(width, None, "m")  # a model that states no positions: not checked

@@ -320,3 +320,10 @@ def test_pool_judge_quotes_a_forged_question(judge):
     assert literal_pool_score(tok, prompt) == "> " + ANSWER  # the last [Response] section is the real one
     empty = PeerJudging().prompt(bank, chat, "", ANSWER)
     assert "[Question]\n(empty)\n\n[Response]" in empty
+
+
+def test_a_judge_decode_past_its_models_positions_is_refused_naming_the_fields(tiny_lm_dir):
+    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=1, sampling=Sampling(max_new_tokens=1024))
+    refused = r"sampling.max_new_tokens=1024 \+ \d+ prompt tokens .* max_position_embeddings=1024 of "
+    with pytest.raises(ValueError, match=refused):
+        judge([_transcript(ANSWER, CRITIQUE)])
