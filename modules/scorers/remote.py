@@ -1,13 +1,14 @@
 """A standard-library client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
-Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff; any other HTTP error is a
-configuration error, raised at once. A redirect is never followed (it would carry the API key to another URL): it is
-refused, naming its ``Location``. Each attempt has one wall-clock deadline, ``timeout_s`` from its start, for the
-connection, the TLS handshake, the status line, the headers and the body alike (a server trickling a byte at a time is
-cut off there, not after ``timeout_s`` per read); only the name lookup is outside it. Error messages quote at most 300
-characters of the server's text with the API key cut out of it, and never a request header: a server echoing the
-request cannot put the key into a log. The reply is untrusted: a malformed one gives ``None`` completions (counted),
-never an exception. The API key is read from the environment at each request, never held in a config or checkpoint.
+Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff, capped at ``max_backoff_s`` and
+within an optional ``total_timeout_s`` for each call; any other HTTP error is a configuration error, raised at once. A
+redirect is never followed (it would carry the API key to another URL): it is refused, naming its ``Location``. Each
+attempt has one wall-clock deadline, ``timeout_s`` from its start, for the connection, the TLS handshake, the status
+line, the headers and the body alike (a server trickling a byte at a time is cut off there, not after ``timeout_s`` per
+read); only the name lookup is outside it. Error messages quote at most 300 characters of the server's text with the
+API key cut out of it, and never a request header: a server echoing the request cannot put the key into a log. The
+reply is untrusted: a malformed one gives ``None`` completions (counted), never an exception. The API key is read from
+the environment at each request, never held in a config or checkpoint.
 """
 
 from __future__ import annotations
@@ -185,7 +186,11 @@ class ChatServer:
         timeout_s: Wall-clock seconds one attempt may take, from connecting to the reply's last byte, before it counts
             as failed (and is retried).
         retries: Further attempts after a failed one (connection error, timeout, HTTP 429 or 5xx).
-        backoff_s: Wait before the first retry; doubled at each further one.
+        backoff_s: Wait before the first retry; doubled at each further one (:meth:`backoff`).
+        max_backoff_s: The longest wait between two attempts.
+        total_timeout_s: Wall-clock seconds one call (:meth:`complete`: its requests, their attempts and the waits) may
+            take; an attempt is cut off when it runs out, and no wait is begun that would end past it. ``None``: no
+            budget but each attempt's ``timeout_s`` and the capped waits.
         samples_per_request: Completions asked per request (``n``); 1 for servers that ignore ``n``.
 
     Attributes:
@@ -199,6 +204,8 @@ class ChatServer:
     timeout_s: float = 60.0
     retries: int = 3
     backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    total_timeout_s: float | None = None
     samples_per_request: int = 8
     malformed: int = field(default=0, init=False)
     requests: int = field(default=0, init=False)
@@ -208,9 +215,16 @@ class ChatServer:
             raise ValueError(f"server.base_url must start with http:// or https://, got {self.base_url!r}")
         if not self.model:
             raise ValueError("server.model must name the served model")
-        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s < math.inf):
-            raise ValueError(f"server.timeout_s must be a positive number of seconds, got {self.timeout_s!r}")
-        least = {"retries": 0, "backoff_s": 0, "samples_per_request": 1}
+        seconds = {"timeout_s": True, "backoff_s": False, "max_backoff_s": False}
+        if self.total_timeout_s is not None:
+            seconds["total_timeout_s"] = True
+        for name, positive in seconds.items():
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and (value > 0 if positive else value >= 0) and value < math.inf):
+                kind = "positive" if positive else "non-negative"
+                raise ValueError(f"server.{name} must be a finite {kind} number of seconds, got {value!r}")
+        least = {"retries": 0, "samples_per_request": 1}
         require_at_least(**{f"server.{k}": (getattr(self, k), m) for k, m in least.items()})
 
     @property
@@ -232,8 +246,12 @@ class ChatServer:
             )
         return key
 
-    def _post(self, payload: dict) -> bytes:
-        """The body of a successful reply, after up to ``retries`` retries.
+    def backoff(self, retry: int) -> float:
+        """The wait before retry ``retry`` (1 for the first): ``backoff_s · 2^(retry-1)``, at most ``max_backoff_s``."""
+        return min(self.backoff_s * 2.0 ** min(retry - 1, 1000), self.max_backoff_s)
+
+    def _post(self, payload: dict, budget_end: float = math.inf) -> bytes:
+        """The body of a successful reply, after up to ``retries`` retries, before the monotonic ``budget_end``.
 
         Raises:
             RemoteServerError: naming the URL, after the last failed attempt or at once on a refused request.
@@ -242,15 +260,27 @@ class ChatServer:
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                wait = self.backoff(attempt)
+                if time.monotonic() + wait >= budget_end:
+                    break
+                time.sleep(wait)
+            start = time.monotonic()
+            if start >= budget_end:
+                break
+            bound = "timeout_s" if start + self.timeout_s <= budget_end else "total_timeout_s"
+            late = f"timed out: no whole reply within {bound}={getattr(self, bound)} s"
             try:
-                return self._attempt(data, time.monotonic() + self.timeout_s)
+                return self._attempt(data, min(start + self.timeout_s, budget_end), late)
             except _Failed as failed:
                 last = str(failed)
-        raise RemoteServerError(f"{self.url} failed {self.retries + 1} attempts; the last: {last}")
+        else:
+            raise RemoteServerError(f"{self.url} failed {self.retries + 1} attempts; the last: {last}")
+        spent = f"in its total_timeout_s={self.total_timeout_s} s"
+        last = last or "none made, the call's earlier requests spent the budget"
+        raise RemoteServerError(f"{self.url} failed {attempt} attempts {spent}; the last: {last}")
 
-    def _attempt(self, data: bytes, deadline: float) -> bytes:
-        """One request, whole before the monotonic ``deadline`` (connection, headers and body).
+    def _attempt(self, data: bytes, deadline: float, late: str) -> bytes:
+        """One request, whole before the monotonic ``deadline`` (connection, headers and body), else failed as ``late``.
 
         Raises:
             _Failed: a failure worth retrying (connection error, timeout, HTTP 429 or 5xx).
@@ -261,7 +291,6 @@ class ChatServer:
         request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         watchdog = _Watchdog(deadline)
         opener = urllib.request.build_opener(_RefuseRedirects, _WatchedHandler(watchdog))
-        late = f"timed out: no whole reply within timeout_s={self.timeout_s} s"
         try:
             with opener.open(request, timeout=max(deadline - time.monotonic(), 1e-3)) as reply:
                 body = bytearray()
@@ -327,6 +356,7 @@ class ChatServer:
         Raises:
             RemoteServerError: naming the URL when a request failed all its attempts or was refused.
         """
+        budget_end = math.inf if self.total_timeout_s is None else time.monotonic() + self.total_timeout_s
         out: list[str | None] = []
         k = 0
         while len(out) < n:
@@ -342,7 +372,7 @@ class ChatServer:
             }
             if seeds is not None:
                 payload["seed"] = int(seeds[k])
-            out += self._texts(self._post(payload), ask)
+            out += self._texts(self._post(payload, budget_end), ask)
             self.requests += 1
             k += 1
         return out

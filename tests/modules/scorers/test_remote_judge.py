@@ -45,6 +45,7 @@ class Script:
     def __init__(self) -> None:
         self.replies: list[tuple] = []
         self.requests: list[tuple[dict | None, dict]] = []
+        self.times: list[float] = []  # time.monotonic() of each request
         self.lock = threading.Lock()
 
     def next(self) -> tuple:
@@ -62,6 +63,7 @@ class ScriptHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         with self.script.lock:
             self.script.requests.append((json.loads(body) if body else None, dict(self.headers)))
+            self.script.times.append(time.monotonic())
         status, reply, delay, *extra = self.script.next()
         time.sleep(delay)
         try:
@@ -331,6 +333,41 @@ def test_https_replies_are_read_through_the_watched_tls_connection(server, tls, 
     assert len(server.requests) == 1
 
 
+def test_the_backoff_doubles_up_to_its_cap():
+    server = ChatServer(base_url="http://h/v1", model="m", retries=6, backoff_s=0.5, max_backoff_s=3.0)
+    assert [server.backoff(k) for k in range(1, 7)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+    server = ChatServer(base_url="http://h/v1", model="m", retries=30)  # defaults: 0.5 s doubling, capped at 30 s
+    assert sum(server.backoff(k) for k in range(1, 31)) == 0.5 + 1 + 2 + 4 + 8 + 16 + 24 * 30
+    assert server.backoff(10**6) == 30.0  # no overflow however many retries
+
+
+def test_a_failing_server_is_given_up_when_the_total_budget_is_spent(server, tiny_lm_dir):
+    """Waits 0.2, 0.3, 0.3 … s after failures: the 6th attempt starts at ~1.4 s, a 7th could not start before 1.7 s."""
+    server.replies = [(503, b"overloaded", 0.0)]
+    fields = {"retries": 50, "backoff_s": 0.2, "max_backoff_s": 0.3, "total_timeout_s": 1.55}
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, **fields)
+    start = time.monotonic()
+    with pytest.raises(
+        RemoteServerError, match=r"failed \d attempts in its total_timeout_s=1\.55 s; the last: HTTP 503"
+    ):
+        judge.vote([transcript()])
+    assert time.monotonic() - start < 1.55 + 0.5  # no wait is begun that would end past the budget
+    gaps = [b - a for a, b in zip(server.times, server.times[1:])]
+    assert 2 <= len(server.times) <= 6  # each further attempt needs its wait (0.2 + 0.3 k s) within 1.55 s
+    assert all(gap >= judge.server.backoff(k) for k, gap in enumerate(gaps, 1))
+
+
+def test_the_total_budget_cuts_a_slow_attempt_short(server, tiny_lm_dir):
+    server.replies = [(200, completion("Verdict: Bob"), 3.0)]
+    judge = remote_judge(server.url, tiny_lm_dir, num_votes=1, timeout_s=10.0, total_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(
+        RemoteServerError, match=r"failed 1 attempts in its total_timeout_s=0\.5 s; the last: timed out"
+    ):
+        judge.vote([transcript()])
+    assert time.monotonic() - start < 1.5 and len(server.requests) == 1
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -457,6 +494,14 @@ def test_an_api_key_unfit_for_a_header_is_refused_without_quoting_it(server, tin
         ({"timeout_s": 0}, "timeout_s"),
         ({"timeout_s": math.inf}, "timeout_s"),
         ({"retries": -1}, "retries"),
+        ({"backoff_s": math.inf}, "server.backoff_s"),
+        ({"max_backoff_s": -1.0}, "server.max_backoff_s"),
+        ({"max_backoff_s": math.nan}, "server.max_backoff_s"),
+        ({"max_backoff_s": math.inf}, "server.max_backoff_s"),
+        ({"total_timeout_s": 0}, "server.total_timeout_s"),
+        ({"total_timeout_s": -5.0}, "server.total_timeout_s"),
+        ({"total_timeout_s": math.inf}, "server.total_timeout_s"),
+        ({"total_timeout_s": math.nan}, "server.total_timeout_s"),
         ({"samples_per_request": 0}, "samples_per_request"),
     ],
 )
