@@ -93,7 +93,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         per_problem = problem_rows(prompts, refs, correct)
         for i, row in enumerate(per_problem):
             row["answer"] = {name: given[i] for name, given in answers.items()}
-        write_report(report, args.out, per_problem)
+        inputs = {
+            "--base": args.base,
+            "--trained": args.trained,
+            "--data": args.data if drawn["kind"] == "file" else None,
+        }
+        write_report(report, args.out, per_problem, inputs)
     print(json.dumps(report, indent=2))
     return report
 

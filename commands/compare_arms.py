@@ -21,8 +21,15 @@ from typing import Any
 
 import torch
 
+from alignment_games.modules.evaluation.audit import provenance
 from alignment_games.modules.evaluation.intervals import seed_intervals
 from alignment_games.modules.training.artifacts import atomic_write_text
+
+
+def rows_file(path: str) -> str:
+    """The per-problem file an ``accuracy_gain`` report at ``path`` names (beside it)."""
+    with open(path) as f:
+        return os.path.join(os.path.dirname(path), json.load(f)["per_problem"]["file"])
 
 
 def load_arm(path: str) -> tuple[torch.Tensor, list[bool], list[str], int]:
@@ -33,7 +40,7 @@ def load_arm(path: str) -> tuple[torch.Tensor, list[bool], list[str], int]:
     """
     with open(path) as f:
         report = json.load(f)
-    rows_path = os.path.join(os.path.dirname(path), report["per_problem"]["file"])
+    rows_path = rows_file(path)
     with open(rows_path, "rb") as f:
         text = f.read()
     if hashlib.sha256(text).hexdigest() != report["per_problem"]["sha256"]:
@@ -95,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if len({name for name, _, _ in pairs}) != len(pairs):
         raise SystemExit(f"arm names repeat: {args.arms}")
     result = compare({name: path for name, _, path in pairs}, args.n_boot)
+    inputs = {name: path for name, _, path in pairs} | {f"{name} rows": rows_file(path) for name, _, path in pairs}
+    result["provenance"] = provenance(inputs)
     text = json.dumps(result, indent=2)
     if args.out:
         atomic_write_text(args.out, text + "\n")

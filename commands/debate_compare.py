@@ -7,7 +7,13 @@ import json
 from typing import Any
 
 from alignment_games.modules.evaluation import debate_compare as library
-from alignment_games.modules.evaluation.debate_compare import compare_groups, format_table, load_evaluations
+from alignment_games.modules.evaluation.audit import provenance
+from alignment_games.modules.evaluation.debate_compare import (
+    compare_groups,
+    evaluations_file,
+    format_table,
+    load_evaluations,
+)
 from alignment_games.modules.training.artifacts import atomic_write_text
 
 
@@ -45,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seed=args.seed,
     )
     result["runs"] = {name: runs for name, runs in specs}
+    result["provenance"] = provenance({name: [evaluations_file(r) for r in runs] for name, runs in specs})
     print(format_table(result))
     atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"written to {args.out}")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.modules.evaluation import ifeval as library
-from alignment_games.modules.evaluation.audit import describe_models
+from alignment_games.modules.evaluation.audit import describe_models, provenance
 from alignment_games.modules.evaluation.ifeval import load_policy, paired_difference, read_ifeval, score_responses
 from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.training.artifacts import atomic_write_text
@@ -77,6 +77,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         first, second = (report["policies"][n] for n in names)
         report["comparison"] = {"first": names[0], "second": names[1]}
         report["comparison"].update(paired_difference(first, second, args.n_boot, args.seed))
+    inputs: dict[str, Any] = {"--data": args.data, "--base": args.base}
+    for (name, folder), record in zip(args.policy, records):
+        inputs[name] = folder
+        adapter_base = (record["base_identity"] or {}).get("name_or_path")  # loaded when --base is not given
+        if args.base is None and os.path.isfile(os.path.join(folder, "adapter_config.json")) and adapter_base:
+            inputs[f"{name} base"] = adapter_base
+    report["provenance"] = provenance(inputs)
     text = json.dumps(report, indent=2)
     print(json.dumps({n: p["accuracy"] for n, p in report["policies"].items()}, indent=2))
     if args.out:  # whole or not at all: a kill mid-write leaves any earlier report as it was

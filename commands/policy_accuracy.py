@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     rows = report.pop("problems")
     if args.out:
-        write_report(report, args.out, rows)
+        write_report(report, args.out, rows, {"--model": args.model})
     print(json.dumps(report, indent=2))
     return report
 

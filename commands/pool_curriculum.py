@@ -10,9 +10,11 @@ from typing import Any
 import yaml
 
 from alignment_games.modules.evaluation import pool_curriculum as library
+from alignment_games.modules.evaluation.audit import provenance
 from alignment_games.modules.evaluation.pool_curriculum import (
     DATA_FIELDS,
     feature_extremes,
+    history_file,
     load_weights,
     pool_operations,
     sharpening,
@@ -46,13 +48,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="pool_curriculum.json", help="JSON file to write")
     args = ap.parse_args(argv)
     result: dict[str, Any] = {}
+    inputs: dict[str, str | None] = {}
     for spec in args.run:
         name, sep, run = spec.partition("=")
         if not sep or not name or not run:
             raise SystemExit(f"--run takes NAME=RUN_FOLDER, got {spec!r}")
         weights = load_weights(run)
+        inputs[name] = history_file(run)
         entry: dict[str, Any] = {"run": run, "sharpening": sharpening(weights, args.top)}
         data = _data_settings(run) if os.path.isdir(run) else None
+        config = os.path.join(run, "config.yaml")
+        inputs[f"{name} config"] = config if os.path.isdir(run) and os.path.isfile(config) else None
         if data is not None:
             ops = pool_operations(data)
             if len(ops) != len(weights[-1]):
@@ -65,6 +71,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             o = entry["operations"]
             line += f"; operations top {o['top']:.2f}, bottom {o['bottom']:.2f}, all {o['all']:.2f}"
         print(line)
+    if "provenance" in result:
+        raise SystemExit("--run: 'provenance' is the report's own key; name the run otherwise")
+    result["provenance"] = provenance(inputs)
     atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"written to {args.out}")
     return result

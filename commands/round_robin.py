@@ -192,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     os.makedirs(args.out, exist_ok=True)
     rates = {f"{a}>{b}": lab.nanmean(dim=1).tolist() for (a, b), lab in labels.items()}  # each prompt's pairs
-    write_report(table, os.path.join(args.out, "round_robin.json"), problem_rows(prompts, refs, rates, "preferred"))
+    rows = problem_rows(prompts, refs, rates, "preferred")
+    inputs = {"--lm": args.lm, "--runs": [path for _, path, _ in runs]}
+    write_report(table, os.path.join(args.out, "round_robin.json"), rows, inputs)
     with open(os.path.join(args.out, "round_robin.md"), "w") as f:
         f.write(markdown_table(table))
     print(markdown_table(table))

@@ -318,9 +318,17 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
 
     @rank_zero_only
     def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any]) -> str | None:
-        """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run)."""
+        """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run).
+
+        A dict gains ``provenance``: what the run read, the commit and the command
+        (:func:`~modules.evaluation.audit.run_provenance`).
+        """
         if self.trainer.fast_dev_run:
             return None
+        if isinstance(content, dict):
+            from alignment_games.modules.evaluation.audit import run_provenance
+
+            content = {**content, "provenance": run_provenance(self.trainer, self)}
         path = os.path.join(self.artifact_dir(), name)
         atomic_write_text(path, content if isinstance(content, str) else json.dumps(content, indent=2))
         return path

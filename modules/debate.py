@@ -43,7 +43,7 @@ from alignment_games.modules.algorithms.debate import (
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
 from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
 from alignment_games.modules.base import LanguageModelGame
-from alignment_games.modules.evaluation.audit import tensors_sha256
+from alignment_games.modules.evaluation.audit import run_provenance, tensors_sha256
 from alignment_games.modules.evaluation.tensorboard import debate_row
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -489,6 +489,7 @@ class DebateSelfPlay(LanguageModelGame):
             # what was evaluated and each problem's result, for a reader to check and resample (debate_compare)
             "adapter_sha256": tensors_sha256(self.bank.player_parameters(PLAYER)),
             "problems": rows,
+            "provenance": run_provenance(self.trainer, self),  # what this evaluation's run read, its commit, command
         }
         self.eval_history.append(record)
         # rewritten whole: a resumed run drops the evaluations after its checkpoint, and each is in the file once

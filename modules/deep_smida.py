@@ -21,6 +21,7 @@ from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_losses
 from alignment_games.modules.base import LanguageModelGame
+from alignment_games.modules.evaluation.audit import digests_from_tensor, digests_tensor
 from alignment_games.modules.evaluation.figures import make_game_figures
 from alignment_games.modules.evaluation.game_eval import adversarial_report, adversarial_yield, compare_pairs
 from alignment_games.modules.games import leader_follower as lf
@@ -143,6 +144,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         self._eval.setdefault("index", []).append(self.item_ids(batch, len(prompts)))
+        self._eval.setdefault("prompt_sha256", []).append(digests_tensor(prompts).to(self.device))
         r = self.hparams.eval_pairs
         refs_r = [ref for ref in refs for _ in range(r)]
 
@@ -169,6 +171,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
             return
         index = torch.cat(self._eval.pop("index"))
         items, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in self._eval.items()})
+        prompt_sha256 = digests_from_tensor(unique.pop("prompt_sha256").cpu())
         gathered = {k: v.reshape(-1, self.hparams.eval_pairs).cpu() for k, v in unique.items()}
         self._eval = {}
         hp = self.hparams
@@ -206,8 +209,9 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
             for a, (share, _, _) in (per_eps or {"joint": {}})["joint"].items():
                 flat[f"val/joint_yield_{a}{suffix}"] = share
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
-        # per prompt (data item id): what a bootstrap over runs and prompts together needs
-        per_prompt = {"item": items.tolist(), **{k: gathered[f"{k}_var"].tolist() for k in ("trained", "reference")}}
+        # per prompt (the sha256 of its text, and its data index): what a bootstrap over runs and prompts needs
+        per_prompt = {"item": prompt_sha256, "index": items.tolist()}
+        per_prompt |= {k: gathered[f"{k}_var"].tolist() for k in ("trained", "reference")}
         self.write_artifact("game_eval.json", {"step": int(self.global_step), **result, "per_prompt": per_prompt})
         self._write_figures(gathered)
 

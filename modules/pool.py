@@ -24,6 +24,7 @@ from alignment_games.modules.algorithms.checks import require_at_least, require_
 from alignment_games.modules.algorithms.exp3 import SCORE_MIN, CompositeReward, Exp3
 from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.distributed import collectives
+from alignment_games.modules.evaluation.audit import run_provenance
 from alignment_games.modules.evaluation.pool_figures import make_pool_figures, write_pool_artifacts
 from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates
 from alignment_games.modules.games.pool_members import PoolMembers
@@ -469,6 +470,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         # not write_artifact: it reads the trainer's log_dir on rank 0 alone, and under DDP that is a broadcast
         folder = self.artifact_dir()
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
+            record["provenance"] = run_provenance(self.trainer, self)
             figures = make_pool_figures(self.history, self.player_names)
             write_pool_artifacts(folder, record, figures, self.trainer, self.global_step)
 

@@ -9,6 +9,7 @@ figures (docs/preference-ensemble.md).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import warnings
@@ -364,16 +365,25 @@ class PreferenceEnsemble(AutomaticFamily):
 
     @rank_zero_only
     def _write_report(self, out: dict[str, Any], log_dir: str) -> None:
+        from alignment_games.modules.evaluation.audit import run_provenance
         from alignment_games.modules.evaluation.figures import make_figures
         from alignment_games.modules.evaluation.preference_report import json_safe
 
-        # atomic: an old report is never half-overwritten; a full disk is raised naming the report
-        text = json.dumps(json_safe(out["report"]), indent=2, allow_nan=False)
-        atomic_write_text(os.path.join(log_dir, "report.json"), text)
         # per held-out pair (its data row): what a bootstrap over runs and pairs, or a paired comparison, needs
         per_row = zip(*(out[k].tolist() for k in ("rows", "prompts", "labels", "probs")))
-        lines = (json.dumps({"row": r, "prompt": g, "label": y, "members": p}) for r, g, y, p in per_row)
-        atomic_write_text(os.path.join(log_dir, "report.rows.jsonl"), "".join(f"{line}\n" for line in lines))
+        lines = [json.dumps({"row": r, "prompt": g, "label": y, "members": p}) for r, g, y, p in per_row]
+        rows = "".join(f"{line}\n" for line in lines)
+        # the rows file by hash, and what the run read: the report vouches for both
+        per_row_record = {
+            "file": "report.rows.jsonl",
+            "rows": len(lines),
+            "sha256": hashlib.sha256(rows.encode()).hexdigest(),
+        }
+        report = {**out["report"], "per_row": per_row_record, "provenance": run_provenance(self._trainer, self)}
+        # atomic: an old report is never half-overwritten; a full disk is raised naming the report
+        text = json.dumps(json_safe(report), indent=2, allow_nan=False)
+        atomic_write_text(os.path.join(log_dir, "report.json"), text)
+        atomic_write_text(os.path.join(log_dir, "report.rows.jsonl"), rows)
         data, hp = (out[k] for k in ("probs", "labels", "prompts")), self.hparams
         figures = make_figures(*data, n_boot=hp.report_bootstrap, seed=hp.seed, report=out["report"])
         for name, fig in figures.items():
@@ -507,6 +517,7 @@ class EnsembleUtility(Utility):
             model = PreferenceEnsemble.load_frozen(checkpoint, **args)
         utility_from_member_probs(torch.full((1, model.hparams.num_members), 0.5), kind, scale, lam, member)
         self.ensemble = model
+        self.checkpoint = checkpoint  # what the game's utility read: the reports it writes record its sha256
         self.kind, self.scale, self.lam, self.member, self.batch_size = kind, scale, lam, member, batch_size
         self.last_member_probs: Tensor | None = None
 

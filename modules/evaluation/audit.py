@@ -1,14 +1,20 @@
 """What an evaluation read and found, for a reader to check: each trained model's sha256 and base, per-problem rows.
 
-The same path or weights given twice is refused: two "seeds" that are one run would narrow every interval.
+Every report a command or a run writes carries :func:`provenance`: the sha256 of each input it read, the identity of
+each model among them, the code's git commit and the exact command. The same path or weights given twice is refused:
+two "seeds" that are one run would narrow every interval.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,10 +28,106 @@ from alignment_games.modules.lm.base_identity import (
 )
 from alignment_games.modules.training.artifacts import atomic_write_text
 
-__all__ = ["describe_models", "problem_rows", "recorded_base", "tensors_sha256", "weights_sha256", "write_report"]
+__all__ = [
+    "describe_models",
+    "digests_from_tensor",
+    "digests_tensor",
+    "git_commit",
+    "input_record",
+    "problem_rows",
+    "provenance",
+    "recorded_base",
+    "run_provenance",
+    "tensors_sha256",
+    "weights_sha256",
+    "write_report",
+]
 
 #: a peft adapter folder's weight files (what :mod:`modules.checkpoints.export` writes is the first)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+#: the checkout this code runs from (when it is one)
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(SOURCE_ROOT), *args], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):  # no git, or it hangs
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_commit() -> dict[str, Any]:
+    """``{"commit", "dirty"}`` of the code running: HEAD of the checkout it is, and whether tracked files differ.
+
+    Both None outside a checkout of this project (an installed package, a copy, no ``git``): an enclosing repository
+    of another project is never named. Read when a report is written (a few milliseconds).
+    """
+    top = _git("rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != SOURCE_ROOT:
+        return {"commit": None, "dirty": None}
+    head, status = _git("rev-parse", "HEAD"), _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": None if head is None else head.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
+def _folder_files(folder: str) -> dict[str, str]:
+    """Every regular file under ``folder`` but hidden ones, by ``/``-separated relative name, with its sha256."""
+    out = {}
+    for root, dirs, files in os.walk(folder, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if not name.startswith(".") and os.path.isfile(path):
+                out[os.path.relpath(path, folder).replace(os.sep, "/")] = file_sha256(path)
+    return dict(sorted(out.items()))
+
+
+def input_record(path: str) -> dict[str, Any]:
+    """``{"path", "sha256", ...}`` of one input: a file's sha256; a folder's and each of its files' (``files``).
+
+    A folder's ``sha256`` is that of its files' ``name\0sha256\n`` lines in name order. A model (a folder with a
+    ``config.json``, or a ``builtin:`` or cached hub name) adds ``model``: its
+    :func:`~modules.lm.base_identity.base_identity`, the identity checkpoints record. A path that does not exist (a
+    hub name not cached here) has ``sha256`` None.
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return {"path": path, "sha256": file_sha256(path)}
+    folder = path if os.path.isdir(path) else model_folder(path)
+    if folder is None:
+        return {"path": path, "sha256": None}
+    files = _folder_files(folder)
+    record: dict[str, Any] = {"path": path}
+    record["sha256"] = hashlib.sha256("".join(f"{n}\0{d}\n" for n, d in files.items()).encode()).hexdigest()
+    if folder != path or os.path.isfile(os.path.join(folder, "config.json")):
+        record["model"] = base_identity(path)
+    record["files"] = files
+    return record
+
+
+def provenance(inputs: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike] | None]) -> dict[str, Any]:
+    """What a report was made from: each input's :func:`input_record`, the commit, the command and its folder.
+
+    Args:
+        inputs: Each input the report's numbers were computed from (data files, checkpoints, adapters, model folders
+            or names, earlier reports), by the option or config key that named it; a list gives ``key[i]`` entries;
+            None (an option not given) is left out.
+
+    Example:
+        >>> sorted(provenance({})) == ["command", "commit", "cwd", "dirty", "inputs"]
+        True
+    """
+    records = {}
+    for key, value in inputs.items():
+        if value is None:
+            continue
+        if isinstance(value, (str, os.PathLike)):
+            records[key] = input_record(os.fspath(value))
+        else:
+            records.update({f"{key}[{i}]": input_record(os.fspath(v)) for i, v in enumerate(value)})
+    return {"command": list(sys.argv), "cwd": os.getcwd(), **git_commit(), "inputs": records}
 
 
 def weights_sha256(folder: str) -> str:
@@ -125,11 +227,90 @@ def problem_rows(
     ]
 
 
-def write_report(report: dict[str, Any], out: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``rows`` to ``<out less .json>.problems.jsonl``, then ``report`` (with their sha256) to ``out``."""
+#: config fields (the last part of a key) that name what a run writes, never an input
+OUTPUT_FIELDS = frozenset({"output_dir", "figure_path", "dirpath", "save_dir", "log_dir", "default_root_dir", "out"})
+
+
+def _named_inputs(tree: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """``(dotted key, value)`` of the strings in nested settings that name an existing file, or a model by name."""
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            if str(key) not in OUTPUT_FIELDS:
+                yield from _named_inputs(value, f"{prefix}.{key}")
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _named_inputs(value, f"{prefix}.{i}")
+    elif isinstance(tree, str) and tree:
+        if prefix.endswith("name_or_path") or tree.startswith("builtin:") or os.path.isfile(tree):
+            yield prefix, tree
+
+
+def run_provenance(trainer: Any, module: Any) -> dict[str, Any]:
+    """:func:`provenance` of what a training run reads, for the reports it writes.
+
+    Its inputs: those ``train.py`` hashed from the resolved config (the ``inputs`` of its
+    :class:`~callbacks.run_config.RunConfigRecord`), the files and models that the module's and the datamodule's
+    settings name (``model.<key>``, ``data.<key>``), the files its child modules' own string attributes name (an
+    ensemble utility's ``checkpoint``: ``model.<child>.<attribute>``), and the checkpoint the run resumed from
+    (``ckpt_path``). A path already named is not named again.
+    """
+    from alignment_games.callbacks.run_config import RunConfigRecord
+
+    inputs: dict[str, Any] = {}
+    for callback in getattr(trainer, "callbacks", ()):
+        if isinstance(callback, RunConfigRecord):
+            recorded = getattr(callback, "inputs", None) or {}
+            inputs.update({key: r["path"] for key, r in recorded.items() if isinstance(r, dict) and r.get("path")})
+    datamodule = getattr(trainer, "datamodule", None)
+    sources = [("model", getattr(module, "hparams", {}))]
+    for name, child in module.named_children() if hasattr(module, "named_children") else ():
+        sources.append((f"model.{name}", {k: v for k, v in vars(child).items() if isinstance(v, str)}))
+    if datamodule is not None:
+        sources.append(("data", getattr(datamodule, "hparams", {})))
+        sources += [(f"data.{k}", v) for k, v in vars(datamodule).items() if dataclasses.is_dataclass(v)]
+    for prefix, tree in sources:
+        for key, path in _named_inputs(tree, prefix):
+            if path not in inputs.values():
+                inputs[key] = path
+    resumed = getattr(trainer, "ckpt_path", None)
+    if resumed not in inputs.values():
+        inputs["ckpt_path"] = resumed
+    return provenance(inputs)
+
+
+def digests_tensor(texts: Sequence[str]) -> torch.Tensor:
+    """``[n, 4]`` int64: each text's sha256 as four big-endian signed words, to gather across processes like a number.
+
+    Example:
+        >>> digests_from_tensor(digests_tensor(["a"]))[0] == hashlib.sha256(b"a").hexdigest()
+        True
+    """
+    words = [
+        [int.from_bytes(d[i : i + 8], "big", signed=True) for i in range(0, 32, 8)]
+        for d in (hashlib.sha256(t.encode()).digest() for t in texts)
+    ]
+    return torch.tensor(words, dtype=torch.int64).view(len(texts), 4)
+
+
+def digests_from_tensor(words: torch.Tensor) -> list[str]:
+    """The hex sha256 of each row of :func:`digests_tensor`."""
+    return [b"".join(int(w).to_bytes(8, "big", signed=True) for w in row).hex() for row in words.tolist()]
+
+
+def write_report(
+    report: dict[str, Any], out: str, rows: Sequence[Mapping[str, Any]], inputs: Mapping[str, Any]
+) -> None:
+    """Write ``rows`` to ``<out less .json>.problems.jsonl``, then ``report`` to ``out``.
+
+    The report gains ``per_problem`` (the rows' file and sha256) and ``provenance`` (:func:`provenance` of
+    ``inputs``).
+    """
     text = "".join(json.dumps(r) + "\n" for r in rows)
     path = (out[:-5] if out.endswith(".json") else out) + ".problems.jsonl"
     atomic_write_text(path, text)
     sha = hashlib.sha256(text.encode()).hexdigest()
     report["per_problem"] = {"file": os.path.basename(path), "rows": len(rows), "sha256": sha}
+    report["provenance"] = provenance(inputs)
     atomic_write_text(out, json.dumps(report, indent=2) + "\n")

@@ -39,6 +39,7 @@ from alignment_games.modules.evaluation.intervals import (
 __all__ = [
     "compare_groups",
     "dedup_evaluations",
+    "evaluations_file",
     "final_intervals",
     "format_table",
     "judge_trend",
@@ -50,6 +51,11 @@ COUNTS = ("tp", "fp", "tn", "fn")
 _VERDICT = ("correct", "accepts", "tie", "unparsed")
 
 
+def evaluations_file(path: str) -> str:
+    """The file a run's evaluations are read from: ``path``'s ``debate_evals.jsonl`` for a log folder, else ``path``."""
+    return os.path.join(path, "debate_evals.jsonl") if os.path.isdir(path) else path
+
+
 def load_evaluations(path: str) -> list[dict[str, Any]]:
     """The evaluations of one run: ``path`` is a log folder with ``debate_evals.jsonl`` or the file itself.
 
@@ -57,7 +63,7 @@ def load_evaluations(path: str) -> list[dict[str, Any]]:
         FileNotFoundError: naming the path when there is no such file.
         ValueError: naming the line when a record lacks ``successes``/``trials`` or they are not counts.
     """
-    file = os.path.join(path, "debate_evals.jsonl") if os.path.isdir(path) else path
+    file = evaluations_file(path)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path!r}: no debate_evals.jsonl (run a debate config with validation first)")
     out = []

@@ -19,10 +19,15 @@ from typing import Any
 from alignment_games.modules.algorithms.checks import require_in_range
 from alignment_games.modules.algorithms.pool import weight_extremes
 
-__all__ = ["feature_extremes", "load_weights", "pool_operations", "sharpening"]
+__all__ = ["feature_extremes", "history_file", "load_weights", "pool_operations", "sharpening"]
 
 #: the data settings a generated pool is rebuilt from (InstructionPoolDataModule's), with their defaults
 DATA_FIELDS = {"num_problems": 200, "val_fraction": 0.2, "seed": 0, "generation_seed_offset": 2_000_003}
+
+
+def history_file(path: str) -> str:
+    """The file a pool run's history is read from: ``path``'s ``pool_history.json`` for a run folder, else ``path``."""
+    return os.path.join(path, "pool_history.json") if os.path.isdir(path) else path
 
 
 def load_weights(path: str) -> list[list[float]]:
@@ -32,7 +37,7 @@ def load_weights(path: str) -> list[list[float]]:
         FileNotFoundError: naming the path when there is no ``pool_history.json``.
         ValueError: naming the file and row when the weights are missing, ragged, negative or not finite.
     """
-    file = os.path.join(path, "pool_history.json") if os.path.isdir(path) else path
+    file = history_file(path)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path!r}: no pool_history.json (a pool run writes it at the end of fit)")
     with open(file) as f:

@@ -1,6 +1,7 @@
 """Deep-SMIDA with tiny LM players: who learns, what is batched, what is skipped, what is evaluated."""
 
 import glob
+import hashlib
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import torch
 from helpers.callback_helpers import make_trainer
 from helpers.decode_spy import spy_decodes
 from helpers.deep_smida import tiny_deep_smida
+from helpers.provenance import check_provenance
 
 from alignment_games.modules.scorers.utility import Utility, utility_from_member_probs
 
@@ -102,11 +104,16 @@ def test_validation_compares_trained_and_reference_pairs(tiny_lm_dir, tmp_path):
         num_sanity_val_steps=0,
         val_check_interval=1,
     )
-    trainer.fit(model, _dm())
+    dm = _dm()
+    trainer.fit(model, dm)
     result = json.load(open(os.path.join(trainer.log_dir, "game_eval.json")))
     assert result["n_prompts"] == 4 and result["pairs_per_prompt"] == 2
     per = result["per_prompt"]  # each prompt's pair variances, whose mean is the reported one
     assert len(set(per["item"])) == 4 and all(len(row) == 2 for row in per["trained"] + per["reference"])
+    # each prompt named by its text's sha256 (a "same prompts" check between runs compares texts, not positions)
+    val = dm.splits["val"]
+    assert per["item"] == [hashlib.sha256(val[i]["prompt"].encode()).hexdigest() for i in per["index"]]
+    check_provenance(result, {"model.lm.name_or_path": tiny_lm_dir})  # the base by each file's hash, commit, argv
     assert abs(sum(map(sum, per["trained"])) / 8 - result["trained"]["mean"]) < 1e-6
     gain = sum(map(sum, per["trained"])) / 8 - sum(map(sum, per["reference"])) / 8
     assert abs(gain - result["mean_gain"]) < 1e-6

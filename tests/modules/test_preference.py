@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.callback_helpers import make_trainer
+from helpers.provenance import check_provenance, sha256_of
 
 from alignment_games.datamodules.preference import PreferenceDataModule
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -156,7 +157,10 @@ def test_fit_test_report_predict_and_reload(tmp_path):
     log_dir = trainer.log_dir
     report = json.loads(open(os.path.join(log_dir, "report.json")).read())
     # the file is the whole report (its keys are tested in tests/modules/evaluation/test_preference_report.py)
-    assert set(report) == set(model.last_report) and "bands" in report
+    assert set(report) == set(model.last_report) | {"per_row", "provenance"} and "bands" in report
+    check_provenance(report, {"model.lm.name_or_path": "builtin:minilm-l6"})  # the backbone, file by file
+    rows_file = os.path.join(log_dir, "report.rows.jsonl")
+    assert report["per_row"] == {"file": "report.rows.jsonl", "rows": report["n_pairs"], "sha256": sha256_of(rows_file)}
     assert set(report["auroc"]) == {"variance", "decision_uncertainty", "jsd"}
     assert len(report["decile_accuracy"]) == 10 and len(report["member_accuracy"]) == 3
     assert report["n_pairs"] == len(dm.splits["test"]) and report["n_prompts"] == dm.prompts_by_split["test"]

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.accuracy_gain import main
 from alignment_games.datamodules.debate import single_step_problems
@@ -118,6 +119,7 @@ def test_the_command_writes_each_model_and_each_problem(tiny_lm_dir, other_lm_di
     assert set(rows[0]["answer"]) == {"base", "trained[0]", "trained[1]"}
     assert set(report["answered"]) == set(rows[0]["answer"])
     assert report["answered"]["base"] == sum(r["answer"]["base"] is not None for r in rows) / 3
+    check_provenance(report, {"--base": tiny_lm_dir, "--trained[0]": tiny_lm_dir, "--trained[1]": other_lm_dir})
 
 
 def test_the_command_scores_the_single_step_problems_the_debate_data_generates(monkeypatch):

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.compare_arms import main
 from alignment_games.modules.evaluation.audit import problem_rows, write_report
@@ -17,7 +18,7 @@ def _report(path, seeds: list[list[list[bool]]], base=BASE, prompts=PROMPTS) -> 
     flat = [player for seed in seeds for player in seed]
     results.update({f"trained[{i}]": r for i, r in enumerate(flat)})
     report = {"trained": [{"path": f"p{i}"} for i in range(len(flat))], "per_seed": [{} for _ in seeds]}
-    write_report(report, str(path), problem_rows(prompts, REFS, results))
+    write_report(report, str(path), problem_rows(prompts, REFS, results), {})
     return str(path)
 
 
@@ -41,6 +42,9 @@ def test_accuracies_and_paired_differences_by_hand(tmp_path):
     assert diff["excludes_null"] is False  # the bootstraps' lower ends reach 0
     assert arms["pool"]["accuracy_intervals"]["null"] == 0.25  # the base's accuracy
     assert json.loads((tmp_path / "c.json").read_text()) == out
+    # what it read: each arm's report and its per-problem file, by hash
+    rows = {f"{n} rows": str(tmp_path / f"{n}.problems.jsonl") for n in ("single", "pool")}
+    check_provenance(out, {"single": single, "pool": pool, **rows})
 
 
 def test_a_constant_difference_has_no_spread(tmp_path):

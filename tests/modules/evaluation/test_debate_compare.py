@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers.provenance import check_provenance
 from scipy import stats
 
 from alignment_games.callbacks import beta_lower_bound, posterior_mean
@@ -86,6 +87,11 @@ def test_command_line_writes_json(tmp_path, capsys):
     )
     res = json.loads(out.read_text())
     assert res["groups"]["Debate-AB"]["trials"] == 20 and res["draws"] == 1000
+    read = {
+        f"{g}[0]": f"{paths[n]}/debate_evals.jsonl"
+        for g, n in (("RLAIF-A", "a"), ("Debate-AB", "ab"), ("RLVR", "rlvr"))
+    }
+    check_provenance(res, read)  # each run's evaluations by hash, the commit and the command
     assert "| Debate-AB |" in capsys.readouterr().out
 
 

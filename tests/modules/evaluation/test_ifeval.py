@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.ifeval import main
 from alignment_games.modules.evaluation.ifeval import (
@@ -196,6 +197,7 @@ def test_command_scores_two_followers_and_their_difference(tiny_lm_dir, tmp_path
     report = main([*argv, "--n-boot", "200", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["settings"]["base_identity"] == base_identity(tiny_lm_dir)
+    check_provenance(report, {"--data": data, "--base": tiny_lm_dir, "stackelberg": a, "follower_only": b})
     with pytest.raises(ValueError, match=f"--policy: '{b}' and '{b}/.' are the same path"):
         main(["--data", data, "--policy", f"x={b}", f"y={b}/."])
     other = build_tiny_causal_lm(tmp_path / "other", seed=1)  # the adapters' records name tiny_lm_dir

@@ -2,6 +2,7 @@ import hashlib
 import json
 
 import pytest
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.policy_accuracy import main
 from alignment_games.modules.evaluation.policy_accuracy import (
@@ -78,3 +79,4 @@ def test_command_scores_a_random_tiny_model(tiny_lm_dir, tmp_path, capsys):
     assert report["model_record"] == {"path": tiny_lm_dir, "sha256": weights, "base_identity": None}
     rows = [json.loads(line) for line in (tmp_path / "report.problems.jsonl").read_text().splitlines()]
     assert report["per_problem"]["rows"] == 3 and [r["correct"] for r in rows] == [{"model": False}] * 3
+    check_provenance(json.loads(out.read_text()), {"--model": tiny_lm_dir})

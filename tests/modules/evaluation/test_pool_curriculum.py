@@ -4,6 +4,7 @@ import json
 
 import pytest
 import yaml
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.pool_curriculum import main
 from alignment_games.datamodules.pool import InstructionPoolDataModule
@@ -74,6 +75,7 @@ def test_command_line_reports_each_run(tmp_path, capsys):
     assert out["a"]["sharpening"][1]["top"] == pytest.approx(3.0 / total * k)
     assert out["a"]["operations"]["top"] == pool_operations(data)[0]
     assert json.loads((tmp_path / "c.json").read_text()) == out
+    check_provenance(out, {"a": str(run / "pool_history.json"), "a config": str(run / "config.yaml")})
     assert "a: iteration 1" in capsys.readouterr().out
     for odd in ("- a list\n", "data: [1, 2]\n", "data: {init_args: 3}\n"):  # not a pool's config: sharpening only
         (run / "config.yaml").write_text(odd)

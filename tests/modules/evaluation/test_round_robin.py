@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.round_robin import main
 from alignment_games.modules.evaluation.round_robin import adapter_tensors, markdown_table, round_robin_table
@@ -120,6 +121,7 @@ def test_command_writes_the_table(tiny_lm_dir, tmp_path):
     rows = [json.loads(line) for line in (out / "round_robin.problems.jsonl").read_text().splitlines()]
     assert saved["per_problem"]["rows"] == len(rows) == 3
     assert sorted(rows[0]["preferred"]) == ["nlhf>reference", "smida>nlhf", "smida>reference"]
+    check_provenance(saved, {"--lm": tiny_lm_dir, "--runs[0]": a, "--runs[1]": b})
     # the same checkpoint twice, or one trained on another base than --lm, is refused before anything is sampled
     with pytest.raises(ValueError, match=f"--runs: '{a}' and '{a}' are the same path"):
         main(["--runs", f"x={a}", f"y={a}", "--lm", tiny_lm_dir, "--out", str(out)])
