@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
+from alignment_games.callbacks.functional.files import disk_full_error
 from alignment_games.callbacks.given_settings import GivenOptimizerSettings
 from alignment_games.callbacks.progress import progress_bar
 from alignment_games.callbacks.run_config import RunConfigRecord
@@ -400,12 +401,19 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:
-        """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind."""
+        """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind.
+
+        A full disk that names no file (Lightning's ``hparams.yaml``, the saved ``config.yaml``, an event file) is
+        raised again naming the file being written.
+        """
         self._run_lock, self._checkpoint_locks = None, []
         try:
             super()._run_subcommand(subcommand)
-        except BaseException:
+        except BaseException as err:
             remove_failed_start(self.trainer, self._run_lock)
+            named = disk_full_error(err)
+            if named is not None:
+                raise named from err
             raise
         finally:
             for lock in [self._run_lock, *self._checkpoint_locks]:

@@ -25,7 +25,7 @@ from alignment_games.callbacks.functional.digests import (
     verify_sidecar,
     write_sidecar,
 )
-from alignment_games.callbacks.functional.files import fsync_dir, pid_alive, write_error
+from alignment_games.callbacks.functional.files import fsync_dir, os_error_behind, pid_alive, write_error
 from alignment_games.callbacks.hooks import EvaluationBatchCallback
 
 __all__ = [
@@ -245,9 +245,7 @@ def _remove_stale_temps(path: str) -> None:
 
 def _write_error(err: BaseException, path: str) -> OSError | None:
     """The ``OSError`` behind ``err`` (``torch.save`` wraps it) made again naming ``path``; ``None`` without one."""
-    cause: BaseException | None = err
-    while cause is not None and not isinstance(cause, OSError):
-        cause = cause.__cause__ or cause.__context__
+    cause = os_error_behind(err)
     return None if cause is None else write_error(cause, path)
 
 

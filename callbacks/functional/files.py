@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
+from typing import Any
 
-__all__ = ["fsync_dir", "pid_alive", "process_start", "write_error"]
+__all__ = [
+    "NO_ROOM",
+    "disk_full_error",
+    "fsync_dir",
+    "no_room_left",
+    "os_error_behind",
+    "path_being_written",
+    "pid_alive",
+    "process_start",
+    "write_error",
+]
+
+#: errnos of a write that found no room: a full disk, an exhausted quota
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+#: names under which writers keep the path of the file they write (Lightning's, jsonargparse's, torch's, ours)
+#: free bytes under which a failed write is taken for a full disk (a write of one large tensor fails with some left)
+ROOM = 64 * 2**20
+_PATH_NAMES = ("path", "filepath", "file_path", "filename", "config_yaml", "config_path", "checkpoint_path", "fname")
 
 
 def fsync_dir(folder: str) -> None:
@@ -54,3 +74,84 @@ def write_error(err: OSError, path: str | os.PathLike) -> OSError:
         detail += f" ({os.fspath(err.filename)})"
     message = f"cannot write {os.fspath(path)}: {detail}; its previous version is left as it was"
     return OSError(err.errno, message) if err.errno is not None else OSError(message)
+
+
+def os_error_behind(err: BaseException) -> OSError | None:
+    """The first ``OSError`` in ``err``, its causes and contexts; ``None`` without one.
+
+    A DCP ``CheckpointException`` keeps each rank's exception in ``failures`` (rank -> (exception, traceback)).
+    """
+    seen, queue = set(), [err]
+    while queue:
+        cause = queue.pop(0)
+        if cause is None or id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        if isinstance(cause, OSError):
+            return cause
+        failures = getattr(cause, "failures", None)
+        if isinstance(failures, dict):
+            queue += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        queue += [cause.__cause__, cause.__context__]
+    return None
+
+
+def _file_path(value: Any) -> str | None:
+    """The path of an open file object being written (``name`` of a built-in file, ``path`` of fsspec's)."""
+    if not isinstance(value, io.IOBase):
+        return None
+    path = getattr(value, "path", None) or getattr(value, "name", None)
+    mode = str(getattr(value, "mode", ""))
+    return os.fspath(path) if isinstance(path, (str, os.PathLike)) and any(c in mode for c in "wax+") else None
+
+
+def path_being_written(err: BaseException) -> str | None:
+    """The file a write that raised ``err`` was writing, read from its traceback; ``None`` when none is there.
+
+    Innermost frame first: an open file object being written (its ``name``, or fsspec's ``path``), else a local named
+    like a path (``filepath``, ``config_yaml`` …).
+    """
+    frames = []
+    tb = err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        local = frame.f_locals
+        found = next((p for p in map(_file_path, local.values()) if p), None)
+        if found:
+            return found
+        named = next((local[k] for k in _PATH_NAMES if isinstance(local.get(k), (str, os.PathLike))), None)
+        if named is not None and os.fspath(named):
+            return os.fspath(named)
+    return None
+
+
+def disk_full_error(err: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
+    """A full disk (or quota) behind ``err`` that names no file, made again naming ``path`` (same errno).
+
+    ``path`` defaults to :func:`path_being_written`. ``None`` for another error, one that names its file already, or
+    when no path is known. Unlike :func:`write_error` it promises nothing about the file's previous content: the
+    writers it names (Lightning's loggers, jsonargparse) write in place.
+    """
+    cause = os_error_behind(err)
+    if cause is None or cause.errno not in NO_ROOM or cause.filename is not None:
+        return None
+    if str(cause.strerror or "").startswith("cannot write "):  # named already (write_error)
+        return None
+    where = path if path is not None else (path_being_written(cause) or path_being_written(err))
+    return None if where is None else OSError(cause.errno, f"cannot write {os.fspath(where)}: {cause.strerror}")
+
+
+def no_room_left(folder: str | os.PathLike) -> int | None:
+    """The free bytes of ``folder``'s file system when under :data:`ROOM`; ``None`` when there is room or no answer.
+
+    A write there that just failed likely failed for room: torch's C++ writer (``torch.save`` to a path, as
+    DeepSpeed saves) reports a full disk as a ``RuntimeError`` without an errno.
+    """
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return free if free < ROOM else None

@@ -6,6 +6,7 @@ Folders are swapped in by two renames; a kill between them leaves ``.<name>.prev
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -13,7 +14,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from alignment_games.callbacks.functional.files import fsync_dir, write_error
+from alignment_games.callbacks.functional.files import (
+    NO_ROOM,
+    fsync_dir,
+    no_room_left,
+    os_error_behind,
+    path_being_written,
+    write_error,
+)
 
 __all__ = [
     "atomic_folder",
@@ -166,14 +174,31 @@ def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def saved_beside(strategy: Any, filepath: Any, name: str) -> Iterator[str]:
-    """Every rank writes a checkpoint into the folder beside ``filepath`` yielded here; rank 0 then swaps it in."""
+    """Every rank writes a checkpoint into the folder beside ``filepath`` yielded here; rank 0 then swaps it in.
+
+    Raises:
+        OSError: naming ``filepath`` (and the shard file, when known) for a full disk while the shards are written
+            (DCP's ``CheckpointException`` and DeepSpeed's ``torch.save`` name no path); the previous checkpoint is
+            left as it was.
+    """
     path = Path(strategy.broadcast(str(filepath)))
     tmp = folder_beside(path)
     if strategy.global_rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         prepare_folder_beside(path)
     strategy.barrier(f"{name}_save_prepared")
-    yield tmp
+    try:
+        yield tmp
+    except BaseException as err:
+        cause = os_error_behind(err)
+        free = no_room_left(tmp) if cause is None and isinstance(err, RuntimeError) else None
+        if free is not None:  # torch's C++ writer (DeepSpeed's files) names neither the errno nor the file
+            cause = OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({free} bytes free after: {err})")
+        if cause is not None and cause.errno in NO_ROOM:
+            shard = cause.filename or path_being_written(cause)
+            detail = f"{cause.strerror} (writing {shard})" if shard else cause.strerror
+            raise write_error(OSError(cause.errno, detail), path) from err
+        raise
     strategy.barrier(f"{name}_save_written")
     if strategy.global_rank == 0:
         swap_folder_in(tmp, path)
