@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -52,6 +53,16 @@ _UNREAD = re.compile(
     r"seems?|appears?|has|have|had|not|and|or|nor|vs|versus)\b|&)",
     re.IGNORECASE,
 )
+# the end of a verdict's line: any line break, or the end
+_LINE_END = re.compile(r"[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]|$")
+# a player named after the verdict's clause, with an optional negation ("not Bob")
+_NAME = re.compile(r"(?<![\w'’])(?:not\s+)?(?:alice|bob)\b", re.IGNORECASE)
+# a word taking a judgement back or against
+_NEGATIVE = re.compile(
+    r"(?:\b(?:not|never|nor|neither|wrong|incorrect|mistaken|false|invalid|flawed|loses?|lost|loser|fail(?:s|ed)?)\b"
+    r"|n['’]t\b)",
+    re.IGNORECASE,
+)
 # a refusal or a hedge anywhere in the output: no vote is read from it
 _HEDGE = re.compile(
     r"\b(?:(?:cannot|can\s*not|can['’]t|unable\s+to|won['’]t|will\s+not|refuse\s+to|decline\s+to|not\s+able\s+to)"
@@ -63,21 +74,34 @@ _HEDGE = re.compile(
 )
 
 
-def _clause_vote(text: str, pos: int) -> tuple[bool, float | None]:
-    """Whether a verdict word stands at ``pos``, and the vote its clause gives (``None``: not read)."""
+class _Clause(NamedTuple):
+    """A verdict word's clause: its vote (``None``: not read), where it ends, whom it names, whether it was judged."""
+
+    vote: float | None
+    end: int
+    subject: str
+    judged: bool
+
+
+def _clause(text: str, pos: int) -> _Clause | None:
+    """The clause of the verdict word standing at ``pos`` (``None``: none there).
+
+    ``subject`` is the player named, ``"alice"`` for a bare word (it judges Alice's answer); ``judged`` is whether a
+    judgement was read (a predicate after a name, or a bare word), not just a name.
+    """
     m = _SUBJECT.match(text, pos)
     if m is None:
-        return False, None
+        return None
     negation, word = m.group(1), m.group(2).lower()
     vote = (word in _FOR_ALICE) != bool(negation)
     end = m.end()
     if word not in ("alice", "bob"):
-        return True, (None if re.match(r"\s*\w", text[end:]) else float(vote))
+        return _Clause(None if re.match(r"\s*\w", text[end:]) else float(vote), end, "alice", True)
     possessive = _POSSESSIVE.match(text, end)
     end = possessive.end() if possessive else end
     p = _PREDICATE.match(text, end)
     if p is None:
-        return True, (None if _UNREAD.match(text, end) else float(vote))
+        return _Clause(None if _UNREAD.match(text, end) else float(vote), end, word, False)
     adjective = (p["adj"] or p["bare"] or "").lower()
     if adjective:
         right = (adjective in _JUDGED_RIGHT) != bool(p["not_is"] or p["not_bare"])
@@ -85,7 +109,27 @@ def _clause_vote(text: str, pos: int) -> tuple[bool, float | None]:
         right = (p["role"].lower() == "winner") != bool(p["not_is"])
     else:
         right = bool(p["win"]) or not (p["lose"] or p["cannot"] or p["not_win"])
-    return True, float(vote == right)
+    return _Clause(float(vote == right), p.end(), word, True)
+
+
+def _rest_agrees(text: str, clause: _Clause) -> bool:
+    """Whether the rest of the verdict's line leaves its vote standing (:func:`parse_verdict`'s rule)."""
+    stop = _LINE_END.search(text, clause.end).start()
+    names = list(_NAME.finditer(text, clause.end, stop))
+    if _NEGATIVE.search(text[clause.end : names[0].start() if names else stop]):
+        return False  # "Alice, who is wrong", "Alice, but she is not right": read as about the verdict's player
+    for i, name in enumerate(names):
+        segment_end = names[i + 1].start() if i + 1 < len(names) else stop
+        mention = _clause(text[:segment_end], name.start())
+        bare = mention.judged or not re.search(r"\w", text[mention.end : segment_end])
+        if bare and mention.vote is not None:
+            if mention.vote != clause.vote:
+                return False  # "Alice, or Bob", "Alice, unless Bob is right", "Alice, Alice is wrong"
+        elif mention.subject == clause.subject and _NEGATIVE.search(text[name.end() : segment_end]):
+            return (
+                False  # the verdict's player judged against in words not read: "Alice, though Alice is not fully right"
+            )
+    return True
 
 
 def parse_verdict(text: str | None) -> float | None:
@@ -96,14 +140,28 @@ def parse_verdict(text: str | None) -> float | None:
     negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's critique is wrong``), a negated
     negative is positive; hedges and refusals anywhere (``probably Alice``), a player judged in other words (``Alice is
     partially correct``, ``Alice and Bob``) and a bare word that does not stand alone (``no verdict``) are not read.
+
+    The rest of the verdict's line (up to any line break) must not take the vote back, else the vote is unparsed:
+
+    * text there not introduced by a player's name is read as about the verdict's player (Alice for a bare word) and
+      may hold no negative word (not, n't, never, nor, neither, wrong, incorrect, mistaken, false, invalid, flawed,
+      lose(s), lost, loser, fail(s/ed)): ``Verdict: Alice, who is wrong``, ``Verdict: Alice? No, she is not right``;
+    * a player named there must agree with the vote where a judgement of them is read or the name stands alone:
+      ``Verdict: Alice, because Bob is wrong`` and ``Verdict: Alice, not Bob`` count, ``Verdict: Alice, or Bob`` and
+      ``Verdict: Alice, unless Bob is right`` do not;
+    * other words about the other player leave the vote alone (``because Bob's critique misreads the problem``), a
+      negative word about the verdict's own player does not (``though Alice is not fully right``).
+
+    An ambiguous pronoun thus costs a vote (unparsed), never flips one.
     """
     if not text or _HEDGE.search(text):
         return None
     for marker in reversed(list(_MARKER.finditer(text))):
-        found, vote = _clause_vote(text, marker.end())
-        if found:
-            return vote
-    return _clause_vote(text, 0)[1]
+        clause = _clause(text, marker.end())
+        if clause is not None:
+            return clause.vote if clause.vote is not None and _rest_agrees(text, clause) else None
+    clause = _clause(text, 0)
+    return clause.vote if clause is not None and clause.vote is not None and _rest_agrees(text, clause) else None
 
 
 def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:

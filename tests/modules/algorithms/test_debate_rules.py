@@ -173,6 +173,36 @@ def test_parse_verdict(text, vote):
     assert parse_verdict(text) == vote
 
 
+# The rest of a verdict's line must not take the vote back (parse_verdict's rule): the first 12 counted for the
+# player named before the rule (1.0 for Alice, 0.0 for Bob); the last 7 are left standing by it.
+VERDICTS_TAKEN_BACK = [
+    ("Verdict: Alice, who is wrong", None),
+    ("Verdict: Alice who is wrong.", None),
+    ("Verdict: Alice - but she is not right", None),
+    ("Verdict: Alice, wrong", None),
+    ("Verdict: **Alice**, whose answer isn't correct", None),
+    ("Verdict: Alice, or Bob", None),
+    ("Verdict: Alice? No, Bob", None),
+    ("Verdict: Alice, unless Bob is right", None),
+    ("Verdict: Alice, Alice is wrong", None),
+    ("Verdict: Alice, though Alice is not fully right", None),
+    ("Verdict: correct, not Alice", None),
+    ("Alice wins, but she is wrong", None),
+    ("Verdict: Alice, not Bob", 1.0),
+    ("Verdict: Alice, who is right", 1.0),
+    ("Verdict: Alice, because Bob's critique misreads the problem", 1.0),
+    ("Verdict: Bob, because Alice never checks her sum", 0.0),
+    ("Verdict: Alice is wrong, as she added 2 and 3", 0.0),
+    ("Verdict: Alice is correct and Bob is wrong", 1.0),
+    ("Verdict: Alice<|im_end|>", 1.0),
+]
+
+
+@pytest.mark.parametrize("text, vote", VERDICTS_TAKEN_BACK)
+def test_a_verdict_its_own_line_takes_back_is_unparsed(text, vote):
+    assert parse_verdict(text) == vote
+
+
 # Issue 34: 27 phrasings of a verdict and how each must be read (1.0 Alice, 0.0 Bob, None unparsed). The parser reads
 # each right or returns unparsed: a refusal or hedge is never guessed. The first 8 were misread before the fix (the
 # six of the issue and two more found then); "Winner: Bob" was unparsed; the other 18 were already read right.
