@@ -204,3 +204,31 @@ def test_an_explicit_checkpoint_resumes_with_the_given_learning_rate(work, tmp_p
     saved = torch.load(os.path.join(cli.trainer.log_dir, "checkpoints", "last.ckpt"), weights_only=True)
     assert [_rates(s) for s in saved["optimizer_states"]] == [{0.5}]  # the next checkpoint shows it
     assert yaml.safe_load(saved["run_config"])["model"]["init_args"]["lr"] == 0.5
+
+
+@pytest.mark.e2e
+def test_a_resume_whose_frozen_backbone_changed_is_refused_naming_the_folder(tmp_path, monkeypatch):
+    """The ensemble's frozen backbone is reloaded from its path: other weights there (same size) are refused."""
+    from alignment_games.modules.lm.models import resolve_name_or_path
+
+    backbone = tmp_path / "backbone"
+    shutil.copytree(resolve_name_or_path("builtin:minilm-l6"), backbone)
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "fit",
+        "--config",
+        CONFIG,
+        *SMALL,
+        "--test_after_fit=false",
+        f"--model.init_args.lm.name_or_path={backbone}",
+    ]
+    train.main([*args, "--trainer.max_steps=1"])
+    weights = backbone / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-64:] = bytes(64) if raw[-64:] != bytes(64) else b"\x01" * 64  # other weights, the same size
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="what the run reads changed") as err:
+        train.main([*args, "--trainer.max_steps=2", "--ckpt_path=last"])
+    assert f"the model folder {str(backbone)!r} (model.init_args.lm.name_or_path): sha256 " in str(err.value)
+    (last,) = glob.glob(str(tmp_path / "runs" / "preference_ensemble" / "version_0" / "checkpoints" / "last.ckpt"))
+    assert torch.load(last, weights_only=True)["global_step"] == 1  # nothing ran
