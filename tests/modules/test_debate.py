@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from helpers.debate import script_judge, tiny_debate_module
+from helpers.provenance import check_provenance
 
 from alignment_games.callbacks import MCCTracker, PeakCheckpoint
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
@@ -538,6 +539,7 @@ def test_final_answers_ties_and_unparsed_verdicts_in_the_evaluation(tiny_lm_dir,
     (record,) = [json.loads(line) for line in (tmp_path / "debate_evals.jsonl").read_text().splitlines()]
     expected = {"tp": 1, "fp": 0, "tn": 0, "fn": 1, "ties": 1, "unparsed": 1, "successes": 4, "trials": 4}
     assert {k: record[k] for k in expected} == expected
+    check_provenance(record, {"model.lm.name_or_path": tiny_lm_dir})  # the policy's base by each file's hash
     assert [mcc.last[k] for k in ("tp", "fp", "tn", "fn")] == [1.0, 0.0, 0.0, 1.0]
     assert (peak.evaluations[0]["successes"], peak.evaluations[0]["trials"]) == (4.0, 4.0)
     # training: 4 problems x 2 branches, the tie and the unparsed problem's branches counted

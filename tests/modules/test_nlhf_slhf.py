@@ -7,6 +7,7 @@ import lightning as L
 import pytest
 import torch
 from helpers.callback_helpers import make_trainer
+from helpers.provenance import check_provenance
 
 from alignment_games.modules.lm.mixture import generate_mixture
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -143,6 +144,7 @@ def test_nlhf_trains_the_policy_only_and_validates_against_the_reference(tiny_lm
     assert (
         saved["player"] == "policy" and saved["p0"]["n_prompts"] == 4 and saved["oracle"]["n_prompts"] == 4
     )  # 2 batches of 2
+    check_provenance(saved, {"model.lm.name_or_path": tiny_lm_dir})
     # the P0 win rates the validation scored (2 prompts a batch, 2 pairs a prompt), each prompt's mean, by hand
     per_prompt = torch.cat(model.preference.validation).double().view(4, 2).mean(dim=1)
     assert len(set(per_prompt.tolist())) > 1  # prompts differ: an interval to speak of

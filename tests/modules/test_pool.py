@@ -13,6 +13,7 @@ from helpers.nan_after import NaNAfter
 from helpers.pool_settings import SMALL
 from helpers.pool_settings import judging as _judging
 from helpers.pool_settings import lm as _lm
+from helpers.provenance import check_provenance
 from helpers.threads import one_torch_thread
 from lightning.pytorch.loggers import CSVLogger
 
@@ -173,6 +174,7 @@ def test_judges_that_never_parse_count_as_five_and_nothing_trains(tiny_lm_dir, t
     assert trainer.global_step == 0
     assert len(module.history["weights"]) == 2  # before and after the iteration
     assert (tmp_path / "pool_history.json").exists() and (tmp_path / "instruction_weights.png").exists()
+    check_provenance(json.loads((tmp_path / "pool_history.json").read_text()), {"model.lm.name_or_path": tiny_lm_dir})
 
 
 def test_empty_responses_score_the_minimum_and_dpo_trains(tiny_lm_dir, tmp_path, short_pool):
