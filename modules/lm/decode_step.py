@@ -100,11 +100,21 @@ class LeanDecoder:
         self.rows, self.capacity, self.filled = b * group_size, max_new_tokens, 0
         # each prompt's keys and values once (its G rows read them in one cascade), the rows' own in buffers
         self.prefix = [(layer.keys, layer.values) for layer in prompt_cache.layers[: len(self.layers)]]
-        k0 = self.prefix[0][0]
-        self.keys = [k0.new_empty(self.rows, k.shape[1], max_new_tokens, k.shape[-1]) for k, _ in self.prefix]
-        self.values = [v.new_empty(self.rows, v.shape[1], max_new_tokens, v.shape[-1]) for _, v in self.prefix]
         pad = torch.zeros(b, 1, p, dtype=torch.float32, device=prompt_mask.device)
         self.pad = pad.masked_fill(prompt_mask[:, None, :] == 0, float("-inf"))
+        # one row per prompt (G = 1): nothing to share, so a row's prompt and own keys sit in one buffer read by one
+        # fused attention call a layer (the cascade's two parts and merged softmax cost ~20 more small ops)
+        self.start = p if group_size == 1 else 0  # where a row's own keys begin in its buffer
+        size = self.start + max_new_tokens
+        self.keys = [k.new_empty(self.rows, k.shape[1], size, k.shape[-1]) for k, _ in self.prefix]
+        self.values = [v.new_empty(self.rows, v.shape[1], size, v.shape[-1]) for _, v in self.prefix]
+        if self.start:
+            for i, (k, v) in enumerate(self.prefix):
+                self.keys[i][:, :, :p], self.values[i][:, :, :p] = k, v
+            self.prefix = []
+            # the padding's additive mask over the whole buffer; None (no mask: the fastest kernel) without padding
+            mask = torch.cat([self.pad, self.pad.new_zeros(b, 1, max_new_tokens)], dim=-1)[:, None]
+            self.mask = mask if bool(prompt_mask.eq(0).any()) else None
 
     @torch.no_grad()
     def step(self, token: Tensor, position: Tensor) -> Tensor:
@@ -123,11 +133,18 @@ class LeanDecoder:
             k = _project(attn.k_proj, x).view(n, 1, -1, d).transpose(1, 2)
             v = _project(attn.v_proj, x).view(n, 1, -1, d).transpose(1, 2)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.keys[i][:, :, s : s + 1] = k
-            self.values[i][:, :, s : s + 1] = v
-            keys, values = self.prefix[i]
-            own_k, own_v = self.keys[i][:, :, : s + 1], self.values[i][:, :, : s + 1]
-            out = cascade_attention(q, keys, values, self.pad, own_k, own_v, attn.scaling)
+            end = self.start + s + 1
+            self.keys[i][:, :, end - 1 : end] = k
+            self.values[i][:, :, end - 1 : end] = v
+            own_k, own_v = self.keys[i][:, :, :end], self.values[i][:, :, :end]
+            if self.start:
+                mask = None if self.mask is None else self.mask[..., :end]
+                out = F.scaled_dot_product_attention(
+                    q, own_k, own_v, attn_mask=mask, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
+                ).transpose(1, 2)
+            else:
+                keys, values = self.prefix[i]
+                out = cascade_attention(q, keys, values, self.pad, own_k, own_v, attn.scaling)
             h = h + _project(attn.o_proj, out.reshape(n, 1, -1))
             x = _rms_norm(layer.post_attention_layernorm, h)
             h = h + _project(mlp.down_proj, mlp.act_fn(_project(mlp.gate_proj, x)) * _project(mlp.up_proj, x))

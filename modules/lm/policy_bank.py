@@ -15,6 +15,7 @@ from alignment_games.modules.lm.base_identity import base_identity
 from alignment_games.modules.lm.decoders import Decoder, make_decoder
 from alignment_games.modules.lm.decoding import base_model, cache_arg, prompt_forward
 from alignment_games.modules.lm.logprobs import head_inputs, head_token_logprobs
+from alignment_games.modules.lm.merged_adapters import MergedAdapters
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import check_exists, resolve_name_or_path
@@ -55,6 +56,7 @@ class PolicyBank(nn.Module):
         # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see for_generation; set False under sharded strategies
+        self.merged = MergedAdapters()  # each player's merged weights, reused by for_generation while current
         # how generate samples, chosen once from lm.decode (see modules.lm.decoders)
         self.decoder: Decoder | VLLMEngine = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
@@ -97,6 +99,8 @@ class PolicyBank(nn.Module):
         if self.mode == "separate":
             yield self.reference if player is None else self.models[player]
             return
+        if torch.is_grad_enabled():
+            self.merged.clear()  # training changes adapters: the merged copies would be remade, so free them now
         if player is None:
             with self.model.disable_adapter():
                 yield self.model
@@ -121,7 +125,9 @@ class PolicyBank(nn.Module):
     ) -> Iterator[nn.Module]:
         """The player as :meth:`using` gives it, its LoRA update merged into fresh weights when allowed.
 
-        The merged weights are swapped in and the originals put back, so the base stays bit-for-bit untouched.
+        The merged weights are swapped in and the originals put back, so the base stays bit-for-bit untouched; they
+        are kept for the player's next decode until its adapter changes (:class:`MergedAdapters`) or a forward with
+        gradients (training, which changes adapters) drops them.
         ``row_players`` (one per prompt of ``group`` rows): adapters disabled, each row's own added by
         :func:`~modules.lm.row_adapters.row_adapters`.
         """
@@ -135,15 +141,13 @@ class PolicyBank(nn.Module):
                 yield model
             return
         swapped = []
+        merged = self.merged.weights(player, layers)
         with self.using(None) as model:  # adapters disabled: every LoRA layer calls its base layer only
             try:
-                with torch.no_grad():
-                    for module in layers:
-                        base = module.get_base_layer()
-                        original = base.weight
-                        merged = original + module.get_delta_weight(player).to(original.dtype)
-                        base.weight = nn.Parameter(merged, requires_grad=False)
-                        swapped.append((base, original))
+                for module, weight in zip(layers, merged, strict=True):
+                    base = module.get_base_layer()
+                    swapped.append((base, base.weight))
+                    base.weight = weight
                 yield model
             finally:
                 for base, original in swapped:

@@ -13,6 +13,7 @@ from transformers import (
 )
 
 from alignment_games.modules.lm.decode_step import LeanDecoder, lean_decode_unsupported
+from alignment_games.modules.lm.decoding import cache_arg
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
@@ -41,21 +42,26 @@ def _model(kind: str):
     return LlamaForCausalLM(config).eval()
 
 
+@pytest.mark.parametrize(
+    ("g", "padded"), [(3, True), (1, True), (1, False)], ids=["cascade", "one_row_per_prompt", "unpadded_one_row"]
+)
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_each_step_gives_the_forward_logits_of_rows_continuing_left_padded_prompts(kind):
-    """Two prompts (one left-padded by 2) × G = 3 rows, 5 decoded tokens of different values per row: every step's
-    logits equal the model's forward over the whole padded sequence, at the row's last position."""
+def test_each_step_gives_the_forward_logits_of_rows_continuing_left_padded_prompts(kind, g, padded):
+    """Two prompts (one left-padded by 2, or neither) × G rows, 5 decoded tokens of different values per row: every
+    step's logits equal the model's forward over the whole padded sequence, at the row's last position (G = 1: one
+    attention over each row's prompt and own keys instead of the cascade)."""
     model = _model(kind)
-    b, g, width, new = 2, 3, 6, 5
+    b, width, new = 2, 6, 5
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(1, 61, (b, width), generator=gen)
     pmask = torch.ones(b, width, dtype=torch.long)
-    pmask[1, :2] = 0
+    pmask[1, :2] = 0 if padded else 1
     own = torch.randint(1, 61, (b * g, new), generator=gen)
     with torch.no_grad():
         cache = DynamicCache()
         pos = (pmask.cumsum(1) - 1).clamp_min(0)
-        model(input_ids=prompt[:, :-1], attention_mask=pmask[:, :-1], position_ids=pos[:, :-1], cache=cache)
+        kw = {cache_arg(model): cache}  # the argument's name differs between transformers versions
+        model(input_ids=prompt[:, :-1], attention_mask=pmask[:, :-1], position_ids=pos[:, :-1], **kw)
         decoder = LeanDecoder(model, cache, pmask[:, :-1], g, new)
         rows, rmask = prompt.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0)
         token, position = rows[:, -1:], rmask.sum(1, keepdim=True) - 1

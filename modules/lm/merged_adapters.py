@@ -1,0 +1,54 @@
+"""A player's LoRA update merged into copies of its base weights, kept until the adapter or the base changes.
+
+Merging is a few ops a layer, but a decode that merges on every call pays it (and, on a loaded CPU, the wait
+of every one of those ops) again for each prompt. The copies are kept per player and reused while the adapter holds
+the values it was merged from: a snapshot of them is compared with the adapter at each use (one concatenation and one
+comparison), so any change (an optimizer step, fused or not, a loaded checkpoint, an edit through ``.data``) remakes
+them. The base weights are recognised by identity, storage and version (they are frozen: only a cast or a load
+replaces them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["MergedAdapters"]
+
+
+class MergedAdapters:
+    """Per player: ``W + s·BA`` of each plain LoRA layer, as parameters ready to stand in for the base weights."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[tuple, Tensor, list[nn.Parameter]]] = {}
+        self.merges = 0  # layers merged so far (what a reuse saves)
+
+    def clear(self) -> None:
+        """Drop every player's copies (their memory)."""
+        self.entries.clear()
+
+    def weights(self, player: str, layers: Sequence[nn.Module]) -> list[nn.Parameter]:
+        """The merged weight of each of ``layers`` (peft LoRA layers on ``nn.Linear``), reused while still current."""
+        bases = [m.get_base_layer().weight for m in layers]
+        key = tuple(
+            (id(w), w.data_ptr(), w._version, w.dtype, w.device, m.scaling[player]) for w, m in zip(bases, layers)
+        )
+        with torch.no_grad():
+            adapter = torch.cat([t.reshape(-1) for m in layers for t in _factors(m, player)])
+            entry = self.entries.get(player)
+            if entry is not None and entry[0] == key and torch.equal(entry[1], adapter):
+                return entry[2]
+            self.entries.pop(player, None)  # the stale copies go before the new ones are made
+            merged = []
+            for w, m in zip(bases, layers, strict=True):
+                merged.append(nn.Parameter(w + m.get_delta_weight(player).to(w.dtype), requires_grad=False))
+            self.merges += len(layers)
+        self.entries[player] = (key, adapter, merged)
+        return merged
+
+
+def _factors(layer: nn.Module, player: str) -> tuple[Tensor, Tensor]:
+    """``A`` ``[r, in]`` and ``B`` ``[out, r]`` of ``player``'s adapter on ``layer``."""
+    return layer.lora_A[player].weight, layer.lora_B[player].weight
