@@ -50,7 +50,7 @@ from alignment_games.modules.training.run_lock import LOCK_NAME, RunFolderLock, 
 
 # ``last.ckpt``, and Lightning's ``last-v1.ckpt`` … beside another run's ``last.ckpt`` in a shared folder
 _LAST = re.compile(r"^last(-v?\d+)?\.ckpt$")
-_INTERRUPTED = re.compile(r"^\.(?P<name>last(-\d+)?\.ckpt)\.(previous|partial)$")
+_INTERRUPTED = re.compile(r"^\.(?P<name>last(-v?\d+)?\.ckpt)\.(previous|partial)$")
 
 
 def recover_interrupted_saves(folder: str) -> None:

@@ -319,7 +319,8 @@ def _compare_objects(a: Any, b: Any, where: str, report: Report, roots: tuple[st
             report.differences.append(f"{where}: values differ (max abs {diff})")
         return
     if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
+        # a report's provenance names its own stage's command and the checkpoint it resumed from: it differs by design
+        for k in sorted((set(a) | set(b)) - {"provenance"}, key=str):
             if k not in a or k not in b:
                 report.differences.append(f"{where}[{k!r}]: only in the {'reference' if k in a else 'resumed run'}")
             else:
@@ -371,9 +372,10 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
     """Compare every output of the run folder ``resumed`` with the uninterrupted run's ``reference``.
 
     Checkpoints (``*.ckpt``) are loaded and compared value by value (every tensor bitwise, every plain value
-    exactly); JSON files value by value, each run folder's own path read as ``<RUN>`` (an export records its
-    base's absolute path); other files byte for byte (``config.yaml`` without its ``ckpt_path`` line); the logged
-    numbers of the stages (``<stage>.metrics.csv``, merged) against the reference's, as text, so to the last digit.
+    exactly); JSON and JSONL files value by value, each run folder's own path read as ``<RUN>`` (an export records
+    its base's absolute path), a report's ``provenance`` (its stage's command) left out; other files byte for byte
+    (``config.yaml`` without its ``ckpt_path`` line); the logged numbers of the stages (``<stage>.metrics.csv``,
+    merged) against the reference's, as text, so to the last digit.
     """
     report = Report()
     roots = (str(reference), str(resumed))
@@ -407,6 +409,9 @@ def compare_runs(reference: Path, resumed: Path, stages: list[str], family: Fami
                 report.differences.append(f"{rel}: the resolved configs differ")
         elif rel.endswith(".json"):  # values compared, the two run folders' own paths read as one (<RUN>)
             _compare_objects(json.loads(a.read_text()), json.loads(b.read_text()), rel, report, roots)
+        elif rel.endswith(".jsonl"):  # line by line, as JSON
+            lines = ([json.loads(x) for x in p.read_text().splitlines()] for p in (a, b))
+            _compare_objects(*lines, rel, report, roots)
         elif a.read_bytes() != b.read_bytes():
             report.differences.append(f"{rel}: contents differ")
     ref_rows = _read_rows([reference / "reference.metrics.csv"])
