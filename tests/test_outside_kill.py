@@ -67,6 +67,7 @@ KILLS: dict[str, tuple[Kill, ...]] = {
     "deep_smida": _CHAIN,
     "sft_tiny": _CHAIN,
     "grpo": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)
+    "grpo_4bit": _validating(8, "val/accuracy"),
     "pool_dpo": _CHAIN,
     "pool_grpo": _CHAIN,
     "debate_a": _validating(8, "val/accuracy"),  # validation after batch 9 (logged at step 8)

@@ -33,6 +33,21 @@ _TINY_PREFERENCE = (
 # 14 steps (3.5 epochs of 4 batches) with one validation, at batch 9
 _FOURTEEN_STEPS = ("--trainer.max_steps=14", "--trainer.val_check_interval=9", "--trainer.limit_val_batches=1")
 
+# GRPO on the tiny LM with a reward model
+_GRPO = (
+    "--model.init_args.lm.name_or_path={tiny_lm_dir}",
+    # the tiny LM's folder loaded as a sequence classifier: its backbone with a score head initialised under the
+    # run's seed, so the rewards vary and the adapter moves (the answer checker alone gives a random policy 0
+    # everywhere)
+    "--model.init_args.reward_models=[{tiny_lm_dir}]",
+    "--model.init_args.answer_reward=false",
+    "--model.init_args.policy_gradient.group_size=2",
+    "--model.init_args.sampling.max_new_tokens=4",
+    *_TINY_LORA,
+    "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
+    *_FOURTEEN_STEPS,
+)
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -177,19 +192,16 @@ FAMILIES: dict[str, Family] = {
         Family(
             name="grpo",
             config="grpo_tiny.yaml",
-            args=(
-                "--model.init_args.lm.name_or_path={tiny_lm_dir}",
-                # the tiny LM's folder loaded as a sequence classifier: its backbone with a score head initialised
-                # under the run's seed, so the rewards vary and the adapter moves (the answer checker alone gives
-                # a random policy 0 everywhere)
-                "--model.init_args.reward_models=[{tiny_lm_dir}]",
-                "--model.init_args.answer_reward=false",
-                "--model.init_args.policy_gradient.group_size=2",
-                "--model.init_args.sampling.max_new_tokens=4",
-                *_TINY_LORA,
-                "--data.init_args.num_prompts=9",  # 8 train prompts (4 batches of 2), 1 validation
-                *_FOURTEEN_STEPS,
-            ),
+            args=_GRPO,
+            batches_per_epoch=4,
+            ckpt_every=5,
+            kills=_chain(4),
+            needs_tiny_lm=True,
+        ),
+        Family(  # the same run over a 4-bit (NF4) base: the packed weights are reloaded, the adapter resumes
+            name="grpo_4bit",
+            config="grpo_tiny.yaml",
+            args=(*_GRPO, "--model.init_args.lm.load_in_4bit=true"),
             batches_per_epoch=4,
             ckpt_every=5,
             kills=_chain(4),
