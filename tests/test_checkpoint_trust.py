@@ -191,6 +191,7 @@ def _rates(optimizer_state: dict) -> set[float]:
     return {group["lr"] for group in optimizer_state["param_groups"]}
 
 
+@pytest.mark.e2e  # a preference fit, 13-16 s on 2 busy cores; the mechanism: test_callbacks_given_settings.py
 def test_an_explicit_checkpoint_resumes_with_the_given_learning_rate(work, tmp_path, monkeypatch):
     """Lightning restored the stored param groups whole: ``--model.init_args.lr=0.5`` trained at the stored 0.01."""
     monkeypatch.chdir(tmp_path)
