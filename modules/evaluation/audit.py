@@ -232,8 +232,12 @@ OUTPUT_FIELDS = frozenset({"output_dir", "figure_path", "dirpath", "save_dir", "
 
 
 def _named_inputs(tree: Any, prefix: str) -> Iterator[tuple[str, str]]:
-    """``(dotted key, value)`` of the strings in nested settings that name an existing file, or a model by name."""
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    """``(dotted key, value)`` of the strings in nested settings that name a model or what a run reads.
+
+    That is an existing file, a model or adapter folder, or a model by name (under a ``name_or_path`` key, or
+    ``builtin:``).
+    """
+    if _plain(tree):
         tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
     if isinstance(tree, Mapping):
         for key, value in tree.items():
@@ -243,8 +247,31 @@ def _named_inputs(tree: Any, prefix: str) -> Iterator[tuple[str, str]]:
         for i, value in enumerate(tree):
             yield from _named_inputs(value, f"{prefix}.{i}")
     elif isinstance(tree, str) and tree:
-        if prefix.endswith("name_or_path") or tree.startswith("builtin:") or os.path.isfile(tree):
+        model = any(os.path.isfile(os.path.join(tree, n)) for n in ("config.json", "adapter_config.json"))
+        if prefix.endswith("name_or_path") or tree.startswith("builtin:") or os.path.isfile(tree) or model:
             yield prefix, tree
+
+
+def _own_settings(module: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The settings a module's parts name: ``(model.<name>, settings)`` of each child and plain object attribute.
+
+    Their own strings and dataclasses, and the hparams of each Lightning module inside (an ensemble utility's
+    ensemble: its backbone): what a judge (``model_name``), an ensemble utility (``checkpoint``) or a tokenizer read.
+    """
+    children = dict(module.named_children()) if hasattr(module, "named_children") else {}
+    objects = {k: v for k, v in vars(module).items() if not k.startswith("_") and hasattr(v, "__dict__")}
+    for name, value in {**objects, **children}.items():
+        if isinstance(value, type):
+            continue
+        own = vars(value).items()
+        yield f"model.{name}", {k: v for k, v in own if not k.startswith("_") and (isinstance(v, str) or _plain(v))}
+    for name, inner in module.named_modules() if hasattr(module, "named_modules") else ():
+        if name and isinstance(getattr(inner, "hparams", None), Mapping):
+            yield f"model.{name}.hparams", inner.hparams
+
+
+def _plain(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def run_provenance(trainer: Any, module: Any) -> dict[str, Any]:
@@ -252,9 +279,9 @@ def run_provenance(trainer: Any, module: Any) -> dict[str, Any]:
 
     Its inputs: those ``train.py`` hashed from the resolved config (the ``inputs`` of its
     :class:`~callbacks.run_config.RunConfigRecord`), the files and models that the module's and the datamodule's
-    settings name (``model.<key>``, ``data.<key>``), the files its child modules' own string attributes name (an
-    ensemble utility's ``checkpoint``: ``model.<child>.<attribute>``), and the checkpoint the run resumed from
-    (``ckpt_path``). A path already named is not named again.
+    settings name (``model.<key>``, ``data.<key>``), what the module's child modules and object attributes name
+    (:func:`_own_settings`: ``model.<attribute>.<key>``, e.g. a judge's model or an ensemble utility's checkpoint),
+    and the checkpoint the run resumed from (``ckpt_path``). A path already named is not named again.
     """
     from alignment_games.callbacks.run_config import RunConfigRecord
 
@@ -264,12 +291,10 @@ def run_provenance(trainer: Any, module: Any) -> dict[str, Any]:
             recorded = getattr(callback, "inputs", None) or {}
             inputs.update({key: r["path"] for key, r in recorded.items() if isinstance(r, dict) and r.get("path")})
     datamodule = getattr(trainer, "datamodule", None)
-    sources = [("model", getattr(module, "hparams", {}))]
-    for name, child in module.named_children() if hasattr(module, "named_children") else ():
-        sources.append((f"model.{name}", {k: v for k, v in vars(child).items() if isinstance(v, str)}))
+    sources = [("model", getattr(module, "hparams", {})), *_own_settings(module)]
     if datamodule is not None:
         sources.append(("data", getattr(datamodule, "hparams", {})))
-        sources += [(f"data.{k}", v) for k, v in vars(datamodule).items() if dataclasses.is_dataclass(v)]
+        sources += [(f"data.{k}", v) for k, v in vars(datamodule).items() if _plain(v)]
     for prefix, tree in sources:
         for key, path in _named_inputs(tree, prefix):
             if path not in inputs.values():

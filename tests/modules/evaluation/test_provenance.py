@@ -55,7 +55,8 @@ def test_prompt_digests_survive_the_int64_round_trip():
 
 def test_a_runs_inputs_from_its_config_settings_utility_data_and_checkpoint(tmp_path, monkeypatch):
     """What a training run read: train.py's hashed config inputs, the module's and data's settings, the utility's
-    checkpoint (a child's string attribute) and the checkpoint resumed from; each path named once."""
+    checkpoint (a child module's attribute), the judge's model folder (an object attribute's) and the checkpoint
+    resumed from; each path named once."""
     files = {n: tmp_path / n for n in ("judge.bin", "ensemble.ckpt", "prompts.jsonl", "last.ckpt")}
     for i, f in enumerate(files.values()):
         f.write_bytes(bytes([i]) * 3)
@@ -63,6 +64,10 @@ def test_a_runs_inputs_from_its_config_settings_utility_data_and_checkpoint(tmp_
     module.hparams = {"lm": {"name_or_path": str(files["judge.bin"])}, "output_dir": str(files["last.ckpt"])}
     module.utility = nn.Module()
     module.utility.checkpoint = str(files["ensemble.ckpt"])
+    judge = tmp_path / "judge_model"  # a judge is a plain object naming its model folder
+    judge.mkdir()
+    (judge / "config.json").write_text("{}")
+    module.judge = SimpleNamespace(model_name=str(judge), prompt="Is it right?")
     datamodule = PromptDataModule(source=PromptSource(path=str(files["prompts.jsonl"])))
     record = RunConfigRecord("model: {}\n")
     record.inputs = {"model.init_args.judge.init_args.model": {"path": str(files["judge.bin"]), "sha256": "old"}}
@@ -71,6 +76,7 @@ def test_a_runs_inputs_from_its_config_settings_utility_data_and_checkpoint(tmp_
     expected = {
         "model.init_args.judge.init_args.model": str(files["judge.bin"]),  # named by the config first: once
         "model.utility.checkpoint": str(files["ensemble.ckpt"]),
+        "model.judge.model_name": str(judge),
         "data.source.path": str(files["prompts.jsonl"]),
         "ckpt_path": str(files["last.ckpt"]),
     }
