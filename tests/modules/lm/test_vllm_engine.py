@@ -1,0 +1,158 @@
+"""The vLLM engine (``lm.decode: vllm``) against the own decoders and transformers' ``generate`` (+ peft).
+
+One engine per bank, each bank built once for the module. Needs the vllm extra (``pip install -e ".[vllm]"``).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from alignment_games.modules.lm.decoders import make_decoder
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import build_tiny_causal_lm, resolve_name_or_path
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.rollout import Rollout
+from alignment_games.modules.lm.sampling import Sampling
+
+pytestmark = pytest.mark.engines
+
+PLAYERS = ["m0", "m1", "m2"]
+PROMPTS = ["7-2=", "the sum of 3 and 4 is ", "q", "name a colour: "]
+#: a tiny Llama whose head size (64) vLLM's CPU attention serves (the suite's tiny models have 16)
+TINY_LLAMA = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256}
+GREEDY = Sampling(max_new_tokens=10)
+
+
+def perturbed_bank(lm: ModelConfig, players: list[str], scale: float) -> PolicyBank:
+    """A bank whose adapters are moved off their zero init, differently per player (seeded)."""
+    torch.manual_seed(0)
+    bank = PolicyBank(lm, players=players)
+    with torch.no_grad():
+        for i, p in enumerate(players):
+            gen = torch.Generator().manual_seed(10 + i)
+            for w in bank.player_parameters(p):
+                w.add_(scale * torch.randn(w.shape, generator=gen))
+    return bank
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_llama64"), config=TINY_LLAMA, architecture="llama")
+
+
+@pytest.fixture(scope="module")
+def bank(tiny):
+    lm = ModelConfig(tiny, lora_r=8, lora_alpha=16, decode="vllm", vllm_kv_cache_gib=0.25)
+    return perturbed_bank(lm, PLAYERS, 0.3)
+
+
+def completions(sequences: torch.Tensor, width: int, eos: int) -> list[list[int]]:
+    """Each row's completion tokens up to and with its first EOS."""
+    out = []
+    for row in sequences[:, width:].tolist():
+        out.append(row[: row.index(eos) + 1] if eos in row else row)
+    return out
+
+
+def rollout_completions(r: Rollout, eos: int) -> list[list[int]]:
+    return completions(r.sequences, r.prompt_width, eos)
+
+
+def own_decode(bank: PolicyBank, monkeypatch, *args, **kwargs) -> Rollout:
+    """``bank.generate`` by the own decoder of ``lm.decode: auto`` on the same bank (the same adapters)."""
+    with monkeypatch.context() as m:
+        tok = bank.tokenizer
+        own = make_decoder(dataclasses.replace(bank.lm, decode="auto"), tok.eos_token_id, tok.pad_token_id)
+        m.setattr(bank, "decoder", own)
+        return bank.generate(*args, **kwargs)
+
+
+def transformers_greedy(bank: PolicyBank, player: str | None, prompts: list[str], folder, new: int) -> list[list[int]]:
+    """transformers' ``generate`` on a fresh load of the base, with ``player``'s adapter loaded by peft from disk."""
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_name_or_path(bank.lm.name_or_path), dtype=torch.float32)
+    if player is not None:
+        bank.model.save_pretrained(folder, selected_adapters=[player])
+        model = PeftModel.from_pretrained(model, folder / player)
+    tok = bank.tokenizer
+    enc = tok(prompts, add_special_tokens=False, return_tensors="pt", padding=True)
+    out = model.eval().generate(
+        **enc, do_sample=False, max_new_tokens=new, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    return completions(out, enc["input_ids"].shape[1], tok.eos_token_id)
+
+
+def assert_three_agree(bank, monkeypatch, tmp_path, player, prompts, new, g=2):
+    """The engine's greedy rows equal the own decoder's and transformers+peft's; the engine's completions returned."""
+    s = Sampling(max_new_tokens=new)
+    eos = bank.tokenizer.eos_token_id
+    engine = bank.generate(player, prompts, g, s, greedy=True)
+    own = own_decode(bank, monkeypatch, player, prompts, g, s, greedy=True)
+    assert torch.equal(engine.sequences, own.sequences)
+    assert torch.equal(engine.completion_mask, own.completion_mask) and engine.texts == own.texts
+    reference = transformers_greedy(bank, player, prompts, tmp_path, new)
+    got = rollout_completions(engine, eos)
+    assert all(got[i::g] == reference for i in range(g))
+    return got[::g]
+
+
+def test_greedy_tokens_equal_own_decoder_and_transformers_peft_on_a_tiny_llama(bank, monkeypatch, tmp_path):
+    base = assert_three_agree(bank, monkeypatch, tmp_path / "none", None, PROMPTS, 10)
+    adapted = assert_three_agree(bank, monkeypatch, tmp_path / "m0", "m0", PROMPTS, 10)
+    assert adapted != base  # the adapter reached the engine
+
+
+def test_greedy_tokens_equal_own_decoder_and_transformers_peft_on_smollm2(monkeypatch, tmp_path):
+    lm = ModelConfig("builtin:smollm2-135m-instruct", lora_r=8, lora_alpha=16, decode="vllm", vllm_kv_cache_gib=0.5)
+    smol = perturbed_bank(lm, ["m0"], 0.05)
+    prompts = [smol.chat(None, "What is 2+2?"), smol.chat(None, "Name a colour.")]
+    base = assert_three_agree(smol, monkeypatch, tmp_path / "none", None, prompts, 12, g=1)
+    adapted = assert_three_agree(smol, monkeypatch, tmp_path / "m0", "m0", prompts, 12, g=1)
+    assert adapted != base
+
+
+def test_after_an_optimizer_step_the_next_rollout_is_the_updated_adapters(bank, monkeypatch, tmp_path):
+    eos = bank.tokenizer.eos_token_id
+    before = rollout_completions(bank.generate("m1", PROMPTS, 1, GREEDY, greedy=True), eos)
+    kept = bank.decoder.adapters["m0"][1] if "m0" in bank.decoder.adapters else None
+    r = bank.generate("m1", PROMPTS, 1, GREEDY, greedy=True)
+    opt = torch.optim.SGD(bank.player_parameters("m1"), lr=5.0)
+    bank.token_logprobs("m1", r, temperature=1.0).sum().backward()  # down the current greedy tokens' likelihood
+    opt.step()
+    opt.zero_grad()
+    after = assert_three_agree(bank, monkeypatch, tmp_path, "m1", PROMPTS, 10)
+    assert after != before
+    if kept is not None:  # another player's adapter, unchanged, is not rewritten
+        assert bank.decoder.adapter(bank, "m0") is kept
+
+
+def test_a_three_adapter_pool_batch_equals_three_single_adapter_decodes(bank):
+    requests = [("m0", PROMPTS[:2]), ("m1", PROMPTS[2:]), ("m2", PROMPTS[1:3]), (None, PROMPTS[:1])]
+    for greedy in (True, False):
+        s = Sampling(temperature=0.9, top_p=0.95, max_new_tokens=8)
+        torch.manual_seed(5)
+        together = bank.generate_each(requests, 2, s, greedy=greedy)
+        torch.manual_seed(5)  # the same per-row seeds, drawn in the same order
+        alone = [bank.generate(p, x, 2, s, greedy=greedy) for p, x in requests]
+        for a, b in zip(together, alone, strict=True):
+            assert torch.equal(a.sequences, b.sequences) and a.texts == b.texts
+            assert torch.allclose(a.sample_logprobs, b.sample_logprobs, atol=1e-5)
+    assert len({tuple(r.sequences[0].tolist()) for r in alone[:3]}) > 1  # the players answer differently
+
+
+def test_seeded_sampling_repeats_and_the_logprobs_are_the_trainers(bank):
+    s = Sampling(temperature=0.7, max_new_tokens=10)
+    runs = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        runs.append(bank.generate("m2", PROMPTS, 3, s))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert not torch.equal(runs[0].sequences[:, -10:], runs[2].sequences[:, -10:])
+    r = runs[0]
+    trainer = bank.token_logprobs("m2", r, temperature=0.7).detach()
+    assert r.sample_logprobs.shape == trainer.shape
+    assert torch.equal(r.sample_logprobs == 0, r.completion_mask == 0)
+    torch.testing.assert_close(r.sample_logprobs, trainer, atol=1e-4, rtol=0)
