@@ -9,11 +9,13 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import warnings
 
 import pytest
 import torch
 from helpers.corrupt import change_a_number
+from helpers.one_rank import OneRank
 
 from alignment_games import train
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO
@@ -107,3 +109,33 @@ def test_a_resume_from_a_corrupted_last_ckpt_is_refused_naming_it(tmp_path, monk
         with warnings.catch_warnings(), pytest.raises(ValueError, match="corrupt") as err:
             train.main(["fit", "--config", TABULAR, "--trainer.max_steps=4", f"--ckpt_path={ckpt_path}"])
         assert repr(rel if ckpt_path == "last" else last) in str(err.value)
+
+
+def test_a_sharded_checkpoints_files_are_listed_and_a_changed_shard_is_refused_naming_it(tmp_path):
+    """A DCP folder as FSDP2 writes it (through ``saved_beside``): its SHA256SUMS lists every file; a shard whose bytes
+    changed is refused when the folder is read and before a strategy loads it."""
+    from pathlib import Path
+
+    from lightning.fabric.strategies.model_parallel import _distributed_checkpoint_save
+
+    from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero, saved_beside
+
+    path = tmp_path / "last.ckpt"
+    weights = torch.arange(64, dtype=torch.float32)
+    with saved_beside(OneRank(), path, "fsdp2") as tmp:
+        _distributed_checkpoint_save({"state_dict": {"w": weights}}, Path(tmp))
+        torch.save({"global_step": 3}, Path(tmp) / "meta.pt")
+    files = sorted(p.name for p in path.iterdir() if p.name != "SHA256SUMS")
+    assert files == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert (path / "SHA256SUMS").read_text() == "".join(f"{_sha256(path / f)}  {f}\n" for f in files)
+    assert read_checkpoint_or_explain(path)["global_step"] == 3
+    recover_folder_on_rank_zero(OneRank(), path, "load")
+    change_a_number(path / "__0_0.distcp", weights)
+    refused = f"checkpoint '{path}' is corrupt: __0_0.distcp has sha256 {_sha256(path / '__0_0.distcp')}"
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        read_checkpoint_or_explain(path)
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        recover_folder_on_rank_zero(OneRank(), path, "load")  # FSDP2's and DeepSpeed's loads begin here
+    (path / "planted.pt").write_bytes(b"x")
+    with pytest.raises(ValueError, match="planted.pt was not written by the save"):
+        recover_folder_on_rank_zero(OneRank(), path, "load")

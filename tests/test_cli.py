@@ -312,6 +312,7 @@ def test_a_run_without_a_logger_writes_under_runs(tmp_path, monkeypatch):
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == [
         os.path.join("runs", "no_logger", "checkpoints", "last.ckpt"),
+        os.path.join("runs", "no_logger", "checkpoints", "last.ckpt.sha256"),
         os.path.join("runs", "no_logger", "config.yaml"),
         os.path.join("runs", "no_logger", "smida_result.pt"),
     ]

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.one_rank import OneRank
 
 from alignment_games.callbacks.fault_tolerance import atomic_torch_save
 from alignment_games.modules.training.artifacts import atomic_folder, atomic_write_text
@@ -159,18 +160,6 @@ def test_lightnings_hparams_yaml_on_a_full_disk_is_named(tmp_path, monkeypatch):
     assert disk_full_error(named) is None and disk_full_error(OSError(errno.EACCES, "denied")) is None
 
 
-class _OneRank:
-    """The strategy calls ``saved_beside`` makes, on one process."""
-
-    global_rank = 0
-
-    def broadcast(self, obj):
-        return obj
-
-    def barrier(self, name):
-        pass
-
-
 def _sharded_state():
     return {"state_dict": {"w": torch.ones(256)}, "optimizer_0": {"state": {}, "param_groups": []}}
 
@@ -185,7 +174,7 @@ def test_a_full_disk_during_a_sharded_save_names_the_checkpoint_and_the_shard_an
     from alignment_games.modules.training.artifacts import saved_beside
 
     path = tmp_path / "last.ckpt"
-    with saved_beside(_OneRank(), path, "fsdp2") as tmp:
+    with saved_beside(OneRank(), path, "fsdp2") as tmp:
         _distributed_checkpoint_save(_sharded_state(), Path(tmp))
     before = {p.name: p.read_bytes() for p in path.iterdir()}
     real_stream = dcp_fs.FileSystem.create_stream
@@ -196,7 +185,7 @@ def test_a_full_disk_during_a_sharded_save_names_the_checkpoint_and_the_shard_an
     monkeypatch.setattr(_FullDisk, "room", 16)
     monkeypatch.setattr(dcp_fs.FileSystem, "create_stream", full_stream)
     with pytest.raises(OSError) as err:
-        with saved_beside(_OneRank(), path, "fsdp2") as tmp:
+        with saved_beside(OneRank(), path, "fsdp2") as tmp:
             _distributed_checkpoint_save(_sharded_state(), Path(tmp))
     assert err.value.errno == errno.ENOSPC
     assert re.fullmatch(
@@ -224,12 +213,12 @@ def test_a_full_disk_under_torchs_own_writer_names_the_checkpoint(tmp_path, monk
         raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
 
     with pytest.raises(OSError) as err:
-        with saved_beside(_OneRank(), path, "deepspeed") as tmp:
+        with saved_beside(OneRank(), path, "deepspeed") as tmp:
             torch_writer_fails(tmp)
     assert str(err.value).startswith(
         f"[Errno {errno.ENOSPC}] cannot write {path}: No space left on device (0 bytes free after: [enforce fail"
     )
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="PytorchStreamWriter"):  # with room left: torch's error, as it was
-        with saved_beside(_OneRank(), path, "deepspeed") as tmp:
+        with saved_beside(OneRank(), path, "deepspeed") as tmp:
             raise RuntimeError("PytorchStreamWriter failed writing file")

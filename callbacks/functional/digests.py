@@ -1,7 +1,7 @@
-"""A file's sha256 kept beside it (``<file>.sha256``, ``sha256sum`` format) and checked before the file is believed.
+"""A file's sha256 kept beside it (``<file>.sha256``), a folder's in its ``SHA256SUMS``, checked before use.
 
-The sidecar catches bytes changed after the save (a bad disk, a copy cut short, an edit); it proves nothing about
-who wrote the file: whoever can rewrite the file can rewrite its sidecar too.
+Both are ``sha256sum`` format. They catch bytes changed after the save (a bad disk, a copy cut short, an edit); they
+prove nothing about who wrote the file: whoever can rewrite the file can rewrite its sidecar too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,17 @@ import warnings
 
 from alignment_games.callbacks.functional.files import fsync_dir
 
-__all__ = ["SIDECAR_SUFFIX", "read_sidecar", "sha256_file", "sidecar_of", "verify_sidecar", "write_sidecar"]
+__all__ = [
+    "MANIFEST",
+    "SIDECAR_SUFFIX",
+    "read_sidecar",
+    "sha256_file",
+    "sidecar_of",
+    "verify_manifest",
+    "verify_sidecar",
+    "write_manifest",
+    "write_sidecar",
+]
 
 SIDECAR_SUFFIX = ".sha256"
 _LINE = re.compile(r"^(?P<digest>[0-9a-f]{64}) [ *](?P<name>.+)$")
@@ -109,4 +119,66 @@ def verify_sidecar(path: str | os.PathLike, what: str = "checkpoint") -> bool:
             "sidecar to load it unverified"
         )
     _verified[real] = stamps
+    return True
+
+
+#: the file in a sharded checkpoint folder listing the sha256 of every other file in it (``sha256sum -c`` reads it)
+MANIFEST = "SHA256SUMS"
+
+
+def _folder_files(folder: str) -> list[str]:
+    """Every regular file under ``folder``, as ``/``-separated paths relative to it, the manifest left out, sorted."""
+    out = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def write_manifest(folder: str | os.PathLike) -> None:
+    """Write ``folder``'s :data:`MANIFEST`: the sha256 of every file under it (a sharded checkpoint before its swap)."""
+    folder = os.fspath(folder)
+    lines = [f"{sha256_file(os.path.join(folder, rel))}  {rel}\n" for rel in _folder_files(folder)]
+    with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify_manifest(folder: str | os.PathLike, what: str = "checkpoint") -> bool:
+    """Check every file of the folder ``folder`` against its :data:`MANIFEST`; ``False`` (and a warning) without one.
+
+    Raises:
+        ValueError: naming the folder and the file that is missing, changed, or not written by the save.
+    """
+    folder = os.fspath(folder)
+    manifest = os.path.join(folder, MANIFEST)
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        warnings.warn(
+            f"{what} {folder!r} has no {MANIFEST} (written before manifests): loaded without checking its files' bytes",
+            stacklevel=2,
+        )
+        return False
+    found = [_LINE.match(line) for line in lines]
+    if any(m is None or ".." in m.group("name").split("/") or m.group("name").startswith("/") for m in found):
+        raise ValueError(f"{manifest}: not sha256sum lines of files inside the folder; delete it to load unverified")
+    recorded = {m.group("name"): m.group("digest") for m in found if m is not None}
+    extra = sorted(set(_folder_files(folder)) - set(recorded))
+    if extra:
+        raise ValueError(f"{what} {folder!r}: {extra[0]} was not written by the save ({MANIFEST} does not list it)")
+    for rel, digest in sorted(recorded.items()):
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path):
+            raise ValueError(f"{what} {folder!r}: {rel} is missing ({MANIFEST} lists it)")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ValueError(
+                f"{what} {folder!r} is corrupt: {rel} has sha256 {actual}, but {MANIFEST} records {digest} (bytes "
+                "changed after it was written); resume from another checkpoint"
+            )
     return True

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignment_games.callbacks.functional.digests import verify_sidecar
+from alignment_games.callbacks.functional.digests import verify_manifest, verify_sidecar
 from alignment_games.modules.training.faults import nonfinite_entries, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.provenance import made_by
 
@@ -281,11 +281,13 @@ def _read_any(path: str, mmap: bool) -> dict[str, Any]:
         if os.path.isfile(os.path.join(path, "latest")):  # DeepSpeed's folder: its Lightning state, weights-only
             from alignment_games.modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state
 
+            verify_manifest(path)
             return read_deepspeed_client_state(path)
         if not is_sharded_checkpoint(path):
             raise ValueError("a folder without meta.pt and .metadata, or DeepSpeed's latest (an incomplete save?)")
         from alignment_games.modules.distributed.dcp_safe import read_dcp_metadata
 
+        verify_manifest(path)
         read_dcp_metadata(path)
         return torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
     verify_sidecar(path)

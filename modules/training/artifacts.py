@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from alignment_games.callbacks.functional.digests import verify_manifest, write_manifest
 from alignment_games.callbacks.functional.files import (
     NO_ROOM,
     fsync_dir,
@@ -127,15 +128,19 @@ def recover_folder(path: str | os.PathLike) -> bool:
 
 
 def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier: str) -> None:
-    """:func:`recover_folder` on ``strategy``'s rank 0 before a load; every rank then meets at ``barrier``.
+    """:func:`recover_folder` and the folder's ``SHA256SUMS`` checked on rank 0 before a load; then ``barrier``.
+
+    The check is :func:`~callbacks.functional.digests.verify_manifest`; every rank meets at ``barrier`` after it.
 
     Raises:
-        ValueError: ``recover_folder``'s refusal, on every rank (none waits for rank 0).
+        ValueError: ``recover_folder``'s refusal, or a file whose bytes changed, on every rank (none waits for rank 0).
     """
     refused = None
     if strategy.global_rank == 0:
         try:
             recover_folder(path)
+            if os.path.isdir(path):
+                verify_manifest(path)
         except ValueError as err:
             refused = str(err)
     refused = strategy.broadcast(refused)
@@ -201,6 +206,7 @@ def saved_beside(strategy: Any, filepath: Any, name: str) -> Iterator[str]:
         raise
     strategy.barrier(f"{name}_save_written")
     if strategy.global_rank == 0:
+        write_manifest(tmp)  # every rank's files are there: their sha256, checked when the folder is loaded
         swap_folder_in(tmp, path)
     strategy.barrier(f"{name}_save_swapped")
 

@@ -360,9 +360,9 @@ def _output_files(workdir: Path) -> dict[str, Path]:
     out = {}
     for path in workdir.rglob("*"):
         rel = path.relative_to(workdir).as_posix()
-        # a checkpoint's .sha256 sidecar follows its bytes, which differ with the recorded ckpt_path: the checkpoints
-        # themselves are compared by value
-        skip = rel.startswith(HARNESS_FILES) or rel.endswith(("metrics.csv", ".ckpt.sha256"))
+        # a checkpoint's .sha256 sidecar (a sharded one's SHA256SUMS) follows its bytes, which differ with the
+        # recorded ckpt_path: the checkpoints themselves are compared by value
+        skip = rel.startswith(HARNESS_FILES) or rel.endswith(("metrics.csv", ".ckpt.sha256", ".ckpt/SHA256SUMS"))
         if path.is_file() and not skip:
             out[rel] = path
     return out

@@ -111,7 +111,7 @@ def test_a_finished_save_replaces_the_checkpoint_and_leaves_nothing_beside(tmp_p
     model, meta = _load(path)
     assert meta["global_step"] == 2 and torch.equal(model.weight.detach(), torch.full((3, 4), 2.0))
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
-    assert sorted(os.listdir(path)) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert sorted(os.listdir(path)) == [".metadata", "SHA256SUMS", "__0_0.distcp", "meta.pt"]
 
 
 class _Boom:
@@ -125,6 +125,7 @@ def test_metadata_naming_code_is_refused_with_the_file_named(tmp_path):
     assert read_dcp_metadata(path).state_dict_metadata  # the real metadata reads
     with open(os.path.join(path, ".metadata"), "wb") as f:
         pickle.dump(_Boom(), f)
+    os.remove(os.path.join(path, "SHA256SUMS"))  # else the changed bytes are refused first (test_checkpoint_digest)
     with pytest.raises(pickle.UnpicklingError, match=r"\.metadata: refusing to build posix\.system"):
         _load(path)
 
@@ -148,6 +149,7 @@ def test_metadata_naming_code_by_a_dotted_or_imported_name_is_refused(tmp_path, 
     payload += pickle.dumps(f"touch {marker}", protocol=0)[:-1] + b"\x85R."
     with open(os.path.join(path, ".metadata"), "wb") as f:
         f.write(payload)
+    os.remove(os.path.join(path, "SHA256SUMS"))  # else the changed bytes are refused first (test_checkpoint_digest)
     with pytest.raises(
         pickle.UnpicklingError, match=rf"\.metadata: refusing to build {re.escape(module)}\.{re.escape(name)}"
     ):
@@ -178,7 +180,7 @@ def test_a_previous_link_pointing_outside_is_not_restored_and_left_untouched(tmp
     with pytest.raises(ValueError, match=re.escape(f"{link!r} is a symbolic link (to {outside!r})")):
         _load(path)
     assert os.readlink(link) == outside and not os.path.lexists(path)  # nothing renamed, nothing followed
-    assert sorted(os.listdir(outside)) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert sorted(os.listdir(outside)) == [".metadata", "SHA256SUMS", "__0_0.distcp", "meta.pt"]
     # the same through `--ckpt_path last`'s recovery of a run's checkpoint folder
     from alignment_games import train
 
@@ -196,7 +198,7 @@ def test_a_previous_link_beside_a_finished_swap_is_unlinked_not_followed(tmp_pat
     model, meta = _load(path)  # the checkpoint is in place: the leftover link goes, what it points to stays
     assert meta["global_step"] == 1 and torch.equal(model.bias.detach(), torch.full((3,), 1.0))
     assert sorted(os.listdir(tmp_path / "run")) == ["last.ckpt"]
-    assert sorted(os.listdir(outside)) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert sorted(os.listdir(outside)) == [".metadata", "SHA256SUMS", "__0_0.distcp", "meta.pt"]
 
 
 def test_a_sharded_checkpoint_holding_nan_or_inf_is_refused_naming_the_folder_and_the_tensor(tmp_path):
