@@ -135,3 +135,17 @@ def test_pool_decode_benchmark_prints_both_phases_ratios_with_the_same_judgement
         assert x["speedup"] == pytest.approx(x["before_s"] / x["after_s"], rel=0.02)
     assert proc.stdout.startswith("host: ")
     assert "tiny judge: m=3, 6 rows x 3 tokens: player by player" in proc.stdout
+
+
+@pytest.mark.e2e  # about 25 s on 2 cores (`pytest -m e2e`, .ci/run)
+def test_qlora_cpu_benchmark_times_both_bases_and_prints_the_step_ratio():
+    """``benchmarks/qlora_cpu.py --tiny``: the 4-bit and fp32 bases' forward, step and decode, footprints, the host."""
+    result, lines = _tiny("qlora_cpu.py")
+    r = result["result"]
+    assert 0 < r["weights_mib"]["nf4"] < r["weights_mib"]["fp32"]
+    for phase in ("forward", "step", "decode"):
+        assert r[phase]["fp32_s"] > 0 and r[phase]["nf4_s"] > 0 and r[phase]["ratio"] > 0
+    assert lines[0].startswith("host: ") and any(line.startswith("load average (1 min): ") for line in lines)
+    name, ratio = lines[-1].split("=")
+    assert name == "nf4_step_ratio_vs_fp32" and float(ratio) == r["step"]["ratio"]
+
