@@ -13,7 +13,7 @@ from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.evaluation import accuracy_gain as library
 from alignment_games.modules.evaluation.accuracy_gain import HELD_OUT_SEED, final_answers, paired_gain, seed_mean_gain
-from alignment_games.modules.evaluation.audit import describe_models, problem_rows, write_report
+from alignment_games.modules.evaluation.audit import describe_models, problem_rows, provenance, write_report
 from alignment_games.modules.lm.base_identity import base_identity, file_sha256
 
 
@@ -89,16 +89,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     if len(per_seed) > 1:  # the headline: seeds and problems resampled
         report["across_seeds"] = seed_mean_gain(before, after, players_per_seed=m)
+    inputs = {"--base": args.base, "--trained": args.trained, "--data": args.data if drawn["kind"] == "file" else None}
     if args.out:
         per_problem = problem_rows(prompts, refs, correct)
         for i, row in enumerate(per_problem):
             row["answer"] = {name: given[i] for name, given in answers.items()}
-        inputs = {
-            "--base": args.base,
-            "--trained": args.trained,
-            "--data": args.data if drawn["kind"] == "file" else None,
-        }
         write_report(report, args.out, per_problem, inputs)
+    else:
+        report["provenance"] = provenance(inputs)
     print(json.dumps(report, indent=2))
     return report
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alignment_games.modules.evaluation import policy_accuracy as library
-from alignment_games.modules.evaluation.audit import write_report
+from alignment_games.modules.evaluation.audit import provenance, write_report
 from alignment_games.modules.evaluation.policy_accuracy import policy_accuracy
 
 
@@ -38,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = report.pop("problems")
     if args.out:
         write_report(report, args.out, rows, {"--model": args.model})
+    else:
+        report["provenance"] = provenance({"--model": args.model})
     print(json.dumps(report, indent=2))
     return report
 

@@ -37,6 +37,7 @@ from alignment_games.modules.algorithms.stackelberg import (
 )
 from alignment_games.modules.algorithms.tabular_games import GAME_KEYS, load_game, random_game
 from alignment_games.modules.checkpoints.trust import CheckpointLoading, check_checkpoint_matches, stamp_family
+from alignment_games.modules.evaluation.audit import run_provenance
 from alignment_games.modules.training.faults import NonFiniteGuard
 
 __all__ = ["TabularSMIDA"]
@@ -240,6 +241,7 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
         refs = {k: getattr(self, f"log_{k}").exp().cpu() for k in ("pi_ref", "omega_ref")}
         result = {**probs, "u": self.u.cpu(), **refs, "rho": self.rho.cpu(), "iteration": int(self.iteration)}
         result |= {"metrics": final, "hparams": dict(self.hparams)}
+        result["provenance"] = run_provenance(self.trainer, self)  # the game file by sha256, the commit, the command
         path = os.path.join(log_dir, "smida_result.pt")
         atomic_torch_save(result, path)  # a reader never sees half a file
         rank_zero_info(

@@ -224,6 +224,7 @@ def test_the_command_scores_the_first_rows_of_a_file_by_its_reference_format(mon
     assert seen["base"] == seen["trained"] == [r["question"] for r in rows[:4]]
     assert report["problems"]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
     assert report["problems"]["kind"] == "file" and report["problems"]["n"] == 4
+    check_provenance(report, {"--data": str(data)})  # printed without --out, it still names what it read
     assert report["per_seed"][0]["gain"] == 0.75  # the base answers only the first, the trained one all four
     with pytest.raises(SystemExit, match="has 5 rows, fewer than --num-problems 6"):
         main([*argv, "--num-problems", "6"])

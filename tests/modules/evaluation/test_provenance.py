@@ -1,9 +1,12 @@
 """The provenance block every report carries: inputs by hash, the commit (None outside a checkout), the command."""
 
+import glob
 import hashlib
+import os
 import sys
 from types import SimpleNamespace
 
+import torch
 from helpers.provenance import check_provenance, sha256_of
 from torch import nn
 
@@ -82,3 +85,21 @@ def test_a_runs_inputs_from_its_config_settings_utility_data_and_checkpoint(tmp_
     }
     check_provenance({"provenance": block}, expected)  # hashed now, not the config's recorded "old"
     assert sorted(block["inputs"]) == sorted(expected)  # output_dir is what a run writes: never an input
+
+
+def test_a_train_py_run_records_the_inputs_its_config_names(tmp_path, monkeypatch):
+    """Through train.py: the game file the config names is in the run's report by sha256, with the command given."""
+    from helpers import ROOT
+
+    from alignment_games import train
+    from alignment_games.modules.algorithms.tabular_games import random_game
+
+    monkeypatch.chdir(tmp_path)
+    torch.save(random_game(16, 8, 5, "variance", "random", seed=0), "game.pt")
+    config = os.path.join(ROOT, "configs", "smida_tabular.yaml")
+    argv = ["train.py", "fit", "--config", config, "--trainer.max_steps=2", "--model.init_args.game_path=game.pt"]
+    monkeypatch.setattr(sys, "argv", argv)
+    train.main(argv[1:])
+    (path,) = glob.glob(str(tmp_path / "runs" / "**" / "smida_result.pt"), recursive=True)
+    result = torch.load(path, weights_only=True)
+    check_provenance(result, {"model.init_args.game_path": "game.pt"})  # the config's key, from train.py's record
