@@ -158,7 +158,9 @@ class GRPO(LanguageModelGame):
             part = rollout.rows(slice(start, stop))
             lp = self.players.token_logprobs(PLAYER, part, self.sampling.temperature)
             old_ref = (None if t is None else t[start:stop] for t in (old, ref))
-            return pg.loss(lp, part.completion_mask.to(lp.dtype), advantages[start:stop], *old_ref)
+            return pg.loss(
+                lp, part.completion_mask.to(lp.dtype), advantages[start:stop], *old_ref, part.sample_logprobs
+            )
 
         return self.accumulate(bounds, loss_of, total_rows=total)
 
@@ -219,6 +221,8 @@ class GRPO(LanguageModelGame):
                 "train/empty_completions": float(roll.num_empty),
             }
         )
+        if "logprob_gap" in out:  # an engine sampled the rollout (lm.decode: vllm)
+            logs["rollout/logprob_gap"] = out["logprob_gap"]
         names = [f"rm{i}" for i in range(len(self.reward_models or []))] + (["answer"] if hp.answer_reward else [])
         logs.update({f"train/reward_{n}": per_reward[:, i].mean() for i, n in enumerate(names)})
         self.log_dict(logs, batch_size=b)

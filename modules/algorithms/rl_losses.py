@@ -10,7 +10,14 @@ from torch.nn import functional as F
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 
-__all__ = ["PolicyGradient", "dpo_loss", "group_advantages", "grpo_loss", "length_normalized_nll"]
+__all__ = [
+    "PolicyGradient",
+    "dpo_loss",
+    "group_advantages",
+    "grpo_loss",
+    "length_normalized_nll",
+    "truncated_is_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,8 @@ class PolicyGradient:
         micro_batch: Rows per forward of the policy with gradients (0: all at once).
         logprob_micro_batch: Rows per forward without gradients (reference and sampling policy; 0: all at once).
         max_tokens_per_micro_batch: Padded tokens per forward, with or without gradients (0: no limit; docs/scaling.md).
+        tis_cap: C of truncated importance sampling for rollouts an engine sampled (``lm.decode: vllm``): each token's
+            loss weighted by ``min(exp(log π_trainer − log π_engine), C)`` (:func:`truncated_is_weights`); null: off.
 
     Raises:
         ValueError: for a value out of range, naming the field.
@@ -43,6 +52,7 @@ class PolicyGradient:
     micro_batch: int = 0
     logprob_micro_batch: int = 0
     max_tokens_per_micro_batch: int = 0
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         minima = (("group_size", 2), ("updates_per_batch", 1), ("micro_batch", 0), ("max_tokens_per_micro_batch", 0))
@@ -54,6 +64,8 @@ class PolicyGradient:
             )
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"policy_gradient.clip must be positive or null, got {self.clip!r}")
+        if self.tis_cap is not None and not self.tis_cap >= 1:
+            raise ValueError(f"policy_gradient.tis_cap must be at least 1 or null, got {self.tis_cap!r}")
         if not self.baseline and self.scale_advantages:
             raise ValueError("policy_gradient.scale_advantages must be false when policy_gradient.baseline is false")
 
@@ -62,10 +74,17 @@ class PolicyGradient:
         return group_advantages(rewards, self.group_size, scale=self.scale_advantages, baseline=self.baseline)
 
     def loss(
-        self, logprobs: Tensor, mask: Tensor, advantages: Tensor, old: Tensor | None = None, ref: Tensor | None = None
+        self,
+        logprobs: Tensor,
+        mask: Tensor,
+        advantages: Tensor,
+        old: Tensor | None = None,
+        ref: Tensor | None = None,
+        sampled: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """:func:`grpo_loss` (old and reference log-probabilities optional) with this clip and KL coefficient."""
-        return grpo_loss(logprobs, mask, advantages, old, ref, clip=self.clip, beta=self.kl_coef)
+        """:func:`grpo_loss` (old, reference and engine log-probabilities optional) with this clip, KL and TIS cap."""
+        settings = {"clip": self.clip, "beta": self.kl_coef, "tis_cap": self.tis_cap}
+        return grpo_loss(logprobs, mask, advantages, old, ref, sampled=sampled, **settings)
 
 
 def group_advantages(
@@ -105,12 +124,17 @@ def grpo_loss(
     ref_token_logprobs: Tensor | None = None,
     clip: float | None = 0.2,
     beta: float = 0.0,
+    sampled: Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped GRPO surrogate (Shao et al., 2024), per token, averaged over each sequence then over sequences.
 
     Per token ``min(ρ_t A, clip(ρ_t, 1 ± ε) A) − β·KL_t``, ``ρ_t = exp(log π_θ − log π_old)``, with the k3 estimator
     ``KL_t = exp(r_t) − r_t − 1``, ``r_t = log π_ref − log π_θ``; ``old_token_logprobs=None`` is on-policy (``ρ = 1``).
-    Returns ``(loss, stats)``, stats detached: ``kl`` (mean per-token k3), ``clip_fraction``, ``ratio`` (mean).
+    ``sampled``: the log-probs the tokens were sampled with by an engine; ``tis_cap`` then weights each token's term
+    by :func:`truncated_is_weights` of the trainer's sampling-time log-probs (``old``) against them, as TRL does.
+    Returns ``(loss, stats)``, stats detached: ``kl`` (mean per-token k3), ``clip_fraction``, ``ratio`` (mean), and
+    with ``sampled`` ``logprob_gap`` (mean ``|log π_old − log π_engine|`` over completion tokens).
 
     Raises:
         ValueError: mismatched shapes, or ``beta > 0`` without reference log-probabilities.
@@ -139,6 +163,8 @@ def grpo_loss(
         r = ref_token_logprobs - token_logprobs
         kl = torch.exp(r) - r - 1.0
     per_token = per_token - beta * kl
+    if sampled is not None and tis_cap is not None:
+        per_token = per_token * truncated_is_weights(old, sampled, tis_cap)
     lengths = mask.sum(dim=1).clamp_min(1.0)
     loss = -((per_token * mask).sum(dim=1) / lengths).mean()
     n_tokens = mask.sum().clamp_min(1.0)
@@ -147,7 +173,19 @@ def grpo_loss(
         "clip_fraction": ((clipped_frac * mask).sum() / n_tokens).detach(),
         "ratio": ((ratio * mask).sum() / n_tokens).detach(),
     }
+    if sampled is not None:
+        stats["logprob_gap"] = (((old.detach() - sampled).abs() * mask).sum() / n_tokens).detach()
     return loss, stats
+
+
+def truncated_is_weights(trainer: Tensor, engine: Tensor, cap: float) -> Tensor:
+    """Per-token ``min(exp(trainer − engine), cap)``, detached: truncated importance sampling (TRL, verl).
+
+    The engine samples with its own kernels, so its probabilities of the sampled tokens differ a little from the
+    trainer's for the same weights; this reweights each token towards the trainer's policy, capped so that a token
+    the engine found unlikely cannot dominate the gradient.
+    """
+    return torch.exp(trainer.detach() - engine).clamp(max=cap)
 
 
 def dpo_loss(

@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, group_advantages, grpo_loss
+from alignment_games.modules.algorithms.rl_losses import (
+    PolicyGradient,
+    dpo_loss,
+    group_advantages,
+    grpo_loss,
+    truncated_is_weights,
+)
 
 
 def test_group_advantages_by_hand():
@@ -131,3 +137,27 @@ def test_dpo_loss_by_hand():
     assert torch.allclose(cr, torch.tensor([0.05, 0.0])) and torch.allclose(rj, torch.tensor([-0.05, 0.1]))
     with pytest.raises(ValueError, match="beta"):
         dpo_loss(pc, pr, rc, rr, beta=0.0)
+
+
+def test_truncated_importance_weights_on_hand_values():
+    trainer = torch.tensor([[-1.0, -2.0, -0.5]])
+    engine = torch.tensor([[-1.0, -2.5, -3.0]])
+    w = truncated_is_weights(trainer, engine, cap=2.0)
+    assert torch.allclose(w, torch.tensor([[1.0, math.exp(0.5), 2.0]]))  # exp(2.5) = 12.2 is capped at 2
+
+
+def test_the_engine_logprob_gap_is_logged_and_the_capped_weights_scale_each_tokens_gradient():
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    engine = torch.tensor([[-1.0, -2.5, -3.0]])
+    mask, adv = torch.ones(1, 3), torch.tensor([2.0])
+    loss, stats = grpo_loss(lp, mask, adv, clip=None, sampled=engine, tis_cap=2.0)
+    weights = [1.0, math.exp(0.5), 2.0]
+    assert loss.item() == pytest.approx(-2.0 * sum(weights) / 3, rel=1e-6)  # on-policy ratio 1: −mean(w·A)
+    loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-2.0 * w / 3 for w in weights]]))
+    assert stats["logprob_gap"].item() == pytest.approx((0.0 + 0.5 + 2.5) / 3)
+    plain, plain_stats = grpo_loss(lp, mask, adv, clip=None, sampled=engine)  # no cap: the gap alone, loss as before
+    assert plain.item() == pytest.approx(-2.0) and plain_stats["logprob_gap"].item() == pytest.approx(1.0)
+    assert "logprob_gap" not in grpo_loss(lp, mask, adv)[1]
+    with pytest.raises(ValueError, match="policy_gradient.tis_cap"):
+        PolicyGradient(tis_cap=0.5)

@@ -156,3 +156,37 @@ def test_seeded_sampling_repeats_and_the_logprobs_are_the_trainers(bank):
     assert r.sample_logprobs.shape == trainer.shape
     assert torch.equal(r.sample_logprobs == 0, r.completion_mask == 0)
     torch.testing.assert_close(r.sample_logprobs, trainer, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("tis_cap", [None, 2.0])
+def test_a_grpo_step_on_engine_rollouts_logs_the_logprob_gap_and_trains_the_adapter(tiny, tmp_path, tis_cap):
+    import lightning as L
+    from helpers.callback_helpers import make_trainer
+
+    from alignment_games.datamodules.prompts import PromptDataModule
+    from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+    from alignment_games.modules.grpo import GRPO
+
+    L.seed_everything(0)
+    model = GRPO(
+        lm=ModelConfig(tiny, lora_r=8, lora_alpha=16, decode="vllm", vllm_kv_cache_gib=0.25),
+        policy_gradient=PolicyGradient(group_size=2, tis_cap=tis_cap),
+        sampling=Sampling(temperature=1.0, max_new_tokens=6),
+        reward_models=[tiny],  # the tiny LM's folder as a classifier: a seeded score head, rewards that vary
+        answer_reward=False,
+        lr=5e-2,
+        chat_template=False,
+    )
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    logged = []
+
+    class Collect(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *a):
+            logged.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+    trainer = make_trainer(tmp_path, [Collect()], max_steps=2, max_epochs=None, limit_val_batches=0)
+    trainer.fit(model, PromptDataModule(num_prompts=12, batch_size=2))
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".policy." in n and "lora_" in n for n in changed)
+    # the engine's log-probs of its samples are the trainer's to fp32 noise, on the adapter's second version too
+    assert all(0 <= row["rollout/logprob_gap"] < 1e-4 for row in logged) and len(logged) == 2
