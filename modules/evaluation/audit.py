@@ -75,7 +75,7 @@ def git_commit() -> dict[str, Any]:
 def _folder_files(folder: str) -> dict[str, str]:
     """Every regular file under ``folder`` but hidden ones, by ``/``-separated relative name, with its sha256."""
     out = {}
-    for root, dirs, files in os.walk(folder, followlinks=True):
+    for root, dirs, files in os.walk(folder):  # a linked subfolder is not entered: no cycle to loop in
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = os.path.join(root, name)
@@ -87,7 +87,7 @@ def _folder_files(folder: str) -> dict[str, str]:
 def input_record(path: str) -> dict[str, Any]:
     """``{"path", "sha256", ...}`` of one input: a file's sha256; a folder's and each of its files' (``files``).
 
-    A folder's ``sha256`` is that of its files' ``name\0sha256\n`` lines in name order. A model (a folder with a
+    A folder's ``sha256`` is that of its files' ``name\\0sha256\\n`` lines in name order. A model (a folder with a
     ``config.json``, or a ``builtin:`` or cached hub name) adds ``model``: its
     :func:`~modules.lm.base_identity.base_identity`, the identity checkpoints record. A path that does not exist (a
     hub name not cached here) has ``sha256`` None.
