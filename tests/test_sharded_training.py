@@ -248,7 +248,8 @@ def test_grpo_under_fsdp2_ends_where_ddp_does_and_resumes_exactly(tiny_lm_dir, t
     assert any(any(v != 0.0 for v in vals) for name, vals in ddp[0]["adapters"].items() if "lora_B" in name)
 
     ckpt = next((tmp_path / "runs").rglob("epoch=0-step=1.ckpt"))
-    shards = [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]  # DCP's index, one file per rank, the rest
+    # DCP's index, the files' sha256, one file per rank, the rest
+    shards = [".metadata", "SHA256SUMS", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
     assert sorted(p.name for p in ckpt.iterdir()) == shards
     import torch.distributed.checkpoint as dcp
 
