@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import shutil
 import tempfile
 import weakref
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -123,6 +125,19 @@ def version(parameters: Iterable[Tensor]) -> tuple[tuple[int, int], ...]:
 
 
 @contextmanager
+def trainer_rng_kept() -> Iterator[None]:
+    """Python's, numpy's and torch's global generators as they were before the block (the run's seeded streams)."""
+    py, np_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+
+
+@contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Torch's intra-op threads set to ``n``, then put back."""
     before = torch.get_num_threads()
@@ -175,9 +190,7 @@ class VLLMEngine:
                 prompts.append(prompt)
                 params.append(SamplingParams(**request_options(sampling, greedy, self.eos, seeds[b * g + s])))
                 loras.append(adapters[p])
-        # vLLM's CPU sampler draws from torch's global generator at every step: kept off the trainer's stream
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch_threads(self.threads), torch.random.fork_rng(devices=devices):
+        with torch_threads(self.threads), trainer_rng_kept():  # its CPU sampler draws from torch's generator
             outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
         completions = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = [[d[t].logprob for t, d in zip(c, o.outputs[0].logprobs)] for c, o in zip(completions, outs)]
@@ -196,7 +209,8 @@ class VLLMEngine:
             # gets the function and its thread count back
             threads, set_threads = torch.get_num_threads(), torch.set_num_threads
             try:
-                self.llm = LLM(**options)
+                with trainer_rng_kept():  # vLLM seeds random, numpy and torch with its own seed at start-up
+                    self.llm = LLM(**options)
                 _ENGINES.append(self.llm)
             finally:
                 torch.set_num_threads = set_threads

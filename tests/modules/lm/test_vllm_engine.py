@@ -190,3 +190,42 @@ def test_a_grpo_step_on_engine_rollouts_logs_the_logprob_gap_and_trains_the_adap
     assert changed and all(".policy." in n and "lora_" in n for n in changed)
     # the engine's log-probs of its samples are the trainer's to fp32 noise, on the adapter's second version too
     assert all(0 <= row["rollout/logprob_gap"] < 1e-4 for row in logged) and len(logged) == 2
+
+
+def test_a_grpo_run_on_the_engine_killed_and_resumed_logs_what_the_uninterrupted_run_logs(tiny, tmp_path):
+    """SIGKILL after batch 3, resumed from the checkpoint of batch 2: every logged number equals the reference's.
+
+    Exact because each row's seed comes from torch's generator (restored by the checkpoint), the engine's own draws
+    from that generator are forked off, and the first decode after the resume writes the adapter the checkpoint holds.
+    """
+    from helpers.resume_families import _GRPO, resume_points
+    from helpers.resume_harness import Family, Kill, Runner, compare
+
+    keep = [a for a in _GRPO if not a.startswith(("--trainer.max_steps", "--trainer.val_check", "--trainer.limit_val"))]
+    family = Family(
+        name="grpo_vllm",
+        config="grpo_tiny.yaml",
+        args=(
+            *keep,
+            "--model.init_args.lm.decode=vllm",
+            "--model.init_args.lm.vllm_kv_cache_gib=0.25",
+            "--trainer.max_steps=6",
+            "--trainer.limit_val_batches=0",
+        ),
+        batches_per_epoch=4,
+        ckpt_every=2,
+        kills=(Kill("SIGKILL", after_batch=3),),
+        needs_tiny_lm=True,
+    )
+    runner = Runner(None, tiny)  # fresh processes, as after an outside kill
+    ref = runner.fit(family, tmp_path / "reference", tag="reference")
+    assert ref.returncode == 0, ref.log[-4000:]
+    killed = runner.fit(family, tmp_path / "chain", kill=family.kills[0], tag="stage0")
+    assert killed.returncode != 0
+    final = runner.fit(family, tmp_path / "chain", resume=True, tag="final")
+    assert final.returncode == 0, final.log[-4000:]
+    assert min(step for _, step in final.metrics) == resume_points(family)[0]
+    assert max(step for _, step in final.metrics) == max(step for _, step in ref.metrics)
+    assert any(key == "rollout/logprob_gap" for key, _ in final.metrics)
+    diffs = compare(ref.metrics, final.metrics, 0.0)
+    assert diffs == [], "\n".join(diffs)
