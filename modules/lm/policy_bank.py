@@ -117,7 +117,7 @@ class PolicyBank(nn.Module):
             return False
         if isinstance(self.decoder, VLLMEngine):
             return True  # one LoRARequest per row
-        return all(p is None or plain_lora_layers(self.model, p) is not None for p in set(players))
+        return all(p is None or plain_lora_layers(self.model, p, mergeable=False) is not None for p in set(players))
 
     @contextmanager
     def for_generation(

@@ -15,13 +15,17 @@ from torch import Tensor, nn
 __all__ = ["add_row_adapters", "plain_lora_layers", "row_adapters"]
 
 
-def plain_lora_layers(model: nn.Module, player: str) -> list[nn.Module] | None:
-    """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (the form ``W + s·BA``), else ``None``."""
+def plain_lora_layers(model: nn.Module, player: str, mergeable: bool = True) -> list[nn.Module] | None:
+    """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (the form ``W + s·BA``), else ``None``.
+
+    ``mergeable=False`` also takes subclasses of ``nn.Linear`` (bitsandbytes' ``Linear4bit``): their packed weights
+    cannot take a merged update, but :func:`row_adapters` adds each row's update to their output.
+    """
     from peft.tuners.lora import LoraLayer
 
     layers = [m for m in model.modules() if isinstance(m, LoraLayer) and player in m.lora_A]
     plain = all(
-        type(m.get_base_layer()) is nn.Linear
+        (type(m.get_base_layer()) is nn.Linear or not mergeable and isinstance(m.get_base_layer(), nn.Linear))
         and not m.use_dora.get(player, False)
         and not getattr(m, "lora_bias", {}).get(player, False)
         for m in layers

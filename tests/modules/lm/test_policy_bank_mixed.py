@@ -22,17 +22,18 @@ def banks(tiny_decoder_dir):
     """The players' bank of an ``lm.decode`` (built on first use), the same adapters in each."""
     made = {}
 
-    def bank(decode: str = "auto") -> PolicyBank:
-        if decode not in made:
+    def bank(decode: str = "auto", load_in_4bit: bool = False) -> PolicyBank:
+        if (decode, load_in_4bit) not in made:
             torch.manual_seed(0)  # peft draws lora_A's initial values from the global generator
-            b = PolicyBank(ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8, decode=decode), players=PLAYERS)
+            lm = ModelConfig(tiny_decoder_dir, lora_r=4, lora_alpha=8, decode=decode, load_in_4bit=load_in_4bit)
+            b = PolicyBank(lm, players=PLAYERS)
             with torch.no_grad():  # each adapter off its zero init, differently, so that the players answer differently
                 for i, p in enumerate(PLAYERS):
                     gen = torch.Generator().manual_seed(10 + i)
                     for w in b.player_parameters(p):
                         w.add_(0.3 * torch.randn(w.shape, generator=gen))
-            made[decode] = b
-        return made[decode]
+            made[decode, load_in_4bit] = b
+        return made[decode, load_in_4bit]
 
     return bank
 
@@ -63,6 +64,19 @@ def test_one_greedy_decode_of_three_players_equals_each_players_own(banks, decod
     # the adapters differ: the same prompt answered by each player gives three different replies, so a row decoded
     # with another row's adapter could not pass the comparison above (token ids: the byte tokenizer renders distinct
     # invalid bytes as the same replacement character)
+    replies = {p: tuple(bank.generate(p, ["7-2="], 1, s, greedy=True).sequences[0].tolist()) for p in PLAYERS}
+    assert len(set(replies.values())) == 3, replies
+
+
+@pytest.mark.parametrize("decode, num_samples", [("auto", 1), ("static", 2)])  # generate; the cascade's forward
+def test_three_players_over_a_4bit_base_decode_in_one_batch_equal_to_each_players_own(banks, decode, num_samples):
+    """A 4-bit base cannot take merged adapters, but each row's own update added to its layers' output needs none."""
+    bank = banks(decode, load_in_4bit=True)
+    assert bank.mixes_players(PLAYERS)
+    s = Sampling(max_new_tokens=8)
+    together = bank.generate_each(REQUESTS, num_samples, s, greedy=True)
+    for a, (p, x) in zip(together, REQUESTS):
+        _same(a, bank.generate(p, x, num_samples, s, greedy=True))
     replies = {p: tuple(bank.generate(p, ["7-2="], 1, s, greedy=True).sequences[0].tolist()) for p in PLAYERS}
     assert len(set(replies.values())) == 3, replies
 
