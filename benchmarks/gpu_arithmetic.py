@@ -49,6 +49,15 @@ GRPO_RUN = {"prompts": 16, "group": 4, "prompt_len": 64, "new_tokens": 256, "ste
 GRPO_TINY = {"prompts": 2, "group": 2, "prompt_len": 16, "new_tokens": 8, "steps": 2}
 DEEP_SMIDA = {"B": 4, "D": 4, "M": 4, "new_tokens": 128, "batches": 2, "leader_prompt_len": 128}
 DEEP_SMIDA_TINY = {"B": 2, "D": 2, "M": 2, "new_tokens": 8, "batches": 2, "leader_prompt_len": 128}
+# the engines section: decode (own static, transformers' generate, vLLM) at the 1.5B shape; a GRPO step against TRL's
+# at the 0.5B shape (benchmarks/vs_trl.py's workers)
+ENGINES = {
+    "groups": ((16, 4),),
+    "prompt_len": 64,
+    "new_tokens": 256,
+    "grpo": {"prompts": 16, "group": 4, "tokens": 128},
+}
+ENGINES_TINY = {"groups": ((2, 2),), "prompt_len": 16, "new_tokens": 8, "grpo": {"prompts": 2, "group": 2, "tokens": 4}}
 STATIC_BUCKET = 64  # StaticDecoder.bucket: the compiled static decode pads prompt parts to a multiple of it
 
 

@@ -1,7 +1,7 @@
 """GPU measurements for a lent H200, in the order that matters, each section in its own process with its own deadline.
 
 ``bash benchmarks/gpu.sh`` runs this driver (which imports only the standard library). It runs each section as
-``python3 benchmarks/gpu_bench.py --section NAME`` with a deadline (``SECTIONS``, 285 s in all, inside the 300 s
+``python3 benchmarks/gpu_bench.py --section NAME`` with a deadline (``SECTIONS``, 405 s in all, inside the 420 s
 limit with the results' margin and a startup allowance), so a crash, a hung compile or an out-of-memory error in one
 section loses only that section; a section saves its partial results after each measurement, and
 ``gpu_results.json`` is rewritten after every section. Sections need only PyTorch, transformers, Lightning and peft.
@@ -15,6 +15,10 @@ section loses only that section; a section saves its partial results after each 
 * ``grpo``: two whole :class:`modules.grpo.GRPO` steps (LoRA r 16 over a bf16 base, 16 prompts x G = 4, 256 tokens,
   answer reward, KL 0.04, the second step reported) at the Qwen2.5-0.5B and 1.5B shapes: rollout tokens/s, trained
   (completion) tokens/s of the update, and the update's MFU (gpu_arithmetic).
+* ``engines``: every figure a ratio against a peer: the own static decode, transformers' ``generate`` and the vLLM
+  engine (the official ``vllm``, where the image has it; else the section says so and skips it) at 16 prompts x
+  G = 4, 256 tokens on the 1.5B shape; a whole GRPO step of ours against TRL's ``GRPOTrainer`` at the 0.5B shape
+  (benchmarks/vs_trl.py's workers; skipped, saying so, where the image lacks TRL).
 * ``deep_smida``: one :class:`modules.deep_smida.DeepSMIDA` step by phase at the 1.5B shape (byte vocabulary).
 
 Every section records and prints its expected H200 figure from the arithmetic at the full sizes, even under
@@ -24,7 +28,7 @@ Derived figures are also computed against three sets of constants, all recorded:
 dense bf16, 4.8 TB/s), the reference (790 TFLOP/s, 4.3 TB/s: what such a machine attains), and what ``env``
 measured in this run.
 
-    bash benchmarks/gpu.sh                               # everything, under 5 minutes on one H200
+    bash benchmarks/gpu.sh                               # everything, under 7 minutes on one H200
     python3 benchmarks/gpu_bench.py --tiny --out r.json  # the same code at a tiny size, on any device
 """
 
@@ -34,6 +38,7 @@ import argparse
 import atexit
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -48,7 +53,7 @@ arith = importlib.import_module(f"{__package__}.gpu_arithmetic" if __package__ e
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-LIMIT = 300.0  # seconds for the whole run, imports included (gpu.sh's default)
+LIMIT = 420.0  # seconds for the whole run, imports included (gpu.sh's default)
 MARGIN = 8.0  # kept inside the limit to write the results at the end
 STARTUP = 5.0  # allowance for the driver's own start and the gaps between sections
 # (name, deadline in seconds on an H200), in the order that matters; see the RESULTS section for each estimate
@@ -57,6 +62,7 @@ SECTIONS = (
     ("decode_static", 55),
     ("decode_compiled", 80),
     ("grpo", 85),
+    ("engines", 120),
     ("deep_smida", 50),
 )
 LIBRARIES = ("torch", "transformers", "lightning", "peft")
@@ -369,6 +375,104 @@ def section_grpo(args, out: _Partial) -> None:
             torch.cuda.empty_cache()
 
 
+def section_engines(args, out: _Partial) -> None:
+    """Every figure a ratio against a peer: the own static decode, transformers' ``generate`` and the vLLM engine
+    (``lm.decode: vllm``, where the image has ``vllm``) at the 1.5B shape, then a whole GRPO step of ours against TRL's
+    ``GRPOTrainer`` at the 0.5B shape (benchmarks/vs_trl.py's workers on the GPU, where the image has TRL)."""
+    full = arith.expected_decode(arith.QWEN25_15B, arith.ENGINES, compiled=False)
+    _expect(
+        out,
+        full,
+        ", ".join(f"{k} rows: own <= {v['bound_steps_per_s']:,.0f} steps/s" for k, v in full.items())
+        + f" (HBM bound, {arith.ENGINES['new_tokens']} tokens); generate, vLLM and TRL measured beside it",
+    )
+    torch, device, dtype = _setup(args)
+    from transformers import AutoModelForCausalLM
+
+    from alignment_games.modules.lm.model_config import DECODES, ModelConfig
+    from alignment_games.modules.lm.policy_bank import PolicyBank
+    from alignment_games.modules.lm.sampling import Sampling
+
+    run = arith.ENGINES_TINY if args.tiny else arith.ENGINES
+    ((b, g),) = run["groups"]
+    new, folder = run["new_tokens"], _policy_folder(args, "1.5b")
+    prompts, _ = _prompts(b, run["prompt_len"])
+    lm = {"dtype": args.dtype, "attn_implementation": "sdpa"}
+    own = PolicyBank(ModelConfig(folder, decode="static", **lm), players=["policy"]).to(device)
+    ids, mask = (v.to(device) for v in own.encode_prompts(prompts).values())
+    # the player's adapter is zero at init: transformers' model of the base is the same policy
+    peer = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    tok = own.tokenizer
+
+    # the CPU benchmark's call of transformers' generate (a sibling script module: this section runs as a script)
+    hf_generate = importlib.import_module("engines").hf_generate
+
+    def generate(tokens: int) -> int:
+        return hf_generate(peer, tok, ids, mask, g, tokens).numel()
+
+    def bank_decode(bank):
+        def decode(tokens: int) -> int:
+            roll = bank.generate("policy", prompts, g, Sampling(1.0, 1.0, tokens, tokens))
+            return int(roll.completion_mask.sum())
+
+        return decode
+
+    engines = {"own": bank_decode(own), "generate": generate}
+    if "vllm" not in DECODES:
+        out["vllm"] = "skipped: this checkout has no lm.decode: vllm"
+    elif importlib.util.find_spec("vllm") is None:
+        out["vllm"] = "skipped: vllm is not installed in this image"
+    else:
+        gib = 0.25 if args.tiny else 8.0
+        lm_vllm = ModelConfig(folder, decode="vllm", vllm_kv_cache_gib=gib, **lm)
+        engines["vllm"] = bank_decode(PolicyBank(lm_vllm, players=["policy"]))
+    times: dict[str, float] = {}
+    lines: list[str] = []
+    for name, decode in engines.items():
+        try:
+            decode(min(8, new))  # warm-up: kernels loaded (vLLM: the engine built)
+            torch.manual_seed(0)
+            _sync(device)
+            t = time.perf_counter()
+            done = decode(new)
+            _sync(device)
+            times[name] = time.perf_counter() - t
+        except Exception as err:  # noqa: BLE001 (one engine failing leaves the others' figures)
+            out[name] = f"error: {type(err).__name__}: {err}"[:500]
+            continue
+        if done != b * g * new:
+            raise RuntimeError(f"{name}: decoded {done} tokens, expected {b * g * new}")
+        out["decode"] = {"rows": b * g, "new_tokens": new, "seconds": times}
+        if "generate" in times:
+            lines = [f"generate/{e} {times['generate'] / t:.2f}x" for e, t in times.items() if e != "generate"]
+            out["measured_line"] = f"{b}x{g} rows x {new} tokens: " + ", ".join(lines)
+    grpo = run["grpo"]
+    if importlib.util.find_spec("trl") is None or importlib.util.find_spec("datasets") is None:
+        out["trl"] = "skipped: TRL (or datasets) is not installed in this image"
+        return
+    vs_trl = importlib.import_module(f"{__package__}.vs_trl" if __package__ else "vs_trl")
+    steps, tokens = 3, grpo["prompts"] * grpo["group"] * grpo["tokens"]
+    argv = [
+        f"--workdir={os.path.join(args.workdir, 'vs_trl')}",
+        f"--policy={_policy_folder(args, '0.5b')}",
+        f"--b={grpo['prompts']}",
+        f"--g={grpo['group']}",
+        f"--tokens={grpo['tokens']}",
+        "--rewards=1",
+        f"--steps={steps}",
+        "--discard=1",
+        f"--device={device.type}",
+    ]
+    env = vs_trl.worker_env(2, device.type)
+    medians = {}
+    for who in ("ours", "trl"):
+        run_steps = vs_trl.run_worker(who, sys.executable, ROOT, [*argv, f"--worker={who}"], env, steps, tokens)
+        medians[who] = sorted(s["step"] for s in run_steps[1:])[(steps - 1) // 2]
+        out["grpo_vs_trl"] = {**grpo, "step_seconds": medians}
+    lines.append(f"GRPO step TRL/ours {medians['trl'] / medians['ours']:.2f}x")
+    out["measured_line"] = f"{b}x{g} rows x {new} tokens: " + ", ".join(lines)
+
+
 def section_deep_smida(args, out: _Partial) -> None:
     """One deep-SMIDA step by phase; its utility an untrained ensemble over the policy's own base."""
     full = arith.expected_deep_smida({**arith.QWEN25_15B, "vocab_size": 260}, arith.DEEP_SMIDA)
@@ -434,6 +538,7 @@ SECTION_FUNCS = {
     "decode_static": lambda a, o: section_decode(a, o, compiled=False),
     "decode_compiled": lambda a, o: section_decode(a, o, compiled=True),
     "grpo": section_grpo,
+    "engines": section_engines,
     "deep_smida": section_deep_smida,
 }
 

@@ -14,6 +14,7 @@ repeats, and the first ``--discard`` steps of every run are dropped.
     python benchmarks/vs_trl.py                      # 64, 128 (3 repeats x 6 steps), 256 new tokens (3 x 5 steps)
     python benchmarks/vs_trl.py --tokens 256 --repeats 2 --steps 5                # one length
     python benchmarks/vs_trl.py --trl-python path/to/other/venv/bin/python   # TRL from a separate environment
+    python benchmarks/vs_trl.py --policy builtin:smollm2-135m-instruct --decode vllm  # SmolLM2; ours rolls out by vLLM
     python benchmarks/vs_trl.py --before path/to/earlier/checkout   # also that checkout's GRPO, in the same run
 
 With ``--before``, a checkout of an earlier commit (its own ``.venv``, or ``--before-python``) runs as a third worker in
@@ -47,13 +48,17 @@ POLICY = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, 
 REWARD = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2}
 
 
-def prepare(workdir: str, num_prompts: int, num_rewards: int) -> dict:
-    """Policy, reward models and prompts on disk (idempotent); the paths both workers read."""
+def prepare(workdir: str, num_prompts: int, num_rewards: int, policy: str | None = None) -> dict:
+    """Policy (``policy``: that model instead of the tiny one), reward models and prompts on disk (idempotent); the
+    paths both workers read."""
     from alignment_games.modules.algorithms.arithmetic import generate_problems
-    from alignment_games.modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model
+    from alignment_games.modules.lm.models import build_tiny_causal_lm, build_tiny_reward_model, resolve_name_or_path
 
     os.makedirs(workdir, exist_ok=True)
-    policy = build_tiny_causal_lm(os.path.join(workdir, "policy"), config=POLICY, seed=0)
+    if policy:
+        policy = resolve_name_or_path(policy)  # a folder both frameworks load (a builtin: alias's converted one)
+    else:
+        policy = build_tiny_causal_lm(os.path.join(workdir, "policy"), config=POLICY, seed=0)
     rewards = [
         build_tiny_reward_model(os.path.join(workdir, f"reward_{i}"), config=REWARD, seed=100 + i)
         for i in range(num_rewards)
@@ -79,7 +84,9 @@ def run_ours(args, paths: dict) -> list[dict]:
     prompts = json.load(open(paths["prompts"]))
     L.seed_everything(args.seed)
     model = GRPO(
-        lm=ModelConfig(paths["policy"], players="lora", lora_r=args.lora_r, lora_alpha=2 * args.lora_r),
+        lm=ModelConfig(
+            paths["policy"], players="lora", lora_r=args.lora_r, lora_alpha=2 * args.lora_r, decode=args.decode
+        ),
         reward_models=paths["rewards"],
         answer_reward=False,
         policy_gradient=PolicyGradient(group_size=args.g, kl_coef=args.beta, clip=0.2),
@@ -123,7 +130,7 @@ def run_ours(args, paths: dict) -> list[dict]:
     trainer = L.Trainer(
         max_steps=args.steps,
         default_root_dir=os.path.join(args.workdir, "ours_out"),  # the end-of-fit export goes here, not the cwd
-        accelerator="cpu",
+        accelerator="gpu" if args.device == "cuda" else "cpu",
         devices=1,
         logger=False,
         enable_checkpointing=False,
@@ -148,8 +155,10 @@ def run_trl(args, paths: dict) -> list[dict]:
     prompts = json.load(open(paths["prompts"]))
     config = GRPOConfig(
         output_dir=os.path.join(args.workdir, "trl_out"),
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         bf16=False,
+        # on a GPU both bases in bf16 (ours: lm.dtype auto), the adapters in fp32 (peft's default cast)
+        model_init_kwargs={"dtype": "bfloat16"} if args.device == "cuda" else None,
         fp16=False,
         seed=args.seed,
         max_steps=args.steps,
@@ -275,27 +284,20 @@ def main() -> None:
     ap.add_argument("--discard", type=int, default=2, help="first steps of each run dropped")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: both frameworks on the GPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--before", help="checkout of an earlier commit whose GRPO also runs, in every repeat")
     ap.add_argument("--before-python", help="its Python (default: <before>/.venv/bin/python)")
+    ap.add_argument("--policy", default=None, help="a model folder or builtin: alias instead of the tiny Qwen2")
+    ap.add_argument("--decode", default="auto", help="lm.decode of ours (e.g. vllm: the vLLM engine)")
     ap.add_argument("--worker", choices=("ours", "trl"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        paths = prepare(args.workdir, args.b * args.steps, args.rewards)
+        paths = prepare(args.workdir, args.b * args.steps, args.rewards, args.policy)
         steps = (run_ours if args.worker == "ours" else run_trl)(args, paths)
         print("RESULT " + json.dumps(steps), flush=True)
         return
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": str(args.threads),
-        "MKL_NUM_THREADS": str(args.threads),
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
-    }
+    env = worker_env(args.threads, args.device)
     if args.before:
         args.before = os.path.abspath(args.before)
         args.before_python = args.before_python or os.path.join(args.before, ".venv", "bin", "python")
@@ -318,6 +320,47 @@ def main() -> None:
     print(f"speedup_vs_trl={headline['speedup']:.2f}")
 
 
+def worker_env(threads: int, device: str = "cpu") -> dict:
+    """The workers' environment: offline, ``threads`` threads, no GPU unless ``device`` is cuda, this checkout
+    importable."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}),
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),  # keeps alignment_games
+    }
+
+
+def run_worker(who: str, python: str, root: str, argv: list[str], env: dict, steps: int, tokens: int) -> list[dict]:
+    """One worker process (``root``'s vs_trl.py with ``argv``): its steps, each checked to generate ``tokens``.
+
+    Exits naming the worker when it fails, records another number of steps or generates another number of tokens.
+    """
+    proc = subprocess.run(
+        [python, os.path.join(root, "benchmarks", "vs_trl.py"), *argv],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
+        cwd=root,
+    )
+    if proc.returncode != 0:
+        sys.exit(f"{who} worker failed:\n{proc.stderr[-4000:]}")
+    line = next(s for s in reversed(proc.stdout.splitlines()) if s.startswith("RESULT "))
+    run = json.loads(line[len("RESULT ") :])
+    if len(run) != steps:
+        sys.exit(f"{who} worker recorded {len(run)} steps, expected {steps}")
+    counts = sorted({s["tokens"] for s in run})
+    if counts != [tokens]:
+        # a faster step that generated fewer tokens would be less work, not more speed
+        sys.exit(f"{who} worker generated {counts} tokens per step, expected {tokens}")
+    return run
+
+
 def run_length(args, env: dict, tokens: int, steps: int) -> dict:
     """All repeats of both frameworks at one completion length; prints the phase table, returns the ratios."""
     common = [
@@ -333,6 +376,9 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
         f"--discard={args.discard}",
         f"--threads={args.threads}",
         f"--seed={args.seed}",
+        *([f"--device={args.device}"] if args.device != "cpu" else []),
+        *([f"--policy={args.policy}"] if args.policy else []),
+        *([f"--decode={args.decode}"] if args.decode != "auto" else []),
     ]
     expected_tokens = args.b * args.g * tokens  # min_new_tokens = max_new_tokens: every row decodes `tokens`
     workers = ["ours", "trl", *(["before"] if args.before else [])]
@@ -350,23 +396,7 @@ def run_length(args, env: dict, tokens: int, steps: int) -> dict:
             python, root, worker = {"trl": (args.trl_python, ROOT, "trl"), "ours": (sys.executable, ROOT, "ours")}.get(
                 who, (args.before_python, args.before, "ours")
             )
-            proc = subprocess.run(
-                [python, os.path.join(root, "benchmarks", "vs_trl.py"), *common, f"--worker={worker}"],
-                capture_output=True,
-                text=True,
-                env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))},
-                cwd=root,
-            )
-            if proc.returncode != 0:
-                sys.exit(f"{who} worker failed:\n{proc.stderr[-4000:]}")
-            line = next(s for s in reversed(proc.stdout.splitlines()) if s.startswith("RESULT "))
-            run = json.loads(line[len("RESULT ") :])
-            if len(run) != steps:
-                sys.exit(f"{who} worker recorded {len(run)} steps, expected {steps}")
-            counts = sorted({s["tokens"] for s in run})
-            if counts != [expected_tokens]:
-                # a faster step that generated fewer tokens would be less work, not more speed
-                sys.exit(f"{who} worker generated {counts} tokens per step, expected {expected_tokens}")
+            run = run_worker(who, python, root, [*common, f"--worker={worker}"], env, steps, expected_tokens)
             this_rep[who] = run[args.discard :]
             kept[who].extend(this_rep[who])
             med = statistics.median(s["step"] for s in this_rep[who])

@@ -49,15 +49,15 @@ def test_fsdp2_generate_gathers_each_unit_once_per_call():
     assert stdout.strip().splitlines()[-1].startswith("speedup_once_vs_per_unit=")
 
 
-def _tiny(script: str) -> tuple[dict, list[str]]:
-    """Run a benchmark with ``--tiny``: its JSON line and its stdout's lines."""
+def _tiny(script: str, *args: str, timeout: int = 300) -> tuple[dict, list[str]]:
+    """Run a benchmark with ``--tiny`` (and ``args``): its JSON line and its stdout's lines."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--tiny"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--tiny", *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -149,3 +149,27 @@ def test_qlora_cpu_benchmark_times_both_bases_and_prints_the_step_ratio():
     name, ratio = lines[-1].split("=")
     assert name == "nf4_step_ratio_vs_fp32" and float(ratio) == r["step"]["ratio"]
 
+
+@pytest.mark.e2e  # about 3 minutes on the loaded 2-core host (vLLM starts, TRL's and ours' GRPO workers)
+def test_engines_benchmark_prints_every_engines_ratio_against_its_peer_with_the_load():
+    """``benchmarks/engines.py --tiny``: the decode (2 prompts, one prompt), the pool's 3-adapter decode and the GRPO
+    step, each engine's seconds and load average, its ratio against generate (or TRL) from the same numbers; vLLM's
+    rows, or the line saying why it is not available."""
+    result, lines = _tiny("engines.py", "--threads", "1", timeout=900)
+    assert lines[0].startswith("host: ")
+    vllm = result["vllm"] == "available"
+    assert vllm or any(line.startswith("vllm: engine not available: ") for line in lines)
+    shapes = [(r["section"], r["prompts"]) for r in result["results"]]
+    assert shapes == [("decode", 2), ("decode", 1), ("pool", 3), ("grpo", 2)]
+    for r in result["results"]:
+        peer = "trl" if r["section"] == "grpo" else "generate"
+        want = {"generate": {"generate", "own"}, "trl": {"trl", "ours_own"}}[peer]
+        want |= {"ours_vllm" if peer == "trl" else "vllm"} if vllm else set()
+        assert set(r["rows"]) == want
+        for name, x in r["rows"].items():
+            assert x["seconds"] > 0 and x["load"] >= 0
+            if name != peer:
+                ratio = r["rows"][peer]["seconds"] / x["seconds"]
+                head = f"{r['section']} {r['prompts']} prompts"
+                line = next(s for s in lines if s.startswith(head) and f": {name} " in s)
+                assert line.endswith(f"{peer}/{name} {ratio:.2f}x") and f"(load {x['load']:.1f})" in line
