@@ -240,7 +240,8 @@ class DebateSelfPlay(LanguageModelGame):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[int, torch.Tensor]]:
         """GRPO loss on the forked plies only: per ply, the forked rows' completion tokens; weighted by rows.
 
-        Returns ``(loss, stats, token_logprobs per ply)`` (the latter detached, as the next update's ``old``).
+        Returns ``(loss, stats, token_logprobs per ply)`` (the latter detached, as the next update's ``old``); stats
+        hold ``logprob_gap`` when an engine sampled the plies (their rows' sampling log-probs feed the loss).
         """
         pg, temp = self.policy_gradient, self.sampling.temperature
         budget = pg.max_tokens_per_micro_batch
@@ -256,9 +257,12 @@ class DebateSelfPlay(LanguageModelGame):
                     ref = self.bank.token_logprobs(None, chunk, temp, pg.logprob_micro_batch, budget)
             mask = chunk.completion_mask.to(lp.device)
             adv = advantages[torch.tensor(idx, device=advantages.device)].to(lp.device)
-            part, st = pg.loss(lp, mask, adv, None if old is None else old[j], ref)
+            sampled = None if chunk.sample_logprobs is None else chunk.sample_logprobs.to(lp.device)  # the fork's rows
+            part, st = pg.loss(lp, mask, adv, None if old is None else old[j], ref, sampled)
             w = len(idx) / n
             loss = loss + w * part
+            if "logprob_gap" in st:  # an engine sampled the rollout (lm.decode: vllm)
+                stats.setdefault("logprob_gap", 0.0)
             for k in stats:
                 stats[k] += w * float(st[k])
             current[j] = lp.detach()
@@ -345,6 +349,8 @@ class DebateSelfPlay(LanguageModelGame):
                 "train/advantage_abs": float(adv.abs().mean()),
             }
         )
+        if "logprob_gap" in stats:  # an engine sampled the rollout (lm.decode: vllm)
+            metrics["rollout/logprob_gap"] = float(stats["logprob_gap"])
         self.phase_times["generated_tokens"] = float(sum(int(x.completion_mask.sum()) for x in roll.rollouts))
         metrics.update({f"time/{k}": float(v) for k, v in self.phase_times.items()})
         self.log_dict(metrics, batch_size=b)

@@ -170,14 +170,23 @@ class FollowerUpdates:
     def grpo(self, trainer, optimizers: dict, rollouts: dict, rollout_scores: dict, duels: list) -> dict[str, float]:
         """7. GRPO steps of every combatant on batches of its rollouts in duel order (all ranks' rollouts)."""
         stats: dict[str, float] = {}
+        gaps: list[float] = []  # every loss's engine log-prob gap, when an engine sampled (lm.decode: vllm)
         for pi, (p, opt) in enumerate(optimizers.items()):
             slots = [(d, s) for d, duel in enumerate(duels) for s in (0, 1) if duel[s] == pi]
             if slots:
-                stats.update(self._grpo_follower(trainer, p, opt, slots, *rollouts.get(p, (None, [])), rollout_scores))
+                out, own = rollouts.get(p, (None, []))
+                stats.update(self._grpo_follower(trainer, p, opt, slots, out, own, rollout_scores, gaps))
+        if gaps:
+            stats["rollout/logprob_gap"] = sum(gaps) / len(gaps)
         return stats
 
-    def _grpo_follower(self, trainer, p: str, opt, slots: list, out: Rollout | None, own: list, rollout_scores: dict):
-        """Follower ``p``'s GRPO steps over its ``slots`` (every rank's); this rank holds the rollouts of ``own``."""
+    def _grpo_follower(
+        self, trainer, p: str, opt, slots: list, out: Rollout | None, own: list, rollout_scores: dict, gaps: list
+    ) -> dict[str, float]:
+        """Follower ``p``'s GRPO steps over its ``slots`` (every rank's); this rank holds the rollouts of ``own``.
+
+        Each loss's ``logprob_gap`` (every rank's) is appended to ``gaps``.
+        """
         pg, temperature = self.settings.policy_gradient, self.temperature
         old = ref = adv = None
         if own:
@@ -191,15 +200,17 @@ class FollowerUpdates:
                 if pg.kl_coef > 0:
                     ref = self.bank(p).token_logprobs(None, out, temperature, pg.logprob_micro_batch, budget)
         owned = [collectives.owns(trainer, d) for d, _ in slots for _ in range(pg.group_size)]  # as `out`
-        clipped: list[float] = []
-        loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, clipped)
+        per_loss: dict[str, list[float]] = {"clip_fraction": [], "logprob_gap": []}
+        loss_fn = partial(self._grpo_rows_loss, p, out, adv, old, ref, per_loss)
         batches = collectives.local_batches(owned, self.settings.batch_size)
         batches = [batch for batch in batches for _ in range(pg.updates_per_batch)]  # μ steps on each batch
         lengths = row_lengths(out.attention_mask, out.prompt_width, out.completion_mask) if own else None
         budget = (pg.micro_batch, lengths, pg.max_tokens_per_micro_batch)
         steps = (self._step(trainer, p, opt, loss_fn, n, rows, *budget) for n, rows in batches)
         losses = [t for t in steps if t is not None]
-        clipped = sum(collectives.gather_objects(trainer, clipped), [])
+        parts = collectives.gather_objects(trainer, per_loss)
+        clipped, gap = ([x for part in parts for x in part[key]] for key in per_loss)
+        gaps.extend(gap)
         everyone = [x for slot in slots for x in rollout_scores[slot]]
         stats = {f"follower/reward/{p}": sum(everyone) / len(everyone)}
         if losses:
@@ -208,14 +219,21 @@ class FollowerUpdates:
                 stats[f"follower/clip_fraction/{p}"] = sum(clipped) / len(clipped)
         return stats
 
-    def _grpo_rows_loss(self, p: str, out: Rollout, adv: Tensor, old: Tensor, ref: Tensor | None, clipped: list, a, b):
-        """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows)."""
+    def _grpo_rows_loss(
+        self, p: str, out: Rollout, adv: Tensor, old: Tensor, ref: Tensor | None, per_loss: dict, a: int, b: int
+    ) -> Tensor:
+        """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows); its stats to ``per_loss``.
+
+        The rollout's sampling log-probs (an engine's) go with its rows, for the gap and truncated importance sampling.
+        """
         rows = slice(a, b)
         sub = out.rows(rows)
         lp = self.bank(p).token_logprobs(p, sub, self.temperature)
         mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[rows]
-        loss, st = self.settings.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows)
-        clipped.append(float(st["clip_fraction"]))
+        loss, st = self.settings.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows, sub.sample_logprobs)
+        for key, values in per_loss.items():
+            if key in st:
+                values.append(float(st[key]))
         return loss * (b - a)
 
     def _step(self, trainer, player: str, opt, loss_fn, n: int, rows: tuple, micro, lengths=None, max_tokens=0):
