@@ -173,7 +173,10 @@ class VLLMEngine:
         sampling: Sampling,
         greedy: bool,
     ) -> tuple[Tensor, Tensor]:
-        """Rows as :meth:`Decoder.decode` gives them (prompt ``b`` by ``players[b]``), and their tokens' log-probs."""
+        """Rows as :meth:`Decoder.decode` gives them (prompt ``b`` by ``players[b]``), and their tokens' log-probs.
+
+        ``bank=None``: the plain model without players (every ``players[b]`` ``None``), as the LM judge samples it.
+        """
         from vllm import SamplingParams
 
         llm = self.engine(bank)
@@ -197,14 +200,14 @@ class VLLMEngine:
         return assemble(ids, mask, g, completions, logprobs, self.pad)
 
     def engine(self, bank: Any) -> Any:
-        """The ``vllm.LLM``, built on first use with room for every player's adapter in one batch."""
+        """The ``vllm.LLM``, built on first use with room for every player's adapter in one batch (none for a judge)."""
         if self.llm is None:
             try:
                 from vllm import LLM
             except ImportError as err:
                 raise ImportError(f"lm.decode: vllm could not import vllm ({err}): {INSTALL}") from err
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process, as TRL's colocate mode
-            options = engine_options(self.lm, len(bank.player_names))
+            options = engine_options(self.lm, 0 if bank is None else len(bank.player_names))
             # vLLM's CPU worker replaces torch.set_num_threads (a no-op once its threads are bound): the trainer
             # gets the function and its thread count back
             threads, set_threads = torch.get_num_threads(), torch.set_num_threads

@@ -11,12 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.answers import answers_match
 from alignment_games.modules.algorithms.debate import Transcript, count_words, fill_fields, split_reply
 from alignment_games.modules.algorithms.verdicts import JudgeVotes, parse_verdict
+from alignment_games.modules.lm.decoders import make_decoder
 from alignment_games.modules.lm.decoding import shared_prompt_cache
+from alignment_games.modules.lm.model_config import ModelConfig
+from alignment_games.modules.lm.models import load_tokenizer, resolve_name_or_path
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.oracle import check_placeholders, load_frozen_causal_lm, sampling_state
@@ -355,14 +359,23 @@ class HFJudge(PromptedJudge):
     """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
 
     Each prompt is prefilled once and its KV cache copied to its ``num_votes`` rows: the same draws as
-    ``num_return_sequences`` rows that each prefill it, for one prefill's compute.
+    ``num_return_sequences`` rows that each prefill it, for one prefill's compute. ``decode: vllm`` samples the votes
+    with the vLLM engine instead (:func:`~modules.lm.decoders.make_decoder`, as ``lm.decode: vllm`` does the players;
+    the transformers weights are then not loaded).
 
     Args:
         model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.
         load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CPU or CUDA).
         trust_remote_code: Off unless turned on.
+        greedy: Every vote the most likely reply (``num_votes: 1`` then suffices); default: sampled by ``sampling``.
+        decode: ``auto`` (transformers' ``generate``) or ``vllm`` (the engine; ``pip install -e ".[vllm]"``; not with
+            ``load_in_4bit`` nor ``timeout_s``, which it cannot honour).
+        vllm_kv_cache_gib: KV cache the engine reserves, in GiB (``decode: vllm`` only).
         **prompting: :class:`PromptedJudge`'s arguments.
+
+    Raises:
+        ValueError: for an unknown ``decode`` or a setting the engine cannot serve, naming the field.
     """
 
     bounds_own_time = True
@@ -373,19 +386,44 @@ class HFJudge(PromptedJudge):
         dtype: str = "auto",
         load_in_4bit: bool = False,
         trust_remote_code: bool = False,
+        greedy: bool = False,
+        decode: str = "auto",
+        vllm_kv_cache_gib: float = 1.0,
         **prompting: Any,
     ) -> None:
         super().__init__(**prompting)
-        self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code, load_in_4bit)
-        self.device = next(self.model.parameters()).device
-        self.model_name = model
+        self.model_name, self.engine, self.greedy = model, None, greedy
+        if decode not in ("auto", "vllm"):
+            raise ValueError(f"judge decode: must be auto or vllm, got {decode!r}")
+        if decode == "vllm":
+            if load_in_4bit or self.timeout_s is not None:
+                raise ValueError(
+                    "judge load_in_4bit and timeout_s: not with decode: vllm (the engine serves an unquantized model "
+                    "and cannot stop a decode part way)"
+                )
+            lm = ModelConfig(
+                model,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                decode="vllm",
+                vllm_kv_cache_gib=vllm_kv_cache_gib,
+            )
+            self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+            self.engine = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+            self.model, self.device = None, torch.device("cpu")  # the engine places its own weights
+            config = AutoConfig.from_pretrained(resolve_name_or_path(model), trust_remote_code=trust_remote_code)
+            self.max_positions = getattr(config, "max_position_embeddings", None)
+        else:
+            self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code, load_in_4bit)
+            self.device = next(self.model.parameters()).device
+            self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         # prefill each prompt once for its votes; False samples num_return_sequences rows that each prefill it
         self.share_prompt = True
 
     @override
     def to(self, device: torch.device | str) -> HFJudge:
-        if getattr(self.model, "is_loaded_in_4bit", False):  # bitsandbytes weights cannot move; inputs follow them
-            return self
+        if self.model is None or getattr(self.model, "is_loaded_in_4bit", False):
+            return self  # the engine's weights, or bitsandbytes' (which cannot move): inputs follow them
         self.device = torch.device(device)
         self.model.to(self.device)
         return self
@@ -399,43 +437,50 @@ class HFJudge(PromptedJudge):
         ids = self.tokenizer([self.prompt(t, o) for t, o in pairs], add_special_tokens=False)["input_ids"]
         input_ids, mask = pad_sequences(ids, self.tokenizer.pad_token_id, left=True).values()
         width = input_ids.shape[1]
-        self.sampling.check_fits(width, getattr(self.model.config, "max_position_embeddings", None), self.model_name)
+        self.sampling.check_fits(width, self.max_positions, self.model_name)
         # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
         seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
         devices = [self.device] if self.device.type == "cuda" else []
         start = time.perf_counter()
-        extra = {}
         rows = input_ids.to(self.device), mask.to(self.device)
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            if self.share_prompt and width > 1:
-                extra = shared_prompt_cache(self.model, *rows, self.num_votes)
-                rows = tuple(x.repeat_interleave(self.num_votes, dim=0) for x in rows)
-            # the prefill above counts against the time limit too
-            limit = (
-                {} if self.timeout_s is None else {"max_time": max(0.0, self.timeout_s - time.perf_counter() + start)}
-            )
-            out = self.model.generate(
-                **limit,
-                **extra,
-                input_ids=rows[0],
-                attention_mask=rows[1],
-                do_sample=True,
-                temperature=self.sampling.temperature,
-                top_p=self.sampling.top_p,
-                top_k=0,
-                num_return_sequences=1 if extra else self.num_votes,
-                max_new_tokens=self.sampling.max_new_tokens,
-                min_new_tokens=self.sampling.min_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.tokenizer.eos_token_id,
-            )
+            if self.engine is not None:  # one request per vote, each seeded from the generator just seeded
+                out, _ = self.engine.decode_players(
+                    None, [None] * len(ids), *rows, self.num_votes, self.sampling, self.greedy
+                )
+            else:
+                out = self._generate(*rows, start)
         texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         late = self.timeout_s is not None and time.perf_counter() - start >= self.timeout_s
         texts = [self.prefill + t for t in texts]
         votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
         per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
         return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)
+
+    def _generate(self, input_ids: torch.Tensor, mask: torch.Tensor, start: float) -> torch.Tensor:
+        """The votes by transformers' ``generate``: ``num_votes`` rows a prompt, each prompt prefilled once."""
+        extra = {}
+        if self.share_prompt and input_ids.shape[1] > 1:
+            extra = shared_prompt_cache(self.model, input_ids, mask, self.num_votes)
+            input_ids, mask = (x.repeat_interleave(self.num_votes, dim=0) for x in (input_ids, mask))
+        # the prefill above counts against the time limit too
+        limit = {} if self.timeout_s is None else {"max_time": max(0.0, self.timeout_s - time.perf_counter() + start)}
+        s = self.sampling
+        sampled = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
+        sampled = {"do_sample": False} if self.greedy else sampled
+        return self.model.generate(
+            **limit,
+            **extra,
+            input_ids=input_ids,
+            attention_mask=mask,
+            **sampled,
+            num_return_sequences=1 if extra else self.num_votes,
+            max_new_tokens=self.sampling.max_new_tokens,
+            min_new_tokens=self.sampling.min_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
 
 
 class RemoteJudge(RemoteClient, PromptedJudge):

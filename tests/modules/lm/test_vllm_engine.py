@@ -4,17 +4,20 @@ One engine per bank, each bank built once for the module. Needs the vllm extra (
 """
 
 import dataclasses
+import shutil
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from alignment_games.modules.algorithms.debate import Transcript, split_reply
 from alignment_games.modules.lm.decoders import make_decoder
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import build_tiny_causal_lm, resolve_name_or_path
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.judges import HFJudge
 
 pytestmark = pytest.mark.engines
 
@@ -229,3 +232,59 @@ def test_a_grpo_run_on_the_engine_killed_and_resumed_logs_what_the_uninterrupted
     assert any(key == "rollout/logprob_gap" for key, _ in final.metrics)
     diffs = compare(ref.metrics, final.metrics, 0.0)
     assert diffs == [], "\n".join(diffs)
+
+
+#: the judge's settings of both paths: greedy votes (not temperature 1e-4, which the engine's seeded CPU sampler does
+#: not hold to the most likely token; docs/configuration.md)
+JUDGE = {"chain_of_thought": False, "num_votes": 2, "greedy": True, "sampling": Sampling(max_new_tokens=12)}
+DEBATES = [("What is 2 + 2?", [r"2 + 2 = 4, so \boxed{4}.", "Correct."]), ("1 + 1?", ["It is 3.", "No: it is 2."])]
+
+
+@pytest.fixture(scope="module")
+def judge_model(tiny, tmp_path_factory):
+    """The tiny Llama with its matrices moved (seeded), so that its greedy text depends on the prompt (the fresh
+    model's is newlines whatever it reads)."""
+    folder = tmp_path_factory.mktemp("judge") / "model"
+    shutil.copytree(tiny, folder)  # its tokenizer
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.dim() == 2:
+                w.add_(0.1 * torch.randn(w.shape, generator=gen))
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def engine_judge(judge_model):
+    return HFJudge(judge_model, decode="vllm", vllm_kv_cache_gib=0.25, **JUDGE)
+
+
+def judge_votes(judge: HFJudge, seed: int = 7):
+    """The judge's votes on :data:`DEBATES` from the generator state of ``seed``."""
+    judge.load_state_dict({"generator": torch.Generator().manual_seed(seed).get_state()})
+    debates = [Transcript(x, "4", "debate_ab", [split_reply(r, required=False) for r in rs]) for x, rs in DEBATES]
+    return judge.vote(debates)
+
+
+def test_the_judge_on_the_engine_gives_the_verdicts_of_transformers_generate(judge_model, engine_judge):
+    assert engine_judge.model is None  # the engine's weights only
+    default = judge_votes(HFJudge(judge_model, **JUDGE))
+    engine = judge_votes(engine_judge)
+    assert engine.texts == default.texts and engine.texts[0] != engine.texts[1]  # a text of its own per prompt
+    assert torch.equal(engine.votes.nan_to_num(-1), default.votes.nan_to_num(-1))
+    assert all(len(set(row)) == 1 for row in engine.texts)  # greedy: every vote the same text
+
+
+def test_the_judge_on_the_engine_samples_from_its_own_generator(engine_judge):
+    engine_judge.greedy = False
+    try:
+        torch.manual_seed(0)
+        state = torch.get_rng_state()
+        first, again, other = judge_votes(engine_judge), judge_votes(engine_judge), judge_votes(engine_judge, 8)
+        assert torch.equal(torch.get_rng_state(), state)  # the players' stream is untouched
+    finally:
+        engine_judge.greedy = True
+    assert first.texts == again.texts and first.texts != other.texts
+    assert any(len(set(row)) > 1 for row in first.texts)  # sampled: the votes differ

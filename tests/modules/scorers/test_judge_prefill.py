@@ -1,4 +1,5 @@
-"""HFJudge prefills each transcript once for all its votes, with the same votes as prefilling it per vote; its dtype."""
+"""HFJudge prefills each transcript once for all its votes, with the same votes as prefilling it per vote; its dtype;
+greedy votes; the settings its vLLM engine path refuses."""
 
 from __future__ import annotations
 
@@ -69,3 +70,26 @@ def test_a_4bit_judge_loads_nf4_computing_in_its_dtype_and_stays_where_it_was_lo
 def test_a_4bit_judge_without_bitsandbytes_is_refused_naming_the_package(tiny_lm_dir, without_bitsandbytes):
     with pytest.raises(ImportError, match="load_in_4bit=True needs the optional package bitsandbytes"):
         HFJudge(tiny_lm_dir, num_votes=1, load_in_4bit=True)
+
+
+def test_a_greedy_judge_votes_transformers_greedy_reply_every_time(tiny_lm_dir):
+    judge = HFJudge(tiny_lm_dir, chain_of_thought=False, num_votes=3, greedy=True, sampling=Sampling(max_new_tokens=8))
+    texts, _, _ = judged(judge, share=True)
+    tok = judge.tokenizer
+    enc = tok([judge.prompt(t) for t in transcripts()], add_special_tokens=False, return_tensors="pt", padding=True)
+    out = judge.model.generate(**enc, do_sample=False, max_new_tokens=8, pad_token_id=tok.pad_token_id)
+    want = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert texts == [[w] * 3 for w in want]  # (sampled, at temperature 1, the votes differ: the test above)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"decode": "generate"}, "judge decode: must be auto or vllm, got 'generate'"),
+        ({"decode": "vllm", "timeout_s": 5.0}, "judge load_in_4bit and timeout_s: not with decode: vllm"),
+        ({"decode": "vllm", "load_in_4bit": True}, "judge load_in_4bit and timeout_s: not with decode: vllm"),
+    ],
+)
+def test_settings_the_engine_cannot_serve_are_refused_naming_the_field(tiny_lm_dir, fields, message):
+    with pytest.raises(ValueError, match=message):
+        HFJudge(tiny_lm_dir, num_votes=1, **fields)
