@@ -35,6 +35,8 @@ INSTALL = 'pip install -e ".[vllm]"'
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 #: seeds drawn from torch's generator for each sampled row (vLLM takes a non-negative 32-bit seed)
 SEED_BOUND = 2**31 - 1
+#: the lowest sampling temperature vLLM keeps: ``SamplingParams`` raises a lower one to it (with a logged warning)
+MIN_TEMPERATURE = 0.01
 #: every engine built, kept for the process's life: tearing one down resets vLLM's process-wide parallel state, which
 #: breaks every other engine still in use
 _ENGINES: list[Any] = []
@@ -82,7 +84,16 @@ def engine_options(lm: ModelConfig, max_loras: int) -> dict[str, Any]:
 
 
 def request_options(sampling: Sampling, greedy: bool, eos: int | None, seed: int | None) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.SamplingParams`` that sample one row as the own decoders do."""
+    """Keyword arguments of ``vllm.SamplingParams`` that sample one row as the own decoders do.
+
+    Raises:
+        ValueError: for a sampled temperature below :data:`MIN_TEMPERATURE`, which vLLM would sample at instead.
+    """
+    if not greedy and sampling.temperature < MIN_TEMPERATURE:
+        raise ValueError(
+            f"sampling.temperature: {sampling.temperature} is below {MIN_TEMPERATURE}, which vLLM samples at instead "
+            "(its tokens and log-probs would not be this temperature's); raise it, or decode greedily"
+        )
     return {
         "n": 1,
         "temperature": 0.0 if greedy else sampling.temperature,

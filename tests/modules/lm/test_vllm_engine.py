@@ -234,8 +234,7 @@ def test_a_grpo_run_on_the_engine_killed_and_resumed_logs_what_the_uninterrupted
     assert diffs == [], "\n".join(diffs)
 
 
-#: the judge's settings of both paths: greedy votes (not temperature 1e-4, which the engine's seeded CPU sampler does
-#: not hold to the most likely token; docs/configuration.md)
+#: the judge's settings of both paths: greedy votes (the engine refuses a near-greedy temperature such as 1e-4)
 JUDGE = {"chain_of_thought": False, "num_votes": 2, "greedy": True, "sampling": Sampling(max_new_tokens=12)}
 DEBATES = [("What is 2 + 2?", [r"2 + 2 = 4, so \boxed{4}.", "Correct."]), ("1 + 1?", ["It is 3.", "No: it is 2."])]
 

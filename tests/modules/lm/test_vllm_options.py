@@ -61,6 +61,14 @@ def test_a_request_samples_as_the_own_decoders():
     assert (greedy["temperature"], greedy["top_p"], greedy["seed"], greedy["stop_token_ids"]) == (0.0, 1.0, None, [])
 
 
+def test_a_temperature_vllm_would_raise_is_refused_naming_the_field():
+    """vLLM's ``SamplingParams`` samples a temperature below 0.01 at 0.01; greedy (temperature 0) stays greedy."""
+    with pytest.raises(ValueError, match=r"sampling.temperature: 0.0001 is below 0.01, which vLLM samples at instead"):
+        request_options(Sampling(temperature=1e-4), greedy=False, eos=5, seed=1)
+    assert request_options(Sampling(temperature=0.01), greedy=False, eos=5, seed=1)["temperature"] == 0.01
+    assert request_options(Sampling(temperature=1e-4), greedy=True, eos=5, seed=1)["temperature"] == 0.0
+
+
 def test_completions_are_assembled_into_the_decoders_rows():
     ids = torch.tensor([[0, 7, 8], [4, 5, 6]])  # 0: the left padding of the first prompt
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
