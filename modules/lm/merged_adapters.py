@@ -15,7 +15,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MergedAdapters"]
+__all__ = ["MergedAdapters", "values_snapshot"]
+
+
+def values_snapshot(tensors: Sequence[Tensor]) -> Tensor:
+    """One flat copy of ``tensors``' values; ``torch.equal`` with a later one tells whether any was written.
+
+    Compares values, not ``_version``: a fused optimizer step and an edit through ``.data`` leave the version as it was.
+    """
+    with torch.no_grad():
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
 class MergedAdapters:
@@ -36,7 +45,7 @@ class MergedAdapters:
             (id(w), w.data_ptr(), w._version, w.dtype, w.device, m.scaling[player]) for w, m in zip(bases, layers)
         )
         with torch.no_grad():
-            adapter = torch.cat([t.reshape(-1) for m in layers for t in _factors(m, player)])
+            adapter = values_snapshot([t for m in layers for t in _factors(m, player)])
             entry = self.entries.get(player)
             if entry is not None and entry[0] == key and torch.equal(entry[1], adapter):
                 return entry[2]

@@ -14,7 +14,7 @@ import random
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from alignment_games.modules.lm.merged_adapters import values_snapshot
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.lm.precision import resolve_dtype
@@ -130,11 +131,6 @@ def assemble(
     return torch.cat([rows, new.to(ids.device)], dim=1), lps.to(ids.device)
 
 
-def version(parameters: Iterable[Tensor]) -> tuple[tuple[int, int], ...]:
-    """Changes whenever a parameter is written in place (an optimizer step, a checkpoint load) or replaced."""
-    return tuple((p.data_ptr(), p._version) for p in parameters)
-
-
 @contextmanager
 def trainer_rng_kept() -> Iterator[None]:
     """Python's, numpy's and torch's global generators as they were before the block (the run's seeded streams)."""
@@ -239,9 +235,9 @@ class VLLMEngine:
             return None
         from vllm.lora.request import LoRARequest
 
-        now = version(bank.player_parameters(player))
+        now = values_snapshot(bank.player_parameters(player))
         held = self.adapters.get(player)
-        if held is not None and held[0] == now:
+        if held is not None and torch.equal(held[0], now):
             return held[1]
         if held is not None:  # the old version: out of the engine and off the disk
             self.llm.llm_engine.remove_lora(held[1].lora_int_id)

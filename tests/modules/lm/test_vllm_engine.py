@@ -117,15 +117,22 @@ def test_greedy_tokens_equal_own_decoder_and_transformers_peft_on_smollm2(monkey
     assert adapted != base
 
 
-def test_after_an_optimizer_step_the_next_rollout_is_the_updated_adapters(bank, monkeypatch, tmp_path):
+@pytest.mark.parametrize("write", ["sgd", "data"])
+def test_after_an_optimizer_step_the_next_rollout_is_the_updated_adapters(bank, monkeypatch, tmp_path, write):
+    """``data``: values written through ``.data`` (as a fused optimizer step does) leave ``_version`` as it was."""
     eos = bank.tokenizer.eos_token_id
     before = rollout_completions(bank.generate("m1", PROMPTS, 1, GREEDY, greedy=True), eos)
     kept = bank.decoder.adapters["m0"][1] if "m0" in bank.decoder.adapters else None
     r = bank.generate("m1", PROMPTS, 1, GREEDY, greedy=True)
-    opt = torch.optim.SGD(bank.player_parameters("m1"), lr=5.0)
-    bank.token_logprobs("m1", r, temperature=1.0).sum().backward()  # down the current greedy tokens' likelihood
-    opt.step()
-    opt.zero_grad()
+    if write == "sgd":
+        opt = torch.optim.SGD(bank.player_parameters("m1"), lr=5.0)
+        bank.token_logprobs("m1", r, temperature=1.0).sum().backward()  # down the current greedy tokens' likelihood
+        opt.step()
+        opt.zero_grad()
+    else:
+        g = torch.Generator().manual_seed(11)
+        for p in bank.player_parameters("m1"):
+            p.data.add_(torch.randn(p.shape, generator=g) * 0.5)
     after = assert_three_agree(bank, monkeypatch, tmp_path, "m1", PROMPTS, 10)
     assert after != before
     if kept is not None:  # another player's adapter, unchanged, is not rewritten
