@@ -322,6 +322,7 @@ def test_sharded_strategies_are_recognised_through_subclasses():
 
     from alignment_games.modules.distributed.sharding import sharded_strategy_kind
     from alignment_games.modules.distributed.strategies import FSDP2Strategy
+    from alignment_games.modules.lm.decoders import GenerateDecoder
     from alignment_games.modules.lm.policy_bank import PolicyBank
 
     class MyFSDP(FSDPStrategy):  # a user's own subclass (e.g. other launch or checks) is still FSDP
@@ -335,6 +336,7 @@ def test_sharded_strategies_are_recognised_through_subclasses():
     # the bank keeps adapters unmerged under a subclass too (merging would swap sharded parameters)
     bank = PolicyBank.__new__(PolicyBank)
     torch.nn.Module.__init__(bank)
+    bank.decoder = GenerateDecoder(eos=None, pad=0)  # an own decoder: the vLLM engine is refused under sharding
     strategies = (MyFSDP(), CPUDeepSpeedStrategy(stage=3), FSDP2Strategy(), DDPStrategy())
     for strategy, merge in zip(strategies, (False, False, False, True), strict=True):
         bank.use_strategy(strategy)
