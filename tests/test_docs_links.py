@@ -1,5 +1,6 @@
-"""Every relative link in ``README.md`` and ``docs/*.md`` points to a file that exists, and every ``#anchor`` to a
-heading of its page (GitHub's slugs). Links inside code blocks and inline code are not links."""
+"""Every relative link in ``README.md``, ``docs/*.md`` and the results pages (``benchmarks/RESULTS.md``, its family
+pages and its log) points to a file that exists, and every ``#anchor`` to a heading of its page (GitHub's slugs).
+Links inside code blocks and inline code are not links."""
 
 import re
 from pathlib import Path
@@ -9,6 +10,11 @@ from helpers import ROOT
 
 ROOT_PATH = Path(ROOT)
 PAGES = [ROOT_PATH / "README.md", *sorted((ROOT_PATH / "docs").glob("*.md"))]
+RESULT_PAGES = [
+    ROOT_PATH / "benchmarks" / "RESULTS.md",
+    *sorted((ROOT_PATH / "benchmarks" / "results").glob("*.md")),
+    *sorted((ROOT_PATH / "benchmarks" / "log").glob("*.md")),
+]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", flags=re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -59,7 +65,7 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT_PATH)))
+@pytest.mark.parametrize("page", PAGES + RESULT_PAGES, ids=lambda p: str(p.relative_to(ROOT_PATH)))
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
 
