@@ -36,7 +36,7 @@ def _rows(name):
 
 
 def test_the_readme_recipe_trains_the_main_config_on_a_chosen_rejected_file(tmp_path, monkeypatch):
-    """Issue 19's Done-when: no option beyond the README's, and the main config's oracle leaves the labels alone."""
+    """The recipe needs no option beyond the README's, and the main config's oracle leaves the labels alone."""
     monkeypatch.chdir(tmp_path)
     path = os.path.join(DATA, "pairs_question_chosen_rejected.jsonl")
     cli = train.main(["fit", "--config", MAIN, f"--data.init_args.path={path}", *README_RECIPE])

@@ -1,5 +1,5 @@
-"""A run refused before its first step names the field and leaves no ``version_N/`` folder (issue 17 item 6), only
-its own (issue 34: never another run's); a run folder is owned by one process at a time (``run.lock``)."""
+"""A run refused before its first step names the field and leaves no ``version_N/`` folder, only
+its own (never another run's); a run folder is owned by one process at a time (``run.lock``)."""
 
 import glob
 import json

@@ -1,4 +1,4 @@
-"""Bad values are refused by name in every family's ``__init__``, before any model is loaded (issue 17 item 6).
+"""Bad values are refused by name in every family's ``__init__``, before any model is loaded.
 
 The model path does not exist: a value checked only after loading would fail on the path instead, and the control
 (the same family with good values) shows that it does.

@@ -495,7 +495,7 @@ class Scripted(DebateJudge):
 
 
 def test_final_answers_ties_and_unparsed_verdicts_in_the_evaluation(tiny_lm_dir, tmp_path):
-    """Items 5 and 6 of issue 18 end to end: Alice's rebuttal corrects every answer, so by the paper's definition
+    """Ties and unparsed verdicts end to end: Alice's rebuttal corrects every answer, so by the paper's definition
     ("The final answer is the last \\boxed{...}") every problem is solved; the judge's 4/4 split and its unparseable
     votes are no verdict, so MCC scores two problems (one accepted, one rejected) and counts a tie and an unparsed.
     """

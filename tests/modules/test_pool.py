@@ -464,7 +464,7 @@ def test_the_leader_learns_from_the_composite_reward_of_reputation_weighted_scor
     assert indices == drawn["chosen"]
     assert rewards == pytest.approx(expected, abs=1e-9)
     # the weights made a difference here (far more than the tolerance above), so plain means would fail the test;
-    # raw ratings barely move them (item 8), Elo odds do
+    # raw ratings barely move them, Elo odds do
     gap = max(abs(x - y) for x, y in zip(expected, plain))
     assert gap > {"raw": 1e-3, "elo_odds": 0.02}[rule]
 

@@ -144,7 +144,7 @@ def test_fill_fields_does_not_reread_data():
         ("Correct.", 1.0),
         ("incorrect", 0.0),
         ("Alice wins", 1.0),
-        # negations (issue 17): a named player judged wrong is a vote against that player
+        # negations: a named player judged wrong is a vote against that player
         ("Verdict: Alice is wrong", 0.0),
         ("Verdict: Alice's answer is incorrect", 0.0),
         ("Verdict: Alice's final answer is not correct.", 0.0),
@@ -157,7 +157,7 @@ def test_fill_fields_does_not_reread_data():
         ("I think the solution", None),
         ("", None),
         (None, None),
-        # issue 34: judgements in words the parser does not read, compound subjects and hedges are unparsed
+        # judgements in words the parser does not read, compound subjects and hedges are unparsed
         ("Alice and Bob are both wrong", None),
         ("Alice is partially correct", None),
         ("Verdict: Alice (probably)", None),
@@ -203,7 +203,7 @@ def test_a_verdict_its_own_line_takes_back_is_unparsed(text, vote):
     assert parse_verdict(text) == vote
 
 
-# Issue 34: 27 phrasings of a verdict and how each must be read (1.0 Alice, 0.0 Bob, None unparsed). The parser reads
+# 27 phrasings of a verdict and how each must be read (1.0 Alice, 0.0 Bob, None unparsed). The parser reads
 # each right or returns unparsed: a refusal or hedge is never guessed. The first 8 were misread before the fix (the
 # six of the issue and two more found then); "Winner: Bob" was unparsed; the other 18 were already read right.
 VERDICT_PHRASINGS = [

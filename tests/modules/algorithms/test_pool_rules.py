@@ -122,7 +122,7 @@ def test_reputation_weighted_mean():
 
 
 def test_reputation_weighting_raw_is_the_paper_rule_and_elo_odds_gives_reputation_an_effect():
-    """Item 8 of issue 18: three judges rated 1000, 1050 and 950 (tens apart, as Elo ratings are) score 4, 8, 6."""
+    """Three judges rated 1000, 1050 and 950 (tens apart, as Elo ratings are) score 4, 8, 6."""
     ratings, scores = [1000.0, 1050.0, 950.0], [4.0, 8.0, 6.0]
     raw = ReputationWeighting().weights(ratings)
     assert ReputationWeighting().rule == "raw" and raw == [1000.0, 1050.0, 950.0]  # App. G: the ratings themselves
