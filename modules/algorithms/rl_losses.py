@@ -1,4 +1,4 @@
-"""Policy-optimisation losses shared by the games: GRPO-style group advantages and clipped loss, and sigmoid DPO."""
+"""Policy-optimisation losses shared by the games: GRPO-style group advantages and clipped loss, and pairwise losses."""
 
 from __future__ import annotations
 
@@ -11,11 +11,16 @@ from torch.nn import functional as F
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 
 __all__ = [
+    "PAIRWISE_LOSS_TYPES",
+    "PairwiseLoss",
     "PolicyGradient",
     "dpo_loss",
     "group_advantages",
     "grpo_loss",
+    "ipo_loss",
     "length_normalized_nll",
+    "per_token",
+    "simpo_loss",
     "truncated_is_weights",
 ]
 
@@ -188,6 +193,57 @@ def truncated_is_weights(trainer: Tensor, engine: Tensor, cap: float) -> Tensor:
     return torch.exp(trainer.detach() - engine).clamp(max=cap)
 
 
+PAIRWISE_LOSS_TYPES = ("dpo", "ipo", "rpo", "simpo")
+
+
+@dataclass(frozen=True)
+class PairwiseLoss:
+    """A preference loss on a chosen and a rejected reply's sequence log-probabilities, named as TRL's ``loss_type``.
+
+    Attributes:
+        loss_type: ``dpo`` (:func:`dpo_loss`), ``ipo`` (:func:`ipo_loss`), ``rpo`` (DPO plus ``alpha`` times
+            :func:`length_normalized_nll` of the chosen reply, Pang et al., 2024) or ``simpo`` (:func:`simpo_loss`).
+        beta: β of DPO, RPO and SimPO; τ of IPO (target margin 1/(2τ)), which TRL also names ``beta``.
+        gamma: γ, SimPO's target reward margin.
+        alpha: α, RPO's weight of the NLL term (the paper's 1).
+
+    Raises:
+        ValueError: for a value out of range, naming the field.
+    """
+
+    loss_type: str = "dpo"
+    beta: float = 0.1
+    gamma: float = 0.5
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_positive(**{"pairwise.beta": self.beta})
+        require_at_least(**{"pairwise.gamma": (self.gamma, 0.0), "pairwise.alpha": (self.alpha, 0.0)})
+        if self.loss_type not in PAIRWISE_LOSS_TYPES:
+            raise ValueError(f"pairwise.loss_type must be one of {PAIRWISE_LOSS_TYPES}, got {self.loss_type!r}")
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the loss reads the reference's log-probabilities (all but SimPO)."""
+        return self.loss_type != "simpo"
+
+    def __call__(
+        self, chosen: Tensor, rejected: Tensor, ref: tuple[Tensor, Tensor] | None, lengths: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-pair loss ``[N]`` and the detached implicit rewards of the chosen and the rejected replies.
+
+        ``ref``: the reference's log-probabilities of both (``None`` for SimPO); ``lengths``: their token counts.
+        """
+        if self.loss_type == "simpo":
+            return simpo_loss(chosen, rejected, lengths, self.beta, self.gamma)
+        if self.loss_type == "ipo":
+            return ipo_loss(chosen, rejected, ref, lengths, self.beta)
+        loss, chosen_reward, rejected_reward = dpo_loss(chosen, rejected, *ref, self.beta)
+        if self.loss_type == "rpo":
+            loss = loss + self.alpha * length_normalized_nll(chosen, lengths[0])
+        return loss, chosen_reward, rejected_reward
+
+
 def dpo_loss(
     policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, beta: float = 0.1
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -199,16 +255,53 @@ def dpo_loss(
     return loss, (beta * chosen).detach(), (beta * rejected).detach()
 
 
-def length_normalized_nll(policy_chosen: Tensor, chosen_lengths: Tensor) -> Tensor:
-    """The NLL term of RPO (Pang et al., 2024): ``−log π(y_c) / |y_c|``, ``[N]``.
+def ipo_loss(
+    chosen: Tensor, rejected: Tensor, ref: tuple[Tensor, Tensor], lengths: tuple[Tensor, Tensor], tau: float = 0.1
+) -> tuple[Tensor, Tensor, Tensor]:
+    """IPO (Azar et al., 2023, eq. 17): ``(h − 1/(2τ))²``, ``h`` the difference of per-token log-ratios (the rewards).
 
-    Added to DPO's loss it keeps the chosen solutions likely (DPO alone lowers them along with the rejected ones).
+    Sequence log-probabilities of the chosen and rejected replies, the reference's (``ref``) and their token counts.
+    Per token, as TRL and the paper's authors compute it: summed log-ratios would make the squared loss grow with
+    the replies' length, so that no single τ suits short and long replies.
+    """
+    require_positive(tau=tau)
+    chosen_ratio = per_token(chosen - ref[0], lengths[0])
+    rejected_ratio = per_token(rejected - ref[1], lengths[1])
+    # squared, not logistic: the margin is pulled to 1/(2τ) and no further, so a deterministic preference cannot
+    # drive the policy's ratio to infinity as DPO's loss does
+    return (chosen_ratio - rejected_ratio - 1 / (2 * tau)) ** 2, chosen_ratio.detach(), rejected_ratio.detach()
+
+
+def simpo_loss(
+    chosen: Tensor, rejected: Tensor, lengths: tuple[Tensor, Tensor], beta: float = 2.0, gamma: float = 0.5
+) -> tuple[Tensor, Tensor, Tensor]:
+    """SimPO (Meng et al., 2024): ``−log σ(β log π(y_c)/|y_c| − β log π(y_r)/|y_r| − γ)``; rewards ``β log π/|y|``.
+
+    No reference model: the implicit reward is the policy's mean token log-probability (what sampling ranks by), and
+    the margin γ asks the chosen reply to beat the rejected one by more than a tie.
+    """
+    require_positive(beta=beta)
+    chosen_reward = beta * per_token(chosen, lengths[0])
+    rejected_reward = beta * per_token(rejected, lengths[1])
+    return -F.logsigmoid(chosen_reward - rejected_reward - gamma), chosen_reward.detach(), rejected_reward.detach()
+
+
+def per_token(logprobs: Tensor, lengths: Tensor) -> Tensor:
+    """Sequence log-probabilities (or log-ratios) ``[N]`` over their token counts ``lengths`` ``[N]``.
 
     Raises:
         ValueError: for a length below 1 or shapes that differ.
     """
-    if policy_chosen.shape != chosen_lengths.shape:
-        raise ValueError(f"{tuple(policy_chosen.shape)} log-probabilities for {tuple(chosen_lengths.shape)} lengths")
-    if bool((chosen_lengths < 1).any()):
-        raise ValueError(f"chosen lengths must be at least 1 token, got {chosen_lengths.tolist()}")
-    return -policy_chosen / chosen_lengths.to(policy_chosen.dtype)
+    if logprobs.shape != lengths.shape:
+        raise ValueError(f"{tuple(logprobs.shape)} log-probabilities for {tuple(lengths.shape)} lengths")
+    if bool((lengths < 1).any()):
+        raise ValueError(f"reply lengths must be at least 1 token, got {lengths.tolist()}")
+    return logprobs / lengths.to(logprobs.dtype)
+
+
+def length_normalized_nll(policy_chosen: Tensor, chosen_lengths: Tensor) -> Tensor:
+    """The NLL term of RPO (Pang et al., 2024): ``−log π(y_c) / |y_c|``, ``[N]`` (:func:`per_token`).
+
+    Added to DPO's loss it keeps the chosen solutions likely (DPO alone lowers them along with the rejected ones).
+    """
+    return -per_token(policy_chosen, chosen_lengths)

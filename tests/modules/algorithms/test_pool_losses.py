@@ -1,9 +1,11 @@
-"""The follower losses the pool uses (modules/algorithms/rl_losses.py): sigmoid DPO against its formula and against TRL.
+"""The pairwise losses (alignment_games.modules.algorithms.rl_losses.PairwiseLoss): each against hand values of its
+paper's formula and against TRL.
 
-TRL is a test-only dependency: when it is installed, :func:`test_dpo_loss_equals_trl` runs TRL's own loss code
-(``DPOTrainer._compute_loss``, loss type ``sigmoid``) on the same sequence log-probabilities, without building a
-trainer; without TRL that test is skipped and :func:`test_dpo_loss_matches_the_documented_formula` still checks the
-formula TRL documents, ``−log σ(β[(log π_c − log π_ref,c) − (log π_r − log π_ref,r)])``.
+TRL is a test-only dependency: when it is installed, :func:`test_pairwise_losses_equal_trl` runs TRL's own loss code
+(``DPOTrainer._compute_loss`` with loss types ``sigmoid``, ``ipo`` and ``sigmoid`` + ``sft``, and the CPO trainer's
+``simpo``) on the same sequence log-probabilities, without building a trainer; without TRL that test is skipped and the
+hand-value tests still check the formulas TRL documents, e.g. DPO's ``−log σ(β[(log π_c − log π_ref,c) − (log π_r −
+log π_ref,r)])``.
 """
 
 import math
@@ -13,12 +15,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from alignment_games.modules.algorithms.rl_losses import dpo_loss, length_normalized_nll
+from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, dpo_loss, length_normalized_nll
 
 POLICY_CHOSEN = torch.tensor([-12.0, -30.5, -4.25, -50.0])
 POLICY_REJECTED = torch.tensor([-15.0, -29.0, -4.0, -80.0])
 REF_CHOSEN = torch.tensor([-13.0, -31.0, -4.5, -55.0])
 REF_REJECTED = torch.tensor([-14.0, -28.0, -4.0, -70.0])
+LENGTHS = (torch.tensor([4, 2, 1, 10]), torch.tensor([2, 4, 1, 20]))
+REF = (REF_CHOSEN, REF_REJECTED)
 
 
 def test_dpo_loss_matches_the_documented_formula():
@@ -53,7 +57,13 @@ class _FakeLM(torch.nn.Module):
         )
 
 
-def test_dpo_loss_equals_trl():
+@pytest.mark.parametrize(
+    ("loss_type", "trl_types", "trl_weights"),
+    [("dpo", ["sigmoid"], [1.0]), ("ipo", ["ipo"], [1.0]), ("rpo", ["sigmoid", "sft"], [1.0, 0.5])],
+)
+def test_pairwise_losses_equal_trl(loss_type, trl_types, trl_weights):
+    """TRL's RPO is ``sigmoid`` plus ``sft`` weighted α, its NLL a mean over the chosen tokens: Pang et al.'s per-reply
+    mean when the chosen replies have one length (3 here)."""
     trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer")
     beta, seq_len = 0.1, 3
     # TRL stacks the batch as [chosen; rejected]; reference log-probs come precomputed in the inputs.
@@ -66,8 +76,8 @@ def test_dpo_loss_equals_trl():
         ld_alpha=None,
         precompute_ref_logps=True,
         f_divergence_type="reverse_kl",
-        loss_types=["sigmoid"],
-        loss_weights=[1.0],
+        loss_types=trl_types,
+        loss_weights=trl_weights,
         beta=beta,
         label_smoothing=0.0,
         use_weighting=False,
@@ -83,11 +93,76 @@ def test_dpo_loss_equals_trl():
         "ref_rejected_logps": REF_REJECTED,
     }
     trl_loss = trl_dpo.DPOTrainer._compute_loss(fake_trainer, model, inputs, return_outputs=False)
-    ours, chosen_reward, rejected_reward = dpo_loss(POLICY_CHOSEN, POLICY_REJECTED, REF_CHOSEN, REF_REJECTED, beta)
+    lengths = (torch.full((4,), seq_len), torch.full((4,), seq_len))
+    ours, chosen_reward, rejected_reward = PairwiseLoss(loss_type, beta, alpha=trl_weights[-1])(
+        POLICY_CHOSEN, POLICY_REJECTED, REF, lengths
+    )
     assert float(ours.mean()) == pytest.approx(float(trl_loss), rel=1e-6)
-    metrics = fake_trainer._metrics["train"]
-    assert metrics["rewards/chosen"][0] == pytest.approx(float(chosen_reward.mean()), rel=1e-6)
-    assert metrics["rewards/rejected"][0] == pytest.approx(float(rejected_reward.mean()), rel=1e-6)
+    if loss_type != "ipo":  # TRL logs β·(summed log-ratio); IPO's rewards here are the per-token log-ratios it uses
+        metrics = fake_trainer._metrics["train"]
+        assert metrics["rewards/chosen"][0] == pytest.approx(float(chosen_reward.mean()), rel=1e-6)
+        assert metrics["rewards/rejected"][0] == pytest.approx(float(rejected_reward.mean()), rel=1e-6)
+
+
+def test_simpo_equals_trls_cpo_trainer():
+    cpo = pytest.importorskip("trl.experimental.cpo.cpo_trainer")
+    beta, gamma = 2.0, 0.5
+    fake_trainer = SimpleNamespace(
+        alpha=0.0,
+        loss_type="simpo",
+        simpo_gamma=gamma,
+        beta=beta,
+        label_smoothing=0.0,
+        accelerator=SimpleNamespace(device=torch.device("cpu")),
+    )
+    # the CPO trainer averages each reply's log-probabilities over its tokens before the loss (SimPO's |y|)
+    averaged = (POLICY_CHOSEN / LENGTHS[0], POLICY_REJECTED / LENGTHS[1])
+    trl_loss, trl_chosen, trl_rejected = cpo.CPOTrainer.cpo_loss(fake_trainer, *averaged)
+    ours, chosen_reward, rejected_reward = PairwiseLoss("simpo", beta, gamma)(
+        POLICY_CHOSEN, POLICY_REJECTED, None, LENGTHS
+    )
+    torch.testing.assert_close(ours, trl_loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(chosen_reward, trl_chosen)
+    torch.testing.assert_close(rejected_reward, trl_rejected)
+
+
+def test_ipo_by_hand():
+    # per-token log-ratios (chosen − rejected): 1/4 + 1/2, 0.5/2 + 1/4, 0.25/1 − 0, 5/10 + 10/20; target 1/(2·0.1) = 5
+    loss, chosen, rejected = PairwiseLoss("ipo", beta=0.1)(POLICY_CHOSEN, POLICY_REJECTED, REF, LENGTHS)
+    assert loss.tolist() == pytest.approx([4.25**2, 4.5**2, 4.75**2, 4.0**2])
+    assert chosen.tolist() == pytest.approx([0.25, 0.25, 0.25, 0.5])
+    assert rejected.tolist() == pytest.approx([-0.5, -0.25, 0.0, -0.5])
+
+
+def test_simpo_by_hand_ignores_the_reference():
+    # β·mean log-probs: chosen −6, −30.5, −8.5, −10; rejected −15, −14.5, −8, −8; minus γ = 0.5
+    loss, chosen, rejected = PairwiseLoss("simpo", beta=2.0, gamma=0.5)(POLICY_CHOSEN, POLICY_REJECTED, None, LENGTHS)
+    assert loss.tolist() == pytest.approx([math.log1p(math.exp(-z)) for z in (8.5, -16.5, -1.0, -2.5)], rel=1e-6)
+    assert chosen.tolist() == pytest.approx([-6.0, -30.5, -8.5, -10.0])
+    assert rejected.tolist() == pytest.approx([-15.0, -14.5, -8.0, -8.0])
+
+
+def test_rpo_by_hand_is_dpo_plus_the_weighted_nll():
+    # pair 0: DPO's −log σ(0.2) = 0.5981389 plus α · 12/4
+    loss, chosen, _ = PairwiseLoss("rpo", beta=0.1, alpha=0.5)(POLICY_CHOSEN, POLICY_REJECTED, REF, LENGTHS)
+    assert float(loss[0]) == pytest.approx(0.5981389 + 0.5 * 3.0, rel=1e-6)
+    dpo, _, _ = PairwiseLoss("dpo", beta=0.1)(POLICY_CHOSEN, POLICY_REJECTED, REF, LENGTHS)
+    assert (loss - dpo).tolist() == pytest.approx([0.5 * 3.0, 0.5 * 15.25, 0.5 * 4.25, 0.5 * 5.0])
+    assert chosen.tolist() == pytest.approx([0.1, 0.05, 0.025, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "name"),
+    [
+        ("loss_type", "kto", "pairwise.loss_type"),
+        ("beta", 0.0, "pairwise.beta"),
+        ("gamma", -0.1, "pairwise.gamma"),
+        ("alpha", float("nan"), "pairwise.alpha"),
+    ],
+)
+def test_bad_pairwise_settings_are_refused_by_name(field, bad, name):
+    with pytest.raises(ValueError, match=name):
+        PairwiseLoss(**{field: bad})
 
 
 def test_length_normalized_nll_hand_computed():
