@@ -4,8 +4,8 @@ Where the paper leaves a formula open: Auer et al.'s (2002) Exp3 with every duel
 D duels importance-weighted by the distribution *before* the update,
 :math:`\log w_i \mathrel{+}= (\gamma/K) \sum_{d: I_d = i} r_d / p_i` (mixing :math:`\gamma/K` is the floor). Difficulty
 reward :math:`(10 - \bar s)/9`, or 0 when even the better response scores below ``min_score``. Preference reward: a
-Gaussian bump of the gap :math:`g = |s_a - s_b| / 9` around an ideal gap annealed over training; a tie earns 0 (no
-discriminable duel, §2.1: no DPO pair, no GRPO advantage). Composite :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref}`.
+Gaussian bump of the gap :math:`g = |s_a - s_b| / 9` around an ideal gap annealed over training, times
+:math:`\min(1, g/\delta)`: 0 at a tie, without a jump. Composite :math:`0.3\,r_\text{diff} + 0.7\,r_\text{pref}`.
 """
 
 from __future__ import annotations
@@ -55,15 +55,21 @@ def difficulty_reward(score_a: float, score_b: float, min_score: float = 3.0) ->
     return 0.0 if max(a, b) < min_score else (SCORE_MAX - 0.5 * (a + b)) / (SCORE_MAX - SCORE_MIN)
 
 
-def preference_reward(score_a: float, score_b: float, ideal_gap: float, bandwidth: float = 0.15) -> float:
-    """Gaussian bump ``exp(-(g - ideal_gap)^2 / (2 bandwidth^2))`` of the normalised gap ``g``; 0 for a tie.
+def preference_reward(
+    score_a: float, score_b: float, ideal_gap: float, bandwidth: float = 0.15, tie_gap: float = 1 / 9
+) -> float:
+    """Gaussian bump ``exp(-(g - ideal_gap)^2 / (2 bandwidth^2))`` of the normalised gap ``g``, times ``min(1, g/δ)``.
+
+    A tie shows no preference: 0, and a judge-split near tie (g ≈ 0.001) about as little, with no jump (δ ``tie_gap``,
+    one score point). A leader rule only: a tie gives DPO no pair, GRPO still learns (equal side means do not make
+    equal rewards within a side's group).
 
     Raises:
-        ValueError: for a score outside [1, 10] or a non-positive bandwidth.
+        ValueError: for a score outside [1, 10], or a non-positive bandwidth or ``tie_gap``.
     """
-    require_positive(bandwidth=bandwidth)
+    require_positive(bandwidth=bandwidth, tie_gap=tie_gap)
     g = normalized_gap(score_a, score_b)
-    return 0.0 if g == 0.0 else math.exp(-((g - ideal_gap) ** 2) / (2.0 * bandwidth**2))
+    return min(1.0, g / tie_gap) * math.exp(-((g - ideal_gap) ** 2) / (2.0 * bandwidth**2))
 
 
 @dataclass(frozen=True)
@@ -75,17 +81,19 @@ class CompositeReward:
         preference_weight: λ2 (the paper's 0.7).
         min_score: Threshold of the difficulty reward.
         bandwidth: Width of the preference bump.
+        tie_gap: δ, the normalised gap below which the bump is scaled by ``g/δ`` (1/9: one point of the 1–10 scale).
         gap_start: Ideal normalised gap at the start of training.
         gap_end: Ideal normalised gap at the end.
 
     Raises:
-        ValueError: for a negative weight or a non-positive bandwidth.
+        ValueError: for a negative weight or a non-positive bandwidth or tie_gap.
     """
 
     difficulty_weight: float = 0.3
     preference_weight: float = 0.7
     min_score: float = 3.0
     bandwidth: float = 0.15
+    tie_gap: float = 1 / 9
     gap_start: float = 0.6
     gap_end: float = 0.15
 
@@ -93,14 +101,14 @@ class CompositeReward:
         require_at_least(
             difficulty_weight=(self.difficulty_weight, 0.0), preference_weight=(self.preference_weight, 0.0)
         )
-        require_positive(bandwidth=self.bandwidth)
+        require_positive(bandwidth=self.bandwidth, tie_gap=self.tie_gap)
 
     def __call__(self, score_a: float, score_b: float, progress: float) -> float:
         """The reward of one duel with scores ``score_a``, ``score_b`` at training ``progress``."""
         ideal = linear_schedule(self.gap_start, self.gap_end, progress)
         difficulty = difficulty_reward(score_a, score_b, self.min_score)
         return self.difficulty_weight * difficulty + self.preference_weight * preference_reward(
-            score_a, score_b, ideal, self.bandwidth
+            score_a, score_b, ideal, self.bandwidth, self.tie_gap
         )
 
 

@@ -125,11 +125,29 @@ def test_preference_reward():
     assert preference_reward(7.4, 2.0, ideal_gap=0.6) == pytest.approx(1.0)  # gap 5.4/9 = 0.6
     # gap 1.0, ideal 0.6: exp(−0.16 / (2·0.0225)) = exp(−3.5556) = 0.0285655
     assert preference_reward(10.0, 1.0, ideal_gap=0.6) == pytest.approx(0.0285655, rel=1e-5)
-    # a near tie (gap 0.09/9 = 0.01) against ideal 0.15: exp(−0.14² / 0.045) = exp(−0.4355556)
-    assert preference_reward(4.09, 4.0, ideal_gap=0.15) == pytest.approx(math.exp(-0.0196 / 0.045))
+    # a near tie (gap 0.09/9 = 0.01) against ideal 0.15: exp(−0.14² / 0.045) = 0.6469, times 0.01/(1/9) = 0.09
+    assert preference_reward(4.09, 4.0, ideal_gap=0.15) == pytest.approx(0.0582215, rel=1e-5)
     # a tie is not discriminable: 0 at any ideal gap (the bump alone would give exp(−0.5) at 0.15)
     assert preference_reward(4.0, 4.0, ideal_gap=0.15) == 0.0
     assert preference_reward(10.0, 10.0, ideal_gap=0.0) == 0.0
+
+
+def test_preference_reward_has_no_jump_at_the_tie():
+    """Across the tie boundary at the late ideal gap 0.15: a judge-split near tie (gap 0.001, the bump alone 0.6106)
+    earns 0.009 of the bump, 0.0054952; the reward goes to the exact tie's 0 as the gap does; one score point (δ = 1/9)
+    earns the full bump exp(−(1/9 − 0.15)² / 0.045) = 0.9669508, half a point half of exp(−0.0944444² / 0.045)."""
+    assert preference_reward(4.009, 4.0, ideal_gap=0.15) == pytest.approx(0.0054952, rel=1e-4)
+    for gap in (1e-3, 1e-6, 1e-9):
+        assert 0.0 < preference_reward(4.0 + gap, 4.0, 0.15) < gap  # ≤ 9·(gap/9)·1: continuous into the tie's 0
+    assert preference_reward(4.0, 4.0, 0.15) == 0.0
+    assert preference_reward(5.0, 4.0, 0.15) == pytest.approx(0.9669508, rel=1e-6)
+    assert preference_reward(5.0 + 1e-9, 4.0, 0.15) == pytest.approx(0.9669508, rel=1e-6)  # no jump at δ either
+    assert preference_reward(4.5, 4.0, 0.15) == pytest.approx(0.5 * 0.8201921, rel=1e-5)
+    assert preference_reward(4.5, 4.0, 0.15, tie_gap=0.5 / 9) == pytest.approx(0.8201921, rel=1e-5)  # δ configurable
+    with pytest.raises(ValueError, match="tie_gap"):
+        preference_reward(4.5, 4.0, 0.15, tie_gap=0.0)
+    with pytest.raises(ValueError, match="tie_gap"):
+        CompositeReward(tie_gap=-0.1)
 
 
 @pytest.mark.parametrize("iteration", range(30))
