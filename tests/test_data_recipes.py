@@ -1,7 +1,7 @@
 """Every own-data recipe of docs/data.md run through the real CLI entry point on the files of tests/data.
 
-The README's recipe runs exactly as written (its options, the main config, nothing else); the others use
-``--trainer.fast_dev_run`` or one epoch and small sampling lengths to stay short.
+Its main recipe (a chosen/rejected file with its own column names) runs exactly as written (its options, the main
+config, nothing else); the others use ``--trainer.fast_dev_run`` or one epoch and small sampling lengths to stay short.
 """
 
 import json
@@ -16,7 +16,7 @@ from alignment_games import train
 DATA = os.path.join(ROOT, "tests", "data")
 CONFIGS = os.path.join(ROOT, "configs")
 MAIN = os.path.join(CONFIGS, "preference_ensemble.yaml")
-# the README's "a local file of triplets with its own column names", word for word
+# docs/data.md's main recipe, "a chosen/rejected file with its own column names", word for word
 README_RECIPE = [
     "--data.init_args.prompt_column=question",
     "--data.init_args.response_a_column=chosen",
@@ -36,7 +36,7 @@ def _rows(name):
 
 
 def test_the_readme_recipe_trains_the_main_config_on_a_chosen_rejected_file(tmp_path, monkeypatch):
-    """The recipe needs no option beyond the README's, and the main config's oracle leaves the labels alone."""
+    """The recipe needs no option beyond the docs', and the main config's oracle leaves the labels alone."""
     monkeypatch.chdir(tmp_path)
     path = os.path.join(DATA, "pairs_question_chosen_rejected.jsonl")
     cli = train.main(["fit", "--config", MAIN, f"--data.init_args.path={path}", *README_RECIPE])

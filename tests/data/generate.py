@@ -33,7 +33,7 @@ def main():
     for p in generate_problems(40, seed=19_000_001):
         wrong = rng.choice(["wrong_step", "wrong_final", "truncated"])
         pairs.append((p, make_response(p, "correct", rng), make_response(p, wrong, rng)))
-    # the README's own-data recipe: a chosen/rejected file with its own column names
+    # docs/data.md's main own-data recipe: a chosen/rejected file with its own column names
     _write(
         "pairs_question_chosen_rejected.jsonl",
         [{"question": p.question, "chosen": c, "rejected": r, "answer": p.answer} for p, c, r in pairs],
