@@ -28,6 +28,7 @@ from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.base import AutomaticFamily
+from alignment_games.modules.checkpoints.export import Player
 from alignment_games.modules.checkpoints.trust import seal_checkpoint
 from alignment_games.modules.distributed.collectives import any_rank, average_gradients, lockstep
 from alignment_games.modules.distributed.sharding import is_fsdp2, shard_for_strategy
@@ -438,6 +439,47 @@ class PreferenceEnsemble(AutomaticFamily):
             model = cls.load_from_checkpoint(checkpoint_path, map_location=map_location, weights_only=True, **kwargs)
         model.eval().requires_grad_(False)
         return model
+
+    def export_players(self) -> list[Player]:
+        """Each member's LoRA adapter (``sharing: lora``) or fine-tuned copy (``separate``); none over a frozen base."""
+        lm, task, names = ModelConfig.coerce(self.hparams.lm), self.hparams.backbone_task, self.adapter_names
+        if self.hparams.sharing == "lora":
+            return [Player(name, lm, self.backbone, name, self.tokenizer, task) for name in names]
+        models = self.backbones if self.hparams.sharing == "separate" else []
+        return [Player(name, lm, model, None, self.tokenizer, task) for name, model in zip(names, models)]
+
+    def export_files(self, folder: str, source: dict[str, Any]) -> None:
+        """``heads.safetensors`` (every member's head) and ``ensemble.json`` (the arguments that rebuild it)."""
+        from safetensors.torch import save_file
+
+        heads = {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
+        save_file(heads, os.path.join(folder, "heads.safetensors"), metadata={"format": "pt"})
+        keys = ("lm", "backbone_task", "num_members", "member_type", "embed_dim", "pooling", "sharing", "max_length")
+        record = {"arguments": {k: self.hparams[k] for k in keys}, "members": self.adapter_names, **source}
+        atomic_write_text(os.path.join(folder, "ensemble.json"), json.dumps(record, indent=2, default=str))
+
+    @classmethod
+    def from_export(cls, folder: str, **kwargs: Any) -> PreferenceEnsemble:
+        """A frozen scorer from ``python train.py export``'s folder; ``kwargs`` replace the recorded arguments.
+
+        The record is data: its ``lm`` never turns ``trust_remote_code`` on (give ``lm`` to do so).
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        with open(os.path.join(folder, "ensemble.json"), encoding="utf-8") as f:
+            args = json.load(f)["arguments"]
+        args["lm"] = {**args["lm"], "trust_remote_code": False}
+        model = cls(**{**args, **kwargs})
+        model.head.load_state_dict(load_file(os.path.join(folder, "heads.safetensors")))
+        for i, name in enumerate(model.adapter_names if model.hparams.sharing != "frozen" else ()):
+            if model.hparams.sharing == "lora":
+                weights = load_file(os.path.join(folder, name, "adapter_model.safetensors"))
+                set_peft_model_state_dict(model.backbone, weights, adapter_name=name)
+            else:  # a transformers model folder, loaded as the base is (trust_remote_code as in lm)
+                lm = dataclasses.replace(ModelConfig.coerce(model.hparams.lm), name_or_path=os.path.join(folder, name))
+                model.backbones[i] = lm.load_model(model.hparams.backbone_task)
+        return model.eval().requires_grad_(False)
 
     @torch.no_grad()
     def score(self, prompts: list[str], responses_a: list[str], responses_b: list[str], batch_size: int = 64) -> Tensor:

@@ -74,7 +74,7 @@ def select_players(module: nn.Module, names: Sequence[str] | None = None) -> lis
     if not callable(own):
         raise TypeError(f"{family_name(module)} has no language-model players to export")
     players = own()
-    if not players:
+    if not players and not callable(getattr(module, "export_files", None)):  # a frozen ensemble: heads only
         raise ValueError(f"{family_name(module)} holds no trained language-model weights to export (frozen backbone?)")
     by_name = {p.name: p for p in players}
     if MERGED in by_name:
@@ -225,6 +225,8 @@ def export_module(
             _write_player(player, weights.pop(player.name), folder, source)
             if merge and player.adapter is not None:
                 _write_merged(player, folder, os.path.join(stage, MERGED, player.name), source)
+        if callable(files := getattr(module, "export_files", None)):  # what the players need besides (heads)
+            files(stage, source)
         _put_in_place(stage, out, replace)
     except BaseException as err:
         if stage is not None:

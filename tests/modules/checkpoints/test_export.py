@@ -513,3 +513,34 @@ def test_a_full_disk_during_an_export_names_the_folder_and_keeps_the_old_export(
         f"[Errno {errno.ENOSPC}] cannot write {out}: No space left on device; its previous version is left as it was"
     )
     assert os.listdir(tmp_path) == ["export"] and _snapshot(out) == before  # no staging folder left, old export whole
+
+
+@pytest.mark.parametrize("sharing", ["lora", "separate", "frozen"])
+def test_the_preference_ensemble_exports_and_reloads_to_the_same_probabilities(tiny_lm_dir, tmp_path, sharing):
+    """Members (adapters or copies) and heads out through ``train.py export``, back through ``from_export``."""
+    from alignment_games.modules.preference import PreferenceEnsemble
+
+    args = {"lm": {"name_or_path": tiny_lm_dir, "lora_r": 2, "lora_alpha": 8}, "backbone_task": "causal_lm"}
+    args.update(num_members=2, sharing=sharing, embed_dim=4, max_length=64)
+    model = PreferenceEnsemble(**{**args, "lm": ModelConfig(**args["lm"])})
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # trained-like weights: non-zero LoRA B, moved heads and copies
+        for name, p in model.named_parameters():
+            if p.requires_grad and ("lora_B" in name or name.startswith("head.") or sharing == "separate"):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    checkpoint = {"state_dict": model.state_dict(), "global_step": 4}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "last.ckpt")
+    config = tmp_path / "ensemble.yaml"
+    config.write_text(yaml.safe_dump({"model": {"class_path": "PreferenceEnsemble", "init_args": args}}))
+    out = tmp_path / "out"
+    assert train.dispatch(
+        ["export", "--config", str(config), "--ckpt_path", str(tmp_path / "last.ckpt"), "--out", str(out)]
+    )
+    members = [] if sharing == "frozen" else ["member_0", "member_1"]
+    assert sorted(os.listdir(out)) == sorted([*members, "ensemble.json", "heads.safetensors"])
+    pairs = (["What is 2 + 3?", "x"], ["5", "an answer"], ["6", "another"])
+    reloaded = PreferenceEnsemble.from_export(str(out))
+    torch.testing.assert_close(reloaded.score(*pairs), model.eval().score(*pairs), atol=1e-6, rtol=0)
+    untrained = PreferenceEnsemble(**{**args, "lm": ModelConfig(**args["lm"])}).eval().score(*pairs)
+    assert (untrained - model.score(*pairs)).abs().max() > 1e-3  # the files carry what was trained
