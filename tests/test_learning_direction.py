@@ -25,7 +25,7 @@ from helpers.callback_helpers import make_trainer
 from helpers.threads import one_torch_thread
 
 from alignment_games.modules.algorithms.arithmetic import generate_problems
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, PolicyGradient
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.sampling import Sampling
@@ -222,7 +222,7 @@ def _debate_run(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float,
 
 # --------------------------------------------------------------------------------------------------------- pool
 def _pool_run(
-    tiny_lm_dir, tmp_path, mirrored: bool, algorithm: str, nll: float = 0.0
+    tiny_lm_dir, tmp_path, mirrored: bool, algorithm: str, loss_type: str = "dpo"
 ) -> dict[str, tuple[float, float]]:
     """Every peer judge scores a good response 10 and a bad one 1; the players learn from the duels."""
     import json
@@ -246,8 +246,7 @@ def _pool_run(
             algorithm,
             lr=1e-2,
             batch_size=8,
-            dpo_beta=1.0,
-            dpo_nll_weight=nll,
+            pairwise=PairwiseLoss(loss_type, beta=1.0),
             policy_gradient=PolicyGradient(group_size=4),
         ),
     )
@@ -360,7 +359,7 @@ RUNS = {
     "DebateSelfPlay": _debate_run,
     "StackelbergPool-dpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo"),
     # RPO: DPO + the chosen's NLL
-    "StackelbergPool-dpo_nll": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", nll=1.0),
+    "StackelbergPool-rpo": lambda *a, **k: _pool_run(*a, **k, algorithm="dpo", loss_type="rpo"),
     "StackelbergPool-grpo": lambda *a, **k: _pool_run(*a, **k, algorithm="grpo"),
     "CausalLMSFT": _sft_run,
     "PreferenceEnsemble": _preference_run,

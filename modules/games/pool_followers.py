@@ -21,7 +21,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from alignment_games.modules.algorithms import pool as rules
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient, dpo_loss, length_normalized_nll
+from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, PolicyGradient
 from alignment_games.modules.distributed import collectives
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.policy_bank import PolicyBank
@@ -40,9 +40,8 @@ class FollowerTraining:
         lr: Learning rate of every follower (paper: 1e-6).
         batch_size: Effective batch of an update (pairs for DPO, rollouts for GRPO; paper: 16).
         micro_batch: Sequences per DPO forward inside a batch (0: the whole batch); gradients are accumulated.
-        dpo_beta: β of DPO.
         dpo_pairs: ``"all"`` (every follower learns from every non-tied pair) or ``"own"`` (from its own duels).
-        dpo_nll_weight: α of RPO's length-normalised NLL of the chosen response added to DPO (0: plain DPO).
+        pairwise: The loss on the non-tied duels (:class:`PairwiseLoss`: DPO, IPO, RPO or SimPO, and its β, γ, α).
         policy_gradient: The GRPO update (:class:`PolicyGradient`; ``group_size``: rollouts per combatant and duel).
 
     Raises:
@@ -53,22 +52,22 @@ class FollowerTraining:
     lr: float = 1e-6
     batch_size: int = 16
     micro_batch: int = 0
-    dpo_beta: float = 0.1
     dpo_pairs: str = "all"
-    dpo_nll_weight: float = 0.0
+    pairwise: PairwiseLoss = PairwiseLoss()
     policy_gradient: PolicyGradient = PolicyGradient()
 
     def __post_init__(self) -> None:
-        if isinstance(self.policy_gradient, dict):  # as a checkpoint's hparams hold it
-            known = {f.name for f in dataclasses.fields(PolicyGradient)}
-            if unknown := sorted(set(self.policy_gradient) - known):
-                raise ValueError(f"followers.policy_gradient: unknown field(s) {unknown}; known: {sorted(known)}")
-            object.__setattr__(self, "policy_gradient", PolicyGradient(**self.policy_gradient))
+        for name, group in (("pairwise", PairwiseLoss), ("policy_gradient", PolicyGradient)):
+            if isinstance(fields := getattr(self, name), dict):  # as a checkpoint's hparams hold it
+                known = {f.name for f in dataclasses.fields(group)}
+                if unknown := sorted(set(fields) - known):
+                    raise ValueError(f"followers.{name}: unknown field(s) {unknown}; known: {sorted(known)}")
+                object.__setattr__(self, name, group(**fields))
         for field, allowed in (("algorithm", ("dpo", "grpo")), ("dpo_pairs", ("all", "own"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"followers.{field} must be one of {allowed}, got {getattr(self, field)!r}")
-        require_positive(**{"followers.lr": self.lr, "followers.dpo_beta": self.dpo_beta})
-        least = {"batch_size": 1, "micro_batch": 0, "dpo_nll_weight": 0.0}
+        require_positive(**{"followers.lr": self.lr})
+        least = {"batch_size": 1, "micro_batch": 0}
         require_at_least(**{f"followers.{k}": (getattr(self, k), m) for k, m in least.items()})
 
 
@@ -130,12 +129,12 @@ class FollowerUpdates:
         acc, margin = (sum(part, []) for part in zip(*collectives.gather_objects(trainer, (acc, margin))))
         stats = {f"follower/steps/{p}": float(len(losses))}
         if losses:
-            # the first batch's loss is ln 2 (policy = reference); the margin after the updates shows what was learned
+            # DPO's first loss is ln 2 (policy = reference); the margin after the updates shows what was learned
             after = []
             if local:
                 with torch.no_grad():
                     lp = self.bank(p).logprobs(p, both, 1.0, hp.micro_batch).view(-1, 2)
-                _, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[:, 0], ref[:, 1], hp.dpo_beta)
+                _, cr, rr = self._pair_loss(lp, ref, both)
                 after = (cr - rr).tolist()
             after = sum(collectives.gather_objects(trainer, after), [])
             stats[f"follower/dpo_loss/{p}"] = sum(losses) / len(losses)
@@ -145,27 +144,31 @@ class FollowerUpdates:
             stats[f"follower/accuracy_after/{p}"] = sum(x > 0 for x in after) / len(after)
         return stats
 
-    def _dpo_rows(self, p: str, pairs: list[tuple[int, bool]], questions, texts) -> tuple[Rollout, Tensor]:
-        """Pair ``i`` as rows ``2i`` (chosen) and ``2i + 1`` (rejected), and ``p``'s reference ``[pairs, 2]``."""
+    def _dpo_rows(self, p: str, pairs: list[tuple[int, bool]], questions, texts) -> tuple[Rollout, Tensor | None]:
+        """Pair ``i`` as rows ``2i`` (chosen) and ``2i + 1`` (rejected); ``p``'s reference ``[pairs, 2]`` if used."""
         bank = self.bank(p)
         prompts = [bank.chat(self.system_prompt, questions[d]) for d, _ in pairs]
         rows = [texts[(d, side)][0] for d, a_wins in pairs for side in ((0, 1) if a_wins else (1, 0))]
         both = encode_texts(bank, [x for x in prompts for _ in (0, 1)], rows, group_size=2)
+        if not self.settings.pairwise.uses_reference:
+            return both, None
         with torch.no_grad():
             ref = bank.logprobs(p, both, 1.0, self.settings.micro_batch).view(-1, 2)
         return both, ref
 
-    def _dpo_rows_loss(self, p: str, both: Rollout, ref: Tensor, acc: list, margin: list, a: int, b: int) -> Tensor:
-        """Summed DPO loss (and RPO's NLL term when weighted) of this rank's pairs ``a … b`` of ``p``."""
+    def _dpo_rows_loss(self, p: str, both: Rollout, ref, acc: list, margin: list, a: int, b: int) -> Tensor:
+        """Summed pairwise loss of this rank's pairs ``a … b`` of ``p``."""
         rows = both.rows(slice(2 * a, 2 * b))
-        lp = self.bank(p).logprobs(p, rows, 1.0).view(-1, 2)
-        loss, cr, rr = dpo_loss(lp[:, 0], lp[:, 1], ref[a:b, 0], ref[a:b, 1], self.settings.dpo_beta)
+        loss, cr, rr = self._pair_loss(self.bank(p).logprobs(p, rows, 1.0).view(-1, 2), ref, rows, slice(a, b))
         acc.extend((cr > rr).float().tolist())
         margin.extend((cr - rr).tolist())
-        if self.settings.dpo_nll_weight:
-            lengths = rows.completion_mask.sum(dim=1).view(-1, 2)[:, 0]
-            loss = loss + self.settings.dpo_nll_weight * length_normalized_nll(lp[:, 0], lengths)
         return loss.sum()
+
+    def _pair_loss(self, lp: Tensor, ref: Tensor | None, rows: Rollout, pairs=slice(None)) -> tuple[Tensor, ...]:
+        """:class:`PairwiseLoss` of the pairs' log-probs ``lp`` ``[n, 2]`` (the reference's: ``ref[pairs]``)."""
+        lengths = rows.completion_mask.sum(dim=1).view(-1, 2)
+        ref = None if ref is None else (ref[pairs, 0], ref[pairs, 1])
+        return self.settings.pairwise(lp[:, 0], lp[:, 1], ref, (lengths[:, 0], lengths[:, 1]))
 
     def grpo(self, trainer, optimizers: dict, rollouts: dict, rollout_scores: dict, duels: list) -> dict[str, float]:
         """7. GRPO steps of every combatant on batches of its rollouts in duel order (all ranks' rollouts)."""
