@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -90,6 +91,11 @@ class EloRating(Callback):
             raise ValueError(f"`scale` must be > 0, got {scale}.")
         if apply_every_n_batches < 1:
             raise ValueError(f"`apply_every_n_batches` must be >= 1, got {apply_every_n_batches}.")
+        if figure_path is not None and importlib.util.find_spec("matplotlib") is None:  # not after a whole fit
+            raise ImportError(
+                "EloRating(figure_path=...) draws with matplotlib, which is not installed: pip install matplotlib "
+                '(or the games extra, which has it: pip install "alignment-games[games]")'
+            )
         self.players = players
         self.initial_rating = float(initial_rating)
         self.k_factor = float(k_factor)

@@ -275,3 +275,13 @@ def test_readme_example_runs(tmp_path, monkeypatch):
     assert sum(elo.games_played(p) for p in elo.players) == 2 * 64
     assert elo.rating("qwen") > elo.rating("gemma")  # the stronger player earns the higher reputation
     assert (tmp_path / "elo_trajectories.png").exists()
+
+
+def test_a_figure_without_matplotlib_is_refused_at_construction_naming_the_install(monkeypatch, tmp_path):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a, **k: None if n == "matplotlib" else find(n, *a, **k))
+    with pytest.raises(ImportError, match=r'pip install matplotlib \(or .*pip install "alignment-games\[games\]"\)'):
+        EloRating(PLAYERS, figure_path=tmp_path / "elo.png")
+    assert EloRating(PLAYERS).figure_path is None  # without a figure nothing needs it
