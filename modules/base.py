@@ -12,7 +12,8 @@ import inspect
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from itertools import zip_longest
 from typing import Any, ClassVar, TypeVar
 
 import lightning as L
@@ -184,6 +185,11 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
         return [RNGStateCallback()]
 
     @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Each step times its own phases (:meth:`log_phase_times`)."""
+        self.phase_times = {}
+
+    @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Write the step's buffered TensorBoard histograms when the step logs (see :attr:`board`)."""
         self.board.write_values_if_due(self)
@@ -193,32 +199,70 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
         """Write the samples kept for TensorBoard (rank zero, TensorBoard logger only; see :attr:`board`)."""
         self.board.write_samples(self)
 
+    def update(
+        self,
+        loss: Tensor | Callable[[], dict[str, Tensor] | None],
+        optimizers: Any,
+        parameters: Sequence[list[nn.Parameter] | None] = (),
+        timed: bool = True,
+    ) -> tuple[dict[str, Tensor], list[Tensor]] | None:
+        """The step of every game: zero-grad, backward with the finite check, then each optimizer's clipped step.
+
+        ``loss``: the loss, or a callable running its backward through :meth:`accumulate` (its stats). ``optimizers``:
+        one or a list (one backward: their parameters are disjoint), each norm over its ``parameters`` (default: all it
+        steps). Phases ``backward`` and ``optimizer`` are timed when ``timed``. Returns the stats (``loss``, ...) and
+        the norms before clipping, or ``None``: a non-finite loss (on any rank), nothing stepped.
+        """
+        opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        for opt in opts:
+            opt.zero_grad()
+        with self._timed("backward") if timed else nullcontext():
+            stats = loss() if callable(loss) else self.accumulate([(0, 1)], lambda *_: (loss, {}))
+        if stats is None:
+            for opt in opts:
+                opt.zero_grad()
+            return None
+        with self._timed("optimizer") if timed else nullcontext():
+            return stats, [self.optimizer_step(opt, params) for opt, params in zip_longest(opts, parameters)]
+
     def accumulate(
         self,
         chunks: Sequence[tuple[int, int]],
         loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]],
         total_rows: int | None = None,
+        reduce: Callable[[dict[str, Any]], float] | None = None,
+        what: str = "losses",
     ) -> dict[str, Tensor] | None:
-        """Forward and backward of row ranges ``chunks``; row-weighted mean loss and stats, or ``None`` (non-finite).
+        """Forward and backward of row ranges ``chunks``; the summed loss and stats, or ``None`` (non-finite ``what``).
 
-        ``loss_of(start, stop)`` gives the mean loss of its rows and detached stats; each backward is weighted by its
-        share of ``total_rows`` (default: the chunks' rows; rows not run count 0), so the gradient is the batch mean's.
-        Gradients are synchronised on the last chunk only.
+        ``loss_of(start, stop)`` gives its rows' loss and detached stats, weighted by their share of ``total_rows``
+        when given (so the gradient is the batch mean's; rows not run count 0). Gradients are synchronised on the last
+        chunk only; with ``reduce`` never: each rank ran its own rows, and ``reduce(sums)`` sums the gradients and
+        gives the loss over the ranks, checked once.
         """
         num_rows = chunks[-1][1] if chunks else 0
-        total: dict[str, Tensor] = {}
+        total: dict[str, Any] = {}
         for start, stop in chunks:
-            with self.gradient_sync(last=stop >= num_rows):
+            with self.gradient_sync(last=reduce is None and stop >= num_rows):
                 loss, stats = loss_of(start, stop)
-                if not self.check_finite(loss.detach(), "losses"):  # same decision on every rank
-                    for opt in self._optimizer_list():
-                        opt.zero_grad()
+                if reduce is None and not self.check_finite(loss.detach(), what):  # same decision on every rank
                     return None
-                weight = (stop - start) / (total_rows or num_rows)
+                weight = (stop - start) / total_rows if total_rows else 1.0
                 self.manual_backward(loss * weight)
             for key, value in {"loss": loss.detach(), **stats}.items():
                 total[key] = total.get(key, 0.0) + weight * value
+        if reduce is not None:
+            total["loss"] = reduce(total)
+            if not self.check_finite(torch.tensor(total["loss"]), what):
+                return None
         return total
+
+    def log_phase_times(self, batch_size: int, step_total: bool = False, **extra: float) -> None:
+        """Log the step's timed phases as ``time/<phase>`` (seconds), their sum as ``time/step`` and ``extra``."""
+        if step_total:
+            self.phase_times["step"] = sum(self.phase_times.values())
+        self.phase_times.update(extra)
+        self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=batch_size)
 
     @contextmanager
     def gradient_sync(self, last: bool) -> Iterator[None]:

@@ -83,11 +83,9 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         hp = self.hparams
-        opt = self.optimizers()
         prompts = list(batch["prompt"])
         b, d, temp = len(prompts), hp.samples_per_prompt, self.sampling.temperature
         chats = self.eval_prompts(prompts)
-        self.phase_times = {}
         with self._timed("generate"):
             own = self.players.generate("policy", chats, d, self.sampling)
             opponent = generate_mixture(self.players, "policy", chats, d, hp.beta, self.sampling)
@@ -102,26 +100,13 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
             with torch.no_grad():
                 lp_ref = self.players.logprobs(None, own, temp, hp.logprob_micro_batch)
         out = nash_md_pg_surrogate_loss(pref, lp, lp_ref, hp.tau)
-        if not self.check_finite(out["loss"].detach(), "losses"):
+        if (step := self.update(out["loss"], self.optimizers(), [self.players.player_parameters("policy")])) is None:
             return
-        with self._timed("backward"):
-            opt.zero_grad()
-            self.manual_backward(out["loss"])
-        with self._timed("optimizer"):
-            norm = self.optimizer_step(opt, self.players.player_parameters("policy"))
-        self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=b)
-        self.log_dict(
-            {
-                "train/loss": out["loss"].detach(),
-                "policy/win_rate": out["win_rate"],  # P0(y ≻ y′) against the mixture
-                "policy/kl": out["kl"],
-                "policy/grad_norm": norm,
-                "policy/response_tokens": own.completion_mask.sum(1).float().mean(),
-                "train/empty_policy": float(own.num_empty),
-                "train/empty_opponent": float(opponent.num_empty),
-            },
-            batch_size=b,
-        )
+        self.log_phase_times(b)
+        stats = {"train/loss": out["loss"].detach(), "policy/win_rate": out["win_rate"], "policy/kl": out["kl"]}
+        stats |= {"policy/grad_norm": step[1][0], "policy/response_tokens": own.completion_mask.sum(1).float().mean()}
+        stats |= {"train/empty_policy": float(own.num_empty), "train/empty_opponent": float(opponent.num_empty)}
+        self.log_dict(stats, batch_size=b)  # policy/win_rate: P0(y ≻ y′) against the mixture
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
