@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -537,7 +538,20 @@ def dispatch(args: list[str] | None = None) -> bool:
     return True
 
 
+def require_games_extra() -> None:
+    """Exit 2 naming the ``games`` extra when its packages are missing (the callbacks-only install)."""
+    missing = [m for m in ("jsonargparse", "transformers", "peft") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"error: the trainer needs the games extra ({', '.join(missing)} not installed): "
+            'pip install "alignment-games[games]" (in a clone: pip install -r requirements.txt)',
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    require_games_extra()
     follow_the_launcher()  # a DDP rank launched by rank 0 ends with it, even before the process group forms
     if dispatch():
         sys.exit(0)

@@ -144,6 +144,11 @@ def test_the_callbacks_install_alone_without_the_language_model_stack(tmp_path, 
 
     expected = round(float(stats.beta.ppf(0.05, 9, 3)), 4)  # Beta(1 + 8, 1 + 2), its 5% quantile
     assert out.stdout.split() == ["[]", "own", "callbacks", str(expected)]
+    # the trainer without the games extra: one line naming it, not Lightning's jsonargparse message
+    cli = subprocess.run(["python", "-m", "alignment_games.train", "--help"], cwd=project, env=env, capture_output=True)
+    assert (cli.returncode, cli.stdout) == (2, b"")
+    assert cli.stderr.decode().startswith("error: the trainer needs the games extra (jsonargparse, transformers, peft")
+    assert 'pip install "alignment-games[games]"' in cli.stderr.decode() and cli.stderr.count(b"\n") == 1
 
 
 def _metadata(wheel: str) -> str:
