@@ -137,19 +137,21 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
     def save_arguments(self, lm: Any, ignore: Sequence[str] = (), **groups: type) -> None:
         """The calling ``__init__``'s arguments as hparams, ``lm`` and the argument groups as plain dicts.
 
-        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group`, kept as an attribute.
+        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group` (``None`` kept: an
+        optional group), kept as an attribute.
         Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments (judges, utilities). The
         arguments the caller passes on as ``**game`` are kept with their values here, defaults included.
         """
         frame = inspect.currentframe().f_back
         for name, cls in groups.items():
-            setattr(self, name, argument_group(cls, frame.f_locals[name], name))
+            value = frame.f_locals[name]
+            setattr(self, name, None if value is None else argument_group(cls, value, name))
         self.save_hyperparameters(ignore=["lm", *groups, *ignore, "optimizer"], frame=frame)
         code = frame.f_code
         declared = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         self.hparams.update({k: v for k, v in self._base_hparams.items() if k not in declared})
         plain = {"lm": lm, **{name: getattr(self, name) for name in groups}}
-        self.hparams.update({k: dataclasses.asdict(v) for k, v in plain.items()})
+        self.hparams.update({k: v and dataclasses.asdict(v) for k, v in plain.items()})
 
     def policy_banks(self) -> dict[str, PolicyBank]:
         """The game's policy banks by attribute name (sharded, fitted to the strategy, trimmed in checkpoints)."""

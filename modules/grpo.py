@@ -1,7 +1,8 @@
 """GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
 
 Rewards from reward models and/or the answer checker (RLVR); the clipped surrogate with the k3 KL to the disabled
-adapter (:class:`~modules.algorithms.rl_losses.PolicyGradient`), μ steps per rollout; docs/grpo.md.
+adapter (:class:`~alignment_games.modules.algorithms.rl_losses.PolicyGradient`), μ steps per rollout; docs/grpo.md.
+With ``pairwise`` the same rollouts train by a pairwise loss instead (Online DPO, IPO, RPO or SimPO).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing_extensions import override
 
 from alignment_games.callbacks.items import ItemRecords
 from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, PolicyGradient
 from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.lm.micro_batches import micro_batches, row_lengths
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -41,6 +42,9 @@ class GRPO(LanguageModelGame):
         reward_batch_size: Rows per reward-model forward (0: the whole batch at once).
         reward_max_length: Tokens per reward-model input (cut from the left).
         policy_gradient: The update (:class:`PolicyGradient`); default G = 4, β = 0.04.
+        pairwise: Train instead by this pairwise loss (:class:`PairwiseLoss`) on each group's best and worst reply by
+            reward, as online DPO (Guo et al., 2024) and online IPO (Calandriello et al., 2024) do; groups that tie
+            give no pair; ``policy_gradient`` then sets G only (its ``kl_coef`` must be 0: the loss holds the KL).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         adam_betas: AdamW betas.
@@ -65,6 +69,7 @@ class GRPO(LanguageModelGame):
         reward_batch_size: int = 0,
         reward_max_length: int = 1024,
         policy_gradient: PolicyGradient = PolicyGradient(kl_coef=0.04),
+        pairwise: PairwiseLoss | None = None,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         adam_betas: tuple[float, float] = (0.9, 0.999),
@@ -96,7 +101,9 @@ class GRPO(LanguageModelGame):
             require_at_least(eval_max_new_tokens=(eval_max_new_tokens, 1))
         for i, b in enumerate(adam_betas):
             require_in_range(f"adam_betas[{i}]", b, 0.0, 1.0, open_high=True)
-        self.save_arguments(lm, sampling=Sampling, policy_gradient=PolicyGradient)
+        self.save_arguments(lm, sampling=Sampling, policy_gradient=PolicyGradient, pairwise=PairwiseLoss)
+        if self.pairwise is not None and self.policy_gradient.kl_coef:
+            raise ValueError("policy_gradient.kl_coef must be 0 with pairwise (the pairwise loss holds the KL term)")
         self.players = PolicyBank(lm, players=(PLAYER,))
         scoring = (reward_batch_size, reward_max_length, resolve_dtype(lm.dtype, frozen=True), lm.trust_remote_code)
         self.reward_models = RewardModels(reward_models, *scoring) if reward_models else None
@@ -135,6 +142,8 @@ class GRPO(LanguageModelGame):
         ``groups``: the groups to run (default: all); the loss stays the mean over all rows, those left out count 0.
         ``None`` when the loss is not finite.
         """
+        if self.pairwise is not None:
+            return self._pairwise_loss(rollout, advantages)
         pg = self.policy_gradient
         total, g = rollout.sequences.shape[0], rollout.group_size
 
@@ -163,6 +172,36 @@ class GRPO(LanguageModelGame):
             )
 
         return self.accumulate(bounds, loss_of, total_rows=total)
+
+    def _pairwise_loss(self, rollout: Rollout, advantages: Tensor) -> dict[str, Tensor] | None:
+        """Forward and backward of :attr:`pairwise` on each group's best and worst reply (first of equals): stats.
+
+        The advantages order a group's replies as its rewards do. With no group untied, one tied pair runs at weight
+        0 so that the optimizer still steps, as GRPO's does on a batch of uniform groups.
+        """
+        grouped = advantages.view(-1, rollout.group_size)
+        first = torch.arange(grouped.shape[0], device=grouped.device) * rollout.group_size
+        pairs = torch.stack([first + grouped.argmax(dim=1), first + grouped.argmin(dim=1)], dim=1)
+        untied = grouped.amax(dim=1) > grouped.amin(dim=1)
+        weight = float(untied.any())
+        both = rollout.rows((pairs[untied] if weight else pairs[:1]).flatten(), 2)  # chosen 2i, rejected 2i + 1
+        lengths = both.completion_mask.sum(dim=1).view(-1, 2)  # each counts its EOS
+        pg, ref = self.policy_gradient, None
+        if self.pairwise.uses_reference:
+            with torch.no_grad():  # at temperature 1: the loss compares the policy itself with the reference
+                ref = self.players.logprobs(None, both, 1.0, pg.logprob_micro_batch).view(-1, 2)
+
+        def loss_of(start: int, stop: int) -> tuple[Tensor, dict[str, Tensor]]:
+            a, b = start // 2, stop // 2
+            lp = self.players.logprobs(PLAYER, both.rows(slice(start, stop)), 1.0).view(-1, 2)
+            refs = None if ref is None else (ref[a:b, 0], ref[a:b, 1])
+            loss, chosen, rejected = self.pairwise(lp[:, 0], lp[:, 1], refs, (lengths[a:b, 0], lengths[a:b, 1]))
+            stats = {"pair_margin": (chosen - rejected).mean(), "pair_accuracy": (chosen > rejected).float().mean()}
+            return weight * loss.mean(), {k: weight * v for k, v in stats.items()}  # of the implicit rewards
+
+        spans, counts = row_lengths(both.attention_mask, both.prompt_width, both.completion_mask)
+        chunks = micro_batches(spans, counts, pg.max_tokens_per_micro_batch, pg.micro_batch, 2)
+        return self.accumulate(chunks, loss_of, total_rows=len(counts))
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
@@ -211,12 +250,10 @@ class GRPO(LanguageModelGame):
         logs = {f"time/{k}": float(v) for k, v in self.phase_times.items()}
         logs.update(
             {
-                "train/loss": out["loss"],
+                **{f"train/{k}": v for k, v in out.items() if k != "logprob_gap"},  # loss, kl, ... or pair_margin, ...
                 "train/reward": reward.mean(),
                 "train/reward_std": grouped.std(dim=1).mean(),
                 "train/informative_groups": informative.float().mean(),
-                "train/kl": out["kl"],
-                "train/clip_fraction": out["clip_fraction"],
                 "train/completion_tokens": roll.completion_mask.sum(1).float().mean(),
                 "train/empty_completions": float(roll.num_empty),
             }

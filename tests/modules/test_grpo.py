@@ -6,7 +6,7 @@ import torch
 from helpers.callback_helpers import make_trainer
 from helpers.decode_spy import spy_decodes
 
-from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, PolicyGradient
 from alignment_games.modules.grpo import GRPO
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.models import build_tiny_reward_model
@@ -361,3 +361,69 @@ def test_the_arguments_passed_on_to_the_base_are_kept_in_the_hparams_with_their_
     model = _model(tiny_lm_dir, log_samples=2)
     assert (model.hparams.grad_clip, model.hparams.max_consecutive_nonfinite, model.hparams.log_samples) == (1.0, 10, 2)
     assert model.board.num_samples == 2 and "optimizer" not in model.hparams
+
+
+# ------------------------------------------------------------------------------------- online pairwise (pairwise=)
+def _online_ipo(tiny_lm_dir, monkeypatch, rewards, tau=0.1, lr=1e-3):
+    """GRPO with ``pairwise`` IPO on fixed rewards; its rollouts are kept in the returned list, one per step."""
+    monkeypatch.setattr(GRPO, "rewards", lambda self, *a, **k: torch.tensor(rewards).unsqueeze(1))
+    model = _model(tiny_lm_dir, {"kl_coef": 0.0}, pairwise=PairwiseLoss("ipo", beta=tau), lr=lr, grad_clip=None)
+    rollouts, generate = [], model.players.generate
+    monkeypatch.setattr(model.players, "generate", lambda *a, **k: rollouts.append(generate(*a, **k)) or rollouts[-1])
+    return model, rollouts
+
+
+def test_online_ipo_moves_its_pairs_margin_as_the_first_adam_step_predicts(tiny_lm_dir, tmp_path, monkeypatch):
+    """Two prompts, two replies each, the first reply rewarded: pairs (0, 1) and (2, 3). The policy starts at the
+    reference, so each pair's IPO margin h (chosen minus rejected per-token log-ratio) is 0 and the first loss is
+    (1/(2τ))² = 25 exactly. Adam's first step moves every parameter by lr·sign(g) with g = −(1/τ)·∇h̄ (h̄ the pairs'
+    mean margin), so to first order h̄ rises by lr·‖∇h̄‖₁ and the mean loss falls to 25 − (2/(2τ))·lr·‖∇h̄‖₁."""
+    L.seed_everything(0)
+    tau, lr = 0.1, 1e-3
+    model, rollouts = _online_ipo(tiny_lm_dir, monkeypatch, [1.0, 0.0, 1.0, 0.0], tau, lr)
+    trainable = [p for p in model.players.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in trainable]
+    _trainer(tmp_path, steps=1).fit(model, _dm())
+    assert float(model.trainer.callback_metrics["train/loss"]) == pytest.approx(1 / (2 * tau) ** 2, rel=1e-6)
+    pairs = rollouts[0].rows(slice(0, 4), 2)
+    lengths = pairs.completion_mask.sum(dim=1).float()
+
+    def margins() -> torch.Tensor:
+        ratio = (model.players.logprobs("policy", pairs, 1.0) - model.players.logprobs(None, pairs, 1.0)) / lengths
+        return ratio[0::2] - ratio[1::2]
+
+    trained = [p.detach().clone() for p in trainable]
+    with torch.no_grad():
+        for p, s in zip(trainable, start):
+            p.copy_(s)
+    grads = torch.autograd.grad(margins().mean(), trainable, allow_unused=True)
+    l1 = sum(float(g.abs().sum()) for g in grads if g is not None)
+    with torch.no_grad():
+        for p, t in zip(trainable, trained):
+            p.copy_(t)
+        after = margins()
+    predicted_mean_margin = lr * l1
+    assert after.mean().item() == pytest.approx(predicted_mean_margin, rel=0.01)  # measured: 0.07% off
+    loss_after = ((after - 1 / (2 * tau)) ** 2).mean().item()
+    assert 25.0 - loss_after == pytest.approx(2 * (1 / (2 * tau)) * predicted_mean_margin, rel=0.01)
+    assert (after > 0).all()  # each chosen reply's log-prob rose relative to its rejected one's
+
+
+def test_online_pairwise_steps_on_tied_groups_without_moving(tiny_lm_dir, tmp_path, monkeypatch):
+    """No group has a better reply: one tied pair runs at weight 0, the optimizer steps and nothing moves."""
+    L.seed_everything(0)
+    model, _ = _online_ipo(tiny_lm_dir, monkeypatch, [1.0, 1.0, 0.0, 0.0])
+    before = {n: p.detach().clone() for n, p in model.players.named_parameters() if p.requires_grad}
+    _trainer(tmp_path, steps=1).fit(model, _dm())
+    assert model.trainer.global_step == 1
+    for name, p in model.players.named_parameters():
+        if name in before:
+            assert torch.equal(p, before[name]), name
+    assert float(model.trainer.callback_metrics["train/informative_groups"]) == 0.0
+
+
+def test_online_pairwise_settings_are_refused_by_name(tiny_lm_dir):
+    with pytest.raises(ValueError, match="policy_gradient.kl_coef must be 0 with pairwise"):
+        _model(tiny_lm_dir, pairwise=PairwiseLoss("ipo"))  # _model's kl_coef is 0.1
+    with pytest.raises(ValueError, match="pairwise.loss_type must be one of"):
+        _model(tiny_lm_dir, {"kl_coef": 0.0}, pairwise={"loss_type": "kto"})
