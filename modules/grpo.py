@@ -205,11 +205,9 @@ class GRPO(LanguageModelGame):
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        hp, pg = self.hparams, self.policy_gradient
-        opt = self.optimizers()
+        pg = self.policy_gradient
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         b, g = len(prompts), pg.group_size
-        self.phase_times = {}
         inputs = self.format_prompts(prompts)
         with self._timed("generate"):
             roll = self.players.generate(PLAYER, inputs, g, self.sampling)
@@ -220,15 +218,28 @@ class GRPO(LanguageModelGame):
             reward = (per_reward * self.reward_weight).sum(dim=1)
         if not self.check_finite(reward, "rewards"):  # same decision on every rank: nobody steps
             return
-        advantages = pg.advantages(reward)
-        grouped = reward.view(b, g)
-        informative = (grouped != grouped[:, :1]).any(dim=1)
-        groups = None
-        if hp.skip_uniform_groups and pg.baseline and pg.kl_coef == 0 and self.trainer.world_size == 1:
-            # at least one group, so the optimizer still steps on a (zero) gradient as it would without the skip
-            groups = informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
+        advantages, groups = pg.advantages(reward), self._groups_to_run(reward.view(b, g))
         self.board.add_values(self, {"train/reward_hist": reward, "train/advantage_hist": advantages})
-        ref = old = None
+        ref, old = self._frozen_logprobs(roll)
+        for _ in range(pg.updates_per_batch):
+            step = self.update(lambda: self._policy_loss(roll, advantages, ref, old, groups), self.optimizers())
+            if step is None:
+                return
+        self.log_phase_times(b, step_total=True, generated_tokens=float(roll.completion_mask.sum()))
+        self._log_step(step[0], reward, per_reward, roll)
+
+    def _groups_to_run(self, grouped: Tensor) -> Tensor | None:
+        """With ``skip_uniform_groups`` (one process, a baseline, no KL): the groups whose rewards differ; else all."""
+        pg = self.policy_gradient
+        if not (self.hparams.skip_uniform_groups and pg.baseline and pg.kl_coef == 0 and self.trainer.world_size == 1):
+            return None
+        informative = (grouped != grouped[:, :1]).any(dim=1)
+        # at least one group, so the optimizer still steps on a (zero) gradient as it would without the skip
+        return informative.nonzero().flatten() if informative.any() else torch.zeros(1, dtype=torch.long)
+
+    def _frozen_logprobs(self, roll: Rollout) -> tuple[Tensor | None, Tensor | None]:
+        """The reference's token log-probs (with a KL term) and the sampling policy's (with μ > 1 updates)."""
+        pg, ref, old = self.policy_gradient, None, None
         budget = (self.sampling.temperature, pg.logprob_micro_batch, pg.max_tokens_per_micro_batch)
         with torch.no_grad():
             if pg.kl_coef > 0:
@@ -237,32 +248,25 @@ class GRPO(LanguageModelGame):
             if pg.updates_per_batch > 1:
                 with self._timed("old_logprobs"):
                     old = self.players.token_logprobs(PLAYER, roll, *budget)
-        for _ in range(pg.updates_per_batch):
-            opt.zero_grad()
-            with self._timed("backward"):
-                out = self._policy_loss(roll, advantages, ref, old, groups)
-            if out is None:
-                return
-            with self._timed("optimizer"):
-                self.optimizer_step(opt)
-        self.phase_times["step"] = sum(self.phase_times.values())
-        self.phase_times["generated_tokens"] = float(roll.completion_mask.sum())
-        logs = {f"time/{k}": float(v) for k, v in self.phase_times.items()}
-        logs.update(
-            {
-                **{f"train/{k}": v for k, v in out.items() if k != "logprob_gap"},  # loss, kl, ... or pair_margin, ...
-                "train/reward": reward.mean(),
-                "train/reward_std": grouped.std(dim=1).mean(),
-                "train/informative_groups": informative.float().mean(),
-                "train/completion_tokens": roll.completion_mask.sum(1).float().mean(),
-                "train/empty_completions": float(roll.num_empty),
-            }
-        )
+        return ref, old
+
+    def _log_step(self, out: dict[str, Tensor], reward: Tensor, per_reward: Tensor, roll: Rollout) -> None:
+        """The update's stats (loss, kl, ... or pair_margin, ...), the rewards (each source's too), the completions."""
+        grouped = reward.view(-1, self.policy_gradient.group_size)
+        logs = {
+            **{f"train/{k}": v for k, v in out.items() if k != "logprob_gap"},
+            "train/reward": reward.mean(),
+            "train/reward_std": grouped.std(dim=1).mean(),
+            "train/informative_groups": (grouped != grouped[:, :1]).any(dim=1).float().mean(),
+            "train/completion_tokens": roll.completion_mask.sum(1).float().mean(),
+            "train/empty_completions": float(roll.num_empty),
+        }
         if "logprob_gap" in out:  # an engine sampled the rollout (lm.decode: vllm)
             logs["rollout/logprob_gap"] = out["logprob_gap"]
-        names = [f"rm{i}" for i in range(len(self.reward_models or []))] + (["answer"] if hp.answer_reward else [])
+        names = [f"rm{i}" for i in range(len(self.reward_models or []))]
+        names += ["answer"] if self.hparams.answer_reward else []
         logs.update({f"train/reward_{n}": per_reward[:, i].mean() for i, n in enumerate(names)})
-        self.log_dict(logs, batch_size=b)
+        self.log_dict(logs, batch_size=grouped.shape[0])
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
