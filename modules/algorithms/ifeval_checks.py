@@ -1,10 +1,11 @@
 """IFEval's verifiable instructions (Zhou et al., 2023), checked offline; strict and loose following.
 
 The Stackelberg paper's App. G.5 scores its Followers on IFEval. Each checker follows the benchmark's rule, written
-anew to need no downloads and no pattern from the input: rule-based :func:`split_sentences`, not nltk's punkt;
-hyphen-joined ``\\w+`` words for ``capital_word_frequency``, as nltk keeps them; keywords, forbidden words and section
-splitters matched literally; ``langdetect`` seeded, an undetectable language counting as following. An id outside
-:data:`CHECKERS` is not guessed (:func:`is_supported`).
+anew to need no downloads and no pattern from the input. The reference counts sentences with nltk's punkt and capital
+words with ``nltk.word_tokenize``; punkt's English parameters are a download no PyPI package of nltk ships, so
+:func:`split_sentences` and :func:`word_tokens` are rule-based equivalents, checked on the reference's own test cases.
+Keywords, forbidden words and section splitters are matched literally; ``langdetect`` is seeded, an undetectable
+language counting as following. An id outside :data:`CHECKERS` is not guessed (:func:`is_supported`).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ __all__ = [
     "is_supported",
     "loose_variants",
     "split_sentences",
+    "word_tokens",
 ]
 
 RELATIONS = ("less than", "at least")
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 
 _ABBREVIATIONS = (
-    "Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|Col|Gen|Sgt|St|Sr|Jr|Mt|Ft|Inc|Ltd|Co|Corp|vs|etc|approx|No|Vol|Fig|Jan|Feb|Mar"
+    "Ph\\.D|Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|Col|Gen|Sgt|St|Sr|Jr|Mt|Ft|Inc|Ltd|Co|Corp|vs|etc|approx|No|Vol|Fig|Jan|Feb|Mar"
     "|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
 )
 _PRD, _STOP = "\x00", "\x01"  # placeholders for a protected period and a sentence end
@@ -39,15 +41,16 @@ _PRD, _STOP = "\x00", "\x01"  # placeholders for a protected period and a senten
 def split_sentences(text: str) -> list[str]:
     """Split ``text`` into sentences at ``.``, ``!`` and ``?``, keeping periods that do not end one.
 
-    A period stays inside a sentence after a title or common abbreviation (``Dr.``, ``etc.``), an initial (``J. R. R.``,
-    ``e.g.``, ``U.S.``), between digits, before a web domain, and within an ellipsis (which ends a sentence only once).
+    A period stays inside a sentence after a title or common abbreviation (``Dr.``, ``Ph.D.``), an initial (a word of
+    single letters each with a period: ``J.``, ``e.g.``, ``U.S.``, not the ``x.`` of ``xx,x.``, as punkt's tokens go),
+    between digits, before a web domain, and within an ellipsis (which ends a sentence only once).
     """
     t = " " + text.replace("\n", " ") + " "
     t = re.sub(r"\b(" + _ABBREVIATIONS + r")\.", lambda m: m.group(1) + _PRD, t, flags=re.IGNORECASE)
     t = re.sub(r"(?<=\d)\.(?=\d)", _PRD, t)
     t = re.sub(r"\.(?=(?:com|net|org|io|gov|edu|me|uk|de)\b)", _PRD, t)
     t = re.sub(r"\.{2,}", lambda m: _PRD * (len(m.group(0)) - 1) + ".", t)  # an ellipsis: one possible end
-    t = re.sub(r"(?<!\w)([A-Za-z])\.", r"\1" + _PRD, t)  # a single letter: an initial (J. R. R., e.g., U.S.)
+    t = re.sub(r"(?<![^\s(\[\"'“‘])(?:[A-Za-z]\.)+", lambda m: m.group(0).replace(".", _PRD), t)  # initials
     t = re.sub(r"([.!?]+)([\"'”’)\]]*)(?=\s|$)", lambda m: m.group(1) + m.group(2) + _STOP, t)
     return [s.replace(_PRD, ".").strip() for s in t.split(_STOP) if s.replace(_PRD, ".").strip()]
 
@@ -85,9 +88,16 @@ def _in_language(text: str, code: str) -> bool:
     return found is None or found == code  # undetectable counts as following, as in the benchmark
 
 
+def word_tokens(text: str) -> list[str]:
+    """Words as ``nltk.word_tokenize`` splits them, by Treebank's rules without punkt's sentence split."""
+    # at spaces, , ; : @ # $ % & ? ! quotes and brackets, and before n't 'll 're 've 'm 's 'd (and can|not); periods,
+    # hyphens and slashes inside a word stay (U.S.A., A/B); a sentence-final period split off or not has no case
+    t = re.sub(r"(?i)(n't|'(?:ll|re|ve|m|s|d))\b", r" \1", re.sub(r"(?i)\b(can)(not)\b", r"\1 \2", text))
+    return re.findall(r"[^\s,;:@#$%&?!\"“”(){}\[\]<>]+", t)
+
+
 def _capital_word_frequency(r: str, kw: Mapping[str, Any]) -> bool:
-    words = re.findall(r"\w+(?:-\w+)*", r)
-    return _compare(sum(w.isupper() for w in words), kw["capital_relation"], kw["capital_frequency"])
+    return _compare(sum(w.isupper() for w in word_tokens(r)), kw["capital_relation"], kw["capital_frequency"])
 
 
 def _two_responses(r: str, kw: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from alignment_games.modules.algorithms.ifeval_checks import (
     is_supported,
     loose_variants,
     split_sentences,
+    word_tokens,
 )
 
 # The 25 instruction ids of IFEval's input_data.jsonl (541 prompts, 834 instructions), most frequent first.
@@ -172,6 +173,59 @@ def test_sentences_and_words_by_hand():
     assert split_sentences('He said "stop." Then the U.S. team won.') == ['He said "stop."', "Then the U.S. team won."]
     assert split_sentences("no end mark") == ["no end mark"] and split_sentences("  ") == []
     assert count_words("It's a well-known fact: 3.5 apples!") == 9  # It s a well known fact 3 5 apples
+
+
+@pytest.mark.parametrize(
+    ("text", "sentences"),
+    [  # google-research instruction_following_eval's own cases: instructions_util_test (count_sentences, punkt) and
+        # instructions_test (number_sentences), where "x." after "," "/" "|" or "}" ends a sentence, unlike an initial
+        ("xx,x. xx,x! xx/x. x{x}x? x.", 5),
+        ("xx,x! xxxx. x(x)x?", 3),
+        ("xxxx. xx,x! xx|x. x&x x?", 4),
+        ("xx-x]xx,x! x{x}xx,x.", 2),
+        ("xx,x. xx,x! xx/x. x{x}x?", 4),
+        ("xx-x. xx,x! xx}x. x,xx?", 4),
+    ],
+)
+def test_sentence_count_matches_the_reference_cases(text, sentences):
+    assert len(split_sentences(text)) == sentences
+    kwargs = {"num_sentences": sentences, "relation": "at least"}
+    assert follows("length_constraints:number_sentences", kwargs, text)
+    assert not follows("length_constraints:number_sentences", {**kwargs, "num_sentences": sentences + 1}, text)
+
+
+def test_sentence_split_matches_the_reference_splitter():
+    """instructions_util_test's two split cases (its regex splitter, which agrees with punkt on them)."""
+    text = "Google is a technology company. It was founded in 1998 by Larry Page\nand Sergey Brin. Google's mission."
+    assert split_sentences(text) == [
+        "Google is a technology company.",
+        "It was founded in 1998 by Larry Page and Sergey Brin.",
+        "Google's mission.",
+    ]
+    text = "The U.S.A has many Ph.D. students. They will often haven a .com website\nsharing the research."
+    assert split_sentences(text) == [
+        "The U.S.A has many Ph.D. students.",
+        "They will often haven a .com website sharing the research.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "capitals"),
+    [  # instructions_test's capital_word_frequency messages: at least 3, and less than 5
+        ("HERE there are THREE FUlly CAPITAL words.", 3),
+        ("THERE are Four FULLY CAPITAL WORDS. Many Others Are Only Partially So.", 4),
+        # nltk.word_tokenize's Treebank splits: a dotted acronym and a slash stay one word, contractions split
+        ("U.S.A. and the U.K.", 2),  # \w+ words counted 5
+        ("DON'T STOP", 3),  # DO, N'T, STOP
+        ("NASA's A/B TEST", 3),  # NASA, 's, A/B, TEST (\w+ words: 4)
+        ("I CANNOT, SIR", 4),  # I, CAN, NOT, SIR
+    ],
+)
+def test_capital_words_are_counted_on_word_tokenize_words(text, capitals):
+    assert sum(w.isupper() for w in word_tokens(text)) == capitals
+    kwargs = {"capital_frequency": capitals, "capital_relation": "at least"}
+    assert follows("change_case:capital_word_frequency", kwargs, text)
+    assert not follows("change_case:capital_word_frequency", {**kwargs, "capital_relation": "less than"}, text)
 
 
 @pytest.mark.parametrize(
