@@ -18,7 +18,6 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "ipo_loss",
-    "length_normalized_nll",
     "per_token",
     "simpo_loss",
     "truncated_is_weights",
@@ -201,8 +200,8 @@ class PairwiseLoss:
     """A preference loss on a chosen and a rejected reply's sequence log-probabilities, named as TRL's ``loss_type``.
 
     Attributes:
-        loss_type: ``dpo`` (:func:`dpo_loss`), ``ipo`` (:func:`ipo_loss`), ``rpo`` (DPO plus ``alpha`` times
-            :func:`length_normalized_nll` of the chosen reply, Pang et al., 2024) or ``simpo`` (:func:`simpo_loss`).
+        loss_type: ``dpo`` (:func:`dpo_loss`), ``ipo`` (:func:`ipo_loss`), ``rpo`` (DPO plus ``alpha`` times the
+            chosen reply's NLL per token, Pang et al., 2024) or ``simpo`` (:func:`simpo_loss`).
         beta: β of DPO, RPO and SimPO; τ of IPO (target margin 1/(2τ)), which TRL also names ``beta``.
         gamma: γ, SimPO's target reward margin.
         alpha: α, RPO's weight of the NLL term (the paper's 1).
@@ -239,8 +238,8 @@ class PairwiseLoss:
         if self.loss_type == "ipo":
             return ipo_loss(chosen, rejected, ref, lengths, self.beta)
         loss, chosen_reward, rejected_reward = dpo_loss(chosen, rejected, *ref, self.beta)
-        if self.loss_type == "rpo":
-            loss = loss + self.alpha * length_normalized_nll(chosen, lengths[0])
+        if self.loss_type == "rpo":  # the NLL keeps the chosen replies likely; DPO alone lowers them with the rejected
+            loss = loss - self.alpha * per_token(chosen, lengths[0])
         return loss, chosen_reward, rejected_reward
 
 
@@ -297,11 +296,3 @@ def per_token(logprobs: Tensor, lengths: Tensor) -> Tensor:
     if bool((lengths < 1).any()):
         raise ValueError(f"reply lengths must be at least 1 token, got {lengths.tolist()}")
     return logprobs / lengths.to(logprobs.dtype)
-
-
-def length_normalized_nll(policy_chosen: Tensor, chosen_lengths: Tensor) -> Tensor:
-    """The NLL term of RPO (Pang et al., 2024): ``−log π(y_c) / |y_c|``, ``[N]`` (:func:`per_token`).
-
-    Added to DPO's loss it keeps the chosen solutions likely (DPO alone lowers them along with the rejected ones).
-    """
-    return -per_token(policy_chosen, chosen_lengths)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, dpo_loss, length_normalized_nll
+from alignment_games.modules.algorithms.rl_losses import PairwiseLoss, dpo_loss, per_token
 
 POLICY_CHOSEN = torch.tensor([-12.0, -30.5, -4.25, -50.0])
 POLICY_REJECTED = torch.tensor([-15.0, -29.0, -4.0, -80.0])
@@ -165,11 +165,11 @@ def test_bad_pairwise_settings_are_refused_by_name(field, bad, name):
         PairwiseLoss(**{field: bad})
 
 
-def test_length_normalized_nll_hand_computed():
-    # RPO's term: -log pi(chosen) / |chosen|
-    out = length_normalized_nll(POLICY_CHOSEN, torch.tensor([4, 61, 1, 10]))
-    assert out.tolist() == pytest.approx([3.0, 0.5, 4.25, 5.0])
+def test_per_token_log_probabilities_by_hand():
+    # RPO's NLL term is −log π(chosen) / |chosen|; IPO's and SimPO's margins divide the same way
+    out = per_token(POLICY_CHOSEN, torch.tensor([4, 61, 1, 10]))
+    assert out.tolist() == pytest.approx([-3.0, -0.5, -4.25, -5.0])
     with pytest.raises(ValueError, match="at least 1 token"):
-        length_normalized_nll(POLICY_CHOSEN, torch.tensor([4, 0, 1, 10]))
+        per_token(POLICY_CHOSEN, torch.tensor([4, 0, 1, 10]))
     with pytest.raises(ValueError, match="lengths"):
-        length_normalized_nll(POLICY_CHOSEN, torch.tensor([4, 1]))
+        per_token(POLICY_CHOSEN, torch.tensor([4, 1]))
