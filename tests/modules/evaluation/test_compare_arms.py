@@ -1,5 +1,7 @@
 """Arms of a study compared on the same problems: accuracies and paired differences by hand, and the refusals."""
 
+import collections
+import itertools
 import json
 
 import pytest
@@ -22,6 +24,26 @@ def _report(path, seeds: list[list[list[bool]]], base=BASE, prompts=PROMPTS) -> 
     return str(path)
 
 
+def _exact_bootstrap_cdfs(d: list[list[float]]) -> dict[str, dict[float, float]]:
+    """The exact distributions of the mean of ``d[seed][problem]`` under the crossed bootstrap (seeds and problems each
+    drawn with replacement) and the nested one (seeds drawn, then problems for each drawn seed), by enumeration."""
+    seeds, problems = len(d), len(d[0])
+    draws = list(itertools.product(range(problems), repeat=problems))
+    row = [[sum(d[s][p] for p in ps) for ps in draws] for s in range(seeds)]  # a seed's sum over each problem draw
+    crossed, nested = collections.Counter(), collections.Counter()
+    for ss in itertools.product(range(seeds), repeat=seeds):
+        crossed.update(sum(row[s][k] for s in ss) / (seeds * problems) for k in range(len(draws)))
+        for sums in itertools.product(*(row[s] for s in ss)):
+            nested[sum(sums) / (seeds * problems)] += 1
+    out = {}
+    for name, counts in (("crossed", crossed), ("nested", nested)):
+        total, run, out[name] = sum(counts.values()), 0, {}
+        for v in sorted(counts):
+            run += counts[v]
+            out[name][v] = run / total
+    return out
+
+
 def test_accuracies_and_paired_differences_by_hand(tmp_path):
     t, f = True, False
     # pool: 2 seeds x 2 players; seed means per problem: [1, .5, 0, 0] and [1, 1, .5, 0] -> accuracy (0.375 + 0.625) / 2
@@ -35,8 +57,13 @@ def test_accuracies_and_paired_differences_by_hand(tmp_path):
     assert arms["single"]["accuracy"] == 0.375 and "difference" not in arms["single"]
     assert arms["pool"]["difference"] == pytest.approx(0.125)
     diff = arms["pool"]["difference_intervals"]
-    for name in ("crossed", "nested"):  # seed differences per problem are 0, .5, 0, 0 and 0, 0, .5, 0: never < 0
-        assert 0 <= diff[name][0] <= 0.125 <= diff[name][1] <= 0.5
+    for name, cdf in _exact_bootstrap_cdfs([[0, 0.5, 0, 0], [0, 0, 0.5, 0]]).items():  # the seeds' differences
+        # 2.5%: the smallest value, 0 (probability 0.19 crossed, 0.10 nested); 97.5%: the cdf reaches 0.9746 (crossed)
+        # or 0.9727 (nested) at 0.25, too close to 0.975 for 2,000 draws to say which side: the estimate lies between
+        below, above = max(v for v, c in cdf.items() if c < 0.975), min(v for v, c in cdf.items() if c >= 0.975)
+        assert diff[name][0] == min(v for v, c in cdf.items() if c >= 0.025) == 0.0
+        assert (below, above) == (0.25, {"crossed": 0.375, "nested": 0.3125}[name])
+        assert below <= diff[name][1] <= above
     # per seed both differences are 0.125: the t interval over seeds has no width, the bootstraps decide
     assert diff["seed_t"] == pytest.approx([0.125, 0.125]) and diff["most_conservative"] != "seed_t"
     assert diff["excludes_null"] is False  # the bootstraps' lower ends reach 0

@@ -281,15 +281,21 @@ def test_prompt_bootstrap_deterministic_for_a_seed():
     assert bool((a[0] < a[1]).all())
 
 
-def test_prompt_bootstrap_band_contains_point_estimate_on_clear_case():
+def test_prompt_bootstrap_band_is_the_prompt_level_normal_band_on_a_clear_case():
+    """100 prompts of 5 items whose correctness is mostly the prompt's (an easy or hard prompt, 10% of items flipped):
+    the 95% percentile band of the mean is about ``point ± 1.96·SE`` with SE the plug-in standard error of the 100
+    prompt means (0.0331 here), not of the 500 items (0.0192): resampling items instead of prompts, or another
+    level, lands outside 0.25 SE of it."""
     gen = torch.Generator().manual_seed(0)
     prompts = torch.arange(100).repeat_interleave(5)
-    correct = (torch.rand(500, generator=gen) < 0.8).double()
-    point = correct.mean()
-    low, high = prompt_bootstrap(lambda idx: correct[idx].mean(), prompts, n_boot=300, seed=0)
+    easy = (torch.rand(100, generator=gen) < 0.8).double().repeat_interleave(5)
+    correct = (easy - (torch.rand(500, generator=gen) < 0.1).double()).abs()
+    point, se = correct.mean(), correct.view(100, 5).mean(1).std(unbiased=False) / 10
+    assert float(se) == pytest.approx(0.0331415, rel=1e-4) and float(point) == pytest.approx(0.758)
+    low, high = prompt_bootstrap(lambda idx: correct[idx].mean(), prompts, n_boot=2000, seed=0)
     assert low.shape == () and high.shape == ()
-    assert low < point < high
-    assert 0.02 < high - low < 0.2  # about 4 standard errors of a mean over 500 items
+    assert float(low) == pytest.approx(float(point - 1.959964 * se), abs=0.25 * float(se))
+    assert float(high) == pytest.approx(float(point + 1.959964 * se), abs=0.25 * float(se))
 
 
 def test_prompt_bootstrap_resamples_whole_prompts():
