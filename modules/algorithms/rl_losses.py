@@ -35,8 +35,8 @@ class PolicyGradient:
         updates_per_batch: μ, optimizer steps on each batch of rollouts (> 1 reuses it; that is where the clip acts).
         scale_advantages: Divide the group advantages by the group's std (GRPO); ``False`` keeps the mean baseline.
         baseline: Subtract the group's mean reward (GRPO). ``False`` makes the reward itself the advantage: with the
-            answer checker's 0/1 reward that is Online RFT (Shao et al., 2024, §5.2.1: fine-tuning on the policy's own
-            correct samples), GRPO's equal-compute baseline; it needs ``scale_advantages: false``.
+            answer checker's 0/1 reward, ``kl_coef: 0`` and ``clip: null`` that is Online RFT (Shao et al., 2024,
+            §5.2.1); with GRPO's KL and clip, GRPO without group baseline. It needs ``scale_advantages: false``.
         micro_batch: Rows per forward of the policy with gradients (0: all at once).
         logprob_micro_batch: Rows per forward without gradients (reference and sampling policy; 0: all at once).
         max_tokens_per_micro_batch: Padded tokens per forward, with or without gradients (0: no limit; docs/scaling.md).

@@ -1,9 +1,12 @@
 """GRPO and DPO losses against hand-computed values and exact gradients."""
 
 import math
+import os
 
 import pytest
 import torch
+import yaml
+from helpers import ROOT
 
 from alignment_games.modules.algorithms.rl_losses import (
     PolicyGradient,
@@ -100,6 +103,31 @@ def test_policy_gradient_group_applies_its_settings_by_hand():
     assert rft.advantages(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])).tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
     loss, _ = rft.loss(lp, torch.ones(1, 2), torch.tensor([1.0]))  # exp(lp - lp.detach()) is 1: the loss is -A
     assert loss.item() == pytest.approx(-1.0)
+
+
+def test_online_rft_as_published_is_the_hand_gradient_without_kl_or_clip():
+    """configs/rft_smollm2.yaml's update is DeepSeekMath §5.2.1's Online RFT: gradient coefficient 1 for a correct
+    reply and 0 otherwise, averaged over each reply's tokens and over the replies; no KL term even when the reference
+    differs from the policy, and no clip."""
+    with open(os.path.join(ROOT, "configs", "rft_smollm2.yaml"), encoding="utf-8") as f:
+        pg = PolicyGradient(**yaml.safe_load(f)["model"]["init_args"]["policy_gradient"])
+    assert (pg.baseline, pg.scale_advantages, pg.kl_coef, pg.clip) == (False, False, 0.0, None)
+    correct = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -1.1], [-2.0, -0.1, -0.4], [-0.9, -0.2, -0.6]])
+    lp.requires_grad_(True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    ref = lp.detach() + torch.tensor([0.7, -0.4, 0.2])  # a reference that is not the policy
+    loss, stats = pg.loss(lp, mask, pg.advantages(correct), ref=ref)
+    loss.backward()
+    # ∂loss/∂log π(o_i,t) = −GC_i / (N |o_i|), N = 4: rows of 2, 3, 1 and 3 tokens, the second reply wrong
+    hand = torch.tensor([[-1 / 8, -1 / 8, 0.0], [0.0, 0.0, 0.0], [-1 / 4, 0.0, 0.0], [-1 / 12, -1 / 12, -1 / 12]])
+    torch.testing.assert_close(lp.grad, hand, rtol=0, atol=1e-7)
+    assert loss.item() == pytest.approx(-3 / 4)  # on-policy, ratio 1: −mean GC
+    # k3 per column e^r − r − 1 at r = 0.7, −0.4, 0.2: 0.3137527, 0.0703200, 0.0214028; per-reply means 0.1920364,
+    # 0.1351585, 0.3137527, 0.1351585, mean 0.1940265; measured per token (4, 3, 2 tokens a column), weighing nothing
+    assert stats["kl"].item() == pytest.approx((4 * 0.3137527 + 3 * 0.07032 + 2 * 0.0214028) / 9, rel=1e-5)
+    with_kl, _ = PolicyGradient(**{**pg.__dict__, "kl_coef": 0.04}).loss(lp, mask, pg.advantages(correct), ref=ref)
+    assert with_kl.item() == pytest.approx(-0.75 + 0.04 * 0.1940265, rel=1e-6)  # GRPO's KL 0.04 does weigh
 
 
 @pytest.mark.parametrize(
