@@ -14,8 +14,10 @@ checkpoint that does not fit the model is refused before running. Resuming: READ
 from __future__ import annotations
 
 import contextlib
+import difflib
 import glob
 import importlib.util
+import inspect
 import os
 import re
 import shutil
@@ -25,9 +27,9 @@ import warnings
 import lightning as L
 import yaml
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -35,8 +37,10 @@ from typing_extensions import override
 from alignment_games.callbacks.fault_tolerance import AtomicCheckpointIO, CheckpointOnSigterm, RNGStateCallback
 from alignment_games.callbacks.functional.files import disk_full_error
 from alignment_games.callbacks.given_settings import GivenOptimizerSettings
-from alignment_games.callbacks.progress import progress_bar
+from alignment_games.callbacks.progress import console_callbacks, quiet_lightning_console
 from alignment_games.callbacks.run_config import RunConfigRecord
+from alignment_games.datamodules.files import check_data_file
+from alignment_games.modules.algorithms.checks import MissingFileError, UserError, require_at_least
 from alignment_games.modules.checkpoints.run_identity import check_resumed_run, run_inputs
 from alignment_games.modules.checkpoints.trust import (
     check_checkpoint_matches,
@@ -88,6 +92,76 @@ RENAMED_OPTIONS = {
 }
 # How jsonargparse begins its report of a class that could not be built (the class's own exception is its cause).
 _UNION_SUMMARY = "Does not validate against any of the Union subtypes"
+#: User mistakes: reported as one ``error:`` line with exit code 2 (a traceback with ALIGNMENT_GAMES_VERBOSE=1)
+USER_ERRORS = (UserError, MisconfigurationException)
+VERBOSE = "ALIGNMENT_GAMES_VERBOSE"
+# jsonargparse's lines that frame the complaint: a union's alternatives, the value echoed back
+_FRAME = re.compile(
+    r"(Does not validate against|Subtypes: |Errors:|Given value( type)?: |Expected a <class 'NoneType'>)"
+)
+
+
+def _did_you_mean(word: str, candidates) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _init_names(class_path: str) -> list[str]:
+    """The ``__init__`` argument names of a class and its bases (where ``**kwargs`` passes them on)."""
+    module, _, name = class_path.rpartition(".")
+    cls = getattr(sys.modules.get(module), name, None)
+    inits = [vars(k)["__init__"] for k in getattr(cls, "__mro__", ()) if "__init__" in vars(k)]
+    return [n for f in inits for n, p in inspect.signature(f).parameters.items() if n != "self" and p.kind <= 3]
+
+
+def one_line_error(message: str, parser) -> str:
+    """A jsonargparse report of a bad argument as one line: the full key, the innermost complaint, a "did you mean"."""
+    keys, details, family, value = [], [], None, None
+    for line in (raw.strip().removeprefix("- ") for raw in message.splitlines()):
+        if m := re.match(r'Parser key "([^"]+)":\s*(.*)', line):
+            keys, line = [*keys, m[1]], m[2]
+        if m := re.match(r"Problem with given class_path '([^']+)':\s*(.*)", line):
+            family, line = m[1], m[2]
+            keys += [] if keys and keys[-1].endswith("init_args") else ["init_args"]
+        if line.startswith("Given value: "):
+            value = line.removeprefix("Given value: ")
+        elif line and not _FRAME.match(line):
+            details.append(
+                re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", line).replace(". Got value:", ", got")
+            )
+    key = ".".join(keys)
+    if m := re.search(r"Expected a dot import path string: (\S+)", message):
+        families = model_families() if key == "model" else data_families()
+        return f"{key}: no family named {m[1]}{_did_you_mean(m[1], families)} (python train.py fit --help lists them)"
+    if details and (m := re.fullmatch(r"Option '([^']+)' is not accepted", details[-1])) and family:
+        return f"{key}.{m[1]} is not an option of {family.rsplit('.', 1)[-1]}{_did_you_mean(m[1], _init_names(family))}"
+    if m := re.search(r"does not accept option '([^']+)'", message):  # a config file's key
+        options = [o.lstrip("-") for a in parser._actions for o in a.option_strings]
+        return f"{message.rstrip('.')}{_did_you_mean(m[1], options)}"
+    if m := re.match(r"(?i)unrecognized arguments: (.*)", message):
+        unknown = [a.split("=", 1)[0] for a in m[1].split() if a.startswith("-")] or m[1].split()
+        options = [o for a in parser._actions for o in a.option_strings]
+        return f"unrecognized argument {unknown[0]}{_did_you_mean(unknown[0], options)}"
+    detail = details[-1] if details else " ".join(message.split())
+    return f"{key}: {detail}{f', got {value}' if value and value not in detail else ''}" if key else detail
+
+
+class AlignmentArgumentParser(LightningArgumentParser):
+    """Lightning's parser, reporting a bad argument in one ``error:`` line (no usage) and refusing abbreviations.
+
+    ``--trainer.max_epoch`` is a typo, not ``--trainer.max_epochs``. With ALIGNMENT_GAMES_VERBOSE=1, jsonargparse's
+    full report.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    @override
+    def error(self, message: str, ex: Exception | None = None):
+        if os.environ.get(VERBOSE) or not self.exit_on_error:
+            super().error(message, ex)
+        sys.stderr.write(f"error: {one_line_error(message, getattr(ex, 'subcommand_parser', None) or self)}\n")
+        self.exit(2)
 
 
 def checkpoint_folders(trainer: L.Trainer) -> list[str]:
@@ -340,16 +414,32 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def instantiate_classes(self) -> None:
-        """Build the model, data and trainer; a family's own refusal is raised as itself, not in a summary."""
+        """Build the model, data and trainer, data files and trainer limits checked first (before a model loads).
+
+        A family's own refusal is raised as a :class:`UserError` with its message, not in jsonargparse's summary.
+        """
+        self._check_inputs()
         try:
             super().instantiate_classes()
         except ValueError as err:
             cause: BaseException = err
             while str(cause).startswith(_UNION_SUMMARY) and (cause.__cause__ or cause.__context__) is not None:
                 cause = cause.__cause__ or cause.__context__  # one summary per nested class (model, its utility)
+            if type(cause) in (ValueError, FileNotFoundError):  # a family's own refusal of a value or file
+                raise (MissingFileError if isinstance(cause, FileNotFoundError) else UserError)(str(cause)) from cause
             if cause is err:
                 raise
             raise cause from None
+
+    def _check_inputs(self) -> None:
+        """Refuse a missing or unparsable ``data.path`` (``predict_path`` for predict) and negative trainer limits."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        init = (config.get("data") or {}).get("init_args") or {}
+        for key in ("path", "predict_path") if self.subcommand == "predict" else ("path",):
+            if isinstance(init.get(key), str):
+                check_data_file(init[key], f"data.{key}")
+        limits = {f"trainer.{k}": (config.get("trainer", {}).get(k), -1) for k in ("max_steps", "max_epochs")}
+        require_at_least(**{k: v for k, v in limits.items() if isinstance(v[0], int)})
 
     @override
     def _parse_ckpt_path(self) -> None:
@@ -388,10 +478,13 @@ class AlignmentCLI(LightningCLI):
         plugins = _as_list(kwargs.get("plugins", config.get("plugins")))
         if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        # a bar that counts the steps of max_steps (Lightning's reads "Epoch 0/-2"), unless a config brings its own
+        # a bar that counts the steps of max_steps (Lightning's reads "Epoch 0/-2"), progress lines, a summary
         callbacks = _as_list(kwargs.get("callbacks", config.get("callbacks")))
-        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            kwargs["callbacks"] = [*callbacks, progress_bar()]
+        off = {k: config.get(f"enable_{k}") is False for k in ("progress_bar", "model_summary")}
+        kwargs["callbacks"] = [
+            *callbacks,
+            *console_callbacks(callbacks, not off["progress_bar"], not off["model_summary"]),
+        ]
         trainer = super().instantiate_trainer(**kwargs)
         if trainer.fast_dev_run:
             # Lightning's ModelCheckpoint still writes `save_last`'s file at the end of a fast_dev_run
@@ -505,6 +598,7 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
     data_families()
     # The state after the optimizer step, which this warning is about, is the state a resume needs.
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization and every_n_train_steps")
+    quiet_lightning_console()
     # no placeholder hp_metric (-1 at the start, never updated): docs/tensorboard.md
     tensorboard = {"save_dir": "runs", "name": "default", "default_hp_metric": False}
     trainer_defaults = {
@@ -522,6 +616,7 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         args=args,
         run=run,
         save_config_kwargs={"overwrite": True},
+        parser_class=AlignmentArgumentParser,
         parser_kwargs={"description": _DESCRIPTION},
         trainer_defaults=trainer_defaults,
     )
@@ -553,9 +648,12 @@ def require_games_extra() -> None:
 if __name__ == "__main__":
     require_games_extra()
     follow_the_launcher()  # a DDP rank launched by rank 0 ends with it, even before the process group forms
-    if dispatch():
-        sys.exit(0)
     try:
-        main()
+        dispatch() or main()
     except SIGTERMException:
         sys.exit(143)  # stopped by SIGTERM (128 + 15), after writing last.ckpt: not a finished run
+    except USER_ERRORS as err:  # a bad config value, file or row: its message is the whole report
+        if os.environ.get(VERBOSE):
+            raise
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)

@@ -12,8 +12,9 @@ from typing import Any
 import lightning as L
 
 from alignment_games.datamodules.validation import require_file
+from alignment_games.modules.algorithms.checks import UserError
 
-__all__ = ["FORMATS", "check_columns", "iter_rows", "open_table"]
+__all__ = ["FORMATS", "check_columns", "check_data_file", "iter_rows", "open_table"]
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -38,14 +39,7 @@ def open_table(
     import datasets
 
     if path is not None:
-        require_file(path, "data.path")
-        ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
-        if ext not in FORMATS:
-            raise ValueError(f"data.path: unsupported file type {ext!r}; expected one of {sorted(FORMATS)}")
-        # datasets turns a non-finite number in a JSON array into null (a label or reference silently missing)
-        problem = _json_problem(path) if FORMATS[ext] == "json" and _is_json_array(path) else None
-        if problem is not None:
-            raise ValueError(f"data.path: {path!r} cannot be read as json ({problem})")
+        ext = check_data_file(path, "data.path")
         try:
             ds = datasets.load_dataset(FORMATS[ext], data_files=path, split="train")
         except Exception as e:  # datasets wraps parse errors; name the file and the first cause instead
@@ -57,7 +51,7 @@ def open_table(
                 detail = "the file holds no rows"
             elif FORMATS[ext] == "json":  # name the row: the readers' errors (arrow's, then pandas') name none
                 detail = _json_problem(path) or detail
-            raise ValueError(f"data.path: {path!r} cannot be read as {FORMATS[ext]} ({detail})") from e
+            raise UserError(f"data.path: {path!r} cannot be read as {FORMATS[ext]} ({detail})") from e
         if FORMATS[ext] == "json":
             ds = _as_typed(ds, path)
         where = repr(path)
@@ -65,9 +59,38 @@ def open_table(
         ds = datasets.load_dataset(name, config_name, split=split, revision=revision)
         where = f"{name}{'/' + config_name if config_name else ''}[{split}]"
     else:
-        raise ValueError("give data.path or data.name")
+        raise UserError("give data.path or data.name")
     check_columns(ds.column_names, where, columns)
     return ds, where
+
+
+def check_data_file(path: str, field: str) -> str:
+    """Refuse a missing file, an unsupported type or a JSON (Lines) file that does not parse; returns its type.
+
+    Cheap (no ``datasets``): the CLI runs it on ``data.path`` before any model loads.
+
+    Raises:
+        MissingFileError: naming ``field`` and ``path``.
+        UserError: for a file that is not a regular one, of another type, or a JSON line that does not parse (by
+            line, counted from 1) or holds a non-finite number.
+    """
+    require_file(path, field)
+    ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
+    if ext not in FORMATS:
+        raise UserError(f"{field}: unsupported file type {ext!r}; expected one of {sorted(FORMATS)}")
+    problem = None
+    if FORMATS[ext] == "json" and _is_json_array(path):  # datasets would turn a non-finite number into null
+        problem = _json_problem(path)
+    elif FORMATS[ext] == "json":
+        try:
+            _json_records(path)
+        except UserError as e:  # a line that does not parse (text that is not UTF-8: the reader names its row)
+            problem = str(e)
+        except (OSError, UnicodeDecodeError):
+            pass
+    if problem is not None:
+        raise UserError(f"{field}: {path!r} cannot be read as json ({problem})")
+    return ext
 
 
 class _TableDataModule(L.LightningDataModule):
@@ -112,7 +135,7 @@ def check_columns(present: Iterable[str], where: str, columns: Mapping[str, str 
     for field, col in named:
         if col is not None and col not in present:
             what = f"column {col!r}" + (f" (for field {field!r})" if field is not None else "")
-            raise ValueError(f"{where}: {what} is missing; columns present: {present}")
+            raise UserError(f"{where}: {what} is missing; columns present: {present}")
 
 
 def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
@@ -129,7 +152,7 @@ def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
         except StopIteration:
             return
         except UnicodeDecodeError as e:
-            raise ValueError(f"{where}: row {i}: text is not valid UTF-8 ({e.reason} at byte {e.start})") from e
+            raise UserError(f"{where}: row {i}: text is not valid UTF-8 ({e.reason} at byte {e.start})") from e
         yield i, rec
         i += 1
 
@@ -173,7 +196,7 @@ def _json_records(path: str, **hooks: Any) -> list[Any]:
     """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines.
 
     Raises:
-        ValueError: ``"row <i>: not valid JSON (...)"`` for the first line that does not parse.
+        UserError: ``"line <n>: not valid JSON (...)"`` for the first line that does not parse (counted from 1).
     """
     with _open_text(path) as f:
         text = f.read()
@@ -183,11 +206,11 @@ def _json_records(path: str, **hooks: Any) -> list[Any]:
     except json.JSONDecodeError:
         pass
     records = []
-    for line in (ln for ln in text.splitlines() if ln.strip()):
+    for number, line in enumerate(text.splitlines(), 1):
         try:
-            records.append(json.loads(line, **hooks))
+            records += [json.loads(line, **hooks)] if line.strip() else []
         except json.JSONDecodeError as e:
-            raise ValueError(f"row {len(records)}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise UserError(f"line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
     return records
 
 

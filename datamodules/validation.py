@@ -8,6 +8,8 @@ import os
 import stat
 from typing import Any
 
+from alignment_games.modules.algorithms.checks import MissingFileError, UserError
+
 __all__ = ["require_file", "require_number", "require_text"]
 
 
@@ -23,11 +25,11 @@ def require_file(path: str, field: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise FileNotFoundError(f"{field}: {path!r} does not exist") from None
+        raise MissingFileError(f"{field}: {path!r} does not exist") from None
     if not stat.S_ISREG(mode):
         kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
         kind = next((name for test, name in kinds if test(mode)), "a device")
-        raise ValueError(f"{field}: {path!r} is {kind}, not a regular file; give a data file")
+        raise UserError(f"{field}: {path!r} is {kind}, not a regular file; give a data file")
 
 
 def require_text(value: Any, field: str, where: str, row: int) -> str:
@@ -42,11 +44,11 @@ def require_text(value: Any, field: str, where: str, row: int) -> str:
         '2 + 2?'
     """
     if value is None:
-        raise ValueError(f"{where}: row {row}: field {field!r} is missing")
+        raise UserError(f"{where}: row {row}: field {field!r} is missing")
     if not isinstance(value, str):
-        raise ValueError(f"{where}: row {row}: field {field!r} must be text, got {type(value).__name__}")
+        raise UserError(f"{where}: row {row}: field {field!r} must be text, got {type(value).__name__}")
     if not value.strip():
-        raise ValueError(f"{where}: row {row}: field {field!r} is empty")
+        raise UserError(f"{where}: row {row}: field {field!r} is empty")
     return value
 
 
@@ -62,15 +64,15 @@ def require_number(value: Any, field: str, where: str, row: int, low: float, hig
     """
     at = f"{where}: row {row}: field {field!r}"
     if value is None:
-        raise ValueError(f"{at} is missing")
+        raise UserError(f"{at} is missing")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{at} = {value!r:.80} is not a number (got {type(value).__name__})")
+        raise UserError(f"{at} = {value!r:.80} is not a number (got {type(value).__name__})")
     try:
         number = float(value)
     except OverflowError:  # an integer beyond the float range
-        raise ValueError(f"{at} is an integer of {value.bit_length()} bits, outside [{low:g}, {high:g}]") from None
+        raise UserError(f"{at} is an integer of {value.bit_length()} bits, outside [{low:g}, {high:g}]") from None
     if not math.isfinite(number):
-        raise ValueError(f"{at} = {value!r} is not finite")
+        raise UserError(f"{at} = {value!r} is not finite")
     if not low <= number <= high:
-        raise ValueError(f"{at} = {value!r} is outside [{low:g}, {high:g}]")
+        raise UserError(f"{at} = {value!r} is outside [{low:g}, {high:g}]")
     return number

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["require_at_least", "require_in_range", "require_positive"]
+__all__ = ["MissingFileError", "UserError", "require_at_least", "require_in_range", "require_positive"]
+
+
+class UserError(ValueError):
+    """A bad config value, file or row: ``train.py`` prints its message as one ``error:`` line and exits 2."""
+
+
+class MissingFileError(FileNotFoundError, UserError):
+    """A file the config names does not exist."""
 
 
 def require_positive(**values: float) -> None:
@@ -13,7 +21,7 @@ def require_positive(**values: float) -> None:
     """
     for name, value in values.items():
         if not value > 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
+            raise UserError(f"{name} must be positive, got {value!r}")
 
 
 def require_at_least(**values: tuple[float, float]) -> None:
@@ -24,7 +32,7 @@ def require_at_least(**values: tuple[float, float]) -> None:
     """
     for name, (value, minimum) in values.items():
         if not value >= minimum:
-            raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+            raise UserError(f"{name} must be at least {minimum}, got {value!r}")
 
 
 def require_in_range(
@@ -39,4 +47,4 @@ def require_in_range(
     below = value < high if open_high else value <= high
     if not (above and below):
         interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+        raise UserError(f"{name} must be in {interval}, got {value!r}")
