@@ -106,11 +106,9 @@ class LeaderFollower:
     def train_step(self, batch: dict[str, Any], losses: Callable[..., dict[str, Tensor]], follower_only: bool) -> None:
         """One step; ``follower_only``: the leader neither learns nor steps. ``losses(u, lp_l, ref, lp_f, ref)``."""
         game, players = self.game, self.game.players
-        opt_l, opt_f = game.optimizers()
         prompts = list(batch["prompt"])
         hp, temp = game.hparams, game.sampling.temperature
         b, d, m, mb = len(prompts), hp.samples_per_prompt, hp.follower_samples, hp.logprob_micro_batch
-        game.phase_times = {}
         with game._timed("generate"):
             lead, foll = self.rollout(prompts, d, m)
         empty_l, empty_f = lead.num_empty, foll.num_empty
@@ -129,24 +127,18 @@ class LeaderFollower:
         out = losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref)
         game.board.add_values(game, {"follower/utility_hist": u, "leader/cost_hist": out["a_bar"]})
         loss = out["follower_loss"] + (0.0 if follower_only else out["leader_loss"])
-        if not game.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
+        opts, params = game.optimizers(), [players.player_parameters(p) for p in ("leader", "follower")]
+        if follower_only:  # the leader never steps; its norm is still logged
+            opts[0].zero_grad()
+        # one backward: the players' parameters are disjoint; non-finite (e.g. an infinite log-probability): no step
+        if (step := game.update(loss, opts[follower_only:], params[follower_only:])) is None:
             return
-        with game._timed("backward"):
-            opt_l.zero_grad()
-            opt_f.zero_grad()
-            game.manual_backward(loss)  # one backward: the players' parameters are disjoint
-        with game._timed("optimizer"):  # the norms are before clipping; follower_only: the leader never steps
-            leader_params = players.player_parameters("leader")
-            leader_norm = _grad_norm(leader_params) if follower_only else game.optimizer_step(opt_l, leader_params)
-            follower_norm = game.optimizer_step(opt_f, players.player_parameters("follower"))
-        game.phase_times["generated_tokens"] = float(lead.completion_mask.sum() + foll.completion_mask.sum())
-        game.log_dict({f"time/{k}": float(v) for k, v in game.phase_times.items()}, batch_size=b)
-        stats = {
-            "train/loss": (out["leader_loss"] + out["follower_loss"]).detach(),
-            "follower/utility": out["utility_mean"],
-        }
-        stats |= {"leader/cost": out["a_bar"].mean(), "leader/kl": out["leader_kl"], "follower/kl": out["follower_kl"]}
-        stats |= {"leader/grad_norm": leader_norm, "follower/grad_norm": follower_norm}
+        norms = [_grad_norm(params[0])] * follower_only + step[1]  # before clipping
+        game.log_phase_times(b, generated_tokens=float(lead.completion_mask.sum() + foll.completion_mask.sum()))
+        stats = {"train/loss": (out["leader_loss"] + out["follower_loss"]).detach()}
+        stats |= {"follower/utility": out["utility_mean"], "leader/cost": out["a_bar"].mean()}
+        stats |= {"leader/kl": out["leader_kl"], "follower/kl": out["follower_kl"]}
+        stats |= {"leader/grad_norm": norms[0], "follower/grad_norm": norms[1]}
         for name, rollout in (("leader", lead), ("follower", foll)):
             stats[f"{name}/response_tokens"] = rollout.completion_mask.sum(1).float().mean()
         game.log_dict(stats, prog_bar=False, batch_size=b)
