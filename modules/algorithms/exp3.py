@@ -60,9 +60,8 @@ def preference_reward(
 ) -> float:
     """Gaussian bump ``exp(-(g - ideal_gap)^2 / (2 bandwidth^2))`` of the normalised gap ``g``, times ``min(1, g/δ)``.
 
-    A tie shows no preference: 0, and a judge-split near tie (g ≈ 0.001) about as little, with no jump (δ ``tie_gap``,
-    one score point). A leader rule only: a tie gives DPO no pair, GRPO still learns (equal side means do not make
-    equal rewards within a side's group).
+    A tie shows no preference: 0, a judge-split near tie (g ≈ 0.001) about as little (δ ``tie_gap``, one score point).
+    A leader rule only: a tie gives DPO no pair, but GRPO learns (equal side means: unequal rewards within a side).
 
     Raises:
         ValueError: for a score outside [1, 10], or a non-positive bandwidth or ``tie_gap``.
@@ -173,12 +172,7 @@ class Exp3:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: K, γ, the log-weights and the round count."""
-        return {
-            "num_arms": self.num_arms,
-            "gamma": self.gamma,
-            "log_weights": self.log_weights.clone(),
-            "rounds": self.rounds,
-        }
+        return dict(num_arms=self.num_arms, gamma=self.gamma, log_weights=self.log_weights.clone(), rounds=self.rounds)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; refuses a state for another number of arms or another γ."""

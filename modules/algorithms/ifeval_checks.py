@@ -1,11 +1,10 @@
 """IFEval's verifiable instructions (Zhou et al., 2023), checked offline; strict and loose following.
 
 The Stackelberg paper's App. G.5 scores its Followers on IFEval. Each checker follows the benchmark's rule, written
-anew to need no downloads and no pattern from the input. The reference counts sentences with nltk's punkt and capital
-words with ``nltk.word_tokenize``; punkt's English parameters are a download no PyPI package of nltk ships, so
-:func:`split_sentences` and :func:`word_tokens` are rule-based equivalents, checked on the reference's own test cases.
-Keywords, forbidden words and section splitters are matched literally; ``langdetect`` is seeded, an undetectable
-language counting as following. An id outside :data:`CHECKERS` is not guessed (:func:`is_supported`).
+anew to need no downloads: punkt's English data (the reference's sentences and ``word_tokenize``) ships in no PyPI
+package, so :func:`split_sentences` and :func:`word_tokens` are rule-based equivalents, tested on the reference's cases.
+Keywords and section splitters match literally; ``langdetect`` is seeded, an undetectable language counting as
+following. An id outside :data:`CHECKERS` is not guessed (:func:`is_supported`).
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ def split_sentences(text: str) -> list[str]:
     """
     t = " " + text.replace("\n", " ") + " "
     t = re.sub(r"\b(" + _ABBREVIATIONS + r")\.", lambda m: m.group(1) + _PRD, t, flags=re.IGNORECASE)
-    t = re.sub(r"(?<=\d)\.(?=\d)", _PRD, t)
-    t = re.sub(r"\.(?=(?:com|net|org|io|gov|edu|me|uk|de)\b)", _PRD, t)
+    t = re.sub(r"(?<=\d)\.(?=\d)|\.(?=(?:com|net|org|io|gov|edu|me|uk|de)\b)", _PRD, t)  # 3.50, example.com
     t = re.sub(r"\.{2,}", lambda m: _PRD * (len(m.group(0)) - 1) + ".", t)  # an ellipsis: one possible end
     t = re.sub(r"(?<![^\s(\[\"'“‘])(?:[A-Za-z]\.)+", lambda m: m.group(0).replace(".", _PRD), t)  # initials
     t = re.sub(r"([.!?]+)([\"'”’)\]]*)(?=\s|$)", lambda m: m.group(1) + m.group(2) + _STOP, t)
@@ -90,8 +88,7 @@ def _in_language(text: str, code: str) -> bool:
 
 def word_tokens(text: str) -> list[str]:
     """Words as ``nltk.word_tokenize`` splits them, by Treebank's rules without punkt's sentence split."""
-    # at spaces, , ; : @ # $ % & ? ! quotes and brackets, and before n't 'll 're 've 'm 's 'd (and can|not); periods,
-    # hyphens and slashes inside a word stay (U.S.A., A/B); a sentence-final period split off or not has no case
+    # at spaces , ; : @ # $ % & ? ! quotes brackets, before n't 'll 're 've 'm 's 'd and can|not; not at . - / (U.S.A.)
     t = re.sub(r"(?i)(n't|'(?:ll|re|ve|m|s|d))\b", r" \1", re.sub(r"(?i)\b(can)(not)\b", r"\1 \2", text))
     return re.findall(r"[^\s,;:@#$%&?!\"“”(){}\[\]<>]+", t)
 
@@ -100,25 +97,23 @@ def _capital_word_frequency(r: str, kw: Mapping[str, Any]) -> bool:
     return _compare(sum(w.isupper() for w in word_tokens(r)), kw["capital_relation"], kw["capital_frequency"])
 
 
+def _parts(r: str, separator: str) -> list[str] | None:
+    """The stripped parts of ``r`` between separators, blank ends dropped; ``None`` when an inner one is blank."""
+    parts = [p.strip() for p in re.split(separator, r)]
+    return None if not all(parts[1:-1]) else [p for p in parts if p]
+
+
 def _two_responses(r: str, kw: Mapping[str, Any]) -> bool:
-    parts = r.split("******")
-    kept = []
-    for i, part in enumerate(parts):
-        if part.strip():
-            kept.append(part.strip())
-        elif 0 < i < len(parts) - 1:  # an empty answer between two separators
-            return False
-    return len(kept) == 2 and kept[0] != kept[1]
+    kept = _parts(r, re.escape("******"))
+    return kept is not None and len(kept) == 2 and kept[0] != kept[1]
+
+
+_POSTSCRIPTS = {"P.P.S": r"\s*p\.\s?p\.\s?s.*$", "P.S.": r"\s*p\.\s?s\..*$"}  # the benchmark's own patterns
 
 
 def _postscript(r: str, kw: Mapping[str, Any]) -> bool:
     marker = kw["postscript_marker"].strip()
-    if marker == "P.P.S":
-        pattern = r"\s*p\.\s?p\.\s?s.*$"
-    elif marker == "P.S.":
-        pattern = r"\s*p\.\s?s\..*$"
-    else:
-        pattern = r"\s*" + re.escape(marker.lower()) + r".*$"
+    pattern = _POSTSCRIPTS.get(marker, r"\s*" + re.escape(marker.lower()) + r".*$")
     return bool(re.findall(pattern, r.lower(), flags=re.MULTILINE))
 
 
@@ -185,15 +180,8 @@ def _nth_paragraph_first_word(r: str, kw: Mapping[str, Any]) -> bool:
 
 
 def _paragraphs(r: str, kw: Mapping[str, Any]) -> bool:
-    parts = re.split(r"\s?\*\*\*\s?", r)
-    count = len(parts)
-    for i, part in enumerate(parts):
-        if not part.strip():
-            if i in (0, len(parts) - 1):
-                count -= 1
-            else:  # an empty paragraph between two dividers
-                return False
-    return count == kw["num_paragraphs"]
+    kept = _parts(r, r"\s?\*\*\*\s?")  # an empty paragraph between two dividers fails
+    return kept is not None and len(kept) == kw["num_paragraphs"]
 
 
 def _end_checker(r: str, kw: Mapping[str, Any]) -> bool:
