@@ -22,8 +22,8 @@ PLAIN = re.compile(r"([\d,.]+)(?=\s|$)")  # "6363", "2,0002,000", "0.60.6"
 WORDS = {"three": 3, "four": 4, "eight": 8}
 
 
-def _paper(name: str) -> str:
-    path = os.path.join(PAPERS, name)
+def _paper(name: str, folder: str = PAPERS) -> str:
+    path = os.path.join(folder, name)
     if not os.path.isfile(path):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{path} is missing: under CI=true the papers are beside the clone and must be checked")
@@ -67,6 +67,17 @@ def _resolved(capsys, base: str, overlay: str) -> dict:
         )
     assert stop.value.code in (0, None)
     return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_a_missing_paper_fails_under_ci_and_skips_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="x.txt is missing: under CI=true"):
+        _paper("x.txt", str(tmp_path))
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="x.txt is not here"):
+        _paper("x.txt", str(tmp_path))
+    (tmp_path / "x.txt").write_text("a\n  b", encoding="utf-8")
+    assert _paper("x.txt", str(tmp_path)) == "a b"  # present: read, whitespace collapsed
 
 
 def test_the_number_reader_reads_the_texts_notations():
