@@ -51,6 +51,9 @@ def load_policy(model: str, adapter: str | None) -> PolicyBank:
             raise FileNotFoundError(f"--adapter: {path} does not exist (an exported adapter folder holds it)")
     config = _read_json(files[0])
     lora = {"lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha")}
+    if not all(isinstance(v, int) and v > 0 for v in lora.values()):
+        raise ValueError(f"--adapter: {files[0]}: r and lora_alpha must be positive integers, got {lora}")
+    lora["lora_extra"] = {k: True for k in ("use_rslora", "use_dora") if config.get(k) is True}  # they scale the update
     bank = PolicyBank(ModelConfig(model, **lora, lora_target_modules=config.get("target_modules")), [PLAYER])
     record = os.path.join(adapter, "export.json")
     if os.path.isfile(record) and isinstance(base := _read_json(record).get("base_identity"), dict):

@@ -24,7 +24,7 @@ def trained(tiny_lm_dir, tmp_path_factory):
         with torch.no_grad():
             for name, p in model.players.model.named_parameters():
                 if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+                    p.copy_(torch.randn(p.shape, generator=gen) * 2.0)
         out = tmp_path_factory.mktemp("export") / "out"
         export_module(model, out)
         yield model.players, str(out / "policy")
@@ -67,3 +67,10 @@ def test_an_adapter_of_another_base_or_without_safetensors_is_refused(trained, t
     with pytest.raises(SystemExit):
         generate.main(["--model", tiny_llama_dir, "--adapter", str(tmp_path), "--prompt", "x"])
     assert "adapter_model.safetensors does not exist" in capsys.readouterr().err
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"lora_alpha": 8}))
+    with pytest.raises(SystemExit):
+        generate.main(["--model", tiny_llama_dir, "--adapter", str(tmp_path), "--prompt", "x"])
+    assert (
+        "r and lora_alpha must be positive integers, got {'lora_r': None, 'lora_alpha': 8}" in capsys.readouterr().err
+    )
