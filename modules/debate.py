@@ -296,12 +296,10 @@ class DebateSelfPlay(LanguageModelGame):
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, torch.Tensor] | None:
         hp, pg = self.hparams, self.policy_gradient
-        opt = self.optimizers()
         problems, refs = list(batch["prompt"]), list(batch["reference"])
         b, g = len(problems), pg.group_size
         step_key = self.counters["batches_seen"]
         self.counters["batches_seen"] += 1
-        self.phase_times = {}
         forks = choose_fork_plies(b, self.trainable, random.Random(derived_seed(hp.seed, "fork", step_key)))
         with self._seeded(0, step_key):
             roll = self.play(problems, refs, g, forks)
@@ -318,43 +316,36 @@ class DebateSelfPlay(LanguageModelGame):
         r = torch.tensor([x.reward for x in forked], dtype=torch.float32, device=self.device)
         metrics = self._rollout_metrics("train", transcripts, shares, judge_counts)
         metrics.update(forked_ply_metrics(self.plies, self.trainable, forks, forked))
-        skipped = dict.fromkeys(("train/loss", "train/kl", "train/clip_fraction", "train/grad_norm"), math.nan)
-        if not self.check_finite(r, "rewards"):  # same decision on every rank: nobody steps
-            self.log_dict({**metrics, **skipped}, batch_size=b)
-            return self._mcc_outputs(transcripts, verdicts)
-        adv = pg.advantages(r)
+        # non-finite rewards (the same decision on every rank) or first loss: nobody steps, the losses log NaN
+        if not self.check_finite(r, "rewards") or (update := self._update(roll, r)) is None:
+            update = dict.fromkeys(("train/loss", "train/kl", "train/clip_fraction", "train/grad_norm"), math.nan)
+        else:
+            self._update_epoch_averages(r, transcripts)
+            self.log_phase_times(b, generated_tokens=float(sum(int(x.completion_mask.sum()) for x in roll.rollouts)))
+        self.log_dict({**metrics, **update}, batch_size=b)
+        return self._mcc_outputs(transcripts, verdicts)
+
+    def _update(self, roll: ForkedRollout, r: torch.Tensor) -> dict[str, float] | None:
+        """The ``updates_per_batch`` steps on a rollout of rewards ``r``: the last one's metrics, or ``None`` (skipped).
+
+        A non-finite loss after the first update ends the batch: the earlier updates stand and its loss is logged.
+        """
+        pg = self.policy_gradient
+        adv, old = pg.advantages(r), None
         self.board.add_values(self, {"train/reward_hist": r, "train/advantage_hist": adv})
-        old = None
         for update in range(pg.updates_per_batch):
             with self._timed("logprob"):
                 loss, stats, current = self.policy_loss(roll, adv, old)
-            if not self.check_finite(loss.detach(), "losses"):  # e.g. an infinite log-probability
+            if (step := self.update(loss, self.optimizers(), [self.bank.player_parameters(PLAYER)])) is None:
                 if update == 0:
-                    self.log_dict({**metrics, **skipped}, batch_size=b)
-                    return self._mcc_outputs(transcripts, verdicts)
-                break  # the earlier updates of this batch stand; the next batch starts fresh
-            old = current if old is None else old
-            with self._timed("backward"):
-                opt.zero_grad()
-                self.manual_backward(loss)
-            with self._timed("optimizer"):
-                norm = self.optimizer_step(opt, self.bank.player_parameters(PLAYER))
-        self._update_epoch_averages(r, transcripts)
-        metrics.update(
-            {
-                "train/loss": float(loss.detach()),
-                "train/kl": float(stats["kl"]),
-                "train/clip_fraction": float(stats["clip_fraction"]),
-                "train/grad_norm": float(norm),
-                "train/advantage_abs": float(adv.abs().mean()),
-            }
-        )
+                    return None
+                break  # the next batch starts fresh
+            old, norm = current if old is None else old, step[1][0]
+        out = {"train/loss": float(loss.detach()), "train/kl": float(stats["kl"]), "train/grad_norm": float(norm)}
+        out |= {"train/clip_fraction": float(stats["clip_fraction"]), "train/advantage_abs": float(adv.abs().mean())}
         if "logprob_gap" in stats:  # an engine sampled the rollout (lm.decode: vllm)
-            metrics["rollout/logprob_gap"] = float(stats["logprob_gap"])
-        self.phase_times["generated_tokens"] = float(sum(int(x.completion_mask.sum()) for x in roll.rollouts))
-        metrics.update({f"time/{k}": float(v) for k, v in self.phase_times.items()})
-        self.log_dict(metrics, batch_size=b)
-        return self._mcc_outputs(transcripts, verdicts)
+            out["rollout/logprob_gap"] = float(stats["logprob_gap"])
+        return out
 
     def _mcc_outputs(
         self, transcripts: list[Transcript], verdicts: list[str], items: torch.Tensor | None = None
