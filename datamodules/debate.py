@@ -65,17 +65,11 @@ class DebateDataModule(PromptDataModule):
         if self.splits or self.problems == "arithmetic" or not self.source.generated:
             super().setup(stage)
             return
-        rows = single_step_problems(
-            hp.num_prompts, seed=hp.seed + hp.generation_seed_offset, max_operand=self.max_operand
-        )
-        unique, seen = [], set()
-        for r in rows:
-            if r["prompt"] not in seen:
-                seen.add(r["prompt"])
-                unique.append({"prompt": r["prompt"], "reference": r["reference"]})
+        rows = single_step_problems(hp.num_prompts, hp.seed + hp.generation_seed_offset, self.max_operand)
+        first = {r["prompt"]: r["reference"] for r in rows}  # each prompt once, where it first came; its sum is its own
+        unique = [{"prompt": prompt, "reference": reference} for prompt, reference in first.items()]
         random.Random(hp.seed).shuffle(unique)
         n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)
-        val, test, train = unique[:n_val], unique[n_val : n_val + n_test], unique[n_val + n_test :]
-        self.splits = {"val": val, "test": test, "train": train}
+        self.splits = {"val": unique[:n_val], "test": unique[n_val : n_val + n_test], "train": unique[n_val + n_test :]}
         if not self.splits["train"]:
             raise ValueError("no training prompts left after the validation/test split")

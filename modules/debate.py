@@ -72,6 +72,7 @@ class DebateSelfPlay(LanguageModelGame):
         eval_greedy: Validation and test decode every ply greedily, as GRPO's and the pool's evaluations do (the
             judge's votes stay sampled); ``False``: with ``sampling``, as training plays.
         word_limit: Words allowed in critique and rebuttal, stated and enforced by the penalty (``None``: no limit).
+        step_chars: Alice's visible answer must be numbered steps of at most this many characters (``None``: free).
         word_penalty_coef: Penalty per word over the limit.
         missing_answer_reward: Alice's reward when her answer has no ``\\boxed{}`` (strictly negative).
         format_reward: Reward of a ply with an invalid thinking format (paper: −1).
@@ -83,6 +84,7 @@ class DebateSelfPlay(LanguageModelGame):
         bob_prompt: Bob's prompt: a name (``bob_honest_broker``, ...) or a ``{problem}``, ``{solution}`` template.
         rebuttal_prompt: Alice's rebuttal prompt: ``alice_rebuttal`` or a template with ``{critique}``.
         trainable_plies: Plies that may be forked (``None``: all plies of the protocol), e.g. ``["critique"]``.
+        frozen_critic: Bob is played by the frozen reference weights, not the policy (``trainable_plies``: Alice's).
         judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
         bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
@@ -106,6 +108,7 @@ class DebateSelfPlay(LanguageModelGame):
         reply_max_new_tokens: int | None = None,
         eval_greedy: bool = False,
         word_limit: int | None = 100,
+        step_chars: int | None = None,
         word_penalty_coef: float = 0.01,
         missing_answer_reward: float = -0.5,
         format_reward: float = -1.0,
@@ -117,6 +120,7 @@ class DebateSelfPlay(LanguageModelGame):
         bob_prompt: str = "bob_honest_broker",
         rebuttal_prompt: str = "alice_rebuttal",
         trainable_plies: list[str] | None = None,
+        frozen_critic: bool = False,
         judging: str = "verdict",
         bob_reward: str = "constant_sum",
         seed: int = 0,
@@ -128,9 +132,8 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         require_positive(lr=lr, multi_player_lr_scale=multi_player_lr_scale)
         require_at_least(word_penalty_coef=(word_penalty_coef, 0.0))
-        for name, value in (("word_limit", word_limit), ("reply_max_new_tokens", reply_max_new_tokens)):
-            if value is not None:
-                require_at_least(**{name: (value, 1)})
+        limits = {"word_limit": word_limit, "reply_max_new_tokens": reply_max_new_tokens, "step_chars": step_chars}
+        require_at_least(**{name: (value, 1) for name, value in limits.items() if value is not None})
         if missing_answer_reward >= 0:
             raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
         plies = PLIES[protocol]
@@ -143,8 +146,11 @@ class DebateSelfPlay(LanguageModelGame):
             "critique": self._template("bob_prompt", bob_prompt, ["{problem}", "{solution}"]),
             "rebuttal": self._template("rebuttal_prompt", rebuttal_prompt, ["{critique}"]),
         }
+        if (step_chars is None) == ("{step_chars}" in self.templates["answer"]):
+            raise ValueError(f"step_chars ({step_chars}) is stated by alice_prompt's {{step_chars}} and only with it")
         self.save_arguments(lm, ["judge"], sampling=Sampling, policy_gradient=PolicyGradient)
-        check_ablation(protocol, trainable, judging, bob_reward, self.policy_gradient.group_size)
+        check_ablation(protocol, trainable, judging, bob_reward, self.policy_gradient.group_size, frozen_critic)
+        self.frozen = "alice" if bob_reward != "constant_sum" else ("bob" if frozen_critic else None)  # the reference
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
@@ -181,7 +187,7 @@ class DebateSelfPlay(LanguageModelGame):
         """The chat-formatted prompt of ``ply`` given the transcript so far (visible parts only)."""
         hp = self.hparams
         fields = transcript.prompt_fields(hp.word_limit, hp.think_open, hp.think_close)
-        return self.bank.chat(hp.system_prompt, fill_fields(self.templates[ply], **fields))
+        return self.bank.chat(hp.system_prompt, fill_fields(self.templates[ply], **fields, step_chars=hp.step_chars))
 
     def play(
         self,
@@ -212,8 +218,7 @@ class DebateSelfPlay(LanguageModelGame):
             s = self.sampling
             tokens = s.max_new_tokens if ply == "answer" else (hp.reply_max_new_tokens or s.max_new_tokens)
             s = replace(s, max_new_tokens=tokens, min_new_tokens=min(s.min_new_tokens, tokens))
-            # B-judge and B-convince train only Bob: Alice is the frozen reference (the paper's frozen Alice)
-            player = None if hp.bob_reward != "constant_sum" and PLAYER_OF_PLY[ply] == "alice" else PLAYER
+            player = None if PLAYER_OF_PLY[ply] == self.frozen else PLAYER  # None: the frozen reference weights
             with self._timed(f"generate_{ply}"):
                 out = self.bank.generate(player, prompts, 1, s, greedy=greedy)
             rollouts.append(out)
@@ -231,7 +236,7 @@ class DebateSelfPlay(LanguageModelGame):
 
     def rewards(self, transcripts: list[Transcript], shares: list[float]) -> list[list[PlyReward]]:
         """:func:`modules.algorithms.debate.ply_rewards` of every transcript with this module's settings."""
-        keys = ("word_limit", "word_penalty_coef", "missing_answer_reward", "format_reward", "bob_reward")
+        keys = ("word_limit", "word_penalty_coef", "missing_answer_reward", "format_reward", "bob_reward", "step_chars")
         settings = {k: self.hparams[k] for k in keys}
         return [ply_rewards(t, s, **settings) for t, s in zip(transcripts, shares)]
 
@@ -306,7 +311,7 @@ class DebateSelfPlay(LanguageModelGame):
         transcripts = roll.transcripts
         with self._timed("judge"):
             if hp.judging == "pairwise":  # a comparison is no accept/reject verdict: MCC reads none from training
-                pairs = pair_indices(b, g)
+                pairs = pair_indices(b, g, random.Random(derived_seed(hp.seed, "order", step_key)))  # seeded order
                 firsts, judge_counts, _ = self._judge(*([transcripts[p[k]] for p in pairs] for k in (0, 1)))
                 shares, verdicts = pair_shares(firsts, pairs), ["unparsed"] * len(transcripts)
             else:

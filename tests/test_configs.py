@@ -32,7 +32,8 @@ SMALL = {
             "--model.init_args.reply_max_new_tokens=8",
             "--model.init_args.lm.name_or_path={tiny_lm_dir}",
         ]
-        for p in ("rlaif_a", "ab", "aba", "rlvr", "hacking", "pairwise", "b_judge", "b_convince")
+        for p in ("rlaif_a", "ab", "aba", "rlvr", "hacking", "pairwise", "pairwise_baseline", "b_judge", "b_convince")
+        + ("steps", "ties", "frozen_critic")
     },
     "debate_sft_tiny.yaml": ["--data.init_args.num_prompts=40", "--model.init_args.lm.name_or_path={tiny_lm_dir}"],
     "preference_ensemble.yaml": ["--data.init_args.num_prompts=40"],

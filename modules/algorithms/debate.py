@@ -34,6 +34,7 @@ __all__ = [
     "fill_fields",
     "fork_counts",
     "forked_ply_metrics",
+    "numbered_steps",
     "ply_rewards",
     "split_reply",
     "transcript_metrics",
@@ -91,8 +92,8 @@ PROMPTS: dict[str, str] = {
     ),
 }
 
-_FIELD_NAMES = ("problem", "solution", "critique", "rebuttal", "word_limit", "think_open", "think_close", "transcript")
-_FIELD = re.compile(r"\{(" + "|".join(_FIELD_NAMES + ("instructions",)) + r")\}")
+_FIELD_NAMES = ("problem", "solution", "critique", "rebuttal", "word_limit", "step_chars", "think_open", "think_close")
+_FIELD = re.compile(r"\{(" + "|".join(_FIELD_NAMES + ("transcript", "instructions")) + r")\}")
 
 
 def fill_fields(template: str, **values: object) -> str:
@@ -103,6 +104,12 @@ def fill_fields(template: str, **values: object) -> str:
 def count_words(text: str | None) -> int:
     """Words of ``text`` as ``wc -w`` counts them (0 for ``None``)."""
     return len(text.split()) if text else 0
+
+
+def numbered_steps(text: str, max_chars: int) -> bool:
+    """Whether ``text`` is numbered steps ``1.``, ``2.``, ... (or ``1)``), one a line, each at most ``max_chars``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(len(x) <= max_chars and re.match(rf"{k}[.)]\s+\S", x) for k, x in enumerate(lines, 1))
 
 
 def word_penalty(words: int, limit: int | None, coefficient: float) -> float:
@@ -130,11 +137,6 @@ class Reply:
     format_ok: bool
     words: int
 
-    @property
-    def empty(self) -> bool:
-        """No visible text."""
-        return not self.visible
-
 
 def split_reply(
     text: str | None, think_open: str = "<think>", think_close: str = "</think>", required: bool = True
@@ -146,18 +148,13 @@ def split_reply(
     ``think_open=""`` disables hidden reasoning (all visible, always valid).
     """
     raw = text or ""
-    if not think_open:
+    n_open, n_close = (raw.count(think_open), raw.count(think_close)) if think_open else (0, 0)
+    if n_open == 0 and n_close == 0:  # no delimiter (or none defined): all visible
         visible = raw.strip()
-        return Reply(raw, visible, "", True, count_words(visible))
-    n_open, n_close = raw.count(think_open), raw.count(think_close)
-    if n_open == 0 and n_close == 0:
-        visible = raw.strip()
-        return Reply(raw, visible, "", not required, count_words(visible))
+        return Reply(raw, visible, "", not required or not think_open, count_words(visible))
     start, end = raw.find(think_open), raw.rfind(think_close)
-    ok = (
-        n_open == 1 and n_close == 1 and not raw[:start].strip() and end > start
-        # an opening delimiter that is a prefix of the closing one (e.g. "<t" / "<t>") is counted once
-    )
+    # an opening delimiter that is a prefix of the closing one (e.g. "<t" / "<t>") is counted once
+    ok = n_open == 1 and n_close == 1 and not raw[:start].strip() and end > start
     if end >= 0:
         hidden = raw[start + len(think_open) : end] if 0 <= start < end else raw[:end]
         visible = raw[end + len(think_close) :].strip()
@@ -186,19 +183,14 @@ class Transcript:
 
     def visible(self, ply: str) -> str:
         """Visible text of ``ply`` (``""`` when not played or not in the protocol)."""
-        plies = self.plies
-        if ply not in plies or plies.index(ply) >= len(self.replies):
-            return ""
-        return self.replies[plies.index(ply)].visible
+        j = self.plies.index(ply) if ply in self.plies else len(self.replies)
+        return self.replies[j].visible if j < len(self.replies) else ""
 
     @property
     def final_answer(self) -> str | None:
         """Alice's final answer: the last ``\\boxed{}`` of her visible turns (a boxed rebuttal wins), or ``None``."""
-        for ply in ("rebuttal", "answer"):  # Alice's plies, latest first
-            boxed = extract_final_answer(self.visible(ply))
-            if boxed is not None:
-                return boxed
-        return None
+        boxed = (extract_final_answer(self.visible(ply)) for ply in ("rebuttal", "answer"))  # Alice's, latest first
+        return next((x for x in boxed if x is not None), None)
 
     @property
     def correct(self) -> bool | None:
@@ -240,12 +232,14 @@ def ply_rewards(
     missing_answer_reward: float = -0.5,
     format_reward: float = -1.0,
     bob_reward: str = "constant_sum",
+    step_chars: int | None = None,
 ) -> list[PlyReward]:
     """The reward of every ply of a finished transcript: each ply gets its player's total reward for the game.
 
     Alice (answer and rebuttal): the verdict share ``r`` (RLVR: the checker's 1/0), ``missing_answer_reward`` when she
     boxed no answer, minus her rebuttal's word penalty. Bob (critique): :func:`bob_verdict` minus his critique's word
-    penalty. An invalid thinking format in a player's plies replaces their total with ``format_reward`` (paper: −1).
+    penalty. An invalid thinking format in a player's plies replaces their total with ``format_reward`` (paper: −1), as
+    does, with ``step_chars``, a visible answer that is not :func:`numbered_steps` of at most ``step_chars`` characters.
 
     Raises:
         ValueError: for a transcript with the wrong number of replies, a share outside [0, 1], a non-negative
@@ -260,10 +254,8 @@ def ply_rewards(
         raise ValueError(f"the vote share must lie in [0, 1], got {share}")
     if missing_answer_reward >= 0:
         raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
-    if bob_reward not in BOB_REWARDS:
-        raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
     alice_verdict = (1.0 if transcript.correct else 0.0) if transcript.protocol == "rlvr" else float(share)
-    bob = bob_verdict(transcript, alice_verdict, bob_reward) if "critique" in plies else 1.0 - alice_verdict
+    bob = bob_verdict(transcript, alice_verdict, bob_reward)  # refuses an unknown rule; unused without a critique
     verdict = {"alice": alice_verdict, "bob": bob}
     penalty = {"alice": 0.0, "bob": 0.0}
     format_ok = {"alice": True, "bob": True}
@@ -271,7 +263,8 @@ def ply_rewards(
         who = PLAYER_OF_PLY[ply]
         if ply != "answer":  # word limits bind critique and rebuttal only
             penalty[who] += word_penalty(reply.words, word_limit, word_penalty_coef)
-        format_ok[who] = format_ok[who] and reply.format_ok
+        steps_ok = ply != "answer" or step_chars is None or numbered_steps(reply.visible, step_chars)
+        format_ok[who] = format_ok[who] and reply.format_ok and steps_ok
     missing = {"alice": transcript.final_answer is None, "bob": False}
     total = {}
     for who in ("alice", "bob"):
@@ -315,11 +308,13 @@ def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "c
     return 0.0 if said is None else float(said == float(truth))
 
 
-def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_reward: str, group_size: int) -> None:
+def check_ablation(
+    protocol: str, trainable: Sequence[str], judging: str, bob_reward: str, group_size: int, frozen_critic: bool = False
+) -> None:
     """Refuse an ablation setting that does not describe the paper's ablation, naming the field.
 
     Raises:
-        ValueError: naming ``judging``, ``bob_reward``, ``protocol``, ``trainable_plies`` or ``group_size``.
+        ValueError: naming the field at fault (``judging``, ``protocol``, ``trainable_plies``, ``frozen_critic``, ...).
     """
     if judging not in JUDGINGS:
         raise ValueError(f"judging must be one of {JUDGINGS}, got {judging!r}")
@@ -331,13 +326,17 @@ def check_ablation(protocol: str, trainable: Sequence[str], judging: str, bob_re
                 f"judging: pairwise compares two of Alice's answers: protocol must be rlaif_a, not {protocol}"
             )
         pair_indices(1, group_size)
-    if bob_reward != "constant_sum":
-        if "critique" not in PLIES[protocol]:
-            raise ValueError(f"bob_reward: {bob_reward} rewards Bob: protocol {protocol} has no critique")
-        if list(trainable) != ["critique"]:
-            raise ValueError(
-                f"bob_reward: {bob_reward} trains only Bob: trainable_plies must be ['critique'], got {list(trainable)}"
-            )
+    if (bob_reward != "constant_sum" or frozen_critic) and "critique" not in PLIES[protocol]:
+        raise ValueError(f"bob_reward: {bob_reward}, frozen_critic: {frozen_critic}: {protocol} has no critique")
+    if bob_reward != "constant_sum" and list(trainable) != ["critique"]:
+        raise ValueError(
+            f"bob_reward: {bob_reward} trains only Bob: trainable_plies must be ['critique'], got {list(trainable)}"
+        )
+    if frozen_critic and ("critique" in trainable or bob_reward != "constant_sum"):
+        raise ValueError(
+            f"frozen_critic: Bob is the frozen reference: trainable_plies ({list(trainable)}) may not hold critique "
+            f"and bob_reward ({bob_reward}) must be constant_sum"
+        )
 
 
 def choose_fork_plies(num_problems: int, trainable: Sequence[int], rng: random.Random) -> list[int]:
@@ -392,7 +391,7 @@ def transcript_metrics(
     out = {
         f"{stage}/verdict_share": sum(shares) / n,
         **{f"{stage}/{key}": float(value) for key, value in judge_counts.items()},
-        f"{stage}/empty_replies": float(sum(r.empty for r in replies)),
+        f"{stage}/empty_replies": float(sum(not r.visible for r in replies)),
         f"{stage}/no_reference": float(n - len(known)),
         f"{stage}/missing_answer": sum(t.final_answer is None for t in transcripts) / n,
         f"{stage}/format_invalid": sum(not r.format_ok for r in replies) / max(1, len(replies)),

@@ -1,8 +1,9 @@
-"""Reading a debate judge's verdict from free text: a vote for Alice or Bob, or unparsed (counted, never a share)."""
+"""Reading a debate judge's verdict from free text: a vote for Alice or Bob, a tie where allowed, or unparsed."""
 
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,16 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = [
-    "JUDGINGS",
-    "VERDICTS",
-    "JudgeVotes",
-    "pair_indices",
-    "pair_shares",
-    "parse_verdict",
-    "verdict_of",
-    "vote_share",
-]
+__all__ = ["JUDGINGS", "JudgeVotes", "pair_indices", "pair_shares", "parse_verdict", "verdict_of", "vote_share"]
 
 _ADJECTIVES = r"correct|right|incorrect|wrong|mistaken"
 _FOR_ALICE = {"alice", "correct", "right", "yes"}
@@ -29,7 +21,7 @@ _JUDGED_RIGHT = {"correct", "right"}
 _MARKER = re.compile(r"\b(?:verdict|winner)\b[*_]*(?:\s+is\b)?\s*[:：\-–—]?", re.IGNORECASE)
 # the verdict's word, after optional markdown and a negation ("not correct", "not Alice")
 _SUBJECT = re.compile(
-    r"[*_\"'`(\[\s]*(not\s+)?(alice|bob|correct|incorrect|right|wrong|mistaken|yes|no)\b[*_\"'`)\]]*", re.IGNORECASE
+    r"[*_\"'`(\[\s]*(not\s+)?(alice|bob|correct|incorrect|right|wrong|mistaken|yes|no|tie)\b[*_\"'`)\]]*", re.IGNORECASE
 )
 # what of a player is judged: "Alice's final answer", "Bob's critique" (the quote may be taken as markdown above)
 _POSSESSIVE = re.compile(
@@ -83,20 +75,21 @@ class _Clause(NamedTuple):
     judged: bool
 
 
-def _clause(text: str, pos: int) -> _Clause | None:
+def _clause(text: str, pos: int, ties: bool = False) -> _Clause | None:
     """The clause of the verdict word standing at ``pos`` (``None``: none there).
 
-    ``subject`` is the player named, ``"alice"`` for a bare word (it judges Alice's answer); ``judged`` is whether a
-    judgement was read (a predicate after a name, or a bare word), not just a name.
+    ``subject`` is the player named, ``"alice"`` for a bare word (it judges Alice's answer), ``"tie"`` for a tie (vote
+    0.5 if ``ties``, else none); ``judged`` is whether a judgement was read (a predicate after a name, a bare word).
     """
     m = _SUBJECT.match(text, pos)
     if m is None:
         return None
     negation, word = m.group(1), m.group(2).lower()
-    vote = (word in _FOR_ALICE) != bool(negation)
+    vote = 0.5 if word == "tie" else float((word in _FOR_ALICE) != bool(negation))
     end = m.end()
     if word not in ("alice", "bob"):
-        return _Clause(None if re.match(r"\s*\w", text[end:]) else float(vote), end, "alice", True)
+        unread = re.match(r"\s*\w", text[end:]) or (word == "tie" and (negation or not ties))
+        return _Clause(None if unread else vote, end, "tie" if word == "tie" else "alice", True)
     possessive = _POSSESSIVE.match(text, end)
     end = possessive.end() if possessive else end
     p = _PREDICATE.match(text, end)
@@ -132,14 +125,15 @@ def _rest_agrees(text: str, clause: _Clause) -> bool:
     return True
 
 
-def parse_verdict(text: str | None) -> float | None:
-    """A judge's vote read from its visible output: 1.0 for Alice (her answer is right), 0.0 for Bob, else ``None``.
+def parse_verdict(text: str | None, ties: bool = False) -> float | None:
+    """A judge's vote read from its visible output: 1.0 for Alice, 0.0 for Bob, 0.5 for a tie (``ties``), else ``None``.
 
     The last ``Verdict: X`` (or ``Winner: X``) counts, X one of Alice/Bob, correct/incorrect/mistaken, right/wrong,
-    yes/no, any case, optional markdown around it; without one, an output that *starts* with such a word counts. A
-    negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's critique is wrong``), a negated
-    negative is positive; hedges and refusals anywhere (``probably Alice``), a player judged in other words (``Alice is
-    partially correct``, ``Alice and Bob``) and a bare word that does not stand alone (``no verdict``) are not read.
+    yes/no, tie (read only when ``ties``), any case, optional markdown around it; without one, an output that *starts*
+    with such a word counts. A negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's
+    critique is wrong``), a negated negative is positive; hedges and refusals anywhere (``probably Alice``), a player
+    judged in other words (``Alice is partially correct``, ``Alice and Bob``) and a bare word that does not stand alone
+    (``no verdict``) are not read.
 
     The rest of the verdict's line (up to any line break) must not take the vote back, else the vote is unparsed:
 
@@ -157,10 +151,10 @@ def parse_verdict(text: str | None) -> float | None:
     if not text or _HEDGE.search(text):
         return None
     for marker in reversed(list(_MARKER.finditer(text))):
-        clause = _clause(text, marker.end())
+        clause = _clause(text, marker.end(), ties)
         if clause is not None:
             return clause.vote if clause.vote is not None and _rest_agrees(text, clause) else None
-    clause = _clause(text, 0)
+    clause = _clause(text, 0, ties)
     return clause.vote if clause is not None and clause.vote is not None and _rest_agrees(text, clause) else None
 
 
@@ -169,9 +163,6 @@ def vote_share(votes: Sequence[float | None]) -> tuple[float, int]:
     valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
     bad = len(votes) - len(valid)
     return (sum(valid) / len(valid) if valid else 0.5), bad
-
-
-VERDICTS = ("alice", "bob", "tie", "unparsed")
 
 
 def verdict_of(votes: Sequence[float | None]) -> str:
@@ -187,7 +178,7 @@ def verdict_of(votes: Sequence[float | None]) -> str:
 
 @dataclass
 class JudgeVotes:
-    """A judge's ``votes`` ``[N, num_votes]`` (1 Alice, 0 Bob, NaN unparsed), raw ``texts``, late and invalid counts."""
+    """A judge's ``votes`` ``[N, num_votes]`` (1 Alice, 0 Bob, 0.5 tie, NaN unparsed), ``texts``, late and invalid."""
 
     votes: Tensor
     texts: list[list[str]]
@@ -215,15 +206,18 @@ class JudgeVotes:
 JUDGINGS = ("verdict", "pairwise")
 
 
-def pair_indices(num_problems: int, group_size: int) -> list[tuple[int, int]]:
+def pair_indices(num_problems: int, group_size: int, rng: random.Random | None = None) -> list[tuple[int, int]]:
     """The rollout pairs the pairwise judge compares: branches ``(2k, 2k+1)`` of each group (a random pairing).
+
+    With ``rng`` a fair coin orders each pair, so that a judge's bias for the answer shown first averages out.
 
     Raises:
         ValueError: for an odd ``group_size`` (a rollout would have no partner).
     """
     if group_size < 2 or group_size % 2:
         raise ValueError(f"judging: pairwise pairs the branches of a group: group_size must be even, got {group_size}")
-    return [(i * group_size + k, i * group_size + k + 1) for i in range(num_problems) for k in range(0, group_size, 2)]
+    pairs = [(i * group_size + k, i * group_size + k + 1) for i in range(num_problems) for k in range(0, group_size, 2)]
+    return pairs if rng is None else [(b, a) if rng.random() < 0.5 else (a, b) for a, b in pairs]
 
 
 def pair_shares(first_shares: Sequence[float], pairs: Sequence[tuple[int, int]]) -> list[float]:

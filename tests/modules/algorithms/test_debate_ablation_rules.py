@@ -1,11 +1,15 @@
-"""The debate paper's ablations, pure parts, on hand values: Bob rewarded by ground truth (B-judge, B-convince) and
-the pairwise-preference judge (pairs, shares, the programmatic judge's Bradley–Terry probability)."""
+"""The debate paper's ablations, pure parts, on hand values: Bob rewarded by ground truth (B-judge, B-convince), the
+pairwise-preference judge (pairs, their order, shares, the programmatic judge's Bradley–Terry probability), the
+step-by-step format, a judge that may declare a tie and a frozen critic."""
 
 import math
+import random
+import re
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from alignment_games.modules.algorithms.debate import (
     BOB_REWARDS,
@@ -13,10 +17,12 @@ from alignment_games.modules.algorithms.debate import (
     Transcript,
     bob_verdict,
     check_ablation,
+    fill_fields,
+    numbered_steps,
     ply_rewards,
     split_reply,
 )
-from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares
+from alignment_games.modules.algorithms.verdicts import pair_indices, pair_shares, parse_verdict, vote_share
 from alignment_games.modules.scorers.judges import DebateJudge, JudgeVotes, ProgrammaticJudge
 
 PAPER_ABLATIONS = (
@@ -24,16 +30,43 @@ PAPER_ABLATIONS = (
     "frozen API critic are no better than RLAIF-A; training only Bob with ground truth (B-judge, B-convince) is slow."
 )
 PAPER_CONSTANT_SUM = "Constant-sum: Alice's reward r = fraction of judge votes for Alice; Bob gets 1 − r."
-QUOTES_COPY = Path(__file__).resolve().parents[2] / "data" / "paper_quotes.txt"
+# The zh digest's details (tests/data/paper_quotes.txt, section 其他消融与分析): "Step-by-step format (Figure 9): the
+# visible solution is changed to numbered steps with a character limit"; "Other debate variants: preliminary experiments
+# allowing ties or using a frozen API critic were close to or worse than RLAIF-A. The authors say training Bob together
+# with Alice is necessary"; the pairwise run "reward hacks faster than a baseline matched in the number of judgments".
+PAPER_STEPS = "分步格式（Figure 9）： 可见解答改为有字符上限的编号步骤。"
+PAPER_VARIANTS = "其他辩论变体： 允许平局或使用冻结 API 批评者的初步实验，与 RLAIF-A 相近或更差。"
+PAPER_VARIANTS += "作者称与 Alice 共同训练 Bob 是必要的。"
+ROOT = Path(__file__).resolve().parents[3]
+QUOTES_COPY = ROOT / "tests" / "data" / "paper_quotes.txt"
+# each ablation the paper lists, the configs that run it (each header quotes the paper's clause)
+ABLATION_CONFIGS = {
+    "pairwise-preference judging hacks faster": ["debate_pairwise"],
+    "step-by-step format lowers the peak": ["debate_steps"],
+    "ties allowed or a frozen API critic are no better than RLAIF-A": ["debate_ties", "debate_frozen_critic"],
+    "training only Bob with ground truth (B-judge, B-convince) is slow": ["debate_b_judge", "debate_b_convince"],
+}
 
 
 def test_the_ablations_are_the_papers_words():
-    """The quotes are the digest's sentences as tests/data/paper_quotes.txt keeps them (checked against the paper by
-    test_debate_rules.py wherever the papers are); the options' docstrings quote their phrases."""
+    """The quotes are the digests' sentences as tests/data/paper_quotes.txt keeps them (checked against the papers by
+    test_debate_rules.py wherever the papers are)."""
     copy = QUOTES_COPY.read_text(encoding="utf-8")
     assert f"debate-rlaif.en.md | Results (validation, merged groups, Table 1) | {PAPER_ABLATIONS}\n" in copy
     assert f"debate-rlaif.en.md | Rewards | {PAPER_CONSTANT_SUM}\n" in copy
-    assert "pairwise-preference judging" in PAPER_ABLATIONS and "(B-judge, B-convince)" in PAPER_ABLATIONS
+    for quote in (PAPER_STEPS, PAPER_VARIANTS):
+        assert f"debate-rlaif.zh.txt | 其他消融与分析 | {quote}\n" in copy
+
+
+def test_every_ablation_the_paper_lists_has_a_config_quoting_it():
+    """The paper's list, split at its semicolons, is covered clause by clause by the configs' header comments."""
+    clauses = PAPER_ABLATIONS.removeprefix("Ablations: ").removesuffix(".").split("; ")
+    assert clauses == list(ABLATION_CONFIGS)
+    for clause, configs in ABLATION_CONFIGS.items():
+        for name in configs:
+            lines = (ROOT / "configs" / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
+            header = " ".join(" ".join(x.lstrip("# ") for x in lines if x.startswith("#")).split())
+            assert clause in header, f"configs/{name}.yaml does not quote {clause!r}"
 
 
 def _ab(answer: str, critique: str, reference: str | None = "12") -> Transcript:
@@ -100,8 +133,24 @@ def test_an_unknown_bob_reward_is_refused_by_name():
             call()
 
 
-def test_the_b_judge_prompt_asks_for_a_verdict_the_rule_reads():
-    assert "'Verdict: Alice'" in PROMPTS["bob_judge"] and "{solution}" in PROMPTS["bob_judge"]
+def test_replies_written_to_the_b_judge_prompt_score_by_the_rule():
+    """Bob follows the prompt: its quoted verdict lines, each appended to a critique, are read and scored (hand)."""
+    prompt = fill_fields(PROMPTS["bob_judge"], problem="What is 7 + 5?", solution="\\boxed{13}", word_limit=50)
+    assert "\\boxed{13}" in prompt
+    said_right, said_wrong = re.findall(r"ending with '([^']+)' if it is correct, otherwise '([^']+)'", prompt)[0]
+    right, wrong = (_ab(f"7 + 5 = {x}, \\boxed{{{x}}}", "") for x in (12, 13))
+    rewards = {}
+    for name, alice in (("right", right), ("wrong", wrong)):
+        for said in (said_right, said_wrong):
+            alice.replies[1] = split_reply(f"I checked each step. {said}", required=False)
+            rewards[name, said] = ply_rewards(alice, 0.5, bob_reward="b_judge")[1].reward
+    # Alice right: "Verdict: Alice" is Bob's correct ruling (1); Alice wrong: "Verdict: Bob" is (1)
+    assert rewards == {
+        ("right", "Verdict: Alice"): 1.0,
+        ("right", "Verdict: Bob"): 0.0,
+        ("wrong", "Verdict: Alice"): 0.0,
+        ("wrong", "Verdict: Bob"): 1.0,
+    }
 
 
 # ------------------------------------------------------------------------------------------------------- pairwise
@@ -163,7 +212,7 @@ def test_a_judge_that_does_not_compare_refuses_pairs():
         (("debate_ab", ["answer"], "verdict", "judge", 4), "bob_reward must be one of"),
         (("debate_ab", ["answer", "critique"], "pairwise", "constant_sum", 4), "protocol must be rlaif_a"),
         (("rlaif_a", ["answer"], "pairwise", "constant_sum", 3), "group_size must be even, got 3"),
-        (("rlaif_a", ["answer"], "verdict", "b_judge", 4), "protocol rlaif_a has no critique"),
+        (("rlaif_a", ["answer"], "verdict", "b_judge", 4), "b_judge, frozen_critic: False: rlaif_a has no critique"),
         (("debate_ab", ["answer", "critique"], "verdict", "b_convince", 4), r"trainable_plies must be \['critique'\]"),
     ],
 )
@@ -177,3 +226,136 @@ def test_the_papers_ablation_settings_are_accepted():
     for rule in ("b_judge", "b_convince"):
         check_ablation("debate_ab", ["critique"], "verdict", rule, 4)
         check_ablation("debate_aba", ["critique"], "verdict", rule, 3)
+
+
+# --------------------------------------------------------------------------------- pairwise: order and judgments
+def test_a_seeded_coin_orders_each_pair_and_the_shares_follow_the_order():
+    fixed = pair_indices(500, 4)
+    drawn = pair_indices(500, 4, random.Random(7))
+    assert [tuple(sorted(p)) for p in drawn] == fixed  # the same pairs, each in one of its two orders
+    flipped = sum(p != q for p, q in zip(drawn, fixed))
+    assert 450 <= flipped <= 550  # Binomial(1000, 1/2): mean 500, sd 15.8
+    assert drawn == pair_indices(500, 4, random.Random(7)) != pair_indices(500, 4, random.Random(8))
+    # the share of the first shown goes to it, wherever it stands in the group: rollout 1 shown first, 6 of 7 for it
+    assert pair_shares([6 / 7], [(1, 0)]) == pytest.approx([1 / 7, 6 / 7])
+
+
+def test_the_pairwise_baseline_config_is_matched_in_judgments():
+    """Judge calls a problem and a step: pairwise G/2 pairs × V votes; the verdict baseline G rollouts × V votes."""
+
+    def settings(name):
+        cfg = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text(encoding="utf-8"))
+        model = cfg["model"]["init_args"]
+        votes, group = model["judge"]["init_args"]["num_votes"], model["policy_gradient"]["group_size"]
+        return model.get("judging", "verdict"), votes, group, cfg["data"]["init_args"]["batch_size"]
+
+    judging, v, g, b = settings("debate_pairwise")
+    assert judging == "pairwise" and (g // 2 * v, b * g // 2 * v) == (14, 56)  # 2 pairs × 7 votes, 4 problems
+    judging, v, g, b = settings("debate_pairwise_baseline")
+    assert judging == "verdict" and (g * v, b * g * v) == (14, 56)  # 2 rollouts × 7 votes, 4 problems
+    assert v == 7  # every reward a share of 7 votes in both
+
+
+# ------------------------------------------------------------------------------------ step-by-step format (Fig. 9)
+STEPS = "1. 7 + 5 = 12\n2. So \\boxed{12}"  # 13 and 16 characters
+
+
+@pytest.mark.parametrize(
+    ("text", "cap", "ok"),
+    [
+        (STEPS, 16, True),
+        (STEPS, 15, False),  # the second step is 16 characters long
+        ("1) 7 + 5 = 12\n\n2) So \\boxed{12}", 16, True),  # blank lines between steps are no steps
+        ("7 + 5 = 12, so \\boxed{12}", 100, False),  # not numbered
+        ("1. 7 + 5 = 12\n3. So \\boxed{12}", 100, False),  # numbered out of order
+        ("1. 7 + 5 = 12\nSo \\boxed{12}", 100, False),  # a line that is no step
+        ("1.7 + 5 = 12", 100, False),  # no space after the number: "1.7" is a decimal
+        ("", 100, False),
+    ],
+)
+def test_numbered_steps_on_hand_cases(text, cap, ok):
+    assert numbered_steps(text, cap) is ok
+
+
+def test_step_format_rule_costs_alice_the_format_reward_only():
+    """PAPER_STEPS: numbered steps with a character cap; any other visible answer is an invalid format (−1, the paper's
+    format rule), Bob keeps 1 − r minus his penalty. Judge share 0.75, word limit 5."""
+    free = _ab("7 + 5 = 12, so \\boxed{12}", "one two three four five six seven")  # Bob: 2 words over, 0.02
+
+    def rewards(t, cap):
+        return [x.reward for x in ply_rewards(t, 0.75, word_limit=5, step_chars=cap)]
+
+    assert rewards(free, None) == pytest.approx([0.75, 0.23])  # the free format: no step rule
+    assert rewards(free, 100) == pytest.approx([-1.0, 0.23])
+    steps = _ab(STEPS, "one two three four five six seven")
+    assert rewards(steps, 16) == pytest.approx([0.75, 0.23])
+    assert rewards(steps, 15) == pytest.approx([-1.0, 0.23])
+    replies = [split_reply(x, required=False) for x in (STEPS, "ok", "free text")]
+    rebuttal = Transcript("q", "12", "debate_aba", replies)
+    assert rewards(rebuttal, 16) == pytest.approx([0.75, 0.25, 0.75])  # the rule binds the answer, not the rebuttal
+
+
+# ----------------------------------------------------------------------------------------------------- ties
+def test_a_tie_is_read_only_when_ties_are_allowed():
+    """PAPER_VARIANTS: "allowing ties". A tie vote is half a vote for each side."""
+    for text in ("Verdict: Tie", "**Verdict:** tie.", "Tie"):
+        assert (parse_verdict(text, ties=True), parse_verdict(text)) == (0.5, None)
+    assert parse_verdict("Verdict: Alice\nVerdict: Tie", ties=True) == 0.5  # the last verdict counts
+    assert parse_verdict("Verdict: Tie\nVerdict: Bob", ties=True) == 0.0
+    for text in ("Verdict: not a tie", "Verdict: tie, Alice is right", "Verdict: tied game"):
+        assert parse_verdict(text, ties=True) is None
+
+
+def test_tie_votes_give_half_a_vote_to_each_side_of_the_constant_sum():
+    # 8 votes: 5 for Alice, 2 ties, 1 for Bob: r = (5 + 2 · 0.5) / 8 = 0.75; Bob 1 − r = 0.25
+    share, unparsed = vote_share([1.0] * 5 + [0.5, 0.5, 0.0])
+    assert (share, unparsed) == (0.75, 0)
+    a, b = ply_rewards(_ab("\\boxed{12}", "fine"), share)
+    assert (a.reward, b.reward) == (0.75, 0.25)
+
+
+def test_the_programmatic_judge_ties_by_rao_and_kupper():
+    """Alice right, skill 1.5: z = 1.5; θ = 0.5: Alice σ(1.0) = 0.731059, Bob σ(−2.0) = 0.119203, tie 0.149738."""
+    right = _ab("\\boxed{12}", "")
+    u = torch.rand((1, 4000), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    hand = torch.where(u < 0.731059, 1.0, torch.where(u < 1 - 0.119203, 0.5, 0.0)).float()
+    votes = ProgrammaticJudge(skill=1.5, tie_margin=0.5, num_votes=4000, seed=3).vote([right]).votes
+    assert torch.equal(votes, hand)
+    assert [float((votes == x).float().mean()) for x in (1.0, 0.5, 0.0)] == pytest.approx(
+        [0.731059, 0.149738, 0.119203], abs=0.025
+    )
+    # θ = 0 (the default): no ties, the same draws as before the rule: 1 where u < σ(1.5) = 0.817574
+    plain = ProgrammaticJudge(skill=1.5, num_votes=4000, seed=3).vote([right]).votes
+    assert torch.equal(plain, (u < 0.817574).float())
+    with pytest.raises(ValueError, match="tie_margin must be at least 0.0, got -0.1"):
+        ProgrammaticJudge(tie_margin=-0.1)
+
+
+class _Halves(DebateJudge):
+    def __call__(self, transcripts):
+        return JudgeVotes(torch.full((len(transcripts), self.num_votes), 0.5), [[] for _ in transcripts])
+
+
+def test_a_tie_vote_counts_only_from_a_judge_that_may_tie():
+    t = BATCH[0][0]
+    refused = _Halves(num_votes=3).vote([t])  # a judge without ties: 0.5 is no vote (NaN, counted invalid)
+    assert torch.isnan(refused.votes).all() and refused.invalid == 3
+    allowed = _Halves(num_votes=3)
+    allowed.ties = True
+    out = allowed.vote([t])
+    assert out.votes.tolist() == [[0.5] * 3] and out.invalid == 0 and out.verdicts == ["tie"]
+
+
+# ------------------------------------------------------------------------------------------------ frozen critic
+def test_a_frozen_critic_is_accepted_only_where_bob_plays_and_alice_alone_trains():
+    """PAPER_VARIANTS: "a frozen API critic": Bob is the frozen reference, Alice's plies the trained ones."""
+    check_ablation("debate_ab", ["answer"], "verdict", "constant_sum", 4, frozen_critic=True)
+    check_ablation("debate_aba", ["answer", "rebuttal"], "verdict", "constant_sum", 4, frozen_critic=True)
+    for args in (
+        ("debate_ab", ["answer", "critique"], "verdict", "constant_sum"),  # Bob would train
+        ("debate_ab", ["critique"], "verdict", "b_judge"),  # B-judge trains Bob
+    ):
+        with pytest.raises(ValueError, match="frozen_critic: Bob is the frozen reference"):
+            check_ablation(*args, 4, frozen_critic=True)
+    with pytest.raises(ValueError, match="frozen_critic: True: rlaif_a has no critique"):  # no Bob
+        check_ablation("rlaif_a", ["answer"], "verdict", "constant_sum", 4, frozen_critic=True)

@@ -1,6 +1,7 @@
 """Debate game, pure parts: answers, replies, word limits, verdicts, rewards per protocol, forking, judges, MCC."""
 
 import math
+import os
 import random
 import re
 from pathlib import Path
@@ -342,12 +343,15 @@ def _quotes_copy() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def _sections(markdown: str) -> dict[str, str]:
-    """Each heading's text up to the next heading, bold markup removed (not wording) and whitespace collapsed."""
+def _sections(text: str, markdown: bool = True) -> dict[str, str]:
+    """Each heading's text up to the next heading, bold markup removed (not wording) and whitespace collapsed.
+
+    Headings: markdown's ``#`` lines, or (``markdown=False``, the .txt digest) every line that is not a bullet (•).
+    """
     bodies: dict[str, list[str]] = {}
     title = None
-    for line in markdown.splitlines():
-        heading = re.match(r"#+\s+(.*)", line)
+    for line in text.splitlines():
+        heading = re.match(r"#+\s+(.*)" if markdown else r"(?!•)(\S.*)", line)
         if heading:
             title = heading.group(1).strip()
             bodies.setdefault(title, [])
@@ -370,12 +374,29 @@ def test_the_quoted_rules_are_the_papers_words():
         assert copy.get(quote) == ("debate-rlaif.en.md", section), f"not in {QUOTES_COPY.name}: {quote}"
 
 
+def _require_papers(papers: Path) -> None:
+    """Skip where the shared papers folder is absent (a clone), but fail in CI (``CI=true``), where it is beside it."""
+    if not papers.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{papers} is missing: CI checks the copied quotes against the papers beside the clone")
+        pytest.skip(f"{papers} is not here (the copy is checked by test_the_quoted_rules_are_the_papers_words)")
+
+
+def test_a_missing_papers_folder_fails_in_ci_and_skips_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no_papers is missing: CI checks the copied quotes"):
+        _require_papers(tmp_path / "no_papers")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no_papers is not here"):
+        _require_papers(tmp_path / "no_papers")
+    _require_papers(tmp_path)  # present: neither
+
+
 def test_the_copied_quotes_are_in_the_papers_where_the_papers_are():
     """Every sentence of the copy is verbatim in its paper's section (the shared papers folder is not in a clone)."""
-    if not PAPERS.is_dir():
-        pytest.skip(f"{PAPERS} is not here (the copy is checked by test_the_quoted_rules_are_the_papers_words)")
+    _require_papers(PAPERS)
     for quote, (name, section) in _quotes_copy().items():
-        sections = _sections((PAPERS / name).read_text(encoding="utf-8"))
+        sections = _sections((PAPERS / name).read_text(encoding="utf-8"), name.endswith(".md"))
         assert section in sections, f"{name} has no section {section!r}"
         assert quote in sections[section], f"not in {name}, {section}: {quote}"
 
