@@ -150,7 +150,7 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(f"step_chars ({step_chars}) is stated by alice_prompt's {{step_chars}} and only with it")
         self.save_arguments(lm, ["judge"], sampling=Sampling, policy_gradient=PolicyGradient)
         check_ablation(protocol, trainable, judging, bob_reward, self.policy_gradient.group_size, frozen_critic)
-        self.frozen = "alice" if bob_reward != "constant_sum" else ("bob" if frozen_critic else None)  # the reference
+        self.frozen = "alice" if bob_reward != "constant_sum" else "bob" if frozen_critic else None  # reference weights
         self.plies = plies
         self.trainable = [plies.index(p) for p in trainable]
         self.bank = PolicyBank(lm, players=(PLAYER,))
