@@ -1,101 +1,42 @@
-"""Contract tests over the family registry (``modules.training.registry``): every family the code defines is listed
-by the CLI, resolves by its short name, and is covered by every contract test that applies to it.
-
-The contract tests keep their own per-family tables, keyed by class name (``"StackelbergPool-dpo"``: a variant of
-one family). A family that a contract does not apply to, or that still lacks its entry, is listed in
-:data:`EXEMPT` with the reason; a new family without either fails here, naming the table to add it to.
+"""Contract tests over the family registry (``alignment_games.modules.training.registry``): every family the code
+defines is listed by the CLI, resolves by its short name, and has a test recipe (``tests/helpers/recipes.py``) that
+feeds every contract test, or says in ``Recipe.exempt`` why a contract does not apply to it.
 """
 
 import contextlib
 import inspect
 import io
+import os
 
 import pytest
-import test_4bit_families
-import test_learning_direction
-import test_nonfinite_gradients
-import test_refused_values
-import yaml
 from helpers import ROOT
-from helpers.resume_families import FAMILIES as RESUME_FAMILIES
+from helpers.recipes import RECIPES
 
 from alignment_games import train
 from alignment_games.modules.training.registry import data_families, model_families
 
-
-def _family_of_config(config: str) -> str:
-    with open(f"{ROOT}/configs/{config}") as f:
-        return yaml.safe_load(f)["model"]["class_path"].rsplit(".", 1)[-1]
-
-
-def _loader_table() -> set[str]:
-    # tests/modules/lm/ holds a test file of the same basename elsewhere; load this one by path
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "_contract_model_config", f"{ROOT}/tests/modules/lm/test_model_config.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return set(module.FAMILIES)
-
-
-def _keys(table) -> set[str]:
-    return {key.split("-", 1)[0] for key in table}
-
-
-# contract: (where a family's entry goes, the families it covers)
+# contract: (the test file it feeds, whether a recipe provides it)
 CONTRACTS = {
-    "exact resume": (
-        "tests/helpers/resume_families.py FAMILIES (a Family: a config and tiny overrides)",
-        lambda: {_family_of_config(f.config) for f in RESUME_FAMILIES.values()},
-    ),
-    "non-finite skip": (
-        "tests/test_nonfinite_gradients.py FAMILIES (a builder of the tiny model and its data)",
-        lambda: _keys(test_nonfinite_gradients.FAMILIES),
-    ),
-    "refused values": (
-        "tests/test_refused_values.py FAMILIES and CASES (the class, its required arguments, bad values)",
-        lambda: _keys(test_refused_values.FAMILIES),
-    ),
-    "learning direction": (
-        "tests/test_learning_direction.py RUNS (a run with a rewarded and a mirrored reward)",
-        lambda: _keys(test_learning_direction.RUNS),
-    ),
-    "options reach the loader": (
-        "tests/modules/lm/test_model_config.py FAMILIES (a builder from a ModelConfig)",
-        _loader_table,
-    ),
-    "4-bit base": (
-        "tests/test_4bit_families.py FAMILIES (a builder on a load_in_4bit ModelConfig and its data)",
-        lambda: _keys(test_4bit_families.FAMILIES),
-    ),
-}
-EXEMPT = {
-    (
-        "non-finite skip",
-        "TabularSMIDA",
-    ): "no gradients: test_nonfinite_gradients.test_tabular_smida_skips_a_nonfinite_iterate",
-    (
-        "refused values",
-        "TabularSMIDA",
-    ): "no model to load: test_refused_values.test_tabular_game_sizes_are_refused_by_name",
-    (
-        "learning direction",
-        "TabularSMIDA",
-    ): "test_tabular_smida.test_smida_reaches_the_closed_form_within_the_bound_at_every_step",
-    ("options reach the loader", "TabularSMIDA"): "loads no model",
-    ("4-bit base", "TabularSMIDA"): "loads no model",
+    "exact resume": ("tests/test_resume.py", lambda r: bool(r.resume)),
+    "non-finite skip": ("tests/test_nonfinite_gradients.py", lambda r: r.build is not None),
+    "refused values": ("tests/test_refused_values.py", lambda r: bool(r.refused)),
+    "learning direction": ("tests/test_learning_direction.py", lambda r: bool(r.learns)),
+    "optimizers": ("tests/test_injected_optimizers.py", lambda r: r.rates is not None),
+    "loader": ("tests/modules/lm/test_model_config.py", lambda r: r.build is not None),
+    "4-bit base": ("tests/test_4bit_families.py", lambda r: r.build is not None and bool(r.four_bit)),
 }
 MODELS = model_families()
 
 
 def test_the_registry_finds_every_family_file():
-    modules = {cls.__module__ for cls in MODELS.values()}
-    assert modules == {
-        f"alignment_games.modules.{m}"
-        for m in ("debate", "deep_smida", "grpo", "nlhf", "pool", "preference", "sft", "slhf", "tabular_smida")
+    """Every top-level file of ``modules/`` but the shared base is a family file: the registry finds a family in
+    each."""
+    files = {
+        f"alignment_games.modules.{name[: -len('.py')]}"
+        for name in os.listdir(os.path.join(ROOT, "modules"))
+        if name.endswith(".py") and not name.startswith("_") and name != "base.py"
     }
+    assert {cls.__module__ for cls in MODELS.values()} == files
     assert "LanguageModelGame" not in MODELS  # the shared base is not a family
     assert set(data_families()) >= {"PreferenceDataModule", "PromptDataModule", "DebateDataModule"}
     assert "_TriplesDataModule" not in data_families()  # private bases are not listed
@@ -127,18 +68,20 @@ def test_the_short_name_resolves_for_print_config(name):
 @pytest.mark.parametrize("contract", sorted(CONTRACTS))
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_family_meets_every_contract(contract, name):
-    where, covered = CONTRACTS[contract]
-    exempt = EXEMPT.get((contract, name))
-    if name in covered():
-        assert exempt is None, f"{name} now has its {contract} entry: remove its exemption from EXEMPT"
+    where, provided = CONTRACTS[contract]
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        pytest.fail(f"family {name} ({MODELS[name].__module__}) has no recipe: add one to tests/helpers/recipes.py")
+    exempt = recipe.exempt.get(contract)
+    if provided(recipe):
+        assert exempt is None, f"{name}'s recipe now feeds {where}: remove its {contract} exemption"
     else:
-        assert exempt is not None, (
-            f"family {name} ({MODELS[name].__module__}) has no {contract} test: add it to {where}"
-        )
+        assert exempt is not None, f"{name}'s recipe gives {where} nothing: add its {contract} entry or exemption"
 
 
-def test_every_exemption_names_a_family_and_a_contract():
-    assert {c for c, _ in EXEMPT} <= set(CONTRACTS) and {f for _, f in EXEMPT} <= set(MODELS)
+def test_every_recipe_names_a_family_and_its_exemptions_name_contracts():
+    assert set(RECIPES) <= set(MODELS)
+    assert {c for recipe in RECIPES.values() for c in recipe.exempt} <= set(CONTRACTS)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS) + sorted(data_families()))

@@ -2,50 +2,32 @@
 the family's settings when it is not given; any ``torch.optim`` class from a config, one per player at the family's
 rates; a value that cannot build an optimizer refused naming the option.
 
-Each family is built by ``train.py`` from its resume-harness config and tiny overrides (parse and instantiate only).
+Each family is built by ``train.py`` from its recipe's first resume run: a config and tiny overrides (parse and
+instantiate only).
 """
 
 import pytest
 import torch
 from helpers import ROOT
-from helpers.resume_families import FAMILIES as HARNESS
-from test_refused_values import FAMILIES as CONSTRUCTORS
+from helpers.recipes import RECIPES
 from test_refused_values import MISSING
 
 from alignment_games import train
 from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.training.optimizers import build_optimizer
-from alignment_games.modules.training.registry import model_families
 
-# family: (its harness entry, its rate (and AdamW) options, the rate of each group of each player's optimizer)
-CASES = {
-    "CausalLMSFT": ("sft_tiny", ("lr=0.5", "weight_decay=0.125"), [[0.5]]),
-    "GRPO": ("grpo", ("lr=0.5", "weight_decay=0.125", "adam_betas=[0.5,0.75]"), [[0.5]]),
-    "DebateSelfPlay": ("debate_ab", ("lr=2.0", "multi_player_lr_scale=0.25"), [[0.5]]),  # two-player debate: lr·scale
-    "NashMDPG": ("nlhf", ("lr=0.5",), [[0.5]]),
-    "DeepSMIDA": ("deep_smida", ("leader_lr=0.5", "follower_lr=0.25"), [[0.5], [0.25]]),
-    "SLHF": ("slhf", ("leader_lr=0.5", "follower_lr=0.25"), [[0.5], [0.25]]),
-    "StackelbergPool": ("pool_dpo", ("followers.lr=0.5",), [[0.5]] * 3),
-    "PreferenceEnsemble": ("preference_ensemble", ("lr=0.5", "backbone_lr=0.25", "weight_decay=0.125"), [[0.5]]),
-}
-# what AdamW gets beyond the rates, when the family sets it (else no weight decay and torch's betas)
-ADAMW = {
-    "CausalLMSFT": (0.125, (0.9, 0.999)),
-    "GRPO": (0.125, (0.5, 0.75)),
-    "PreferenceEnsemble": (0.125, (0.9, 0.999)),
-}
+#: every family whose recipe gives its optimizers' rates (tests/test_families.py: every family with gradients)
+CASES = {name: recipe for name, recipe in RECIPES.items() if recipe.rates is not None}
 SGD = '--model.init_args.optimizer={"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1, "momentum": 0.0}}'
 
 
 def _build(family: str, tiny_lm_dir, *extra: str):
-    entry, rates, _ = CASES[family]
-    config = f"{ROOT}/configs/{HARNESS[entry].config}"
-    args = [a.replace("{tiny_lm_dir}", str(tiny_lm_dir)) for a in HARNESS[entry].args]
-    return train.main(["--config", config, *args, *(f"--model.init_args.{r}" for r in rates), *extra], run=False).model
-
-
-def test_every_family_with_gradients_has_a_case():
-    assert set(CASES) == set(model_families()) - {"TabularSMIDA"}  # tabular SMIDA's update is exact: no optimizer
+    recipe = CASES[family]
+    run = recipe.resume[0]
+    config = f"{ROOT}/configs/{run.config}"
+    args = [a.replace("{tiny_lm_dir}", str(tiny_lm_dir)) for a in run.args]
+    rates = (f"--model.init_args.{r}" for r in recipe.rates.options)
+    return train.main(["--config", config, *args, *rates, *extra], run=False).model
 
 
 def _optimizers(model) -> list[torch.optim.Optimizer]:
@@ -58,9 +40,9 @@ def _optimizers(model) -> list[torch.optim.Optimizer]:
 def test_without_an_injection_each_player_gets_adamw_at_the_family_settings(family, tiny_lm_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = _build(family, tiny_lm_dir)
-    weight_decay, betas = ADAMW.get(family, (0.0, (0.9, 0.999)))
+    weight_decay, betas = CASES[family].rates.adamw
     optimizers = _optimizers(model)
-    assert [[g["lr"] for g in o.param_groups] for o in optimizers] == CASES[family][2]
+    assert [[g["lr"] for g in o.param_groups] for o in optimizers] == CASES[family].rates.lrs
     for opt in optimizers:
         assert type(opt) is torch.optim.AdamW
         for group in opt.param_groups:
@@ -78,8 +60,8 @@ def test_an_injected_sgd_steps_each_player_by_its_family_rate(family, tiny_lm_di
     model = _build(family, tiny_lm_dir, SGD)
     optimizers = _optimizers(model)
     # one SGD per player at the family's rates: SGD's own lr (0.1) and the family's weight decay are not used
-    assert [type(o) for o in optimizers] == [torch.optim.SGD] * len(CASES[family][2])
-    assert [[g["lr"] for g in o.param_groups] for o in optimizers] == CASES[family][2]
+    assert [type(o) for o in optimizers] == [torch.optim.SGD] * len(CASES[family].rates.lrs)
+    assert [[g["lr"] for g in o.param_groups] for o in optimizers] == CASES[family].rates.lrs
     trained = [p for o in optimizers for g in o.param_groups for p in g["params"]]
     assert len({id(p) for p in trained}) == len(trained)  # no parameter in two players' optimizers
     assert {id(p) for p in trained} == {id(p) for p in model.parameters() if p.requires_grad}
@@ -99,10 +81,9 @@ def test_an_injected_sgd_steps_each_player_by_its_family_rate(family, tiny_lm_di
 
 @pytest.mark.parametrize("family", sorted(CASES))
 @pytest.mark.parametrize("bad", [3, torch.nn.Linear], ids=["not-callable", "not-an-optimizer"])
-def test_a_value_that_cannot_build_an_optimizer_is_refused_by_name(family, bad):
-    cls, base = CONSTRUCTORS[family]
+def test_a_value_that_cannot_build_an_optimizer_is_refused_by_name(family, bad, tmp_path):
     with pytest.raises(TypeError, match=r"^optimizer must build a torch.optim.Optimizer .* got "):
-        cls(lm=ModelConfig(MISSING), **base(), optimizer=bad)
+        CASES[family].make(ModelConfig(MISSING), tmp_path, optimizer=bad)
 
 
 def test_a_callable_that_builds_no_optimizer_is_refused_by_name():

@@ -8,19 +8,14 @@ gradient: its exact update is poisoned instead. A checkpoint holding a NaN weigh
 """
 
 import copy
-import json
 import math
 
 import lightning as L
 import pytest
 import torch
 from helpers.callback_helpers import make_trainer
+from helpers.recipes import RECIPES, tiny_lm
 from helpers.threads import one_torch_thread
-from torch.utils.data import DataLoader
-
-from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.sampling import Sampling
-from alignment_games.modules.scorers.utility import Utility
 
 NAN = float("nan")
 
@@ -103,152 +98,19 @@ def _assert_poisoned_batch_changed_nothing(model, poison, before_fit):
 
 
 # ------------------------------------------------------------------------------------------------ families
-class Letters(Utility):
-    def forward(self, prompts, leader, follower):
-        return torch.tensor([len(set(y)) / 50.0 for y in follower], dtype=torch.float32)
+#: every family with gradients, built tiny by its recipe
+FAMILIES = {name: recipe for name, recipe in RECIPES.items() if recipe.build is not None}
 
 
-def _prompts(**kw):
-    from alignment_games.datamodules.prompts import PromptDataModule
-
-    return PromptDataModule(num_prompts=24, batch_size=2, **kw)
-
-
-def _preference(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.datamodules.preference import PreferenceDataModule
-    from alignment_games.modules.preference import PreferenceEnsemble
-
-    model = PreferenceEnsemble(ModelConfig(tiny_lm_dir), backbone_task="causal_lm", num_members=2, **kw)
-    return model, {
-        "datamodule": PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
-    }
-
-
-def _sft(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.datamodules.sft import ArithmeticSFTDataModule
-    from alignment_games.modules.sft import CausalLMSFT
-
-    tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
-    model = CausalLMSFT(tiny_config=tiny, output_dir=str(tmp_path / "out"), max_length=64, **kw)
-    return model, {"datamodule": ArithmeticSFTDataModule(num_prompts=40, batch_size=4)}
-
-
-def _grpo(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.modules.grpo import GRPO
-
-    lm = ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8)
-    sampling = Sampling(max_new_tokens=6)
-    model = pg = {"group_size": 2, "kl_coef": 0.1}
-    model = GRPO(lm=lm, policy_gradient=pg, sampling=sampling, lr=5e-2, chat_template=False, **kw)
-    # the answer reward of a random tiny policy is 0 everywhere (no advantage, no update); the length varies
-    model.rewards = lambda inputs, completions, references, **_: torch.tensor([[len(c) / 10.0] for c in completions])
-    return model, {"datamodule": _prompts()}
-
-
-def _deep_smida(tiny_lm_dir, tmp_path, **kw):
-    from helpers.deep_smida import tiny_deep_smida
-
-    sampling = Sampling(temperature=0.6, max_new_tokens=6)
-    model = tiny_deep_smida(tiny_lm_dir, Letters(), sampling=sampling, leader_lr=1e-2, follower_lr=1e-2, **kw)
-    return model, {"datamodule": _prompts()}
-
-
-def _nlhf(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.modules.nlhf import NashMDPG
-
-    model = NashMDPG(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4),
-        preference=Letters(),  # a number in [0, 1] that varies with the opponent's reply
-        samples_per_prompt=2,
-        sampling=Sampling(temperature=0.6, max_new_tokens=6),
-        lr=1e-2,
-        **kw,
-    )
-    return model, {"datamodule": _prompts()}
-
-
-def _slhf(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.modules.slhf import SLHF
-
-    model = SLHF(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4),
-        preference=Letters(),
-        samples_per_prompt=2,
-        follower_samples=2,
-        sampling=Sampling(temperature=0.6, max_new_tokens=6),
-        leader_lr=1e-2,
-        follower_lr=1e-2,
-        **kw,
-    )
-    return model, {"datamodule": _prompts()}
-
-
-def _debate(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.modules.debate import DebateSelfPlay
-    from alignment_games.modules.scorers.judges import ProgrammaticJudge
-
-    model = DebateSelfPlay(
-        lm=ModelConfig(tiny_lm_dir, lora_r=4, lora_alpha=8),
-        protocol="debate_ab",
-        policy_gradient={"group_size": 2},
-        sampling=Sampling(temperature=0.6, max_new_tokens=6),
-        reply_max_new_tokens=4,
-        require_thinking=False,
-        alice_prompt="{problem}",
-        judge=ProgrammaticJudge(num_votes=8, seed=1),
-        **kw,
-    )
-    rows = [("What is 4 + 4?", "8"), ("1 + 1?", "2")]
-    collate = lambda items: {"prompt": [x[0] for x in items], "reference": [x[1] for x in items]}  # noqa: E731
-    return model, {"train_dataloaders": DataLoader(rows, batch_size=2, collate_fn=collate)}
-
-
-def _pool(tiny_lm_dir, tmp_path, **kw):
-    from alignment_games.datamodules.pool import InstructionPoolDataModule
-    from alignment_games.datamodules.prompts import PromptSource
-    from alignment_games.modules.games.pool_followers import FollowerTraining
-    from alignment_games.modules.pool import StackelbergPool
-    from alignment_games.modules.scorers.peer_judges import PeerJudging
-
-    path = tmp_path / "pool.jsonl"
-    path.write_text("\n".join(json.dumps({"question": f"{a}+{a + 1}=?", "answer": str(2 * a + 1)}) for a in range(8)))
-    model = StackelbergPool(
-        lm={"name_or_path": str(tiny_lm_dir), "lora_r": 4, "lora_alpha": 8},
-        judging=PeerJudging(template="{prompt} {response}", mode="constrained", max_new_tokens=6),
-        duels_per_iteration=3,
-        num_iterations=3,
-        sampling=Sampling(temperature=0.7, top_p=0.9, max_new_tokens=6),
-        eval_max_new_tokens=6,
-        followers=FollowerTraining(lr=1e-2, batch_size=4),
-        **kw,
-    )
-    data = InstructionPoolDataModule(
-        source=PromptSource(path=str(path), prompt_column="question", reference_column="answer"),
-        val_fraction=0.25,
-        batch_size=4,
-        iterations_per_epoch=3,
-    )
-    return model, {"datamodule": data}
-
-
-# family: (builder of the model and its data, trainer limit)
-FAMILIES = {
-    "PreferenceEnsemble": (_preference, {"max_steps": 3}),
-    "CausalLMSFT": (_sft, {"max_steps": 3}),
-    "GRPO": (_grpo, {"max_steps": 3}),
-    "DeepSMIDA": (_deep_smida, {"max_steps": 6}),  # two optimizer steps per batch
-    "NashMDPG": (_nlhf, {"max_steps": 3}),
-    "SLHF": (_slhf, {"max_steps": 6}),  # two optimizer steps per batch
-    "DebateSelfPlay": (_debate, {"max_steps": 3}),
-    "StackelbergPool": (_pool, {"max_epochs": 1}),
-}
+def _build(name, tiny_lm_dir, tmp_path, **kw):
+    L.seed_everything(0)
+    return FAMILIES[name].make(tiny_lm(tiny_lm_dir), tmp_path, **kw)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_a_nan_gradient_is_skipped_and_changes_nothing(name, tiny_lm_dir, tmp_path):
-    build, limit = FAMILIES[name]
-    L.seed_everything(0)
-    model, data = build(tiny_lm_dir, tmp_path)
+    limit = FAMILIES[name].steps
+    model, data = _build(name, tiny_lm_dir, tmp_path)
     before = _trainable(model)
     poison = PoisonGradients(at=1)
     trainer = _trainer(tmp_path, [poison], **limit)
@@ -265,9 +127,7 @@ def test_a_nan_gradient_is_skipped_and_changes_nothing(name, tiny_lm_dir, tmp_pa
 @pytest.mark.parametrize("name", ["CausalLMSFT", "DeepSMIDA"])
 def test_nan_gradients_in_a_row_stop_the_run(name, tiny_lm_dir, tmp_path):
     """deep-SMIDA: only the leader's gradients are NaN; the follower's steps must not hide the streak."""
-    build, _ = FAMILIES[name]
-    L.seed_everything(0)
-    model, data = build(tiny_lm_dir, tmp_path, max_consecutive_nonfinite=2)
+    model, data = _build(name, tiny_lm_dir, tmp_path, max_consecutive_nonfinite=2)
     poison = PoisonGradients(at=1, every=True, optimizers=[0])
     with pytest.warns(UserWarning, match="update is skipped"):
         with pytest.raises(RuntimeError, match="2 consecutive steps had non-finite gradients"):
@@ -318,9 +178,7 @@ def test_tabular_smida_skips_a_nonfinite_iterate(tmp_path):
 # ------------------------------------------------------------------------------------------------ checkpoints
 @pytest.mark.parametrize("name", ["PreferenceEnsemble", "GRPO"])
 def test_a_checkpoint_with_a_nan_weight_or_moment_is_refused(name, tiny_lm_dir, tmp_path):
-    build, _ = FAMILIES[name]
-    L.seed_everything(0)
-    model, data = build(tiny_lm_dir, tmp_path)
+    model, data = _build(name, tiny_lm_dir, tmp_path)
     trainer = _trainer(tmp_path, [], max_steps=1)
     trainer.fit(model, **data)
     name_, param = next((n, p) for n, p in model.named_parameters() if p.requires_grad)

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.outside_kill import Kill, Moment, OutsideRunner, _children_cpu, compare_runs, kill_and_resume
-from helpers.resume_families import _TINY_LORA, FAMILIES
+from helpers.recipes import TINY_LORA
+from helpers.resume_families import FAMILIES
 from helpers.resume_harness import _ENV, TESTS, Family
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_PREF_LORA = (*FAMILIES["preference_ensemble"].args, "--model.init_args.sharing=lora", *_TINY_LORA[1:])
+_PREF_LORA = (*FAMILIES["preference_ensemble"].args, "--model.init_args.sharing=lora", *TINY_LORA[1:])
 _DEBATE = FAMILIES["debate_ab"]
 _POOL_GRPO_ARGS = tuple(a for a in FAMILIES["pool_dpo"].args if "duels" not in a) + (
     "--model.init_args.duels_per_iteration=1",

@@ -2,11 +2,10 @@
 family that loads a language model."""
 
 import pytest
-import torch
 import transformers
+from helpers.recipes import RECIPES
 
 from alignment_games.modules.lm.model_config import ModelConfig
-from alignment_games.modules.lm.sampling import Sampling
 
 
 @pytest.mark.parametrize(
@@ -84,80 +83,14 @@ def spies(monkeypatch):
     return calls
 
 
-def _grpo(lm):
-    from alignment_games.modules.grpo import GRPO
-
-    return GRPO(lm=lm, sampling=Sampling(max_new_tokens=4))
-
-
-def _constant_utility():
-    """A utility that loads no model of its own (an ensemble's loads would not carry the policy's options)."""
-    from alignment_games.modules.scorers.utility import Utility
-
-    class Constant(Utility):
-        def forward(self, prompts, leader, follower):
-            return torch.zeros(len(prompts))
-
-    return Constant()
-
-
-def _deep_smida(lm):
-    from alignment_games.modules.deep_smida import DeepSMIDA
-
-    return DeepSMIDA(lm=lm, utility=_constant_utility(), sampling=Sampling(max_new_tokens=4))
-
-
-def _nlhf(lm):
-    from alignment_games.modules.nlhf import NashMDPG
-
-    return NashMDPG(lm=lm, preference=_constant_utility(), sampling=Sampling(max_new_tokens=4))
-
-
-def _slhf(lm):
-    from alignment_games.modules.slhf import SLHF
-
-    return SLHF(lm=lm, preference=_constant_utility(), sampling=Sampling(max_new_tokens=4))
-
-
-def _sft(lm):
-    from alignment_games.modules.sft import CausalLMSFT
-
-    return CausalLMSFT(lm=lm, lora=True)
-
-
-def _debate(lm):
-    from alignment_games.modules.debate import DebateSelfPlay
-
-    return DebateSelfPlay(lm=lm, sampling=Sampling(max_new_tokens=4))
-
-
-def _pool(lm):
-    from alignment_games.modules.pool import StackelbergPool
-
-    return StackelbergPool(lm=lm, num_players=3, sampling=Sampling(max_new_tokens=4))
-
-
-def _preference(lm):
-    from alignment_games.modules.preference import PreferenceEnsemble
-
-    return PreferenceEnsemble(lm=lm, backbone_task="causal_lm", sharing="lora", num_members=2, cache_features=False)
-
-
-FAMILIES = {
-    "GRPO": _grpo,
-    "DeepSMIDA": _deep_smida,
-    "NashMDPG": _nlhf,
-    "SLHF": _slhf,
-    "CausalLMSFT": _sft,
-    "DebateSelfPlay": _debate,
-    "StackelbergPool": _pool,
-    "PreferenceEnsemble": _preference,
-}
+#: every family that loads a language model, built by its recipe with the loader contract's options (adapters on)
+FAMILIES = {name: recipe for name, recipe in RECIPES.items() if recipe.build is not None}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_option_reaches_from_pretrained_and_peft(family, tiny_lm_dir, spies):
-    FAMILIES[family](ModelConfig(str(tiny_lm_dir), gradient_checkpointing=True, **OPTIONS, **LORA))
+def test_every_option_reaches_from_pretrained_and_peft(family, tiny_lm_dir, spies, tmp_path):
+    lm = ModelConfig(str(tiny_lm_dir), gradient_checkpointing=True, **OPTIONS, **LORA)
+    FAMILIES[family].make(lm, tmp_path, "loader")
     assert spies["model"], "no model was loaded through from_pretrained"
     for kwargs in spies["model"]:
         for key, value in OPTIONS.items():
@@ -172,6 +105,6 @@ def test_every_option_reaches_from_pretrained_and_peft(family, tiny_lm_dir, spie
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_4bit_loading_without_bitsandbytes_names_the_option(family, tiny_lm_dir, without_bitsandbytes):
+def test_4bit_loading_without_bitsandbytes_names_the_option(family, tiny_lm_dir, without_bitsandbytes, tmp_path):
     with pytest.raises(ImportError, match="load_in_4bit"):
-        FAMILIES[family](ModelConfig(str(tiny_lm_dir), load_in_4bit=True))
+        FAMILIES[family].make(ModelConfig(str(tiny_lm_dir), load_in_4bit=True), tmp_path, "loader")

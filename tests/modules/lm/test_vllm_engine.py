@@ -208,10 +208,13 @@ def test_a_grpo_run_on_the_engine_killed_and_resumed_logs_what_the_uninterrupted
     Exact because each row's seed comes from torch's generator (restored by the checkpoint), the engine's own draws
     from that generator are forked off, and the first decode after the resume writes the adapter the checkpoint holds.
     """
-    from helpers.resume_families import _GRPO, resume_points
+    from helpers.recipes import GRPO_RUN
+    from helpers.resume_families import resume_points
     from helpers.resume_harness import Family, Kill, Runner, compare
 
-    keep = [a for a in _GRPO if not a.startswith(("--trainer.max_steps", "--trainer.val_check", "--trainer.limit_val"))]
+    keep = [
+        a for a in GRPO_RUN if not a.startswith(("--trainer.max_steps", "--trainer.val_check", "--trainer.limit_val"))
+    ]
     family = Family(
         name="grpo_vllm",
         config="grpo_tiny.yaml",
