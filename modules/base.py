@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from itertools import zip_longest
@@ -37,7 +38,6 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import AutomaticStepGuard, NonFiniteGuard, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
-from alignment_games.modules.training.timing import PhaseTimer
 
 __all__ = ["BASE_IDENTITY_KEY", "AutomaticFamily", "InjectedOptimizer", "LanguageModelGame", "argument_group"]
 
@@ -91,7 +91,7 @@ class AutomaticFamily(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
         self.init_nonfinite_guard(max_consecutive_nonfinite)
 
 
-class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedOptimizer):
+class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
     A subclass sets :attr:`family` (its name in error messages), builds its banks after ``super().__init__(...)``,
@@ -232,15 +232,15 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
         chunks: Sequence[tuple[int, int]],
         loss_of: Callable[[int, int], tuple[Tensor, dict[str, Tensor]]],
         total_rows: int | None = None,
-        reduce: Callable[[dict[str, Any]], float] | None = None,
+        reduce: Callable[[float], float] | None = None,
         what: str = "losses",
     ) -> dict[str, Tensor] | None:
         """Forward and backward of row ranges ``chunks``; the summed loss and stats, or ``None`` (non-finite ``what``).
 
         ``loss_of(start, stop)`` gives its rows' loss and detached stats, weighted by their share of ``total_rows``
         when given (so the gradient is the batch mean's; rows not run count 0). Gradients are synchronised on the last
-        chunk only; with ``reduce`` never: each rank ran its own rows, and ``reduce(sums)`` sums the gradients and
-        gives the loss over the ranks, checked once.
+        chunk only; with ``reduce`` never: each rank ran its own rows, and ``reduce(loss)`` sums the gradients and the
+        loss (a float) over the ranks, checked once.
         """
         num_rows = chunks[-1][1] if chunks else 0
         total: dict[str, Any] = {}
@@ -251,13 +251,26 @@ class LanguageModelGame(CheckpointLoading, PhaseTimer, NonFiniteGuard, InjectedO
                     return None
                 weight = (stop - start) / total_rows if total_rows else 1.0
                 self.manual_backward(loss * weight)
-            for key, value in {"loss": loss.detach(), **stats}.items():
+            loss = loss.detach() if reduce is None else float(loss.detach())  # summed as the caller reduces it
+            for key, value in {"loss": loss, **stats}.items():
                 total[key] = total.get(key, 0.0) + weight * value
         if reduce is not None:
-            total["loss"] = reduce(total)
+            total["loss"] = reduce(total.get("loss", 0.0))
             if not self.check_finite(torch.tensor(total["loss"]), what):
                 return None
         return total
+
+    @contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to :attr:`phase_times` ``[phase]`` (CUDA synchronised around it)."""
+        cuda = self.device if self.device.type == "cuda" else None
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
+        start = time.perf_counter()
+        yield
+        if cuda is not None:
+            torch.cuda.synchronize(cuda)
+        self.phase_times[phase] = self.phase_times.get(phase, 0.0) + time.perf_counter() - start
 
     def log_phase_times(self, batch_size: int, step_total: bool = False, **extra: float) -> None:
         """Log the step's timed phases as ``time/<phase>`` (seconds), their sum as ``time/step`` and ``extra``."""

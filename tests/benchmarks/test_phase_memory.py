@@ -36,9 +36,9 @@ def test_phases_on_cpu_count_what_they_hold_above_the_step_start():
 
 
 def test_instrument_routes_a_phase_timer_through_the_meter():
-    from alignment_games.modules.training.timing import PhaseTimer
+    from alignment_games.modules.base import LanguageModelGame
 
-    class Module(PhaseTimer):
+    class Module(LanguageModelGame):
         def work(self):
             self.phase_times = {}
             with self._timed("generate"):
