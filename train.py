@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import glob
-import importlib.util
+import importlib.metadata
 import inspect
 import os
 import re
@@ -155,6 +155,16 @@ class AlignmentArgumentParser(LightningArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    @override
+    def add_lightning_class_args(self, lightning_class, nested_key: str, subclass_mode: bool = False, required=True):
+        """``model`` and ``data`` list the families (:mod:`modules.training.registry`), not the bases they share."""
+        added = super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
+        families = {"model": model_families, "data": data_families}.get(nested_key) if subclass_mode else None
+        for action in (a for a in self._actions if a.dest == nested_key and families is not None):
+            names = ", ".join(f"{c.__module__}.{c.__qualname__}" for c in families().values())
+            action.extra_help = lambda names=names: f", the families: {names}"  # jsonargparse's: every subclass
+        return added
 
     @override
     def error(self, message: str, ex: Exception | None = None):
@@ -617,7 +627,10 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
         run=run,
         save_config_kwargs={"overwrite": True},
         parser_class=AlignmentArgumentParser,
-        parser_kwargs={"description": _DESCRIPTION},
+        parser_kwargs={
+            "description": _DESCRIPTION,
+            "usage": "train.py [-h] [-c CONFIG] {fit,validate,test,predict,export} ...",
+        },
         trainer_defaults=trainer_defaults,
     )
 
@@ -635,7 +648,12 @@ def dispatch(args: list[str] | None = None) -> bool:
 
 def require_games_extra() -> None:
     """Exit 2 naming the ``games`` extra when its packages are missing (the callbacks-only install)."""
-    missing = [m for m in ("jsonargparse", "transformers", "peft") if importlib.util.find_spec(m) is None]
+    missing = []  # by distribution metadata: find_spec would look peft up on every --help
+    for name in ("jsonargparse", "transformers", "peft"):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
     if missing:
         print(
             f"error: the trainer needs the games extra ({', '.join(missing)} not installed): "
