@@ -176,6 +176,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # a follower that sits out this iteration logs nothing, rather than its last loss again (resumed or not)
         forget_earlier_step_values(self.trainer)
+        super().on_train_batch_start(batch, batch_idx)
 
     def _ensure_leader(self, k: int) -> None:
         if self.leader_bandit is None:
@@ -203,13 +204,8 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         # the annealing schedules' position: iterations played before this one / (num_iterations - 1)
         progress, iteration = self.iteration / max(1, self.num_iterations - 1), self.iteration
         self.iteration += 1
-        self.phase_times = {}
-        ratings = [self.elo.rating(p) for p in names] if self.elo is not None else [0.0] * len(names)
-        if not self.history["weights"]:
-            self.history["weights"].append(self.leader_probabilities().tolist())
-        self.history["ratings"].append(list(ratings))
         chosen = self._choose_instructions(len(instructions))
-        duels, target_gap = self._match(ratings, progress, len(chosen))
+        duels, target_gap = self._match(progress, len(chosen))
         questions, judges = [instructions[i] for i in chosen], rules.duel_judges(duels, len(names))
         g = self.followers.policy_gradient.group_size if self.followers.algorithm == "grpo" else 1
         with self._timed("answer"):
@@ -224,12 +220,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         rewards, probs = self._update_leader(chosen, side_scores, progress)
         self._show_duels(questions, duels, judges, texts, scores, side_scores, rewards)
         with self._timed("followers"):
-            trainer, opts = self._trainer, dict(zip(names, self._optimizer_list()))
-            if self.followers.algorithm == "dpo":
-                stats = self.follow.dpo(trainer, opts, questions, duels, texts, side_scores, iteration)
-                self.counters["iterations_without_pairs"] += not stats["duel/pairs"]
-            else:
-                stats = self.follow.grpo(trainer, opts, rollouts, rollout_scores, duels)
+            stats = self._follow(questions, duels, texts, side_scores, rollouts, rollout_scores, iteration)
         # here, where every rank is in step (in an epoch-end hook rank 0's progress bar runs collectives of its own)
         state = (collectives.trainable_checksum(self.banks), probs.tolist(), self.iteration)
         collectives.check_ranks_agree(self._trainer, state, f"{self.family}: adapters, leader or iteration")
@@ -242,8 +233,13 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
             return torch.randint(k, (d,), generator=self.generator).tolist()
         return self.leader_bandit.sample(d, self.generator).tolist()
 
-    def _match(self, ratings: list[float], progress: float, num_duels: int) -> tuple[list[tuple[int, int]], float]:
-        """2. The duels ``(a, b)`` by reputation-based soft matching, and the annealed target gap."""
+    def _match(self, progress: float, num_duels: int) -> tuple[list[tuple[int, int]], float]:
+        """2. The duels ``(a, b)`` by reputation-based soft matching, and the annealed target gap (ratings kept)."""
+        names = self.player_names
+        ratings = [self.elo.rating(p) for p in names] if self.elo is not None else [0.0] * len(names)
+        if not self.history["weights"]:
+            self.history["weights"].append(self.leader_probabilities().tolist())
+        self.history["ratings"].append(list(ratings))
         gap = self.matchmaking.target_gap(progress)
         duels = self.matchmaking.duels(ratings, num_duels, gap, self.generator)
         if len(ratings) > 1:
@@ -383,6 +379,15 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
 
         self.board.add_samples(self, "train/duels", map(row, range(len(duels))), replace=True)
 
+    def _follow(self, questions, duels, texts, side_scores, rollouts, rollout_scores, iteration: int) -> dict:
+        """7. The followers' steps (:class:`~alignment_games.modules.games.pool_followers.FollowerUpdates`): stats."""
+        trainer, opts = self._trainer, dict(zip(self.player_names, self._optimizer_list()))
+        if self.followers.algorithm != "dpo":
+            return self.follow.grpo(trainer, opts, rollouts, rollout_scores, duels)
+        stats = self.follow.dpo(trainer, opts, questions, duels, texts, side_scores, iteration)
+        self.counters["iterations_without_pairs"] += not stats["duel/pairs"]
+        return stats
+
     def _log_iteration(self, probs: Tensor, rewards: list, side_scores: list, target_gap: float, stats: dict) -> None:
         """The iteration's leader, duel, judge and follower numbers, the epoch means and the phase times."""
         names, k = self.player_names, probs.numel()
@@ -414,11 +419,11 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
             logs[f"judge/parse_failure_rate/{p}"] = fails / max(1, count)
             if self.elo is not None:
                 logs.update({f"elo/{p}": self.elo.rating(p), f"elo_volatility/{p}": self.elo.volatility(p)})
-        logs.update({f"time/{phase}": float(t) for phase, t in self.phase_times.items()})
         if self.categories is not None:  # the curriculum by category: the leader's mass on each
             for c, w in rules.category_weights(probs.tolist(), self.categories).items():
                 logs[f"leader/category_weight/{c.replace('/', '_')}"] = w
         self.log_dict({**logs, **stats}, batch_size=1)
+        self.log_phase_times(1)
         self.board.write_distribution(self, "leader/exp3_probs", probs)  # every iteration: the leader's distribution
         self.board.add_values(self, {"leader/reward_hist": rewards, "duel/score_hist": side_scores})
 

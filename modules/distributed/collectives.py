@@ -71,14 +71,14 @@ def gather_objects(trainer: Any, obj: Any) -> list[Any]:
     return out
 
 
-def sum_gradients(trainer: Any, params: list[Tensor], total: float, finite: bool) -> tuple[float, bool]:
-    """Sum the gradients of ``params`` and the loss ``total`` over the ranks; finite only if finite on every rank.
+def sum_gradients(trainer: Any, params: list[Tensor], total: float) -> float:
+    """Sum the gradients of ``params`` and the loss ``total`` over the ranks (NaN or inf on one rank: in the sum).
 
     One fp32 ``all_reduce``, for steps training a subset of parameters from unequal row shares (where DDP's reducer
     does not apply).
     """
     if world(trainer)[1] == 1:
-        return total, finite
+        return total
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1).float() for g in grads])
     torch.distributed.all_reduce(flat)
@@ -86,9 +86,9 @@ def sum_gradients(trainer: Any, params: list[Tensor], total: float, finite: bool
     for p, g in zip(params, grads):
         p.grad = flat[offset : offset + g.numel()].view_as(p).to(g.dtype)
         offset += g.numel()
-    stats = torch.tensor([total, 0.0 if finite else 1.0], dtype=torch.float64, device=flat.device)
+    stats = torch.tensor([total], dtype=torch.float64, device=flat.device)
     torch.distributed.all_reduce(stats)
-    return float(stats[0]), bool(stats[1] == 0)
+    return float(stats[0])
 
 
 def trainable_checksum(module: nn.Module) -> list[float]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -72,14 +71,12 @@ class FollowerTraining:
 
 
 class Stepper(Protocol):
-    """The step machinery of :class:`modules.base.LanguageModelGame` that the followers' updates use."""
+    """The step machinery of :class:`alignment_games.modules.base.LanguageModelGame` that the followers' updates use."""
 
     device: torch.device
     board: Any
-    gradient_sync: Callable[[bool], AbstractContextManager]
-    manual_backward: Callable[[Tensor], None]
-    check_finite: Callable[[Tensor, str], bool]
-    optimizer_step: Callable[[Any, list[Tensor]], Tensor]
+    update: Callable[..., tuple[dict[str, Any], list[Tensor]] | None]
+    accumulate: Callable[..., dict[str, Any] | None]
 
 
 @dataclass(eq=False)
@@ -245,25 +242,17 @@ class FollowerUpdates:
         This rank runs its ``rows`` in chunks of at most ``micro`` items (``None``: ``micro_batch``) and ``max_tokens``
         padded tokens given ``lengths``; the ranks' gradients are summed over this player's adapter (module docstring).
         """
-        host, (a0, b0) = self.host, rows
+        (a0, b0), params = rows, self.bank(player).player_parameters(player)
         spans, counts = lengths or ([0] * b0, [0] * b0)
         micro = self.settings.micro_batch if micro is None else micro
         chunks = micro_batches(spans[a0:b0], counts[a0:b0], max_tokens if lengths else 0, micro)
-        opt.zero_grad()
-        total, finite = 0.0, True
-        with host.gradient_sync(last=False):
-            for lo, hi in chunks:
-                loss = loss_fn(a0 + lo, a0 + hi) / n
-                if not bool(torch.isfinite(loss.detach()).all()):
-                    finite = False
-                    break
-                host.manual_backward(loss)
-                total += float(loss.detach())
-        params = self.bank(player).player_parameters(player)
-        total, finite = collectives.sum_gradients(trainer, params, total, finite)
-        if not host.check_finite(torch.tensor(total if finite else float("nan")), f"losses of follower {player}"):
-            opt.zero_grad()
+        reduce = partial(collectives.sum_gradients, trainer, params)  # each rank's rows: the adapter's sum over ranks
+
+        def loss_of(lo: int, hi: int) -> tuple[Tensor, dict[str, Tensor]]:
+            return loss_fn(a0 + lo, a0 + hi) / n, {}
+
+        backward = partial(self.host.accumulate, chunks, loss_of, reduce=reduce, what=f"losses of follower {player}")
+        if (step := self.host.update(backward, opt, [params], timed=False)) is None:  # the pool times it as a whole
             return None
-        host.optimizer_step(opt, params)
-        self.loss_mean.update(total)
-        return total
+        self.loss_mean.update(step[0]["loss"])
+        return step[0]["loss"]

@@ -6,7 +6,6 @@ the GRPO loss's own test (tests/modules/algorithms/test_rl_losses.py), with and 
 """
 
 import dataclasses
-from contextlib import nullcontext
 from types import SimpleNamespace
 
 import lightning as L
@@ -19,6 +18,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from alignment_games.datamodules.prompts import collate_prompts, index_rows
 from alignment_games.modules.algorithms.rl_losses import PolicyGradient
+from alignment_games.modules.base import LanguageModelGame
 from alignment_games.modules.debate import PLAYER
 from alignment_games.modules.games.pool_followers import FollowerTraining, FollowerUpdates
 from alignment_games.modules.lm.model_config import ModelConfig
@@ -36,15 +36,11 @@ def one_thread():
 
 
 def _followers(bank, pg, steps):
-    """The pool's follower updates over ``bank`` with a plain host: a step records the gradients, moves nothing."""
-    host = SimpleNamespace(
-        device=torch.device("cpu"),
-        board=SimpleNamespace(add_values=lambda *a: None),
-        gradient_sync=lambda last: nullcontext(),
-        manual_backward=lambda loss: loss.backward(),
-        check_finite=lambda value, what: bool(torch.isfinite(value).all()),
-        optimizer_step=lambda opt, params: steps.append([p.grad.clone() for p in params]),
-    )
+    """The pool's follower updates over ``bank`` with the base's step, no trainer: a step records the gradients."""
+    host = LanguageModelGame()
+    host.board = SimpleNamespace(add_values=lambda *a: None)
+    host.manual_backward = lambda loss: loss.backward()  # no trainer: the plain backward Lightning runs on CPU
+    host.optimizer_step = lambda opt, params: steps.append([p.grad.clone() for p in params])
     settings = FollowerTraining("grpo", lr=1e-2, batch_size=4, policy_gradient=pg)
     return FollowerUpdates(settings, lambda p: bank, host, MeanMetric(), "", SAMPLING.temperature)
 
