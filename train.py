@@ -158,7 +158,9 @@ class AlignmentArgumentParser(LightningArgumentParser):
 
     @override
     def add_lightning_class_args(self, lightning_class, nested_key: str, subclass_mode: bool = False, required=True):
-        """``model`` and ``data`` list the families (:mod:`modules.training.registry`), not the bases they share."""
+        """``model`` and ``data`` list the families (:mod:`alignment_games.modules.training.registry`), not the bases
+        they share.
+        """
         added = super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
         families = {"model": model_families, "data": data_families}.get(nested_key) if subclass_mode else None
         for action in (a for a in self._actions if a.dest == nested_key and families is not None):
@@ -562,8 +564,9 @@ class AlignmentCLI(LightningCLI):
     def _check_same_run(self, path: str, config_yaml: str | None, inputs: dict, strict: bool, source: str) -> None:
         """Refuse a checkpoint that is unreadable, another experiment's (``strict``), or read other inputs.
 
-        See :func:`~modules.checkpoints.run_identity.check_resumed_run`. A resume with other settings (an explicit
-        checkpoint) runs with the given ones: the optimizers' are set after the restore (``GivenOptimizerSettings``).
+        See :func:`~alignment_games.modules.checkpoints.run_identity.check_resumed_run`. A resume with other settings
+        (an explicit checkpoint) runs with the given ones: the optimizers' are set after the restore
+        (``GivenOptimizerSettings``).
         """
         changed = check_resumed_run(path, config_yaml, inputs, strict, source)
         if changed is None:
@@ -636,7 +639,7 @@ def main(args: list[str] | None = None, run: bool = True) -> AlignmentCLI:
 
 
 def dispatch(args: list[str] | None = None) -> bool:
-    """Run a subcommand LightningCLI does not have (``export``: :mod:`modules.checkpoints.export`); whether one ran."""
+    """Run ``export`` (:mod:`alignment_games.modules.checkpoints.export`), which LightningCLI lacks; whether it ran."""
     args = sys.argv[1:] if args is None else args
     if not args or args[0] != "export":
         return False

@@ -266,8 +266,9 @@ def _replace_with_sidecar(tmp: str, path: str) -> None:
 def atomic_torch_save(obj: Any, path: str | os.PathLike, sidecar: bool = False) -> None:
     """``torch.save(obj, path)`` via a ``.<name>.tmp-<pid>`` file renamed over ``path``: old content or all the new.
 
-    With ``sidecar`` the file's sha256 is written beside it (:mod:`~callbacks.functional.digests`); between the two
-    renames the sidecar accepts the old file and the new, so a kill there leaves a checkpoint that verifies.
+    With ``sidecar`` the file's sha256 is written beside it (:mod:`~alignment_games.callbacks.functional.digests`);
+    between the two renames the sidecar accepts the old file and the new, so a kill there leaves a checkpoint that
+    verifies.
 
     Raises:
         OSError: naming ``path`` when it cannot be written, with the failed write's errno; ``path`` is left as it was.

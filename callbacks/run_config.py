@@ -10,9 +10,11 @@ from typing_extensions import override
 
 __all__ = ["RUN_CONFIG_KEY", "RUN_INPUTS_KEY", "RunConfigRecord"]
 
-#: the checkpoint key (also ``modules.checkpoints.trust.RUN_CONFIG_KEY``; callbacks import nothing from modules)
+#: the checkpoint key (also ``alignment_games.modules.checkpoints.trust.RUN_CONFIG_KEY``; callbacks import nothing from
+#: modules)
 RUN_CONFIG_KEY = "run_config"
-#: the checkpoint key of the inputs' identities (also ``modules.checkpoints.run_identity.RUN_INPUTS_KEY``)
+#: the checkpoint key of the inputs' identities (also
+#: ``alignment_games.modules.checkpoints.run_identity.RUN_INPUTS_KEY``)
 RUN_INPUTS_KEY = "run_inputs"
 
 
@@ -22,7 +24,7 @@ class RunConfigRecord(Callback):
     Args:
         config_yaml: The resolved config, under ``checkpoint["run_config"]``.
         inputs: The sha256 of each model folder and file the run reads, by config key, under
-            ``checkpoint["run_inputs"]`` (``modules.checkpoints.run_identity.run_inputs``).
+            ``checkpoint["run_inputs"]`` (``alignment_games.modules.checkpoints.run_identity.run_inputs``).
 
     Raises:
         TypeError: when ``config_yaml`` is not a string or ``inputs`` not a dict.

@@ -48,10 +48,10 @@ def _check_timescales(
 class TwoTimescaleWarmup(Callback):
     r"""Warm up the leader's learning rate and the follower/leader ratio together, then hold both (§4.3, App. D.1).
 
-    :func:`~callbacks.functional.warmup_learning_rates` over training batches (saved, so a resume continues), written
-    to every parameter group of both optimizers before each batch. Targets and taus not given are the module's
-    (its optimizers' rates, ``hparams.tau_leader``/``tau_follower``). Logs ``{name}/leader_lr``, ``/follower_lr``,
-    ``/ratio``.
+    :func:`~alignment_games.callbacks.functional.warmup_learning_rates` over training batches (saved, so a resume
+    continues), written to every parameter group of both optimizers before each batch. Targets and taus not given are
+    the module's (its optimizers' rates, ``hparams.tau_leader``/``tau_follower``). Logs ``{name}/leader_lr``,
+    ``/follower_lr``, ``/ratio``.
 
     Args:
         leader_lr: the leader's target rate :math:`\eta^L` (> 0); ``None``: the leader optimizer's rate.

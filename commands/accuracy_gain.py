@@ -1,4 +1,4 @@
-"""``python -m alignment_games.commands.accuracy_gain``: command line of :mod:`modules.evaluation.accuracy_gain`."""
+"""Command line of :mod:`alignment_games.modules.evaluation.accuracy_gain` (``python -m`` this module)."""
 
 from __future__ import annotations
 

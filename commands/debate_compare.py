@@ -1,4 +1,4 @@
-"""``python -m alignment_games.commands.debate_compare``: command line of :mod:`modules.evaluation.debate_compare`."""
+"""Command line of :mod:`alignment_games.modules.evaluation.debate_compare` (``python -m`` this module)."""
 
 from __future__ import annotations
 

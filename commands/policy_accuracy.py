@@ -1,4 +1,4 @@
-"""``python -m alignment_games.commands.policy_accuracy``: command line of :mod:`modules.evaluation.policy_accuracy`."""
+"""Command line of :mod:`alignment_games.modules.evaluation.policy_accuracy` (``python -m`` this module)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m alignment_games.commands.pool_curriculum``: command line of :mod:`modules.evaluation.pool_curriculum`."""
+"""Command line of :mod:`alignment_games.modules.evaluation.pool_curriculum` (``python -m`` this module)."""
 
 from __future__ import annotations
 

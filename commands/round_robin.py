@@ -1,4 +1,4 @@
-"""``python -m alignment_games.commands.round_robin``: command line of :mod:`modules.evaluation.round_robin`."""
+"""Command line of :mod:`alignment_games.modules.evaluation.round_robin` (``python -m`` this module)."""
 
 from __future__ import annotations
 

@@ -45,12 +45,12 @@ def single_step_solution(problem: dict[str, Any], result: int, filler: str | Non
 
 
 class DebateDataModule(PromptDataModule):
-    """:class:`~datamodules.prompts.PromptDataModule` with a choice of generated problems.
+    """:class:`~alignment_games.datamodules.prompts.PromptDataModule` with a choice of generated problems.
 
     Args:
         problems: Generated problems without ``path``/``name``: ``arithmetic`` (2–4 steps) or ``single_step``.
         max_operand: Largest operand of ``single_step`` problems.
-        **kwargs: Everything :class:`~datamodules.prompts.PromptDataModule` takes.
+        **kwargs: Everything :class:`~alignment_games.datamodules.prompts.PromptDataModule` takes.
     """
 
     def __init__(self, problems: str = "arithmetic", max_operand: int = 9, **kwargs: Any) -> None:

@@ -61,7 +61,8 @@ class InstructionPoolDataModule(L.LightningDataModule):
     """Candidate instructions (80% of a development split), validation (20%) and a separate test set.
 
     Args:
-        source: The development split (:class:`~datamodules.prompts.PromptSource`); none: generated problems.
+        source: The development split (:class:`~alignment_games.datamodules.prompts.PromptSource`); none: generated
+          problems.
         test_source: The test set; ``None``: generated test problems when ``source`` is generated, else no test set.
         num_problems: Generated development problems (when ``source`` names no file or hub set).
         num_test_problems: Generated test problems.

@@ -99,7 +99,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
 
     Args:
         num_prompts: Problems generated.
-        kinds: Solution kinds to sample from (see :data:`modules.algorithms.arithmetic.CORRUPTIONS`).
+        kinds: Solution kinds to sample from (see :data:`alignment_games.modules.algorithms.arithmetic.CORRUPTIONS`).
         weights: Sampling weights of the kinds (same length).
         val_fraction: Share of problems for validation.
         batch_size: Pairs per batch.
@@ -256,7 +256,8 @@ def sft_example(
 class SFTFileDataModule(_TableDataModule, _TriplesDataModule):
     """Your own SFT data: a jsonl/json/parquet/csv file or a hub set in TRL's prompt-completion or messages format.
 
-    Rows are shuffled with ``seed``; the loss is on the completion only (:class:`~modules.sft.CausalLMSFT`).
+    Rows are shuffled with ``seed``; the loss is on the completion only
+    (:class:`~alignment_games.modules.sft.CausalLMSFT`).
 
     Args:
         format: ``prompt_completion``, ``messages`` (trained on the last assistant reply) or ``auto`` (by the columns).
@@ -266,8 +267,8 @@ class SFTFileDataModule(_TableDataModule, _TriplesDataModule):
         system_prompt: System message of examples without their own; ``None``: the model's ``system_prompt``.
         val_fraction: Share of examples for validation.
         batch_size: Examples per batch.
-        seed: Seed of the shuffle.
-        **table: The file or hub set (:class:`~datamodules.files._TableDataModule`'s arguments; one is needed).
+        seed: Seed of the shuffle. **table: The file or hub set
+        (:class:`~alignment_games.datamodules.files._TableDataModule`'s arguments; one is needed).
 
     Raises:
         ValueError: for an unknown ``format`` or ``val_fraction`` outside [0, 1); reading, a missing column (listing

@@ -1,7 +1,8 @@
 """LightningModules of the suite and the pure math they compose.
 
 The pure functions the docs use are importable from here; LightningModules live in their own submodules
-(``modules.preference.PreferenceEnsemble``, ``modules.tabular_smida.TabularSMIDA``, ``modules.deep_smida.DeepSMIDA``).
+(``alignment_games.modules.preference.PreferenceEnsemble``, ``alignment_games.modules.tabular_smida.TabularSMIDA``,
+``alignment_games.modules.deep_smida.DeepSMIDA``).
 """
 
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer

@@ -43,7 +43,8 @@ __all__ = ["BASE_IDENTITY_KEY", "AutomaticFamily", "InjectedOptimizer", "Languag
 
 G = TypeVar("G")
 
-#: where a checkpoint records, per policy bank, the frozen base it was trained on (modules.lm.base_identity)
+#: where a checkpoint records, per policy bank, the frozen base it was trained on
+#: (alignment_games.modules.lm.base_identity)
 BASE_IDENTITY_KEY = "base_identity"
 
 
@@ -83,7 +84,7 @@ class AutomaticFamily(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
 
     Args:
         max_consecutive_nonfinite: Non-finite batches skipped in a row that stop training.
-        optimizer: The optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: The optimizer (:mod:`alignment_games.modules.training.optimizers`); ``None``: AdamW.
     """
 
     def __init__(self, max_consecutive_nonfinite: int = 10, optimizer: OptimizerCallable | None = None) -> None:
@@ -104,7 +105,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         grad_clip: Gradient norm clip per optimizer (``None``: none).
         max_consecutive_nonfinite: Stop after this many skipped steps in a row.
         log_samples: Samples per validation shown as text in TensorBoard (0: none).
-        optimizer: Each player's optimizer (:mod:`modules.training.optimizers`); ``None``: AdamW.
+        optimizer: Each player's optimizer (:mod:`alignment_games.modules.training.optimizers`); ``None``: AdamW.
     """
 
     family: ClassVar[str] = "language-model game"
@@ -183,7 +184,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
 
     @override
     def configure_callbacks(self) -> list[L.Callback]:
-        """The generator states travel in every checkpoint through one owner, :class:`callbacks.RNGStateCallback`."""
+        """Every checkpoint's generator states have one owner: :class:`~alignment_games.callbacks.RNGStateCallback`."""
         return [RNGStateCallback()]
 
     @override
@@ -380,7 +381,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run).
 
         A dict gains ``provenance``: what the run read, the commit and the command
-        (:func:`~modules.evaluation.audit.run_provenance`).
+        (:func:`~alignment_games.modules.evaluation.audit.run_provenance`).
         """
         if self.trainer.fast_dev_run:
             return None
@@ -408,5 +409,5 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
 
     @override
     def on_fit_end(self) -> None:
-        """Write each player under ``<log dir>/export/`` (:mod:`modules.checkpoints.export`; every rank gathers)."""
+        """Export players to ``<log dir>/export/`` (:mod:`alignment_games.modules.checkpoints.export`; all ranks)."""
         export_at_fit_end(self, self.artifact_dir() if self.trainer.is_global_zero else None, self.family)

@@ -1,8 +1,8 @@
 """Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
 
 Each problem forks at one trainable ply, the forked ply sampled ``group_size`` times and trained alone by the clipped
-GRPO surrogate on rewards of :mod:`modules.algorithms.debate`; validation writes ``debate_evals.jsonl``. The game, its
-metrics and ablations: docs/debate.md.
+GRPO surrogate on rewards of :mod:`alignment_games.modules.algorithms.debate`; validation writes ``debate_evals.jsonl``.
+The game, its metrics and ablations: docs/debate.md.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class DebateSelfPlay(LanguageModelGame):
     Args:
         lm: The policy (:class:`ModelConfig`: LoRA adapter or full copy); its frozen weights are the reference.
         protocol: ``rlaif_a``, ``debate_ab``, ``debate_aba`` or ``rlvr``.
-        judge: The frozen judge; ``None`` builds a :class:`modules.scorers.judges.ProgrammaticJudge` with its defaults.
+        judge: The frozen judge; ``None`` builds a :class:`alignment_games.modules.scorers.judges.ProgrammaticJudge`
+          with its defaults.
         lr: Single-player learning rate (RLAIF-A, RLVR).
         multi_player_lr_scale: Debate protocols train at ``lr`` times this (paper: 1/4).
         policy_gradient: The forked ply's update (:class:`PolicyGradient`; ``group_size``: branches at the fork).
@@ -87,9 +88,9 @@ class DebateSelfPlay(LanguageModelGame):
         frozen_critic: Bob is played by the frozen reference weights, not the policy (``trainable_plies``: Alice's).
         judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
         bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
-        seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
-        **game: :class:`~modules.base.LanguageModelGame`'s arguments (``log_samples``: validation transcripts shown
-            in TensorBoard, ``val/debates``).
+        seed: Seed of fork choice and sampling (per batch, so resumes draw the same). **game:
+        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: validation transcripts
+        shown in TensorBoard, ``val/debates``).
     """
 
     family = "debate self-play"
@@ -235,7 +236,7 @@ class DebateSelfPlay(LanguageModelGame):
         return ForkedRollout(transcripts, list(fork_plies), chunks, rollouts)
 
     def rewards(self, transcripts: list[Transcript], shares: list[float]) -> list[list[PlyReward]]:
-        """:func:`modules.algorithms.debate.ply_rewards` of every transcript with this module's settings."""
+        """:func:`~alignment_games.modules.algorithms.debate.ply_rewards` of each transcript, this module's settings."""
         keys = ("word_limit", "word_penalty_coef", "missing_answer_reward", "format_reward", "bob_reward", "step_chars")
         settings = {k: self.hparams[k] for k in keys}
         return [ply_rewards(t, s, **settings) for t, s in zip(transcripts, shares)]
@@ -375,7 +376,7 @@ class DebateSelfPlay(LanguageModelGame):
     def _rollout_metrics(
         self, stage: str, transcripts: list[Transcript], shares: list[float], judge_counts: dict[str, int]
     ) -> dict[str, float]:
-        """:func:`~modules.algorithms.debate.transcript_metrics` and the judge's own; training adds to the counters."""
+        """:func:`~alignment_games.modules.algorithms.debate.transcript_metrics` and the judge's; training sums them."""
         out = transcript_metrics(stage, transcripts, shares, judge_counts)
         if stage == "train":
             for key, value in judge_counts.items():

@@ -1,8 +1,9 @@
 """Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
 
-A step is :class:`~modules.games.leader_follower.LeaderFollower`'s game with the estimators (22)–(25) as losses.
-Validation plays the trained and the reference pair on held-out prompts (each prompt once across ranks) and writes the
-ensemble-variance comparison of §5.3 (:func:`modules.evaluation.game_eval.compare_pairs`) to ``game_eval.json``.
+A step is :class:`~alignment_games.modules.games.leader_follower.LeaderFollower`'s game with the estimators (22)–(25) as
+losses. Validation plays the trained and the reference pair on held-out prompts (each prompt once across ranks) and
+writes the ensemble-variance comparison of §5.3 (:func:`alignment_games.modules.evaluation.game_eval.compare_pairs`) to
+``game_eval.json``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
         candidate_alpha: α of the candidates that ``predict`` writes.
         candidate_threshold: Their variance threshold (``None``: the latest validation's reference ``1 − α`` quantile).
-        **game: :class:`~modules.base.LanguageModelGame`'s arguments (per player; paper: ``grad_clip`` 1.0;
-            ``log_samples``: validation pairs, ``val/leader_follower``).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (per player; paper: ``grad_clip``
+        1.0; ``log_samples``: validation pairs, ``val/leader_follower``).
     """
 
     family = "deep-SMIDA"

@@ -53,9 +53,9 @@ class GRPO(LanguageModelGame):
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
         skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, a group baseline and one
             process only).
-        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
-        **game: :class:`~modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation replies,
-            ``val/generations``).
+        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``). **game:
+        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation
+        replies, ``val/generations``).
     """
 
     family = "GRPO"
@@ -137,7 +137,7 @@ class GRPO(LanguageModelGame):
     def _policy_loss(
         self, rollout: Rollout, advantages: Tensor, ref: Tensor | None, old: Tensor | None, groups: Tensor | None = None
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in micro-batches (:func:`~modules.lm.micro_batches.micro_batches`): loss and stats.
+        """Forward and backward in micro-batches (:func:`~alignment_games.modules.lm.micro_batches.micro_batches`).
 
         ``groups``: the groups to run (default: all); the loss stays the mean over all rows, those left out count 0.
         ``None`` when the loss is not finite.

@@ -1,8 +1,9 @@
 """NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
 
-A step pairs D samples ``y ~ π_θ`` with D samples of the geometric mixture ``π_θ^{1−β} π_ref^β``, scores them by P0
-and takes the Nash-MD-PG step (:func:`~modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's budget and
-why: docs/baselines.md. Validation: :class:`~modules.evaluation.win_rate.WinRateValidation`.
+A step pairs D samples ``y ~ π_θ`` with D samples of the geometric mixture ``π_θ^{1−β} π_ref^β``, scores them by P0 and
+takes the Nash-MD-PG step (:func:`~alignment_games.modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's
+budget and
+why: docs/baselines.md. Validation: :class:`~alignment_games.modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         system_prompt: The policy's system message.
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
-        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        **game: :class:`~modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer, ...).
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once). **game:
+        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer,
+        ...).
     """
 
     family = "NLHF (Nash-MD-PG)"

@@ -45,30 +45,32 @@ ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "s
 class StackelbergPool(PoolMembers, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
-    The Elo reputations are the module's own :class:`callbacks.EloRating`, applied in ``training_step`` (a trainer
-    callback's epoch-end gather would interleave with the progress bar's rank-0 sync and hang DDP). Under DDP rank
-    ``r`` plays the duels ``d % world == r`` and the texts and scores are gathered, so every rank updates alike.
+    The Elo reputations are the module's own :class:`alignment_games.callbacks.EloRating`, applied in ``training_step``
+    (a trainer callback's epoch-end gather would interleave with the progress bar's rank-0 sync and hang DDP). Under DDP
+    rank ``r`` plays the duels ``d % world == r`` and the texts and scores are gathered, so every rank updates alike.
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.
         num_players: m, the pool size with a shared base (≥ 3, or 1 for the self-rewarding baseline).
         models: Separate members (a name or path, or a dict of :class:`ModelConfig` fields over ``lm``); overrides m.
-        elo: Settings of the pool's :class:`callbacks.EloRating` (``k_factor``, ``scale``, ...; ``None``: defaults).
+        elo: Settings of the pool's :class:`alignment_games.callbacks.EloRating` (``k_factor``, ``scale``, ...;
+          ``None``: defaults).
         leader: ``"exp3"`` (Stackelberg) or ``"uniform"`` (SPARTA baseline).
         duels_per_iteration: D, duels drawn per iteration (paper: 64).
         num_iterations: Iterations the annealing schedules span (paper: 8; ``None``: the iterations the trainer plays).
         gamma: EXP3 exploration rate γ (also the probability floor γ/K).
         leader_reward: The leader's composite reward of a duel (:class:`CompositeReward`).
-        matchmaking: Opponent matching by reputation (:class:`~modules.algorithms.pool.Matchmaking`).
+        matchmaking: Opponent matching by reputation (:class:`~alignment_games.modules.algorithms.pool.Matchmaking`).
         sampling: How responses are sampled (:class:`Sampling`; the paper's temperature 0.7 and top-p 0.9).
         system_prompt: System message of responses and evaluation answers.
         judging: How a member judges a response (:class:`PeerJudging`: template, mode, prefill, token budget).
-        reputation: How Elo ratings weight the judges (:class:`~modules.algorithms.pool.ReputationWeighting`).
+        reputation: How Elo ratings weight the judges
+          (:class:`~alignment_games.modules.algorithms.pool.ReputationWeighting`).
         followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO and its settings).
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
-        seed: Seed of the leader's and the matching's generator (saved in checkpoints).
-        **game: :class:`~modules.base.LanguageModelGame`'s arguments (per follower; ``log_samples``: duels of the latest
-            iteration, ``train/duels``).
+        seed: Seed of the leader's and the matching's generator (saved in checkpoints). **game:
+        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (per follower; ``log_samples``: duels of
+        the latest iteration, ``train/duels``).
     """
 
     family = "multi-LLM pool"

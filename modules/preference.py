@@ -48,7 +48,8 @@ class PreferenceEnsemble(AutomaticFamily):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.
 
     Args:
-        lm: The backbone (:class:`~modules.lm.model_config.ModelConfig`; ``None``: ``builtin:minilm-l6`` with LoRA r 8).
+        lm: The backbone (:class:`~alignment_games.modules.lm.model_config.ModelConfig`; ``None``: ``builtin:minilm-l6``
+          with LoRA r 8).
         backbone_task: ``"encoder"`` for encoders (BERT-like), ``"causal_lm"`` for decoders (their hidden states).
         num_members: Ensemble size ``k``.
         member_type: ``"gpm"`` (eq. 27) or ``"bt"`` (Bradley–Terry scalar reward).
@@ -62,8 +63,9 @@ class PreferenceEnsemble(AutomaticFamily):
         weight_decay: AdamW weight decay.
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
-        report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
-        **training: :class:`~modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``, ``optimizer``).
+        report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands. **training:
+        :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
+        ``optimizer``).
     """
 
     def __init__(
@@ -233,7 +235,8 @@ class PreferenceEnsemble(AutomaticFamily):
         if self.hparams.sharing == "frozen":
             return self.member_logits(batch).gather(1, member[:, None]).squeeze(1)
         out = torch.zeros(member.shape[0], device=member.device)
-        # under a sharding strategy every rank runs every member (see modules.distributed.collectives.lockstep)
+        # under a sharding strategy every rank runs every member (see
+        # alignment_games.modules.distributed.collectives.lockstep)
         in_lockstep = lockstep(self._trainer)
         for i in range(self.hparams.num_members) if in_lockstep else member.unique().tolist():
             rows = (member == i).nonzero().squeeze(1)

@@ -43,7 +43,8 @@ class CausalLMSFT(AutomaticFamily):
         lm: The model to fine-tune and how it loads (:class:`ModelConfig`); ``None``: a tiny random Qwen2 (offline).
         lora: Train a LoRA adapter over the frozen base instead of every weight, and save only the adapter.
         tiny_config: Overrides of the tiny Qwen2 config (``hidden_size``, ``num_hidden_layers``, ...; ``lm: null``).
-        tiny_tokenizer: The tiny model's tokenizer: ``byte`` or ``task`` (:mod:`modules.lm.task_tokenizer`).
+        tiny_tokenizer: The tiny model's tokenizer: ``byte`` or ``task``
+          (:mod:`alignment_games.modules.lm.task_tokenizer`).
         output_dir: Where the model (or adapter) and tokenizer are saved after ``fit`` (a tiny base in ``_init``).
         system_prompt: System message of every example that brings none of its own (see :meth:`encode`).
         lr: AdamW learning rate.
@@ -52,8 +53,9 @@ class CausalLMSFT(AutomaticFamily):
         seed: Seed of the tiny model's initialisation.
         warmup_steps: With ``cosine_decay``, steps of linear warmup to ``lr``.
         cosine_decay: Decay the rate along a cosine to ``lr * min_lr_ratio`` at ``trainer.max_steps`` (off: constant).
-        min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
-        **training: :class:`~modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``, ``optimizer``).
+        min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``. **training:
+        :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
+        ``optimizer``).
     """
 
     def __init__(

@@ -1,8 +1,8 @@
 """SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0.
 
-Deep-SMIDA's game (:class:`~modules.games.leader_follower.LeaderFollower`) scored by ``P0(y ≻ y′ | x)``, with SLHF's
-losses (:func:`~modules.algorithms.baselines.slhf_surrogate_losses`); Table 3's budget: docs/baselines.md. Validation:
-:class:`~modules.evaluation.win_rate.WinRateValidation`.
+Deep-SMIDA's game (:class:`~alignment_games.modules.games.leader_follower.LeaderFollower`) scored by ``P0(y ≻ y′ | x)``,
+with SLHF's losses (:func:`~alignment_games.modules.algorithms.baselines.slhf_surrogate_losses`); Table 3's budget:
+docs/baselines.md. Validation: :class:`~alignment_games.modules.evaluation.win_rate.WinRateValidation`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
 
     Args:
         lm: The policy both players start from; its frozen weights are the references (``players: lora | separate``).
-        preference: P0(first ≻ second | x), as :class:`~modules.nlhf.NashMDPG` takes it; ``None`` is refused.
+        preference: P0(first ≻ second | x), as :class:`~alignment_games.modules.nlhf.NashMDPG` takes it; ``None`` is
+          refused.
         tau_leader: τ_L.
         tau_follower: τ_F.
         leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
@@ -44,8 +45,9 @@ class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
         eval_pairs: Leader–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
-        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        **game: :class:`~modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer, ...).
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once). **game:
+        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer,
+        ...).
     """
 
     family = "SLHF (StackelbergGDA)"

@@ -1,8 +1,9 @@
 """Tabular SMIDA (Algorithm 1) as a LightningModule: one iteration per training step, logged against Theorem C.1.
 
-The game is read from a ``.pt`` file or drawn by :func:`modules.algorithms.tabular_games.random_game`; each step applies
-one exact update (:class:`modules.algorithms.stackelberg.SMIDAStep`) to the iterate held in buffers, so a resume
-continues bit for bit. Logged every step for the iterate ``(π_t, ω_t)`` the step starts from (step ``t``)::
+The game is read from a ``.pt`` file or drawn by :func:`alignment_games.modules.algorithms.tabular_games.random_game`;
+each step applies one exact update (:class:`alignment_games.modules.algorithms.stackelberg.SMIDAStep`) to the iterate
+held in buffers, so a resume continues bit for bit. Logged every step for the iterate ``(π_t, ω_t)`` the step starts
+from (step ``t``)::
 
     leader/kl, leader/kl_reverse      KL_ρ(π_t ‖ π*), KL_ρ(π* ‖ π_t); leader/kl_max: max_x of both
     follower/kl, follower/kl_reverse  KL_{ρ,π*}(ω_t ‖ ω*) and reverse; follower/kl_max: max_{x,y} of both

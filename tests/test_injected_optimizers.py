@@ -1,6 +1,6 @@
-"""The model's ``optimizer`` option (``modules.training.optimizers``) in every family that trains by gradient: AdamW at
-the family's settings when it is not given; any ``torch.optim`` class from a config, one per player at the family's
-rates; a value that cannot build an optimizer refused naming the option.
+"""The model's ``optimizer`` option (``alignment_games.modules.training.optimizers``) in every family that trains by
+gradient: AdamW at the family's settings when it is not given; any ``torch.optim`` class from a config, one per player
+at the family's rates; a value that cannot build an optimizer refused naming the option.
 
 Each family is built by ``train.py`` from its recipe's first resume run: a config and tiny overrides (parse and
 instantiate only).

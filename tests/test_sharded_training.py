@@ -1,7 +1,7 @@
 """Sharded training on two CPU processes (gloo): GRPO and debate self-play under Lightning's DeepSpeed strategy at
 ZeRO-2/3 (helpers/cpu_deepspeed.py); GRPO, debate self-play, deep-SMIDA, SFT and the preference ensemble under FSDP2
-(modules.distributed.strategies.FSDP2Strategy); how the sharded strategies are recognised and which families refuse
-Lightning's FSDP. The overlays themselves and the DDP runs: ``test_overlays.py``."""
+(alignment_games.modules.distributed.strategies.FSDP2Strategy); how the sharded strategies are recognised and which
+families refuse Lightning's FSDP. The overlays themselves and the DDP runs: ``test_overlays.py``."""
 
 import json
 import os
@@ -416,11 +416,11 @@ def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_pat
     """The preference ensemble under FSDP2 on 2 processes: the backbone sharded, the heads averaged across ranks.
 
     Frozen sharing with the feature cache: the test set's last batch is padded by the sampler with sequences already
-    cached on one rank, which then had nothing to compute while the other ran the sharded backbone, and the run hung
-    in test_after_fit (``modules.distributed.collectives.lockstep``). With one-file checkpoints (what ``load_frozen``
-    reads, for the game modules) the heads and the report equal DDP's. LoRA members: each rank holds rows of only some
-    members per batch; every member's forward and backward still runs on every rank, and the sharded checkpoint is
-    tested."""
+    cached on one rank, which then had nothing to compute while the other ran the sharded backbone, and the run hung in
+    test_after_fit (``alignment_games.modules.distributed.collectives.lockstep``). With one-file checkpoints (what
+    ``load_frozen`` reads, for the game modules) the heads and the report equal DDP's. LoRA members: each rank holds
+    rows of only some members per batch; every member's forward and backward still runs on every rank, and the sharded
+    checkpoint is tested."""
     from alignment_games.modules.preference import PreferenceEnsemble
 
     extra = [
@@ -457,7 +457,8 @@ def test_preference_ensemble_under_fsdp2_matches_ddp_and_tests_after_fit(tmp_pat
 @pytest.mark.parametrize("family", ["grpo", "debate", "deep_smida"])
 def test_manual_backward_families_refuse_lightning_fsdp_by_name(family, tiny_lm_dir):
     """Lightning runs training_step inside the root FSDP unit's forward; a backward there breaks FSDP's state machine
-    (see modules.distributed.sharding.check_manual_backward_strategy), so these families refuse FSDP before any work."""
+    (see alignment_games.modules.distributed.sharding.check_manual_backward_strategy), so these families refuse FSDP
+    before any work."""
     from types import SimpleNamespace
 
     from lightning.pytorch.strategies import FSDPStrategy

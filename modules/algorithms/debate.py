@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 from alignment_games.modules.algorithms.answers import answers_match, extract_final_answer
 from alignment_games.modules.algorithms.verdicts import JUDGINGS, pair_indices, parse_verdict
 
-#: a decoder's batch output (the suite's ``modules.lm`` Rollout); the rules here only carry it
+#: a decoder's batch output (the suite's ``alignment_games.modules.lm`` Rollout); the rules here only carry it
 Rollout = TypeVar("Rollout")
 
 __all__ = [
@@ -286,8 +286,9 @@ def bob_verdict(transcript: Transcript, alice_share: float, bob_reward: str = "c
     """Bob's verdict score (before penalties) under ``bob_reward`` (:data:`BOB_REWARDS`), given Alice's share.
 
     * ``constant_sum``: ``1 − r``, "Bob gets 1 − r".
-    * ``b_judge``: Bob's own ``Verdict:`` (:func:`~modules.algorithms.verdicts.parse_verdict`) scores 1 when it matches
-      the answer checker, else 0 (also when unparseable): "validation classification performance is reasonable" (zh).
+    * ``b_judge``: Bob's own ``Verdict:`` (:func:`~alignment_games.modules.algorithms.verdicts.parse_verdict`) scores 1
+      when it matches the answer checker, else 0 (also when unparseable): "validation classification performance is
+      reasonable" (zh).
     * ``b_convince``: the judge's vote share for the true verdict, ``r`` when Alice is right, else ``1 − r``.
 
     Without a reference both ground-truth rewards are 0.

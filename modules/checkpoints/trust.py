@@ -42,7 +42,7 @@ FAMILY_KEY = "family"
 
 
 def family_name(module: nn.Module | type) -> str:
-    """The import path of a model's class, e.g. ``modules.preference.PreferenceEnsemble``."""
+    """The import path of a model's class, e.g. ``alignment_games.modules.preference.PreferenceEnsemble``."""
     cls = module if isinstance(module, type) else type(module)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -56,7 +56,8 @@ def seal_checkpoint(module: nn.Module, checkpoint: dict[str, Any], what: str) ->
     """:func:`stamp_family` on ``checkpoint``, then refuse it when a kept tensor or optimizer moment is NaN or inf.
 
     Raises:
-        RuntimeError: from :func:`~modules.training.faults.refuse_nonfinite_checkpoint`, naming ``what``.
+        RuntimeError: from :func:`~alignment_games.modules.training.faults.refuse_nonfinite_checkpoint`, naming
+          ``what``.
     """
     stamp_family(module, checkpoint)
     refuse_nonfinite_checkpoint(checkpoint, what)

@@ -23,8 +23,8 @@ class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
 
     A sharded checkpoint folder is written beside its target and swapped in (a kill mid-save leaves the previous one
-    whole), read without unpickling code (:mod:`modules.distributed.dcp_safe`) and loaded for the tensors it holds,
-    refusing a missing trainable tensor or NaN/inf. Use ``param_dtype`` with ``precision: 32-true``.
+    whole), read without unpickling code (:mod:`alignment_games.modules.distributed.dcp_safe`) and loaded for the
+    tensors it holds, refusing a missing trainable tensor or NaN/inf. Use ``param_dtype`` with ``precision: 32-true``.
 
     Args:
         save_distributed_checkpoint: Each rank writes its shards to a folder (True), or rank 0 writes one file (False).

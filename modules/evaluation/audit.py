@@ -43,7 +43,7 @@ __all__ = [
     "write_report",
 ]
 
-#: a peft adapter folder's weight files (what :mod:`modules.checkpoints.export` writes is the first)
+#: a peft adapter folder's weight files (what :mod:`alignment_games.modules.checkpoints.export` writes is the first)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 #: the checkout this code runs from (when it is one)
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -89,8 +89,8 @@ def input_record(path: str) -> dict[str, Any]:
 
     A folder's ``sha256`` is that of its files' ``name\\0sha256\\n`` lines in name order. A model (a folder with a
     ``config.json``, or a ``builtin:`` or cached hub name) adds ``model``: its
-    :func:`~modules.lm.base_identity.base_identity`, the identity checkpoints record. A path that does not exist (a
-    hub name not cached here) has ``sha256`` None.
+    :func:`~alignment_games.modules.lm.base_identity.base_identity`, the identity checkpoints record. A path that does
+    not exist (a hub name not cached here) has ``sha256`` None.
     """
     path = os.fspath(path)
     if os.path.isfile(path):
@@ -278,9 +278,9 @@ def run_provenance(trainer: Any, module: Any) -> dict[str, Any]:
     """:func:`provenance` of what a training run reads, for the reports it writes.
 
     Its inputs: those ``train.py`` hashed from the resolved config (the ``inputs`` of its
-    :class:`~callbacks.run_config.RunConfigRecord`), the files and models that the module's and the datamodule's
-    settings name (``model.<key>``, ``data.<key>``), what the module's child modules and object attributes name
-    (:func:`_own_settings`: ``model.<attribute>.<key>``, e.g. a judge's model or an ensemble utility's checkpoint),
+    :class:`~alignment_games.callbacks.run_config.RunConfigRecord`), the files and models that the module's and the
+    datamodule's settings name (``model.<key>``, ``data.<key>``), what the module's child modules and object attributes
+    name (:func:`_own_settings`: ``model.<attribute>.<key>``, e.g. a judge's model or an ensemble utility's checkpoint),
     and the checkpoint the run resumed from (``ckpt_path``). A path already named is not named again.
     """
     from alignment_games.callbacks.run_config import RunConfigRecord

@@ -1,7 +1,8 @@
 """Compare groups of debate runs as the paper's Table 1 does: merged peak windows, P(Best), gap recovery.
 
-A run is a log folder with ``debate_evals.jsonl`` or the file; its peak follows :class:`callbacks.PeakCheckpoint`'s
-rule, and a group merges its runs' peak-window counts. Correlated rollouts make P(Best) over-confident (App. A.3).
+A run is a log folder with ``debate_evals.jsonl`` or the file; its peak follows
+:class:`alignment_games.callbacks.PeakCheckpoint`'s rule, and a group merges its runs' peak-window counts. Correlated
+rollouts make P(Best) over-confident (App. A.3).
 
     python -m alignment_games.commands.debate_compare \\
         --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\

@@ -1,8 +1,8 @@
-"""The followers' updates of the multi-LLM pool (:class:`modules.pool.StackelbergPool`): DPO or GRPO per member.
+"""The followers' updates of the pool (:class:`~alignment_games.modules.pool.StackelbergPool`): DPO or GRPO each.
 
 Every rank forms the same batches and computes a contiguous share of each; a follower's adapter gradients are summed
-over the ranks by :func:`~modules.distributed.collectives.sum_gradients` (DDP's reducer expects every adapter's
-gradient from each backward, which a step training one of several adapters on unequal shares cannot give).
+over the ranks by :func:`~alignment_games.modules.distributed.collectives.sum_gradients` (DDP's reducer expects every
+adapter's gradient from each backward, which a step training one of several adapters on unequal shares cannot give).
 """
 
 from __future__ import annotations
@@ -81,11 +81,11 @@ class Stepper(Protocol):
 
 @dataclass(eq=False)
 class FollowerUpdates:
-    """Phase 7 of :class:`modules.pool.StackelbergPool`: the followers' optimizer steps, with the numbers to log.
+    """Phase 7 of :class:`~alignment_games.modules.pool.StackelbergPool`: the followers' optimizer steps and logs.
 
     Attributes:
         settings: How each follower learns (:class:`FollowerTraining`).
-        bank: The :class:`~modules.lm.policy_bank.PolicyBank` holding a player, by name.
+        bank: The :class:`~alignment_games.modules.lm.policy_bank.PolicyBank` holding a player, by name.
         host: The step machinery (:class:`Stepper`): the module that owns this.
         loss_mean: The epoch mean that every applied step's loss updates.
         system_prompt: System message of the DPO pairs' prompts.

@@ -1,7 +1,8 @@
-"""The multi-LLM pool's members answering and judging (:class:`modules.pool.StackelbergPool`, phases 3 and 4).
+"""The pool's members answering and judging (:class:`~alignment_games.modules.pool.StackelbergPool`, phases 3, 4).
 
-The players of one :class:`~modules.lm.policy_bank.PolicyBank` answer, and give generated judgements, in one batch,
-each row with its own player's adapter (:meth:`~modules.lm.policy_bank.PolicyBank.generate_each`).
+The players of one :class:`~alignment_games.modules.lm.policy_bank.PolicyBank` answer, and give generated judgements, in
+one batch, each row with its own player's adapter
+(:meth:`~alignment_games.modules.lm.policy_bank.PolicyBank.generate_each`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ __all__ = ["PoolMembers"]
 
 
 class PoolMembers:
-    """Mixin of :class:`modules.pool.StackelbergPool`: its members' prompts, answers and judgements by player name.
+    """Mixin of :class:`~alignment_games.modules.pool.StackelbergPool`: its members' prompts, answers, judgements.
 
     It uses the pool's ``banks`` and ``_bank_of`` (each player's bank index), ``sampling``, ``judging`` and
     ``hparams.system_prompt``.

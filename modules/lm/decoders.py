@@ -153,7 +153,7 @@ class GroupedDecoder:
 
 
 class StaticDecoder(GroupedDecoder):
-    """The grouped cascade over full-length caches (:mod:`modules.lm.static_decode`), compiled with ``compile``."""
+    """The grouped cascade over full-length caches (:mod:`alignment_games.modules.lm.static_decode`), compiled."""
 
     #: prompt widths are padded to a multiple of this in a compiled decode (one graph per bucket)
     bucket = 64

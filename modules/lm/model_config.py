@@ -15,7 +15,7 @@ from alignment_games.modules.lm.precision import AUTO, resolve_dtype, set_tf32
 
 __all__ = ["DECODES", "ModelConfig"]
 
-#: the values of ``lm.decode`` (see :mod:`modules.lm.decoders`)
+#: the values of ``lm.decode`` (see :mod:`alignment_games.modules.lm.decoders`)
 DECODES = ("auto", "generate", "grouped", "grouped_forward", "static", "vllm")
 
 
@@ -40,8 +40,9 @@ class ModelConfig:
         lora_modules_to_save: Modules trained in full beside the adapters (e.g. ``lm_head``).
         lora_extra: More ``peft.LoraConfig`` fields (e.g. ``{use_rslora: true}``), passed as they are.
         max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
-        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static`` or ``auto`` (see :mod:`modules.lm.decoders`);
-            ``vllm``: a colocated vLLM engine (:mod:`modules.lm.vllm_engine`; ``pip install -e ".[vllm]"``).
+        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static`` or ``auto`` (see
+            :mod:`alignment_games.modules.lm.decoders`); ``vllm``: a colocated vLLM engine
+            (:mod:`alignment_games.modules.lm.vllm_engine`; ``pip install -e ".[vllm]"``).
         compile_decode: ``torch.compile`` the ``static`` decode's step (CUDA graphs on CUDA).
         vllm_kv_cache_gib: Memory the vLLM engine reserves for its KV cache, in GiB (``decode: vllm`` only).
     """
@@ -121,7 +122,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     def load_tokenizer(self, padding_side: str | None = None) -> Any:
-        """The model's tokenizer with a pad token (see :func:`modules.lm.models.load_tokenizer`)."""
+        """The model's tokenizer with a pad token (see :func:`alignment_games.modules.lm.models.load_tokenizer`)."""
         return load_tokenizer(
             self.name_or_path,
             revision=self.revision,

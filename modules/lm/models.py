@@ -70,7 +70,8 @@ def check_exists(field: str, name_or_path: str) -> None:
     """Fail fast, before any hub lookup, when a local-looking path is missing (naming the config that makes it).
 
     Raises:
-        OSError: when ``name_or_path`` looks local (:func:`~modules.training.provenance.looks_local`) but is missing.
+        OSError: when ``name_or_path`` looks local (:func:`~alignment_games.modules.training.provenance.looks_local`)
+          but is missing.
     """
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise OSError(missing_artifact(field, name_or_path))
@@ -275,7 +276,7 @@ TINY_TOKENIZERS = ("byte", "task")
 
 
 def tiny_tokenizer(name: str) -> Any:
-    """The tokenizer of a tiny model: ``byte`` or ``task`` (:func:`~modules.lm.task_tokenizer.build_task_tokenizer`).
+    """The ``byte`` tokenizer, or ``task``: :func:`~alignment_games.modules.lm.task_tokenizer.build_task_tokenizer`.
 
     Raises:
         ValueError: for another name.

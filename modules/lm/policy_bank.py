@@ -35,7 +35,7 @@ class PolicyBank(nn.Module):
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
         lm = ModelConfig.coerce(lm)
-        self.lm = lm  # where the base came from: recorded beside exported adapters (modules.checkpoints.export)
+        self.lm = lm  # the base's origin, recorded beside exports (alignment_games.modules.checkpoints.export)
         # which frozen base the adapters train on (path, revision, hash of its config and weights' content)
         self.base_identity = base_identity(lm.name_or_path, lm.revision)
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
@@ -57,7 +57,7 @@ class PolicyBank(nn.Module):
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
         self.merge_for_generation = True  # see for_generation; set False under sharded strategies
         self.merged = MergedAdapters()  # each player's merged weights, reused by for_generation while current
-        # how generate samples, chosen once from lm.decode (see modules.lm.decoders)
+        # how generate samples, chosen once from lm.decode (see alignment_games.modules.lm.decoders)
         self.decoder: Decoder | VLLMEngine = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
         self.logit_chunk_tokens: int | None = None
@@ -129,7 +129,7 @@ class PolicyBank(nn.Module):
         are kept for the player's next decode until its adapter changes (:class:`MergedAdapters`) or a forward with
         gradients (training, which changes adapters) drops them.
         ``row_players`` (one per prompt of ``group`` rows): adapters disabled, each row's own added by
-        :func:`~modules.lm.row_adapters.row_adapters`.
+        :func:`~alignment_games.modules.lm.row_adapters.row_adapters`.
         """
         if row_players is not None:
             with self.using(None) as model, row_adapters(model, row_players, group):
@@ -254,8 +254,9 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        No ``[N, C, V]`` logits are held (:mod:`modules.lm.logprobs`). Rows run in :func:`micro_batches` chunks
-        (0: no limit), a group's shared prompt once, each chunk over the columns it uses. ``player=None``: reference.
+        No ``[N, C, V]`` logits are held (:mod:`alignment_games.modules.lm.logprobs`). Rows run in :func:`micro_batches`
+        chunks (0: no limit), a group's shared prompt once, each chunk over the columns it uses. ``player=None``:
+        reference.
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)

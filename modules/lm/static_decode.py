@@ -41,7 +41,7 @@ class StaticCascade:
 
 
 def register_static_attention() -> bool:
-    """Register :func:`~modules.lm.decoding.grouped_prefix_attention` (which lets a StaticCascade attend) by name."""
+    """Register :func:`~alignment_games.modules.lm.decoding.grouped_prefix_attention` by name, for a StaticCascade."""
     return _register_grouped_attention(STATIC_ATTENTION, grouped_prefix_attention)
 
 

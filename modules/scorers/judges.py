@@ -366,11 +366,11 @@ class HFJudge(PromptedJudge):
 
     Each prompt is prefilled once and its KV cache copied to its ``num_votes`` rows: the same draws as
     ``num_return_sequences`` rows that each prefill it, for one prefill's compute. ``decode: vllm`` samples the votes
-    with the vLLM engine instead (:func:`~modules.lm.decoders.make_decoder`, as ``lm.decode: vllm`` does the players;
-    the transformers weights are then not loaded).
+    with the vLLM engine instead (:func:`~alignment_games.modules.lm.decoders.make_decoder`, as ``lm.decode: vllm`` does
+    the players; the transformers weights are then not loaded).
 
     Args:
-        model: Hub name or local path (loaded frozen through :func:`modules.lm.models.load_model`).
+        model: Hub name or local path (loaded frozen through :func:`alignment_games.modules.lm.models.load_model`).
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.
         load_in_4bit: NF4 weights through bitsandbytes, computing in ``dtype`` (CPU or CUDA).
         trust_remote_code: Off unless turned on.
@@ -495,9 +495,8 @@ class RemoteJudge(RemoteClient, PromptedJudge):
     It sends :meth:`PromptedJudge.user_message`; a garbled reply is an unparsed vote (NaN). Each request carries a seed
     from the judge's generator, so a resumed run asks what the uninterrupted one would.
 
-    Args:
-        **remote: :class:`~modules.scorers.remote.RemoteClient`'s arguments (the server, its tokenizer, how many
-            transcripts at once), then :class:`PromptedJudge`'s but ``prefill``.
+    Args: **remote: :class:`~alignment_games.modules.scorers.remote.RemoteClient`'s arguments (the server, its
+        tokenizer, how many transcripts at once), then :class:`PromptedJudge`'s but ``prefill``.
     """
 
     def __init__(self, **remote: Any) -> None:

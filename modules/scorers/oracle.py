@@ -310,7 +310,8 @@ class LLMJudgeOracle(PromptedOracle):
     """Zero-shot LLM judge: P(first better) = p("A") / (p("A") + p("B")) at the next token, batched.
 
     Args:
-        model: Hub name or local path of a causal LM (loaded frozen, through :func:`modules.lm.models.load_model`).
+        model: Hub name or local path of a causal LM (loaded frozen, through
+          :func:`alignment_games.modules.lm.models.load_model`).
         batch_size: Queries per forward pass.
         dtype: Weights dtype; ``"auto"``: bfloat16 with CUDA, else float32 (:func:`load_frozen_causal_lm`).
         trust_remote_code: Off unless the config turns it on.
@@ -368,9 +369,9 @@ class RemoteJudgeOracle(RemoteClient, PromptedOracle):
     Args:
         samples: Replies per query.
         temperature: Sampling temperature of the replies.
-        max_tokens: Tokens per reply (the letter needs one or two).
-        **remote: :class:`~modules.scorers.remote.RemoteClient`'s arguments (the server, its tokenizer, how many
-            queries at once), then :class:`PromptedOracle`'s (the template is sent as the user message).
+        max_tokens: Tokens per reply (the letter needs one or two). **remote:
+        :class:`~alignment_games.modules.scorers.remote.RemoteClient`'s arguments (the server, its tokenizer, how many
+        queries at once), then :class:`PromptedOracle`'s (the template is sent as the user message).
     """
 
     def __init__(self, samples: int = 1, temperature: float = 1.0, max_tokens: int = 8, **remote: Any) -> None:

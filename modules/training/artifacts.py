@@ -130,7 +130,8 @@ def recover_folder(path: str | os.PathLike) -> bool:
 def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier: str) -> None:
     """:func:`recover_folder` and the folder's ``SHA256SUMS`` checked on rank 0 before a load; then ``barrier``.
 
-    The check is :func:`~callbacks.functional.digests.verify_manifest`; every rank meets at ``barrier`` after it.
+    The check is :func:`~alignment_games.callbacks.functional.digests.verify_manifest`; every rank meets at ``barrier``
+    after it.
 
     Raises:
         ValueError: ``recover_folder``'s refusal, or a file whose bytes changed, on every rank (none waits for rank 0).

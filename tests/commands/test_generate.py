@@ -1,4 +1,4 @@
-"""``commands.generate``: an exported adapter's reply, decoded as the suite decodes its own players."""
+"""``alignment_games.commands.generate``: an exported adapter's reply, decoded as the suite decodes its own players."""
 
 import json
 

@@ -1,7 +1,8 @@
 """Write the small data files of this folder (generated arithmetic, not hub data): ``python tests/data/generate.py``.
 
 Each file is one of the own-data recipes of ``docs/data.md`` in a few dozen rows; the problems come from
-:func:`modules.algorithms.arithmetic.generate_problems` with seeds of their own, so they overlap no default data.
+:func:`alignment_games.modules.algorithms.arithmetic.generate_problems` with seeds of their own, so they overlap no
+default data.
 """
 
 import json

@@ -1,6 +1,6 @@
 """FSDP2 (``fully_shard``) pieces of the policy bank, in this process over a one-process gloo group.
 
-The two-process runs of the families under :class:`~modules.distributed.strategies.FSDP2Strategy` are in
+The two-process runs of the families under :class:`~alignment_games.modules.distributed.strategies.FSDP2Strategy` are in
 ``tests/test_sharded_training.py``;
 here: what :meth:`PolicyBank.shard` makes, that generation gathers each unit once per call (not per token) and gives
 the unsharded model's tokens, that the micro-batches' gradient sync is skipped and the sum reduced by the last one,

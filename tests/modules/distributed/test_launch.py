@@ -1,4 +1,4 @@
-"""A launched rank ends when the rank that launched it ends (``modules.distributed.launch``)."""
+"""A launched rank ends when the rank that launched it ends (``alignment_games.modules.distributed.launch``)."""
 
 import os
 import subprocess

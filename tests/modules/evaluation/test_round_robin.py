@@ -127,7 +127,7 @@ def test_command_writes_the_table(tiny_lm_dir, tmp_path):
         main(["--runs", f"x={a}", f"y={a}", "--lm", tiny_lm_dir, "--out", str(out)])
     other = build_tiny_causal_lm(tmp_path / "other", seed=1)
     elsewhere = torch.load(b, weights_only=True)
-    elsewhere["base_identity"] = {"players": base_identity(other)}  # as modules.base records a bank's base
+    elsewhere["base_identity"] = {"players": base_identity(other)}  # as alignment_games.modules.base records it
     torch.save(elsewhere, tmp_path / "e.ckpt")
     with pytest.raises(ValueError, match=f"--runs '.*e.ckpt': .*frozen base '{other}'.*given is '{tiny_lm_dir}'"):
         main(["--runs", f"e={tmp_path / 'e.ckpt'}", "--lm", tiny_lm_dir, "--out", str(out)])
