@@ -158,9 +158,7 @@ class AlignmentArgumentParser(LightningArgumentParser):
 
     @override
     def add_lightning_class_args(self, lightning_class, nested_key: str, subclass_mode: bool = False, required=True):
-        """``model`` and ``data`` list the families (:mod:`alignment_games.modules.training.registry`), not the bases
-        they share.
-        """
+        """``model`` and ``data`` list the families (:mod:`alignment_games.modules.training.registry`), not bases."""
         added = super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
         families = {"model": model_families, "data": data_families}.get(nested_key) if subclass_mode else None
         for action in (a for a in self._actions if a.dest == nested_key and families is not None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,6 +11,10 @@ from torch import Tensor
 
 from alignment_games.callbacks.items import gather_unique_items
 from alignment_games.modules.evaluation.game_eval import prompt_bootstrap_mean
+from alignment_games.modules.lm.policy_bank import PolicyBank
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.oracle import PreferenceOracle
+from alignment_games.modules.scorers.utility import Utility
 
 __all__ = ["WinRateValidation", "win_rate_summary"]
 
@@ -31,10 +36,21 @@ def win_rate_summary(rates: Tensor, n_boot: int = 1000, seed: int = 0) -> dict[s
 
 
 class WinRateValidation:
-    """Validation of a preference-trained policy against the frozen reference on held-out prompts (mixin)."""
+    """Validation of a preference-trained policy against the frozen reference on held-out prompts (mixin).
+
+    Its host, a :class:`~alignment_games.modules.base.LanguageModelGame`, has the attributes declared here and
+    ``hparams.system_prompt`` and ``hparams.eval_pairs``.
+    """
 
     #: the bank's player that is evaluated
     eval_player: str = "policy"
+    players: PolicyBank
+    sampling: Sampling
+    preference: Utility  # P0
+    oracle: PreferenceOracle | None
+    last_eval: dict[str, Any] | None  # the last validation's summary, as written to baseline_eval.json
+    item_ids: Callable[[dict[str, Any], int], Tensor]
+    write_artifact: Callable[[str, dict[str, Any]], str | None]
 
     def _win_rate_buffers(self) -> dict[str, list[Tensor]]:
         if not hasattr(self, "_wr_eval"):

@@ -52,6 +52,9 @@ def load_play_state(game: Any, state: dict[str, Any]) -> None:
 class TwoOptimizers:
     """A leader–follower game's optimizers (mixin, before ``LanguageModelGame``): one per player."""
 
+    players: PolicyBank  # with a "leader" and a "follower"; hparams hold leader_lr and follower_lr
+    make_optimizer: Callable[..., torch.optim.Optimizer]
+
     def num_optimizers(self) -> int:
         """Two: the leader's and the follower's."""
         return 2

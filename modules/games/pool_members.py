@@ -7,21 +7,27 @@ one batch, each row with its own player's adapter
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
-from alignment_games.modules.scorers.peer_judges import judge_prompts, member_scores, peer_scores_each
+from alignment_games.modules.lm.sampling import Sampling
+from alignment_games.modules.scorers.peer_judges import PeerJudging, judge_prompts, member_scores, peer_scores_each
 
 __all__ = ["PoolMembers"]
 
 
 class PoolMembers:
-    """Mixin of :class:`~alignment_games.modules.pool.StackelbergPool`: its members' prompts, answers, judgements.
+    """Mixin of :class:`alignment_games.modules.pool.StackelbergPool`: its members' prompts, answers and judgements.
 
-    It uses the pool's ``banks`` and ``_bank_of`` (each player's bank index), ``sampling``, ``judging`` and
-    ``hparams.system_prompt``.
+    The pool has the attributes declared here and ``hparams.system_prompt``.
     """
+
+    banks: Sequence[PolicyBank]
+    _bank_of: dict[str, int]  # each player's bank index
+    sampling: Sampling
+    judging: PeerJudging
 
     def bank(self, player: str) -> PolicyBank:
         """The :class:`PolicyBank` holding ``player``."""

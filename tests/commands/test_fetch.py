@@ -1,4 +1,4 @@
-"""``alignment_games.commands.fetch``: the builtin models fetched and converted ahead of a run, saying what and where."""
+"""``alignment_games.commands.fetch``: the builtin models fetched and converted ahead of a run, saying what, where."""
 
 import json
 import zipfile
