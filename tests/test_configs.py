@@ -126,7 +126,7 @@ def test_the_sft_configs_are_found():
 
 def test_smollm2_configs_are_found():
     names = {os.path.basename(c) for c in SMOLLM2}
-    expected = {"grpo", "rft", "debate", "pool", "deep_smida", "nlhf", "slhf", "preference_ensemble"}
+    expected = {"grpo", "rft", "online_ipo", "debate", "pool", "deep_smida", "nlhf", "slhf", "preference_ensemble"}
     assert names == {f"{n}_smollm2.yaml" for n in expected}
 
 
