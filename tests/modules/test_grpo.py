@@ -338,10 +338,12 @@ def test_uniform_groups_are_left_out_of_the_backward_with_the_same_update(tiny_l
 
 
 @pytest.mark.parametrize(
-    "settings", [{"kl_coef": 0.1}, {"kl_coef": 0.0, "baseline": False, "scale_advantages": False}], ids=["kl", "rft"]
+    "settings",
+    [{"kl_coef": 0.1}, {"kl_coef": 0.0, "clip": None, "baseline": False, "scale_advantages": False}],
+    ids=["kl", "rft"],
 )
 def test_uniform_groups_are_run_when_they_have_a_gradient(settings, tiny_lm_dir, tmp_path, monkeypatch):
-    """The KL term pulls every row; without a baseline (Online RFT) an all-correct group has advantage 1."""
+    """The KL term pulls every row; in Online RFT (no baseline, KL or clip) an all-correct group has advantage 1."""
     monkeypatch.setattr(GRPO, "rewards", lambda self, *a, **k: torch.tensor([[1.0], [1.0], [0.0], [1.0]]))
     model = _model(tiny_lm_dir, settings, answer_reward=True)
     rows, run = [], model.players.token_logprobs
