@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -359,7 +360,8 @@ def _grpo(lm, tmp_path, **kw):
     return model, _prompts()
 
 
-def _grpo_learns(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
+def _grpo_learns(tiny_lm_dir, tmp_path, mirrored: bool, **kw: Any) -> dict[str, tuple[float, float]]:
+    """GRPO (with ``pairwise``: Online DPO, IPO, RPO or SimPO on each group's best and worst reply)."""
     from alignment_games.modules.grpo import GRPO
 
     L.seed_everything(0)
@@ -369,6 +371,7 @@ def _grpo_learns(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float
         sampling=Sampling(temperature=1.0, max_new_tokens=1),
         lr=1e-2,
         chat_template=False,
+        **kw,
     )
     model.rewards = lambda inputs, completions, refs, group_size=1: torch.tensor(
         [[good(c, mirrored)] for c in completions]
@@ -413,6 +416,11 @@ add(
                 {"policy_gradient": {"max_tokens_per_micro_batch": -1}},
                 "policy_gradient.max_tokens_per_micro_batch must be at least 0, got -1",
             ),
+            (
+                {"pairwise": {"loss_type": "ipo"}},  # the builder's kl_coef is 0.1
+                r"policy_gradient.kl_coef must be 0 with pairwise \(the pairwise loss holds the KL term\)",
+            ),
+            ({"pairwise": {"beta": 0.0}}, "pairwise.beta must be positive, got 0.0"),
         ),
         resume=(
             Family(
@@ -435,7 +443,7 @@ add(
             ),
         ),
         rates=Rates(("lr=0.5", "weight_decay=0.125", "adam_betas=[0.5,0.75]"), [[0.5]], (0.125, (0.5, 0.75))),
-        learns={"": _grpo_learns},
+        learns={"": _grpo_learns, "online_ipo": partial(_grpo_learns, pairwise=PairwiseLoss("ipo"))},
     )
 )
 
