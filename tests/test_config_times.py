@@ -7,30 +7,12 @@ import re
 
 import pytest
 from helpers import ROOT
+from helpers.config_header import header_time
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TIME = re.compile(r"^# CPU time: (.+)$")
 NAMED = re.compile(r"`(?:configs/)?(\w+)\.yaml`")
 AFTER = re.compile(r"\(after [^)]*\)")
 TABLES = {"README.md": "| family | config |", os.path.join("docs", "layout.md"): "| config | what it runs |"}
-
-
-def header_time(path: str) -> str:
-    """The ``# CPU time:`` line of a config's leading comment block.
-
-    Raises:
-        ValueError: naming the file, when the header has no such line or more than one.
-    """
-    found = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.startswith("#"):
-                break
-            if m := TIME.match(line.rstrip("\n")):
-                found.append(m.group(1))
-    if len(found) != 1:
-        raise ValueError(f"{path}: the header comment needs one '# CPU time: ...' line, found {len(found)}")
-    return found[0]
 
 
 def expected_cell(names: list[str], times: dict[str, str]) -> str:
@@ -58,7 +40,7 @@ def table_rows(page: str) -> list[tuple[int, list[str]]]:
 
 
 def test_every_config_header_states_its_time():
-    assert len(CONFIGS) == 38
+    assert CONFIGS  # the glob found the folder
     assert all(header_time(c) for c in CONFIGS)
 
 
