@@ -37,6 +37,15 @@ def _resolved(capsys, *configs, extra=()):
     return yaml.safe_load(capsys.readouterr().out)
 
 
+def _fit_in_two_processes(cwd, config: str, *args: str) -> None:
+    """``train.py fit`` of ``config`` under the DDP overlay in two CPU processes (gloo), in ``cwd``; it must pass."""
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "fit", "--config", config, "--config"]
+    cmd += [os.path.join(OVERLAYS, "ddp.yaml"), *args, "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("base", [GRPO, SMIDA], ids=os.path.basename)
 def test_each_overlay_parses_on_the_generating_families(base, capsys):
     expect = {
@@ -77,14 +86,9 @@ def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
     from alignment_games.modules.lm.models import build_tiny_reward_model
 
     reward = build_tiny_reward_model(tmp_path / "rm", seed=3)  # varied rewards: the answer checker scores 0 here
-    args = [
-        sys.executable,
-        os.path.join(ROOT, "train.py"),
-        "fit",
-        "--config",
+    _fit_in_two_processes(
+        tmp_path,
         GRPO,
-        "--config",
-        os.path.join(OVERLAYS, "ddp.yaml"),
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         "--model.init_args.sampling.max_new_tokens=8",
         f"--model.init_args.reward_models=[{reward}]",
@@ -94,12 +98,7 @@ def test_grpo_trains_in_two_ddp_processes(tiny_lm_dir, tmp_path):
         "--trainer.max_steps=2",
         "--trainer.limit_val_batches=1",
         "--trainer.val_check_interval=2",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=2",
-    ]
-    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    )
     ckpts = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
     ckpt = torch.load(ckpts[0], weights_only=False)
     assert ckpt["global_step"] == 2
@@ -197,23 +196,13 @@ def test_generation_gathers_fsdp_sharded_parameters(tiny_lm_dir):
 )
 def test_family_trains_in_two_ddp_processes(config, extra, trained_key, tiny_lm_dir, tmp_path):
     """Two gloo processes run a couple of steps; rank 0's checkpoint holds the steps and weights that moved."""
-    args = [
-        sys.executable,
-        os.path.join(ROOT, "train.py"),
-        "fit",
-        "--config",
+    _fit_in_two_processes(
+        tmp_path,
         os.path.join(ROOT, "configs", config),
-        "--config",
-        os.path.join(OVERLAYS, "ddp.yaml"),
         *[a.replace("{tiny_lm_dir}", str(tiny_lm_dir)) for a in extra],
         "--trainer.max_steps=2",
         "--trainer.limit_val_batches=1",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=2",
-    ]
-    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    )
     ckpts = glob.glob(str(tmp_path / "runs" / "**" / "*.ckpt"), recursive=True)
     assert ckpts, "no checkpoint written"
     ckpt = torch.load(ckpts[0], weights_only=False)
@@ -227,13 +216,7 @@ def test_family_trains_in_two_ddp_processes(config, extra, trained_key, tiny_lm_
 def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, extra=()) -> list[str]:
     g = 2 if algorithm == "grpo" else 1
     return [
-        sys.executable,
-        os.path.join(ROOT, "train.py"),
-        "fit",
-        "--config",
         os.path.join(ROOT, "configs", f"pool_{algorithm}.yaml"),
-        "--config",
-        os.path.join(OVERLAYS, "ddp.yaml"),
         f"--model.init_args.lm.name_or_path={tiny_lm_dir}",
         f"--model.init_args.duels_per_iteration={duels}",
         f"--model.init_args.num_iterations={iterations}",
@@ -245,16 +228,8 @@ def _pool_ddp_args(algorithm: str, tiny_lm_dir, duels: int, iterations: int, ext
         "--data.init_args.num_problems=20",
         "--data.init_args.num_test_problems=4",
         "--trainer.limit_val_batches=1",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=2",
         *extra,
     ]
-
-
-def _run(args, cwd) -> None:
-    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.distributed
@@ -265,7 +240,9 @@ def test_pool_plays_one_game_across_two_ddp_processes(algorithm, tiny_lm_dir, tm
     module checks that after every iteration and raises otherwise)."""
     duels, iterations = 5, 2
     g = 2 if algorithm == "grpo" else 1
-    _run(_pool_ddp_args(algorithm, tiny_lm_dir, duels, iterations, [f"--trainer.max_epochs={iterations}"]), tmp_path)
+    _fit_in_two_processes(
+        tmp_path, *_pool_ddp_args(algorithm, tiny_lm_dir, duels, iterations, [f"--trainer.max_epochs={iterations}"])
+    )
     ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=False)
     game = ckpt["game_state"]
     assert game["iteration"] == iterations
@@ -286,7 +263,7 @@ def test_pool_under_ddp_resumes_exactly(tiny_lm_dir, tmp_path):
         extra = [f"--trainer.max_epochs={epochs}", "--model.init_args.num_iterations=2"]
         if resume:
             extra.append("--ckpt_path=last")
-        _run(_pool_ddp_args("grpo", tiny_lm_dir, 5, 2, extra), folder)
+        _fit_in_two_processes(folder, *_pool_ddp_args("grpo", tiny_lm_dir, 5, 2, extra))
         path = glob.glob(str(folder / "runs" / "**" / "last.ckpt"), recursive=True)
         return torch.load(path[0], weights_only=False)
 
