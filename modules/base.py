@@ -243,10 +243,10 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         chunk only; with ``reduce`` never: each rank ran its own rows, and ``reduce(loss)`` sums the gradients and the
         loss (a float) over the ranks, checked once.
         """
-        num_rows = chunks[-1][1] if chunks else 0
+        num_rows, banks = chunks[-1][1] if chunks else 0, list(self.policy_banks().values())
         total: dict[str, Any] = {}
         for start, stop in chunks:
-            with self.gradient_sync(last=reduce is None and stop >= num_rows):
+            with gradient_sync(self._trainer, self, banks, enabled=reduce is None and stop >= num_rows):
                 loss, stats = loss_of(start, stop)
                 if reduce is None and not self.check_finite(loss.detach(), what):  # same decision on every rank
                     return None
@@ -264,13 +264,11 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     @contextmanager
     def _timed(self, phase: str) -> Iterator[None]:
         """Add the wall time of the block to :attr:`phase_times` ``[phase]`` (CUDA synchronised around it)."""
-        cuda = self.device if self.device.type == "cuda" else None
-        if cuda is not None:
-            torch.cuda.synchronize(cuda)
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else lambda device: None
+        sync(self.device)
         start = time.perf_counter()
         yield
-        if cuda is not None:
-            torch.cuda.synchronize(cuda)
+        sync(self.device)
         self.phase_times[phase] = self.phase_times.get(phase, 0.0) + time.perf_counter() - start
 
     def log_phase_times(self, batch_size: int, step_total: bool = False, **extra: float) -> None:
@@ -279,13 +277,6 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
             self.phase_times["step"] = sum(self.phase_times.values())
         self.phase_times.update(extra)
         self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=batch_size)
-
-    @contextmanager
-    def gradient_sync(self, last: bool) -> Iterator[None]:
-        """Skip the cross-process gradient reduction unless ``last`` (see :func:`gradient_sync`)."""
-        banks = list(self.policy_banks().values())
-        with gradient_sync(self._trainer, self, banks, enabled=last):
-            yield
 
     def optimizer_step(self, optimizer: Any, parameters: list[nn.Parameter] | None = None) -> Tensor:
         """Check the gradients, clip by :attr:`grad_clip`, step; the 2-norm before clipping over ``parameters``.
@@ -304,13 +295,18 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
                 # scale here as its own step would have; else the next steps overflow again
                 scaler.update(scaler.get_scale() * scaler.get_backoff_factor())
             return torch.full((), float("nan"))
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        norm = self.grad_norm(params)
         if self.grad_clip is not None:
             self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
         self.record_update()
         return grad_norm_after_step(self.trainer.strategy, norm)
+
+    @staticmethod
+    def grad_norm(parameters: Sequence[nn.Parameter]) -> Tensor:
+        """Total 2-norm of the gradients present (0 without any), as the clip measures it."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
     def _optimizer_list(self) -> list[Any]:
         opts = self.optimizers()

@@ -263,8 +263,7 @@ class GRPO(LanguageModelGame):
         }
         if "logprob_gap" in out:  # an engine sampled the rollout (lm.decode: vllm)
             logs["rollout/logprob_gap"] = out["logprob_gap"]
-        names = [f"rm{i}" for i in range(len(self.reward_models or []))]
-        names += ["answer"] if self.hparams.answer_reward else []
+        names = [f"rm{i}" for i in range(len(self.reward_models or []))] + ["answer"] * self.hparams.answer_reward
         logs.update({f"train/reward_{n}": per_reward[:, i].mean() for i, n in enumerate(names)})
         self.log_dict(logs, batch_size=grouped.shape[0])
 

@@ -36,10 +36,9 @@ def win_rate_summary(rates: Tensor, n_boot: int = 1000, seed: int = 0) -> dict[s
 
 
 class WinRateValidation:
-    """Validation of a preference-trained policy against the frozen reference on held-out prompts (mixin).
+    """Validation of a policy against the frozen reference on held-out prompts (mixin of a ``LanguageModelGame``).
 
-    Its host, a :class:`~alignment_games.modules.base.LanguageModelGame`, has the attributes declared here and
-    ``hparams.system_prompt`` and ``hparams.eval_pairs``.
+    Its host has the attributes declared here, ``hparams.system_prompt`` and ``hparams.eval_pairs``.
     """
 
     #: the bank's player that is evaluated
@@ -48,7 +47,6 @@ class WinRateValidation:
     sampling: Sampling
     preference: Utility  # P0
     oracle: PreferenceOracle | None
-    last_eval: dict[str, Any] | None  # the last validation's summary, as written to baseline_eval.json
     item_ids: Callable[[dict[str, Any], int], Tensor]
     write_artifact: Callable[[str, dict[str, Any]], str | None]
 

@@ -136,7 +136,7 @@ class LeaderFollower:
         # one backward: the players' parameters are disjoint; non-finite (e.g. an infinite log-probability): no step
         if (step := game.update(loss, opts[follower_only:], params[follower_only:])) is None:
             return
-        norms = [_grad_norm(params[0])] * follower_only + step[1]  # before clipping
+        norms = [game.grad_norm(params[0])] * follower_only + step[1]  # before clipping
         game.log_phase_times(b, generated_tokens=float(lead.completion_mask.sum() + foll.completion_mask.sum()))
         stats = {"train/loss": (out["leader_loss"] + out["follower_loss"]).detach()}
         stats |= {"follower/utility": out["utility_mean"], "leader/cost": out["a_bar"].mean()}
@@ -145,9 +145,3 @@ class LeaderFollower:
         for name, rollout in (("leader", lead), ("follower", foll)):
             stats[f"{name}/response_tokens"] = rollout.completion_mask.sum(1).float().mean()
         game.log_dict(stats, prog_bar=False, batch_size=b)
-
-
-def _grad_norm(parameters: list[torch.nn.Parameter]) -> Tensor:
-    """Total 2-norm of the gradients present (0 without any), as the clip would measure it."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
