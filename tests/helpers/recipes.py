@@ -449,20 +449,26 @@ add(
 
 
 # ---------------------------------------------------------------------------------------------------- deep-SMIDA
-def _deep_smida(lm, tmp_path, **kw):
-    from alignment_games.modules.deep_smida import DeepSMIDA
+def _leader_follower(family: str, scorer: str) -> Builder:
+    """A leader-follower game's builder (deep-SMIDA, SLHF): two samples a side, :class:`Letters` as its ``scorer``
+    (its utility or preference), both players at rate 1e-2."""
 
-    args = {
-        "lm": lm,
-        "utility": Letters(),
-        "samples_per_prompt": 2,
-        "follower_samples": 2,
-        "sampling": Sampling(temperature=0.6, max_new_tokens=6),
-        "leader_lr": 1e-2,
-        "follower_lr": 1e-2,
-        **kw,
-    }
-    return DeepSMIDA(**args), _prompts()
+    def build(lm, tmp_path, **kw):
+        from alignment_games.modules.training.registry import model_families
+
+        args = {
+            "lm": lm,
+            scorer: Letters(),
+            "samples_per_prompt": 2,
+            "follower_samples": 2,
+            "sampling": Sampling(temperature=0.6, max_new_tokens=6),
+            "leader_lr": 1e-2,
+            "follower_lr": 1e-2,
+            **kw,
+        }
+        return model_families()[family](**args), _prompts()
+
+    return build
 
 
 def _deep_smida_learns(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
@@ -476,7 +482,7 @@ def _deep_smida_learns(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple
 add(
     Recipe(
         family="DeepSMIDA",
-        build=_deep_smida,
+        build=_leader_follower("DeepSMIDA", "utility"),
         steps={"max_steps": 6},  # two optimizer steps per batch
         refused=(
             ({"alphas": (0.1, 1.0)}, r"alphas\[1\] must be in \(0.0, 1.0\), got 1.0"),
@@ -596,22 +602,6 @@ add(
 
 
 # ---------------------------------------------------------------------------------------------------------- SLHF
-def _slhf(lm, tmp_path, **kw):
-    from alignment_games.modules.slhf import SLHF
-
-    args = {
-        "lm": lm,
-        "preference": Letters(),
-        "samples_per_prompt": 2,
-        "follower_samples": 2,
-        "sampling": Sampling(temperature=0.6, max_new_tokens=6),
-        "leader_lr": 1e-2,
-        "follower_lr": 1e-2,
-        **kw,
-    }
-    return SLHF(**args), _prompts()
-
-
 def _slhf_learns(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float, float]]:
     """Both players raise their chance of beating the other under P0: each learns to start well."""
     from alignment_games.modules.slhf import SLHF
@@ -623,7 +613,7 @@ def _slhf_learns(tiny_lm_dir, tmp_path, mirrored: bool) -> dict[str, tuple[float
 add(
     Recipe(
         family="SLHF",
-        build=_slhf,
+        build=_leader_follower("SLHF", "preference"),
         steps={"max_steps": 6},  # two optimizer steps per batch
         refused=(
             ({"tau_follower": 0.0}, "tau_follower must be positive, got 0.0"),
@@ -884,6 +874,7 @@ add(
         learns={
             "dpo": _pool_learns("dpo"),
             "rpo": _pool_learns("dpo", loss_type="rpo"),  # RPO: DPO + the chosen's NLL
+            "simpo": _pool_learns("dpo", loss_type="simpo"),  # no reference forward
             "grpo": _pool_learns("grpo"),
         },
     )
