@@ -56,7 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIMIT = 420.0  # seconds for the whole run, imports included (gpu.sh's default)
 MARGIN = 8.0  # kept inside the limit to write the results at the end
 STARTUP = 5.0  # allowance for the driver's own start and the gaps between sections
-# (name, deadline in seconds on an H200), in the order that matters; see the RESULTS section for each estimate
+# (name, deadline in seconds on an H200), in the order that matters; each estimate: benchmarks/results/speed.md
 SECTIONS = (
     ("env", 15),
     ("decode_static", 55),
