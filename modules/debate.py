@@ -332,10 +332,7 @@ class DebateSelfPlay(LanguageModelGame):
         return self._mcc_outputs(transcripts, verdicts)
 
     def _update(self, roll: ForkedRollout, r: torch.Tensor) -> dict[str, float] | None:
-        """The ``updates_per_batch`` steps on a rollout of rewards ``r``: the last one's metrics, or ``None`` (skipped).
-
-        A non-finite loss after the first update ends the batch: the earlier updates stand and its loss is logged.
-        """
+        """The ``updates_per_batch`` steps on a rollout of rewards ``r``: the last one's metrics; ``None``: skipped."""
         pg = self.policy_gradient
         adv, old = pg.advantages(r), None
         self.board.add_values(self, {"train/reward_hist": r, "train/advantage_hist": adv})
@@ -345,7 +342,7 @@ class DebateSelfPlay(LanguageModelGame):
             if (step := self.update(loss, self.optimizers(), [self.bank.player_parameters(PLAYER)])) is None:
                 if update == 0:
                     return None
-                break  # the next batch starts fresh
+                break  # a later non-finite loss: the earlier updates stand, its loss is logged
             old, norm = current if old is None else old, step[1][0]
         out = {"train/loss": float(loss.detach()), "train/kl": float(stats["kl"]), "train/grad_norm": float(norm)}
         out |= {"train/clip_fraction": float(stats["clip_fraction"]), "train/advantage_abs": float(adv.abs().mean())}

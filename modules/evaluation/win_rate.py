@@ -36,14 +36,11 @@ def win_rate_summary(rates: Tensor, n_boot: int = 1000, seed: int = 0) -> dict[s
 
 
 class WinRateValidation:
-    """Validation of a policy against the frozen reference on held-out prompts (mixin of a ``LanguageModelGame``).
-
-    Its host has the attributes declared here, ``hparams.system_prompt`` and ``hparams.eval_pairs``.
-    """
+    """Validation of a policy against the frozen reference on held-out prompts (mixin; the host's attributes below)."""
 
     #: the bank's player that is evaluated
     eval_player: str = "policy"
-    players: PolicyBank
+    players: PolicyBank  # and hparams.system_prompt, hparams.eval_pairs
     sampling: Sampling
     preference: Utility  # P0
     oracle: PreferenceOracle | None

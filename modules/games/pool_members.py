@@ -19,12 +19,9 @@ __all__ = ["PoolMembers"]
 
 
 class PoolMembers:
-    """Mixin of :class:`alignment_games.modules.pool.StackelbergPool`: its members' prompts, answers and judgements.
+    """Mixin of :class:`alignment_games.modules.pool.StackelbergPool`: its members' prompts, answers and judgements."""
 
-    The pool has the attributes declared here and ``hparams.system_prompt``.
-    """
-
-    banks: Sequence[PolicyBank]
+    banks: Sequence[PolicyBank]  # the pool's attributes used here, and hparams.system_prompt
     _bank_of: dict[str, int]  # each player's bank index
     sampling: Sampling
     judging: PeerJudging
