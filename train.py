@@ -96,9 +96,7 @@ _UNION_SUMMARY = "Does not validate against any of the Union subtypes"
 USER_ERRORS = (UserError, MisconfigurationException)
 VERBOSE = "ALIGNMENT_GAMES_VERBOSE"
 # jsonargparse's lines that frame the complaint: a union's alternatives, the value echoed back
-_FRAME = re.compile(
-    r"(Does not validate against|Subtypes: |Errors:|Given value( type)?: |Expected a <class 'NoneType'>)"
-)
+_FRAME = re.compile(r"(Does not validate|Subtypes: |Errors:|Given value( type)?: |Expected a <class 'NoneType'>)")
 
 
 def _did_you_mean(word: str, candidates) -> str:
@@ -126,9 +124,8 @@ def one_line_error(message: str, parser) -> str:
         if line.startswith("Given value: "):
             value = line.removeprefix("Given value: ")
         elif line and not _FRAME.match(line):
-            details.append(
-                re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", line).replace(". Got value:", ", got")
-            )
+            line = re.sub(r"Expected an? <class '([\w.]+)'>", r"expected \1", line)
+            details.append(line.replace(". Got value:", ", got"))
     key = ".".join(keys)
     if m := re.search(r"Expected a dot import path string: (\S+)", message):
         families = model_families() if key == "model" else data_families()
@@ -143,7 +140,7 @@ def one_line_error(message: str, parser) -> str:
         options = [o for a in parser._actions for o in a.option_strings]
         return f"unrecognized argument {unknown[0]}{_did_you_mean(unknown[0], options)}"
     detail = details[-1] if details else " ".join(message.split())
-    return f"{key}: {detail}{f', got {value}' if value and value not in detail else ''}" if key else detail
+    return f"{key}: {detail}{f', got {value}' if value and ', got' not in detail else ''}" if key else detail
 
 
 class AlignmentArgumentParser(LightningArgumentParser):

@@ -20,7 +20,6 @@ __all__ = [
     "StepsRichProgressBar",
     "StepsTQDMProgressBar",
     "console_callbacks",
-    "progress_bar",
     "quiet_lightning_console",
     "train_description",
 ]
@@ -65,11 +64,6 @@ class StepsRichProgressBar(RichProgressBar):
             label = self._get_train_description(trainer.current_epoch)
             self.progress.update(self.train_progress_bar_id, description=label)  # drawn by the update
         super().on_train_batch_end(trainer, pl_module, *args)
-
-
-def progress_bar() -> ProgressBar:
-    """The bar Lightning would choose (rich when installed, else tqdm), labelled with :func:`train_description`."""
-    return StepsRichProgressBar() if _RICH_AVAILABLE else StepsTQDMProgressBar()
 
 
 class ProgressLines(Callback):
@@ -142,10 +136,13 @@ class CountedModelSummary(ModelSummary):
 
 
 def console_callbacks(callbacks: list, progress: bool = True, summary: bool = True) -> list[Callback]:
-    """What a run's console needs beside ``callbacks``: a bar and a summary unless given or off, the progress lines."""
+    """A run's console beside ``callbacks``: progress lines, a bar and a summary unless given or off.
+
+    The bar is the one Lightning would choose (rich when installed, else tqdm), labelled with :func:`train_description`.
+    """
     added: list[Callback] = [ProgressLines()] if progress else []
     if progress and not any(isinstance(c, ProgressBar) for c in callbacks):
-        added.append(progress_bar())
+        added.append(StepsRichProgressBar() if _RICH_AVAILABLE else StepsTQDMProgressBar())
     if summary and not any(isinstance(c, ModelSummary) for c in callbacks):
         added.append(CountedModelSummary())
     return added
