@@ -127,6 +127,13 @@ def chain(n: int) -> tuple[Kill, ...]:
     )
 
 
+def lm_run(name: str, config: str, args: tuple[str, ...], **kw: Any) -> Family:
+    """A kill-resume run on the tiny LM: 4 batches an epoch, a checkpoint every 5, :func:`chain` (4) by default."""
+    return Family(
+        name, config, args, **{"batches_per_epoch": 4, "ckpt_every": 5, "kills": chain(4), "needs_tiny_lm": True, **kw}
+    )
+
+
 # the slower games' chain: SIGTERM mid-epoch, then SIGKILL at an epoch boundary (which resumes mid-epoch 1)
 SHORT_CHAIN = (Kill("SIGTERM", after_batch=2), Kill("SIGKILL", epoch=2))
 # LoRA families on the tiny LM: small adapters, prompts cut from the left (short sequences, fast steps)
@@ -423,23 +430,15 @@ add(
             ({"pairwise": {"beta": 0.0}}, "pairwise.beta must be positive, got 0.0"),
         ),
         resume=(
-            Family(
+            lm_run(
                 name="grpo",
                 config="grpo_tiny.yaml",
                 args=GRPO_RUN,
-                batches_per_epoch=4,
-                ckpt_every=5,
-                kills=chain(4),
-                needs_tiny_lm=True,
             ),
-            Family(  # the same run over a 4-bit (NF4) base: the packed weights are reloaded, the adapter resumes
+            lm_run(  # the same run over a 4-bit (NF4) base: the packed weights are reloaded, the adapter resumes
                 name="grpo_4bit",
                 config="grpo_tiny.yaml",
                 args=(*GRPO_RUN, "--model.init_args.lm.load_in_4bit=true"),
-                batches_per_epoch=4,
-                ckpt_every=5,
-                kills=chain(4),
-                needs_tiny_lm=True,
             ),
         ),
         rates=Rates(("lr=0.5", "weight_decay=0.125", "adam_betas=[0.5,0.75]"), [[0.5]], (0.125, (0.5, 0.75))),
@@ -493,7 +492,7 @@ add(
             ({"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
         ),
         resume=(
-            Family(
+            lm_run(
                 name="deep_smida",
                 config="deep_smida.yaml",
                 args=(
@@ -511,12 +510,9 @@ add(
                     "--trainer.val_check_interval=9",  # one validation in the reference run, one in the chain
                     "--trainer.limit_val_batches=1",
                 ),
-                batches_per_epoch=4,
-                ckpt_every=5,
                 steps_per_batch=2,
                 kills=SHORT_CHAIN,  # the slowest family
                 rel_tol=1e-6,  # the gradient norms of a step after a resume can differ in the last float32 bit
-                needs_tiny_lm=True,
             ),
         ),
         rates=Rates(("leader_lr=0.5", "follower_lr=0.25"), [[0.5], [0.25]]),
@@ -573,7 +569,7 @@ add(
             ({"eval_pairs": 0}, "eval_pairs must be at least 1, got 0"),
         ),
         resume=(
-            Family(
+            lm_run(
                 name="nlhf",
                 config="nlhf.yaml",
                 args=(
@@ -589,10 +585,7 @@ add(
                     "--trainer.val_check_interval=3",
                     "--trainer.limit_val_batches=1",
                 ),
-                batches_per_epoch=4,
-                ckpt_every=5,
                 kills=SHORT_CHAIN,
-                needs_tiny_lm=True,
             ),
         ),
         rates=Rates(("lr=0.5",), [[0.5]]),
@@ -626,7 +619,7 @@ add(
             ({"follower_system_template": "Improve it."}, r"follower_system_template must contain \{leader_response\}"),
         ),
         resume=(
-            Family(
+            lm_run(
                 name="slhf",
                 config="slhf.yaml",
                 args=(
@@ -641,11 +634,8 @@ add(
                     "--trainer.val_check_interval=3",  # as nlhf: validations at batches 3, 6 and 9
                     "--trainer.limit_val_batches=1",
                 ),
-                batches_per_epoch=4,
-                ckpt_every=5,
                 steps_per_batch=2,
                 kills=SHORT_CHAIN,
-                needs_tiny_lm=True,
             ),
         ),
         rates=Rates(("leader_lr=0.5", "follower_lr=0.25"), [[0.5], [0.25]]),
@@ -730,7 +720,7 @@ add(
             ({"policy_gradient": {"micro_batch": -1}}, "policy_gradient.micro_batch must be at least 0, got -1"),
         ),
         resume=(
-            Family(
+            lm_run(
                 name="debate_ab",
                 config="debate_ab.yaml",  # two plies: the fork choice, Bob's turn and the judge's generator resume
                 args=(
@@ -743,10 +733,6 @@ add(
                     "--data.init_args.batch_size=2",
                     *FOURTEEN_STEPS,  # one validation (batch 9): MCC, peak window, eval history
                 ),
-                batches_per_epoch=4,
-                ckpt_every=5,
-                kills=chain(4),
-                needs_tiny_lm=True,
             ),
         ),
         rates=Rates(("lr=2.0", "multi_player_lr_scale=0.25"), [[0.5]]),  # two-player debate: lr·scale
@@ -846,7 +832,7 @@ add(
             ({"eval_max_new_tokens": 0}, "eval_max_new_tokens must be at least 1, got 0"),
         ),
         resume=(
-            Family(
+            lm_run(
                 name="pool_dpo",
                 config="pool_dpo.yaml",
                 args=(
@@ -863,11 +849,8 @@ add(
                     "--trainer.max_steps=39",  # 13 iterations: one DPO step per follower each (no iteration ties)
                     "--trainer.limit_val_batches=1",
                 ),
-                batches_per_epoch=4,
                 ckpt_every=5,  # batches 5 and 10: off the epoch ends (4, 8, 12), which are also the validations
                 steps_per_batch=3,  # one AdamW step per follower (dpo_pairs=all, batch_size >= duels, no all-tied)
-                kills=chain(4),
-                needs_tiny_lm=True,
             ),
         ),
         rates=Rates(("followers.lr=0.5",), [[0.5]] * 3),
