@@ -7,10 +7,12 @@ import signal
 import pytest
 import torch
 from helpers.nan_after import NaNAfter
+from helpers.recipes import RECIPES, tiny_lm
 from helpers.resume_families import FAMILIES, resume_points
 from helpers.resume_harness import ForkServer, Runner, _KillWhenPickled, compare
 
 from alignment_games.callbacks.fault_tolerance import atomic_torch_save
+from alignment_games.modules.lm.model_config import ModelConfig
 
 
 @pytest.fixture(scope="module")
@@ -140,64 +142,35 @@ def _assert_stopped_with_the_last_good_checkpoint(module, before, ckpt):
         assert torch.equal(value, params[name]), name
 
 
-def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
+def _recipe_model(family, lm, tmp_path, **kw):
     import lightning as L
 
-    from alignment_games.datamodules.preference import PreferenceDataModule
-    from alignment_games.modules.lm.model_config import ModelConfig
-    from alignment_games.modules.preference import PreferenceEnsemble
-
     L.seed_everything(0)
-    model = PreferenceEnsemble(
-        ModelConfig(tiny_lm_dir), backbone_task="causal_lm", num_members=2, max_consecutive_nonfinite=3
-    )
+    return RECIPES[family].make(lm, tmp_path, **kw)
+
+
+def test_preference_ensemble_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
+    model, data = _recipe_model("PreferenceEnsemble", ModelConfig(tiny_lm_dir), tmp_path, max_consecutive_nonfinite=3)
     model._own_member_logits = NaNAfter(model._own_member_logits, after=3)  # steps 1-2 good, then NaN
-    dm = PreferenceDataModule(num_prompts=24, responses_per_prompt=3, batch_size=8, max_length=64)
-    _, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 3, every=2, limit_val_batches=0)
+    _, before, ckpt = _fit_until_stopped(model, data["datamodule"], tmp_path, 3, every=2, limit_val_batches=0)
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
 
 
-def test_sft_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tmp_path):
-    import lightning as L
-
-    from alignment_games.datamodules.sft import ArithmeticSFTDataModule
-    from alignment_games.modules.sft import CausalLMSFT
-
-    L.seed_everything(0)
-    tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
-    model = CausalLMSFT(tiny_config=tiny, output_dir=str(tmp_path / "out"), max_length=64, max_consecutive_nonfinite=2)
+def test_sft_skips_nonfinite_losses_and_stops_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
+    model, data = _recipe_model("CausalLMSFT", ModelConfig(tiny_lm_dir), tmp_path, max_consecutive_nonfinite=2)
     model._loss = NaNAfter(model._loss, after=3)
-    dm = ArithmeticSFTDataModule(num_prompts=40, batch_size=4)
-    _, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 2, every=1, limit_val_batches=0)
+    _, before, ckpt = _fit_until_stopped(model, data["datamodule"], tmp_path, 2, every=1, limit_val_batches=0)
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
 
 
 def test_deep_smida_stops_on_nonfinite_utilities_with_the_last_good_checkpoint(tiny_lm_dir, tmp_path):
-    import lightning as L
-
-    from alignment_games.datamodules.prompts import PromptDataModule
-    from alignment_games.modules.deep_smida import DeepSMIDA
-    from alignment_games.modules.lm.model_config import ModelConfig
     from alignment_games.modules.lm.sampling import Sampling
-    from alignment_games.modules.scorers.utility import Utility
 
-    class Letters(Utility):
-        def forward(self, prompts, leader, follower):
-            return torch.tensor([len(set(y)) / 50.0 for y in follower])
-
-    L.seed_everything(0)
-    utility = Letters()
-    model = DeepSMIDA(
-        lm=ModelConfig(tiny_lm_dir, max_prompt_tokens=48, lora_r=4),
-        utility=utility,
-        samples_per_prompt=2,
-        follower_samples=2,
-        sampling=Sampling(temperature=0.6, max_new_tokens=4),
-        max_consecutive_nonfinite=2,
-    )
-    model.utility.forward = NaNAfter(utility.forward, after=3)
-    dm = PromptDataModule(num_prompts=13, batch_size=2)
-    trainer, before, ckpt = _fit_until_stopped(model, dm, tmp_path, 2, every=4, limit_val_batches=0)
+    lm = tiny_lm(tiny_lm_dir, max_prompt_tokens=48)
+    sampling = Sampling(temperature=0.6, max_new_tokens=4)
+    model, data = _recipe_model("DeepSMIDA", lm, tmp_path, sampling=sampling, max_consecutive_nonfinite=2)
+    model.utility.forward = NaNAfter(model.utility.forward, after=3)
+    trainer, before, ckpt = _fit_until_stopped(model, data["datamodule"], tmp_path, 2, every=4, limit_val_batches=0)
     _assert_stopped_with_the_last_good_checkpoint(model, before, ckpt)
     # manual optimization: skipped batches step no optimizer, so the checkpoint of the last good step is the last
     assert trainer.global_step == ckpt["global_step"] == 4
