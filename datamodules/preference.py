@@ -182,9 +182,9 @@ class PreferenceDataModule(_TableDataModule):
         relabel: Relabel every pair of the file or hub data with ``oracle`` (the paper's synthetic-oracle setup).
         reference_column: Column with the reference final answer, read only with ``relabel``.
         predict_path: jsonl of pairs (prompt, response_a, response_b) to score in ``predict``.
-        tokenizer: Tokenizer name or path; ``None`` takes the model's tokenizer. **table: The triplets' file or hub set
-        (:class:`~alignment_games.datamodules.files._TableDataModule`'s arguments); with neither ``path`` nor ``name``,
-        arithmetic data is generated.
+        tokenizer: Tokenizer name or path; ``None`` takes the model's tokenizer.
+        **table: The triplets' file or hub set (:class:`~alignment_games.datamodules.files._TableDataModule`'s
+            arguments); with neither ``path`` nor ``name``, arithmetic data is generated.
     """
 
     def __init__(

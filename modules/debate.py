@@ -88,9 +88,9 @@ class DebateSelfPlay(LanguageModelGame):
         frozen_critic: Bob is played by the frozen reference weights, not the policy (``trainable_plies``: Alice's).
         judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
         bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
-        seed: Seed of fork choice and sampling (per batch, so resumes draw the same). **game:
-        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: validation transcripts
-        shown in TensorBoard, ``val/debates``).
+        seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: validation
+            transcripts shown in TensorBoard, ``val/debates``).
     """
 
     family = "debate self-play"

@@ -53,9 +53,9 @@ class GRPO(LanguageModelGame):
         chat_template: Render prompts with the tokenizer's chat template; ``False`` feeds them as they are.
         skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, a group baseline and one
             process only).
-        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``). **game:
-        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation
-        replies, ``val/generations``).
+        eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation
+            replies, ``val/generations``).
     """
 
     family = "GRPO"

@@ -44,9 +44,9 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         system_prompt: The policy's system message.
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
-        logprob_micro_batch: Sequences per log-probability forward (0: all at once). **game:
-        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer,
-        ...).
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit,
+            optimizer, ...).
     """
 
     family = "NLHF (Nash-MD-PG)"

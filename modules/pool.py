@@ -68,9 +68,9 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
           (:class:`~alignment_games.modules.algorithms.pool.ReputationWeighting`).
         followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO and its settings).
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
-        seed: Seed of the leader's and the matching's generator (saved in checkpoints). **game:
-        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (per follower; ``log_samples``: duels of
-        the latest iteration, ``train/duels``).
+        seed: Seed of the leader's and the matching's generator (saved in checkpoints).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (per follower; ``log_samples``:
+            duels of the latest iteration, ``train/duels``).
     """
 
     family = "multi-LLM pool"

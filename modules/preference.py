@@ -63,9 +63,9 @@ class PreferenceEnsemble(AutomaticFamily):
         weight_decay: AdamW weight decay.
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
-        report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands. **training:
-        :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
-        ``optimizer``).
+        report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
+        **training: :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
+            ``optimizer``).
     """
 
     def __init__(

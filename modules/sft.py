@@ -53,9 +53,9 @@ class CausalLMSFT(AutomaticFamily):
         seed: Seed of the tiny model's initialisation.
         warmup_steps: With ``cosine_decay``, steps of linear warmup to ``lr``.
         cosine_decay: Decay the rate along a cosine to ``lr * min_lr_ratio`` at ``trainer.max_steps`` (off: constant).
-        min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``. **training:
-        :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
-        ``optimizer``).
+        min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
+        **training: :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
+            ``optimizer``).
     """
 
     def __init__(

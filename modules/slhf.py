@@ -45,9 +45,9 @@ class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
         follower_system_template: Follower's system message; ``{leader_response}`` is replaced.
         eval_pairs: Leader–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
-        logprob_micro_batch: Sequences per log-probability forward (0: all at once). **game:
-        :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit, optimizer,
-        ...).
+        logprob_micro_batch: Sequences per log-probability forward (0: all at once).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit,
+            optimizer, ...).
     """
 
     family = "SLHF (StackelbergGDA)"
