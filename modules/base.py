@@ -358,7 +358,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         if "index" not in batch:
             raise KeyError(
                 f"{name}: evaluation batches need each item's dataset index under 'index' (as"
-                " datamodules.prompts.collate_prompts gives), to count every item once across processes"
+                " alignment_games.datamodules.prompts.collate_prompts gives), to count every item once across processes"
             )
         ids = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
         if ids.numel() != count:

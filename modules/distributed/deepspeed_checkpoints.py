@@ -194,7 +194,8 @@ def safe_deepspeed_strategy(strategy: Any) -> Any:
         raise ValueError(
             f"trainer.strategy: {type(strategy).__module__}.{type(strategy).__qualname__} is refused: Lightning's "
             "DeepSpeedStrategy writes checkpoints in place (a kill tears them) and loads them with "
-            "weights_only=False. Use modules.distributed.deepspeed_checkpoints.SafeDeepSpeedStrategy (same "
-            "arguments) or a name such as deepspeed_stage_2"
+            "weights_only=False. Use "
+            "alignment_games.modules.distributed.deepspeed_checkpoints.SafeDeepSpeedStrategy (same arguments) or a "
+            "name such as deepspeed_stage_2"
         )
     return strategy
