@@ -145,7 +145,7 @@ class PhaseMemory:
                 entry["seconds"] += time.perf_counter() - t0
 
     def instrument(self, module) -> None:
-        """Route a :class:`~alignment_games.modules.base.LanguageModelGame` module's ``_timed`` phases through :meth:`phase`."""
+        """Route a :class:`~alignment_games.modules.base.LanguageModelGame`'s ``_timed`` phases via :meth:`phase`."""
         timed = module._timed
 
         @contextmanager
