@@ -139,12 +139,14 @@ def check_columns(present: Iterable[str], where: str, columns: Mapping[str, str 
 
 
 def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
-    """``enumerate(ds)``, with text that is not UTF-8 reported as a ``ValueError`` naming the row.
+    """``enumerate(ds, 1)``, with text that is not UTF-8 reported as a ``ValueError`` naming the row.
+
+    Rows count from 1, as an editor counts lines: row 8 of a JSON Lines file without blank lines is its line 8.
 
     Raises:
         ValueError: ``"<where>: row <i>: text is not valid UTF-8 ..."``.
     """
-    i = 0
+    i = 1
     iterator = iter(ds)
     while True:
         try:
@@ -222,7 +224,7 @@ def _json_problem(path: str) -> str | None:
         return None
     except ValueError as e:
         return str(e)
-    for i, rec in enumerate(records):
+    for i, rec in enumerate(records, 1):
         if (found := _non_finite_field(rec)) is not None:
             field, number = found
             at = f"row {i}: field {field!r}" if field is not None else f"row {i}"

@@ -94,7 +94,7 @@ def rows_as_text(rows: list[dict[str, Any]], tokenizer: Any, source: str = "data
         ValueError: naming the row and field of a malformed message list or a text-versus-conversation pair.
     """
     out = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows, 1):
         row = dict(row)
         where = f"{source}: row {i}"
         if "prompt" not in row:
@@ -126,7 +126,7 @@ def validate_rows(rows: list[dict[str, Any]], source: str = "data") -> list[dict
         ValueError: naming row and field: a missing or blank text, or a label not a finite number in [0, 1].
     """
     out = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows, 1):
         for field in ("prompt", "response_a", "response_b"):  # an empty or whitespace prompt is refused too
             require_text(row.get(field), field, source, i)
         out.append({**row, "label": require_number(row.get("label"), "label", source, i, 0.0, 1.0)})

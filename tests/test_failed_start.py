@@ -53,7 +53,7 @@ def _folders(root):
 def test_a_row_refused_in_setup_leaves_no_version_folder(tmp_path, logger):
     save_dir = tmp_path / "logs"
     extra = [f"--data.init_args.path={_bad_file(tmp_path)}", "--data.init_args.oracle=null"]
-    with pytest.raises(ValueError, match=r"pairs.jsonl'?: row 1: field 'prompt' is empty"):
+    with pytest.raises(ValueError, match=r"pairs.jsonl'?: row 2: field 'prompt' is empty"):
         train.main(_args(logger, save_dir, *extra))
     assert not save_dir.exists() or _folders(save_dir) in ([], ["run"])
 
@@ -70,7 +70,7 @@ def test_folders_of_earlier_runs_are_kept(tmp_path):
     (save_dir / "run" / "version_0").mkdir(parents=True)
     (save_dir / "run" / "version_0" / "metrics.csv").write_text("step\n")
     extra = [f"--data.init_args.path={_bad_file(tmp_path)}", "--data.init_args.oracle=null"]
-    with pytest.raises(ValueError, match="row 1: field 'prompt' is empty"):
+    with pytest.raises(ValueError, match="row 2: field 'prompt' is empty"):
         train.main(_args("csv", save_dir, *extra))
     assert _folders(save_dir) == ["run", os.path.join("run", "version_0")]
     assert (save_dir / "run" / "version_0" / "metrics.csv").read_text() == "step\n"
@@ -89,7 +89,7 @@ def test_a_failed_start_keeps_the_folder_of_a_run_started_meanwhile_under_the_sa
 
     monkeypatch.setattr(train.AlignmentCLI, "before_fit", other_run_starts)
     extra = [f"--data.init_args.path={_bad_file(tmp_path)}", "--data.init_args.oracle=null"]
-    with pytest.raises(ValueError, match="row 1: field 'prompt' is empty"):
+    with pytest.raises(ValueError, match="row 2: field 'prompt' is empty"):
         train.main(_args("tensorboard", save_dir, *extra))
     # A's own version_0 is gone, B's folder and file are whole
     assert _folders(save_dir) == ["run", os.path.join("run", "version_1")]

@@ -103,7 +103,7 @@ def _write(path, raw: bytes):
         (
             b'{"prompt": "a\xff\xfeb", "response_a": "x", "response_b": "y", "label": 1}\n',
             ".jsonl",
-            "row 0: text is not",
+            "row 1: text is not",
         ),
         (b'prompt,response_a,response_b,label\n"a\xffb",x,y,1\n', ".csv", "cannot be read as csv"),
         (b"", ".jsonl", "holds no rows"),
@@ -112,11 +112,11 @@ def _write(path, raw: bytes):
         (
             b'{"prompt": "a", "response_a": "x", "response_b": "  ", "label": 1}\n',
             ".jsonl",
-            "row 0: field 'response_b'",
+            "row 1: field 'response_b'",
         ),
-        (b'{"prompt": "a", "response_a": "x", "response_b": "y", "label": "yes"}\n', ".jsonl", "row 0: field 'label'"),
+        (b'{"prompt": "a", "response_a": "x", "response_b": "y", "label": "yes"}\n', ".jsonl", "row 1: field 'label'"),
         (b'{"prompt": "a", "response_a": "x", "response_b": "y", "label": 1.5}\n', ".jsonl", "outside"),
-        (b'{"prompt": null, "response_a": "x", "response_b": "y", "label": 1}\n', ".jsonl", "row 0: field 'prompt'"),
+        (b'{"prompt": null, "response_a": "x", "response_b": "y", "label": 1}\n', ".jsonl", "row 1: field 'prompt'"),
     ],
 )
 def test_bad_preference_files_fail_with_the_file_row_and_field(tmp_path, raw, suffix, match):
@@ -139,30 +139,30 @@ def _pair_label(label: bytes) -> bytes:
         (
             GOOD_PAIR + b"\n" + _pair_label(b'"0.7"') + b"\n",
             ".jsonl",
-            "row 1: field 'label' = '0.7' is not a number (got str)",
+            "row 2: field 'label' = '0.7' is not a number (got str)",
         ),
         (
             GOOD_PAIR + b"\n" + _pair_label(b"true") + b"\n",
             ".jsonl",
-            "row 1: field 'label' = True is not a number (got bool)",
+            "row 2: field 'label' = True is not a number (got bool)",
         ),
         (
             b"prompt,response_a,response_b,label\na,x,y,false\nb,x,y,true\n",  # a CSV column of true/false
             ".csv",
-            "row 0: field 'label' = False is not a number (got bool)",
+            "row 1: field 'label' = False is not a number (got bool)",
         ),
         # not finite: 1e309 breaks the JSON readers (their error named no row), a JSON array made it null, NaN, CSV inf
-        (GOOD_PAIR + b"\n" + _pair_label(b"1e309") + b"\n", ".jsonl", "row 1: field 'label' = 1e309 is not finite"),
+        (GOOD_PAIR + b"\n" + _pair_label(b"1e309") + b"\n", ".jsonl", "row 2: field 'label' = 1e309 is not finite"),
         (
             b"[" + GOOD_PAIR + b", " + _pair_label(b"-1e309") + b"]",
             ".json",
-            "row 1: field 'label' = -1e309 is not finite",
+            "row 2: field 'label' = -1e309 is not finite",
         ),
-        (GOOD_PAIR + b"\n" + _pair_label(b"NaN") + b"\n", ".jsonl", "row 1: field 'label' = nan is not finite"),
+        (GOOD_PAIR + b"\n" + _pair_label(b"NaN") + b"\n", ".jsonl", "row 2: field 'label' = nan is not finite"),
         (
             b"prompt,response_a,response_b,label\na,x,y,0.5\nb,x,y,1e309\n",
             ".csv",
-            "row 1: field 'label' = inf is not finite",
+            "row 2: field 'label' = inf is not finite",
         ),
     ],
 )
@@ -188,9 +188,9 @@ def _gsm8k_file(path):
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
-        (b'{"question": "a\xffb", "answer": "#### 3"}\n', "row 0: text is not valid UTF-8"),
-        (b'{"question": "", "answer": "#### 3"}\n', "row 0: field 'question' is empty"),
-        (b'{"question": null, "answer": "#### 3"}\n', "row 0: field 'question'"),
+        (b'{"question": "a\xffb", "answer": "#### 3"}\n', "row 1: text is not valid UTF-8"),
+        (b'{"question": "", "answer": "#### 3"}\n', "row 1: field 'question' is empty"),
+        (b'{"question": null, "answer": "#### 3"}\n', "row 1: field 'question'"),
         (b'{"answer": "#### 3"}\n', "column 'question' is missing"),
         (b"", "holds no rows"),
     ],
@@ -204,12 +204,12 @@ def test_bad_prompt_files_fail_with_the_file_row_and_field(tmp_path, raw, match)
 @pytest.mark.parametrize(
     ("suffix", "column", "message"),
     [
-        (".jsonl", "answer", "row 1: field 'answer' = nan is not finite"),
-        (".jsonl", "category", "row 1: field 'category' = nan is not finite"),
-        (".parquet", "answer", "row 1: field 'answer' = nan is not finite"),
-        (".parquet", "category", "row 1: field 'category' = nan is not finite"),
-        (".csv", "answer", "row 1: field 'answer' = inf is not finite"),
-        (".json", "answer", "row 1: field 'answer' = 1e309 is not finite"),
+        (".jsonl", "answer", "row 2: field 'answer' = nan is not finite"),
+        (".jsonl", "category", "row 2: field 'category' = nan is not finite"),
+        (".parquet", "answer", "row 2: field 'answer' = nan is not finite"),
+        (".parquet", "category", "row 2: field 'category' = nan is not finite"),
+        (".csv", "answer", "row 2: field 'answer' = inf is not finite"),
+        (".json", "answer", "row 2: field 'answer' = 1e309 is not finite"),
     ],
 )
 def test_a_nan_reference_or_category_is_refused_not_read_as_the_text_nan(tmp_path, suffix, column, message):
@@ -240,9 +240,9 @@ def test_a_nan_reference_or_category_is_refused_not_read_as_the_text_nan(tmp_pat
 @pytest.mark.parametrize(
     ("raw", "suffix", "row", "kind"),
     [
-        (b'{"q": "q1"}\n{"q": 123}\n', ".jsonl", 1, "int"),
-        (b'[{"q": "q1"}, {"q": 1.5}]', ".json", 1, "float"),
-        (b"q\n7\n123\n", ".csv", 0, "int"),  # a CSV column of numbers (one with text in it is a text column)
+        (b'{"q": "q1"}\n{"q": 123}\n', ".jsonl", 2, "int"),
+        (b'[{"q": "q1"}, {"q": 1.5}]', ".json", 2, "float"),
+        (b"q\n7\n123\n", ".csv", 1, "int"),  # a CSV column of numbers (one with text in it is a text column)
     ],
 )
 def test_a_numeric_prompt_is_refused_as_not_text(tmp_path, raw, suffix, row, kind):

@@ -97,13 +97,13 @@ GOOD = {"prompt": "What is 2+2?", "response_a": "4", "response_b": "5", "label":
 
 
 def test_bad_rows_name_the_row_and_field(tmp_path):
-    with pytest.raises(ValueError, match=r"row 1: field 'response_b' is empty"):
+    with pytest.raises(ValueError, match=r"row 2: field 'response_b' is empty"):
         validate_rows([GOOD, {**GOOD, "response_b": "   "}], "pairs.jsonl")
-    with pytest.raises(ValueError, match=r"row 0: field 'label' = 1.5 is outside \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"row 1: field 'label' = 1.5 is outside \[0, 1\]"):
         validate_rows([{**GOOD, "label": 1.5}])
-    with pytest.raises(ValueError, match=r"row 0: field 'label' = 'yes' is not a number"):
+    with pytest.raises(ValueError, match=r"row 1: field 'label' = 'yes' is not a number"):
         validate_rows([{**GOOD, "label": "yes"}])
-    with pytest.raises(ValueError, match=r"row 2: field 'prompt' is missing"):
+    with pytest.raises(ValueError, match=r"row 3: field 'prompt' is missing"):
         validate_rows([GOOD, GOOD, {**GOOD, "prompt": None}])
     path = _write(tmp_path, [{"question": "q", "response_a": "a", "response_b": "b", "label": 1}])
     with pytest.raises(ValueError, match=r"column 'prompt' \(for field 'prompt'\) is missing; columns present"):

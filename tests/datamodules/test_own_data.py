@@ -183,10 +183,10 @@ def test_standard_implicit_prompt_and_mixed_rows(tmp_path, minilm):
 @pytest.mark.parametrize(
     ("row", "kw", "match"),
     [
-        ({"prompt": "p", "chosen": [{"role": "assistant"}], "rejected": "b"}, {}, r"row 1, field 'response_a'"),
-        ({"prompt": "p", "chosen": [], "rejected": "b"}, {}, r"row 1: field 'response_a' must be text or a list"),
-        ({"chosen": "text", "rejected": [{"role": "assistant", "content": "b"}]}, {}, "row 1: an implicit prompt"),
-        ({"prompt": "p", "chosen": "a", "rejected": " "}, {}, "row 1: field 'response_b' is empty"),
+        ({"prompt": "p", "chosen": [{"role": "assistant"}], "rejected": "b"}, {}, r"row 2, field 'response_a'"),
+        ({"prompt": "p", "chosen": [], "rejected": "b"}, {}, r"row 2: field 'response_a' must be text or a list"),
+        ({"chosen": "text", "rejected": [{"role": "assistant", "content": "b"}]}, {}, "row 2: an implicit prompt"),
+        ({"prompt": "p", "chosen": "a", "rejected": " "}, {}, "row 2: field 'response_b' is empty"),
         ({"prompt": "p", "good": "a", "bad": "b"}, {"format": "trl"}, r"column 'chosen' \(for field 'response_a'\)"),
         ({"prompt": "p", "good": "a", "bad": "b"}, {}, r"column 'response_a' .* columns present: \['prompt', 'good'"),
     ],
@@ -237,15 +237,15 @@ def test_sft_files_in_trls_formats(name, system):
         (
             [{"prompt": "p", "completion": "c"}, {"prompt": "", "completion": "c"}],
             {},
-            "row 1: field 'prompt' is empty",
+            "row 2: field 'prompt' is empty",
         ),
-        ([{"prompt": "p", "completion": "c"}, {"prompt": "p", "completion": None}], {}, "row 1: field 'completion'"),
+        ([{"prompt": "p", "completion": "c"}, {"prompt": "p", "completion": None}], {}, "row 2: field 'completion'"),
         (
             [{"prompt": "p", "completion": [{"role": "user", "content": "c"}]}],
             {},
-            r"row 0: field 'completion' must be one assistant message \(roles here: \['user'\]\)",
+            r"row 1: field 'completion' must be one assistant message \(roles here: \['user'\]\)",
         ),
-        ([{"messages": [{"role": "user", "content": "hi"}]}], {}, "row 0: field 'messages': the conversation needs"),
+        ([{"messages": [{"role": "user", "content": "hi"}]}], {}, "row 1: field 'messages': the conversation needs"),
         ([{"text": "hi"}], {}, r"column 'prompt' \(for field 'prompt'\) is missing; columns present: \['text'\]"),
         ([{"text": "hi"}], {"format": "messages"}, "column 'messages'"),
         ([{"prompt": "p", "completion": "c"}], {}, "leave none for training"),
@@ -322,12 +322,12 @@ def test_conversational_prompts_and_bad_prompt_rows(tmp_path):
     path = _write(tmp_path, [{"prompt": [user]}, {"prompt": [system, user]}])
     assert [r["prompt"] for r in PromptSource(path=path).load()] == ["2+2?", "2+2?"]
     bad = [
-        ([{"prompt": [user, {"role": "assistant", "content": "4"}]}], {}, r"row 0: field 'prompt': a conversational"),
-        ([{"prompt": "p", "answer": [1, 2]}], {"reference_column": "answer"}, "row 0: field 'answer' must be"),
+        ([{"prompt": [user, {"role": "assistant", "content": "4"}]}], {}, r"row 1: field 'prompt': a conversational"),
+        ([{"prompt": "p", "answer": [1, 2]}], {"reference_column": "answer"}, "row 1: field 'answer' must be"),
         (
             [{"prompt": "p", "kind": "a"}, {"prompt": "q", "kind": None}],
             {"category_column": "kind"},
-            "row 1: field 'kind'",
+            "row 2: field 'kind'",
         ),
         ([{"prompt": "p"}], {"category_column": "kind"}, "column 'kind' is missing"),
     ]

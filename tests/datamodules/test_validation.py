@@ -53,7 +53,7 @@ def test_require_number_returns_a_float():
 
 @pytest.mark.parametrize("field", ["prompt", "response_a", "response_b"])
 def test_preference_rows_refuse_an_empty_prompt_or_response(field):
-    with pytest.raises(ValueError, match=rf"pairs.jsonl: row 1: field '{field}' is empty"):
+    with pytest.raises(ValueError, match=rf"pairs.jsonl: row 2: field '{field}' is empty"):
         validate_rows([GOOD, {**GOOD, field: "   "}], "pairs.jsonl")
     assert validate_rows([GOOD], "pairs.jsonl")[0]["prompt"] == GOOD["prompt"]
 
@@ -76,16 +76,16 @@ def test_every_prompt_reader_refuses_a_whitespace_prompt_by_row(tmp_path, family
         "pool": lambda: InstructionPoolDataModule(source=source),
         "pool_test": lambda: InstructionPoolDataModule(test_source=source),
     }[family]()
-    with pytest.raises(ValueError, match=r"q.jsonl': row 1: field 'prompt' is empty"):
+    with pytest.raises(ValueError, match=r"q.jsonl': row 2: field 'prompt' is empty"):
         dm.setup("fit")
 
 
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ({"prompt": 123, "completion": "c"}, "row 1: field 'prompt' must be text, got int"),
-        ({"prompt": "p", "completion": 4}, "row 1: field 'completion' must be text, got int"),
-        ({"prompt": "p", "completion": " "}, "row 1: field 'completion' is empty"),
+        ({"prompt": 123, "completion": "c"}, "row 2: field 'prompt' must be text, got int"),
+        ({"prompt": "p", "completion": 4}, "row 2: field 'completion' must be text, got int"),
+        ({"prompt": "p", "completion": " "}, "row 2: field 'completion' is empty"),
     ],
 )
 def test_sft_rows_refuse_a_number_as_not_text(tmp_path, row, message):
