@@ -108,7 +108,7 @@ def test_predict_scores_pairs_from_jsonl(fitted, tmp_path, monkeypatch):
         assert o["variance"] == pytest.approx(e.var(unbiased=False).item(), abs=1e-6)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({**rows[0], "response_b": ""}) + "\n")
-    with pytest.raises(ValueError, match="row 0: field 'response_b' is empty"):
+    with pytest.raises(ValueError, match="row 1: field 'response_b' is empty"):
         train.main(
             ["predict", "--config", CONFIG, *SMALL, f"--ckpt_path={ckpt}", f"--data.init_args.predict_path={bad}"]
         )
