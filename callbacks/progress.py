@@ -77,15 +77,17 @@ class ProgressLines(Callback):
         self.every, self.doing, self._stop = every, "setting up", None
 
     def _say(self, stop: threading.Event, where: str, start: float) -> None:
-        while not stop.wait(self.every):
+        while True:  # a first line at once: a run shorter than ``every`` still says where it writes
             minutes, seconds = divmod(int(time.monotonic() - start), 60)
             print(f"[{minutes}:{seconds:02d}] {self.doing}; writing to {where}", flush=True)
+            if stop.wait(self.every):
+                return
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         where = trainer.log_dir or trainer.default_root_dir  # a collective under DDP: every rank asks
         if trainer.is_global_zero and self._stop is None:
-            self._stop = threading.Event()
+            self.doing, self._stop = f"{stage}: setting up", threading.Event()
             args = (self._stop, where, time.monotonic())
             threading.Thread(target=self._say, args=args, daemon=True, name="progress-lines").start()
 
