@@ -87,6 +87,7 @@ class ProgressLines(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         where = trainer.log_dir or trainer.default_root_dir  # a collective under DDP: every rank asks
         if trainer.is_global_zero and self._stop is None:
+            stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn, whose str() is "TrainerFn.FITTING"
             self.doing, self._stop = f"{stage}: setting up", threading.Event()
             args = (self._stop, where, time.monotonic())
             threading.Thread(target=self._say, args=args, daemon=True, name="progress-lines").start()

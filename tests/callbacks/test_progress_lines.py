@@ -5,13 +5,15 @@ import re
 import time
 from types import SimpleNamespace
 
+from lightning.pytorch.trainer.states import TrainerFn
+
 from alignment_games.callbacks.progress import ProgressLines
 
 
 def test_a_line_at_setup_then_one_per_interval_until_teardown(capsys, tmp_path):
     trainer = SimpleNamespace(log_dir=str(tmp_path), default_root_dir=None, is_global_zero=True)
     lines = ProgressLines(every=0.2)
-    lines.setup(trainer, None, "fit")
+    lines.setup(trainer, None, TrainerFn.FITTING)  # what Lightning passes: its str() is "TrainerFn.FITTING"
     time.sleep(0.05)
     first = capsys.readouterr().out.splitlines()
     assert first == [f"[0:00] fit: setting up; writing to {tmp_path}"]
