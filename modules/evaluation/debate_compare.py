@@ -83,34 +83,23 @@ def load_evaluations(path: str) -> list[dict[str, Any]]:
 
 
 def dedup_evaluations(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Each evaluation once: a later record of the same ``(step, batches_seen)`` replaces the earlier."""
-    out: list[Mapping[str, Any]] = []
-    where: dict[tuple[Any, Any], int] = {}
-    for rec in records:
-        key = (rec.get("step"), rec.get("batches_seen"))
-        if key[0] is not None and key in where:
-            out[where[key]] = rec
-            continue
-        if key[0] is not None:
-            where[key] = len(out)
-        out.append(rec)
-    return out
+    """Each evaluation once: a later record of the same ``(step, batches_seen)`` replaces the earlier in its place."""
+    merged: dict[Any, Mapping[str, Any]] = {}
+    for rec in records:  # a record without a step is its own key
+        merged[(rec["step"], rec.get("batches_seen")) if rec.get("step") is not None else object()] = rec
+    return list(merged.values())
 
 
 def peak_window(evaluations: Sequence[Mapping[str, Any]], window: int = 3, quantile: float = 0.025) -> dict[str, Any]:
     """The evaluation whose trailing ``window`` has the highest pooled Beta lower bound (first of equals wins)."""
     pairs = [(float(e["successes"]), float(e["trials"])) for e in evaluations]
-    best = None
-    for i in range(len(pairs)):
-        lower = pooled_lower_bound(pairs[: i + 1], window, quantile)
-        if best is None or lower > best[1]:
-            best = (i, lower)
-    i, lower = best
+    lowers = [pooled_lower_bound(pairs[: i + 1], window, quantile) for i in range(len(pairs))]
+    i = max(range(len(pairs)), key=lowers.__getitem__)  # max keeps the first of equals
     recent = pairs[max(0, i + 1 - window) : i + 1]
     return {
         "index": i,
         "step": evaluations[i].get("step"),
-        "lower_bound": lower,
+        "lower_bound": lowers[i],
         "successes": sum(s for s, _ in recent),
         "trials": sum(n for _, n in recent),
     }
@@ -175,10 +164,10 @@ def _per_run(m: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]
     return m["correct"].mean(dim=1), _mcc(*(m[k].sum(dim=1) for k in COUNTS))
 
 
-def _three(boot: Mapping[str, torch.Tensor], runs: torch.Tensor, confidence: float) -> dict[str, Any]:
-    """The bootstraps' percentile intervals and the t interval over runs, compared (null 0 for a difference)."""
-    cis = {k: percentile_interval(v, confidence).tolist() for k, v in boot.items()}
-    seed_t = seed_t_interval(runs, confidence).tolist() if len(runs) > 1 else None
+def _three(boot: Mapping[str, Sequence[torch.Tensor]], i: int, runs: Sequence[torch.Tensor], confidence: float) -> dict:
+    """Statistic ``i`` (0: accuracy, 1: MCC): the bootstraps' percentile intervals and the t interval over runs."""
+    cis = {k: percentile_interval(v[i], confidence).tolist() for k, v in boot.items()}
+    seed_t = seed_t_interval(runs[i], confidence).tolist() if len(runs[i]) > 1 else None
     return compare_intervals(cis | {"seed_t": seed_t})
 
 
@@ -191,12 +180,10 @@ def final_intervals(
 ) -> dict[str, Any]:
     """Each group's last-evaluation accuracy and judge MCC with three intervals each (:mod:`.intervals`).
 
-    The crossed bootstrap (runs, and the problems once for all runs) and the nested one (runs, then problems within
-    each drawn run) weigh run ``s`` on problem ``p`` by how often a resample counts it: the accuracy is the weighted
-    mean, the MCC that of the weighted confusion counts. The t interval is over the runs' own accuracies and MCCs.
-    Against ``baseline`` the runs pair by position (give the seeds in the same order: a seed also draws the data
-    order) and the differences share the resamples. A group is left out when its runs lack per-problem rows or
-    evaluated different problems.
+    A bootstrap resample weighs run ``s`` on problem ``p`` by how often it counts it (accuracy: the weighted mean,
+    MCC: that of the weighted counts); the t interval is over the runs' own values. Against ``baseline`` the runs pair
+    by position (seeds in the same order) and share the resamples. A group whose runs lack per-problem rows or
+    evaluated different problems is left out.
     """
     mats = {name: _last_problems(runs) for name, runs in groups.items()}
     out: dict[str, Any] = {}
@@ -209,25 +196,23 @@ def final_intervals(
             "nested": nested_bootstrap_weights(runs, problems, n_boot, seed),
         }
         boot = {k: _resampled(m, w) for k, w in weights.items()}
-        acc_runs, mcc_runs = _per_run(m)
+        per_run = _per_run(m)
         pooled = {k: float(m[k].sum()) for k in ("correct", *COUNTS)}
         row = {
             "runs": runs,
             "problems": problems,
             "accuracy": pooled["correct"] / (runs * problems),
-            "accuracy_intervals": _three({k: b[0] for k, b in boot.items()}, acc_runs, confidence),
+            "accuracy_intervals": _three(boot, 0, per_run, confidence),
             "mcc": matthews_corrcoef_from_counts(*(pooled[k] for k in COUNTS)),
-            "mcc_intervals": _three({k: b[1] for k, b in boot.items()}, mcc_runs, confidence),
+            "mcc_intervals": _three(boot, 1, per_run, confidence),
         }
         base = mats.get(baseline) if baseline is not None and name != baseline else None
         if base is not None and base["correct"].shape == m["correct"].shape and base["item"].equal(m["item"]):
             against = {k: _resampled(base, w) for k, w in weights.items()}
-            base_acc, base_mcc = _per_run(base)
-            diffs = {k: (boot[k][0] - against[k][0], boot[k][1] - against[k][1]) for k in weights}
-            row["accuracy_diff_intervals"] = _three(
-                {k: d[0] for k, d in diffs.items()}, acc_runs - base_acc, confidence
-            )
-            row["mcc_diff_intervals"] = _three({k: d[1] for k, d in diffs.items()}, mcc_runs - base_mcc, confidence)
+            diffs = {k: [b - a for b, a in zip(boot[k], against[k])] for k in weights}
+            run_diffs = [b - a for b, a in zip(per_run, _per_run(base))]
+            row["accuracy_diff_intervals"] = _three(diffs, 0, run_diffs, confidence)
+            row["mcc_diff_intervals"] = _three(diffs, 1, run_diffs, confidence)
         out[name] = row
     return out
 
@@ -268,18 +253,14 @@ def compare_groups(
         }
     contenders = {k: (v["successes"], v["trials"]) for k, v in rows.items() if k != upper}
     shares = p_best(contenders, draws=draws, seed=seed) if contenders else {}
+    counts = {k: (v["successes"], v["trials"]) for k, v in rows.items()}
     for name, row in rows.items():
-        row["p_best"] = shares.get(name)
-        row["gap_recovery"] = None
+        row["p_best"], row["gap_recovery"] = shares.get(name), None
         if upper is not None and baseline is not None and name not in (upper, baseline):
             try:
-                row["gap_recovery"] = gap_recovery(
-                    (row["successes"], row["trials"]),
-                    (rows[baseline]["successes"], rows[baseline]["trials"]),
-                    (rows[upper]["successes"], rows[upper]["trials"]),
-                )
+                row["gap_recovery"] = gap_recovery(counts[name], counts[baseline], counts[upper])
             except ValueError:
-                row["gap_recovery"] = None  # no gap between baseline and upper bound
+                pass  # no gap between baseline and upper bound
     finals = final_intervals(groups, baseline, seed=seed)
     return dict(
         window=window, quantile=quantile, draws=draws, upper=upper, baseline=baseline, groups=rows, final=finals
@@ -296,8 +277,7 @@ def format_table(result: Mapping[str, Any]) -> str:
     groups = result["groups"]
     for name in sorted(groups, key=lambda k: -groups[k]["peak_accuracy"]):
         g = groups[name]
-        pb = "—" if g["p_best"] is None else f"{g['p_best']:.4f}"
-        gap = "—" if g["gap_recovery"] is None else f"{g['gap_recovery']:.2f}"
+        pb, gap = ("—" if g[k] is None else format(g[k], f) for k, f in (("p_best", ".4f"), ("gap_recovery", ".2f")))
         lines.append(
             f"| {name} | {g['peak_accuracy']:.4f} | {g['lower_bound']:.4f} | {g['observed_mean']:.4f} | {pb} | {gap} "
             f"| {len(g['runs'])} |"
@@ -312,14 +292,11 @@ def format_table(result: Mapping[str, Any]) -> str:
         ]
         for name, i, t in trends:
             f, last = t["first"], t["last"]
-            reward = (
-                "—" if f["reward"] is None or last["reward"] is None else f"{f['reward']:.3f} → {last['reward']:.3f}"
-            )
-            lines.append(
-                f"| {name} | {i} | {f['mcc']:.2f} → {last['mcc']:.2f} | {f['accept_rate']:.2f} → "
-                f"{last['accept_rate']:.2f} | {f['false_accepts']:.0f} → "
-                f"{last['false_accepts']:.0f} | {reward} |"
-            )
+            cells = [
+                "—" if f[k] is None or last[k] is None else f"{f[k]:{spec}} → {last[k]:{spec}}"
+                for k, spec in (("mcc", ".2f"), ("accept_rate", ".2f"), ("false_accepts", ".0f"), ("reward", ".3f"))
+            ]
+            lines.append(f"| {name} | {i} | " + " | ".join(cells) + " |")
     finals = result.get("final") or {}
     if finals:
         lines += [

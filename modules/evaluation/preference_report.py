@@ -46,7 +46,7 @@ _PERCENTILES = (25, 75, 90, 95, 99)
 
 
 def _one_d(x: Any, name: str) -> Tensor:
-    """Return ``x`` as a non-empty 1-D CPU tensor; raise ValueError naming ``name`` otherwise."""
+    """``x`` as a non-empty 1-D CPU tensor; ValueError naming ``name`` otherwise."""
     t = torch.as_tensor(x).detach().cpu()
     if t.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
@@ -64,7 +64,7 @@ def _vector(x: Any, name: str) -> Tensor:
 
 
 def _binary(x: Any, name: str) -> Tensor:
-    """Return ``x`` as a non-empty 1-D bool tensor; its values must be 0/1 (or bool)."""
+    """``x`` (0/1 or bool) as a non-empty 1-D bool tensor."""
     t = _one_d(x, name)
     if t.dtype != torch.bool:
         bad = ~((t == 0) | (t == 1))
@@ -83,11 +83,12 @@ def _same_length(first: tuple[str, Tensor], *others: tuple[str, Tensor]) -> None
             raise ValueError(f"{name} has length {t.shape[0]} but {name0} has length {t0.shape[0]}")
 
 
-def _scores_and_errors(scores: Any, errors: Any, errors_name: str = "errors") -> tuple[Tensor, Tensor]:
-    s = _vector(scores, "scores")
-    e = _binary(errors, errors_name)
+def _scores_and_errors(scores: Any, errors: Any, errors_name: str = "errors") -> tuple[Tensor, Tensor, int, int]:
+    """The checked scores and errors, and the numbers of errors and non-errors."""
+    s, e = _vector(scores, "scores"), _binary(errors, errors_name)
     _same_length(("scores", s), (errors_name, e))
-    return s, e
+    n_pos = int(e.sum())
+    return s, e, n_pos, e.numel() - n_pos
 
 
 def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
@@ -102,16 +103,12 @@ def _fraction_counts(fractions: Sequence[float] | Tensor, n: int) -> Tensor:
 
 
 def error_auroc(scores: Tensor, errors: Tensor) -> float:
-    """AUROC of ``scores`` at ranking ``errors`` (0/1) first, the normalised Mann–Whitney U (§5.2; sklearn's value).
-
-    0.5 when only one class is present, so bootstrap replicates never fail.
+    """AUROC of ``scores`` at ranking ``errors`` first: normalised Mann–Whitney U (§5.2), 0.5 for a single class.
 
     Raises:
         ValueError: If an input is empty, not 1-D, of mismatched length, non-binary (``errors``) or NaN (``scores``).
     """
-    s, e = _scores_and_errors(scores, errors)
-    n_pos = int(e.sum())
-    n_neg = e.numel() - n_pos
+    s, e, n_pos, n_neg = _scores_and_errors(scores, errors)
     if n_pos == 0 or n_neg == 0:
         return 0.5
     sorted_s, order = torch.sort(s)
@@ -119,21 +116,16 @@ def error_auroc(scores: Tensor, errors: Tensor) -> float:
     counts = counts.to(torch.float64)
     mean_rank = counts.cumsum(0) - (counts - 1.0) / 2.0  # 1-based average rank of each group of tied scores
     rank_sum = mean_rank[inverse][e[order]].sum().item()
-    u = rank_sum - n_pos * (n_pos + 1) / 2.0
-    return u / (n_pos * n_neg)
+    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)  # U / (n_pos n_neg)
 
 
 def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
-    """``(fpr, tpr)`` of a score as an error detector, one point per distinct score.
-
-    The trapezoid area equals :func:`error_auroc`; the chance diagonal when only one class is present.
+    """``(fpr, tpr)`` of a score as an error detector, one point per distinct score (area: :func:`error_auroc`).
 
     Raises:
         ValueError: As :func:`error_auroc`.
     """
-    s, e = _scores_and_errors(scores, errors)
-    n_pos = int(e.sum())
-    n_neg = e.numel() - n_pos
+    s, e, n_pos, n_neg = _scores_and_errors(scores, errors)
     if n_pos == 0 or n_neg == 0:
         diag = torch.tensor([0.0, 1.0], dtype=torch.float64)
         return diag, diag.clone()
@@ -147,17 +139,14 @@ def roc_curve_points(scores: Tensor, errors: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def decile_accuracy(scores: Tensor, correct: Tensor, n_bins: int = 10) -> list[float]:
-    """Accuracy (``correct`` 0/1) within each of ``n_bins`` score bins, lowest score first (paper Fig. 1a).
-
-    Bins come from ``torch.tensor_split``; an empty bin (fewer than ``n_bins`` items) is NaN.
+    """Accuracy within each of ``n_bins`` score bins (``torch.tensor_split``; empty: NaN), lowest first (Fig. 1a).
 
     Raises:
         ValueError: As :func:`error_auroc` (with ``correct`` in place of ``errors``), or if ``n_bins < 1``.
     """
     require_at_least(n_bins=(n_bins, 1))
-    s, c = _scores_and_errors(scores, correct, errors_name="correct")
-    order = torch.sort(s, stable=True).indices
-    c = c.to(torch.float64)
+    s, c = _scores_and_errors(scores, correct, errors_name="correct")[:2]
+    c, order = c.to(torch.float64), torch.sort(s, stable=True).indices
     return [c[b].mean().item() if b.numel() else float("nan") for b in torch.tensor_split(order, n_bins)]
 
 
@@ -167,10 +156,9 @@ def error_rate_curve(scores: Tensor, errors: Tensor, fractions: Sequence[float] 
     Raises:
         ValueError: As :func:`error_auroc`, or if a fraction lies outside (0, 1] or ``fractions`` is empty.
     """
-    s, e = _scores_and_errors(scores, errors)
+    s, e = _scores_and_errors(scores, errors)[:2]
     m = _fraction_counts(fractions, s.numel())
-    order = torch.sort(s, descending=True, stable=True).indices
-    cum_errors = e[order].to(torch.float64).cumsum(0)
+    cum_errors = e[torch.sort(s, descending=True, stable=True).indices].to(torch.float64).cumsum(0)
     return cum_errors[m - 1] / m.to(torch.float64)
 
 
@@ -184,11 +172,8 @@ def top_fraction_error_rate(scores: Tensor, errors: Tensor, fraction: float = 0.
 
 
 def top_fraction_lift(scores: Tensor, errors: Tensor, fraction: float = 0.1) -> float:
-    """The error rate among the top ``fraction`` by score over the overall error rate (paper §5.2: 40.6% / 24.3%).
-
-    Above 1 when the score concentrates errors in its upper tail; NaN when there is no error at all.
-    """
-    s, e = _scores_and_errors(scores, errors)
+    """The error rate among the top ``fraction`` by score over the overall one (§5.2: 40.6% / 24.3%); NaN: no error."""
+    s, e = _scores_and_errors(scores, errors)[:2]
     overall = e.to(torch.float64).mean().item()
     return top_fraction_error_rate(s, e, fraction) / overall if overall > 0 else math.nan
 
@@ -203,18 +188,17 @@ def variance_summary(
     """
     v = _vector(variance, "variance")
     q = torch.tensor([0.5] + [p / 100 for p in _PERCENTILES], dtype=torch.float64)
-    quantiles = torch.quantile(v, q, interpolation="linear").tolist()
+    median, *quantiles = torch.quantile(v, q, interpolation="linear").tolist()
     out: dict[str, float] = {
         "n": float(v.numel()),
         "mean": v.mean().item(),
-        "median": quantiles[0],
+        "median": median,
         "variance": v.var(unbiased=False).item(),
         "std": v.std(unbiased=False).item(),
         "min": v.min().item(),
         "max": v.max().item(),
     }
-    out.update({f"p{p}": val for p, val in zip(_PERCENTILES, quantiles[1:])})
-    out["threshold"] = float(threshold)
+    out |= {f"p{p}": val for p, val in zip(_PERCENTILES, quantiles)} | {"threshold": float(threshold)}
     out["fraction_above_threshold"] = (v > threshold).to(torch.float64).mean().item()
     if errors is not None:
         e = _binary(errors, "errors")
@@ -231,9 +215,9 @@ def prompt_bootstrap(
     seed: int = 0,
     level: float = 0.95,
 ) -> tuple[Tensor, Tensor]:
-    """Percentile bootstrap ``(low, high)`` of ``stat_fn``, resampling prompts (``groups [N]``) with replacement.
+    """Percentile bootstrap ``(low, high)`` of ``stat_fn(item indices)``, resampling prompts ``groups [N]``.
 
-    ``stat_fn`` gets the resample's item indices (every item of a prompt, once per draw); NaN replicates are ignored.
+    NaN replicates are ignored.
 
     Raises:
         ValueError: for bad ``groups``, ``n_boot < 1``, ``level`` outside (0, 1), or ``stat_fn`` changing its shape.
@@ -264,15 +248,14 @@ def _check_report_inputs(member_probs: Any, labels: Any, prompt_ids: Any) -> tup
     p = torch.as_tensor(member_probs).detach().cpu()
     if p.ndim != 2:
         raise ValueError(f"member_probs must have shape [N, k], got shape {tuple(p.shape)}")
-    if p.shape[0] == 0 or p.shape[1] == 0:
+    if p.numel() == 0:
         raise ValueError(f"member_probs is empty (shape {tuple(p.shape)})")
     p = p.to(torch.float64)
     bad = ~((p >= 0) & (p <= 1))  # also catches NaN
     if bad.any():
         row, col = (int(v) for v in bad.nonzero()[0])
         raise ValueError(f"member_probs must lie in [0, 1], got {p[row, col].item()!r} at row {row}, member {col}")
-    y = _binary(labels, "labels")
-    g = _one_d(prompt_ids, "prompt_ids")
+    y, g = _binary(labels, "labels"), _one_d(prompt_ids, "prompt_ids")
     _same_length(("member_probs", p), ("labels", y), ("prompt_ids", g))
     return p, y, g
 
@@ -285,10 +268,8 @@ def disagreement_scores(member_probs: Tensor) -> dict[str, Tensor]:
 
 def _nll(prob: Tensor, labels: Tensor, eps: float = 1e-12) -> Tensor:
     """Mean binary negative log-likelihood over the first dimension, probabilities clamped to [eps, 1 - eps]."""
-    q = prob.clamp(eps, 1.0 - eps)
-    y = labels.to(torch.float64)
-    if q.ndim == 2:
-        y = y[:, None]
+    q, y = prob.clamp(eps, 1.0 - eps), labels.to(torch.float64)
+    y = y[:, None] if q.ndim == 2 else y
     return -(y * q.log() + (1.0 - y) * (1.0 - q).log()).mean(dim=0)
 
 
@@ -302,9 +283,9 @@ def build_report(
     seed: int = 0,
     level: float = 0.95,
 ) -> dict[str, Any]:
-    """The held-out report (``report.json``) from members' ``P_i(y≻y′|x)`` ``[N, k]``, binary labels and prompt ids.
+    """``report.json`` from members' ``P_i(y≻y′|x)`` ``[N, k]``, labels and prompt ids; ``n_boot > 0`` adds ``bands``.
 
-    ``n_boot > 0`` adds prompt-bootstrap ``bands``. Empty deciles are NaN: pass the report through :func:`json_safe`.
+    Empty deciles are NaN: pass the report through :func:`json_safe`.
 
     Raises:
         ValueError: naming the argument that is empty, misshapen, of another length, outside [0, 1] or not binary.
@@ -315,13 +296,12 @@ def build_report(
     p_bar = p.mean(dim=1)
     correct = (p_bar >= 0.5) == y
     errors = ~correct
-    member_correct = (p >= 0.5) == y[:, None]
     scores = disagreement_scores(p)
     variance = scores["variance"]
 
     report: dict[str, Any] = {
         "ensemble_accuracy": correct.to(torch.float64).mean().item(),
-        "member_accuracy": member_correct.to(torch.float64).mean(dim=0).tolist(),
+        "member_accuracy": ((p >= 0.5) == y[:, None]).to(torch.float64).mean(dim=0).tolist(),
         "auroc": {name: error_auroc(s, errors) for name, s in scores.items()},
         "decile_accuracy": decile_accuracy(variance, correct),
         "top10_error_rate": top_fraction_error_rate(variance, errors, 0.1),
@@ -353,9 +333,7 @@ def _bands(
     level: float,
 ) -> dict[str, Any]:
     """Prompt-bootstrap intervals of the report's statistics, all from the same resamples."""
-    errors = ~correct
-    names = list(scores)
-    n_curve = len(fractions)
+    errors, names, n_curve = ~correct, list(scores), len(fractions)
     # Layout of the flat statistic vector: [accuracy, deciles(10), auroc(3), top10(3), lift(1), curves(3 * n_curve)].
     sizes = [1, 10, len(names), len(names), 1, len(names) * n_curve]
 
@@ -377,21 +355,18 @@ def _bands(
     out: dict[str, Any] = {"n_boot": int(n_boot), "level": float(level), "seed": int(seed)}
     for bound_name, bound in (("low", low), ("high", high)):
         acc, deciles, auroc, top10, lift, curves = torch.split(bound, sizes)
-        curves = curves.reshape(len(names), n_curve)
         entries = {
             "ensemble_accuracy": acc.item(),
             "decile_accuracy": deciles.tolist(),
             "auroc": dict(zip(names, auroc.tolist())),
             "top10_error_rate_by_score": dict(zip(names, top10.tolist())),
             "top10_lift": lift.item(),
-            "error_rate_curve": {name: curves[i].tolist() for i, name in enumerate(names)},
+            "error_rate_curve": dict(zip(names, curves.reshape(len(names), n_curve).tolist())),
         }
         for key, value in entries.items():
             out.setdefault(key, {})[bound_name] = value
-    # The error rate is 1 - accuracy in every replicate, so its interval is the mirror image of the accuracy interval.
-    acc_band = out["ensemble_accuracy"]
-    out["overall_error_rate"] = {"low": 1.0 - acc_band["high"], "high": 1.0 - acc_band["low"]}
-    return out
+    acc_band = out["ensemble_accuracy"]  # the error rate is 1 - accuracy in every replicate: the mirror interval
+    return out | {"overall_error_rate": {"low": 1.0 - acc_band["high"], "high": 1.0 - acc_band["low"]}}
 
 
 def json_safe(obj: Any) -> Any:
