@@ -124,11 +124,9 @@ def _check_run(
     """Validate a run of Algorithm 1: the game, ``(τ_L, τ_F, η_L, η_F)`` against (6), and the optional start."""
     dtype = _check_game(u, pi_ref, omega_ref)
     check_step_sizes(*step_sizes)
-    x, y, _ = u.shape
-    if pi0 is not None:
-        _check_distribution("pi0", pi0, (x, y))
-    if omega0 is not None:
-        _check_distribution("omega0", omega0, (x, y, y))
+    for name, p, ref in (("pi0", pi0, pi_ref), ("omega0", omega0, omega_ref)):
+        if p is not None:
+            _check_distribution(name, p, tuple(ref.shape))
     return dtype
 
 
@@ -143,17 +141,9 @@ def log_normalise(z: Tensor) -> Tensor:
     return z - torch.logsumexp(z, dim=-1, keepdim=True)
 
 
-def _log_normalised(p: Tensor, dtype: torch.dtype) -> Tensor:
-    """``log p`` renormalised over the last dimension (removes a float32 source's rounding)."""
-    return log_normalise(p.to(dtype).log())
-
-
-def _log_start(
-    pi_ref: Tensor, omega_ref: Tensor, pi0: Tensor | None, omega0: Tensor | None, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """Normalised log-probabilities of Algorithm 1's start: ``(π_0, ω_0)``, the references unless given."""
-    log_pi0 = _log_normalised(pi_ref if pi0 is None else pi0, dtype)
-    return log_pi0, _log_normalised(omega_ref if omega0 is None else omega0, dtype)
+def _log_normalised(p: Tensor, dtype: torch.dtype, default: Tensor | None = None) -> Tensor:
+    """``log p`` (``default`` when ``p`` is None) renormalised over the last dimension (removes float32 rounding)."""
+    return log_normalise((default if p is None else p).to(dtype).log())
 
 
 def kl(p: Tensor, q: Tensor, *, log_space: bool = False) -> Tensor:
@@ -173,16 +163,19 @@ def kl_both(p: Tensor, q: Tensor, *, log_space: bool = False) -> tuple[Tensor, T
 
 
 def _log_equilibrium(
-    u: Tensor, log_pi_ref: Tensor, log_omega_ref: Tensor, tau_leader: float, tau_follower: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(log π*, log ω*, log Z^F [X, Y], log Z^L [X])`` from normalised log references."""
-    scores = log_omega_ref + u / tau_follower  # log(ω_ref · exp(u / τ_F))
+    u: Tensor, pi_ref: Tensor, omega_ref: Tensor, tau_leader: float, tau_follower: float, check_taus: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Validate the game (and the τ); ``(log π*, log ω*, log Z^L [X])``."""
+    dtype = _check_game(u, pi_ref, omega_ref)
+    for name, value in (("tau_leader", tau_leader), ("tau_follower", tau_follower)) if check_taus else ():
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0 (Theorem 4.2), got {name}={value!r}")
+    scores = _log_normalised(omega_ref, dtype) + u.to(dtype) / tau_follower  # log(ω_ref · exp(u / τ_F))
     log_zf = torch.logsumexp(scores, dim=-1)
-    log_omega = scores - log_zf.unsqueeze(-1)
     # The leader reweights π_ref by exp(−r / τ_L) with r = τ_F log Z^F, the follower's optimal regularised value.
-    leader = log_pi_ref - (tau_follower / tau_leader) * log_zf
+    leader = _log_normalised(pi_ref, dtype) - (tau_follower / tau_leader) * log_zf
     log_zl = torch.logsumexp(leader, dim=-1)
-    return leader - log_zl.unsqueeze(-1), log_omega, log_zf, log_zl
+    return leader - log_zl.unsqueeze(-1), scores - log_zf.unsqueeze(-1), log_zl
 
 
 def stackelberg_equilibrium(
@@ -201,13 +194,7 @@ def stackelberg_equilibrium(
         ValueError: for a bad shape, a non-distribution, non-finite ``u`` or a non-positive τ.
         TypeError: for a non-tensor input.
     """
-    dtype = _check_game(u, pi_ref, omega_ref)
-    for name, value in (("tau_leader", tau_leader), ("tau_follower", tau_follower)):
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number > 0 (Theorem 4.2), got {name}={value!r}")
-    log_pi, log_omega, _, _ = _log_equilibrium(
-        u.to(dtype), _log_normalised(pi_ref, dtype), _log_normalised(omega_ref, dtype), tau_leader, tau_follower
-    )
+    log_pi, log_omega, _ = _log_equilibrium(u, pi_ref, omega_ref, tau_leader, tau_follower, check_taus=True)
     return (log_pi, log_omega) if log_space else (log_pi.exp(), log_omega.exp())
 
 
@@ -243,10 +230,7 @@ def equilibrium_value(
     u: Tensor, pi_ref: Tensor, omega_ref: Tensor, tau_leader: float, tau_follower: float, rho: Tensor | None = None
 ) -> Tensor:
     """``f(π*, ω*) = −τ_L E_ρ[log Z^L(x)]``, the game's value at the equilibrium (Lemma B.3 applied twice)."""
-    dtype = _check_game(u, pi_ref, omega_ref)
-    _, _, _, log_zl = _log_equilibrium(
-        u.to(dtype), _log_normalised(pi_ref, dtype), _log_normalised(omega_ref, dtype), tau_leader, tau_follower
-    )
+    log_zl = _log_equilibrium(u, pi_ref, omega_ref, tau_leader, tau_follower)[2]
     return (_weights(rho, u.shape[0], log_zl) * (-tau_leader * log_zl)).sum()
 
 
@@ -320,7 +304,7 @@ def smida(
     dtype = _check_run(u, pi_ref, omega_ref, StepSizes(tau_leader, tau_follower, eta_leader, eta_follower), pi0, omega0)
     u = u.to(dtype)
     log_pi_ref, log_omega_ref = _log_normalised(pi_ref, dtype), _log_normalised(omega_ref, dtype)
-    log_pi, log_omega = _log_start(pi_ref, omega_ref, pi0, omega0, dtype)
+    log_pi, log_omega = _log_normalised(pi0, dtype, pi_ref), _log_normalised(omega0, dtype, omega_ref)
     step = SMIDAStep(u, log_pi_ref, log_omega_ref, tau_leader, tau_follower, eta_leader, eta_follower)
     trajectory = [(log_pi, log_omega)]
     for _ in range(steps):
@@ -352,8 +336,7 @@ def oscillations(u: Tensor, omega_ref: Tensor, tau_follower: float) -> tuple[flo
     dtype = torch.promote_types(u.dtype, omega_ref.dtype)
     u = u.to(dtype)
     r = tau_follower * torch.logsumexp(_log_normalised(omega_ref, dtype) + u / tau_follower, dim=-1)
-    d = (u.flatten(1).amax(-1) - u.flatten(1).amin(-1)).max()
-    return float(d), float(_osc(u).max()), float(_osc(r).max())
+    return float(_osc(u.flatten(1)).max()), float(_osc(u).max()), float(_osc(r).max())
 
 
 class KLBound(NamedTuple):
@@ -414,9 +397,8 @@ def kl_bound_start(
     log_pi_star, log_omega_star = stackelberg_equilibrium(
         u, pi_ref, omega_ref, tau_leader, tau_follower, log_space=True
     )
-    log_pi0, log_omega0 = _log_start(pi_ref, omega_ref, pi0, omega0, dtype)
-    m0 = float(_osc(log_pi0 - log_pi_star).max())
-    v0 = float(_osc(log_omega0 - log_omega_star).max())
+    m0 = float(_osc(_log_normalised(pi0, dtype, pi_ref) - log_pi_star).max())
+    v0 = float(_osc(_log_normalised(omega0, dtype, omega_ref) - log_omega_star).max())
     return _bound_tensors(m0, v0, m0 + eta_leader * tau_follower * v0 / gap)
 
 
