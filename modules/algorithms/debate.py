@@ -255,10 +255,9 @@ def ply_rewards(
     if missing_answer_reward >= 0:
         raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
     alice_verdict = (1.0 if transcript.correct else 0.0) if transcript.protocol == "rlvr" else float(share)
-    bob = bob_verdict(transcript, alice_verdict, bob_reward)  # refuses an unknown rule; unused without a critique
-    verdict = {"alice": alice_verdict, "bob": bob}
-    penalty = {"alice": 0.0, "bob": 0.0}
-    format_ok = {"alice": True, "bob": True}
+    # bob_verdict refuses an unknown rule; its value is unused without a critique
+    verdict = {"alice": alice_verdict, "bob": bob_verdict(transcript, alice_verdict, bob_reward)}
+    penalty, format_ok = dict.fromkeys(verdict, 0.0), dict.fromkeys(verdict, True)
     for ply, reply in zip(plies, transcript.replies):
         who = PLAYER_OF_PLY[ply]
         if ply != "answer":  # word limits bind critique and rebuttal only
@@ -266,10 +265,8 @@ def ply_rewards(
         steps_ok = ply != "answer" or step_chars is None or numbered_steps(reply.visible, step_chars)
         format_ok[who] = format_ok[who] and reply.format_ok and steps_ok
     missing = {"alice": transcript.final_answer is None, "bob": False}
-    total = {}
-    for who in ("alice", "bob"):
-        base = missing_answer_reward if missing[who] else verdict[who]
-        total[who] = base - penalty[who] if format_ok[who] else format_reward
+    base = {who: missing_answer_reward if missing[who] else verdict[who] for who in verdict}
+    total = {who: base[who] - penalty[who] if format_ok[who] else format_reward for who in verdict}
     return [
         PlyReward(float(total[who]), float(verdict[who]), float(penalty[who]), not format_ok[who], missing[who])
         for who in (PLAYER_OF_PLY[ply] for ply in plies)
@@ -317,10 +314,9 @@ def check_ablation(
     Raises:
         ValueError: naming the field at fault (``judging``, ``protocol``, ``trainable_plies``, ``frozen_critic``, ...).
     """
-    if judging not in JUDGINGS:
-        raise ValueError(f"judging must be one of {JUDGINGS}, got {judging!r}")
-    if bob_reward not in BOB_REWARDS:
-        raise ValueError(f"bob_reward must be one of {BOB_REWARDS}, got {bob_reward!r}")
+    for name, value, allowed in (("judging", judging, JUDGINGS), ("bob_reward", bob_reward, BOB_REWARDS)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     if judging == "pairwise":
         if protocol != "rlaif_a":
             raise ValueError(
@@ -397,10 +393,8 @@ def transcript_metrics(
         f"{stage}/missing_answer": sum(t.final_answer is None for t in transcripts) / n,
         f"{stage}/format_invalid": sum(not r.format_ok for r in replies) / max(1, len(replies)),
     }
-    if known:
-        out[f"{stage}/accuracy"] = sum(known) / len(known)
-    elif stage == "train":
-        out["train/accuracy"] = math.nan
+    if known or stage == "train":
+        out[f"{stage}/accuracy"] = sum(known) / len(known) if known else math.nan
     plies = transcripts[0].plies
     for j, ply in enumerate(plies):
         out[f"{stage}/words_{ply}"] = sum(t.replies[j].words for t in transcripts) / n

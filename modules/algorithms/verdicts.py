@@ -106,7 +106,11 @@ def _clause(text: str, pos: int, ties: bool = False) -> _Clause | None:
 
 
 def _rest_agrees(text: str, clause: _Clause) -> bool:
-    """Whether the rest of the verdict's line leaves its vote standing (:func:`parse_verdict`'s rule)."""
+    """Whether the rest of the verdict's line leaves its vote standing (:func:`parse_verdict`).
+
+    Text there not introduced by a player's name is about the verdict's player and may hold no :data:`_NEGATIVE` word;
+    a player named there must agree with the vote where a judgement of them is read or the name stands alone.
+    """
     stop = _LINE_END.search(text, clause.end).start()
     names = list(_NAME.finditer(text, clause.end, stop))
     if _NEGATIVE.search(text[clause.end : names[0].start() if names else stop]):
@@ -119,9 +123,8 @@ def _rest_agrees(text: str, clause: _Clause) -> bool:
             if mention.vote != clause.vote:
                 return False  # "Alice, or Bob", "Alice, unless Bob is right", "Alice, Alice is wrong"
         elif mention.subject == clause.subject and _NEGATIVE.search(text[name.end() : segment_end]):
-            return (
-                False  # the verdict's player judged against in words not read: "Alice, though Alice is not fully right"
-            )
+            # the verdict's player judged against in words not read: "Alice, though Alice is not fully right"
+            return False
     return True
 
 
@@ -133,28 +136,15 @@ def parse_verdict(text: str | None, ties: bool = False) -> float | None:
     with such a word counts. A negative judgement of a named player inverts the vote (``Alice is wrong``, ``Bob's
     critique is wrong``), a negated negative is positive; hedges and refusals anywhere (``probably Alice``), a player
     judged in other words (``Alice is partially correct``, ``Alice and Bob``) and a bare word that does not stand alone
-    (``no verdict``) are not read.
-
-    The rest of the verdict's line (up to any line break) must not take the vote back, else the vote is unparsed:
-
-    * text there not introduced by a player's name is read as about the verdict's player (Alice for a bare word) and
-      may hold no negative word (not, n't, never, nor, neither, wrong, incorrect, mistaken, false, invalid, flawed,
-      lose(s), lost, loser, fail(s/ed)): ``Verdict: Alice, who is wrong``, ``Verdict: Alice? No, she is not right``;
-    * a player named there must agree with the vote where a judgement of them is read or the name stands alone:
-      ``Verdict: Alice, because Bob is wrong`` and ``Verdict: Alice, not Bob`` count, ``Verdict: Alice, or Bob`` and
-      ``Verdict: Alice, unless Bob is right`` do not;
-    * other words about the other player leave the vote alone (``because Bob's critique misreads the problem``), a
-      negative word about the verdict's own player does not (``though Alice is not fully right``).
-
-    An ambiguous pronoun thus costs a vote (unparsed), never flips one.
+    (``no verdict``) are not read. The rest of the verdict's line must not take the vote back (:func:`_rest_agrees`):
+    ``Verdict: Alice, because Bob is wrong`` counts, ``Verdict: Alice, who is wrong`` and ``Verdict: Alice, or Bob`` are
+    unparsed. An ambiguous pronoun thus costs a vote (unparsed), never flips one.
     """
     if not text or _HEDGE.search(text):
         return None
-    for marker in reversed(list(_MARKER.finditer(text))):
-        clause = _clause(text, marker.end(), ties)
-        if clause is not None:
-            return clause.vote if clause.vote is not None and _rest_agrees(text, clause) else None
-    clause = _clause(text, 0, ties)
+    # the last marker with a verdict word after it, else the output's start
+    starts = [m.end() for m in reversed(list(_MARKER.finditer(text)))] + [0]
+    clause = next((c for c in (_clause(text, i, ties) for i in starts) if c is not None), None)
     return clause.vote if clause is not None and clause.vote is not None and _rest_agrees(text, clause) else None
 
 
@@ -170,10 +160,8 @@ def verdict_of(votes: Sequence[float | None]) -> str:
     valid = [float(v) for v in votes if v is not None and not math.isnan(float(v))]
     if not valid:
         return "unparsed"
-    for_alice = sum(valid)
-    if 2 * for_alice > len(valid):
-        return "alice"
-    return "bob" if 2 * for_alice < len(valid) else "tie"
+    twice = 2 * sum(valid)
+    return "alice" if twice > len(valid) else "bob" if twice < len(valid) else "tie"
 
 
 @dataclass
