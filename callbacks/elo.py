@@ -33,15 +33,11 @@ if TYPE_CHECKING:
 class EloRating(Callback):
     r"""Elo reputations of named players, updated with an adapted Elo rule after every reported duel (§2.3, App. C).
 
-    .. math::
-        E_a = \frac{1}{1 + 10^{(R_b - R_a)/400}}, \quad R_a \leftarrow R_a + K_a (S_a - E_a), \quad
-        R_b \leftarrow R_b - K_b (S_a - E_a), \quad
-        K_i = \frac{K_0}{1 + n_i / d} \left(1 + \min\left(1, \frac{\sigma_i}{K_0}\right)\right)
-
-    with :math:`n_i` player i's duels and :math:`\sigma_i` the std of its recent rating changes (README, "Elo
-    reputations"). :meth:`report` buffers a duel (pass Python numbers: a tensor would sync the device); duels are
-    applied at batch and epoch ends and before a checkpoint, in rank order across ranks. Give it to the ``Trainer``,
-    not ``configure_callbacks`` (it hangs under DDP). Logs ``{name}/<player>`` and ``{name}_volatility/<player>``.
+    The rule is :func:`~alignment_games.callbacks.functional.elo_update` with each player's
+    :func:`~alignment_games.callbacks.functional.effective_k_factor` (README, "Elo reputations"). :meth:`report` buffers
+    a duel (pass Python numbers: a tensor would sync the device); duels are applied at batch and epoch ends and before a
+    checkpoint, in rank order across ranks. Give it to the ``Trainer``, not ``configure_callbacks`` (it hangs under
+    DDP). Logs ``{name}/<player>`` and ``{name}_volatility/<player>``.
 
     Args:
         players: the players' names (unique, at least two).
@@ -73,42 +69,30 @@ class EloRating(Callback):
     ) -> None:
         super().__init__()
         players = [str(p) for p in players]
-        if len(players) < 2:
-            raise ValueError(f"EloRating needs at least two players, got {players}.")
-        if len(set(players)) != len(players):
-            raise ValueError(f"Player names must be unique, got {players}.")
-        if not math.isfinite(initial_rating):
-            raise ValueError(f"`initial_rating` must be finite, got {initial_rating}.")
-        if not k_factor > 0:
-            raise ValueError(f"`k_factor` must be > 0, got {k_factor}.")
-        if k_decay is not None and not k_decay > 0:
-            raise ValueError(f"`k_decay` must be > 0 or None, got {k_decay}.")
-        if volatility_window < 2:
-            raise ValueError(
-                f"`volatility_window` must be >= 2 (a sample standard deviation), got {volatility_window}."
-            )
-        if not scale > 0:
-            raise ValueError(f"`scale` must be > 0, got {scale}.")
-        if apply_every_n_batches < 1:
-            raise ValueError(f"`apply_every_n_batches` must be >= 1, got {apply_every_n_batches}.")
+        for ok, message in (
+            (len(players) >= 2, f"EloRating needs at least two players, got {players}."),
+            (len(set(players)) == len(players), f"Player names must be unique, got {players}."),
+            (math.isfinite(initial_rating), f"`initial_rating` must be finite, got {initial_rating}."),
+            (k_factor > 0, f"`k_factor` must be > 0, got {k_factor}."),
+            (k_decay is None or k_decay > 0, f"`k_decay` must be > 0 or None, got {k_decay}."),
+            (volatility_window >= 2, f"`volatility_window` must be >= 2 (a sample std), got {volatility_window}."),
+            (scale > 0, f"`scale` must be > 0, got {scale}."),
+            (apply_every_n_batches >= 1, f"`apply_every_n_batches` must be >= 1, got {apply_every_n_batches}."),
+        ):
+            if not ok:
+                raise ValueError(message)
         if figure_path is not None and importlib.util.find_spec("matplotlib") is None:  # not after a whole fit
             raise ImportError(
                 "EloRating(figure_path=...) draws with matplotlib, which is not installed: pip install matplotlib "
                 '(or the games extra, which has it: pip install "alignment-games[games]")'
             )
-        self.players = players
-        self.initial_rating = float(initial_rating)
-        self.k_factor = float(k_factor)
+        self.players, self.initial_rating, self.k_factor = players, float(initial_rating), float(k_factor)
         self.k_decay = None if k_decay is None else float(k_decay)
-        self.volatility_window = int(volatility_window)
-        self.scale = float(scale)
-        self.apply_every_n_batches = int(apply_every_n_batches)
-        self.figure_path, self.name = figure_path, name
+        self.volatility_window, self.scale = int(volatility_window), float(scale)
+        self.apply_every_n_batches, self.figure_path, self.name = int(apply_every_n_batches), figure_path, name
         self._index = {p: i for i, p in enumerate(players)}
-        n = len(self.players)
-        self._ratings = [self.initial_rating] * n
-        self._games = [0] * n
-        self._recent: list[deque[float]] = [deque(maxlen=self.volatility_window) for _ in range(n)]
+        self._ratings, self._games = [self.initial_rating] * len(players), [0] * len(players)
+        self._recent: list[deque[float]] = [deque(maxlen=self.volatility_window) for _ in players]
         self._history: list[list[float]] = [list(self._ratings)]
         self._pending: list[tuple[int, int, float]] = []
         self._batches = 0
@@ -183,7 +167,9 @@ class EloRating(Callback):
 
     def current_k_factor(self, player: str) -> float:
         """K factor that ``player``'s next duel will use."""
-        i = self._idx(player)
+        return self._k(self._idx(player))
+
+    def _k(self, i: int) -> float:
         return effective_k_factor(self.k_factor, self._games[i], self.k_decay, sample_std(self._recent[i]))
 
     def decayed_k_factor(self, player: str) -> float:
@@ -209,10 +195,8 @@ class EloRating(Callback):
         return len(self._pending)
 
     def _apply_one(self, ia: int, ib: int, score: float) -> None:
-        k_a = effective_k_factor(self.k_factor, self._games[ia], self.k_decay, sample_std(self._recent[ia]))
-        k_b = effective_k_factor(self.k_factor, self._games[ib], self.k_decay, sample_std(self._recent[ib]))
         surprise = score - elo_expected_score(self._ratings[ia], self._ratings[ib], self.scale)
-        for i, delta in ((ia, k_a * surprise), (ib, -k_b * surprise)):
+        for i, delta in ((ia, self._k(ia) * surprise), (ib, -self._k(ib) * surprise)):
             self._ratings[i] += delta
             self._recent[i].append(delta)
             self._games[i] += 1
@@ -222,8 +206,7 @@ class EloRating(Callback):
         local, self._pending = self._pending, []
         if trainer is None or trainer.world_size == 1:
             return local
-        strategy = trainer.strategy
-        device = strategy.root_device
+        strategy, device = trainer.strategy, trainer.strategy.root_device
         counts = strategy.all_gather(torch.tensor([len(local)], device=device)).reshape(-1).tolist()
         longest = max(counts)
         if longest == 0:
@@ -238,8 +221,8 @@ class EloRating(Callback):
     def apply_pending(self, trainer: pl.Trainer | None = None) -> int:
         """Apply the buffered duels now (of every rank under DDP: call it on all ranks); returns how many."""
         duels = self._gather(trainer)
-        for ia, ib, score in duels:
-            self._apply_one(ia, ib, score)
+        for duel in duels:
+            self._apply_one(*duel)
         return len(duels)
 
     def tensorboard_layout(self) -> dict[str, dict[str, list[Any]]]:
@@ -261,10 +244,10 @@ class EloRating(Callback):
         log_scalar_layout(trainer, self.tensorboard_layout())
 
     def _log(self, pl_module: pl.LightningModule) -> None:
-        for i, player in enumerate(self.players):
-            pl_module.log(f"{self.name}/{player}", self._ratings[i], on_step=True, on_epoch=False, batch_size=1)
-            volatility = sample_std(self._recent[i])
-            pl_module.log(f"{self.name}_volatility/{player}", volatility, on_step=True, on_epoch=False, batch_size=1)
+        options = {"on_step": True, "on_epoch": False, "batch_size": 1}
+        for player, rating, recent in zip(self.players, self._ratings, self._recent):
+            pl_module.log(f"{self.name}/{player}", rating, **options)
+            pl_module.log(f"{self.name}_volatility/{player}", sample_std(recent), **options)
 
     @override
     def on_train_batch_end(
@@ -302,13 +285,9 @@ class EloRating(Callback):
         from matplotlib.figure import Figure  # lazy: only figures need matplotlib
 
         figure = Figure(figsize=(7.0, 4.0), layout="constrained")
-        axes = figure.add_subplot()
-        steps = list(range(len(self._history)))
-        for i, player in enumerate(self.players):
-            axes.plot(steps, [row[i] for row in self._history], label=player)
-        axes.set_xlabel("duels applied")
-        axes.set_ylabel("Elo rating")
-        axes.set_title("Reputation trajectories")
+        axes = figure.add_subplot(xlabel="duels applied", ylabel="Elo rating", title="Reputation trajectories")
+        for player, ratings in zip(self.players, zip(*self._history)):
+            axes.plot(range(len(self._history)), ratings, label=player)
         axes.legend(loc="best", fontsize="small")
         if path is not None:
             figure.savefig(path)

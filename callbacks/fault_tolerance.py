@@ -40,10 +40,7 @@ __all__ = [
 
 
 def collect_rng_state() -> dict[str, Any]:
-    """The process's ``python``, ``numpy`` (legacy global), ``torch`` and, once initialised, ``cuda`` generator states.
-
-    Tensors and plain values only, so ``weights_only`` loading reads them.
-    """
+    """The ``python``, ``numpy``, ``torch`` and (once initialised) ``cuda`` generator states (``weights_only``)."""
     version, keys, gauss = random.getstate()
     name, np_keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -101,13 +98,10 @@ class RNGStateCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        local = collect_rng_state()
-        rank, world = rank_and_world()
-        if world == 1:
-            return {"ranks": [local]}
-        gathered: list[Any] = [None] * world
-        torch.distributed.all_gather_object(gathered, local)
-        return {"ranks": gathered}
+        ranks: list[Any] = [collect_rng_state()] * rank_and_world()[1]
+        if len(ranks) > 1:
+            torch.distributed.all_gather_object(ranks, ranks[0])
+        return {"ranks": ranks}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -137,8 +131,7 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
         self._start_step: int | None = None  # the global step training started from in this run
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """SIGTERM under DDP: only note it; the ranks agree on it at the next point all reach (:meth:`_agree`)."""
-        self._signalled = True
+        self._signalled = True  # under DDP only noted: the ranks agree on it at the next point all reach (`_agree`)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -186,9 +179,13 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
     on_test_batch_end = EvaluationBatchCallback.on_validation_batch_end  # the same agreement point in a test loop
 
     @staticmethod
+    def _model_checkpoint(trainer: pl.Trainer) -> ModelCheckpoint | None:
+        return next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+    @staticmethod
     def target_path(trainer: pl.Trainer) -> str:
         """Where the SIGTERM checkpoint goes: the ``last`` file of the trainer's ``ModelCheckpoint`` folder."""
-        ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+        ckpt = CheckpointOnSigterm._model_checkpoint(trainer)
         if ckpt is not None and ckpt.dirpath is not None:
             return os.path.join(ckpt.dirpath, ckpt.CHECKPOINT_NAME_LAST + ckpt.FILE_EXTENSION)
         # the logger's run folder, never the working directory (``trainer.log_dir`` is a collective under DDP)
@@ -196,8 +193,7 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
         return os.path.join(logger_dir or trainer.default_root_dir, "checkpoints", "last.ckpt")
 
     def _save(self, trainer: pl.Trainer) -> None:
-        path = self.target_path(trainer)
-        ckpt = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+        path, ckpt = self.target_path(trainer), self._model_checkpoint(trainer)
         if ckpt is not None and ckpt.save_last:
             # the callback's own `last`, so after the resume it is overwritten instead of getting a `last-v1.ckpt`
             ckpt.last_model_path = path
@@ -206,9 +202,7 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException):
-            return
-        if trainer.state.fn != TrainerFn.FITTING or trainer.fast_dev_run:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING or trainer.fast_dev_run:
             return
         if self._start_step is None or trainer.global_step == self._start_step:
             # the sanity check, or training stopped before its first step: a checkpoint would hold what was loaded
@@ -216,18 +210,15 @@ class CheckpointOnSigterm(EvaluationBatchCallback):
                 f"SIGTERM before the first training step: nothing was trained, no checkpoint written (the run "
                 f"stands at step {trainer.global_step}, as it started)"
             )
-            return
-        if trainer.validating:
+        elif trainer.validating:
             rank_zero_warn(
                 "SIGTERM during validation: no checkpoint written (a validation cannot be resumed half-way); "
                 "resume from the last periodic checkpoint."
             )
-            return
-        if trainer.fit_loop.epoch_loop.done:
-            # raised after the end-of-epoch work: not a state Lightning resumes from exactly
+        elif trainer.fit_loop.epoch_loop.done:  # after the end-of-epoch work: not a state Lightning resumes exactly
             rank_zero_warn("SIGTERM at the end of an epoch: no checkpoint written; resume from the last periodic one.")
-            return
-        self._save(trainer)
+        else:
+            self._save(trainer)
 
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
@@ -241,12 +232,6 @@ def _remove_stale_temps(path: str) -> None:
             if (m := _TMP.match(entry)) and m.group("name") == name and not pid_alive(int(m.group("pid"))):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(folder, entry))
-
-
-def _write_error(err: BaseException, path: str) -> OSError | None:
-    """The ``OSError`` behind ``err`` (``torch.save`` wraps it) made again naming ``path``; ``None`` without one."""
-    cause = os_error_behind(err)
-    return None if cause is None else write_error(cause, path)
 
 
 def _replace_with_sidecar(tmp: str, path: str) -> None:
@@ -291,9 +276,9 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike, sidecar: bool = False) 
     except BaseException as err:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        named = _write_error(err, path) if isinstance(err, (OSError, RuntimeError)) else None
-        if named is not None:
-            raise named from err
+        cause = os_error_behind(err) if isinstance(err, (OSError, RuntimeError)) else None  # torch.save wraps it
+        if cause is not None:
+            raise write_error(cause, path) from err
         raise
     fsync_dir(folder)
 
@@ -328,10 +313,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}")
-        if "://" in str(path) and not str(path).startswith("file://"):
+        if _local(path):
+            atomic_torch_save(checkpoint, _local(path), sidecar=True)
+        else:
             super().save_checkpoint(checkpoint, path)
-            return
-        atomic_torch_save(checkpoint, _local(path), sidecar=True)
 
 
 def _local(path: Any) -> str:
