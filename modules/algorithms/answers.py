@@ -12,21 +12,15 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 def extract_final_answer(text: str | None) -> str | None:
     """Content of the last ``\\boxed{...}`` in ``text`` with nested braces matched, or ``None`` (also when unclosed)."""
-    if not text:
+    starts = [m.end() for m in _BOXED.finditer(text or "")]
+    if not starts:
         return None
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            ch = text[i]
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i].strip()
-        return None  # the last box is never closed
-    return None
+    depth = 1
+    for i in range(starts[-1], len(text)):
+        depth += (text[i] == "{") - (text[i] == "}")
+        if depth == 0:
+            return text[starts[-1] : i].strip()
+    return None  # the last box is never closed
 
 
 def extract_gsm8k_answer(text: str | None) -> str | None:
@@ -34,7 +28,7 @@ def extract_gsm8k_answer(text: str | None) -> str | None:
     return (text.rsplit("####", 1)[1].strip() or None) if text and "####" in text else None
 
 
-_TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mbox|textnormal)\s*\{[^{}]*\}")
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mbox|textnormal)\s*\{([^{}]*)\}")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
@@ -53,24 +47,11 @@ def _outer_braces_match(s: str) -> bool:
 
 def normalize_answer(answer: str) -> str:
     """Answer text without ``$``, spaces, ``\\left``/``\\right``, units, thousands commas, trailing zeros; ``a/b``."""
-    s = answer.strip()
-    s = (
-        s.replace("\\$", "")
-        .replace("$", "")
-        .replace("{,}", ",")
-        .replace("\\!", "")
-        .replace("\\,", "")
-        .replace("\\;", "")
-        .replace("\\ ", "")
-    )
-    s = s.replace("\\left", "").replace("\\right", "").replace("^\\circ", "").replace("^{\\circ}", "")
-    s = s.replace("\\%", "").replace("%", "")
+    s = answer.strip().replace("\\$", "").replace("$", "").replace("{,}", ",")
+    for token in ("\\!", "\\,", "\\;", "\\ ", "\\left", "\\right", "^\\circ", "^{\\circ}", "\\%", "%"):  # in this order
+        s = s.replace(token, "")
     # A unit in \text{...} after a value is dropped; a bare \text{word} answer keeps its word.
-    stripped = _TEXT_CMD.sub("", s).strip()
-    if stripped:
-        s = stripped
-    else:
-        s = re.sub(r"\\(?:text|textbf|mathrm|mbox|textnormal)\s*\{([^{}]*)\}", r"\1", s)
+    s = _TEXT_CMD.sub("", s).strip() or _TEXT_CMD.sub(r"\1", s)
     while s.startswith("{") and s.endswith("}") and _outer_braces_match(s):
         s = s[1:-1].strip()
     s = _FRAC.sub(r"(\1)/(\2)", s)
@@ -86,19 +67,13 @@ def normalize_answer(answer: str) -> str:
 
 def parse_number(answer: str) -> Fraction | None:
     """Exact value of a normalised answer that is an integer, decimal or ``a/b`` fraction, else ``None``."""
-    s = normalize_answer(answer)
-    try:
-        if "/" in s:
-            num, den = s.split("/", 1)
-            if not (_NUMBER.match(num) and _NUMBER.match(den)):
-                return None
-            den_v = Fraction(den)
-            return None if den_v == 0 else Fraction(num) / den_v
-        if _NUMBER.match(s):
-            return Fraction(s)
-    except (ValueError, ZeroDivisionError):
+    num, slash, den = normalize_answer(answer).partition("/")
+    if not _NUMBER.match(num) or (slash and not _NUMBER.match(den)):
         return None
-    return None
+    try:
+        return Fraction(num) / Fraction(den if slash else 1)
+    except (ValueError, ZeroDivisionError):  # a zero denominator
+        return None
 
 
 def answers_match(prediction: str | None, reference: str | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -44,11 +45,7 @@ class ArithmeticProblem:
 
     def values(self) -> list[int]:
         """The running totals after each operation (the last one is the answer)."""
-        out, v = [], self.start
-        for op, n in self.ops:
-            v = _apply(v, op, n)
-            out.append(v)
-        return out
+        return list(itertools.accumulate(self.ops, lambda v, op: _apply(v, *op), initial=self.start))[1:]
 
 
 def _apply(v: int, op: str, n: int) -> int:
@@ -93,10 +90,7 @@ def generate_problems(n: int, seed: int = 0, min_steps: int = 2, max_steps: int 
     return problems
 
 
-def _step_sentence(p: ArithmeticProblem, prev: int, op: str, n: int, result: int) -> str:
-    sym = {"+": "+", "-": "-", "*": "*"}[op]
-    verb = {"+": "adding", "-": "taking away", "*": "multiplying by"}[op]
-    return f"After {verb} {n}, {p.name} has {prev} {sym} {n} = {result} {p.item}."
+_VERBS = {"+": "adding", "-": "taking away", "*": "multiplying by"}
 
 
 def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> str:
@@ -120,7 +114,7 @@ def make_response(problem: ArithmeticProblem, kind: str, rng: random.Random) -> 
             result = max(0, result + rng.choice([-3, -2, -1, 1, 2, 3]))
             if result == _apply(v, op, n):
                 result += 1
-        sentences.append(_step_sentence(p, v, op, n, result))
+        sentences.append(f"After {_VERBS[op]} {n}, {p.name} has {v} {op} {n} = {result} {p.item}.")
         v = result
     final = v
     if kind == "wrong_final":
@@ -156,9 +150,6 @@ def make_think_response(problem: ArithmeticProblem, width: int = 0, reverse: boo
         s = f"{x:0{width}d}"
         return s[::-1] if reverse else s
 
-    lines, v = [], problem.start
-    for op, n in problem.ops:
-        result = _apply(v, op, n)
-        lines.append(f"{num(v)} {op} {num(n)} = {num(result)}")
-        v = result
-    return "<think>" + "\n".join(lines) + "</think>\nThe answer is \\boxed{" + str(v) + "}."
+    totals = [problem.start, *problem.values()]
+    lines = (f"{num(a)} {op} {num(n)} = {num(b)}" for a, (op, n), b in zip(totals, problem.ops, totals[1:]))
+    return "<think>" + "\n".join(lines) + "</think>\nThe answer is \\boxed{" + str(totals[-1]) + "}."

@@ -121,9 +121,7 @@ class Matchmaking:
         aff = self.affinities(ratings, player, target_gap)
         others = [j for j in range(m) if j != player]
         sets = list(itertools.combinations(others, c))
-        out = [0.0] * m
-        for j in others:
-            out[j] += u / (m - 1)
+        out = [0.0 if j == player else u / (m - 1) for j in range(m)]
         for s in sets:
             total = sum(aff[k] for k in s)
             for k in s:
@@ -158,11 +156,8 @@ class Matchmaking:
         m = len(ratings)
         if m == 1:
             return [(0, 0)] * num_duels
-        duels = []
-        for _ in range(num_duels):
-            a = int(torch.randint(m, (), generator=generator))
-            duels.append((a, self.sample(ratings, a, target_gap, generator)))
-        return duels
+        combatants = (int(torch.randint(m, (), generator=generator)) for _ in range(num_duels))  # lazily: a, sample
+        return [(a, self.sample(ratings, a, target_gap, generator)) for a in combatants]
 
 
 def duel_judges(duels: Sequence[tuple[int, int]], m: int) -> list[list[int]]:
@@ -198,12 +193,11 @@ def _in_range(x: float) -> bool:
 
 
 def _json_score(text: str) -> float | None:
+    # a flat ``{...}`` that parses is always a JSON object (a dict)
     for match in _JSON_OBJECT.finditer(text):
         try:
             obj = json.loads(match.group(0))
         except ValueError:
-            continue
-        if not isinstance(obj, dict):
             continue
         for key, value in obj.items():
             if str(key).lower() not in ("score", "rating") or isinstance(value, bool):  # True is an int, not a score
