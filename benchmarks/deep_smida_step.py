@@ -13,15 +13,11 @@ The last line is ``separate_vs_lora=<median step time of separate copies / of Lo
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _common  # benchmarks/ is the script's folder
 
 
 def worker(args) -> dict:
@@ -32,14 +28,10 @@ def worker(args) -> dict:
     from alignment_games.datamodules.prompts import PromptDataModule
     from alignment_games.modules.deep_smida import DeepSMIDA
     from alignment_games.modules.lm.model_config import ModelConfig
-    from alignment_games.modules.lm.models import build_tiny_causal_lm
     from alignment_games.modules.lm.sampling import Sampling
     from alignment_games.modules.preference import EnsembleUtility
 
-    policy = args.policy or build_tiny_causal_lm(
-        os.path.join(tempfile.gettempdir(), "ag_bench_tiny"),
-        config={"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3},
-    )
+    policy = args.policy or _common.tiny_policy()
     L.seed_everything(0)
     model = DeepSMIDA(
         lm=ModelConfig(policy, players=args.players, dtype=args.dtype),
@@ -50,24 +42,8 @@ def worker(args) -> dict:
         leader_lr=1e-4,
         follower_lr=2e-4,
     )
-    times = []
-
-    class Collect(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *a):
-            times.append(dict(pl_module.phase_times))
-
-    trainer = L.Trainer(
-        max_steps=2 * args.steps,
-        logger=False,
-        default_root_dir=os.path.join(tempfile.gettempdir(), "ag_bench_runs"),  # not cwd
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        callbacks=[Collect()],
-        accelerator="auto",
-        devices=1,
-    )
-    trainer.fit(model, PromptDataModule(num_prompts=200, batch_size=args.b))
+    data = PromptDataModule(num_prompts=200, batch_size=args.b)
+    times = _common.fit_phases(model, data, 2 * args.steps, os.path.join(tempfile.gettempdir(), "ag_bench_runs"))
     kept = times[2:]
     phases = ["generate", "score", "logprob", "backward", "optimizer"]
     med = {p: statistics.median(t[p] for t in kept) for p in phases}
@@ -77,28 +53,16 @@ def worker(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", default=None)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--b", type=int, default=4)
+    ap = _common.step_parser(__doc__, "players")
     ap.add_argument("--d", type=int, default=2)
     ap.add_argument("--m", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--players", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.players:
-        print(json.dumps(worker(args)))
+    args = _common.parse_or_work(ap, "players", worker)
+    if args is None:
         return
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     res = {}
     for players in ("lora", "separate"):
-        cmd = [sys.executable, __file__, "--players", players] + [
-            f"--{k}={v}" for k, v in vars(args).items() if k != "players" and v is not None
-        ]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.strip().splitlines()[-1]
-        res[players] = r = json.loads(out)
+        argv = [f"--players={players}", *_common.worker_argv(args, ("players",))]
+        res[players] = r = _common.worker_json(__file__, argv)
         print(
             f"{players:9s} step={r['step']:.3f}s  generate={r['generate']:.3f}  score={r['score']:.3f}  "
             f"logprob={r['logprob']:.3f}  backward={r['backward']:.3f}  optimizer={r['optimizer']:.4f}  "

@@ -48,8 +48,9 @@ import sys
 import tempfile
 import time
 
-# the arithmetic beside this file: a package module for the tests, a sibling when gpu.sh runs the file
+# the arithmetic and the shared helpers beside this file: package modules for the tests, siblings when gpu.sh runs it
 arith = importlib.import_module(f"{__package__}.gpu_arithmetic" if __package__ else "gpu_arithmetic")
+common = importlib.import_module(f"{__package__}._common" if __package__ else "_common")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,6 +106,15 @@ def _expect(out: _Partial, figures: dict, line: str) -> None:
     out["expected_h200"] = figures
     out["expected_line"] = line
     print(f"expected on one H200: {line}", flush=True)
+
+
+def _expect_decode(args, out: _Partial, run: dict, compiled: bool, who: str, tail: str):
+    """Record and print a decode section's expected H200 bound per group shape of ``run`` (``<shape> rows: <who><=
+    N steps/s``, then ``tail``); the section's torch, device and dtype."""
+    full = arith.expected_decode(arith.QWEN25_15B, run, compiled)
+    bounds = ", ".join(f"{k} rows: {who}<= {v['bound_steps_per_s']:,.0f} steps/s" for k, v in full.items())
+    _expect(out, full, bounds + tail)
+    return _setup(args)
 
 
 def _policy_folder(args, shape: str, vocab: int | None = None) -> str:
@@ -190,14 +200,8 @@ def section_env(args, out: _Partial) -> None:
 
 def section_decode(args, out: _Partial, compiled: bool) -> None:
     """``PolicyBank.generate`` through the static cascade (compiled or not) at each group shape of ``DECODE``."""
-    full = arith.expected_decode(arith.QWEN25_15B, arith.DECODE, compiled)
-    _expect(
-        out,
-        full,
-        ", ".join(f"{k} rows: <= {v['bound_steps_per_s']:,.0f} steps/s" for k, v in full.items())
-        + f" (HBM bound, {arith.REFERENCE['hbm_tb_s']} TB/s, {arith.DECODE['new_tokens']} tokens)",
-    )
-    torch, device, dtype = _setup(args)
+    tail = f" (HBM bound, {arith.REFERENCE['hbm_tb_s']} TB/s, {arith.DECODE['new_tokens']} tokens)"
+    torch, device, dtype = _expect_decode(args, out, arith.DECODE, compiled, "", tail)
     from torch._dynamo.utils import counters
 
     from alignment_games.modules.lm import static_decode
@@ -270,20 +274,6 @@ def _run_bound(section: dict, run: dict, constants: dict) -> float:
     )
 
 
-def _collector():
-    """A Lightning callback that keeps each training step's ``phase_times``."""
-    import lightning as L
-
-    class Collect(L.Callback):
-        def __init__(self) -> None:
-            self.steps: list[dict] = []
-
-        def on_train_batch_end(self, trainer, pl_module, *a):
-            self.steps.append(dict(pl_module.phase_times))
-
-    return Collect()
-
-
 def section_grpo(args, out: _Partial) -> None:
     """Whole GRPO steps (LoRA over a bf16 base) at the 0.5B and 1.5B shapes; the last step of each is reported."""
     full = {name: arith.expected_grpo(cfg, arith.GRPO_RUN) for name, cfg in arith.SHAPES.items()}
@@ -325,27 +315,13 @@ def section_grpo(args, out: _Partial) -> None:
             chat_template=False,
             lr=1e-5,
         )
-        collect = _collector()
         loader = DataLoader(
             rows,
             batch_size=b,
             collate_fn=lambda r: {"prompt": [x["prompt"] for x in r], "reference": [x["reference"] for x in r]},
         )
-        trainer = L.Trainer(
-            max_steps=run["steps"],
-            logger=False,
-            default_root_dir=args.workdir,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            callbacks=[collect],
-            accelerator="gpu" if device.type == "cuda" else "cpu",
-            devices=1,
-        )
-        trainer.fit(model, train_dataloaders=loader)
-        steps = collect.steps
+        accelerator = "gpu" if device.type == "cuda" else "cpu"
+        steps = common.fit_phases(model, loader, run["steps"], args.workdir, accelerator)
         last = steps[-1]
         if last["generated_tokens"] != b * g * new:
             raise RuntimeError(f"{name}: generated {last['generated_tokens']:.0f} tokens, expected {b * g * new}")
@@ -370,7 +346,7 @@ def section_grpo(args, out: _Partial) -> None:
             f"tok/s, update MFU {res['update_flop_per_s'] / (arith.REFERENCE['bf16_dense_tflops'] * 1e12):.0%}"
         )
         out["measured_line"] = "; ".join(lines)
-        del model, trainer
+        del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -379,14 +355,8 @@ def section_engines(args, out: _Partial) -> None:
     """Every figure a ratio against a peer: the own static decode, transformers' ``generate`` and the vLLM engine
     (``lm.decode: vllm``, where the image has ``vllm``) at the 1.5B shape, then a whole GRPO step of ours against TRL's
     ``GRPOTrainer`` at the 0.5B shape (benchmarks/vs_trl.py's workers on the GPU, where the image has TRL)."""
-    full = arith.expected_decode(arith.QWEN25_15B, arith.ENGINES, compiled=False)
-    _expect(
-        out,
-        full,
-        ", ".join(f"{k} rows: own <= {v['bound_steps_per_s']:,.0f} steps/s" for k, v in full.items())
-        + f" (HBM bound, {arith.ENGINES['new_tokens']} tokens); generate, vLLM and TRL measured beside it",
-    )
-    torch, device, dtype = _setup(args)
+    tail = f" (HBM bound, {arith.ENGINES['new_tokens']} tokens); generate, vLLM and TRL measured beside it"
+    torch, device, dtype = _expect_decode(args, out, arith.ENGINES, False, "own ", tail)
     from transformers import AutoModelForCausalLM
 
     from alignment_games.modules.lm.model_config import DECODES, ModelConfig
@@ -507,30 +477,17 @@ def section_deep_smida(args, out: _Partial) -> None:
         leader_lr=8e-6,
         follower_lr=2e-5,
     )
-    steps = []
 
-    class Collect(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *a):
-            steps.append(dict(pl_module.phase_times))
-            out["steps"] = steps  # the first includes warm-up; a deadline kill keeps the steps done
-            last = steps[-1]
-            step = sum(v for k, v in last.items() if k != "generated_tokens")
-            out["measured_line"] = f"generate {last['generate']:.2f} s of a {step:.2f} s step"
+    def keep(steps: list[dict]) -> None:
+        out["steps"] = steps  # the first includes warm-up; a deadline kill keeps the steps done
+        last = steps[-1]
+        step = sum(v for k, v in last.items() if k != "generated_tokens")
+        out["measured_line"] = f"generate {last['generate']:.2f} s of a {step:.2f} s step"
 
-    trainer = L.Trainer(
-        max_steps=2 * run["batches"],  # two optimizers: Lightning counts two steps per batch
-        logger=False,
-        default_root_dir=args.workdir,  # artifacts written at the end of fit land in the work folder, not in cwd
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[Collect()],
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-    )
-    trainer.fit(model, PromptDataModule(num_prompts=64, batch_size=b))
+    data = PromptDataModule(num_prompts=64, batch_size=b)
+    accelerator = "gpu" if device.type == "cuda" else "cpu"
+    # two optimizers: Lightning counts two steps per batch
+    common.fit_phases(model, data, 2 * run["batches"], args.workdir, accelerator, each=keep)
 
 
 SECTION_FUNCS = {

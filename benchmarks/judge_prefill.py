@@ -17,26 +17,10 @@ before and after and their ratio, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import tempfile
 import time
 
-from _host import host, host_line  # benchmarks/ is the script's folder
-
-SHAPES = {
-    "tiny": {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "max_position_embeddings": 4096},
-    "q05b": {
-        "vocab_size": 151_936,
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-        "max_position_embeddings": 32768,
-    },
-}
+import _common  # benchmarks/ is the script's folder
 
 
 def transcripts(count: int, words: int) -> list:
@@ -54,14 +38,10 @@ def transcripts(count: int, words: int) -> list:
 def run(shape: str, args) -> dict:
     import torch
 
-    from alignment_games.modules.lm.models import build_tiny_causal_lm
     from alignment_games.modules.lm.sampling import Sampling
     from alignment_games.modules.scorers.judges import HFJudge
 
-    config = dict(SHAPES[shape])
-    if shape == "q05b":
-        config["num_hidden_layers"] = args.layers
-    path = build_tiny_causal_lm(os.path.join(tempfile.gettempdir(), f"ag_bench_judge_{shape}_{args.layers}"), config)
+    path, config = _common.build_shape(shape, args.layers, "ag_bench_judge")
     sampling = Sampling(max_new_tokens=args.judge_tokens, min_new_tokens=args.judge_tokens)  # fixed work per vote
     judge = HFJudge(path, chain_of_thought=False, num_votes=args.votes, sampling=sampling, max_prompt_tokens=4096)
     batch = transcripts(args.transcripts, args.prompt_words)
@@ -98,26 +78,16 @@ def main() -> None:
     parser.add_argument("--transcripts", type=int, default=4)
     parser.add_argument("--prompt_words", type=int, default=140, help="words per judged ply (~1,400 prompt tokens)")
     parser.add_argument("--judge_tokens", type=int, default=16, help="tokens per verdict (a no-reasoning judge)")
-    parser.add_argument("--layers", type=int, default=2, help="decoder blocks of the q05b shape (24: real depth)")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
-    import torch
+    _common.add_shape_options(parser, repeats=2)
+    _common.run_shapes(parser.parse_args(), run, show)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    info = host()
-    print(host_line(info))
-    results = []
-    for shape in args.shapes.split(","):
-        r = run(shape, args)
-        results.append(r)
-        print(
-            f"{shape}: {r['transcripts']} transcripts x {r['prompt_tokens']} prompt tokens, {r['votes']} votes x "
-            f"{r['judge_tokens']} tokens: before {r['before_s']} s, after {r['after_s']} s, "
-            f"speedup {r['speedup']}x, same texts {r['same_texts']}"
-        )
-    print(json.dumps({"host": info, "results": results}))
+
+def show(r: dict) -> None:
+    print(
+        f"{r['shape']}: {r['transcripts']} transcripts x {r['prompt_tokens']} prompt tokens, {r['votes']} votes x "
+        f"{r['judge_tokens']} tokens: before {r['before_s']} s, after {r['after_s']} s, "
+        f"speedup {r['speedup']}x, same texts {r['same_texts']}"
+    )
 
 
 if __name__ == "__main__":

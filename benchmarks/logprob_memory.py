@@ -27,40 +27,19 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import _common  # benchmarks/ is the script's folder
 import torch
+from _phase_memory import PhaseMemory
 
-QWEN25_05B = {
-    "vocab_size": 151_936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
-}
 TINY = {"vocab_size": 4096, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     """Most bytes held at once by the tensors ``fn`` allocated, above what was held when it started."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    meter = PhaseMemory(device)
+    with meter.step():
         fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - start
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import Action
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-        fn()
-    held = peak = 0
-    for _, action, (key, _), size in prof._memory_profile().timeline:
-        if key.device.type != "cpu":
-            continue
-        held += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
-        peak = max(peak, held)
-    return peak
+    return int(meter.steps[-1]["step"]["peak_bytes"])
 
 
 def full_logits_token_logprobs(bank, player, roll, temperature: float) -> torch.Tensor:
@@ -96,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     from alignment_games.modules.lm.policy_bank import PolicyBank
     from alignment_games.modules.lm.rollout import Rollout
 
-    shape = {**(TINY if args.tiny else QWEN25_05B), "num_hidden_layers": args.layers}
+    shape = {**(TINY if args.tiny else _common.QWEN25_05B), "num_hidden_layers": args.layers}
     rows, tokens, width = (2, 16, 4) if args.tiny else (args.rows, args.tokens, args.prompt_tokens)
     vocab = shape["vocab_size"]
     device = torch.device(args.device)

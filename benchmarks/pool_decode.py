@@ -22,27 +22,11 @@ and after and their ratio, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 
-from _host import host, host_line  # benchmarks/ is the script's folder
-
-SHAPES = {
-    "tiny": {"hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3, "max_position_embeddings": 4096},
-    "q05b": {
-        "vocab_size": 151_936,
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-        "max_position_embeddings": 32768,
-    },
-}
+import _common  # benchmarks/ is the script's folder
 
 
 def pool_bank(shape: str, args):
@@ -50,13 +34,9 @@ def pool_bank(shape: str, args):
     import torch
 
     from alignment_games.modules.lm.model_config import ModelConfig
-    from alignment_games.modules.lm.models import build_tiny_causal_lm
     from alignment_games.modules.lm.policy_bank import PolicyBank
 
-    config = dict(SHAPES[shape])
-    if shape == "q05b":
-        config["num_hidden_layers"] = args.layers
-    path = build_tiny_causal_lm(os.path.join(tempfile.gettempdir(), f"ag_bench_pool_{shape}_{args.layers}"), config)
+    path, _ = _common.build_shape(shape, args.layers, "ag_bench_pool")
     players = [f"m{i}" for i in range(args.players)]
     bank = PolicyBank(ModelConfig(path, lora_r=8, lora_alpha=16, max_prompt_tokens=2048), players=players)
     with torch.no_grad():
@@ -120,7 +100,8 @@ def run(shape: str, args) -> dict:
                     outs = bank.generate_each(requests, g, s, greedy)
                 times[(phase, way)].append(clock() - start)
                 texts[(phase, way)] = [o.texts for o in outs]
-    result = {"shape": shape, "layers": SHAPES[shape].get("num_hidden_layers", args.layers), "players": len(players)}
+    layers = _common.SHAPES[shape].get("num_hidden_layers", args.layers)
+    result = {"shape": shape, "layers": layers, "players": len(players)}
     result["clock"] = args.clock
     for phase, (requests, g, s, _) in work.items():
         before, after = statistics.median(times[(phase, "before")]), statistics.median(times[(phase, "after")])
@@ -144,9 +125,7 @@ def main() -> None:
     parser.add_argument("--answer_tokens", type=int, default=64)
     parser.add_argument("--judge_tokens", type=int, default=32, help="tokens per judgement (judging.max_new_tokens)")
     parser.add_argument("--reply_words", type=int, default=60, help="words of each judged reply")
-    parser.add_argument("--layers", type=int, default=2, help="decoder blocks of the q05b shape (24: real depth)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    _common.add_shape_options(parser, repeats=3)
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -154,25 +133,17 @@ def main() -> None:
         help="wall: elapsed seconds; cpu: this process's CPU seconds (with --threads 1 on a shared host, where "
         "elapsed time counts the waits for a core)",
     )
-    args = parser.parse_args()
-    import torch
+    _common.run_shapes(parser.parse_args(), run, show)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    info = host()
-    print(host_line(info))
-    results = []
-    for shape in args.shapes.split(","):
-        r = run(shape, args)
-        results.append(r)
-        for phase in ("answer", "judge"):
-            x = r[phase]
-            same = f", same texts {x['same_texts']}" if "same_texts" in x else ""
-            print(
-                f"{shape} {phase}: m={r['players']}, {x['rows']} rows x {x['tokens']} tokens: player by player "
-                f"{x['before_s']} s, one batch {x['after_s']} s, speedup {x['speedup']}x{same}"
-            )
-    print(json.dumps({"host": info, "results": results}))
+
+def show(r: dict) -> None:
+    for phase in ("answer", "judge"):
+        x = r[phase]
+        same = f", same texts {x['same_texts']}" if "same_texts" in x else ""
+        print(
+            f"{r['shape']} {phase}: m={r['players']}, {x['rows']} rows x {x['tokens']} tokens: player by player "
+            f"{x['before_s']} s, one batch {x['after_s']} s, speedup {x['speedup']}x{same}"
+        )
 
 
 if __name__ == "__main__":

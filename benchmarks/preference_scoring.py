@@ -12,15 +12,11 @@ Prints one line per variant and, last, the ratios shared/separate.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import resource
-import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _common  # benchmarks/ is the script's folder
 
 
 def _pairs(n: int):
@@ -93,38 +89,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.pairs, args.members, args.threads, args.repeats)))
+    args = _common.parse_or_work(ap, "worker", lambda a: worker(a.worker, a.pairs, a.members, a.threads, a.repeats))
+    if args is None:
         return
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     for variant in ("shared", "shared_cached", "separate"):
-        out = (
-            subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--worker",
-                    variant,
-                    "--pairs",
-                    str(args.pairs),
-                    "--members",
-                    str(args.members),
-                    "--threads",
-                    str(args.threads),
-                    "--repeats",
-                    str(args.repeats),
-                ],
-                capture_output=True,
-                text=True,
-                env=env,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        results[variant] = json.loads(out)
+        results[variant] = _common.worker_json(__file__, ["--worker", variant, *_common.worker_argv(args, ("worker",))])
         r = results[variant]
         print(
             f"{variant:14s} pairs/s={r['pairs_per_s']:8.1f}  train_step_s={r['train_step_s']:.3f}  "

@@ -39,19 +39,12 @@ import sys
 import tempfile
 import time
 
-from _host import host, host_line  # benchmarks/ is the script's folder
+import _common  # benchmarks/ is the script's folder
+from _host import host, host_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-QWEN25_05B = {
-    "vocab_size": 151_936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 4096,
-}
+QWEN25_05B = {**_common.QWEN25_05B, "max_position_embeddings": 4096}
 TINY = {
     "vocab_size": 4096,
     "hidden_size": 32,
@@ -203,19 +196,8 @@ def run_family(args, paths: dict) -> dict:
         def on_train_batch_end(self, trainer, pl_module, *a):
             meter.end()
 
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        logger=False,
-        default_root_dir=args.workdir,  # artifacts a family writes at the end of fit land here, not in cwd
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        callbacks=[Measure()],
-    )
+    accelerator = "gpu" if device.type == "cuda" else "cpu"
+    trainer = _common.quiet_trainer(1, args.workdir, [Measure()], accelerator)
     trainer.fit(model, **data)
     out = meter.steps[-1]
     out["generated_tokens"] = float(getattr(model, "phase_times", {}).get("generated_tokens", 0.0))
@@ -225,77 +207,20 @@ def run_family(args, paths: dict) -> dict:
 # ---------------------------------------------------------------------- TRL
 def run_trl(args, paths: dict) -> dict:
     """The GRPO step in TRL's GRPOTrainer under :class:`PhaseMemory` (CPU, fp32, as ``benchmarks/vs_trl.py``)."""
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     from benchmarks._phase_memory import PhaseMemory
 
     meter = PhaseMemory(args.device)
     b = max(1, args.rows // G)
-    config = GRPOConfig(
-        output_dir=os.path.join(args.workdir, "trl_out"),
-        use_cpu=args.device == "cpu",
-        bf16=args.dtype != "float32",
-        seed=0,
-        max_steps=1,
-        per_device_train_batch_size=b * G,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
-        num_generations=G,
-        max_completion_length=args.tokens,
-        generation_kwargs={"min_new_tokens": args.tokens},
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=0.04,
-        epsilon=0.2,
-        loss_type="grpo",
-        learning_rate=1e-5,
-        max_grad_norm=1.0,
-        gradient_checkpointing=False,
-        shuffle_dataset=False,
-        dataloader_num_workers=0,
-        logging_strategy="no",
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        log_completions=False,
-    )
-    trainer = GRPOTrainer(
-        model=paths["policy"],
-        reward_funcs=list(paths["rewards"]),
-        args=config,
-        train_dataset=Dataset.from_list([{"prompt": p} for p in paths["prompts"]]),
-        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM"),
-    )
+    bf16 = args.dtype != "float32"
+    trainer = _common.trl_grpo_trainer(paths, paths["prompts"], args, b, G, args.tokens, bf16=bf16)
     tokens = {"n": 0.0}
 
-    def phased(name, fn, only_no_grad=False):
-        def wrapper(*a, **k):
-            if only_no_grad and torch.is_grad_enabled():
-                return fn(*a, **k)
-            with meter.phase(name):
-                return fn(*a, **k)
+    def count(n: float) -> None:
+        tokens["n"] += n
 
-        return wrapper
-
-    prepare = trainer._prepare_inputs
-
-    def prepare_and_count(*a, **k):
-        inputs = prepare(*a, **k)
-        tokens["n"] += float(inputs["completion_mask"].sum())
-        return inputs
-
-    trainer._generate = phased("generate", trainer._generate)
-    trainer._calculate_rewards = phased("score", trainer._calculate_rewards)
-    trainer._get_per_token_logps_and_entropies = phased(
-        "ref_logprobs", trainer._get_per_token_logps_and_entropies, only_no_grad=True
-    )
-    trainer._prepare_inputs = prepare_and_count
+    phased = _common.trl_phases(trainer, meter.phase, count)
     trainer.compute_loss = phased("forward", trainer.compute_loss)
     trainer.accelerator.backward = phased("backward", trainer.accelerator.backward)
     opt: dict = {}

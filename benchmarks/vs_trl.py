@@ -38,8 +38,10 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
-from _host import host, host_line  # benchmarks/ is the script's folder
+import _common  # benchmarks/ is the script's folder
+from _host import host, host_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,18 +129,9 @@ def run_ours(args, paths: dict) -> list[dict]:
             )
             self.last = now
 
-    trainer = L.Trainer(
-        max_steps=args.steps,
-        default_root_dir=os.path.join(args.workdir, "ours_out"),  # the end-of-fit export goes here, not the cwd
-        accelerator="gpu" if args.device == "cuda" else "cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[Collect()],
-    )
+    accelerator = "gpu" if args.device == "cuda" else "cpu"
+    # the end-of-fit export goes under the work folder, not the cwd
+    trainer = _common.quiet_trainer(args.steps, os.path.join(args.workdir, "ours_out"), [Collect()], accelerator)
     torch.set_num_threads(args.threads)
     trainer.fit(model, train_dataloaders=loader)
     return steps
@@ -147,87 +140,45 @@ def run_ours(args, paths: dict) -> list[dict]:
 # ---------------------------------------------------------------------- TRL
 def run_trl(args, paths: dict) -> list[dict]:
     import torch
-    from datasets import Dataset
-    from peft import LoraConfig
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     prompts = json.load(open(paths["prompts"]))
-    config = GRPOConfig(
-        output_dir=os.path.join(args.workdir, "trl_out"),
-        use_cpu=args.device == "cpu",
+    steps: list[dict] = []
+    current: dict = {}
+    trainer = _common.trl_grpo_trainer(
+        paths,
+        prompts,
+        args,
+        args.b,
+        args.g,
+        args.tokens,
+        max_steps=args.steps,
         bf16=False,
         # on a GPU both bases in bf16 (ours: lm.dtype auto), the adapters in fp32 (peft's default cast)
         model_init_kwargs={"dtype": "bfloat16"} if args.device == "cuda" else None,
         fp16=False,
-        seed=args.seed,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.b * args.g,  # the whole batch in one micro-batch
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
-        num_generations=args.g,
-        max_completion_length=args.tokens,
-        generation_kwargs={"min_new_tokens": args.tokens},
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        beta=args.beta,
-        epsilon=0.2,
-        loss_type="grpo",
         scale_rewards="group",
-        learning_rate=args.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
-        max_grad_norm=1.0,
-        gradient_checkpointing=False,
-        shuffle_dataset=False,
-        dataloader_num_workers=0,
-        logging_strategy="no",
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        log_completions=False,
-    )
-    steps: list[dict] = []
-    current: dict = {}
-    trainer = GRPOTrainer(
-        model=paths["policy"],
-        reward_funcs=list(paths["rewards"]),
-        args=config,
-        train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
-        peft_config=LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM"),
     )
 
-    def timed(name: str, fn, only_no_grad: bool = False):
-        def wrapper(*a, **k):
-            if only_no_grad and torch.is_grad_enabled():
-                return fn(*a, **k)
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                current[name] = current.get(name, 0.0) + time.perf_counter() - t0
+    @contextmanager
+    def timed(name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            current[name] = current.get(name, 0.0) + time.perf_counter() - t0
 
-        return wrapper
-
-    trainer._generate = timed("generate", trainer._generate)
-    trainer._calculate_rewards = timed("score", trainer._calculate_rewards)
-    # called under no_grad only for the reference (no old log-probs: one generation per optimizer step)
-    trainer._get_per_token_logps_and_entropies = timed(
-        "ref_logprobs", trainer._get_per_token_logps_and_entropies, only_no_grad=True
-    )
-    prepare = timed("prepare", trainer._prepare_inputs)
-
-    def prepare_and_count(*a, **k):
-        inputs = prepare(*a, **k)
+    def count(n: float) -> None:
         # the micro-batch is the whole batch, so this counts every generated token of the step
-        current["tokens"] = current.get("tokens", 0.0) + float(inputs["completion_mask"].sum())
-        return inputs
+        current["tokens"] = current.get("tokens", 0.0) + n
 
-    trainer._prepare_inputs = prepare_and_count
-    trainer.training_step = timed("training_step", trainer.training_step)
+    # the reference log-probs: called under no_grad only for the reference (one generation per optimizer step)
+    wrap = _common.trl_phases(trainer, timed, count)
+    trainer._prepare_inputs = wrap("prepare", trainer._prepare_inputs)
+    trainer.training_step = wrap("training_step", trainer.training_step)
 
     class Collect(TrainerCallback):
         def __init__(self) -> None:

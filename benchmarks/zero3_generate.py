@@ -23,15 +23,14 @@ parameter re-partitions per call (DeepSpeed's ``free_param`` calls, counted); th
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import time
 from contextlib import nullcontext
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# benchmarks/ is the script's folder
+from _sharded_generate import lora_bank, parse_args, report, run_on_two_processes, time_modes
 
-from _sharded_generate import POLICY, parse_args, run_on_two_processes  # noqa: E402 - after the path set-up
+#: the printed table's counted column and its header, the mode ``once`` is compared with, the size line's label and key
+TABLE = ("releases", "re-partitions/call", "per_module", ("parameters", "params"))
 
 
 def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> None:
@@ -43,17 +42,10 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
     import torch
 
     from alignment_games.modules.distributed.sharding import parameter_gathering
-    from alignment_games.modules.lm.model_config import ModelConfig
-    from alignment_games.modules.lm.policy_bank import PolicyBank
-    from alignment_games.modules.lm.sampling import Sampling
 
     torch.set_num_threads(args.threads)
     deepspeed.init_distributed("gloo")
-    torch.manual_seed(0)
-    bank = PolicyBank(ModelConfig(policy_dir, lora_r=8, lora_alpha=16), players=["policy"])
-    with torch.no_grad():  # a trained-looking adapter, the same on both ranks
-        for p in bank.player_parameters("policy"):
-            p.add_(0.05 * torch.randn_like(p))
+    bank = lora_bank(policy_dir)
     config = {
         "train_micro_batch_size_per_gpu": 1,
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
@@ -74,32 +66,18 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
         return free(param)
 
     zero_params.free_param = counted
-    prompts = [f"Question {i}: what is {i} plus {2 * i}?" for i in range(args.rows)]
     modes = {
         "per_module": nullcontext,
         "gathered": lambda: deepspeed.zero.GatheredParameters(list(bank.parameters())),
         "once": parameter_gathering(strategy, bank),
     }
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    counts: dict[str, list[int]] = {m: [] for m in modes}
-    tokens: dict[str, torch.Tensor] = {}
-    for rep in range(args.repeats + 1):
-        for mode in modes if rep % 2 == 0 else reversed(list(modes)):
-            bank.gather_for_generation = modes[mode]
-            bank.merge_for_generation = False
-            before = releases["n"]
-            t0 = time.perf_counter()
-            out = bank.generate("policy", prompts, 1, Sampling(max_new_tokens=args.tokens), greedy=True)
-            elapsed = time.perf_counter() - t0
-            if rep > 0:  # the first round warms up
-                times[mode].append(elapsed)
-                counts[mode].append(releases["n"] - before)
-            tokens[mode] = out.sequences
+    bank.merge_for_generation = False
+    timed, tokens = time_modes(bank, modes, releases, args)
     if rank == 0:
         queue.put(
             {
-                "seconds": {m: statistics.median(v) for m, v in times.items()},
-                "releases": {m: statistics.median(v) for m, v in counts.items()},
+                "seconds": timed["seconds"],
+                "releases": timed["counts"],
                 "same_tokens": all(torch.equal(tokens["per_module"], t) for t in tokens.values()),
                 "params": sum(1 for _ in bank.parameters()),
             }
@@ -108,15 +86,7 @@ def worker(rank: int, world: int, args, policy_dir: str, port: int, queue) -> No
 
 def main() -> None:
     args = parse_args(__doc__, "ag_zero3_generate")
-    result = run_on_two_processes(worker, args)
-    print(f"policy {POLICY}, LoRA r=8, {args.rows} rows x {args.tokens} greedy tokens, 2 CPU processes (gloo)")
-    print(f"{'mode':12s} {'s/call':>8s} {'re-partitions/call':>20s}")
-    for mode in ("per_module", "gathered", "once"):
-        print(f"{mode:12s} {result['seconds'][mode]:8.3f} {result['releases'][mode]:20.0f}")
-    print(f"parameters: {result['params']}; same tokens: {result['same_tokens']}")
-    print(json.dumps(result))
-    ratio = result["seconds"]["per_module"] / result["seconds"]["once"]
-    print(f"speedup_once_vs_per_module={ratio:.2f}")
+    report(args, run_on_two_processes(worker, args), *TABLE)
 
 
 if __name__ == "__main__":
