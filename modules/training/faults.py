@@ -120,13 +120,6 @@ def call_with_timeout(fn: Callable[..., Any], timeout_s: float | None, *args: An
 
     Raises:
         ValueError: ``timeout_s`` is not a positive finite number or ``None``.
-
-    Example:
-        >>> call_with_timeout(sum, 5.0, [1, 2])
-        (3, False)
-        >>> import time
-        >>> call_with_timeout(time.sleep, 0.01, 1.0)
-        (None, True)
     """
     if timeout_s is None:
         return fn(*args, **kwargs), False
@@ -176,9 +169,7 @@ class NonFiniteGuard:
         Raises:
             RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
         """
-        values = values.detach()
-        bad = int((~torch.isfinite(values)).sum())
-        return self._decide(bad, values.numel(), what)
+        return self._decide(*count_nonfinite([values]), what)
 
     def check_gradients(self, parameters: Iterable[Tensor], what: str = "gradients") -> bool:
         """``True`` when every gradient (on every rank) is finite; else count, log, warn, ``False`` (caller skips).
@@ -186,8 +177,7 @@ class NonFiniteGuard:
         Raises:
             RuntimeError: when this is the ``max_consecutive_nonfinite``-th skipped step in a row.
         """
-        bad, total = count_nonfinite(p.grad for p in parameters)
-        return self._decide(bad, total, what)
+        return self._decide(*count_nonfinite(p.grad for p in parameters), what)
 
     def record_update(self) -> None:
         """An update was applied: the skip streak ends, unless another optimizer of this batch was skipped."""
@@ -201,11 +191,8 @@ class NonFiniteGuard:
         return None if trainer is None else int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
 
     def _decide(self, bad: int, total: int, what: str) -> bool:
-        ok = bad == 0
         trainer = getattr(self, "_trainer", None)
-        if trainer is not None:
-            ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
-        if ok:
+        if bad == 0 if trainer is None else trainer.strategy.reduce_boolean_decision(bad == 0, all=True):
             return True
         self.nonfinite_skipped += 1
         self.consecutive_nonfinite += 1
@@ -231,9 +218,8 @@ class NonFiniteGuard:
 
     def load_nonfinite_state(self, state: dict[str, Any] | None) -> None:
         """Restore the counters from :meth:`nonfinite_state` (missing entries stay as they are)."""
-        for key in ("nonfinite_skipped", "consecutive_nonfinite"):
-            if state and key in state:
-                setattr(self, key, int(state[key]))
+        for key in set(state or ()) & {"nonfinite_skipped", "consecutive_nonfinite"}:
+            setattr(self, key, int(state[key]))
 
 
 class AutomaticStepGuard(NonFiniteGuard):
@@ -266,8 +252,7 @@ class AutomaticStepGuard(NonFiniteGuard):
 
     def _uncount_optimizer_step(self) -> None:
         # Lightning marks the step ready before this hook and completed after it: one off both keeps them equal
-        trainer = getattr(self, "_trainer", None)
-        if trainer is None:
+        if (trainer := getattr(self, "_trainer", None)) is None:
             return
         progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
         for tracker in (progress.total, progress.current):

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from alignment_games.callbacks.functional.files import pid_alive, process_start
 
@@ -62,11 +63,9 @@ class LockOwner:
         """The owner a lock file's ``text`` names, or ``None`` when it names none (empty, garbled, a bad pid)."""
         try:
             record = json.loads(text)
-        except ValueError:
+            pid, host = record.get("pid"), record.get("host")
+        except (ValueError, AttributeError):  # not JSON, or not an object
             return None
-        if not isinstance(record, dict):
-            return None
-        pid, host = record.get("pid"), record.get("host")
         if type(pid) is not int or pid <= 0 or not isinstance(host, str) or not host:
             return None
         boot, start = record.get("boot"), record.get("start")  # absent in locks written before they were recorded
@@ -79,16 +78,11 @@ class LockOwner:
         return f"{self.host}:{self.pid}"
 
 
-def _broken_by_user(owner: LockOwner) -> bool:
-    """Whether :data:`BREAK_LOCK_ENV` names ``owner`` as gone."""
-    return owner.token() in {t.strip() for t in os.environ.get(BREAK_LOCK_ENV, "").split(",")}
-
-
 def _alive(owner: LockOwner) -> bool:
     """Whether ``owner`` may still be running (a process on another host is, unless the user named it gone)."""
     me = LockOwner.me()
     if owner.host != me.host:
-        return not _broken_by_user(owner)
+        return owner.token() not in {t.strip() for t in os.environ.get(BREAK_LOCK_ENV, "").split(",")}
     if owner.boot is not None and me.boot is not None and owner.boot != me.boot:
         return False  # the host booted again since the lock was taken: no process of that boot runs
     if owner.pid == me.pid:  # an earlier process that had this pid (a restarted container): not this one's lock
@@ -107,12 +101,7 @@ def _read(path: str) -> str | None:
 
 def _above(folder: str) -> list[str]:
     """The folders above ``folder`` (absolute), nearest first."""
-    out, parent = [], os.path.dirname(os.path.abspath(folder))
-    while True:
-        out.append(parent)
-        if os.path.dirname(parent) == parent:
-            return out
-        parent = os.path.dirname(parent)
+    return [str(p) for p in Path(os.path.abspath(folder)).parents]
 
 
 def _holder(folder: str) -> tuple[str, LockOwner | None, str] | None:
@@ -183,11 +172,7 @@ def _take_over(path: str, stale: str) -> None:
 
 
 def _create_new(path: str) -> int:
-    """A file descriptor of a new file at ``path``, never through a link planted there.
-
-    Raises:
-        FileExistsError: when anything (a file, a link) is already at ``path``.
-    """
+    """A file descriptor of a new file at ``path``, never through a link planted there (else ``FileExistsError``)."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
 
 
@@ -229,19 +214,12 @@ def _publish(path: str, text: str) -> bool:
 
 @dataclass
 class RunFolderLock:
-    """A held lock on a run folder; :meth:`release` (or leaving the ``with`` block) gives it up.
-
-    Attributes:
-        folder: the run folder.
-        path: the lock file.
-        created: whether this process created the folder.
-        owner: this process.
-    """
+    """A held lock (``path``) on a run ``folder``; :meth:`release` (or leaving the ``with`` block) gives it up."""
 
     folder: str
     path: str
-    created: bool
-    owner: LockOwner
+    created: bool  # whether this process created the folder
+    owner: LockOwner  # this process
 
     @classmethod
     def acquire(cls, folder: str | os.PathLike) -> RunFolderLock:
