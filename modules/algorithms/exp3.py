@@ -29,8 +29,7 @@ def linear_schedule(start: float, end: float, progress: float) -> float:
     """``start + (end - start) * progress`` with ``progress`` clipped to [0, 1]."""
     if not math.isfinite(progress):
         raise ValueError(f"progress must be finite, got {progress}")
-    p = min(1.0, max(0.0, float(progress)))
-    return start + (end - start) * p
+    return start + (end - start) * min(1.0, max(0.0, float(progress)))
 
 
 def _check_score(name: str, s: float) -> float:

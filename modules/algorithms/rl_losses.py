@@ -172,14 +172,10 @@ def grpo_loss(
     lengths = mask.sum(dim=1).clamp_min(1.0)
     loss = -((per_token * mask).sum(dim=1) / lengths).mean()
     n_tokens = mask.sum().clamp_min(1.0)
-    stats = {
-        "kl": ((kl * mask).sum() / n_tokens).detach(),
-        "clip_fraction": ((clipped_frac * mask).sum() / n_tokens).detach(),
-        "ratio": ((ratio * mask).sum() / n_tokens).detach(),
-    }
+    per_token_stats = {"kl": kl, "clip_fraction": clipped_frac, "ratio": ratio}
     if sampled is not None:
-        stats["logprob_gap"] = (((old.detach() - sampled).abs() * mask).sum() / n_tokens).detach()
-    return loss, stats
+        per_token_stats["logprob_gap"] = (old.detach() - sampled).abs()
+    return loss, {k: ((v * mask).sum() / n_tokens).detach() for k, v in per_token_stats.items()}
 
 
 def truncated_is_weights(trainer: Tensor, engine: Tensor, cap: float) -> Tensor:

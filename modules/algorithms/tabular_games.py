@@ -26,8 +26,7 @@ __all__ = [
 
 
 def _check_preferences(name: str, p: Tensor, ensemble: bool) -> None:
-    want = 4 if ensemble else 3
-    shape = "[k, X, Y, Y]" if ensemble else "[X, Y, Y]"
+    want, shape = (4, "[k, X, Y, Y]") if ensemble else (3, "[X, Y, Y]")
     if not isinstance(p, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(p).__name__}")
     if p.ndim != want or p.shape[-1] != p.shape[-2] or 0 in p.shape:
