@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if m < 1 or len(args.trained) % m:
         raise SystemExit(f"--players-per-seed {m}: the {len(args.trained)} trained folders are not groups of {m}")
     base = base_identity(args.base)
-    models = describe_models(args.trained, base, "--trained")  # before any generation: duplicates, other bases
+    records = describe_models(args.trained, base, "--trained")  # before any generation: duplicates, other bases
     if args.problems == "arithmetic":
         problems = generate_problems(args.num_problems, args.seed, args.min_steps, args.max_steps)
         prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
@@ -59,29 +59,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         drawn = {"kind": "single_step", "max_operand": args.max_operand}
     else:
         prompts, refs, drawn = file_problems(args)
-    answers = {"base": final_answers(args.base, prompts, args.system_prompt, args.max_new_tokens)}
-    for i, path in enumerate(args.trained):
-        answers[f"trained[{i}]"] = final_answers(path, prompts, args.system_prompt, args.max_new_tokens)
+    models = {"base": args.base} | {f"trained[{i}]": path for i, path in enumerate(args.trained)}
+    answers = {k: final_answers(path, prompts, args.system_prompt, args.max_new_tokens) for k, path in models.items()}
     correct = {name: [answers_match(a, r) for a, r in zip(given, refs)] for name, given in answers.items()}
-    before, after = correct["base"], [correct[f"trained[{i}]"] for i in range(len(args.trained))]
-    if m == 1:
+    before, after = correct["base"], list(correct.values())[1:]
+    gains = [  # each player's gain, its bootstrap seeded by the index of its seed's first player
+        {"model": path, **paired_gain(before, a, seed=i - i % m)}
+        for i, (path, a) in enumerate(zip(args.trained, after))
+    ]
+    per_seed = gains
+    if m > 1:  # a seed's gain: its players' mean, with each player's own gain beside it
         per_seed = [
-            {"model": path, **paired_gain(before, a, seed=i)} for i, (path, a) in enumerate(zip(args.trained, after))
-        ]
-    else:  # a seed's gain: its players' mean, with each player's own gain beside it
-        per_seed = [
-            {
-                "players": [
-                    {"model": path, **paired_gain(before, a, seed=i)}
-                    for path, a in zip(args.trained[i : i + m], after[i : i + m])
-                ],
-                **seed_mean_gain(before, after[i : i + m], seed=i, players_per_seed=m),
-            }
+            {"players": gains[i : i + m], **seed_mean_gain(before, after[i : i + m], seed=i, players_per_seed=m)}
             for i in range(0, len(after), m)
         ]
     report: dict[str, Any] = {
         "base": base,
-        "trained": models,
+        "trained": records,
         "problems": {"n": args.num_problems, "seed": args.seed, **drawn},
         "per_seed": per_seed,
         # the share of replies with a final \boxed{} at all: what of a gain is the format, not the answer
@@ -109,19 +103,14 @@ def file_problems(args: argparse.Namespace) -> tuple[list[str], list[str], dict[
     """
     if args.data is None:
         raise SystemExit("--problems file needs --data (the table to read)")
-    source = PromptSource(
-        path=args.data,
-        prompt_column=args.prompt_column,
-        reference_column=args.reference_column,
-        reference_format=args.reference_format,
-    )
-    rows = source.load()[: args.num_problems]
+    settings = {k: getattr(args, k) for k in ("prompt_column", "reference_column", "reference_format")}
+    rows = PromptSource(path=args.data, **settings).load()[: args.num_problems]
     if len(rows) < args.num_problems:
         raise SystemExit(f"--data {args.data} has {len(rows)} rows, fewer than --num-problems {args.num_problems}")
     missing = [i for i, r in enumerate(rows) if r["reference"] is None]
     if missing:
         raise SystemExit(f"--data {args.data}: row {missing[0]} has no {args.reference_format} reference")
-    columns = {"prompt": args.prompt_column, "reference": args.reference_column, "format": args.reference_format}
+    columns = dict(zip(("prompt", "reference", "format"), settings.values()))
     drawn = {"kind": "file", "path": args.data, "sha256": file_sha256(args.data), "columns": columns}
     return [r["prompt"] for r in rows], [r["reference"] for r in rows], drawn
 

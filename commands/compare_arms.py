@@ -1,11 +1,8 @@
 """``python -m alignment_games.commands.compare_arms``: arms of a study compared on the same held-out problems.
 
-Each arm is an ``accuracy_gain`` report (``--out``) of that arm's seeds, every report over the same problems and base.
-Per arm: its accuracy (a seed's accuracy on a problem is the mean of its players') with the crossed and nested
-bootstraps and the seed-level t interval side by side, the most conservative named (the null: the base's accuracy,
-taken as known). Against the first arm: the paired difference, seed ``i`` of each arm against seed ``i`` of the first
-(the runs of one seed share their data), with the same three intervals; ``excludes_null`` holds only when all three
-exclude 0.
+Each arm is an ``accuracy_gain`` report (``--out``) over the same problems and base. Per arm: its accuracy with the
+three intervals of :func:`alignment_games.modules.evaluation.intervals.seed_intervals` (null: the base's accuracy);
+against the first arm, the difference paired seed by seed (a seed's runs share their data), with the same intervals.
 
     python -m alignment_games.commands.compare_arms exp3=exp3.json uniform=uniform.json single=single.json --out c.json
 """
@@ -67,22 +64,17 @@ def compare(arms: dict[str, str], n_boot: int = 2000, seed: int = 0) -> dict[str
         SystemExit: naming the arm whose problems, base results or number of seeds differ from the first arm's.
     """
     loaded = {name: load_arm(path) for name, path in arms.items()}
-    first, (acc0, base0, problems0, _) = next(iter(loaded.items())), next(iter(loaded.values()))
-    out: dict[str, Any] = {
-        "problems": len(problems0),
-        "baseline": first[0],
-        "base": sum(base0) / len(base0),
-        "arms": {},
-    }
+    name0, (acc0, base0, problems0, _) = next(iter(loaded.items()))
+    out: dict[str, Any] = {"problems": len(problems0), "baseline": name0, "base": sum(base0) / len(base0), "arms": {}}
     for name, (acc, base, problems, m) in loaded.items():
         if problems != problems0 or base != base0:
-            raise SystemExit(f"arm {name}: other problems or base results than arm {first[0]} ({arms[name]})")
+            raise SystemExit(f"arm {name}: other problems or base results than arm {name0} ({arms[name]})")
         arm = {"report": arms[name], "seeds": len(acc), "players_per_seed": m, "accuracy": float(acc.mean())}
         arm["accuracy_intervals"] = seed_intervals(acc, n_boot, seed, null=out["base"])
         arm["per_seed"] = acc.mean(dim=1).tolist()
-        if name != first[0]:
+        if name != name0:
             if len(acc) != len(acc0):
-                raise SystemExit(f"arm {name}: {len(acc)} seeds against {len(acc0)} of arm {first[0]}: none to pair")
+                raise SystemExit(f"arm {name}: {len(acc)} seeds against {len(acc0)} of arm {name0}: none to pair")
             arm["difference"] = float((acc - acc0).mean())
             arm["difference_intervals"] = seed_intervals(acc - acc0, n_boot, seed)
         out["arms"][name] = arm
@@ -101,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"give at least two arms as NAME=report.json, got {args.arms}")
     if len({name for name, _, _ in pairs}) != len(pairs):
         raise SystemExit(f"arm names repeat: {args.arms}")
-    result = compare({name: path for name, _, path in pairs}, args.n_boot)
-    inputs = {name: path for name, _, path in pairs} | {f"{name} rows": rows_file(path) for name, _, path in pairs}
+    arms = {name: path for name, _, path in pairs}
+    result = compare(arms, args.n_boot)
+    inputs = arms | {f"{name} rows": rows_file(path) for name, path in arms.items()}
     result["provenance"] = provenance(inputs)
     text = json.dumps(result, indent=2)
     if args.out:

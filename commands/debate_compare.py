@@ -41,16 +41,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if len(set(names)) != len(names):
         raise SystemExit(f"group names must be distinct, got {names}")
     groups = {name: [load_evaluations(r) for r in runs] for name, runs in specs}
-    result = compare_groups(
-        groups,
-        upper=args.upper[0] if args.upper else None,
-        baseline=args.baseline,
-        window=args.window,
-        quantile=args.quantile,
-        draws=args.draws,
-        seed=args.seed,
-    )
-    result["runs"] = {name: runs for name, runs in specs}
+    settings = {k: getattr(args, k) for k in ("baseline", "window", "quantile", "draws", "seed")}
+    result = compare_groups(groups, upper=args.upper[0] if args.upper else None, **settings)
+    result["runs"] = dict(specs)
     result["provenance"] = provenance({name: [evaluations_file(r) for r in runs] for name, runs in specs})
     print(format_table(result))
     atomic_write_text(args.out, json.dumps(result, indent=2))

@@ -3,9 +3,8 @@
     python -m alignment_games.commands.generate --model builtin:smollm2-135m-instruct \\
         --adapter runs/grpo_smollm2/version_0/export/policy --prompt "Ann has 3 pens. Then, Ann buys 4 more. ..."
 
-The adapter folder is data, as an exported adapter is everywhere in the suite: the base is ``--model`` (never the
-folder's own ``base_model_name_or_path``), its tensors come from ``adapter_model.safetensors`` only (no pickle), a base
-recorded in its ``export.json`` must be ``--model``'s, and no code runs (``trust_remote_code`` stays off).
+The adapter folder is data: the base is ``--model`` (which its ``export.json`` must record, when it records one), the
+tensors come from ``adapter_model.safetensors`` only, and no code runs.
 """
 
 from __future__ import annotations
@@ -46,9 +45,8 @@ def load_policy(model: str, adapter: str | None) -> PolicyBank:
     if adapter is None:
         return PolicyBank(ModelConfig(model), players=())
     files = [os.path.join(adapter, n) for n in ("adapter_config.json", "adapter_model.safetensors")]
-    for path in files:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--adapter: {path} does not exist (an exported adapter folder holds it)")
+    if missing := [path for path in files if not os.path.isfile(path)]:
+        raise FileNotFoundError(f"--adapter: {missing[0]} does not exist (an exported adapter folder holds it)")
     config = _read_json(files[0])
     lora = {"lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha")}
     if not all(isinstance(v, int) and v > 0 for v in lora.values()):

@@ -57,17 +57,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     prompts = [r["prompt"] for r in rows]
     base = base_identity(args.base) if args.base else None
     records = describe_models([folder for _, folder in args.policy], base, "--policy")  # duplicates, other bases
-    report: dict[str, Any] = {
-        "data": args.data,
-        "settings": {
-            "base": args.base,
-            "base_identity": base,
-            "system_prompt": args.system_prompt,
-            "max_new_tokens": args.max_new_tokens,
-            "decoding": "greedy",
-        },
-        "policies": {},
-    }
+    settings = {"base": args.base, "base_identity": base, "system_prompt": args.system_prompt}
+    settings |= {"max_new_tokens": args.max_new_tokens, "decoding": "greedy"}
+    report: dict[str, Any] = {"data": args.data, "settings": settings, "policies": {}}
     for (name, folder), record in zip(args.policy, records):
         model, tokenizer = load_policy(folder, args.base)
         replies = greedy_replies(model, tokenizer, prompts, args.system_prompt, args.max_new_tokens, args.batch_size)

@@ -25,16 +25,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", help="also write the report here, and each problem's result beside it")
     args = parser.parse_args(argv)
-    report = policy_accuracy(
-        args.model,
-        args.num_problems,
-        args.seed,
-        args.min_steps,
-        args.max_steps,
-        args.system_prompt,
-        args.max_new_tokens,
-        args.batch_size,
-    )
+    report = policy_accuracy(args.model, **{k: v for k, v in vars(args).items() if k not in ("model", "out")})
     rows = report.pop("problems")
     if args.out:
         write_report(report, args.out, rows, {"--model": args.model})

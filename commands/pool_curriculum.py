@@ -56,9 +56,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         weights = load_weights(run)
         inputs[name] = history_file(run)
         entry: dict[str, Any] = {"run": run, "sharpening": sharpening(weights, args.top)}
-        data = _data_settings(run) if os.path.isdir(run) else None
-        config = os.path.join(run, "config.yaml")
-        inputs[f"{name} config"] = config if os.path.isdir(run) and os.path.isfile(config) else None
+        data, config = _data_settings(run), os.path.join(run, "config.yaml")  # neither for a history file
+        inputs[f"{name} config"] = config if os.path.isfile(config) else None
         if data is not None:
             ops = pool_operations(data)
             if len(ops) != len(weights[-1]):

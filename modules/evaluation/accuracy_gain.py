@@ -1,9 +1,4 @@
-r"""How much a game raised a policy's greedy held-out accuracy: per seed, paired over problems, and across seeds.
-
-Across seeds (the headline) the crossed and nested bootstraps and the seed-level t interval side by side
-(:func:`~alignment_games.modules.evaluation.intervals.seed_intervals`); with ``--players-per-seed m`` a seed's gain is
-its m players' mean.
-"""
+"""How much a game raised a policy's greedy held-out accuracy: per seed, paired over problems, and across seeds."""
 
 from __future__ import annotations
 
@@ -16,12 +11,7 @@ from alignment_games.modules.algorithms.answers import extract_final_answer
 from alignment_games.modules.evaluation.intervals import crossed_bootstrap_interval, seed_intervals
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = [
-    "HELD_OUT_SEED",
-    "final_answers",
-    "paired_gain",
-    "seed_mean_gain",
-]
+__all__ = ["HELD_OUT_SEED", "final_answers", "paired_gain", "seed_mean_gain"]
 
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
@@ -45,13 +35,8 @@ def paired_gain(
     diff = torch.tensor([float(a) - float(b) for b, a in zip(before, after)], dtype=torch.float64)
     interval = crossed_bootstrap_interval(diff[None], n_boot, seed, confidence).tolist()  # one seed: the problems
     n = len(diff)
-    return {
-        "n": n,
-        "before": sum(map(bool, before)) / n,
-        "after": sum(map(bool, after)) / n,
-        "gain": float(diff.mean()),
-        "gain_ci": interval,
-    }
+    rates = {"before": sum(map(bool, before)) / n, "after": sum(map(bool, after)) / n}
+    return {"n": n, **rates, "gain": float(diff.mean()), "gain_ci": interval}
 
 
 def seed_mean_gain(
@@ -62,7 +47,7 @@ def seed_mean_gain(
     confidence: float = 0.95,
     players_per_seed: int = 1,
 ) -> dict[str, Any]:
-    """The seeds' mean gain and its three intervals (:func:`seed_intervals`); ``players_per_seed`` lists a seed.
+    """The seeds' mean gain (a seed's: its ``players_per_seed`` consecutive players' mean) and its three intervals.
 
     Raises:
         ValueError: for no seeds or problems, lists of other lengths or groups, or ``n_boot < 1``.
@@ -87,8 +72,6 @@ def final_answers(model_path: str, prompts: Sequence[str], system_prompt: str, m
     """
     from alignment_games.modules.lm.models import load_model, load_tokenizer
 
-    model = load_model(model_path, task="causal_lm")
-    tokenizer = load_tokenizer(model_path)
-    return [
-        extract_final_answer(y) for y in greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, 32)
-    ]
+    model, tokenizer = load_model(model_path, task="causal_lm"), load_tokenizer(model_path)
+    replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, 32)
+    return [extract_final_answer(y) for y in replies]

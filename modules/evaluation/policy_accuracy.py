@@ -60,16 +60,9 @@ def score_replies(replies: Sequence[str], references: Sequence[str]) -> dict[str
     if not replies:
         raise ValueError("no replies to score")
     correct = sum(answers_match(extract_final_answer(r), ref) for r, ref in zip(replies, references))
-    in_format = sum(reply_in_format(r) for r in replies)
-    n = len(replies)
-    return {
-        "n": n,
-        "correct": correct,
-        "in_format": in_format,
-        "accuracy": correct / n,
-        "accuracy_ci95": list(wilson_interval(correct, n)),
-        "format_rate": in_format / n,
-    }
+    in_format, n = sum(reply_in_format(r) for r in replies), len(replies)
+    rates = {"accuracy": correct / n, "accuracy_ci95": list(wilson_interval(correct, n)), "format_rate": in_format / n}
+    return {"n": n, "correct": correct, "in_format": in_format} | rates
 
 
 @torch.no_grad()
@@ -102,10 +95,9 @@ def policy_accuracy(
     max_new_tokens: int = 96,
     batch_size: int = 32,
 ) -> dict[str, Any]:
-    """Score the greedy replies of the policy saved in ``model_path`` on ``num_problems`` generated problems.
+    """:func:`score_replies` of the policy in ``model_path`` on generated problems, overall and ``by_operations``.
 
-    Returns :func:`score_replies`'s counts overall and ``by_operations``, the settings, ``model_record``, five examples
-    and per-problem ``problems`` rows.
+    Also the settings, ``model_record``, five ``examples`` and the per-problem ``problems`` rows.
 
     Raises:
         ValueError: for ``num_problems``, ``max_new_tokens`` or ``batch_size`` below 1, or a bad step range.
@@ -115,8 +107,7 @@ def policy_accuracy(
     require_at_least(num_problems=(num_problems, 1), max_new_tokens=(max_new_tokens, 1), batch_size=(batch_size, 1))
     record = describe_models([model_path], None, "--model")[0]
     problems = generate_problems(num_problems, seed, min_steps, max_steps)
-    model = load_model(model_path, task="causal_lm")
-    tokenizer = load_tokenizer(model_path)
+    model, tokenizer = load_model(model_path, task="causal_lm"), load_tokenizer(model_path)
     prompts, refs = [p.question for p in problems], [str(p.answer) for p in problems]
     replies = greedy_replies(model, tokenizer, prompts, system_prompt, max_new_tokens, batch_size)
     settings = {"model": model_path, "seed": seed, "min_steps": min_steps, "max_steps": max_steps}
@@ -125,8 +116,7 @@ def policy_accuracy(
     for k in sorted({len(p.ops) for p in problems}):
         chosen = [i for i, p in enumerate(problems) if len(p.ops) == k]
         by_operations[str(k)] = score_replies([replies[i] for i in chosen], [refs[i] for i in chosen])
-    rows = problem_rows(
-        prompts, refs, {"model": [answers_match(extract_final_answer(y), r) for y, r in zip(replies, refs)]}
-    )
+    correct = [answers_match(extract_final_answer(y), r) for y, r in zip(replies, refs)]
+    rows = problem_rows(prompts, refs, {"model": correct})
     report = {**score_replies(replies, refs), "by_operations": by_operations, **settings, "model_record": record}
     return {**report, "examples": examples, "problems": rows}

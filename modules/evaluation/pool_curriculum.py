@@ -56,11 +56,8 @@ def load_weights(path: str) -> list[list[float]]:
 
 def sharpening(weights: Sequence[Sequence[float]], n: int = 5) -> list[dict[str, float]]:
     """Per iteration, the top-``n`` and bottom-``n`` mean weights against uniform (both 1.0 for a uniform leader)."""
-    out = []
-    for i, row in enumerate(weights):
-        top, bottom = weight_extremes(row, n)
-        out.append({"iteration": i, "top": top, "bottom": bottom})
-    return out
+    extremes = [weight_extremes(row, n) for row in weights]
+    return [{"iteration": i, "top": top, "bottom": bottom} for i, (top, bottom) in enumerate(extremes)]
 
 
 def feature_extremes(probs: Sequence[float], feature: Sequence[float], n: int) -> dict[str, float]:
@@ -88,8 +85,6 @@ def pool_operations(data: dict[str, Any]) -> list[int]:
             raise ValueError(f"data.{k} must be a number, got {v!r}")
     dm = InstructionPoolDataModule(**settings)
     dm.setup("fit")
-    problems = generate_problems(
-        int(settings["num_problems"]), seed=int(settings["seed"] + settings["generation_seed_offset"])
-    )
-    ops = {p.question: len(p.ops) for p in problems}
+    seed = int(settings["seed"] + settings["generation_seed_offset"])
+    ops = {p.question: len(p.ops) for p in generate_problems(int(settings["num_problems"]), seed=seed)}
     return [ops[r["prompt"]] for r in dm.splits["train"]]

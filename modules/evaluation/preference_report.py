@@ -7,7 +7,7 @@ keep item order on ties (stable sort); bootstrap intervals resample whole prompt
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -298,14 +298,14 @@ def build_report(
     errors = ~correct
     scores = disagreement_scores(p)
     variance = scores["variance"]
-
+    banded = _banded(scores, correct, fractions)
     report: dict[str, Any] = {
-        "ensemble_accuracy": correct.to(torch.float64).mean().item(),
+        "ensemble_accuracy": banded["ensemble_accuracy"],
         "member_accuracy": ((p >= 0.5) == y[:, None]).to(torch.float64).mean(dim=0).tolist(),
-        "auroc": {name: error_auroc(s, errors) for name, s in scores.items()},
-        "decile_accuracy": decile_accuracy(variance, correct),
-        "top10_error_rate": top_fraction_error_rate(variance, errors, 0.1),
-        "top10_lift": top_fraction_lift(variance, errors, 0.1),
+        "auroc": banded["auroc"],
+        "decile_accuracy": banded["decile_accuracy"],
+        "top10_error_rate": banded["top10_error_rate_by_score"]["variance"],
+        "top10_lift": banded["top10_lift"],
         "overall_error_rate": errors.to(torch.float64).mean().item(),
         "variance_summary": variance_summary(variance, errors),
         "n_pairs": int(p.shape[0]),
@@ -314,59 +314,49 @@ def build_report(
         "n_errors": int(errors.sum()),
         "member_nll": _nll(p, y).tolist(),
         "ensemble_nll": _nll(p_bar, y).item(),
-        "top10_error_rate_by_score": {name: top_fraction_error_rate(s, errors, 0.1) for name, s in scores.items()},
-        "error_rate_curve": {"fractions": fractions}
-        | {name: error_rate_curve(s, errors, fractions).tolist() for name, s in scores.items()},
+        "top10_error_rate_by_score": banded["top10_error_rate_by_score"],
+        "error_rate_curve": {"fractions": fractions} | banded["error_rate_curve"],
     }
-    if n_boot > 0:
-        report["bands"] = _bands(scores, correct, g, fractions, n_boot, seed, level)
+    if n_boot > 0:  # every statistic from the same prompt resamples
+
+        def stat(idx: Tensor) -> Tensor:
+            resampled = _banded({k: v[idx] for k, v in scores.items()}, correct[idx], fractions)
+            return torch.tensor(_leaves(resampled), dtype=torch.float64)
+
+        low, high = prompt_bootstrap(stat, g, n_boot=n_boot, seed=seed, level=level)
+        lows, highs = (_refill(banded, iter(bound.tolist())) for bound in (low, high))
+        bands = {"n_boot": int(n_boot), "level": float(level), "seed": int(seed)}
+        bands |= {k: {"low": lows[k], "high": highs[k]} for k in banded}
+        acc = bands["ensemble_accuracy"]  # the error rate is 1 - accuracy in every replicate: the mirror interval
+        report["bands"] = bands | {"overall_error_rate": {"low": 1.0 - acc["high"], "high": 1.0 - acc["low"]}}
     return report
 
 
-def _bands(
-    scores: Mapping[str, Tensor],
-    correct: Tensor,
-    groups: Tensor,
-    fractions: list[float],
-    n_boot: int,
-    seed: int,
-    level: float,
-) -> dict[str, Any]:
-    """Prompt-bootstrap intervals of the report's statistics, all from the same resamples."""
-    errors, names, n_curve = ~correct, list(scores), len(fractions)
-    # Layout of the flat statistic vector: [accuracy, deciles(10), auroc(3), top10(3), lift(1), curves(3 * n_curve)].
-    sizes = [1, 10, len(names), len(names), 1, len(names) * n_curve]
+def _banded(scores: Mapping[str, Tensor], correct: Tensor, fractions: list[float]) -> dict[str, Any]:
+    """The report's statistics that get bootstrap bands, in the order of ``bands``."""
+    errors = ~correct
+    return {
+        "ensemble_accuracy": correct.to(torch.float64).mean().item(),
+        "decile_accuracy": decile_accuracy(scores["variance"], correct),
+        "auroc": {name: error_auroc(s, errors) for name, s in scores.items()},
+        "top10_error_rate_by_score": {name: top_fraction_error_rate(s, errors, 0.1) for name, s in scores.items()},
+        "top10_lift": top_fraction_lift(scores["variance"], errors, 0.1),
+        "error_rate_curve": {name: error_rate_curve(s, errors, fractions).tolist() for name, s in scores.items()},
+    }
 
-    def stat(idx: Tensor) -> Tensor:
-        c, e = correct[idx], errors[idx]
-        s = {name: scores[name][idx] for name in names}
-        parts = [
-            [c.to(torch.float64).mean().item()],
-            decile_accuracy(s["variance"], c),
-            [error_auroc(s[name], e) for name in names],
-            [top_fraction_error_rate(s[name], e, 0.1) for name in names],
-            [top_fraction_lift(s["variance"], e, 0.1)],
-        ]
-        flat = torch.tensor([v for part in parts for v in part], dtype=torch.float64)
-        curves = [error_rate_curve(s[name], e, fractions) for name in names]
-        return torch.cat([flat, *curves])
 
-    low, high = prompt_bootstrap(stat, groups, n_boot=n_boot, seed=seed, level=level)
-    out: dict[str, Any] = {"n_boot": int(n_boot), "level": float(level), "seed": int(seed)}
-    for bound_name, bound in (("low", low), ("high", high)):
-        acc, deciles, auroc, top10, lift, curves = torch.split(bound, sizes)
-        entries = {
-            "ensemble_accuracy": acc.item(),
-            "decile_accuracy": deciles.tolist(),
-            "auroc": dict(zip(names, auroc.tolist())),
-            "top10_error_rate_by_score": dict(zip(names, top10.tolist())),
-            "top10_lift": lift.item(),
-            "error_rate_curve": dict(zip(names, curves.reshape(len(names), n_curve).tolist())),
-        }
-        for key, value in entries.items():
-            out.setdefault(key, {})[bound_name] = value
-    acc_band = out["ensemble_accuracy"]  # the error rate is 1 - accuracy in every replicate: the mirror interval
-    return out | {"overall_error_rate": {"low": 1.0 - acc_band["high"], "high": 1.0 - acc_band["low"]}}
+def _leaves(tree: Any) -> list[float]:
+    """The numbers of nested dicts and lists, depth first."""
+    if isinstance(tree, Mapping | list):
+        return [v for x in (tree.values() if isinstance(tree, Mapping) else tree) for v in _leaves(x)]
+    return [tree]
+
+
+def _refill(tree: Any, values: Iterator[float]) -> Any:
+    """``tree`` with its numbers replaced, depth first, by ``values`` (the inverse of :func:`_leaves`)."""
+    if isinstance(tree, Mapping):
+        return {k: _refill(v, values) for k, v in tree.items()}
+    return [_refill(v, values) for v in tree] if isinstance(tree, list) else next(values)
 
 
 def json_safe(obj: Any) -> Any:

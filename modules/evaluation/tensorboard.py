@@ -5,7 +5,7 @@ The games hand a :class:`GameBoard` what they already produced (never a fresh dr
 
 from __future__ import annotations
 
-import math
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -36,11 +36,8 @@ def escape_markdown(text: str, max_chars: int = 2000) -> str:
         '&#35; 1&#42;2 &#60;b&#62;'
     """
     text = _CONTROL.sub("", str(text).replace("\r\n", "\n").replace("\r", "\n"))
-    cut = ""
-    if len(text) > max_chars:
-        cut = f" … ({len(text) - max_chars} more characters)"
-        text = text[:max_chars]
-    lines = []
+    cut = f" … ({len(text) - max_chars} more characters)" if len(text) > max_chars else ""
+    text, lines = text[:max_chars], []
     for line in text.split("\n"):
         body = line.strip(" \t")  # trailing blanks would merge into the hard break anyway
         indent = line[: len(line) - len(line.lstrip(" \t"))].replace("\t", "    ")
@@ -55,7 +52,7 @@ def _value(value: Any) -> str:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
+        return f"{value:.4g}"  # also "nan" and "inf"
     if isinstance(value, (bool, int)):
         return str(value)
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
@@ -67,18 +64,16 @@ def _value(value: Any) -> str:
 
 def samples_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     """One markdown document: each row a numbered section of escaped ``**field**`` and value, rows ruled off."""
-    parts = []
-    for i, row in enumerate(rows, start=1):
-        fields = [f"**{escape_markdown(k, 200)}**  \n{_value(v)}" for k, v in row.items()]
-        parts.append(f"#### {i}\n\n" + "\n\n".join(fields))
-    return "\n\n---\n\n".join(parts)
+    return "\n\n---\n\n".join(
+        f"#### {i}\n\n" + "\n\n".join(f"**{escape_markdown(k, 200)}**  \n{_value(v)}" for k, v in row.items())
+        for i, row in enumerate(rows, start=1)
+    )
 
 
 class GameBoard:
     """A game's extras: validation samples as text, training values as histograms, a leader's arms.
 
-    Touches no generator nor trained or checkpointed state; off rank zero or without a media logger every method
-    returns at once.
+    Touches no generator, trained or checkpointed state; off rank zero or without a media logger it does nothing.
 
     Args:
         num_samples: Rows of text per tag and validation (0: no text).
@@ -108,10 +103,7 @@ class GameBoard:
         if not self.wants_samples(module, tag):
             return
         kept = self._samples.setdefault(tag, [])
-        for row in rows:
-            if len(kept) >= self.num_samples:
-                break
-            kept.append(dict(row))
+        kept.extend(dict(row) for row in itertools.islice(rows, self.num_samples - len(kept)))
 
     def write_samples(self, module: L.LightningModule) -> None:
         """Write each tag's kept rows as one markdown text at the current step, then forget them."""
@@ -156,7 +148,5 @@ def debate_row(transcript: Any, share: float, verdict: str, rewards: Sequence[An
     """One debate as a text row: problem, reference, each ply's reply and reward, the judge's verdict."""
     row: dict[str, Any] = {"problem": transcript.problem, "reference": transcript.reference}
     for ply, reply, reward in zip(transcript.plies, transcript.replies, rewards):
-        row[ply] = reply.raw
-        row[f"{ply} reward"] = float(reward.reward)
-    row.update({"judge verdict": verdict, "Alice's vote share": float(share), "Alice correct": transcript.correct})
-    return row
+        row |= {ply: reply.raw, f"{ply} reward": float(reward.reward)}
+    return row | {"judge verdict": verdict, "Alice's vote share": float(share), "Alice correct": transcript.correct}

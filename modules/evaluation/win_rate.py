@@ -27,8 +27,7 @@ def win_rate_summary(rates: Tensor, n_boot: int = 1000, seed: int = 0) -> dict[s
     """
     if rates.ndim != 2:
         raise ValueError(f"rates must be [prompts, pairs], got shape {tuple(rates.shape)}")
-    keep = ~torch.isnan(rates.double()).any(dim=1)
-    v = rates.double()[keep]
+    v = rates.double()[~torch.isnan(rates.double()).any(dim=1)]
     if v.numel() == 0:
         return {"mean": math.nan, "mean_ci": [math.nan, math.nan], "n_prompts": 0}
     lo, hi = prompt_bootstrap_mean(v, n_boot, seed)
@@ -48,8 +47,7 @@ class WinRateValidation:
     write_artifact: Callable[[str, dict[str, Any]], str | None]
 
     def _win_rate_buffers(self) -> dict[str, list[Tensor]]:
-        if not hasattr(self, "_wr_eval"):
-            self._wr_eval: dict[str, list[Tensor]] = {}
+        self._wr_eval: dict[str, list[Tensor]] = getattr(self, "_wr_eval", {})
         return self._wr_eval
 
     def eval_prompts(self, prompts: list[str]) -> list[str]:
@@ -60,11 +58,9 @@ class WinRateValidation:
         """``eval_pairs`` answers of the player and of the reference per prompt, scored by P0 and the oracle."""
         prompts, refs = list(batch["prompt"]), list(batch["reference"])
         index = self.item_ids(batch, len(prompts))  # refuses a batch without one id per prompt
-        buf = self._win_rate_buffers()
-        r, s = self.hparams.eval_pairs, self.sampling
-        chats = self.eval_prompts(prompts)
-        trained = self.players.generate(self.eval_player, chats, r, s)
-        reference = self.players.generate(None, chats, r, s)
+        buf, r, chats = self._win_rate_buffers(), self.hparams.eval_pairs, self.eval_prompts(prompts)
+        trained = self.players.generate(self.eval_player, chats, r, self.sampling)
+        reference = self.players.generate(None, chats, r, self.sampling)
         xs = [x for x in prompts for _ in range(r)]
         p0 = self.preference(xs, trained.texts, reference.texts).double()
         buf.setdefault("index", []).append(index)
@@ -83,8 +79,7 @@ class WinRateValidation:
         buf.clear()
         r = self.hparams.eval_pairs
         result: dict[str, Any] = {"step": int(self.global_step), "player": self.eval_player, "pairs_per_prompt": r}
-        for key, v in unique.items():
-            result[key] = win_rate_summary(v.reshape(-1, r).cpu())
+        result |= {key: win_rate_summary(v.reshape(-1, r).cpu()) for key, v in unique.items()}
         self.last_eval = result
         flat = {f"val/{k}_win_rate": result[k]["mean"] for k in ("p0", "oracle") if k in result}
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
