@@ -59,7 +59,7 @@ def _gather(tensor: Tensor) -> Tensor:
     local = torch.tensor([tensor.shape[0]], dtype=torch.long, device=tensor.device)
     sizes = [torch.zeros_like(local) for _ in range(world)]
     torch.distributed.all_gather(sizes, local)
-    longest = int(max(int(s) for s in sizes))
+    longest = max(int(s) for s in sizes)
     padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     padded[: tensor.shape[0]] = tensor
     parts = [torch.zeros_like(padded) for _ in range(world)]
@@ -124,14 +124,11 @@ class ItemRecords:
 
     def compute(self, device: torch.device, extra: dict[str, Any] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """All ranks' records, each id once, as ``(ids, {column: values})``; ``extra`` lists come before this rank's."""
-        ids = torch.cat(self._ids).to(device) if self._ids else torch.zeros(0, dtype=torch.long, device=device)
-        values = {
-            c: torch.cat(v).to(device) if v else torch.zeros(0, dtype=torch.float64, device=device)
-            for c, v in self._values.items()
-        }
-        if extra and extra.get("ids"):
-            ids = torch.cat([torch.tensor(extra["ids"], dtype=torch.long, device=device), ids])
-            values = {
-                c: torch.cat([torch.tensor(extra[c], dtype=torch.float64, device=device), v]) for c, v in values.items()
-            }
-        return gather_unique_items(ids, values)
+        head = extra if extra and extra.get("ids") else {}
+
+        def column(parts: list[Tensor], name: str, dtype: torch.dtype) -> Tensor:
+            restored = torch.tensor(head.get(name, []), dtype=dtype, device=device)
+            return torch.cat([restored, *(p.to(device) for p in parts)])
+
+        values = {c: column(v, c, torch.float64) for c, v in self._values.items()}
+        return gather_unique_items(column(self._ids, "ids", torch.long), values)

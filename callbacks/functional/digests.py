@@ -44,11 +44,7 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def write_sidecar(path: str | os.PathLike, digests: list[str]) -> None:
-    """Write ``digests`` (the first is the file's; a second is the one it replaces) to ``path``'s sidecar, atomically.
-
-    The sidecar of a file about to be renamed over holds both digests for the moment between the two renames, so a
-    kill there leaves either file accepted.
-    """
+    """Write ``digests`` (the file's, then any it replaces: a kill between two renames leaves either accepted)."""
     target = sidecar_of(path)
     name = os.path.basename(os.fspath(path))
     tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp-{os.getpid()}")
@@ -92,7 +88,7 @@ def _stamp(path: str) -> tuple[int, ...]:
 
 
 def verify_sidecar(path: str | os.PathLike, what: str = "checkpoint") -> bool:
-    """Check ``path`` (a link: the file it points to) against its sidecar; ``False`` (and a warning) without one.
+    """Check ``path`` (or the file it links to) against its sidecar; ``False`` (and a warning) without one.
 
     A file verified once in this process is not hashed again while it and its sidecar are unchanged.
 
@@ -111,8 +107,7 @@ def verify_sidecar(path: str | os.PathLike, what: str = "checkpoint") -> bool:
     stamps = _stamp(real), _stamp(sidecar_of(real))
     if _verified.get(real) == stamps:
         return True
-    actual = sha256_file(real)
-    if actual not in digests:
+    if (actual := sha256_file(real)) not in digests:
         raise ValueError(
             f"{what} {os.fspath(path)!r} is corrupt: its sha256 is {actual}, but {sidecar_of(real)} records "
             f"{digests[0]} (bytes changed after it was written); resume from another checkpoint, or delete the "
@@ -128,21 +123,15 @@ MANIFEST = "SHA256SUMS"
 
 def _folder_files(folder: str) -> list[str]:
     """Every regular file under ``folder``, as ``/``-separated paths relative to it, the manifest left out, sorted."""
-    out = []
-    for root, _, names in os.walk(folder):
-        for name in names:
-            rel = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
-            if rel != MANIFEST:
-                out.append(rel)
-    return sorted(out)
+    found = (os.path.relpath(os.path.join(root, n), folder) for root, _, names in os.walk(folder) for n in names)
+    return sorted(rel.replace(os.sep, "/") for rel in found if rel != MANIFEST)
 
 
 def write_manifest(folder: str | os.PathLike) -> None:
     """Write ``folder``'s :data:`MANIFEST`: the sha256 of every file under it (a sharded checkpoint before its swap)."""
     folder = os.fspath(folder)
-    lines = [f"{sha256_file(os.path.join(folder, rel))}  {rel}\n" for rel in _folder_files(folder)]
     with open(os.path.join(folder, MANIFEST), "w", encoding="utf-8") as f:
-        f.writelines(lines)
+        f.writelines([f"{sha256_file(os.path.join(folder, rel))}  {rel}\n" for rel in _folder_files(folder)])
         f.flush()
         os.fsync(f.fileno())
 
@@ -168,15 +157,13 @@ def verify_manifest(folder: str | os.PathLike, what: str = "checkpoint") -> bool
     if any(m is None or ".." in m.group("name").split("/") or m.group("name").startswith("/") for m in found):
         raise ValueError(f"{manifest}: not sha256sum lines of files inside the folder; delete it to load unverified")
     recorded = {m.group("name"): m.group("digest") for m in found if m is not None}
-    extra = sorted(set(_folder_files(folder)) - set(recorded))
-    if extra:
+    if extra := sorted(set(_folder_files(folder)) - set(recorded)):
         raise ValueError(f"{what} {folder!r}: {extra[0]} was not written by the save ({MANIFEST} does not list it)")
     for rel, digest in sorted(recorded.items()):
         path = os.path.join(folder, rel)
         if not os.path.isfile(path):
             raise ValueError(f"{what} {folder!r}: {rel} is missing ({MANIFEST} lists it)")
-        actual = sha256_file(path)
-        if actual != digest:
+        if (actual := sha256_file(path)) != digest:
             raise ValueError(
                 f"{what} {folder!r} is corrupt: {rel} has sha256 {actual}, but {MANIFEST} records {digest} (bytes "
                 "changed after it was written); resume from another checkpoint"

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import io
 import os
+import traceback
 from typing import Any
 
 __all__ = [
@@ -22,9 +23,9 @@ __all__ = [
 
 #: errnos of a write that found no room: a full disk, an exhausted quota
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-#: names under which writers keep the path of the file they write (Lightning's, jsonargparse's, torch's, ours)
 #: free bytes under which a failed write is taken for a full disk (a write of one large tensor fails with some left)
 ROOM = 64 * 2**20
+#: names under which writers keep the path of the file they write (Lightning's, jsonargparse's, torch's, ours)
 _PATH_NAMES = ("path", "filepath", "file_path", "filename", "config_yaml", "config_path", "checkpoint_path", "fname")
 
 
@@ -61,10 +62,7 @@ def pid_alive(pid: int, start: int | None = None) -> bool:
         return False
     except PermissionError:
         pass
-    if start is None:
-        return True
-    now = process_start(pid)
-    return now is None or now == start
+    return start is None or (now := process_start(pid)) is None or now == start
 
 
 def write_error(err: OSError, path: str | os.PathLike) -> OSError:
@@ -111,12 +109,7 @@ def path_being_written(err: BaseException) -> str | None:
     Innermost frame first: an open file object being written (its ``name``, or fsspec's ``path``), else a local named
     like a path (``filepath``, ``config_yaml`` …).
     """
-    frames = []
-    tb = err.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
+    for frame, _ in reversed(list(traceback.walk_tb(err.__traceback__))):
         local = frame.f_locals
         found = next((p for p in map(_file_path, local.values()) if p), None)
         if found:
@@ -153,5 +146,4 @@ def no_room_left(folder: str | os.PathLike) -> int | None:
         st = os.statvfs(folder)
     except OSError:
         return None
-    free = st.f_bavail * st.f_frsize
-    return free if free < ROOM else None
+    return free if (free := st.f_bavail * st.f_frsize) < ROOM else None

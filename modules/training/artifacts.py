@@ -61,7 +61,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as err:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         if isinstance(err, OSError):
             raise write_error(err, path) from err
@@ -128,10 +128,9 @@ def recover_folder(path: str | os.PathLike) -> bool:
 
 
 def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier: str) -> None:
-    """:func:`recover_folder` and the folder's ``SHA256SUMS`` checked on rank 0 before a load; then ``barrier``.
+    """On rank 0, :func:`recover_folder` and the manifest check before a load; then every rank meets at ``barrier``.
 
-    The check is :func:`~alignment_games.callbacks.functional.digests.verify_manifest`; every rank meets at ``barrier``
-    after it.
+    The check is :func:`~alignment_games.callbacks.functional.digests.verify_manifest`.
 
     Raises:
         ValueError: ``recover_folder``'s refusal, or a file whose bytes changed, on every rank (none waits for rank 0).
@@ -144,8 +143,7 @@ def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier:
                 verify_manifest(path)
         except ValueError as err:
             refused = str(err)
-    refused = strategy.broadcast(refused)
-    if refused:
+    if refused := strategy.broadcast(refused):
         raise ValueError(refused)
     strategy.barrier(barrier)
 
@@ -153,8 +151,7 @@ def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier:
 def prepare_folder_beside(path: str | os.PathLike) -> str:
     """Recover ``path`` (:func:`recover_folder`) and create an empty :func:`folder_beside` it; returns that folder."""
     recover_folder(path)
-    tmp = folder_beside(path)
-    os.makedirs(tmp)
+    os.makedirs(tmp := folder_beside(path))
     return tmp
 
 
@@ -166,8 +163,7 @@ def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     if SWAP_HOOK is not None:
         SWAP_HOOK("written")
     previous = _beside(path, "previous")
-    had_old = os.path.lexists(path)
-    if had_old:
+    if had_old := os.path.lexists(path):
         os.rename(path, previous)
         fsync_dir(parent)
     if SWAP_HOOK is not None:
@@ -217,10 +213,6 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[str]:
     """Write a folder whole or not at all: yields an empty folder beside ``path``, swapped in when the block ends.
 
     On an exception the new folder is removed and ``path`` left as it was (an ``OSError`` names ``path``).
-
-    Example:
-        >>> with atomic_folder("out/model") as tmp:  # doctest: +SKIP
-        ...     model.save_pretrained(tmp)
     """
     tmp = prepare_folder_beside(path)
     try:
