@@ -1,8 +1,7 @@
 """The leader–follower game that deep-SMIDA and SLHF play, each with its own losses.
 
 A step: D leader samples per prompt, M follower samples per leader sample (the leader's reply in the follower's system
-message, App. E.4), the ``utility`` of the triplets, log-probabilities of each player and the reference, one backward
-of the family's losses, clipped steps. Non-finite utilities or losses skip the step.
+message, App. E.4), their ``utility``, log-probabilities, one backward of the family's losses and clipped steps.
 """
 
 from __future__ import annotations
@@ -36,10 +35,9 @@ def check_leader_follower(samples_per_prompt: int, follower_samples: int, minimu
 
 def play_state(game: Any) -> dict[str, Any]:
     """The game state a sampling game keeps: its count of empty generations and its oracle's generator and counters."""
-    state: dict[str, Any] = {"empty_generations": game.empty_generations}
-    if game.oracle is not None:  # its generator and counters: a resumed validation draws and counts the same
-        state["oracle"] = game.oracle.state_dict()
-    return state
+    # the oracle's generator and counters: a resumed validation draws and counts the same
+    oracle = {} if game.oracle is None else {"oracle": game.oracle.state_dict()}
+    return {"empty_generations": game.empty_generations} | oracle
 
 
 def load_play_state(game: Any, state: dict[str, Any]) -> None:
@@ -96,15 +94,12 @@ class LeaderFollower:
         players, s = self.game.players, self.game.sampling
         lead = players.generate(leader, self.leader_prompts(prompts), d, s)
         xs = [x for x in prompts for _ in range(d)]
-        foll = players.generate(follower, self.follower_prompts(xs, lead.texts), m, s)
-        return lead, foll
+        return lead, players.generate(follower, self.follower_prompts(xs, lead.texts), m, s)
 
     @staticmethod
     def triplets(prompts: list[str], lead: Rollout, foll: Rollout, d: int, m: int) -> tuple[list[str], ...]:
         """Flattened (x, y, y′) lists in ``[B, D, M]`` order."""
-        xs = [x for x in prompts for _ in range(d * m)]
-        ys = [y for y in lead.texts for _ in range(m)]
-        return xs, ys, foll.texts
+        return [x for x in prompts for _ in range(d * m)], [y for y in lead.texts for _ in range(m)], foll.texts
 
     def train_step(self, batch: dict[str, Any], losses: Callable[..., dict[str, Tensor]], follower_only: bool) -> None:
         """One step; ``follower_only``: the leader neither learns nor steps. ``losses(u, lp_l, ref, lp_f, ref)``."""
@@ -140,8 +135,7 @@ class LeaderFollower:
         game.log_phase_times(b, generated_tokens=float(lead.completion_mask.sum() + foll.completion_mask.sum()))
         stats = {"train/loss": (out["leader_loss"] + out["follower_loss"]).detach()}
         stats |= {"follower/utility": out["utility_mean"], "leader/cost": out["a_bar"].mean()}
-        stats |= {"leader/kl": out["leader_kl"], "follower/kl": out["follower_kl"]}
-        stats |= {"leader/grad_norm": norms[0], "follower/grad_norm": norms[1]}
-        for name, rollout in (("leader", lead), ("follower", foll)):
+        for name, rollout, norm in (("leader", lead, norms[0]), ("follower", foll, norms[1])):
+            stats |= {f"{name}/kl": out[f"{name}_kl"], f"{name}/grad_norm": norm}
             stats[f"{name}/response_tokens"] = rollout.completion_mask.sum(1).float().mean()
         game.log_dict(stats, prog_bar=False, batch_size=b)

@@ -1,8 +1,7 @@
 """The followers' updates of the pool (:class:`~alignment_games.modules.pool.StackelbergPool`): DPO or GRPO each.
 
 Every rank forms the same batches and computes a contiguous share of each; a follower's adapter gradients are summed
-over the ranks by :func:`~alignment_games.modules.distributed.collectives.sum_gradients` (DDP's reducer expects every
-adapter's gradient from each backward, which a step training one of several adapters on unequal shares cannot give).
+over the ranks by hand (DDP's reducer expects every adapter's gradient from each backward).
 """
 
 from __future__ import annotations
@@ -84,12 +83,9 @@ class FollowerUpdates:
     """Phase 7 of :class:`~alignment_games.modules.pool.StackelbergPool`: the followers' optimizer steps and logs.
 
     Attributes:
-        settings: How each follower learns (:class:`FollowerTraining`).
         bank: The :class:`~alignment_games.modules.lm.policy_bank.PolicyBank` holding a player, by name.
         host: The step machinery (:class:`Stepper`): the module that owns this.
         loss_mean: The epoch mean that every applied step's loss updates.
-        system_prompt: System message of the DPO pairs' prompts.
-        temperature: Sampling temperature of the GRPO rollouts.
     """
 
     settings: FollowerTraining
@@ -183,10 +179,7 @@ class FollowerUpdates:
     def _grpo_follower(
         self, trainer, p: str, opt, slots: list, out: Rollout | None, own: list, rollout_scores: dict, gaps: list
     ) -> dict[str, float]:
-        """Follower ``p``'s GRPO steps over its ``slots`` (every rank's); this rank holds the rollouts of ``own``.
-
-        Each loss's ``logprob_gap`` (every rank's) is appended to ``gaps``.
-        """
+        """Follower ``p``'s GRPO steps over its ``slots`` (this rank holds ``own``'s); loss gaps to ``gaps``."""
         pg, temperature = self.settings.policy_gradient, self.temperature
         old = ref = adv = None
         if own:
@@ -222,25 +215,20 @@ class FollowerUpdates:
     def _grpo_rows_loss(
         self, p: str, out: Rollout, adv: Tensor, old: Tensor, ref: Tensor | None, per_loss: dict, a: int, b: int
     ) -> Tensor:
-        """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows); its stats to ``per_loss``.
-
-        The rollout's sampling log-probs (an engine's) go with its rows, for the gap and truncated importance sampling.
-        """
-        rows = slice(a, b)
-        sub = out.rows(rows)
+        """GRPO loss of rollouts ``a … b`` of ``p``, times their number (a sum over rows); its stats to ``per_loss``."""
+        sub = out.rows(slice(a, b))
         lp = self.bank(p).token_logprobs(p, sub, self.temperature)
-        mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[rows]
-        loss, st = self.settings.policy_gradient.loss(lp, mask, adv[rows], old[rows], ref_rows, sub.sample_logprobs)
-        for key, values in per_loss.items():
-            if key in st:
-                values.append(float(st[key]))
+        mask, ref_rows = sub.completion_mask.to(lp.dtype), None if ref is None else ref[a:b]
+        # the sampling engine's log-probs go with the rows, for the gap and truncated importance sampling
+        loss, st = self.settings.policy_gradient.loss(lp, mask, adv[a:b], old[a:b], ref_rows, sub.sample_logprobs)
+        for key in per_loss.keys() & st.keys():
+            per_loss[key].append(float(st[key]))
         return loss * (b - a)
 
     def _step(self, trainer, player: str, opt, loss_fn, n: int, rows: tuple, micro, lengths=None, max_tokens=0):
         """One step of ``player`` on ``n`` items (``loss_fn(lo, hi)``: their summed loss); its loss, or ``None``.
 
-        This rank runs its ``rows`` in chunks of at most ``micro`` items (``None``: ``micro_batch``) and ``max_tokens``
-        padded tokens given ``lengths``; the ranks' gradients are summed over this player's adapter (module docstring).
+        This rank runs its ``rows`` in chunks of at most ``micro`` items and ``max_tokens`` padded tokens (``lengths``).
         """
         (a0, b0), params = rows, self.bank(player).player_parameters(player)
         spans, counts = lengths or ([0] * b0, [0] * b0)

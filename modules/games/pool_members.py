@@ -1,8 +1,6 @@
 """The pool's members answering and judging (:class:`~alignment_games.modules.pool.StackelbergPool`, phases 3, 4).
 
-The players of one :class:`~alignment_games.modules.lm.policy_bank.PolicyBank` answer, and give generated judgements, in
-one batch, each row with its own player's adapter
-(:meth:`~alignment_games.modules.lm.policy_bank.PolicyBank.generate_each`).
+The players of one policy bank answer, and judge, in one batch, each row with its own player's adapter.
 """
 
 from __future__ import annotations
@@ -32,10 +30,8 @@ class PoolMembers:
 
     def banks_of(self, players: list[str]) -> list[tuple[PolicyBank, list[str]]]:
         """``players`` grouped by the bank holding them (in order), so that each bank decodes its players together."""
-        groups: dict[int, list[str]] = {}
-        for p in players:
-            groups.setdefault(self._bank_of[p], []).append(p)
-        return [(self.banks[i], ps) for i, ps in groups.items()]
+        order = list(dict.fromkeys(self._bank_of[p] for p in players))
+        return [(self.banks[i], [p for p in players if self._bank_of[p] == i]) for i in order]
 
     def chat(self, player: str, user: str, system: str | None = None) -> str:
         """``player``'s chat-formatted prompt (each model its own template)."""

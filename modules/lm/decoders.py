@@ -62,8 +62,7 @@ def sample_loop(
     for step in range(s.max_new_tokens):
         logits = step_logits(token, position, step)
         nxt = next_tokens(logits, step, s.min_new_tokens, eos, not greedy, s.temperature, s.top_p)
-        nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad))
-        new.append(nxt)
+        new.append(nxt := torch.where(unfinished, nxt, torch.full_like(nxt, pad)))
         if eos is not None:
             unfinished &= nxt != eos
         if not bool(unfinished.any()):
@@ -108,9 +107,8 @@ class GenerateDecoder:
 def _cascade_ok(model: nn.Module) -> bool:
     """Whether ``model`` can run a cascade attention: transformers' attention interface on sdpa or eager."""
     base = base_model(model)
-    if not getattr(base, "_supports_attention_backend", False):
-        return False
-    if getattr(base.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+    backend = getattr(base, "_supports_attention_backend", False)
+    if not backend or getattr(base.config, "_attn_implementation", None) not in ("sdpa", "eager"):
         return False
     return _register_grouped_attention() and static_decode.register_static_attention()
 
@@ -125,9 +123,7 @@ class GroupedDecoder:
         """Whether this decoder (not its fallback) decodes ``group`` rows per prompt of ``width`` tokens."""
         if not self.fallback.share_prompts or width < 2:
             return False
-        if group < 2 and not (self.lean and lean_decode_unsupported(model) is None):
-            return False
-        return _cascade_ok(model)
+        return (group >= 2 or self.lean and lean_decode_unsupported(model) is None) and _cascade_ok(model)
 
     def decode(self, model: nn.Module, ids: Tensor, mask: Tensor, g: int, sampling: Sampling, greedy: bool) -> Tensor:
         """See :meth:`Decoder.decode`."""
@@ -207,10 +203,7 @@ class DeviceDecoder:
 
 
 def make_decoder(lm: ModelConfig, eos: int | None, pad: int) -> Decoder | VLLMEngine:
-    """The decoder ``lm.decode`` names (``lm.compile_decode`` compiles the static one); see :class:`ModelConfig`.
-
-    ``vllm``: a :class:`VLLMEngine`, which decodes the bank's players itself (it takes players, not a model).
-    """
+    """The decoder ``lm.decode`` names (``lm.compile_decode`` compiles the static one; ``vllm``: a VLLMEngine)."""
     if lm.decode == "vllm":
         return VLLMEngine(lm, eos, pad)
     fallback = GenerateDecoder(eos, pad, share_prompts=not lm.gradient_checkpointing)

@@ -42,8 +42,7 @@ def _softcap(model: nn.Module) -> float | None:
     """``final_logit_softcapping`` of the model's config, after refusing logit scales the chunked path lacks."""
     config = getattr(base_model(model), "config", None)
     for name in _UNSUPPORTED_SCALES:
-        value = getattr(config, name, None)
-        if value is not None and value != 1:
+        if (value := getattr(config, name, None)) not in (None, 1):
             raise ValueError(
                 f"{type(base_model(model)).__name__} scales its logits by config.{name}={value}; the chunked "
                 "log-probabilities apply the output layer alone and would leave that scale out"
@@ -120,25 +119,12 @@ def head_token_logprobs(
     def contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
         return nullcontext(), _applying(state)
 
+    # no metadata check: ZeRO-3 swaps the head weight's data out after the recompute (values are the same)
+    options = {"use_reentrant": False, "context_fn": contexts, "determinism_check": "none"}
     out = []
     for start in range(0, flat_h.shape[0], step):
-        h, t = flat_h[start : start + step], flat_t[start : start + step]
-        if grad:
-            # no metadata check: ZeRO-3 swaps the head weight's data out after the recompute (values are the same)
-            lp = checkpoint(
-                _chunk_logprobs,
-                head,
-                h,
-                t,
-                temperature,
-                softcap,
-                use_reentrant=False,
-                context_fn=contexts,
-                determinism_check="none",
-            )
-        else:
-            lp = _chunk_logprobs(head, h, t, temperature, softcap)
-        out.append(lp)
+        args = (head, flat_h[start : start + step], flat_t[start : start + step], temperature, softcap)
+        out.append(checkpoint(_chunk_logprobs, *args, **options) if grad else _chunk_logprobs(*args))
     if not out:
         return torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     return torch.cat(out).view(targets.shape)

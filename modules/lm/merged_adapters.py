@@ -1,11 +1,7 @@
 """A player's LoRA update merged into copies of its base weights, kept until the adapter or the base changes.
 
-Merging is a few ops a layer, but a decode that merges on every call pays it (and, on a loaded CPU, the wait
-of every one of those ops) again for each prompt. The copies are kept per player and reused while the adapter holds
-the values it was merged from: a snapshot of them is compared with the adapter at each use (one concatenation and one
-comparison), so any change (an optimizer step, fused or not, a loaded checkpoint, an edit through ``.data``) remakes
-them. The base weights are recognised by identity, storage and version (they are frozen: only a cast or a load
-replaces them).
+A snapshot of the adapter's values is compared at each use, so any change (an optimizer step, a loaded checkpoint, an
+edit through ``.data``) remakes the copies; the frozen base weights are recognised by identity, storage and version.
 """
 
 from __future__ import annotations
@@ -45,19 +41,13 @@ class MergedAdapters:
             (id(w), w.data_ptr(), w._version, w.dtype, w.device, m.scaling[player]) for w, m in zip(bases, layers)
         )
         with torch.no_grad():
-            adapter = values_snapshot([t for m in layers for t in _factors(m, player)])
+            adapter = values_snapshot([t for m in layers for t in (m.lora_A[player].weight, m.lora_B[player].weight)])
             entry = self.entries.get(player)
             if entry is not None and entry[0] == key and torch.equal(entry[1], adapter):
                 return entry[2]
             self.entries.pop(player, None)  # the stale copies go before the new ones are made
-            merged = []
-            for w, m in zip(bases, layers, strict=True):
-                merged.append(nn.Parameter(w + m.get_delta_weight(player).to(w.dtype), requires_grad=False))
+            delta = [m.get_delta_weight(player) for m in layers]
+            merged = [nn.Parameter(w + d.to(w.dtype), requires_grad=False) for w, d in zip(bases, delta, strict=True)]
             self.merges += len(layers)
         self.entries[player] = (key, adapter, merged)
         return merged
-
-
-def _factors(layer: nn.Module, player: str) -> tuple[Tensor, Tensor]:
-    """``A`` ``[r, in]`` and ``B`` ``[out, r]`` of ``player``'s adapter on ``layer``."""
-    return layer.lora_A[player].weight, layer.lora_B[player].weight

@@ -22,11 +22,9 @@ __all__ = ["generate_mixture"]
 def _forward(bank: PolicyBank, who: str | None, cache, **inputs: Tensor) -> tuple[object, Tensor]:
     """One forward of ``who`` (``None``: the reference) in eval mode; its cache and last-position logits (fp32)."""
     with bank.using(who) as model:
-        was_training = model.training
-        model.eval()
-        name = cache_arg(model)
+        was_training, name = model.training, cache_arg(model)
         extra = {name: cache} if cache is not None else {}
-        out = model(use_cache=True, logits_to_keep=1, **inputs, **extra)
+        out = model.eval()(use_cache=True, logits_to_keep=1, **inputs, **extra)
         model.train(was_training)
     return getattr(out, name), out.logits[:, -1, :].float()
 
@@ -49,8 +47,7 @@ def generate_mixture(
     caches, logits = {}, {}
     for who in (player, None):  # prefill each model on the whole prompt: the first step's logits
         caches[who], logits[who] = _forward(bank, who, None, input_ids=ids, attention_mask=mask, position_ids=position)
-    attention = [mask]
-    temperature = sampling.temperature
+    attention, temperature = [mask], sampling.temperature
 
     def step_logits(token: Tensor, position: Tensor, step: int) -> Tensor:
         if step > 0:

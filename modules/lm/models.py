@@ -70,8 +70,7 @@ def check_exists(field: str, name_or_path: str) -> None:
     """Fail fast, before any hub lookup, when a local-looking path is missing (naming the config that makes it).
 
     Raises:
-        OSError: when ``name_or_path`` looks local (:func:`~alignment_games.modules.training.provenance.looks_local`)
-          but is missing.
+        OSError: when ``name_or_path`` looks local but is missing.
     """
     if looks_local(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
         raise OSError(missing_artifact(field, name_or_path))
@@ -88,15 +87,11 @@ def _explain_load_error(field: str, name_or_path: str, err: Exception) -> OSErro
 
 
 def _saved_as_plain_fast(path: str) -> bool:
-    """Whether a local folder holds a ``tokenizer.json`` saved as a plain fast tokenizer.
-
-    ``AutoTokenizer`` would pick the model type's class, which rebuilds the pre-tokenizer and loses the saved split.
-    """
+    # AutoTokenizer would pick the model type's class, which rebuilds the pre-tokenizer and loses the saved split
     config = os.path.join(path, "tokenizer_config.json")
     if not (os.path.isdir(path) and os.path.isfile(os.path.join(path, "tokenizer.json")) and os.path.isfile(config)):
         return False
-    with open(config) as f:
-        saved = json.load(f).get("tokenizer_class")
+    saved = json.loads(Path(config).read_text()).get("tokenizer_class")
     return saved in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
@@ -152,11 +147,9 @@ def load_model(
         raise ValueError(f"dtype: {dtype!r} is not one of {sorted(DTYPES)}")
     if task not in ("encoder", "causal_lm"):
         raise ValueError(f"task: {task!r} is not 'encoder' or 'causal_lm'")
+    optional = {"revision": revision, "attn_implementation": attn_implementation}
     kwargs: dict[str, Any] = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
-    if revision is not None:
-        kwargs["revision"] = revision
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
+    kwargs |= {k: v for k, v in optional.items() if v is not None}
     if load_in_4bit:
         if importlib.util.find_spec("bitsandbytes") is None:
             raise ImportError(
@@ -175,28 +168,18 @@ def load_model(
     except (OSError, ValueError) as err:
         raise _explain_load_error("backbone", name_or_path, err) from err
     if load_in_4bit:
-        exact_4bit_on_cpu(model)
+        # bitsandbytes' fused CPU kernel (AVX512-BF16, taken once an eval forward repacked the weights) computes in bf16
+        # and has no backward: off, each forward dequantises NF4 and multiplies in the compute dtype on every host
+        from bitsandbytes.nn import Linear4bit
+
+        for m in model.modules():
+            if isinstance(m, Linear4bit):
+                m.support_avx512bf16_for_cpu = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(model.config, "use_cache"):
             model.config.use_cache = False
     return model
-
-
-def exact_4bit_on_cpu(model: nn.Module) -> int:
-    """Turn off bitsandbytes' fused CPU kernel in every ``Linear4bit`` of ``model``; return how many.
-
-    On a CPU with AVX512-BF16, an eval-mode forward without gradients repacks the layer's weights for that kernel,
-    which computes in bf16 whatever the compute dtype, and every later forward (training too) takes that kernel, which
-    has no backward. Without it each forward dequantises the NF4 weights and multiplies in the compute dtype, with
-    autograd, on every host alike.
-    """
-    from bitsandbytes.nn import Linear4bit
-
-    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
-    for m in layers:
-        m.support_avx512bf16_for_cpu = False
-    return len(layers)
 
 
 def apply_lora(
@@ -237,12 +220,8 @@ def with_specials(core: Any) -> Any:
     """A ``PreTrainedTokenizerFast`` around ``core`` with :data:`SPECIAL_TOKENS` and a ChatML chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token=SPECIAL_TOKENS[0],
-        pad_token=SPECIAL_TOKENS[3],
-        additional_special_tokens=SPECIAL_TOKENS[1:3],
-    )
+    eos, turn, pad = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1:3], SPECIAL_TOKENS[3]
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=eos, pad_token=pad, additional_special_tokens=turn)
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -290,8 +269,8 @@ def tiny_tokenizer(name: str) -> Any:
     raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {name!r}")
 
 
-#: the architectures of the tiny models (same shapes; Qwen2 biases its q/k/v projections, Llama has no biases)
-TINY_ARCHITECTURES = ("qwen2", "llama")
+#: the architectures of the tiny models and their class prefixes (same shapes; Qwen2 biases its q/k/v projections)
+TINY_ARCHITECTURES = {"qwen2": "Qwen2", "llama": "Llama"}
 
 
 def build_tiny_causal_lm(
@@ -313,44 +292,29 @@ def build_tiny_reward_model(
     save_dir: str | os.PathLike, config: dict[str, Any] | None = None, seed: int = 0, architecture: str = "qwen2"
 ) -> str:
     """A seeded tiny Qwen2 (or Llama) sequence classifier (one output) with the byte tokenizer, saved."""
-    return _build_tiny(
-        save_dir, "ForSequenceClassification", config, seed, kind="sequence_classification", architecture=architecture
-    )
+    return _build_tiny(save_dir, "ForSequenceClassification", config, seed, architecture=architecture)
 
 
 def _build_tiny(
-    save_dir: str | os.PathLike,
-    head: str,
-    config: Any,
-    seed: int,
-    kind: str | None = None,
-    tokenizer: str = "byte",
-    architecture: str = "qwen2",
+    save_dir: str | os.PathLike, head: str, config: Any, seed: int, tokenizer: str = "byte", architecture: str = "qwen2"
 ) -> str:
     """Save a seeded ``<architecture><head>`` of :data:`TINY_QWEN2` (+ ``config``) with its tokenizer; reuse a match."""
     import transformers
 
-    if tokenizer not in TINY_TOKENIZERS:
-        raise ValueError(f"tokenizer must be one of {list(TINY_TOKENIZERS)}, got {tokenizer!r}")
     if architecture not in TINY_ARCHITECTURES:
         raise ValueError(f"architecture must be one of {list(TINY_ARCHITECTURES)}, got {architecture!r}")
-    prefix = {"qwen2": "Qwen2", "llama": "Llama"}[architecture]
-    config_class, model_class = getattr(transformers, prefix + "Config"), getattr(transformers, prefix + head)
-    save_dir = Path(save_dir)
-    cfg_dict = {**TINY_QWEN2, **(config or {})}
+    config_class, model_class = (getattr(transformers, TINY_ARCHITECTURES[architecture] + k) for k in ("Config", head))
+    save_dir, cfg_dict, classifier = Path(save_dir), {**TINY_QWEN2, **(config or {})}, head != "ForCausalLM"
     # the defaults add nothing to the stamp, so older folders are still reused
-    extra_stamp = {"kind": kind} if kind else {}
-    if tokenizer != "byte":
-        extra_stamp["tokenizer"] = tokenizer
-    if architecture != "qwen2":
-        extra_stamp["architecture"] = architecture
-    stamp = {"config": cfg_dict, "seed": seed, **extra_stamp}
+    stamp = {"config": cfg_dict, "seed": seed} | ({"kind": "sequence_classification"} if classifier else {})
+    given = {"tokenizer": (tokenizer, "byte"), "architecture": (architecture, "qwen2")}
+    stamp |= {k: v for k, (v, default) in given.items() if v != default}
     stamp_file = save_dir / "alignment_games_tiny.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return str(save_dir)
     tok = tiny_tokenizer(tokenizer)
     # a decoder starts and ends on EOS; a classifier has one output
-    extra = {"num_labels": 1} if kind == "sequence_classification" else {"bos_token_id": tok.eos_token_id}
+    extra = {"num_labels": 1} if classifier else {"bos_token_id": tok.eos_token_id}
     # a config may ask for a larger vocabulary than the tokenizer's (a real model's shape); ids past it stay unused
     cfg = config_class(
         **{"vocab_size": len(tok), **cfg_dict}, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **extra

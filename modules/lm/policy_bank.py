@@ -34,10 +34,8 @@ class PolicyBank(nn.Module):
 
     def __init__(self, lm: ModelConfig | dict[str, Any] | str, players: Sequence[str] = ("leader", "follower")) -> None:
         super().__init__()
-        lm = ModelConfig.coerce(lm)
-        self.lm = lm  # the base's origin, recorded beside exports (alignment_games.modules.checkpoints.export)
-        # which frozen base the adapters train on (path, revision, hash of its config and weights' content)
-        self.base_identity = base_identity(lm.name_or_path, lm.revision)
+        self.lm = lm = ModelConfig.coerce(lm)  # the base's origin, recorded beside exports
+        self.base_identity = base_identity(lm.name_or_path, lm.revision)  # the frozen base the adapters train on
         self.mode, self.player_names, self.max_prompt_tokens = lm.players, list(players), lm.max_prompt_tokens
         check_exists("lm.name_or_path", resolve_name_or_path(lm.name_or_path))  # names the field and its config
         self.tokenizer = lm.load_tokenizer(padding_side="left")
@@ -51,15 +49,13 @@ class PolicyBank(nn.Module):
         config = base_model(self.model if self.mode == "lora" else self.reference).config
         # the positions the base was trained on (GPT-2 style configs: n_positions); None: not checked
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        # a group's rows share the prompt's KV cache unless activation checkpointing turns the cache off
-        self.share_prompts = not lm.gradient_checkpointing
-        # set by the LightningModule from its strategy (parameter_gathering); a no-op on one device and under DDP
+        self.share_prompts = not lm.gradient_checkpointing  # a group's rows share the prompt's KV cache
+        # set from the strategy (parameter_gathering; a no-op on one device and under DDP); False under sharding
         self.gather_for_generation: Callable[[], AbstractContextManager] = nullcontext
-        self.merge_for_generation = True  # see for_generation; set False under sharded strategies
+        self.merge_for_generation = True
         self.merged = MergedAdapters()  # each player's merged weights, reused by for_generation while current
-        # how generate samples, chosen once from lm.decode (see alignment_games.modules.lm.decoders)
         self.decoder: Decoder | VLLMEngine = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
-        # tokens whose logits are formed at once by token_logprobs; None: as many as fit LOGIT_CHUNK_BYTES of fp32
+        # tokens whose logits token_logprobs forms at once; None: as many as fit LOGIT_CHUNK_BYTES of fp32
         self.logit_chunk_tokens: int | None = None
 
     def use_strategy(self, strategy: Any) -> None:
@@ -69,8 +65,7 @@ class PolicyBank(nn.Module):
             raise ValueError(f"lm.decode: vllm loads one process's whole weights, not {sharded}'s shards")
         self.gather_for_generation = parameter_gathering(strategy, self)
         self.merge_for_generation = sharded is None
-        dtype = frozen_weights_dtype(strategy)
-        if dtype is not None:  # frozen weights held in dtype: autocast would recast them at every forward
+        if (dtype := frozen_weights_dtype(strategy)) is not None:  # else autocast would recast them every forward
             self._all_players_trainable()
             cast_frozen_parameters(self.model if self.mode == "lora" else self.reference, dtype)
 
@@ -113,23 +108,17 @@ class PolicyBank(nn.Module):
 
     def mixes_players(self, players: Sequence[str | None]) -> bool:
         """Whether one :meth:`generate` can decode all ``players``' rows together (plain LoRA over one base)."""
-        if self.mode != "lora":
-            return False
-        if isinstance(self.decoder, VLLMEngine):
-            return True  # one LoRARequest per row
-        return all(p is None or plain_lora_layers(self.model, p, mergeable=False) is not None for p in set(players))
+        plain = (p is None or plain_lora_layers(self.model, p, mergeable=False) is not None for p in set(players))
+        return self.mode == "lora" and (isinstance(self.decoder, VLLMEngine) or all(plain))  # vllm: a LoRARequest a row
 
     @contextmanager
     def for_generation(
         self, player: str | None, row_players: list[str | None] | None = None, group: int = 1
     ) -> Iterator[nn.Module]:
-        """The player as :meth:`using` gives it, its LoRA update merged into fresh weights when allowed.
+        """The player as :meth:`using` gives it, its LoRA update merged into swapped-in weights when allowed.
 
-        The merged weights are swapped in and the originals put back, so the base stays bit-for-bit untouched; they
-        are kept for the player's next decode until its adapter changes (:class:`MergedAdapters`) or a forward with
-        gradients (training, which changes adapters) drops them.
-        ``row_players`` (one per prompt of ``group`` rows): adapters disabled, each row's own added by
-        :func:`~alignment_games.modules.lm.row_adapters.row_adapters`.
+        The base stays bit-for-bit untouched; the merged weights are kept while current (:class:`MergedAdapters`).
+        ``row_players`` (one per prompt of ``group`` rows): each row's own adapter (:func:`row_adapters`).
         """
         if row_players is not None:
             with self.using(None) as model, row_adapters(model, row_players, group):
@@ -165,16 +154,11 @@ class PolicyBank(nn.Module):
 
     def encode_prompts(self, prompts: Sequence[str]) -> dict[str, Tensor]:
         """``input_ids`` and ``attention_mask`` ``[B, W]`` of the left-padded prompts, cut to ``max_prompt_tokens``."""
-        enc = self.tokenizer(list(prompts), add_special_tokens=False)
-        ids = enc["input_ids"]
-        cut = [i for i, s in enumerate(ids) if len(s) > self.max_prompt_tokens]
-        if cut:
-            self.truncated_prompts += len(cut)
-            warnings.warn(
-                f"{len(cut)} prompts longer than max_prompt_tokens={self.max_prompt_tokens} were cut from the left",
-                stacklevel=3,
-            )
-            ids = [s[-self.max_prompt_tokens :] for s in ids]
+        ids, most = self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"], self.max_prompt_tokens
+        if cut := sum(len(s) > most for s in ids):
+            self.truncated_prompts += cut
+            warnings.warn(f"{cut} prompts longer than max_prompt_tokens={most} were cut from the left", stacklevel=3)
+            ids = [s[-most:] for s in ids]
         return pad_sequences(ids, self.tokenizer.pad_token_id, left=True)
 
     @torch.no_grad()
@@ -188,12 +172,11 @@ class PolicyBank(nn.Module):
     ) -> Rollout:
         """Sample ``num_samples`` completions for each prompt in one batched call (row ``i*num_samples + s``).
 
-        ``player``: one player (``None``: the reference), or one per prompt, decoded together with each row's own
-        adapter (see :meth:`mixes_players`). ``greedy``: arg-max tokens, ``sampling``'s length only.
+        ``player``: one player (``None``: the reference), or one per prompt, each row with its own adapter
+        (:meth:`mixes_players`). ``greedy``: arg-max tokens.
 
         Raises:
-            ValueError: for a player list whose length is not the prompts', or players this bank cannot decode together;
-                for a longest prompt plus ``sampling.max_new_tokens`` past the model's positions.
+            ValueError: for a player list not one per prompt or not decodable together, or a decode past the positions.
             KeyError: naming an unknown player of the list.
         """
         row_players = None
@@ -221,8 +204,7 @@ class PolicyBank(nn.Module):
             return Rollout.from_decode(out, prompt_mask, num_samples, self.tokenizer, sample_logprobs=lps)
         with self.gather_for_generation(), self.for_generation(player, row_players, num_samples) as model:
             was_training = model.training
-            model.eval()
-            out = self.decoder.decode(model, ids, mask, num_samples, sampling, greedy)
+            out = self.decoder.decode(model.eval(), ids, mask, num_samples, sampling, greedy)
             model.train(was_training)
         return Rollout.from_decode(out, prompt_mask, num_samples, self.tokenizer)
 
@@ -239,9 +221,8 @@ class PolicyBank(nn.Module):
             ValueError: naming a request without prompts.
         """
         requests = [(p, list(x)) for p, x in requests]
-        for i, (p, x) in enumerate(requests):
-            if not x:
-                raise ValueError(f"generate_each: request {i} (player {p!r}) has no prompts")
+        if empty := [(i, p) for i, (p, x) in enumerate(requests) if not x]:
+            raise ValueError(f"generate_each: request {empty[0][0]} (player {empty[0][1]!r}) has no prompts")
         players = [p for p, _ in requests]
         if len(requests) < 2 or len(set(players)) < 2 or not self.mixes_players(players):
             return [self.generate(p, x, num_samples, sampling, greedy) for p, x in requests]
@@ -254,9 +235,8 @@ class PolicyBank(nn.Module):
     ) -> Tensor:
         """Per-token ``log softmax(logits / T)`` of the completion tokens, ``[N, C]``, zero outside the completion.
 
-        No ``[N, C, V]`` logits are held (:mod:`alignment_games.modules.lm.logprobs`). Rows run in :func:`micro_batches`
-        chunks (0: no limit), a group's shared prompt once, each chunk over the columns it uses. ``player=None``:
-        reference.
+        No ``[N, C, V]`` logits are held; rows run in :func:`micro_batches` chunks (0: no limit), a group's shared
+        prompt once. ``player=None``: the reference.
         """
         seq, att, width = rollout.sequences, rollout.attention_mask, rollout.prompt_width
         cmask = rollout.completion_mask.to(seq.device)
@@ -287,8 +267,7 @@ class PolicyBank(nn.Module):
                         model(input_ids=s, attention_mask=a, position_ids=pos, logits_to_keep=cols + 1)
                         hidden = seen[0][:, :-1]
                 lp = head_token_logprobs(model, hidden, s[:, p:], temperature, self.logit_chunk_tokens)
-                lp = lp * cmask[i:j, :cols]
-                out.append(torch.nn.functional.pad(lp, (0, c - lp.shape[1])))
+                out.append(torch.nn.functional.pad(lp * cmask[i:j, :cols], (0, c - lp.shape[1])))
         return torch.cat(out)
 
     def logprobs(self, player: str | None, rollout: Rollout, temperature: float = 0.6, micro_batch: int = 0) -> Tensor:

@@ -27,15 +27,10 @@ def cuda_bf16_available() -> bool:
 
 
 def resolve_dtype(dtype: str, frozen: bool, bf16_device: bool | None = None) -> str:
-    """The load dtype: ``dtype``, or for ``auto`` bf16 when ``frozen`` on a bf16 CUDA device, else fp32.
-
-    ``bf16_device``: ``None`` asks :func:`cuda_bf16_available`.
-    """
+    """The load dtype: ``dtype``, or for ``auto`` bf16 when ``frozen`` on a bf16 CUDA device (``None``: this one)."""
     if dtype != AUTO:
         return dtype
-    if bf16_device is None:
-        bf16_device = cuda_bf16_available()
-    return "bfloat16" if frozen and bf16_device else "float32"
+    return "bfloat16" if frozen and (cuda_bf16_available() if bf16_device is None else bf16_device) else "float32"
 
 
 def set_tf32(enabled: bool) -> bool:
@@ -66,20 +61,14 @@ def frozen_weights_dtype(strategy: Any) -> torch.dtype | None:
 
 
 def cast_frozen_parameters(module: nn.Module, dtype: torch.dtype) -> int:
-    """Cast every floating frozen parameter of ``module`` to ``dtype`` in place, once; return how many.
+    """Cast every floating frozen parameter of ``module`` to ``dtype`` in place, once (tied ones stay tied); how many.
 
     Autocast caches casts of trainable leaves only, so a frozen fp32 base under ``bf16-mixed`` is recast every forward.
-    Tied parameters stay tied.
     """
-    done = 0
-    seen: set[int] = set()
-    for p in module.parameters():
-        if id(p) in seen or p.requires_grad or not p.is_floating_point() or p.dtype == dtype:
-            continue
-        seen.add(id(p))
+    cast = [p for p in module.parameters() if not p.requires_grad and p.is_floating_point() and p.dtype != dtype]
+    for p in cast:
         p.data = p.data.to(dtype)
-        done += 1
-    return done
+    return len(cast)
 
 
 def cast_frozen_for_strategy(module: nn.Module, strategy: Any) -> int:

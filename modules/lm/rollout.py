@@ -16,8 +16,7 @@ __all__ = ["Rollout"]
 class Rollout:
     """Sampled sequences of one player: ``[N, P + C]`` left-padded prompts then completions (``completion_mask``).
 
-    ``sample_logprobs`` ``[N, C]``: the log-probability each completion token was sampled with, where the decoder
-    reports it (the vLLM engine), zero outside the completion; ``None`` otherwise.
+    ``sample_logprobs`` ``[N, C]``: each completion token's sampling log-probability where the decoder reports it.
     """
 
     sequences: Tensor
@@ -59,10 +58,9 @@ class Rollout:
         Raises:
             ValueError: when the counts do not add up to the rollout's prompts.
         """
-        g = max(self.group_size, 1)
-        if any(c < 1 for c in counts) or sum(counts) * g != self.sequences.shape[0]:
-            rows = self.sequences.shape[0]
-            raise ValueError(f"Rollout.split: counts {list(counts)} (x group_size {g}) do not tile the {rows} rows")
+        g, n = max(self.group_size, 1), self.sequences.shape[0]
+        if any(c < 1 for c in counts) or sum(counts) * g != n:
+            raise ValueError(f"Rollout.split: counts {list(counts)} (x group_size {g}) do not tile the {n} rows")
         pieces, start, p = [], 0, self.prompt_width
         for count in counts:
             rows = slice(start, start + count * g)
@@ -70,25 +68,13 @@ class Rollout:
             length = int(self.completion_mask[rows].sum(dim=1).max())
             cols = slice(p - width, p + length)
             lps = None if self.sample_logprobs is None else self.sample_logprobs[rows, :length]
-            pieces.append(
-                Rollout(
-                    self.sequences[rows, cols],
-                    self.attention_mask[rows, cols],
-                    width,
-                    self.completion_mask[rows, :length],
-                    self.texts[rows],
-                    self.group_size,
-                    lps,
-                )
-            )
+            seq, att, comp = self.sequences[rows, cols], self.attention_mask[rows, cols], self.completion_mask[rows]
+            pieces.append(Rollout(seq, att, width, comp[:, :length], self.texts[rows], self.group_size, lps))
             start += count * g
         return pieces
 
     def rows(self, index: slice | Sequence[int] | Tensor, group_size: int | None = None) -> Rollout:
-        """The rows ``index`` (a slice, or row numbers), prompt width kept.
-
-        ``group_size``: the one given, else this rollout's for a slice that cuts no group, else 1.
-        """
+        """The rows ``index`` (a slice, or row numbers), prompt width kept; ``group_size`` given, kept or 1."""
         if isinstance(index, slice):
             start, stop, _ = index.indices(self.sequences.shape[0])
             whole = start % self.group_size == 0 and (stop - start) % self.group_size == 0

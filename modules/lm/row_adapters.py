@@ -18,8 +18,7 @@ __all__ = ["add_row_adapters", "plain_lora_layers", "row_adapters"]
 def plain_lora_layers(model: nn.Module, player: str, mergeable: bool = True) -> list[nn.Module] | None:
     """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (the form ``W + s·BA``), else ``None``.
 
-    ``mergeable=False`` also takes subclasses of ``nn.Linear`` (bitsandbytes' ``Linear4bit``): their packed weights
-    cannot take a merged update, but :func:`row_adapters` adds each row's update to their output.
+    ``mergeable=False`` also takes ``nn.Linear`` subclasses (``Linear4bit``): :func:`row_adapters` adds to their output.
     """
     from peft.tuners.lora import LoraLayer
 
@@ -38,8 +37,7 @@ def row_adapters(model: nn.Module, players: Sequence[str | None], group: int) ->
     """Each row's own adapter in a decode of several players' prompts over the base with adapters disabled.
 
     ``players[i]``: prompt ``i``'s player (``None``: the reference), its ``group`` rows following it. Every LoRA layer
-    gets row masks for one row per prompt, per row, and (shared prompt prefix) per player, and a hook adding the
-    update; the players are kept on ``model._row_players``. All is removed on exit.
+    gets row masks (per prompt, per row, per player) and a hook adding the update, removed on exit.
     """
     from peft.tuners.lora import LoraLayer
 
@@ -86,8 +84,7 @@ def add_row_adapters(module: nn.Module, x: Tensor, out: Tensor) -> Tensor:
         RuntimeError: naming the row counts, for an input whose rows are neither the prompts' nor the samples'.
     """
     a, b, masks = module._row_adapter
-    mask = masks.get(x.shape[0])
-    if mask is None:
+    if (mask := masks.get(x.shape[0])) is None:
         raise RuntimeError(f"row adapters: an input of {x.shape[0]} rows, set for {sorted(masks)} rows")
     h = F.linear(x.to(a.dtype), a)  # every player's A on every row: [N, ..., Σr]
     h = h * mask.view(mask.shape[0], *([1] * (h.dim() - 2)), mask.shape[1])

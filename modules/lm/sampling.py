@@ -44,8 +44,7 @@ class Sampling:
         Rotary models run on past ``max_position_embeddings`` without a word, into positions they never trained on.
 
         Raises:
-            ValueError: naming ``sampling.max_new_tokens``, the prompt tokens, ``lm.max_prompt_tokens`` and the
-                model's ``max_position_embeddings``.
+            ValueError: naming ``sampling.max_new_tokens``, the prompt tokens and ``max_position_embeddings``.
         """
         if max_positions is not None and prompt_tokens + self.max_new_tokens > max_positions:
             raise ValueError(

@@ -60,14 +60,8 @@ def build_caches(
     _, kvh, _, d = layers[0].keys.shape
     dtype, device = layers[0].keys.dtype, prompt_mask.device
     shapes = ((b, kvh, pb, d), (b, 1, pb), (b * group, kvh, max_new_tokens, d))
-    fits = reuse is not None and len(reuse) == len(layers)
-    fits = fits and all(
-        (c.prefix_keys.shape, c.prefix_mask.shape, c.own_keys.shape) == shapes
-        and c.own_keys.dtype == dtype
-        and c.own_keys.device == device
-        for c in reuse.values()
-    )
-    if fits:
+    key = (shapes, dtype, device)
+    if reuse is not None and len(reuse) == len(layers) and all(_layout(c) == key for c in reuse.values()):
         caches = reuse
     else:
         step = torch.zeros(1, dtype=torch.long, device=device)
@@ -77,19 +71,21 @@ def build_caches(
             i: StaticCascade(empty(shapes[0]), empty(shapes[0]), mask, empty(shapes[2]), empty(shapes[2]), step)
             for i in range(len(layers))
         }
-    first = caches[0]
-    first.step.zero_()
+    caches[0].step.zero_()
     # -inf on left padding and on the bucket's padding on the right: no weight, whatever those slots hold
-    first.prefix_mask.fill_(float("-inf"))
-    first.prefix_mask[:, 0, :p].masked_fill_(prompt_mask != 0, 0.0)
-    for i, layer in enumerate(layers):
-        c = caches[i]
+    caches[0].prefix_mask.fill_(float("-inf"))
+    caches[0].prefix_mask[:, 0, :p].masked_fill_(prompt_mask != 0, 0.0)
+    for c, layer in zip(caches.values(), layers, strict=True):
         # zeros, not stale or uninitialised values: a masked slot weighs 0, and 0 times a NaN would still be NaN
         for t in (c.prefix_keys, c.prefix_values, c.own_keys, c.own_values):
             t.zero_()
         c.prefix_keys[:, :, :p].copy_(layer.keys)
         c.prefix_values[:, :, :p].copy_(layer.values)
     return caches
+
+
+def _layout(c: StaticCascade) -> tuple:
+    return (c.prefix_keys.shape, c.prefix_mask.shape, c.own_keys.shape), c.own_keys.dtype, c.own_keys.device
 
 
 def step_logits(model: nn.Module, token: Tensor, position: Tensor) -> Tensor:

@@ -22,11 +22,9 @@ def task_corpus(num_problems: int = 5000, seed: int = CORPUS_SEED, max_steps: in
         ValueError: for ``num_problems`` below 1 or ``max_steps`` below 1.
     """
     require_at_least(num_problems=(num_problems, 1))
-    texts = []
-    for p in generate_problems(num_problems, seed, 1, max_steps):
-        texts.append(f"system\nYou are a helpful assistant.\nuser\n{p.question}\nassistant\n")
-        texts.append(make_think_response(p))
-    return texts
+    problems = generate_problems(num_problems, seed, 1, max_steps)
+    chat = "system\nYou are a helpful assistant.\nuser\n{}\nassistant\n"
+    return [t for p in problems for t in (chat.format(p.question), make_think_response(p))]
 
 
 def build_task_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 768) -> Any:
