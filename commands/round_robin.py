@@ -50,33 +50,27 @@ def _load_runs(bank: Any, runs: list[tuple[str, str, str | None]]) -> dict[str, 
     own = bank.state_dict()
     players = {}
     for name, path, player in runs:
-        ckpt = read_checkpoint(path)
+        ckpt, where = read_checkpoint(path), f"checkpoint {path!r} of run {name!r}"
         family = checkpoint_family(ckpt)
-        if player is None:
-            if family not in PLAYER_OF_FAMILY:
-                raise ValueError(
-                    f"checkpoint {path!r} of run {name!r} was written by {family!r}; give its player as "
-                    f"{name}={path}:PLAYER (known families: {sorted(PLAYER_OF_FAMILY)})"
-                )
-            player = PLAYER_OF_FAMILY[family]
-        state = ckpt.get("state_dict")
-        if not isinstance(state, dict):
-            raise ValueError(f"checkpoint {path!r} of run {name!r} holds no state_dict")
-        tensors = adapter_tensors(state, player, name, f"checkpoint {path!r} of run {name!r}")
+        if player is None and family not in PLAYER_OF_FAMILY:
+            raise ValueError(
+                f"{where} was written by {family!r}; give its player as {name}={path}:PLAYER "
+                f"(known families: {sorted(PLAYER_OF_FAMILY)})"
+            )
+        player = PLAYER_OF_FAMILY[family] if player is None else player
+        if not isinstance(state := ckpt.get("state_dict"), dict):
+            raise ValueError(f"{where} holds no state_dict")
+        tensors = adapter_tensors(state, player, name, where)
         expected = {k for k in own if f".{name}." in k and ".lora_" in k}
         if set(tensors) != expected:
             missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
             raise ValueError(
-                f"checkpoint {path!r} of run {name!r} does not fit --lm/--lora-* (--lora-target-modules must be the "
-                f"run's lm.lora_target_modules): missing {missing[:3]}, "
-                f"unexpected {extra[:3]}"
+                f"{where} does not fit --lm/--lora-* (--lora-target-modules must be the run's lm.lora_target_modules): "
+                f"missing {missing[:3]}, unexpected {extra[:3]}"
             )
-        for k, v in tensors.items():
-            if tuple(v.shape) != tuple(own[k].shape):
-                raise ValueError(
-                    f"checkpoint {path!r} of run {name!r}: {k!r} has shape {list(v.shape)} but "
-                    f"{list(own[k].shape)} here (--lora-r must be the run's lora_r)"
-                )
+        if (bad := next((k for k, v in tensors.items() if v.shape != own[k].shape), None)) is not None:
+            shapes = f"{list(tensors[bad].shape)} but {list(own[bad].shape)}"
+            raise ValueError(f"{where}: {bad!r} has shape {shapes} here (--lora-r must be the run's lora_r)")
         bank.load_state_dict(tensors, strict=False)
         players[name] = player
     return players
@@ -89,8 +83,7 @@ def _sample_all(bank: Any, policies: list[str], prompts: list[str], args: argpar
     for i in range(0, len(chats), args.batch_size):
         chunk = chats[i : i + args.batch_size]
         for p in policies:
-            out = bank.generate(None if p == REFERENCE else p, chunk, args.pairs, sampling)
-            texts[p].extend(out.texts)
+            texts[p] += bank.generate(None if p == REFERENCE else p, chunk, args.pairs, sampling).texts
     return texts
 
 
@@ -99,14 +92,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m alignment_games.commands.round_robin", description=library.__doc__.split("\n")[0]
     )
     p.add_argument("--runs", nargs="+", required=True, help="NAME=CHECKPOINT[:PLAYER], e.g. smida=runs/.../last.ckpt")
-    p.add_argument(
-        "--lm", required=True, help="the frozen base every run was trained from (e.g. artifacts/tiny_policy)"
-    )
+    p.add_argument("--lm", required=True, help="the frozen base every run was trained from (artifacts/tiny_policy)")
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=16)
-    p.add_argument(
-        "--lora-target-modules", nargs="+", default=None, help="the runs' lm.lora_target_modules (default: peft's)"
-    )
+    p.add_argument("--lora-target-modules", nargs="+", help="the runs' lm.lora_target_modules (default: peft's)")
     p.add_argument("--no-reference", action="store_true", help="leave the reference policy out of the table")
     p.add_argument("--num-prompts", type=int, default=1000, help="generated problems (PromptDataModule)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share; the table uses these prompts")
@@ -148,14 +137,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     records = describe_models([path for _, path, _ in runs], base, "--runs")  # duplicates, other bases
     start = time.perf_counter()
     L.seed_everything(args.seed, verbose=False)
-    lm = ModelConfig(
-        args.lm,
-        players="lora",
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_target_modules=args.lora_target_modules,
-    )
-    bank = PolicyBank(lm, players=[r[0] for r in runs]).eval().requires_grad_(False)
+    lora = {k: getattr(args, k) for k in ("lora_r", "lora_alpha", "lora_target_modules")}
+    bank = PolicyBank(ModelConfig(args.lm, players="lora", **lora), players=[r[0] for r in runs])
+    bank.eval().requires_grad_(False)
     players = _load_runs(bank, runs)
     dm = PromptDataModule(num_prompts=args.num_prompts, val_fraction=args.val_fraction, seed=args.data_seed)
     dm.setup("validate")

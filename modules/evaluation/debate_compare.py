@@ -96,13 +96,8 @@ def peak_window(evaluations: Sequence[Mapping[str, Any]], window: int = 3, quant
     lowers = [pooled_lower_bound(pairs[: i + 1], window, quantile) for i in range(len(pairs))]
     i = max(range(len(pairs)), key=lowers.__getitem__)  # max keeps the first of equals
     recent = pairs[max(0, i + 1 - window) : i + 1]
-    return {
-        "index": i,
-        "step": evaluations[i].get("step"),
-        "lower_bound": lowers[i],
-        "successes": sum(s for s, _ in recent),
-        "trials": sum(n for _, n in recent),
-    }
+    counts = {"successes": sum(s for s, _ in recent), "trials": sum(n for _, n in recent)}
+    return {"index": i, "step": evaluations[i].get("step"), "lower_bound": lowers[i]} | counts
 
 
 def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> dict[str, Any] | None:
@@ -129,21 +124,17 @@ def judge_trend(evaluations: Sequence[Mapping[str, Any]], window: int = 3) -> di
 
 
 def _last_problems(runs: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, torch.Tensor] | None:
-    """Runs × problems indicators of each run's last evaluation (correct, tp, fp, tn, fn), problems in item order.
-
-    ``None`` when a run lacks per-problem rows or the runs evaluated different problems.
-    """
+    """Runs × problems indicators (correct, tp, fp, tn, fn) of the last evaluations; ``None`` if not all alike."""
     rows = [r[-1].get("problems") or {} for r in runs]
     items = {tuple(sorted(p.get("item") or ())) for p in rows}
     if len(items) != 1 or not next(iter(items)):
         return None
-    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("correct", *COUNTS)}
+    per_run = []
     for p in rows:
         v = {k: torch.tensor([x for _, x in sorted(zip(p["item"], p[k]))]) > 0 for k in ("referenced", *_VERDICT)}
-        cells = confusion_cells(v["referenced"], v["correct"], v["accepts"], v["tie"], v["unparsed"])
-        for k, x in (cells | {"correct": v["correct"]}).items():
-            cols[k].append(x.double())
-    return {"item": torch.tensor(next(iter(items)))} | {k: torch.stack(x) for k, x in cols.items()}
+        per_run.append(confusion_cells(v["referenced"], *(v[k] for k in _VERDICT)) | {"correct": v["correct"]})
+    cols = {k: torch.stack([r[k].double() for r in per_run]) for k in ("correct", *COUNTS)}
+    return {"item": torch.tensor(next(iter(items)))} | cols
 
 
 def _resampled(m: Mapping[str, torch.Tensor], weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -267,52 +258,36 @@ def compare_groups(
     )
 
 
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """The lines of a markdown table."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(map(str, r))} |" for r in rows)]
+
+
 def format_table(result: Mapping[str, Any]) -> str:
     """The comparison in the layout of the paper's Table 1 (markdown), best peak accuracy first."""
-    ci = round(100 * (1 - 2 * result["quantile"]))
-    lines = [
-        f"| protocol | peak accuracy | {ci}% CI lower bound | observed mean | P(Best) | gap recovery | runs |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    groups = result["groups"]
+    ci, groups, rows = round(100 * (1 - 2 * result["quantile"])), result["groups"], []
     for name in sorted(groups, key=lambda k: -groups[k]["peak_accuracy"]):
         g = groups[name]
-        pb, gap = ("—" if g[k] is None else format(g[k], f) for k, f in (("p_best", ".4f"), ("gap_recovery", ".2f")))
-        lines.append(
-            f"| {name} | {g['peak_accuracy']:.4f} | {g['lower_bound']:.4f} | {g['observed_mean']:.4f} | {pb} | {gap} "
-            f"| {len(g['runs'])} |"
-        )
-    trends = [(name, i, t) for name in groups for i, t in enumerate(groups[name].get("judge_trends") or []) if t]
-    if trends:
-        w = result["window"]
-        lines += [
-            "",
-            f"| protocol | run | judge MCC, first → last {w} evaluations | accept rate | false accepts | mean reward |",
-            "|---|---|---|---|---|---|",
+        cells = [f"{g[k]:.4f}" for k in ("peak_accuracy", "lower_bound", "observed_mean")]
+        cells += ["—" if g[k] is None else format(g[k], f) for k, f in (("p_best", ".4f"), ("gap_recovery", ".2f"))]
+        rows.append([name, *cells, len(g["runs"])])
+    head = ["protocol", "peak accuracy", f"{ci}% CI lower bound", "observed mean", "P(Best)", "gap recovery", "runs"]
+    lines = _markdown(head, rows)
+    if trends := [(name, i, t) for name in groups for i, t in enumerate(groups[name].get("judge_trends") or []) if t]:
+        spec = (("mcc", ".2f"), ("accept_rate", ".2f"), ("false_accepts", ".0f"), ("reward", ".3f"))
+        arrow = lambda a, b, s: "—" if a is None or b is None else f"{a:{s}} → {b:{s}}"  # noqa: E731
+        rows = [[name, i, *(arrow(t["first"][k], t["last"][k], s) for k, s in spec)] for name, i, t in trends]
+        head = ["protocol", "run", f"judge MCC, first → last {result['window']} evaluations", "accept rate"]
+        lines += ["", *_markdown([*head, "false accepts", "mean reward"], rows)]
+    if finals := result.get("final") or {}:
+        spec = (("accuracy_intervals", ".3f"), ("mcc_intervals", "+.2f"), ("accuracy_diff_intervals", "+.3f"))
+        rows = [
+            [name, f"accuracy {f['accuracy']:.3f}, MCC {f['mcc']:.2f}"]
+            + [format_intervals(f[k], s) if k in f else "—" for k, s in (*spec, ("mcc_diff_intervals", "+.2f"))]
+            + [f"{f['runs']} × {f['problems']}"]
+            for name, f in finals.items()
         ]
-        for name, i, t in trends:
-            f, last = t["first"], t["last"]
-            cells = [
-                "—" if f[k] is None or last[k] is None else f"{f[k]:{spec}} → {last[k]:{spec}}"
-                for k, spec in (("mcc", ".2f"), ("accept_rate", ".2f"), ("false_accepts", ".0f"), ("reward", ".3f"))
-            ]
-            lines.append(f"| {name} | {i} | " + " | ".join(cells) + " |")
-    finals = result.get("final") or {}
-    if finals:
-        lines += [
-            "",
-            "| protocol | last evaluation | accuracy: 95% intervals (most conservative in bold) "
-            "| judge MCC: 95% intervals | vs baseline, accuracy | vs baseline, MCC | runs × problems |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name, f in finals.items():
-            diff = [
-                format_intervals(f[k], spec) if k in f else "—"
-                for k, spec in (("accuracy_diff_intervals", "+.3f"), ("mcc_diff_intervals", "+.2f"))
-            ]
-            acc, mcc = format_intervals(f["accuracy_intervals"], ".3f"), format_intervals(f["mcc_intervals"], "+.2f")
-            lines.append(
-                f"| {name} | accuracy {f['accuracy']:.3f}, MCC {f['mcc']:.2f} | {acc} | {mcc} | {diff[0]} | {diff[1]} "
-                f"| {f['runs']} × {f['problems']} |"
-            )
+        head = ["protocol", "last evaluation", "accuracy: 95% intervals (most conservative in bold)"]
+        head += ["judge MCC: 95% intervals", "vs baseline, accuracy", "vs baseline, MCC", "runs × problems"]
+        lines += ["", *_markdown(head, rows)]
     return "\n".join(lines)

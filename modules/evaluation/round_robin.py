@@ -28,8 +28,8 @@ def round_robin_table(
 ) -> dict[str, Any]:
     """Pairwise preference rates with prompt-bootstrap intervals, every cell from the same resamples.
 
-    ``labels[(a, b)]`` is ``[P, R]``: the oracle's preference of ``a``'s answer over ``b``'s (NaN: unlabelled); a cell
-    is the mean over prompts of their labelled pairs' mean, and ``(b, a)`` is ``1 − (a, b)``.
+    ``labels[(a, b)]`` ``[P, R]``: the oracle's preference of ``a`` over ``b`` (NaN: unlabelled); a cell is the mean
+    over prompts of their labelled pairs' mean, and ``(b, a)`` is ``1 − (a, b)``.
 
     Raises:
         ValueError: for a pair given twice or not at all, an unknown name, or tensors not ``[P, R]`` on the same P.
@@ -48,7 +48,7 @@ def round_robin_table(
     shapes = {k: tuple(v.shape) for k, v in labels.items()}
     if any(len(s) != 2 for s in shapes.values()) or len({s[0] for s in shapes.values()}) != 1:
         raise ValueError(f"every label tensor must be [prompts, pairs] over the same prompts, got {shapes}")
-    n = next(iter(shapes.values()))[0]
+    n, r = next(iter(shapes.values()))
     idx = resample_prompts(n, n_boot, seed)
     q = interval_ends(level)
     rates: dict[str, dict[str, Any]] = {a: {} for a in names}
@@ -68,12 +68,7 @@ def round_robin_table(
             lo, hi = torch.nanquantile(boot, q).tolist()
             cell = {"rate": rate, "ci": [lo, hi], "n_prompts": int(keep.sum())}
         rates[a][b] = cell
-        rates[b][a] = {
-            "rate": 1.0 - cell["rate"],
-            "ci": [1.0 - cell["ci"][1], 1.0 - cell["ci"][0]],
-            "n_prompts": cell["n_prompts"],
-        }
-    r = next(iter(shapes.values()))[1]
+        rates[b][a] = cell | {"rate": 1.0 - cell["rate"], "ci": [1.0 - cell["ci"][1], 1.0 - cell["ci"][0]]}
     return {"names": names, "n_prompts": n, "pairs_per_prompt": r, "level": level, "n_boot": n_boot, "rates": rates}
 
 
@@ -82,13 +77,9 @@ def markdown_table(table: dict[str, Any]) -> str:
     names = table["names"]
     lines = ["| row ≻ column | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for a in names:
-        cells = []
-        for b in names:
-            if a == b:
-                cells.append("—")
-                continue
-            c = table["rates"][a][b]
-            cells.append(f"{c['rate']:.4f} [{c['ci'][0]:.4f}, {c['ci'][1]:.4f}]")
+        cells = [
+            "—" if a == b else "{rate:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]".format(**table["rates"][a][b]) for b in names
+        ]
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -99,11 +90,12 @@ def adapter_tensors(state: dict[str, Tensor], player: str, run: str, source: str
     Raises:
         ValueError: naming ``source`` when it holds no LoRA tensors of ``player``.
     """
-    out = {}
     marker = f".{player}."
-    for name, value in state.items():
-        if name.startswith("players.model.") and marker in name and ".lora_" in name:
-            out[name[len("players.") :].replace(marker, f".{run}.")] = value
+    out = {
+        name[len("players.") :].replace(marker, f".{run}."): value
+        for name, value in state.items()
+        if name.startswith("players.model.") and marker in name and ".lora_" in name
+    }
     if not out:
         raise ValueError(
             f"{source} holds no LoRA adapter tensors of player {player!r} (only LoRA-player checkpoints, "
