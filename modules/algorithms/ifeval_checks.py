@@ -62,19 +62,13 @@ def _compare(count: int, relation: str, threshold: int) -> bool:
     return count < threshold if relation == RELATIONS[0] else count >= threshold
 
 
-_DETECTOR_SEEDED = False
-
-
 def _language(text: str) -> str | None:
     """``langdetect``'s language code for ``text``; ``None`` when it cannot tell (no letters, say)."""
-    global _DETECTOR_SEEDED
     try:
         from langdetect import DetectorFactory, LangDetectException, detect
     except ImportError as err:  # pragma: no cover - the games extra installs it
         raise ImportError("IFEval's language checks need langdetect: pip install -e '.[games]'") from err
-    if not _DETECTOR_SEEDED:
-        DetectorFactory.seed = 0  # langdetect samples; a fixed seed makes each answer repeatable
-        _DETECTOR_SEEDED = True
+    DetectorFactory.seed = 0  # langdetect samples; a fixed seed makes each answer repeatable
     try:
         return detect(text)
     except LangDetectException:

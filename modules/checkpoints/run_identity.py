@@ -1,12 +1,8 @@
 """One run identity, checked on every resume: the settings that may not change, and the content of what the run reads.
 
-The inputs are found in the run's resolved config: every string (in a mapping or a list) that names a local model folder
-(``config.json`` or weight files in it), a ``builtin:`` model or an existing regular file, outside the resume-safe keys
-(:data:`~alignment_games.modules.checkpoints.trust.RESUME_SAFE_KEYS`) and the fields a run writes
-(:data:`OUTPUT_FIELDS`). A model folder's sha256 is :func:`~alignment_games.modules.lm.base_identity.base_identity`'s
-(config, weights index and every weight file's content); a file's is
-:func:`~alignment_games.modules.lm.base_identity.file_sha256`'s; both keep a file's hash under its size, mtime, inode
-and ctime, so a warm start hashes nothing again.
+The inputs: every string of the resolved config, outside the resume-safe keys and :data:`OUTPUT_FIELDS`, naming a
+local model folder (``config.json`` or weight files in it), a ``builtin:`` model or a regular file, hashed by
+:mod:`alignment_games.modules.lm.base_identity` (cached under size, mtime, inode and ctime: a warm start rehashes none).
 """
 
 from __future__ import annotations

@@ -92,8 +92,7 @@ def check_checkpoint_matches(
         KeyError: naming the trainable tensors the checkpoint lacks.
     """
     if source == "the checkpoint":
-        trainer = getattr(module, "_trainer", None)
-        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        path = getattr(getattr(module, "_trainer", None), "ckpt_path", None)
         source = f"checkpoint {str(path)!r}" if path else source
     here, there = family_name(module), checkpoint_family(checkpoint)
     if there is not None and there != here:
@@ -104,7 +103,12 @@ def check_checkpoint_matches(
     state = checkpoint.get("state_dict")
     if state is not None:
         _check_tensors_fit(module, state, trainable, here, there, source)
-    _refuse_nonfinite(module, checkpoint, source)
+    found = nonfinite_entries(checkpoint, getattr(module, "minus_inf_allowed", ()))
+    if found:
+        raise ValueError(
+            f"{source} holds NaN or inf in {found[0]}{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}: "
+            "it is not a state to continue from; resume from an earlier checkpoint"
+        )
 
 
 def _check_tensors_fit(
@@ -134,16 +138,6 @@ def _check_tensors_fit(
             )
 
 
-def _refuse_nonfinite(module: nn.Module, checkpoint: dict[str, Any], source: str) -> None:
-    """Refuse a checkpoint whose weights or optimizer state hold NaN or inf."""
-    found = nonfinite_entries(checkpoint, getattr(module, "minus_inf_allowed", ()))
-    if found:
-        raise ValueError(
-            f"{source} holds NaN or inf in {found[0]}{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}: "
-            "it is not a state to continue from; resume from an earlier checkpoint"
-        )
-
-
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """A one-file checkpoint's tensors and plain values (``weights_only=True``; ``mmap`` maps the tensors).
 
@@ -158,13 +152,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", mmap: bo
         raise FileNotFoundError(
             f"checkpoint {str(path)!r} is not a file{'' if os.path.exists(path) else made_by(path)}"
         )
-    try:
-        verify_sidecar(path)
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError:  # weights_only refused a global: torch's message names it
-        raise
-    except Exception as err:  # torch raises OSError, RuntimeError, EOFError … for a torn file
-        raise _unreadable(os.fspath(path), err) from err
+    return read_checkpoint_or_explain(path, mmap, map_location)  # a file: its sidecar checked, then weights only
 
 
 class CheckpointLoading:
@@ -277,7 +265,7 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
     return os.path.isfile(os.path.join(path, "meta.pt")) and os.path.isfile(os.path.join(path, ".metadata"))
 
 
-def _read_any(path: str, mmap: bool) -> dict[str, Any]:
+def _read_any(path: str, mmap: bool, map_location: Any = "cpu") -> dict[str, Any]:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "latest")):  # DeepSpeed's folder: its Lightning state, weights-only
             from alignment_games.modules.distributed.deepspeed_checkpoints import read_deepspeed_client_state
@@ -292,7 +280,7 @@ def _read_any(path: str, mmap: bool) -> dict[str, Any]:
         read_dcp_metadata(path)
         return torch.load(os.path.join(path, "meta.pt"), map_location="cpu", weights_only=True)
     verify_sidecar(path)
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 def newest_intact_checkpoint(folder: str | os.PathLike, exclude: str | os.PathLike | None = None) -> str | None:
@@ -313,7 +301,7 @@ def newest_intact_checkpoint(folder: str | os.PathLike, exclude: str | os.PathLi
     return None
 
 
-def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True) -> dict[str, Any]:
+def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True, map_location: Any = "cpu") -> dict[str, Any]:
     """A checkpoint's plain contents (a file, a sharded folder's ``meta.pt``, a DeepSpeed folder's Lightning state).
 
     Raises:
@@ -324,7 +312,7 @@ def read_checkpoint_or_explain(path: str | os.PathLike, mmap: bool = True) -> di
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     try:
-        return _read_any(path, mmap)
+        return _read_any(path, mmap, map_location)
     except pickle.UnpicklingError:  # a global refused (weights_only, DCP metadata): the message names it
         raise
     except Exception as err:  # torch raises OSError, RuntimeError, EOFError … for a torn file
