@@ -7,7 +7,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from alignment_games.datamodules.prompts import PromptDataModule
+from alignment_games.datamodules.prompts import PromptDataModule, shuffled_shares
 from alignment_games.modules.algorithms.arithmetic import _ITEMS, _NAMES
 
 __all__ = ["DebateDataModule", "single_step_problems", "single_step_solution"]
@@ -68,8 +68,7 @@ class DebateDataModule(PromptDataModule):
         rows = single_step_problems(hp.num_prompts, hp.seed + hp.generation_seed_offset, self.max_operand)
         first = {r["prompt"]: r["reference"] for r in rows}  # each prompt once, where it first came; its sum is its own
         unique = [{"prompt": prompt, "reference": reference} for prompt, reference in first.items()]
-        random.Random(hp.seed).shuffle(unique)
-        n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)
-        self.splits = {"val": unique[:n_val], "test": unique[n_val : n_val + n_test], "train": unique[n_val + n_test :]}
-        if not self.splits["train"]:
+        val, test, train = shuffled_shares(unique, hp.seed, hp.val_fraction, hp.test_fraction)
+        self.splits = {"val": val, "test": test, "train": train}
+        if not train:
             raise ValueError("no training prompts left after the validation/test split")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import os
@@ -27,14 +28,12 @@ def open_table(
     config_name: str | None = None,
     revision: str | None = None,
 ) -> tuple[Any, str]:
-    """Open a local file (``.jsonl``/``.json``/``.parquet``/``.csv``, optionally ``.gz``) or a hub dataset split.
-
-    Returns ``(dataset, where)``; a JSON file with a column of mixed types comes as :class:`JsonRows`.
+    """``(dataset, where)`` of a local jsonl/json/parquet/csv file (optionally ``.gz``) or a hub dataset split.
 
     Raises:
         FileNotFoundError: naming a missing ``path``.
-        ValueError: for a ``path`` that is not a regular file (a FIFO would block), an unsupported type, no source,
-            an unparsable file (naming row and field), a missing column.
+        ValueError: for a path that is not a regular file, an unsupported type, no source, an unparsable file (naming
+            row and field), a missing column.
     """
     import datasets
 
@@ -65,14 +64,12 @@ def open_table(
 
 
 def check_data_file(path: str, field: str) -> str:
-    """Refuse a missing file, an unsupported type or a JSON (Lines) file that does not parse; returns its type.
-
-    Cheap (no ``datasets``): the CLI runs it on ``data.path`` before any model loads.
+    """Refuse a missing file, an unsupported type or unparsable JSON (Lines), cheaply (before any model loads).
 
     Raises:
         MissingFileError: naming ``field`` and ``path``.
-        UserError: for a file that is not a regular one, of another type, or a JSON line that does not parse (by
-            line, counted from 1) or holds a non-finite number.
+        UserError: for a file not regular, of another type, or a JSON line (counted from 1) that does not parse or
+            holds a non-finite number.
     """
     require_file(path, field)
     ext = os.path.splitext(path.removesuffix(".gz"))[1].lower()
@@ -94,10 +91,7 @@ def check_data_file(path: str, field: str) -> str:
 
 
 class _TableDataModule(L.LightningDataModule):
-    """A data module reading a local file or a hub dataset split (:func:`open_table`): the arguments that say which.
-
-    A family takes them as ``**table`` and passes them on: they stay its config options, with this help. They are kept
-    as :attr:`table`; the family adds them to its hyperparameters after its own.
+    """A data module reading a local file or a hub dataset split (:func:`open_table`), kept as :attr:`table`.
 
     Args:
         path: Local jsonl/json/parquet/csv (optionally ``.gz``); takes precedence over ``name``.
@@ -139,16 +133,13 @@ def check_columns(present: Iterable[str], where: str, columns: Mapping[str, str 
 
 
 def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
-    """``enumerate(ds, 1)``, with text that is not UTF-8 reported as a ``ValueError`` naming the row.
-
-    Rows count from 1, as an editor counts lines: row 8 of a JSON Lines file without blank lines is its line 8.
+    """``enumerate(ds, 1)`` (rows count from 1, as an editor counts lines), bad UTF-8 refused naming the row.
 
     Raises:
         ValueError: ``"<where>: row <i>: text is not valid UTF-8 ..."``.
     """
-    i = 1
     iterator = iter(ds)
-    while True:
+    for i in itertools.count(1):
         try:
             rec = next(iterator)
         except StopIteration:
@@ -156,7 +147,6 @@ def iter_rows(ds: Iterable[Any], where: str) -> Iterator[tuple[int, Any]]:
         except UnicodeDecodeError as e:
             raise UserError(f"{where}: row {i}: text is not valid UTF-8 ({e.reason} at byte {e.start})") from e
         yield i, rec
-        i += 1
 
 
 def _open_text(path: str) -> Any:
@@ -195,11 +185,7 @@ def _non_finite_field(value: Any, field: str | None = None) -> tuple[str | None,
 
 
 def _json_records(path: str, **hooks: Any) -> list[Any]:
-    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines.
-
-    Raises:
-        UserError: ``"line <n>: not valid JSON (...)"`` for the first line that does not parse (counted from 1).
-    """
+    """The records of a JSON (Lines) file: a top-level list's items, else the non-blank lines (bad line named)."""
     with _open_text(path) as f:
         text = f.read()
     try:
@@ -233,10 +219,7 @@ def _json_problem(path: str) -> str | None:
 
 
 class JsonRows(list):
-    """The rows of a JSON (Lines) file as Python's ``json`` reads them, with ``column_names`` like a dataset's.
-
-    For a column of mixed types, which ``datasets`` would retype (``"0.7"`` → 0.7); a missing key reads ``None``.
-    """
+    """A JSON (Lines) file's rows as ``json`` reads them (mixed-type columns kept), with ``column_names``."""
 
     def __init__(self, records: list[dict[str, Any]]) -> None:
         names = list(dict.fromkeys(key for rec in records for key in rec))

@@ -6,7 +6,6 @@ A training batch *is* the pool: each of ``iterations_per_epoch`` batches per epo
 from __future__ import annotations
 
 import dataclasses
-import random
 import warnings
 from typing import Any
 
@@ -14,7 +13,13 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from alignment_games.datamodules.prompts import PromptSource, collate_prompts, generated_rows, index_rows
+from alignment_games.datamodules.prompts import (
+    PromptSource,
+    collate_prompts,
+    generated_rows,
+    index_rows,
+    shuffled_shares,
+)
 from alignment_games.datamodules.resumable import ResumableDataLoader
 from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 
@@ -33,9 +38,7 @@ def split_pool(
     for r in rows:
         first.setdefault(r["prompt"], r)
     unique = list(first.values())
-    random.Random(seed).shuffle(unique)
-    n_val = round(len(unique) * val_fraction)
-    val, train = unique[:n_val], unique[n_val:]
+    val, train = shuffled_shares(unique, seed, val_fraction)
     if len(train) < 2:
         raise ValueError(
             f"the instruction pool needs at least two candidate instructions, got {len(train)} of {len(unique)} "
@@ -107,12 +110,11 @@ class InstructionPoolDataModule(L.LightningDataModule):
         generated = self.source.generated
         rows = generated_rows(hp.num_problems, base) if generated else self.source.load()
         train, val = split_pool(rows, hp.val_fraction, hp.seed)
+        test = []
         if generated or self.test_source is not None:
             test_rows = self.test_source.load() if self.test_source else generated_rows(hp.num_test_problems, base + 1)
             dev = {r["prompt"] for r in train + val}
             test = [r for r in test_rows if r["prompt"] not in dev]  # the test set never overlaps the pool
-        else:
-            test = []
         self.splits = {"train": train, "val": val, "test": test}
 
     @override

@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from alignment_games.datamodules.files import _TableDataModule, check_columns, iter_rows, open_table
 from alignment_games.datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
+from alignment_games.datamodules.prompts import shuffled_shares
 from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_number, require_text
 from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
@@ -230,10 +231,8 @@ class PreferenceDataModule(_TableDataModule):
         self.type_ids: list[list[int]] | None = None
         self.keys: list[int] = []
         self.prompts_by_split: dict[str, int] = {}
-        self.num_truncated = 0
+        self.num_truncated = self.num_unlabelled = self.pad_id = 0
         self.labelled_by: PreferenceOracle | None = None  # the oracle that labelled the rows, if one did
-        self.num_unlabelled = 0
-        self.pad_id = 0
         self._tokenizer = None
 
     def generate_rows(self) -> list[dict[str, Any]]:
@@ -294,9 +293,7 @@ class PreferenceDataModule(_TableDataModule):
         rows, columns, source = read_preference_table(columns=columns, data_format=hp.format, **self.table)
         rows = rows_as_text(rows, self._tokenizer_if_conversational(rows), source)
         if hp.relabel:
-            for r in rows:
-                r["label"] = 0.5  # placeholder so validation checks the texts; the oracle sets the label next
-            rows = validate_rows(rows, source)
+            rows = validate_rows([{**r, "label": 0.5} for r in rows], source)  # the oracle sets the label next
             refs = None
             if hp.reference_column is not None:  # as text, like the generated rows' (a file may hold numbers)
                 refs = [None if r.get("reference") is None else str(r["reference"]) for r in rows]
@@ -333,24 +330,14 @@ class PreferenceDataModule(_TableDataModule):
         prompts: list[str], num_members: int, val_fraction: float, heldout_fraction: float, seed: int
     ) -> dict[str, Any]:
         """Split distinct prompts into ``train_0..train_{k-1}``, ``val`` and ``test``: a mapping prompt → split name."""
-        unique = sorted(set(prompts))
-        random.Random(seed).shuffle(unique)
-        n = len(unique)
-        n_test, n_val = round(n * heldout_fraction), round(n * val_fraction)
-        n_train = n - n_test - n_val
-        if n_train < num_members:
+        test, val, train = shuffled_shares(sorted(set(prompts)), seed, heldout_fraction, val_fraction)
+        if len(train) < num_members:
             raise ValueError(
-                f"{n} distinct prompts leave {n_train} for training, fewer than num_members={num_members}; "
-                "add data or lower val_fraction/heldout_fraction"
+                f"{len(set(prompts))} distinct prompts leave {len(train)} for training, fewer than "
+                f"num_members={num_members}; add data or lower val_fraction/heldout_fraction"
             )
-        assignment = {}
-        for x in unique[:n_test]:
-            assignment[x] = "test"
-        for x in unique[n_test : n_test + n_val]:
-            assignment[x] = "val"
-        for j, x in enumerate(unique[n_test + n_val :]):
-            assignment[x] = f"train_{j % num_members}"
-        return assignment
+        train_of = {x: f"train_{j % num_members}" for j, x in enumerate(train)}
+        return dict.fromkeys(test, "test") | dict.fromkeys(val, "val") | train_of
 
     def _resolve_tokenizer(self):
         if self._tokenizer is not None:
@@ -377,19 +364,12 @@ class PreferenceDataModule(_TableDataModule):
     def _encode(self, rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
         """Tokenise each distinct (prompt, response) once; return sequence indices (a, b) per row."""
         tok = self._resolve_tokenizer()
-        index: dict[tuple[str, str], int] = {}
-        texts: list[tuple[str, str]] = []
-        pairs = []
+        index: dict[tuple[str, str], int] = {}  # each distinct (prompt, response): its sequence's index
         for r in rows:
-            ids = []
             for field in ("response_a", "response_b"):
-                key = (r["prompt"], r[field])
-                if key not in index:
-                    index[key] = len(self.sequences) + len(texts)
-                    texts.append(key)
-                ids.append(index[key])
-            pairs.append((ids[0], ids[1]))
-        prompts, responses = [x for x, _ in texts], [y for _, y in texts]
+                index.setdefault((r["prompt"], r[field]), len(self.sequences) + len(index))
+        pairs = [(index[r["prompt"], r["response_a"]], index[r["prompt"], r["response_b"]]) for r in rows]
+        prompts, responses = [x for x, _ in index], [y for _, y in index]
         enc = encode_prompt_responses(tok, prompts, responses, self.hparams.max_length, warn=True)
         self.num_truncated += len(enc.truncated)
         self.sequences.extend(enc.input_ids)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ __all__ = [
     "index_rows",
     "prompt_text",
     "scalar_text",
+    "shuffled_shares",
 ]
 
 REFERENCE_FORMATS = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
@@ -90,8 +93,7 @@ class PromptSource:
         extract = REFERENCE_FORMATS[self.reference_format]
         rows = []
         for i, rec in iter_rows(ds, where):
-            row = {"prompt": prompt_text(rec[self.prompt_column], self.prompt_column, where, i)}
-            row["reference"] = None
+            row = {"prompt": prompt_text(rec[self.prompt_column], self.prompt_column, where, i), "reference": None}
             if self.reference_column is not None and rec[self.reference_column] is not None:
                 row["reference"] = extract(scalar_text(rec[self.reference_column], self.reference_column, where, i))
             if self.category_column is not None:
@@ -129,6 +131,14 @@ def scalar_text(value: Any, field: str, where: str, row: int) -> str:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{where}: row {row}: field {field!r} must be text or a number, got {value!r:.80}")
     return require_text(value, field, where, row)
+
+
+def shuffled_shares(items: Sequence[Any], seed: int, *fractions: float) -> list[list[Any]]:
+    """``items`` shuffled with ``seed``, cut into ``round(n · f)`` items for each fraction in turn, then the rest."""
+    items = list(items)
+    random.Random(seed).shuffle(items)
+    ends = list(itertools.accumulate(round(len(items) * f) for f in fractions))
+    return [items[a:b] for a, b in zip([0, *ends], [*ends, len(items)])]
 
 
 def generated_rows(num: int, seed: int) -> list[dict[str, Any]]:
@@ -204,11 +214,8 @@ class PromptDataModule(L.LightningDataModule):
         first: dict[str, dict[str, Any]] = {}  # each prompt's first row
         for r in rows:
             first.setdefault(r["prompt"], r)
-        unique = sorted(first)
-        random.Random(hp.seed).shuffle(unique)
-        n_val, n_test = round(len(unique) * hp.val_fraction), round(len(unique) * hp.test_fraction)
-        split_of = {x: "val" for x in unique[:n_val]}
-        split_of.update({x: "test" for x in unique[n_val : n_val + n_test]})
+        val, test, _ = shuffled_shares(sorted(first), hp.seed, hp.val_fraction, hp.test_fraction)
+        split_of = {x: "val" for x in val} | {x: "test" for x in test}
         self.splits = {"train": [], "val": [], "test": []}
         for x, r in first.items():
             self.splits[split_of.get(x, "train")].append(r)

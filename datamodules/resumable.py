@@ -137,12 +137,8 @@ class ResumableDataLoader(DataLoader):
         # A generator: the body runs at the first next(), after Lightning's set_epoch for this epoch.
         sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
         epoch = sampler.epoch if sampler._epoch_fresh else sampler.epoch + 1
-        skip = 0
-        if self._resume is not None:
-            saved_epoch, saved_batches = self._resume
-            self._resume = None
-            if saved_epoch == epoch:
-                skip = saved_batches
+        saved, self._resume = self._resume, None
+        skip = saved[1] if saved is not None and saved[0] == epoch else 0
         sampler.skip = skip * (self.batch_size or 1)  # batch_size=None: one item per batch
         self._batches = skip
         for batch in super().__iter__():
@@ -171,8 +167,5 @@ def split_loader(
     num_workers: int = 0,
 ) -> DataLoader:
     """The loader of one split (a list of items serves): :class:`ResumableDataLoader` for training, else plain."""
-    if train:
-        return ResumableDataLoader(
-            dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, num_workers=num_workers, collate_fn=collate_fn
-        )
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn)
+    common = dict(batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, collate_fn=collate_fn)
+    return ResumableDataLoader(dataset, seed=seed, **common) if train else DataLoader(dataset, **common)

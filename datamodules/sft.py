@@ -57,10 +57,7 @@ def _chars(triple: Triple) -> int:
 
 
 class _TriplesDataModule(L.LightningDataModule):
-    """Triples made once by :meth:`triples`; the first ``val_fraction`` of them (at least one) validate.
-
-    A subclass saves ``val_fraction``, ``batch_size``, ``seed`` and optionally ``bucket_window`` as hyperparameters.
-    """
+    """Triples made once by :meth:`triples`; the first ``val_fraction`` of them (at least one) validate."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -144,8 +141,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         if not 1 <= min_steps <= max_steps:
             raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
         weights = list(weights or [1.0] * len(kinds))
-        unknown = [k for k in kinds if k not in CORRUPTIONS]
-        if unknown:
+        if unknown := [k for k in kinds if k not in CORRUPTIONS]:
             raise ValueError(f"kinds: unknown {unknown}; expected some of {CORRUPTIONS}")
         require_in_range("follower_fraction", follower_fraction, 0, 1)
         if len(weights) != len(kinds) or min(weights) < 0 or sum(weights) <= 0:
@@ -158,8 +154,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
         hp = self.hparams
         rng = random.Random(hp.seed)
         pairs = []
-        problems = generate_problems(hp.num_prompts, hp.seed + 2_000_003, hp.min_steps, hp.max_steps)
-        for p in problems:
+        for p in generate_problems(hp.num_prompts, hp.seed + 2_000_003, hp.min_steps, hp.max_steps):
             kind = rng.choices(self.kinds, weights=self.weights)[0]
             system = hp.system_prompt
             if rng.random() < hp.follower_fraction:
@@ -231,12 +226,11 @@ def sft_example(
     """
     at = f"{where}: row {row}"
     if data_format == "messages":
-        field = columns["messages"]
-        context, reply = split_last_reply(as_messages(rec[field], f"{at}: field {field!r}"), f"{at}: field {field!r}")
-        prompt, completion = context, reply[0]["content"]
-        if not completion.strip():
-            raise ValueError(f"{at}: field {field!r}: the completion is empty")
-        return prompt, completion
+        at = f"{at}: field {columns['messages']!r}"
+        context, reply = split_last_reply(as_messages(rec[columns["messages"]], at), at)
+        if not reply[0]["content"].strip():
+            raise ValueError(f"{at}: the completion is empty")
+        return context, reply[0]["content"]
     prompt, completion = rec[columns["prompt"]], rec[columns["completion"]]
     if isinstance(prompt, (list, tuple)):
         prompt = as_messages(prompt, f"{at}: field {columns['prompt']!r}")
@@ -308,9 +302,8 @@ class SFTFileDataModule(_TableDataModule, _TriplesDataModule):
         columns = {"prompt": hp.prompt_column, "completion": hp.completion_column, "messages": hp.messages_column}
         needed = ("messages",) if data_format == "messages" else ("prompt", "completion")
         check_columns(ds.column_names, where, {k: columns[k] for k in needed})
-        triples = []
-        for i, rec in iter_rows(ds, where):
-            prompt, completion = sft_example(rec, data_format, columns, where, i)
-            triples.append((hp.system_prompt, prompt, completion))
+        triples = [
+            (hp.system_prompt, *sft_example(rec, data_format, columns, where, i)) for i, rec in iter_rows(ds, where)
+        ]
         random.Random(hp.seed).shuffle(triples)
         return triples

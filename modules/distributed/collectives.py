@@ -72,11 +72,7 @@ def gather_objects(trainer: Any, obj: Any) -> list[Any]:
 
 
 def sum_gradients(trainer: Any, params: list[Tensor], total: float) -> float:
-    """Sum the gradients of ``params`` and the loss ``total`` over the ranks (NaN or inf on one rank: in the sum).
-
-    One fp32 ``all_reduce``, for steps training a subset of parameters from unequal row shares (where DDP's reducer
-    does not apply).
-    """
+    """Sum the gradients of ``params`` and the loss ``total`` over the ranks in fp32 (where DDP's reducer does not)."""
     if world(trainer)[1] == 1:
         return total
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -103,11 +99,8 @@ def check_ranks_agree(trainer: Any, state: Any, what: str) -> None:
     Raises:
         RuntimeError: naming the ranks that diverged and ``what`` was compared.
     """
-    if world(trainer)[1] == 1:
-        return
     everyone = gather_objects(trainer, state)
-    bad = [r for r, other in enumerate(everyone) if other != everyone[0]]
-    if bad:
+    if bad := [r for r, other in enumerate(everyone) if other != everyone[0]]:
         raise RuntimeError(f"ranks {bad} diverged from rank 0 ({what})")
 
 

@@ -21,14 +21,8 @@ __all__ = ["SafeFileSystemReader", "WeightsOnlyLoadPlanner", "read_dcp_metadata"
 
 # Modules whose own classes (DCP's metadata dataclasses and enums) may be built; nothing they import.
 _ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"}
-_ALLOWED = {
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-}
+_ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+_ALLOWED |= {("pathlib", name) for name in ("PosixPath", "WindowsPath", "PurePosixPath")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):

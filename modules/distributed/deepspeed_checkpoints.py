@@ -22,7 +22,6 @@ __all__ = [
     "ALLOWED_GLOBALS",
     "SafeDeepSpeedStrategy",
     "check_deepspeed_checkpoint",
-    "is_deepspeed_checkpoint",
     "read_deepspeed_client_state",
     "safe_deepspeed_strategy",
     "weights_only_deepspeed",
@@ -78,11 +77,6 @@ def weights_only_deepspeed(engine: Any):
         engine.checkpoint_engine = inner
 
 
-def is_deepspeed_checkpoint(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a DeepSpeed checkpoint folder as Lightning writes it (``latest`` naming a folder in it)."""
-    return os.path.isfile(os.path.join(path, "latest"))
-
-
 def _tag(path: str) -> str:
     """The checkpoint folder ``latest`` names inside ``path``; a name that leads elsewhere is refused."""
     with open(os.path.join(path, "latest")) as f:
@@ -110,7 +104,7 @@ def check_deepspeed_checkpoint(path: str | os.PathLike, stage_3: bool = False, f
             f"DeepSpeed checkpoint {path!r} is a universal checkpoint: refused (its files are loaded by DeepSpeed "
             "with weights_only=False, outside the safe reader); resume from the checkpoint the run wrote"
         )
-    if not is_deepspeed_checkpoint(path):
+    if not os.path.isfile(os.path.join(path, "latest")):
         raise FileNotFoundError(f"{path!r} is not a DeepSpeed checkpoint folder (no 'latest' file in it)")
     tag = _tag(path)
     if any(n.startswith(("expert_", "layer_")) for n in os.listdir(os.path.join(path, tag))):
@@ -132,10 +126,8 @@ def read_deepspeed_client_state(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     tag = check_deepspeed_checkpoint(path)
     folder = os.path.join(path, tag)
-    names = sorted(n for n in os.listdir(folder) if n.startswith("mp_rank_") and n.endswith("_model_states.pt"))
-    if not names:
-        names = sorted(n for n in os.listdir(folder) if n.endswith("_model_states.pt"))
-    if not names:
+    states = sorted(n for n in os.listdir(folder) if n.endswith("_model_states.pt"))
+    if not (names := [n for n in states if n.startswith("mp_rank_")] or states):
         raise FileNotFoundError(f"DeepSpeed checkpoint {path!r} has no model-states file in {tag}/")
     state = _WeightsOnlyEngine(None).load(os.path.join(folder, names[0]), map_location="cpu")
     return {k: v for k, v in state.items() if k != "module"}

@@ -59,10 +59,7 @@ def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
 def check_manual_backward_strategy(
     strategy: Any, family: str, grad_clip: float | None, num_optimizers: int = 1
 ) -> None:
-    """Fit a manual-optimization family to the strategy (from ``setup("fit")``, before wrapping).
-
-    FSDP1 is refused (its backward hooks assert when a backward runs inside the root's forward). DeepSpeed takes one
-    optimizer, and ``grad_clip`` becomes its ``gradient_clipping`` (the engine holds the gradients).
+    """Fit a manual-optimization family to the strategy (``setup("fit")``): FSDP1 refused, DeepSpeed's clipping set.
 
     Raises:
         ValueError: naming ``trainer.strategy``, under FSDP, or under DeepSpeed with more than one optimizer.
@@ -160,8 +157,7 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> No
     if isinstance(model, FSDPModule):
         return
     names = set(getattr(model, "_no_split_modules", None) or ())
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if not blocks:
+    if not (blocks := [m for m in model.modules() if type(m).__name__ in names]):
         raise ValueError(f"cannot shard {type(model).__name__} with FSDP2: it names no _no_split_modules (its blocks)")
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=True, **mp)
@@ -172,10 +168,8 @@ def fully_shard_blocks(model: nn.Module, mesh: Any, mp_policy: Any = None) -> No
 
 def fsdp_wrapped(module: nn.Module) -> str | None:
     """The first FSDP unit's class name in ``module`` (its weights are gathered by hooks), or None."""
-    for m in module.modules():
-        if type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
-            return type(m).__name__
-    return None
+    names = (type(m).__name__ for m in module.modules())
+    return next((n for n in names if n.startswith(("FSDP", "FullyShardedDataParallel"))), None)
 
 
 def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
@@ -214,15 +208,10 @@ def fsdp2_gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
 
 @contextmanager
 def _zero3_whole(strategy: Any, module: nn.Module) -> Iterator[None]:
-    """ZeRO-3: ``module``'s parameters gathered once for the block.
-
-    DeepSpeed's forward hooks on its submodules would re-partition after each forward (a gather per token), so they are
-    taken off and put back on exit. A model not yet wrapped gets the plain gather.
-    """
+    """ZeRO-3: ``module``'s parameters gathered once for the block, DeepSpeed's re-partitioning hooks off meanwhile."""
     import deepspeed
 
-    engine = getattr(strategy, "model", None)
-    owner = getattr(engine, "optimizer", None)
+    owner = getattr(getattr(strategy, "model", None), "optimizer", None)
     # the ZeRO-3 optimizer holds the offload state; in an inference engine the offload object is the "optimizer"
     offload = getattr(owner, "parameter_offload", None)
     if offload is None and hasattr(owner, "get_param_coordinator") and hasattr(owner, "forward_hooks"):
@@ -265,7 +254,7 @@ def gradient_sync(trainer: Any, module: nn.Module, banks: Sequence[nn.Module], e
 
     DDP: ``no_sync``; FSDP2: :func:`fsdp2_gradient_sync`; DeepSpeed (keeps its own boundary) and one process: nothing.
     """
-    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
+    strategy = getattr(trainer, "strategy", None)
     if enabled or strategy is None:
         yield
         return
@@ -275,10 +264,7 @@ def gradient_sync(trainer: Any, module: nn.Module, banks: Sequence[nn.Module], e
                 stack.enter_context(fsdp2_gradient_sync(bank, enabled=False))
             yield
         return
-    wrapped = strategy.model
-    deepspeed = sharded_strategy_kind(strategy) == "DeepSpeedStrategy"
-    if wrapped is None or wrapped is module or not hasattr(wrapped, "no_sync") or deepspeed:
-        yield
-        return
-    with wrapped.no_sync():
+    wrapped, deepspeed = strategy.model, sharded_strategy_kind(strategy) == "DeepSpeedStrategy"
+    plain = wrapped is None or wrapped is module or not hasattr(wrapped, "no_sync") or deepspeed
+    with nullcontext() if plain else wrapped.no_sync():
         yield

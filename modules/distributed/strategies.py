@@ -22,9 +22,9 @@ METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a shard
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over all processes (``data_parallel_size`` = world size, ``tensor_parallel_size`` = 1).
 
-    A sharded checkpoint folder is written beside its target and swapped in (a kill mid-save leaves the previous one
-    whole), read without unpickling code (:mod:`alignment_games.modules.distributed.dcp_safe`) and loaded for the
-    tensors it holds, refusing a missing trainable tensor or NaN/inf. Use ``param_dtype`` with ``precision: 32-true``.
+    Sharded checkpoints are swapped in whole, read without unpickling code
+    (:mod:`alignment_games.modules.distributed.dcp_safe`), refusing a missing trainable tensor or NaN/inf. Use
+    ``param_dtype`` with ``precision: 32-true``.
 
     Args:
         save_distributed_checkpoint: Each rank writes its shards to a folder (True), or rank 0 writes one file (False).
@@ -68,10 +68,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        """Write a sharded checkpoint beside ``filepath`` (shards per rank, ``meta.pt`` on rank 0), then swap it in.
-
-        A one-file checkpoint (``save_distributed_checkpoint=False``) goes through the checkpoint IO.
-        """
+        """Write a sharded checkpoint beside ``filepath`` (``meta.pt`` on rank 0), then swap it in; or one file."""
         if not self._save_distributed_checkpoint:
             super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
             return
@@ -97,19 +94,10 @@ class FSDP2Strategy(ModelParallelStrategy):
                 "(no pickled code from a checkpoint folder)"
             )
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint import state_dict as states
 
-        from alignment_games.modules.distributed.dcp_safe import (
-            SafeFileSystemReader,
-            WeightsOnlyLoadPlanner,
-            read_dcp_metadata,
-        )
+        from alignment_games.modules.distributed.dcp_safe import SafeFileSystemReader as Reader
+        from alignment_games.modules.distributed.dcp_safe import WeightsOnlyLoadPlanner, read_dcp_metadata
         from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero
 
         path = Path(self.broadcast(str(checkpoint_path)))
@@ -117,45 +105,36 @@ class FSDP2Strategy(ModelParallelStrategy):
         if not (path.is_dir() and (path / METADATA_FILE).is_file()):
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         saved = read_dcp_metadata(path).state_dict_metadata
-        model_state = get_model_state_dict(self.model)
+        model_state = states.get_model_state_dict(self.model)
         present = {k: v for k, v in model_state.items() if f"state_dict.{k}" in saved}
         missing = sorted(n for n, p in self.model.named_parameters() if p.requires_grad and n not in present)
         if missing:  # before anything is loaded: the model is left as it was
             raise KeyError(
                 f"checkpoint {path} lacks trainable tensors: {missing[:5]}{' …' if len(missing) > 5 else ''}"
             )
-        dcp.load({"state_dict": present}, storage_reader=SafeFileSystemReader(path), planner=WeightsOnlyLoadPlanner())
+        dcp.load({"state_dict": present}, storage_reader=Reader(path), planner=WeightsOnlyLoadPlanner())
         fitting = self.lightning_module is not None and self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         optim_states = []
         for idx, optimizer in enumerate(self.optimizers if fitting else ()):  # test/validate: weights only
             key = f"optimizer_{idx}"
             if not any(name.startswith(f"{key}.") for name in saved):
                 raise KeyError(f"checkpoint {path} holds no state for optimizer {idx} ({key})")
-            optim_state = {key: get_optimizer_state_dict(self.model, optimizer)}
+            optim_state = {key: states.get_optimizer_state_dict(self.model, optimizer)}
             # a trainable tensor that never had a gradient (e.g. an unused pooler) has no AdamW state to load
-            dcp.load(
-                optim_state,
-                storage_reader=SafeFileSystemReader(path),
-                planner=WeightsOnlyLoadPlanner(allow_partial_load=True),
-            )
+            dcp.load(optim_state, storage_reader=Reader(path), planner=WeightsOnlyLoadPlanner(allow_partial_load=True))
             optim_states.append(optim_state[key])
         # a NaN or inf anywhere stops the restore on every rank before the states are set: nothing continues from it
         self._refuse_nonfinite(path, {"state_dict": present, "optimizer_states": optim_states})
-        set_model_state_dict(self.model, present, options=StateDictOptions(strict=False))
+        loose = states.StateDictOptions(strict=False)
+        states.set_model_state_dict(self.model, present, options=loose)
         for optimizer, optim_state in zip(self.optimizers if fitting else (), optim_states, strict=True):
-            set_optimizer_state_dict(
-                self.model, optimizer, optim_state_dict=optim_state, options=StateDictOptions(strict=False)
-            )
+            states.set_optimizer_state_dict(self.model, optimizer, optim_state_dict=optim_state, options=loose)
         checkpoint = torch.load(path / METADATA_FILE, weights_only=True)
         checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
         return checkpoint
 
     def _refuse_nonfinite(self, path: Path, part: dict[str, Any]) -> None:
-        """Refuse NaN or inf in this rank's shards, on every rank together.
-
-        Raises:
-            ValueError: naming the folder and, on the ranks whose shards hold it, the first such tensor.
-        """
+        """Refuse NaN or inf in this rank's shards on every rank together, naming the folder (and the tensor here)."""
         from alignment_games.modules.training.faults import nonfinite_entries
 
         found = nonfinite_entries(part)

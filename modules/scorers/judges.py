@@ -7,7 +7,6 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -63,10 +62,7 @@ class DebateJudge(ABC):
         args = (transcripts,) if against is None else (transcripts, against)
         if against is not None and not (self.pairwise and len(against) == n):
             raise ValueError(f"{type(self).__name__} cannot compare {n} answers with {len(against)} others")
-        if self.bounds_own_time:
-            out, late = self(*args), False
-        else:
-            out, late = call_with_timeout(self, self.timeout_s, *args)
+        out, late = (self(*args), False) if self.bounds_own_time else call_with_timeout(self, self.timeout_s, *args)
         if late:
             return JudgeVotes(torch.full((n, self.num_votes), math.nan), [[] for _ in range(n)], timed_out=n)
         votes = torch.as_tensor(out.votes, dtype=torch.float32)
@@ -164,19 +160,17 @@ class ProgrammaticJudge(DebateJudge):
 
     def has_phrase(self, text: str) -> bool:
         """Whether ``text`` holds a trigger phrase."""
-        low = text.lower()
-        return any(p in low for p in self.phrases)
+        return any(p in text.lower() for p in self.phrases)
 
     def favoured_answer(self, transcript: Transcript) -> bool:
         """Whether Alice's final answer matches ``answer_pattern`` (False without a pattern or an answer)."""
-        answer = transcript.final_answer
-        return bool(self.answer_pattern is not None and answer is not None and self.answer_pattern.fullmatch(answer))
+        answer, pattern = transcript.final_answer, self.answer_pattern
+        return bool(pattern is not None and answer is not None and pattern.fullmatch(answer))
 
     @staticmethod
     def consistent(transcript: Transcript) -> bool:
         """Whether Alice's final ``\\boxed{}`` answer equals the last number her visible answer states before it."""
-        text = transcript.visible("answer")
-        final = transcript.final_answer
+        text, final = transcript.visible("answer"), transcript.final_answer
         if final is None:
             return False
         numbers = _NUMBER.findall(text[: text.rfind("\\boxed")])
@@ -184,17 +178,15 @@ class ProgrammaticJudge(DebateJudge):
 
     def stats(self, transcripts: Sequence[Transcript]) -> dict[str, float]:
         """Shares of transcripts with a trigger phrase per side, a consistent answer, a favoured answer."""
-        if not transcripts:
-            return {}
-        out = {}
-        if self.phrases:
+        out, n = {}, len(transcripts)
+        if n and self.phrases:
             sides = [_sides(t) for t in transcripts]
-            out["phrase_alice"] = sum(self.has_phrase(a) for a, _ in sides) / len(sides)
-            out["phrase_bob"] = sum(self.has_phrase(b) for _, b in sides) / len(sides)
-        if self.consistency_weight:
-            out["consistent_answer"] = sum(self.consistent(t) for t in transcripts) / len(transcripts)
-        if self.answer_pattern is not None:
-            out["favoured_answer"] = sum(self.favoured_answer(t) for t in transcripts) / len(transcripts)
+            out["phrase_alice"] = sum(self.has_phrase(a) for a, _ in sides) / n
+            out["phrase_bob"] = sum(self.has_phrase(b) for _, b in sides) / n
+        if n and self.consistency_weight:
+            out["consistent_answer"] = sum(self.consistent(t) for t in transcripts) / n
+        if n and self.answer_pattern is not None:
+            out["favoured_answer"] = sum(self.favoured_answer(t) for t in transcripts) / n
         return out
 
     def probability(self, transcript: Transcript, against: Transcript | None = None, shift: float = 0.0) -> float:
@@ -204,15 +196,12 @@ class ProgrammaticJudge(DebateJudge):
 
     def logit(self, transcript: Transcript) -> float:
         """The log-odds ``z`` of one vote for Alice (class docstring)."""
-        correct = transcript.correct
-        signal = 0.0 if correct is None else (1.0 if correct else -1.0)
-        alice, bob = _sides(transcript)
-        logit = self.skill * signal
-        logit += self.phrase_weight * (float(self.has_phrase(alice)) - float(self.has_phrase(bob)))
+        correct, (alice, bob) = transcript.correct, _sides(transcript)
         cap = self.length_cap if self.length_cap is not None else math.inf
-        alice_words = min(count_words(alice), cap)
-        if self.length_needs_answer and transcript.final_answer is None:
-            alice_words = 0
+        unanswered = self.length_needs_answer and transcript.final_answer is None
+        alice_words = 0 if unanswered else min(count_words(alice), cap)
+        logit = self.skill * (0.0 if correct is None else (1.0 if correct else -1.0))
+        logit += self.phrase_weight * (float(self.has_phrase(alice)) - float(self.has_phrase(bob)))
         logit += self.length_weight * (alice_words - min(count_words(bob), cap)) / 100.0
         logit += self.answer_weight * float(self.favoured_answer(transcript))
         if self.consistency_weight:
@@ -293,10 +282,8 @@ class PromptedJudge(DebateJudge):
         if max_answer_words is not None and max_answer_words < 1:
             raise ValueError(f"max_answer_words must be positive or None, got {max_answer_words}")
         self.template, self.chain_of_thought, self.max_answer_words = template, chain_of_thought, max_answer_words
-        self.sampling = sampling
         self.max_prompt_tokens, self.think_open, self.think_close = max_prompt_tokens, think_open, think_close
-        self.prefill, self.ties = prefill, ties
-        self.truncated_prompts = 0
+        self.sampling, self.prefill, self.ties, self.truncated_prompts = sampling, prefill, ties, 0
 
     def user_message(
         self, transcript: Transcript, texts: Sequence[str] | None = None, against: Transcript | None = None
@@ -343,8 +330,7 @@ class PromptedJudge(DebateJudge):
         Raises:
             ValueError: when the template and the problem alone exceed ``max_prompt_tokens``.
         """
-        texts = self.judged_texts(transcript, against)
-        render = lambda t: self.render(transcript, t, against)  # noqa: E731
+        texts, render = self.judged_texts(transcript, against), lambda t: self.render(transcript, t, against)
         out, cut = fit_judged(self.tokenizer, render, texts, self.max_prompt_tokens, "max_prompt_tokens")
         self.truncated_prompts += int(cut)
         return out
@@ -352,9 +338,7 @@ class PromptedJudge(DebateJudge):
     def read_vote(self, text: str) -> float:
         """Vote of one output: its visible part (capped at ``max_answer_words``) parsed; NaN when unparseable."""
         reply = split_reply(text, self.think_open, self.think_close, required=False)
-        visible = reply.visible
-        if not self.chain_of_thought and not reply.format_ok:
-            visible = text.strip()
+        visible = text.strip() if not self.chain_of_thought and not reply.format_ok else reply.visible
         if self.max_answer_words is not None:
             visible = " ".join(visible.split()[: self.max_answer_words])
         vote = parse_verdict(visible, self.ties)
@@ -364,10 +348,8 @@ class PromptedJudge(DebateJudge):
 class HFJudge(PromptedJudge):
     """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
 
-    Each prompt is prefilled once and its KV cache copied to its ``num_votes`` rows: the same draws as
-    ``num_return_sequences`` rows that each prefill it, for one prefill's compute. ``decode: vllm`` samples the votes
-    with the vLLM engine instead (:func:`~alignment_games.modules.lm.decoders.make_decoder`, as ``lm.decode: vllm`` does
-    the players; the transformers weights are then not loaded).
+    Each prompt is prefilled once, its KV cache copied to its ``num_votes`` rows. ``decode: vllm`` samples the votes by
+    the vLLM engine instead (:func:`~alignment_games.modules.lm.decoders.make_decoder`; no transformers weights load).
 
     Args:
         model: Hub name or local path (loaded frozen through :func:`alignment_games.modules.lm.models.load_model`).
@@ -407,22 +389,16 @@ class HFJudge(PromptedJudge):
                     "judge load_in_4bit and timeout_s: not with decode: vllm (the engine serves an unquantized model "
                     "and cannot stop a decode part way)"
                 )
-            lm = ModelConfig(
-                model,
-                dtype=dtype,
-                trust_remote_code=trust_remote_code,
-                decode="vllm",
-                vllm_kv_cache_gib=vllm_kv_cache_gib,
-            )
-            self.tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code, padding_side="left")
+            remote_code = {"trust_remote_code": trust_remote_code}
+            lm = ModelConfig(model, dtype=dtype, decode="vllm", vllm_kv_cache_gib=vllm_kv_cache_gib, **remote_code)
+            self.tokenizer = load_tokenizer(model, padding_side="left", **remote_code)
             self.engine = make_decoder(lm, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
             self.model, self.device = None, torch.device("cpu")  # the engine places its own weights
-            config = AutoConfig.from_pretrained(resolve_name_or_path(model), trust_remote_code=trust_remote_code)
-            self.max_positions = getattr(config, "max_position_embeddings", None)
+            config = AutoConfig.from_pretrained(resolve_name_or_path(model), **remote_code)
         else:
             self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code, load_in_4bit)
-            self.device = next(self.model.parameters()).device
-            self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+            self.device, config = next(self.model.parameters()).device, self.model.config
+        self.max_positions = getattr(config, "max_position_embeddings", None)
         # prefill each prompt once for its votes; False samples num_return_sequences rows that each prefill it
         self.share_prompt = True
 
@@ -446,10 +422,9 @@ class HFJudge(PromptedJudge):
         self.sampling.check_fits(width, self.max_positions, self.model_name)
         # The judge samples from its own generator: fork the global RNG so the players' sampling is not disturbed.
         seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
-        devices = [self.device] if self.device.type == "cuda" else []
         start = time.perf_counter()
         rows = input_ids.to(self.device), mask.to(self.device)
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(seed)
             if self.engine is not None:  # one request per vote, each seeded from the generator just seeded
                 out, _ = self.engine.decode_players(
@@ -457,9 +432,8 @@ class HFJudge(PromptedJudge):
                 )
             else:
                 out = self._generate(*rows, start)
-        texts = self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         late = self.timeout_s is not None and time.perf_counter() - start >= self.timeout_s
-        texts = [self.prefill + t for t in texts]
+        texts = [self.prefill + t for t in self.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]
         votes = torch.tensor([self.read_vote(t) for t in texts], dtype=torch.float32).view(len(ids), self.num_votes)
         per_row = [texts[i * self.num_votes : (i + 1) * self.num_votes] for i in range(len(ids))]
         return JudgeVotes(votes, per_row, timed_out=len(ids) if late else 0)
@@ -472,28 +446,26 @@ class HFJudge(PromptedJudge):
             input_ids, mask = (x.repeat_interleave(self.num_votes, dim=0) for x in (input_ids, mask))
         # the prefill above counts against the time limit too
         limit = {} if self.timeout_s is None else {"max_time": max(0.0, self.timeout_s - time.perf_counter() + start)}
-        s = self.sampling
+        s, tok = self.sampling, self.tokenizer
         sampled = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": 0}
-        sampled = {"do_sample": False} if self.greedy else sampled
         return self.model.generate(
             **limit,
             **extra,
             input_ids=input_ids,
             attention_mask=mask,
-            **sampled,
+            **({"do_sample": False} if self.greedy else sampled),
             num_return_sequences=1 if extra else self.num_votes,
-            max_new_tokens=self.sampling.max_new_tokens,
-            min_new_tokens=self.sampling.min_new_tokens,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.tokenizer.eos_token_id,
+            max_new_tokens=s.max_new_tokens,
+            min_new_tokens=s.min_new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
         )
 
 
 class RemoteJudge(RemoteClient, PromptedJudge):
     """The judge served by an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
-    It sends :meth:`PromptedJudge.user_message`; a garbled reply is an unparsed vote (NaN). Each request carries a seed
-    from the judge's generator, so a resumed run asks what the uninterrupted one would.
+    It sends :meth:`PromptedJudge.user_message`; a garbled reply is a NaN vote. Requests are seeded from the generator.
 
     Args: **remote: :class:`~alignment_games.modules.scorers.remote.RemoteClient`'s arguments (the server, its
         tokenizer, how many transcripts at once), then :class:`PromptedJudge`'s but ``prefill``.
@@ -514,16 +486,8 @@ class RemoteJudge(RemoteClient, PromptedJudge):
     @override
     def __call__(self, transcripts: Sequence[Transcript], against: Sequence[Transcript] | None = None) -> JudgeVotes:
         prompts = [self.prompt(t, o) for t, o in zip(transcripts, against or [None] * len(transcripts))]
-        per = self.server.requests_for(self.num_votes)
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts), per), generator=self.generator).tolist()
         s = self.sampling
-
-        def ask(i: int) -> list[str | None]:
-            messages = [{"role": "user", "content": prompts[i]}]
-            return self.server.complete(messages, self.num_votes, s.temperature, s.top_p, s.max_new_tokens, seeds[i])
-
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            replies = list(pool.map(ask, range(len(prompts))))
+        replies = self.ask_each(prompts, self.num_votes, s.temperature, s.top_p, s.max_new_tokens)
         votes = [[math.nan if t is None else self.read_vote(t) for t in row] for row in replies]
         texts = [["" if t is None else t for t in row] for row in replies]
         return JudgeVotes(torch.tensor(votes, dtype=torch.float32).view(len(prompts), self.num_votes), texts)

@@ -6,7 +6,6 @@ import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -116,13 +115,11 @@ class PreferenceOracle(ABC):
     ) -> Tensor:
         """Mean of the valid a ≻ b verdicts of ``num_queries`` order-randomised queries (§5.3.2); else NaN, counted."""
         n = _check_lengths(prompts=prompts, responses_a=responses_a, responses_b=responses_b, references=references)
-        wins = torch.zeros(n, dtype=torch.float64)
-        valid = torch.zeros(n, dtype=torch.float64)
-        late_queries = 0
+        wins, valid, late_queries = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64), 0
         for _ in range(self.num_queries):
             swap = torch.rand(n, generator=self.generator) < 0.5
-            firsts = [b if s else a for a, b, s in zip(responses_a, responses_b, swap.tolist())]
-            seconds = [a if s else b for a, b, s in zip(responses_a, responses_b, swap.tolist())]
+            pairs = [(b, a) if s else (a, b) for a, b, s in zip(responses_a, responses_b, swap.tolist())]
+            firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
             p_first, late = call_with_timeout(
                 self.first_wins_probability, self.timeout_s, prompts, firsts, seconds, references
             )
@@ -146,11 +143,7 @@ class PreferenceOracle(ABC):
         return torch.where(unlabelled, torch.full_like(wins, math.nan), wins / valid.clamp(min=1.0))
 
     def _checked(self, p_first: Tensor, n: int) -> tuple[Tensor, Tensor]:
-        """The verdicts and which are valid; an invalid one is counted and replaced by ½ for the sampling only.
-
-        Raises:
-            ValueError: the judge returned a number of verdicts other than one per row (a bug, not bad data).
-        """
+        """The verdicts and which are valid; an invalid one is counted and replaced by ½ for the sampling only."""
         p_first = torch.as_tensor(p_first, dtype=torch.float64).reshape(-1)
         if p_first.numel() != n:
             raise ValueError(f"{type(self).__name__} returned {p_first.numel()} verdicts for {n} rows")
@@ -169,9 +162,8 @@ class PreferenceOracle(ABC):
         Raises:
             KeyError: naming the entry ``state`` lacks.
         """
-        for key in ("generator", *_COUNTERS):
-            if key not in state:
-                raise KeyError(f"oracle state lacks {key!r}")
+        if (missing := next((k for k in ("generator", *_COUNTERS) if k not in state), None)) is not None:
+            raise KeyError(f"oracle state lacks {missing!r}")
         self.generator.set_state(state["generator"])
         for key in _COUNTERS:
             setattr(self, key, int(state[key]))
@@ -183,12 +175,8 @@ class PreferenceOracle(ABC):
 
     def summary(self) -> dict[str, Any]:
         """What a report says of this oracle: its class, label protocol, queries per label and what was left out."""
-        return {
-            "oracle": type(self).__name__,
-            "protocol": self.protocol,
-            "num_queries": self.num_queries,
-            **self._counts(),
-        }
+        head = {"oracle": type(self).__name__, "protocol": self.protocol, "num_queries": self.num_queries}
+        return {**head, **self._counts()}
 
     def _counts(self) -> dict[str, int]:
         return {key: getattr(self, key) for key in _COUNTERS}
@@ -210,16 +198,9 @@ def solution_score(
     """
     final = extract_final_answer(response)
     correct = final is not None and reference is not None and answers_match(final, reference)
-    eqs = _EQUATION.findall(response)
-    if eqs:
-        ok = 0
-        for a, op, b, c in eqs:
-            a_, b_, c_ = int(a), int(b), int(c)
-            val = a_ + b_ if op == "+" else a_ - b_ if op == "-" else a_ * b_
-            ok += int(val == c_)
-        step_share = ok / len(eqs)
-    else:
-        step_share = 1.0
+    eqs = [(int(a), op, int(b), int(c)) for a, op, b, c in _EQUATION.findall(response)]
+    ok = sum((a + b if op == "+" else a - b if op == "-" else a * b) == c for a, op, b, c in eqs)
+    step_share = ok / len(eqs) if eqs else 1.0
     extra = max(0, len(response.split()) - reference_words) if reference_words is not None else 0
     return w_final * correct + w_steps * step_share - w_missing * (final is None) - w_length * extra / 100.0
 
@@ -287,12 +268,8 @@ class PromptedOracle(PreferenceOracle):
 
     def render(self, prompt: str, first: str, second: str) -> str:
         """The template filled in one pass, the texts quoted (:func:`quote_judged`) so none forges a line."""
-        specials = self.tokenizer.all_special_tokens
-        values = {
-            "prompt": quote_judged(prompt, specials) or "(empty)",
-            "first": quote_judged(first, specials) or "(empty)",
-            "second": quote_judged(second, specials) or "(empty)",
-        }
+        texts = {"prompt": prompt, "first": first, "second": second}
+        values = {k: quote_judged(v, self.tokenizer.all_special_tokens) or "(empty)" for k, v in texts.items()}
         return _FIELD.sub(lambda m: values[m.group(1)], self.template)
 
     def prompt(self, prompt: str, first: str, second: str) -> str:
@@ -325,26 +302,17 @@ class LLMJudgeOracle(PromptedOracle):
         self.batch_size = batch_size
         self.tokenizer, self.model = load_frozen_causal_lm(model, dtype, trust_remote_code)
         self.tokenizer.truncation_side = "left"
-        self.choice_ids = [self._letter_id(" A"), self._letter_id(" B")]
-
-    def _letter_id(self, text: str) -> int:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids[-1]
+        self.choice_ids = [self.tokenizer(x, add_special_tokens=False)["input_ids"][-1] for x in (" A", " B")]
 
     @torch.inference_mode()
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):
         texts = [self.prompt(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
-        out = []
-        device = next(self.model.parameters()).device
-        for i in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(
-                texts[i : i + self.batch_size],
-                return_tensors="pt",
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-            ).to(device)
+        out, device, size = [], next(self.model.parameters()).device, self.batch_size
+        for i in range(0, len(texts), size):
+            batch = texts[i : i + size]
+            enc = self.tokenizer(batch, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length)
+            enc = enc.to(device)
             # the last position only: the whole sequence's logits over a real vocabulary would be gigabytes
             logits = self.model(**enc, logits_to_keep=1).logits[:, -1, self.choice_ids].double()
             out.append(torch.softmax(logits, dim=-1)[:, 0].cpu())
@@ -382,15 +350,8 @@ class RemoteJudgeOracle(RemoteClient, PromptedOracle):
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):
         texts = [self.prompt(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
-        per = self.server.requests_for(self.samples)
-        seeds = torch.randint(0, 2**31 - 1, (len(texts), per), generator=self.generator).tolist()
-
-        def ask(i: int) -> float:
-            messages = [{"role": "user", "content": texts[i]}]
-            replies = self.server.complete(messages, self.samples, self.temperature, 1.0, self.max_tokens, seeds[i])
-            letters = [read_letter(t) for t in replies if t is not None]
-            read = [x for x in letters if x is not None]
-            return sum(x == "A" for x in read) / len(read) if read else math.nan
-
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            return torch.tensor(list(pool.map(ask, range(len(texts)))), dtype=torch.float64)
+        shares = []
+        for replies in self.ask_each(texts, self.samples, self.temperature, 1.0, self.max_tokens):
+            read = [x for x in (read_letter(t) for t in replies if t is not None) if x is not None]
+            shares.append(sum(x == "A" for x in read) / len(read) if read else math.nan)
+        return torch.tensor(shares, dtype=torch.float64)

@@ -120,14 +120,11 @@ def peer_scores(bank: PolicyBank, judge: str, prompts: Sequence[str], judging: P
     """Player ``judge``'s score in [1, 10] of each judge prompt, and whether it was read."""
     if not prompts:
         return []
-    prefill = judging.prefill
     if judging.mode == "constrained":
-        return [
-            (s, True) if math.isfinite(s) else (DEFAULT_SCORE, False)
-            for s in _constrained(bank, judge, prompts, prefill)
-        ]
+        scores = _constrained(bank, judge, prompts, judging.prefill)
+        return [(s, True) if math.isfinite(s) else (DEFAULT_SCORE, False) for s in scores]
     out = bank.generate(judge, list(prompts), 1, judging.sampling, greedy=True)
-    return [(x.score, x.ok) for x in (parse_judgement(prefill + t) for t in out.texts)]
+    return [(x.score, x.ok) for x in (parse_judgement(judging.prefill + t) for t in out.texts)]
 
 
 def peer_scores_each(
@@ -174,8 +171,7 @@ def member_scores(
         ValueError: in ``reference`` mode, naming the first instruction without a reference answer.
     """
     if judging.mode == "reference":
-        missing = [i for i, r in enumerate(references or [None] * len(instructions)) if r is None]
-        if missing:
+        if missing := [i for i, r in enumerate(references or [None] * len(instructions)) if r is None]:
             raise ValueError(
                 f"judging.mode reference: instruction {missing[0]} ({instructions[missing[0]][:60]!r}) has no "
                 "reference answer (data: reference_column)"

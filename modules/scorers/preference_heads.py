@@ -26,6 +26,12 @@ def skew_symmetric_block_matrix(d: int) -> Tensor:
     return j
 
 
+def _member_weights(seeds: list[int], rows: int, hidden_size: int) -> Tensor:
+    """``[k, rows, H]``: one N(0, 1/H) matrix per member, each from its own seed."""
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    return torch.stack([torch.randn(rows, hidden_size, generator=g) / math.sqrt(hidden_size) for g in gens])
+
+
 class GPMHead(nn.Module):
     """``k`` GPM heads at once: ``W_i`` (bias-free, ``d × H``), shared fixed ``J``, scales ``λ_i = softplus(ρ_i)``.
 
@@ -39,11 +45,7 @@ class GPMHead(nn.Module):
 
     def __init__(self, hidden_size: int, num_members: int, embed_dim: int, init_scale: float, seeds: list[int]):
         super().__init__()
-        weights = []
-        for s in seeds:
-            g = torch.Generator().manual_seed(s)
-            weights.append(torch.randn(embed_dim, hidden_size, generator=g) / math.sqrt(hidden_size))
-        self.weight = nn.Parameter(torch.stack(weights))  # [k, d, H]
+        self.weight = nn.Parameter(_member_weights(seeds, embed_dim, hidden_size))  # [k, d, H]
         rho = math.log(math.expm1(init_scale))  # softplus^{-1}
         self.rho = nn.Parameter(torch.full((num_members,), rho))
         self.register_buffer("J", skew_symmetric_block_matrix(embed_dim), persistent=False)
@@ -71,11 +73,7 @@ class BTHead(nn.Module):
 
     def __init__(self, hidden_size: int, num_members: int, seeds: list[int]):
         super().__init__()
-        weights = []
-        for s in seeds:
-            g = torch.Generator().manual_seed(s)
-            weights.append(torch.randn(1, hidden_size, generator=g) / math.sqrt(hidden_size))
-        self.weight = nn.Parameter(torch.stack(weights))  # [k, 1, H]
+        self.weight = nn.Parameter(_member_weights(seeds, 1, hidden_size))  # [k, 1, H]
 
     def embed(self, h: Tensor, member: int | None = None) -> Tensor:
         """``r``: ``[k, N, 1]`` for all members, or ``[N, 1]`` for one."""

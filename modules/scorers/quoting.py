@@ -1,9 +1,7 @@
 """Text inside a judge's prompt: quoted so it cannot forge the template, and cut (never the template) to fit.
 
-Every judge template fills each text from data or a policy through :func:`quote_judged`: every line starts with
-``"> "``, so a forged heading, instruction, verdict line or role marker reads as quoted text, and special-token
-strings are broken by an invisible word joiner so they tokenise as plain text. :func:`fit_judged` cuts the middle of
-the judged spans, the longest first, so the problem and the instructions always survive.
+:func:`quote_judged` prefixes every line with ``"> "`` and breaks special-token strings with an invisible joiner;
+:func:`fit_judged` cuts the judged spans' middles, longest first, so the problem and instructions always survive.
 """
 
 from __future__ import annotations
@@ -22,11 +20,9 @@ _JOINER = "\u2060"
 def break_special_tokens(text: str, special_tokens: Iterable[str] = ()) -> str:
     """``text`` with every special-token string (longer than one character) broken after its first character."""
     tokens = sorted({t for t in special_tokens if t and len(t) > 1}, key=len, reverse=True)
-    # a broken string could still hold a shorter special token: repeat until none is left (each pass only inserts
-    # joiners, which no token contains, so the number of passes is bounded by the number of tokens)
+    # a broken string may still hold a shorter token: repeat (each pass only adds joiners, so passes ≤ tokens + 1)
     for _ in range(len(tokens) + 1):
-        found = [t for t in tokens if t in text]
-        if not found:
+        if not (found := [t for t in tokens if t in text]):
             return text
         for t in found:
             text = text.replace(t, t[0] + _JOINER + t[1:])
@@ -97,8 +93,7 @@ def fit_judged(
         ValueError: when ``strict`` and the prompt with every span emptied is still longer than ``max_tokens``.
     """
     prompt = render(spans)
-    n = count_tokens(tokenizer, prompt)
-    if n <= max_tokens:
+    if (n := count_tokens(tokenizer, prompt)) <= max_tokens:
         return prompt, False
     fixed = count_tokens(tokenizer, render([""] * len(spans)))
     if fixed > max_tokens:
@@ -117,8 +112,7 @@ def fit_judged(
     budget = max(0, sum(lengths) - (n - max_tokens))
     for _ in range(32):  # quoting and the cut markers cost tokens too: shrink by the measured excess until it fits
         prompt = render([cut_middle(tokenizer, s, c) for s, c in zip(spans, share_budget(lengths, budget))])
-        n = count_tokens(tokenizer, prompt)
-        if n <= max_tokens:
+        if (n := count_tokens(tokenizer, prompt)) <= max_tokens:
             return prompt, True
         if budget == 0:
             break

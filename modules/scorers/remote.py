@@ -1,14 +1,10 @@
 """A standard-library client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
 
-Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff, capped at ``max_backoff_s`` and
-within an optional ``total_timeout_s`` for each call; any other HTTP error is a configuration error, raised at once. A
-redirect is never followed (it would carry the API key to another URL): it is refused, naming its ``Location``. Each
-attempt has one wall-clock deadline, ``timeout_s`` from its start, for the connection, the TLS handshake, the status
-line, the headers and the body alike (a server trickling a byte at a time is cut off there, not after ``timeout_s`` per
-read); only the name lookup is outside it. Error messages quote at most 300 characters of the server's text with the
-API key cut out of it, and never a request header: a server echoing the request cannot put the key into a log. The
-reply is untrusted: a malformed one gives ``None`` completions (counted), never an exception. The API key is read from
-the environment at each request, never held in a config or checkpoint.
+Connection errors, timeouts, HTTP 429 and 5xx are retried with capped exponential backoff (within ``total_timeout_s``);
+other HTTP errors are raised at once. A redirect is refused, never followed (it would carry the API key elsewhere).
+One wall-clock deadline bounds each attempt's connection, TLS handshake, headers and body (a trickling server is cut
+off). Quoted server text is at most 300 characters with the API key cut out; request headers are never quoted. A
+malformed reply gives ``None`` completions (counted). The API key is read from the environment at each request.
 """
 
 from __future__ import annotations
@@ -26,8 +22,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from alignment_games.modules.algorithms.checks import require_at_least
 
@@ -83,10 +82,7 @@ class _Watchdog:
     """Shuts the sockets of one attempt down at its monotonic ``deadline``, waking any read blocked on them."""
 
     def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._fired = False
+        self.deadline, self._socks, self._lock, self._fired = deadline, [], threading.Lock(), False
         self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
         self._timer.daemon = True
         self._timer.start()
@@ -183,14 +179,12 @@ class ChatServer:
         base_url: The API root, e.g. ``http://judge-host:8000/v1`` (``/chat/completions`` is appended).
         model: The served model's name, sent as ``model``.
         api_key_env: Name of the environment variable holding the API key (``None``: no key is sent).
-        timeout_s: Wall-clock seconds one attempt may take, from connecting to the reply's last byte, before it counts
-            as failed (and is retried).
+        timeout_s: Wall-clock seconds one attempt may take, connection to last byte, before it fails (and is retried).
         retries: Further attempts after a failed one (connection error, timeout, HTTP 429 or 5xx).
         backoff_s: Wait before the first retry; doubled at each further one (:meth:`backoff`).
         max_backoff_s: The longest wait between two attempts.
-        total_timeout_s: Wall-clock seconds one call (:meth:`complete`: its requests, their attempts and the waits) may
-            take; an attempt is cut off when it runs out, and no wait is begun that would end past it. ``None``: no
-            budget but each attempt's ``timeout_s`` and the capped waits.
+        total_timeout_s: Wall-clock seconds one :meth:`complete` call (requests, attempts, waits) may take; an attempt
+            is cut off there, no wait begun that would end past it. ``None``: no such budget.
         samples_per_request: Completions asked per request (``n``); 1 for servers that ignore ``n``.
 
     Attributes:
@@ -251,11 +245,7 @@ class ChatServer:
         return min(self.backoff_s * 2.0 ** min(retry - 1, 1000), self.max_backoff_s)
 
     def _post(self, payload: dict, budget_end: float = math.inf) -> bytes:
-        """The body of a successful reply, after up to ``retries`` retries, before the monotonic ``budget_end``.
-
-        Raises:
-            RemoteServerError: naming the URL, after the last failed attempt or at once on a refused request.
-        """
+        """The body of a successful reply, after up to ``retries`` retries, before the monotonic ``budget_end``."""
         data = json.dumps(payload).encode()
         last = ""
         for attempt in range(self.retries + 1):
@@ -280,12 +270,7 @@ class ChatServer:
         raise RemoteServerError(f"{self.url} failed {attempt} attempts {spent}; the last: {last}")
 
     def _attempt(self, data: bytes, deadline: float, late: str) -> bytes:
-        """One request, whole before the monotonic ``deadline`` (connection, headers and body), else failed as ``late``.
-
-        Raises:
-            _Failed: a failure worth retrying (connection error, timeout, HTTP 429 or 5xx).
-            RemoteServerError: a refusal (a redirect, any other HTTP error).
-        """
+        """One request, whole before the monotonic ``deadline``: ``_Failed`` to retry, else a refusal raised."""
         key = self._api_key()
         headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
         request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
@@ -295,8 +280,7 @@ class ChatServer:
             with opener.open(request, timeout=max(deadline - time.monotonic(), 1e-3)) as reply:
                 body = bytearray()
                 while len(body) <= MAX_REPLY_BYTES and not watchdog.expired:
-                    chunk = reply.read1(min(2**16, MAX_REPLY_BYTES + 1 - len(body)))
-                    if not chunk:
+                    if not (chunk := reply.read1(min(2**16, MAX_REPLY_BYTES + 1 - len(body)))):
                         break
                     body += chunk
             if watchdog.expired:  # a read the watchdog cut short ends like a whole reply
@@ -358,23 +342,14 @@ class ChatServer:
         """
         budget_end = math.inf if self.total_timeout_s is None else time.monotonic() + self.total_timeout_s
         out: list[str | None] = []
-        k = 0
-        while len(out) < n:
-            ask = min(self.samples_per_request, n - len(out))
-            payload = {
-                "model": self.model,
-                "messages": list(messages),
-                "n": ask,
-                "temperature": temperature,
-                "top_p": top_p,
-                "max_tokens": max_tokens,
-                "stream": False,
-            }
+        for k, start in enumerate(range(0, n, self.samples_per_request)):
+            ask = min(self.samples_per_request, n - start)
+            payload = {"model": self.model, "messages": list(messages), "n": ask, "temperature": temperature}
+            payload |= {"top_p": top_p, "max_tokens": max_tokens, "stream": False}
             if seeds is not None:
                 payload["seed"] = int(seeds[k])
             out += self._texts(self._post(payload, budget_end), ask)
             self.requests += 1
-            k += 1
         return out
 
     def requests_for(self, n: int) -> int:
@@ -393,6 +368,8 @@ class RemoteClient:
         **prompting: The prompted base's arguments, passed on.
     """
 
+    generator: torch.Generator  # the prompted base's
+
     def __init__(
         self,
         server: ChatServer | dict,
@@ -408,3 +385,14 @@ class RemoteClient:
         require_at_least(max_concurrency=(max_concurrency, 1))
         self.max_concurrency = max_concurrency
         self.tokenizer = load_tokenizer(tokenizer or self.server.model, trust_remote_code=trust_remote_code)
+
+    def ask_each(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_tokens: int) -> list[list]:
+        """``n`` completions of each text as the user message, ``max_concurrency`` at once, seeded by ``generator``."""
+        seeds = torch.randint(0, 2**31 - 1, (len(texts), self.server.requests_for(n)), generator=self.generator)
+
+        def ask(i: int) -> list[str | None]:
+            chat = [{"role": "user", "content": texts[i]}]
+            return self.server.complete(chat, n, temperature, top_p, max_tokens, seeds[i].tolist())
+
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            return list(pool.map(ask, range(len(texts))))

@@ -108,14 +108,8 @@ class RewardModels(nn.Module):
         cols = []
         for model, tok, fp in zip(self.models, self.tokenizers, self.fingerprints):
             if fp not in encoded:
-                encoded[fp] = tok(
-                    list(texts),
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    add_special_tokens=False,
-                )
+                options = {"padding": True, "truncation": True, "max_length": self.max_length}
+                encoded[fp] = tok(list(texts), return_tensors="pt", add_special_tokens=False, **options)
             enc = encoded[fp]
             n = enc["input_ids"].shape[0]
             g = group_size if group_size > 1 and n % group_size == 0 and _takes_cache(model) else 1
@@ -136,11 +130,7 @@ def _takes_cache(model: nn.Module) -> bool:
 
 
 def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) -> Tensor | None:
-    """Scores of right-padded rows in groups of ``g``, each group's common token prefix run once.
-
-    ``None`` when a group shares fewer than 2 tokens. Each prefix keeps at least one token of every row; positions come
-    from the attention mask, so every token keeps its unshared position.
-    """
+    """Scores of right-padded rows in groups of ``g``, each group's common prefix run once (``None``: < 2 tokens)."""
     n, width = ids.shape
     lengths = att.sum(dim=1)
     rows = ids.view(n // g, g, width)

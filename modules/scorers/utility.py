@@ -31,6 +31,8 @@ def utility_from_member_probs(
     Raises:
         ValueError: for an unknown kind or a member index out of range.
     """
+    if kind in ("directed", "preference") and not 0 <= member < p.shape[-1]:
+        raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
     if kind == "variance":
         return scale * ensemble_variance(p)
     if kind == "decision_uncertainty":
@@ -40,12 +42,8 @@ def utility_from_member_probs(
     if kind == "slhf":
         return 1.0 - p.mean(dim=-1)
     if kind == "directed":
-        if not 0 <= member < p.shape[-1]:
-            raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
         return scale * ensemble_variance(p) + lam * (1.0 - p[..., member])
     if kind == "preference":
-        if not 0 <= member < p.shape[-1]:
-            raise ValueError(f"member {member} is out of range for {p.shape[-1]} ensemble members")
         return p[..., member]
     if kind == "mean_preference":
         return p.mean(dim=-1)
