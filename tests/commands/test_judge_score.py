@@ -1,0 +1,111 @@
+import hashlib
+import json
+
+import pytest
+import torch
+import yaml
+
+from alignment_games.commands.judge_score import main, read_answers
+from alignment_games.datamodules.debate import DebateDataModule
+from alignment_games.modules.evaluation.judge_score import judge_report
+
+
+@pytest.fixture
+def debate_config(tmp_path, tiny_lm_dir):
+    """The SmolLM2 debate config with the tiny model as Alice and judge, short replies, 12 problems."""
+    with open("configs/debate_smollm2.yaml", encoding="utf-8") as f:
+        cfg = yaml.safe_load(f)
+    model = cfg["model"]["init_args"]
+    model["lm"]["name_or_path"] = model["judge"]["init_args"]["model"] = str(tiny_lm_dir)
+    model["sampling"]["max_new_tokens"] = 6
+    cfg["data"]["init_args"]["num_prompts"] = 12
+    path = tmp_path / "debate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _rows(tmp_path, truths):
+    path = tmp_path / "answers.jsonl"
+    rows = [
+        {
+            "problem": i // 2,
+            "prompt": f"Ann has {i} pens.",
+            "reference": str(i),
+            "answer": f"\\boxed{{{i}}}",
+            "truth": t,
+        }
+        for i, t in enumerate(truths)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_answers_are_the_splits_problems_each_sampled_and_graded(tmp_path, debate_config):
+    out = tmp_path / "a.jsonl"
+    rows = main(["answers", "--config", str(debate_config), "--samples", "2", "--out", str(out)])
+    dm = DebateDataModule(problems="single_step", max_operand=30, num_prompts=12, val_fraction=0.5, batch_size=2)
+    dm.setup("fit")
+    val = dm.splits["val"]
+    assert [(r["prompt"], r["reference"], r["sample"]) for r in rows] == [
+        (p["prompt"], p["reference"], k) for k in range(2) for p in val
+    ]
+    assert read_answers(str(out)) == rows
+    assert all(r["truth"] is False for r in rows if "\\boxed" not in r["answer"])  # no boxed answer is never right
+
+
+def test_score_reports_every_answer_its_votes_and_the_inputs_hashes(tmp_path, debate_config):
+    answers = _rows(tmp_path, [True, False, True, True, False, False])
+    out = tmp_path / "report.json"
+    report = main(
+        ["score", "--config", str(debate_config), "--answers", str(answers), "--votes", "3", "--out", str(out)]
+    )
+    assert json.loads(out.read_text())["mcc"] == report["mcc"]
+    votes = torch.tensor([[float("nan") if v is None else v for v in r["votes"]] for r in report["answers"]])
+    assert votes.shape == (6, 3) and report["num_votes"] == 3 and report["n_problems"] == 3
+    again = judge_report(votes, [r["truth"] for r in report["answers"]], [r["problem"] for r in report["answers"]])
+    assert {k: again[k] for k in ("mcc", "auroc", "tie_share")} == {k: report[k] for k in ("mcc", "auroc", "tie_share")}
+    inputs = report["provenance"]["inputs"]
+    assert inputs["answers"]["sha256"] == hashlib.sha256(answers.read_bytes()).hexdigest()
+    assert inputs["config"]["sha256"] == hashlib.sha256(debate_config.read_bytes()).hexdigest()
+    assert inputs["judge_model"]["model"]  # the judge's identity, as checkpoints record it
+
+
+def test_sft_refuses_a_system_message_the_judge_never_reads(tmp_path, debate_config):
+    answers = _rows(tmp_path, [True, False])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sft", "--config", str(debate_config), "--answers", str(answers), "--out", str(tmp_path / "s.jsonl")])
+    assert exit_info.value.code == 2 and not (tmp_path / "s.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{", "row 2: not JSON"),
+        ('{"problem": 0}', "row 2: field 'prompt'"),
+        ('{"problem": "0"}', "row 2: field 'problem'"),
+    ],
+)
+def test_a_malformed_answers_row_is_named(tmp_path, line, message):
+    path = _rows(tmp_path, [True])
+    path.write_text(path.read_text() + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_answers(str(path))
+
+
+@pytest.mark.e2e
+def test_sft_rows_render_to_the_smollm2_judges_own_prompt(tmp_path):
+    """SmolLM2's template puts in a default system message: the SFT rows carry it, so the texts are the judge's."""
+    answers = _rows(tmp_path, [True, False])
+    rows = main(
+        [
+            "sft",
+            "--config",
+            "configs/debate_smollm2.yaml",
+            "--answers",
+            str(answers),
+            "--out",
+            str(tmp_path / "s.jsonl"),
+        ]
+    )
+    assert [r["completion"] for r in rows] == ["Verdict: Alice", "Verdict: Bob"]
+    assert rows[0]["prompt"][0]["content"].startswith("You are a helpful AI assistant named SmolLM")
