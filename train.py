@@ -1,14 +1,9 @@
 """Entry point of the suite: one LightningCLI in subclass mode for every model and data family.
 
-    python train.py fit --config configs/preference_ensemble.yaml
-    python train.py test --config configs/preference_ensemble.yaml --ckpt_path runs/.../checkpoints/last.ckpt
-    python train.py fit --help                    # trainer options and the families; docs/configuration.md
-    python train.py fit --model.help DeepSMIDA    # every option of one family, with its documentation
-    python train.py fit --config configs/preference_ensemble.yaml --print_config
+    python train.py fit --config configs/preference_ensemble.yaml   # --help, --model.help DeepSMIDA, --print_config
     python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 
-The config given is the config that runs: a checkpoint's stored hyper-parameters are never parsed over it, and a
-checkpoint that does not fit the model is refused before running. Resuming: README, "Resuming and failures".
+The config given is the config that runs: a checkpoint's hyper-parameters are never parsed over it.
 """
 
 from __future__ import annotations
@@ -42,11 +37,7 @@ from alignment_games.callbacks.run_config import RunConfigRecord
 from alignment_games.datamodules.files import check_data_file
 from alignment_games.modules.algorithms.checks import MissingFileError, UserError, require_at_least
 from alignment_games.modules.checkpoints.run_identity import check_resumed_run, run_inputs
-from alignment_games.modules.checkpoints.trust import (
-    check_checkpoint_matches,
-    check_checkpoint_source,
-    read_checkpoint,
-)
+from alignment_games.modules.checkpoints.trust import check_checkpoint_matches, check_checkpoint_source, read_checkpoint
 from alignment_games.modules.distributed.deepspeed_checkpoints import safe_deepspeed_strategy
 from alignment_games.modules.distributed.launch import follow_the_launcher
 from alignment_games.modules.training.artifacts import recover_folder
@@ -144,11 +135,7 @@ def one_line_error(message: str, parser) -> str:
 
 
 class AlignmentArgumentParser(LightningArgumentParser):
-    """Lightning's parser, reporting a bad argument in one ``error:`` line (no usage) and refusing abbreviations.
-
-    ``--trainer.max_epoch`` is a typo, not ``--trainer.max_epochs``. With ALIGNMENT_GAMES_VERBOSE=1, jsonargparse's
-    full report.
-    """
+    """Lightning's parser: a bad argument in one ``error:`` line (ALIGNMENT_GAMES_VERBOSE=1: all), no abbreviation."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
@@ -172,10 +159,7 @@ class AlignmentArgumentParser(LightningArgumentParser):
 
 
 def checkpoint_folders(trainer: L.Trainer) -> list[str]:
-    """The folders this run's ``ModelCheckpoint``s write to outside the logger's run folder.
-
-    Each explicit ``dirpath``; without a logger, Lightning's default ``<default_root_dir>/checkpoints``.
-    """
+    """Each ``ModelCheckpoint``'s explicit ``dirpath``, and without a logger ``<default_root_dir>/checkpoints``."""
     callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     folders = [os.fspath(cb.dirpath) for cb in callbacks if cb.dirpath is not None]
     if trainer.logger is None and any(cb.dirpath is None for cb in callbacks):
@@ -198,11 +182,7 @@ def _newest_last(folders: list[tuple[str, str]]) -> str | None:
 
 
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
-    """The newest ``last*.ckpt`` of the folders this run writes checkpoints to; ``None`` when there is none.
-
-    Its explicit ``dirpath`` (or, without a logger, Lightning's default folder), else every
-    ``<save_dir>/<name>/version_*/checkpoints``, adopting the version folder of the one found.
-    """
+    """The newest ``last*.ckpt`` of :func:`checkpoint_folders`, else of ``<save_dir>/<name>/version_*/`` (adopted)."""
     if folders := checkpoint_folders(trainer):
         return _newest_last([(f, f) for f in folders])
     logger = trainer.logger
@@ -213,18 +193,14 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     folder = "version_*" if fixed is None else (fixed if isinstance(fixed, str) else f"version_{fixed}")
     pattern = os.path.join(glob.escape(root), folder, "checkpoints")
     newest = _newest_last([(c, os.path.dirname(c)) for c in glob.glob(pattern)])
-    if newest is None:
-        return None
-    if fixed is None:
+    if newest is not None and fixed is None:
         version = os.path.basename(os.path.dirname(os.path.dirname(newest)))
         logger._version = int(version[len("version_") :]) if re.fullmatch(r"version_\d+", version) else version
     return newest
 
 
 def take_run_folder(trainer: L.Trainer, fresh: bool = False) -> RunFolderLock | None:
-    """On rank 0, lock the run folder (the first logger's ``log_dir``) for this process, before the run writes there.
-
-    ``fresh`` (a fit that resumes nothing) refuses a folder already holding files: they are another run's.
+    """On rank 0, lock the run folder (the logger's ``log_dir``); ``fresh`` (resuming nothing) refuses one with files.
 
     Raises:
         FileExistsError: naming the folder, what it holds and the remedies.
@@ -267,10 +243,7 @@ def take_checkpoint_folders(trainer: L.Trainer) -> list[RunFolderLock]:
 
 
 def remove_failed_start(trainer: L.Trainer, lock: RunFolderLock | None) -> list[str]:
-    """After an exception, remove the run folder this run created if it never trained a step; returns what it removed.
-
-    Only a folder this process created, still locks and holds no checkpoint goes, so the next run does not count on.
-    """
+    """After an exception, remove (and return) the run folder this process created if it holds no checkpoint."""
     if lock is None or not lock.created or not lock.held() or trainer.global_step > 0 or trainer.global_rank != 0:
         return []
     if glob.glob(os.path.join(glob.escape(lock.folder), "**", "*.ckpt"), recursive=True):
@@ -288,9 +261,7 @@ def _callbacks_replacement(args: list[str]) -> int | None:
         key, eq, value = arg.partition("=")
         if key != "--trainer.callbacks":
             continue
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        if value not in ("[]", "null"):
+        if (value if eq else (args[i + 1] if i + 1 < len(args) else "")) not in ("[]", "null"):
             return i
     return None
 
@@ -300,18 +271,13 @@ def _as_list(value: object) -> list:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _parsed_callbacks(config) -> list:
-    """``trainer.callbacks`` of a parsed config: of its subcommand's section when there is one."""
+def _callback_classes(config) -> list[str]:
+    """The class path of each ``trainer.callbacks`` entry of a parsed config (of its subcommand's section if any)."""
     section = config.get(config.get("subcommand")) if config.get("subcommand") else config
     value = (section or {}).get("trainer", {}) or {}
-    return _as_list(value.get("callbacks") if hasattr(value, "get") else None)
-
-
-def _callback_classes(callbacks: list) -> list[str]:
-    """The class path of each callback of a parsed config (``class_path`` entries, or instances)."""
     return [
         str(c.get("class_path")) if hasattr(c, "get") else f"{type(c).__module__}.{type(c).__qualname__}"
-        for c in callbacks
+        for c in _as_list(value.get("callbacks") if hasattr(value, "get") else None)
     ]
 
 
@@ -349,19 +315,18 @@ def renamed_options(args: list[str]) -> list[str]:
     """A message for each option given by a name :data:`RENAMED_OPTIONS` retired for the model's family."""
     family, given = _model_options(args)
     renamed = RENAMED_OPTIONS.get(family or "", {})
-    out = []
-    for key, where in given:
-        if key in renamed:
-            new = f"{'followers.' if key.startswith('followers.') else ''}policy_gradient.{renamed[key]}"
-            out.append(f"model.init_args.{key} ({where}) is now model.init_args.{new} for {family}")
-    return out
+    return [
+        f"model.init_args.{key} ({where}) is now model.init_args."
+        f"{'followers.' if key.startswith('followers.') else ''}policy_gradient.{renamed[key]} for {family}"
+        for key, where in given
+        if key in renamed
+    ]
 
 
 class AlignmentCLI(LightningCLI):
     """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
 
-    Every family builds its own optimizers, so LightningCLI's ``--optimizer``/``--lr_scheduler`` are refused, naming
-    the family options that set the rates.
+    Every family builds its own optimizers: ``--optimizer``/``--lr_scheduler`` are refused, naming the rates' options.
     """
 
     @override
@@ -385,17 +350,12 @@ class AlignmentCLI(LightningCLI):
             self._refuse_dropped_callbacks(parser, given)
 
     def _refuse_dropped_callbacks(self, parser, given: list[str]) -> None:
-        """Refuse a command-line ``--trainer.callbacks=X`` that silently drops callbacks the config files listed.
-
-        ``+=`` appends; clearing first (``=[]`` or ``null``) then adding with ``+=`` is a deliberate replacement.
-        """
+        """Refuse ``--trainer.callbacks=X`` dropping the configs' callbacks (``=[]`` or ``null`` then ``+=`` may)."""
         first = _callbacks_replacement(given)
         if first is None or any(a in ("-h", "--help") for a in given):
             return
-        before = _callback_classes(_parsed_callbacks(parser.parse_args(given[:first])))
-        after = _callback_classes(_parsed_callbacks(self.config))
-        dropped = [c for c in dict.fromkeys(before) if after.count(c) < before.count(c)]
-        if dropped:
+        before, after = _callback_classes(parser.parse_args(given[:first])), _callback_classes(self.config)
+        if dropped := [c for c in dict.fromkeys(before) if after.count(c) < before.count(c)]:
             parser.error(
                 f"--trainer.callbacks: the value given replaces the config's callbacks and drops {dropped}. Add a "
                 "callback with --trainer.callbacks+=CLASS (init args: --trainer.callbacks+=CLASS "
@@ -421,10 +381,7 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def instantiate_classes(self) -> None:
-        """Build the model, data and trainer, data files and trainer limits checked first (before a model loads).
-
-        A family's own refusal is raised as a :class:`UserError` with its message, not in jsonargparse's summary.
-        """
+        """Build the model, data and trainer after checking the data files and limits; a family's refusal as is."""
         self._check_inputs()
         try:
             super().instantiate_classes()
@@ -453,10 +410,7 @@ class AlignmentCLI(LightningCLI):
         """Never parse the checkpoint's hyper-parameters over the config (they could name code to run)."""
 
     def _check_checkpoint(self) -> None:
-        """Refuse a ``--ckpt_path`` file of another family, or whose tensors do not fit the model, before running.
-
-        A remote path is refused unless ``--trusted_checkpoint_sources`` names it.
-        """
+        """Refuse a ``--ckpt_path`` of another family, not fitting the model, or remote untrusted, up front."""
         config = self.config_init[self.subcommand]
         path = config.get("ckpt_path")
         if path:
@@ -475,45 +429,33 @@ class AlignmentCLI(LightningCLI):
 
     @override
     def instantiate_trainer(self, **kwargs):
-        # Atomic checkpoint files unless a config brings its own CheckpointIO (or a strategy that writes folders).
+        """Atomic checkpoint files, DeepSpeed only as ``SafeDeepSpeedStrategy``, and the console callbacks."""
         config = self._get(self.config_init, "trainer", default={}) or {}
-        # DeepSpeed only as SafeDeepSpeedStrategy: atomic saves, weights-only loads (Lightning's own is refused)
         strategy = kwargs.get("strategy", config.get("strategy"))
-        safe = safe_deepspeed_strategy(strategy)
-        if safe is not strategy:
+        if (safe := safe_deepspeed_strategy(strategy)) is not strategy:
             kwargs["strategy"] = safe
         plugins = _as_list(kwargs.get("plugins", config.get("plugins")))
         if "deepspeed" not in str(config.get("strategy", "")) and not any(isinstance(p, CheckpointIO) for p in plugins):
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        # a bar that counts the steps of max_steps (Lightning's reads "Epoch 0/-2"), progress lines, a summary
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]  # unless a config brings its own CheckpointIO
         callbacks = _as_list(kwargs.get("callbacks", config.get("callbacks")))
-        off = {k: config.get(f"enable_{k}") is False for k in ("progress_bar", "model_summary")}
-        kwargs["callbacks"] = [
-            *callbacks,
-            *console_callbacks(callbacks, not off["progress_bar"], not off["model_summary"]),
-        ]
+        shown = [config.get(f"enable_{k}") is not False for k in ("progress_bar", "model_summary")]
+        kwargs["callbacks"] = [*callbacks, *console_callbacks(callbacks, *shown)]
         trainer = super().instantiate_trainer(**kwargs)
-        if trainer.fast_dev_run:
-            # Lightning's ModelCheckpoint still writes `save_last`'s file at the end of a fast_dev_run
-            for callback in trainer.checkpoint_callbacks:
-                if isinstance(callback, ModelCheckpoint):
-                    callback.save_last = False
+        # Lightning's ModelCheckpoint still writes `save_last`'s file at the end of a fast_dev_run
+        for callback in trainer.checkpoint_callbacks if trainer.fast_dev_run else ():
+            if isinstance(callback, ModelCheckpoint):
+                callback.save_last = False
         return trainer
 
     @override
     def _run_subcommand(self, subcommand: str) -> None:
-        """Run the subcommand holding the run folder's lock; a failed start leaves no new ``version_N/`` behind.
-
-        A full disk that names no file (Lightning's ``hparams.yaml``, the saved ``config.yaml``, an event file) is
-        raised again naming the file being written.
-        """
+        """Run holding the run folder's lock: a failed start leaves no ``version_N/``, a full disk names its file."""
         self._run_lock, self._checkpoint_locks = None, []
         try:
             super()._run_subcommand(subcommand)
         except BaseException as err:
             remove_failed_start(self.trainer, self._run_lock)
-            named = disk_full_error(err)
-            if named is not None:
+            if (named := disk_full_error(err)) is not None:
                 raise named from err
             raise
         finally:
@@ -559,9 +501,8 @@ class AlignmentCLI(LightningCLI):
     def _check_same_run(self, path: str, config_yaml: str | None, inputs: dict, strict: bool, source: str) -> None:
         """Refuse a checkpoint that is unreadable, another experiment's (``strict``), or read other inputs.
 
-        See :func:`~alignment_games.modules.checkpoints.run_identity.check_resumed_run`. A resume with other settings
-        (an explicit checkpoint) runs with the given ones: the optimizers' are set after the restore
-        (``GivenOptimizerSettings``).
+        See :func:`~alignment_games.modules.checkpoints.run_identity.check_resumed_run`; other settings (an explicit
+        checkpoint) run as given: ``GivenOptimizerSettings`` sets the optimizers' after the restore.
         """
         changed = check_resumed_run(path, config_yaml, inputs, strict, source)
         if changed is None:

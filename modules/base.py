@@ -1,8 +1,7 @@
 """The base of the language-model games (GRPO, debate, deep-SMIDA, SLHF, NLHF, the pool), as torchgeo's ``BaseTask`` is.
 
-Once for every game: the strategy check and sharding of its policy banks, manual optimisation (micro-batch
-accumulation, the non-finite guard, clipping), checkpoints holding only what trains plus the game's state, and one
-atomic writer for the run's artifacts.
+Once for every game: strategy checks and sharding, manual optimisation (accumulation, non-finite guard, clipping),
+checkpoints of what trains plus the game's state, and an atomic writer of the run's artifacts.
 """
 
 from __future__ import annotations
@@ -59,8 +58,7 @@ def argument_group(cls: type[G], value: G | dict[str, Any], name: str) -> G:
     if not isinstance(value, dict):
         raise TypeError(f"{name}: expected a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(value) - known)
-    if unknown:
+    if unknown := sorted(set(value) - known):
         raise ValueError(f"{name}: unknown field(s) {unknown}; known: {sorted(known)}")
     return cls(**value)
 
@@ -136,12 +134,10 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         )
 
     def save_arguments(self, lm: Any, ignore: Sequence[str] = (), **groups: type) -> None:
-        """The calling ``__init__``'s arguments as hparams, ``lm`` and the argument groups as plain dicts.
+        """The calling ``__init__``'s arguments as hparams (``**game``'s too), ``lm`` and the groups as plain dicts.
 
-        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group` (``None`` kept: an
-        optional group), kept as an attribute.
-        Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments (judges, utilities). The
-        arguments the caller passes on as ``**game`` are kept with their values here, defaults included.
+        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group` (``None`` kept), kept
+        as an attribute. Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments.
         """
         frame = inspect.currentframe().f_back
         for name, cls in groups.items():
@@ -211,10 +207,9 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     ) -> tuple[dict[str, Tensor], list[Tensor]] | None:
         """The step of every game: zero-grad, backward with the finite check, then each optimizer's clipped step.
 
-        ``loss``: the loss, or a callable running its backward through :meth:`accumulate` (its stats). ``optimizers``:
-        one or a list (one backward: their parameters are disjoint), each norm over its ``parameters`` (default: all it
-        steps). Phases ``backward`` and ``optimizer`` are timed when ``timed``. Returns the stats (``loss``, ...) and
-        the norms before clipping, or ``None``: a non-finite loss (on any rank), nothing stepped.
+        ``loss``: the loss, or a callable running its backward through :meth:`accumulate`. ``optimizers``: one or a
+        list with disjoint parameters, each norm over its ``parameters`` (default: all it steps). Returns the stats and
+        the norms before clipping, or ``None`` (a non-finite loss on any rank: nothing stepped).
         """
         opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
         for opt in opts:
@@ -308,10 +303,6 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         grads = [p.grad for p in parameters if p.grad is not None]
         return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
-    def _optimizer_list(self) -> list[Any]:
-        opts = self.optimizers()
-        return list(opts) if isinstance(opts, (list, tuple)) else [opts]
-
     def trainable_state_names(self) -> set[str]:
         """State-dict names of every trainable tensor of the banks."""
         return {
@@ -354,30 +345,27 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
             KeyError: the batch has no ``"index"``.
             ValueError: it holds another number of ids than items.
         """
-        name = type(self).__name__
         if "index" not in batch:
             raise KeyError(
-                f"{name}: evaluation batches need each item's dataset index under 'index' (as"
+                f"{type(self).__name__}: evaluation batches need each item's dataset index under 'index' (as"
                 " alignment_games.datamodules.prompts.collate_prompts gives), to count every item once across processes"
             )
         ids = torch.as_tensor(batch["index"]).reshape(-1).long().to(self.device)
         if ids.numel() != count:
-            raise ValueError(f"{name}: {ids.numel()} ids under 'index' for {count} items")
+            raise ValueError(f"{type(self).__name__}: {ids.numel()} ids under 'index' for {count} items")
         return ids
 
     def artifact_dir(self) -> str:
         """The run's log folder, from the first logger (``trainer.log_dir`` is a broadcast rank 0 alone cannot call)."""
         logger = self.trainer.loggers[0] if self.trainer.loggers else None
-        if logger is None:
-            return self.trainer.default_root_dir
-        return getattr(logger, "log_dir", None) or logger.save_dir or self.trainer.default_root_dir
+        folder = None if logger is None else getattr(logger, "log_dir", None) or logger.save_dir
+        return folder or self.trainer.default_root_dir
 
     @rank_zero_only
     def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any]) -> str | None:
         """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run).
 
-        A dict gains ``provenance``: what the run read, the commit and the command
-        (:func:`~alignment_games.modules.evaluation.audit.run_provenance`).
+        A dict gains ``provenance`` (:func:`~alignment_games.modules.evaluation.audit.run_provenance`).
         """
         if self.trainer.fast_dev_run:
             return None
@@ -392,15 +380,9 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     def export_players(self) -> list[Player]:
         """Every bank's players: LoRA adapters over the bank's base, or (``players: separate``) full copies."""
         return [
-            Player(
-                name,
-                bank.lm,
-                bank.model if bank.mode == "lora" else bank.models[name],
-                name if bank.mode == "lora" else None,
-                bank.tokenizer,
-            )
-            for bank in self.policy_banks().values()
-            for name in bank.player_names
+            Player(n, b.lm, b.model if b.mode == "lora" else b.models[n], n if b.mode == "lora" else None, b.tokenizer)
+            for b in self.policy_banks().values()
+            for n in b.player_names
         ]
 
     @override

@@ -1,8 +1,7 @@
 """Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
 
-Each problem forks at one trainable ply, the forked ply sampled ``group_size`` times and trained alone by the clipped
-GRPO surrogate on rewards of :mod:`alignment_games.modules.algorithms.debate`; validation writes ``debate_evals.jsonl``.
-The game, its metrics and ablations: docs/debate.md.
+Each problem forks at one trainable ply, sampled ``group_size`` times and trained alone by the clipped GRPO surrogate
+(rewards: :mod:`alignment_games.modules.algorithms.debate`); validation writes ``debate_evals.jsonl``; docs/debate.md.
 """
 
 from __future__ import annotations
@@ -89,8 +88,7 @@ class DebateSelfPlay(LanguageModelGame):
         judging: ``verdict`` or ``pairwise`` (RLAIF-A, even ``group_size``: the pairwise-preference ablation).
         bob_reward: ``constant_sum`` (``1 − r``), or ``b_judge`` / ``b_convince`` (Bob alone trains on ground truth).
         seed: Seed of fork choice and sampling (per batch, so resumes draw the same).
-        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: validation
-            transcripts shown in TensorBoard, ``val/debates``).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: ``val/debates``).
     """
 
     family = "debate self-play"
@@ -139,8 +137,7 @@ class DebateSelfPlay(LanguageModelGame):
             raise ValueError(f"missing_answer_reward must be strictly negative, got {missing_answer_reward}")
         plies = PLIES[protocol]
         trainable = list(plies) if trainable_plies is None else list(trainable_plies)
-        unknown = [p for p in trainable if p not in plies]
-        if unknown or not trainable:
+        if not trainable or not set(trainable) <= set(plies):
             raise ValueError(f"trainable_plies: {trainable} must be a non-empty subset of {protocol}'s plies {plies}")
         self.templates = {
             "answer": self._template("alice_prompt", alice_prompt, ["{problem}"]),
@@ -171,8 +168,7 @@ class DebateSelfPlay(LanguageModelGame):
     @staticmethod
     def _template(field: str, value: str, needs: list[str]) -> str:
         template = PROMPTS.get(value, value)
-        missing = [k for k in needs if k not in template]
-        if missing:
+        if missing := [k for k in needs if k not in template]:
             raise ValueError(
                 f"{field}: {value!r} is neither a prompt name ({sorted(PROMPTS)}) nor a template containing {missing}"
             )
@@ -244,17 +240,15 @@ class DebateSelfPlay(LanguageModelGame):
     def policy_loss(
         self, rollout: ForkedRollout, advantages: torch.Tensor, old: dict[int, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[int, torch.Tensor]]:
-        """GRPO loss on the forked plies only: per ply, the forked rows' completion tokens; weighted by rows.
+        """GRPO loss on the forked plies' completion tokens only, each ply weighted by its rows.
 
-        Returns ``(loss, stats, token_logprobs per ply)`` (the latter detached, as the next update's ``old``); stats
-        hold ``logprob_gap`` when an engine sampled the plies (their rows' sampling log-probs feed the loss).
+        Returns ``(loss, stats, token_logprobs per ply)`` (detached: the next update's ``old``); stats hold
+        ``logprob_gap`` when an engine sampled the plies.
         """
         pg, temp = self.policy_gradient, self.sampling.temperature
         budget = pg.max_tokens_per_micro_batch
         n = sum(len(idx) for _, idx in rollout.chunks.values())
-        loss = torch.zeros((), device=self.device)
-        stats = {"kl": 0.0, "clip_fraction": 0.0}
-        current = {}
+        loss, stats, current = torch.zeros((), device=self.device), {"kl": 0.0, "clip_fraction": 0.0}, {}
         for j, (chunk, idx) in rollout.chunks.items():
             lp = self.bank.token_logprobs(PLAYER, chunk, temp, pg.micro_batch, budget)
             ref = None
@@ -285,10 +279,7 @@ class DebateSelfPlay(LanguageModelGame):
     def _judge(
         self, transcripts: list[Transcript], against: list[Transcript] | None = None
     ) -> tuple[list[float], dict[str, int], list[str]]:
-        """Alice's vote shares, the judge's counts and the verdicts (``against``: pairwise, ``transcripts`` over it).
-
-        ``judge_ties`` and ``judge_unparsed`` count the referenced transcripts whose votes tie or none parses.
-        """
+        """Alice's vote shares, the judge's counts and the verdicts (``against``: pairwise, ``transcripts`` over it)."""
         out = self.judge.vote(transcripts, against)
         counts = {"judge_unparseable": out.unparseable, "judge_timeouts": out.timed_out, "judge_invalid": out.invalid}
         referenced = [v for v, t in zip(out.verdicts, transcripts) if t.correct is not None]
@@ -353,21 +344,22 @@ class DebateSelfPlay(LanguageModelGame):
     def _mcc_outputs(
         self, transcripts: list[Transcript], verdicts: list[str], items: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        """What the callbacks read: ``judge``/``truth`` of referenced, decided transcripts; with ``items`` their ids.
+        """What the callbacks read: ``judge``/``truth`` of referenced, decided transcripts.
 
-        Given ``items``, also ``judge_item`` and every referenced transcript's ``correct`` and ``correct_item``.
+        Given ``items``, also their ids ``judge_item``, and every referenced transcript's ``correct``/``correct_item``.
         """
         known = [i for i, t in enumerate(transcripts) if t.correct is not None]
         keep = [i for i in known if verdicts[i] in ("alice", "bob")]
+        dev = self.device
         out = {
-            "judge": torch.tensor([verdicts[i] == "alice" for i in keep], dtype=torch.float32, device=self.device),
-            "truth": torch.tensor([bool(transcripts[i].correct) for i in keep], dtype=torch.long, device=self.device),
+            "judge": torch.tensor([verdicts[i] == "alice" for i in keep], dtype=torch.float32, device=dev),
+            "truth": torch.tensor([bool(transcripts[i].correct) for i in keep], dtype=torch.long, device=dev),
         }
         if items is not None:
-            index = items.to(self.device)
-            out["judge_item"] = index[torch.tensor(keep, dtype=torch.long, device=self.device)]
-            out["correct"] = torch.tensor([bool(transcripts[i].correct) for i in known], device=self.device).long()
-            out["correct_item"] = index[torch.tensor(known, dtype=torch.long, device=self.device)]
+            index = items.to(dev)
+            out["judge_item"] = index[torch.tensor(keep, dtype=torch.long, device=dev)]
+            out["correct"] = torch.tensor([bool(transcripts[i].correct) for i in known], device=dev).long()
+            out["correct_item"] = index[torch.tensor(known, dtype=torch.long, device=dev)]
         return out
 
     def _rollout_metrics(
@@ -428,10 +420,7 @@ class DebateSelfPlay(LanguageModelGame):
         return self._mcc_outputs(transcripts, verdicts, items)
 
     def _end_evaluation(self, stage: str) -> tuple[dict[str, float], dict[str, list[Any]]] | None:
-        """Gather the per-problem records (each problem once; a collective), log the exact counts, return them.
-
-        The rows returned beside the counts hold each problem's dataset index and record columns.
-        """
+        """Gather the per-problem records (each once; a collective), log the exact counts; the counts and the rows."""
         ids, v = self._records.compute(self.device)
         self._records.reset()
         if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
@@ -445,8 +434,7 @@ class DebateSelfPlay(LanguageModelGame):
         }
         keys = sorted(cells)
         values = torch.stack([cells[k].sum() for k in keys] + [v["reward"].sum()]).tolist()
-        counts = {k: float(x) for k, x in zip(keys + ["reward_sum"], values)}
-        counts["n"] = float(v["reward"].numel())
+        counts = {k: float(x) for k, x in zip(keys + ["reward_sum"], values)} | {"n": float(v["reward"].numel())}
         names = {"correct": "successes", "total": "trials", "judge_ties": "ties", "judge_unparsed": "unparsed"}
         logged = {f"{stage}/{name}": counts[key] for name, key in names.items()}
         if counts["trials"]:
@@ -472,8 +460,7 @@ class DebateSelfPlay(LanguageModelGame):
 
     @override
     def on_validation_epoch_end(self) -> None:
-        ended = self._end_evaluation("val")
-        if ended is None:
+        if (ended := self._end_evaluation("val")) is None:
             return
         v, rows = ended
         record = {

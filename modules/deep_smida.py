@@ -1,9 +1,7 @@
 """Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
 
 A step is :class:`~alignment_games.modules.games.leader_follower.LeaderFollower`'s game with the estimators (22)–(25) as
-losses. Validation plays the trained and the reference pair on held-out prompts (each prompt once across ranks) and
-writes the ensemble-variance comparison of §5.3 (:func:`alignment_games.modules.evaluation.game_eval.compare_pairs`) to
-``game_eval.json``.
+losses; validation writes §5.3's trained-against-reference comparison to ``game_eval.json`` (each prompt once).
 """
 
 from __future__ import annotations
@@ -35,6 +33,8 @@ from alignment_games.modules.scorers.utility import Utility
 
 __all__ = ["DeepSMIDA"]
 
+TAGS = ("trained", "reference")  # the pairs validation compares
+
 
 class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
     """Leader and Follower language models trained by deep-SMIDA against a frozen utility.
@@ -59,8 +59,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
         candidate_alpha: α of the candidates that ``predict`` writes.
         candidate_threshold: Their variance threshold (``None``: the latest validation's reference ``1 − α`` quantile).
-        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (per player; paper: ``grad_clip``
-        1.0; ``log_samples``: validation pairs, ``val/leader_follower``).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments, per player (paper: grad_clip 1).
     """
 
     family = "deep-SMIDA"
@@ -126,11 +125,9 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         """Both players' losses (eqs. 22–25); logs the share of triplets above the reference thresholds (App. G.1)."""
         p = getattr(self.utility, "last_member_probs", None)
         if p is not None and self.reference_thresholds:
-            var = p.var(dim=-1, unbiased=False)
-            shares = {
-                f"train/candidate_share_{a}": (var >= t).double().mean() for a, t in self.reference_thresholds.items()
-            }
-            self.log_dict({k: float(v) for k, v in shares.items()}, batch_size=u.shape[0])
+            var, thresholds = p.var(dim=-1, unbiased=False), self.reference_thresholds.items()
+            shares = {f"train/candidate_share_{a}": float((var >= t).double().mean()) for a, t in thresholds}
+            self.log_dict(shares, batch_size=u.shape[0])
         hp = self.hparams
         return smida_surrogate_losses(u, lp_l, lp_l_ref, lp_f, lp_f_ref, hp.tau_leader, hp.tau_follower)
 
@@ -173,21 +170,19 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         index = torch.cat(self._eval.pop("index"))
         items, unique = gather_unique_items(index, {k: torch.cat(v) for k, v in self._eval.items()})
         prompt_sha256 = digests_from_tensor(unique.pop("prompt_sha256").cpu())
-        gathered = {k: v.reshape(-1, self.hparams.eval_pairs).cpu() for k, v in unique.items()}
-        self._eval = {}
-        hp = self.hparams
+        hp, self._eval = self.hparams, {}
+        gathered = {k: v.reshape(-1, hp.eval_pairs).cpu() for k, v in unique.items()}
         result = compare_pairs(gathered["trained_var"], gathered["reference_var"], hp.alphas)
-        if "trained_oracle" in gathered:
-            result["adversarial_yield"] = {}
-            for tag in ("trained", "reference"):
-                for eps in hp.epsilons:  # over the labelled triplets: one without a valid verdict has no label
-                    share = adversarial_yield(gathered[f"{tag}_oracle"], gathered[f"{tag}_mean"], eps)
-                    result["adversarial_yield"].setdefault(str(eps), {})[tag] = share
+        if "trained_oracle" in gathered:  # over the labelled triplets: one without a valid verdict has no label
+            result["adversarial_yield"] = {
+                str(eps): {t: adversarial_yield(gathered[f"{t}_oracle"], gathered[f"{t}_mean"], eps) for t in TAGS}
+                for eps in hp.epsilons
+            }
             # the joint yield (Fig. 2b) and the candidates' precision (Fig. 5), both pairs on the reference thresholds
             thresholds = (result["thresholds"], hp.epsilons)
             result["oracle_errors"] = {
                 tag: adversarial_report(*(gathered[f"{tag}_{k}"] for k in ("var", "oracle", "mean")), *thresholds)
-                for tag in ("trained", "reference")
+                for tag in TAGS
             }
         if self.oracle is not None:  # this validation's verdicts left out (not probabilities, or too late), every rank
             result["oracle_num_queries"] = self.oracle.num_queries
@@ -212,7 +207,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         self.log_dict({k: float(v) for k, v in flat.items() if math.isfinite(v)}, sync_dist=True)
         # per prompt (the sha256 of its text, and its data index): what a bootstrap over runs and prompts needs
         per_prompt = {"item": prompt_sha256, "index": items.tolist()}
-        per_prompt |= {k: gathered[f"{k}_var"].tolist() for k in ("trained", "reference")}
+        per_prompt |= {k: gathered[f"{k}_var"].tolist() for k in TAGS}
         self.write_artifact("game_eval.json", {"step": int(self.global_step), **result, "per_prompt": per_prompt})
         self._write_figures(gathered)
 
@@ -221,8 +216,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         """The §5.3 figures as PNG files beside ``game_eval.json`` and in the trainer's loggers."""
         if self.trainer.fast_dev_run:
             return
-        log_dir = self.artifact_dir()
-        os.makedirs(log_dir, exist_ok=True)
+        os.makedirs(log_dir := self.artifact_dir(), exist_ok=True)
         figures = make_game_figures(gathered["trained_var"], gathered["reference_var"], self.hparams.alphas)
         for name, fig in figures.items():
             fig.savefig(os.path.join(log_dir, f"{name}.png"), dpi=110, bbox_inches="tight")
@@ -232,8 +226,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """α-online candidates of the trained pair, as rows of the preference datamodule's format (leader first)."""
         hp = self.hparams
-        threshold = hp.candidate_threshold
-        if threshold is None:
+        if (threshold := hp.candidate_threshold) is None:
             key = next((k for k in self.reference_thresholds if float(k) == hp.candidate_alpha), None)
             if key is None:
                 raise ValueError(
@@ -241,8 +234,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
                     f"thresholds) or set model.init_args.candidate_threshold"
                 )
             threshold = self.reference_thresholds[key]
-        prompts, refs = list(batch["prompt"]), list(batch["reference"])
-        r = hp.eval_pairs
+        prompts, refs, r = list(batch["prompt"]), list(batch["reference"]), hp.eval_pairs
         lead, foll = self.play.rollout(prompts, r, 1)
         xs, ys, y2s = self.play.triplets(prompts, lead, foll, r, 1)
         var, _ = self._variances(xs, ys, y2s)

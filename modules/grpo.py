@@ -1,8 +1,7 @@
 """GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
 
-Rewards from reward models and/or the answer checker (RLVR); the clipped surrogate with the k3 KL to the disabled
-adapter (:class:`~alignment_games.modules.algorithms.rl_losses.PolicyGradient`), μ steps per rollout; docs/grpo.md.
-With ``pairwise`` the same rollouts train by a pairwise loss instead (Online DPO, IPO, RPO or SimPO).
+Rewards from reward models and/or the answer checker (RLVR), μ steps per rollout; or, with ``pairwise``, a pairwise
+loss on the same rollouts (Online DPO, IPO, RPO or SimPO); docs/grpo.md.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ class GRPO(LanguageModelGame):
         skip_uniform_groups: Skip the forward of groups with equal rewards (exact with β = 0, a group baseline and one
             process only).
         eval_max_new_tokens: Tokens per greedy reply on validation (``None``: ``sampling.max_new_tokens``).
-        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``log_samples``: greedy validation
-            replies, ``val/generations``).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (samples: ``val/generations``).
     """
 
     family = "GRPO"
@@ -92,13 +90,9 @@ class GRPO(LanguageModelGame):
                 f"({len(reward_models)} reward models{' + the answer reward' if answer_reward else ''})"
             )
         require_positive(lr=lr)
-        require_at_least(
-            weight_decay=(weight_decay, 0.0),
-            reward_batch_size=(reward_batch_size, 0),
-            reward_max_length=(reward_max_length, 1),
-        )
-        if eval_max_new_tokens is not None:
-            require_at_least(eval_max_new_tokens=(eval_max_new_tokens, 1))
+        limits = {"weight_decay": (weight_decay, 0.0), "reward_batch_size": (reward_batch_size, 0)}
+        limits |= {"reward_max_length": (reward_max_length, 1), "eval_max_new_tokens": (eval_max_new_tokens, 1)}
+        require_at_least(**{k: v for k, v in limits.items() if v[0] is not None})
         for i, b in enumerate(adam_betas):
             require_in_range(f"adam_betas[{i}]", b, 0.0, 1.0, open_high=True)
         self.save_arguments(lm, sampling=Sampling, policy_gradient=PolicyGradient, pairwise=PairwiseLoss)
@@ -107,25 +101,20 @@ class GRPO(LanguageModelGame):
         self.players = PolicyBank(lm, players=(PLAYER,))
         scoring = (reward_batch_size, reward_max_length, resolve_dtype(lm.dtype, frozen=True), lm.trust_remote_code)
         self.reward_models = RewardModels(reward_models, *scoring) if reward_models else None
-        self.register_buffer(
-            "reward_weight", torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32), persistent=False
-        )
+        weights = torch.tensor(reward_weights or [1.0] * n_rewards, dtype=torch.float32)
+        self.register_buffer("reward_weight", weights, persistent=False)
         # per held-out prompt: reward and answer match (NaN without a reference), each prompt once across ranks
         self.eval_items = ItemRecords(("reward", "accuracy"))
 
     def format_prompts(self, prompts: Sequence[str]) -> list[str]:
         """The policy's inputs: chat-rendered (with the system prompt) or the prompts as they are."""
-        if not self.hparams.chat_template:
-            return list(prompts)
-        return [self.players.chat(self.hparams.system_prompt, x) for x in prompts]
+        hp = self.hparams
+        return [self.players.chat(hp.system_prompt, x) for x in prompts] if hp.chat_template else list(prompts)
 
     def rewards(
         self, inputs: Sequence[str], completions: Sequence[str], references: Sequence[str | None], group_size: int = 1
     ) -> Tensor:
-        """Per-reward scores ``[N, K]`` (reward models first, then the answer reward), before weighting.
-
-        ``group_size``: rows come in groups sampled from one prompt (their shared tokens are scored once).
-        """
+        """Per-reward scores ``[N, K]`` (reward models, then the answer reward) of rows in groups of ``group_size``."""
         cols = []
         if self.reward_models is not None:
             texts = [x + y for x, y in zip(inputs, completions)]
@@ -137,11 +126,7 @@ class GRPO(LanguageModelGame):
     def _policy_loss(
         self, rollout: Rollout, advantages: Tensor, ref: Tensor | None, old: Tensor | None, groups: Tensor | None = None
     ) -> dict[str, Tensor] | None:
-        """Forward and backward in micro-batches (:func:`~alignment_games.modules.lm.micro_batches.micro_batches`).
-
-        ``groups``: the groups to run (default: all); the loss stays the mean over all rows, those left out count 0.
-        ``None`` when the loss is not finite.
-        """
+        """Forward and backward of ``groups`` (default: all; others count 0) by micro-batch; ``None``: not finite."""
         if self.pairwise is not None:
             return self._pairwise_loss(rollout, advantages)
         pg = self.policy_gradient
@@ -174,11 +159,7 @@ class GRPO(LanguageModelGame):
         return self.accumulate(bounds, loss_of, total_rows=total)
 
     def _pairwise_loss(self, rollout: Rollout, advantages: Tensor) -> dict[str, Tensor] | None:
-        """Forward and backward of :attr:`pairwise` on each group's best and worst reply (first of equals): stats.
-
-        The advantages order a group's replies as its rewards do. With no group untied, one tied pair runs at weight
-        0 so that the optimizer still steps, as GRPO's does on a batch of uniform groups.
-        """
+        """Forward and backward of :attr:`pairwise` on each group's best and worst reply (all tied: one at weight 0)."""
         grouped = advantages.view(-1, rollout.group_size)
         first = torch.arange(grouped.shape[0], device=grouped.device) * rollout.group_size
         pairs = torch.stack([first + grouped.argmax(dim=1), first + grouped.argmin(dim=1)], dim=1)

@@ -1,9 +1,7 @@
 """NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
 
-A step pairs D samples ``y ~ π_θ`` with D samples of the geometric mixture ``π_θ^{1−β} π_ref^β``, scores them by P0 and
-takes the Nash-MD-PG step (:func:`~alignment_games.modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's
-budget and
-why: docs/baselines.md. Validation: :class:`~alignment_games.modules.evaluation.win_rate.WinRateValidation`.
+A step scores D samples ``y ~ π_θ`` against D of the mixture ``π_θ^{1−β} π_ref^β`` by P0 and takes the Nash-MD-PG step
+(:func:`~alignment_games.modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's budget: docs/baselines.md.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
         eval_pairs: Policy–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit,
-            optimizer, ...).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``grad_clip``, ...).
     """
 
     family = "NLHF (Nash-MD-PG)"
@@ -84,8 +81,7 @@ class NashMDPG(WinRateValidation, LanguageModelGame):
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        hp = self.hparams
-        prompts = list(batch["prompt"])
+        hp, prompts = self.hparams, list(batch["prompt"])
         b, d, temp = len(prompts), hp.samples_per_prompt, self.sampling.temperature
         chats = self.eval_prompts(prompts)
         with self._timed("generate"):

@@ -1,8 +1,7 @@
 """Multi-LLM Stackelberg alignment (Hahn et al.): an EXP3 leader, a pool of followers that duel, judge and learn.
 
-One training batch is one game iteration over the whole instruction pool in seven phases, numbered so in the methods:
-1. choose, 2. match, 3. answer, 4. judge, 5. aggregate, 6. lead, 7. follow (docs/pool.md). Validation and test: greedy
-answers, exact match of the final answer per model and macro-averaged.
+One training batch is one game iteration in seven phases, numbered so in the methods: 1. choose, 2. match, 3. answer,
+4. judge, 5. aggregate, 6. lead, 7. follow (docs/pool.md). Evaluation: greedy answers' exact match, per model and mean.
 """
 
 from __future__ import annotations
@@ -45,9 +44,8 @@ ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "s
 class StackelbergPool(PoolMembers, LanguageModelGame):
     """A pool of follower LMs trained by multi-LLM Stackelberg alignment (module docstring).
 
-    The Elo reputations are the module's own :class:`alignment_games.callbacks.EloRating`, applied in ``training_step``
-    (a trainer callback's epoch-end gather would interleave with the progress bar's rank-0 sync and hang DDP). Under DDP
-    rank ``r`` plays the duels ``d % world == r`` and the texts and scores are gathered, so every rank updates alike.
+    The Elo ratings are the module's own (a trainer callback's epoch-end gather could hang DDP). Under DDP rank ``r``
+    plays the duels ``d % world == r``, and texts and scores are gathered, so every rank updates alike.
 
     Args:
         lm: The base model and its LoRA adapters (:class:`ModelConfig`): ``num_players`` adapters over one base.
@@ -69,8 +67,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         followers: How each follower learns (:class:`FollowerTraining`: DPO or GRPO and its settings).
         eval_max_new_tokens: Tokens per evaluation answer (greedy).
         seed: Seed of the leader's and the matching's generator (saved in checkpoints).
-        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (per follower; ``log_samples``:
-            duels of the latest iteration, ``train/duels``).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments, per follower (``train/duels``).
     """
 
     family = "multi-LLM pool"
@@ -150,7 +147,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
 
     @override
     def on_fit_start(self) -> None:
-        """TensorBoard's custom-scalars tab: all Elo ratings in one chart (:meth:`EloRating.tensorboard_layout`)."""
+        """TensorBoard's custom-scalars tab: all Elo ratings in one chart."""
         if self.elo is not None:
             self.board.write_layout(self, self.elo.tensorboard_layout())
 
@@ -199,7 +196,6 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """One game iteration, phase by phase (module docstring); every rank plays it (class docstring)."""
-        names = self.player_names
         instructions = list(batch["prompt"])
         self.categories = list(batch["category"]) if "category" in batch else None
         self._ensure_leader(len(instructions))
@@ -208,7 +204,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         self.iteration += 1
         chosen = self._choose_instructions(len(instructions))
         duels, target_gap = self._match(progress, len(chosen))
-        questions, judges = [instructions[i] for i in chosen], rules.duel_judges(duels, len(names))
+        questions, judges = [instructions[i] for i in chosen], rules.duel_judges(duels, len(self.player_names))
         g = self.followers.policy_gradient.group_size if self.followers.algorithm == "grpo" else 1
         with self._timed("answer"):
             texts, rollouts = self._answer(duels, questions, g)
@@ -251,10 +247,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         return duels, gap
 
     def _answer(self, duels: list[tuple[int, int]], questions: list[str], g: int) -> tuple[dict, dict]:
-        """3. Every duel's texts ``{(duel, side): [g texts]}`` and this rank's ``{player: (rollout, slots)}``.
-
-        One bank's players answer in one decode (:meth:`respond_all`).
-        """
+        """3. Every duel's texts ``{(duel, side): [g texts]}``, this rank's ``{player: (rollout, slots)}``."""
         texts, rollouts = {}, {}
         mine = [d for d in range(len(duels)) if collectives.owns(self._trainer, d)]
         slots = {
@@ -268,10 +261,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         return texts, rollouts
 
     def _judge_duels(self, judges: list[list[int]], questions: list[str], texts: dict, g: int, iteration: int, refs):
-        """4. ``{(duel, side, rollout): {judge: score}}`` of every duel; ``None`` when a score is not finite.
-
-        An empty response is not shown to the judges: it scores 1.0, the bottom of the scale, from each.
-        """
+        """4. ``{(duel, side, rollout): {judge: score}}``; ``None`` if one is not finite; an empty reply scores 1."""
         responses = [(d, s, r) for d in range(len(judges)) for s in (0, 1) for r in range(g)]
         shown = [x for x in responses if texts[x[:2]][x[2]].strip() and collectives.owns(self._trainer, x[0])]
         work = [[x for x in shown if j in judges[x[0]]] for j in range(len(self.player_names))]
@@ -323,10 +313,8 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         names, elo = self.player_names, self.elo
         side_scores, rollout_scores = [], {}
         for d, (a, b) in enumerate(duels):
-            if elo is not None:
-                weights = self.reputation.weights([elo.rating(names[j]) for j in judges[d]])
-            else:
-                weights = [1.0] * len(judges[d])
+            ratings = [elo.rating(names[j]) for j in judges[d]] if elo is not None else None
+            weights = self.reputation.weights(ratings) if ratings is not None else [1.0] * len(judges[d])
             table = [[[scores[(d, s, r)][j] for j in judges[d]] for r in range(g)] for s in (0, 1)]
             per_rollout, verdicts = rules.aggregate_duel(table, weights)
             rollout_scores[(d, 0)], rollout_scores[(d, 1)] = per_rollout
@@ -383,7 +371,8 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
 
     def _follow(self, questions, duels, texts, side_scores, rollouts, rollout_scores, iteration: int) -> dict:
         """7. The followers' steps (:class:`~alignment_games.modules.games.pool_followers.FollowerUpdates`): stats."""
-        trainer, opts = self._trainer, dict(zip(self.player_names, self._optimizer_list()))
+        opts = self.optimizers()
+        trainer, opts = self._trainer, dict(zip(self.player_names, opts if isinstance(opts, list) else [opts]))
         if self.followers.algorithm != "dpo":
             return self.follow.grpo(trainer, opts, rollouts, rollout_scores, duels)
         stats = self.follow.dpo(trainer, opts, questions, duels, texts, side_scores, iteration)
@@ -435,13 +424,11 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         refs = list(batch["reference"])
         if any(r is None for r in refs):
             raise ValueError("evaluation needs a reference answer for every prompt (data.reference_column)")
-        index = self.item_ids(batch, len(refs))
-        correct = {}
+        index, correct = self.item_ids(batch, len(refs)), {}
+        sampling = Sampling(max_new_tokens=self.hparams.eval_max_new_tokens)
         for p in self.player_names:
             prompts = [self.chat(p, x, self.hparams.system_prompt) for x in batch["prompt"]]
-            out = self.bank(p).generate(
-                p, prompts, 1, Sampling(max_new_tokens=self.hparams.eval_max_new_tokens), greedy=True
-            )
+            out = self.bank(p).generate(p, prompts, 1, sampling, greedy=True)
             hits = [float(answers_match(rules.final_answer(t), r)) for t, r in zip(out.texts, refs)]
             correct[p] = torch.tensor(hits, device=self.device)
         self.eval_items.update(index, **correct)
@@ -523,6 +510,5 @@ def _check_settings(m: int, hp: Any) -> None:
         raise ValueError("duels_per_iteration and num_iterations must be positive")
     require_in_range("gamma", hp.gamma, 0.0, 1.0, open_low=True)  # EXP3's exploration rate (checked again by Exp3)
     require_at_least(eval_max_new_tokens=(hp.eval_max_new_tokens, 1))
-    if set(hp.elo or {}) - ELO_SETTINGS:
-        unknown = sorted(set(hp.elo) - ELO_SETTINGS)
+    if unknown := sorted(set(hp.elo or {}) - ELO_SETTINGS):
         raise ValueError(f"elo: unknown setting(s) {unknown}; known: {sorted(ELO_SETTINGS)}")

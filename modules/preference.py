@@ -1,9 +1,7 @@
 """An ensemble of general preference models (GPM) whose disagreement flags likely errors (paper §3.1, §5.2, App. E.2).
 
-Member ``i`` compares two responses through unit embeddings ``z_i``, a fixed skew-symmetric ``J`` and a learned scale
-``λ_i`` (eq. 27): ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)``; a Bradley–Terry member is there for
-comparison. Each member learns only from its own prompt-disjoint partition; ``test`` writes ``report.json`` and
-figures (docs/preference-ensemble.md).
+Member ``i``: ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)`` (eq. 27), or Bradley–Terry, trained on its own
+prompt-disjoint partition; ``test`` writes ``report.json`` and figures (docs/preference-ensemble.md).
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class PreferenceEnsemble(AutomaticFamily):
         seed: Base seed; member ``i`` initialises its head with ``seed + 1000 * (i + 1)``.
         max_length: Tokens per sequence in :meth:`score`.
         report_bootstrap: Prompt-bootstrap resamples for the report's 95% bands.
-        **training: :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
-            ``optimizer``).
+        **training: :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (non-finite limit, optimizer).
     """
 
     def __init__(
@@ -113,9 +110,8 @@ class PreferenceEnsemble(AutomaticFamily):
             self.backbones = nn.ModuleList(load.load_model(backbone_task) for _ in range(num_members))
             hidden = self.backbones[0].config.hidden_size
         else:
-            model = load.load_model(backbone_task, frozen=True)
+            model = load.load_model(backbone_task, frozen=True).requires_grad_(False)
             hidden = model.config.hidden_size
-            model.requires_grad_(False)
             self.backbone = lm.with_adapters(model, self.adapter_names) if sharing == "lora" else model
             if sharing == "lora":  # peft leaves only the first adapter trainable; every member's adapter trains
                 for p in self._adapter_parameters():
@@ -157,12 +153,10 @@ class PreferenceEnsemble(AutomaticFamily):
         keys = ("input_ids", "attention_mask", "token_type_ids")
         inputs = {k: batch[k] if rows is None else batch[k][rows] for k in keys if k in batch}
         if self.hparams.backbone_task == "encoder":
-            out = model(**inputs)
-            hidden = out.last_hidden_state
+            hidden = model(**inputs).last_hidden_state
         else:
             inputs.pop("token_type_ids", None)
-            out = model(**inputs, output_hidden_states=True)
-            hidden = out.hidden_states[-1]
+            hidden = model(**inputs, output_hidden_states=True).hidden_states[-1]
         return self._pool(hidden, inputs["attention_mask"]).float()
 
     def _frozen_features(self, batch: dict[str, Tensor]) -> Tensor:
@@ -235,10 +229,8 @@ class PreferenceEnsemble(AutomaticFamily):
         if self.hparams.sharing == "frozen":
             return self.member_logits(batch).gather(1, member[:, None]).squeeze(1)
         out = torch.zeros(member.shape[0], device=member.device)
-        # under a sharding strategy every rank runs every member (see
-        # alignment_games.modules.distributed.collectives.lockstep)
-        in_lockstep = lockstep(self._trainer)
-        for i in range(self.hparams.num_members) if in_lockstep else member.unique().tolist():
+        # under a sharding strategy every rank runs every member (alignment_games.modules.distributed.collectives)
+        for i in range(self.hparams.num_members) if lockstep(self._trainer) else member.unique().tolist():
             rows = (member == i).nonzero().squeeze(1)
             if rows.numel() == 0:  # lockstep: no row of member i here; one row through its backbone, weight 0, so
                 # the forward's gathers and the backward's gradient reduction run on every rank alike
@@ -275,20 +267,12 @@ class PreferenceEnsemble(AutomaticFamily):
 
     @override
     def configure_model(self) -> None:
-        """Under FSDP2 shard the backbone(s), one unit per block; under bf16-mixed hold frozen weights in bf16.
-
-        The heads stay whole on every rank (a few thousand numbers, not called through a forward FSDP2 could hook);
-        :meth:`on_after_backward` averages their gradients.
-        """
-        if self.hparams.sharing == "separate":
-            models = list(self.backbones)
-        elif self.hparams.sharing == "lora":
-            models = [self.backbone.get_base_model()]
-        else:
-            models = [self.backbone]
-        for model in models:
+        """FSDP2: shard the backbone(s) (the small heads stay whole); bf16-mixed: hold frozen weights in bf16."""
+        sharing = self.hparams.sharing
+        one = None if sharing == "separate" else self.backbone.get_base_model() if sharing == "lora" else self.backbone
+        for model in self.backbones if one is None else [one]:
             shard_for_strategy(self, model, "the preference ensemble")
-        if self.hparams.sharing != "separate":  # bf16-mixed: frozen weights held in bf16, not recast every forward
+        if sharing != "separate":  # bf16-mixed: frozen weights held in bf16, not recast every forward
             cast_frozen_for_strategy(self.backbone, self.trainer.strategy)
 
     @override
@@ -340,23 +324,20 @@ class PreferenceEnsemble(AutomaticFamily):
         }
         if "ensemble_nll" in report:
             flat[f"{stage}/ensemble_nll"] = report["ensemble_nll"]
-        for i, acc in enumerate(report["member_accuracy"]):
-            flat[f"{stage}/member_{i}_acc"] = acc
+        flat |= {f"{stage}/member_{i}_acc": acc for i, acc in enumerate(report["member_accuracy"])}
         for k, v in flat.items():
             self.log(k, float(v), sync_dist=True)  # identical on every rank (gathered): the mean is the value
         return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu(), "rows": rows.cpu()}
 
     @override
     def on_validation_epoch_end(self) -> None:
-        if not self._collected["val"]:
-            return
-        self._summary("val", full=False)
+        if self._collected["val"]:
+            self._summary("val", full=False)
 
     @override
     def on_test_epoch_end(self) -> None:
         out = self._summary("test", full=True)
-        report = out["report"]
-        datamodule = self.trainer.datamodule
+        report, datamodule = out["report"], self.trainer.datamodule
         report["n_truncated"] = int(getattr(datamodule, "num_truncated", 0) or 0)
         # how the labels were made: the oracle, its protocol and queries per label, what it left out (None: from data)
         oracle_summary = getattr(datamodule, "oracle_summary", None)
@@ -378,12 +359,8 @@ class PreferenceEnsemble(AutomaticFamily):
         lines = [json.dumps({"row": r, "prompt": g, "label": y, "members": p}) for r, g, y, p in per_row]
         rows = "".join(f"{line}\n" for line in lines)
         # the rows file by hash, and what the run read: the report vouches for both
-        per_row_record = {
-            "file": "report.rows.jsonl",
-            "rows": len(lines),
-            "sha256": hashlib.sha256(rows.encode()).hexdigest(),
-        }
-        report = {**out["report"], "per_row": per_row_record, "provenance": run_provenance(self._trainer, self)}
+        record = {"file": "report.rows.jsonl", "rows": len(lines), "sha256": hashlib.sha256(rows.encode()).hexdigest()}
+        report = {**out["report"], "per_row": record, "provenance": run_provenance(self._trainer, self)}
         # atomic: an old report is never half-overwritten; a full disk is raised naming the report
         text = json.dumps(json_safe(report), indent=2, allow_nan=False)
         atomic_write_text(os.path.join(log_dir, "report.json"), text)
@@ -407,9 +384,6 @@ class PreferenceEnsemble(AutomaticFamily):
             for j in range(p.shape[0])
         ]
 
-    def _frozen_prefixes(self) -> list[str]:
-        return [n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")]
-
     def trainable_state_names(self) -> set[str]:
         """State-dict names of the tensors that train (heads, adapters or fine-tuned copies)."""
         return {n for n, p in self.named_parameters() if p.requires_grad}
@@ -418,7 +392,7 @@ class PreferenceEnsemble(AutomaticFamily):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Drop frozen base weights (reloaded from ``lm``); record the family; refuse NaN or inf (``RuntimeError``)."""
         checkpoint["nonfinite"] = self.nonfinite_state()
-        frozen = set(self._frozen_prefixes())
+        frozen = {n for n, p in self.named_parameters() if not p.requires_grad and not n.startswith("head.")}
         sd = checkpoint["state_dict"]
         for name in list(sd):
             if name in frozen or (
@@ -433,9 +407,8 @@ class PreferenceEnsemble(AutomaticFamily):
     ) -> PreferenceEnsemble:
         """A trained ensemble as a frozen scorer (eval mode, no gradients) for the game modules.
 
-        Built from ``kwargs`` (the training run's :class:`PreferenceEnsemble` arguments), never from the checkpoint's
-        hyper-parameters, which could name a model folder with code to run; only its tensors are read. A checkpoint
-        of another family, or whose tensors do not fit, is refused naming both.
+        Built from ``kwargs`` (the run's arguments), never from the checkpoint's hyper-parameters (they could name code
+        to run); only its tensors are read. One of another family, or whose tensors do not fit, is refused.
         """
         with warnings.catch_warnings():  # the frozen base is reloaded from `lm`, not missing by mistake
             warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in")
@@ -463,10 +436,7 @@ class PreferenceEnsemble(AutomaticFamily):
 
     @classmethod
     def from_export(cls, folder: str, **kwargs: Any) -> PreferenceEnsemble:
-        """A frozen scorer from ``python train.py export``'s folder; ``kwargs`` replace the recorded arguments.
-
-        The record is data: its ``lm`` never turns ``trust_remote_code`` on (give ``lm`` to do so).
-        """
+        """A frozen scorer from ``train.py export``'s folder, ``kwargs`` over its record (no ``trust_remote_code``)."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
@@ -493,7 +463,6 @@ class PreferenceEnsemble(AutomaticFamily):
                 f"responses_b={len(responses_b)}"
             )
         out = []
-        device = self.device
         for i in range(0, len(prompts), batch_size):
             xs = list(prompts[i : i + batch_size]) * 2
             ys = list(responses_a[i : i + batch_size]) + list(responses_b[i : i + batch_size])
@@ -502,7 +471,7 @@ class PreferenceEnsemble(AutomaticFamily):
             batch["seq_keys"] = torch.tensor([sequence_key(s) for s in enc.input_ids])
             n = len(xs) // 2
             batch["idx_a"], batch["idx_b"] = torch.arange(n), torch.arange(n, 2 * n)
-            out.append(self({k: v.to(device) for k, v in batch.items()}).cpu())
+            out.append(self({k: v.to(self.device) for k, v in batch.items()}).cpu())
         return torch.cat(out) if out else torch.zeros(0, self.hparams.num_members)
 
 

@@ -1,8 +1,7 @@
 """Supervised warm start of a causal LM on (prompt, response) pairs, loss on response tokens only.
 
-Fine-tunes a tiny offline policy or a hub model, in full or as a LoRA adapter (QLoRA with ``lm.load_in_4bit``); at the
-end of ``fit`` the model (or adapter) and tokenizer are saved with ``save_pretrained`` into ``output_dir``, for the
-games to load as they load a hub checkpoint.
+A tiny offline policy or a hub model, in full or as a LoRA adapter (QLoRA with ``lm.load_in_4bit``), saved after
+``fit`` with ``save_pretrained`` into ``output_dir`` for the games to load as a hub checkpoint.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from torch import nn
 from typing_extensions import override
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
@@ -54,8 +52,7 @@ class CausalLMSFT(AutomaticFamily):
         warmup_steps: With ``cosine_decay``, steps of linear warmup to ``lr``.
         cosine_decay: Decay the rate along a cosine to ``lr * min_lr_ratio`` at ``trainer.max_steps`` (off: constant).
         min_lr_ratio: The final learning rate's share of ``lr`` under ``cosine_decay``.
-        **training: :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (``max_consecutive_nonfinite``,
-            ``optimizer``).
+        **training: :class:`~alignment_games.modules.base.AutomaticFamily`'s arguments (non-finite limit, optimizer).
     """
 
     def __init__(
@@ -168,7 +165,7 @@ class CausalLMSFT(AutomaticFamily):
         """
         checkpoint["nonfinite"] = self.nonfinite_state()
         state_dict = checkpoint.get("state_dict")
-        if self.hparams.lora and state_dict is not None:  # the frozen base is reloaded from its path
+        if self.hparams.lora and state_dict is not None:
             keep = self.trainable_state_names()
             for name in [n for n in state_dict if n not in keep]:
                 del state_dict[name]
@@ -199,14 +196,10 @@ class CausalLMSFT(AutomaticFamily):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def _backbone(self) -> nn.Module:
-        """The transformers model (under the adapter with ``lora``)."""
-        return self.model.get_base_model() if self.hparams.lora else self.model
-
     @override
     def configure_model(self) -> None:
         """Under FSDP2 shard the model (adapters included), one unit per decoder block; elsewhere nothing."""
-        shard_for_strategy(self, self._backbone(), "SFT")
+        shard_for_strategy(self, self.model.get_base_model() if self.hparams.lora else self.model, "SFT")
 
     @override
     def setup(self, stage: str) -> None:
@@ -237,17 +230,15 @@ class CausalLMSFT(AutomaticFamily):
     def _save(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write the whole folder beside ``output_dir`` and swap it in (never a torn artifact), the tiny base in it."""
         out = self.hparams.output_dir
-        parent = os.path.dirname(os.path.abspath(out))
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with atomic_folder(out) as tmp:
             self.model.save_pretrained(tmp, state_dict=state_dict)
             self.tokenizer.save_pretrained(tmp)
             (player,) = self.export_players()
             kind = "lora_adapter" if self.hparams.lora else "full_model"
             source = {"family": family_name(self), "global_step": self.global_step, **run_record(trainer=self._trainer)}
-            record = record_of(player, kind, source)
             with open(os.path.join(tmp, EXPORT_RECORD), "w") as f:
-                json.dump(record, f, indent=2)
+                json.dump(record_of(player, kind, source), f, indent=2)
             if self._tiny_init is not None:  # the tiny base (lm: null) an adapter refers to
                 shutil.copytree(self._tiny_init, os.path.join(tmp, "_init"))
         rank_zero_info(f"warm-started {'adapter' if self.hparams.lora else 'policy'} saved to {out}")

@@ -32,8 +32,7 @@ class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
 
     Args:
         lm: The policy both players start from; its frozen weights are the references (``players: lora | separate``).
-        preference: P0(first ≻ second | x), as :class:`~alignment_games.modules.nlhf.NashMDPG` takes it; ``None`` is
-          refused.
+        preference: P0(first ≻ second | x), as :class:`~alignment_games.modules.nlhf.NashMDPG` takes it.
         tau_leader: τ_L.
         tau_follower: τ_F.
         leader_lr: η_L (the optimizer's rate unless a warm-up callback sets it).
@@ -46,8 +45,7 @@ class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
         eval_pairs: Leader–reference answer pairs per held-out prompt.
         oracle: Optional oracle for the held-out preference rate against the reference.
         logprob_micro_batch: Sequences per log-probability forward (0: all at once).
-        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (grad clip, non-finite limit,
-            optimizer, ...).
+        **game: :class:`~alignment_games.modules.base.LanguageModelGame`'s arguments (``grad_clip``, ...).
     """
 
     family = "SLHF (StackelbergGDA)"

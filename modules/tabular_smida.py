@@ -1,9 +1,8 @@
 """Tabular SMIDA (Algorithm 1) as a LightningModule: one iteration per training step, logged against Theorem C.1.
 
 The game is read from a ``.pt`` file or drawn by :func:`alignment_games.modules.algorithms.tabular_games.random_game`;
-each step applies one exact update (:class:`alignment_games.modules.algorithms.stackelberg.SMIDAStep`) to the iterate
-held in buffers, so a resume continues bit for bit. Logged every step for the iterate ``(π_t, ω_t)`` the step starts
-from (step ``t``)::
+each step applies one exact update to the iterate held in buffers (a resume continues bit for bit). Logged every step
+for the iterate ``(π_t, ω_t)`` the step starts from::
 
     leader/kl, leader/kl_reverse      KL_ρ(π_t ‖ π*), KL_ρ(π* ‖ π_t); leader/kl_max: max_x of both
     follower/kl, follower/kl_reverse  KL_{ρ,π*}(ω_t ‖ ω*) and reverse; follower/kl_max: max_{x,y} of both
@@ -98,16 +97,13 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
         torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
-        if game_path is not None:
-            game = load_game(game_path)
-        else:
-            game = random_game(num_contexts, num_actions, ensemble_size, utility, reference, seed, torch_dtype)
+        drawn = (num_contexts, num_actions, ensemble_size, utility, reference, seed, torch_dtype)
+        game = load_game(game_path) if game_path is not None else random_game(*drawn)
         u, pi_ref, omega_ref = (game[k].to(torch_dtype) for k in GAME_KEYS)
         log_pi_star, log_omega_star = stackelberg_equilibrium(
             u, pi_ref, omega_ref, tau_leader, tau_follower, log_space=True
         )
-        x = u.shape[0]
-        rho = game.get("rho")
+        x, rho = u.shape[0], game.get("rho")
         rho = torch.full((x,), 1.0 / x, dtype=torch_dtype) if rho is None else rho.to(torch_dtype)
         if tuple(rho.shape) != (x,) or not (rho > 0).all() or abs(float(rho.sum()) - 1.0) > 1e-5:
             raise ValueError(
@@ -165,7 +161,6 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     @override
     def configure_optimizers(self) -> None:
         """No optimizer: the update is exact mirror descent–ascent (see the class docstring)."""
-        return None
 
     def _value(self, log_pi: Tensor, log_omega: Tensor) -> Tensor:
         hp, refs = self.hparams, (self.log_pi_ref.exp(), self.log_omega_ref.exp())
