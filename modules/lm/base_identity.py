@@ -29,12 +29,8 @@ def model_folder(name_or_path: str, revision: str | None = None) -> str | None:
     from alignment_games.modules.lm.models import resolve_name_or_path
 
     try:
-        path = resolve_name_or_path(name_or_path)
-    except Exception:
-        return None
-    if os.path.isdir(path):
-        return path
-    try:
+        if os.path.isdir(path := resolve_name_or_path(name_or_path)):
+            return path
         from huggingface_hub import snapshot_download
 
         return snapshot_download(path, revision=revision, local_files_only=True)
@@ -69,21 +65,14 @@ def weight_files(folder: str) -> list[str]:
                 if not isinstance(shard, str) or os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
                     raise ValueError(f"{file}: weight_map names {shard!r}, which is not a file inside the folder")
             return shards
-    for single in ("model.safetensors", "pytorch_model.bin"):
-        if os.path.isfile(os.path.join(folder, single)):
-            return [single]
-    return []
+    return [s for s in ("model.safetensors", "pytorch_model.bin") if os.path.isfile(os.path.join(folder, s))][:1]
 
 
 def _cache_file() -> str | None:
     """The user's cache of weight files' hashes; None without a home to keep it in."""
-    root = os.environ.get("XDG_CACHE_HOME")
-    if not root:
-        home = os.path.expanduser("~")
-        if home == "~":  # no HOME: never a "~" folder in the working directory
-            return None
-        root = os.path.join(home, ".cache")
-    return os.path.join(root, "alignment-games", "weights-sha256.json")
+    home = os.path.expanduser("~")  # no HOME ("~"): never a "~" folder in the working directory
+    root = os.environ.get("XDG_CACHE_HOME") or (None if home == "~" else os.path.join(home, ".cache"))
+    return None if root is None else os.path.join(root, "alignment-games", "weights-sha256.json")
 
 
 def _read_cache(path: str) -> dict[str, Any]:
@@ -95,18 +84,8 @@ def _read_cache(path: str) -> dict[str, Any]:
     return cache if isinstance(cache, dict) else {}
 
 
-def _write_cache(path: str, key: str, entry: dict[str, Any]) -> None:
-    """Add one entry (merged with what another process may have added meanwhile); never fails the caller."""
-    from alignment_games.modules.training.artifacts import atomic_write_text
-
-    with contextlib.suppress(OSError):  # a read-only or full home: the hash is simply computed again next time
-        cache = _read_cache(path)
-        cache[key] = entry
-        atomic_write_text(path, json.dumps(cache, indent=0, sort_keys=True))
-
-
 def _hash_file(path: str) -> str:
-    """The sha256 of a file's bytes (read in chunks, never whole)."""
+    """The sha256 of a file's bytes (read in chunks)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()  # type: ignore[arg-type]
 
@@ -143,15 +122,15 @@ def file_sha256(path: str) -> str:
     stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns}
     cache = _cache_file()
     entry = _read_cache(cache).get(real) if cache else None
-    if (
-        isinstance(entry, dict)
-        and {k: entry.get(k) for k in stamp} == stamp
-        and _SHA256.fullmatch(str(entry.get("sha256")))
-    ):
+    if isinstance(entry, dict) and entry.items() >= stamp.items() and _SHA256.fullmatch(str(entry.get("sha256"))):
         return entry["sha256"]
     digest = _hash_file(real)
-    if cache:
-        _write_cache(cache, real, {**stamp, "sha256": digest})
+    if cache:  # merged with what another process may have added meanwhile; a read-only or full home: not kept
+        from alignment_games.modules.training.artifacts import atomic_write_text
+
+        with contextlib.suppress(OSError):
+            entries = _read_cache(cache) | {real: {**stamp, "sha256": digest}}
+            atomic_write_text(cache, json.dumps(entries, indent=0, sort_keys=True))
     return digest
 
 
@@ -188,16 +167,8 @@ def _content_digest(folder: str) -> str:
 def base_identity(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
     """The identity of a model (see the module's docstring); the hashes are None when its folder is not local."""
     folder = model_folder(name_or_path, revision)
-    content = header = None
-    if folder is not None:
-        content, header = _content_digest(folder), _header_digest(folder)
-    return {
-        "name_or_path": name_or_path,
-        "revision": revision,
-        "sha256": content,
-        "hashed": CONTENT,
-        "header_sha256": header,
-    }
+    content, header = (None, None) if folder is None else (_content_digest(folder), _header_digest(folder))
+    return dict(name_or_path=name_or_path, revision=revision, sha256=content, hashed=CONTENT, header_sha256=header)
 
 
 def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: str) -> None:
@@ -211,9 +182,7 @@ def check_base_identity(stored: dict[str, Any], current: dict[str, Any], where: 
     content = stored.get("hashed") == CONTENT
     what = "config/weights sha256" if content else "config/weights-header sha256 (a checkpoint of an earlier version)"
     a, b = stored.get("sha256"), current.get("sha256" if content else "header_sha256")
-    changed = stored.get("revision") != current.get("revision")
-    changed = changed or (a is not None and b is not None and a != b)
-    if changed:
+    if stored.get("revision") != current.get("revision") or (a is not None and b is not None and a != b):
         raise ValueError(
             f"{where}: the checkpoint was trained on the frozen base {stored.get('name_or_path')!r} (revision "
             f"{stored.get('revision')!r}, {what} {a}), but the base given is {current.get('name_or_path')!r} "

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from alignment_games.modules.distributed.sharding import fsdp_wrapped
-from alignment_games.modules.lm.decoding import base_model, cascade_attention
+from alignment_games.modules.lm.decoding import base_model, cascade_attention, rotary
 from alignment_games.modules.lm.row_adapters import add_row_adapters
 
 __all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
@@ -38,7 +38,8 @@ def lean_decode_unsupported(model: nn.Module) -> str | None:
         return "not a decoder with embed_tokens, layers, norm, rotary_emb and lm_head"
     for m in base.modules():
         # an active LoRA layer adds its update in its own forward, which the base weights read here leave out
-        if hasattr(m, "lora_A") and not m.disable_adapters and not m.merged and any(a in m.lora_A for a in _active(m)):
+        active = hasattr(m, "lora_A") and not m.disable_adapters and not m.merged
+        if active and any(a in m.lora_A for a in m.active_adapters):
             return "a LoRA layer is active (its update is not in the base weights)"
     for layer in inner.layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -53,18 +54,12 @@ def lean_decode_unsupported(model: nn.Module) -> str | None:
         for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             if type(_linear(proj)) is not nn.Linear:
                 return f"{type(_linear(proj)).__name__} projections (quantised or sharded)"
-    wrapped = fsdp_wrapped(base)  # its weights are gathered by forward hooks that reading them here would skip
-    if wrapped is not None:
+    if (wrapped := fsdp_wrapped(base)) is not None:  # its weights are gathered by hooks that this read would skip
         return f"FSDP-wrapped module {wrapped}"
     for p in base.parameters():
         if type(p.data) is not Tensor or hasattr(p, "ds_id") or p.is_meta:
             return "sharded or offloaded parameters"
     return None
-
-
-def _active(module: nn.Module) -> list[str]:
-    active = module.active_adapters
-    return [active] if isinstance(active, str) else list(active)
 
 
 def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
@@ -73,11 +68,6 @@ def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(dtype)
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class LeanDecoder:
@@ -90,8 +80,7 @@ class LeanDecoder:
     def __init__(
         self, model: nn.Module, prompt_cache: Any, prompt_mask: Tensor, group_size: int, max_new_tokens: int
     ) -> None:
-        reason = lean_decode_unsupported(model)
-        if reason is not None:
+        if (reason := lean_decode_unsupported(model)) is not None:
             raise ValueError(f"LeanDecoder: {reason}")
         base = base_model(model)
         self.inner, self.head = base.model, base.lm_head
@@ -123,16 +112,12 @@ class LeanDecoder:
             raise ValueError(f"LeanDecoder: more than {self.capacity} tokens decoded")
         s, n = self.filled, self.rows
         h = self.inner.embed_tokens(token)
-        cos, sin = self.inner.rotary_emb(h, position)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = (c.unsqueeze(1) for c in self.inner.rotary_emb(h, position))
         for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            d = attn.head_dim
-            x = _rms_norm(layer.input_layernorm, h)
-            q = _project(attn.q_proj, x).view(n, 1, -1, d).transpose(1, 2)
-            k = _project(attn.k_proj, x).view(n, 1, -1, d).transpose(1, 2)
-            v = _project(attn.v_proj, x).view(n, 1, -1, d).transpose(1, 2)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            attn, mlp, d = layer.self_attn, layer.mlp, layer.self_attn.head_dim
+            x, qkv = _rms_norm(layer.input_layernorm, h), (attn.q_proj, attn.k_proj, attn.v_proj)
+            q, k, v = (_project(w, x).view(n, 1, -1, d).transpose(1, 2) for w in qkv)
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
             end = self.start + s + 1
             self.keys[i][:, :, end - 1 : end] = k
             self.values[i][:, :, end - 1 : end] = v

@@ -21,6 +21,7 @@ __all__ = [
     "preallocated_cache",
     "prompt_cache",
     "prompt_forward",
+    "rotary",
     "shared_prompt_cache",
 ]
 
@@ -35,6 +36,12 @@ def base_model(model: nn.Module) -> nn.Module:
 def cache_arg(model: nn.Module) -> str:
     """Name of the KV-cache argument and output: ``cache`` in recent transformers, else ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(type(base_model(model)).forward).parameters else "past_key_values"
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Llama's rotary embedding of ``x`` (``cos``, ``sin`` broadcast over its heads)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 @contextmanager
@@ -55,14 +62,7 @@ def cascade_state(model: nn.Module, attention: str, layers: Mapping[int, Any]) -
 
 
 def grouped_prefix_attention(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, scaling: float | None = None, **kw: Any
 ) -> tuple[Tensor, None]:
     """Cascade attention of G rows per prompt over ``module.cascade`` (each prompt's keys once) and the rows' own.
 
@@ -145,11 +145,9 @@ def preallocated_cache(capacity: int) -> Any:
 
         def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
             if not self.is_initialized:
-                n, h, _, d = key_states.shape
-                self.device = key_states.device
-                self._keys = key_states.new_empty(n, h, capacity, d)
-                self._values = value_states.new_empty(n, value_states.shape[1], capacity, value_states.shape[-1])
-                self.is_initialized = True
+                self.device, self.is_initialized = key_states.device, True
+                new = (s.new_empty(*s.shape[:2], capacity, s.shape[-1]) for s in (key_states, value_states))
+                self._keys, self._values = new
             end = self.length + key_states.shape[-2]
             if end > capacity:
                 raise ValueError(f"preallocated_cache: {end} tokens written to a cache of {capacity}")
@@ -203,29 +201,16 @@ def prompt_cache(model: Any, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor]:
             share += 1
     if share == 0:
         return prompt_forward(model, ids, mask, end)[0], mask[:, :end]
-    firsts = list(dict.fromkeys(players))
-    head = ids[:1, ids.shape[1] - int(lengths[0]) :][:, :share]
-    positions = torch.arange(ids.shape[1], device=ids.device).expand(len(firsts), -1)
-    out = model(
-        input_ids=head.expand(len(firsts), -1),
-        attention_mask=torch.ones_like(head).expand(len(firsts), -1),
-        position_ids=positions[:, :share],
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    firsts, once = list(dict.fromkeys(players)), {"use_cache": True, "logits_to_keep": 1}
+    head, n = ids[:1, ids.shape[1] - int(lengths[0]) :][:, :share], len(firsts)
+    positions, ones = torch.arange(share, device=ids.device).expand(n, -1), torch.ones_like(head)
+    out = model(input_ids=head.expand(n, -1), attention_mask=ones.expand(n, -1), position_ids=positions, **once)
     cache = getattr(out, cache_arg(model))
     cache.batch_select_indices(torch.tensor([firsts.index(p) for p in players], device=ids.device))
     # row i's rest (its last n_i - share tokens) right-aligned in columns share … W - 1, padding between
     rest_mask = torch.arange(ids.shape[1] - share, device=ids.device) >= (ids.shape[1] - lengths)[:, None]
     layout = torch.cat([torch.ones_like(mask[:, :share]), rest_mask.to(mask.dtype)], dim=1)
     if share < end:
-        pos = (layout.cumsum(dim=1) - 1).clamp_min(0)
-        model(
-            input_ids=ids[:, share:end],
-            attention_mask=layout[:, :end],
-            position_ids=pos[:, share:end],
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_arg(model): cache},
-        )
+        pos, kw = (layout.cumsum(dim=1) - 1).clamp_min(0), {cache_arg(model): cache}
+        model(input_ids=ids[:, share:end], attention_mask=layout[:, :end], position_ids=pos[:, share:end], **once, **kw)
     return cache, layout[:, :end]

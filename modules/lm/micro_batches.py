@@ -31,8 +31,7 @@ def micro_batches(
     Raises:
         ValueError: a negative limit, lengths that differ in number, or a row whose own cost exceeds ``max_tokens``.
     """
-    n = len(prompt_lengths)
-    if len(completion_lengths) != n:
+    if len(completion_lengths) != (n := len(prompt_lengths)):
         raise ValueError(f"{n} prompt lengths for {len(completion_lengths)} completion lengths")
     if max_tokens < 0 or max_rows < 0:
         raise ValueError(

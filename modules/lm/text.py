@@ -47,20 +47,14 @@ def encode_prompt_responses(
     if not prompts:
         return EncodedSequences([], None, [])
     full = tokenizer(list(prompts), list(responses), truncation=False, add_special_tokens=True)
-    lengths = [len(ids) for ids in full["input_ids"]]
-    long_rows = [i for i, n in enumerate(lengths) if n > max_length]
     input_ids = list(full["input_ids"])
+    long_rows = [i for i, ids in enumerate(input_ids) if len(ids) > max_length]
     type_ids = list(full["token_type_ids"]) if "token_type_ids" in full else None
     if long_rows:
-        side = tokenizer.truncation_side
-        tokenizer.truncation_side = "left"
+        side, tokenizer.truncation_side = tokenizer.truncation_side, "left"
         try:
-            cut = tokenizer(
-                [prompts[i] for i in long_rows],
-                [responses[i] for i in long_rows],
-                truncation="longest_first",
-                max_length=max_length,
-            )
+            pairs = [prompts[i] for i in long_rows], [responses[i] for i in long_rows]
+            cut = tokenizer(*pairs, truncation="longest_first", max_length=max_length)
         finally:
             tokenizer.truncation_side = side
         for j, i in enumerate(long_rows):
@@ -86,14 +80,12 @@ def pad_sequences(
 ) -> dict[str, Tensor]:
     """Right-pad (``left``: left-pad) a batch; ``input_ids``, ``attention_mask`` and, when given, ``token_type_ids``."""
     width = max(len(s) for s in seqs)
-    out = {"input_ids": torch.full((len(seqs), width), pad_id, dtype=torch.long)}
-    out["attention_mask"] = torch.zeros_like(out["input_ids"])
-    if type_ids is not None:
-        out["token_type_ids"] = torch.zeros_like(out["input_ids"])
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    out = {"input_ids": ids, "attention_mask": torch.zeros_like(ids)}
+    out |= {} if type_ids is None else {"token_type_ids": torch.zeros_like(ids)}
     for i, s in enumerate(seqs):
         cols = slice(width - len(s), width) if left else slice(0, len(s))
-        out["input_ids"][i, cols] = torch.as_tensor(s, dtype=torch.long)
-        out["attention_mask"][i, cols] = 1
+        ids[i, cols], out["attention_mask"][i, cols] = torch.as_tensor(s, dtype=torch.long), 1
         if type_ids is not None:
             out["token_type_ids"][i, cols] = torch.as_tensor(type_ids[i], dtype=torch.long)
     return out
@@ -120,8 +112,6 @@ def plain_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool =
 
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False) -> str:
     """``messages`` as text: the tokenizer's chat template, or :func:`plain_chat` when it has none (or is ``None``)."""
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-    return plain_chat(messages, add_generation_prompt)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return plain_chat(messages, add_generation_prompt)
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
