@@ -48,12 +48,9 @@ def geometric_mixture_logprobs(logp_policy: Tensor, logp_reference: Tensor, beta
             f"{tuple(logp_reference.shape)}"
         )
     # 0·(−inf) would be NaN: a weight of 0 drops that model's term entirely
-    if beta == 0.0:
-        mixed = logp_policy
-    elif beta == 1.0:
-        mixed = logp_reference
-    else:
-        mixed = (1.0 - beta) * logp_policy + beta * logp_reference
+    mixed = (
+        (1.0 - beta) * logp_policy + beta * logp_reference if 0 < beta < 1 else logp_reference if beta else logp_policy
+    )
     return torch.log_softmax(mixed, dim=-1)
 
 

@@ -70,11 +70,9 @@ def smida_surrogate_losses(
     """
     a, a_bar, adv_f = follower_advantages(utility, logp_follower, logp_follower_ref, tau_follower, single_baseline)
     adv_l = leader_advantages(a_bar, logp_leader, logp_leader_ref, tau_leader, single_baseline)
-    follower_loss = -(adv_f.detach() * logp_follower).mean()
-    leader_loss = (adv_l.detach() * logp_leader).mean()
     return {
-        "leader_loss": leader_loss,
-        "follower_loss": follower_loss,
+        "leader_loss": (adv_l.detach() * logp_leader).mean(),
+        "follower_loss": -(adv_f.detach() * logp_follower).mean(),
         "a_bar": a_bar.detach(),
         "leader_kl": (logp_leader - logp_leader_ref).detach().mean(),
         "follower_kl": (logp_follower - logp_follower_ref).detach().mean(),
