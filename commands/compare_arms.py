@@ -49,12 +49,8 @@ def load_arm(path: str) -> tuple[torch.Tensor, list[bool], list[str], int]:
     if any(sorted(r["correct"]) != sorted(["base", *names]) for r in rows):
         raise SystemExit(f"{rows_path}: rows do not hold the base and the {trained} trained models of {path}")
     solved = torch.tensor([[float(r["correct"][n]) for r in rows] for n in names], dtype=torch.float64)
-    return (
-        solved.view(seeds, m, len(rows)).mean(dim=1),
-        [r["correct"]["base"] for r in rows],
-        [r["sha256"] for r in rows],
-        m,
-    )
+    base = [r["correct"]["base"] for r in rows]
+    return solved.view(seeds, m, len(rows)).mean(dim=1), base, [r["sha256"] for r in rows], m
 
 
 def compare(arms: dict[str, str], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:

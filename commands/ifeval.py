@@ -44,16 +44,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     names = [n for n, _ in args.policy]
     if len(args.policy) > 2 or len(set(names)) != len(names):
         parser.error(f"--policy takes one or two policies with distinct names, got {names}")
-    for name, v in (("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):
-        if v < 1:
+    for name in ("--max-new-tokens", "--batch-size", "--limit"):
+        if (v := getattr(args, name[2:].replace("-", "_"))) is not None and v < 1:
             parser.error(f"{name} must be at least 1, got {v}")
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         parser.error(f"--out: the folder of {args.out!r} does not exist")
-    rows = read_ifeval(args.data)  # every row checked before any generation
-    if args.limit is not None:
-        if args.limit < 1:
-            parser.error(f"--limit must be at least 1, got {args.limit}")
-        rows = rows[: args.limit]
+    rows = read_ifeval(args.data)[: args.limit]  # every row checked before any generation
     prompts = [r["prompt"] for r in rows]
     base = base_identity(args.base) if args.base else None
     records = describe_models([folder for _, folder in args.policy], base, "--policy")  # duplicates, other bases
@@ -66,9 +62,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report["policies"][name] = {"folder": folder, **record, **score_responses(rows, replies)}
         del model
     if len(names) == 2:
-        first, second = (report["policies"][n] for n in names)
-        report["comparison"] = {"first": names[0], "second": names[1]}
-        report["comparison"].update(paired_difference(first, second, args.n_boot, args.seed))
+        difference = paired_difference(*(report["policies"][n] for n in names), args.n_boot, args.seed)
+        report["comparison"] = {"first": names[0], "second": names[1]} | difference
     inputs: dict[str, Any] = {"--data": args.data, "--base": args.base}
     for (name, folder), record in zip(args.policy, records):
         inputs[name] = folder

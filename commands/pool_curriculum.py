@@ -58,17 +58,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {"run": run, "sharpening": sharpening(weights, args.top)}
         data, config = _data_settings(run), os.path.join(run, "config.yaml")  # neither for a history file
         inputs[f"{name} config"] = config if os.path.isfile(config) else None
+        last = entry["sharpening"][-1]
+        line = f"{name}: iteration {last['iteration']}: top {args.top} {last['top']:.2f}x, bottom {last['bottom']:.2f}x"
         if data is not None:
             ops = pool_operations(data)
             if len(ops) != len(weights[-1]):
                 raise ValueError(f"{run}: {len(weights[-1])} weights but the rebuilt pool has {len(ops)} instructions")
-            entry["operations"] = feature_extremes(weights[-1], ops, min(args.feature_top, len(ops) // 2))
-        result[name] = entry
-        last = entry["sharpening"][-1]
-        line = f"{name}: iteration {last['iteration']}: top {args.top} {last['top']:.2f}x, bottom {last['bottom']:.2f}x"
-        if "operations" in entry:
-            o = entry["operations"]
+            o = entry["operations"] = feature_extremes(weights[-1], ops, min(args.feature_top, len(ops) // 2))
             line += f"; operations top {o['top']:.2f}, bottom {o['bottom']:.2f}, all {o['all']:.2f}"
+        result[name] = entry
         print(line)
     if "provenance" in result:
         raise SystemExit("--run: 'provenance' is the report's own key; name the run otherwise")

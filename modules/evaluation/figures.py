@@ -45,10 +45,9 @@ def make_figures(
     n_boot: int = 200,
     seed: int = 0,
 ) -> dict[str, Figure]:
-    """The three report figures: ``decile_accuracy``, ``roc_curves`` and ``error_rate_vs_fraction`` (paper Fig. 1).
+    """The report figures ``decile_accuracy``, ``roc_curves``, ``error_rate_vs_fraction`` (Fig. 1), from ``report``.
 
-    ``report`` (:func:`build_report` on the same inputs) avoids a second bootstrap; otherwise ``n_boot`` and ``seed``
-    make one.
+    Without ``report`` (:func:`build_report` on the same inputs), ``n_boot`` and ``seed`` make one.
 
     Raises:
         ValueError: As ``build_report``, or if ``report`` was computed on a different number of triplets.
@@ -73,15 +72,15 @@ def _decile_figure(report: Mapping[str, Any]) -> Figure:
     x = torch.arange(1, acc.numel() + 1)
     yerr = None
     if bands is not None:
-        low = torch.tensor(bands["decile_accuracy"]["low"], dtype=torch.float64)
-        high = torch.tensor(bands["decile_accuracy"]["high"], dtype=torch.float64)
+        low, high = (torch.tensor(bands["decile_accuracy"][k], dtype=torch.float64) for k in ("low", "high"))
         yerr = torch.stack([(acc - low).clamp_min(0), (high - acc).clamp_min(0)]).nan_to_num(0.0).numpy()
     ax.bar(x.numpy(), acc.nan_to_num(0.0).numpy(), yerr=yerr, capsize=3, color="tab:green", alpha=0.8)
     ax.axhline(report["ensemble_accuracy"], color="black", linestyle="--", linewidth=1, label="overall")
-    ax.set(xticks=x.numpy(), xlabel="variance decile (1 = lowest)", ylabel="oracle agreement (accuracy)")
-    ax.set_ylim(0.0, 1.05)
-    title = "Accuracy by variance decile"
-    ax.set_title(title + (f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""), fontsize=10)
+    ax.set(
+        xticks=x.numpy(), xlabel="variance decile (1 = lowest)", ylabel="oracle agreement (accuracy)", ylim=(0, 1.05)
+    )
+    level = f" ({int(100 * bands['level'])}% prompt bootstrap)" if bands else ""
+    ax.set_title("Accuracy by variance decile" + level, fontsize=10)
     ax.legend(loc="lower left")
     return fig
 
@@ -93,8 +92,8 @@ def _roc_figure(report: Mapping[str, Any], scores: Mapping[str, Tensor], errors:
         label = f"{_SCORE_LABELS[name]} (AUROC {report['auroc'][name]:.3f})"
         ax.plot(fpr.numpy(), tpr.numpy(), color=_SCORE_COLOURS[name], label=label)
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance")
-    ax.set(xlabel="false positive rate (correct flagged)", ylabel="true positive rate (errors flagged)")
-    ax.set(xlim=(0, 1), ylim=(0, 1))
+    ax.set(xlabel="false positive rate (correct flagged)", ylabel="true positive rate (errors flagged)", xlim=(0, 1))
+    ax.set_ylim(0, 1)
     ax.set_title("Error detection ROC", fontsize=10)
     ax.legend(loc="lower right")
     return fig
@@ -109,8 +108,8 @@ def _error_rate_figure(report: Mapping[str, Any]) -> Figure:
         colour = _SCORE_COLOURS[name]
         ax.plot(frac, curve[name], color=colour, label=_SCORE_LABELS[name])
         if bands is not None:
-            band = bands["error_rate_curve"]
-            ax.fill_between(frac, band["low"][name], band["high"][name], color=colour, alpha=0.2, linewidth=0)
+            lo, hi = (bands["error_rate_curve"][k][name] for k in ("low", "high"))
+            ax.fill_between(frac, lo, hi, color=colour, alpha=0.2, linewidth=0)
     ax.axhline(report["overall_error_rate"], color="black", linestyle="--", linewidth=1, label="overall")
     ax.set(xlabel="fraction selected (decreasing score)", ylabel="ensemble error rate", xlim=(0, 1), ylim=(0, 1))
     ax.set_title("Error rate vs fraction selected" + (" (shaded: prompt bootstrap)" if bands else ""), fontsize=10)
@@ -134,14 +133,10 @@ def make_game_figures(
     ax.set(xlabel="ensemble variance", ylabel="empirical CDF")
     ax.legend()
     grid = torch.linspace(0.01, 0.5, 50, dtype=torch.float64).tolist()
-    yields_t, yields_r = [], []
-    for a in grid:
-        th = float(torch.quantile(r, 1.0 - a))
-        yields_t.append(float((t >= th).double().mean()))
-        yields_r.append(float((r >= th).double().mean()))
+    ths = [float(torch.quantile(r, 1.0 - a)) for a in grid]
     fy, ax = _new_axes((6, 4))
-    ax.plot(grid, yields_t, "-", color="tab:blue", label="trained pair")
-    ax.plot(grid, yields_r, "--", color="tab:red", label="reference pair")
+    for v, style, colour, label in ((t, "-", "tab:blue", "trained pair"), (r, "--", "tab:red", "reference pair")):
+        ax.plot(grid, [float((v >= th).double().mean()) for th in ths], style, color=colour, label=label)
     banded = trained.ndim == 2 and trained.shape == reference.shape and n_boot > 0
     if banded:
         bands = candidate_yield_intervals(trained, reference, grid, n_boot, seed)

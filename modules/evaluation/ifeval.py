@@ -30,8 +30,7 @@ def read_ifeval(path: str) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: naming a missing file.
-        ValueError: naming the file, line, key and field of a bad line, field, repeated key or kwargs, or no rows;
-            naming a path that is not a regular file (a FIFO would block the read).
+        ValueError: naming the file, line, key and field of a bad row, or no rows, or a path that is not a file.
     """
     require_file(path, "--data")
     rows, seen = [], set()
@@ -52,9 +51,8 @@ def read_ifeval(path: str) -> list[dict[str, Any]]:
             if row["key"] in seen:
                 raise ValueError(f"{where}: field 'key' repeats an earlier row's")
             seen.add(row["key"])
-            for field in ("prompt", "instruction_id_list", "kwargs"):
-                if field not in row:
-                    raise ValueError(f"{where}: field {field!r} is missing")
+            if missing := [k for k in ("prompt", "instruction_id_list", "kwargs") if k not in row]:
+                raise ValueError(f"{where}: field {missing[0]!r} is missing")
             ids, kwargs = row["instruction_id_list"], row["kwargs"]
             if not isinstance(row["prompt"], str) or not row["prompt"].strip():
                 raise ValueError(f"{where}: field 'prompt' must be a non-empty string")
@@ -100,9 +98,7 @@ def score_responses(rows: Sequence[Mapping[str, Any]], responses: Sequence[str])
             loose.append(lo)
         results.append({"key": row["key"], "response": response, "strict": strict, "loose": loose})
     hits = _per_prompt(results)
-    full = hits["complete"]
-    n_instr = int(hits["instructions"].sum())
-    accuracy = {}
+    full, n_instr, accuracy = hits["complete"], int(hits["instructions"].sum()), {}
     for mode in ("loose", "strict"):
         accuracy[f"prompt_{mode}"] = float(hits[f"all_{mode}"][full].mean()) if full.any() else math.nan
         accuracy[f"instruction_{mode}"] = float(hits[mode].sum() / n_instr) if n_instr else math.nan
@@ -124,19 +120,11 @@ def score_responses(rows: Sequence[Mapping[str, Any]], responses: Sequence[str])
 
 def _per_prompt(results: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
     """Per prompt: followed counts (strict, loose), supported instructions, all followed, and fully supported."""
-
-    def column(fn: Any) -> torch.Tensor:
-        return torch.tensor([fn(r) for r in results], dtype=torch.float64)
-
-    out = {
-        "strict": column(lambda r: sum(x is True for x in r["strict"])),
-        "loose": column(lambda r: sum(x is True for x in r["loose"])),
-        "instructions": column(lambda r: sum(x is not None for x in r["strict"])),
-        "all_strict": column(lambda r: all(x is True for x in r["strict"])),
-        "all_loose": column(lambda r: all(x is True for x in r["loose"])),
-    }
-    out["complete"] = torch.tensor([all(x is not None for x in r["strict"]) for r in results])
-    return out
+    out = {"instructions": torch.tensor([sum(x is not None for x in r["strict"]) for r in results]).double()}
+    for mode in ("strict", "loose"):
+        out[mode] = torch.tensor([sum(x is True for x in r[mode]) for r in results], dtype=torch.float64)
+        out[f"all_{mode}"] = torch.tensor([all(x is True for x in r[mode]) for r in results], dtype=torch.float64)
+    return out | {"complete": torch.tensor([all(x is not None for x in r["strict"]) for r in results])}
 
 
 def paired_difference(
@@ -144,7 +132,7 @@ def paired_difference(
 ) -> dict[str, Any]:
     """Each accuracy of :data:`METRICS` for both policies and their difference (first − second), paired by prompt.
 
-    Each resample recomputes both accuracies as ratios of sums on the same prompts; empty resamples are left out.
+    Each prompt resample recomputes both accuracies as ratios of sums; empty resamples are left out.
 
     Raises:
         ValueError: when the two were scored on different prompts (keys or instructions), or ``n_boot`` is below 1.
@@ -152,10 +140,8 @@ def paired_difference(
     a, b = first["results"], second["results"]
     if [r["key"] for r in a] != [r["key"] for r in b] or [len(r["strict"]) for r in a] != [len(r["strict"]) for r in b]:
         raise ValueError("the two policies were scored on different prompts: a paired comparison needs the same ones")
-    ha, hb = _per_prompt(a), _per_prompt(b)
+    ha, hb, idx = _per_prompt(a), _per_prompt(b), resample_prompts(len(a), n_boot, seed)
     complete = ha["complete"].double()
-    idx = resample_prompts(len(a), n_boot, seed)
-    ends = interval_ends(level)
     out: dict[str, Any] = {"n_boot": n_boot, "level": level}
     for metric in METRICS:
         kind, mode = metric.split("_")
@@ -169,7 +155,7 @@ def paired_difference(
             continue
         boot_den = den[idx].sum(dim=1)
         boot = ((num_a[idx].sum(dim=1) - num_b[idx].sum(dim=1)) / boot_den)[boot_den > 0]
-        lo, hi = torch.quantile(boot, ends).tolist()
+        lo, hi = torch.quantile(boot, interval_ends(level)).tolist()
         fa, fb = float(num_a.sum()) / total, float(num_b.sum()) / total
         out[metric] = {"first": fa, "second": fb, "difference": fa - fb, "ci": [lo, hi]}
     return out
@@ -178,7 +164,7 @@ def paired_difference(
 def load_policy(folder: str, base: str | None = None) -> tuple[Any, Any]:
     """A policy and its tokenizer from an exported folder: a full model, or a peft adapter merged over its base.
 
-    The base is ``base`` or the adapter's own; the tokenizer the folder's when it holds one, else the base's.
+    The base is ``base`` or the adapter's own, the tokenizer the folder's or else the base's.
 
     Raises:
         FileNotFoundError: naming the folder when it does not exist.

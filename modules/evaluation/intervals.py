@@ -1,18 +1,7 @@
-r"""Intervals for a mean over seeds × problems by three schemes, side by side, and which of them is the most cautious.
+"""Three intervals for a mean of ``x[seed, problem]`` (crossed and nested bootstraps, seed-level t), side by side.
 
-A multi-seed statistic here is the mean of ``x[seed, problem]`` (an accuracy, a paired difference). Three intervals:
-
-- **crossed bootstrap** (:func:`crossed_bootstrap_interval`): one draw of the problems, shared by every seed, and one
-  of the seeds, both with replacement. It fits a crossed design (every seed answered the same problems).
-- **nested bootstrap** (:func:`nested_bootstrap_interval`): the seeds drawn with replacement, then the problems drawn
-  independently within each drawn seed. It fits a nested design (each seed has its own problems).
-- **seed-level t** (:func:`seed_t_interval`): the per-seed means' mean ± t(S − 1) · sd / √S. Each seed is one
-  observation, the problems' noise inside it; exact for normal seed means, whatever the seeds' spread.
-
-With 3 seeds both bootstraps see at most 10 distinct seed draws, and when the seeds differ by more than the problems
-they approach ``[min, max]`` of the seed means, which covers the mean with probability 1 − 2^(1 − S) = 0.75.
-:func:`seed_intervals` returns all three and names the most conservative: a claim that an interval excludes a value
-(0 for a difference) is made only when every one of them does.
+With 3 seeds the bootstraps approach ``[min, max]`` of the seed means (coverage 1 − 2^(1 − S) = 0.75), so an interval
+is said to exclude a value only when all three do.
 """
 
 from __future__ import annotations
@@ -47,10 +36,12 @@ def _counts(gen: torch.Generator, shape: tuple[int, ...], n: int) -> torch.Tenso
     return torch.zeros(*shape, n, dtype=torch.float64).scatter_add_(-1, idx, torch.ones_like(idx, dtype=torch.float64))
 
 
-def _check(seeds: int, problems: int, n_boot: int) -> None:
+def _generator(seeds: int, problems: int, n_boot: int, seed: int) -> torch.Generator:
+    """The resamples' generator, after checking the sizes."""
     if not problems:
         raise ValueError("no problems")
     require_at_least(n_boot=(n_boot, 1), seeds=(seeds, 1))
+    return torch.Generator().manual_seed(seed)
 
 
 def crossed_bootstrap_weights(
@@ -58,17 +49,15 @@ def crossed_bootstrap_weights(
 ) -> torch.Tensor:
     """``[*batch, n_boot, seeds, problems]``: how often a crossed resample counts seed ``s`` on problem ``p``.
 
-    The problems are drawn once for all seeds (they answered the same ones), then the seeds; the weight is the product
-    of the two counts. ``batch`` gives independent draws to each of many data sets at once.
+    The problems are drawn once for all seeds, then the seeds; the weight is the product of the two counts. ``batch``
+    gives independent draws to each of many data sets at once.
 
     Raises:
         ValueError: for no seeds, no problems or ``n_boot < 1``.
     """
-    _check(seeds, problems, n_boot)
-    gen = torch.Generator().manual_seed(seed)
-    by_problem = _counts(gen, (*batch, n_boot), problems)
-    by_seed = _counts(gen, (*batch, n_boot), seeds)
-    return by_seed[..., :, None] * by_problem[..., None, :]
+    gen = _generator(seeds, problems, n_boot, seed)
+    by_problem = _counts(gen, (*batch, n_boot), problems)  # drawn first, then the seeds
+    return _counts(gen, (*batch, n_boot), seeds)[..., :, None] * by_problem[..., None, :]
 
 
 def nested_bootstrap_weights(
@@ -76,14 +65,13 @@ def nested_bootstrap_weights(
 ) -> torch.Tensor:
     """``[*batch, n_boot, seeds, problems]``: how often a nested resample counts seed ``s`` on problem ``p``.
 
-    The seeds are drawn with replacement; each drawn seed then draws its own problems, independently of the other
-    draws (of the same seed too). The weight sums the problem counts of every draw of seed ``s``.
+    Each drawn seed draws its own problems (independently, also for a repeated seed); the weight sums the problem
+    counts of every draw of seed ``s``.
 
     Raises:
         ValueError: for no seeds, no problems or ``n_boot < 1``.
     """
-    _check(seeds, problems, n_boot)
-    gen = torch.Generator().manual_seed(seed)
+    gen = _generator(seeds, problems, n_boot, seed)
     drawn = torch.randint(seeds, (*batch, n_boot, seeds), generator=gen)  # [..., b, j]: the j-th drawn seed
     by_problem = _counts(gen, (*batch, n_boot, seeds), problems)  # [..., b, j, p]: that draw's problems
     which = torch.nn.functional.one_hot(drawn, seeds).double()  # [..., b, j, s]
@@ -97,9 +85,11 @@ def percentile_interval(values: torch.Tensor, confidence: float = 0.95) -> torch
     return q.movedim(0, -1)
 
 
-def _weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``[..., n_boot]``: each resample's mean of ``x[..., S, P]`` (every resample weighs ``S × P`` in all)."""
-    return torch.einsum("...bsp,...sp->...b", weights, x) / (x.shape[-2] * x.shape[-1])
+def _bootstrap_interval(weights_fn: Any, x: torch.Tensor, n_boot: int, seed: int, confidence: float) -> torch.Tensor:
+    """Percentile interval of the resamples' means of ``x[..., S, P]`` (every resample weighs ``S × P`` in all)."""
+    x = x.double()
+    w = weights_fn(x.shape[-2], x.shape[-1], n_boot, seed, x.shape[:-2])
+    return percentile_interval(torch.einsum("...bsp,...sp->...b", w, x) / (x.shape[-2] * x.shape[-1]), confidence)
 
 
 def crossed_bootstrap_interval(
@@ -112,9 +102,7 @@ def crossed_bootstrap_interval(
     Raises:
         ValueError: for no problems or ``n_boot < 1``.
     """
-    x = x.double()
-    w = crossed_bootstrap_weights(x.shape[-2], x.shape[-1], n_boot, seed, x.shape[:-2])
-    return percentile_interval(_weighted_mean(x, w), confidence)
+    return _bootstrap_interval(crossed_bootstrap_weights, x, n_boot, seed, confidence)
 
 
 def nested_bootstrap_interval(
@@ -125,9 +113,7 @@ def nested_bootstrap_interval(
     Raises:
         ValueError: for no problems or ``n_boot < 1``.
     """
-    x = x.double()
-    w = nested_bootstrap_weights(x.shape[-2], x.shape[-1], n_boot, seed, x.shape[:-2])
-    return percentile_interval(_weighted_mean(x, w), confidence)
+    return _bootstrap_interval(nested_bootstrap_weights, x, n_boot, seed, confidence)
 
 
 def seed_t_interval(per_seed: torch.Tensor, confidence: float = 0.95) -> torch.Tensor:
@@ -142,20 +128,17 @@ def seed_t_interval(per_seed: torch.Tensor, confidence: float = 0.95) -> torch.T
     """
     from scipy import stats  # here, not at the top: importing the bootstraps must not need scipy
 
-    per_seed = per_seed.double()
-    n = per_seed.shape[-1]
+    per_seed, n = per_seed.double(), per_seed.shape[-1]
     if n < 2:
         raise ValueError(f"a t interval over seeds needs at least 2 seeds, got {n}")
-    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * per_seed.std(dim=-1) / n**0.5
-    mean = per_seed.mean(dim=-1)
+    half, mean = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * per_seed.std(dim=-1) / n**0.5, per_seed.mean(-1)
     return torch.stack([mean - half, mean + half], dim=-1)
 
 
 def compare_intervals(intervals: Mapping[str, Sequence[float] | None], null: float = 0.0) -> dict[str, Any]:
-    """The intervals (``None``: not computed) with the most conservative named and whether all of them exclude ``null``.
+    """The intervals (``None``: not computed), the most conservative named, and whether all of them exclude ``null``.
 
-    The most conservative is the widest of those that contain ``null`` when any does, else the one whose nearer end
-    lies closest to it. ``excludes_null`` holds only when every interval lies on the same side of ``null``.
+    The most conservative: the widest of those containing ``null``, else the one whose nearer end is closest to it.
 
     Raises:
         ValueError: when no interval is given.
@@ -169,7 +152,7 @@ def compare_intervals(intervals: Mapping[str, Sequence[float] | None], null: flo
     else:
         pick = min(given, key=lambda k: min(abs(given[k][0] - null), abs(given[k][1] - null)))
     above, below = all(ci[0] > null for ci in given.values()), all(ci[1] < null for ci in given.values())
-    out: dict[str, Any] = {k: None if ci is None else given[k] for k, ci in intervals.items()}
+    out: dict[str, Any] = {k: given.get(k) for k in intervals}  # None where not computed
     return out | {"most_conservative": pick, "null": null, "excludes_null": above or below}
 
 
@@ -183,8 +166,7 @@ def seed_intervals(
 ) -> dict[str, Any]:
     """The three intervals of the mean of ``x[seeds, problems]``, compared by :func:`compare_intervals`.
 
-    ``crossed=False`` leaves the crossed bootstrap out (``None``): a nested design, where row ``p`` of one seed is not
-    the problem of row ``p`` of another. With one seed the t interval is ``None``.
+    ``crossed=False`` (a nested design) leaves the crossed one ``None``, and one seed the t interval.
     """
     x = x.double()
     return compare_intervals(
@@ -199,11 +181,9 @@ def seed_intervals(
 
 def format_intervals(summary: Mapping[str, Any], spec: str = "+.3f", scale: float = 1.0) -> str:
     """``crossed bootstrap [a, b] · nested bootstrap [c, d] · seed t [e, f]``, the most conservative in bold."""
-    parts = []
-    for key, label in LABELS.items():
-        ci = summary.get(key)
-        if ci is None:
-            continue
-        text = f"{label} [{format(scale * ci[0], spec)}, {format(scale * ci[1], spec)}]"
-        parts.append(f"**{text}**" if key == summary.get("most_conservative") else text)
-    return " · ".join(parts)
+    parts = {
+        k: f"{label} [{format(scale * ci[0], spec)}, {format(scale * ci[1], spec)}]"
+        for k, label in LABELS.items()
+        if (ci := summary.get(k)) is not None
+    }
+    return " · ".join(f"**{t}**" if k == summary.get("most_conservative") else t for k, t in parts.items())

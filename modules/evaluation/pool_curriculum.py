@@ -1,8 +1,7 @@
 """The pool leader's curriculum from runs' ``pool_history.json``: how it sharpens, and which instructions it favours.
 
-Per iteration, the top and bottom five instructions' mean weight against uniform (Fig. 5); at the end, for a
-generated arithmetic pool, the mean operation count of the most and least likely instructions. A run's
-``config.yaml`` supplies only the data section's numbers, to rebuild the pool in the leader's order.
+Per iteration, the top and bottom instructions' mean weight against uniform (Fig. 5); at the end, for a generated
+pool (rebuilt from ``config.yaml``'s data numbers), the mean operation count of the most and least likely ones.
 
     python -m alignment_games.commands.pool_curriculum --run default=runs/pool_grpo_competent/version_0 \\
         --run difficulty=runs/pool_grpo_difficulty/version_0 --out pool_curriculum.json

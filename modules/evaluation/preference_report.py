@@ -203,8 +203,7 @@ def variance_summary(
     if errors is not None:
         e = _binary(errors, "errors")
         _same_length(("variance", v), ("errors", e))
-        out["mean_when_error"] = v[e].mean().item() if e.any() else float("nan")
-        out["mean_when_correct"] = v[~e].mean().item() if (~e).any() else float("nan")
+        out |= {"mean_when_error": v[e].mean().item(), "mean_when_correct": v[~e].mean().item()}  # NaN if none
     return out
 
 
@@ -228,10 +227,9 @@ def prompt_bootstrap(
     n_groups = int(group_index.max()) + 1
     draws = resample_prompts(n_groups, n_boot, seed)
     times_drawn = torch.zeros(n_boot, n_groups, dtype=torch.long).scatter_add_(1, draws, torch.ones_like(draws))
-    items = torch.arange(g.numel())
     replicates = []
     for b in range(n_boot):
-        idx = torch.repeat_interleave(items, times_drawn[b][group_index])
+        idx = torch.repeat_interleave(torch.arange(g.numel()), times_drawn[b][group_index])
         value = torch.as_tensor(stat_fn(idx), dtype=torch.float64).detach().cpu()
         if replicates and value.shape != replicates[0].shape:
             raise ValueError(
@@ -239,9 +237,8 @@ def prompt_bootstrap(
             )
         replicates.append(value)
     stacked = torch.stack(replicates).reshape(n_boot, -1)
-    bounds = torch.nanquantile(stacked, interval_ends(level), dim=0, interpolation="linear")
-    shape = replicates[0].shape
-    return bounds[0].reshape(shape), bounds[1].reshape(shape)
+    low, high = torch.nanquantile(stacked, interval_ends(level), dim=0, interpolation="linear")
+    return low.reshape(replicates[0].shape), high.reshape(replicates[0].shape)
 
 
 def _check_report_inputs(member_probs: Any, labels: Any, prompt_ids: Any) -> tuple[Tensor, Tensor, Tensor]:
