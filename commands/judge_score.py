@@ -79,7 +79,7 @@ def split_problems(data: dict, split: str) -> list[dict[str, str]]:
 
 
 def write_answers(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Alice's answers to the split's problems, ``--samples`` each, every row graded by the checker."""
+    """Alice's answers to the split's problems: ``--samples`` at each of ``--temperature`` (0: one greedy), graded."""
     from alignment_games.commands.generate import generate, load_policy
 
     model, _, data = _config(args.config)
@@ -87,20 +87,18 @@ def write_answers(args: argparse.Namespace) -> list[dict[str, Any]]:
     template = PROMPTS.get(model.get("alice_prompt", "alice"), model.get("alice_prompt", "alice"))
     bank = load_policy(args.model or model["lm"]["name_or_path"], args.adapter)
     max_new = (model.get("sampling") or {}).get("max_new_tokens", 64)
-    sampling = Sampling(temperature=args.temperature or 1.0, max_new_tokens=max_new)
     torch.manual_seed(args.seed)
     prompts = [fill_fields(template, problem=p["prompt"]) for p in problems]
     rows = []
-    for k in range(args.samples):
-        for start in range(0, len(prompts), args.batch_size):
-            chunk = prompts[start : start + args.batch_size]
-            texts = generate(bank, chunk, model.get("system_prompt"), sampling, greedy=args.temperature == 0)
-            for i, text in enumerate(texts, start):
-                reply = split_reply(
-                    text, model.get("think_open", "<think>"), model.get("think_close", "</think>"), False
-                )
-                t = Transcript(problems[i]["prompt"], problems[i]["reference"], "rlaif_a", [reply])
-                rows.append({"problem": i, "sample": k, **problems[i], "answer": text, "truth": bool(t.correct)})
+    for temperature in args.temperature:
+        sampling = Sampling(temperature=temperature or 1.0, max_new_tokens=max_new)
+        for k in range(1 if temperature == 0 else args.samples):
+            for start in range(0, len(prompts), args.batch_size):
+                chunk = prompts[start : start + args.batch_size]
+                texts = generate(bank, chunk, model.get("system_prompt"), sampling, greedy=temperature == 0)
+                for i, text in enumerate(texts, start):
+                    row = {"problem": i, "temperature": temperature, "sample": k, **problems[i], "answer": text}
+                    rows.append(row | {"truth": bool(_transcript(row, model).correct)})
     _write_lines(args.out, rows)
     return rows
 
@@ -199,8 +197,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
     a = steps.add_parser("answers", help="Alice's graded answers to a split's problems")
     a.add_argument("--split", choices=("train", "val"), default="val")
     a.add_argument("--num-problems", type=int, default=None, help="the split's first N (default: all)")
-    a.add_argument("--samples", type=int, default=1, help="answers per problem")
-    a.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
+    a.add_argument("--samples", type=int, default=1, help="answers per problem at each sampled temperature")
+    a.add_argument("--temperature", type=float, nargs="+", default=[0.7], help="one or more; 0: the greedy answer")
     a.add_argument("--model", help="the base (default: the config's lm.name_or_path)")
     a.add_argument("--adapter", help="an exported LoRA adapter folder as Alice")
     s = steps.add_parser("sft", help="SFT rows: the judge's prompt and the checker's verdict")
@@ -220,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
     counts = [getattr(args, k, None) for k in ("batch_size", "samples", "votes", "num_problems")]
     if min(n for n in counts if n is not None) < 1:
         parser.error("--batch-size, --samples, --votes and --num-problems must be at least 1")
+    if min(getattr(args, "temperature", [0])) < 0:
+        parser.error("--temperature must be 0 (greedy) or above")
     try:
         return {"answers": write_answers, "sft": write_sft, "score": score}[args.step](args)
     except (OSError, ValueError) as err:

@@ -42,12 +42,14 @@ def _rows(tmp_path, truths):
 
 def test_answers_are_the_splits_problems_each_sampled_and_graded(tmp_path, debate_config):
     out = tmp_path / "a.jsonl"
-    rows = main(["answers", "--config", str(debate_config), "--samples", "2", "--out", str(out)])
+    argv = ["answers", "--config", str(debate_config), "--temperature", "0", "0.7", "--samples", "2", "--out", str(out)]
+    rows = main(argv)
     dm = DebateDataModule(problems="single_step", max_operand=30, num_prompts=12, val_fraction=0.5, batch_size=2)
     dm.setup("fit")
     val = dm.splits["val"]
-    assert [(r["prompt"], r["reference"], r["sample"]) for r in rows] == [
-        (p["prompt"], p["reference"], k) for k in range(2) for p in val
+    passes = [(0.0, 0), (0.7, 0), (0.7, 1)]  # one greedy answer, then --samples at each sampled temperature
+    assert [(r["prompt"], r["reference"], r["temperature"], r["sample"]) for r in rows] == [
+        (p["prompt"], p["reference"], t, k) for t, k in passes for p in val
     ]
     assert read_answers(str(out)) == rows
     assert all(r["truth"] is False for r in rows if "\\boxed" not in r["answer"])  # no boxed answer is never right
