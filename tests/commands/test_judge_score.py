@@ -1,9 +1,9 @@
-import hashlib
 import json
 
 import pytest
 import torch
 import yaml
+from helpers.provenance import check_provenance
 
 from alignment_games.commands.judge_score import main, read_answers
 from alignment_games.datamodules.debate import DebateDataModule
@@ -55,7 +55,7 @@ def test_answers_are_the_splits_problems_each_sampled_and_graded(tmp_path, debat
     assert all(r["truth"] is False for r in rows if "\\boxed" not in r["answer"])  # no boxed answer is never right
 
 
-def test_score_reports_every_answer_its_votes_and_the_inputs_hashes(tmp_path, debate_config):
+def test_score_reports_every_answer_its_votes_and_the_inputs_hashes(tmp_path, debate_config, tiny_lm_dir):
     answers = _rows(tmp_path, [True, False, True, True, False, False])
     out = tmp_path / "report.json"
     report = main(
@@ -66,10 +66,10 @@ def test_score_reports_every_answer_its_votes_and_the_inputs_hashes(tmp_path, de
     assert votes.shape == (6, 3) and report["num_votes"] == 3 and report["n_problems"] == 3
     again = judge_report(votes, [r["truth"] for r in report["answers"]], [r["problem"] for r in report["answers"]])
     assert {k: again[k] for k in ("mcc", "auroc", "tie_share")} == {k: report[k] for k in ("mcc", "auroc", "tie_share")}
-    inputs = report["provenance"]["inputs"]
-    assert inputs["answers"]["sha256"] == hashlib.sha256(answers.read_bytes()).hexdigest()
-    assert inputs["config"]["sha256"] == hashlib.sha256(debate_config.read_bytes()).hexdigest()
-    assert inputs["judge_model"]["model"]  # the judge's identity, as checkpoints record it
+    block = check_provenance(
+        report, {"config": str(debate_config), "answers": str(answers), "judge_model": tiny_lm_dir}
+    )
+    assert block["inputs"]["judge_model"]["model"]  # the judge's identity, as checkpoints record it
 
 
 def test_sft_refuses_a_system_message_the_judge_never_reads(tmp_path, debate_config):
