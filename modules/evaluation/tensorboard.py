@@ -19,8 +19,7 @@ from alignment_games.modules.algorithms.checks import require_at_least
 
 __all__ = ["GameBoard", "escape_markdown", "samples_markdown"]
 
-# every ASCII punctuation character may start markdown (lists, headings, emphasis, code, tables, links, setext
-# underlines, HTML): each becomes a numeric entity, which markdown passes through and the browser shows as itself
+# ASCII punctuation may start markdown (lists, headings, emphasis, code, tables, links, HTML): a numeric entity does not
 _PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -90,9 +89,8 @@ class GameBoard:
 
     def wants_samples(self, module: L.LightningModule, tag: str) -> bool:
         """Whether ``tag`` still takes rows (so a caller can skip building them)."""
-        if self.num_samples == 0 or not media_loggers(module._trainer):
-            return False
-        return len(self._samples.get(tag, [])) < self.num_samples
+        wanted = self.num_samples > len(self._samples.get(tag, []))
+        return wanted and bool(media_loggers(module._trainer))
 
     def add_samples(
         self, module: L.LightningModule, tag: str, rows: Iterable[Mapping[str, Any]], replace: bool = False
