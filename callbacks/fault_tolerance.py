@@ -1,7 +1,5 @@
 """Nothing lost on a preemption: RNG states in every checkpoint, a checkpoint on SIGTERM, atomic checkpoint files."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import random

@@ -6,8 +6,6 @@ config built (at fit start, before the restore) and writes them back once the st
 loop position stay the checkpoint's.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning.pytorch as pl

@@ -1,7 +1,5 @@
 """A callback base whose evaluation-batch hook takes only what the callbacks read of it."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning.pytorch as pl

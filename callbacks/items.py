@@ -1,7 +1,5 @@
 """Each evaluation item counted once across ranks, undoing the distributed sampler's padding with repeated items."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 

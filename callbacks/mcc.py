@@ -1,7 +1,5 @@
 """Matthews correlation of a binary judge against the truth, with its trend over evaluations."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning.pytorch as pl

@@ -1,7 +1,5 @@
 """Keep the checkpoint of the evaluation whose pooled Beta-posterior lower bound on accuracy is highest."""
 
-from __future__ import annotations
-
 import math
 import os
 from typing import Any

@@ -1,7 +1,5 @@
 """Write whatever ``predict_step`` returns (a list of dicts per batch) as jsonl rows in the run's log folder."""
 
-from __future__ import annotations
-
 import json
 import os
 from typing import Any

@@ -1,7 +1,5 @@
 """The console of a run: bars that count what ends it, a line every half minute, no known-harmless noise."""
 
-from __future__ import annotations
-
 import logging
 import threading
 import time

@@ -1,7 +1,5 @@
 """The run's resolved config recorded in every checkpoint, so a resume can tell whether it continues the same run."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning.pytorch as pl

@@ -1,7 +1,5 @@
 """Two-timescale learning-rate warm-up for a leader and a follower optimizer."""
 
-from __future__ import annotations
-
 from typing import Any
 
 import lightning.pytorch as pl

@@ -1,7 +1,5 @@
 """Beta(1, 1) posteriors for peak-checkpoint selection, P(Best) and gap recovery (debate RLAIF, App. A)."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Mapping, Sequence
 from typing import overload

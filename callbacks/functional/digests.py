@@ -4,8 +4,6 @@ Both are ``sha256sum`` format. They catch bytes changed after the save (a bad di
 prove nothing about who wrote the file: whoever can rewrite the file can rewrite its sidecar too.
 """
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import os

@@ -1,7 +1,5 @@
 """The adapted Elo reputation rule of the multi-LLM pool (multi-LLM Stackelberg alignment, §2.3 and App. C)."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Iterable, Sequence
 

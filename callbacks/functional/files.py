@@ -1,7 +1,5 @@
 """File-system helpers shared by the callbacks' atomic writes and the modules' folder swaps and locks (plain ``os``)."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import io

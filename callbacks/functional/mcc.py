@@ -1,7 +1,5 @@
 """Judge MCC from confusion counts and its least-squares trend (debate RLAIF, "Metrics")."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Sequence
 from typing import Any

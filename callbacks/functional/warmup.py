@@ -1,7 +1,5 @@
 """Two-timescale learning-rate warm-up of deep-SMIDA (Stackelberg preference games, App. D.1)."""
 
-from __future__ import annotations
-
 
 def warmup_learning_rates(
     step: int, initial_lr: float, leader_lr: float, follower_lr: float, warmup_steps: int

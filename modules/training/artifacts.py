@@ -3,8 +3,6 @@
 Folders are swapped in by two renames; a kill between them leaves ``.<name>.previous`` for :func:`recover_folder`.
 """
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import os

@@ -3,8 +3,6 @@
 Decisions are taken for all ranks together, so DDP never waits for a backward one rank skipped.
 """
 
-from __future__ import annotations
-
 import math
 import threading
 import warnings

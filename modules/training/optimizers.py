@@ -1,7 +1,5 @@
 """Injected optimizers: every family's ``optimizer`` option, built on groups at the family's rates; AdamW by default."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable
 from typing import Any
 

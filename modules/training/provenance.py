@@ -1,7 +1,5 @@
 """Which shipped config makes a local artifact, so that a missing one is reported with the command that makes it."""
 
-from __future__ import annotations
-
 import glob
 import os
 from pathlib import Path

@@ -1,7 +1,5 @@
 """The families, read from the code: public LightningModules of ``modules/``, DataModules of ``datamodules/``."""
 
-from __future__ import annotations
-
 import importlib
 import inspect
 import pkgutil

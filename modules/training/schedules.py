@@ -1,7 +1,5 @@
 """Schedules: learning-rate factors (for ``LambdaLR``) and the length a game's annealing schedules span."""
 
-from __future__ import annotations
-
 import math
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
