@@ -324,10 +324,7 @@ def renamed_options(args: list[str]) -> list[str]:
 
 
 class AlignmentCLI(LightningCLI):
-    """LightningCLI with ``--test_after_fit``, TensorBoard as the default logger and no optimizer options.
-
-    Every family builds its own optimizers: ``--optimizer``/``--lr_scheduler`` are refused, naming the rates' options.
-    """
+    """LightningCLI with ``--test_after_fit``, TensorBoard by default, no ``--optimizer`` (families build theirs)."""
 
     @override
     def parse_arguments(self, parser, args) -> None:
@@ -499,13 +496,11 @@ class AlignmentCLI(LightningCLI):
             return None
 
     def _check_same_run(self, path: str, config_yaml: str | None, inputs: dict, strict: bool, source: str) -> None:
-        """Refuse a checkpoint that is unreadable, another experiment's (``strict``), or read other inputs.
+        """Refuse a checkpoint unreadable, of another experiment (``strict``) or inputs; other settings run as given.
 
-        See :func:`~alignment_games.modules.checkpoints.run_identity.check_resumed_run`; other settings (an explicit
-        checkpoint) run as given: ``GivenOptimizerSettings`` sets the optimizers' after the restore.
+        See :func:`~alignment_games.modules.checkpoints.run_identity.check_resumed_run` and ``GivenOptimizerSettings``.
         """
-        changed = check_resumed_run(path, config_yaml, inputs, strict, source)
-        if changed is None:
+        if (changed := check_resumed_run(path, config_yaml, inputs, strict, source)) is None:
             rank_zero_warn(f"{path} records no run config: not checked to belong to this experiment")
         elif changed:
             rank_zero_info(f"{source}: continuing with the given settings, which differ in {changed}")

@@ -93,10 +93,8 @@ class AutomaticFamily(CheckpointLoading, AutomaticStepGuard, InjectedOptimizer):
 class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     """Manual optimisation over :class:`PolicyBank` s, with the shared strategy, checkpoint and artifact code.
 
-    A subclass sets :attr:`family` (its name in error messages), builds its banks after ``super().__init__(...)``,
-    keeps further state in :meth:`game_state` / :meth:`load_game_state`, and names non-trainable state-dict entries to
-    keep by prefix in :attr:`kept_state_prefixes`. TensorBoard beyond scalars goes through :attr:`board`.
-
+    A subclass sets :attr:`family`, builds its banks after ``super().__init__(...)``, keeps its state in
+    :meth:`game_state`, kept non-trainable entries in :attr:`kept_state_prefixes`, TensorBoard extras in :attr:`board`.
     A family may take these arguments as ``**game`` and pass them on: they stay its config options, with this help.
 
     Args:
@@ -233,10 +231,8 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     ) -> dict[str, Tensor] | None:
         """Forward and backward of row ranges ``chunks``; the summed loss and stats, or ``None`` (non-finite ``what``).
 
-        ``loss_of(start, stop)`` gives its rows' loss and detached stats, weighted by their share of ``total_rows``
-        when given (so the gradient is the batch mean's; rows not run count 0). Gradients are synchronised on the last
-        chunk only; with ``reduce`` never: each rank ran its own rows, and ``reduce(loss)`` sums the gradients and the
-        loss (a float) over the ranks, checked once.
+        ``loss_of(start, stop)`` gives its rows' loss and detached stats, weighted by their share of ``total_rows``.
+        Gradients sync on the last chunk only; with ``reduce`` never: ``reduce(loss)`` sums gradients and loss instead.
         """
         num_rows, banks = chunks[-1][1] if chunks else 0, list(self.policy_banks().values())
         total: dict[str, Any] = {}
@@ -276,11 +272,10 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     def optimizer_step(self, optimizer: Any, parameters: list[nn.Parameter] | None = None) -> Tensor:
         """Check the gradients, clip by :attr:`grad_clip`, step; the 2-norm before clipping over ``parameters``.
 
-        A NaN or inf gradient on any rank drops the gradients without a step (``global_step`` stays; the skip is
-        counted) and returns NaN. Under DeepSpeed the engine checks, clips and reports the norm itself.
+        A NaN or inf gradient on any rank drops the gradients unstepped and returns NaN (DeepSpeed: its engine's own).
         """
-        params = parameters if parameters is not None else [p for g in optimizer.param_groups for p in g["params"]]
         stepped = [p for g in optimizer.param_groups for p in g["params"]]
+        params = parameters if parameters is not None else stepped
         # every parameter the step would move, not only ``parameters`` (the norm's): a NaN anywhere must not land
         if not self.check_gradients(stepped):
             optimizer.zero_grad(set_to_none=True)
@@ -316,8 +311,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the trainable tensors, game state, family and each bank's base; refuse NaN or inf (``RuntimeError``)."""
         keep = self.trainable_state_names()
-        state_dict = checkpoint.get("state_dict")
-        if state_dict is not None:  # DeepSpeed keeps weights in its own files
+        if (state_dict := checkpoint.get("state_dict")) is not None:  # DeepSpeed keeps weights in its own files
             for name in list(state_dict):
                 if name not in keep and not name.startswith(self.kept_state_prefixes):
                     del state_dict[name]

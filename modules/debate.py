@@ -194,10 +194,7 @@ class DebateSelfPlay(LanguageModelGame):
         fork_plies: list[int] | None = None,
         greedy: bool = False,
     ) -> ForkedRollout[Rollout]:
-        """Play every problem, forking ``group_size`` branches at ``fork_plies`` (``None``: once each, group size 1).
-
-        One ``generate`` call per ply holds every row of that ply, Alice's and Bob's alike.
-        """
+        """Play every problem, ``group_size`` branches forked at ``fork_plies`` (``None``: once); one decode per ply."""
         hp = self.hparams
         b, g = len(problems), group_size
         if fork_plies is None:
@@ -224,8 +221,7 @@ class DebateSelfPlay(LanguageModelGame):
             for i in range(b):
                 for k in range(g):
                     branches[i][k].replies.append(replies[rows[i * g + k]])
-            forked = [i for i in range(b) if fork_plies[i] == j]
-            if forked:
+            if forked := [i for i in range(b) if fork_plies[i] == j]:
                 flat = [i * g + k for i in forked for k in range(g)]
                 chunks[j] = (out.rows([rows[x] for x in flat]), flat)
         transcripts = [t for per_problem in branches for t in per_problem]
@@ -379,8 +375,7 @@ class DebateSelfPlay(LanguageModelGame):
         """Feed the persistent per-epoch means (forked-ply reward; Alice's accuracy on referenced rows)."""
         self.epoch_reward.update(rewards)
         self.log("train/reward_epoch", self.epoch_reward, on_step=False, on_epoch=True, batch_size=rewards.numel())
-        known = [float(t.correct) for t in transcripts if t.correct is not None]
-        if known:
+        if known := [float(t.correct) for t in transcripts if t.correct is not None]:
             self.epoch_accuracy.update(torch.tensor(known, dtype=torch.float32, device=self.device))
             self.log("train/accuracy_epoch", self.epoch_accuracy, on_step=False, on_epoch=True, batch_size=len(known))
 
@@ -466,8 +461,7 @@ class DebateSelfPlay(LanguageModelGame):
         record = {
             "step": int(self.global_step),
             "batches_seen": int(self.counters["batches_seen"]),
-            "successes": v["successes"],
-            "trials": v["trials"],
+            **{k: v[k] for k in ("successes", "trials")},
             "accuracy": v["successes"] / v["trials"] if v["trials"] else float("nan"),
             "mcc": matthews_corrcoef_from_counts(v["tp"], v["fp"], v["tn"], v["fn"]),
             **{k: v[k] for k in ("tp", "fp", "tn", "fn", "ties", "unparsed")},

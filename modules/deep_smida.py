@@ -227,8 +227,7 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
         """α-online candidates of the trained pair, as rows of the preference datamodule's format (leader first)."""
         hp = self.hparams
         if (threshold := hp.candidate_threshold) is None:
-            key = next((k for k in self.reference_thresholds if float(k) == hp.candidate_alpha), None)
-            if key is None:
+            if (key := next((k for k in self.reference_thresholds if float(k) == hp.candidate_alpha), None)) is None:
                 raise ValueError(
                     f"no reference threshold for alpha={hp.candidate_alpha}: validate first (the checkpoint keeps the "
                     f"thresholds) or set model.init_args.candidate_threshold"

@@ -340,9 +340,8 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
 
     def _update_leader(self, chosen: list[int], side_scores: list, progress: float) -> tuple[list[float], Tensor]:
         """6. The duels' composite rewards and the EXP3 update; the leader's new distribution."""
-        hp = self.hparams
         rewards = [self.leader_reward(sa, sb, progress) for sa, sb in side_scores]
-        if hp.leader == "exp3":
+        if self.hparams.leader == "exp3":
             self.leader_bandit.update(chosen, rewards)
         probs = self.leader_probabilities()
         self.history["weights"].append(probs.tolist())

@@ -285,8 +285,7 @@ class PreferenceEnsemble(AutomaticFamily):
     def configure_optimizers(self):
         head = [p for p in self.head.parameters() if p.requires_grad]
         groups = [{"params": head, "lr": self.hparams.lr}]
-        body = [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("head.")]
-        if body:
+        if body := [p for n, p in self.named_parameters() if p.requires_grad and not n.startswith("head.")]:
             groups.append({"params": body, "lr": self.hparams.backbone_lr})
         return self.make_optimizer(groups, self.hparams.lr, weight_decay=self.hparams.weight_decay)
 

@@ -83,9 +83,7 @@ class CausalLMSFT(AutomaticFamily):
         if lm is not None and lm.load_in_4bit and not lora:
             raise ValueError("lm.load_in_4bit: a 4-bit model cannot be fine-tuned in full; set lora: true (QLoRA)")
         self.save_hyperparameters(ignore=["lm", "optimizer"])
-        self.hparams.update(
-            lm=None if lm is None else lm.as_dict(), max_consecutive_nonfinite=self.max_consecutive_nonfinite
-        )
+        self.hparams.update(lm=lm and lm.as_dict(), max_consecutive_nonfinite=self.max_consecutive_nonfinite)
         # the tiny base is built in a temporary folder, copied to output_dir/_init only by the save at the end of fit
         self._tiny_init: str | None = None
         source = lm
@@ -110,8 +108,7 @@ class CausalLMSFT(AutomaticFamily):
     ) -> dict[str, torch.Tensor]:
         """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens).
 
-        A prompt is text or a list of ``{"role", "content"}`` messages; ``systems`` (``None``: ``system_prompt``) gives
-        each example's system message unless its conversation opens with one.
+        A prompt is text or ``{"role", "content"}`` messages; ``systems`` (default ``system_prompt``) unless it has one.
         """
         rows, labels = [], []
         eos = self.tokenizer.eos_token_id

@@ -131,15 +131,10 @@ class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     def _make_stepper(self) -> SMIDAStep:
         return SMIDAStep(self.u, self.log_pi_ref, self.log_omega_ref, *self._step_sizes)
 
-    @override
-    def on_train_start(self) -> None:
-        """Build the update's constant terms once, on the device the buffers now live on."""
-        self._stepper = self._make_stepper()
-
     @torch.no_grad()
     def smida_iteration(self) -> bool:
         """Apply one iteration of Algorithm 1 (``t → t + 1``); ``False``, nothing changed, for a NaN or +inf iterate."""
-        if self._stepper is None or self._stepper.cost_base.device != self.u.device:
+        if self._stepper is None or self._stepper.cost_base.device != self.u.device:  # built once per device
             self._stepper = self._make_stepper()
         log_pi, log_omega = self._stepper(self.log_pi, self.log_omega)
         if not self.check_finite(_invalid_log_probabilities(log_pi, log_omega), "log-probabilities of the iterate"):
