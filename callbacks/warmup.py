@@ -132,11 +132,11 @@ class TwoTimescaleWarmup(Callback):
         )
 
     def _apply(self, trainer: pl.Trainer) -> tuple[float, float, float]:
-        leader, follower, ratio = self.rates()
-        for index, lr in ((self.leader_optimizer, leader), (self.follower_optimizer, follower)):
+        rates = self.rates()
+        for index, lr in zip((self.leader_optimizer, self.follower_optimizer), rates):
             for group in trainer.optimizers[index].param_groups:
                 group["lr"] = lr
-        return leader, follower, ratio
+        return rates
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -181,13 +181,11 @@ class TwoTimescaleWarmup(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        leader, follower, ratio = self._apply(trainer)
-        self.batches_seen += 1
-        # Python floats: Lightning turns them into tensors; nothing is read back from the device.
-        rates = {"leader_lr": leader, "follower_lr": follower, "ratio": ratio}
-        pl_module.log_dict(
-            {f"{self.name}/{k}": v for k, v in rates.items()}, on_step=True, on_epoch=False, batch_size=1
+        rates = dict(
+            zip((f"{self.name}/leader_lr", f"{self.name}/follower_lr", f"{self.name}/ratio"), self._apply(trainer))
         )
+        self.batches_seen += 1
+        pl_module.log_dict(rates, on_step=True, on_epoch=False, batch_size=1)  # Python floats: no device read-back
 
     @override
     def state_dict(self) -> dict[str, Any]:

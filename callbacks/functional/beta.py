@@ -86,8 +86,7 @@ def p_best(
     checked = [_check_counts(s, n) for s, n in pairs]
     alpha = np.array([1.0 + s for s, _ in checked])
     beta = np.array([1.0 + n - s for s, n in checked])
-    rng = np.random.default_rng(seed)
-    samples = rng.beta(alpha, beta, size=(draws, len(checked)))
+    samples = np.random.default_rng(seed).beta(alpha, beta, size=(draws, len(checked)))
     wins = np.bincount(samples.argmax(axis=1), minlength=len(checked))
     shares = [float(w) / draws for w in wins]
     return dict(zip(names, shares)) if names is not None else shares

@@ -101,9 +101,7 @@ def weighted_score(scores: Sequence[float], weights: Sequence[float] | None = No
     scores = [_check_score(s) for s in scores]
     if not scores:
         raise ValueError("At least one judge score is needed.")
-    if weights is None:
-        weights = [1.0] * len(scores)
-    weights = [float(w) for w in weights]
+    weights = [1.0] * len(scores) if weights is None else [float(w) for w in weights]
     if len(weights) != len(scores):
         raise ValueError(f"Got {len(scores)} judge scores but {len(weights)} weights.")
     if any(not w >= 0.0 for w in weights):

@@ -53,11 +53,8 @@ def producing_config(path: str | os.PathLike, configs_dir: str | os.PathLike = C
         logger = _get(config, "trainer", "logger", "init_args")
         if isinstance(logger, dict) and logger.get("save_dir") and logger.get("name"):
             roots.append(os.path.join(str(logger["save_dir"]), str(logger["name"])))
-        for root in roots:
-            if isinstance(root, str) and root:
-                root = _norm(root)
-                if target == root or target.startswith(root + "/"):
-                    return f"configs/{os.path.basename(file)}"
+        if any(isinstance(root, str) and root and (target + "/").startswith(_norm(root) + "/") for root in roots):
+            return f"configs/{os.path.basename(file)}"
     return None
 
 
