@@ -191,12 +191,8 @@ class DeepSMIDA(lf.TwoOptimizers, LanguageModelGame):
                 result[f"oracle_{name}"] = int(sum(int(p.sum()) for p in parts))
         self.last_eval = result
         self.reference_thresholds = dict(result["thresholds"])
-        flat = {
-            "val/variance_trained": result["trained"]["mean"],
-            "val/variance_reference": result["reference"]["mean"],
-            "val/variance_gain": result["mean_gain"],
-            "val/share_prompts_higher": result["share_prompts_higher"],
-        }
+        flat = {f"val/variance_{t}": result[t]["mean"] for t in TAGS} | {"val/variance_gain": result["mean_gain"]}
+        flat["val/share_prompts_higher"] = result["share_prompts_higher"]
         for a, y in result["candidate_yield"].items():
             flat[f"val/candidate_yield_{a}"] = y["trained"]
             flat[f"val/candidate_yield_{a}_reference"] = y["reference"]

@@ -311,21 +311,14 @@ class PreferenceEnsemble(AutomaticFamily):
         binary = (labels.cpu() > 0.5).double()
         n_boot = self.hparams.report_bootstrap if full else 0
         report = build_report(probs.cpu(), binary, prompts.cpu(), n_boot=n_boot, seed=self.hparams.seed)
-        flat = {
-            f"{stage}/ensemble_acc": report["ensemble_accuracy"],
-            f"{stage}/overall_error_rate": report["overall_error_rate"],
-            f"{stage}/top10_error_rate": report["top10_error_rate"],
-            f"{stage}/top10_lift": report["top10_lift"],
-            f"{stage}/auroc_variance": report["auroc"]["variance"],
-            f"{stage}/auroc_decision_uncertainty": report["auroc"]["decision_uncertainty"],
-            f"{stage}/auroc_jsd": report["auroc"]["jsd"],
-            f"{stage}/variance_mean": report["variance_summary"]["mean"],
-        }
+        flat = {"ensemble_acc": report["ensemble_accuracy"], "variance_mean": report["variance_summary"]["mean"]}
+        flat |= {k: report[k] for k in ("overall_error_rate", "top10_error_rate", "top10_lift")}
+        flat |= {f"auroc_{k}": report["auroc"][k] for k in ("variance", "decision_uncertainty", "jsd")}
         if "ensemble_nll" in report:
-            flat[f"{stage}/ensemble_nll"] = report["ensemble_nll"]
-        flat |= {f"{stage}/member_{i}_acc": acc for i, acc in enumerate(report["member_accuracy"])}
-        for k, v in flat.items():
-            self.log(k, float(v), sync_dist=True)  # identical on every rank (gathered): the mean is the value
+            flat["ensemble_nll"] = report["ensemble_nll"]
+        flat |= {f"member_{i}_acc": acc for i, acc in enumerate(report["member_accuracy"])}
+        for k, v in flat.items():  # identical on every rank (gathered): the mean is the value
+            self.log(f"{stage}/{k}", float(v), sync_dist=True)
         return {"report": report, "probs": probs.cpu(), "labels": binary, "prompts": prompts.cpu(), "rows": rows.cpu()}
 
     @override
