@@ -159,6 +159,15 @@ def test_gpu_sh_runs_every_section_with_only_the_four_packages(isolated, tmp_pat
 GPU_IMAGE = ("transformers==5.17.0", "huggingface-hub>=1.5,<2", "tokenizers>=0.23.1,<0.24")
 
 
+def pip_install_into(env: dict, requirements: tuple[str, ...]) -> None:
+    """Install ``requirements`` from PyPI into the site-packages of the environment ``env`` runs ``python3`` in."""
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.check_output(["python3", "-c", where], env=env, text=True).strip()
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--target", site, *requirements]
+    done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def gpu_image(tmp_path_factory):
     """The four packages with transformers (and the hub and tokenizers it pins) at the GPU image's versions,
@@ -168,20 +177,7 @@ def gpu_image(tmp_path_factory):
         ALLOWED,
         without=("transformers", "huggingface-hub", "tokenizers"),
     )
-    site = subprocess.run(
-        ["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--target", site, *GPU_IMAGE],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert install.returncode == 0, install.stderr[-2000:]
+    pip_install_into(env, GPU_IMAGE)
     return env
 
 
