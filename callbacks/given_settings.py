@@ -1,9 +1,6 @@
 """Continue from a checkpoint with the config's optimizer settings: its rates, not the ones the checkpoint stored.
 
-Lightning restores each optimizer's ``state_dict`` whole, ``param_groups`` included, so a learning rate given for a
-resume from another run's checkpoint was silently replaced by the stored one. This callback notes the settings the
-config built (at fit start, before the restore) and writes them back once the state is restored; the moments and the
-loop position stay the checkpoint's.
+Lightning restores ``param_groups`` with each optimizer's state; moments and loop position stay the checkpoint's.
 """
 
 from typing import Any

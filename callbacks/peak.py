@@ -96,10 +96,10 @@ class PeakCheckpoint(EvaluationBatchCallback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        dirpath = self.dirpath
-        if dirpath is None:
-            base = trainer.log_dir if trainer.loggers else None
-            dirpath = os.path.join(base or trainer.default_root_dir, "checkpoints")
+        if (dirpath := self.dirpath) is None:
+            dirpath = os.path.join(
+                (trainer.log_dir if trainer.loggers else None) or trainer.default_root_dir, "checkpoints"
+            )
         self.dirpath = trainer.strategy.broadcast(dirpath)
 
     def _counting(self, trainer: pl.Trainer) -> bool:

@@ -27,9 +27,7 @@ class JsonlPredictionWriter(BasePredictionWriter):
 
     @override
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        base = self.filename
-        if not os.path.isabs(base):
-            base = os.path.join(trainer.log_dir or trainer.default_root_dir, base)
+        base = os.path.join(trainer.log_dir or trainer.default_root_dir, self.filename)  # an absolute one stays
         if trainer.world_size > 1:
             root, ext = os.path.splitext(base)
             base = f"{root}.rank{trainer.global_rank}{ext}"

@@ -8,12 +8,9 @@ from typing_extensions import override
 
 __all__ = ["RUN_CONFIG_KEY", "RUN_INPUTS_KEY", "RunConfigRecord"]
 
-#: the checkpoint key (also ``alignment_games.modules.checkpoints.trust.RUN_CONFIG_KEY``; callbacks import nothing from
-#: modules)
+#: the checkpoint keys (also in ``alignment_games.modules.checkpoints``: callbacks import nothing from modules)
 RUN_CONFIG_KEY = "run_config"
-#: the checkpoint key of the inputs' identities (also
-#: ``alignment_games.modules.checkpoints.run_identity.RUN_INPUTS_KEY``)
-RUN_INPUTS_KEY = "run_inputs"
+RUN_INPUTS_KEY = "run_inputs"  # the identities of the run's inputs
 
 
 class RunConfigRecord(Callback):

@@ -122,8 +122,7 @@ def disk_full_error(err: BaseException, path: str | os.PathLike | None = None) -
     """A full disk (or quota) behind ``err`` that names no file, made again naming ``path`` (same errno).
 
     ``path`` defaults to :func:`path_being_written`. ``None`` for another error, one that names its file already, or
-    when no path is known. Unlike :func:`write_error` it promises nothing about the file's previous content: the
-    writers it names (Lightning's loggers, jsonargparse) write in place.
+    when no path is known. Unlike :func:`write_error` it promises nothing of the previous content (written in place).
     """
     cause = os_error_behind(err)
     if cause is None or cause.errno not in NO_ROOM or cause.filename is not None:
