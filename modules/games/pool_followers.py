@@ -146,8 +146,7 @@ class FollowerUpdates:
         if not self.settings.pairwise.uses_reference:
             return both, None
         with torch.no_grad():
-            ref = bank.logprobs(p, both, 1.0, self.settings.micro_batch).view(-1, 2)
-        return both, ref
+            return both, bank.logprobs(p, both, 1.0, self.settings.micro_batch).view(-1, 2)
 
     def _dpo_rows_loss(self, p: str, both: Rollout, ref, acc: list, margin: list, a: int, b: int) -> Tensor:
         """Summed pairwise loss of this rank's pairs ``a … b`` of ``p``."""
