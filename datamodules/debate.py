@@ -21,8 +21,7 @@ def single_step_problems(n: int, seed: int = 0, max_operand: int = 9) -> list[di
     """
     if n < 0 or max_operand < 1:
         raise ValueError(f"need n >= 0 and max_operand >= 1, got n={n}, max_operand={max_operand}")
-    rng = random.Random(seed)
-    out = []
+    rng, out = random.Random(seed), []
     for _ in range(n):
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
         a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)

@@ -64,8 +64,7 @@ class InstructionPoolDataModule(L.LightningDataModule):
     """Candidate instructions (80% of a development split), validation (20%) and a separate test set.
 
     Args:
-        source: The development split (:class:`~alignment_games.datamodules.prompts.PromptSource`); none: generated
-          problems.
+        source: The development split (:class:`~alignment_games.datamodules.prompts.PromptSource`); default: generated.
         test_source: The test set; ``None``: generated test problems when ``source`` is generated, else no test set.
         num_problems: Generated development problems (when ``source`` names no file or hub set).
         num_test_problems: Generated test problems.
@@ -106,8 +105,7 @@ class InstructionPoolDataModule(L.LightningDataModule):
         if self.splits:
             return
         hp = self.hparams
-        base = hp.seed + hp.generation_seed_offset
-        generated = self.source.generated
+        base, generated = hp.seed + hp.generation_seed_offset, self.source.generated
         rows = generated_rows(hp.num_problems, base) if generated else self.source.load()
         train, val = split_pool(rows, hp.val_fraction, hp.seed)
         test = []

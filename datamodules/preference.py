@@ -79,12 +79,8 @@ def read_preference_table(
     ds, where = open_table(path, name, split, {}, config_name, revision)
     cols = resolve_preference_columns(ds.column_names, data_format, cols)
     check_columns(ds.column_names, where, cols)
-    rows = []
-    for _, rec in iter_rows(ds, where):
-        row = {field: rec[col] for field, col in cols.items() if col is not None}
-        if cols["label"] is None:
-            row["label"] = 1.0
-        rows.append(row)
+    chosen_first = {"label": 1.0} if cols["label"] is None else {}  # without labels: response_a is preferred
+    rows = [{f: rec[c] for f, c in cols.items() if c is not None} | chosen_first for _, rec in iter_rows(ds, where)]
     return rows, cols, where
 
 
@@ -238,16 +234,12 @@ class PreferenceDataModule(_TableDataModule):
     def generate_rows(self) -> list[dict[str, Any]]:
         """Generated arithmetic triplets: every pair of ``responses_per_prompt`` solutions, labelled by the oracle."""
         hp = self.hparams
-        rng = random.Random(hp.seed)
-        kinds = CORRUPTIONS[: hp.responses_per_prompt]
-        rows = []
+        rng, kinds, rows = random.Random(hp.seed), CORRUPTIONS[: hp.responses_per_prompt], []
         for p in generate_problems(hp.num_prompts, seed=hp.seed):
             responses = [make_response(p, k, rng) for k in kinds]
             rng.shuffle(responses)
-            pairs = itertools.combinations(responses, 2)
-            rows += [
-                {"prompt": p.question, "response_a": a, "response_b": b, "reference": str(p.answer)} for a, b in pairs
-            ]
+            pairs, ref = itertools.combinations(responses, 2), str(p.answer)
+            rows += [{"prompt": p.question, "response_a": a, "response_b": b, "reference": ref} for a, b in pairs]
         oracle = self.oracle or ProgrammaticOracle(seed=hp.seed)
         return self._labelled_rows(rows, oracle, [r["reference"] for r in rows])
 

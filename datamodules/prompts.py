@@ -90,8 +90,7 @@ class PromptSource:
         """
         columns = [self.prompt_column, self.reference_column, self.category_column]
         ds, where = open_table(self.path, self.name, self.split, columns, self.config_name, self.revision)
-        extract = REFERENCE_FORMATS[self.reference_format]
-        rows = []
+        extract, rows = REFERENCE_FORMATS[self.reference_format], []
         for i, rec in iter_rows(ds, where):
             row = {"prompt": prompt_text(rec[self.prompt_column], self.prompt_column, where, i), "reference": None}
             if self.reference_column is not None and rec[self.reference_column] is not None:
@@ -172,8 +171,7 @@ class PromptDataModule(L.LightningDataModule):
         val_fraction: Share of prompts for validation (held-out evaluation of the game).
         test_fraction: Share of prompts for test.
         batch_size: Prompts per step (the paper's B).
-        eval_batch_size: Prompts per validation or test batch (an evaluation decodes more rows at once than a step's
-            ``batch_size`` prompts, which each fork into a group); default ``batch_size``.
+        eval_batch_size: Prompts per validation or test batch (no group forks: more fit); default ``batch_size``.
         seed: Seed of generation and splitting.
         generation_seed_offset: Generated problems use ``seed + offset``, unseen by the preference ensemble.
     """

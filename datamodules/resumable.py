@@ -77,8 +77,7 @@ class ResumableSampler(DistributedSampler):
             raise ValueError(f"bucket_window must be non-negative, got {bucket_window}")
         self.lengths = None if lengths is None else list(lengths)
         self.bucket_batch, self.bucket_window = bucket_batch, bucket_window
-        self.skip = 0
-        self._epoch_fresh = True
+        self.skip, self._epoch_fresh = 0, True
 
     @override
     def set_epoch(self, epoch: int) -> None:

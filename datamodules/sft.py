@@ -152,8 +152,7 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
     @override
     def triples(self) -> list[Triple]:
         hp = self.hparams
-        rng = random.Random(hp.seed)
-        pairs = []
+        rng, pairs = random.Random(hp.seed), []
         for p in generate_problems(hp.num_prompts, hp.seed + 2_000_003, hp.min_steps, hp.max_steps):
             kind = rng.choices(self.kinds, weights=self.weights)[0]
             system = hp.system_prompt
@@ -204,8 +203,7 @@ class SingleStepSFTDataModule(_TriplesDataModule):
     @override
     def triples(self) -> list[Triple]:
         hp = self.hparams
-        rng = random.Random(hp.seed)
-        pairs = []
+        rng, pairs = random.Random(hp.seed), []
         for p in single_step_problems(hp.num_prompts, seed=hp.seed + 3_000_017, max_operand=hp.max_operand):
             result = int(p["reference"])
             if rng.random() >= hp.correct_fraction:

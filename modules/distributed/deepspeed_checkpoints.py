@@ -29,12 +29,11 @@ __all__ = [
 
 
 def _allowed_globals() -> list[Any]:
-    """The classes (beyond tensors and plain containers) DeepSpeed pickles into its own checkpoint files."""
+    """What DeepSpeed pickles beyond tensors: the loss scaler, the ZeRO stage, (ZeRO-1/2) fragment addresses."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    # optimizer-states files: the loss scaler, the ZeRO stage, and at ZeRO-1/2 each parameter's fragment address
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
@@ -185,9 +184,8 @@ def safe_deepspeed_strategy(strategy: Any) -> Any:
     if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, SafeDeepSpeedStrategy):
         raise ValueError(
             f"trainer.strategy: {type(strategy).__module__}.{type(strategy).__qualname__} is refused: Lightning's "
-            "DeepSpeedStrategy writes checkpoints in place (a kill tears them) and loads them with "
-            "weights_only=False. Use "
-            "alignment_games.modules.distributed.deepspeed_checkpoints.SafeDeepSpeedStrategy (same arguments) or a "
+            "DeepSpeedStrategy writes checkpoints in place (a kill tears them) and loads them with weights_only=False. "
+            "Use alignment_games.modules.distributed.deepspeed_checkpoints.SafeDeepSpeedStrategy (same arguments) or a "
             "name such as deepspeed_stage_2"
         )
     return strategy

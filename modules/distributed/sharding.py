@@ -37,15 +37,13 @@ def shard_for_strategy(module: Any, bank: nn.Module, family: str) -> None:
     Raises:
         ValueError: naming ``trainer.strategy``, for a mesh with tensor parallelism.
     """
-    mesh = getattr(module, "_device_mesh", None)
-    if mesh is None:
+    if (mesh := getattr(module, "_device_mesh", None)) is None:
         return
     if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
         raise ValueError(
             f"trainer.strategy: {family} shards its policy with FSDP2 over the data-parallel dimension only, got a "
-            f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use "
-            "alignment_games.modules.distributed.strategies.FSDP2Strategy "
-            "(configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
+            f"tensor-parallel size of {mesh['tensor_parallel'].size()}; use alignment_games.modules.distributed."
+            "strategies.FSDP2Strategy (configs/overlays/fsdp2.yaml) or ModelParallelStrategy(tensor_parallel_size=1)"
         )
     dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
     trainer = getattr(module, "_trainer", None)

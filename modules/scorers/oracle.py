@@ -279,8 +279,7 @@ class PromptedOracle(PreferenceOracle):
             ValueError: when the template and the request alone exceed ``max_length``.
         """
         budget = self.max_length - self.tokenizer.num_special_tokens_to_add()
-        out, _ = fit_judged(self.tokenizer, lambda s: self.render(prompt, *s), [first, second], budget, "max_length")
-        return out
+        return fit_judged(self.tokenizer, lambda s: self.render(prompt, *s), [first, second], budget, "max_length")[0]
 
 
 class LLMJudgeOracle(PromptedOracle):
@@ -349,8 +348,7 @@ class RemoteJudgeOracle(RemoteClient, PromptedOracle):
 
     @override
     def first_wins_probability(self, prompts, firsts, seconds, references):
-        texts = [self.prompt(x, a, b) for x, a, b in zip(prompts, firsts, seconds)]
-        shares = []
+        texts, shares = [self.prompt(x, a, b) for x, a, b in zip(prompts, firsts, seconds)], []
         for replies in self.ask_each(texts, self.samples, self.temperature, 1.0, self.max_tokens):
             read = [x for x in (read_letter(t) for t in replies if t is not None) if x is not None]
             shares.append(sum(x == "A" for x in read) / len(read) if read else math.nan)

@@ -83,16 +83,10 @@ class PeerJudging:
 
     def prompt(self, bank: PolicyBank, chat: Callable[[str], str], instruction: str, response: str) -> str:
         """``chat(user_message) + prefill``, only the response cut to ``bank.max_prompt_tokens`` (or warned)."""
-        specials = bank.tokenizer.all_special_tokens
-        out, _ = fit_judged(
-            bank.tokenizer,
-            lambda spans: chat(self.user_message(instruction, spans[0], specials)) + self.prefill,
-            [response],
-            bank.max_prompt_tokens,
-            "lm.max_prompt_tokens",
-            strict=False,  # the players' budget too: one too small for the template keeps the encoder's left cut
-        )
-        return out
+        specials, budget = bank.tokenizer.all_special_tokens, bank.max_prompt_tokens
+        render = lambda spans: chat(self.user_message(instruction, spans[0], specials)) + self.prefill  # noqa: E731
+        # not strict: the players' budget too, where one too small for the template keeps the encoder's left cut
+        return fit_judged(bank.tokenizer, render, [response], budget, "lm.max_prompt_tokens", strict=False)[0]
 
 
 def encode_texts(
@@ -191,8 +185,7 @@ def solve_scores(
         raise ValueError(f"solve_scores: {len(questions)} questions for {len(responses)} responses")
     if not questions:
         return []
-    distinct = list(dict.fromkeys(questions))
-    k = judging.samples
+    distinct, k = list(dict.fromkeys(questions)), judging.samples
     out = bank.generate(judge, distinct, k, judging.sampling, greedy=k == 1)
     own = {q: [final_answer(t) for t in out.texts[i * k : (i + 1) * k]] for i, q in enumerate(distinct)}
     return [agreement_score(final_answer(r), own[q]) for q, r in zip(questions, responses)]
@@ -203,8 +196,7 @@ def _constrained(bank: PolicyBank, judge: str, prompts: Sequence[str], prefill: 
     """Mean score under the judge's distribution over ``1`` … ``10``, each closed by ``}`` (JSON prefill) or EOS."""
     close = "}" if "{" in prefill else ""
     values = list(range(int(SCORE_MIN), int(SCORE_MAX) + 1))
-    rows_p = [p for p in prompts for _ in values]
-    rows_c = [f"{v}{close}" for _ in prompts for v in values]
+    rows_p, rows_c = [p for p in prompts for _ in values], [f"{v}{close}" for _ in prompts for v in values]
     rollout = encode_texts(bank, rows_p, rows_c, eos=not close, group_size=len(values))
     lp = bank.logprobs(judge, rollout, temperature=1.0).view(len(prompts), len(values))
     probs = torch.softmax(lp.double(), dim=1)

@@ -19,8 +19,7 @@ def skew_symmetric_block_matrix(d: int) -> Tensor:
     """
     if d <= 0 or d % 2:
         raise ValueError(f"embed_dim must be a positive even number, got {d}")
-    j = torch.zeros(d, d)
-    idx = torch.arange(0, d, 2)
+    j, idx = torch.zeros(d, d), torch.arange(0, d, 2)
     j[idx, idx + 1] = 1.0
     j[idx + 1, idx] = -1.0
     return j
@@ -63,9 +62,7 @@ class GPMHead(nn.Module):
     def logits(self, za: Tensor, zb: Tensor, member: int | None = None) -> Tensor:
         """``λ_i ⟨J z_a, z_b⟩`` from embeddings ``[k, B, d]`` (→ ``[B, k]``) or ``[B, d]`` of one member (→ ``[B]``)."""
         bilinear = ((za @ self.J.T) * zb).sum(-1)
-        if member is None:
-            return (self.scale()[:, None] * bilinear).T
-        return self.scale()[member] * bilinear
+        return (self.scale()[:, None] * bilinear).T if member is None else self.scale()[member] * bilinear
 
 
 class BTHead(nn.Module):

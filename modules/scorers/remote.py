@@ -106,8 +106,7 @@ class _Watchdog:
 
     def _fire(self) -> None:
         with self._lock:
-            self._fired = True
-            socks = list(self._socks)
+            self._fired, socks = True, list(self._socks)
         for sock in socks:
             self._shut(sock)
 
@@ -246,8 +245,7 @@ class ChatServer:
 
     def _post(self, payload: dict, budget_end: float = math.inf) -> bytes:
         """The body of a successful reply, after up to ``retries`` retries, before the monotonic ``budget_end``."""
-        data = json.dumps(payload).encode()
-        last = ""
+        data, last = json.dumps(payload).encode(), ""
         for attempt in range(self.retries + 1):
             if attempt:
                 wait = self.backoff(attempt)

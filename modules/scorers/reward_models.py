@@ -116,8 +116,7 @@ class RewardModels(nn.Module):
             step = -(-(self.batch_size or n) // g) * g  # whole groups per chunk
             scores = []
             for i in range(0, n, step):
-                ids = enc["input_ids"][i : i + step].to(device)
-                att = enc["attention_mask"][i : i + step].to(device)
+                ids, att = enc["input_ids"][i : i + step].to(device), enc["attention_mask"][i : i + step].to(device)
                 shared = _shared_prefix_scores(model, ids, att, g) if g > 1 else None
                 scores.append(shared if shared is not None else pooled_scores(model, ids, att)[:, 0])
             cols.append(torch.cat(scores).float())
@@ -132,8 +131,7 @@ def _takes_cache(model: nn.Module) -> bool:
 def _shared_prefix_scores(model: nn.Module, ids: Tensor, att: Tensor, g: int) -> Tensor | None:
     """Scores of right-padded rows in groups of ``g``, each group's common prefix run once (``None``: < 2 tokens)."""
     n, width = ids.shape
-    lengths = att.sum(dim=1)
-    rows = ids.view(n // g, g, width)
+    lengths, rows = att.sum(dim=1), ids.view(n // g, g, width)
     same = (rows == rows[:, :1]).all(dim=1).long().cumprod(dim=1).sum(dim=1)  # common prefix per group
     prefix = torch.minimum(same, lengths.view(n // g, g).min(dim=1).values - 1)
     if int(prefix.min()) < 2:
