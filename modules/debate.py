@@ -421,12 +421,8 @@ class DebateSelfPlay(LanguageModelGame):
         if self.trainer.sanity_checking or v["reward"].numel() == 0:  # the same on every rank: all were gathered
             return None
         ref, truth, tie, unparsed = (v[k] > 0 for k in ("referenced", "correct", "tie", "unparsed"))
-        cells = confusion_cells(ref, truth, v["accepts"] > 0, tie, unparsed) | {
-            "successes": ref & truth,
-            "trials": ref,
-            "ties": ref & tie,
-            "unparsed": ref & unparsed,
-        }
+        cells = confusion_cells(ref, truth, v["accepts"] > 0, tie, unparsed)
+        cells |= {"successes": ref & truth, "trials": ref, "ties": ref & tie, "unparsed": ref & unparsed}
         keys = sorted(cells)
         values = torch.stack([cells[k].sum() for k in keys] + [v["reward"].sum()]).tolist()
         counts = {k: float(x) for k, x in zip(keys + ["reward_sum"], values)} | {"n": float(v["reward"].numel())}
