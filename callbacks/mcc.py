@@ -59,9 +59,7 @@ class MCCTracker(EvaluationBatchCallback):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"`threshold` must lie in [0, 1], got {threshold}.")
         self.prediction_key, self.target_key, self.stage = prediction_key, target_key, stage
-        self.trend_window = int(trend_window)
-        self.threshold = float(threshold)
-        self.name, self.id_key = name, id_key
+        self.trend_window, self.threshold, self.name, self.id_key = int(trend_window), float(threshold), name, id_key
         self.counts = BinaryStatScores(validate_args=False)
         self.items = ItemRecords(("preds", "target"))
         # With `id_key`: the records of a running training epoch restored from a checkpoint (unique across ranks).

@@ -69,8 +69,7 @@ class PeakCheckpoint(EvaluationBatchCallback):
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"`quantile` must lie in (0, 1), got {quantile}.")
         self.monitor_correct, self.monitor_total = monitor_correct, monitor_total
-        self.window = int(window)
-        self.quantile = float(quantile)
+        self.window, self.quantile = int(window), float(quantile)
         self.dirpath = None if dirpath is None else os.fspath(dirpath)
         self.filename, self.name, self.verbose = filename, name, verbose
         self.success_key, self.id_key = success_key, id_key

@@ -101,8 +101,7 @@ class TwoTimescaleWarmup(Callback):
         self.leader_lr = None if leader_lr is None else float(leader_lr)  # the targets as given (None: the module's)
         self.follower_lr = None if follower_lr is None else float(follower_lr)
         self.targets = (self.leader_lr, self.follower_lr)  # resolved at fit start
-        self.initial_lr = float(initial_lr)
-        self.warmup_steps = int(warmup_steps)
+        self.initial_lr, self.warmup_steps = float(initial_lr), int(warmup_steps)
         self.leader_optimizer, self.follower_optimizer = leader_optimizer, follower_optimizer
         self.tau_leader, self.tau_follower, self.name = tau_leader, tau_follower, name
         self.batches_seen = 0
