@@ -7,7 +7,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from alignment_games.datamodules.prompts import PromptDataModule, shuffled_shares
+from alignment_games.datamodules.prompts import PromptDataModule, shuffled_cuts
 from alignment_games.modules.algorithms.arithmetic import _ITEMS, _NAMES
 
 __all__ = ["DebateDataModule", "single_step_problems", "single_step_solution"]
@@ -67,7 +67,7 @@ class DebateDataModule(PromptDataModule):
         rows = single_step_problems(hp.num_prompts, hp.seed + hp.generation_seed_offset, self.max_operand)
         first = {r["prompt"]: r["reference"] for r in rows}  # each prompt once, where it first came; its sum is its own
         unique = [{"prompt": prompt, "reference": reference} for prompt, reference in first.items()]
-        val, test, train = shuffled_shares(unique, hp.seed, hp.val_fraction, hp.test_fraction)
+        val, test, train = shuffled_cuts(unique, hp.seed, hp.val_fraction, hp.test_fraction)
         self.splits = {"val": val, "test": test, "train": train}
         if not train:
             raise ValueError("no training prompts left after the validation/test split")

@@ -13,13 +13,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
-from alignment_games.datamodules.prompts import (
-    PromptSource,
-    collate_prompts,
-    generated_rows,
-    index_rows,
-    shuffled_shares,
-)
+from alignment_games.datamodules.prompts import PromptSource, collate_prompts, generated_rows, index_rows, shuffled_cuts
 from alignment_games.datamodules.resumable import ResumableDataLoader
 from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 
@@ -38,7 +32,7 @@ def split_pool(
     for r in rows:
         first.setdefault(r["prompt"], r)
     unique = list(first.values())
-    val, train = shuffled_shares(unique, seed, val_fraction)
+    val, train = shuffled_cuts(unique, seed, val_fraction)
     if len(train) < 2:
         raise ValueError(
             f"the instruction pool needs at least two candidate instructions, got {len(train)} of {len(unique)} "

@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from alignment_games.datamodules.files import _TableDataModule, check_columns, iter_rows, open_table
 from alignment_games.datamodules.formats import as_messages, extract_implicit_prompt, render_prompt_completion
-from alignment_games.datamodules.prompts import shuffled_shares
+from alignment_games.datamodules.prompts import shuffled_cuts
 from alignment_games.datamodules.resumable import split_loader
 from alignment_games.datamodules.validation import require_number, require_text
 from alignment_games.modules.algorithms.arithmetic import CORRUPTIONS, generate_problems, make_response
@@ -322,7 +322,7 @@ class PreferenceDataModule(_TableDataModule):
         prompts: list[str], num_members: int, val_fraction: float, heldout_fraction: float, seed: int
     ) -> dict[str, Any]:
         """Split distinct prompts into ``train_0..train_{k-1}``, ``val`` and ``test``: a mapping prompt → split name."""
-        test, val, train = shuffled_shares(sorted(set(prompts)), seed, heldout_fraction, val_fraction)
+        test, val, train = shuffled_cuts(sorted(set(prompts)), seed, heldout_fraction, val_fraction)
         if len(train) < num_members:
             raise ValueError(
                 f"{len(set(prompts))} distinct prompts leave {len(train)} for training, fewer than "

@@ -31,7 +31,7 @@ __all__ = [
     "index_rows",
     "prompt_text",
     "scalar_text",
-    "shuffled_shares",
+    "shuffled_cuts",
 ]
 
 REFERENCE_FORMATS = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
@@ -132,7 +132,7 @@ def scalar_text(value: Any, field: str, where: str, row: int) -> str:
     return require_text(value, field, where, row)
 
 
-def shuffled_shares(items: Sequence[Any], seed: int, *fractions: float) -> list[list[Any]]:
+def shuffled_cuts(items: Sequence[Any], seed: int, *fractions: float) -> list[list[Any]]:
     """``items`` shuffled with ``seed``, cut into ``round(n · f)`` items for each fraction in turn, then the rest."""
     items = list(items)
     random.Random(seed).shuffle(items)
@@ -212,7 +212,7 @@ class PromptDataModule(L.LightningDataModule):
         first: dict[str, dict[str, Any]] = {}  # each prompt's first row
         for r in rows:
             first.setdefault(r["prompt"], r)
-        val, test, _ = shuffled_shares(sorted(first), hp.seed, hp.val_fraction, hp.test_fraction)
+        val, test, _ = shuffled_cuts(sorted(first), hp.seed, hp.val_fraction, hp.test_fraction)
         split_of = {x: "val" for x in val} | {x: "test" for x in test}
         self.splits = {"train": [], "val": [], "test": []}
         for x, r in first.items():
