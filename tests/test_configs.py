@@ -37,7 +37,7 @@ def test_config_runs_fast_dev_run_and_leaves_nothing_behind(config, tmp_path, mo
     scratch = tmp_path / "cwd"
     scratch.mkdir()
     monkeypatch.chdir(scratch)
-    extra = smoke_args(config, tiny_lm_dir=str(tiny_lm_dir))
+    extra = smoke_args(config, tiny_lm_dir=str(tiny_lm_dir), root=ROOT)
     cli = train.main(["fit", "--config", config, "--trainer.fast_dev_run=true", "--trainer.accelerator=cpu", *extra])
     assert cli.trainer.state.finished
     assert cli.trainer.global_step > 0
