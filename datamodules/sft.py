@@ -248,9 +248,6 @@ def sft_example(
 class SFTFileDataModule(_TableDataModule, _TriplesDataModule):
     """Your own SFT data: a jsonl/json/parquet/csv file or a hub set in TRL's prompt-completion or messages format.
 
-    Rows are shuffled with ``seed``; the loss is on the completion only
-    (:class:`~alignment_games.modules.sft.CausalLMSFT`).
-
     Args:
         format: ``prompt_completion``, ``messages`` (trained on the last assistant reply) or ``auto`` (by the columns).
         prompt_column: Column with the prompt.

@@ -239,11 +239,8 @@ PAIR_TEMPLATE = (
 class PromptedJudge(DebateJudge):
     """A language-model judge's prompt and verdict reading, shared by :class:`HFJudge` and :class:`RemoteJudge`.
 
-    The prompt is ``template`` with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``, in the
-    model's chat template when it has one.
-
     Args:
-        template: The prompt template.
+        template: The prompt, with ``{problem}``, ``{transcript}`` (the visible plies) and ``{instructions}``.
         chain_of_thought: Ask for reasoning before the verdict; ``False`` is the weaker judge.
         max_answer_words: Words of the visible answer that count (``None``: all).
         num_votes: Votes per transcript (paper: 8), one ``generate`` call for all of them.
