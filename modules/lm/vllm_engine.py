@@ -68,6 +68,9 @@ def engine_options(lm: ModelConfig, max_loras: int) -> dict[str, Any]:
         "generation_config": "vllm",  # no sampling defaults read from the model folder: ours are set per request
         "logprobs_mode": "processed_logprobs",  # the log-probability the token was drawn with (temperature, top-p)
         "enable_prefix_caching": True,  # a group's rows share their prompt's cache
+        # whole prefills: with chunked prefill, vLLM 0.32 on CPU rewound a seeded request's generator after dropping
+        # its token, which a CPU generator refuses ("does not use offset"; seen on 100 judge prompts x 4 votes)
+        "enable_chunked_prefill": False,
         "enforce_eager": True,  # no compile or graph capture at start-up (minutes on a CPU, nothing to gain there)
         "kv_cache_memory_bytes": int(lm.vllm_kv_cache_gib * 2**30),
     }

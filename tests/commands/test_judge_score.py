@@ -111,3 +111,14 @@ def test_sft_rows_render_to_the_smollm2_judges_own_prompt(tmp_path):
     )
     assert [r["completion"] for r in rows] == ["Verdict: Alice", "Verdict: Bob"]
     assert rows[0]["prompt"][0]["content"].startswith("You are a helpful AI assistant named SmolLM")
+
+
+@pytest.mark.engines
+def test_the_smollm2_judge_votes_on_the_engine_over_a_hundred_answers(tmp_path):
+    """The committed 100 greedy answers, 4 votes each on vLLM: seeded sampled requests beyond the engine's first
+    batches once stopped vLLM 0.32 on CPU ("CPU Generator does not use offset") until chunked prefill was turned off."""
+    answers = "benchmarks/results/judge_smollm2/greedy100.jsonl"
+    argv = ["score", "--config", "configs/debate_smollm2.yaml", "--answers", answers, "--votes", "4"]
+    report = main([*argv, "--decode", "vllm", "--out", str(tmp_path / "r.json")])
+    assert report["n_answers"] == 100 and report["judge"]["decode"] == "vllm"
+    assert all(len(r["votes"]) == 4 for r in report["answers"])
