@@ -1,19 +1,23 @@
 import json
+import os
 
 import pytest
 import torch
 import yaml
+from helpers import ROOT
 from helpers.provenance import check_provenance
 
 from alignment_games.commands.judge_score import main, read_answers
 from alignment_games.datamodules.debate import DebateDataModule
 from alignment_games.modules.evaluation.judge_score import judge_report
 
+DEBATE = os.path.join(ROOT, "configs", "debate_smollm2.yaml")
+
 
 @pytest.fixture
 def debate_config(tmp_path, tiny_lm_dir):
     """The SmolLM2 debate config with the tiny model as Alice and judge, short replies, 12 problems."""
-    with open("configs/debate_smollm2.yaml", encoding="utf-8") as f:
+    with open(DEBATE, encoding="utf-8") as f:
         cfg = yaml.safe_load(f)
     model = cfg["model"]["init_args"]
     model["lm"]["name_or_path"] = model["judge"]["init_args"]["model"] = str(tiny_lm_dir)
@@ -102,7 +106,7 @@ def test_sft_rows_render_to_the_smollm2_judges_own_prompt(tmp_path):
         [
             "sft",
             "--config",
-            "configs/debate_smollm2.yaml",
+            DEBATE,
             "--answers",
             str(answers),
             "--out",
@@ -117,8 +121,8 @@ def test_sft_rows_render_to_the_smollm2_judges_own_prompt(tmp_path):
 def test_the_smollm2_judge_votes_on_the_engine_over_a_hundred_answers(tmp_path):
     """The committed 100 greedy answers, 4 votes each on vLLM: seeded sampled requests beyond the engine's first
     batches once stopped vLLM 0.32 on CPU ("CPU Generator does not use offset") until chunked prefill was turned off."""
-    answers = "benchmarks/results/judge_smollm2/greedy100.jsonl"
-    argv = ["score", "--config", "configs/debate_smollm2.yaml", "--answers", answers, "--votes", "4"]
+    answers = os.path.join(ROOT, "benchmarks", "results", "judge_smollm2", "greedy100.jsonl")
+    argv = ["score", "--config", DEBATE, "--answers", answers, "--votes", "4"]
     report = main([*argv, "--decode", "vllm", "--out", str(tmp_path / "r.json")])
     assert report["n_answers"] == 100 and report["judge"]["decode"] == "vllm"
     assert all(len(r["votes"]) == 4 for r in report["answers"])
