@@ -10,8 +10,6 @@ from typing_extensions import override
 from alignment_games.datamodules.prompts import PromptDataModule, shuffled_cuts
 from alignment_games.modules.algorithms.arithmetic import _ITEMS, _NAMES
 
-__all__ = ["DebateDataModule", "single_step_problems", "single_step_solution"]
-
 
 def single_step_problems(n: int, seed: int = 0, max_operand: int = 9) -> list[dict[str, Any]]:
     """``n`` problems ``{"prompt", "reference", "a", "b", "name", "item"}``: start with ``a``, get ``b`` more.

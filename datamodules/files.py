@@ -15,8 +15,6 @@ import lightning as L
 from alignment_games.datamodules.validation import require_file
 from alignment_games.modules.algorithms.checks import UserError
 
-__all__ = ["FORMATS", "check_columns", "check_data_file", "iter_rows", "open_table"]
-
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 

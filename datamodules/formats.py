@@ -5,17 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from alignment_games.modules.lm.text import plain_chat, render_chat
-
-__all__ = [
-    "as_messages",
-    "extract_implicit_prompt",
-    "is_messages",
-    "plain_chat",
-    "render_chat",
-    "render_prompt_completion",
-    "split_last_reply",
-]
+from alignment_games.modules.lm.text import render_chat
 
 Messages = list[dict[str, Any]]
 

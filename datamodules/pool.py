@@ -17,8 +17,6 @@ from alignment_games.datamodules.prompts import PromptSource, collate_prompts, g
 from alignment_games.datamodules.resumable import ResumableDataLoader
 from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 
-__all__ = ["InstructionPoolDataModule", "split_pool"]
-
 
 def split_pool(
     rows: list[dict[str, Any]], val_fraction: float, seed: int

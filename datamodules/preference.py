@@ -24,16 +24,6 @@ from alignment_games.modules.algorithms.checks import require_in_range, require_
 from alignment_games.modules.lm.text import encode_prompt_responses, pad_sequences, sequence_key
 from alignment_games.modules.scorers.oracle import PreferenceOracle, ProgrammaticOracle
 
-__all__ = [
-    "PREFERENCE_FORMATS",
-    "PreferenceDataModule",
-    "read_preference_table",
-    "resolve_preference_columns",
-    "rows_as_text",
-    "validate_rows",
-]
-
-
 PREFERENCE_FORMATS = ("auto", "columns", "trl")
 
 

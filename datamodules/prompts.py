@@ -23,17 +23,6 @@ from alignment_games.modules.algorithms.answers import extract_final_answer, ext
 from alignment_games.modules.algorithms.arithmetic import generate_problems
 from alignment_games.modules.algorithms.checks import require_positive
 
-__all__ = [
-    "PromptDataModule",
-    "PromptSource",
-    "collate_prompts",
-    "generated_rows",
-    "index_rows",
-    "prompt_text",
-    "scalar_text",
-    "shuffled_cuts",
-]
-
 REFERENCE_FORMATS = {"plain": lambda s: s, "gsm8k": extract_gsm8k_answer, "boxed": extract_final_answer}
 
 

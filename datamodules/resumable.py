@@ -16,8 +16,6 @@ from typing_extensions import override
 
 from alignment_games.callbacks.fault_tolerance import rank_and_world
 
-__all__ = ["ResumableDataLoader", "ResumableSampler", "bucket_order", "run_seed", "split_loader"]
-
 #: how far apart the orders of consecutive run seeds start (the sampler adds the epoch to its seed)
 RUN_SEED_STRIDE = 1_000_003
 

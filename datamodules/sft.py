@@ -26,15 +26,6 @@ from alignment_games.modules.algorithms.checks import require_in_range, require_
 from alignment_games.modules.lm.prompts import FOLLOWER_SYSTEM, QWEN_SYSTEM
 from alignment_games.modules.lm.text import fill_template
 
-__all__ = [
-    "SFT_FORMATS",
-    "SOLUTION_STYLES",
-    "ArithmeticSFTDataModule",
-    "SFTFileDataModule",
-    "SingleStepSFTDataModule",
-    "sft_example",
-]
-
 Triple = tuple[str | None, str | list[dict[str, Any]], str]
 SFT_FORMATS = ("auto", "prompt_completion", "messages")
 #: ``worded`` sentences; ``think``: bare equations in ``<think>…</think>`` and the boxed answer (correct only);

@@ -7,8 +7,6 @@ from torch.utils.data import DataLoader
 
 from alignment_games.datamodules.resumable import ResumableDataLoader
 
-__all__ = ["StepDataModule"]
-
 
 class StepDataModule(L.LightningDataModule):
     """Yields the integers ``0 … steps_per_epoch − 1`` as training batches, one per step.

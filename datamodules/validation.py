@@ -10,8 +10,6 @@ from typing import Any
 
 from alignment_games.modules.algorithms.checks import MissingFileError, UserError
 
-__all__ = ["require_file", "require_number", "require_text"]
-
 
 def require_file(path: str, field: str) -> None:
     """Refuse a ``path`` that is missing or not a regular file (a link to one is one), before anything opens it.

@@ -38,8 +38,6 @@ from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import AutomaticStepGuard, NonFiniteGuard, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.optimizers import OptimizerCallable, build_optimizer, check_optimizer
 
-__all__ = ["BASE_IDENTITY_KEY", "AutomaticFamily", "InjectedOptimizer", "LanguageModelGame", "argument_group"]
-
 G = TypeVar("G")
 
 #: where a checkpoint records, per policy bank, the frozen base it was trained on

@@ -51,8 +51,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.judges import DebateJudge, ProgrammaticJudge
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics
 
-__all__ = ["DebateSelfPlay", "ForkedRollout"]
-
 PLAYER = "policy"
 
 

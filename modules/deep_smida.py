@@ -31,8 +31,6 @@ from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
 
-__all__ = ["DeepSMIDA"]
-
 TAGS = ("trained", "reference")  # the pairs validation compares
 
 

@@ -25,8 +25,6 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.reward_models import RewardModels, answer_rewards
 
-__all__ = ["GRPO"]
-
 PLAYER = "policy"
 
 

@@ -25,8 +25,6 @@ from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
 
-__all__ = ["NashMDPG"]
-
 
 class NashMDPG(WinRateValidation, LanguageModelGame):
     """An LM policy trained by Nash-MD-PG against a frozen preference model P0 (the paper's NLHF baseline).

@@ -34,8 +34,6 @@ from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.schedules import schedule_length
 
-__all__ = ["StackelbergPool"]
-
 DEFAULT_SYSTEM = "You are a helpful assistant."
 # what a config may set of the pool's EloRating (the players are the pool's, and the module applies and logs it)
 ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "scale"}

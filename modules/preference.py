@@ -39,8 +39,6 @@ from alignment_games.modules.scorers.utility import UTILITY_KINDS, Utility, Util
 from alignment_games.modules.training.artifacts import atomic_write_text
 from alignment_games.modules.training.faults import reset_stale_epoch_metrics
 
-__all__ = ["BTHead", "EnsembleUtility", "GPMHead", "PreferenceEnsemble", "skew_symmetric_block_matrix"]
-
 
 class PreferenceEnsemble(AutomaticFamily):
     """k general preference models trained on prompt-disjoint partitions; their disagreement is the game's utility.

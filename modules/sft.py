@@ -31,8 +31,6 @@ from alignment_games.modules.lm.text import pad_sequences, render_chat
 from alignment_games.modules.training.artifacts import atomic_folder
 from alignment_games.modules.training.schedules import warmup_cosine_factor
 
-__all__ = ["CausalLMSFT"]
-
 
 class CausalLMSFT(AutomaticFamily):
     """Fine-tune a causal LM on chat-formatted (prompt, response) pairs.

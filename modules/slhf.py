@@ -24,8 +24,6 @@ from alignment_games.modules.preference import EnsembleUtility
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
 
-__all__ = ["SLHF"]
-
 
 class SLHF(WinRateValidation, lf.TwoOptimizers, LanguageModelGame):
     """Leader and Follower trained by SLHF's StackelbergGDA against one frozen preference model P0.

@@ -40,8 +40,6 @@ from alignment_games.modules.checkpoints.trust import CheckpointLoading, check_c
 from alignment_games.modules.evaluation.audit import run_provenance
 from alignment_games.modules.training.faults import NonFiniteGuard
 
-__all__ = ["TabularSMIDA"]
-
 
 class TabularSMIDA(CheckpointLoading, NonFiniteGuard, L.LightningModule):
     """Stackelberg Mirror Descent–Ascent on a tabular game, one iteration of Algorithm 1 per training step.
