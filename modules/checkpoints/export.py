@@ -29,18 +29,6 @@ from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.training.artifacts import write_error
 from alignment_games.modules.training.provenance import looks_local
 
-__all__ = [
-    "EXPORT_RECORD",
-    "Player",
-    "check_out_folder",
-    "export_at_fit_end",
-    "export_command",
-    "export_module",
-    "record_of",
-    "run_record",
-    "select_players",
-]
-
 EXPORT_RECORD = "export.json"
 #: the folder under ``<out>`` holding the merged models
 MERGED = "merged"

@@ -22,8 +22,6 @@ from alignment_games.modules.checkpoints.trust import (
 )
 from alignment_games.modules.lm.base_identity import base_identity, file_sha256, weight_files
 
-__all__ = ["OUTPUT_FIELDS", "RUN_INPUTS_KEY", "check_resumed_run", "check_run_inputs", "input_identity", "run_inputs"]
-
 #: where a checkpoint records the sha256 of every model folder and file its run read (``{config key: identity}``)
 RUN_INPUTS_KEY = "run_inputs"
 #: config fields (the last part of a key) that name what a run writes, not what it reads

@@ -17,26 +17,6 @@ from alignment_games.callbacks.functional.digests import verify_manifest, verify
 from alignment_games.modules.training.faults import nonfinite_entries, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.provenance import made_by
 
-__all__ = [
-    "FAMILY_KEY",
-    "RESUME_SAFE_KEYS",
-    "RUN_CONFIG_KEY",
-    "CheckpointLoading",
-    "check_checkpoint_matches",
-    "check_checkpoint_source",
-    "check_resume_config",
-    "config_differences",
-    "is_sharded_checkpoint",
-    "newest_intact_checkpoint",
-    "read_checkpoint_or_explain",
-    "checkpoint_family",
-    "family_name",
-    "read_checkpoint",
-    "seal_checkpoint",
-    "stamp_family",
-    "trainable_names",
-]
-
 #: where a checkpoint records the class (module path and name) of the model that wrote it
 FAMILY_KEY = "family"
 

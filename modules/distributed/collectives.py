@@ -11,22 +11,6 @@ from torch import Tensor, nn
 
 from alignment_games.modules.distributed.sharding import sharded_strategy_kind
 
-__all__ = [
-    "any_rank",
-    "average_gradients",
-    "check_ranks_agree",
-    "check_replicated_strategy",
-    "gather_objects",
-    "local_batches",
-    "lockstep",
-    "owns",
-    "share",
-    "shared_rows",
-    "sum_gradients",
-    "trainable_checksum",
-    "world",
-]
-
 
 def world(trainer: Any) -> tuple[int, int]:
     """``(rank, world size)`` of ``trainer``; ``(0, 1)`` without one."""

@@ -17,8 +17,6 @@ import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-__all__ = ["SafeFileSystemReader", "WeightsOnlyLoadPlanner", "read_dcp_metadata"]
-
 # Modules whose own classes (DCP's metadata dataclasses and enums) may be built; nothing they import.
 _ALLOWED_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"}
 _ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}

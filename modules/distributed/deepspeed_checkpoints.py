@@ -18,15 +18,6 @@ from typing_extensions import override
 
 from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero, saved_beside
 
-__all__ = [
-    "ALLOWED_GLOBALS",
-    "SafeDeepSpeedStrategy",
-    "check_deepspeed_checkpoint",
-    "read_deepspeed_client_state",
-    "safe_deepspeed_strategy",
-    "weights_only_deepspeed",
-]
-
 
 def _allowed_globals() -> list[Any]:
     """What DeepSpeed pickles beyond tensors: the loss scaler, the ZeRO stage, (ZeRO-1/2) fragment addresses."""

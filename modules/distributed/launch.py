@@ -7,8 +7,6 @@ import os
 import signal
 import sys
 
-__all__ = ["follow_the_launcher"]
-
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

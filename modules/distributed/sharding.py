@@ -9,21 +9,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "check_exportable",
-    "check_manual_backward_strategy",
-    "fsdp2_gradient_sync",
-    "fsdp_wrapped",
-    "fully_shard_blocks",
-    "full_tensors",
-    "grad_norm_after_step",
-    "gradient_sync",
-    "is_fsdp2",
-    "parameter_gathering",
-    "shard_for_strategy",
-    "sharded_strategy_kind",
-]
-
 
 def sharded_strategy_kind(strategy: Any) -> str | None:
     """``"DeepSpeedStrategy"``, ``"FSDPStrategy"`` or ``"ModelParallelStrategy"`` by class names, else None."""

@@ -12,8 +12,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
-__all__ = ["FSDP2Strategy"]
-
 #: the dtypes FSDP2 mixed precision may name (param_dtype, reduce_dtype)
 MIXED_PRECISION_DTYPES = ("float32", "bfloat16", "float16")
 METADATA_FILE = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint folder

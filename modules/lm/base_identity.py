@@ -15,8 +15,6 @@ import struct
 import warnings
 from typing import Any
 
-__all__ = ["base_identity", "check_base_identity", "model_folder", "weight_files"]
-
 #: the marker of an identity whose ``sha256`` covers the weights' content (absent in identities written before)
 CONTENT = "content"
 

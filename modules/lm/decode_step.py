@@ -12,8 +12,6 @@ from alignment_games.modules.distributed.sharding import fsdp_wrapped
 from alignment_games.modules.lm.decoding import base_model, cascade_attention, rotary
 from alignment_games.modules.lm.row_adapters import add_row_adapters
 
-__all__ = ["LEAN_MODEL_TYPES", "LeanDecoder", "lean_decode_unsupported"]
-
 #: model types with Llama's pre-RMS-norm rotary attention and gated MLP layer
 LEAN_MODEL_TYPES = ("llama", "qwen2")
 

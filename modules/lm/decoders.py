@@ -28,16 +28,6 @@ from alignment_games.modules.lm.model_config import ModelConfig
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.vllm_engine import VLLMEngine
 
-__all__ = [
-    "Decoder",
-    "DeviceDecoder",
-    "GenerateDecoder",
-    "GroupedDecoder",
-    "StaticDecoder",
-    "make_decoder",
-    "sample_loop",
-]
-
 #: ``step_logits(token [N, 1], position [N, 1], step)``: every row's next-token logits ``[N, V]``
 StepLogits = Callable[[Tensor, Tensor, int], Tensor]
 

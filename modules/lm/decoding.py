@@ -10,21 +10,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "GROUPED_ATTENTION",
-    "base_model",
-    "cache_arg",
-    "cascade_attention",
-    "cascade_state",
-    "grouped_prefix_attention",
-    "next_tokens",
-    "preallocated_cache",
-    "prompt_cache",
-    "prompt_forward",
-    "rotary",
-    "shared_prompt_cache",
-]
-
 GROUPED_ATTENTION = "alignment_games_grouped_prefix"
 
 

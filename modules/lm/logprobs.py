@@ -16,8 +16,6 @@ from torch.utils.checkpoint import checkpoint
 
 from alignment_games.modules.lm.decoding import base_model
 
-__all__ = ["LOGIT_CHUNK_BYTES", "chunk_tokens_for", "head_inputs", "head_token_logprobs", "output_layer"]
-
 LOGIT_CHUNK_BYTES = 128 * 2**20
 """Default size of one chunk's fp32 logits (about 220 tokens at a vocabulary of 151,936)."""
 

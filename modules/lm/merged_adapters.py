@@ -11,8 +11,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MergedAdapters", "values_snapshot"]
-
 
 def values_snapshot(tensors: Sequence[Tensor]) -> Tensor:
     """One flat copy of ``tensors``' values; ``torch.equal`` with a later one tells whether any was written.

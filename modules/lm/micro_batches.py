@@ -6,8 +6,6 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-__all__ = ["micro_batches", "row_lengths"]
-
 
 def row_lengths(attention_mask: Tensor, prompt_width: int, completion_mask: Tensor) -> tuple[list[int], list[int]]:
     """Each row's prompt span (left-padded: its token count) and completion tokens (the mask's sum)."""

@@ -16,8 +16,6 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 
-__all__ = ["generate_mixture"]
-
 
 def _forward(bank: PolicyBank, who: str | None, cache, **inputs: Tensor) -> tuple[object, Tensor]:
     """One forward of ``who`` (``None``: the reference) in eval mode; its cache and last-position logits (fp32)."""

@@ -13,8 +13,6 @@ from torch import nn
 from alignment_games.modules.lm.models import DTYPES, apply_lora, load_model, load_tokenizer
 from alignment_games.modules.lm.precision import AUTO, resolve_dtype, set_tf32
 
-__all__ = ["DECODES", "ModelConfig"]
-
 #: the values of ``lm.decode`` (see :mod:`alignment_games.modules.lm.decoders`)
 DECODES = ("auto", "generate", "grouped", "grouped_forward", "static", "vllm")
 

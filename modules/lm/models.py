@@ -14,19 +14,6 @@ from torch import nn
 from alignment_games.modules.algorithms.checks import require_positive
 from alignment_games.modules.training.provenance import looks_local, missing_artifact
 
-__all__ = [
-    "BUILTIN_MODELS",
-    "DTYPES",
-    "apply_lora",
-    "build_byte_tokenizer",
-    "build_tiny_causal_lm",
-    "build_tiny_reward_model",
-    "tiny_tokenizer",
-    "load_model",
-    "load_tokenizer",
-    "resolve_name_or_path",
-]
-
 DTYPES: dict[str, torch.dtype] = {
     **dict.fromkeys(("float32", "fp32"), torch.float32),
     **dict.fromkeys(("bfloat16", "bf16"), torch.bfloat16),

@@ -26,8 +26,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import pad_sequences, render_chat
 from alignment_games.modules.lm.vllm_engine import VLLMEngine
 
-__all__ = ["PolicyBank"]
-
 
 class PolicyBank(nn.Module):
     """The players of a game over one base model (``lm.players``: ``lora`` or ``separate``)."""

@@ -12,8 +12,6 @@ from torch import Tensor, nn
 
 from alignment_games.modules.lm.decoding import rotary
 
-__all__ = ["POOLED_MODEL_TYPES", "pooled_positions", "pooled_scores", "prefix_cache", "supports_pooled_last_layer"]
-
 #: model types whose decoder layer is ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` with rotary q/k (Llama's)
 POOLED_MODEL_TYPES = ("llama", "qwen2")
 

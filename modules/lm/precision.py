@@ -7,17 +7,6 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = [
-    "AUTO",
-    "autocast_dtype",
-    "cast_frozen_for_strategy",
-    "cast_frozen_parameters",
-    "cuda_bf16_available",
-    "frozen_weights_dtype",
-    "resolve_dtype",
-    "set_tf32",
-]
-
 AUTO = "auto"
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["FOLLOWER_SYSTEM", "QWEN_SYSTEM"]
-
 #: the leader's system message (Qwen2.5-Instruct's own default)
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 #: the follower's system message; ``{leader_response}`` is replaced by the leader's reply

@@ -9,8 +9,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Rollout"]
-
 
 @dataclass
 class Rollout:

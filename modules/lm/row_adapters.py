@@ -12,8 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["add_row_adapters", "plain_lora_layers", "row_adapters"]
-
 
 def plain_lora_layers(model: nn.Module, player: str, mergeable: bool = True) -> list[nn.Module] | None:
     """``player``'s LoRA layers when all are plain LoRA on ``nn.Linear`` (the form ``W + s·BA``), else ``None``.

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 
-__all__ = ["Sampling"]
-
 
 @dataclass(frozen=True)
 class Sampling:

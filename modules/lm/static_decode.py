@@ -11,8 +11,6 @@ from torch import Tensor, nn
 
 from alignment_games.modules.lm.decoding import _register_grouped_attention, cascade_attention, grouped_prefix_attention
 
-__all__ = ["STATIC_ATTENTION", "StaticCascade", "compile_options", "register_static_attention", "step_logits"]
-
 STATIC_ATTENTION = "alignment_games_static_cascade"
 
 

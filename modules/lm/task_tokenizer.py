@@ -9,8 +9,6 @@ from alignment_games.modules.algorithms.arithmetic import generate_problems, mak
 from alignment_games.modules.algorithms.checks import require_at_least
 from alignment_games.modules.lm.models import SPECIAL_TOKENS, with_specials
 
-__all__ = ["SPECIAL_TOKENS", "build_task_tokenizer", "task_corpus"]
-
 # problems of the corpus: a seed no datamodule uses, so the tokenizer sees none of the held-out questions
 CORPUS_SEED = 4_000_037
 

@@ -13,16 +13,6 @@ from torch import Tensor
 
 from alignment_games.modules.algorithms.checks import require_at_least
 
-__all__ = [
-    "EncodedSequences",
-    "encode_prompt_responses",
-    "fill_template",
-    "pad_sequences",
-    "plain_chat",
-    "render_chat",
-    "sequence_key",
-]
-
 
 @dataclass
 class EncodedSequences:

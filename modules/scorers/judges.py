@@ -30,8 +30,6 @@ from alignment_games.modules.training.faults import call_with_timeout
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
-__all__ = ["DebateJudge", "HFJudge", "JudgeVotes", "ProgrammaticJudge", "PromptedJudge", "RemoteJudge"]
-
 
 class DebateJudge(ABC):
     """A frozen judge, ``judge(transcripts) -> JudgeVotes``: callers use :meth:`vote`, subclasses ``__call__``.

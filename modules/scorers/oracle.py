@@ -18,19 +18,6 @@ from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 from alignment_games.modules.scorers.remote import RemoteClient
 from alignment_games.modules.training.faults import call_with_timeout
 
-__all__ = [
-    "LLMJudgeOracle",
-    "PreferenceOracle",
-    "ProgrammaticOracle",
-    "PromptedOracle",
-    "RemoteJudgeOracle",
-    "check_placeholders",
-    "load_frozen_causal_lm",
-    "read_letter",
-    "sampling_state",
-    "solution_score",
-]
-
 _COUNTERS = ("invalid_verdicts", "timeouts", "unlabelled_rows")
 _EQUATION = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(-?\d+)")
 

@@ -24,16 +24,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.lm.text import pad_sequences
 from alignment_games.modules.scorers.quoting import fit_judged, quote_judged
 
-__all__ = [
-    "PeerJudging",
-    "encode_texts",
-    "judge_prompts",
-    "member_scores",
-    "peer_scores",
-    "peer_scores_each",
-    "solve_scores",
-]
-
 MODES = ("generate", "constrained", "solve", "reference")
 
 

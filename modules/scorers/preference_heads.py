@@ -8,8 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["BTHead", "GPMHead", "skew_symmetric_block_matrix"]
-
 
 def skew_symmetric_block_matrix(d: int) -> Tensor:
     """The fixed ``J``: ``d/2`` blocks ``[[0, 1], [-1, 0]]`` on the diagonal.

@@ -9,8 +9,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["QUOTE", "break_special_tokens", "count_tokens", "cut_middle", "fit_judged", "quote_judged", "share_budget"]
-
 #: Prefix of every line of judged text.
 QUOTE = "> "
 # U+2060 WORD JOINER: invisible, no special token contains it, so a special-token string broken by it is plain text.

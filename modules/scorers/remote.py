@@ -30,8 +30,6 @@ import torch
 
 from alignment_games.modules.algorithms.checks import require_at_least
 
-__all__ = ["ChatServer", "RemoteClient", "RemoteServerError"]
-
 #: Bytes of a reply read at most; a longer body is malformed (a hostile server cannot fill the memory).
 MAX_REPLY_BYTES = 8 * 2**20
 #: Characters of a server's error text quoted in a message at most.

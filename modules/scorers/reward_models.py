@@ -14,8 +14,6 @@ from alignment_games.modules.algorithms.answers import answers_match, extract_fi
 from alignment_games.modules.lm.models import DTYPES, check_exists, resolve_name_or_path
 from alignment_games.modules.lm.pooled_scoring import pooled_scores, prefix_cache
 
-__all__ = ["RewardModels", "answer_rewards"]
-
 
 def answer_rewards(completions: Sequence[str], references: Sequence[str | None]) -> Tensor:
     """RLVR reward: 1.0 where the completion's last ``\\boxed{}`` equals the reference answer, else 0.0.

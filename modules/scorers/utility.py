@@ -10,8 +10,6 @@ from torch import Tensor, nn
 
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 
-__all__ = ["UTILITY_KINDS", "Utility", "UtilityKind", "utility_from_member_probs"]
-
 UtilityKind = Literal["variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference", "mean_preference"]
 UTILITY_KINDS = ("variance", "decision_uncertainty", "jsd", "slhf", "directed", "preference", "mean_preference")
 

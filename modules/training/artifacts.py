@@ -22,19 +22,6 @@ from alignment_games.callbacks.functional.files import (
     write_error,
 )
 
-__all__ = [
-    "atomic_folder",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "folder_beside",
-    "prepare_folder_beside",
-    "recover_folder",
-    "recover_folder_on_rank_zero",
-    "saved_beside",
-    "swap_folder_in",
-    "write_error",
-]
-
 #: called with "written" and "old_aside" (between the two renames); tests set it to kill the process there
 SWAP_HOOK: Callable[[str], None] | None = None
 

@@ -14,17 +14,6 @@ from torch import Tensor
 
 from alignment_games.modules.algorithms.checks import require_at_least
 
-__all__ = [
-    "AutomaticStepGuard",
-    "NonFiniteGuard",
-    "call_with_timeout",
-    "count_nonfinite",
-    "forget_earlier_step_values",
-    "nonfinite_entries",
-    "refuse_nonfinite_checkpoint",
-    "reset_stale_epoch_metrics",
-]
-
 
 def _local(tensor: Tensor) -> Tensor:
     """The local shard of a ``DTensor`` (FSDP2), the tensor itself otherwise: counting never runs a collective."""

@@ -5,8 +5,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["OptimizerCallable", "build_optimizer", "check_optimizer"]
-
 #: What ``lightning.pytorch.cli.OptimizerCallable`` is (its type, without importing the CLI): parameters to optimizer.
 OptimizerCallable = Callable[[Iterable], torch.optim.Optimizer]
 

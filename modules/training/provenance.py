@@ -5,8 +5,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS_DIR", "LOCAL_ROOTS", "looks_local", "made_by", "missing_artifact", "producing_config"]
-
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 # The suite's output folders: a path under one of them is a local artifact, never a model hub name.
 LOCAL_ROOTS = ("artifacts", "runs")

@@ -6,8 +6,6 @@ import pkgutil
 
 import lightning as L
 
-__all__ = ["data_families", "model_families"]
-
 
 def _public_subclasses(package: str, base: type, skip: tuple[str, ...] = ()) -> dict[str, type]:
     """``{class name: class}`` of the public subclasses of ``base`` defined in the top-level files of ``package``."""

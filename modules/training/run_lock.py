@@ -18,8 +18,6 @@ from pathlib import Path
 
 from alignment_games.callbacks.functional.files import pid_alive, process_start
 
-__all__ = ["BREAK_LOCK_ENV", "LOCK_NAME", "LockOwner", "RunFolderInUse", "RunFolderLock", "live_owner"]
-
 LOCK_NAME = "run.lock"
 #: names the locks of other hosts (``host:pid``, comma-separated) that the user knows to be stale
 BREAK_LOCK_ENV = "ALIGNMENT_GAMES_BREAK_LOCK"

@@ -4,8 +4,6 @@ import math
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-__all__ = ["schedule_length", "warmup_cosine_factor"]
-
 
 def warmup_cosine_factor(step: int, warmup_steps: int, total_steps: int, floor: float = 0.1) -> float:
     """Peak learning-rate multiplier: linear warmup, then cosine decay to ``floor`` at ``total_steps``, held after.
