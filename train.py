@@ -1,9 +1,7 @@
 """Entry point of the suite: one LightningCLI in subclass mode for every model and data family.
 
-    python train.py fit --config configs/preference_ensemble.yaml   # --help, --model.help DeepSMIDA, --print_config
-    python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
-
-The config given is the config that runs: a checkpoint's hyper-parameters are never parsed over it.
+python train.py fit --config configs/preference_ensemble.yaml   # --help, --model.help DeepSMIDA, --print_config
+python train.py export --config <cfg.yaml> --ckpt_path <ckpt> --out <dir> [--merge]   # docs/export.md
 """
 
 from __future__ import annotations
@@ -496,10 +494,7 @@ class AlignmentCLI(LightningCLI):
             return None
 
     def _check_same_run(self, path: str, config_yaml: str | None, inputs: dict, strict: bool, source: str) -> None:
-        """Refuse a checkpoint unreadable, of another experiment (``strict``) or inputs; other settings run as given.
-
-        See :func:`~alignment_games.modules.checkpoints.run_identity.check_resumed_run` and ``GivenOptimizerSettings``.
-        """
+        """Refuse a checkpoint unreadable, of another experiment (``strict``) or inputs; other settings run as given."""
         if (changed := check_resumed_run(path, config_yaml, inputs, strict, source)) is None:
             rank_zero_warn(f"{path} records no run config: not checked to belong to this experiment")
         elif changed:

@@ -54,14 +54,11 @@ def render_prompt_completion(
 
 
 def extract_implicit_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
-    """``(prompt, chosen_rest, rejected_rest)``: the shared beginning split off, TRL's ``extract_prompt`` rule.
-
-    For text, a space just before the first difference goes with the completions.
-    """
+    """``(prompt, chosen_rest, rejected_rest)``: the shared beginning split off, TRL's ``extract_prompt`` rule."""
     n = min(len(chosen), len(rejected))
     idx = next((i for i in range(n) if chosen[i] != rejected[i]), n)
     if isinstance(chosen, str) and idx > 0 and chosen[idx - 1] == " ":
-        idx -= 1
+        idx -= 1  # for text, a space just before the first difference goes with the completions
     return chosen[:idx], chosen[idx:], rejected[idx:]
 
 

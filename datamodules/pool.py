@@ -1,7 +1,4 @@
-"""The instruction pool of the multi-LLM game (App. E): a development split cut 80/20, a test set kept apart.
-
-A training batch *is* the pool: each of ``iterations_per_epoch`` batches per epoch holds every instruction.
-"""
+"""The instruction pool of the multi-LLM game (App. E): a development split cut 80/20, a test set kept apart."""
 
 from __future__ import annotations
 

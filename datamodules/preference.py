@@ -260,10 +260,7 @@ class PreferenceDataModule(_TableDataModule):
         return {**self.labelled_by.summary(), "pairs_dropped": self.num_unlabelled}
 
     def read_rows(self) -> list[dict[str, Any]]:
-        """Rows of the configured source as validated text, labelled by the oracle when generated or relabelled.
-
-        Chosen/rejected rows are put half in the other order, so position carries no signal.
-        """
+        """Rows of the configured source as validated text, labelled by the oracle when generated or relabelled."""
         hp = self.hparams
         if not self.table_given:
             return self.generate_rows()
@@ -287,7 +284,7 @@ class PreferenceDataModule(_TableDataModule):
                     f"{source} are kept (data.relabel: true relabels them with the oracle)"
                 )
             rows = validate_rows(rows, source)
-        if columns["label"] is None:
+        if columns["label"] is None:  # chosen/rejected rows: half swapped, so position carries no signal
             rng = random.Random(hp.seed)
             for r in rows:
                 if rng.random() < 0.5:
@@ -397,11 +394,8 @@ class PreferenceDataModule(_TableDataModule):
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Pad the distinct sequences of a batch once; triplets index into them with ``idx_a`` / ``idx_b``."""
-        order: dict[int, int] = {}
-        for it in items:
-            for s in (it["seq_a"], it["seq_b"]):
-                order.setdefault(s, len(order))
-        seqs = list(order)
+        seqs = list(dict.fromkeys(s for it in items for s in (it["seq_a"], it["seq_b"])))
+        order = {s: i for i, s in enumerate(seqs)}
         types = [self.type_ids[s] for s in seqs] if self.type_ids is not None else None
         batch = pad_sequences([self.sequences[s] for s in seqs], self.pad_id, types)
         batch["seq_keys"] = torch.tensor([self.keys[s] for s in seqs], dtype=torch.long)

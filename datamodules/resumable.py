@@ -1,7 +1,4 @@
-"""A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint.
-
-Orders come from ``seed + epoch`` only, the seed including the run's (:func:`run_seed`): a resumed run sees the same.
-"""
+"""A training data loader that resumes mid-epoch: same order, next batch, after a checkpoint."""
 
 from __future__ import annotations
 

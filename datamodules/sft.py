@@ -32,7 +32,6 @@ SFT_FORMATS = ("auto", "prompt_completion", "messages")
 #: ``think_padded``: numbers zero-padded to three digits; ``think_reversed``: padded, least-significant digit first
 SOLUTION_STYLES = ("worded", "think", "think_padded", "think_reversed")
 THINK_WIDTH = {"think": 0, "think_padded": 3, "think_reversed": 3}
-THINK_REVERSED = {"think_reversed"}
 
 
 def _collate(items: list[Triple]) -> dict[str, list[str]]:
@@ -155,9 +154,8 @@ class ArithmeticSFTDataModule(_TriplesDataModule):
 
     def _write(self, problem: ArithmeticProblem, kind: str, rng: random.Random) -> str:
         """A solution of ``kind`` in the configured style."""
-        if self.hparams.style in THINK_WIDTH:
-            style = self.hparams.style
-            return make_think_response(problem, THINK_WIDTH[style], reverse=style in THINK_REVERSED)
+        if (style := self.hparams.style) in THINK_WIDTH:
+            return make_think_response(problem, THINK_WIDTH[style], reverse=style == "think_reversed")
         return make_response(problem, kind, rng)
 
 

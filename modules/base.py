@@ -1,8 +1,4 @@
-"""The base of the language-model games (GRPO, debate, deep-SMIDA, SLHF, NLHF, the pool), as torchgeo's ``BaseTask`` is.
-
-Once for every game: strategy checks and sharding, manual optimisation (accumulation, non-finite guard, clipping),
-checkpoints of what trains plus the game's state, and an atomic writer of the run's artifacts.
-"""
+"""The base of the language-model games (GRPO, debate, deep-SMIDA, SLHF, NLHF, the pool), as torchgeo's BaseTask is."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ from alignment_games.modules.training.optimizers import OptimizerCallable, build
 
 G = TypeVar("G")
 
-#: where a checkpoint records, per policy bank, the frozen base it was trained on
-#: (alignment_games.modules.lm.base_identity)
+#: where a checkpoint records each policy bank's frozen base (alignment_games.modules.lm.base_identity)
 BASE_IDENTITY_KEY = "base_identity"
 
 
@@ -130,11 +125,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         )
 
     def save_arguments(self, lm: Any, ignore: Sequence[str] = (), **groups: type) -> None:
-        """The calling ``__init__``'s arguments as hparams (``**game``'s too), ``lm`` and the groups as plain dicts.
-
-        Each group ``name=cls`` is the caller's argument ``name`` through :func:`argument_group` (``None`` kept), kept
-        as an attribute. Plain values only, for ``weights_only`` loading; ``ignore`` names object arguments.
-        """
+        """The caller's ``__init__`` arguments as plain hparams (weights-only loading); each group also an attribute."""
         frame = inspect.currentframe().f_back
         for name, cls in groups.items():
             value = frame.f_locals[name]
@@ -201,11 +192,9 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         parameters: Sequence[list[nn.Parameter] | None] = (),
         timed: bool = True,
     ) -> tuple[dict[str, Tensor], list[Tensor]] | None:
-        """The step of every game: zero-grad, backward with the finite check, then each optimizer's clipped step.
+        """Every game's step: zero-grad, backward (``loss``, or a callable using :meth:`accumulate`), clipped steps.
 
-        ``loss``: the loss, or a callable running its backward through :meth:`accumulate`. ``optimizers``: one or a
-        list with disjoint parameters, each norm over its ``parameters`` (default: all it steps). Returns the stats and
-        the norms before clipping, or ``None`` (a non-finite loss on any rank: nothing stepped).
+        Returns the stats and each optimizer's norm before clipping over its ``parameters``; ``None``: not finite.
         """
         opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
         for opt in opts:
@@ -268,10 +257,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
         self.log_dict({f"time/{k}": float(v) for k, v in self.phase_times.items()}, batch_size=batch_size)
 
     def optimizer_step(self, optimizer: Any, parameters: list[nn.Parameter] | None = None) -> Tensor:
-        """Check the gradients, clip by :attr:`grad_clip`, step; the 2-norm before clipping over ``parameters``.
-
-        A NaN or inf gradient on any rank drops the gradients unstepped and returns NaN (DeepSpeed: its engine's own).
-        """
+        """Clip by :attr:`grad_clip` and step; the 2-norm before clipping (NaN, nothing stepped, for a NaN or inf)."""
         stepped = [p for g in optimizer.param_groups for p in g["params"]]
         params = parameters if parameters is not None else stepped
         # every parameter the step would move, not only ``parameters`` (the norm's): a NaN anywhere must not land
@@ -355,10 +341,7 @@ class LanguageModelGame(CheckpointLoading, NonFiniteGuard, InjectedOptimizer):
 
     @rank_zero_only
     def write_artifact(self, name: str, content: str | dict[str, Any] | list[Any]) -> str | None:
-        """Write text, or JSON for a dict or list, to ``<log dir>/<name>`` atomically (rank 0, not in fast_dev_run).
-
-        A dict gains ``provenance`` (:func:`~alignment_games.modules.evaluation.audit.run_provenance`).
-        """
+        """Write text, or JSON (a dict gets ``provenance``), atomically to ``<log dir>/<name>`` (rank 0, no dev run)."""
         if self.trainer.fast_dev_run:
             return None
         if isinstance(content, dict):

@@ -1,8 +1,4 @@
-"""Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style.
-
-Each problem forks at one trainable ply, sampled ``group_size`` times and trained alone by the clipped GRPO surrogate
-(rewards: :mod:`alignment_games.modules.algorithms.debate`); validation writes ``debate_evals.jsonl``; docs/debate.md.
-"""
+"""Debate self-play (debate RLAIF): one policy plays Alice and Bob against a frozen judge, trained GRPO-style."""
 
 from __future__ import annotations
 
@@ -234,11 +230,7 @@ class DebateSelfPlay(LanguageModelGame):
     def policy_loss(
         self, rollout: ForkedRollout, advantages: torch.Tensor, old: dict[int, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[int, torch.Tensor]]:
-        """GRPO loss on the forked plies' completion tokens only, each ply weighted by its rows.
-
-        Returns ``(loss, stats, token_logprobs per ply)`` (detached: the next update's ``old``); stats hold
-        ``logprob_gap`` when an engine sampled the plies.
-        """
+        """GRPO loss on the forked plies' tokens, each weighted by its rows; stats and detached log-probs per ply."""
         pg, temp = self.policy_gradient, self.sampling.temperature
         budget = pg.max_tokens_per_micro_batch
         n = sum(len(idx) for _, idx in rollout.chunks.values())
@@ -338,10 +330,7 @@ class DebateSelfPlay(LanguageModelGame):
     def _mcc_outputs(
         self, transcripts: list[Transcript], verdicts: list[str], items: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        """What the callbacks read: ``judge``/``truth`` of referenced, decided transcripts.
-
-        Given ``items``, also their ids ``judge_item``, and every referenced transcript's ``correct``/``correct_item``.
-        """
+        """The callbacks' ``judge``/``truth`` of referenced, decided transcripts; with ``items``: ids, ``correct``."""
         known = [i for i, t in enumerate(transcripts) if t.correct is not None]
         keep = [i for i in known if verdicts[i] in ("alice", "bob")]
         dev = self.device

@@ -1,8 +1,4 @@
-"""Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′).
-
-A step is :class:`~alignment_games.modules.games.leader_follower.LeaderFollower`'s game with the estimators (22)–(25) as
-losses; validation writes §5.3's trained-against-reference comparison to ``game_eval.json`` (each prompt once).
-"""
+"""Deep-SMIDA (Algorithm 2): a Leader and a Follower LM play the zero-sum Stackelberg game on a utility u(x, y, y′)."""
 
 from __future__ import annotations
 

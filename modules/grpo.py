@@ -1,8 +1,4 @@
-"""GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages, clipped update.
-
-Rewards from reward models and/or the answer checker (RLVR), μ steps per rollout; or, with ``pairwise``, a pairwise
-loss on the same rollouts (Online DPO, IPO, RPO or SimPO); docs/grpo.md.
-"""
+"""GRPO (Shao et al., 2024): one LM policy, G samples per prompt, group-relative advantages; docs/grpo.md."""
 
 from __future__ import annotations
 

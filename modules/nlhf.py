@@ -1,8 +1,4 @@
-"""NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference.
-
-A step scores D samples ``y ~ π_θ`` against D of the mixture ``π_θ^{1−β} π_ref^β`` by P0 and takes the Nash-MD-PG step
-(:func:`~alignment_games.modules.algorithms.baselines.nash_md_pg_surrogate_loss`); Table 3's budget: docs/baselines.md.
-"""
+"""NLHF baseline (Nash-MD-PG, Munos et al., 2024): one LM policy against a mixture of itself and the reference."""
 
 from __future__ import annotations
 

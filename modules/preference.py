@@ -1,8 +1,4 @@
-"""An ensemble of general preference models (GPM) whose disagreement flags likely errors (paper §3.1, §5.2, App. E.2).
-
-Member ``i``: ``P_i(y ≻ y′ | x) = σ(λ_i ⟨J z_i(x, y), z_i(x, y′)⟩)`` (eq. 27), or Bradley–Terry, trained on its own
-prompt-disjoint partition; ``test`` writes ``report.json`` and figures (docs/preference-ensemble.md).
-"""
+"""An ensemble of general preference models (GPM) whose disagreement flags likely errors (§3.1, §5.2, App. E.2)."""
 
 from __future__ import annotations
 

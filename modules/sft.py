@@ -1,8 +1,4 @@
-"""Supervised warm start of a causal LM on (prompt, response) pairs, loss on response tokens only.
-
-A tiny offline policy or a hub model, in full or as a LoRA adapter (QLoRA with ``lm.load_in_4bit``), saved after
-``fit`` with ``save_pretrained`` into ``output_dir`` for the games to load as a hub checkpoint.
-"""
+"""Supervised warm start of a causal LM on (prompt, response) pairs, loss on response tokens only."""
 
 from __future__ import annotations
 
@@ -104,10 +100,7 @@ class CausalLMSFT(AutomaticFamily):
     def encode(
         self, prompts: list[str | list[dict[str, str]]], responses: list[str], systems: list[str | None] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (−100 outside response tokens).
-
-        A prompt is text or ``{"role", "content"}`` messages; ``systems`` (default ``system_prompt``) unless it has one.
-        """
+        """Right-padded ``input_ids``, ``attention_mask``, ``labels`` (−100 off the response); prompts: text or chat."""
         rows, labels = [], []
         eos = self.tokenizer.eos_token_id
         systems = systems or [None] * len(prompts)

@@ -1,9 +1,4 @@
-"""SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0.
-
-Deep-SMIDA's game (:class:`~alignment_games.modules.games.leader_follower.LeaderFollower`) scored by ``P0(y ≻ y′ | x)``,
-with SLHF's losses (:func:`~alignment_games.modules.algorithms.baselines.slhf_surrogate_losses`); Table 3's budget:
-docs/baselines.md. Validation: :class:`~alignment_games.modules.evaluation.win_rate.WinRateValidation`.
-"""
+"""SLHF baseline (Pásztor et al., 2026): a Leader and a refining Follower LM optimise one frozen preference model P0."""
 
 from __future__ import annotations
 
