@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,13 +40,22 @@ from alignment_games.modules.training.artifacts import atomic_write_text
 VERDICTS = {True: "Verdict: Alice", False: "Verdict: Bob"}
 
 
-def _config(path: str) -> tuple[dict, dict, dict]:
-    """The debate config's model init_args, its judge block and its data block."""
-    with open(path, encoding="utf-8") as f:
-        config = yaml.safe_load(f)
-    model = ((config or {}).get("model") or {}).get("init_args") or {}
+def _merged(base: Any, over: Any) -> Any:
+    """``over`` laid on ``base`` as later ``--config`` files are: mappings merged key by key, other values replaced."""
+    if not isinstance(base, dict) or not isinstance(over, dict):
+        return over
+    return {**base, **{k: _merged(base.get(k), v) for k, v in over.items()}}
+
+
+def _config(paths: Sequence[str]) -> tuple[dict, dict, dict]:
+    """The debate config's model init_args, its judge block and its data block (later files laid over earlier)."""
+    config: dict = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            config = _merged(config, yaml.safe_load(f) or {})
+    model = (config.get("model") or {}).get("init_args") or {}
     if "judge" not in model or "data" not in config:
-        raise ValueError(f"--config: {path} has no model.init_args.judge or no data block (a debate config has both)")
+        raise ValueError(f"--config: {paths} has no model.init_args.judge or no data block (a debate config has both)")
     return model, model["judge"], config["data"]
 
 
@@ -138,12 +148,24 @@ def _write_lines(path: str, rows: Sequence[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
+def reasoning_fields(row: dict[str, Any], t: Transcript) -> dict[str, Any]:
+    """``--reasoning``'s fields: the row's, Alice's ``final`` answer as the checker reads it, the problem's ``n1``, ...
+
+    ``final`` is ``none`` when Alice boxed nothing; ``n1``, ``n2``, ... are the problem's numbers in order.
+    """
+    numbers = re.findall(r"\d+(?:\.\d+)?", row["prompt"])
+    return {**row, "final": t.final_answer or "none", **{f"n{k}": n for k, n in enumerate(numbers, 1)}}
+
+
 def write_sft(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Prompt-completion rows: the judge's request for each answer, the checker's verdict as the completion.
 
+    With ``--reasoning`` (a chain-of-thought judge) the completion is the judge's thinking, that text with the
+    :func:`reasoning_fields` filled in, then the verdict: a verifier that writes the check it makes.
+
     Raises:
         ValueError: when ``--system`` and the user turn do not render to the judge's own prompt (the verifier would
-            learn on text the judge never reads).
+            learn on text the judge never reads), or the completion does not start with the judge's prefill.
     """
     model, block, _ = _config(args.config)
     judge = build_judge(block, model=args.judge_model, votes=1)
@@ -156,7 +178,20 @@ def write_sft(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"--system: {args.system!r} with row {i}'s request does not render to the judge's prompt: pass the "
                 "system message the judge's chat template puts in"
             )
-        rows.append({"prompt": messages, "completion": VERDICTS[row["truth"]]})
+        completion = VERDICTS[row["truth"]]
+        if args.reasoning is not None:
+            fields = reasoning_fields(row, t)
+            try:
+                thought = args.reasoning.format(**fields)
+            except (KeyError, IndexError) as err:
+                raise ValueError(f"--reasoning: row {i} has no field {err}; it has {sorted(fields)}") from None
+            completion = f"{judge.think_open}{thought}{judge.think_close}\n{completion}"
+        if not completion.startswith(judge.prefill):
+            raise ValueError(
+                f"row {i}: the completion {completion!r} does not start with the judge's prefill {judge.prefill!r} "
+                "(a thinking judge needs --reasoning)"
+            )
+        rows.append({"prompt": messages, "completion": completion})
     _write_lines(args.out, rows)
     return rows
 
@@ -174,7 +209,11 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
     report["judge"] = {"model": getattr(judge, "model_name", None), "decode": args.decode, "seconds": None}
     report["judge"]["seconds"] = round(time.perf_counter() - start, 1)
     report["provenance"] = provenance(
-        {"config": args.config, "answers": args.answers, "judge_model": report["judge"]["model"]}
+        {
+            **{f"config{k or ''}": path for k, path in enumerate(args.config)},
+            "answers": args.answers,
+            "judge_model": report["judge"]["model"],
+        }
     )
     report["answers"] = [
         {
@@ -203,11 +242,12 @@ def main(argv: Sequence[str] | None = None) -> Any:
     a.add_argument("--adapter", help="an exported LoRA adapter folder as Alice")
     s = steps.add_parser("sft", help="SFT rows: the judge's prompt and the checker's verdict")
     s.add_argument("--system", default="You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+    s.add_argument("--reasoning", help="the judge's thinking before its verdict, e.g. '{n1} + {n2} = {reference}.'")
     c = steps.add_parser("score", help="the judge's MCC, AUROC, accept rate, ties and unparsed, with intervals")
     c.add_argument("--votes", type=int, help="votes per answer (default: the config's num_votes)")
     c.add_argument("--decode", choices=("auto", "vllm"), help="the judge's engine (default: the config's)")
     for p in (a, s, c):
-        p.add_argument("--config", required=True, help="the debate config the game runs")
+        p.add_argument("--config", required=True, action="append", help="the game's config; repeat to lay one over")
         p.add_argument("--out", required=True)
         p.add_argument("--seed", type=int, default=0, help="sampling seed (answers) or bootstrap seed (score)")
         p.add_argument("--batch-size", type=int, default=16)

@@ -7,11 +7,12 @@ import yaml
 from helpers import ROOT
 from helpers.provenance import check_provenance
 
-from alignment_games.commands.judge_score import main, read_answers
+from alignment_games.commands.judge_score import _config, main, read_answers
 from alignment_games.datamodules.debate import DebateDataModule
 from alignment_games.modules.evaluation.judge_score import judge_report
 
 DEBATE = os.path.join(ROOT, "configs", "debate_smollm2.yaml")
+VERIFIER = os.path.join(ROOT, "configs", "judges", "verifier_smollm2.yaml")
 
 
 @pytest.fixture
@@ -115,6 +116,38 @@ def test_sft_rows_render_to_the_smollm2_judges_own_prompt(tmp_path):
     )
     assert [r["completion"] for r in rows] == ["Verdict: Alice", "Verdict: Bob"]
     assert rows[0]["prompt"][0]["content"].startswith("You are a helpful AI assistant named SmolLM")
+
+
+def test_a_later_config_is_laid_over_the_game_config():
+    _, judge, data = _config([DEBATE, VERIFIER])
+    args = judge["init_args"]
+    assert args["model"] == "artifacts/judge_verifier_smollm2" and args["chain_of_thought"] is True
+    assert args["sampling"] == {"temperature": 1.0, "max_new_tokens": 40} and args["num_votes"] == 8
+    assert args["max_answer_words"] == 50 and args["max_prompt_tokens"] == 768  # the game config's, kept
+    assert data == _config([DEBATE])[2]
+
+
+@pytest.mark.e2e
+def test_a_thinking_verifiers_rows_write_the_check_then_the_verdict(tmp_path, capsys):
+    path = tmp_path / "answers.jsonl"
+    prompt = "Ann has 3 pens. Then, Ann buys 14 more. How many pens does Ann have now?"
+    answers = ["3 + 14 = 17. \\boxed{17}", "\\boxed{16} and \\boxed{18}", "17 pens"]
+    rows = [{"problem": 0, "prompt": prompt, "reference": "17", "answer": a, "truth": a[-3:] == "17}"} for a in answers]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["sft", "--config", DEBATE, "--config", VERIFIER, "--judge-model", "builtin:smollm2-135m-instruct"]
+    argv += ["--answers", str(path), "--out", str(tmp_path / "s.jsonl")]
+    written = main([*argv, "--reasoning", "{n1} + {n2} = {reference}. Alice's final answer is {final}."])
+    assert [r["completion"] for r in written] == [
+        "<think>3 + 14 = 17. Alice's final answer is 17.</think>\nVerdict: Alice",
+        "<think>3 + 14 = 17. Alice's final answer is 18.</think>\nVerdict: Bob",  # the last box is the final answer
+        "<think>3 + 14 = 17. Alice's final answer is none.</think>\nVerdict: Bob",
+    ]
+    os.remove(tmp_path / "s.jsonl")
+    for extra, message in [(["--reasoning", "{n3}"], "row 1 has no field 'n3'"), ([], "a thinking judge needs")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv, *extra])
+        assert exit_info.value.code == 2 and not (tmp_path / "s.jsonl").exists()
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.engines
