@@ -26,16 +26,6 @@ from alignment_games.callbacks.functional.digests import (
 from alignment_games.callbacks.functional.files import fsync_dir, os_error_behind, pid_alive, write_error
 from alignment_games.callbacks.hooks import EvaluationBatchCallback
 
-__all__ = [
-    "AtomicCheckpointIO",
-    "CheckpointOnSigterm",
-    "RNGStateCallback",
-    "atomic_torch_save",
-    "collect_rng_state",
-    "rank_and_world",
-    "restore_rng_state",
-]
-
 
 def collect_rng_state() -> dict[str, Any]:
     """The ``python``, ``numpy``, ``torch`` and (once initialised) ``cuda`` generator states (``weights_only``)."""

@@ -9,8 +9,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-__all__ = ["GivenOptimizerSettings"]
-
 
 def _settings(optimizer: Any) -> list[dict[str, Any]]:
     """Every parameter group's settings (all but its parameters)."""

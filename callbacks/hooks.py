@@ -6,8 +6,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-__all__ = ["EvaluationBatchCallback"]
-
 
 class EvaluationBatchCallback(Callback):
     """A ``Callback`` that answers the end of each validation batch with :meth:`on_evaluation_batch_end`.

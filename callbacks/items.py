@@ -8,8 +8,6 @@ from torch import Tensor
 
 from alignment_games.callbacks.fault_tolerance import rank_and_world
 
-__all__ = ["ItemRecords", "first_occurrences", "gather_unique_items", "read_step_outputs"]
-
 
 def read_step_outputs(outputs: Any, wanted: Mapping[str, str], owner: str, step: str) -> dict[str, Tensor]:
     """The values under each key of ``wanted`` (key → what it holds, for errors) in a step's output, as 1-D tensors.

@@ -21,8 +21,6 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoa
 from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-__all__ = ["Histogram", "log_figure", "log_histogram", "log_scalar_layout", "log_text", "logging_step", "media_loggers"]
-
 SUPPORTED = (TensorBoardLogger, WandbLogger, MLFlowLogger, CSVLogger)
 _warned: set[str] = set()  # the unknown loggers already warned about (once per class and process)
 _PART = re.compile(r"[^A-Za-z0-9_.=-]")

@@ -9,8 +9,6 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-__all__ = ["JsonlPredictionWriter"]
-
 
 class JsonlPredictionWriter(BasePredictionWriter):
     """Append each row ``predict_step`` returns (a list of dicts) to ``<log_dir>/<filename>``, one file per rank.

@@ -12,16 +12,6 @@ from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from typing_extensions import override
 
-__all__ = [
-    "CountedModelSummary",
-    "ProgressLines",
-    "StepsRichProgressBar",
-    "StepsTQDMProgressBar",
-    "console_callbacks",
-    "quiet_lightning_console",
-    "train_description",
-]
-
 
 def train_description(trainer: pl.Trainer, epoch: int | None = None) -> str:
     """The training line's label: ``Epoch e[/last epoch][, step s/max_steps]``, only the limits that are set."""

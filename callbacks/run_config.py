@@ -6,8 +6,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-__all__ = ["RUN_CONFIG_KEY", "RUN_INPUTS_KEY", "RunConfigRecord"]
-
 #: the checkpoint keys (also in ``alignment_games.modules.checkpoints``: callbacks import nothing from modules)
 RUN_CONFIG_KEY = "run_config"
 RUN_INPUTS_KEY = "run_inputs"  # the identities of the run's inputs

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["answers_match", "extract_final_answer", "extract_gsm8k_answer", "normalize_answer", "parse_number"]
-
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 

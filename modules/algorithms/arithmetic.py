@@ -6,8 +6,6 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["CORRUPTIONS", "ArithmeticProblem", "generate_problems", "make_response", "make_think_response"]
-
 CORRUPTIONS = ("correct", "padded", "wrong_step", "wrong_final", "truncated")
 
 _NAMES = (

@@ -17,8 +17,6 @@ from alignment_games.modules.algorithms.smida_estimators import smida_surrogate_
 # the baseline of a player with one sample a step (D = 1 or M = 1): the value ½ of the symmetric preference game
 SLHF_SINGLE_BASELINE = 0.5
 
-__all__ = ["check_preferences", "geometric_mixture_logprobs", "nash_md_pg_surrogate_loss", "slhf_surrogate_losses"]
-
 
 def check_preferences(name: str, p: Tensor) -> None:
     """Refuse preference probabilities that are not finite numbers in [0, 1].

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["MissingFileError", "UserError", "require_at_least", "require_in_range", "require_positive"]
-
 
 class UserError(ValueError):
     """A bad config value, file or row: ``train.py`` prints its message as one ``error:`` line and exits 2."""

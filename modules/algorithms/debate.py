@@ -15,32 +15,6 @@ from alignment_games.modules.algorithms.verdicts import JUDGINGS, pair_indices, 
 #: a decoder's batch output (the suite's ``alignment_games.modules.lm`` Rollout); the rules here only carry it
 Rollout = TypeVar("Rollout")
 
-__all__ = [
-    "BOB_REWARDS",
-    "PLAYER_OF_PLY",
-    "PLIES",
-    "PROMPTS",
-    "PROTOCOLS",
-    "ForkedRollout",
-    "PlyReward",
-    "Reply",
-    "Transcript",
-    "branch_rows",
-    "bob_verdict",
-    "check_ablation",
-    "choose_fork_plies",
-    "count_words",
-    "derived_seed",
-    "fill_fields",
-    "fork_counts",
-    "forked_ply_metrics",
-    "numbered_steps",
-    "ply_rewards",
-    "split_reply",
-    "transcript_metrics",
-    "word_penalty",
-]
-
 PROTOCOLS = ("rlaif_a", "debate_ab", "debate_aba", "rlvr")
 # The plies of each protocol, in order; the player of a ply is Alice for "answer"/"rebuttal" and Bob for "critique".
 PLIES: dict[str, tuple[str, ...]] = {

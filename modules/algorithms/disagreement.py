@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["bernoulli_entropy", "decision_uncertainty", "ensemble_jsd", "ensemble_variance"]
-
 
 def _check(p: Tensor) -> None:
     if p.ndim < 1 or p.shape[-1] < 1:

@@ -20,8 +20,6 @@ from torch import Tensor
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_in_range, require_positive
 
-__all__ = ["CompositeReward", "Exp3", "difficulty_reward", "linear_schedule", "normalized_gap", "preference_reward"]
-
 SCORE_MIN, SCORE_MAX = 1.0, 10.0
 
 

@@ -15,18 +15,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = [
-    "CHECKERS",
-    "REQUIRED_KWARGS",
-    "check_kwargs",
-    "count_words",
-    "follows",
-    "is_supported",
-    "loose_variants",
-    "split_sentences",
-    "word_tokens",
-]
-
 RELATIONS = ("less than", "at least")
 CONSTRAINED_OPTIONS = ("My answer is yes.", "My answer is no.", "My answer is maybe.")
 

@@ -16,29 +16,6 @@ from alignment_games.modules.algorithms.answers import answers_match, extract_fi
 from alignment_games.modules.algorithms.checks import require_in_range, require_positive
 from alignment_games.modules.algorithms.exp3 import linear_schedule
 
-__all__ = [
-    "DEFAULT_JUDGE_TEMPLATE",
-    "DEFAULT_SCORE",
-    "JudgeParse",
-    "aggregate_duel",
-    "agreement_score",
-    "category_weights",
-    "duel_judges",
-    "fill_judge_template",
-    "final_answer",
-    "judge_verdicts",
-    "Matchmaking",
-    "REPUTATION_RULES",
-    "ReputationWeighting",
-    "normalized_reputations",
-    "parse_judgement",
-    "peer_score_advantages",
-    "preference_pairs",
-    "reference_agreement",
-    "reputation_weighted_mean",
-    "weight_extremes",
-]
-
 DEFAULT_SCORE = 5.0
 SCORE_RANGE = (1.0, 10.0)
 # App. G: the judge sees the question and one response and answers a 1-10 score as JSON. The closing line (ours)

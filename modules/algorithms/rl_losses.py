@@ -10,19 +10,6 @@ from torch.nn import functional as F
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_positive
 
-__all__ = [
-    "PAIRWISE_LOSS_TYPES",
-    "PairwiseLoss",
-    "PolicyGradient",
-    "dpo_loss",
-    "group_advantages",
-    "grpo_loss",
-    "ipo_loss",
-    "per_token",
-    "simpo_loss",
-    "truncated_is_weights",
-]
-
 
 @dataclass(frozen=True)
 class PolicyGradient:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["follower_advantages", "leader_advantages", "leave_one_out_baseline", "smida_surrogate_losses"]
-
 
 def leave_one_out_baseline(values: Tensor, dim: int = -1, single: float | None = None) -> Tensor:
     """``b_{-j} = (n − 1)^{-1} Σ_{k≠j} v_k`` along ``dim`` (Kool et al., 2019); ``single``: a lone sample's constant.

@@ -13,25 +13,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = [
-    "KLBound",
-    "SMIDAStep",
-    "StepSizes",
-    "check_step_sizes",
-    "conditional_cost",
-    "equilibrium_value",
-    "game_value",
-    "kl",
-    "kl_bound",
-    "kl_bound_at",
-    "kl_bound_start",
-    "kl_both",
-    "log_normalise",
-    "oscillations",
-    "smida",
-    "stackelberg_equilibrium",
-]
-
 # Reference distributions may come from float32 pipelines; rows within this of 1 are accepted and renormalised.
 _SUM_TOLERANCE = 1e-5
 

@@ -11,19 +11,6 @@ from torch import Tensor
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.algorithms.stackelberg import _SUM_TOLERANCE
 
-__all__ = [
-    "GAME_KEYS",
-    "UTILITIES",
-    "decision_uncertainty_utility",
-    "directed_utility",
-    "jsd_utility",
-    "load_game",
-    "random_game",
-    "random_preference_ensemble",
-    "slhf_utility",
-    "tabular_ensemble_variance",
-]
-
 
 def _check_preferences(name: str, p: Tensor, ensemble: bool) -> None:
     want, shape = (4, "[k, X, Y, Y]") if ensemble else (3, "[X, Y, Y]")

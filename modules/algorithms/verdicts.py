@@ -12,8 +12,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["JUDGINGS", "JudgeVotes", "pair_indices", "pair_shares", "parse_verdict", "verdict_of", "vote_share"]
-
 _ADJECTIVES = r"correct|right|incorrect|wrong|mistaken"
 _FOR_ALICE = {"alice", "correct", "right", "yes"}
 _JUDGED_RIGHT = {"correct", "right"}

@@ -11,8 +11,6 @@ from alignment_games.modules.algorithms.answers import extract_final_answer
 from alignment_games.modules.evaluation.intervals import crossed_bootstrap_interval, seed_intervals
 from alignment_games.modules.evaluation.policy_accuracy import greedy_replies
 
-__all__ = ["HELD_OUT_SEED", "final_answers", "paired_gain", "seed_mean_gain"]
-
 #: problems no game trains on: the games draw theirs from ``seed + 1_000_003`` (GRPO trains on most of that set) and
 #: the SFT warm starts from ``seed + 2_000_003``, for small seeds
 HELD_OUT_SEED = 7_000_003

@@ -28,21 +28,6 @@ from alignment_games.modules.lm.base_identity import (
 )
 from alignment_games.modules.training.artifacts import atomic_write_text
 
-__all__ = [
-    "describe_models",
-    "digests_from_tensor",
-    "digests_tensor",
-    "git_commit",
-    "input_record",
-    "problem_rows",
-    "provenance",
-    "recorded_base",
-    "run_provenance",
-    "tensors_sha256",
-    "weights_sha256",
-    "write_report",
-]
-
 #: a peft adapter folder's weight files (what :mod:`alignment_games.modules.checkpoints.export` writes is the first)
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 #: the checkout this code runs from (when it is one)

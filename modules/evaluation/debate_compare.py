@@ -37,17 +37,6 @@ from alignment_games.modules.evaluation.intervals import (
     seed_t_interval,
 )
 
-__all__ = [
-    "compare_groups",
-    "dedup_evaluations",
-    "evaluations_file",
-    "final_intervals",
-    "format_table",
-    "judge_trend",
-    "load_evaluations",
-    "peak_window",
-]
-
 COUNTS = ("tp", "fp", "tn", "fn")
 _VERDICT = ("correct", "accepts", "tie", "unparsed")
 

@@ -20,8 +20,6 @@ from alignment_games.modules.evaluation.preference_report import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["make_figures", "make_game_figures"]
-
 _SCORE_LABELS = {"variance": "variance", "decision_uncertainty": "decision uncertainty", "jsd": "JSD"}
 _SCORE_COLOURS = {"variance": "tab:green", "decision_uncertainty": "tab:blue", "jsd": "tab:red"}
 

@@ -14,20 +14,6 @@ from torch import Tensor
 
 from alignment_games.modules.algorithms.checks import require_at_least, require_in_range
 
-__all__ = [
-    "adversarial_mask",
-    "adversarial_report",
-    "adversarial_yield",
-    "candidate_thresholds",
-    "candidate_yield_intervals",
-    "compare_pairs",
-    "interval_ends",
-    "prompt_bootstrap_mean",
-    "prompt_bootstrap_share",
-    "resample_prompts",
-    "reversal_capture",
-]
-
 
 def resample_prompts(n: int, n_boot: int, seed: int) -> Tensor:
     """``[n_boot, n]`` prompt indices drawn with replacement: the resamples every prompt bootstrap here shares.

@@ -19,8 +19,6 @@ from alignment_games.datamodules.validation import require_file
 from alignment_games.modules.algorithms.ifeval_checks import check_kwargs, follows, is_supported
 from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
-__all__ = ["METRICS", "load_policy", "paired_difference", "read_ifeval", "score_responses"]
-
 #: the four accuracies, in Table 5's order
 METRICS = ("prompt_loose", "instruction_loose", "prompt_strict", "instruction_strict")
 

@@ -13,19 +13,6 @@ import torch
 
 from alignment_games.modules.algorithms.checks import require_at_least
 
-__all__ = [
-    "LABELS",
-    "compare_intervals",
-    "crossed_bootstrap_interval",
-    "crossed_bootstrap_weights",
-    "format_intervals",
-    "nested_bootstrap_interval",
-    "nested_bootstrap_weights",
-    "percentile_interval",
-    "seed_intervals",
-    "seed_t_interval",
-]
-
 #: how each method is printed
 LABELS = {"crossed": "crossed bootstrap", "nested": "nested bootstrap", "seed_t": "seed t"}
 

@@ -20,8 +20,6 @@ from alignment_games.modules.algorithms.verdicts import verdict_of, vote_share
 from alignment_games.modules.evaluation.intervals import percentile_interval
 from alignment_games.modules.evaluation.preference_report import error_auroc
 
-__all__ = ["JUDGE_STATISTICS", "judge_report", "judge_statistics"]
-
 JUDGE_STATISTICS = ("mcc", "mcc_decisive", "auroc", "accept_rate", "tie_share", "unparsed_share", "truth_rate")
 
 

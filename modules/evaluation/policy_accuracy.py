@@ -15,8 +15,6 @@ from alignment_games.modules.algorithms.debate import split_reply
 from alignment_games.modules.evaluation.audit import describe_models, problem_rows
 from alignment_games.modules.lm.text import render_chat
 
-__all__ = ["greedy_replies", "policy_accuracy", "reply_in_format", "score_replies", "wilson_interval"]
-
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 

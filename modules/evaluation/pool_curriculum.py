@@ -18,8 +18,6 @@ from typing import Any
 from alignment_games.modules.algorithms.checks import require_in_range
 from alignment_games.modules.algorithms.pool import weight_extremes
 
-__all__ = ["feature_extremes", "history_file", "load_weights", "pool_operations", "sharpening"]
-
 #: the data settings a generated pool is rebuilt from (InstructionPoolDataModule's), with their defaults
 DATA_FIELDS = {"num_problems": 200, "val_fraction": 0.2, "seed": 0, "generation_seed_offset": 2_000_003}
 

@@ -14,8 +14,6 @@ from alignment_games.callbacks.media import log_figure
 from alignment_games.modules.evaluation.figures import _new_axes
 from alignment_games.modules.training.artifacts import atomic_write_bytes, atomic_write_text
 
-__all__ = ["make_pool_figures", "write_pool_artifacts", "write_pool_figures"]
-
 
 def _axes(title: str, xlabel: str, ylabel: str) -> tuple[Any, Any]:
     fig, ax = _new_axes((6.5, 4))

@@ -17,22 +17,6 @@ from alignment_games.modules.algorithms.checks import require_at_least, require_
 from alignment_games.modules.algorithms.disagreement import decision_uncertainty, ensemble_jsd, ensemble_variance
 from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
-__all__ = [
-    "DEFAULT_FRACTIONS",
-    "SCORE_NAMES",
-    "build_report",
-    "decile_accuracy",
-    "disagreement_scores",
-    "error_auroc",
-    "error_rate_curve",
-    "json_safe",
-    "prompt_bootstrap",
-    "roc_curve_points",
-    "top_fraction_error_rate",
-    "top_fraction_lift",
-    "variance_summary",
-]
-
 #: The three disagreement scores of the report, in the order used for keys, legends and colours.
 SCORE_NAMES: tuple[str, ...] = ("variance", "decision_uncertainty", "jsd")
 

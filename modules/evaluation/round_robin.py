@@ -12,8 +12,6 @@ from torch import Tensor
 
 from alignment_games.modules.evaluation.game_eval import interval_ends, resample_prompts
 
-__all__ = ["PLAYER_OF_FAMILY", "adapter_tensors", "markdown_table", "round_robin_table"]
-
 #: which player of a checkpoint's family is compared (the Leaders, as in Table 4; NLHF's one policy)
 PLAYER_OF_FAMILY = {
     "alignment_games.modules.deep_smida.DeepSMIDA": "leader",

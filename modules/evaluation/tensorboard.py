@@ -17,8 +17,6 @@ import torch
 from alignment_games.callbacks.media import Histogram, log_histogram, log_scalar_layout, log_text, media_loggers
 from alignment_games.modules.algorithms.checks import require_at_least
 
-__all__ = ["GameBoard", "escape_markdown", "samples_markdown"]
-
 # ASCII punctuation may start markdown (lists, headings, emphasis, code, tables, links, HTML): a numeric entity does not
 _PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")

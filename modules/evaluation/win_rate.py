@@ -16,8 +16,6 @@ from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.oracle import PreferenceOracle
 from alignment_games.modules.scorers.utility import Utility
 
-__all__ = ["WinRateValidation", "win_rate_summary"]
-
 
 def win_rate_summary(rates: Tensor, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Mean of preference rates ``[P, R]`` with a 95% prompt-bootstrap interval; NaN (unlabelled) rows dropped.

@@ -18,8 +18,6 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.text import fill_template
 from alignment_games.modules.scorers.utility import Utility
 
-__all__ = ["LeaderFollower", "TwoOptimizers", "check_leader_follower", "load_play_state", "play_state"]
-
 
 def check_leader_follower(samples_per_prompt: int, follower_samples: int, minimum: int, template: str) -> None:
     """Refuse (``ValueError``) fewer than ``minimum`` samples D or M, or a follower template without its slot."""

@@ -26,8 +26,6 @@ from alignment_games.modules.lm.policy_bank import PolicyBank
 from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.scorers.peer_judges import encode_texts
 
-__all__ = ["FollowerTraining", "FollowerUpdates", "Stepper"]
-
 
 @dataclass(frozen=True)
 class FollowerTraining:

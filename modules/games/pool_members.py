@@ -13,8 +13,6 @@ from alignment_games.modules.lm.rollout import Rollout
 from alignment_games.modules.lm.sampling import Sampling
 from alignment_games.modules.scorers.peer_judges import PeerJudging, judge_prompts, member_scores, peer_scores_each
 
-__all__ = ["PoolMembers"]
-
 
 class PoolMembers:
     """Mixin of :class:`alignment_games.modules.pool.StackelbergPool`: its members' prompts, answers and judgements."""
