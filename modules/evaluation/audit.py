@@ -217,11 +217,7 @@ OUTPUT_FIELDS = frozenset({"output_dir", "figure_path", "dirpath", "save_dir", "
 
 
 def _named_inputs(tree: Any, prefix: str) -> Iterator[tuple[str, str]]:
-    """``(dotted key, value)`` of the strings in nested settings that name a model or what a run reads.
-
-    That is an existing file, a model or adapter folder, or a model by name (under a ``name_or_path`` key, or
-    ``builtin:``).
-    """
+    """``(dotted key, value)`` of nested strings naming a file, a model folder, a ``name_or_path`` or ``builtin:``."""
     if _plain(tree):
         tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
     if isinstance(tree, Mapping):
@@ -238,11 +234,7 @@ def _named_inputs(tree: Any, prefix: str) -> Iterator[tuple[str, str]]:
 
 
 def _own_settings(module: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The settings a module's parts name: ``(model.<name>, settings)`` of each child and plain object attribute.
-
-    Their own strings and dataclasses, and the hparams of each Lightning module inside (an ensemble utility's
-    ensemble: its backbone): what a judge (``model_name``), an ensemble utility (``checkpoint``) or a tokenizer read.
-    """
+    """``(model.<name>, settings)``: each child's and object attribute's strings and dataclasses, each inner hparams."""
     children = dict(module.named_children()) if hasattr(module, "named_children") else {}
     objects = {k: v for k, v in vars(module).items() if not k.startswith("_") and hasattr(v, "__dict__")}
     for name, value in {**objects, **children}.items():

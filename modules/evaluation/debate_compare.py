@@ -2,12 +2,7 @@
 
 A run is a log folder with ``debate_evals.jsonl`` or the file; its peak follows
 :class:`alignment_games.callbacks.PeakCheckpoint`'s rule, and a group merges its runs' peak-window counts. Correlated
-rollouts make P(Best) over-confident (App. A.3).
-
-    python -m alignment_games.commands.debate_compare \\
-        --group RLAIF-A=runs/debate_rlaif_a/version_0,runs/debate_rlaif_a/version_1 \\
-        --group Debate-AB=runs/debate_ab/version_0 --upper RLVR=runs/debate_rlvr/version_0 \\
-        --baseline RLAIF-A --out compare.json
+rollouts make P(Best) over-confident (App. A.3). The command line is in ``docs/debate.md``.
 """
 
 from __future__ import annotations

@@ -24,12 +24,7 @@ JUDGE_STATISTICS = ("mcc", "mcc_decisive", "auroc", "accept_rate", "tie_share", 
 
 
 def judge_statistics(shares: Tensor, verdicts: Sequence[str], truth: Tensor) -> dict[str, float]:
-    """The :data:`JUDGE_STATISTICS` of one set of answers.
-
-    Args:
-        shares: Alice's share of each answer's parseable votes (0.5 when none parses).
-        verdicts: Each answer's verdict (:func:`~alignment_games.modules.algorithms.verdicts.verdict_of`).
-        truth: Whether each answer is right (bool).
+    """The :data:`JUDGE_STATISTICS` of answers: Alice's vote ``shares``, :func:`.verdict_of` ``verdicts``, ``truth``.
 
     Example:
         >>> truth = torch.tensor([True, True, False])
@@ -69,14 +64,7 @@ def judge_report(
 
     Answers to one problem share its difficulty, so the bootstrap draws problems with replacement and keeps all their
     answers (a cluster bootstrap): ``k`` answers a problem do not narrow the interval as ``k`` problems would.
-
-    Args:
-        votes: ``[answers, num_votes]``: 1 for Alice, 0 against, 0.5 a tie vote, NaN unparsed.
-        truth: Whether each answer is right.
-        problems: Each answer's problem id.
-        n_boot: Bootstrap draws.
-        seed: Seed of the draws.
-        confidence: Interval level.
+    ``votes`` ``[answers, num_votes]``: 1 for Alice, 0 against, 0.5 a tie vote, NaN unparsed.
 
     Returns:
         ``{"n_answers", "n_problems", "num_votes", <statistic>: value, "intervals": {<statistic>: [lo, hi]},

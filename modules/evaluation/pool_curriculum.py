@@ -2,9 +2,6 @@
 
 Per iteration, the top and bottom instructions' mean weight against uniform (Fig. 5); at the end, for a generated
 pool (rebuilt from ``config.yaml``'s data numbers), the mean operation count of the most and least likely ones.
-
-    python -m alignment_games.commands.pool_curriculum --run default=runs/pool_grpo_competent/version_0 \\
-        --run difficulty=runs/pool_grpo_difficulty/version_0 --out pool_curriculum.json
 """
 
 from __future__ import annotations
