@@ -337,9 +337,7 @@ def reference_agreement(scores: Sequence[Sequence[float]], correct: Sequence[Seq
 
 def preference_pairs(scores_a: Sequence[float], scores_b: Sequence[float]) -> list[tuple[int, bool]]:
     """Non-tied duels as ``(duel index, a_is_chosen)``; ties give no DPO pair (§2.4)."""
-    if len(scores_a) != len(scores_b):
-        raise ValueError(f"{len(scores_a)} scores for a but {len(scores_b)} for b")
-    return [(i, x > y) for i, (x, y) in enumerate(zip(scores_a, scores_b)) if x != y]
+    return [(i, v == 1.0) for i, v in enumerate(judge_verdicts(scores_a, scores_b)) if v != 0.5]
 
 
 def peer_score_advantages(scores: Tensor, group_size: int, scale: bool = True, baseline: bool = True) -> Tensor:

@@ -223,10 +223,7 @@ class FollowerUpdates:
         return loss * (b - a)
 
     def _step(self, trainer, player: str, opt, loss_fn, n: int, rows: tuple, micro, lengths=None, max_tokens=0):
-        """One step of ``player`` on ``n`` items (``loss_fn(lo, hi)``: their summed loss); its loss, or ``None``.
-
-        This rank runs its ``rows`` in chunks of at most ``micro`` items and ``max_tokens`` padded tokens (``lengths``).
-        """
+        """One step of ``player`` on ``n`` items (this rank: ``rows``, in chunks); its loss, or None if not taken."""
         (a0, b0), params = rows, self.bank(player).player_parameters(player)
         spans, counts = lengths or ([0] * b0, [0] * b0)
         micro = self.settings.micro_batch if micro is None else micro
