@@ -510,7 +510,6 @@ class AlignmentCLI(LightningCLI):
         ckpt = self.trainer.checkpoint_callback
         best = ckpt.best_model_path if ckpt is not None and getattr(ckpt, "best_model_path", "") else None
         if getattr(self.trainer.strategy, "zero_stage_3", False):
-            # DeepSpeed cannot load a ZeRO-3 checkpoint into Lightning's optimizer-less test engine (#7272)
             rank_zero_warn(
                 "test_after_fit is skipped under DeepSpeed ZeRO-3: DeepSpeed cannot load a ZeRO-3 checkpoint for "
                 "testing (deepspeedai/DeepSpeed#7272). Convert the checkpoint with "

@@ -143,9 +143,8 @@ class PreferenceEnsemble(AutomaticFamily):
         last = mask.sum(1) - 1
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
-    def _run_backbone(self, model: nn.Module, batch: dict[str, Tensor], rows: Tensor | None = None) -> Tensor:
-        keys = ("input_ids", "attention_mask", "token_type_ids")
-        inputs = {k: batch[k] if rows is None else batch[k][rows] for k in keys if k in batch}
+    def _run_backbone(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
         if self.hparams.backbone_task == "encoder":
             hidden = model(**inputs).last_hidden_state
         else:
