@@ -245,8 +245,9 @@ class SFTFileDataModule(_TableDataModule, _TriplesDataModule):
         system_prompt: System message of examples without their own; ``None``: the model's ``system_prompt``.
         val_fraction: Share of examples for validation.
         batch_size: Examples per batch.
-        seed: Seed of the shuffle. **table: The file or hub set
-        (:class:`~alignment_games.datamodules.files._TableDataModule`'s arguments; one is needed).
+        seed: Seed of the shuffle.
+        **table: The file or hub set (:class:`~alignment_games.datamodules.files._TableDataModule`'s arguments; one
+            is needed).
 
     Raises:
         ValueError: for an unknown ``format`` or ``val_fraction`` outside [0, 1); reading, a missing column (listing
