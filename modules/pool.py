@@ -34,7 +34,6 @@ from alignment_games.modules.scorers.peer_judges import PeerJudging
 from alignment_games.modules.training.faults import forget_earlier_step_values, reset_stale_epoch_metrics
 from alignment_games.modules.training.schedules import schedule_length
 
-DEFAULT_SYSTEM = "You are a helpful assistant."
 # what a config may set of the pool's EloRating (the players are the pool's, and the module applies and logs it)
 ELO_SETTINGS = {"initial_rating", "k_factor", "k_decay", "volatility_window", "scale"}
 
@@ -84,7 +83,7 @@ class StackelbergPool(PoolMembers, LanguageModelGame):
         leader_reward: CompositeReward = CompositeReward(),
         matchmaking: rules.Matchmaking = rules.Matchmaking(),
         sampling: Sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=512),
-        system_prompt: str = DEFAULT_SYSTEM,
+        system_prompt: str = "You are a helpful assistant.",
         judging: PeerJudging = PeerJudging(),
         reputation: rules.ReputationWeighting = rules.ReputationWeighting(),
         followers: FollowerTraining = FollowerTraining(),
