@@ -1,7 +1,4 @@
-"""One writer for a run's artifacts (reports, records, figures, checkpoint folders): never a torn one.
-
-Folders are swapped in by two renames; a kill between them leaves ``.<name>.previous`` for :func:`recover_folder`.
-"""
+"""One writer for a run's artifacts (reports, records, figures, checkpoint folders): never a torn one."""
 
 import contextlib
 import errno
@@ -113,9 +110,7 @@ def recover_folder(path: str | os.PathLike) -> bool:
 
 
 def recover_folder_on_rank_zero(strategy: Any, path: str | os.PathLike, barrier: str) -> None:
-    """On rank 0, :func:`recover_folder` and the manifest check before a load; then every rank meets at ``barrier``.
-
-    The check is :func:`~alignment_games.callbacks.functional.digests.verify_manifest`.
+    """On rank 0, :func:`recover_folder` and :func:`verify_manifest` before a load; then all ranks meet at ``barrier``.
 
     Raises:
         ValueError: ``recover_folder``'s refusal, or a file whose bytes changed, on every rank (none waits for rank 0).
@@ -141,7 +136,10 @@ def prepare_folder_beside(path: str | os.PathLike) -> str:
 
 
 def swap_folder_in(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Replace ``path`` (a folder, a file or nothing) by the complete folder ``tmp``; see the module's docstring."""
+    """Replace ``path`` (a folder, a file or nothing) by the complete folder ``tmp``.
+
+    Two renames; a kill between them leaves ``.<name>.previous`` for :func:`recover_folder`.
+    """
     tmp, path = os.fspath(tmp), os.fspath(path).rstrip(os.sep)
     parent = os.path.dirname(path)
     fsync_dir(tmp)

@@ -68,8 +68,7 @@ def refuse_nonfinite_checkpoint(checkpoint: dict[str, Any], family: str) -> None
     Raises:
         RuntimeError: naming the first tensors with non-finite values.
     """
-    found = nonfinite_entries(checkpoint)
-    if found:
+    if found := nonfinite_entries(checkpoint):
         raise RuntimeError(
             f"{family}: refusing to write a checkpoint whose tensors hold NaN or inf: {found[:5]}"
             f"{' …' if len(found) > 5 else ''}. Resume from the previous checkpoint, which was written before the "
@@ -147,8 +146,7 @@ class NonFiniteGuard:
             raise ValueError(f"max_consecutive_nonfinite must be an integer, got {max_consecutive_nonfinite!r}")
         require_at_least(max_consecutive_nonfinite=(max_consecutive_nonfinite, 1))
         self.max_consecutive_nonfinite = int(max_consecutive_nonfinite)
-        self.nonfinite_skipped = 0
-        self.consecutive_nonfinite = 0
+        self.nonfinite_skipped = self.consecutive_nonfinite = 0
 
     def check_finite(self, values: Tensor, what: str) -> bool:
         """``True`` when every value (on every rank) is finite; else count, log, warn and return ``False``.
@@ -232,16 +230,11 @@ class AutomaticStepGuard(NonFiniteGuard):
         skipped_before = self.nonfinite_skipped
         self._gradients_dropped = False
         optimizer.step(closure=optimizer_closure)
-        if self.nonfinite_skipped != skipped_before or self._gradients_dropped:
-            self._uncount_optimizer_step()
-        else:
+        if self.nonfinite_skipped == skipped_before and not self._gradients_dropped:
             self.record_update()
-
-    def _uncount_optimizer_step(self) -> None:
-        # Lightning marks the step ready before this hook and completed after it: one off both keeps them equal
-        if (trainer := getattr(self, "_trainer", None)) is None:
-            return
-        progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
-        for tracker in (progress.total, progress.current):
-            tracker.ready -= 1
-            tracker.completed -= 1
+        elif (trainer := getattr(self, "_trainer", None)) is not None:
+            # Lightning marks the step ready before this hook and completed after it: one off both keeps them equal
+            progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step
+            for tracker in (progress.total, progress.current):
+                tracker.ready -= 1
+                tracker.completed -= 1

@@ -16,12 +16,7 @@ def _public_subclasses(package: str, base: type, skip: tuple[str, ...] = ()) -> 
             continue
         module = importlib.import_module(f"{package}.{info.name}")
         for name, cls in vars(module).items():
-            if (
-                inspect.isclass(cls)
-                and issubclass(cls, base)
-                and cls.__module__ == module.__name__
-                and not name.startswith("_")
-            ):
+            if inspect.isclass(cls) and issubclass(cls, base) and cls.__module__ == module.__name__ and name[0] != "_":
                 if name in found:  # short names must resolve to one class (``--model GRPO``)
                     raise TypeError(f"two families named {name}: {found[name].__module__} and {module.__name__}")
                 found[name] = cls

@@ -1,10 +1,4 @@
-"""One process at a time in a run folder: ``<run folder>/run.lock`` names the owner's pid and host.
-
-The record also holds the host's boot id and the owner's start time (``/proc/<pid>/stat``). On this host a lock is
-stale when its pid is gone, now names a later process (another start time: the pid was reused), or the host booted
-again since; a stale lock is taken over. A lock of another host cannot be checked from here: it is refused until the
-user names it in ``ALIGNMENT_GAMES_BREAK_LOCK`` (``host:pid``, as the refusal prints) or removes it.
-"""
+"""One process at a time in a run folder: ``run.lock`` names the owner (stale and foreign locks: docs/trust.md)."""
 
 from __future__ import annotations
 
@@ -127,13 +121,6 @@ def live_owner(folder: str | os.PathLike, above: bool = False) -> LockOwner | No
     return None
 
 
-def _refuse_live_ancestor(folder: str) -> None:
-    """Refuse ``folder`` when a folder above it is locked by another live process (or by a lock naming none)."""
-    for parent in _above(folder):
-        if (held := _holder(parent)) is not None:
-            raise _refusal(parent, *held)
-
-
 def _refusal(folder: str, path: str, owner: LockOwner | None, text: str) -> RunFolderInUse:
     why = "two processes in one run folder would interleave their checkpoints and logs"
     if owner is None:
@@ -175,11 +162,7 @@ def _create_new(path: str) -> int:
 
 
 def _publish(path: str, text: str) -> bool:
-    """Create the lock file at ``path`` holding ``text`` whole (a private draft hard-linked), unless one exists.
-
-    Raises:
-        RunFolderInUse: when the draft's name is taken (a link planted there is neither followed nor removed).
-    """
+    """Create the lock file at ``path`` holding ``text`` whole (a private draft hard-linked), unless one exists."""
     draft = f"{path}.draft-{os.getpid()}"
     try:
         fd = _create_new(draft)
@@ -221,16 +204,15 @@ class RunFolderLock:
 
     @classmethod
     def acquire(cls, folder: str | os.PathLike) -> RunFolderLock:
-        """Create ``folder`` if needed and take its lock; a stale lock (see the module's docstring) is taken over.
-
-        A folder inside one that another live process has locked (a checkpoint folder inside its run folder) is
-        refused like that folder.
+        """Create ``folder`` if needed and take its lock; a stale lock (docs/trust.md) is taken over.
 
         Raises:
             RunFolderInUse: another live process holds the lock, or it names no process; naming folder, pid and host.
         """
         folder = os.fspath(folder)
-        _refuse_live_ancestor(folder)
+        for parent in _above(folder):  # a folder inside another live run's (a checkpoint folder) is refused like it
+            if (held := _holder(parent)) is not None:
+                raise _refusal(parent, *held)
         created = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, LOCK_NAME)
