@@ -5,7 +5,6 @@ Only DeepSpeed's own classes (:data:`ALLOWED_GLOBALS`) may be unpickled; what ca
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import re
@@ -54,17 +53,6 @@ class _WeightsOnlyEngine:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-@contextlib.contextmanager
-def weights_only_deepspeed(engine: Any):
-    """Within the block, ``engine`` (a ``DeepSpeedEngine``) reads checkpoint files with ``weights_only=True``."""
-    inner = engine.checkpoint_engine
-    engine.checkpoint_engine = _WeightsOnlyEngine(inner)
-    try:
-        yield engine
-    finally:
-        engine.checkpoint_engine = inner
 
 
 def _tag(path: str) -> str:
@@ -160,8 +148,12 @@ class SafeDeepSpeedStrategy(DeepSpeedStrategy):
                 f"{'MoE layers' if engine.has_moe_layers else 'universal checkpoints'}, whose files DeepSpeed reads "
                 "outside the safe reader"
             )
-        with weights_only_deepspeed(engine):
+        inner = engine.checkpoint_engine
+        engine.checkpoint_engine = _WeightsOnlyEngine(inner)  # DeepSpeed's files read with weights_only=True
+        try:
             return super().load_checkpoint(path, weights_only=True)
+        finally:
+            engine.checkpoint_engine = inner
 
 
 def safe_deepspeed_strategy(strategy: Any) -> Any:

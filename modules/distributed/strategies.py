@@ -97,6 +97,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         from alignment_games.modules.distributed.dcp_safe import SafeFileSystemReader as Reader
         from alignment_games.modules.distributed.dcp_safe import WeightsOnlyLoadPlanner, read_dcp_metadata
         from alignment_games.modules.training.artifacts import recover_folder_on_rank_zero
+        from alignment_games.modules.training.faults import nonfinite_entries
 
         path = Path(self.broadcast(str(checkpoint_path)))
         recover_folder_on_rank_zero(self, path, "fsdp2_load_recovered")
@@ -122,7 +123,13 @@ class FSDP2Strategy(ModelParallelStrategy):
             dcp.load(optim_state, storage_reader=Reader(path), planner=WeightsOnlyLoadPlanner(allow_partial_load=True))
             optim_states.append(optim_state[key])
         # a NaN or inf anywhere stops the restore on every rank before the states are set: nothing continues from it
-        self._refuse_nonfinite(path, {"state_dict": present, "optimizer_states": optim_states})
+        found = nonfinite_entries({"state_dict": present, "optimizer_states": optim_states})
+        if not self.reduce_boolean_decision(not found, all=True):
+            where = f"in {found[0]}" if found else "in another rank's shards"
+            raise ValueError(
+                f"checkpoint {str(path)!r} holds NaN or inf {where}: it is not a state to continue from; resume from "
+                "an earlier checkpoint"
+            )
         loose = states.StateDictOptions(strict=False)
         states.set_model_state_dict(self.model, present, options=loose)
         for optimizer, optim_state in zip(self.optimizers if fitting else (), optim_states, strict=True):
@@ -130,16 +137,3 @@ class FSDP2Strategy(ModelParallelStrategy):
         checkpoint = torch.load(path / METADATA_FILE, weights_only=True)
         checkpoint["state_dict"] = present  # loaded already; named for the module's on_load_checkpoint
         return checkpoint
-
-    def _refuse_nonfinite(self, path: Path, part: dict[str, Any]) -> None:
-        """Refuse NaN or inf in this rank's shards on every rank together, naming the folder (and the tensor here)."""
-        from alignment_games.modules.training.faults import nonfinite_entries
-
-        found = nonfinite_entries(part)
-        if self.reduce_boolean_decision(not found, all=True):
-            return
-        where = f"in {found[0]}" if found else "in another rank's shards"
-        raise ValueError(
-            f"checkpoint {str(path)!r} holds NaN or inf {where}: it is not a state to continue from; resume from an "
-            "earlier checkpoint"
-        )
