@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -151,10 +152,12 @@ def _write_lines(path: str, rows: Sequence[dict[str, Any]]) -> None:
 def reasoning_fields(row: dict[str, Any], t: Transcript) -> dict[str, Any]:
     """``--reasoning``'s fields: the row's, Alice's ``final`` answer as the checker reads it, the problem's ``n1``, ...
 
-    ``final`` is ``none`` when Alice boxed nothing; ``n1``, ``n2``, ... are the problem's numbers in order.
+    ``final`` is ``none`` when Alice boxed nothing; ``n1``, ``n2``, ... are the problem's numbers in order; ``check``
+    is ``equal`` when the checker accepts her answer, otherwise ``not equal``.
     """
     numbers = re.findall(r"\d+(?:\.\d+)?", row["prompt"])
-    return {**row, "final": t.final_answer or "none", **{f"n{k}": n for k, n in enumerate(numbers, 1)}}
+    check = "equal" if row["truth"] else "not equal"
+    return {**row, "final": t.final_answer or "none", "check": check, **{f"n{k}": n for k, n in enumerate(numbers, 1)}}
 
 
 def write_sft(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -169,8 +172,12 @@ def write_sft(args: argparse.Namespace) -> list[dict[str, Any]]:
     """
     model, block, _ = _config(args.config)
     judge = build_judge(block, model=args.judge_model, votes=1)
-    rows = []
-    for i, row in enumerate(read_answers(args.answers), 1):
+    rows, answers = [], list(enumerate(read_answers(args.answers), 1))
+    if args.balance:  # each verdict's rows repeated in turn up to the larger class's count
+        right, wrong = [a for a in answers if a[1]["truth"]], [a for a in answers if not a[1]["truth"]]
+        n = max(len(right), len(wrong))
+        answers = [a for group in (right, wrong) if group for a in itertools.islice(itertools.cycle(group), n)]
+    for i, row in answers:
         t = _transcript(row, model)
         messages = [{"role": "system", "content": args.system}, {"role": "user", "content": judge.user_message(t)}]
         if render_chat(judge.tokenizer, messages, True) + judge.prefill != judge.render(t):
@@ -242,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     a.add_argument("--adapter", help="an exported LoRA adapter folder as Alice")
     s = steps.add_parser("sft", help="SFT rows: the judge's prompt and the checker's verdict")
     s.add_argument("--system", default="You are a helpful AI assistant named SmolLM, trained by Hugging Face")
+    s.add_argument("--balance", action="store_true", help="repeat the rarer verdict's rows to match the other's count")
     s.add_argument("--reasoning", help="the judge's thinking before its verdict, e.g. '{n1} + {n2} = {reference}.'")
     c = steps.add_parser("score", help="the judge's MCC, AUROC, accept rate, ties and unparsed, with intervals")
     c.add_argument("--votes", type=int, help="votes per answer (default: the config's num_votes)")

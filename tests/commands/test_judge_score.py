@@ -142,6 +142,9 @@ def test_a_thinking_verifiers_rows_write_the_check_then_the_verdict(tmp_path, ca
         "<think>3 + 14 = 17. Alice's final answer is 18.</think>\nVerdict: Bob",  # the last box is the final answer
         "<think>3 + 14 = 17. Alice's final answer is none.</think>\nVerdict: Bob",
     ]
+    balanced = main([*argv, "--balance", "--reasoning", "{check}"])  # the one right answer repeated to two rows
+    alice, bob = "<think>equal</think>\nVerdict: Alice", "<think>not equal</think>\nVerdict: Bob"
+    assert [r["completion"] for r in balanced] == [alice, alice, bob, bob]
     os.remove(tmp_path / "s.jsonl")
     for extra, message in [(["--reasoning", "{n3}"], "row 1 has no field 'n3'"), ([], "a thinking judge needs")]:
         with pytest.raises(SystemExit) as exit_info:
