@@ -343,9 +343,6 @@ class PromptedJudge(DebateJudge):
 class HFJudge(PromptedJudge):
     """A frozen Hugging Face causal LM as the judge, ``num_votes`` sampled verdicts per transcript in one call.
 
-    Each prompt is prefilled once, its KV cache copied to its ``num_votes`` rows. ``decode: vllm`` samples the votes by
-    the vLLM engine instead (:func:`~alignment_games.modules.lm.decoders.make_decoder`; no transformers weights load).
-
     Args:
         model: Hub name or local path (loaded frozen through :func:`alignment_games.modules.lm.models.load_model`).
         dtype: Weights dtype; ``"auto"``: bfloat16 when CUDA is available, else float32.

@@ -45,9 +45,8 @@ def sampling_state(
 
 def check_placeholders(template: str, keys: Sequence[str]) -> None:
     """Raise a ``ValueError`` naming the first of ``keys`` (such as ``"{prompt}"``) missing from a judge template."""
-    for key in keys:
-        if key not in template:
-            raise ValueError(f"judge template must contain {key}")
+    if (missing := next((key for key in keys if key not in template), None)) is not None:
+        raise ValueError(f"judge template must contain {missing}")
 
 
 def load_frozen_causal_lm(

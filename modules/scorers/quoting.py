@@ -1,8 +1,4 @@
-"""Text inside a judge's prompt: quoted so it cannot forge the template, and cut (never the template) to fit.
-
-:func:`quote_judged` prefixes every line with ``"> "`` and breaks special-token strings with an invisible joiner;
-:func:`fit_judged` cuts the judged spans' middles, longest first, so the problem and instructions always survive.
-"""
+"""Text inside a judge's prompt: quoted so it cannot forge the template, and cut (never the template) to fit."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ def break_special_tokens(text: str, special_tokens: Iterable[str] = ()) -> str:
 
 def quote_judged(text: str, special_tokens: Iterable[str] = ()) -> str:
     """Judged text as a quoted block: special tokens broken, every line (any line break) prefixed with :data:`QUOTE`."""
-    text = break_special_tokens(text, special_tokens)
-    if not text:
+    if not (text := break_special_tokens(text, special_tokens)):
         return ""
     return "\n".join(QUOTE + line if line.strip() else QUOTE.rstrip() for line in text.splitlines())
 

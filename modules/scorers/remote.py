@@ -1,11 +1,4 @@
-"""A standard-library client of an OpenAI-compatible chat-completions server (vLLM, SGLang, ``transformers serve``).
-
-Connection errors, timeouts, HTTP 429 and 5xx are retried with capped exponential backoff (within ``total_timeout_s``);
-other HTTP errors are raised at once. A redirect is refused, never followed (it would carry the API key elsewhere).
-One wall-clock deadline bounds each attempt's connection, TLS handshake, headers and body (a trickling server is cut
-off). Quoted server text is at most 300 characters with the API key cut out; request headers are never quoted. A
-malformed reply gives ``None`` completions (counted). The API key is read from the environment at each request.
-"""
+"""A standard-library client of an OpenAI-compatible chat-completions server (what it refuses: docs/trust.md)."""
 
 from __future__ import annotations
 
@@ -227,8 +220,7 @@ class ChatServer:
         """The API key, read from the environment now (``None`` when none is sent); its value is never quoted."""
         if self.api_key_env is None:
             return None
-        key = os.environ.get(self.api_key_env)
-        if not key:
+        if not (key := os.environ.get(self.api_key_env)):
             raise ValueError(f"server.api_key_env names {self.api_key_env!r}, which is not set in the environment")
         if not _HEADER_TOKEN.fullmatch(key):
             raise ValueError(
