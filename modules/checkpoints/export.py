@@ -1,8 +1,4 @@
-"""Trained players out of the suite: a peft adapter folder per player, a record of its base, merged models on request.
-
-Layout, written beside ``<out>`` and renamed into place: ``<out>/<player>/`` (adapter, tokenizer, export.json; a full
-model for ``players: separate``) and, with merge, ``<out>/merged/<player>/``.
-"""
+"""Trained players out of the suite: an adapter folder per player, a record of its base (layout: docs/export.md)."""
 
 from __future__ import annotations
 
@@ -69,8 +65,7 @@ def select_players(module: nn.Module, names: Sequence[str] | None = None) -> lis
         raise ValueError(f"a player is named {MERGED!r}, the folder of the merged models; rename the player")
     if names is None:
         return players
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
+    if unknown := [n for n in names if n not in by_name]:
         raise KeyError(f"players: unknown player(s) {unknown}; {family_name(module)} has {sorted(by_name)}")
     return [by_name[n] for n in dict.fromkeys(names)]
 

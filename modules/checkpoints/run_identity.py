@@ -1,9 +1,4 @@
-"""One run identity, checked on every resume: the settings that may not change, and the content of what the run reads.
-
-The inputs: every string of the resolved config, outside the resume-safe keys and :data:`OUTPUT_FIELDS`, naming a
-local model folder (``config.json`` or weight files in it), a ``builtin:`` model or a regular file, hashed by
-:mod:`alignment_games.modules.lm.base_identity` (cached under size, mtime, inode and ctime: a warm start rehashes none).
-"""
+"""One run identity, checked on every resume: the settings that may not change and the content of what it reads."""
 
 from __future__ import annotations
 

@@ -83,8 +83,7 @@ def check_checkpoint_matches(
     state = checkpoint.get("state_dict")
     if state is not None:
         _check_tensors_fit(module, state, trainable, here, there, source)
-    found = nonfinite_entries(checkpoint, getattr(module, "minus_inf_allowed", ()))
-    if found:
+    if found := nonfinite_entries(checkpoint, getattr(module, "minus_inf_allowed", ())):
         raise ValueError(
             f"{source} holds NaN or inf in {found[0]}{f' (and {len(found) - 1} more)' if len(found) > 1 else ''}: "
             "it is not a state to continue from; resume from an earlier checkpoint"
@@ -96,15 +95,13 @@ def _check_tensors_fit(
 ) -> None:
     """The tensor checks of :func:`check_checkpoint_matches`."""
     expected = trainable_names(module) if trainable is None else trainable
-    missing = sorted(expected - set(state))
-    if missing:
+    if missing := sorted(expected - set(state)):
         raise KeyError(
             f"{source} lacks trainable tensors of the config's model ({here}): {missing[:5]}"
             f"{' …' if len(missing) > 5 else ''}"
         )
     own = module.state_dict(keep_vars=True)
-    unknown = sorted(set(state) - set(own))
-    if unknown:
+    if unknown := sorted(set(state) - set(own)):
         raise ValueError(
             f"{source} holds tensors the config's model ({here}) does not have: {unknown[:5]}"
             f"{' …' if len(unknown) > 5 else ''} (a checkpoint of another configuration of {there or here}?)"
@@ -207,10 +204,7 @@ def _segments(path: str) -> list[str] | None:
 
 
 def _url_under(url: str, prefix: str) -> bool:
-    """Whether ``url`` lies under ``prefix``: same scheme, host, port and user, and whole path segments.
-
-    ``https://host.evil.net`` is not under ``https://host``, nor ``https://host/runs/../private`` under ``https://host/runs/``.
-    """
+    """Whether ``url`` lies under ``prefix``: same scheme, host, port and user, and whole resolved path segments."""
     try:
         a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(prefix)
         ports = a.port or _DEFAULT_PORTS.get(a.scheme.lower()), b.port or _DEFAULT_PORTS.get(b.scheme.lower())
@@ -343,8 +337,7 @@ def check_resume_config(checkpoint: dict[str, Any], given_yaml: str, source: str
     if not isinstance(stored, str):
         return False
     old, new = yaml.safe_load(stored) or {}, yaml.safe_load(given_yaml) or {}
-    diff = config_differences(old, new)
-    if diff:
+    if diff := config_differences(old, new):
         a, b = _flatten(old), _flatten(new)
         shown = "; ".join(f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}" for k in diff[:8])
         raise ValueError(
