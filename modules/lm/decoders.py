@@ -1,7 +1,4 @@
-"""How a :class:`PolicyBank` samples: decoders behind one protocol (:func:`make_decoder` picks from ``lm.decode``).
-
-Cascade decoders read each prompt's cache once per group and hand what they cannot serve to ``generate``.
-"""
+"""How a :class:`PolicyBank` samples: decoders behind one protocol (:func:`make_decoder` picks from ``lm.decode``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""A player's LoRA update merged into copies of its base weights, kept until the adapter or the base changes.
-
-A snapshot of the adapter's values is compared at each use, so any change (an optimizer step, a loaded checkpoint, an
-edit through ``.data``) remakes the copies; the frozen base weights are recognised by identity, storage and version.
-"""
+"""A player's LoRA update merged into copies of its base weights, kept until the adapter or the base changes."""
 
 from __future__ import annotations
 

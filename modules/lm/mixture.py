@@ -53,11 +53,8 @@ def generate_mixture(
             inputs = {"input_ids": token, "attention_mask": torch.cat(attention, dim=1), "position_ids": position}
             for who in (player, None):
                 caches[who], logits[who] = _forward(bank, who, caches[who], **inputs)
-        return geometric_mixture_logprobs(
-            torch.log_softmax(logits[player] / temperature, dim=-1),
-            torch.log_softmax(logits[None] / temperature, dim=-1),
-            beta,
-        )
+        player_lp, reference_lp = (torch.log_softmax(logits[who] / temperature, dim=-1) for who in (player, None))
+        return geometric_mixture_logprobs(player_lp, reference_lp, beta)
 
     tempered = dataclasses.replace(sampling, temperature=1.0)  # the mixture is formed of tempered logits
     eos, pad = bank.tokenizer.eos_token_id, bank.tokenizer.pad_token_id

@@ -62,8 +62,7 @@ class _PooledLastLayer(nn.Module):
         n, t, _ = hidden_states.shape
         d = attn.head_dim
         x = layer.input_layernorm(hidden_states)
-        k = attn.k_proj(x).view(n, t, -1, d).transpose(1, 2)
-        v = attn.v_proj(x).view(n, t, -1, d).transpose(1, 2)
+        k, v = (proj(x).view(n, t, -1, d).transpose(1, 2) for proj in (attn.k_proj, attn.v_proj))
         cos, sin = position_embeddings
         cos, sin = cos.expand(n, -1, -1), sin.expand(n, -1, -1)
         k = rotary(k, cos.unsqueeze(1), sin.unsqueeze(1))
@@ -106,7 +105,6 @@ def pooled_scores(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
 
 def prefix_cache(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> Any:
     """The KV cache of ``model``'s backbone over a prefix that later tokens continue (its last layer runs no query)."""
-    replaced = _last_layer_replaced(model, None, attention_mask) if supports_pooled_last_layer(model) else nullcontext()
-    with replaced:
+    with _last_layer_replaced(model, None, attention_mask) if supports_pooled_last_layer(model) else nullcontext():
         out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, **kwargs)
     return out.past_key_values

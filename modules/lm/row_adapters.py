@@ -46,8 +46,7 @@ def row_adapters(model: nn.Module, players: Sequence[str | None], group: int) ->
     handles, layers = [], [m for m in model.modules() if isinstance(m, LoraLayer)]
     try:
         for m in layers:
-            own = [p for p in names if p in m.lora_A]
-            if not own:
+            if not (own := [p for p in names if p in m.lora_A]):
                 continue
             a = torch.cat([m.lora_A[p].weight for p in own])  # [Σr, in]
             b = torch.cat([m.lora_B[p].weight * m.scaling[p] for p in own], dim=1)  # [out, Σr]

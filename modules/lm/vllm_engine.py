@@ -1,8 +1,4 @@
-"""``lm.decode: vllm``: a bank's players sampled by a colocated, in-process vLLM engine over the same frozen base.
-
-LoRA players decode as ``LoRARequest`` s (written anew, under a new id and name, whenever their adapter changed), rows
-of several players in one mixed-adapter batch; ``None`` (the disabled adapter) is the plain base.
-"""
+"""``lm.decode: vllm``: a bank's players sampled by an in-process vLLM engine (docs/configuration.md)."""
 
 from __future__ import annotations
 
