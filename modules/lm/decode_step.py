@@ -12,8 +12,7 @@ from alignment_games.modules.distributed.sharding import fsdp_wrapped
 from alignment_games.modules.lm.decoding import base_model, cascade_attention, rotary
 from alignment_games.modules.lm.row_adapters import add_row_adapters
 
-#: model types with Llama's pre-RMS-norm rotary attention and gated MLP layer
-LEAN_MODEL_TYPES = ("llama", "qwen2")
+LEAN_MODEL_TYPES = ("llama", "qwen2")  #: model types with Llama's pre-RMS-norm rotary attention and gated MLP layer
 
 
 def _linear(module: nn.Module) -> nn.Module:

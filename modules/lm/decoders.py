@@ -97,7 +97,7 @@ def _cascade_ok(model: nn.Module) -> bool:
     backend = getattr(base, "_supports_attention_backend", False)
     if not backend or getattr(base.config, "_attn_implementation", None) not in ("sdpa", "eager"):
         return False
-    return _register_grouped_attention() and static_decode.register_static_attention()
+    return _register_grouped_attention() and _register_grouped_attention(static_decode.STATIC_ATTENTION)
 
 
 class GroupedDecoder:
@@ -138,8 +138,7 @@ class GroupedDecoder:
 class StaticDecoder(GroupedDecoder):
     """The grouped cascade over full-length caches (:mod:`alignment_games.modules.lm.static_decode`), compiled."""
 
-    #: prompt widths are padded to a multiple of this in a compiled decode (one graph per bucket)
-    bucket = 64
+    bucket = 64  #: prompt widths are padded to a multiple of this in a compiled decode (one graph per bucket)
 
     def __init__(self, fallback: GenerateDecoder, compile: bool = False) -> None:
         super().__init__(fallback, lean=False)

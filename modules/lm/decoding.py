@@ -79,8 +79,7 @@ def cascade_attention(
     # scores, softmax and sums in float32 (as SDPA does for half precision); the matmuls in the model's dtype
     sp = (qp @ keys.transpose(-1, -2)).float() * scale + pad.float().unsqueeze(1)
     sp = sp.reshape(b, kvh, g, rep * q, p).transpose(1, 2).reshape(n, kvh, rep * q, p)
-    # own part, per row
-    ss = (query.reshape(n, kvh, rep * q, d) @ key.transpose(-1, -2)).float() * scale
+    ss = (query.reshape(n, kvh, rep * q, d) @ key.transpose(-1, -2)).float() * scale  # own part, per row
     if own_mask is not None:
         ss = ss + own_mask
     elif q > 1:
@@ -147,14 +146,14 @@ def preallocated_cache(capacity: int) -> Any:
     return cache
 
 
-def _register_grouped_attention(name: str = GROUPED_ATTENTION, function: Any = None) -> bool:
-    """Register an attention (default :func:`grouped_prefix_attention`) and a no-op mask; False where unsupported."""
+def _register_grouped_attention(name: str = GROUPED_ATTENTION) -> bool:
+    """Register :func:`grouped_prefix_attention` as ``name`` with a no-op mask; False where unsupported."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError:
         return False
-    AttentionInterface.register(name, function or grouped_prefix_attention)
+    AttentionInterface.register(name, grouped_prefix_attention)
     AttentionMaskInterface.register(name, lambda *args, **kwargs: None)  # the masks travel with the caches
     return True
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from alignment_games.modules.lm.decoding import _register_grouped_attention, cascade_attention, grouped_prefix_attention
+from alignment_games.modules.lm.decoding import cascade_attention
 
 STATIC_ATTENTION = "alignment_games_static_cascade"
 
@@ -36,11 +36,6 @@ class StaticCascade:
         own_mask = torch.zeros(slots.shape, device=query.device).masked_fill(slots > self.step, float("-inf"))
         prefix = (self.prefix_keys, self.prefix_values, self.prefix_mask)
         return cascade_attention(query, *prefix, self.own_keys, self.own_values, scaling, own_mask)
-
-
-def register_static_attention() -> bool:
-    """Register :func:`~alignment_games.modules.lm.decoding.grouped_prefix_attention` by name, for a StaticCascade."""
-    return _register_grouped_attention(STATIC_ATTENTION, grouped_prefix_attention)
 
 
 def build_caches(
