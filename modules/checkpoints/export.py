@@ -26,8 +26,7 @@ from alignment_games.modules.training.artifacts import write_error
 from alignment_games.modules.training.provenance import looks_local
 
 EXPORT_RECORD = "export.json"
-#: the folder under ``<out>`` holding the merged models
-MERGED = "merged"
+MERGED = "merged"  #: the folder under ``<out>`` holding the merged models
 #: top-level ``train.py fit`` options that export reads from a config and ignores
 FIT_ONLY_KEYS = tuple(
     "trainer data seed_everything test_after_fit trusted_checkpoint_sources weights_only optimizer lr_scheduler".split()

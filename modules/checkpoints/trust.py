@@ -17,8 +17,7 @@ from alignment_games.callbacks.functional.digests import verify_manifest, verify
 from alignment_games.modules.training.faults import nonfinite_entries, refuse_nonfinite_checkpoint
 from alignment_games.modules.training.provenance import made_by
 
-#: where a checkpoint records the class (module path and name) of the model that wrote it
-FAMILY_KEY = "family"
+FAMILY_KEY = "family"  #: where a checkpoint records the class (module path and name) of the model that wrote it
 
 
 def family_name(module: nn.Module | type) -> str:
@@ -56,10 +55,6 @@ def trainable_names(module: nn.Module) -> set[str]:
     """State-dict names of the tensors that train (``trainable_state_names`` where defined)."""
     own = getattr(module, "trainable_state_names", None)
     return set(own()) if callable(own) else {name for name, p in module.named_parameters() if p.requires_grad}
-
-
-def _shape(value: Any) -> list[int] | None:
-    return list(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def check_checkpoint_matches(
@@ -107,7 +102,7 @@ def _check_tensors_fit(
             f"{' …' if len(unknown) > 5 else ''} (a checkpoint of another configuration of {there or here}?)"
         )
     for name, value in state.items():
-        saved, built = _shape(value), _shape(own[name])
+        saved, built = (list(t.shape) if isinstance(t, torch.Tensor) else None for t in (value, own[name]))
         if saved is not None and built is not None and saved != built:
             raise ValueError(
                 f"{source}: tensor {name!r} has shape {saved} in the checkpoint but {built} in the config's model "
@@ -173,8 +168,7 @@ class CheckpointLoading:
         self.load_nonfinite_state(checkpoint.get("nonfinite"))  # type: ignore[attr-defined]
 
 
-#: where a checkpoint records the resolved config (YAML text) of the run that wrote it
-RUN_CONFIG_KEY = "run_config"
+RUN_CONFIG_KEY = "run_config"  #: where a checkpoint records the resolved config (YAML text) of the run that wrote it
 
 #: config keys (dotted, with everything under them) a resumed run may change
 RESUME_SAFE_KEYS = ("config", "ckpt_path", "test_after_fit", "print_config", "trusted_checkpoint_sources") + tuple(

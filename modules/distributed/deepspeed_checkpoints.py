@@ -27,8 +27,7 @@ def _allowed_globals() -> list[Any]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
-#: filled on first use (importing DeepSpeed is slow); see :func:`_allowed_globals`
-ALLOWED_GLOBALS: list[Any] = []
+ALLOWED_GLOBALS: list[Any] = []  #: filled on first use (importing DeepSpeed is slow); see :func:`_allowed_globals`
 
 
 class _WeightsOnlyEngine:

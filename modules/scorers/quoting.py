@@ -5,8 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 
-#: Prefix of every line of judged text.
-QUOTE = "> "
+QUOTE = "> "  #: Prefix of every line of judged text.
 # U+2060 WORD JOINER: invisible, no special token contains it, so a special-token string broken by it is plain text.
 _JOINER = "\u2060"
 

@@ -25,10 +25,8 @@ from alignment_games.modules.algorithms.checks import require_at_least
 
 #: Bytes of a reply read at most; a longer body is malformed (a hostile server cannot fill the memory).
 MAX_REPLY_BYTES = 8 * 2**20
-#: Characters of a server's error text quoted in a message at most.
-QUOTED_CHARS = 300
-#: What an API key is replaced with in quoted server text.
-REDACTED = "[redacted]"
+QUOTED_CHARS = 300  #: Characters of a server's error text quoted in a message at most.
+REDACTED = "[redacted]"  #: What an API key is replaced with in quoted server text.
 # a key sent as one header token: printable ASCII, no space (a line break would inject headers)
 _HEADER_TOKEN = re.compile(r"[!-~]+")
 
