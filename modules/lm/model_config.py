@@ -133,24 +133,12 @@ class ModelConfig:
             trust_remote_code=self.trust_remote_code,
         )
 
-    def lora_config(self) -> Any:
-        """The ``peft.LoraConfig`` of every adapter."""
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.lora_r,
-            lora_alpha=self.lora_alpha,
-            lora_dropout=self.lora_dropout,
-            target_modules=self.lora_target_modules,
-            modules_to_save=self.lora_modules_to_save,
-            bias="none",
-            **(self.lora_extra or {}),
-        )
-
     def with_adapters(self, model: nn.Module, adapter_names: Sequence[str]) -> nn.Module:
         """``model`` frozen and wrapped in peft with one adapter per name, every adapter held in fp32."""
         model.requires_grad_(False)
-        wrapped = apply_lora(model, self.lora_config(), adapter_names=list(adapter_names))
+        lora = {"r": self.lora_r, "alpha": self.lora_alpha, "dropout": self.lora_dropout}
+        lora |= {"target_modules": self.lora_target_modules, "modules_to_save": self.lora_modules_to_save}
+        wrapped = apply_lora(model, adapter_names=list(adapter_names), **lora, **(self.lora_extra or {}))
         for name, p in wrapped.named_parameters():
             if p.is_floating_point() and p.dtype != torch.float32 and any(f".{a}." in name for a in adapter_names):
                 p.data = p.data.float()

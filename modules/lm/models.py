@@ -171,27 +171,26 @@ def load_model(
 
 def apply_lora(
     model: nn.Module,
-    config: Any = None,
     *,
     r: int = 8,
     alpha: int = 16,
     dropout: float = 0.0,
     target_modules: list[str] | str | None = None,
     adapter_names: list[str] | None = None,
+    **lora: Any,
 ) -> nn.Module:
-    """Wrap ``model`` in a peft model with one LoRA adapter per name (base frozen; all disabled: the reference).
+    """Wrap ``model`` in peft, a LoRA adapter per name (``lora``: more LoraConfig fields); all disabled: the reference.
 
     Raises:
         ValueError: for a non-positive rank or a duplicated adapter name.
     """
     from peft import LoraConfig, get_peft_model
 
-    if config is None:
-        require_positive(lora_r=r)
+    require_positive(lora_r=r)
     names = adapter_names or ["default"]
     if len(set(names)) != len(names):
         raise ValueError(f"adapter names must be distinct, got {names}")
-    cfg = config or LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, bias="none")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, bias="none", **lora)
     peft_model = get_peft_model(model, cfg, adapter_name=names[0])
     for name in names[1:]:
         peft_model.add_adapter(name, cfg)
