@@ -338,10 +338,6 @@ class ChatServer:
             self.requests += 1
         return out
 
-    def requests_for(self, n: int) -> int:
-        """Requests :meth:`complete` sends for ``n`` completions."""
-        return -(-n // self.samples_per_request)
-
 
 class RemoteClient:
     """Mixin of a prompted judge or oracle served by a chat-completions server, before its prompted base in the bases.
@@ -374,7 +370,8 @@ class RemoteClient:
 
     def ask_each(self, texts: Sequence[str], n: int, temperature: float, top_p: float, max_tokens: int) -> list[list]:
         """``n`` completions of each text as the user message, ``max_concurrency`` at once, seeded by ``generator``."""
-        seeds = torch.randint(0, 2**31 - 1, (len(texts), self.server.requests_for(n)), generator=self.generator)
+        requests = -(-n // self.server.samples_per_request)  # what complete sends for n completions: a seed each
+        seeds = torch.randint(0, 2**31 - 1, (len(texts), requests), generator=self.generator)
 
         def ask(i: int) -> list[str | None]:
             chat = [{"role": "user", "content": texts[i]}]
