@@ -53,7 +53,10 @@ def _config(paths: Sequence[str]) -> tuple[dict, dict, dict]:
     config: dict = {}
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            config = _merged(config, yaml.safe_load(f) or {})
+            layer = yaml.safe_load(f) or {}
+        if not isinstance(layer, dict):
+            raise ValueError(f"--config: {path} is not a mapping of settings (a YAML {type(layer).__name__})")
+        config = _merged(config, layer)
     model = (config.get("model") or {}).get("init_args") or {}
     if "judge" not in model or "data" not in config:
         raise ValueError(f"--config: {paths} has no model.init_args.judge or no data block (a debate config has both)")

@@ -127,6 +127,13 @@ def test_a_later_config_is_laid_over_the_game_config():
     assert data == _config([DEBATE])[2]
 
 
+def test_a_config_that_is_not_a_mapping_is_named(tmp_path):
+    bad = tmp_path / "overlay.yaml"
+    bad.write_text("- judge\n")
+    with pytest.raises(ValueError, match=r"--config: .*overlay.yaml is not a mapping of settings \(a YAML list\)"):
+        _config([DEBATE, str(bad)])
+
+
 @pytest.mark.e2e
 def test_a_thinking_verifiers_rows_write_the_check_then_the_verdict(tmp_path, capsys):
     path = tmp_path / "answers.jsonl"
